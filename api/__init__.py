@@ -1,0 +1,1 @@
+"""The FastAPI front end: uploads, builds, the engine catalog and resolution."""

@@ -1,0 +1,48 @@
+"""POST/GET /v1/builds."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from api import services
+from api.deps import session_dep, settings_dep
+from api.schemas import BuildOut, BuildRequest, build_out
+from enginefarm.config import Settings
+from storage import catalog
+from storage.tables import BuildRow
+
+router = APIRouter(prefix="/v1/builds", tags=["builds"])
+
+
+def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
+    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks})
+
+
+@router.post("", status_code=202, response_model=BuildOut)
+async def submit_build(body: BuildRequest, settings: Settings = Depends(settings_dep)) -> BuildOut:
+    """Queue one build task per target; a target already built with identical inputs is answered at once."""
+    row = await run_in_threadpool(services.submit_build, settings, body.model_id, body.targets, body.spec,
+                                  services.publish_build_task)
+    return await run_in_threadpool(_with_session, settings, row.id)
+
+
+def _with_session(settings: Settings, build_id: int) -> BuildOut:
+    from storage.db import session_scope
+
+    with session_scope(settings) as s:
+        return _out(s, settings, catalog.get_build(s, build_id))
+
+
+@router.get("", response_model=list[BuildOut])
+def list_builds(limit: int = 50, offset: int = 0, session: Session = Depends(session_dep),
+                settings: Settings = Depends(settings_dep)) -> list[BuildOut]:
+    rows = catalog.list_builds(session, limit=max(1, min(limit, 500)), offset=max(0, offset))
+    return [_out(session, settings, r) for r in rows]
+
+
+@router.get("/{build_id}", response_model=BuildOut)
+def get_build(build_id: int, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> BuildOut:
+    return _out(session, settings, catalog.get_build(session, build_id))

@@ -1,0 +1,51 @@
+"""GET /v1/engines, /v1/engines/{id} and the engine's bytes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
+
+from api.deps import session_dep, settings_dep
+from api.schemas import EngineOut, Page
+from enginefarm.config import Settings
+from storage import catalog
+from storage.blobs import get_blob_store
+
+router = APIRouter(prefix="/v1/engines", tags=["engines"])
+SHA_HEADER = "X-Content-SHA256"
+
+
+@router.get("", response_model=Page[EngineOut])
+def list_engines(
+    model: str | None = None, version: str | None = None, target: str | None = None, backend: str | None = None,
+    cc: str | None = Query(None, description="compute capability, e.g. 8.6"), trt: str | None = None,
+    precision: str | None = None, spec_hash: str | None = None, limit: int = 50, offset: int = 0,
+    session: Session = Depends(session_dep),
+) -> Page[EngineOut]:
+    limit, offset = max(1, min(limit, 500)), max(0, offset)
+    rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
+                                       compute_capability=cc, trt_version=trt, precision=precision,
+                                       spec_hash=spec_hash, limit=limit, offset=offset)
+    return Page(items=[EngineOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{engine_id}", response_model=EngineOut)
+def get_engine(engine_id: int, session: Session = Depends(session_dep)) -> EngineOut:
+    return EngineOut.of(catalog.get_engine(session, engine_id))
+
+
+@router.get("/{engine_id}/content", response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} holds their sha256"}})
+def engine_content(engine_id: int, session: Session = Depends(session_dep),
+                   settings: Settings = Depends(settings_dep)) -> StreamingResponse:
+    """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
+    row = catalog.get_engine(session, engine_id)
+    store = get_blob_store(settings)
+    size = store.size(row.blob_key)  # raises NotFound before any byte is sent
+    suffix = "onnx" if row.backend == "onnxruntime" else "plan"
+    filename = f"{row.model.name}-{row.model.version}-{row.target.replace('/', '-')}.{suffix}"
+    return StreamingResponse(store.iter_chunks(row.blob_key), media_type="application/octet-stream", headers={
+        SHA_HEADER: row.sha256, "ETag": f'"{row.sha256}"', "Content-Length": str(size),
+        "Content-Disposition": f'attachment; filename="{filename}"',
+    })

@@ -1,0 +1,57 @@
+"""POST/GET /v1/models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from api import services
+from api.deps import session_dep, settings_dep
+from api.schemas import ModelOut, Page
+from api.upload import receive_upload
+from enginefarm.config import Settings
+from storage import catalog
+
+router = APIRouter(prefix="/v1/models", tags=["models"])
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file", "name"],
+            "properties": {
+                "file": {"type": "string", "format": "binary", "description": ".onnx, or .zip/.tar of model.onnx + external data"},
+                "name": {"type": "string"},
+                "version": {"type": "string", "description": "defaults to the next integer under this name"},
+            },
+        }}},
+    }
+}
+
+
+@router.post("", status_code=201, response_model=ModelOut, openapi_extra=UPLOAD_BODY,
+             responses={200: {"description": "identical bytes already uploaded under this name"}})
+async def upload_model(request: Request, response: Response, settings: Settings = Depends(settings_dep)) -> ModelOut:
+    """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
+    upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_upload_bytes)
+    try:
+        row, created = await run_in_threadpool(services.ingest_model, settings, upload.path, upload.sha256,
+                                               upload.fields.get("name"), upload.fields.get("version"))
+    finally:
+        upload.discard()
+    response.status_code = 201 if created else 200
+    return ModelOut.of(row)
+
+
+@router.get("", response_model=Page[ModelOut])
+def list_models(name: str | None = None, limit: int = 50, offset: int = 0,
+                session: Session = Depends(session_dep)) -> Page[ModelOut]:
+    limit, offset = max(1, min(limit, 500)), max(0, offset)
+    rows, total = catalog.list_models(session, name=name, limit=limit, offset=offset)
+    return Page(items=[ModelOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{model_id}", response_model=ModelOut)
+def get_model(model_id: int, session: Session = Depends(session_dep)) -> ModelOut:
+    return ModelOut.of(catalog.get_model(session, model_id))

@@ -1,0 +1,27 @@
+"""GET /v1/workers and /healthz."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from api.deps import session_dep, settings_dep
+from api.schemas import WorkerOut
+from enginefarm import __version__
+from enginefarm.config import Settings
+from storage import catalog
+
+router = APIRouter(tags=["workers"])
+
+
+@router.get("/v1/workers", response_model=list[WorkerOut])
+def list_workers(session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
+    """Workers that sent a heartbeat within the TTL, with the targets they build."""
+    return [WorkerOut.of(r) for r in catalog.live_workers(session, settings.worker_ttl_seconds)]
+
+
+@router.get("/healthz")
+def healthz(session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> dict:
+    session.execute(text("SELECT 1"))
+    return {"status": "ok", "version": __version__, "blob_store": settings.blob_store}

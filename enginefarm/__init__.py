@@ -1,0 +1,3 @@
+"""enginefarm: a self-hosted build farm for NVIDIA TensorRT engines."""
+
+__version__ = "0.1.0"

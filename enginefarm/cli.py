@@ -1,0 +1,331 @@
+"""The ``enginefarm`` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+from enginefarm.config import get_settings
+from enginefarm.domain import Machine, spec_shapes_from_trtexec
+
+app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
+                  no_args_is_help=True, pretty_exceptions_show_locals=False)
+ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
+app.add_typer(ls_app, name="ls")
+# Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+def _client(api: str | None):
+    from enginefarm.client import Client
+
+    return Client(api)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}")
+    for problem in getattr(exc, "problems", None) or []:
+        where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
+        err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")
+    raise typer.Exit(1)
+
+
+API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
+
+
+# ------------------------------------------------------------------------------ services
+
+
+@app.command()
+def api(host: str = "127.0.0.1", port: int = 8321, workers: int = typer.Option(1, help="uvicorn worker processes")) -> None:
+    """Run the REST API (OpenAPI at /docs)."""
+    import uvicorn
+
+    uvicorn.run("api.main:app", host=host, port=port, workers=workers, log_level="info")
+
+
+@app.command()
+def worker(
+    probe: bool = typer.Option(False, "--probe", help="print what this machine can build, then exit"),
+    targets: Optional[str] = typer.Option(None, help="comma-separated targets to serve instead of the probed ones"),
+    name: Optional[str] = typer.Option(None, help="worker name (default: the hostname)"),
+    concurrency: int = typer.Option(None, help="parallel builds (default ENGINEFARM_WORKER_CONCURRENCY or 1)"),
+    pool: str = typer.Option("prefork", help="Celery pool: prefork isolates builds in child processes"),
+    loglevel: str = "info",
+) -> None:
+    """Probe this machine, then consume the build queues of exactly the targets it can build."""
+    from worker.probe import buildable_targets, probe_machine, probe_report
+
+    settings = get_settings()
+    machine = probe_machine()
+    if probe:
+        console.print_json(json.dumps(machine.to_dict()))
+        for line in probe_report(machine):
+            console.print(line, highlight=False)
+        return
+    from enginefarm.domain import Target
+
+    chosen_text = targets or settings.worker_targets
+    try:
+        chosen = [Target.parse(t) for t in chosen_text.split(",") if t.strip()] if chosen_text else buildable_targets(machine)
+    except ValueError as exc:
+        _fail(exc)
+    if not chosen:
+        _fail(RuntimeError("this machine can build no target; see `enginefarm worker --probe`"))
+    _run_worker(settings, machine, chosen, name or socket.gethostname(), concurrency or settings.worker_concurrency,
+                pool, loglevel)
+
+
+def _run_worker(settings, machine, targets, name, concurrency, pool, loglevel) -> None:
+    from celery.signals import worker_ready, worker_shutdown
+
+    from enginefarm.embedded import prepare
+    from worker.heartbeat import Heartbeat
+
+    worker_id = f"{name}@{socket.gethostname()}"
+    os.environ["ENGINEFARM_WORKER_ID"] = worker_id  # pool children inherit it
+    for attempt in range(5):  # several processes may migrate a fresh catalog at once
+        try:
+            prepare(settings)
+            break
+        except Exception:
+            if attempt == 4:
+                raise
+            time.sleep(1 + attempt)
+    from worker.celery_app import app as celery_app
+
+    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict())
+    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
+    worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
+    err.print(f"worker {worker_id} serving: {', '.join(str(t) for t in targets)}")
+    celery_app.worker_main([
+        "worker", "-Q", ",".join(t.queue for t in targets), "--concurrency", str(concurrency), "--pool", pool,
+        "--loglevel", loglevel, "-n", worker_id, "--without-gossip", "--without-mingle", "--without-heartbeat",
+    ])
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the catalog's tables (the API also does this at start)."""
+    from enginefarm.embedded import prepare
+
+    prepare(get_settings())
+    console.print("catalog is at the newest revision")
+
+
+@app.command()
+def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")) -> None:
+    """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C."""
+    from enginefarm.embedded import Farm, prepare
+
+    settings = get_settings()
+    prepare(settings)
+    farm = Farm({}, port=port, log_dir=settings.data_dir)
+    with farm:
+        farm.start_api()
+        names = [f"embedded-{i}" for i in range(workers)]
+        for n in names:
+            farm.start_worker(n)
+        farm.wait_workers(names)
+        console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. Ctrl-C stops it.")
+        try:
+            while all(p.poll() is None for p in [farm.api, *farm.workers.values()]):
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
+
+# ------------------------------------------------------------------------------ client commands
+
+
+@app.command()
+def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False), name: str = typer.Option(...),
+           version: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
+    """Upload an .onnx file, or a .zip/.tar bundle of model.onnx and its external data."""
+    try:
+        with _client(api) as c, _bar() as bar:
+            task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
+            model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n))
+    except Exception as exc:
+        _fail(exc)
+    console.print(f"{'uploaded' if created else 'already present'}: model {model['id']} "
+                  f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}")
+
+
+def _bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err)
+
+
+@app.command()
+def build(
+    model_id: int = typer.Argument(..., help="model id (see `enginefarm ls models`)"),
+    target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
+    precision: str = "fp32",
+    shapes: Optional[str] = typer.Option(None, "--shapes", help="trtexec syntax: input:1x3x224x224"),
+    min_shapes: Optional[str] = typer.Option(None, "--minShapes"),
+    opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
+    max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
+    spec_file: Optional[Path] = typer.Option(None, help="a JSON build spec; flags override its fields"),
+    wait: bool = typer.Option(False, "--wait", help="wait for every target and show progress"),
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Build a model for one or more targets."""
+    try:
+        spec = json.loads(spec_file.read_text()) if spec_file else {}
+        spec.update(spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes))
+        spec["precision"] = precision if precision != "fp32" or "precision" not in spec else spec["precision"]
+        with _client(api) as c:
+            result = c.build(model_id, target, spec)
+            console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
+            if wait:
+                result = _wait_with_progress(c, result)
+    except Exception as exc:
+        _fail(exc)
+    _print_tasks(result)
+    if any(t["state"] != "succeeded" for t in result["tasks"]) and wait:
+        raise typer.Exit(1)
+
+
+def _wait_with_progress(c, build: dict) -> dict:
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), console=err) as bar:
+        ids = {t["id"]: bar.add_task(t["target"], total=1, state=t["state"]) for t in build["tasks"]}
+
+        def update(b: dict) -> None:
+            for t in b["tasks"]:
+                done = t["state"] in ("succeeded", "failed", "cancelled")
+                bar.update(ids[t["id"]], completed=1 if done else 0, state=t["status_detail"] or t["state"])
+
+        return c.wait_build(build["id"], on_update=update)
+
+
+def _print_tasks(build: dict) -> None:
+    table = Table(title=f"build {build['id']}")
+    for col in ("target", "state", "engine", "wait s", "run s", "note"):
+        table.add_column(col)
+    for t in build["tasks"]:
+        note = t["error"] or t["status_detail"] or ("reused an identical build" if t["reused"] else "")
+        table.add_row(t["target"], t["state"], str(t["engine_id"] or ""), _secs(t["wait_seconds"]), _secs(t["run_seconds"]), note)
+    console.print(table)
+
+
+def _secs(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}"
+
+
+def local_machine(**overrides) -> Machine:
+    """This machine's fingerprint (NVML, importable runtimes, Jetson files), with any field overridden."""
+    from worker.probe import machine_fingerprint, probe_machine
+
+    try:
+        machine = machine_fingerprint(probe_machine())
+    except ValueError:  # no GPU here: platform and runtimes still count
+        probe = probe_machine()
+        machine = Machine(platform=probe.platform, os=probe.os, trt_version=probe.modules.get("tensorrt"),
+                          trt_rtx_version=probe.modules.get("tensorrt_rtx"))
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(machine, key, value)
+    return machine
+
+
+@app.command()
+def fetch(
+    model: str, output: Path = typer.Option(..., "-o", "--output"), version: Optional[str] = None,
+    cc: Optional[str] = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
+    gpu: Optional[str] = None, trt: Optional[str] = None, trt_rtx: Optional[str] = None,
+    driver: Optional[str] = None, platform: Optional[str] = None, precision: Optional[str] = None,
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Download the engine that runs on this machine (or the one described by the flags), verified."""
+    machine = local_machine(compute_capability=cc, gpu_name=gpu, trt_version=trt, trt_rtx_version=trt_rtx,
+                            driver_version=driver, platform=platform)
+    try:
+        with _client(api) as c:
+            answer = c.resolve(model, machine, version=version, precision=precision)
+            eng = answer["engine"]
+            with _bar() as bar:
+                task = bar.add_task(f"engine {eng['id']}", total=eng["size"])
+                c.download(eng["id"], output, eng["sha256"], on_bytes=lambda n: bar.advance(task, n))
+    except Exception as exc:
+        _fail(exc)
+    console.print(f"{output}: engine {eng['id']} ({eng['target']}, {answer['match']}): {answer['reason']}; "
+                  f"sha256 {eng['sha256'][:12]} verified")
+
+
+@ls_app.command("models")
+def ls_models(name: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
+    with _client(api) as c:
+        page = c.models(name=name, limit=500)
+    table = Table(title=f"models ({page['total']})")
+    for col in ("id", "name", "version", "sha256", "size", "opset", "inputs"):
+        table.add_column(col)
+    for m in page["items"]:
+        inputs = ", ".join(f"{i['name']}{i['dims']}" for i in m["inputs"])
+        table.add_row(str(m["id"]), m["name"], m["version"], m["sha256"][:12], str(m["size"]), str(m["opset"]), inputs)
+    console.print(table)
+
+
+def engines_table(items: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("id", "model", "target", "cc", "precision", "runtime", "platform", "size", "build s", "sha256"):
+        table.add_column(col)
+    for e in items:
+        cc = e["compute_capability"] or ",".join(e["compute_capabilities"]) or "cpu"
+        table.add_row(str(e["id"]), f"{e['model_name']} v{e['model_version']}", e["target"], cc, e["precision"],
+                      e["trt_version"] or f"ort {e['backend_version']}", e["platform"], str(e["size"]),
+                      f"{e['build_seconds']:.2f}", e["sha256"][:12])
+    return table
+
+
+@ls_app.command("engines")
+def ls_engines(model: Optional[str] = None, target: Optional[str] = None, cc: Optional[str] = None,
+               precision: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
+    with _client(api) as c:
+        page = c.engines(model=model, target=target, cc=cc, precision=precision, limit=500)
+    console.print(engines_table(page["items"], f"engines ({page['total']})"))
+
+
+@ls_app.command("builds")
+def ls_builds(api: Optional[str] = API_OPT) -> None:
+    with _client(api) as c:
+        for b in c.builds():
+            _print_tasks(b)
+
+
+@ls_app.command("workers")
+def ls_workers(api: Optional[str] = API_OPT) -> None:
+    with _client(api) as c:
+        live = c.workers()
+    table = Table(title=f"live workers ({len(live)})")
+    for col in ("id", "targets", "last seen"):
+        table.add_column(col)
+    for w in live:
+        table.add_row(w["id"], ", ".join(w["targets"]), w["last_seen"])
+    console.print(table)
+
+
+@app.command()
+def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)")) -> None:
+    """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine."""
+    from enginefarm.demo import run_demo
+
+    sys.exit(run_demo(data_dir, console))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The one settings object. The API, the worker, the CLI and Alembic all read it.
+
+Defaults serve the embedded mode (SQLite, a local blob directory, a broker that needs no
+server). Production overrides them through ``ENGINEFARM_*`` environment variables or ``.env``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path.home() / ".enginefarm"
+DEFAULT_API_URL = "http://127.0.0.1:8321"
+GIB = 1 << 30
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ENGINEFARM_", env_file=".env", extra="ignore")
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    database_url: str | None = None
+    broker_url: str | None = None
+
+    blob_store: Literal["local", "s3"] = "local"
+    blob_dir: Path | None = None
+    s3_endpoint_url: str | None = None
+    s3_bucket: str = "enginefarm"
+    s3_region: str = "us-east-1"
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+
+    api_url: str = DEFAULT_API_URL
+    max_upload_bytes: int = Field(default=8 * GIB, ge=1)
+    max_bundle_files: int = Field(default=10_000, ge=1)
+    max_unpacked_bytes: int = Field(default=16 * GIB, ge=1)
+    max_compression_ratio: float = Field(default=200.0, gt=1)
+    max_targets_per_build: int = Field(default=64, ge=1)
+
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    worker_ttl_seconds: float = Field(default=20.0, gt=0)
+    worker_targets: str | None = None  # comma-separated override of the probed targets
+    worker_concurrency: int = Field(default=1, ge=1)
+    log_tail_lines: int = Field(default=60, ge=1)
+
+    # Test-only: lets the test suite register a backend whose build it controls.
+    test_backends: bool = False
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'catalog.db'}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.data_dir / 'broker.db'}"
+
+    @property
+    def resolved_blob_dir(self) -> Path:
+        return self.blob_dir or self.data_dir / "blobs"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.data_dir / "work"
+
+    def ensure_dirs(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.blob_store == "local":
+            self.resolved_blob_dir.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

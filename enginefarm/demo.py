@@ -1,0 +1,63 @@
+"""``enginefarm demo``: the whole product on one machine, with no external services."""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from enginefarm.client import Client
+from enginefarm.domain import Machine
+from enginefarm.embedded import Farm, embedded_env
+from enginefarm.samples import sample_spec, save_conv_net
+from worker.probe import normalize_platform, probe_modules
+
+RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
+
+
+def run_demo(data_dir: Path | None, console: Console) -> int:
+    import platform
+
+    from enginefarm.cli import _print_tasks, engines_table
+
+    data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    arch = normalize_platform(platform.machine())
+    targets = RTX_TARGETS + [f"onnxruntime/cpu-{arch}"]
+    console.rule("enginefarm demo")
+    console.print(f"data: {data_dir} (SQLite catalog, local blob directory, database broker)")
+    with Farm(embedded_env(data_dir), log_dir=data_dir) as farm:
+        started = time.monotonic()
+        farm.start_api()
+        farm.start_worker("demo", concurrency=2)
+        farm.wait_workers(["demo"])
+        console.print(f"farm up at {farm.url} in {time.monotonic() - started:.1f} s: API + 1 Celery worker (2 processes)")
+        with Client(farm.url) as c:
+            model_path = save_conv_net(data_dir / "inputs" / "convnet.onnx", channels=32, blocks=3)
+            model, _ = c.upload(model_path, "convnet")
+            console.print(f"1. uploaded {model_path.name}: model {model['id']}, sha256 {model['sha256'][:12]}, "
+                          f"inputs {[(i['name'], i['dims']) for i in model['inputs']]}")
+            build = c.build(model["id"], targets, sample_spec())
+            console.print(f"2. build {build['id']}: {', '.join(targets)}")
+            build = c.wait_build(build["id"], timeout=600)
+            _print_tasks(build)
+            if any(t["state"] != "succeeded" for t in build["tasks"]):
+                console.print(f"[red]some targets failed; worker log: {data_dir / 'worker-demo.log'}[/red]")
+                return 1
+            console.print("3. the catalog:")
+            console.print(engines_table(c.engines(model="convnet")["items"], "engines of convnet"))
+            rtx_version = probe_modules()[0].get("tensorrt_rtx")
+            machine = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", platform=arch,
+                              trt_rtx_version=rtx_version, driver_version="580.65", memory_mib=24576)
+            dest = data_dir / "fetched" / "convnet-sm86.plan"
+            answer = c.fetch("convnet", dest, machine)
+            local_sha = hashlib.sha256(dest.read_bytes()).hexdigest()
+            ok = local_sha == answer["engine"]["sha256"]
+            console.print(f"4. resolve for an sm86 machine ({machine.gpu_name}, TensorRT-RTX {rtx_version}): "
+                          f"engine {answer['engine']['id']} ({answer['engine']['target']}): {answer['reason']}")
+            console.print(f"   downloaded {dest} ({dest.stat().st_size} bytes); sha256 {local_sha[:16]} "
+                          + ("[green]matches the catalog[/green]" if ok else "[red]DOES NOT MATCH[/red]"))
+            return 0 if ok else 1

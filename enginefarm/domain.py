@@ -1,0 +1,416 @@
+"""Domain types shared by the API, the worker and the catalog.
+
+Targets, build specs, tensor and model descriptions, engine descriptors, machine
+fingerprints and the compatibility facts they are judged by. Plain typed objects:
+SQLAlchemy tables (storage/tables.py) and public API schemas (api/schemas.py) wrap them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# --------------------------------------------------------------------------- backends and targets
+
+
+class Backend(StrEnum):
+    TENSORRT = "tensorrt"
+    TENSORRT_RTX = "tensorrt-rtx"
+    ONNXRUNTIME = "onnxruntime"
+
+
+# The Python module each backend imports; the worker probe and the backends share this.
+BACKEND_MODULES: dict[Backend, str] = {
+    Backend.TENSORRT: "tensorrt",
+    Backend.TENSORRT_RTX: "tensorrt_rtx",
+    Backend.ONNXRUNTIME: "onnxruntime",
+}
+
+# Architectures each backend can build for. Full TensorRT builds only for the GPU it runs on;
+# TensorRT-RTX compiles ahead of time for any of its compute capabilities, or "portable".
+ARCHES: dict[Backend, tuple[str, ...]] = {
+    Backend.TENSORRT: ("sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm120"),
+    Backend.TENSORRT_RTX: ("sm75", "sm80", "sm86", "sm89", "sm120", "sm121", "portable"),
+    Backend.ONNXRUNTIME: ("cpu-x86_64", "cpu-aarch64"),
+}
+
+# Compute capabilities a portable TensorRT-RTX engine runs on (the 1.7.1 runtime's own list).
+RTX_PORTABLE_CCS: tuple[str, ...] = ("8.0", "8.6", "8.9", "12.0", "12.1")
+
+JETSON_CCS = frozenset({"7.2", "8.7", "10.1", "11.0"})
+
+
+def cc_of_arch(arch: str) -> str | None:
+    """``sm86`` → ``8.6``, ``sm120`` → ``12.0``; None for CPU and portable architectures."""
+    if not arch.startswith("sm") or not arch[2:].isdigit():
+        return None
+    digits = arch[2:]
+    return f"{digits[:-1]}.{digits[-1]}"
+
+
+def arch_of_cc(cc: str) -> str:
+    """``8.6`` → ``sm86``."""
+    major, _, minor = cc.partition(".")
+    return f"sm{int(major)}{int(minor or 0)}"
+
+
+def cc_tuple(cc: str) -> tuple[int, int]:
+    major, _, minor = cc.partition(".")
+    return int(major), int(minor or 0)
+
+
+@dataclass(frozen=True, order=True)
+class Target:
+    """A backend plus an architecture, written ``tensorrt-rtx/sm86`` or ``onnxruntime/cpu-x86_64``."""
+
+    backend: Backend
+    arch: str
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        backend_name, sep, arch = text.strip().partition("/")
+        if not sep or not arch:
+            raise ValueError(f"target {text!r} must be written BACKEND/ARCH, for example tensorrt-rtx/sm86")
+        try:
+            backend = Backend(backend_name)
+        except ValueError:
+            known = ", ".join(b.value for b in Backend)
+            raise ValueError(f"target {text!r}: unknown backend {backend_name!r} (known: {known})") from None
+        if arch not in ARCHES[backend]:
+            raise ValueError(
+                f"target {text!r}: {backend.value} cannot build for {arch!r} (it builds for: {', '.join(ARCHES[backend])})"
+            )
+        return cls(backend, arch)
+
+    def __str__(self) -> str:
+        return f"{self.backend.value}/{self.arch}"
+
+    @property
+    def compute_capability(self) -> str | None:
+        return cc_of_arch(self.arch)
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue for this target's build tasks: only workers that can build it consume it."""
+        return f"build.{self.backend.value}.{self.arch}"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend is not Backend.ONNXRUNTIME
+
+
+def all_targets() -> list[Target]:
+    return [Target(b, a) for b in Backend for a in ARCHES[b]]
+
+
+# --------------------------------------------------------------------------- build spec
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+    FP8 = "fp8"
+
+
+QUANTIZED_PRECISIONS = frozenset({Precision.INT8, Precision.FP8})
+
+
+class HardwareCompat(StrEnum):
+    NONE = "none"
+    AMPERE_PLUS = "ampere_plus"
+    SAME_COMPUTE_CAPABILITY = "same_compute_capability"
+
+
+class ShapeRange(BaseModel):
+    """One input's min/opt/max dims within an optimization profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
+MAX_DIM = 1 << 20
+
+
+class BuildSpec(BaseModel):
+    """What to build: precision, shapes and builder knobs. Validated against the model on submit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precision: Precision = Precision.FP32
+    shapes: dict[str, list[int]] = Field(default_factory=dict, description="static shapes per input")
+    profiles: list[dict[str, ShapeRange]] = Field(default_factory=list, description="min/opt/max per input, per profile")
+    workspace_mib: int | None = Field(default=None, ge=1, le=1 << 20)
+    optimization_level: int = Field(default=3, ge=0, le=5)
+    hardware_compatibility: HardwareCompat = HardwareCompat.NONE
+    version_compatible: bool = False
+    timing_cache: bool = True
+    strongly_typed: bool = False
+
+    @model_validator(mode="after")
+    def _no_input_twice(self) -> BuildSpec:
+        for i, profile in enumerate(self.profiles):
+            both = sorted(set(profile) & set(self.shapes))
+            if both:
+                raise ValueError(f"profile {i}: inputs {both} are also given in 'shapes'; give each input once")
+        return self
+
+    def normalized_profiles(self) -> list[dict[str, ShapeRange]]:
+        """Profiles with static ``shapes`` folded in (min = opt = max), the form builders consume."""
+        fixed = {n: ShapeRange(min=d, opt=d, max=d) for n, d in self.shapes.items()}
+        if not self.profiles:
+            return [fixed] if fixed else []
+        return [{**p, **fixed} for p in self.profiles]
+
+    def canonical(self) -> dict[str, Any]:
+        """The spec with defaults filled and static shapes folded into profiles: what the hash covers."""
+        data = self.model_dump(mode="json", exclude={"shapes", "profiles"})
+        data["profiles"] = [
+            {name: rng.model_dump() for name, rng in sorted(p.items())} for p in self.normalized_profiles()
+        ]
+        return data
+
+    def spec_hash(self) -> str:
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass
+class TensorInfo:
+    """A graph input or output: name, ONNX element type name, dims (int, symbolic name, or None)."""
+
+    name: str
+    dtype: str
+    dims: list[int | str | None]
+
+    @property
+    def dynamic_axes(self) -> list[int]:
+        return [i for i, d in enumerate(self.dims) if not isinstance(d, int) or d <= 0]
+
+
+@dataclass
+class ModelInfo:
+    """What an upload's inspection learned about the model."""
+
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    opset: int
+    ir_version: int
+    producer: str
+    size: int  # bytes of the graph plus its external data
+    has_qdq: bool = False
+    external_data: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelInfo:
+        data = dict(data)
+        data["inputs"] = [TensorInfo(**t) for t in data["inputs"]]
+        data["outputs"] = [TensorInfo(**t) for t in data["outputs"]]
+        return cls(**data)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _problem(loc: list[str | int], msg: str) -> dict[str, Any]:
+    return {"loc": loc, "msg": msg}
+
+
+def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: TensorInfo) -> list[dict[str, Any]]:
+    problems = []
+    rank = len(tensor.dims)
+    for kind in ("min", "opt", "max"):
+        dims = getattr(rng, kind)
+        if len(dims) != rank:
+            problems.append(_problem(loc + [kind], f"input {name!r} has rank {rank}, {kind} shape {dims} has rank {len(dims)}"))
+        elif any(d < 1 or d > MAX_DIM for d in dims):
+            problems.append(_problem(loc + [kind], f"input {name!r}: {kind} shape {dims} has a dim outside 1..{MAX_DIM}"))
+    if problems:
+        return problems
+    for axis, (lo, mid, hi) in enumerate(zip(rng.min, rng.opt, rng.max)):
+        if not lo <= mid <= hi:
+            problems.append(_problem(loc, f"input {name!r} axis {axis}: need min <= opt <= max, got {lo}, {mid}, {hi}"))
+        fixed = tensor.dims[axis]
+        if isinstance(fixed, int) and fixed > 0 and not lo == mid == hi == fixed:
+            problems.append(_problem(loc, f"input {name!r} axis {axis} is fixed at {fixed} in the model, spec gives {lo}/{mid}/{hi}"))
+    return problems
+
+
+def _precision_problems(spec: BuildSpec, targets: list[Target], has_qdq: bool) -> list[dict[str, Any]]:
+    problems = []
+    p = spec.precision
+    if p in QUANTIZED_PRECISIONS and not has_qdq:
+        problems.append(_problem(["spec", "precision"],
+            f"{p.value} needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none"))
+    for t in targets:
+        cc = t.compute_capability
+        if t.backend is Backend.ONNXRUNTIME and p not in (Precision.FP32, Precision.INT8):
+            problems.append(_problem(["targets", str(t)], f"{t}: the CPU backend builds fp32 or int8 (Q/DQ), not {p.value}"))
+        if cc and p is Precision.BF16 and cc_tuple(cc) < (8, 0):
+            problems.append(_problem(["targets", str(t)], f"{t}: bf16 needs compute capability 8.0 or newer, {t.arch} is {cc}"))
+        if cc and p is Precision.FP8 and cc_tuple(cc) < (8, 9):
+            problems.append(_problem(["targets", str(t)], f"{t}: fp8 needs compute capability 8.9 or newer, {t.arch} is {cc}"))
+        if t.backend is Backend.TENSORRT_RTX and p is Precision.BF16:
+            problems.append(_problem(["targets", str(t)],
+                f"{t}: tensorrt-rtx builds strongly typed networks; bf16 needs a model whose tensors are already bf16, use fp32"))
+        if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and t.is_gpu and cc and cc_tuple(cc) < (8, 0):
+            problems.append(_problem(["targets", str(t)], f"{t}: hardware compatibility ampere_plus needs an sm80+ target"))
+        if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and cc in JETSON_CCS:
+            problems.append(_problem(["targets", str(t)], f"{t}: ampere_plus engines are not supported on Jetson"))
+    return problems
+
+
+def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target]) -> list[dict[str, Any]]:
+    """Every problem with running ``spec`` on this model for these targets; empty when it is fine."""
+    problems: list[dict[str, Any]] = []
+    by_name = {t.name: t for t in info.inputs}
+    known = ", ".join(by_name) or "none"
+    profiles = spec.normalized_profiles()
+    for name, dims in spec.shapes.items():
+        if name not in by_name:
+            problems.append(_problem(["spec", "shapes", name], f"unknown input {name!r} (model inputs: {known})"))
+        else:
+            problems += _check_range(["spec", "shapes", name], name, ShapeRange(min=dims, opt=dims, max=dims), by_name[name])
+    for i, profile in enumerate(spec.profiles):
+        for name, rng in profile.items():
+            if name not in by_name:
+                problems.append(_problem(["spec", "profiles", i, name], f"unknown input {name!r} (model inputs: {known})"))
+            else:
+                problems += _check_range(["spec", "profiles", i, name], name, rng, by_name[name])
+    for tensor in info.inputs:
+        if not tensor.dynamic_axes:
+            continue
+        if not profiles:
+            problems.append(_problem(["spec", "shapes", tensor.name],
+                f"input {tensor.name!r} has dynamic dims {tensor.dims}: give static 'shapes' or min/opt/max 'profiles'"))
+            continue
+        for i, profile in enumerate(profiles):
+            if tensor.name not in profile:
+                problems.append(_problem(["spec", "profiles", i, tensor.name],
+                    f"input {tensor.name!r} has dynamic dims {tensor.dims} but profile {i} gives it no shapes"))
+    seen: set[Target] = set()
+    for t in targets:
+        if t in seen:
+            problems.append(_problem(["targets", str(t)], f"target {t} is listed twice"))
+        seen.add(t)
+    problems += _precision_problems(spec, targets, info.has_qdq)
+    return problems
+
+
+def parse_targets(texts: list[str]) -> tuple[list[Target], list[dict[str, Any]]]:
+    """Parse target strings, collecting a problem for each bad one instead of stopping at the first."""
+    targets, problems = [], []
+    if not texts:
+        problems.append(_problem(["targets"], "name at least one target, for example tensorrt-rtx/sm86"))
+    for i, text in enumerate(texts):
+        try:
+            targets.append(Target.parse(text))
+        except ValueError as exc:
+            problems.append(_problem(["targets", i], str(exc)))
+    return targets, problems
+
+
+# --------------------------------------------------------------------------- engines and machines
+
+
+class TaskState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+FINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+@dataclass
+class EngineDescriptor:
+    """Everything needed to decide whether an engine runs on a machine, as built by a worker."""
+
+    target: str
+    backend: str
+    backend_version: str
+    precision: str
+    platform: str
+    compute_capability: str | None = None
+    compute_capabilities: list[str] = field(default_factory=list)  # portable TensorRT-RTX engines
+    gpu_name: str | None = None
+    trt_version: str | None = None
+    cuda_version: str | None = None
+    driver_version: str | None = None
+    hardware_compat: str = HardwareCompat.NONE.value
+    version_compatible: bool = False
+    size: int = 0
+    sha256: str = ""
+    device_memory_bytes: int | None = None
+
+
+@dataclass
+class Machine:
+    """A deploy machine's fingerprint: what it runs, as sent to GET/POST /v1/resolve."""
+
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+    memory_mib: int | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    trt_version: str | None = None
+    trt_rtx_version: str | None = None
+    lean_runtime: bool = False
+    platform: str | None = None
+    os: str | None = None
+    jetpack: str | None = None
+
+    @property
+    def is_jetson(self) -> bool:
+        return bool(self.jetpack) or self.compute_capability in JETSON_CCS
+
+
+# --------------------------------------------------------------------------- trtexec shape syntax
+
+
+def parse_trtexec_shapes(text: str) -> dict[str, list[int]]:
+    """``input:1x3x224x224,mask:1x128`` → {"input": [1, 3, 224, 224], "mask": [1, 128]} (trtexec's syntax)."""
+    shapes: dict[str, list[int]] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, dims = item.rpartition(":")
+        name = name.strip("'\"")
+        if not sep or not name:
+            raise ValueError(f"shape {item!r} must be NAME:DxDxD, for example input:1x3x224x224")
+        try:
+            shapes[name] = [int(d) for d in dims.lower().split("x")]
+        except ValueError:
+            raise ValueError(f"shape {item!r}: dims must be integers separated by 'x'") from None
+    return shapes
+
+
+def spec_shapes_from_trtexec(shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
+                             max_shapes: str | None = None) -> dict[str, Any]:
+    """The ``shapes``/``profiles`` part of a spec from trtexec's --shapes/--minShapes/--optShapes/--maxShapes."""
+    out: dict[str, Any] = {}
+    if shapes:
+        out["shapes"] = parse_trtexec_shapes(shapes)
+    ranges = [parse_trtexec_shapes(s) if s else {} for s in (min_shapes, opt_shapes, max_shapes)]
+    names = set().union(*ranges)
+    if names:
+        lo, opt, hi = ranges
+        missing = sorted(n for n in names if not (n in lo and n in hi))
+        if missing:
+            raise ValueError(f"inputs {missing} need both --minShapes and --maxShapes")
+        out["profiles"] = [{n: {"min": lo[n], "opt": opt.get(n, hi[n]), "max": hi[n]} for n in sorted(names)}]
+    return out

@@ -1,0 +1,84 @@
+"""The project's exceptions. One FastAPI handler maps them to HTTP codes (api/app.py).
+
+Each error carries what a client needs to fix its request: a message and, where several
+things are wrong at once, the list of problems.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EnginefarmError(Exception):
+    """Base of every error the farm raises on purpose."""
+
+    status_code = 500
+
+    def __init__(self, message: str, *, problems: list[dict[str, Any]] | None = None, **context: Any):
+        super().__init__(message)
+        self.message = message
+        self.problems = problems or []
+        self.context = context
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"error": type(self).__name__, "detail": self.message}
+        if self.problems:
+            body["problems"] = self.problems
+        body.update({k: v for k, v in self.context.items() if v is not None})
+        return body
+
+
+class NotFound(EnginefarmError):
+    status_code = 404
+
+
+class ModelRejected(EnginefarmError):
+    """The uploaded bytes are not a model we accept (not ONNX, truncated, fails the checker, unsafe)."""
+
+    status_code = 422
+
+
+class PayloadTooLarge(ModelRejected):
+    status_code = 413
+
+
+class SpecInvalid(EnginefarmError):
+    """A build spec or target list that does not fit the model; ``problems`` lists every issue."""
+
+    status_code = 422
+
+
+class Conflict(EnginefarmError):
+    status_code = 409
+
+
+class NoCompatibleEngine(NotFound):
+    """Resolution found no engine that runs on the asking machine; ``problems`` says why for each."""
+
+
+class TargetUnavailable(EnginefarmError):
+    """No worker can build or serve the target (the backend is missing on this machine)."""
+
+    status_code = 409
+
+
+class BackendMissing(TargetUnavailable):
+    """A build backend's Python module is not importable on this worker."""
+
+
+class BuildFailed(EnginefarmError):
+    """A model error during a build: final, stored with its message, never retried."""
+
+    status_code = 422
+
+
+class InfrastructureError(EnginefarmError):
+    """S3, database or broker trouble: transient, retried with backoff."""
+
+    status_code = 503
+
+
+class IntegrityError(EnginefarmError):
+    """Bytes whose sha256 does not match what the catalog recorded."""
+
+    status_code = 502

@@ -1,0 +1,617 @@
+"""Uploaded model files: tell bundles from plain ONNX, unpack bundles safely, inspect the model.
+
+An upload is either a single ``.onnx`` file or a ``.zip``/``.tar`` bundle holding ``model.onnx``
+and its external data files. Everything here treats the bytes as hostile: archives may try to
+escape their folder or expand without bound, and an ONNX model's external data entries may point
+anywhere on disk. Every rejection raises ``ModelRejected`` (``PayloadTooLarge`` for size limits)
+with a message the uploader can act on.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import onnx
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
+
+from enginefarm.domain import ModelInfo, TensorInfo
+from enginefarm.errors import ModelRejected, PayloadTooLarge
+
+MODEL_NAME = "model.onnx"
+FORMATS = ("onnx", "zip", "tar")
+
+_CHUNK = 1 << 20
+# Small entries compress far better than real weights (zero padding, text): only judge big ones.
+_RATIO_MIN_BYTES = 1 << 20
+_MAX_NAME_COMPONENT = 255
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, NotImplementedError)
+
+
+@dataclass(frozen=True)
+class BundleLimits:
+    """How much a bundle may hold once unpacked."""
+
+    max_files: int = 10_000
+    max_unpacked_bytes: int = 16 << 30
+    max_compression_ratio: float = 200.0
+
+
+@dataclass
+class InspectedModel:
+    """An accepted upload: its format, the ``.onnx`` file to build from, and what it holds."""
+
+    format: str
+    model_path: Path
+    info: ModelInfo
+
+
+# --------------------------------------------------------------------------- format detection
+
+
+def detect_format(path: Path) -> str:
+    """Return ``"zip"``, ``"tar"`` or ``"onnx"``, judged by the file's leading bytes, not its name."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    # PK\x05\x06 starts an empty zip: calling it a zip gives a clearer message than "not ONNX".
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        return "zip"
+    if head[257:262] == b"ustar":
+        return "tar"
+    # Old-style and compressed (gzip, bz2, xz) tars carry no ustar magic in the first block.
+    if head and tarfile.is_tarfile(path):
+        return "tar"
+    return "onnx"
+
+
+# --------------------------------------------------------------------------- bundle entries
+
+
+@dataclass
+class _Entry:
+    """One archive member, reduced to what extraction needs."""
+
+    name: str  # normalized: components joined by "/", no "." or empty parts
+    is_dir: bool
+    size: int
+    member: object  # the ZipInfo or TarInfo to open
+
+
+def _normalize_name(raw: str) -> str:
+    """Return the entry's path as clean "/"-joined components, or raise if it could escape."""
+    if not raw or "\x00" in raw:
+        raise ModelRejected(f"bundle entry {raw!r} has an empty or invalid name")
+    if "\\" in raw:
+        raise ModelRejected(f"bundle entry {raw!r} contains a backslash; use '/' to separate folders")
+    if raw.startswith("/") or _DRIVE.match(raw):
+        raise ModelRejected(f"bundle entry {raw!r} is an absolute path; entries must be relative")
+    parts = [p for p in raw.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ModelRejected(f"bundle entry {raw!r} escapes the bundle ('..' is not allowed)")
+    if any(len(p.encode()) > _MAX_NAME_COMPONENT for p in parts):
+        raise ModelRejected(f"bundle entry {raw!r} has a name component over {_MAX_NAME_COMPONENT} bytes")
+    return "/".join(parts)
+
+
+def _zip_entries(zf: zipfile.ZipFile) -> Iterator[_Entry]:
+    """Yield the zip's members, rejecting encrypted ones and anything but files and folders."""
+    for info in zf.infolist():
+        mode = info.external_attr >> 16
+        kind = stat.S_IFMT(mode)
+        if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
+            what = "a symlink" if kind == stat.S_IFLNK else "not a regular file"
+            raise ModelRejected(f"bundle entry {info.filename!r} is {what}; bundles hold only files and folders")
+        if info.flag_bits & 0x1:
+            raise ModelRejected(f"bundle entry {info.filename!r} is encrypted; upload an unencrypted bundle")
+        is_dir = info.is_dir() or kind == stat.S_IFDIR
+        name = _normalize_name(info.filename)
+        if name or not is_dir:  # "./" names the bundle root itself
+            yield _Entry(name, is_dir, 0 if is_dir else info.file_size, info)
+
+
+def _tar_kind(info: tarfile.TarInfo) -> str:
+    """Name a non-file tar member's type for an error message."""
+    if info.issym():
+        return f"a symlink to {info.linkname!r}"
+    if info.islnk():
+        return f"a hard link to {info.linkname!r}"
+    if info.isdev():
+        return "a device file or fifo"
+    return f"of tar type {info.type!r}"
+
+
+def _tar_entries(tf: tarfile.TarFile, max_files: int) -> Iterator[_Entry]:
+    """Yield the tar's members, rejecting links, devices and fifos; stops after max_files + 1."""
+    count = 0
+    for info in tf:
+        if not (info.isreg() or info.isdir()):
+            kind = _tar_kind(info)
+            raise ModelRejected(f"bundle entry {info.name!r} is {kind}; bundles hold only files and folders")
+        name = _normalize_name(info.name)
+        if not name and info.isdir():
+            continue  # the "./" entry that `tar -C dir .` writes names the bundle root itself
+        yield _Entry(name, info.isdir(), 0 if info.isdir() else info.size, info)
+        count += 1
+        if count > max_files:
+            return  # enough to report the overflow without walking millions of headers
+
+
+def _check_layout(entries: list[_Entry]) -> None:
+    """Reject empty names, duplicates, and a file that is also used as a folder."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    for e in entries:
+        if not e.name:
+            raise ModelRejected("bundle has an entry with an empty name")
+        parts = e.name.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in files:
+                raise ModelRejected(f"bundle entry {e.name!r} sits under {parent!r}, which is a file")
+            dirs.add(parent)
+        if e.is_dir:
+            if e.name in files:
+                raise ModelRejected(f"bundle entry {e.name!r} is both a file and a folder")
+            dirs.add(e.name)
+        elif e.name in files:
+            raise ModelRejected(f"bundle holds {e.name!r} twice; each name may appear once")
+        elif e.name in dirs:
+            raise ModelRejected(f"bundle entry {e.name!r} is both a file and a folder")
+        else:
+            files.add(e.name)
+
+
+def _check_sizes(entries: list[_Entry], limits: BundleLimits, fmt: str, archive_size: int) -> None:
+    """Reject bundles whose declared sizes, counts or compression ratios are over the limits."""
+    if len(entries) > limits.max_files:
+        # Tar listing stops one past the limit, so its count is a lower bound.
+        at_least = "at least " if fmt == "tar" else ""
+        raise ModelRejected(
+            f"bundle holds {at_least}{len(entries)} files and folders, over the limit of {limits.max_files}"
+        )
+    total = sum(e.size for e in entries)
+    if total > limits.max_unpacked_bytes:
+        raise PayloadTooLarge(f"bundle expands to {total} bytes, over the limit of {limits.max_unpacked_bytes}")
+    if fmt == "zip":
+        for e in entries:
+            packed = e.member.compress_size  # type: ignore[attr-defined]
+            _check_ratio(f"bundle entry {e.name!r}", e.size, packed, limits.max_compression_ratio)
+    else:
+        # A compressed tar is one stream, so only the whole archive's ratio can be judged.
+        _check_ratio("the bundle", total, archive_size, limits.max_compression_ratio)
+
+
+def _check_ratio(what: str, size: int, packed: int, limit: float) -> None:
+    """Reject something over 1 MiB that expands more than ``limit`` times its packed size."""
+    if size <= _RATIO_MIN_BYTES:
+        return
+    ratio = size / max(packed, 1)
+    if ratio > limit:
+        raise PayloadTooLarge(
+            f"{what} expands to {size} bytes from {packed} (compression ratio {ratio:.0f} over {limit:g})"
+        )
+
+
+def _strip_single_top_dir(entries: list[_Entry]) -> list[_Entry]:
+    """Return entries without their lone top-level folder if it holds model.onnx, else unchanged.
+
+    Zipping or tarring a folder, rather than its contents, puts everything under one folder.
+    """
+    names = {e.name for e in entries}
+    if MODEL_NAME in names:
+        return entries
+    tops = {e.name.split("/")[0] for e in entries}
+    if len(tops) != 1:
+        return entries
+    top = tops.pop()
+    if f"{top}/{MODEL_NAME}" not in names:
+        return entries
+    kept = []
+    for e in entries:
+        if e.name != top:
+            kept.append(_Entry(e.name[len(top) + 1 :], e.is_dir, e.size, e.member))
+    return kept
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+def _copy_counted(src: BinaryIO, dst_path: Path, entry: _Entry, room: int) -> int:
+    """Copy one member to a new file; return its byte count. Refuses more than it declared or than room."""
+    written = 0
+    # "xb": never overwrite, so no entry can replace another one's file.
+    with open(dst_path, "xb") as dst:
+        while chunk := src.read(_CHUNK):
+            written += len(chunk)
+            if written > entry.size:
+                raise ModelRejected(f"bundle entry {entry.name!r} holds more than the {entry.size} bytes it declares")
+            if written > room:
+                raise PayloadTooLarge("bundle expands past the unpacked size limit while extracting")
+            dst.write(chunk)
+    if written != entry.size:
+        raise ModelRejected(f"bundle entry {entry.name!r} is truncated: {written} of {entry.size} bytes")
+    return written
+
+
+def _extract(entries: list[_Entry], open_member, dest: Path, limits: BundleLimits) -> None:
+    """Write every entry under dest with our own loop; bytes are re-counted since headers can lie."""
+    used = 0
+    for e in entries:
+        target = dest.joinpath(*e.name.split("/"))
+        if e.is_dir:
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open_member(e.member) as src:
+            used += _copy_counted(src, target, e, limits.max_unpacked_bytes - used)
+
+
+def _open_archive(path: Path, fmt: str) -> zipfile.ZipFile | tarfile.TarFile:
+    """Open a bundle for reading; the caller closes it."""
+    if fmt == "zip":
+        return zipfile.ZipFile(path)
+    if fmt == "tar":
+        return tarfile.open(path, mode="r")
+    raise ValueError(f"unknown bundle format {fmt!r}")
+
+
+def _list_entries(archive: zipfile.ZipFile | tarfile.TarFile, limits: BundleLimits) -> list[_Entry]:
+    """Return the bundle's members, each vetted on its own."""
+    if isinstance(archive, zipfile.ZipFile):
+        return list(_zip_entries(archive))
+    return list(_tar_entries(archive, limits.max_files))
+
+
+def _unpack_open(
+    archive: zipfile.ZipFile | tarfile.TarFile, fmt: str, dest: Path, limits: BundleLimits, packed: int
+) -> None:
+    """Vet the whole listing before writing a byte, then extract."""
+    entries = _list_entries(archive, limits)
+    _check_layout(entries)
+    _check_sizes(entries, limits, fmt, packed)
+    entries = _strip_single_top_dir(entries)
+    if not any(e.name == MODEL_NAME and not e.is_dir for e in entries):
+        raise ModelRejected(f"bundle has no {MODEL_NAME} at its top level")
+    open_member = archive.open if isinstance(archive, zipfile.ZipFile) else archive.extractfile
+    _extract(entries, open_member, dest, limits)
+
+
+def unpack_bundle(path: Path, fmt: str, dest: Path, limits: BundleLimits) -> Path:
+    """Check and extract a zip or tar bundle into dest (made if absent, else empty); return its model.onnx."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise ValueError(f"{dest} must be empty to unpack a bundle into it")
+    try:
+        with _open_archive(path, fmt) as archive:
+            _unpack_open(archive, fmt, dest, limits, path.stat().st_size)
+    except _ARCHIVE_ERRORS as exc:
+        raise ModelRejected(f"not a readable {fmt} bundle: {exc}") from None
+    return dest / MODEL_NAME
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _read_varint(f: BinaryIO) -> int | None:
+    """Return the next protobuf varint, or None at end of file."""
+    value = shift = 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            return None
+        value |= (byte[0] & 0x7F) << shift
+        if not byte[0] & 0x80:
+            return value
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _model_wire_types() -> dict[int, int]:
+    """Map each ModelProto field number to its protobuf wire type (0 varint, 2 length-delimited)."""
+    delimited = {FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES}
+    return {f.number: 2 if f.type in delimited else 0 for f in ModelProto.DESCRIPTOR.fields}
+
+
+_MODEL_WIRE = _model_wire_types()
+
+
+def _cut_short(path: Path) -> str | None:
+    """Return where a ModelProto-shaped file stops mid-field, or None if it is not one cut short.
+
+    Walks the top-level fields only; a field ModelProto does not have means the bytes were never
+    ONNX, so text and random bytes are not mistaken for a truncated upload.
+    """
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        try:
+            while (tag := _read_varint(f)) is not None:
+                if _MODEL_WIRE.get(tag >> 3) != tag & 7:
+                    return None
+                if tag & 7 == 0:
+                    if _read_varint(f) is None:
+                        return f"the file ends inside field {tag >> 3} at byte {size}"
+                    continue
+                length = _read_varint(f)
+                if length is None or f.tell() + length > size:
+                    return f"field {tag >> 3} runs past the end of the file at byte {size}"
+                f.seek(length, os.SEEK_CUR)
+        except ValueError:
+            return None
+    return None
+
+
+def _load(path: Path) -> ModelProto:
+    """Parse the ModelProto without external data; raise ModelRejected for anything unusable."""
+    try:
+        # format="protobuf": onnx.load otherwise picks a text parser for names like *.txt or *.json.
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as exc:
+        if path.stat().st_size and (where := _cut_short(path)):
+            raise ModelRejected(f"truncated ONNX file: {where}; upload the whole file") from None
+        raise ModelRejected(f"not an ONNX model: the bytes do not parse as an ONNX ModelProto ({exc})") from None
+    _check_structure(model)
+    return model
+
+
+def _check_structure(model: ModelProto) -> None:
+    """Reject protos that parsed but are no usable model (random bytes can decode as a ModelProto)."""
+    if not model.ir_version:
+        raise ModelRejected("not an ONNX model: it has no ir_version (is the file empty or not ONNX?)")
+    if model.ir_version > onnx.IR_VERSION:
+        raise ModelRejected(
+            f"model ir_version {model.ir_version} is newer than this server reads (up to {onnx.IR_VERSION}); "
+            "export with an older IR version"
+        )
+    if not model.HasField("graph"):
+        raise ModelRejected("not an ONNX model: it has no graph")
+    if not model.graph.node or not model.graph.output:
+        raise ModelRejected("ONNX model graph has no nodes or no outputs; there is nothing to build")
+
+
+def _check(model_path: Path) -> None:
+    """Run onnx.checker on the file (the path form works for models over 2 GB)."""
+    try:
+        onnx.checker.check_model(str(model_path))
+    except onnx.checker.ValidationError as exc:
+        raise ModelRejected(f"model fails onnx.checker: {exc}") from None
+
+
+# --------------------------------------------------------------------------- walking the graph
+
+
+def _subgraphs(attr: AttributeProto) -> Iterator[GraphProto]:
+    """Yield the graphs an attribute holds (If, Loop and Scan bodies)."""
+    if attr.HasField("g"):
+        yield attr.g
+    yield from attr.graphs
+
+
+def _attr_tensors(attr: AttributeProto) -> Iterator[TensorProto]:
+    """Yield the tensors stored directly in an attribute, sparse ones included."""
+    if attr.HasField("t"):
+        yield attr.t
+    yield from attr.tensors
+    sparse = ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(attr.sparse_tensors)
+    for s in sparse:
+        yield s.values
+        yield s.indices
+
+
+def _nodes_deep(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Yield the nodes and, recursively, the nodes of their subgraphs."""
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            for sub in _subgraphs(attr):
+                yield from _nodes_deep(sub.node)
+
+
+def _all_nodes(model: ModelProto) -> Iterator[onnx.NodeProto]:
+    """Yield every node of the main graph, of the model's local functions, and of their subgraphs."""
+    yield from _nodes_deep(model.graph.node)
+    for fn in model.functions:
+        yield from _nodes_deep(fn.node)
+
+
+def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
+    """Yield every tensor in the model: initializers of every (sub)graph and tensors in attributes."""
+    graphs = [model.graph] + [sub for n in _all_nodes(model) for a in n.attribute for sub in _subgraphs(a)]
+    for graph in graphs:
+        yield from graph.initializer
+        for s in graph.sparse_initializer:
+            yield s.values
+            yield s.indices
+    for node in _all_nodes(model):
+        for attr in node.attribute:
+            yield from _attr_tensors(attr)
+
+
+def _is_external(tensor: TensorProto) -> bool:
+    # Entries without the EXTERNAL flag are ignored by readers, but checking them costs nothing.
+    return tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data) > 0
+
+
+# --------------------------------------------------------------------------- external data
+
+
+def _external_fields(tensor: TensorProto) -> tuple[str, int, int | None]:
+    """Return the tensor's (location, offset, length); length is None when it runs to the file's end."""
+    fields = {e.key: e.value for e in tensor.external_data}
+    location = fields.get("location", "")
+    try:
+        offset = int(fields.get("offset") or 0)
+        length = int(fields["length"]) if fields.get("length") else None
+    except ValueError:
+        raise ModelRejected(f"external data offset/length for tensor {tensor.name!r} are not integers") from None
+    if offset < 0 or (length is not None and length < 0):
+        raise ModelRejected(f"external data offset/length for tensor {tensor.name!r} are negative")
+    return location, offset, length
+
+
+def _check_location(location: str, tensor: str) -> None:
+    """Reject locations that are empty, absolute, or walk up out of the model's folder."""
+    where = f"external data location {location!r} for tensor {tensor!r}"
+    if not location or "\x00" in location:
+        raise ModelRejected(f"{where} is empty or invalid")
+    if location.startswith(("/", "\\")) or _DRIVE.match(location) or os.path.isabs(location):
+        raise ModelRejected(f"{where} is absolute; give a path relative to model.onnx")
+    if "\\" in location:
+        raise ModelRejected(f"{where} contains a backslash; use '/' to separate folders")
+    if ".." in location.split("/"):
+        raise ModelRejected(f"{where} contains '..'; data files must sit beside model.onnx or below it")
+
+
+def _data_file(base: Path, location: str, tensor: str) -> Path:
+    """Return the resolved data file for a checked location: inside base, no symlink, one link."""
+    where = f"external data location {location!r} for tensor {tensor!r}"
+    resolved = Path(os.path.realpath(base / location))
+    root = Path(os.path.realpath(base))
+    if resolved != root and root not in resolved.parents:
+        raise ModelRejected(f"{where} resolves outside the bundle")
+    # Every component is checked, not just the last: a linked folder would redirect the file.
+    step = base
+    for part in location.split("/"):
+        step = step / part
+        try:
+            st = os.lstat(step)
+        except OSError:
+            raise ModelRejected(f"{where} names a file the bundle does not hold") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise ModelRejected(f"{where} is a symlink or lies under one; data files must be regular files")
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelRejected(f"{where} is not a regular file")
+    # A hard link could alias a file outside the bundle; files we extracted have exactly one.
+    if st.st_nlink != 1:
+        raise ModelRejected(f"{where} is a hard link; data files must be plain files")
+    return resolved
+
+
+def _check_external_data(model: ModelProto, base: Path) -> dict[Path, int]:
+    """Validate every external tensor's location and range; return {data file: size}, each once."""
+    files: dict[Path, int] = {}
+    for tensor in _all_tensors(model):
+        if not _is_external(tensor):
+            continue
+        location, offset, length = _external_fields(tensor)
+        _check_location(location, tensor.name)
+        data = _data_file(base, location, tensor.name)
+        size = files.setdefault(data, data.stat().st_size)
+        end = offset + (length or 0)
+        if end > size:
+            raise ModelRejected(
+                f"external data for tensor {tensor.name!r} spans bytes {offset}..{end} "
+                f"but {location!r} holds only {size} bytes"
+            )
+    return files
+
+
+def _uses_external_data(model: ModelProto) -> bool:
+    return any(_is_external(t) for t in _all_tensors(model))
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+    """Describe a graph input or output; non-tensor types (sequences, maps) get their kind as dtype."""
+    kind = value.type.WhichOneof("value")
+    if kind not in ("tensor_type", "sparse_tensor_type"):
+        return TensorInfo(value.name, (kind or "undefined").removesuffix("_type").upper(), [])
+    ttype = getattr(value.type, kind)
+    dims: list[int | str | None] = []
+    for d in ttype.shape.dim:
+        which = d.WhichOneof("value")
+        dims.append(d.dim_value if which == "dim_value" else d.dim_param if which == "dim_param" else None)
+    return TensorInfo(value.name, TensorProto.DataType.Name(ttype.elem_type), dims)
+
+
+def _default_opset(model: ModelProto) -> int:
+    """Return the default-domain opset version the model imports."""
+    for op in model.opset_import:
+        if op.domain in _DEFAULT_DOMAINS:
+            return op.version
+    raise ModelRejected("model imports no opset for the default ONNX domain")
+
+
+def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]) -> ModelInfo:
+    """Collect the metadata of an accepted model."""
+    graph = model.graph
+    weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+    return ModelInfo(
+        inputs=[_tensor_info(v) for v in graph.input if v.name not in weights],
+        outputs=[_tensor_info(v) for v in graph.output],
+        opset=_default_opset(model),
+        ir_version=model.ir_version,
+        producer=f"{model.producer_name} {model.producer_version}".strip(),
+        size=model_path.stat().st_size + sum(data_files.values()),
+        has_qdq=any(n.op_type in _QDQ_OPS for n in _all_nodes(model)),
+        external_data=_uses_external_data(model),
+    )
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def _unpack_fresh(path: Path, fmt: str, workdir: Path, limits: BundleLimits) -> Path:
+    """Unpack a bundle into a new folder under workdir; return its model.onnx path."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    dest = Path(tempfile.mkdtemp(prefix="bundle-", dir=workdir))
+    try:
+        return unpack_bundle(path, fmt, dest, limits)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+
+
+def _load_checked(model_path: Path, fmt: str) -> tuple[ModelProto, dict[Path, int]]:
+    """Parse the model and vet its external data; return the proto and its data files."""
+    model = _load(model_path)
+    if fmt == "onnx" and _uses_external_data(model):
+        raise ModelRejected(
+            "this model keeps tensors in external files; upload a .zip or .tar bundle "
+            "with model.onnx and its data files"
+        )
+    return model, _check_external_data(model, model_path.parent)
+
+
+def inspect_upload(path: Path, workdir: Path, limits: BundleLimits = BundleLimits()) -> InspectedModel:
+    """Vet an uploaded file (plain ONNX or bundle, unpacked under workdir); return what it holds."""
+    fmt = detect_format(path)
+    model_path = path if fmt == "onnx" else _unpack_fresh(path, fmt, workdir, limits)
+    try:
+        model, data_files = _load_checked(model_path, fmt)
+        _check(model_path)
+        return InspectedModel(fmt, model_path, _model_info(model, model_path, data_files))
+    except BaseException:
+        if fmt != "onnx":
+            shutil.rmtree(model_path.parent, ignore_errors=True)  # a rejected bundle leaves nothing behind
+        raise
+
+
+def model_path_for(blob_path: Path, fmt: str, workdir: Path, limits: BundleLimits = BundleLimits()) -> Path:
+    """Return the .onnx file a build reads: the blob itself, or model.onnx of the bundle unpacked under workdir."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown model format {fmt!r} (known: {', '.join(FORMATS)})")
+    if fmt == "onnx":
+        return blob_path
+    model_path = _unpack_fresh(blob_path, fmt, workdir, limits)
+    # Builders read external data from disk: re-vet the locations even though the upload passed.
+    _check_external_data(_load(model_path), model_path.parent)
+    return model_path

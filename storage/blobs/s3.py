@@ -1,0 +1,134 @@
+"""A blob store on any S3-compatible endpoint (AWS S3, SeaweedFS, MinIO) through boto3."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from enginefarm.config import Settings
+from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
+from storage.blobs.base import CHUNK, BlobStore
+
+# Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
+TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4)
+NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+@contextmanager
+def _mapped(key: str):
+    """Translate boto3's errors once, here: a missing key is NotFound, anything else is transient."""
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in NOT_FOUND_CODES:
+            raise NotFound(f"blob {key} is missing from the store") from exc
+        raise InfrastructureError(f"S3 error on {key}: {code or exc}") from exc
+    except BotoCoreError as exc:
+        raise InfrastructureError(f"S3 unreachable while handling {key}: {exc}") from exc
+
+
+class S3BlobStore(BlobStore):
+    def __init__(self, client, bucket: str):
+        self.client = client
+        self.bucket = bucket
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> S3BlobStore:
+        client = boto3.client(
+            "s3",
+            endpoint_url=settings.s3_endpoint_url,
+            region_name=settings.s3_region,
+            aws_access_key_id=settings.s3_access_key,
+            aws_secret_access_key=settings.s3_secret_key,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
+                          s3={"addressing_style": "path"}),
+        )
+        store = cls(client, settings.s3_bucket)
+        store.ensure_bucket()
+        return store
+
+    def ensure_bucket(self) -> None:
+        with _mapped(self.bucket):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except ClientError as exc:
+                if str(exc.response.get("Error", {}).get("Code")) not in NOT_FOUND_CODES:
+                    raise
+                self.client.create_bucket(Bucket=self.bucket)
+
+    def _head(self, key: str) -> dict:
+        with _mapped(key):
+            return self.client.head_object(Bucket=self.bucket, Key=key)
+
+    def put_file(self, key: str, path: Path, sha256: str) -> None:
+        size = Path(path).stat().st_size
+        try:
+            head = self._head(key)
+            if head["ContentLength"] == size and head.get("Metadata", {}).get("sha256") == sha256:
+                return  # content-addressed: already stored
+        except NotFound:
+            pass
+        with _mapped(key):
+            # S3 makes an object visible only once every part is in: no reader sees a half blob.
+            self.client.upload_file(str(path), self.bucket, key, Config=TRANSFER,
+                                    ExtraArgs={"Metadata": {"sha256": sha256}})
+        head = self._head(key)
+        if head["ContentLength"] != size or head.get("Metadata", {}).get("sha256") != sha256:
+            raise IntegrityError(f"blob {key}: stored {head['ContentLength']} bytes, expected {size} with sha256 {sha256}")
+
+    def get_file(self, key: str, dest: Path) -> None:
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".incoming-")
+        os.close(fd)
+        try:
+            with _mapped(key):
+                self.client.download_file(self.bucket, key, tmp, Config=TRANSFER)
+            os.replace(tmp, dest)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+        with _mapped(key):
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        try:
+            with _mapped(key):
+                yield from body.iter_chunks(chunk_size)
+        finally:
+            body.close()
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._head(key)
+            return True
+        except NotFound:
+            return False
+
+    def size(self, key: str) -> int:
+        return int(self._head(key)["ContentLength"])
+
+    def delete(self, key: str) -> None:
+        with _mapped(key):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        with _mapped(prefix or self.bucket):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents", []):
+                    yield obj["Key"]
+
+    def presigned_url(self, key: str, expires_seconds: int = 300) -> str:
+        with _mapped(key):
+            return self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key},
+                                                      ExpiresIn=expires_seconds)

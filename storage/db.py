@@ -1,0 +1,87 @@
+"""Database engine, sessions and migrations for the catalog."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from enginefarm.config import Settings, get_settings
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    # WAL lets the API read while a worker writes; busy_timeout makes writers wait, not fail.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+@lru_cache
+def _engine_for(url: str) -> Engine:
+    return make_engine(url)
+
+
+def get_engine(settings: Settings | None = None) -> Engine:
+    return _engine_for((settings or get_settings()).resolved_database_url)
+
+
+@lru_cache
+def _sessionmaker_for(url: str) -> sessionmaker[Session]:
+    return sessionmaker(bind=_engine_for(url), expire_on_commit=False)
+
+
+@contextmanager
+def session_scope(settings: Settings | None = None) -> Iterator[Session]:
+    """A session that commits on success and rolls back on any error."""
+    session = _sessionmaker_for((settings or get_settings()).resolved_database_url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def migrate(settings: Settings | None = None) -> None:
+    """Bring the catalog's schema to the newest revision (idempotent)."""
+    from alembic import command
+
+    settings = settings or get_settings()
+    if settings.resolved_database_url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    command.upgrade(alembic_config(settings.resolved_database_url), "head")
+
+
+def as_utc(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; every time the catalog stores is UTC."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=timezone.utc)

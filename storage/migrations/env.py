@@ -1,0 +1,22 @@
+"""Alembic environment: reads the database URL from enginefarm's one settings object."""
+
+from alembic import context
+
+from enginefarm.config import get_settings
+from storage.db import make_engine
+from storage.tables import Base
+
+config = context.config
+url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url
+
+
+def run_migrations() -> None:
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=url.startswith("sqlite"))
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+run_migrations()

@@ -1,0 +1,111 @@
+"""SQLAlchemy tables of the catalog. The domain types live in enginefarm.domain."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), index=True)
+    version: Mapped[str] = mapped_column(String(100))
+    seq: Mapped[int] = mapped_column(Integer)  # order of versions under one name: newer is larger
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    format: Mapped[str] = mapped_column(String(8))  # onnx, zip or tar
+    blob_key: Mapped[str] = mapped_column(String(200))
+    size: Mapped[int] = mapped_column(BigInteger)  # bytes as uploaded
+    info: Mapped[dict] = mapped_column(JSON)  # enginefarm.domain.ModelInfo
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class BuildRow(Base):
+    __tablename__ = "builds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    spec: Mapped[dict] = mapped_column(JSON)
+    spec_hash: Mapped[str] = mapped_column(String(64), index=True)
+    targets: Mapped[list] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    model: Mapped[ModelRow] = relationship()
+    tasks: Mapped[list[BuildTaskRow]] = relationship(back_populates="build", order_by="BuildTaskRow.id")
+
+
+class BuildTaskRow(Base):
+    __tablename__ = "build_tasks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    build_id: Mapped[int] = mapped_column(ForeignKey("builds.id"), index=True)
+    target: Mapped[str] = mapped_column(String(64), index=True)
+    state: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    reused: Mapped[bool] = mapped_column(Boolean, default=False)
+    engine_id: Mapped[int | None] = mapped_column(ForeignKey("engines.id"))
+    error: Mapped[str | None] = mapped_column(Text)
+    log_tail: Mapped[str | None] = mapped_column(Text)
+    queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    build: Mapped[BuildRow] = relationship(back_populates="tasks")
+
+
+class EngineRow(Base):
+    __tablename__ = "engines"
+    __table_args__ = (
+        # Identical work never runs twice: this is the content address of a build.
+        UniqueConstraint("model_sha256", "spec_hash", "target", "backend_version", name="uq_engines_build_key"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    spec_hash: Mapped[str] = mapped_column(String(64), index=True)
+    target: Mapped[str] = mapped_column(String(64), index=True)
+    backend: Mapped[str] = mapped_column(String(32), index=True)
+    backend_version: Mapped[str] = mapped_column(String(64))
+    precision: Mapped[str] = mapped_column(String(8), index=True)
+    compute_capability: Mapped[str | None] = mapped_column(String(8), index=True)
+    compute_capabilities: Mapped[list] = mapped_column(JSON, default=list)
+    gpu_name: Mapped[str | None] = mapped_column(String(200))
+    platform: Mapped[str] = mapped_column(String(16))
+    trt_version: Mapped[str | None] = mapped_column(String(64), index=True)
+    cuda_version: Mapped[str | None] = mapped_column(String(32))
+    driver_version: Mapped[str | None] = mapped_column(String(32))
+    hardware_compat: Mapped[str] = mapped_column(String(32), default="none")
+    version_compatible: Mapped[bool] = mapped_column(Boolean, default=False)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    blob_key: Mapped[str] = mapped_column(String(200))
+    build_seconds: Mapped[float] = mapped_column(Float)
+    built_by: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    model: Mapped[ModelRow] = relationship()
+
+
+class WorkerRow(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(200))
+    targets: Mapped[list] = mapped_column(JSON)
+    probe: Mapped[dict] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

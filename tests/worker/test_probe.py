@@ -1,0 +1,235 @@
+"""Worker probe: this (GPU-less) machine for real, a recorded Jetson root, and constructed machines."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from enginefarm.domain import Backend, Target
+from worker import probe as P
+from worker.probe import GpuInfo, JetsonInfo, MachineProbe
+
+DATA = Path(__file__).parent / "data"
+JETSON_ROOT = DATA / "jetson_orin"
+X86_ROOT = DATA / "x86_debian"
+
+TRT_MISSING = "No module named 'tensorrt'"
+H100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", "9.0", 81559, "GPU-6f1e2b2a-0000-0000-0000-000000000000")
+
+
+def machine(*, platform="x86_64", gpus=(), jetson=None, modules=None, errors=None, nvml_error=None) -> MachineProbe:
+    return MachineProbe(
+        hostname="node1", platform=platform, os="Linux 6.8 (Ubuntu 24.04.1 LTS)", gpus=list(gpus),
+        driver_version="580.82.07" if gpus else None, cuda_version="13.0" if gpus else None, jetson=jetson,
+        modules=modules or {}, module_errors=errors or {}, nvml_error=nvml_error,
+    )
+
+
+def T(text: str) -> Target:
+    return Target.parse(text)
+
+
+# --------------------------------------------------------------------------- this machine, for real
+
+
+@pytest.fixture(scope="module")
+def real() -> MachineProbe:
+    return P.probe_machine(X86_ROOT)
+
+
+def test_real_probe_without_gpu(real):
+    assert real.gpus == [] and real.driver_version is None and real.cuda_version is None
+    assert real.nvml_error  # e.g. "NVML Shared Library Not Found"
+    assert real.platform == "x86_64"
+    assert real.os.startswith("Linux ") and real.os.endswith("(Debian GNU/Linux 12 (bookworm))")
+    assert real.jetson is None
+    assert real.modules["tensorrt"] is None and "tensorrt" in real.module_errors["tensorrt"]
+    assert real.modules["tensorrt_rtx"] and real.modules["onnxruntime"]
+    assert "tensorrt_rtx" not in real.module_errors and "onnxruntime" not in real.module_errors
+    json.dumps(real.to_dict())
+
+
+def test_real_buildable_targets(real):
+    targets = P.buildable_targets(real)
+    assert T("tensorrt-rtx/sm86") in targets and T("onnxruntime/cpu-x86_64") in targets
+    assert not [t for t in targets if t.backend is Backend.TENSORRT]
+    assert targets == sorted(set(targets))
+    report = P.probe_report(real)
+    assert any(line.startswith("no GPU found via NVML: ") for line in report)
+    assert any(line.startswith("tensorrt: not importable (") and "no tensorrt target" in line for line in report)
+
+
+def test_real_probe_gpus_reports_nvml_error():
+    gpus, driver, cuda, err = P.probe_gpus()
+    assert (gpus, driver, cuda) == ([], None, None) and err
+
+
+def test_main_prints_json_then_report(capsys):
+    assert P.main(["--root", str(JETSON_ROOT)]) == 0
+    out = capsys.readouterr().out
+    data, end = json.JSONDecoder().raw_decode(out)
+    assert data["jetson"]["jetpack"] == "6.2" and "modules" in data
+    assert out[end:].strip().splitlines()[-1].startswith("buildable targets: ")
+
+
+# --------------------------------------------------------------------------- Jetson
+
+
+def test_recorded_jetson_orin():
+    j = P.probe_jetson(JETSON_ROOT)
+    assert j == JetsonInfo("NVIDIA Jetson AGX Orin Developer Kit", "36.4.3", "6.2", "8.7", 62827)
+
+
+def test_non_jetson_roots(tmp_path):
+    assert P.probe_jetson(X86_ROOT) is None
+    assert P.probe_jetson(tmp_path) is None
+
+
+def test_jetson_without_release_file(tmp_path):
+    (tmp_path / "proc/device-tree").mkdir(parents=True)
+    (tmp_path / "proc/device-tree/compatible").write_bytes(b"nvidia,p3668-0001\0nvidia,tegra194\0")
+    j = P.probe_jetson(tmp_path)
+    assert j and j.compute_capability == "7.2" and j.l4t_release == "" and j.jetpack is None
+
+
+@pytest.mark.parametrize("l4t, jetpack", [
+    ("36.4.3", "6.2"), ("36.4.4", "6.2.1"), ("36.4.7", "6.2"), ("36.4.0", "6.1"), ("36.3.0", "6.0"),
+    ("35.4.1", "5.1.2"), ("35.9.9", "5.1"), ("38.2.0", "7.0"), ("32.7.4", None), ("garbage", None),
+])
+def test_l4t_to_jetpack(l4t, jetpack):
+    assert P.l4t_to_jetpack(l4t) == jetpack
+
+
+def test_jetson_machine_probe_os(monkeypatch):
+    monkeypatch.setattr(P, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
+    monkeypatch.setattr(P._platform, "machine", lambda: "arm64")
+    p = P.probe_machine(JETSON_ROOT)
+    assert p.platform == "aarch64" and p.os.endswith("(Ubuntu 22.04.5 LTS)") and p.jetson.compute_capability == "8.7"
+
+
+# --------------------------------------------------------------------------- constructed machines
+
+
+def test_h100_with_tensorrt():
+    p = machine(gpus=[H100], modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None},
+                errors={"tensorrt_rtx": "No module named 'tensorrt_rtx'", "onnxruntime": "No module named 'onnxruntime'"})
+    assert P.buildable_targets(p) == [T("tensorrt/sm90")]
+    assert any("tensorrt 10.13.3.9: serves tensorrt/sm90" in line for line in P.probe_report(p))
+
+
+def test_h100_without_tensorrt_serves_no_tensorrt_target():
+    p = machine(gpus=[H100], modules={"tensorrt": None, "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"},
+                errors={"tensorrt": TRT_MISSING})
+    targets = P.buildable_targets(p)
+    assert not [t for t in targets if t.backend is Backend.TENSORRT]
+    assert T("tensorrt-rtx/sm120") in targets and T("onnxruntime/cpu-x86_64") in targets
+    assert f"tensorrt: not importable ({TRT_MISSING}): tensorrt/sm90 not served (GPU 0 {H100.name})" in P.probe_report(p)
+
+
+def test_jetson_with_tensorrt_on_aarch64():
+    jetson = JetsonInfo("NVIDIA Jetson AGX Orin Developer Kit", "36.4.3", "6.2", "8.7")
+    p = machine(platform="aarch64", jetson=jetson,
+                modules={"tensorrt": "10.3.0", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.0"})
+    targets = P.buildable_targets(p)
+    assert targets == [T("onnxruntime/cpu-aarch64"), T("tensorrt/sm87")]
+    assert any("only on x86_64" in line for line in P.probe_report(p))
+
+
+def test_unknown_compute_capability_gives_no_target():
+    pascal = GpuInfo(0, "NVIDIA GeForce GTX 1080", "6.1", 8192)
+    p = machine(gpus=[pascal, H100.__class__(1, H100.name, "9.0", H100.memory_mib)],
+                modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None})
+    assert P.buildable_targets(p) == [T("tensorrt/sm90")]
+    assert any("GTX 1080" in line and "6.1" in line and "no target" in line for line in P.probe_report(p))
+
+
+def test_same_arch_twice_is_one_target():
+    p = machine(gpus=[H100, GpuInfo(1, H100.name, "9.0", 81559)], modules={"tensorrt": "10.13.3.9"})
+    assert P.buildable_targets(p) == [T("tensorrt/sm90")]
+
+
+# --------------------------------------------------------------------------- fingerprint
+
+
+def test_machine_fingerprint_gpu(monkeypatch):
+    monkeypatch.setattr(P, "_import_version", lambda name: ("10.13.3.9", None) if name == "tensorrt_lean" else (None, "x"))
+    p = machine(gpus=[H100], modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"})
+    m = P.machine_fingerprint(p)
+    assert (m.gpu_name, m.compute_capability, m.memory_mib) == (H100.name, "9.0", 81559)
+    assert (m.driver_version, m.cuda_version, m.trt_version, m.trt_rtx_version) == ("580.82.07", "13.0", "10.13.3.9", "1.7.1.116")
+    assert m.lean_runtime and m.platform == "x86_64" and m.os == p.os and m.jetpack is None and not m.is_jetson
+    with pytest.raises(ValueError, match="no GPU 3"):
+        P.machine_fingerprint(p, gpu_index=3)
+
+
+def test_machine_fingerprint_jetson_and_cpu_only(real):
+    jetson = P.probe_jetson(JETSON_ROOT)
+    m = P.machine_fingerprint(machine(platform="aarch64", jetson=jetson, modules={"tensorrt": "10.3.0"}))
+    assert (m.gpu_name, m.compute_capability, m.memory_mib, m.jetpack) == (jetson.model, "8.7", 62827, "6.2")
+    assert m.is_jetson and m.trt_version == "10.3.0" and m.trt_rtx_version is None and not m.lean_runtime
+    m = P.machine_fingerprint(real)
+    assert m.gpu_name is None and m.compute_capability is None and m.trt_rtx_version == real.modules["tensorrt_rtx"]
+
+
+# --------------------------------------------------------------------------- module and NVML failures
+
+
+def test_probe_modules_reports_native_library_failure(monkeypatch):
+    real_import = importlib.import_module
+
+    def fake_import(name, *args):
+        if name == "tensorrt":
+            raise OSError("libnvinfer.so.10: cannot open shared object file: No such file or directory")
+        if name == "onnxruntime":
+            return types.SimpleNamespace()  # imports, but has no __version__
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    versions, errors = P.probe_modules()
+    assert versions["tensorrt"] is None and errors["tensorrt"].startswith("OSError: libnvinfer.so.10")
+    assert versions["onnxruntime"] == "unknown" and versions["tensorrt_rtx"]
+    assert set(versions) == {"tensorrt", "tensorrt_rtx", "onnxruntime"} and set(errors) == {"tensorrt"}
+
+
+class FakeNvml(types.ModuleType):
+    """pynvml as an H100 node answers it: names as bytes, like older bindings."""
+
+    def __init__(self, fail_init=False):
+        super().__init__("pynvml")
+        self.fail_init, self.shutdowns = fail_init, 0
+
+    def nvmlInit(self):
+        if self.fail_init:
+            raise RuntimeError("Driver Not Loaded")
+
+    def nvmlShutdown(self): self.shutdowns += 1
+    def nvmlDeviceGetCount(self): return 2
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 1:
+            raise RuntimeError("GPU is lost")
+        return i
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
+    def nvmlDeviceGetCudaComputeCapability(self, h): return (9, 0)
+    def nvmlDeviceGetMemoryInfo(self, h): return types.SimpleNamespace(total=85520809984)
+    def nvmlDeviceGetUUID(self, h): return b"GPU-6f1e2b2a"
+    def nvmlSystemGetDriverVersion(self): return "580.82.07"
+    def nvmlSystemGetCudaDriverVersion_v2(self): return 13000
+
+
+def test_probe_gpus_with_fake_nvml(monkeypatch):
+    fake = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus, driver, cuda, err = P.probe_gpus()
+    assert gpus == [GpuInfo(0, "NVIDIA H100 80GB HBM3", "9.0", 81559, "GPU-6f1e2b2a")]
+    assert (driver, cuda) == ("580.82.07", "13.0")
+    assert err == "GPU 1: GPU is lost" and fake.shutdowns == 1
+
+
+def test_probe_gpus_init_failure(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
+    assert P.probe_gpus() == ([], None, None, "Driver Not Loaded")

@@ -1,0 +1,1 @@
+"""Build workers: the Celery app, the build backends and the machine probe."""

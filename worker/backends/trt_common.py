@@ -1,0 +1,188 @@
+"""The pipeline that TensorRT and TensorRT-RTX share: parse → configure → build → serialize.
+
+Both modules expose the same builder API (Builder, OnnxParser, BuilderConfig, optimization
+profiles). The backends differ only in how the module is loaded and how a target is selected,
+which they supply through ``TrtFamilyBackend.select_target``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from abc import abstractmethod
+from pathlib import Path
+from types import ModuleType
+
+import onnx
+
+from enginefarm.domain import BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
+from enginefarm.errors import BackendMissing, BuildFailed
+from worker.backends.base import BuildBackend, BuildLog
+from worker.probe import MachineProbe
+
+# Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
+PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
+    Precision.FP32: (),
+    Precision.FP16: ("FP16",),
+    Precision.BF16: ("BF16",),
+    Precision.INT8: ("INT8", "FP16"),
+    Precision.FP8: ("FP8", "FP16"),
+}
+
+_modules: dict[str, ModuleType] = {}
+
+
+def load_module(name: str) -> ModuleType:
+    """Import a TensorRT-family module once; a worker without it gets BackendMissing saying so."""
+    if name not in _modules:
+        try:
+            _modules[name] = importlib.import_module(name)
+        except Exception as exc:  # ImportError, or OSError when libnvinfer is missing
+            raise BackendMissing(f"the {name} module is not importable on this worker: {exc}") from exc
+    return _modules[name]
+
+
+def make_logger(trt: ModuleType, log: BuildLog):
+    """A TensorRT ILogger that keeps the tail of the builder's messages in ``log``."""
+
+    class _Logger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+
+        def log(self, severity, msg) -> None:  # noqa: A003 - TensorRT's method name
+            if severity <= trt.ILogger.Severity.INFO:
+                log.add(f"[{getattr(severity, 'name', severity)}] {msg}")
+
+    return _Logger()
+
+
+def fp16_model_from_onnx(model_path: Path, out_dir: Path) -> Path:
+    """A copy of the model with float32 tensors cast to float16 (inputs and outputs stay float32).
+
+    Strongly typed builders take precision from the graph's types, not from builder flags.
+    """
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = onnx.load(str(model_path))
+    converted = convert_float_to_float16(model, keep_io_types=True)
+    out = out_dir / "model.fp16.onnx"
+    large = converted.ByteSize() > (1 << 30)
+    onnx.save_model(converted, str(out), save_as_external_data=large, location="model.fp16.data" if large else None)
+    return out
+
+
+def network_from_onnx(trt: ModuleType, builder, model_path: Path, strongly_typed: bool, logger):
+    """Parse the ONNX file into a network; parser errors become BuildFailed with every message."""
+    flags = 0
+    if strongly_typed and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+        flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, logger)
+    # parse_from_file reads external data relative to the model's directory.
+    if not parser.parse_from_file(str(model_path)):
+        errors = [_parser_error(parser.get_error(i)) for i in range(parser.num_errors)]
+        raise BuildFailed("the ONNX parser rejected the model: " + "; ".join(errors or ["no message"]))
+    return network, parser
+
+
+def _parser_error(err) -> str:
+    where = ""
+    for attr in ("node_name", "node_operator"):
+        value = getattr(err, attr, None)
+        if callable(value) and value():
+            where += f"{value()} "
+    return f"{where.strip()}: {err.desc()}" if where else err.desc()
+
+
+def config_from_spec(trt: ModuleType, builder, network, spec: BuildSpec, strongly_typed: bool, log: BuildLog):
+    """A BuilderConfig carrying the spec's profiles, workspace, optimization level and compat levels."""
+    config = builder.create_builder_config()
+    if spec.workspace_mib:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, spec.workspace_mib << 20)
+    config.builder_optimization_level = spec.optimization_level
+    for profile_spec in spec.normalized_profiles():
+        profile = builder.create_optimization_profile()
+        for name, rng in profile_spec.items():
+            profile.set_shape(name, tuple(rng.min), tuple(rng.opt), tuple(rng.max))
+        config.add_optimization_profile(profile)
+    if spec.hardware_compatibility is not HardwareCompat.NONE:
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, spec.hardware_compatibility.name)
+    if spec.version_compatible:
+        config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
+    if not strongly_typed:
+        for flag in PRECISION_FLAGS[spec.precision]:
+            if not hasattr(trt.BuilderFlag, flag):
+                raise BuildFailed(f"precision {spec.precision.value} is not supported by this builder (no {flag} flag)")
+            config.set_flag(getattr(trt.BuilderFlag, flag))
+    log.add(f"config: precision={spec.precision.value} profiles={len(spec.normalized_profiles())} "
+            f"opt_level={spec.optimization_level} hw_compat={spec.hardware_compatibility.value} "
+            f"version_compatible={spec.version_compatible} strongly_typed={strongly_typed}")
+    return config
+
+
+def engine_from_network(builder, network, config, out_path: Path) -> int:
+    """Build and write the serialized engine; returns its size. None from the builder is a model error."""
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise BuildFailed("the builder produced no engine (see the log tail: unsupported layer, "
+                          "shape or precision, or out of memory)")
+    data = memoryview(plan)
+    with open(out_path, "wb") as fh:
+        fh.write(data)
+    return data.nbytes
+
+
+class TrtFamilyBackend(BuildBackend):
+    """parse → configure → build → serialize, for any module with TensorRT's builder API."""
+
+    module_name: str
+    always_strongly_typed = False
+
+    def module(self) -> ModuleType:
+        return load_module(self.module_name)
+
+    def version(self) -> str:
+        return self.module().__version__
+
+    @abstractmethod
+    def select_target(self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog) -> None:
+        """Point the config at ``target``, or raise TargetUnavailable."""
+
+    @abstractmethod
+    def describe(self, target: Target, spec: BuildSpec, machine: MachineProbe | None) -> EngineDescriptor:
+        """The engine's compatibility facts (without sha256 and size)."""
+
+    def prepare_timing_cache(self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog):
+        """Attach a shared timing cache; returns a callback that saves it after the build, or None."""
+        return None
+
+    def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
+              machine: MachineProbe | None) -> EngineDescriptor:
+        trt = self.module()
+        strongly_typed = self.always_strongly_typed or spec.strongly_typed
+        if strongly_typed and spec.precision is Precision.FP16:
+            model_path = fp16_model_from_onnx(model_path, out_path.parent)
+            log.add("strongly typed build: cast float32 tensors to float16 before parsing")
+        logger = make_logger(trt, log)
+        builder = trt.Builder(logger)
+        started = time.perf_counter()
+        network, _parser = network_from_onnx(trt, builder, model_path, strongly_typed, logger)
+        config = config_from_spec(trt, builder, network, spec, strongly_typed, log)
+        self.select_target(trt, config, target, machine, log)
+        save_cache = self.prepare_timing_cache(trt, config, target, machine, log) if spec.timing_cache else None
+        engine_from_network(builder, network, config, out_path)
+        if save_cache is not None:
+            save_cache(config)
+        log.add(f"built {target} in {time.perf_counter() - started:.2f} s")
+        return self.describe(target, spec, machine)
+
+
+def cuda_major_of(dist_prefix: str) -> str | None:
+    """The CUDA major a TensorRT wheel was built for, from its distribution name (``tensorrt_rtx_cu13`` → "13")."""
+    from importlib.metadata import distributions
+
+    for dist in distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+        if name.startswith(dist_prefix + "_cu") and name[len(dist_prefix) + 3:].split("_")[0].isdigit():
+            return name[len(dist_prefix) + 3:].split("_")[0]
+    return None

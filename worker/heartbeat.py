@@ -1,0 +1,45 @@
+"""Worker heartbeats: a live worker's row in the catalog says which targets it serves."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from enginefarm.config import Settings
+from storage import catalog
+from storage.db import session_scope
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it."""
+
+    def __init__(self, settings: Settings, worker_id: str, targets: list[str], probe: dict):
+        self.settings, self.worker_id, self.targets, self.probe = settings, worker_id, targets, probe
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="enginefarm-heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        with session_scope(self.settings) as s:
+            catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception:  # a database hiccup must not kill the worker; the next beat retries
+                log.warning("heartbeat failed", exc_info=True)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            with session_scope(self.settings) as s:
+                catalog.remove_worker(s, self.worker_id)
+        except Exception:
+            log.warning("could not remove worker row on shutdown", exc_info=True)

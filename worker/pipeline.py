@@ -1,0 +1,76 @@
+"""The stages a build task composes: fetch model → build → store. No Celery here, no TensorRT here."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+from enginefarm.config import Settings
+from enginefarm.domain import BuildSpec, EngineDescriptor, Target
+from enginefarm.modelfile import BundleLimits, model_path_for
+from storage.blobs import BlobStore, engine_key
+from storage.blobs.base import sha256_file
+from worker.backends import BuildLog, get_backend
+from worker.probe import MachineProbe
+
+
+def bundle_limits(settings: Settings) -> BundleLimits:
+    return BundleLimits(max_files=settings.max_bundle_files, max_unpacked_bytes=settings.max_unpacked_bytes,
+                        max_compression_ratio=settings.max_compression_ratio)
+
+
+def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str, settings: Settings) -> Path:
+    """The model's .onnx path in this worker's cache, downloading and unpacking it once per sha256."""
+    cache = settings.work_dir / "models" / sha256
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache) + ".lock"):  # several pool processes may want the same model
+        blob = cache / f"upload.{fmt}"
+        if not blob.exists() or sha256_file(blob) != sha256:
+            store.get_file(blob_key, blob)
+        return model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
+
+
+@dataclass
+class BuiltEngine:
+    descriptor: EngineDescriptor
+    path: Path
+    seconds: float
+    log: BuildLog
+
+
+def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine: MachineProbe | None,
+                      scratch: Path, log: BuildLog) -> BuiltEngine:
+    """Build one target; fills the descriptor's sha256 and size from the written file."""
+    backend = get_backend(target.backend)
+    out = scratch / "engine.plan"
+    started = time.perf_counter()
+    desc = backend.build(model_path, spec, target, out, log, machine)
+    seconds = time.perf_counter() - started
+    desc.sha256, desc.size = sha256_file(out), out.stat().st_size
+    return BuiltEngine(desc, out, seconds, log)
+
+
+def store_engine(store: BlobStore, built: BuiltEngine) -> str:
+    """Put the engine's bytes in the blob store (verified); returns the content-addressed key."""
+    key = engine_key(built.descriptor.sha256)
+    store.put_file(key, built.path, built.descriptor.sha256)
+    return key
+
+
+class Scratch:
+    """A private scratch directory for one build, removed afterwards whatever happens."""
+
+    def __init__(self, settings: Settings):
+        settings.work_dir.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(dir=settings.work_dir, prefix="build-"))
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,391 @@
+"""What this worker machine can build: GPUs, driver, Jetson board and importable backend modules.
+
+``probe_machine()`` gathers the facts, ``buildable_targets()`` turns them into the targets (and so
+the Celery queues) this worker serves, ``probe_report()`` explains the decision in words and
+``machine_fingerprint()`` gives the same machine as a deploy-time ``Machine``.
+
+Nothing here needs a GPU: without NVML, or with a backend whose native libraries fail to load,
+the probe records why and carries on. pynvml and the backend modules are imported lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import platform as _platform
+import socket
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enginefarm.domain import ARCHES, BACKEND_MODULES, Backend, Machine, Target, arch_of_cc
+
+TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
+RTX_MODULE = BACKEND_MODULES[Backend.TENSORRT_RTX]
+ORT_MODULE = BACKEND_MODULES[Backend.ONNXRUNTIME]
+LEAN_MODULE = "tensorrt_lean"  # the lean runtime only runs engines, so it is not a backend
+
+# Jetson SoC (device-tree "nvidia,tegraNNN") -> GPU compute capability.
+TEGRA_CCS: dict[str, str] = {
+    "tegra210": "5.3",  # Nano, TX1
+    "tegra186": "6.2",  # TX2
+    "tegra194": "7.2",  # Xavier
+    "tegra234": "8.7",  # Orin
+    "tegra264": "11.0",  # Thor (sm_101 until CUDA 13 renamed it sm_110)
+}
+
+# L4T release -> JetPack, matched on the longest leading run of version components, so a point
+# release missing from the table still maps to its line (R36.4.7 -> 6.2, R35.9 -> 5.1).
+L4T_JETPACK: dict[tuple[int, ...], str] = {
+    (35,): "5.1",
+    (35, 3, 1): "5.1.1",
+    (35, 4, 1): "5.1.2",
+    (35, 5, 0): "5.1.3",
+    (35, 6, 0): "5.1.4",
+    (36, 3): "6.0",
+    (36, 4): "6.2",
+    (36, 4, 0): "6.1",
+    (36, 4, 3): "6.2",
+    (36, 4, 4): "6.2.1",
+    (38,): "7.0",
+    (38, 2): "7.0",
+}
+
+_PLATFORMS = {"amd64": "x86_64", "x64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    compute_capability: str
+    memory_mib: int  # 0 where NVML cannot say (unified-memory boards)
+    uuid: str | None = None
+
+
+@dataclass
+class JetsonInfo:
+    model: str
+    l4t_release: str  # "36.4.3"; "" when the board has no /etc/nv_tegra_release
+    jetpack: str | None
+    compute_capability: str | None  # None for a SoC missing from TEGRA_CCS
+    memory_mib: int | None = None  # system memory, which the Jetson GPU shares
+
+
+@dataclass
+class MachineProbe:
+    hostname: str
+    platform: str
+    os: str
+    gpus: list[GpuInfo]
+    driver_version: str | None
+    cuda_version: str | None
+    jetson: JetsonInfo | None
+    modules: dict[str, str | None]
+    module_errors: dict[str, str] = field(default_factory=dict)
+    nvml_error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The probe as JSON-ready plain data."""
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- GPUs via NVML
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _error(exc: BaseException) -> str:
+    # ImportError text already names the module; for anything else the type is the useful part.
+    if isinstance(exc, ImportError):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def probe_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
+    """Return (gpus, driver_version, cuda_version, nvml_error); nvml_error is None when all went well."""
+    try:
+        import pynvml
+    except ImportError as exc:
+        return [], None, None, f"pynvml not importable ({exc})"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # NVMLError_LibraryNotFound on machines without a driver
+        return [], None, None, str(exc) or type(exc).__name__
+    gpus: list[GpuInfo] = []
+    driver = cuda = None
+    errors: list[str] = []
+    try:
+        try:
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        except Exception as exc:
+            errors.append(f"driver version: {exc}")
+        try:
+            v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())  # 13000 -> "13.0", 12080 -> "12.8"
+            cuda = f"{v // 1000}.{v % 1000 // 10}"
+        except Exception as exc:
+            errors.append(f"CUDA version: {exc}")
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                name = _text(pynvml.nvmlDeviceGetName(handle))
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+            except Exception as exc:  # one bad GPU (fallen off the bus) must not hide the others
+                errors.append(f"GPU {i}: {exc}")
+                continue
+            try:
+                memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+            except Exception:  # NotSupported on unified-memory GPUs
+                memory = 0
+            try:
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except Exception:
+                uuid = None
+            gpus.append(GpuInfo(i, name, f"{major}.{minor}", memory, uuid))
+    except Exception as exc:
+        errors.append(str(exc) or type(exc).__name__)
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return gpus, driver, cuda, "; ".join(errors) or None
+
+
+# --------------------------------------------------------------------------- Jetson
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def l4t_to_jetpack(l4t: str) -> str | None:
+    """``36.4.3`` → ``6.2``; None for a release line the table does not know."""
+    try:
+        parts = tuple(int(p) for p in l4t.split("."))
+    except ValueError:
+        return None
+    for n in range(len(parts), 0, -1):
+        if parts[:n] in L4T_JETPACK:
+            return L4T_JETPACK[parts[:n]]
+    return None
+
+
+def _parse_tegra_release(text: str) -> str | None:
+    # "# R36 (release), REVISION: 4.3, GCID: ..." -> "36.4.3"
+    head = text.lstrip("# \t").split(",")
+    major = head[0].split()[0].lstrip("R") if head and head[0].split() else ""
+    revision = next((p.split(":", 1)[1].strip() for p in head if p.strip().startswith("REVISION:")), "")
+    if not major.isdigit():
+        return None
+    return f"{major}.{revision}" if revision else major
+
+
+def _meminfo_mib(root: Path) -> int | None:
+    for line in (_read(root / "proc/meminfo") or "").splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return None
+
+
+def probe_jetson(root: Path = Path("/")) -> JetsonInfo | None:
+    """Return the Jetson board under ``root``, or None when this is not a Jetson."""
+    release = _read(root / "etc/nv_tegra_release")
+    compatible = [c for c in (_read(root / "proc/device-tree/compatible") or "").split("\0") if c]
+    socs = [c.split(",", 1)[1] for c in compatible if c.startswith("nvidia,tegra")]
+    if release is None and not socs:
+        return None
+    model = (_read(root / "proc/device-tree/model") or "").strip("\0 \n") or "NVIDIA Jetson"
+    l4t = (_parse_tegra_release(release) if release else None) or ""
+    cc = next((TEGRA_CCS[s] for s in socs if s in TEGRA_CCS), None)
+    return JetsonInfo(model, l4t, l4t_to_jetpack(l4t) if l4t else None, cc, _meminfo_mib(root))
+
+
+# --------------------------------------------------------------------------- modules
+
+
+def _import_version(name: str) -> tuple[str | None, str | None]:
+    """Return (version, None) when ``name`` imports, else (None, why)."""
+    try:
+        module = importlib.import_module(name)
+    except Exception as exc:  # OSError/RuntimeError from a native library is as fatal as ImportError
+        return None, _error(exc)
+    return str(getattr(module, "__version__", "") or "unknown"), None
+
+
+def probe_modules() -> tuple[dict[str, str | None], dict[str, str]]:
+    """Return ({module: version or None}, {module: why it did not import}) for every backend module."""
+    versions: dict[str, str | None] = {}
+    errors: dict[str, str] = {}
+    for name in BACKEND_MODULES.values():
+        versions[name], err = _import_version(name)
+        if err is not None:
+            errors[name] = err
+    return versions, errors
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+def _os_name(root: Path) -> str:
+    release = _platform.release().split("-")[0]
+    kernel = f"{_platform.system()} {'.'.join(release.split('.')[:2])}".strip()
+    for rel in ("etc/os-release", "usr/lib/os-release"):
+        for line in (_read(root / rel) or "").splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return f"{kernel} ({line.split('=', 1)[1].strip().strip(chr(34)).strip(chr(39))})"
+    return kernel
+
+
+def normalize_platform(machine: str) -> str:
+    """``amd64`` → ``x86_64``, ``arm64`` → ``aarch64``; anything else lower-cased as is."""
+    return _PLATFORMS.get(machine.lower(), machine.lower())
+
+
+def probe_machine(root: Path = Path("/")) -> MachineProbe:
+    """Probe this machine; ``root`` is where /etc and /proc are read from (tests pass a recorded tree)."""
+    gpus, driver, cuda, nvml_error = probe_gpus()
+    modules, module_errors = probe_modules()
+    return MachineProbe(
+        hostname=socket.gethostname(),
+        platform=normalize_platform(_platform.machine()),
+        os=_os_name(root),
+        gpus=gpus,
+        driver_version=driver,
+        cuda_version=cuda,
+        jetson=probe_jetson(root),
+        modules=modules,
+        module_errors=module_errors,
+        nvml_error=nvml_error,
+    )
+
+
+def _devices(probe: MachineProbe) -> list[tuple[str, str | None]]:
+    """(label, compute capability) of every GPU, the Jetson's included unless NVML already lists it."""
+    devices: list[tuple[str, str | None]] = [(f"GPU {g.index} {g.name}", g.compute_capability) for g in probe.gpus]
+    j = probe.jetson
+    if j and not any(g.compute_capability == j.compute_capability for g in probe.gpus):
+        devices.append((f"Jetson {j.model}", j.compute_capability))
+    return devices
+
+
+def buildable_targets(probe: MachineProbe) -> list[Target]:
+    """Return the sorted targets this machine can build."""
+    targets: set[Target] = set()
+    if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
+        targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
+    # TensorRT-RTX compiles ahead of time without a GPU, but only ships x86_64 wheels.
+    if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64":
+        targets.update(Target(Backend.TENSORRT_RTX, a) for a in ARCHES[Backend.TENSORRT_RTX])
+    # Full TensorRT builds only for the GPU it runs on, and only when its module imports.
+    if probe.modules.get(TRT_MODULE):
+        for _, cc in _devices(probe):
+            if cc and arch_of_cc(cc) in ARCHES[Backend.TENSORRT]:
+                targets.add(Target(Backend.TENSORRT, arch_of_cc(cc)))
+    return sorted(targets)
+
+
+def probe_report(probe: MachineProbe) -> list[str]:
+    """Return human-readable lines: what was found and why each backend is or is not served."""
+    lines = [f"host {probe.hostname}: {probe.platform}, {probe.os}"]
+    for g in probe.gpus:
+        lines.append(f"GPU {g.index}: {g.name}, compute capability {g.compute_capability}, {g.memory_mib} MiB")
+    if probe.gpus or probe.driver_version:
+        lines.append(f"driver {probe.driver_version or 'unknown'}, CUDA {probe.cuda_version or 'unknown'}")
+    if probe.nvml_error:
+        lines.append(f"NVML: {probe.nvml_error}" if probe.gpus else f"no GPU found via NVML: {probe.nvml_error}")
+    if j := probe.jetson:
+        jp = f"JetPack {j.jetpack}" if j.jetpack else "JetPack unknown"
+        lines.append(f"Jetson: {j.model}, L4T {j.l4t_release or 'unknown'} ({jp}), "
+                     f"compute capability {j.compute_capability or 'unknown'}")
+
+    def missing(backend: Backend, module: str) -> str:
+        return f"{backend.value}: not importable ({probe.module_errors.get(module, 'no version')})"
+
+    # tensorrt: one line per device, since each GPU decides its own target.
+    trt = probe.modules.get(TRT_MODULE)
+    devices = _devices(probe)
+    if not devices:
+        why = f"no GPU ({probe.nvml_error})" if probe.nvml_error else "no GPU"
+        lines.append((missing(Backend.TENSORRT, TRT_MODULE) if not trt else f"tensorrt {trt}: {why}")
+                     + ": no tensorrt target served")
+    for label, cc in devices:
+        arch = arch_of_cc(cc) if cc else None
+        if arch not in ARCHES[Backend.TENSORRT]:
+            lines.append(f"tensorrt: {label} has compute capability {cc or 'unknown'}"
+                         f"{f' ({arch})' if arch else ''}, which tensorrt does not build for: no target")
+        elif not trt:
+            lines.append(f"{missing(Backend.TENSORRT, TRT_MODULE)}: tensorrt/{arch} not served ({label})")
+        else:
+            lines.append(f"tensorrt {trt}: serves tensorrt/{arch} ({label})")
+
+    rtx = probe.modules.get(RTX_MODULE)
+    if not rtx:
+        lines.append(f"{missing(Backend.TENSORRT_RTX, RTX_MODULE)}: no tensorrt-rtx target served")
+    elif probe.platform != "x86_64":
+        lines.append(f"tensorrt-rtx {rtx}: importable, but TensorRT-RTX builds only on x86_64, not {probe.platform}: not served")
+    else:
+        lines.append(f"tensorrt-rtx {rtx}: serves tensorrt-rtx/{{{','.join(ARCHES[Backend.TENSORRT_RTX])}}} (ahead of time, no GPU needed)")
+
+    ort = probe.modules.get(ORT_MODULE)
+    arch = f"cpu-{probe.platform}"
+    if not ort:
+        lines.append(f"{missing(Backend.ONNXRUNTIME, ORT_MODULE)}: onnxruntime/{arch} not served")
+    elif arch not in ARCHES[Backend.ONNXRUNTIME]:
+        lines.append(f"onnxruntime {ort}: platform {probe.platform} is not one onnxruntime targets: not served")
+    else:
+        lines.append(f"onnxruntime {ort}: serves onnxruntime/{arch}")
+
+    targets = buildable_targets(probe)
+    lines.append(f"buildable targets: {', '.join(map(str, targets)) if targets else 'none'}")
+    return lines
+
+
+def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
+    """Return this machine as a deploy-time ``Machine``: GPU ``gpu_index`` (or the Jetson) plus runtimes."""
+    gpu = next((g for g in probe.gpus if g.index == gpu_index), None)
+    if probe.gpus and gpu is None:
+        raise ValueError(f"no GPU {gpu_index}; this machine has {', '.join(str(g.index) for g in probe.gpus)}")
+    j = probe.jetson
+    if gpu:
+        name, cc, memory = gpu.name, gpu.compute_capability, gpu.memory_mib or None
+    elif j:
+        name, cc, memory = j.model, j.compute_capability, j.memory_mib
+    else:
+        name = cc = memory = None
+    return Machine(
+        gpu_name=name,
+        compute_capability=cc,
+        memory_mib=memory,
+        driver_version=probe.driver_version,
+        cuda_version=probe.cuda_version,
+        trt_version=probe.modules.get(TRT_MODULE),
+        trt_rtx_version=probe.modules.get(RTX_MODULE),
+        lean_runtime=_import_version(LEAN_MODULE)[0] is not None,
+        platform=probe.platform,
+        os=probe.os,
+        jetpack=j.jetpack if j else None,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the probe as JSON, then the report (which ends with the buildable targets)."""
+    parser = argparse.ArgumentParser(prog="python -m worker.probe", description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path("/"), help="read /etc and /proc under this directory")
+    args = parser.parse_args(argv)
+    probe = probe_machine(args.root)
+    print(json.dumps(probe.to_dict(), indent=2))
+    for line in probe_report(probe):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
