@@ -1,0 +1,105 @@
+"""Local stand-ins for the distributed mode's servers: a SeaweedFS S3 server and a scratch
+PostgreSQL database. Used by the test suite and the benchmarks; handy for trying the
+distributed mode on one machine."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import boto3
+
+from enginefarm.embedded import Farm
+
+S3_KEY, S3_SECRET = "enginefarm-local", "enginefarm-local-secret"
+PG_ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def free_port_pair() -> int:
+    """A free port p whose gRPC twin p+10000 (SeaweedFS's convention) is free too."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 55000 and not _port_open(port + 10000):
+            return port
+    raise RuntimeError("no free port pair")
+
+
+@contextmanager
+def seaweedfs(data_dir: Path, timeout: float = 90.0) -> Iterator[str]:
+    """Run ``weed server`` with S3 on free ports; yields the S3 endpoint URL."""
+    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    s3, master, volume, filer = (free_port_pair() for _ in range(4))
+    log = open(data_dir / "weed.log", "wb")
+    proc = subprocess.Popen(
+        [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={s3}",
+         f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+         "-master.volumeSizeLimitMB=256", "-volume.max=50"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{s3}"
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,
+                          region_name="us-east-1")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"weed exited with {proc.returncode}; see {data_dir / 'weed.log'}")
+            try:
+                client.list_buckets()
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        yield endpoint
+    finally:
+        # weed does not exit at once on SIGTERM; give it time before SIGKILL.
+        Farm.stop_process(proc, timeout=15)
+        log.close()
+
+
+@contextmanager
+def scratch_postgres(prefix: str = "enginefarm_scratch") -> Iterator[str]:
+    """A new PostgreSQL database on 127.0.0.1, dropped afterwards; yields its SQLAlchemy URL."""
+    import psycopg
+
+    db = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{db}"')
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
+    finally:
+        from storage.db import _engine_for
+
+        _engine_for.cache_clear()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def distributed_env(data_dir: Path, database_url: str, broker_url: str, s3_endpoint: str) -> dict[str, str]:
+    """ENGINEFARM_* settings for the distributed mode on these servers."""
+    return {
+        "ENGINEFARM_DATA_DIR": str(data_dir),
+        "ENGINEFARM_DATABASE_URL": database_url,
+        "ENGINEFARM_BROKER_URL": broker_url,
+        "ENGINEFARM_BLOB_STORE": "s3",
+        "ENGINEFARM_S3_ENDPOINT_URL": s3_endpoint,
+        "ENGINEFARM_S3_BUCKET": f"enginefarm-{uuid.uuid4().hex[:8]}",
+        "ENGINEFARM_S3_ACCESS_KEY": S3_KEY,
+        "ENGINEFARM_S3_SECRET_KEY": S3_SECRET,
+    }

@@ -1,0 +1,107 @@
+"""Test session services: real PostgreSQL, Redis, SeaweedFS (S3) and Celery worker processes.
+
+A missing PostgreSQL or Redis is started by deploy/services.sh; SeaweedFS is started here on
+free ports. Nothing is skipped for want of a service.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from enginefarm import devservices
+from enginefarm.config import Settings
+from enginefarm.embedded import Farm
+from enginefarm.samples import save_conv_net
+from tests.helpers import WORKER_A, WORKER_B
+
+ROOT = Path(__file__).resolve().parents[1]
+REDIS_DB = 11
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture(scope="session")
+def base_services() -> None:
+    if not (_port_open(5432) and _port_open(6379)):
+        subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
+
+
+@pytest.fixture(scope="session")
+def pg_url(base_services) -> str:
+    with devservices.scratch_postgres("enginefarm_test") as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url(base_services) -> str:
+    redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB).flushdb()
+    return f"redis://127.0.0.1:6379/{REDIS_DB}"
+
+
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory) -> str:
+    """A real SeaweedFS server with S3 on free ports; yields its endpoint URL."""
+    with devservices.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
+    """ENGINEFARM_* settings for the distributed mode: PostgreSQL, Redis, S3."""
+    env = devservices.distributed_env(tmp_path_factory.mktemp("farm-data"), pg_url, redis_url, seaweedfs)
+    env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "6",
+                "ENGINEFARM_MAX_UPLOAD_BYTES": str(8 << 20)})
+    return env
+
+
+@pytest.fixture(scope="session")
+def dist_settings(dist_env) -> Settings:
+    """The same settings, as an object, for checking the catalog and blob store directly."""
+    return Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in dist_env.items()})
+
+
+@pytest.fixture(scope="session")
+def farm(dist_env, tmp_path_factory) -> Farm:
+    """A distributed farm: the API under uvicorn and two Celery worker processes with different targets."""
+    logs = tmp_path_factory.mktemp("farm-logs")
+    f = Farm(dist_env, log_dir=logs)
+    try:
+        f.start_api()
+        f.start_worker("worker-a", WORKER_A)
+        f.start_worker("worker-b", WORKER_B)
+        f.wait_workers(["worker-a", "worker-b"])
+        yield f
+    finally:
+        f.stop()
+        for log in sorted(logs.glob("*.log")):
+            tail = log.read_text(errors="replace")[-3000:]
+            if "Traceback" in tail:
+                print(f"--- {log.name} ---\n{tail}", file=sys.stderr)
+
+
+@pytest.fixture
+def api(farm) -> httpx.Client:
+    with httpx.Client(base_url=farm.url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def conv_model(tmp_path_factory) -> Path:
+    return save_conv_net(tmp_path_factory.mktemp("models") / "convnet.onnx")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_proxy() -> None:
+    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")

@@ -1,0 +1,30 @@
+"""`enginefarm demo`: the embedded mode (SQLite, local blobs, database broker) end to end, as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from enginefarm.config import Settings
+from storage import catalog
+from storage.blobs.base import sha256_file
+from storage.db import session_scope
+
+
+def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "demo", "--data-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "matches the catalog" in out.stdout
+
+    settings = Settings(data_dir=tmp_path)
+    with session_scope(settings) as s:
+        engines, total = catalog.list_engines(s, model="convnet")
+        assert total == 5
+        assert {e.target for e in engines} >= {"tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"}
+        sm86 = next(e for e in engines if e.target == "tensorrt-rtx/sm86")
+    fetched = tmp_path / "fetched" / "convnet-sm86.plan"
+    assert sha256_file(fetched) == sm86.sha256
+    # The local blob directory holds each engine under its content address, and the model.
+    blobs = sorted(p for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    assert len(blobs) == 6

@@ -1,0 +1,317 @@
+"""Domain types: targets, build specs and their hash, spec validation, trtexec shape syntax."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from enginefarm.domain import (
+    ARCHES,
+    Backend,
+    BuildSpec,
+    ModelInfo,
+    TensorInfo,
+    Target,
+    all_targets,
+    arch_of_cc,
+    cc_of_arch,
+    parse_targets,
+    parse_trtexec_shapes,
+    spec_shapes_from_trtexec,
+    validate_spec,
+)
+
+
+def T(text: str) -> Target:
+    return Target.parse(text)
+
+
+def msgs(problems: list[dict]) -> str:
+    return "\n".join(p["msg"] for p in problems)
+
+
+def info(*inputs: TensorInfo, has_qdq: bool = False) -> ModelInfo:
+    return ModelInfo(inputs=list(inputs), outputs=[TensorInfo("logits", "float", ["batch", 10])], opset=17,
+                     ir_version=8, producer="test", size=1000, has_qdq=has_qdq)
+
+
+IMAGE = TensorInfo("input", "float", ["batch", 3, 32, 32])
+STATIC = TensorInfo("input", "float", [1, 3, 32, 32])
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@pytest.mark.parametrize("text, backend, arch, cc", [
+    ("tensorrt-rtx/sm86", Backend.TENSORRT_RTX, "sm86", "8.6"),
+    ("tensorrt/sm120", Backend.TENSORRT, "sm120", "12.0"),
+    ("tensorrt-rtx/portable", Backend.TENSORRT_RTX, "portable", None),
+    ("onnxruntime/cpu-x86_64", Backend.ONNXRUNTIME, "cpu-x86_64", None),
+    ("  tensorrt/sm87 ", Backend.TENSORRT, "sm87", "8.7"),
+])
+def test_target_parse_good(text, backend, arch, cc):
+    t = T(text)
+    assert (t.backend, t.arch, t.compute_capability) == (backend, arch, cc)
+    assert str(t) == text.strip()
+    assert T(str(t)) == t
+    assert t.is_gpu is (backend is not Backend.ONNXRUNTIME)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("tensorrt-llm/sm86", ["unknown backend 'tensorrt-llm'", "known: tensorrt, tensorrt-rtx, onnxruntime"]),
+    ("tensorrt-rtx/sm90", ["tensorrt-rtx cannot build for 'sm90'", "portable"]),
+    ("tensorrt/portable", ["tensorrt cannot build for 'portable'"]),
+    ("onnxruntime/cpu-riscv64", ["onnxruntime cannot build for 'cpu-riscv64'", "cpu-x86_64, cpu-aarch64"]),
+    ("tensorrt-rtx", ["must be written BACKEND/ARCH", "for example tensorrt-rtx/sm86"]),
+    ("tensorrt-rtx/", ["must be written BACKEND/ARCH"]),
+    ("", ["must be written BACKEND/ARCH"]),
+])
+def test_target_parse_bad(text, words):
+    with pytest.raises(ValueError) as err:
+        T(text)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_target_queue():
+    assert T("tensorrt-rtx/sm86").queue == "build.tensorrt-rtx.sm86"
+    assert T("onnxruntime/cpu-aarch64").queue == "build.onnxruntime.cpu-aarch64"
+    assert len({t.queue for t in all_targets()}) == len(all_targets()) == sum(len(a) for a in ARCHES.values())
+
+
+def test_parse_targets_collects_every_problem():
+    targets, problems = parse_targets(["tensorrt-rtx/sm86", "nope/sm86", "tensorrt/sm61"])
+    assert targets == [T("tensorrt-rtx/sm86")]
+    assert [p["loc"] for p in problems] == [["targets", 1], ["targets", 2]]
+    assert "unknown backend 'nope'" in problems[0]["msg"] and "cannot build for 'sm61'" in problems[1]["msg"]
+    assert "at least one target" in msgs(parse_targets([])[1])
+
+
+@pytest.mark.parametrize("arch, cc", [("sm75", "7.5"), ("sm86", "8.6"), ("sm87", "8.7"), ("sm90", "9.0"),
+                                      ("sm100", "10.0"), ("sm120", "12.0"), ("sm121", "12.1")])
+def test_cc_of_arch_and_back(arch, cc):
+    assert cc_of_arch(arch) == cc
+    assert arch_of_cc(cc) == arch
+
+
+@pytest.mark.parametrize("arch", ["portable", "cpu-x86_64", "cpu-aarch64", "sm", "smXY"])
+def test_cc_of_non_gpu_arch_is_none(arch):
+    assert cc_of_arch(arch) is None
+
+
+def test_arch_of_cc_without_minor():
+    assert arch_of_cc("9") == "sm90"
+
+
+# --------------------------------------------------------------------------- build spec and its hash
+
+
+def test_spec_hash_static_shapes_equal_single_profile():
+    static = BuildSpec(shapes={"input": [1, 3, 32, 32]})
+    profile = BuildSpec(profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [1, 3, 32, 32]}}])
+    assert static.spec_hash() == profile.spec_hash()
+    assert len(static.spec_hash()) == 64
+    assert static.normalized_profiles() == profile.normalized_profiles()
+
+
+def test_spec_hash_changes_with_precision_and_shapes():
+    base = BuildSpec(shapes={"input": [1, 3, 32, 32]})
+    assert base.spec_hash() != BuildSpec(shapes={"input": [1, 3, 32, 32]}, precision="fp16").spec_hash()
+    assert base.spec_hash() != BuildSpec(shapes={"input": [2, 3, 32, 32]}).spec_hash()
+    assert base.spec_hash() != BuildSpec(shapes={"input": [1, 3, 32, 32]}, version_compatible=True).spec_hash()
+
+
+def test_spec_hash_fills_defaults():
+    assert BuildSpec().spec_hash() == BuildSpec(precision="fp32", optimization_level=3, timing_cache=True).spec_hash()
+
+
+def test_spec_hash_independent_of_key_order():
+    a = BuildSpec.model_validate({"precision": "fp16", "shapes": {"a": [1, 2], "b": [3, 4]},
+                                  "optimization_level": 4, "workspace_mib": 512})
+    b = BuildSpec.model_validate({"workspace_mib": 512, "optimization_level": 4, "shapes": {"b": [3, 4], "a": [1, 2]},
+                                  "precision": "fp16"})
+    assert a.spec_hash() == b.spec_hash()
+    p1 = BuildSpec(profiles=[{"x": {"min": [1], "opt": [2], "max": [4]}, "y": {"max": [8], "min": [1], "opt": [4]}}])
+    p2 = BuildSpec(profiles=[{"y": {"opt": [4], "min": [1], "max": [8]}, "x": {"min": [1], "max": [4], "opt": [2]}}])
+    assert p1.spec_hash() == p2.spec_hash()
+
+
+def test_spec_rejects_unknown_fields():
+    with pytest.raises(pydantic.ValidationError, match="fp16_mode"):
+        BuildSpec.model_validate({"fp16_mode": True})
+    with pytest.raises(pydantic.ValidationError):
+        BuildSpec.model_validate({"profiles": [{"input": {"min": [1], "opt": [1], "max": [1], "best": [1]}}]})
+
+
+def test_spec_rejects_input_in_shapes_and_profiles():
+    with pytest.raises(pydantic.ValidationError, match="also given in 'shapes'; give each input once"):
+        BuildSpec(shapes={"input": [1, 3, 32, 32]},
+                  profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [1, 3, 32, 32]}}])
+
+
+def test_spec_field_bounds():
+    with pytest.raises(pydantic.ValidationError):
+        BuildSpec(optimization_level=6)
+    with pytest.raises(pydantic.ValidationError):
+        BuildSpec(workspace_mib=0)
+    with pytest.raises(pydantic.ValidationError):
+        BuildSpec(precision="fp4")
+
+
+def test_normalized_profiles_fold_static_shapes_into_each_profile():
+    s = BuildSpec(shapes={"mask": [1, 128]},
+                  profiles=[{"input": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}},
+                            {"input": {"min": [8, 3], "opt": [8, 3], "max": [16, 3]}}])
+    profiles = s.normalized_profiles()
+    assert len(profiles) == 2
+    assert all(p["mask"].min == p["mask"].max == [1, 128] for p in profiles)
+    assert profiles[1]["input"].max == [16, 3]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def test_validate_good_spec_has_no_problems():
+    assert validate_spec(BuildSpec(**{"profiles": [{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
+                                                                "max": [8, 3, 32, 32]}}]}),
+                         info(IMAGE), [T("tensorrt-rtx/sm86"), T("onnxruntime/cpu-x86_64")]) == []
+
+
+def test_validate_reports_every_problem_at_once():
+    mask = TensorInfo("mask", "int64", ["batch", 128])
+    extra = TensorInfo("extra", "float", ["batch", "seq"])
+    s = BuildSpec(
+        shapes={"mask": [1, 128, 1]},  # wrong rank
+        profiles=[{
+            "input": {"min": [4, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [8, 3, 32, 32]},  # min > opt
+            "ghost": {"min": [1], "opt": [1], "max": [1]},  # unknown input
+        }],
+    )  # "extra" is dynamic and given nothing
+    problems = validate_spec(s, info(IMAGE, mask, extra), [T("tensorrt-rtx/sm86")])
+    text = msgs(problems)
+    assert "unknown input 'ghost' (model inputs: input, mask, extra)" in text
+    assert "input 'mask' has rank 2, min shape [1, 128, 1] has rank 3" in text
+    assert "input 'input' axis 0: need min <= opt <= max, got 4, 1, 8" in text
+    assert "input 'extra' has dynamic dims ['batch', 'seq'] but profile 0 gives it no shapes" in text
+    locs = [p["loc"] for p in problems]
+    assert ["spec", "profiles", 0, "ghost"] in locs and ["spec", "profiles", 0, "extra"] in locs
+    assert len(problems) >= 4
+
+
+def test_validate_dynamic_input_without_any_shapes():
+    problems = validate_spec(BuildSpec(), info(IMAGE), [T("tensorrt-rtx/sm86")])
+    assert len(problems) == 1
+    assert "input 'input' has dynamic dims ['batch', 3, 32, 32]: give static 'shapes' or min/opt/max 'profiles'" \
+        == problems[0]["msg"]
+
+
+def test_validate_fixed_axis_must_match_model():
+    problems = validate_spec(BuildSpec(shapes={"input": [1, 3, 64, 64]}), info(IMAGE), [T("tensorrt-rtx/sm86")])
+    assert "axis 2 is fixed at 32 in the model, spec gives 64/64/64" in msgs(problems)
+
+
+def test_validate_dim_out_of_range():
+    problems = validate_spec(BuildSpec(shapes={"input": [0, 3, 32, 32]}), info(IMAGE), [T("tensorrt-rtx/sm86")])
+    assert "has a dim outside 1.." in msgs(problems)
+
+
+def test_validate_static_model_needs_no_shapes():
+    assert validate_spec(BuildSpec(), info(STATIC), [T("tensorrt-rtx/sm86")]) == []
+
+
+def test_validate_int8_without_qdq():
+    problems = validate_spec(BuildSpec(precision="int8"), info(STATIC), [T("tensorrt-rtx/sm86")])
+    assert problems[0]["loc"] == ["spec", "precision"]
+    assert "Q/DQ" in problems[0]["msg"] and "this model has none" in problems[0]["msg"]
+    assert validate_spec(BuildSpec(precision="int8"), info(STATIC, has_qdq=True), [T("tensorrt-rtx/sm86")]) == []
+
+
+def test_validate_bf16_on_rtx_sm75():
+    problems = validate_spec(BuildSpec(precision="bf16"), info(STATIC), [T("tensorrt-rtx/sm75")])
+    text = msgs(problems)
+    assert "bf16 needs compute capability 8.0 or newer, sm75 is 7.5" in text
+    assert "tensorrt-rtx builds strongly typed networks" in text
+    assert all(p["loc"] == ["targets", "tensorrt-rtx/sm75"] for p in problems)
+
+
+def test_validate_bf16_on_full_tensorrt_ampere_is_fine():
+    assert validate_spec(BuildSpec(precision="bf16"), info(STATIC), [T("tensorrt/sm86")]) == []
+
+
+def test_validate_fp8_needs_ada():
+    problems = validate_spec(BuildSpec(precision="fp8"), info(STATIC, has_qdq=True), [T("tensorrt/sm86"), T("tensorrt/sm89")])
+    assert msgs(problems) == "tensorrt/sm86: fp8 needs compute capability 8.9 or newer, sm86 is 8.6"
+
+
+def test_validate_fp16_on_onnxruntime():
+    problems = validate_spec(BuildSpec(precision="fp16"), info(STATIC), [T("onnxruntime/cpu-x86_64"), T("tensorrt-rtx/sm86")])
+    assert len(problems) == 1
+    assert problems[0]["loc"] == ["targets", "onnxruntime/cpu-x86_64"]
+    assert "the CPU backend builds fp32 or int8 (Q/DQ), not fp16" in problems[0]["msg"]
+
+
+def test_validate_duplicate_targets():
+    problems = validate_spec(BuildSpec(), info(STATIC), [T("tensorrt-rtx/sm86"), T("tensorrt-rtx/sm89"), T("tensorrt-rtx/sm86")])
+    assert msgs(problems) == "target tensorrt-rtx/sm86 is listed twice"
+
+
+def test_validate_ampere_plus_targets():
+    s = BuildSpec(hardware_compatibility="ampere_plus")
+    problems = validate_spec(s, info(STATIC), [T("tensorrt/sm75"), T("tensorrt/sm87"), T("tensorrt/sm86")])
+    text = msgs(problems)
+    assert "tensorrt/sm75: hardware compatibility ampere_plus needs an sm80+ target" in text
+    assert "tensorrt/sm87: ampere_plus engines are not supported on Jetson" in text
+    assert "tensorrt/sm86" not in text
+
+
+# --------------------------------------------------------------------------- trtexec shapes
+
+
+def test_parse_trtexec_shapes():
+    assert parse_trtexec_shapes("input:1x3x224x224,mask:1x128") == {"input": [1, 3, 224, 224], "mask": [1, 128]}
+    assert parse_trtexec_shapes(" 'input':1X3 , ") == {"input": [1, 3]}
+    assert parse_trtexec_shapes("encoder:0:2x8") == {"encoder:0": [2, 8]}  # names may hold colons
+    assert parse_trtexec_shapes("") == {}
+
+
+@pytest.mark.parametrize("text, words", [
+    ("1x3x224x224", "must be NAME:DxDxD"),
+    (":1x3", "must be NAME:DxDxD"),
+    ("input:1xAx3", "dims must be integers separated by 'x'"),
+    ("input:", "dims must be integers"),
+    ("input:1,3", "must be NAME:DxDxD"),
+])
+def test_parse_trtexec_shapes_malformed(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_trtexec_shapes(text)
+
+
+def test_spec_shapes_from_trtexec_profiles():
+    out = spec_shapes_from_trtexec(min_shapes="input:1x3x32x32", opt_shapes="input:4x3x32x32",
+                                   max_shapes="input:8x3x32x32", shapes="mask:1x128")
+    assert out == {"shapes": {"mask": [1, 128]},
+                   "profiles": [{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}}]}
+    spec = BuildSpec(**out)  # the result is a valid spec
+    assert spec.normalized_profiles()[0]["mask"].opt == [1, 128]
+
+
+def test_spec_shapes_from_trtexec_opt_defaults_to_max():
+    out = spec_shapes_from_trtexec(min_shapes="input:1x3", max_shapes="input:8x3")
+    assert out["profiles"] == [{"input": {"min": [1, 3], "opt": [8, 3], "max": [8, 3]}}]
+
+
+def test_spec_shapes_from_trtexec_static_only():
+    assert spec_shapes_from_trtexec(shapes="input:1x3x32x32") == {"shapes": {"input": [1, 3, 32, 32]}}
+    assert spec_shapes_from_trtexec() == {}
+
+
+def test_spec_shapes_from_trtexec_missing_max():
+    with pytest.raises(ValueError, match=r"inputs \['input'\] need both --minShapes and --maxShapes"):
+        spec_shapes_from_trtexec(min_shapes="input:1x3", opt_shapes="input:4x3")
+    with pytest.raises(ValueError, match=r"\['mask'\]"):
+        spec_shapes_from_trtexec(min_shapes="input:1x3", max_shapes="input:8x3,mask:1x4")
+
+
+def test_spec_shapes_from_trtexec_malformed():
+    with pytest.raises(ValueError, match="dims must be integers"):
+        spec_shapes_from_trtexec(min_shapes="input:1x?", max_shapes="input:8x3")
