@@ -18,6 +18,8 @@ class LocalBlobStore(BlobStore):
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _path(self, key: str) -> Path:
+        if ".." in key.split("/"):  # even one that stays inside would name another key's file
+            raise ValueError(f"blob key {key!r} may not contain '..'")
         path = (self.root / key).resolve()
         if self.root.resolve() not in path.parents:
             raise ValueError(f"blob key {key!r} escapes the store")
@@ -25,8 +27,9 @@ class LocalBlobStore(BlobStore):
 
     def put_file(self, key: str, path: Path, sha256: str) -> None:
         final = self._path(key)
-        if final.exists() and final.stat().st_size == Path(path).stat().st_size:
-            return  # content-addressed: the same key already holds these bytes
+        if (final.exists() and final.stat().st_size == Path(path).stat().st_size
+                and sha256_file(final) == sha256):
+            return  # the same key already holds these bytes (verified, as the interface promises)
         final.parent.mkdir(parents=True, exist_ok=True)
         # Copy to a temp file beside the final name, verify, then rename: readers never see a half blob.
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".incoming-")

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Iterator
 
 import boto3
+from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from enginefarm.config import Settings
 from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
-from storage.blobs.base import CHUNK, BlobStore
+from storage.blobs.base import CHUNK, BlobStore, sha256_file
 
 # Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
 TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4)
@@ -34,6 +35,8 @@ def _mapped(key: str):
         raise InfrastructureError(f"S3 error on {key}: {code or exc}") from exc
     except BotoCoreError as exc:
         raise InfrastructureError(f"S3 unreachable while handling {key}: {exc}") from exc
+    except Boto3Error as exc:  # upload_file/download_file wrap client errors (S3UploadFailedError, RetriesExceededError)
+        raise InfrastructureError(f"S3 transfer of {key} failed: {exc}") from exc
 
 
 class S3BlobStore(BlobStore):
@@ -77,6 +80,11 @@ class S3BlobStore(BlobStore):
                 return  # content-addressed: already stored
         except NotFound:
             pass
+        # Verify the bytes before they go up: the metadata only repeats what we claim, so a check
+        # after the upload could not catch a mismatch, and would leave the wrong object behind.
+        got = sha256_file(Path(path))
+        if got != sha256:
+            raise IntegrityError(f"blob {key}: file has sha256 {got}, expected {sha256}; nothing uploaded")
         with _mapped(key):
             # S3 makes an object visible only once every part is in: no reader sees a half blob.
             self.client.upload_file(str(path), self.bucket, key, Config=TRANSFER,

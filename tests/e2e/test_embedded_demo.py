@@ -15,7 +15,7 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
     out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "demo", "--data-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "matches the catalog" in out.stdout
+    assert "matches the catalog" in " ".join(out.stdout.split())
 
     settings = Settings(data_dir=tmp_path)
     with session_scope(settings) as s:
