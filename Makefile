@@ -1,0 +1,32 @@
+# The two commands the README opens with. Both set up everything they need.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test setup services bench clean
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "enginefarm needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+setup: $(VENV)/.installed
+
+## Embedded farm (SQLite, local blobs, no servers): build a model for 5 targets and fetch the sm86 engine.
+demo: setup
+	$(VENV)/bin/enginefarm demo
+
+## The full test suite against real PostgreSQL, Redis, SeaweedFS and Celery worker processes.
+test: setup services
+	$(PY) -m pytest -q
+
+services:
+	bash deploy/services.sh
+
+bench: setup services
+	$(PY) bench/e2e.py --mode both
+
+clean:
+	rm -rf $(VENV) .pytest_cache *.egg-info
