@@ -16,7 +16,9 @@ from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
 
 # Version-compatible engines also run on later runtimes across these major pairs (support matrix).
-CROSS_MAJOR: frozenset[tuple[int, int]] = frozenset({(8, 10), (10, 11)})
+CROSS_MAJOR: frozenset[tuple[int, int]] = frozenset({(8, 9), (8, 10), (10, 11)})
+# Version compatibility exists from TensorRT 8.6 on, for the builder and the runtime alike.
+VERSION_COMPAT_FLOOR = (8, 6)
 
 
 class Match(IntEnum):
@@ -61,6 +63,8 @@ def _check_trt_version(e: EngineDescriptor, m: Machine) -> tuple[str | None, boo
     if not e.version_compatible:
         return f"built with TensorRT {built}, you run {runtime}, not version-compatible", False
     got, want = _version(runtime), _version(built)
+    if got[:2] < VERSION_COMPAT_FLOOR or want[:2] < VERSION_COMPAT_FLOOR:
+        return f"built with TensorRT {built}, you run {runtime}; version compatibility needs 8.6 or newer on both sides", False
     if got < want:
         return f"built with TensorRT {built}, you run the older {runtime}; version-compatible engines never run on older runtimes", False
     if got[0] != want[0] and (want[0], got[0]) not in CROSS_MAJOR:
@@ -135,8 +139,9 @@ def judge(e: EngineDescriptor, m: Machine) -> Verdict:
         return Verdict(True, Match.COMPATIBLE, _compatible_reason(e, m), unchecked)
     if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
         return Verdict(True, Match.EXACT_GPU, f"built on your GPU model, {e.gpu_name}", unchecked)
-    cc = e.compute_capability or "portable"
-    return Verdict(True, Match.EXACT_CC, f"built for your compute capability {cc}", unchecked)
+    if e.compute_capability is None:
+        return Verdict(True, Match.COMPATIBLE, _compatible_reason(e, m), unchecked)
+    return Verdict(True, Match.EXACT_CC, f"built for your compute capability {e.compute_capability}", unchecked)
 
 
 def _compatible_reason(e: EngineDescriptor, m: Machine) -> str:

@@ -49,7 +49,8 @@ def seaweedfs(data_dir: Path, timeout: float = 90.0) -> Iterator[str]:
     proc = subprocess.Popen(
         [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={s3}",
          f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-         "-master.volumeSizeLimitMB=256", "-volume.max=50"],
+         # No Iceberg/Lance side servers: their fixed default ports would clash between instances.
+         "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=200"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     endpoint = f"http://127.0.0.1:{s3}"
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,

@@ -28,12 +28,34 @@ def s3_settings(endpoint: str, bucket: str | None = None) -> Settings:
                     s3_access_key=devservices.S3_KEY, s3_secret_key=devservices.S3_SECRET)
 
 
+@pytest.fixture(scope="module")
+def s3_bucket(seaweedfs):
+    """One bucket for the module: SeaweedFS gives every bucket its own volumes, and has a fixed number."""
+    settings = s3_settings(seaweedfs)
+    store = S3BlobStore.from_settings(settings)  # creates the bucket
+    yield settings
+    _empty(store)
+    store.client.delete_bucket(Bucket=store.bucket)
+
+
+def _empty(store: S3BlobStore) -> None:
+    for key in list(store.keys()):
+        store.delete(key)
+
+
+@pytest.fixture
+def s3_store(s3_bucket) -> S3BlobStore:
+    """The module's bucket, emptied for each test."""
+    store = S3BlobStore.from_settings(s3_bucket)
+    _empty(store)
+    return store
+
+
 @pytest.fixture(params=["local", "s3"])
 def store(request, tmp_path):
     if request.param == "local":
         return LocalBlobStore(tmp_path / "blobs")
-    endpoint = request.getfixturevalue("seaweedfs")
-    return S3BlobStore.from_settings(s3_settings(endpoint))
+    return request.getfixturevalue("s3_store")
 
 
 def blob(tmp_path: Path, data: bytes, name: str = "src.bin") -> tuple[Path, str]:
@@ -209,11 +231,11 @@ def test_get_blob_store_local(tmp_path):
 # --------------------------------------------------------------------------- S3 only
 
 
-def test_s3_multipart_upload(seaweedfs, tmp_path, monkeypatch):
+def test_s3_multipart_upload(s3_store, tmp_path, monkeypatch):
     """A blob above the multipart threshold goes up in parts (threshold lowered to S3's 5 MiB minimum)."""
     monkeypatch.setattr(s3_module, "TRANSFER", TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20,
                                                               max_concurrency=2))
-    store = S3BlobStore.from_settings(s3_settings(seaweedfs))
+    store = s3_store
     data = os.urandom((12 << 20) + 123)
     src, sha = blob(tmp_path, data)
     key = engine_key(sha)
@@ -227,8 +249,8 @@ def test_s3_multipart_upload(seaweedfs, tmp_path, monkeypatch):
     assert sha256_file(dest) == sha
 
 
-def test_s3_via_get_blob_store(seaweedfs, tmp_path):
-    settings = s3_settings(seaweedfs)
+def test_s3_via_get_blob_store(s3_store, s3_bucket, tmp_path):
+    settings = s3_bucket
     store = get_blob_store(settings)
     assert isinstance(store, S3BlobStore) and store.bucket == settings.s3_bucket
     store.ensure_bucket()  # a second time: the bucket exists already
@@ -237,10 +259,10 @@ def test_s3_via_get_blob_store(seaweedfs, tmp_path):
     assert get_blob_store(settings).exists(model_key(sha))
 
 
-def test_s3_presigned_url_serves_the_bytes(seaweedfs, tmp_path):
+def test_s3_presigned_url_serves_the_bytes(s3_store, tmp_path):
     import httpx
 
-    store = S3BlobStore.from_settings(s3_settings(seaweedfs))
+    store = s3_store
     src, sha = blob(tmp_path, b"presigned bytes")
     store.put_file(engine_key(sha), src, sha)
     url = store.presigned_url(engine_key(sha), expires_seconds=60)

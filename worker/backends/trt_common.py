@@ -120,12 +120,13 @@ def config_from_spec(trt: ModuleType, builder, network, spec: BuildSpec, strongl
     return config
 
 
-def engine_from_network(builder, network, config, out_path: Path) -> int:
+def engine_from_network(builder, network, config, out_path: Path, log: BuildLog) -> int:
     """Build and write the serialized engine; returns its size. None from the builder is a model error."""
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise BuildFailed("the builder produced no engine (see the log tail: unsupported layer, "
-                          "shape or precision, or out of memory)")
+        errors = [line for line in log.lines if line.startswith("[ERROR]") or line.startswith("[INTERNAL_ERROR]")]
+        cause = errors[-1] if errors else "unsupported layer, shape or precision, or out of memory; see the log tail"
+        raise BuildFailed(f"the builder produced no engine: {cause}")
     data = memoryview(plan)
     with open(out_path, "wb") as fh:
         fh.write(data)
@@ -160,6 +161,9 @@ class TrtFamilyBackend(BuildBackend):
               machine: MachineProbe | None) -> EngineDescriptor:
         trt = self.module()
         strongly_typed = self.always_strongly_typed or spec.strongly_typed
+        if strongly_typed and spec.precision is Precision.BF16:
+            # Strongly typed builders take types from the graph; we only convert to fp16 ourselves.
+            raise BuildFailed("bf16 with a strongly typed build needs a model whose tensors are already bf16")
         if strongly_typed and spec.precision is Precision.FP16:
             model_path = fp16_model_from_onnx(model_path, out_path.parent)
             log.add("strongly typed build: cast float32 tensors to float16 before parsing")
@@ -170,7 +174,7 @@ class TrtFamilyBackend(BuildBackend):
         config = config_from_spec(trt, builder, network, spec, strongly_typed, log)
         self.select_target(trt, config, target, machine, log)
         save_cache = self.prepare_timing_cache(trt, config, target, machine, log) if spec.timing_cache else None
-        engine_from_network(builder, network, config, out_path)
+        engine_from_network(builder, network, config, out_path, log)
         if save_cache is not None:
             save_cache(config)
         log.add(f"built {target} in {time.perf_counter() - started:.2f} s")
