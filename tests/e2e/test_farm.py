@@ -141,3 +141,30 @@ def test_blob_bucket_holds_only_catalogued_bytes(farm, dist_settings):
         engines, _ = catalog.list_engines(s, limit=10_000)
         referenced = {m.blob_key for m in models} | {e.blob_key for e in engines}
     assert keys and keys <= referenced
+
+
+def test_cli_upload_build_fetch(farm, tmp_path):
+    """The CLI a user types: upload, build --wait, ls engines, fetch for a described machine."""
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args, "--api", farm.url],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return " ".join(out.stdout.split())
+
+    model_path = save_conv_net(tmp_path / "cli.onnx", seed=5)
+    name = unique_name("cli")
+    uploaded = cli("upload", str(model_path), "--name", name)
+    model_id = uploaded.split("model ")[1].split()[0]
+    built = cli("build", model_id, "-t", "tensorrt-rtx/sm89", "-t", "onnxruntime/cpu-x86_64",
+                "--minShapes", "input:1x3x32x32", "--optShapes", "input:2x3x32x32", "--maxShapes", "input:4x3x32x32", "--wait")
+    assert built.count("succeeded") == 2
+    assert "tensorrt-rtx/sm89" in cli("ls", "engines", "--model", name)
+    dest = tmp_path / "out.plan"
+    fetched = cli("fetch", name, "-o", str(dest), "--cc", "8.9", "--platform", "x86_64")
+    assert "verified" in fetched and "tensorrt-rtx/sm89" in fetched
+    with Client(farm.url) as c:
+        engine = c.engines(model=name, target="tensorrt-rtx/sm89")["items"][0]
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == engine["sha256"]
