@@ -115,13 +115,13 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
     t0_wall, t0 = time.time(), time.perf_counter()
     m, created = client.upload(model, name)
     t_upload = time.perf_counter()
+    if not created:
+        raise RuntimeError(f"model {name} was already in the catalog: the farm would dedup its builds")
     build = client.build(m["id"], TARGETS, spec)
     t_submit = time.perf_counter()
     done = client.wait_build(build["id"], timeout=1800, poll=poll)
     t_end = time.perf_counter()
     t_end_wall = t0_wall + (t_end - t0)
-    if not created:
-        raise RuntimeError(f"model {name} was already in the catalog: the farm would dedup its builds")
     bad = [t for t in done["tasks"] if t["state"] != "succeeded" or t["reused"]]
     if bad:
         raise RuntimeError(f"build {build['id']}: tasks not freshly built: "
@@ -217,7 +217,7 @@ def run_mode(mode: str, args, work: Path) -> dict:
         move_bytes(store, warm, sha256_file(warm), warm_built["engines"], get_dir)
 
         for ci, (config, workers) in enumerate(CONFIGS.items()):
-            if args.config and config != args.config:
+            if args.workers and len(workers) != args.workers:
                 continue
             log_dir = work / mode / f"logs-{ci}"
             log_dir.mkdir(parents=True, exist_ok=True)
@@ -244,11 +244,11 @@ def run_mode(mode: str, args, work: Path) -> dict:
                                    "engine_bytes": {t: e[2] for t, e in a["engines"].items()},
                                    "a": {"per_target_s": a["wall"], "builder_s": a["build"], "sum_s": a_s},
                                    "b": {"puts_s": b["puts"], "put_s": b["put_s"], "get_s": b["get_s"], "sum_s": b_s},
-                                   "c": c, "ratio": c["wall_s"] / (a_s + b_s)}
+                                   "c": c, "ratio": c["wall_s"] / (a_s + b_s), "load1": os.getloadavg()[0]}
                             runs.append(run)
                             console.print(f"  repeat {rep + 1}/{args.repeat} (seed {seed}): a={a_s:.2f}s b={b_s:.2f}s "
                                           f"c={c['wall_s']:.2f}s  c/(a+b)={run['ratio']:.2f}  "
-                                          f"load={os.getloadavg()[0]:.2f}")
+                                          f"load={run['load1']:.2f}")
                         finally:
                             shutil.rmtree(model_dir, ignore_errors=True)
                             for f in get_dir.glob("*"):
@@ -339,6 +339,10 @@ def print_report(summary: dict, meta: dict) -> None:
             per.add_row(key, t, f"{p['alone_s']:.2f}", f"{p['alone_builder_s']:.2f}", f"{p['farm_build_s']:.2f}",
                         f"{p['farm_run_s']:.2f}")
     console.print(per)
+    for key, s in summary.items():
+        if key.endswith(HEADLINE):
+            console.print(f"[bold]{key.split(' / ')[0]}: c/(a+b) = {s['ratio']:.2f}[/bold] (goal <= 1.2; per repeat "
+                          + ", ".join(f"{r:.2f}" for r in s["ratios"]) + ")")
     console.print(f"load average before {meta['load_before']}, after {meta['load_after']}; {meta['machine']}")
 
 
@@ -365,7 +369,7 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=384, help="conv_net channels (384 x 6 blocks: ~27 MB)")
     parser.add_argument("--blocks", type=int, default=6, help="conv_net blocks")
     parser.add_argument("--poll", type=float, default=0.05, help="the client's wait_build poll interval")
-    parser.add_argument("--config", choices=list(CONFIGS), help="run only this worker configuration")
+    parser.add_argument("--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration")
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs, data)")
     args = parser.parse_args()

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     max_compression_ratio: float = Field(default=200.0, gt=1)
     max_targets_per_build: int = Field(default=64, ge=1)
 
+    # How often a worker polls the embedded (database) broker: lower means less queue wait, more idle CPU.
+    broker_poll_seconds: float = Field(default=0.05, gt=0)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     worker_ttl_seconds: float = Field(default=20.0, gt=0)
     worker_targets: str | None = None  # comma-separated override of the probed targets

@@ -21,7 +21,7 @@ def make_celery(settings: Settings | None = None) -> Celery:
     app = Celery("enginefarm", broker=settings.resolved_broker_url, include=["worker.tasks"])
     transport_options: dict = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     if settings.resolved_broker_url.startswith("sqla+"):
-        transport_options["polling_interval"] = 0.2  # the database broker polls; keep queue waits short
+        transport_options["polling_interval"] = settings.broker_poll_seconds  # the database broker polls
     app.conf.update(
         task_ignore_result=True,  # state lives in the catalog, not in a result backend
         task_acks_late=True,  # a worker that dies mid-build leaves its message to be redelivered

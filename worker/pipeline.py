@@ -12,6 +12,7 @@ from filelock import FileLock
 
 from enginefarm.config import Settings
 from enginefarm.domain import BuildSpec, EngineDescriptor, Target
+from enginefarm.errors import IntegrityError
 from enginefarm.modelfile import BundleLimits, model_path_for
 from storage.blobs import BlobStore, engine_key
 from storage.blobs.base import sha256_file
@@ -29,10 +30,23 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
     cache = settings.work_dir / "models" / sha256
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(str(cache) + ".lock"):  # several pool processes may want the same model
-        blob = cache / f"upload.{fmt}"
-        if not blob.exists() or sha256_file(blob) != sha256:
+        blob, verified = cache / f"upload.{fmt}", cache / "verified"
+        # Hash once per download, not once per task: a 2 GB model costs over a second to hash.
+        if not verified.exists():
             store.get_file(blob_key, blob)
-        return model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
+            got = sha256_file(blob)
+            if got != sha256:
+                blob.unlink(missing_ok=True)
+                raise IntegrityError(f"model blob {blob_key} has sha256 {got}, the catalog says {sha256}")
+            shutil.rmtree(cache / "unpacked", ignore_errors=True)
+            (cache / "model.path").unlink(missing_ok=True)
+            verified.touch()
+        remembered = cache / "model.path"  # a bundle is unpacked once per worker, not once per task
+        if remembered.exists() and Path(remembered.read_text()).exists():
+            return Path(remembered.read_text())
+        path = model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
+        remembered.write_text(str(path))
+        return path
 
 
 @dataclass

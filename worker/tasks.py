@@ -31,6 +31,12 @@ def local_machine() -> MachineProbe:
     return probe_machine()
 
 
+@lru_cache
+def blob_store():
+    """One blob store (one boto3 client) per worker process, not one per task."""
+    return get_blob_store(get_settings())
+
+
 @app.task(name=BUILD_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
 def build_engine(self, task_id: int) -> None:
     me = worker_id()
@@ -55,7 +61,7 @@ def build_engine(self, task_id: int) -> None:
 
 def _run(task_id: int, me: str) -> None:
     settings = get_settings()
-    store = get_blob_store(settings)
+    store = blob_store()
     with session_scope() as s:
         task = catalog.get_task(s, task_id)
         build, model = task.build, task.build.model

@@ -168,3 +168,25 @@ def test_cli_upload_build_fetch(farm, tmp_path):
     with Client(farm.url) as c:
         engine = c.engines(model=name, target="tensorrt-rtx/sm89")["items"][0]
     assert hashlib.sha256(dest.read_bytes()).hexdigest() == engine["sha256"]
+
+
+def test_bundle_with_external_data_builds(farm, tmp_path):
+    """A .zip of model.onnx + its external weights goes through upload, worker unpacking and the builders."""
+    import zipfile
+
+    import onnx
+
+    from enginefarm.samples import conv_net
+
+    onnx.save_model(conv_net(seed=6), str(tmp_path / "model.onnx"), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    bundle = tmp_path / "bundle.zip"
+    with zipfile.ZipFile(bundle, "w") as zf:
+        zf.write(tmp_path / "model.onnx", "model.onnx")
+        zf.write(tmp_path / "weights.bin", "weights.bin")
+    with Client(farm.url) as c:
+        model, _ = c.upload(bundle, unique_name("bundle"))
+        assert model["format"] == "zip" and model["external_data"]
+        build = c.wait_build(c.build(model["id"], ["tensorrt-rtx/sm86", "onnxruntime/cpu-x86_64"], sample_spec())["id"],
+                             timeout=300, poll=0.2)
+    assert [t["state"] for t in build["tasks"]] == ["succeeded", "succeeded"], build["tasks"]
