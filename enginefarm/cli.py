@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -131,6 +132,8 @@ def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")
 
     settings = get_settings()
     prepare(settings)
+    # SIGTERM (systemd, kill) must stop the children too: turn it into an exit through `with farm`.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     farm = Farm({}, port=port, log_dir=settings.data_dir)
     with farm:
         farm.start_api()
