@@ -119,9 +119,8 @@ class EngineOut(BaseModel):
 
     @classmethod
     def of(cls, row: EngineRow) -> EngineOut:
-        fields = {k: getattr(row, k) for k in cls.model_fields if hasattr(row, k) and not k.startswith("model_")}
-        return cls(**fields, model_id=row.model_id, model_name=row.model.name, model_version=row.model.version,
-                   model_sha256=row.model_sha256)
+        fields = {k: getattr(row, k) for k in cls.model_fields if k not in ("model_name", "model_version")}
+        return cls(**fields, model_name=row.model.name, model_version=row.model.version)
 
 
 class CandidateOut(BaseModel):

@@ -14,7 +14,7 @@ from enginefarm.modelfile import inspect_upload
 from storage import catalog
 from storage.blobs import get_blob_store, model_key
 from storage.db import session_scope
-from storage.tables import BuildRow, ModelRow
+from storage.tables import ModelRow
 from worker.pipeline import Scratch, bundle_limits
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,9 @@ def _spec_from(payload: dict) -> tuple[BuildSpec | None, list[dict]]:
 
 
 def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
-                 publish) -> BuildRow:
-    """Validate the spec against the model and every target, record the build, queue its tasks.
+                 publish) -> int:
+    """Validate the spec against the model and every target, record the build, queue its tasks;
+    returns the build's id.
 
     Raises SpecInvalid listing every problem at once. Tasks are published only after the
     catalog commit, so a worker never sees a task the catalog does not have.
@@ -100,8 +101,7 @@ def submit_build(settings: Settings, model_id: int, target_texts: list[str], spe
             publish(task_id, target)
         except Exception:  # the row is queued in the catalog; the broker can be retried later
             log.warning("could not publish build task %s to %s", task_id, target.queue, exc_info=True)
-    with session_scope(settings) as s:
-        return catalog.get_build(s, build.id)
+    return build.id
 
 
 def publish_build_task(task_id: int, target: Target) -> None:

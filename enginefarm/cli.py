@@ -174,7 +174,7 @@ def _bar() -> Progress:
 def build(
     model_id: int = typer.Argument(..., help="model id (see `enginefarm ls models`)"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
-    precision: str = "fp32",
+    precision: Optional[str] = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
     shapes: Optional[str] = typer.Option(None, "--shapes", help="trtexec syntax: input:1x3x224x224"),
     min_shapes: Optional[str] = typer.Option(None, "--minShapes"),
     opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
@@ -187,7 +187,8 @@ def build(
     try:
         spec = json.loads(spec_file.read_text()) if spec_file else {}
         spec.update(spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes))
-        spec["precision"] = precision if precision != "fp32" or "precision" not in spec else spec["precision"]
+        if precision:
+            spec["precision"] = precision
         with _client(api) as c:
             result = c.build(model_id, target, spec)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
@@ -230,10 +231,10 @@ def local_machine(**overrides) -> Machine:
     """This machine's fingerprint (NVML, importable runtimes, Jetson files), with any field overridden."""
     from worker.probe import machine_fingerprint, probe_machine
 
+    probe = probe_machine()
     try:
-        machine = machine_fingerprint(probe_machine())
+        machine = machine_fingerprint(probe)
     except ValueError:  # no GPU here: platform and runtimes still count
-        probe = probe_machine()
         machine = Machine(platform=probe.platform, os=probe.os, trt_version=probe.modules.get("tensorrt"),
                           trt_rtx_version=probe.modules.get("tensorrt_rtx"))
     for key, value in overrides.items():

@@ -22,7 +22,7 @@ S3_KEY, S3_SECRET = "enginefarm-local", "enginefarm-local-secret"
 PG_ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -34,7 +34,7 @@ def free_port_pair() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port < 55000 and not _port_open(port + 10000):
+        if port < 55000 and not port_open(port + 10000):
             return port
     raise RuntimeError("no free port pair")
 

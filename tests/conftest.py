@@ -6,8 +6,6 @@ free ports. Nothing is skipped for want of a service.
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_DB = 11
 
 
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.fixture(scope="session")
 def base_services() -> None:
-    if not (_port_open(5432) and _port_open(6379)):
+    if not (devservices.port_open(5432) and devservices.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
 
 
@@ -101,7 +93,3 @@ def api(farm) -> httpx.Client:
 def conv_model(tmp_path_factory) -> Path:
     return save_conv_net(tmp_path_factory.mktemp("models") / "convnet.onnx")
 
-
-@pytest.fixture(autouse=True, scope="session")
-def _no_proxy() -> None:
-    os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")

@@ -42,8 +42,8 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
             (cache / "model.path").unlink(missing_ok=True)
             verified.touch()
         remembered = cache / "model.path"  # a bundle is unpacked once per worker, not once per task
-        if remembered.exists() and Path(remembered.read_text()).exists():
-            return Path(remembered.read_text())
+        if remembered.exists() and (path := Path(remembered.read_text())).exists():
+            return path
         path = model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
         remembered.write_text(str(path))
         return path

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
 from api import services
 from api.deps import session_dep, settings_dep
@@ -22,18 +21,11 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
 
 
 @router.post("", status_code=202, response_model=BuildOut)
-async def submit_build(body: BuildRequest, settings: Settings = Depends(settings_dep)) -> BuildOut:
+def submit_build(body: BuildRequest, session: Session = Depends(session_dep),
+                 settings: Settings = Depends(settings_dep)) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once."""
-    row = await run_in_threadpool(services.submit_build, settings, body.model_id, body.targets, body.spec,
-                                  services.publish_build_task)
-    return await run_in_threadpool(_with_session, settings, row.id)
-
-
-def _with_session(settings: Settings, build_id: int) -> BuildOut:
-    from storage.db import session_scope
-
-    with session_scope(settings) as s:
-        return _out(s, settings, catalog.get_build(s, build_id))
+    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, services.publish_build_task)
+    return _out(session, settings, catalog.get_build(session, build_id))
 
 
 @router.get("", response_model=list[BuildOut])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -34,11 +35,14 @@ class LocalBlobStore(BlobStore):
         # Copy to a temp file beside the final name, verify, then rename: readers never see a half blob.
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".incoming-")
         try:
+            digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-                shutil.copyfileobj(src, out, CHUNK)
+                while chunk := src.read(CHUNK):  # hash what is written, in the same pass
+                    digest.update(chunk)
+                    out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            got = sha256_file(Path(tmp))
+            got = digest.hexdigest()
             if got != sha256:
                 raise IntegrityError(f"blob {key}: wrote sha256 {got}, expected {sha256}")
             os.replace(tmp, final)
