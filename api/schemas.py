@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,6 +96,7 @@ class EngineOut(BaseModel):
     model_id: int
     model_name: str
     model_version: str
+    model_seq: int = Field(description="order of the model's versions: newer is larger")
     model_sha256: str
     spec_hash: str
     target: str
@@ -116,22 +117,85 @@ class EngineOut(BaseModel):
     build_seconds: float
     built_by: str | None
     created_at: datetime
+    device_memory_bytes: int | None = None
+    accuracy_pass: bool | None = None
 
     @classmethod
     def of(cls, row: EngineRow) -> EngineOut:
-        fields = {k: getattr(row, k) for k in cls.model_fields if k not in ("model_name", "model_version")}
-        return cls(**fields, model_name=row.model.name, model_version=row.model.version)
+        fields = {k: getattr(row, k) for k in cls.model_fields if k not in ("model_name", "model_version", "model_seq")}
+        return cls(**fields, model_name=row.model.name, model_version=row.model.version, model_seq=row.model.seq)
+
+
+# Patterns a machine fingerprint's fields must match, shared by GET (query) and POST (JSON) /v1/resolve.
+CC_PATTERN = r"^\d{1,2}\.\d$"
+VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"
+PLATFORM_PATTERN = r"^(x86_64|aarch64)$"
+SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
+PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
+
+
+class MachineIn(BaseModel):
+    """A deploy machine's fingerprint. Every field is optional; what is missing is reported as unchecked."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_name: str | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
+    compute_capability: str | None = Field(None, pattern=CC_PATTERN, description="e.g. 8.6")
+    memory_mib: int | None = Field(None, ge=1, le=1 << 24)
+    driver_version: str | None = Field(None, pattern=VERSION_PATTERN)
+    cuda_version: str | None = Field(None, pattern=VERSION_PATTERN)
+    trt_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
+    trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
+    lean_runtime: bool = Field(False, description="trt_version is the lean runtime's: it loads only version-compatible engines")
+    platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
+    os: str | None = Field(None, max_length=200)
+    jetpack: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+
+
+class ResolveRequest(BaseModel):
+    """POST /v1/resolve: the machine as JSON, plus the same filters GET takes as query parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=200)
+    version: str | None = Field(None, max_length=100, description='a model version, or "latest"')
+    machine: MachineIn = Field(default_factory=MachineIn)
+    precision: str | None = Field(None, pattern=PRECISION_PATTERN)
+    spec_hash: str | None = Field(None, pattern=SPEC_HASH_PATTERN)
+    accuracy: Literal["pass"] | None = Field(None, description="keep only engines that passed their accuracy gate")
+    max_latency_ms: float | None = Field(None, gt=0, le=1e7, description="measured median latency on your GPU model")
+    explain: bool = Field(False, description="return every candidate with every check")
+    build: bool = Field(False, description="when nothing fits, build the target this machine needs (202)")
+
+
+class CheckOut(BaseModel):
+    rule: str
+    outcome: str
+    detail: str
 
 
 class CandidateOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
     engine_id: int
     target: str
+    model_version: str
+    precision: str
+    spec_hash: str
+    rank: int | None = Field(None, description="1 for the chosen engine, 2.. for fallbacks; null when excluded")
     match: str | None
+    rule: str | None = Field(None, description="the rule that excluded it")
     reason: str
     unchecked: list[str] = []
+    accuracy: str | None = None
+    latency_ms: float | None = None
+    latency_on: str | None = None
+    checks: list[CheckOut] | None = Field(None, description="every check, with explain=true")
 
 
 class ResolveOut(BaseModel):
+    model: str
+    machine: MachineIn
     engine: EngineOut
     match: str
     reason: str
@@ -139,6 +203,20 @@ class ResolveOut(BaseModel):
     download_url: str
     fallbacks: list[CandidateOut]
     rejected: list[CandidateOut]
+    candidates: list[CandidateOut] | None = Field(None, description="the full table, ranked then excluded, with explain=true")
+
+
+class BuildForMachineOut(BaseModel):
+    """202 from /v1/resolve?build=true: nothing fits yet, and this build will make what does."""
+
+    detail: str
+    build_id: int
+    target: str
+    spec_hash: str
+    state: str
+    status_detail: str | None
+    already_building: bool
+    reasons: list[dict[str, Any]]
 
 
 class WorkerOut(BaseModel):

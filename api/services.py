@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from enginefarm.config import Settings
-from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target, parse_targets, validate_spec
-from enginefarm.errors import ModelRejected, SpecInvalid
+from enginefarm.domain import (
+    ARCHES,
+    Backend,
+    BuildSpec,
+    Machine,
+    ModelInfo,
+    TaskState,
+    Target,
+    arch_of_cc,
+    parse_targets,
+    validate_spec,
+)
+from enginefarm.errors import ModelRejected, SpecInvalid, TargetUnavailable
 from enginefarm.modelfile import inspect_upload
 from storage import catalog
 from storage.blobs import get_blob_store, model_key
@@ -115,3 +127,94 @@ def wait_reason(target: str, state: str, served: dict[str, set[str]]) -> str | N
     if state == TaskState.QUEUED.value and target not in served:
         return f"waiting: no live worker serves {target}"
     return None
+
+
+# --------------------------------------------------------------------------- builds for an asking machine
+
+
+def targets_for_machine(machine: Machine) -> list[Target]:
+    """The targets whose engines would run on this machine, best first.
+
+    A GPU machine gets GPU targets only: TensorRT-RTX where it runs TensorRT-RTX (or says nothing
+    about its runtimes) on x86_64, full TensorRT where it runs TensorRT. A machine without a known
+    GPU gets the ONNX Runtime CPU artifact for its platform.
+    """
+    platform = machine.platform or "x86_64"
+    cc = machine.compute_capability
+    if not cc:
+        return [Target(Backend.ONNXRUNTIME, f"cpu-{platform}")]
+    arch = arch_of_cc(cc)
+    said_nothing = not (machine.trt_version or machine.trt_rtx_version)
+    out = []
+    if (machine.trt_rtx_version or said_nothing) and platform == "x86_64" and not machine.is_jetson \
+            and arch in ARCHES[Backend.TENSORRT_RTX]:
+        out.append(Target(Backend.TENSORRT_RTX, arch))
+    if (machine.trt_version or said_nothing) and arch in ARCHES[Backend.TENSORRT]:
+        out.append(Target(Backend.TENSORRT, arch))
+    return out
+
+
+def _runtime_of(machine: Machine, target: Target) -> str | None:
+    return {Backend.TENSORRT_RTX: machine.trt_rtx_version, Backend.TENSORRT: machine.trt_version}.get(target.backend)
+
+
+def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, str | None]:
+    """The target to build for this machine and, when no live worker can build it yet, why.
+
+    Raises TargetUnavailable when nothing would run here, or when live workers build the target only
+    with runtime versions this machine cannot load (an engine built now would be rejected again).
+    """
+    targets = targets_for_machine(machine)
+    if not targets:
+        raise TargetUnavailable(
+            f"the farm builds no target for compute capability {machine.compute_capability} on "
+            f"{machine.platform or 'x86_64'} with the runtimes you named")
+    for t in targets:
+        versions, runtime = served.get(str(t)), _runtime_of(machine, t)
+        if versions is not None and (runtime is None or runtime in versions):
+            return t, None
+    mismatched = [(t, served[str(t)]) for t in targets if str(t) in served]
+    if mismatched:
+        t, versions = mismatched[0]
+        raise TargetUnavailable(
+            f"live workers build {t} with {t.backend.value} {', '.join(sorted(versions)) or 'an unknown version'}; "
+            f"you run {_runtime_of(machine, t)}, so an engine built now would not load here. Install that "
+            f"runtime, or start a worker with yours", target=str(t))
+    t = targets[0]
+    return t, f"no live worker serves {t}; the build waits in the queue until one starts"
+
+
+def build_for_machine(settings: Settings, model: str, version: str | None, machine: Machine, *,
+                      spec_hash: str | None, precision: str | None, publish) -> dict[str, Any]:
+    """Submit (or find already running) the build that would give this machine an engine; the 202 body."""
+    with session_scope(settings) as s:
+        rows = catalog.find_models(s, model)  # every version, newest first
+        row = catalog.find_models(s, model, version)[0] if version and version != "latest" else rows[0]
+        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        target, note = pick_target(machine, served)
+        every = [r.id for r in rows]
+        if spec_hash:
+            source = catalog.latest_build(s, every, spec_hash=spec_hash)
+            if source is None:
+                raise SpecInvalid(f"no build of {model} used spec {spec_hash}; see `enginefarm ls builds`",
+                                  problems=[{"loc": ["spec_hash"], "msg": "no build of this model used this spec"}])
+        else:
+            source = catalog.latest_build(s, [row.id], precision=precision) or \
+                catalog.latest_build(s, every, precision=precision)
+        spec = dict(source.spec) if source else {"precision": precision or "fp32"}
+        hashed = BuildSpec(**spec).spec_hash()
+        open_task = catalog.find_open_task(s, row.id, hashed, str(target))
+        model_id = row.id
+        if open_task is not None:
+            build_id, already = open_task.build_id, True
+    if open_task is None:
+        build_id, already = submit_build(settings, model_id, [str(target)], spec, publish), False
+    with session_scope(settings) as s:
+        task = next(t for t in catalog.get_build(s, build_id).tasks if t.target == str(target))
+        detail = wait_reason(task.target, task.state, catalog.served_targets(s, settings.worker_ttl_seconds))
+        state = task.state
+    verb = "is already building" if already else "submitted"
+    return {"detail": f"no engine of {model} runs on this machine; build {build_id} {verb} {target}"
+                      + (f" ({note})" if note else ""),
+            "build_id": build_id, "target": str(target), "spec_hash": hashed, "state": state,
+            "status_detail": detail or note, "already_building": already}

@@ -243,28 +243,105 @@ def local_machine(**overrides) -> Machine:
     return machine
 
 
+FILTER_HELP = "keep only engines that passed their accuracy gate"
+
+
 @app.command()
 def fetch(
-    model: str, output: Path = typer.Option(..., "-o", "--output"), version: Optional[str] = None,
+    model: str, output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the engine"),
+    version: Optional[str] = typer.Option(None, help='a model version, or "latest" (default: every version, ranked)'),
     cc: Optional[str] = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
-    gpu: Optional[str] = None, trt: Optional[str] = None, trt_rtx: Optional[str] = None,
-    driver: Optional[str] = None, platform: Optional[str] = None, precision: Optional[str] = None,
+    gpu: Optional[str] = typer.Option(None, help="GPU model name (default: this machine's)"),
+    memory_mib: Optional[int] = typer.Option(None, "--memory-mib"),
+    trt: Optional[str] = typer.Option(None, help="TensorRT runtime version (default: the importable tensorrt)"),
+    trt_rtx: Optional[str] = typer.Option(None, help="TensorRT-RTX runtime version (default: the importable tensorrt_rtx)"),
+    lean: Optional[bool] = typer.Option(None, "--lean/--no-lean", help="--trt is the lean runtime's version"),
+    driver: Optional[str] = None, cuda: Optional[str] = None,
+    platform: Optional[str] = typer.Option(None, help="x86_64 or aarch64"),
+    jetpack: Optional[str] = None,
+    precision: Optional[str] = None, spec_hash: Optional[str] = typer.Option(None, "--spec-hash"),
+    accuracy: Optional[str] = typer.Option(None, help="'pass': " + FILTER_HELP),
+    max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
+    explain: bool = typer.Option(False, "--explain", help="print every candidate with the rule that decided it"),
+    build: bool = typer.Option(False, "--build", help="when nothing fits, build the engine this machine needs"),
+    wait: bool = typer.Option(False, "--wait", help="with --build: wait for the build, then fetch"),
+    timeout: float = typer.Option(3600, help="seconds --wait waits"),
+    offline: bool = typer.Option(False, "--offline", help="resolve from the local cache alone"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR",
+                                             help="local engine cache (default ~/.cache/enginefarm)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="download without keeping a copy in the cache"),
     api: Optional[str] = API_OPT,
 ) -> None:
-    """Download the engine that runs on this machine (or the one described by the flags), verified."""
-    machine = local_machine(compute_capability=cc, gpu_name=gpu, trt_version=trt, trt_rtx_version=trt_rtx,
-                            driver_version=driver, platform=platform)
+    """Fetch the engine that runs on this machine (or the one the flags describe), verified by sha256.
+
+    The farm judges every engine of MODEL against this machine's fingerprint and ranks the ones
+    that run. A second fetch of the same engine copies it from the local cache.
+    """
+    from enginefarm.cache import EngineCache
+    from enginefarm.client import resolve_offline
+
+    machine = local_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
+                            trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
+                            platform=platform, jetpack=jetpack)
+    filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
+                   max_latency_ms=max_latency_ms)
+    cache = None if no_cache else EngineCache(cache_dir)
+    if (wait and not build) or (offline and (build or no_cache)):
+        _fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
     try:
+        if offline:
+            answer = resolve_offline(cache, model, machine, **filters)
+            if output:
+                cache.copy_to(answer["engine"]["sha256"], output)
+            _print_answer(answer, output, from_cache=True, explain=explain)
+            return
         with _client(api) as c:
-            answer = c.resolve(model, machine, version=version, precision=precision)
-            eng = answer["engine"]
+            if explain:
+                _print_answer(c.resolve(model, machine, explain=True, **filters), None, False, True)
+                if not output:
+                    return
+            if not output:
+                _fail(ValueError("give --output (or --explain alone to see the choice)"))
             with _bar() as bar:
-                task = bar.add_task(f"engine {eng['id']}", total=eng["size"])
-                c.download(eng["id"], output, eng["sha256"], on_bytes=lambda n: bar.advance(task, n))
+                progress = bar.add_task("engine", total=None)
+                got = c.fetch(model, output, machine, cache=cache, build=build, wait=wait, wait_timeout=timeout,
+                              on_bytes=lambda n: bar.advance(progress, n),
+                              on_build=lambda b: bar.update(progress, description=_build_line(b)), **filters)
     except Exception as exc:
         _fail(exc)
-    console.print(f"{output}: engine {eng['id']} ({eng['target']}, {answer['match']}): {answer['reason']}; "
-                  f"sha256 {eng['sha256'][:12]} verified")
+    if got.path is None:
+        b = got.build
+        console.print(f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
+                      f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built")
+        for reason in b["reasons"]:
+            console.print(f"  - engine {reason['engine_id']} {reason['target']}: {reason['reason']}", highlight=False)
+        return
+    if got.build:
+        console.print(f"built for this machine: build {got.build['build_id']} ({got.build['target']})")
+    _print_answer(got.answer, output, from_cache=got.from_cache, explain=False)
+
+
+def _build_line(build: dict) -> str:
+    return ", ".join(f"{t['target']} {t['status_detail'] or t['state']}" for t in build["tasks"])
+
+
+def _print_answer(answer: dict, output: Optional[Path], from_cache: bool, explain: bool) -> None:
+    eng = answer["engine"]
+    if explain:
+        table = Table(title=f"candidates for {answer.get('model', eng.get('model_name'))} on this machine")
+        for col in ("rank", "engine", "target", "version", "precision", "match", "rule", "reason"):
+            table.add_column(col)
+        rows = answer.get("candidates") or answer["fallbacks"] + answer["rejected"]
+        for r in rows:
+            table.add_row(str(r["rank"] or "-"), str(r["engine_id"]), r["target"], r.get("model_version") or "",
+                          r.get("precision") or "", r["match"] or "excluded", r.get("rule") or "", r["reason"])
+        console.print(table)
+        if answer.get("unchecked"):
+            console.print(f"not checked (the machine did not say): {', '.join(answer['unchecked'])}")
+    where = f"{output}: " if output else ""
+    source = "from the local cache" if from_cache else "downloaded"
+    console.print(f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
+                  f"sha256 {eng['sha256'][:12]} verified" + (f", {source}" if output else ""), highlight=False)
 
 
 @ls_app.command("models")

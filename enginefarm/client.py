@@ -6,15 +6,17 @@ import hashlib
 import os
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
 
+from enginefarm.cache import EngineCache
+from enginefarm.compat import Evidence, Option, Wanted, choose
 from enginefarm.config import get_settings
-from enginefarm.domain import FINAL_STATES, Machine
-from enginefarm.errors import EnginefarmError, IntegrityError
+from enginefarm.domain import FINAL_STATES, EngineDescriptor, Machine
+from enginefarm.errors import BuildFailed, EnginefarmError, IntegrityError, NoCompatibleEngine
 
 SHA_HEADER = "X-Content-SHA256"
 CHUNK = 1 << 20
@@ -127,33 +129,39 @@ class Client:
     # ------------------------------------------------------------------ resolution and download
 
     def resolve(self, model: str, machine: Machine | None = None, *, version: str | None = None,
-                precision: str | None = None) -> dict:
-        m = asdict(machine or Machine())
-        params = {"model": model, "version": version, "precision": precision, "cc": m["compute_capability"],
-                  "gpu": m["gpu_name"], "memory_mib": m["memory_mib"], "driver": m["driver_version"],
-                  "cuda": m["cuda_version"], "trt": m["trt_version"], "trt_rtx": m["trt_rtx_version"],
-                  "lean": m["lean_runtime"] or None, "platform": m["platform"], "jetpack": m["jetpack"]}
-        return self.get("/v1/resolve", **params)
+                explain: bool = False, build: bool = False, **filters: Any) -> dict:
+        """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms.
+
+        Returns the resolution, or with ``build`` and nothing fitting, the submitted build (it has
+        ``build_id``). Raises ApiError (404) when nothing fits.
+        """
+        body = {"model": model, "version": version, "machine": asdict(machine or Machine()), "explain": explain,
+                "build": build, **{k: v for k, v in filters.items() if v is not None}}
+        return self._json(self.http.post("/v1/resolve", json=body))
+
+    def _stream_engine(self, engine_id: int, out, on_bytes: Callable[[int], None] | None) -> str | None:
+        """Write the engine's bytes to ``out``; returns the sha256 the server sent in its header."""
+        with self.http.stream("GET", f"/v1/engines/{engine_id}/content", timeout=None) as r:
+            if r.status_code >= 400:
+                r.read()
+                self._json(r)
+            for chunk in r.iter_bytes(CHUNK):
+                out.write(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
+            return r.headers.get(SHA_HEADER)
 
     def download(self, engine_id: int, dest: Path, expected_sha256: str | None = None,
                  on_bytes: Callable[[int], None] | None = None) -> str:
         """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        digest = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
         try:
-            with os.fdopen(fd, "wb") as out, self.http.stream("GET", f"/v1/engines/{engine_id}/content", timeout=None) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    self._json(r)
-                header_sha = r.headers.get(SHA_HEADER)
-                for chunk in r.iter_bytes(CHUNK):
-                    digest.update(chunk)
-                    out.write(chunk)
-                    if on_bytes:
-                        on_bytes(len(chunk))
-            got = digest.hexdigest()
+            with os.fdopen(fd, "wb") as raw:
+                out = _Hashing(raw)
+                header_sha = self._stream_engine(engine_id, out, on_bytes)
+            got = out.digest.hexdigest()
             for want in (expected_sha256, header_sha):
                 if want and got != want:
                     raise IntegrityError(f"engine {engine_id}: downloaded sha256 {got}, catalog says {want}")
@@ -163,8 +171,99 @@ class Client:
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def fetch(self, model: str, dest: Path, machine: Machine | None = None, **filters: Any) -> dict:
-        """Resolve the engine for ``machine`` and download it to ``dest``; returns the resolution."""
-        answer = self.resolve(model, machine, **filters)
-        self.download(answer["engine"]["id"], dest, answer["engine"]["sha256"])
-        return answer
+    def fetch(self, model: str, dest: Path, machine: Machine | None = None, *, cache: EngineCache | None = None,
+              build: bool = False, wait: bool = False, wait_timeout: float = 3600,
+              on_bytes: Callable[[int], None] | None = None, on_build: Callable[[dict], None] | None = None,
+              **filters: Any) -> Fetched:
+        """Resolve the engine for ``machine`` and put it at ``dest``, verified.
+
+        With a cache, an engine already cached (by sha256) is copied from it and not downloaded. With
+        ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the engine is
+        fetched once that build is done.
+        """
+        answer = self.resolve(model, machine, build=build, **filters)
+        if "build_id" in answer:
+            if not wait:
+                return Fetched(answer, None, False, answer)
+            done = self.wait_build(answer["build_id"], timeout=wait_timeout, on_update=on_build)
+            failed = [t for t in done["tasks"] if t["state"] != "succeeded"]
+            if failed:
+                raise BuildFailed(f"build {done['id']} for {answer['target']} did not succeed: "
+                                  f"{failed[0]['error'] or failed[0]['state']}")
+            submitted, answer = answer, self.resolve(model, machine, **filters)
+        else:
+            submitted = None
+        eng = answer["engine"]
+        sha = eng["sha256"]
+        if cache is None:
+            self.download(eng["id"], dest, sha, on_bytes)
+            return Fetched(answer, Path(dest), False, submitted)
+        hit = cache.has(sha)
+        if not hit:
+            with cache.writer(sha) as out:
+                header_sha = self._stream_engine(eng["id"], out, on_bytes)
+            if header_sha and header_sha != sha:
+                cache.evict(sha)
+                raise IntegrityError(f"engine {eng['id']}: the server's sha256 header {header_sha} is not the catalog's {sha}")
+        cache.remember(eng, self.base_url)
+        cache.copy_to(sha, dest)
+        return Fetched(answer, Path(dest), hit, submitted)
+
+
+class _Hashing:
+    """A write-through file wrapper that hashes what passes."""
+
+    def __init__(self, raw):
+        self.raw, self.digest = raw, hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return self.raw.write(data)
+
+
+@dataclass
+class Fetched:
+    """What ``fetch`` did: the resolution, where the engine is, whether it came from the cache, and the
+    build submitted for this machine (if any)."""
+
+    answer: dict
+    path: Path | None
+    from_cache: bool
+    build: dict | None = None
+
+
+def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version: str | None = None,
+                    **filters: Any) -> dict:
+    """Resolve from the engines in the local cache alone, with the farm's own rules; the answer has the
+    shape of /v1/resolve's (engine, match, reason, fallbacks, rejected). Raises NoCompatibleEngine."""
+    records = {r["sha256"]: r for r in cache.records(model, None if version == "latest" else version)
+               if cache.has(r["sha256"], verify=False)}
+    if version == "latest" and records:
+        newest = max(r.get("model_seq", 0) for r in records.values())
+        records = {k: r for k, r in records.items() if r.get("model_seq", 0) == newest}
+    options = [Option(sha, _descriptor(r), r.get("model_seq", 0), r.get("spec_hash", ""),
+                      Evidence(accuracy={True: "pass", False: "fail"}.get(r.get("accuracy_pass"))))
+               for sha, r in records.items()]
+    choice = choose(options, machine, Wanted(**{k: v for k, v in filters.items() if v is not None}))
+
+    def row(j) -> dict:
+        r, v = records[j.option.id], j.verdict
+        return {"engine_id": r.get("id"), "target": r["target"], "model_version": r.get("model_version"),
+                "precision": r.get("precision"), "rank": j.rank, "match": v.match.label if v.match is not None else None,
+                "rule": v.rule.value if v.rule else None, "reason": v.reason, "unchecked": v.unchecked}
+
+    if choice.chosen is None:
+        what = f"{model}" + (f" version {version}" if version else "")
+        raise NoCompatibleEngine(f"none of the {len(records)} cached engines of {what} runs on this machine"
+                                 if records else f"no engines of {what} in the cache at {cache.root}",
+                                 problems=[row(j) for j in choice.rejected])
+    best = choice.chosen
+    return {"engine": records[best.option.id], "match": best.verdict.match.label, "reason": best.verdict.reason,
+            "unchecked": best.verdict.unchecked, "fallbacks": [row(j) for j in choice.ranked[1:]],
+            "rejected": [row(j) for j in choice.rejected],
+            "candidates": [row(j) for j in choice.ranked + choice.rejected], "offline": True}
+
+
+def _descriptor(record: dict) -> EngineDescriptor:
+    names = {f.name for f in fields(EngineDescriptor)}
+    return EngineDescriptor(**{k: v for k, v in record.items() if k in names})

@@ -1,14 +1,21 @@
-"""Which engine runs on which machine: NVIDIA's compatibility rules, each with its reason.
+"""Which engine runs on which machine, and which of those to prefer: NVIDIA's rules, each with its reason.
 
-``judge(engine, machine)`` answers one engine for one machine: whether it runs, how close a
-match it is, and the exact rule that decided. A field the machine leaves unknown is not held
-against an engine, but the verdict says it was not checked.
+``judge(engine, machine)`` runs every rule for one engine on one machine and returns the checks
+it made, whether the engine runs, and how close a match it is. ``choose(options, machine,
+wanted)`` judges a candidate set, applies the caller's filters and ranks the survivors. Both are
+pure: the catalog, the API and the offline client all call them.
+
+A field the machine leaves unknown is not held against an engine; the check says "unchecked".
+A fingerprint that names any runtime version names every runtime it has: an engine for a runtime
+it did not name is rejected.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
+from typing import Any
 
 from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine, cc_tuple
 
@@ -24,14 +31,52 @@ VERSION_COMPAT_FLOOR = (8, 6)
 class Match(IntEnum):
     """How close a runnable engine fits; lower is better."""
 
-    EXACT_GPU = 0  # built on this GPU model
-    EXACT_CC = 1  # built for this compute capability
-    COMPATIBLE = 2  # runs through hardware- or version-compatibility, or a portable engine
-    CPU_FALLBACK = 3  # the ONNX Runtime artifact
+    EXACT_GPU = 0  # built on this GPU model, for this runtime
+    EXACT_CC = 1  # built for this compute capability, for this runtime
+    HARDWARE_COMPAT = 2  # an Ampere+ engine from another compute capability, or a portable TensorRT-RTX engine
+    VERSION_COMPAT = 3  # runs on a later runtime through version compatibility (may be slower)
+    CPU_FALLBACK = 4  # the ONNX Runtime artifact
 
     @property
     def label(self) -> str:
         return self.name.lower()
+
+
+class Rule(StrEnum):
+    """The rule a check applies; rejections cite it."""
+
+    PLATFORM = "platform"
+    RUNTIME = "runtime"
+    TRT_VERSION = "trt-version"
+    LEAN_RUNTIME = "lean-runtime"
+    COMPUTE_CAPABILITY = "compute-capability"
+    HARDWARE_COMPAT = "hardware-compat"
+    RTX_RELEASE = "rtx-release"
+    RTX_CC = "rtx-cc"
+    DRIVER = "driver-floor"
+    MEMORY = "memory"
+    # the caller's filters
+    PRECISION = "filter:precision"
+    SPEC = "filter:spec-hash"
+    ACCURACY = "filter:accuracy"
+    LATENCY = "filter:max-latency"
+
+
+class Outcome(StrEnum):
+    PASS = "pass"
+    RELAXED = "relaxed"  # passes through a compatibility mode, not by an exact match
+    FAIL = "fail"
+    UNCHECKED = "unchecked"  # the machine did not say
+
+
+@dataclass
+class Check:
+    rule: Rule
+    outcome: Outcome
+    detail: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"rule": self.rule.value, "outcome": self.outcome.value, "detail": self.detail}
 
 
 @dataclass
@@ -39,117 +84,282 @@ class Verdict:
     runs: bool
     match: Match | None
     reason: str
-    unchecked: list[str] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def rule(self) -> Rule | None:
+        """The rule that excluded the engine; None when it runs."""
+        return next((c.rule for c in self.checks if c.outcome is Outcome.FAIL), None)
+
+    @property
+    def unchecked(self) -> list[str]:
+        return [c.rule.value for c in self.checks if c.outcome is Outcome.UNCHECKED]
 
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".") if p.isdigit())
 
 
-def _reject(reason: str) -> Verdict:
-    return Verdict(False, None, reason)
+def _ok(rule: Rule, detail: str) -> Check:
+    return Check(rule, Outcome.PASS, detail)
 
 
-def _check_trt_version(e: EngineDescriptor, m: Machine) -> tuple[str | None, bool]:
-    """(rejection or None, whether the match relied on version compatibility)."""
+def _fail(rule: Rule, detail: str) -> Check:
+    return Check(rule, Outcome.FAIL, detail)
+
+
+def _relaxed(rule: Rule, detail: str) -> Check:
+    return Check(rule, Outcome.RELAXED, detail)
+
+
+def _unchecked(rule: Rule, detail: str) -> Check:
+    return Check(rule, Outcome.UNCHECKED, detail)
+
+
+def _names_runtimes(m: Machine) -> bool:
+    return bool(m.trt_version or m.trt_rtx_version)
+
+
+def _check_platform(e: EngineDescriptor, m: Machine) -> Check:
+    if not m.platform:
+        return _unchecked(Rule.PLATFORM, f"built for {e.platform}; your platform is unknown")
+    if e.platform != m.platform:
+        return _fail(Rule.PLATFORM, f"built for {e.platform}, you run {m.platform}")
+    return _ok(Rule.PLATFORM, f"built for {e.platform}")
+
+
+def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
     runtime = m.trt_version
     built = e.trt_version or e.backend_version
     if runtime is None:
-        return None, False
+        if _names_runtimes(m):
+            return _fail(Rule.RUNTIME, f"built with TensorRT {built}; you run no TensorRT runtime "
+                                       f"(only TensorRT-RTX {m.trt_rtx_version})")
+        return _unchecked(Rule.TRT_VERSION, f"built with TensorRT {built}; your TensorRT version is unknown")
+    if m.lean_runtime and not e.version_compatible:
+        return _fail(Rule.LEAN_RUNTIME, f"you run only the lean runtime {runtime}, which loads only version-compatible engines")
     if runtime == built:
-        if m.lean_runtime and not e.version_compatible:
-            return f"you run only the lean runtime {runtime}, which loads only version-compatible engines", False
-        return None, False
+        return _ok(Rule.TRT_VERSION, f"built with your TensorRT {built}")
     if not e.version_compatible:
-        return f"built with TensorRT {built}, you run {runtime}, not version-compatible", False
+        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}, not version-compatible")
     got, want = _version(runtime), _version(built)
     if got[:2] < VERSION_COMPAT_FLOOR or want[:2] < VERSION_COMPAT_FLOOR:
-        return f"built with TensorRT {built}, you run {runtime}; version compatibility needs 8.6 or newer on both sides", False
+        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
+                                       "version compatibility needs 8.6 or newer on both sides")
     if got < want:
-        return f"built with TensorRT {built}, you run the older {runtime}; version-compatible engines never run on older runtimes", False
+        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run the older {runtime}; "
+                                       "version-compatible engines never run on older runtimes")
     if got[0] != want[0] and (want[0], got[0]) not in CROSS_MAJOR:
-        return f"built with TensorRT {built}, you run {runtime}; version compatibility does not cross from {want[0]}.x to {got[0]}.x", False
-    return None, True
+        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
+                                       f"version compatibility does not cross from {want[0]}.x to {got[0]}.x")
+    return _relaxed(Rule.TRT_VERSION, f"version-compatible engine built with TensorRT {built} runs on your {runtime}")
 
 
-def _check_cc_trt(e: EngineDescriptor, m: Machine) -> tuple[str | None, bool]:
-    cc = m.compute_capability
-    if cc is None or e.compute_capability is None:
-        return None, False
-    if e.hardware_compat == HardwareCompat.AMPERE_PLUS.value:
-        if m.is_jetson:
-            return "built Ampere+ hardware-compatible, which Jetson does not support", False
-        if cc_tuple(cc) < (8, 0):
-            return f"built Ampere+ hardware-compatible, which needs compute capability 8.0 or newer; you have {cc}", False
-        return None, cc != e.compute_capability
-    if cc != e.compute_capability:
-        return f"built for compute capability {e.compute_capability}, you have {cc}, not hardware-compatible", False
-    return None, False
-
-
-def _check_rtx(e: EngineDescriptor, m: Machine) -> tuple[str | None, bool]:
-    runtime = m.trt_rtx_version
-    if runtime is not None and runtime != e.backend_version:
-        return f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; TensorRT-RTX engines do not load across releases", False
+def _check_cc_trt(e: EngineDescriptor, m: Machine) -> Check:
     cc = m.compute_capability
     if cc is None:
-        return None, False
+        return _unchecked(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}; yours is unknown")
+    if e.hardware_compat == HardwareCompat.AMPERE_PLUS.value:
+        if m.is_jetson:
+            return _fail(Rule.HARDWARE_COMPAT, "built Ampere+ hardware-compatible, which Jetson does not support")
+        if cc_tuple(cc) < (8, 0):
+            return _fail(Rule.HARDWARE_COMPAT, f"built Ampere+ hardware-compatible, which needs compute capability "
+                                               f"8.0 or newer; you have {cc}")
+        if cc != e.compute_capability:
+            return _relaxed(Rule.HARDWARE_COMPAT, f"Ampere+ hardware-compatible engine built on "
+                                                  f"{e.compute_capability} runs on your {cc}")
+        return _ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc} (Ampere+ hardware-compatible)")
+    if cc != e.compute_capability:
+        return _fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}, you have {cc}, "
+                                              "not hardware-compatible")
+    return _ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc}")
+
+
+def _check_rtx_release(e: EngineDescriptor, m: Machine) -> Check:
+    runtime = m.trt_rtx_version
+    if runtime is None:
+        if _names_runtimes(m):
+            return _fail(Rule.RUNTIME, f"built with TensorRT-RTX {e.backend_version}; you run no TensorRT-RTX runtime "
+                                       f"(only TensorRT {m.trt_version})")
+        return _unchecked(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}; your release is unknown")
+    if runtime != e.backend_version:
+        return _fail(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; "
+                                       "TensorRT-RTX engines do not load across releases")
+    return _ok(Rule.RTX_RELEASE, f"built with your TensorRT-RTX {runtime}")
+
+
+def _check_rtx_cc(e: EngineDescriptor, m: Machine) -> Check:
+    cc = m.compute_capability
+    ccs = ", ".join(e.compute_capabilities)
+    if cc is None:
+        return _unchecked(Rule.RTX_CC, f"runs on compute capability {ccs}; yours is unknown")
     if e.compute_capability is None:  # portable engine
         if cc not in e.compute_capabilities:
-            return f"portable TensorRT-RTX engine runs on {', '.join(e.compute_capabilities)}, you have {cc}", False
-        return None, True
+            return _fail(Rule.RTX_CC, f"portable TensorRT-RTX engine runs on {ccs}, you have {cc}")
+        return _relaxed(Rule.RTX_CC, f"portable TensorRT-RTX engine; runs on {ccs}")
     if cc != e.compute_capability:
-        return f"TensorRT-RTX engine built for compute capability {e.compute_capability}, you have {cc}", False
-    return None, False
+        return _fail(Rule.RTX_CC, f"TensorRT-RTX engine built for compute capability {e.compute_capability}, you have {cc}")
+    return _ok(Rule.RTX_CC, f"built for your compute capability {cc}")
 
 
-def _check_driver(e: EngineDescriptor, m: Machine) -> str | None:
-    if not e.cuda_version or not m.driver_version:
+def _check_driver(e: EngineDescriptor, m: Machine) -> Check | None:
+    if not e.cuda_version:
         return None
     floor = DRIVER_FLOORS.get(_version(e.cuda_version)[0])
-    if floor and _version(m.driver_version)[0] < floor:
-        return f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; you have {m.driver_version}"
-    return None
+    if not floor:
+        return None
+    if not m.driver_version:
+        return _unchecked(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
+                                       "your driver is unknown")
+    if _version(m.driver_version)[0] < floor:
+        return _fail(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
+                                  f"you have {m.driver_version}")
+    return _ok(Rule.DRIVER, f"driver {m.driver_version} meets CUDA {e.cuda_version}'s floor {floor}")
+
+
+def engine_memory_bytes(e: EngineDescriptor) -> int:
+    """What loading the engine takes on the GPU: its weights (the plan) plus the activation memory, where known."""
+    return e.size + (e.device_memory_bytes or 0)
+
+
+def _check_memory(e: EngineDescriptor, m: Machine) -> Check:
+    need = engine_memory_bytes(e)
+    what = "plan and activations" if e.device_memory_bytes else "plan"
+    if not m.memory_mib:
+        return _unchecked(Rule.MEMORY, f"needs {_mib(need)} MiB ({what}); your GPU memory is unknown")
+    if need > m.memory_mib << 20:
+        return _fail(Rule.MEMORY, f"engine needs at least {_mib(need)} MiB ({what}), your GPU has {m.memory_mib} MiB")
+    return _ok(Rule.MEMORY, f"needs {_mib(need)} MiB of your {m.memory_mib} MiB")
+
+
+def _mib(n: int) -> int:
+    return max(1, math.ceil(n / (1 << 20)))
 
 
 def judge(e: EngineDescriptor, m: Machine) -> Verdict:
-    """Whether engine ``e`` runs on machine ``m``, how well it matches, and why."""
-    unchecked = [name for name, value in (("platform", m.platform), ("compute capability", m.compute_capability)) if value is None]
-    if m.platform and e.platform != m.platform:
-        return _reject(f"built for {e.platform}, you run {m.platform}")
+    """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that."""
+    checks = [_check_platform(e, m)]
     if e.backend == Backend.ONNXRUNTIME.value:
-        return Verdict(True, Match.CPU_FALLBACK, f"ONNX Runtime CPU artifact for {e.platform}", unchecked)
+        runs = checks[0].outcome is not Outcome.FAIL
+        reason = f"ONNX Runtime CPU artifact for {e.platform}" if runs else checks[0].detail
+        return Verdict(runs, Match.CPU_FALLBACK if runs else None, reason, checks)
     if e.backend == Backend.TENSORRT_RTX.value:
-        problem, relaxed = _check_rtx(e, m)
-        if m.trt_rtx_version is None:
-            unchecked.append("TensorRT-RTX version")
+        checks += [_check_rtx_release(e, m), _check_rtx_cc(e, m)]
     else:
-        problem, relaxed = _check_trt_version(e, m)
-        if problem is None:
-            problem, relaxed_cc = _check_cc_trt(e, m)
-            relaxed = relaxed or relaxed_cc
-        if m.trt_version is None:
-            unchecked.append("TensorRT version")
-    problem = problem or _check_driver(e, m)
-    if problem is None and m.memory_mib and e.size > m.memory_mib << 20:
-        problem = f"engine needs at least {e.size >> 20} MiB, your GPU has {m.memory_mib} MiB"
-    if problem:
-        return _reject(problem)
+        checks += [_check_trt_version(e, m), _check_cc_trt(e, m)]
+    checks += [c for c in (_check_driver(e, m), _check_memory(e, m)) if c is not None]
+    failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
+    if failed:
+        return Verdict(False, None, failed.detail, checks)
+    relaxed = [c for c in checks if c.outcome is Outcome.RELAXED]
     if relaxed:
-        return Verdict(True, Match.COMPATIBLE, _compatible_reason(e, m), unchecked)
+        version = any(c.rule is Rule.TRT_VERSION for c in relaxed)
+        match = Match.VERSION_COMPAT if version else Match.HARDWARE_COMPAT
+        return Verdict(True, match, "; ".join(c.detail for c in relaxed), checks)
     if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
-        return Verdict(True, Match.EXACT_GPU, f"built on your GPU model, {e.gpu_name}", unchecked)
-    if e.compute_capability is None:
-        return Verdict(True, Match.COMPATIBLE, _compatible_reason(e, m), unchecked)
-    return Verdict(True, Match.EXACT_CC, f"built for your compute capability {e.compute_capability}", unchecked)
+        return Verdict(True, Match.EXACT_GPU, f"built on your GPU model, {e.gpu_name}", checks)
+    reason = f"built for your compute capability {e.compute_capability}"
+    if e.gpu_name and m.gpu_name and e.hardware_compat == HardwareCompat.NONE.value:
+        reason += f" (on an {e.gpu_name}, not your {m.gpu_name})"
+    return Verdict(True, Match.EXACT_CC, reason, checks)
 
 
-def _compatible_reason(e: EngineDescriptor, m: Machine) -> str:
-    if e.backend == Backend.TENSORRT_RTX.value:
-        return f"portable TensorRT-RTX engine; runs on {', '.join(e.compute_capabilities)}"
-    parts = []
-    if e.hardware_compat == HardwareCompat.AMPERE_PLUS.value and e.compute_capability != m.compute_capability:
-        parts.append(f"Ampere+ hardware-compatible engine built on {e.compute_capability}")
-    if e.version_compatible and m.trt_version and m.trt_version != (e.trt_version or e.backend_version):
-        parts.append(f"version-compatible engine built with TensorRT {e.trt_version or e.backend_version}")
-    return "; ".join(parts) or "compatible"
+# --------------------------------------------------------------------------- choosing among candidates
+
+
+@dataclass
+class Evidence:
+    """What the catalog measured about an engine, as far as ranking needs it."""
+
+    accuracy: str | None = None  # "pass", "fail", or None when never checked
+    latency_ms: float | None = None  # median end-to-end latency at the default shape, on the asking GPU model
+    latency_on: str | None = None  # the GPU model that latency was measured on
+
+
+@dataclass
+class Option:
+    """One candidate engine: its descriptor, which model version it belongs to, and its evidence."""
+
+    id: Any
+    engine: EngineDescriptor
+    model_seq: int = 0
+    spec_hash: str = ""
+    evidence: Evidence = field(default_factory=Evidence)
+
+
+@dataclass
+class Wanted:
+    """The caller's filters on top of the compatibility rules."""
+
+    precision: str | None = None
+    spec_hash: str | None = None
+    accuracy: str | None = None  # "pass" keeps only engines that passed their accuracy gate
+    max_latency_ms: float | None = None
+
+
+@dataclass
+class Judged:
+    option: Option
+    verdict: Verdict
+    rank: int | None = None  # 1 for the chosen engine, 2.. for the fallbacks; None when excluded
+
+
+@dataclass
+class Choice:
+    ranked: list[Judged]  # chosen first, then the fallbacks in order
+    rejected: list[Judged]
+
+    @property
+    def chosen(self) -> Judged | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _filters(o: Option, wanted: Wanted) -> list[Check]:
+    checks = []
+    e, ev = o.engine, o.evidence
+    if wanted.precision and e.precision != wanted.precision:
+        checks.append(_fail(Rule.PRECISION, f"built {e.precision}, you asked for {wanted.precision}"))
+    if wanted.spec_hash and o.spec_hash != wanted.spec_hash:
+        checks.append(_fail(Rule.SPEC, f"built from spec {o.spec_hash[:12]}, you asked for {wanted.spec_hash[:12]}"))
+    if wanted.accuracy == "pass" and ev.accuracy != "pass":
+        state = "failed its accuracy gate" if ev.accuracy == "fail" else "has no accuracy result yet"
+        checks.append(_fail(Rule.ACCURACY, f"engine {state}; you asked for accuracy=pass"))
+    if wanted.max_latency_ms is not None:
+        if ev.latency_ms is None:
+            checks.append(_fail(Rule.LATENCY, f"no latency measured on your GPU model to hold against "
+                                              f"{wanted.max_latency_ms:g} ms"))
+        elif ev.latency_ms > wanted.max_latency_ms:
+            checks.append(_fail(Rule.LATENCY, f"median latency {ev.latency_ms:.3g} ms on {ev.latency_on} exceeds "
+                                              f"your maximum {wanted.max_latency_ms:g} ms"))
+    return checks
+
+
+_ACCURACY_ORDER = {"pass": 0, None: 1, "fail": 2}
+
+
+def rank_key(j: Judged) -> tuple:
+    """Match first; then a passed accuracy gate over none over a failed one; then lower latency on the
+    asking GPU model; then the newer model version; then the newer engine."""
+    ev = j.option.evidence
+    latency = ev.latency_ms if ev.latency_ms is not None else math.inf
+    return (j.verdict.match, _ACCURACY_ORDER.get(ev.accuracy, 1), latency, -j.option.model_seq, _newest(j.option.id))
+
+
+def _newest(key: Any) -> Any:
+    return -key if isinstance(key, (int, float)) else key
+
+
+def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None) -> Choice:
+    """Judge every option for ``machine``, drop what the filters exclude, rank the rest best first."""
+    wanted = wanted or Wanted()
+    runnable, rejected = [], []
+    for o in options:
+        verdict = judge(o.engine, machine)
+        excluded = _filters(o, wanted)
+        if excluded:
+            verdict = Verdict(False, None, excluded[0].detail, excluded + verdict.checks)
+        (runnable if verdict.runs else rejected).append(Judged(o, verdict))
+    runnable.sort(key=rank_key)
+    for i, j in enumerate(runnable, start=1):
+        j.rank = i
+    return Choice(runnable, rejected)

@@ -53,7 +53,7 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
             machine = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", platform=arch,
                               trt_rtx_version=rtx_version, driver_version="580.65", memory_mib=24576)
             dest = data_dir / "fetched" / "convnet-sm86.plan"
-            answer = c.fetch("convnet", dest, machine)
+            answer = c.fetch("convnet", dest, machine).answer
             local_sha = hashlib.sha256(dest.read_bytes()).hexdigest()
             ok = local_sha == answer["engine"]["sha256"]
             console.print(f"4. resolve for an sm86 machine ({machine.gpu_name}, TensorRT-RTX {rtx_version}): "

@@ -5,15 +5,14 @@ Routes and tasks call these with a session from ``storage.db.session_scope``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
-from enginefarm.compat import Match, Verdict, judge
+from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
 from enginefarm.domain import (
     BACKEND_MODULES,
     BuildSpec,
@@ -25,7 +24,7 @@ from enginefarm.domain import (
 )
 from enginefarm.errors import Conflict, NoCompatibleEngine, NotFound
 from storage.db import as_utc
-from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow, utcnow
+from storage.tables import DEFAULT_SHAPE_KEY, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow, utcnow
 
 # --------------------------------------------------------------------------- models
 
@@ -217,48 +216,68 @@ def descriptor_of(row: EngineRow) -> EngineDescriptor:
         compute_capabilities=list(row.compute_capabilities or []), gpu_name=row.gpu_name, trt_version=row.trt_version,
         cuda_version=row.cuda_version, driver_version=row.driver_version, hardware_compat=row.hardware_compat,
         version_compatible=row.version_compatible, size=row.size, sha256=row.sha256,
+        device_memory_bytes=row.device_memory_bytes,
     )
 
 
 # --------------------------------------------------------------------------- resolution
 
 
-@dataclass
-class Candidate:
-    engine: EngineRow
-    verdict: Verdict
-
-
-@dataclass
-class Resolution:
-    chosen: Candidate
-    fallbacks: list[Candidate]
-    rejected: list[Candidate]
+def _evidence(row: EngineRow, machine: Machine) -> Evidence:
+    """Accuracy, and the best median latency at the default shape measured on the asking GPU model."""
+    accuracy = None if row.accuracy_pass is None else ("pass" if row.accuracy_pass else "fail")
+    same_gpu = [b for b in row.benchmarks if b.shape_key == DEFAULT_SHAPE_KEY and machine.gpu_name
+                and b.gpu_name == machine.gpu_name]
+    best = min(same_gpu, key=lambda b: b.median_ms, default=None)
+    return Evidence(accuracy, best.median_ms if best else None, best.gpu_name if best else None)
 
 
 def resolve(session: Session, machine: Machine, *, model: str, version: str | None = None,
-            precision: str | None = None, spec_hash: str | None = None) -> Resolution:
-    """The best engine of this model for this machine, the ranked fallbacks, and why the rest don't fit."""
-    models = {m.id: m for m in find_models(session, model, version)}
-    query = select(EngineRow).where(EngineRow.model_id.in_(models))
-    if precision:
-        query = query.where(EngineRow.precision == precision)
+            wanted: Wanted | None = None) -> tuple[Choice, dict[int, EngineRow], list[ModelRow]]:
+    """Judge and rank every engine of this model (one version, the newest with ``version="latest"``, or all)
+    for this machine. Returns the choice, the engine rows by id, and the model versions considered."""
+    models = find_models(session, model, None if version == "latest" else version)
+    if version == "latest":
+        models = models[:1]
+    seqs = {m.id: m.seq for m in models}
+    rows = session.scalars(select(EngineRow).where(EngineRow.model_id.in_(seqs))
+                           .options(selectinload(EngineRow.benchmarks), selectinload(EngineRow.model))).all()
+    options = [Option(r.id, descriptor_of(r), seqs[r.model_id], r.spec_hash, _evidence(r, machine)) for r in rows]
+    return choose(options, machine, wanted), {r.id: r for r in rows}, models
+
+
+def no_fit_error(choice: Choice, rows: dict[int, EngineRow], model: str, version: str | None) -> NoCompatibleEngine:
+    what = model + (f" version {version}" if version else "")
+    if not rows:
+        return NoCompatibleEngine(f"no engines of {what} are built yet")
+    return NoCompatibleEngine(
+        f"none of the {len(rows)} engines of {what} runs on this machine",
+        problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
+                   "reason": j.verdict.reason} for j in choice.rejected],
+    )
+
+
+def find_open_task(session: Session, model_id: int, spec_hash: str, target: str) -> BuildTaskRow | None:
+    """A queued or running task already building this model, spec and target."""
+    return session.scalars(
+        select(BuildTaskRow).join(BuildRow, BuildTaskRow.build_id == BuildRow.id)
+        .where(BuildRow.model_id == model_id, BuildRow.spec_hash == spec_hash, BuildTaskRow.target == target,
+               BuildTaskRow.state.in_([TaskState.QUEUED.value, TaskState.RUNNING.value]))
+        .order_by(BuildTaskRow.id.desc())
+    ).first()
+
+
+def latest_build(session: Session, model_ids: list[int], *, spec_hash: str | None = None,
+                 precision: str | None = None) -> BuildRow | None:
+    """The newest build of these model versions, optionally of one spec or one precision: where a build
+    for a newly asking machine takes its spec from."""
+    query = select(BuildRow).where(BuildRow.model_id.in_(model_ids)).order_by(BuildRow.id.desc())
     if spec_hash:
-        query = query.where(EngineRow.spec_hash == spec_hash)
-    rows = session.scalars(query).all()
-    judged = [Candidate(row, judge(descriptor_of(row), machine)) for row in rows]
-    runnable = [c for c in judged if c.verdict.runs]
-    rejected = [c for c in judged if not c.verdict.runs]
-    if not runnable:
-        what = f"{model}" + (f" version {version}" if version else "")
-        if not rows:
-            raise NoCompatibleEngine(f"no engines of {what} are built yet" + (f" at precision {precision}" if precision else ""))
-        raise NoCompatibleEngine(
-            f"none of the {len(rows)} engines of {what} runs on this machine",
-            problems=[{"engine_id": c.engine.id, "target": c.engine.target, "reason": c.verdict.reason} for c in rejected],
-        )
-    runnable.sort(key=lambda c: (c.verdict.match or Match.CPU_FALLBACK, -models[c.engine.model_id].seq, -c.engine.id))
-    return Resolution(runnable[0], runnable[1:], rejected)
+        query = query.where(BuildRow.spec_hash == spec_hash)
+    for row in session.scalars(query):
+        if precision is None or row.spec.get("precision") == precision:
+            return row
+    return None
 
 
 # --------------------------------------------------------------------------- workers

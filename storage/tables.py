@@ -96,8 +96,39 @@ class EngineRow(Base):
     build_seconds: Mapped[float] = mapped_column(Float)
     built_by: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # GPU activation memory the engine asks for when it is loaded, once a GPU worker has seen it.
+    device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # The accuracy gate against ONNX Runtime FP32: per-output metrics, and whether it passed.
+    accuracy: Mapped[dict | None] = mapped_column(JSON)
+    accuracy_pass: Mapped[bool | None] = mapped_column(Boolean)
 
     model: Mapped[ModelRow] = relationship()
+    benchmarks: Mapped[list[BenchmarkRow]] = relationship(back_populates="engine", order_by="BenchmarkRow.id")
+
+
+# The shape key of a benchmark at the optimization profile's opt shape (the default measurement).
+DEFAULT_SHAPE_KEY = "opt"
+
+
+class BenchmarkRow(Base):
+    """One benchmark of one engine at one shape, on one machine: the summary of the raw samples."""
+
+    __tablename__ = "benchmarks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)
+    shape_key: Mapped[str] = mapped_column(String(200), default=DEFAULT_SHAPE_KEY)
+    shapes: Mapped[dict] = mapped_column(JSON, default=dict)  # input name -> dims measured at
+    gpu_name: Mapped[str | None] = mapped_column(String(200), index=True)  # None for CPU benchmarks
+    compute_capability: Mapped[str | None] = mapped_column(String(8))
+    machine: Mapped[dict] = mapped_column(JSON, default=dict)  # the fingerprint it was measured on
+    median_ms: Mapped[float] = mapped_column(Float)  # end-to-end latency, the figure ranking uses
+    p99_ms: Mapped[float | None] = mapped_column(Float)
+    throughput_qps: Mapped[float | None] = mapped_column(Float)
+    stats: Mapped[dict] = mapped_column(JSON, default=dict)  # every statistic the benchmark reports
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    engine: Mapped[EngineRow] = relationship(back_populates="benchmarks")
 
 
 class WorkerRow(Base):

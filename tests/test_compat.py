@@ -1,8 +1,9 @@
-"""``compat.judge``: NVIDIA's engine compatibility rules, one table row per rule.
+"""Resolution's rules as a table: a machine, a candidate set, and the expected choice or rejection.
 
-Each row's id names the rule it checks. Rows build an engine descriptor and a machine from a
-realistic baseline (a TensorRT 10.13 engine built on an RTX 3090 for CUDA 12.9, and an RTX A6000
-machine with the same TensorRT) and change only what the rule is about.
+Every row cites the rule it checks (its id starts with the rule, and a rejection must be made by
+that rule). Rows build engines and machines from realistic baselines (a TensorRT 10.13 engine built
+on an RTX 3090 for CUDA 12.9; an RTX A6000 machine with the same TensorRT) and change only what the
+rule is about. The second table checks ranking among several candidates that all run.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from enginefarm.compat import CROSS_MAJOR, DRIVER_FLOORS, Match, judge
+from enginefarm.compat import CROSS_MAJOR, DRIVER_FLOORS, Evidence, Match, Option, Rule, Wanted, choose, judge
 from enginefarm.domain import RTX_PORTABLE_CCS, EngineDescriptor, Machine
 
 TRT = "10.13.3.9"
@@ -61,178 +62,252 @@ def jetson(**kw) -> Machine:
     return replace(base, **kw)
 
 
-OK, NO = True, False
-E, C, CPU, G = Match.EXACT_CC, Match.COMPATIBLE, Match.CPU_FALLBACK, Match.EXACT_GPU
+E, G, HW, VC, CPU = Match.EXACT_CC, Match.EXACT_GPU, Match.HARDWARE_COMPAT, Match.VERSION_COMPAT, Match.CPU_FALLBACK
+VC8 = dict(version_compatible=True, trt_version="8.6.1.6", backend_version="8.6.1.6")
 
+
+def opt(name: str, engine: EngineDescriptor, *, seq: int = 1, accuracy: str | None = None,
+        latency: float | None = None, spec: str = "s" * 64) -> Option:
+    return Option(name, engine, seq, spec, Evidence(accuracy, latency, "NVIDIA RTX A6000" if latency else None))
+
+
+def runs(rule: str, what: str, mach: Machine, engine: EngineDescriptor, match: Match, words: str):
+    """One candidate that must be chosen, with this match and these words in the reason."""
+    return pytest.param(mach, [opt("e", engine)], "e", match, words, None, None, id=f"{rule}: {what}")
+
+
+def rejected(rule: Rule, what: str, mach: Machine, engine: EngineDescriptor, words: str):
+    """One candidate that must be excluded by ``rule`` with these words in the reason."""
+    return pytest.param(mach, [opt("e", engine)], None, None, words, rule, None, id=f"{rule.value}: {what}")
+
+
+def falls_back(rule: Rule, what: str, mach: Machine, engine: EngineDescriptor, words: str):
+    """A GPU engine excluded by ``rule`` next to a CPU artifact that is then chosen."""
+    return pytest.param(mach, [opt("e", engine), opt("cpu", ort_engine(platform=mach.platform or "x86_64"))], "cpu",
+                        CPU, words, rule, None, id=f"{rule.value}: {what}")
+
+
+R = Rule
 CASES = [
-    # --- TensorRT version rules
-    pytest.param(trt_engine(), machine(), OK, E, "built for your compute capability 8.6",
-                 id="trt-version: exact TensorRT version runs"),
-    pytest.param(trt_engine(), machine(trt_version="10.12.0.36"), NO, None, "not version-compatible",
-                 id="trt-version: older runtime, plain engine, rejected"),
-    pytest.param(trt_engine(version_compatible=True), machine(trt_version="10.12.0.36"), NO, None,
-                 "version-compatible engines never run on older runtimes",
-                 id="trt-version: older runtime rejected even with version-compat"),
-    pytest.param(trt_engine(), machine(trt_version="10.14.1.48"), NO, None,
-                 f"built with TensorRT {TRT}, you run 10.14.1.48, not version-compatible",
-                 id="trt-version: newer runtime without version-compat rejected"),
-    pytest.param(trt_engine(), machine(trt_version="10.13.3.10"), NO, None, "not version-compatible",
-                 id="trt-version: a different patch build is a different version"),
-    pytest.param(trt_engine(version_compatible=True), machine(trt_version="10.14.1.48"), OK, C,
-                 f"version-compatible engine built with TensorRT {TRT}",
-                 id="trt-version: newer same-major runtime with version-compat is compatible"),
-    pytest.param(trt_engine(version_compatible=True, trt_version="8.6.1.6", backend_version="8.6.1.6"),
-                 machine(trt_version="10.3.0.26"), OK, C, "built with TensorRT 8.6.1.6",
-                 id="trt-version: cross-major 8 to 10 with version-compat"),
-    pytest.param(trt_engine(version_compatible=True, trt_version="8.6.1.6", backend_version="8.6.1.6"),
-                 machine(trt_version="9.2.0.5"), OK, C, "built with TensorRT 8.6.1.6",
-                 id="trt-version: cross-major 8 to 9 with version-compat"),
-    pytest.param(trt_engine(version_compatible=True, trt_version="8.5.3.1", backend_version="8.5.3.1"),
-                 machine(trt_version="8.6.1.6"), NO, None, "needs 8.6 or newer on both sides",
-                 id="trt-version: version-compat needs 8.6+ builder"),
-    pytest.param(trt_engine(version_compatible=True), machine(trt_version="11.0.0.114"), OK, C,
-                 "version-compatible engine",
-                 id="trt-version: cross-major 10 to 11 with version-compat"),
-    pytest.param(trt_engine(version_compatible=True), machine(trt_version="12.0.0.1"), NO, None,
-                 "version compatibility does not cross from 10.x to 12.x",
-                 id="trt-version: cross-major 10 to 12 rejected"),
-    pytest.param(trt_engine(), machine(trt_version="11.0.0.114"), NO, None, "not version-compatible",
-                 id="trt-version: cross-major 10 to 11 without version-compat rejected"),
-    pytest.param(trt_engine(version_compatible=True, trt_version="11.0.0.114", backend_version="11.0.0.114"),
-                 machine(), NO, None, "older",
-                 id="trt-version: 11 engine on a 10 runtime rejected"),
+    # --- TensorRT version: exact, older, newer, across majors; version-compatible on and off
+    runs("trt-version", "exact TensorRT version runs", machine(), trt_engine(), E, "built for your compute capability 8.6"),
+    rejected(R.TRT_VERSION, "older runtime, plain engine", machine(trt_version="10.12.0.36"), trt_engine(),
+             f"built with TensorRT {TRT}, you run 10.12.0.36, not version-compatible"),
+    rejected(R.TRT_VERSION, "older runtime even with version-compat", machine(trt_version="10.12.0.36"),
+             trt_engine(version_compatible=True), "version-compatible engines never run on older runtimes"),
+    rejected(R.TRT_VERSION, "newer runtime without version-compat", machine(trt_version="10.14.1.48"), trt_engine(),
+             f"built with TensorRT {TRT}, you run 10.14.1.48, not version-compatible"),
+    falls_back(R.TRT_VERSION, "a different patch build is a different version; CPU artifact chosen",
+               machine(trt_version="10.13.3.10"), trt_engine(), "not version-compatible"),
+    runs("trt-version", "newer same-major runtime with version-compat", machine(trt_version="10.14.1.48"),
+         trt_engine(version_compatible=True), VC, f"version-compatible engine built with TensorRT {TRT} runs on your 10.14.1.48"),
+    runs("trt-version", "cross-major 8.6 -> 10 with version-compat", machine(trt_version="10.3.0.26"),
+         trt_engine(**VC8), VC, "built with TensorRT 8.6.1.6"),
+    runs("trt-version", "cross-major 8.6 -> 9 with version-compat", machine(trt_version="9.2.0.5"),
+         trt_engine(**VC8), VC, "built with TensorRT 8.6.1.6"),
+    rejected(R.TRT_VERSION, "cross-major 8.6 -> 11 is not a supported pair", machine(trt_version="11.0.0.114"),
+             trt_engine(**VC8), "does not cross from 8.x to 11.x"),
+    rejected(R.TRT_VERSION, "version-compat needs an 8.6+ builder",  machine(trt_version="8.6.1.6"),
+             trt_engine(version_compatible=True, trt_version="8.5.3.1", backend_version="8.5.3.1"),
+             "needs 8.6 or newer on both sides"),
+    runs("trt-version", "cross-major 10 -> 11 with version-compat", machine(trt_version="11.0.0.114"),
+         trt_engine(version_compatible=True), VC, "version-compatible engine"),
+    rejected(R.TRT_VERSION, "cross-major 10 -> 12", machine(trt_version="12.0.0.1"), trt_engine(version_compatible=True),
+             "version compatibility does not cross from 10.x to 12.x"),
+    rejected(R.TRT_VERSION, "cross-major 10 -> 11 without version-compat", machine(trt_version="11.0.0.114"),
+             trt_engine(), "not version-compatible"),
+    rejected(R.TRT_VERSION, "an 11 engine on a 10 runtime", machine(),
+             trt_engine(version_compatible=True, trt_version="11.0.0.114", backend_version="11.0.0.114"), "older"),
     # --- lean runtime
-    pytest.param(trt_engine(), machine(lean_runtime=True), NO, None, "lean runtime",
-                 id="lean-runtime: plain engine rejected even at the same version"),
-    pytest.param(trt_engine(version_compatible=True), machine(lean_runtime=True), OK, E, "compute capability 8.6",
-                 id="lean-runtime: version-compatible engine at the same version runs"),
-    pytest.param(trt_engine(version_compatible=True), machine(lean_runtime=True, trt_version="10.14.1.48"), OK, C,
-                 "version-compatible engine",
-                 id="lean-runtime: version-compatible engine on a newer lean runtime runs"),
-    # --- compute capability and hardware compatibility
-    pytest.param(trt_engine(), machine(compute_capability="8.9", gpu_name="NVIDIA L40S"), NO, None,
-                 "built for compute capability 8.6, you have 8.9, not hardware-compatible",
-                 id="cc: mismatch without hardware-compat rejected"),
-    pytest.param(trt_engine(hardware_compat="ampere_plus"), machine(compute_capability="8.9", gpu_name="NVIDIA L40S"),
-                 OK, C, "Ampere+ hardware-compatible engine built on 8.6",
-                 id="hw-compat: ampere_plus sm86 engine on sm89 discrete GPU"),
-    pytest.param(trt_engine(hardware_compat="ampere_plus"), machine(compute_capability="9.0", gpu_name="NVIDIA H100"),
-                 OK, C, "Ampere+",
-                 id="hw-compat: ampere_plus sm86 engine on sm90"),
-    pytest.param(trt_engine(hardware_compat="ampere_plus"), machine(compute_capability="7.5", gpu_name="Tesla T4"),
-                 NO, None, "needs compute capability 8.0 or newer; you have 7.5",
-                 id="hw-compat: ampere_plus on sm75 rejected"),
-    pytest.param(trt_engine(hardware_compat="ampere_plus", platform="aarch64", compute_capability="8.0",
-                            compute_capabilities=["8.0"]), jetson(), NO, None, "Jetson does not support",
-                 id="hw-compat: ampere_plus on Jetson (jetpack set) rejected"),
-    pytest.param(trt_engine(hardware_compat="ampere_plus"), machine(gpu_name="NVIDIA RTX A6000"), OK, E,
-                 "built for your compute capability 8.6",
-                 id="hw-compat: ampere_plus on its own cc is an exact-cc match"),
-    pytest.param(trt_engine(hardware_compat="same_compute_capability"), machine(compute_capability="8.9"), NO, None,
-                 "not hardware-compatible",
-                 id="hw-compat: same_compute_capability does not cross cc"),
-    pytest.param(trt_engine(platform="aarch64", compute_capability="8.7", compute_capabilities=["8.7"],
-                            gpu_name="Orin", cuda_version="12.6"), jetson(), OK, G, "built on your GPU model, Orin",
-                 id="cc: Jetson engine on the same Jetson module"),
-    pytest.param(trt_engine(hardware_compat="ampere_plus", version_compatible=True),
-                 machine(compute_capability="8.9", trt_version="10.14.1.48"), OK, C,
-                 "Ampere+ hardware-compatible engine built on 8.6; version-compatible engine",
-                 id="hw-compat+trt-version: both relaxations named"),
+    rejected(R.LEAN_RUNTIME, "plain engine, even at the same version", machine(lean_runtime=True), trt_engine(),
+             "loads only version-compatible engines"),
+    runs("lean-runtime", "version-compatible engine at the same version", machine(lean_runtime=True),
+         trt_engine(version_compatible=True), E, "compute capability 8.6"),
+    runs("lean-runtime", "version-compatible engine on a newer lean runtime", machine(lean_runtime=True, trt_version="10.14.1.48"),
+         trt_engine(version_compatible=True), VC, "version-compatible engine"),
+    # --- runtime absent: a fingerprint that names runtimes names all of them
+    falls_back(R.RUNTIME, "TensorRT engine on a TensorRT-RTX-only machine", rtx_machine(compute_capability="8.6"),
+               trt_engine(), "you run no TensorRT runtime (only TensorRT-RTX"),
+    rejected(R.RUNTIME, "TensorRT-RTX engine on a TensorRT-only machine", machine(), rtx_engine("sm86"),
+             "you run no TensorRT-RTX runtime (only TensorRT 10.13.3.9)"),
+    # --- compute capabilities 7.5, 8.0, 8.6, 8.7, 8.9, 9.0, 12.0 and hardware compatibility
+    runs("compute-capability", "7.5: sm75 engine on a T4", machine(compute_capability="7.5", gpu_name="Tesla T4"),
+         trt_engine(compute_capability="7.5", gpu_name="Tesla T4"), G, "built on your GPU model, Tesla T4"),
+    rejected(R.COMPUTE_CAPABILITY, "7.5 machine, 8.6 engine", machine(compute_capability="7.5", gpu_name="Tesla T4"),
+             trt_engine(), "built for compute capability 8.6, you have 7.5"),
+    runs("compute-capability", "8.0: sm80 engine on another A100 model",
+         machine(compute_capability="8.0", gpu_name="NVIDIA A100-SXM4-80GB"),
+         trt_engine(compute_capability="8.0", gpu_name="NVIDIA A100-PCIE-40GB"), E,
+         "on an NVIDIA A100-PCIE-40GB, not your NVIDIA A100-SXM4-80GB"),
+    rejected(R.COMPUTE_CAPABILITY, "8.9 machine, plain 8.6 engine", machine(compute_capability="8.9", gpu_name="NVIDIA L40S"),
+             trt_engine(), "built for compute capability 8.6, you have 8.9, not hardware-compatible"),
+    runs("hardware-compat", "Ampere+ 8.6 engine on an 8.9 discrete GPU", machine(compute_capability="8.9", gpu_name="NVIDIA L40S"),
+         trt_engine(hardware_compat="ampere_plus"), HW, "Ampere+ hardware-compatible engine built on 8.6 runs on your 8.9"),
+    runs("hardware-compat", "9.0: Ampere+ 8.6 engine on an H100", machine(compute_capability="9.0", gpu_name="NVIDIA H100 80GB HBM3"),
+         trt_engine(hardware_compat="ampere_plus"), HW, "Ampere+"),
+    runs("compute-capability", "9.0: sm90 engine built on an H100 runs on an H200",
+         machine(compute_capability="9.0", gpu_name="NVIDIA H200", cuda_version="13.0", driver_version="580.159.04"),
+         trt_engine(compute_capability="9.0", gpu_name="NVIDIA H100 80GB HBM3", cuda_version="13.0"), E,
+         "built for your compute capability 9.0"),
+    rejected(R.HARDWARE_COMPAT, "Ampere+ on 7.5", machine(compute_capability="7.5", gpu_name="Tesla T4"),
+             trt_engine(hardware_compat="ampere_plus"), "needs compute capability 8.0 or newer; you have 7.5"),
+    rejected(R.HARDWARE_COMPAT, "8.7: Ampere+ on Jetson", jetson(),
+             trt_engine(hardware_compat="ampere_plus", platform="aarch64", compute_capability="8.0"), "Jetson does not support"),
+    runs("compute-capability", "8.7: Jetson engine on the same Jetson module", jetson(),
+         trt_engine(platform="aarch64", compute_capability="8.7", gpu_name="Orin", cuda_version="12.6"), G,
+         "built on your GPU model, Orin"),
+    rejected(R.PLATFORM, "8.7: a discrete-GPU engine on Jetson", jetson(), trt_engine(), "built for x86_64, you run aarch64"),
+    runs("hardware-compat", "Ampere+ on its own cc is an exact-cc match", machine(),
+         trt_engine(hardware_compat="ampere_plus"), E, "built for your compute capability 8.6"),
+    rejected(R.COMPUTE_CAPABILITY, "same_compute_capability does not cross cc", machine(compute_capability="8.9"),
+             trt_engine(hardware_compat="same_compute_capability"), "not hardware-compatible"),
+    runs("hardware-compat", "same_compute_capability runs on another GPU of that cc", machine(gpu_name="NVIDIA A40"),
+         trt_engine(hardware_compat="same_compute_capability"), E, "built for your compute capability 8.6"),
+    runs("hardware-compat", "Ampere+ and version-compat: both named, ranked version-compat",
+         machine(compute_capability="8.9", trt_version="10.14.1.48"),
+         trt_engine(hardware_compat="ampere_plus", version_compatible=True), VC,
+         "version-compatible engine built with TensorRT 10.13.3.9 runs on your 10.14.1.48; "
+         "Ampere+ hardware-compatible engine built on 8.6 runs on your 8.9"),
     # --- platform
-    pytest.param(trt_engine(), machine(platform="aarch64"), NO, None, "built for x86_64, you run aarch64",
-                 id="platform: x86_64 engine on aarch64 rejected"),
-    pytest.param(trt_engine(platform="aarch64"), machine(), NO, None, "built for aarch64, you run x86_64",
-                 id="platform: aarch64 engine on x86_64 rejected"),
+    rejected(R.PLATFORM, "x86_64 engine on aarch64", machine(platform="aarch64"), trt_engine(), "built for x86_64, you run aarch64"),
+    rejected(R.PLATFORM, "aarch64 engine on x86_64", machine(), trt_engine(platform="aarch64"), "built for aarch64, you run x86_64"),
+    rejected(R.PLATFORM, "the CPU artifact's platform applies too", machine(platform="aarch64"), ort_engine(),
+             "built for x86_64, you run aarch64"),
     # --- driver floors (CUDA minor-version compatibility)
-    pytest.param(trt_engine(), machine(driver_version="525.60.13"), OK, E, "compute capability",
-                 id="driver: CUDA 12 on driver 525 runs"),
-    pytest.param(trt_engine(), machine(driver_version="520.61.05"), NO, None,
-                 "built with CUDA 12.9, which needs driver 525 or newer; you have 520.61.05",
-                 id="driver: CUDA 12 on driver 520 rejected"),
-    pytest.param(trt_engine(cuda_version="13.0"), machine(driver_version="580.65.06"), OK, E, "compute capability",
-                 id="driver: CUDA 13 on driver 580 runs"),
-    pytest.param(trt_engine(cuda_version="13.0"), machine(driver_version="575.57.08"), NO, None,
-                 "needs driver 580 or newer",
-                 id="driver: CUDA 13 on driver 575 rejected"),
-    pytest.param(rtx_engine("sm89"), rtx_machine(driver_version="570.172.08"), NO, None, "needs driver 580 or newer",
-                 id="driver: TensorRT-RTX CUDA 13 engine on driver 570 rejected"),
-    # --- TensorRT-RTX
-    pytest.param(rtx_engine("sm89"), rtx_machine(), OK, E, "built for your compute capability 8.9",
-                 id="rtx: same release and cc runs"),
-    pytest.param(rtx_engine("sm89"), rtx_machine(trt_rtx_version="1.6.0.45"), NO, None,
-                 "TensorRT-RTX engines do not load across releases",
-                 id="rtx: different release rejected"),
-    pytest.param(rtx_engine("sm86"), rtx_machine(), NO, None,
-                 "TensorRT-RTX engine built for compute capability 8.6, you have 8.9",
-                 id="rtx: cc mismatch rejected"),
-    pytest.param(rtx_engine("portable"), rtx_machine(), OK, C, "portable TensorRT-RTX engine",
-                 id="rtx: portable engine on 8.9 is compatible"),
-    pytest.param(rtx_engine("portable"), rtx_machine(compute_capability="7.5", gpu_name="NVIDIA GeForce RTX 2080 Ti"),
-                 NO, None, "you have 7.5",
-                 id="rtx: portable engine on 7.5 (Turing) rejected"),
-    pytest.param(rtx_engine("portable"), rtx_machine(compute_capability="9.0", gpu_name="NVIDIA H100"), NO, None,
-                 "portable TensorRT-RTX engine runs on 8.0, 8.6, 8.9, 12.0, 12.1, you have 9.0",
-                 id="rtx: portable engine on 9.0 rejected"),
-    pytest.param(rtx_engine("sm75"), rtx_machine(compute_capability="7.5"), OK, E, "compute capability 7.5",
-                 id="rtx: explicit sm75 engine on Turing runs"),
+    runs("driver-floor", "CUDA 12 on driver 525", machine(driver_version="525.60.13"), trt_engine(), E, "compute capability"),
+    rejected(R.DRIVER, "CUDA 12 on driver 520", machine(driver_version="520.61.05"), trt_engine(),
+             "built with CUDA 12.9, which needs driver 525 or newer; you have 520.61.05"),
+    runs("driver-floor", "CUDA 13 on driver 580", machine(driver_version="580.65.06"), trt_engine(cuda_version="13.0"),
+         E, "compute capability"),
+    rejected(R.DRIVER, "CUDA 13 on driver 575", machine(driver_version="575.57.08"), trt_engine(cuda_version="13.0"),
+             "needs driver 580 or newer"),
+    rejected(R.DRIVER, "CUDA 11 on driver 440", machine(driver_version="440.33.01"), trt_engine(cuda_version="11.8"),
+             "needs driver 450 or newer"),
+    falls_back(R.DRIVER, "TensorRT-RTX CUDA 13 engine on driver 570; CPU artifact chosen",
+               rtx_machine(driver_version="570.172.08"), rtx_engine("sm89"), "needs driver 580 or newer"),
+    # --- TensorRT-RTX: specific and portable engines
+    runs("rtx-cc", "8.9: same release and cc", rtx_machine(), rtx_engine("sm89"), E, "built for your compute capability 8.9"),
+    runs("rtx-cc", "12.0: sm120 engine on an RTX 5090", rtx_machine(compute_capability="12.0", gpu_name="NVIDIA GeForce RTX 5090"),
+         rtx_engine("sm120"), E, "compute capability 12.0"),
+    rejected(R.RTX_RELEASE, "a different release", rtx_machine(trt_rtx_version="1.6.0.45"), rtx_engine("sm89"),
+             "TensorRT-RTX engines do not load across releases"),
+    rejected(R.RTX_CC, "cc mismatch", rtx_machine(), rtx_engine("sm86"), "TensorRT-RTX engine built for compute capability 8.6, you have 8.9"),
+    runs("rtx-cc", "portable engine on 8.9", rtx_machine(), rtx_engine("portable"), HW, "portable TensorRT-RTX engine"),
+    runs("rtx-cc", "8.0: portable engine on an A100", rtx_machine(compute_capability="8.0", gpu_name="NVIDIA A100-SXM4-80GB"),
+         rtx_engine("portable"), HW, "runs on 8.0, 8.6, 8.9, 12.0, 12.1"),
+    rejected(R.RTX_CC, "portable engine on 7.5 (Turing)", rtx_machine(compute_capability="7.5"), rtx_engine("portable"), "you have 7.5"),
+    rejected(R.RTX_CC, "9.0: portable engine on Hopper", rtx_machine(compute_capability="9.0", gpu_name="NVIDIA H100"),
+             rtx_engine("portable"), "portable TensorRT-RTX engine runs on 8.0, 8.6, 8.9, 12.0, 12.1, you have 9.0"),
+    rejected(R.RTX_CC, "8.7: no TensorRT-RTX engine runs on Jetson", jetson(trt_version=None, trt_rtx_version=RTX, platform="x86_64"),
+             rtx_engine("sm86"), "you have 8.7"),
+    runs("rtx-cc", "7.5: explicit sm75 engine on Turing", rtx_machine(compute_capability="7.5"), rtx_engine("sm75"), E,
+         "compute capability 7.5"),
     # --- memory
-    pytest.param(trt_engine(size=6 << 30), machine(memory_mib=4096), NO, None,
-                 "engine needs at least 6144 MiB, your GPU has 4096 MiB",
-                 id="memory: engine larger than the GPU rejected"),
-    pytest.param(trt_engine(size=3 << 30), machine(memory_mib=4096), OK, E, "compute capability",
-                 id="memory: engine that fits runs"),
-    # --- ONNX Runtime
-    pytest.param(ort_engine(), machine(), OK, CPU, "ONNX Runtime CPU artifact for x86_64",
-                 id="onnxruntime: CPU artifact is the fallback on a GPU machine"),
-    pytest.param(ort_engine(), Machine(platform="x86_64"), OK, CPU, "ONNX Runtime",
-                 id="onnxruntime: CPU artifact on a machine without GPU"),
-    pytest.param(ort_engine(), machine(platform="aarch64"), NO, None, "built for x86_64, you run aarch64",
-                 id="onnxruntime: platform still applies"),
-    # --- match quality
-    pytest.param(trt_engine(), machine(gpu_name="NVIDIA GeForce RTX 3090"), OK, G,
-                 "built on your GPU model, NVIDIA GeForce RTX 3090",
-                 id="match: same GPU model is EXACT_GPU"),
-    pytest.param(trt_engine(), machine(gpu_name="NVIDIA GeForce RTX 3080"), OK, E,
-                 "built for your compute capability 8.6",
-                 id="match: other GPU model of the same cc is EXACT_CC"),
+    falls_back(R.MEMORY, "engine larger than the GPU; CPU artifact chosen", machine(memory_mib=4096), trt_engine(size=6 << 30),
+               "engine needs at least 6144 MiB (plan), your GPU has 4096 MiB"),
+    rejected(R.MEMORY, "plan plus activation memory too large", machine(memory_mib=4096),
+             trt_engine(size=3 << 30, device_memory_bytes=2 << 30), "5120 MiB (plan and activations)"),
+    runs("memory", "engine that fits", machine(memory_mib=4096), trt_engine(size=3 << 30), E, "compute capability"),
+    # --- ONNX Runtime CPU artifact
+    runs("platform", "CPU artifact on a machine without GPU", Machine(platform="x86_64"), ort_engine(), CPU,
+         "ONNX Runtime CPU artifact for x86_64"),
+    runs("platform", "CPU artifact on a GPU machine when it is all there is", machine(), ort_engine(), CPU, "ONNX Runtime"),
+    # --- the caller's filters
+    pytest.param(machine(), [opt("e", trt_engine())], None, None, "built fp16, you asked for fp32", R.PRECISION, Wanted(precision="fp32"),
+                 id="filter:precision: wrong precision excluded"),
+    pytest.param(machine(), [opt("e", trt_engine())], None, None, "has no accuracy result yet", R.ACCURACY, Wanted(accuracy="pass"),
+                 id="filter:accuracy: unchecked engine excluded by accuracy=pass"),
+    pytest.param(machine(), [opt("e", trt_engine(), latency=7.5)], None, None, "median latency 7.5 ms", R.LATENCY, Wanted(max_latency_ms=5),
+                 id="filter:max-latency: slower than asked excluded"),
+    pytest.param(machine(), [opt("e", trt_engine())], None, None, "no latency measured on your GPU model", R.LATENCY, Wanted(max_latency_ms=5),
+                 id="filter:max-latency: unmeasured engine excluded"),
+    pytest.param(machine(), [opt("e", trt_engine(), spec="a" * 64)], None, None, "you asked for bbbbbbbbbbbb", R.SPEC, Wanted(spec_hash="b" * 64),
+                 id="filter:spec-hash: another spec excluded"),
 ]
 
 
-@pytest.mark.parametrize("engine, mach, runs, match, words", CASES)
-def test_judge(engine, mach, runs, match, words):
-    v = judge(engine, mach)
-    assert v.runs is runs, v.reason
-    assert v.match == match
-    assert words in v.reason
-    if not runs:
-        assert v.unchecked == []  # a rejection names the rule, not the gaps
+@pytest.mark.parametrize("mach, options, chosen, match, words, rule, wanted", CASES)
+def test_resolution_table(mach, options, chosen, match, words, rule, wanted):
+    choice = choose(options, mach, wanted)
+    if chosen is None:
+        assert choice.chosen is None, choice.chosen.verdict.reason
+    else:
+        assert choice.chosen is not None, [j.verdict.reason for j in choice.rejected]
+        assert choice.chosen.option.id == chosen
+        assert choice.chosen.verdict.match == match
+    if rule is None:
+        assert words in choice.chosen.verdict.reason
+        return
+    out = next(j for j in choice.rejected if j.option.id == "e")
+    assert out.verdict.rule is rule, out.verdict.checks
+    assert words in out.verdict.reason
+    assert out.rank is None and not out.verdict.runs
 
 
-def test_table_is_big_enough():
-    assert len(CASES) >= 25
+def test_table_covers_every_rule_and_compute_capability():
+    assert len(CASES) >= 40
+    ids = " ".join(c.id for c in CASES)
+    for rule in Rule:
+        assert f"{rule.value}:" in ids, rule
+    for cc in ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "12.0"):
+        assert any(cc in c.id or (c.values[0].compute_capability == cc) for c in CASES), cc
+
+
+# --- ranking among engines that all run: (machine, candidates, expected order)
+RANKING = [
+    pytest.param(machine(gpu_name="NVIDIA GeForce RTX 3090"),
+                 [opt("cc", trt_engine(gpu_name="NVIDIA RTX A6000")), opt("gpu", trt_engine()), opt("cpu", ort_engine())],
+                 ["gpu", "cc", "cpu"], id="exact GPU model beats exact cc beats the CPU artifact"),
+    pytest.param(machine(compute_capability="8.9", gpu_name="NVIDIA L40S", trt_version="10.14.1.48"),
+                 [opt("vc", trt_engine(compute_capability="8.9", version_compatible=True)),
+                  opt("hw", trt_engine(hardware_compat="ampere_plus", trt_version="10.14.1.48", backend_version="10.14.1.48")),
+                  opt("exact", trt_engine(compute_capability="8.9", trt_version="10.14.1.48", backend_version="10.14.1.48"))],
+                 ["exact", "hw", "vc"], id="exact cc beats Ampere+ beats version-compatible"),
+    pytest.param(machine(), [opt("none", trt_engine(), seq=2), opt("pass", trt_engine(), accuracy="pass"),
+                             opt("fail", trt_engine(), seq=3, accuracy="fail")],
+                 ["pass", "none", "fail"], id="passed accuracy beats unbenchmarked beats failed, whatever the version"),
+    pytest.param(machine(), [opt("slow", trt_engine(), latency=4.0, seq=2), opt("fast", trt_engine(), latency=2.5),
+                             opt("unmeasured", trt_engine(), seq=3)],
+                 ["fast", "slow", "unmeasured"], id="lower latency on the same GPU model ranks higher"),
+    pytest.param(machine(), [opt("v1", trt_engine(), seq=1), opt("v3", trt_engine(), seq=3), opt("v2", trt_engine(), seq=2)],
+                 ["v3", "v2", "v1"], id="the newer model version ranks higher"),
+    pytest.param(machine(gpu_name="NVIDIA GeForce RTX 3090"),
+                 [opt("v2-cc", trt_engine(gpu_name="NVIDIA RTX A6000"), seq=2), opt("v1-gpu", trt_engine(), seq=1)],
+                 ["v1-gpu", "v2-cc"], id="match outranks model version (pin version=latest to avoid)"),
+    pytest.param(rtx_machine(), [opt("portable", rtx_engine("portable")), opt("sm89", rtx_engine("sm89"))],
+                 ["sm89", "portable"], id="TensorRT-RTX: a specific engine beats a portable one"),
+]
+
+
+@pytest.mark.parametrize("mach, options, order", RANKING)
+def test_ranking(mach, options, order):
+    choice = choose(options, mach)
+    assert [j.option.id for j in choice.ranked] == order
+    assert [j.rank for j in choice.ranked] == list(range(1, len(order) + 1))
+    assert not choice.rejected
 
 
 def test_unknown_machine_fields_are_listed_as_unchecked():
     v = judge(trt_engine(), Machine())
     assert v.runs and v.match is Match.EXACT_CC
-    assert v.unchecked == ["platform", "compute capability", "TensorRT version"]
-    v = judge(rtx_engine("sm89"), Machine(platform="x86_64", compute_capability="8.9"))
-    assert v.runs and v.unchecked == ["TensorRT-RTX version"]
+    assert v.unchecked == ["platform", "trt-version", "compute-capability", "driver-floor", "memory"]
+    v = judge(rtx_engine("sm89"), Machine(platform="x86_64", compute_capability="8.9", driver_version="580.1",
+                                          memory_mib=8000))
+    assert v.runs and v.unchecked == ["rtx-release"]
+
+
+def test_every_check_is_reported_even_after_a_failure():
+    v = judge(trt_engine(cuda_version="13.0"), machine(platform="aarch64", driver_version="575.1", memory_mib=10))
+    failed = [c.rule for c in v.checks if c.outcome == "fail"]
+    assert failed == [Rule.PLATFORM, Rule.DRIVER, Rule.MEMORY]
+    assert v.rule is Rule.PLATFORM and v.reason == "built for x86_64, you run aarch64"
 
 
 def test_match_order_and_labels():
-    assert Match.EXACT_GPU < Match.EXACT_CC < Match.COMPATIBLE < Match.CPU_FALLBACK
-    assert [m.label for m in Match] == ["exact_gpu", "exact_cc", "compatible", "cpu_fallback"]
+    assert G < E < HW < VC < CPU
+    assert [m.label for m in Match] == ["exact_gpu", "exact_cc", "hardware_compat", "version_compat", "cpu_fallback"]
 
 
 def test_rule_tables():
-    assert DRIVER_FLOORS[12] == 525 and DRIVER_FLOORS[13] == 580
-    assert (8, 10) in CROSS_MAJOR and (10, 11) in CROSS_MAJOR and (10, 12) not in CROSS_MAJOR
-
-
-def test_best_engine_for_a_machine_sorts_by_match():
-    engines = [ort_engine(), trt_engine(hardware_compat="ampere_plus", gpu_name="NVIDIA A100", compute_capability="8.0"),
-               trt_engine(compute_capability="8.9", gpu_name="NVIDIA L40S"), trt_engine(gpu_name="NVIDIA RTX A6000")]
-    verdicts = [(judge(e, machine()), e) for e in engines]
-    runnable = sorted((v.match, e.gpu_name or "cpu") for v, e in verdicts if v.runs)
-    assert runnable == [(G, "NVIDIA RTX A6000"), (C, "NVIDIA A100"), (CPU, "cpu")]
+    assert DRIVER_FLOORS == {11: 450, 12: 525, 13: 580}
+    assert (8, 10) in CROSS_MAJOR and (10, 11) in CROSS_MAJOR and (8, 11) not in CROSS_MAJOR and (10, 12) not in CROSS_MAJOR

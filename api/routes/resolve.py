@@ -1,45 +1,112 @@
-"""GET /v1/resolve: the engine that runs on the asking machine, and why."""
+"""GET and POST /v1/resolve: the engine that runs on the asking machine, the fallbacks, and why.
+
+GET takes the fingerprint as query parameters (curl-friendly); POST takes it as JSON. Both answer
+the same: 200 with the choice, 404 with a reason per engine when nothing fits, or 202 with a build
+id when nothing fits and the caller asked for ``build``.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
+from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from api.deps import session_dep
-from api.schemas import CandidateOut, EngineOut, ResolveOut
+from api import services
+from api.deps import session_dep, settings_dep
+from api.schemas import (
+    CC_PATTERN,
+    PLATFORM_PATTERN,
+    PRECISION_PATTERN,
+    SPEC_HASH_PATTERN,
+    VERSION_PATTERN,
+    BuildForMachineOut,
+    CandidateOut,
+    CheckOut,
+    EngineOut,
+    MachineIn,
+    ResolveOut,
+    ResolveRequest,
+)
+from enginefarm.compat import Judged, Wanted
+from enginefarm.config import Settings
 from enginefarm.domain import Machine
 from storage import catalog
+from storage.tables import EngineRow
 
 router = APIRouter(prefix="/v1", tags=["resolve"])
 
+RESPONSES = {
+    202: {"model": BuildForMachineOut, "description": "nothing fits; a build for this machine was submitted (build=true)"},
+    404: {"description": "no engine fits; `problems` gives the rule and reason for each"},
+}
 
-def _candidate(c: catalog.Candidate) -> CandidateOut:
-    m = c.verdict.match
-    return CandidateOut(engine_id=c.engine.id, target=c.engine.target, match=m.label if m is not None else None,
-                        reason=c.verdict.reason, unchecked=c.verdict.unchecked)
 
-
-@router.get("/resolve", response_model=ResolveOut, responses={404: {"description": "no engine fits; the body says why for each"}})
-def resolve(
-    model: str = Query(..., max_length=200), version: str | None = Query(None, max_length=100),
-    cc: str | None = Query(None, pattern=r"^\d{1,2}\.\d$", description="compute capability, e.g. 8.6"),
-    gpu: str | None = Query(None, max_length=200, description="GPU model name as NVML reports it"),
-    memory_mib: int | None = Query(None, ge=1),
-    driver: str | None = Query(None, pattern=r"^\d+(\.\d+){0,3}$"), cuda: str | None = Query(None, pattern=r"^\d+(\.\d+){0,2}$"),
-    trt: str | None = Query(None, pattern=r"^\d+(\.\d+){0,3}$", description="TensorRT runtime version"),
-    trt_rtx: str | None = Query(None, pattern=r"^\d+(\.\d+){0,3}$", description="TensorRT-RTX runtime version"),
-    lean: bool = False, platform: str | None = Query(None, pattern=r"^(x86_64|aarch64)$"),
-    jetpack: str | None = Query(None, max_length=20), precision: str | None = Query(None, pattern=r"^(fp32|fp16|bf16|int8|fp8)$"),
-    spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
-    session: Session = Depends(session_dep),
-) -> ResolveOut:
-    machine = Machine(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
-                      cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
-                      platform=platform, jetpack=jetpack)
-    res = catalog.resolve(session, machine, model=model, version=version, precision=precision, spec_hash=spec_hash)
-    chosen = res.chosen
-    return ResolveOut(
-        engine=EngineOut.of(chosen.engine), match=chosen.verdict.match.label, reason=chosen.verdict.reason,
-        unchecked=chosen.verdict.unchecked, download_url=f"/v1/engines/{chosen.engine.id}/content",
-        fallbacks=[_candidate(c) for c in res.fallbacks], rejected=[_candidate(c) for c in res.rejected],
+def _candidate(j: Judged, rows: dict[int, EngineRow], explain: bool) -> CandidateOut:
+    row, v, ev = rows[j.option.id], j.verdict, j.option.evidence
+    return CandidateOut(
+        engine_id=row.id, target=row.target, model_version=row.model.version, precision=row.precision,
+        spec_hash=row.spec_hash, rank=j.rank, match=v.match.label if v.match is not None else None,
+        rule=v.rule.value if v.rule else None, reason=v.reason, unchecked=v.unchecked, accuracy=ev.accuracy,
+        latency_ms=ev.latency_ms, latency_on=ev.latency_on,
+        checks=[CheckOut(**c.to_dict()) for c in v.checks] if explain else None,
     )
+
+
+def answer(req: ResolveRequest, session: Session, settings: Settings) -> ResolveOut | JSONResponse:
+    machine = Machine(**req.machine.model_dump())
+    wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
+                    max_latency_ms=req.max_latency_ms)
+    choice, rows, _ = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted)
+    if choice.chosen is None:
+        error = catalog.no_fit_error(choice, rows, req.model, req.version)
+        if not req.build:
+            raise error
+        session.rollback()  # release the read transaction before the build writes
+        body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
+                                          precision=req.precision, publish=services.publish_build_task)
+        out = BuildForMachineOut(**body, reasons=error.problems)
+        return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
+    chosen, explain = choice.chosen, req.explain
+    cands = [_candidate(j, rows, explain) for j in choice.ranked + choice.rejected]
+    return ResolveOut(
+        model=req.model, machine=req.machine, engine=EngineOut.of(rows[chosen.option.id]),
+        match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
+        download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=cands[1:len(choice.ranked)],
+        rejected=cands[len(choice.ranked):], candidates=cands if explain else None,
+    )
+
+
+@router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
+def resolve_get(
+    model: str = Query(..., min_length=1, max_length=200),
+    version: str | None = Query(None, max_length=100, description='a model version, or "latest"'),
+    cc: str | None = Query(None, pattern=CC_PATTERN, description="compute capability, e.g. 8.6"),
+    gpu: str | None = Query(None, max_length=200, description="GPU model name as NVML reports it"),
+    memory_mib: int | None = Query(None, ge=1, le=1 << 24),
+    driver: str | None = Query(None, pattern=VERSION_PATTERN), cuda: str | None = Query(None, pattern=VERSION_PATTERN),
+    trt: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT runtime version"),
+    trt_rtx: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"),
+    lean: bool = False, platform: str | None = Query(None, pattern=PLATFORM_PATTERN),
+    os: str | None = Query(None, max_length=200), jetpack: str | None = Query(None, pattern=r"^\d+(\.\d+){0,2}$"),
+    precision: str | None = Query(None, pattern=PRECISION_PATTERN),
+    spec_hash: str | None = Query(None, pattern=SPEC_HASH_PATTERN),
+    accuracy: str | None = Query(None, pattern=r"^pass$", description="accuracy=pass keeps engines that passed"),
+    max_latency_ms: float | None = Query(None, gt=0, le=1e7),
+    explain: bool = False, build: bool = False,
+    session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
+):
+    """Resolve with the fingerprint in the query string."""
+    machine = MachineIn(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
+                        cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
+                        platform=platform, os=os, jetpack=jetpack)
+    req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
+                         accuracy=accuracy, max_latency_ms=max_latency_ms, explain=explain, build=build)
+    return answer(req, session, settings)
+
+
+@router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
+def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep),
+                 settings: Settings = Depends(settings_dep)):
+    """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
+    return answer(req, session, settings)
+

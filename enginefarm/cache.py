@@ -1,0 +1,243 @@
+"""The deploy side's local engine cache: content-addressed blobs plus one JSON record per engine.
+
+Layout under the root::
+
+    blobs/<sha[:2]>/<sha256>    the engine bytes, named by their sha256
+    engines/<sha256>.json       the engine's catalog record, with ``cached_from`` and ``cached_at``
+
+Every write goes to a temp file in the final directory, is fsynced and then renamed into place,
+so readers and other processes never see a half file. Use is recorded in the blob's mtime,
+which ``prune`` evicts by (oldest first); atime is not relied on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from enginefarm.errors import IntegrityError, NotFound
+
+CHUNK = 1 << 20
+TMP_PREFIX = ".tmp-"
+STALE_TMP_SECONDS = 24 * 3600
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+def default_cache_dir() -> Path:
+    """``$ENGINEFARM_CACHE_DIR``, else ``$XDG_CACHE_HOME/enginefarm``, else ``~/.cache/enginefarm``."""
+    if explicit := os.environ.get("ENGINEFARM_CACHE_DIR"):
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec says to ignore a relative path
+        return Path(xdg) / "enginefarm"
+    return Path.home() / ".cache" / "enginefarm"
+
+
+def check_sha256(sha256: Any) -> str:
+    """Return ``sha256`` if it is 64 lowercase hex digits; raise ValueError otherwise."""
+    if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
+        raise ValueError(f"not a sha256 (64 lowercase hex digits): {sha256!r}")
+    return sha256
+
+
+class _HashingWriter(io.RawIOBase):
+    """A binary file that hashes and counts what is written through it."""
+
+    def __init__(self, fh: io.BufferedWriter):
+        super().__init__()
+        self._fh = fh
+        self._digest = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._digest.update(view)
+        self._fh.write(view)
+        self.size += len(view)
+        return len(view)
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable, where the platform lets a directory be fsynced."""
+    with suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def _atomic(final: Path, expected: str | None, prefix: str = TMP_PREFIX) -> Iterator[_HashingWriter]:
+    """Yield a writer on a temp file beside ``final``; on clean exit check the digest and rename into place."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f"{prefix}{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode through the umask, unlike mkstemp
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            out = _HashingWriter(fh)
+            yield out
+            fh.flush()
+            os.fsync(fh.fileno())
+        if expected is not None and (got := out.hexdigest()) != expected:
+            raise IntegrityError(f"{final.name}: wrote sha256 {got}, expected {expected}", sha256=expected)
+        os.replace(tmp, final)
+        _fsync_dir(final.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class EngineCache:
+    """Engines already downloaded on this machine, keyed by sha256."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.blobs = self.root / "blobs"
+        self.engines = self.root / "engines"
+
+    def path(self, sha256: str) -> Path:
+        """Where the blob for ``sha256`` lives (whether or not it is there)."""
+        sha = check_sha256(sha256)
+        return self.blobs / sha[:2] / sha
+
+    def _record_path(self, sha256: str) -> Path:
+        return self.engines / f"{check_sha256(sha256)}.json"
+
+    def _touch(self, path: Path) -> None:
+        with suppress(OSError):  # a read-only cache still serves
+            os.utime(path)
+
+    def has(self, sha256: str, verify: bool = True) -> bool:
+        """Whether the blob is cached; with ``verify``, a blob of the wrong size or digest is evicted."""
+        path = self.path(sha256)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if verify:
+            want = (self.record(sha256) or {}).get("size")
+            if (isinstance(want, int) and size != want) or _sha256_file(path) != sha256:
+                self.evict(sha256)
+                return False
+        self._touch(path)
+        return True
+
+    @contextmanager
+    def writer(self, sha256: str) -> Iterator[io.RawIOBase]:
+        """Yield a binary file to stream the engine into; it lands under ``path(sha256)`` only if the digest matches."""
+        final = self.path(sha256)
+        with _atomic(final, sha256) as out:
+            yield out
+        self._touch(final)
+
+    def copy_to(self, sha256: str, dest: Path) -> Path:
+        """Copy the cached blob to ``dest`` atomically, verifying the copy; a corrupt blob is evicted."""
+        src, dest = self.path(sha256), Path(dest)
+        try:
+            fh = open(src, "rb")
+        except FileNotFoundError:
+            raise NotFound(f"engine {sha256} is not in the cache at {self.root}", sha256=sha256) from None
+        try:
+            with fh, _atomic(dest, sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
+                while chunk := fh.read(CHUNK):
+                    out.write(chunk)
+        except IntegrityError:
+            self.evict(sha256)
+            raise
+        self._touch(src)
+        return dest
+
+    def remember(self, record: dict[str, Any], source: str) -> None:
+        """Store the engine's catalog record, with the farm URL it came from and the time."""
+        doc = {**record, "cached_from": source, "cached_at": datetime.now(UTC).isoformat()}
+        data = json.dumps(doc, indent=2, sort_keys=True, default=str).encode()
+        with _atomic(self._record_path(record.get("sha256")), None) as out:
+            out.write(data)
+
+    def record(self, sha256: str) -> dict[str, Any] | None:
+        """The stored record for ``sha256``, or None when absent or unreadable."""
+        return _read_json(self._record_path(sha256))
+
+    def records(self, model: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
+        """Stored records, optionally of one model and version; unreadable files are skipped."""
+        found = []
+        for path in sorted(self.engines.glob("*.json")) if self.engines.is_dir() else []:
+            if not _SHA.fullmatch(path.stem) or (doc := _read_json(path)) is None:
+                continue
+            if model in (None, doc.get("model_name")) and version in (None, doc.get("model_version")):
+                found.append(doc)
+        return found
+
+    def evict(self, sha256: str) -> bool:
+        """Delete the blob and record for ``sha256``; returns whether anything was there."""
+        removed = False
+        for path in (self.path(sha256), self._record_path(sha256)):
+            try:
+                path.unlink()
+                removed = True
+            except FileNotFoundError:
+                pass
+        return removed
+
+    def _blobs(self) -> Iterator[tuple[Path, os.stat_result]]:
+        """Complete blobs with their stat; temp files of writes in progress are not listed."""
+        for path in self.blobs.glob("??/*") if self.blobs.is_dir() else []:
+            if _SHA.fullmatch(path.name) and path.parent.name == path.name[:2]:
+                try:
+                    yield path, path.stat()
+                except FileNotFoundError:  # evicted meanwhile
+                    continue
+
+    def size_bytes(self) -> int:
+        """Total size of the complete blobs."""
+        return sum(st.st_size for _, st in self._blobs())
+
+    def prune(self, max_bytes: int) -> list[str]:
+        """Evict least recently used blobs until they total at most ``max_bytes``; returns the evicted shas."""
+        now = time.time()
+        for tmp in self.blobs.glob(f"??/{TMP_PREFIX}*") if self.blobs.is_dir() else []:
+            with suppress(FileNotFoundError):
+                if now - tmp.stat().st_mtime > STALE_TMP_SECONDS:  # left by a writer that died
+                    tmp.unlink()
+        blobs = sorted(self._blobs(), key=lambda item: (item[1].st_mtime_ns, item[0].name))
+        total = sum(st.st_size for _, st in blobs)
+        evicted = []
+        for path, st in blobs:
+            if total <= max_bytes:
+                break
+            self.evict(path.name)
+            total -= st.st_size
+            evicted.append(path.name)
+        return evicted
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

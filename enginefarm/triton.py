@@ -1,0 +1,297 @@
+"""Lay out a Triton Inference Server model repository from catalog data.
+
+Two models per catalog model: ``<name>`` (platform ``tensorrt_plan``, one plan per compute
+capability via ``cc_model_filenames``) and ``<name>_onnx`` (platform ``onnxruntime_onnx`` on CPU,
+the fallback). ``config.pbtxt`` is rendered by hand in protobuf text format.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from enginefarm.domain import arch_of_cc, cc_tuple
+
+ONNX_TO_TRITON: dict[str, str] = {
+    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64", "FLOAT16": "TYPE_FP16", "FLOAT": "TYPE_FP32", "DOUBLE": "TYPE_FP64",
+    "STRING": "TYPE_STRING", "BFLOAT16": "TYPE_BF16",
+}
+_KIND_OF_PLATFORM = {"tensorrt_plan": "KIND_GPU", "onnxruntime_onnx": "KIND_CPU"}
+_PLAN_BACKENDS = ("tensorrt", "tensorrt-rtx")
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
+_CC = re.compile(r"^[1-9][0-9]*\.[0-9]$")
+
+RTX_WARNING = (
+    "TensorRT-RTX engines: Triton's stock TensorRT backend (platform tensorrt_plan) links full TensorRT "
+    "and will not deserialize TensorRT-RTX plans; serve this repository with a Triton whose TensorRT "
+    "backend is built against TensorRT-RTX."
+)
+
+
+@dataclass
+class TritonRepository:
+    """What ``write_repository`` wrote: model names, every file (final paths) and warnings."""
+
+    root: Path
+    models: list[str] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def triton_dtype(onnx_dtype: str, tensor: str) -> str:
+    """The Triton ``TYPE_*`` name for an ONNX ``TensorProto.DataType`` name."""
+    try:
+        return ONNX_TO_TRITON[onnx_dtype]
+    except KeyError:
+        raise ValueError(f"tensor {tensor!r} has ONNX type {onnx_dtype!r}, which Triton cannot serve") from None
+
+
+def sanitize_model_name(name: str) -> str:
+    """A catalog name made safe as a directory: ASCII letters, digits, ``_ - .``; others become ``_``.
+
+    A leading ``.`` also becomes ``_`` so the model directory is never hidden (or ``.``/``..``).
+    """
+    safe = _UNSAFE_NAME.sub("_", name)
+    if safe.startswith("."):
+        safe = "_" + safe[1:]
+    if not safe:
+        raise ValueError("model name is empty")
+    return safe
+
+
+def _quote(text: str) -> str:
+    """A protobuf text-format string literal; non-printable and non-ASCII bytes as octal escapes."""
+    out = []
+    for byte in text.encode("utf-8"):
+        char = chr(byte)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif char == "\n":
+            out.append("\\n")
+        elif char == "\r":
+            out.append("\\r")
+        elif char == "\t":
+            out.append("\\t")
+        elif 32 <= byte < 127:
+            out.append(char)
+        else:
+            out.append(f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def _dynamic(dim: Any) -> bool:
+    return not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0
+
+
+def batching(model: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[int, list[int], list[int]]:
+    """``(max_batch_size, preferred_batch_sizes, per-profile batch limits)``; ``(0, [], [])`` if not batchable.
+
+    Batchable when every input and output has a dynamic first dim and every profile gives every
+    input. A profile's batch limit is the smallest axis-0 ``max`` over its inputs, so every input
+    can batch that far; ``max_batch_size`` is the largest limit over the profiles (this is how
+    Triton's TensorRT backend derives it). Preferred sizes are the distinct per-profile smallest
+    axis-0 ``opt``. A profile whose axis-0 ``min`` is above 1 still counts: Triton may then send
+    batches smaller than the engine accepts, and those requests fail.
+    """
+    inputs, outputs = model.get("inputs") or [], model.get("outputs") or []
+    profiles = spec.get("profiles") or []
+    if not inputs or not profiles:
+        return 0, [], []
+    if any(not t["dims"] or not _dynamic(t["dims"][0]) for t in [*inputs, *outputs]):
+        return 0, [], []
+    limits, opts = [], []
+    for profile in profiles:
+        if any(t["name"] not in profile for t in inputs):
+            return 0, [], []
+        limits.append(min(int(profile[t["name"]]["max"][0]) for t in inputs))
+        opts.append(min(int(profile[t["name"]]["opt"][0]) for t in inputs))
+    max_batch = max(limits)
+    if max_batch < 1:
+        return 0, [], []
+    return max_batch, sorted({o for o in opts if 1 <= o <= max_batch}), limits
+
+
+def _tensor_block(kind: str, tensors: Sequence[Mapping[str, Any]], drop_batch: bool) -> list[str]:
+    """An ``input [...]``/``output [...]`` block; a tensor left with no dims gets ``dims: [1]`` reshaped to a scalar."""
+    entries = []
+    for t in tensors:
+        dims = [-1 if _dynamic(d) else int(d) for d in t["dims"][1 if drop_batch else 0:]]
+        lines = [f"    name: {_quote(t['name'])}", f"    data_type: {triton_dtype(t['dtype'], t['name'])}"]
+        if dims:
+            lines.append(f"    dims: [ {', '.join(map(str, dims))} ]")
+        else:
+            lines += ["    dims: [ 1 ]", "    reshape { shape: [ ] }"]
+        entries.append("  {\n" + "\n".join(lines) + "\n  }")
+    return [f"{kind} [", ",\n".join(entries), "]"]
+
+
+def render_config(
+    model: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    *,
+    name: str,
+    platform: str,
+    cc_model_filenames: Mapping[str, str] | None = None,
+    default_model_filename: str | None = None,
+) -> str:
+    """``config.pbtxt`` text for ``platform`` ``tensorrt_plan`` (KIND_GPU) or ``onnxruntime_onnx`` (KIND_CPU)."""
+    if platform not in _KIND_OF_PLATFORM:
+        raise ValueError(f"platform {platform!r} is not one of {sorted(_KIND_OF_PLATFORM)}")
+    max_batch, preferred, _ = batching(model, spec)
+    lines = [f"name: {_quote(name)}", f"platform: {_quote(platform)}", f"max_batch_size: {max_batch}"]
+    for kind in ("input", "output"):
+        if model.get(f"{kind}s"):
+            lines += _tensor_block(kind, model[f"{kind}s"], drop_batch=max_batch > 0)
+    if preferred:
+        lines.append(f"dynamic_batching {{ preferred_batch_size: [ {', '.join(map(str, preferred))} ] }}")
+    lines.append(f"instance_group [ {{ kind: {_KIND_OF_PLATFORM[platform]} count: 1 }} ]")
+    if default_model_filename:
+        lines.append(f"default_model_filename: {_quote(default_model_filename)}")
+    for cc in sorted(cc_model_filenames or {}, key=cc_tuple):
+        lines.append(f"cc_model_filenames {{ key: {_quote(cc)} value: {_quote(cc_model_filenames[cc])} }}")
+    return "\n".join(lines) + "\n"
+
+
+def _check_onnx_member(root: Path, member: str) -> None:
+    path = (root / member).resolve()
+    if Path(member).is_absolute() or not path.is_relative_to(root.resolve()) or not path.is_file():
+        raise ValueError(f"{member!r} is not a file inside {root}")
+
+
+def _engine_warnings(
+    engines: Mapping[str, tuple[Mapping[str, Any], Path]], limits: list[int], max_batch: int
+) -> list[str]:
+    if not engines:
+        return []
+    warnings = []
+    backends = {e["backend"] for e, _ in engines.values()}
+    if "tensorrt-rtx" in backends:
+        warnings.append(RTX_WARNING)
+    if len(backends) > 1:
+        warnings.append("engines mix TensorRT and TensorRT-RTX plans; one Triton TensorRT backend loads only one kind")
+    precisions = {cc: e.get("precision") for cc, (e, _) in engines.items()}
+    if len(set(precisions.values())) > 1:
+        listed = ", ".join(f"{p} on {cc}" for cc, p in sorted(precisions.items(), key=lambda kv: cc_tuple(kv[0])))
+        warnings.append(f"engines mix precisions ({listed}): results and speed depend on the GPU that serves them")
+    if len(limits) > 1 and limits[0] < max_batch:
+        warnings.append(
+            f"the engines have {len(limits)} optimization profiles; Triton's TensorRT backend uses profile 0 unless "
+            f"instance_group lists profiles, and profile 0 batches only up to {limits[0]} while max_batch_size is "
+            f"{max_batch}: Triton's config auto-complete rejects that")
+    return warnings
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def write_repository(
+    out: Path,
+    model: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    engines: Mapping[str, tuple[Mapping[str, Any], Path]],
+    onnx_source: Path | None,
+    *,
+    onnx_member: str | None = None,
+    version: int = 1,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> TritonRepository:
+    """Write ``<out>/<name>`` (TensorRT plans) and ``<out>/<name>_onnx`` (ONNX Runtime on CPU).
+
+    ``engines`` maps a compute capability (``"8.6"``) to the chosen engine and its downloaded file,
+    copied to ``<version>/model_sm86.plan``. ``default_model_filename`` is the plan of the highest
+    compute capability: Triton loads it on a GPU missing from ``cc_model_filenames``. The newest is
+    the likeliest to load there (an Ampere+ compatible build, say), but usually it will not.
+    ``onnx_source`` is the ``.onnx`` file, or with ``onnx_member`` the unpacked bundle directory and
+    the ``.onnx`` path inside it (the whole tree is copied, keeping external data beside the graph).
+    An empty ``engines`` or a None ``onnx_source`` leaves that model out. Models are staged in a
+    temporary directory beside ``out`` (inside it when its parent is not writable) and renamed into
+    place; an existing model directory raises ``FileExistsError`` unless ``overwrite``.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"Triton model versions are positive integers, not {version!r}")
+    if name is not None and sanitize_model_name(name) != name:
+        raise ValueError(
+            f"model name {name!r} may hold only ASCII letters, digits, '_', '-' and '.', and not start with '.'")
+    base = name if name is not None else sanitize_model_name(model["name"])
+    if not engines and onnx_source is None:
+        raise ValueError("nothing to write: no engines and no ONNX model")
+    for cc, (engine, path) in engines.items():
+        if not _CC.match(cc):
+            raise ValueError(f"compute capability {cc!r} must be written MAJOR.MINOR, for example 8.6")
+        if engine.get("backend") not in _PLAN_BACKENDS:
+            raise ValueError(
+                f"engine {engine.get('id')} for {cc} is a {engine.get('backend')!r} engine, not a TensorRT plan")
+        if not Path(path).is_file():
+            raise ValueError(f"engine file {path} for {cc} does not exist")
+    if onnx_source is not None:
+        if onnx_member is not None:
+            _check_onnx_member(Path(onnx_source), onnx_member)
+        elif not Path(onnx_source).is_file():
+            raise ValueError(f"ONNX file {onnx_source} does not exist")
+
+    max_batch, _, limits = batching(model, spec)
+    staged: dict[str, tuple[str, list[tuple[Path, str]]]] = {}
+    if engines:
+        files = {cc: f"model_{arch_of_cc(cc)}.plan" for cc in engines}
+        newest = max(engines, key=cc_tuple)
+        text = render_config(model, spec, name=base, platform="tensorrt_plan", cc_model_filenames=files,
+                             default_model_filename=files[newest])
+        staged[base] = (text, [(Path(engines[cc][1]), files[cc]) for cc in engines])
+    if onnx_source is not None:
+        member = onnx_member if onnx_member is not None else "model.onnx"
+        text = render_config(model, spec, name=f"{base}_onnx", platform="onnxruntime_onnx",
+                             default_model_filename=Path(member).as_posix())
+        staged[f"{base}_onnx"] = (text, [(Path(onnx_source), "." if onnx_member is not None else member)])
+
+    out = Path(out)
+    taken = [m for m in staged if (out / m).exists() or (out / m).is_symlink()]
+    if taken and not overwrite:
+        raise FileExistsError(
+            f"{', '.join(str(out / m) for m in taken)} already exists; pass overwrite=True to replace it")
+    out.mkdir(parents=True, exist_ok=True)
+    result = TritonRepository(root=out, models=list(staged), warnings=_engine_warnings(engines, limits, max_batch))
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
+    except OSError:
+        tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
+    try:
+        for model_name, (text, copies) in staged.items():
+            vdir = tmp / "new" / model_name / str(version)
+            vdir.mkdir(parents=True)
+            (vdir.parent / "config.pbtxt").write_text(text, encoding="utf-8")
+            for src, rel in copies:
+                if src.is_dir():
+                    shutil.copytree(src, vdir, dirs_exist_ok=True)
+                else:
+                    shutil.copyfile(src, vdir / rel)
+        for model_name in staged:
+            dest, new = out / model_name, tmp / "new" / model_name
+            result.files += sorted(dest / p.relative_to(new) for p in new.rglob("*") if p.is_file())
+            old = tmp / "old" / model_name
+            if dest.exists() or dest.is_symlink():
+                old.parent.mkdir(exist_ok=True)
+                try:
+                    dest.rename(old)
+                except OSError:
+                    _remove(dest)
+            try:
+                shutil.move(new, dest)
+            except OSError:
+                if old.exists() or old.is_symlink():
+                    old.rename(dest)
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
