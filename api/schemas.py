@@ -216,7 +216,8 @@ class BuildForMachineOut(BaseModel):
     state: str
     status_detail: str | None
     already_building: bool
-    reasons: list[dict[str, Any]]
+    reasons: list[dict[str, Any]] = Field(description="why each engine built so far does not fit")
+    fallback: CandidateOut | None = Field(None, description="the CPU artifact that runs meanwhile, if any")
 
 
 class WorkerOut(BaseModel):

@@ -23,6 +23,8 @@ app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch 
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
 ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
 app.add_typer(ls_app, name="ls")
+export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
 # Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -342,6 +344,36 @@ def _print_answer(answer: dict, output: Optional[Path], from_cache: bool, explai
     source = "from the local cache" if from_cache else "downloaded"
     console.print(f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
                   f"sha256 {eng['sha256'][:12]} verified" + (f", {source}" if output else ""), highlight=False)
+
+
+@export_app.command("triton")
+def export_triton(
+    model: str,
+    out: Path = typer.Option(..., "--out", help="the Triton model repository directory (created if missing)"),
+    version: Optional[str] = typer.Option(None, help="model version (default: the newest)"),
+    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="which build spec (default: the most built)"),
+    backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: tensorrt where built)"),
+    triton_version: int = typer.Option(1, "--triton-version", help="the Triton version directory to write"),
+    name: Optional[str] = typer.Option(None, help="Triton model name (default: the catalog name, made safe)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace existing model directories"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR"),
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Write a Triton repository: one plan per compute capability (cc_model_filenames) and the ONNX CPU fallback."""
+    from enginefarm.cache import EngineCache
+    from enginefarm.triton import export_from_farm
+
+    try:
+        with _client(api) as c:
+            repo = export_from_farm(c, model, out, EngineCache(cache_dir), version=version, spec_hash=spec_hash,
+                                    backend=backend, triton_version=triton_version, name=name, overwrite=overwrite)
+    except Exception as exc:
+        _fail(exc)
+    console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")
+    for f in repo.files:
+        console.print(f"  {f.relative_to(repo.root)}", highlight=False)
+    for w in repo.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}")
 
 
 @ls_app.command("models")

@@ -120,8 +120,9 @@ class Client:
     def engines(self, **filters: Any) -> dict:
         return self.get("/v1/engines", **filters)
 
-    def builds(self) -> list[dict]:
-        return self.get("/v1/builds")
+    def builds(self, **filters: Any) -> list[dict]:
+        """Builds, newest first; filters: model_id, spec_hash, limit, offset."""
+        return self.get("/v1/builds", **filters)
 
     def workers(self) -> list[dict]:
         return self.get("/v1/workers")
@@ -139,9 +140,9 @@ class Client:
                 "build": build, **{k: v for k, v in filters.items() if v is not None}}
         return self._json(self.http.post("/v1/resolve", json=body))
 
-    def _stream_engine(self, engine_id: int, out, on_bytes: Callable[[int], None] | None) -> str | None:
-        """Write the engine's bytes to ``out``; returns the sha256 the server sent in its header."""
-        with self.http.stream("GET", f"/v1/engines/{engine_id}/content", timeout=None) as r:
+    def _stream(self, url: str, out, on_bytes: Callable[[int], None] | None) -> str | None:
+        """Write a blob's bytes to ``out``; returns the sha256 the server sent in its header."""
+        with self.http.stream("GET", url, timeout=None) as r:
             if r.status_code >= 400:
                 r.read()
                 self._json(r)
@@ -151,25 +152,46 @@ class Client:
                     on_bytes(len(chunk))
             return r.headers.get(SHA_HEADER)
 
-    def download(self, engine_id: int, dest: Path, expected_sha256: str | None = None,
-                 on_bytes: Callable[[int], None] | None = None) -> str:
-        """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
+    def _download(self, url: str, dest: Path, expected_sha256: str | None,
+                  on_bytes: Callable[[int], None] | None) -> str:
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
         try:
             with os.fdopen(fd, "wb") as raw:
                 out = _Hashing(raw)
-                header_sha = self._stream_engine(engine_id, out, on_bytes)
+                header_sha = self._stream(url, out, on_bytes)
             got = out.digest.hexdigest()
             for want in (expected_sha256, header_sha):
                 if want and got != want:
-                    raise IntegrityError(f"engine {engine_id}: downloaded sha256 {got}, catalog says {want}")
+                    raise IntegrityError(f"{url}: downloaded sha256 {got}, catalog says {want}")
             os.replace(tmp, dest)
             return got
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def download(self, engine_id: int, dest: Path, expected_sha256: str | None = None,
+                 on_bytes: Callable[[int], None] | None = None) -> str:
+        """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
+        return self._download(f"/v1/engines/{engine_id}/content", dest, expected_sha256, on_bytes)
+
+    def download_model(self, model_id: int, dest: Path, expected_sha256: str | None = None) -> str:
+        """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
+        return self._download(f"/v1/models/{model_id}/content", dest, expected_sha256, None)
+
+    def cached(self, engine: dict, cache: EngineCache, on_bytes: Callable[[int], None] | None = None) -> tuple[Path, bool]:
+        """Make sure ``engine`` (a catalog record) is in the cache; returns (its path there, whether it already was)."""
+        sha = engine["sha256"]
+        hit = cache.has(sha)
+        if not hit:
+            with cache.writer(sha) as out:
+                header_sha = self._stream(f"/v1/engines/{engine['id']}/content", out, on_bytes)
+            if header_sha and header_sha != sha:
+                cache.evict(sha)
+                raise IntegrityError(f"engine {engine['id']}: the server's sha256 header {header_sha} is not the catalog's {sha}")
+        cache.remember(engine, self.base_url)
+        return cache.path(sha), hit
 
     def fetch(self, model: str, dest: Path, machine: Machine | None = None, *, cache: EngineCache | None = None,
               build: bool = False, wait: bool = False, wait_timeout: float = 3600,
@@ -194,19 +216,11 @@ class Client:
         else:
             submitted = None
         eng = answer["engine"]
-        sha = eng["sha256"]
         if cache is None:
-            self.download(eng["id"], dest, sha, on_bytes)
+            self.download(eng["id"], dest, eng["sha256"], on_bytes)
             return Fetched(answer, Path(dest), False, submitted)
-        hit = cache.has(sha)
-        if not hit:
-            with cache.writer(sha) as out:
-                header_sha = self._stream_engine(eng["id"], out, on_bytes)
-            if header_sha and header_sha != sha:
-                cache.evict(sha)
-                raise IntegrityError(f"engine {eng['id']}: the server's sha256 header {header_sha} is not the catalog's {sha}")
-        cache.remember(eng, self.base_url)
-        cache.copy_to(sha, dest)
+        _, hit = self.cached(eng, cache, on_bytes)
+        cache.copy_to(eng["sha256"], dest)
         return Fetched(answer, Path(dest), hit, submitted)
 
 

@@ -5,9 +5,10 @@ it made, whether the engine runs, and how close a match it is. ``choose(options,
 wanted)`` judges a candidate set, applies the caller's filters and ranks the survivors. Both are
 pure: the catalog, the API and the offline client all call them.
 
-A field the machine leaves unknown is not held against an engine; the check says "unchecked".
-A fingerprint that names any runtime version names every runtime it has: an engine for a runtime
-it did not name is rejected.
+A field the machine leaves unknown is not held against an engine; the check says "unchecked". Two
+exceptions: a GPU engine needs the machine's compute capability (without it there is no GPU to
+choose for), and a fingerprint that names any runtime version names every runtime it has, so an
+engine for a runtime it did not name is rejected.
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def _unchecked(rule: Rule, detail: str) -> Check:
     return Check(rule, Outcome.UNCHECKED, detail)
 
 
+NO_CC = "your GPU's compute capability is unknown (no GPU found, or none given), and a GPU engine needs it"
+
+
 def _names_runtimes(m: Machine) -> bool:
     return bool(m.trt_version or m.trt_rtx_version)
 
@@ -158,7 +162,7 @@ def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
 def _check_cc_trt(e: EngineDescriptor, m: Machine) -> Check:
     cc = m.compute_capability
     if cc is None:
-        return _unchecked(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}; yours is unknown")
+        return _fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}; {NO_CC}")
     if e.hardware_compat == HardwareCompat.AMPERE_PLUS.value:
         if m.is_jetson:
             return _fail(Rule.HARDWARE_COMPAT, "built Ampere+ hardware-compatible, which Jetson does not support")
@@ -192,7 +196,7 @@ def _check_rtx_cc(e: EngineDescriptor, m: Machine) -> Check:
     cc = m.compute_capability
     ccs = ", ".join(e.compute_capabilities)
     if cc is None:
-        return _unchecked(Rule.RTX_CC, f"runs on compute capability {ccs}; yours is unknown")
+        return _fail(Rule.RTX_CC, f"runs on compute capability {ccs}; {NO_CC}")
     if e.compute_capability is None:  # portable engine
         if cc not in e.compute_capabilities:
             return _fail(Rule.RTX_CC, f"portable TensorRT-RTX engine runs on {ccs}, you have {cc}")

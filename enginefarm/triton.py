@@ -295,3 +295,58 @@ def write_repository(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+# --------------------------------------------------------------------------- from a farm
+
+
+def choose_engines(engines: Sequence[Mapping[str, Any]], backend: str | None = None) -> dict[str, Mapping[str, Any]]:
+    """One engine per compute capability: full TensorRT over TensorRT-RTX (Triton's backend links full
+    TensorRT) unless ``backend`` names one, then the newest. Portable and CPU engines are left out."""
+    best: dict[str, Mapping[str, Any]] = {}
+    for e in engines:
+        cc = e.get("compute_capability")
+        if not cc or e["backend"] not in _PLAN_BACKENDS or (backend and e["backend"] != backend):
+            continue
+        key = (e["backend"] == "tensorrt", e["id"])
+        if cc not in best or key > (best[cc]["backend"] == "tensorrt", best[cc]["id"]):
+            best[cc] = e
+    return best
+
+
+def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, version: str | None = None,
+                     spec_hash: str | None = None, backend: str | None = None, triton_version: int = 1,
+                     name: str | None = None, overwrite: bool = False) -> TritonRepository:
+    """Write a Triton repository for a catalogued model: its engines per compute capability (downloaded
+    through the engine cache, verified) and its ONNX file as the CPU fallback.
+
+    The model version defaults to the newest; the spec to the one the most engines of that version
+    were built with (ties: the newest build). Raises NotFound when there is nothing to export.
+    """
+    from enginefarm.errors import NotFound
+    from enginefarm.modelfile import BundleLimits, unpack_bundle
+
+    versions = client.models(name=model_name, limit=500)["items"]
+    if version:
+        versions = [m for m in versions if m["version"] == version]
+    if not versions:
+        raise NotFound(f"no model {model_name!r}" + (f" version {version!r}" if version else "") + " in the catalog")
+    model = max(versions, key=lambda m: m["id"])
+    engines = client.engines(model=model_name, version=model["version"], limit=500)["items"]
+    builds = client.builds(model_id=model["id"], spec_hash=spec_hash, limit=500)
+    if not builds:
+        raise NotFound(f"{model_name} v{model['version']} has no build" + (f" with spec {spec_hash}" if spec_hash else ""))
+    counts = {b["spec_hash"]: sum(e["spec_hash"] == b["spec_hash"] for e in engines) for b in builds}
+    build = max(builds, key=lambda b: (counts[b["spec_hash"]], b["id"]))
+    chosen = choose_engines([e for e in engines if e["spec_hash"] == build["spec_hash"]], backend)
+    files = {cc: (e, client.cached(e, cache)[0]) for cc, e in chosen.items()}
+    with tempfile.TemporaryDirectory(prefix="enginefarm-export-") as tmp:
+        upload = Path(tmp) / f"upload.{model['format']}"
+        client.download_model(model["id"], upload, model["sha256"])
+        member = None
+        if model["format"] != "onnx":
+            bundle = Path(tmp) / "bundle"
+            onnx_path = unpack_bundle(upload, model["format"], bundle, BundleLimits())
+            upload, member = bundle, onnx_path.relative_to(bundle).as_posix()
+        return write_repository(out, model, build["spec"], files, upload, onnx_member=member,
+                                version=triton_version, name=name, overwrite=overwrite)

@@ -119,8 +119,14 @@ def get_build(session: Session, build_id: int) -> BuildRow:
     return row
 
 
-def list_builds(session: Session, *, limit: int = 50, offset: int = 0) -> list[BuildRow]:
-    return list(session.scalars(select(BuildRow).order_by(BuildRow.id.desc()).limit(limit).offset(offset)).all())
+def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str | None = None, limit: int = 50,
+                offset: int = 0) -> list[BuildRow]:
+    query = select(BuildRow)
+    if model_id is not None:
+        query = query.where(BuildRow.model_id == model_id)
+    if spec_hash:
+        query = query.where(BuildRow.spec_hash == spec_hash)
+    return list(session.scalars(query.order_by(BuildRow.id.desc()).limit(limit).offset(offset)).all())
 
 
 def get_task(session: Session, task_id: int) -> BuildTaskRow:
@@ -250,8 +256,9 @@ def no_fit_error(choice: Choice, rows: dict[int, EngineRow], model: str, version
     what = model + (f" version {version}" if version else "")
     if not rows:
         return NoCompatibleEngine(f"no engines of {what} are built yet")
+    runs = f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
     return NoCompatibleEngine(
-        f"none of the {len(rows)} engines of {what} runs on this machine",
+        f"{runs} on this machine",
         problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
                    "reason": j.verdict.reason} for j in choice.rejected],
     )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 # Two workers with different target sets: the e2e tests check that routing respects them.
 WORKER_A = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86"]
@@ -11,3 +15,12 @@ WORKER_B = ["tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
 
 def unique_name(prefix: str = "m") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def run_cli(url: str, *args: str, cache_dir: Path | None = None, expect: int = 0) -> str:
+    """Run ``enginefarm ARGS --api URL`` as a user would; returns its output with whitespace collapsed."""
+    env = os.environ | ({"ENGINEFARM_CACHE_DIR": str(cache_dir)} if cache_dir else {})
+    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args, "--api", url], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert out.returncode == expect, out.stdout + out.stderr
+    return " ".join((out.stdout + out.stderr).split())

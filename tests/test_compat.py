@@ -208,6 +208,11 @@ CASES = [
     rejected(R.MEMORY, "plan plus activation memory too large", machine(memory_mib=4096),
              trt_engine(size=3 << 30, device_memory_bytes=2 << 30), "5120 MiB (plan and activations)"),
     runs("memory", "engine that fits", machine(memory_mib=4096), trt_engine(size=3 << 30), E, "compute capability"),
+    # --- no GPU: a GPU engine needs the machine's compute capability
+    falls_back(R.COMPUTE_CAPABILITY, "a machine with no GPU gets the CPU artifact", Machine(platform="x86_64"),
+               trt_engine(), "your GPU's compute capability is unknown"),
+    rejected(R.RTX_CC, "a TensorRT-RTX engine for a machine with no GPU", Machine(platform="x86_64", trt_rtx_version=RTX),
+             rtx_engine("sm86"), "a GPU engine needs it"),
     # --- ONNX Runtime CPU artifact
     runs("platform", "CPU artifact on a machine without GPU", Machine(platform="x86_64"), ort_engine(), CPU,
          "ONNX Runtime CPU artifact for x86_64"),
@@ -288,9 +293,10 @@ def test_ranking(mach, options, order):
 
 
 def test_unknown_machine_fields_are_listed_as_unchecked():
-    v = judge(trt_engine(), Machine())
+    v = judge(trt_engine(), Machine(compute_capability="8.6"))
     assert v.runs and v.match is Match.EXACT_CC
-    assert v.unchecked == ["platform", "trt-version", "compute-capability", "driver-floor", "memory"]
+    assert v.unchecked == ["platform", "trt-version", "driver-floor", "memory"]
+    assert judge(ort_engine(), Machine()).unchecked == ["platform"]
     v = judge(rtx_engine("sm89"), Machine(platform="x86_64", compute_capability="8.9", driver_version="580.1",
                                           memory_mib=8000))
     assert v.runs and v.unchecked == ["rtx-release"]

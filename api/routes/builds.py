@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from api import services
@@ -29,9 +29,12 @@ def submit_build(body: BuildRequest, session: Session = Depends(session_dep),
 
 
 @router.get("", response_model=list[BuildOut])
-def list_builds(limit: int = 50, offset: int = 0, session: Session = Depends(session_dep),
+def list_builds(model_id: int | None = None, spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
+                limit: int = 50, offset: int = 0, session: Session = Depends(session_dep),
                 settings: Settings = Depends(settings_dep)) -> list[BuildOut]:
-    rows = catalog.list_builds(session, limit=max(1, min(limit, 500)), offset=max(0, offset))
+    """Builds, newest first; optionally of one model version and one spec."""
+    rows = catalog.list_builds(session, model_id=model_id, spec_hash=spec_hash, limit=max(1, min(limit, 500)),
+                               offset=max(0, offset))
     return [_out(session, settings, r) for r in rows]
 
 

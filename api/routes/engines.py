@@ -41,11 +41,16 @@ def engine_content(engine_id: int, session: Session = Depends(session_dep),
                    settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
     row = catalog.get_engine(session, engine_id)
-    store = get_blob_store(settings)
-    size = store.size(row.blob_key)  # raises NotFound before any byte is sent
     suffix = "onnx" if row.backend == "onnxruntime" else "plan"
     filename = f"{row.model.name}-{row.model.version}-{row.target.replace('/', '-')}.{suffix}"
-    return StreamingResponse(store.iter_chunks(row.blob_key), media_type="application/octet-stream", headers={
-        SHA_HEADER: row.sha256, "ETag": f'"{row.sha256}"', "Content-Length": str(size),
+    return blob_response(settings, row.blob_key, row.sha256, filename)
+
+
+def blob_response(settings: Settings, key: str, sha256: str, filename: str) -> StreamingResponse:
+    """Stream a blob with its sha256 (header and ETag) for the client to check."""
+    store = get_blob_store(settings)
+    size = store.size(key)  # raises NotFound before any byte is sent
+    return StreamingResponse(store.iter_chunks(key), media_type="application/octet-stream", headers={
+        SHA_HEADER: sha256, "ETag": f'"{sha256}"', "Content-Length": str(size),
         "Content-Disposition": f'attachment; filename="{filename}"',
     })

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api import services
 from api.deps import session_dep, settings_dep
+from api.routes.engines import blob_response
 from api.schemas import ModelOut, Page
 from api.upload import receive_upload
 from enginefarm.config import Settings
@@ -55,3 +57,12 @@ def list_models(name: str | None = None, limit: int = 50, offset: int = 0,
 @router.get("/{model_id}", response_model=ModelOut)
 def get_model(model_id: int, session: Session = Depends(session_dep)) -> ModelOut:
     return ModelOut.of(catalog.get_model(session, model_id))
+
+
+@router.get("/{model_id}/content", response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}, "description": "the model as uploaded"}})
+def model_content(model_id: int, session: Session = Depends(session_dep),
+                  settings: Settings = Depends(settings_dep)) -> StreamingResponse:
+    """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
+    row = catalog.get_model(session, model_id)
+    return blob_response(settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")

@@ -27,7 +27,7 @@ from api.schemas import (
     ResolveOut,
     ResolveRequest,
 )
-from enginefarm.compat import Judged, Wanted
+from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
 from enginefarm.domain import Machine
 from storage import catalog
@@ -57,16 +57,20 @@ def answer(req: ResolveRequest, session: Session, settings: Settings) -> Resolve
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms)
     choice, rows, _ = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted)
-    if choice.chosen is None:
+    chosen = choice.chosen
+    # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
+    only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
+    if chosen is None or (req.build and only_cpu):
         error = catalog.no_fit_error(choice, rows, req.model, req.version)
         if not req.build:
             raise error
+        fallback = _candidate(chosen, rows, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
         body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
                                           precision=req.precision, publish=services.publish_build_task)
-        out = BuildForMachineOut(**body, reasons=error.problems)
+        out = BuildForMachineOut(**body, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
-    chosen, explain = choice.chosen, req.explain
+    explain = req.explain
     cands = [_candidate(j, rows, explain) for j in choice.ranked + choice.rejected]
     return ResolveOut(
         model=req.model, machine=req.machine, engine=EngineOut.of(rows[chosen.option.id]),

@@ -14,7 +14,7 @@ from enginefarm.samples import sample_spec, save_conv_net
 from storage import catalog
 from storage.blobs import get_blob_store
 from storage.db import session_scope
-from tests.helpers import WORKER_A, WORKER_B, unique_name
+from tests.helpers import WORKER_A, WORKER_B, run_cli, unique_name
 
 ALL_TARGETS = WORKER_A + WORKER_B
 
@@ -145,14 +145,9 @@ def test_blob_bucket_holds_only_catalogued_bytes(farm, dist_settings):
 
 def test_cli_upload_build_fetch(farm, tmp_path):
     """The CLI a user types: upload, build --wait, ls engines, fetch for a described machine."""
-    import subprocess
-    import sys
 
     def cli(*args: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args, "--api", farm.url],
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return " ".join(out.stdout.split())
+        return run_cli(farm.url, *args, cache_dir=tmp_path / "cache")
 
     model_path = save_conv_net(tmp_path / "cli.onnx", seed=5)
     name = unique_name("cli")
