@@ -121,9 +121,11 @@ class EngineOut(BaseModel):
     accuracy_pass: bool | None = None
 
     @classmethod
-    def of(cls, row: EngineRow) -> EngineOut:
+    def of(cls, row: EngineRow, model: ModelRow | None = None) -> EngineOut:
+        """``model``: the version it is listed under, when not the one it was first built for (same bytes)."""
         fields = {k: getattr(row, k) for k in cls.model_fields if k not in ("model_name", "model_version", "model_seq")}
-        return cls(**fields, model_name=row.model.name, model_version=row.model.version, model_seq=row.model.seq)
+        m = model or row.model
+        return cls(**fields, model_name=m.name, model_version=m.version, model_seq=m.seq)
 
 
 # Patterns a machine fingerprint's fields must match, shared by GET (query) and POST (JSON) /v1/resolve.

@@ -194,18 +194,21 @@ ENGINE_FILTERS = ("target", "backend", "compute_capability", "trt_version", "pre
 
 
 def list_engines(session: Session, *, model: str | None = None, version: str | None = None, limit: int = 50,
-                 offset: int = 0, **filters: Any) -> tuple[list[EngineRow], int]:
-    query = select(EngineRow).join(ModelRow, EngineRow.model_id == ModelRow.id)
-    if model:
-        query = query.where(ModelRow.name == model)
-    if version:
-        query = query.where(ModelRow.version == version)
+                 offset: int = 0, **filters: Any) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
+    """Engines with the model version they are listed under. An engine belongs to the model's bytes, so a
+    model uploaded again under another name lists the engines its identical bytes already have."""
+    if model or version:
+        query = select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256)
+        query = query.where(ModelRow.name == model) if model else query
+        query = query.where(ModelRow.version == version) if version else query
+    else:
+        query = select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_id == ModelRow.id)
     for name in ENGINE_FILTERS:
         if filters.get(name) is not None:
             query = query.where(getattr(EngineRow, name) == filters[name])
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(EngineRow.id).limit(limit).offset(offset)).all()
-    return list(rows), total
+    rows = session.execute(query.order_by(EngineRow.id, ModelRow.id).limit(limit).offset(offset)).all()
+    return [(e, m) for e, m in rows], total
 
 
 def get_engine(session: Session, engine_id: int) -> EngineRow:
@@ -239,17 +242,22 @@ def _evidence(row: EngineRow, machine: Machine) -> Evidence:
 
 
 def resolve(session: Session, machine: Machine, *, model: str, version: str | None = None,
-            wanted: Wanted | None = None) -> tuple[Choice, dict[int, EngineRow], list[ModelRow]]:
+            wanted: Wanted | None = None) -> tuple[Choice, dict[int, EngineRow], dict[str, ModelRow]]:
     """Judge and rank every engine of this model (one version, the newest with ``version="latest"``, or all)
-    for this machine. Returns the choice, the engine rows by id, and the model versions considered."""
+    for this machine. Returns the choice, the engine rows by id, and the model version of each model sha."""
     models = find_models(session, model, None if version == "latest" else version)
     if version == "latest":
         models = models[:1]
-    seqs = {m.id: m.seq for m in models}
-    rows = session.scalars(select(EngineRow).where(EngineRow.model_id.in_(seqs))
-                           .options(selectinload(EngineRow.benchmarks), selectinload(EngineRow.model))).all()
-    options = [Option(r.id, descriptor_of(r), seqs[r.model_id], r.spec_hash, _evidence(r, machine)) for r in rows]
-    return choose(options, machine, wanted), {r.id: r for r in rows}, models
+    # Engines belong to the model's bytes: identical bytes under another name share them.
+    owner: dict[str, ModelRow] = {}
+    for m in models:
+        if m.sha256 not in owner or m.seq > owner[m.sha256].seq:
+            owner[m.sha256] = m
+    rows = session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(owner))
+                           .options(selectinload(EngineRow.benchmarks))).all()
+    options = [Option(r.id, descriptor_of(r), owner[r.model_sha256].seq, r.spec_hash, _evidence(r, machine))
+               for r in rows]
+    return choose(options, machine, wanted), {r.id: r for r in rows}, owner
 
 
 def no_fit_error(choice: Choice, rows: dict[int, EngineRow], model: str, version: str | None) -> NoCompatibleEngine:

@@ -17,10 +17,12 @@ def unique_name(prefix: str = "m") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def run_cli(url: str, *args: str, cache_dir: Path | None = None, expect: int = 0) -> str:
-    """Run ``enginefarm ARGS --api URL`` as a user would; returns its output with whitespace collapsed."""
+def run_cli(url: str, *args: str, cache_dir: Path | None = None, expect: int = 0, stderr: bool | None = None) -> str:
+    """Run ``enginefarm ARGS --api URL`` as a user would; returns its stdout (and stderr, by default when it
+    is expected to fail) with whitespace collapsed."""
     env = os.environ | ({"ENGINEFARM_CACHE_DIR": str(cache_dir)} if cache_dir else {})
     out = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args, "--api", url], capture_output=True,
                          text=True, timeout=300, env=env)
     assert out.returncode == expect, out.stdout + out.stderr
-    return " ".join((out.stdout + out.stderr).split())
+    text = out.stdout + (out.stderr if (expect != 0 if stderr is None else stderr) else "")
+    return " ".join(text.split())

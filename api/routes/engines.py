@@ -27,7 +27,7 @@ def list_engines(
     rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
                                        compute_capability=cc, trt_version=trt, precision=precision,
                                        spec_hash=spec_hash, limit=limit, offset=offset)
-    return Page(items=[EngineOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
+    return Page(items=[EngineOut.of(e, m) for e, m in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{engine_id}", response_model=EngineOut)

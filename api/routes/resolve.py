@@ -31,7 +31,7 @@ from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
 from enginefarm.domain import Machine
 from storage import catalog
-from storage.tables import EngineRow
+from storage.tables import EngineRow, ModelRow
 
 router = APIRouter(prefix="/v1", tags=["resolve"])
 
@@ -41,10 +41,10 @@ RESPONSES = {
 }
 
 
-def _candidate(j: Judged, rows: dict[int, EngineRow], explain: bool) -> CandidateOut:
+def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow], explain: bool) -> CandidateOut:
     row, v, ev = rows[j.option.id], j.verdict, j.option.evidence
     return CandidateOut(
-        engine_id=row.id, target=row.target, model_version=row.model.version, precision=row.precision,
+        engine_id=row.id, target=row.target, model_version=owner[row.model_sha256].version, precision=row.precision,
         spec_hash=row.spec_hash, rank=j.rank, match=v.match.label if v.match is not None else None,
         rule=v.rule.value if v.rule else None, reason=v.reason, unchecked=v.unchecked, accuracy=ev.accuracy,
         latency_ms=ev.latency_ms, latency_on=ev.latency_on,
@@ -56,7 +56,7 @@ def answer(req: ResolveRequest, session: Session, settings: Settings) -> Resolve
     machine = Machine(**req.machine.model_dump())
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms)
-    choice, rows, _ = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted)
+    choice, rows, owner = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted)
     chosen = choice.chosen
     # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
     only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
@@ -64,16 +64,16 @@ def answer(req: ResolveRequest, session: Session, settings: Settings) -> Resolve
         error = catalog.no_fit_error(choice, rows, req.model, req.version)
         if not req.build:
             raise error
-        fallback = _candidate(chosen, rows, False) if chosen else None
+        fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
         body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
                                           precision=req.precision, publish=services.publish_build_task)
         out = BuildForMachineOut(**body, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
     explain = req.explain
-    cands = [_candidate(j, rows, explain) for j in choice.ranked + choice.rejected]
+    cands = [_candidate(j, rows, owner, explain) for j in choice.ranked + choice.rejected]
     return ResolveOut(
-        model=req.model, machine=req.machine, engine=EngineOut.of(rows[chosen.option.id]),
+        model=req.model, machine=req.machine, engine=EngineOut.of(row := rows[chosen.option.id], owner[row.model_sha256]),
         match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
         download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=cands[1:len(choice.ranked)],
         rejected=cands[len(choice.ranked):], candidates=cands if explain else None,

@@ -19,7 +19,8 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
 
     settings = Settings(data_dir=tmp_path)
     with session_scope(settings) as s:
-        engines, total = catalog.list_engines(s, model="convnet")
+        pairs, total = catalog.list_engines(s, model="convnet")
+        engines = [e for e, _ in pairs]
         assert total == 5
         assert {e.target for e in engines} >= {"tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"}
         sm86 = next(e for e in engines if e.target == "tensorrt-rtx/sm86")

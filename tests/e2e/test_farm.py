@@ -138,8 +138,8 @@ def test_blob_bucket_holds_only_catalogued_bytes(farm, dist_settings):
             for o in page.get("Contents", [])}
     with session_scope(dist_settings) as s:
         models, _ = catalog.list_models(s, limit=10_000)
-        engines, _ = catalog.list_engines(s, limit=10_000)
-        referenced = {m.blob_key for m in models} | {e.blob_key for e in engines}
+        pairs, _ = catalog.list_engines(s, limit=10_000)
+        referenced = {m.blob_key for m in models} | {e.blob_key for e, _ in pairs}
     assert keys and keys <= referenced
 
 

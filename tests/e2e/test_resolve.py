@@ -274,7 +274,7 @@ def test_export_triton_repository(farm, built, tmp_path):
 
     name, _, _ = built
     out = tmp_path / "repo"
-    printed = run_cli(farm.url, "export", "triton", name, "--out", str(out), cache_dir=tmp_path / "cache")
+    printed = run_cli(farm.url, "export", "triton", name, "--out", str(out), cache_dir=tmp_path / "cache", stderr=True)
     assert "Triton's stock TensorRT backend" in printed  # the TensorRT-RTX warning is said, not hidden
     safe = name  # catalog names are already safe Triton names
     cfg = text_format.Parse((out / safe / "config.pbtxt").read_text(), ModelConfig())
@@ -299,3 +299,20 @@ def test_export_triton_repository(farm, built, tmp_path):
     refused = run_cli(farm.url, "export", "triton", name, "--out", str(out), cache_dir=tmp_path / "cache", expect=1)
     assert "overwrite" in refused
     run_cli(farm.url, "export", "triton", name, "--out", str(out), "--overwrite", cache_dir=tmp_path / "cache")
+
+
+def test_same_bytes_under_another_name_share_engines(farm, api, built, tmp_path):
+    """An engine belongs to the model's bytes: the same file uploaded under a second name lists and
+    resolves to the engines already built, and its identical build is answered from the catalog."""
+    name, engines, rtx = built
+    path = save_conv_net(tmp_path / "m.onnx", seed=21)  # the very bytes `built` uploaded
+    with Client(farm.url) as c:
+        twin, created = c.upload(path, unique_name("twin"))
+        assert created and twin["sha256"] == c.models(name=name)["items"][0]["sha256"]
+        build = c.wait_build(c.build(twin["id"], ["tensorrt-rtx/sm86"], sample_spec())["id"], timeout=60, poll=0.2)
+        assert build["tasks"][0]["reused"] and build["tasks"][0]["engine_id"] == engines["tensorrt-rtx/sm86"]["id"]
+        listed = c.engines(model=twin["name"])["items"]
+        answer = c.resolve(twin["name"], rtx_machine(rtx))
+    assert {e["target"] for e in listed} >= set(TARGETS)
+    assert {e["model_name"] for e in listed} == {twin["name"]}
+    assert answer["engine"]["id"] == engines["tensorrt-rtx/sm86"]["id"] and answer["engine"]["model_name"] == twin["name"]
