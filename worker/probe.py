@@ -11,10 +11,15 @@ the probe records why and carries on. pynvml and the backend modules are importe
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
+import io
 import json
 import platform as _platform
+import re
+import shutil
 import socket
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,6 +91,7 @@ class MachineProbe:
     modules: dict[str, str | None]
     module_errors: dict[str, str] = field(default_factory=dict)
     nvml_error: str | None = None
+    gpu_source: str | None = None  # "nvml", or "nvidia-smi" where NVML could not be used
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as JSON-ready plain data."""
@@ -154,6 +160,56 @@ def probe_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
         except Exception:
             pass
     return gpus, driver, cuda, "; ".join(errors) or None
+
+
+# --------------------------------------------------------------------------- GPUs via nvidia-smi
+
+SMI_QUERY = "index,name,compute_cap,memory.total,uuid,driver_version"
+
+
+def parse_nvidia_smi(csv_text: str, banner: str) -> tuple[list[GpuInfo], str | None, str | None]:
+    """(gpus, driver, CUDA version) from ``nvidia-smi --query-gpu=SMI_QUERY --format=csv,noheader,nounits``
+    and the plain ``nvidia-smi`` banner (the only place it prints the CUDA version the driver supports)."""
+    gpus, driver = [], None
+    for row in csv.reader(io.StringIO(csv_text), skipinitialspace=True):
+        if len(row) < 6 or not row[0].strip().isdigit():
+            continue
+        index, name, cc, memory, uuid, driver = (c.strip() for c in row[:6])
+        if not re.fullmatch(r"\d+\.\d+", cc):
+            continue  # "[N/A]" on drivers too old to report it
+        mib = int(memory) if memory.isdigit() else 0
+        gpus.append(GpuInfo(int(index), name, cc, mib, None if uuid.startswith("[") else uuid))
+    found = re.search(r"CUDA Version:\s*(\d+\.\d+)", banner)
+    return gpus, driver, found.group(1) if found else None
+
+
+def probe_gpus_smi() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
+    """The same as ``probe_gpus`` through the ``nvidia-smi`` command; (.., error) when it cannot."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return [], None, None, "nvidia-smi not found"
+    try:
+        query = subprocess.run([exe, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=20)
+        banner = subprocess.run([exe], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [], None, None, f"nvidia-smi: {exc}"
+    if query.returncode != 0:
+        return [], None, None, f"nvidia-smi: {(query.stderr or query.stdout).strip()[:200]}"
+    gpus, driver, cuda = parse_nvidia_smi(query.stdout, banner.stdout)
+    return gpus, driver, cuda, None if gpus else "nvidia-smi listed no GPU"
+
+
+def probe_any_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None, str | None]:
+    """NVML first, nvidia-smi where NVML is missing or fails: (gpus, driver, cuda, nvml error, source)."""
+    gpus, driver, cuda, nvml_error = probe_gpus()
+    if gpus:
+        return gpus, driver, cuda, nvml_error, "nvml"
+    smi_gpus, smi_driver, smi_cuda, smi_error = probe_gpus_smi()
+    if smi_gpus:
+        return smi_gpus, smi_driver, smi_cuda, nvml_error, "nvidia-smi"
+    errors = "; ".join(e for e in (nvml_error, smi_error) if e) or None
+    return [], driver, cuda, errors, None
 
 
 # --------------------------------------------------------------------------- Jetson
@@ -251,7 +307,7 @@ def normalize_platform(machine: str) -> str:
 
 def probe_machine(root: Path = Path("/")) -> MachineProbe:
     """Probe this machine; ``root`` is where /etc and /proc are read from (tests pass a recorded tree)."""
-    gpus, driver, cuda, nvml_error = probe_gpus()
+    gpus, driver, cuda, nvml_error, source = probe_any_gpus()
     modules, module_errors = probe_modules()
     return MachineProbe(
         hostname=socket.gethostname(),
@@ -264,6 +320,7 @@ def probe_machine(root: Path = Path("/")) -> MachineProbe:
         modules=modules,
         module_errors=module_errors,
         nvml_error=nvml_error,
+        gpu_source=source,
     )
 
 
@@ -299,8 +356,10 @@ def probe_report(probe: MachineProbe) -> list[str]:
         lines.append(f"GPU {g.index}: {g.name}, compute capability {g.compute_capability}, {g.memory_mib} MiB")
     if probe.gpus or probe.driver_version:
         lines.append(f"driver {probe.driver_version or 'unknown'}, CUDA {probe.cuda_version or 'unknown'}")
-    if probe.nvml_error:
-        lines.append(f"NVML: {probe.nvml_error}" if probe.gpus else f"no GPU found via NVML: {probe.nvml_error}")
+    if probe.gpu_source == "nvidia-smi":
+        lines.append(f"GPUs read with nvidia-smi (NVML: {probe.nvml_error or 'no GPU'})")
+    elif probe.nvml_error:
+        lines.append(f"NVML: {probe.nvml_error}" if probe.gpus else f"no GPU found via NVML or nvidia-smi: {probe.nvml_error}")
     if j := probe.jetson:
         jp = f"JetPack {j.jetpack}" if j.jetpack else "JetPack unknown"
         lines.append(f"Jetson: {j.model}, L4T {j.l4t_release or 'unknown'} ({jp}), "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import types
 from pathlib import Path
@@ -60,7 +61,7 @@ def test_real_buildable_targets(real):
     assert not [t for t in targets if t.backend is Backend.TENSORRT]
     assert targets == sorted(set(targets))
     report = P.probe_report(real)
-    assert any(line.startswith("no GPU found via NVML: ") for line in report)
+    assert any(line.startswith("no GPU found via NVML or nvidia-smi: ") for line in report)
     assert any(line.startswith("tensorrt: not importable (") and "no tensorrt target" in line for line in report)
 
 
@@ -233,3 +234,49 @@ def test_probe_gpus_with_fake_nvml(monkeypatch):
 def test_probe_gpus_init_failure(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
     assert P.probe_gpus() == ([], None, None, "Driver Not Loaded")
+
+
+# --- nvidia-smi, where NVML cannot be used: recorded on an H200 together with NVML's answers
+
+SMI = DATA / "nvidia_smi_h200"
+
+
+def test_nvidia_smi_parse_matches_nvml_on_a_real_h200():
+    gpus, driver, cuda = P.parse_nvidia_smi((SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text())
+    # nvml.txt: name, (major, minor), total MiB, driver, CUDA driver version, uuid as NVML gave them.
+    found = re.fullmatch(r"(.+) \((\d+), (\d+)\) (\d+) (\S+) (\d+) (\S+)\n?", (SMI / "nvml.txt").read_text())
+    name, major, minor, memory, nvml_driver, cuda_int, uuid = found.groups()
+    cc = f"{major}.{minor}"
+    assert [(g.index, g.name, g.compute_capability, g.memory_mib, g.uuid) for g in gpus] == [(0, name, cc, int(memory), uuid)]
+    assert driver == nvml_driver == "580.159.04"
+    assert cuda == f"{int(cuda_int) // 1000}.{int(cuda_int) % 1000 // 10}" == "13.0"
+
+
+@pytest.mark.parametrize("csv_text, expected", [
+    ("0, Tesla T4, 7.5, 15360, GPU-1, 535.104.05\n1, NVIDIA A10, 8.6, 23028, GPU-2, 535.104.05\n",
+     [(0, "7.5", 15360), (1, "8.6", 23028)]),
+    ("0, NVIDIA GeForce RTX 3090, [N/A], 24576, GPU-1, 470.57.02\n", []),  # too old to report compute_cap
+    ("0, Orin, 8.7, [N/A], [N/A], 540.4.0\n", [(0, "8.7", 0)]),
+    ("Failed to initialize NVML: Driver/library version mismatch\n", []),
+])
+def test_nvidia_smi_parse_edge_cases(csv_text, expected):
+    gpus, _, cuda = P.parse_nvidia_smi(csv_text, "no banner")
+    assert [(g.index, g.compute_capability, g.memory_mib) for g in gpus] == expected
+    assert cuda is None
+
+
+def test_nvidia_smi_is_the_fallback_when_nvml_fails(monkeypatch):
+    monkeypatch.setattr(P, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
+    monkeypatch.setattr(P, "probe_gpus_smi", lambda: P.parse_nvidia_smi(
+        (SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text()) + (None,))
+    probe = P.probe_machine(X86_ROOT)
+    assert probe.gpu_source == "nvidia-smi" and probe.gpus[0].compute_capability == "9.0"
+    assert probe.nvml_error == "NVML Shared Library Not Found"
+    assert any(line.startswith("GPUs read with nvidia-smi (NVML: NVML Shared Library Not Found)")
+               for line in P.probe_report(probe))
+    assert P.machine_fingerprint(probe).compute_capability == "9.0"
+
+
+def test_real_nvidia_smi_absent_here_is_reported():
+    gpus, _, _, err = P.probe_gpus_smi()
+    assert gpus == [] and err
