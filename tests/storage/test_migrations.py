@@ -1,0 +1,63 @@
+"""The Alembic migrations build exactly the schema the tables declare, on SQLite and on PostgreSQL,
+and the newest one upgrades a catalog that already holds data."""
+
+from __future__ import annotations
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine, text
+
+from enginefarm import devservices
+from enginefarm.config import Settings
+from storage.db import alembic_config, migrate
+from storage.tables import Base
+
+
+def _diff(url: str) -> list:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path, base_services):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'catalog.db'}"
+    else:
+        with devservices.scratch_postgres("enginefarm_migrations") as url:
+            yield url
+
+
+def test_migrations_match_the_tables(database_url, tmp_path):
+    migrate(Settings(data_dir=tmp_path, database_url=database_url))
+    assert _diff(database_url) == []
+
+
+def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_path):
+    cfg = alembic_config(database_url)
+    command.upgrade(cfg, "0001")
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                              "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
+            conn.execute(text(
+                "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
+                "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
+                "build_seconds, created_at) VALUES (1, 1, :sha, :sha, 'tensorrt-rtx/sm86', 'tensorrt-rtx', '1.7', "
+                "'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT accuracy_pass, device_memory_bytes FROM engines WHERE id = 1")).one()
+            assert tuple(row) == (None, None)
+            assert conn.execute(text("SELECT count(*) FROM benchmarks")).scalar() == 0
+        command.downgrade(cfg, "0001")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM engines")).scalar() == 1
+    finally:
+        engine.dispose()
