@@ -5,14 +5,17 @@ from __future__ import annotations
 import hashlib
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
+from enginefarm.cache import EngineCache
 from enginefarm.client import Client
 from enginefarm.domain import Machine
 from enginefarm.embedded import Farm, embedded_env
 from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.triton import export_from_farm
 from worker.probe import normalize_platform, probe_modules
 
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
@@ -53,11 +56,25 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
             machine = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", platform=arch,
                               trt_rtx_version=rtx_version, driver_version="580.65", memory_mib=24576)
             dest = data_dir / "fetched" / "convnet-sm86.plan"
-            answer = c.fetch("convnet", dest, machine).answer
+            cache = EngineCache(data_dir / "client-cache")
+            answer = c.fetch("convnet", dest, machine, cache=cache).answer
             local_sha = hashlib.sha256(dest.read_bytes()).hexdigest()
             ok = local_sha == answer["engine"]["sha256"]
             console.print(f"4. resolve for an sm86 machine ({machine.gpu_name}, TensorRT-RTX {rtx_version}): "
                           f"engine {answer['engine']['id']} ({answer['engine']['target']}): {answer['reason']}")
             console.print(f"   downloaded {dest} ({dest.stat().st_size} bytes); sha256 {local_sha[:16]} "
                           + ("[green]matches the catalog[/green]" if ok else "[red]DOES NOT MATCH[/red]"))
-            return 0 if ok else 1
+            again = c.fetch("convnet", dest, machine, cache=cache)
+            console.print(f"   fetched again: {'from the local cache, no download' if again.from_cache else 'downloaded'}")
+            hopper = replace(machine, gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_mib=81559)
+            h = c.resolve("convnet", hopper)
+            console.print(f"5. resolve for an H100 (sm90, which TensorRT-RTX does not support): "
+                          f"{h['engine']['target']} ({h['match']}); excluded:")
+            for r in h["rejected"]:
+                console.print(f"   - {r['target']} (rule {r['rule']}): {r['reason']}", highlight=False)
+            repo = export_from_farm(c, "convnet", data_dir / "triton", cache)
+            console.print(f"6. Triton repository at {repo.root}: {', '.join(repo.models)} "
+                          f"({sum(f.name.endswith('.plan') for f in repo.files)} plans mapped by cc_model_filenames)")
+            for w in repo.warnings:
+                console.print(f"   note: {w}", highlight=False)
+            return 0 if ok and again.from_cache and h["match"] == "cpu_fallback" else 1

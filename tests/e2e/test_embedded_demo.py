@@ -15,7 +15,11 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
     out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "demo", "--data-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "matches the catalog" in " ".join(out.stdout.split())
+    text = " ".join(out.stdout.split())
+    assert "matches the catalog" in text and "fetched again: from the local cache, no download" in text
+    assert "tensorrt-rtx/sm86 (rule rtx-cc): TensorRT-RTX engine built for compute capability 8.6, you have 9.0" in text
+    assert (tmp_path / "triton" / "convnet" / "config.pbtxt").is_file()
+    assert len(list((tmp_path / "triton" / "convnet" / "1").glob("model_sm*.plan"))) == 4
 
     settings = Settings(data_dir=tmp_path)
     with session_scope(settings) as s:
