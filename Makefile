@@ -27,6 +27,7 @@ services:
 
 bench: setup services
 	$(PY) bench/e2e.py --mode both
+	$(PY) bench/resolve.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info
