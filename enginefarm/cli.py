@@ -230,19 +230,10 @@ def _secs(v: float | None) -> str:
 
 
 def local_machine(**overrides) -> Machine:
-    """This machine's fingerprint (NVML, importable runtimes, Jetson files), with any field overridden."""
-    from worker.probe import machine_fingerprint, probe_machine
+    """This machine's fingerprint (NVML or nvidia-smi, importable runtimes, Jetson files), fields overridden."""
+    from worker.probe import this_machine
 
-    probe = probe_machine()
-    try:
-        machine = machine_fingerprint(probe)
-    except ValueError:  # no GPU here: platform and runtimes still count
-        machine = Machine(platform=probe.platform, os=probe.os, trt_version=probe.modules.get("tensorrt"),
-                          trt_rtx_version=probe.modules.get("tensorrt_rtx"))
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(machine, key, value)
-    return machine
+    return this_machine(**overrides)
 
 
 FILTER_HELP = "keep only engines that passed their accuracy gate"

@@ -133,10 +133,15 @@ class Client:
                 explain: bool = False, build: bool = False, **filters: Any) -> dict:
         """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms.
 
-        Returns the resolution, or with ``build`` and nothing fitting, the submitted build (it has
-        ``build_id``). Raises ApiError (404) when nothing fits.
+        ``machine`` defaults to this machine, detected (``worker.probe.this_machine``). Returns the
+        resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
+        Raises ApiError (404) when nothing fits.
         """
-        body = {"model": model, "version": version, "machine": asdict(machine or Machine()), "explain": explain,
+        if machine is None:
+            from worker.probe import this_machine
+
+            machine = this_machine()
+        body = {"model": model, "version": version, "machine": asdict(machine), "explain": explain,
                 "build": build, **{k: v for k, v in filters.items() if v is not None}}
         return self._json(self.http.post("/v1/resolve", json=body))
 

@@ -434,6 +434,23 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
     )
 
 
+def this_machine(**overrides: Any) -> Machine:
+    """This machine as a deploy-time fingerprint, with any field given a non-None override replaced.
+
+    Without a GPU the platform, OS and importable runtimes still count (a CPU-only deploy machine).
+    """
+    probe = probe_machine()
+    try:
+        machine = machine_fingerprint(probe)
+    except ValueError:
+        machine = Machine(platform=probe.platform, os=probe.os, trt_version=probe.modules.get(TRT_MODULE),
+                          trt_rtx_version=probe.modules.get(RTX_MODULE))
+    for key, value in overrides.items():
+        if value is not None:
+            setattr(machine, key, value)
+    return machine
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the probe as JSON, then the report (which ends with the buildable targets)."""
     parser = argparse.ArgumentParser(prog="python -m worker.probe", description=__doc__.splitlines()[0])

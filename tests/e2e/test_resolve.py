@@ -316,3 +316,15 @@ def test_same_bytes_under_another_name_share_engines(farm, api, built, tmp_path)
     assert {e["target"] for e in listed} >= set(TARGETS)
     assert {e["model_name"] for e in listed} == {twin["name"]}
     assert answer["engine"]["id"] == engines["tensorrt-rtx/sm86"]["id"] and answer["engine"]["model_name"] == twin["name"]
+
+
+def test_client_detects_its_own_machine(farm, built):
+    """With no fingerprint given, the client describes the machine it runs on: here, no GPU, x86_64,
+    TensorRT-RTX importable. The CPU artifact is the answer and every GPU engine says why not."""
+    name, engines, rtx = built
+    with Client(farm.url) as c:
+        answer = c.resolve(name)
+    assert answer["machine"]["platform"] == "x86_64" and answer["machine"]["trt_rtx_version"] == rtx
+    assert answer["machine"]["compute_capability"] is None
+    assert answer["engine"]["id"] == engines["onnxruntime/cpu-x86_64"]["id"]
+    assert {r["rule"] for r in answer["rejected"]} == {"rtx-cc"}

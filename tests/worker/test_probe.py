@@ -280,3 +280,12 @@ def test_nvidia_smi_is_the_fallback_when_nvml_fails(monkeypatch):
 def test_real_nvidia_smi_absent_here_is_reported():
     gpus, _, _, err = P.probe_gpus_smi()
     assert gpus == [] and err
+
+
+def test_this_machine_fingerprint_and_overrides():
+    here = P.this_machine()
+    assert here.platform == P.normalize_platform(__import__("platform").machine())
+    assert here.trt_rtx_version == P.probe_modules()[0]["tensorrt_rtx"]  # importable here
+    assert here.compute_capability is None  # no GPU on this machine
+    told = P.this_machine(compute_capability="8.6", gpu_name="NVIDIA A10", platform=None)
+    assert (told.compute_capability, told.gpu_name, told.platform) == ("8.6", "NVIDIA A10", here.platform)
