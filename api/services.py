@@ -210,9 +210,8 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
     if open_task is None:
         build_id, already = submit_build(settings, model_id, [str(target)], spec, publish), False
     with session_scope(settings) as s:
-        task = next(t for t in catalog.get_build(s, build_id).tasks if t.target == str(target))
-        detail = wait_reason(task.target, task.state, catalog.served_targets(s, settings.worker_ttl_seconds))
-        state = task.state
+        state = next(t.state for t in catalog.get_build(s, build_id).tasks if t.target == str(target))
+    detail = wait_reason(str(target), state, served)
     verb = "is already building" if already else "submitted"
     return {"detail": f"no engine of {model} runs on this machine; build {build_id} {verb} {target}"
                       + (f" ({note})" if note else ""),

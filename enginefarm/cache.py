@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.errors import IntegrityError, NotFound
+from storage.blobs.base import sha256_file
 
 CHUNK = 1 << 20
 TMP_PREFIX = ".tmp-"
@@ -84,8 +85,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextmanager
-def _atomic(final: Path, expected: str | None, prefix: str = TMP_PREFIX) -> Iterator[_HashingWriter]:
-    """Yield a writer on a temp file beside ``final``; on clean exit check the digest and rename into place."""
+def atomic_write(final: Path, expected: str | None, prefix: str = TMP_PREFIX) -> Iterator[_HashingWriter]:
+    """Yield a hashing writer on a temp file beside ``final``; on clean exit check the digest (when
+    ``expected``) and rename into place. On any error nothing is left under ``final`` or beside it."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f"{prefix}{secrets.token_hex(8)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode through the umask, unlike mkstemp
@@ -132,7 +134,7 @@ class EngineCache:
             return False
         if verify:
             want = (self.record(sha256) or {}).get("size")
-            if (isinstance(want, int) and size != want) or _sha256_file(path) != sha256:
+            if (isinstance(want, int) and size != want) or sha256_file(path) != sha256:
                 self.evict(sha256)
                 return False
         self._touch(path)
@@ -142,7 +144,7 @@ class EngineCache:
     def writer(self, sha256: str) -> Iterator[io.RawIOBase]:
         """Yield a binary file to stream the engine into; it lands under ``path(sha256)`` only if the digest matches."""
         final = self.path(sha256)
-        with _atomic(final, sha256) as out:
+        with atomic_write(final, sha256) as out:
             yield out
         self._touch(final)
 
@@ -154,7 +156,7 @@ class EngineCache:
         except FileNotFoundError:
             raise NotFound(f"engine {sha256} is not in the cache at {self.root}", sha256=sha256) from None
         try:
-            with fh, _atomic(dest, sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
+            with fh, atomic_write(dest, sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
                 while chunk := fh.read(CHUNK):
                     out.write(chunk)
         except IntegrityError:
@@ -167,7 +169,7 @@ class EngineCache:
         """Store the engine's catalog record, with the farm URL it came from and the time."""
         doc = {**record, "cached_from": source, "cached_at": datetime.now(UTC).isoformat()}
         data = json.dumps(doc, indent=2, sort_keys=True, default=str).encode()
-        with _atomic(self._record_path(record.get("sha256")), None) as out:
+        with atomic_write(self._record_path(record.get("sha256")), None) as out:
             out.write(data)
 
     def record(self, sha256: str) -> dict[str, Any] | None:
@@ -225,14 +227,6 @@ class EngineCache:
             total -= st.st_size
             evicted.append(path.name)
         return evicted
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from enginefarm.config import get_settings
-from enginefarm.domain import Machine, spec_shapes_from_trtexec
+from enginefarm.domain import spec_shapes_from_trtexec
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -229,13 +229,6 @@ def _secs(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}"
 
 
-def local_machine(**overrides) -> Machine:
-    """This machine's fingerprint (NVML or nvidia-smi, importable runtimes, Jetson files), fields overridden."""
-    from worker.probe import this_machine
-
-    return this_machine(**overrides)
-
-
 FILTER_HELP = "keep only engines that passed their accuracy gate"
 
 
@@ -272,8 +265,9 @@ def fetch(
     """
     from enginefarm.cache import EngineCache
     from enginefarm.client import resolve_offline
+    from worker.probe import this_machine
 
-    machine = local_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
+    machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
                             trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
                             platform=platform, jetpack=jetpack)
     filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
@@ -281,6 +275,8 @@ def fetch(
     cache = None if no_cache else EngineCache(cache_dir)
     if (wait and not build) or (offline and (build or no_cache)):
         _fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
+    if not output and not explain:
+        _fail(ValueError("give --output (or --explain alone to see the choice)"))
     try:
         if offline:
             answer = resolve_offline(cache, model, machine, **filters)
@@ -289,16 +285,13 @@ def fetch(
             _print_answer(answer, output, from_cache=True, explain=explain)
             return
         with _client(api) as c:
-            if explain:
-                _print_answer(c.resolve(model, machine, explain=True, **filters), None, False, True)
-                if not output:
-                    return
             if not output:
-                _fail(ValueError("give --output (or --explain alone to see the choice)"))
+                _print_answer(c.resolve(model, machine, explain=True, **filters), None, False, True)
+                return
             with _bar() as bar:
                 progress = bar.add_task("engine", total=None)
                 got = c.fetch(model, output, machine, cache=cache, build=build, wait=wait, wait_timeout=timeout,
-                              on_bytes=lambda n: bar.advance(progress, n),
+                              explain=explain, on_bytes=lambda n: bar.advance(progress, n),
                               on_build=lambda b: bar.update(progress, description=_build_line(b)), **filters)
     except Exception as exc:
         _fail(exc)
@@ -311,7 +304,7 @@ def fetch(
         return
     if got.build:
         console.print(f"built for this machine: build {got.build['build_id']} ({got.build['target']})")
-    _print_answer(got.answer, output, from_cache=got.from_cache, explain=False)
+    _print_answer(got.answer, output, from_cache=got.from_cache, explain=explain)
 
 
 def _build_line(build: dict) -> str:

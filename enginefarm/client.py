@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -12,7 +9,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from enginefarm.cache import EngineCache
+from enginefarm.cache import TMP_PREFIX, EngineCache, atomic_write
 from enginefarm.compat import Evidence, Option, Wanted, choose
 from enginefarm.config import get_settings
 from enginefarm.domain import FINAL_STATES, EngineDescriptor, Machine
@@ -159,22 +156,16 @@ class Client:
 
     def _download(self, url: str, dest: Path, expected_sha256: str | None,
                   on_bytes: Callable[[int], None] | None) -> str:
+        """Stream ``url`` to ``dest`` atomically; its sha256 must match ``expected_sha256`` and the server's header."""
         dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        try:
-            with os.fdopen(fd, "wb") as raw:
-                out = _Hashing(raw)
-                header_sha = self._stream(url, out, on_bytes)
-            got = out.digest.hexdigest()
-            for want in (expected_sha256, header_sha):
-                if want and got != want:
-                    raise IntegrityError(f"{url}: downloaded sha256 {got}, catalog says {want}")
-            os.replace(tmp, dest)
-            return got
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
+            self._check_header(url, out, self._stream(url, out, on_bytes))
+        return out.hexdigest()
+
+    @staticmethod
+    def _check_header(url: str, out, header_sha: str | None) -> None:
+        if header_sha and out.hexdigest() != header_sha:
+            raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header_sha}")
 
     def download(self, engine_id: int, dest: Path, expected_sha256: str | None = None,
                  on_bytes: Callable[[int], None] | None = None) -> str:
@@ -190,16 +181,14 @@ class Client:
         sha = engine["sha256"]
         hit = cache.has(sha)
         if not hit:
+            url = f"/v1/engines/{engine['id']}/content"
             with cache.writer(sha) as out:
-                header_sha = self._stream(f"/v1/engines/{engine['id']}/content", out, on_bytes)
-            if header_sha and header_sha != sha:
-                cache.evict(sha)
-                raise IntegrityError(f"engine {engine['id']}: the server's sha256 header {header_sha} is not the catalog's {sha}")
+                self._check_header(url, out, self._stream(url, out, on_bytes))
         cache.remember(engine, self.base_url)
         return cache.path(sha), hit
 
     def fetch(self, model: str, dest: Path, machine: Machine | None = None, *, cache: EngineCache | None = None,
-              build: bool = False, wait: bool = False, wait_timeout: float = 3600,
+              build: bool = False, wait: bool = False, wait_timeout: float = 3600, explain: bool = False,
               on_bytes: Callable[[int], None] | None = None, on_build: Callable[[dict], None] | None = None,
               **filters: Any) -> Fetched:
         """Resolve the engine for ``machine`` and put it at ``dest``, verified.
@@ -208,7 +197,7 @@ class Client:
         ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the engine is
         fetched once that build is done.
         """
-        answer = self.resolve(model, machine, build=build, **filters)
+        answer = self.resolve(model, machine, build=build, explain=explain, **filters)
         if "build_id" in answer:
             if not wait:
                 return Fetched(answer, None, False, answer)
@@ -217,7 +206,7 @@ class Client:
             if failed:
                 raise BuildFailed(f"build {done['id']} for {answer['target']} did not succeed: "
                                   f"{failed[0]['error'] or failed[0]['state']}")
-            submitted, answer = answer, self.resolve(model, machine, **filters)
+            submitted, answer = answer, self.resolve(model, machine, explain=explain, **filters)
         else:
             submitted = None
         eng = answer["engine"]
@@ -227,17 +216,6 @@ class Client:
         _, hit = self.cached(eng, cache, on_bytes)
         cache.copy_to(eng["sha256"], dest)
         return Fetched(answer, Path(dest), hit, submitted)
-
-
-class _Hashing:
-    """A write-through file wrapper that hashes what passes."""
-
-    def __init__(self, raw):
-        self.raw, self.digest = raw, hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return self.raw.write(data)
 
 
 @dataclass

@@ -124,6 +124,13 @@ def _names_runtimes(m: Machine) -> bool:
     return bool(m.trt_version or m.trt_rtx_version)
 
 
+def _runtime_missing(rule: Rule, built: str, runtime: str, other: str, m: Machine) -> Check:
+    """The machine did not name this engine's runtime: absent if it named another, else unknown."""
+    if _names_runtimes(m):
+        return _fail(Rule.RUNTIME, f"built with {built}; you run no {runtime} runtime (only {other})")
+    return _unchecked(rule, f"built with {built}; your {runtime} version is unknown")
+
+
 def _check_platform(e: EngineDescriptor, m: Machine) -> Check:
     if not m.platform:
         return _unchecked(Rule.PLATFORM, f"built for {e.platform}; your platform is unknown")
@@ -136,10 +143,7 @@ def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
     runtime = m.trt_version
     built = e.trt_version or e.backend_version
     if runtime is None:
-        if _names_runtimes(m):
-            return _fail(Rule.RUNTIME, f"built with TensorRT {built}; you run no TensorRT runtime "
-                                       f"(only TensorRT-RTX {m.trt_rtx_version})")
-        return _unchecked(Rule.TRT_VERSION, f"built with TensorRT {built}; your TensorRT version is unknown")
+        return _runtime_missing(Rule.TRT_VERSION, f"TensorRT {built}", "TensorRT", f"TensorRT-RTX {m.trt_rtx_version}", m)
     if m.lean_runtime and not e.version_compatible:
         return _fail(Rule.LEAN_RUNTIME, f"you run only the lean runtime {runtime}, which loads only version-compatible engines")
     if runtime == built:
@@ -182,10 +186,8 @@ def _check_cc_trt(e: EngineDescriptor, m: Machine) -> Check:
 def _check_rtx_release(e: EngineDescriptor, m: Machine) -> Check:
     runtime = m.trt_rtx_version
     if runtime is None:
-        if _names_runtimes(m):
-            return _fail(Rule.RUNTIME, f"built with TensorRT-RTX {e.backend_version}; you run no TensorRT-RTX runtime "
-                                       f"(only TensorRT {m.trt_version})")
-        return _unchecked(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}; your release is unknown")
+        return _runtime_missing(Rule.RTX_RELEASE, f"TensorRT-RTX {e.backend_version}", "TensorRT-RTX",
+                                f"TensorRT {m.trt_version}", m)
     if runtime != e.backend_version:
         return _fail(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; "
                                        "TensorRT-RTX engines do not load across releases")

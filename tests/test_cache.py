@@ -115,7 +115,7 @@ def test_corrupt_blob_is_detected_and_evicted(cache: EngineCache, tmp_path: Path
 def test_truncated_blob_fails_the_size_check(cache: EngineCache, monkeypatch: pytest.MonkeyPatch) -> None:
     put(cache, PAYLOAD)
     cache.path(SHA).write_bytes(PAYLOAD[:10])
-    monkeypatch.setattr(cache_mod, "_sha256_file", lambda path: SHA)  # only the size can catch it
+    monkeypatch.setattr(cache_mod, "sha256_file", lambda path: SHA)  # only the size can catch it
     assert not cache.has(SHA)
     assert not cache.path(SHA).exists()
 

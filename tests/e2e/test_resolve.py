@@ -204,9 +204,10 @@ def test_cli_fetch_explain_cache_and_offline(farm, built, tmp_path):
     assert "tensorrt-rtx/sm80" in explained and "exact_cc" in explained and "rtx-cc" in explained
     assert "TensorRT-RTX engine built for compute capability 8.6, you have 8.0" in explained
     out = tmp_path / "engine.plan"
-    first = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, cache_dir=cache)
+    first = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, "--explain", cache_dir=cache)
     second = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, cache_dir=cache)
-    assert "downloaded" in first and "from the local cache" in second
+    assert "downloaded" in first and "rtx-cc" in first  # the table and the download in one go
+    assert "from the local cache" in second and "rtx-cc" not in second
     assert hashlib.sha256(out.read_bytes()).hexdigest() == engines["tensorrt-rtx/sm80"]["sha256"]
     offline = run_cli("http://127.0.0.1:9", "fetch", name, "-o", str(tmp_path / "off.plan"), *flags, "--offline",
                       cache_dir=cache)
