@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from api.routes import builds, engines, models, resolve, workers
+from api.routes import builds, engines, models, resolve, sweeps, workers
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
 from enginefarm.errors import EnginefarmError, InfrastructureError
@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="enginefarm", version=__version__, lifespan=lifespan,
                   description="Upload ONNX once; get the right TensorRT engine for every GPU.")
     app.state.settings = settings
-    for module in (models, builds, engines, resolve, workers):
+    for module in (models, builds, sweeps, engines, resolve, workers):
         app.include_router(module.router)
 
     @app.exception_handler(EnginefarmError)

@@ -35,14 +35,19 @@ class ModelOut(BaseModel):
     has_qdq: bool
     external_data: bool
     created_at: datetime
+    source_model_id: int | None = Field(None, description="the model this one was derived from (int8 Q/DQ)")
+    derivation: dict[str, Any] | None = None
+    samples: dict[str, Any] | None = Field(None, description="the sample inputs stored with the model, if any")
 
     @classmethod
     def of(cls, row: ModelRow) -> ModelOut:
         info = row.info
+        samples = {"sha256": row.samples_sha256, **(row.samples_info or {})} if row.samples_sha256 else None
         return cls(id=row.id, name=row.name, version=row.version, sha256=row.sha256, format=row.format, size=row.size,
                    opset=info["opset"], ir_version=info["ir_version"], producer=info["producer"],
                    inputs=info["inputs"], outputs=info["outputs"], has_qdq=info.get("has_qdq", False),
-                   external_data=info.get("external_data", False), created_at=as_utc(row.created_at))
+                   external_data=info.get("external_data", False), created_at=as_utc(row.created_at),
+                   source_model_id=row.source_model_id, derivation=row.derivation, samples=samples)
 
 
 class BuildRequest(BaseModel):
@@ -87,6 +92,37 @@ class BuildOut(BaseModel):
     state: str
     created_at: datetime
     tasks: list[TaskOut]
+    sweep_id: int | None = None
+    variant: str | None = None
+    quantize: dict[str, Any] | None = Field(None, description="the int8 quantization stage, when the build has one")
+
+
+class SweepRequest(BaseModel):
+    model_id: int
+    targets: list[str] = Field(min_length=1, max_length=1000)
+    spec: dict[str, Any] = Field(default_factory=dict, description="the base spec every variant starts from")
+    axes: dict[str, list[Any]] = Field(description="spec field -> values to try, e.g. "
+                                                   "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}")
+
+
+class VariantOut(BaseModel):
+    build_id: int
+    variant: str
+    spec_hash: str
+    overrides: dict[str, Any]
+    state: str
+    engines: list[dict[str, Any]] = Field(description="per target: engine, median latency, accuracy, best")
+
+
+class SweepOut(BaseModel):
+    id: int
+    model_id: int
+    axes: dict[str, list[Any]]
+    targets: list[str]
+    created_at: datetime
+    state: str
+    variants: list[VariantOut]
+    best: dict[str, int | None] = Field(description="target -> build id of the fastest variant that passed accuracy")
 
 
 class EngineOut(BaseModel):
@@ -119,13 +155,17 @@ class EngineOut(BaseModel):
     created_at: datetime
     device_memory_bytes: int | None = None
     accuracy_pass: bool | None = None
+    accuracy: dict[str, Any] | None = None
+    checks: dict[str, Any] | None = Field(None, description="where the benchmark and accuracy check stand: "
+                                                            "state and, while pending or failed, why")
 
     @classmethod
-    def of(cls, row: EngineRow, model: ModelRow | None = None) -> EngineOut:
+    def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None) -> EngineOut:
         """``model``: the version it is listed under, when not the one it was first built for (same bytes)."""
-        fields = {k: getattr(row, k) for k in cls.model_fields if k not in ("model_name", "model_version", "model_seq")}
+        fields = {k: getattr(row, k) for k in cls.model_fields
+                  if k not in ("model_name", "model_version", "model_seq", "checks")}
         m = model or row.model
-        return cls(**fields, model_name=m.name, model_version=m.version, model_seq=m.seq)
+        return cls(**fields, model_name=m.name, model_version=m.version, model_seq=m.seq, checks=checks)
 
 
 # Patterns a machine fingerprint's fields must match, shared by GET (query) and POST (JSON) /v1/resolve.
@@ -226,19 +266,20 @@ class WorkerOut(BaseModel):
     id: str
     hostname: str
     targets: list[str]
+    bench_targets: list[str] = Field(default_factory=list, description="targets whose engines it benchmarks")
     started_at: datetime
     last_seen: datetime
     probe: dict[str, Any]
 
     @classmethod
     def of(cls, row: WorkerRow) -> WorkerOut:
-        return cls(id=row.id, hostname=row.hostname, targets=row.targets, started_at=as_utc(row.started_at),
-                   last_seen=as_utc(row.last_seen), probe=row.probe)
+        return cls(id=row.id, hostname=row.hostname, targets=row.targets, bench_targets=row.bench_targets or [],
+                   started_at=as_utc(row.started_at), last_seen=as_utc(row.last_seen), probe=row.probe)
 
 
 def build_state(tasks: list[BuildTaskRow]) -> str:
     states = {t.state for t in tasks}
-    for state in ("running", "queued"):
+    for state in ("running", "queued", "waiting"):
         if state in states:
             return state
     return "failed" if "failed" in states else ("cancelled" if states == {"cancelled"} else "succeeded")
@@ -247,4 +288,5 @@ def build_state(tasks: list[BuildTaskRow]) -> str:
 def build_out(row: BuildRow, details: dict[int, str | None]) -> BuildOut:
     return BuildOut(id=row.id, model_id=row.model_id, spec=row.spec, spec_hash=row.spec_hash, targets=row.targets,
                     state=build_state(row.tasks), created_at=as_utc(row.created_at),
-                    tasks=[TaskOut.of(t, details.get(t.id)) for t in row.tasks])
+                    tasks=[TaskOut.of(t, details.get(t.id)) for t in row.tasks], sweep_id=row.sweep_id,
+                    variant=row.variant, quantize=row.quantize)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from enginefarm.domain import (
     BuildSpec,
     Machine,
     ModelInfo,
+    Precision,
     TaskState,
     Target,
     arch_of_cc,
@@ -22,11 +24,13 @@ from enginefarm.domain import (
     validate_spec,
 )
 from enginefarm.errors import ModelRejected, SpecInvalid, TargetUnavailable
+from enginefarm.inputs import SamplesInvalid, benchmark_shape_problems, load_samples
 from enginefarm.modelfile import inspect_upload
 from storage import catalog
-from storage.blobs import get_blob_store, model_key
+from storage.blobs import get_blob_store, model_key, samples_key
 from storage.db import session_scope
 from storage.tables import ModelRow
+from worker import dispatch
 from worker.pipeline import Scratch, bundle_limits
 
 log = logging.getLogger(__name__)
@@ -86,44 +90,158 @@ def _spec_from(payload: dict) -> tuple[BuildSpec | None, list[dict]]:
         return None, [{"loc": ["spec"], "msg": "spec must be a JSON object"}]
 
 
-def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
-                 publish) -> int:
-    """Validate the spec against the model and every target, record the build, queue its tasks;
-    returns the build's id.
-
-    Raises SpecInvalid listing every problem at once. Tasks are published only after the
-    catalog commit, so a worker never sees a task the catalog does not have.
-    """
+def _validated(settings: Settings, s, model_id: int, target_texts: list[str], spec_payload: dict,
+               prefix: list | None = None) -> tuple[ModelRow, list[Target], BuildSpec | None, list[dict]]:
+    """The model, parsed targets and spec, and every problem with them (locations under ``prefix``)."""
     targets, problems = parse_targets(target_texts)
     if len(target_texts) > settings.max_targets_per_build:
         problems.append({"loc": ["targets"], "msg": f"at most {settings.max_targets_per_build} targets per build"})
     spec, spec_problems = _spec_from(spec_payload)
     problems += spec_problems
+    model = catalog.get_model(s, model_id)
+    if spec is not None:
+        info = ModelInfo.from_dict(model.info)
+        problems += validate_spec(spec, info, targets, has_samples=bool(model.samples_key))
+        problems += benchmark_shape_problems(spec, info)
+    if prefix:
+        problems = [{**p, "loc": [*prefix, *p.get("loc", [])]} for p in problems]
+    return model, targets, spec, problems
+
+
+def _needs_quantizing(model: ModelRow, spec: BuildSpec) -> bool:
+    return spec.precision is Precision.INT8 and not model.info.get("has_qdq", False)
+
+
+def _create_build(settings: Settings, s, model: ModelRow, targets: list[Target], spec: BuildSpec,
+                  **extra: Any) -> tuple[int, list]:
+    """Record one validated build; returns its id and what to publish once committed."""
+    served = catalog.served_targets(s, settings.worker_ttl_seconds)
+    quantize = _needs_quantizing(model, spec)
+    build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize, **extra)
+    if quantize:
+        build.quantize = {"state": TaskState.QUEUED.value, "source_model_id": model.id,
+                          "samples_sha256": model.samples_sha256,
+                          "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime"}
+    out = [("build", t.id, Target.parse(t.target)) for t in build.tasks if t.state == TaskState.QUEUED.value]
+    out += [("bench", c.id, c.target) for c in checks]
+    out += [("quantize", build.id, None)] if quantize else []
+    return build.id, out
+
+
+def _publish(items: list) -> None:
+    for kind, ident, target in items:
+        if kind == "build":
+            dispatch.publish_build(ident, target)
+        elif kind == "bench":
+            dispatch.publish_benchmark(ident, target)
+        else:
+            dispatch.publish_quantize(ident)
+
+
+def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict) -> int:
+    """Validate the spec against the model and every target, record the build, queue its tasks;
+    returns the build's id.
+
+    Raises SpecInvalid listing every problem at once. Tasks are published only after the
+    catalog commit, so a worker never sees a task the catalog does not have. An int8 build of a
+    model without Q/DQ nodes first queues the quantization stage; its tasks wait for it.
+    """
     with session_scope(settings) as s:
-        model = catalog.get_model(s, model_id)
-        if spec is not None:
-            problems += validate_spec(spec, ModelInfo.from_dict(model.info), targets)
+        model, targets, spec, problems = _validated(settings, s, model_id, target_texts, spec_payload)
         if problems:
             raise SpecInvalid(f"the build request has {len(problems)} problem(s)", problems=problems)
-        served = catalog.served_targets(s, settings.worker_ttl_seconds)
-        build = catalog.add_build(s, model, spec, targets, served)
-        queued = [(t.id, Target.parse(t.target)) for t in build.tasks if t.state == TaskState.QUEUED.value]
-    for task_id, target in queued:
-        try:
-            publish(task_id, target)
-        except Exception:  # the row is queued in the catalog; the broker can be retried later
-            log.warning("could not publish build task %s to %s", task_id, target.queue, exc_info=True)
-    return build.id
+        build_id, publish = _create_build(settings, s, model, targets, spec)
+    _publish(publish)
+    return build_id
 
 
-def publish_build_task(task_id: int, target: Target) -> None:
-    from worker.tasks import build_engine
+# --------------------------------------------------------------------------- sweeps
 
-    build_engine.apply_async(args=[task_id], queue=target.queue)
+SWEEP_AXES = ("precision", "optimization_level", "profiles", "hardware_compatibility", "strongly_typed")
+MAX_SWEEP_VARIANTS = 64
+
+
+def _variant_label(overrides: dict[str, Any], axes: dict[str, list]) -> str:
+    parts = []
+    for key, value in overrides.items():
+        if key == "precision":
+            parts.append(str(value))
+        elif key == "optimization_level":
+            parts.append(f"opt{value}")
+        elif key == "profiles":
+            parts.append(f"profile{axes['profiles'].index(value) + 1}")
+        else:
+            parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: dict, axes: dict[str, list]) -> int:
+    """One build per combination of the axes' values, all validated before any is recorded; returns the sweep id."""
+    problems = [{"loc": ["axes", k], "msg": f"cannot sweep {k!r}; sweepable: {', '.join(SWEEP_AXES)}"}
+                for k in axes if k not in SWEEP_AXES]
+    problems += [{"loc": ["axes", k], "msg": f"give {k!r} a non-empty list of values"}
+                 for k, v in axes.items() if not isinstance(v, list) or not v]
+    if not axes:
+        problems.append({"loc": ["axes"], "msg": 'name at least one axis, e.g. {"precision": ["fp32", "fp16"]}'})
+    if problems:
+        raise SpecInvalid("the sweep request is invalid", problems=problems)
+    combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    if len(combos) > MAX_SWEEP_VARIANTS:
+        raise SpecInvalid(f"the sweep has {len(combos)} variants; at most {MAX_SWEEP_VARIANTS}",
+                          problems=[{"loc": ["axes"], "msg": f"{len(combos)} combinations, at most {MAX_SWEEP_VARIANTS}"}])
+    publish: list = []
+    with session_scope(settings) as s:
+        checked = [(label := _variant_label(o, axes),
+                    _validated(settings, s, model_id, target_texts, {**base, **o}, prefix=[f"variant {label}"]))
+                   for o in combos]
+        problems = [p for _, (*_, found) in checked for p in found]
+        if problems:
+            raise SpecInvalid(f"the sweep has {len(problems)} problem(s)", problems=problems)
+        hashes = {spec.spec_hash() for _, (_, _, spec, _) in checked}
+        if len(hashes) < len(checked):
+            raise SpecInvalid("two variants of the sweep are the same spec",
+                              problems=[{"loc": ["axes"], "msg": "the axes repeat a value"}])
+        model, targets = checked[0][1][0], checked[0][1][1]
+        sweep = catalog.add_sweep(s, model, axes, [str(t) for t in targets])
+        for label, (_, _, spec, _) in checked:
+            publish += _create_build(settings, s, model, targets, spec, sweep_id=sweep.id, variant=label)[1]
+        sweep_id = sweep.id
+    _publish(publish)
+    return sweep_id
+
+
+# --------------------------------------------------------------------------- samples
+
+
+def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256: str) -> ModelRow:
+    """Check an .npz of sample inputs against the model and store it with the model (content-addressed)."""
+    with session_scope(settings) as s:
+        info = ModelInfo.from_dict(catalog.get_model(s, model_id).info)
+    try:
+        arrays = load_samples(upload_path, info, max_bytes=settings.max_samples_bytes * 4)
+    except SamplesInvalid as exc:
+        raise ModelRejected("the samples do not fit the model", problems=exc.problems) from None
+    described = {"count": next((a.shape[0] for a in arrays.values() if a.ndim), 1),
+                 "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in arrays.items()}}
+    store = get_blob_store(settings)
+    key = samples_key(sha256)
+    was_there = store.exists(key)
+    store.put_file(key, upload_path, sha256)
+    try:
+        with session_scope(settings) as s:
+            model = catalog.get_model(s, model_id)
+            catalog.set_samples(s, model, sha256=sha256, key=key, info=described)
+            return model
+    except BaseException:
+        if not was_there:
+            store.delete(key)
+        raise
 
 
 def wait_reason(target: str, state: str, served: dict[str, set[str]]) -> str | None:
     """Why a queued task is not running yet, when the answer is that nobody can take it."""
+    if state == TaskState.WAITING.value:
+        return "waiting for the int8 quantization stage to make the Q/DQ model"
     if state == TaskState.QUEUED.value and target not in served:
         return f"waiting: no live worker serves {target}"
     return None
@@ -185,7 +303,7 @@ def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, 
 
 
 def build_for_machine(settings: Settings, model: str, version: str | None, machine: Machine, *,
-                      spec_hash: str | None, precision: str | None, publish) -> dict[str, Any]:
+                      spec_hash: str | None, precision: str | None) -> dict[str, Any]:
     """Submit (or find already running) the build that would give this machine an engine; the 202 body."""
     with session_scope(settings) as s:
         rows = catalog.find_models(s, model)  # every version, newest first
@@ -208,7 +326,7 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
         if open_task is not None:
             build_id, already = open_task.build_id, True
     if open_task is None:
-        build_id, already = submit_build(settings, model_id, [str(target)], spec, publish), False
+        build_id, already = submit_build(settings, model_id, [str(target)], spec), False
     with session_scope(settings) as s:
         state = next(t.state for t in catalog.get_build(s, build_id).tasks if t.target == str(target))
     detail = wait_reason(str(target), state, served)

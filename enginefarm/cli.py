@@ -62,13 +62,17 @@ def api(host: str = "127.0.0.1", port: int = 8321, workers: int = typer.Option(1
 def worker(
     probe: bool = typer.Option(False, "--probe", help="print what this machine can build, then exit"),
     targets: Optional[str] = typer.Option(None, help="comma-separated targets to serve instead of the probed ones"),
+    bench_targets: Optional[str] = typer.Option(
+        None, "--bench-targets", help="comma-separated targets whose engines to benchmark instead of the probed ones "
+                                      "(engines this machine's GPU or CPU runs), or 'none'"),
     name: Optional[str] = typer.Option(None, help="worker name (default: the hostname)"),
     concurrency: int = typer.Option(None, help="parallel builds (default ENGINEFARM_WORKER_CONCURRENCY or 1)"),
     pool: str = typer.Option("prefork", help="Celery pool: prefork isolates builds in child processes"),
     loglevel: str = "info",
 ) -> None:
-    """Probe this machine, then consume the build queues of exactly the targets it can build."""
-    from worker.probe import buildable_targets, probe_machine, probe_report
+    """Probe this machine, then consume the build queues of exactly the targets it can build and the
+    benchmark queues of exactly the targets whose engines it can run."""
+    from worker.probe import benchmark_targets, buildable_targets, probe_machine, probe_report
 
     settings = get_settings()
     machine = probe_machine()
@@ -79,18 +83,23 @@ def worker(
         return
     from enginefarm.domain import Target
 
+    def parse(text: str) -> list[Target]:
+        return [] if text.strip() == "none" else [Target.parse(t) for t in text.split(",") if t.strip()]
+
     chosen_text = targets or settings.worker_targets
+    bench_text = bench_targets or settings.worker_bench_targets
     try:
-        chosen = [Target.parse(t) for t in chosen_text.split(",") if t.strip()] if chosen_text else buildable_targets(machine)
+        chosen = parse(chosen_text) if chosen_text else buildable_targets(machine)
+        bench = parse(bench_text) if bench_text else benchmark_targets(machine)
     except ValueError as exc:
         _fail(exc)
-    if not chosen:
-        _fail(RuntimeError("this machine can build no target; see `enginefarm worker --probe`"))
-    _run_worker(settings, machine, chosen, name or socket.gethostname(), concurrency or settings.worker_concurrency,
-                pool, loglevel)
+    if not chosen and not bench:
+        _fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
+    _run_worker(settings, machine, chosen, bench, name or socket.gethostname(),
+                concurrency or settings.worker_concurrency, pool, loglevel)
 
 
-def _run_worker(settings, machine, targets, name, concurrency, pool, loglevel) -> None:
+def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel) -> None:
     from celery.signals import worker_ready, worker_shutdown
 
     from enginefarm.embedded import prepare
@@ -108,12 +117,18 @@ def _run_worker(settings, machine, targets, name, concurrency, pool, loglevel) -
             time.sleep(1 + attempt)
     from worker.celery_app import app as celery_app
 
-    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict())
+    from enginefarm.domain import QUANTIZE_QUEUE, Backend
+
+    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench])
     worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
     worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
-    err.print(f"worker {worker_id} serving: {', '.join(str(t) for t in targets)}")
+    queues = [t.queue for t in targets] + [t.bench_queue for t in bench]
+    if any(t.backend is Backend.ONNXRUNTIME for t in targets):  # ONNX Runtime CPU workers quantize
+        queues.append(QUANTIZE_QUEUE)
+    err.print(f"worker {worker_id} builds: {', '.join(str(t) for t in targets) or 'nothing'}; "
+              f"benchmarks: {', '.join(str(t) for t in bench) or 'nothing'}")
     celery_app.worker_main([
-        "worker", "-Q", ",".join(t.queue for t in targets), "--concurrency", str(concurrency), "--pool", pool,
+        "worker", "-Q", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
         "--loglevel", loglevel, "-n", worker_id, "--without-gossip", "--without-mingle", "--without-heartbeat",
     ])
 
@@ -156,16 +171,24 @@ def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")
 
 @app.command()
 def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False), name: str = typer.Option(...),
-           version: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
+           version: Optional[str] = None,
+           samples: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                                  help=".npz of sample inputs: int8 calibration and accuracy checks"),
+           api: Optional[str] = API_OPT) -> None:
     """Upload an .onnx file, or a .zip/.tar bundle of model.onnx and its external data."""
     try:
-        with _client(api) as c, _bar() as bar:
-            task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
-            model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n))
+        with _client(api) as c:
+            with _bar() as bar:
+                task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
+                model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n))
+            if samples:
+                model = c.upload_samples(model["id"], samples)
     except Exception as exc:
         _fail(exc)
     console.print(f"{'uploaded' if created else 'already present'}: model {model['id']} "
                   f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}")
+    if model.get("samples"):
+        console.print(f"samples: {model['samples']['count']} per input, sha256 {model['samples']['sha256'][:12]}")
 
 
 def _bar() -> Progress:
@@ -182,15 +205,20 @@ def build(
     opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
     max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
     spec_file: Optional[Path] = typer.Option(None, help="a JSON build spec; flags override its fields"),
+    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="benchmark at these batch sizes, e.g. 1,8,32"),
+    bench_seconds: Optional[float] = typer.Option(None, "--bench-seconds", help="minimum measured time (default 3)"),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="benchmark GPU engines through a CUDA graph"),
+    no_bench: bool = typer.Option(False, "--no-bench", help="build only: no benchmark, no accuracy check"),
     wait: bool = typer.Option(False, "--wait", help="wait for every target and show progress"),
     api: Optional[str] = API_OPT,
 ) -> None:
-    """Build a model for one or more targets."""
+    """Build a model for one or more targets; each engine is then benchmarked and checked against ONNX Runtime."""
     try:
         spec = json.loads(spec_file.read_text()) if spec_file else {}
         spec.update(spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes))
         if precision:
             spec["precision"] = precision
+        _bench_flags(spec, batch_sizes, bench_seconds, cuda_graph, no_bench)
         with _client(api) as c:
             result = c.build(model_id, target, spec)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
@@ -201,6 +229,102 @@ def build(
     _print_tasks(result)
     if any(t["state"] != "succeeded" for t in result["tasks"]) and wait:
         raise typer.Exit(1)
+
+
+def _bench_flags(spec: dict, batch_sizes: str | None, seconds: float | None, cuda_graph: bool, off: bool) -> None:
+    bench = spec.setdefault("benchmark", {})
+    if batch_sizes:
+        bench["batch_sizes"] = [int(b) for b in batch_sizes.split(",") if b.strip()]
+    if seconds is not None:
+        bench["duration_s"] = seconds
+    if cuda_graph:
+        bench["cuda_graph"] = True
+    if off:
+        bench["enabled"] = False
+        spec.setdefault("accuracy", {})["enabled"] = False
+
+
+@app.command()
+def sweep(
+    model_id: int = typer.Argument(..., help="model id (see `enginefarm ls models`)"),
+    target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
+    axis: list[str] = typer.Option(..., "--axis", "-a", help="FIELD=V1,V2: precision=fp32,fp16 or optimization_level=3,5"),
+    spec_file: Optional[Path] = typer.Option(None, help="the JSON base spec every variant starts from"),
+    wait: bool = typer.Option(False, "--wait", help="wait for builds and benchmarks, then print the variants"),
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Build and benchmark every combination of the axes; the best variant per target is the fastest that
+    passes the accuracy gate."""
+    try:
+        base = json.loads(spec_file.read_text()) if spec_file else {}
+        axes: dict[str, list] = {}
+        for item in axis:
+            field, sep, values = item.partition("=")
+            if not sep or not values:
+                raise ValueError(f"--axis {item!r}: write FIELD=V1,V2")
+            axes[field.strip()] = [json.loads(v) if v.strip().lstrip("-").isdigit() or v.strip() in ("true", "false")
+                                   else v.strip() for v in values.split(",")]
+        with _client(api) as c:
+            result = c.sweep(model_id, target, axes, base)
+            console.print(f"sweep {result['id']}: {len(result['variants'])} variant(s) × {len(target)} target(s)")
+            if wait:
+                for v in result["variants"]:
+                    c.wait_build(v["build_id"])
+                c.wait_checks(result["model_id"])
+                result = c.get(f"/v1/sweeps/{result['id']}")
+    except Exception as exc:
+        _fail(exc)
+    table = Table(title=f"sweep {result['id']}")
+    for col in ("variant", "target", "state", "p50 ms", "p99 ms", "accuracy", "best"):
+        table.add_column(col)
+    for v in result["variants"]:
+        for e in v["engines"]:
+            acc = {True: "pass", False: "FAIL"}.get(e["accuracy_pass"], "—")
+            table.add_row(v["variant"], e["target"], (e["checks"] or {}).get("detail") or e["task_state"],
+                          f"{e['median_ms']:.3f}" if e["median_ms"] is not None else "—",
+                          f"{e['p99_ms']:.3f}" if e["p99_ms"] is not None else "—", acc, "★" if e["best"] else "")
+    console.print(table)
+
+
+@app.command()
+def report(
+    model: str = typer.Argument(..., help="model name, or a model id"),
+    version: Optional[str] = typer.Option(None, help="model version (default: the newest)"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="also draw latency by target and batch size to this PNG"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    wait: bool = typer.Option(False, "--wait", help="wait for benchmarks that are queued or running"),
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Latency percentiles, throughput, accuracy and size for every target and shape, and the change since
+    the previous version."""
+    from enginefarm.report import plot_report, regression_table, report_table
+
+    try:
+        with _client(api) as c:
+            model_id = int(model) if model.isdigit() else _pick_version(c.models(name=model, limit=500)["items"], model, version)
+            data = c.wait_checks(model_id) if wait else c.report(model_id)
+        if as_json:
+            console.print_json(json.dumps(data))
+            return
+        console.print(report_table(data))
+        if (regression := regression_table(data)) is not None:
+            console.print(regression)
+        if plot:
+            console.print(f"plot: {plot_report(data, plot)}")
+    except Exception as exc:
+        _fail(exc)
+
+
+def _pick_version(items: list[dict], name: str, version: str | None) -> int:
+    uploaded = [m for m in items if not m.get("source_model_id")]
+    if not uploaded:
+        raise LookupError(f"no model {name!r} in the catalog")
+    if version:
+        match = [m for m in uploaded if m["version"] == version]
+        if not match:
+            raise LookupError(f"no model {name!r} version {version!r}")
+        return match[0]["id"]
+    return max(uploaded, key=lambda m: m["id"])["id"]
 
 
 def _wait_with_progress(c, build: dict) -> dict:

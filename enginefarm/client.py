@@ -94,8 +94,39 @@ class Client:
             reader.close()
         return self._json(response), response.status_code == 201
 
+    def upload_samples(self, model_id: int, path: Path) -> dict:
+        """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""
+        path = Path(path)
+        with path.open("rb") as f:
+            return self._json(self.http.post(f"/v1/models/{model_id}/samples",
+                                             files={"file": (path.name, f, "application/octet-stream")}, timeout=None))
+
     def build(self, model_id: int, targets: list[str], spec: dict | None = None) -> dict:
         return self._json(self.http.post("/v1/builds", json={"model_id": model_id, "targets": targets, "spec": spec or {}}))
+
+    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict | None = None) -> dict:
+        return self._json(self.http.post("/v1/sweeps", json={"model_id": model_id, "targets": targets,
+                                                             "spec": spec or {}, "axes": axes}))
+
+    def report(self, model_id: int) -> dict:
+        return self.get(f"/v1/models/{model_id}/report")
+
+    def wait_checks(self, model_id: int, timeout: float = 600, poll: float = 0.5,
+                    on_update: Callable[[dict], None] | None = None) -> dict:
+        """Poll a model's report until no engine's benchmark is queued or running; returns the report. Engines
+        that no live worker can benchmark stay pending with their reason and do not hold this up."""
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.report(model_id)
+            if on_update:
+                on_update(report)
+            busy = [r for r in report["rows"] if r["status"] == "pending"
+                    and not (r["detail"] or "").startswith("benchmark pending: no worker")]
+            if not busy:
+                return report
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(busy)} benchmark(s) of model {model_id} not finished after {timeout} s")
+            time.sleep(poll)
 
     def wait_build(self, build_id: int, timeout: float = 3600, poll: float = 0.5,
                    on_update: Callable[[dict], None] | None = None) -> dict:

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     worker_ttl_seconds: float = Field(default=20.0, gt=0)
     worker_targets: str | None = None  # comma-separated override of the probed targets
+    # Comma-separated targets whose engines this worker benchmarks, "none" for none; default: probed.
+    worker_bench_targets: str | None = None
+    max_samples_bytes: int = Field(default=256 << 20, ge=1)
     worker_concurrency: int = Field(default=1, ge=1)
     log_tail_lines: int = Field(default=60, ge=1)
 

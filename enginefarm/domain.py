@@ -100,8 +100,17 @@ class Target:
         return f"build.{self.backend.value}.{self.arch}"
 
     @property
+    def bench_queue(self) -> str:
+        """The queue for benchmarking this target's engines: only workers that can run them consume it."""
+        return f"bench.{self.backend.value}.{self.arch}"
+
+    @property
     def is_gpu(self) -> bool:
         return self.backend is not Backend.ONNXRUNTIME
+
+
+# Int8 quantization from samples runs on a CPU worker with ONNX Runtime.
+QUANTIZE_QUEUE = "quantize.onnxruntime"
 
 
 def all_targets() -> list[Target]:
@@ -119,7 +128,6 @@ class Precision(StrEnum):
     FP8 = "fp8"
 
 
-QUANTIZED_PRECISIONS = frozenset({Precision.INT8, Precision.FP8})
 
 
 class HardwareCompat(StrEnum):
@@ -138,6 +146,71 @@ class ShapeRange(BaseModel):
 
 
 MAX_DIM = 1 << 20
+CHECK_FIELDS = ("benchmark", "accuracy")
+# The shape key of a benchmark at the first optimization profile's opt shapes (the default measurement).
+DEFAULT_SHAPE_KEY = "opt"
+
+
+class BenchmarkSpec(BaseModel):
+    """How each engine is benchmarked. The defaults are trtexec's; none of this changes the engine."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    warmup_ms: int = Field(default=200, ge=0, le=60_000, description="time-based warm-up before measuring")
+    duration_s: float = Field(default=3.0, ge=0.0, le=600.0, description="minimum measured duration")
+    iterations: int = Field(default=10, ge=1, le=1_000_000, description="minimum measured iterations")
+    shapes: list[dict[str, list[int]]] = Field(
+        default_factory=list, max_length=16,
+        description="input shapes to measure at, each a full set; empty measures the profile's opt shapes")
+    batch_sizes: list[int] = Field(default_factory=list, max_length=16,
+                                   description="shorthand for shapes: the opt shapes with axis 0 set to each size")
+    cuda_graph: bool = Field(default=False, description="capture the inference in a CUDA graph (GPU engines)")
+    threads: int | None = Field(default=None, ge=1, le=1024, description="ONNX Runtime intra-op threads (CPU)")
+
+    @model_validator(mode="after")
+    def _sizes(self) -> BenchmarkSpec:
+        if any(b < 1 or b > MAX_DIM for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes must be within 1..{MAX_DIM}")
+        if self.shapes and self.batch_sizes:
+            raise ValueError("give either 'shapes' or 'batch_sizes', not both")
+        return self
+
+
+# Metrics an accuracy check compares, and whether a larger value is worse ("max") or better ("min").
+ACCURACY_LIMITS = {"max_abs": "max", "mean_abs": "max", "rel_l2": "max", "cosine": "min"}
+
+# Default pass/fail limits per precision, against ONNX Runtime FP32 on the original model.
+DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
+    "fp32": {"mean_abs": 1e-4, "rel_l2": 1e-3, "cosine": 0.99999},
+    "fp16": {"mean_abs": 1e-3, "rel_l2": 1e-2, "cosine": 0.9995},
+    "bf16": {"mean_abs": 1e-2, "rel_l2": 3e-2, "cosine": 0.999},
+    "int8": {"rel_l2": 0.1, "cosine": 0.99},
+    "fp8": {"rel_l2": 0.1, "cosine": 0.99},
+}
+
+
+class AccuracySpec(BaseModel):
+    """How each engine's outputs are compared with ONNX Runtime FP32 on the original model."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of the random inputs (without samples)")
+    batches: int = Field(default=2, ge=1, le=64, description="random input batches (without samples)")
+    tolerances: dict[str, float] = Field(
+        default_factory=dict, description="limits overriding the precision's defaults: max_abs, mean_abs, "
+                                          "rel_l2 (upper limits), cosine (lower limit)")
+
+    @model_validator(mode="after")
+    def _known(self) -> AccuracySpec:
+        unknown = sorted(set(self.tolerances) - set(ACCURACY_LIMITS))
+        if unknown:
+            raise ValueError(f"unknown tolerance(s) {unknown}; known: {', '.join(ACCURACY_LIMITS)}")
+        return self
+
+    def limits(self, precision: str) -> dict[str, float]:
+        return {**DEFAULT_TOLERANCES.get(precision, {}), **self.tolerances}
 
 
 class BuildSpec(BaseModel):
@@ -154,6 +227,9 @@ class BuildSpec(BaseModel):
     version_compatible: bool = False
     timing_cache: bool = True
     strongly_typed: bool = False
+    # How the engines are checked after the build. Not part of the spec hash: they do not change the engine.
+    benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
+    accuracy: AccuracySpec = Field(default_factory=AccuracySpec)
 
     @model_validator(mode="after")
     def _no_input_twice(self) -> BuildSpec:
@@ -172,11 +248,20 @@ class BuildSpec(BaseModel):
 
     def canonical(self) -> dict[str, Any]:
         """The spec with defaults filled and static shapes folded into profiles: what the hash covers."""
-        data = self.model_dump(mode="json", exclude={"shapes", "profiles"})
+        data = self.model_dump(mode="json", exclude={"shapes", "profiles", *CHECK_FIELDS})
         data["profiles"] = [
             {name: rng.model_dump() for name, rng in sorted(p.items())} for p in self.normalized_profiles()
         ]
         return data
+
+    def stored(self) -> dict[str, Any]:
+        """What a build row keeps: the canonical spec plus how its engines are checked."""
+        return {**self.canonical(), **self.model_dump(mode="json", include=set(CHECK_FIELDS))}
+
+    def checks_hash(self) -> str:
+        """The hash of the benchmark and accuracy settings: an engine is checked once per distinct value."""
+        blob = json.dumps(self.model_dump(mode="json", include=set(CHECK_FIELDS)), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
 
     def spec_hash(self) -> str:
         blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
@@ -250,12 +335,16 @@ def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: Tenso
     return problems
 
 
-def _precision_problems(spec: BuildSpec, targets: list[Target], has_qdq: bool) -> list[dict[str, Any]]:
+def _precision_problems(spec: BuildSpec, targets: list[Target], has_qdq: bool, has_samples: bool) -> list[dict[str, Any]]:
     problems = []
     p = spec.precision
-    if p in QUANTIZED_PRECISIONS and not has_qdq:
+    if p is Precision.INT8 and not has_qdq and not has_samples:
         problems.append(_problem(["spec", "precision"],
-            f"{p.value} needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none"))
+            "int8 needs a model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes, or calibration samples to make "
+            "one from: upload them with POST /v1/models/{id}/samples (enginefarm upload --samples FILE.npz)"))
+    elif p is Precision.FP8 and not has_qdq:
+        problems.append(_problem(["spec", "precision"],
+            "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none"))
     for t in targets:
         cc = t.compute_capability
         if t.backend is Backend.ONNXRUNTIME and p not in (Precision.FP32, Precision.INT8):
@@ -274,8 +363,9 @@ def _precision_problems(spec: BuildSpec, targets: list[Target], has_qdq: bool) -
     return problems
 
 
-def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target]) -> list[dict[str, Any]]:
-    """Every problem with running ``spec`` on this model for these targets; empty when it is fine."""
+def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_samples: bool = False) -> list[dict[str, Any]]:
+    """Every problem with running ``spec`` on this model for these targets; empty when it is fine.
+    ``has_samples``: the model has calibration samples, so int8 can be made from it."""
     problems: list[dict[str, Any]] = []
     by_name = {t.name: t for t in info.inputs}
     known = ", ".join(by_name) or "none"
@@ -307,7 +397,7 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target]) -> li
         if t in seen:
             problems.append(_problem(["targets", str(t)], f"target {t} is listed twice"))
         seen.add(t)
-    problems += _precision_problems(spec, targets, info.has_qdq)
+    problems += _precision_problems(spec, targets, info.has_qdq, has_samples)
     return problems
 
 
@@ -328,6 +418,7 @@ def parse_targets(texts: list[str]) -> tuple[list[Target], list[dict[str, Any]]]
 
 
 class TaskState(StrEnum):
+    WAITING = "waiting"  # for an earlier stage (the int8 quantization) before it can be queued
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

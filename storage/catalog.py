@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -24,7 +24,18 @@ from enginefarm.domain import (
 )
 from enginefarm.errors import Conflict, NoCompatibleEngine, NotFound
 from storage.db import as_utc
-from storage.tables import DEFAULT_SHAPE_KEY, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow, utcnow
+from storage.tables import (
+    DEFAULT_SHAPE_KEY,
+    BenchmarkRow,
+    BenchmarkTaskRow,
+    BuildRow,
+    BuildTaskRow,
+    EngineRow,
+    ModelRow,
+    SweepRow,
+    WorkerRow,
+    utcnow,
+)
 
 # --------------------------------------------------------------------------- models
 
@@ -34,14 +45,16 @@ def find_model_by_content(session: Session, name: str, sha256: str) -> ModelRow 
 
 
 def add_model(session: Session, *, name: str, version: str | None, sha256: str, fmt: str, size: int,
-              info: ModelInfo, blob_key: str) -> ModelRow:
-    """Insert a model version; the version defaults to the next integer under that name."""
-    seq = (session.scalar(select(func.max(ModelRow.seq)).where(ModelRow.name == name)) or 0) + 1
+              info: ModelInfo, blob_key: str, source: ModelRow | None = None, derivation: dict | None = None) -> ModelRow:
+    """Insert a model version; the version defaults to the next integer under that name. A derived model
+    (``source``) shares its source's place in the version order."""
+    seq = source.seq if source else (session.scalar(select(func.max(ModelRow.seq)).where(ModelRow.name == name)) or 0) + 1
     version = version or str(seq)
     if session.scalars(select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version)).first():
         raise Conflict(f"model {name!r} version {version!r} already exists with different bytes", name=name, version=version)
     row = ModelRow(name=name, version=version, seq=seq, sha256=sha256, format=fmt, size=size,
-                   info=info.to_dict(), blob_key=blob_key)
+                   info=info.to_dict(), blob_key=blob_key, source_model_id=source.id if source else None,
+                   derivation=derivation)
     session.add(row)
     try:
         session.flush()
@@ -67,15 +80,27 @@ def list_models(session: Session, *, name: str | None = None, limit: int = 50, o
 
 
 def find_models(session: Session, name: str, version: str | None = None) -> list[ModelRow]:
-    """Versions of a model, newest first; only the named version when one is given."""
+    """Versions of a model, newest first, each source before the models derived from it; only the named
+    version (and what was derived from it) when one is given."""
     query = select(ModelRow).where(ModelRow.name == name)
     if version is not None:
-        query = query.where(ModelRow.version == version)
-    rows = list(session.scalars(query.order_by(ModelRow.seq.desc())).all())
+        named = select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version)
+        query = query.where((ModelRow.version == version) | ModelRow.source_model_id.in_(named))
+    rows = list(session.scalars(query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None),
+                                               ModelRow.id)).all())
     if not rows:
         what = f"model {name!r}" + (f" version {version!r}" if version else "")
         raise NotFound(f"no {what} in the catalog")
     return rows
+
+
+def latest_of(rows: list[ModelRow]) -> list[ModelRow]:
+    """The newest version and the models derived from it (``rows`` as find_models orders them)."""
+    return [r for r in rows if r.seq == rows[0].seq] if rows else []
+
+
+def set_samples(session: Session, model: ModelRow, *, sha256: str, key: str, info: dict) -> None:
+    model.samples_sha256, model.samples_key, model.samples_info = sha256, key, info
 
 
 # --------------------------------------------------------------------------- builds
@@ -91,25 +116,82 @@ def find_engine(session: Session, model_sha: str, spec_hash: str, target: str, b
 
 
 def add_build(session: Session, model: ModelRow, spec: BuildSpec, targets: list[Target],
-              backend_versions: dict[str, set[str]]) -> BuildRow:
+              backend_versions: dict[str, set[str]], *, waiting: bool = False, sweep_id: int | None = None,
+              variant: str | None = None) -> tuple[BuildRow, list[BenchmarkTaskRow]]:
     """Record a build with one task per target. A target whose engine already exists for the backend
-    version the live workers run is answered from the catalog: its task is born succeeded."""
+    version the live workers run is answered from the catalog: its task is born succeeded, and the engine
+    is checked with this build's benchmark settings if it never was. ``waiting`` holds the tasks back for
+    an earlier stage. Returns the build and the benchmark tasks it queued (to publish after the commit)."""
     spec_hash = spec.spec_hash()
-    build = BuildRow(model_id=model.id, spec=spec.canonical(), spec_hash=spec_hash, targets=[str(t) for t in targets])
+    build = BuildRow(model_id=model.id, spec=spec.stored(), spec_hash=spec_hash, targets=[str(t) for t in targets],
+                     sweep_id=sweep_id, variant=variant)
     session.add(build)
     session.flush()
+    checks: list[BenchmarkTaskRow] = []
     for target in targets:
-        task = BuildTaskRow(build_id=build.id, target=str(target), state=TaskState.QUEUED.value)
+        task = BuildTaskRow(build_id=build.id, target=str(target),
+                            state=(TaskState.WAITING if waiting else TaskState.QUEUED).value)
         versions = backend_versions.get(str(target)) or {None}
-        existing = next((e for v in versions if (e := find_engine(session, model.sha256, spec_hash, str(target), v))), None)
+        existing = None if waiting else next(
+            (e for v in versions if (e := find_engine(session, model.sha256, spec_hash, str(target), v))), None)
         if existing is not None:
             now = utcnow()
             task.state, task.engine_id, task.reused = TaskState.SUCCEEDED.value, existing.id, True
             task.started_at = task.finished_at = now
             task.log_tail = f"identical build already in the catalog: engine {existing.id}"
+            if (check := ensure_benchmark_task(session, existing, spec)) is not None:
+                checks.append(check)
         session.add(task)
     session.flush()
-    return build
+    return build, checks
+
+
+def claim_quantize(session: Session, build_id: int, worker_id: str) -> bool:
+    """Take a build's queued quantization stage (row-locked where the database can)."""
+    build = session.scalars(select(BuildRow).where(BuildRow.id == build_id).with_for_update()).first()
+    if build is None or not build.quantize or build.quantize.get("state") != TaskState.QUEUED.value:
+        return False
+    build.quantize = {**build.quantize, "state": TaskState.RUNNING.value, "worker_id": worker_id,
+                      "started_at": utcnow().isoformat(), "error": None}
+    return True
+
+
+def set_quantize(session: Session, build_id: int, state: str, **fields: Any) -> None:
+    build = get_build(session, build_id)
+    build.quantize = {**(build.quantize or {}), "state": state, **fields}
+
+
+def fail_quantize(session: Session, build_id: int, error: str) -> None:
+    """End the quantization stage and every task waiting on it with the reason."""
+    set_quantize(session, build_id, TaskState.FAILED.value, error=error, finished_at=utcnow().isoformat())
+    session.execute(update(BuildTaskRow).where(BuildTaskRow.build_id == build_id,
+                                               BuildTaskRow.state == TaskState.WAITING.value)
+                    .values(state=TaskState.FAILED.value, error=f"int8 quantization failed: {error}",
+                            finished_at=utcnow()))
+
+
+def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_versions: dict[str, set[str]]
+                    ) -> tuple[list[tuple[int, Target]], list[BenchmarkTaskRow]]:
+    """Point a build whose quantization finished at the derived model and queue its waiting tasks (or
+    answer them from the catalog); returns the tasks to publish and the benchmark checks queued."""
+    build.model_id = model.id
+    spec = BuildSpec(**build.spec)
+    queued, checks = [], []
+    for task in build.tasks:
+        if task.state != TaskState.WAITING.value:
+            continue
+        versions = backend_versions.get(task.target) or {None}
+        existing = next((e for v in versions if (e := find_engine(session, model.sha256, build.spec_hash, task.target, v))), None)
+        if existing is not None:
+            finish_task_reused(session, task, existing)
+            task.started_at = utcnow()
+            if (check := ensure_benchmark_task(session, existing, spec)) is not None:
+                checks.append(check)
+        else:
+            task.state = TaskState.QUEUED.value
+            queued.append((task.id, Target.parse(task.target)))
+    session.flush()
+    return queued, checks
 
 
 def get_build(session: Session, build_id: int) -> BuildRow:
@@ -247,7 +329,7 @@ def resolve(session: Session, machine: Machine, *, model: str, version: str | No
     for this machine. Returns the choice, the engine rows by id, and the model version of each model sha."""
     models = find_models(session, model, None if version == "latest" else version)
     if version == "latest":
-        models = models[:1]
+        models = latest_of(models)
     # Engines belong to the model's bytes: identical bytes under another name share them.
     owner: dict[str, ModelRow] = {}
     for m in models:
@@ -298,12 +380,15 @@ def latest_build(session: Session, model_ids: list[int], *, spec_hash: str | Non
 # --------------------------------------------------------------------------- workers
 
 
-def heartbeat(session: Session, worker_id: str, hostname: str, targets: list[str], probe: dict) -> None:
+def heartbeat(session: Session, worker_id: str, hostname: str, targets: list[str], probe: dict,
+              bench_targets: list[str] | None = None) -> None:
     row = session.get(WorkerRow, worker_id)
     if row is None:
-        session.add(WorkerRow(id=worker_id, hostname=hostname, targets=targets, probe=probe))
+        session.add(WorkerRow(id=worker_id, hostname=hostname, targets=targets, probe=probe,
+                              bench_targets=bench_targets or []))
     else:
         row.targets, row.probe, row.last_seen = targets, probe, utcnow()
+        row.bench_targets = bench_targets or []
 
 
 def remove_worker(session: Session, worker_id: str) -> None:
@@ -329,3 +414,151 @@ def served_targets(session: Session, ttl_seconds: float) -> dict[str, set[str]]:
             if modules.get(module):
                 served[target].add(modules[module])
     return served
+
+
+def served_bench_targets(session: Session, ttl_seconds: float) -> set[str]:
+    """Targets whose engines some live worker can run, so benchmark."""
+    return {t for row in live_workers(session, ttl_seconds) for t in (row.bench_targets or [])}
+
+
+# --------------------------------------------------------------------------- benchmark stage
+
+
+def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec) -> BenchmarkTaskRow | None:
+    """Queue the benchmark and accuracy check of this engine with these settings, once; returns the new
+    task (to publish after the commit), or None when it exists already or the spec turns both off."""
+    if not (spec.benchmark.enabled or spec.accuracy.enabled):
+        return None
+    checks = spec.checks_hash()
+    found = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id == engine.id,
+                                                           BenchmarkTaskRow.checks_hash == checks)).first()
+    if found is not None:
+        return None
+    task = BenchmarkTaskRow(engine_id=engine.id, target=engine.target, checks_hash=checks, spec=spec.stored(),
+                            state=TaskState.QUEUED.value)
+    try:
+        with session.begin_nested():
+            session.add(task)
+    except SAIntegrityError:  # another build queued the same check at the same moment
+        return None
+    return task
+
+
+def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
+    row = session.get(BenchmarkTaskRow, task_id)
+    if row is None:
+        raise NotFound(f"no benchmark task with id {task_id}")
+    return row
+
+
+def claim_benchmark(session: Session, task_id: int, worker_id: str) -> bool:
+    result = session.execute(
+        update(BenchmarkTaskRow)
+        .where(BenchmarkTaskRow.id == task_id, BenchmarkTaskRow.state == TaskState.QUEUED.value)
+        .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(),
+                attempts=BenchmarkTaskRow.attempts + 1, error=None)
+    )
+    return result.rowcount == 1
+
+
+def end_benchmark(session: Session, task_id: int, state: TaskState, error: str | None = None) -> None:
+    values: dict[str, Any] = {"state": state.value, "error": error}
+    if state is TaskState.QUEUED:  # back to the queue after an infrastructure error
+        values.update(worker_id=None, started_at=None)
+    else:
+        values["finished_at"] = utcnow()
+    session.execute(update(BenchmarkTaskRow).where(BenchmarkTaskRow.id == task_id).values(**values))
+
+
+def record_benchmark(session: Session, engine_id: int, *, shape_key: str, shapes: dict, machine: dict,
+                     gpu_name: str | None, compute_capability: str | None, stats: dict) -> BenchmarkRow:
+    """Store one measurement, replacing an earlier one of the same engine, shape and device."""
+    session.execute(delete(BenchmarkRow).where(BenchmarkRow.engine_id == engine_id, BenchmarkRow.shape_key == shape_key,
+                                               BenchmarkRow.gpu_name.is_(None) if gpu_name is None
+                                               else BenchmarkRow.gpu_name == gpu_name))
+    e2e = stats["e2e"]
+    row = BenchmarkRow(engine_id=engine_id, shape_key=shape_key, shapes=shapes, gpu_name=gpu_name,
+                       compute_capability=compute_capability, machine=machine, median_ms=e2e["median"],
+                       p99_ms=e2e["p99"], throughput_qps=stats.get("throughput_qps"), stats=stats)
+    session.add(row)
+    return row
+
+
+def record_accuracy(session: Session, engine_id: int, result: dict, device_memory_bytes: int | None = None) -> None:
+    engine = get_engine(session, engine_id)
+    engine.accuracy, engine.accuracy_pass = result, result.get("pass")
+    if device_memory_bytes is not None:
+        engine.device_memory_bytes = device_memory_bytes
+
+
+def benchmark_tasks_of(session: Session, engine_ids: list[int]) -> dict[int, list[BenchmarkTaskRow]]:
+    by_engine: dict[int, list[BenchmarkTaskRow]] = {}
+    if engine_ids:
+        rows = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id.in_(engine_ids))
+                               .order_by(BenchmarkTaskRow.id)).all()
+        for row in rows:
+            by_engine.setdefault(row.engine_id, []).append(row)
+    return by_engine
+
+
+def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str]) -> dict[str, Any]:
+    """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
+    from worker.probe import benchmark_pending_reason
+
+    latest = tasks[-1] if tasks else None
+    if latest is None:
+        done = bool(engine.benchmarks) or engine.accuracy is not None
+        return {"state": "succeeded" if done else "none",
+                "detail": None if done else "no benchmark was asked for (the spec turned it off)"}
+    if latest.state == TaskState.QUEUED.value:
+        detail = (benchmark_pending_reason(Target.parse(latest.target)) if latest.target not in bench_served
+                  else "benchmark queued: a worker that can run it will take it")
+        return {"state": "pending", "detail": detail, "task_id": latest.id}
+    if latest.state == TaskState.RUNNING.value:
+        return {"state": "running", "detail": f"benchmark running on {latest.worker_id}", "task_id": latest.id}
+    if latest.state == TaskState.FAILED.value:
+        return {"state": "failed", "detail": f"benchmark failed: {latest.error}", "task_id": latest.id}
+    return {"state": latest.state, "detail": None, "task_id": latest.id}
+
+
+# --------------------------------------------------------------------------- sweeps and reports
+
+
+def add_sweep(session: Session, model: ModelRow, axes: dict, targets: list[str]) -> SweepRow:
+    row = SweepRow(model_id=model.id, axes=axes, targets=targets)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def get_sweep(session: Session, sweep_id: int) -> SweepRow:
+    row = session.get(SweepRow, sweep_id)
+    if row is None:
+        raise NotFound(f"no sweep with id {sweep_id}")
+    return row
+
+
+def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
+    return list(session.scalars(select(ModelRow).where(ModelRow.source_model_id == model.id).order_by(ModelRow.id)))
+
+
+def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
+    """Version N-1 under the same name (an uploaded version, not a derived one)."""
+    return session.scalars(select(ModelRow).where(ModelRow.name == model.name, ModelRow.seq < model.seq,
+                                                  ModelRow.source_model_id.is_(None))
+                           .order_by(ModelRow.seq.desc())).first()
+
+
+def engines_of_model(session: Session, model: ModelRow) -> list[EngineRow]:
+    """The engines of a model's bytes and of the models derived from it, with their benchmarks."""
+    shas = {model.sha256, *(d.sha256 for d in derived_models(session, model))}
+    return list(session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(shas))
+                                .options(selectinload(EngineRow.benchmarks)).order_by(EngineRow.target, EngineRow.id)))
+
+
+def builds_by_spec(session: Session, model_ids: list[int]) -> dict[str, BuildRow]:
+    """The newest build of each spec hash among these models: where an engine's spec and variant label live."""
+    out: dict[str, BuildRow] = {}
+    for row in session.scalars(select(BuildRow).where(BuildRow.model_id.in_(model_ids)).order_by(BuildRow.id)):
+        out[row.spec_hash] = row
+    return out

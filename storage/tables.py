@@ -7,6 +7,8 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from enginefarm.domain import DEFAULT_SHAPE_KEY
+
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
@@ -30,6 +32,13 @@ class ModelRow(Base):
     size: Mapped[int] = mapped_column(BigInteger)  # bytes as uploaded
     info: Mapped[dict] = mapped_column(JSON)  # enginefarm.domain.ModelInfo
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # A model the farm made from another (an int8 Q/DQ model from its FP32 source), and how.
+    source_model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"), index=True)
+    derivation: Mapped[dict | None] = mapped_column(JSON)
+    # Sample inputs (.npz) for calibration and the accuracy check, stored content-addressed.
+    samples_sha256: Mapped[str | None] = mapped_column(String(64))
+    samples_key: Mapped[str | None] = mapped_column(String(200))
+    samples_info: Mapped[dict | None] = mapped_column(JSON)  # input name -> shape and dtype, sample count
 
 
 class BuildRow(Base):
@@ -41,6 +50,10 @@ class BuildRow(Base):
     spec_hash: Mapped[str] = mapped_column(String(64), index=True)
     targets: Mapped[list] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    variant: Mapped[str | None] = mapped_column(String(200))  # a sweep's label for this build, "fp16 opt3"
+    # The int8 quantization stage, when the build needed a Q/DQ model first: state, source, report, error.
+    quantize: Mapped[dict | None] = mapped_column(JSON)
 
     model: Mapped[ModelRow] = relationship()
     tasks: Mapped[list[BuildTaskRow]] = relationship(back_populates="build", order_by="BuildTaskRow.id")
@@ -106,8 +119,6 @@ class EngineRow(Base):
     benchmarks: Mapped[list[BenchmarkRow]] = relationship(back_populates="engine", order_by="BenchmarkRow.id")
 
 
-# The shape key of a benchmark at the optimization profile's opt shape (the default measurement).
-DEFAULT_SHAPE_KEY = "opt"
 
 
 class BenchmarkRow(Base):
@@ -131,12 +142,49 @@ class BenchmarkRow(Base):
     engine: Mapped[EngineRow] = relationship(back_populates="benchmarks")
 
 
+class BenchmarkTaskRow(Base):
+    """The benchmark and accuracy check of one engine with one set of check settings, on a capable worker."""
+
+    __tablename__ = "benchmark_tasks"
+    __table_args__ = (UniqueConstraint("engine_id", "checks_hash", name="uq_benchmark_tasks_engine_checks"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)
+    target: Mapped[str] = mapped_column(String(64), index=True)
+    checks_hash: Mapped[str] = mapped_column(String(64))
+    spec: Mapped[dict] = mapped_column(JSON)  # the build spec it was asked with (BuildSpec.stored())
+    state: Mapped[str] = mapped_column(String(16), index=True, default="queued")
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    engine: Mapped[EngineRow] = relationship()
+
+
+class SweepRow(Base):
+    """A grid of build variants of one model; each variant is a build with ``sweep_id`` set."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)
+    axes: Mapped[dict] = mapped_column(JSON)  # spec field -> the values tried
+    targets: Mapped[list] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    builds: Mapped[list[BuildRow]] = relationship(order_by="BuildRow.id")
+
+
 class WorkerRow(Base):
     __tablename__ = "workers"
 
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
     hostname: Mapped[str] = mapped_column(String(200))
     targets: Mapped[list] = mapped_column(JSON)
+    bench_targets: Mapped[list] = mapped_column(JSON, default=list)  # engines its GPU (or CPU) can run
     probe: Mapped[dict] = mapped_column(JSON)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

@@ -222,8 +222,12 @@ def test_validate_static_model_needs_no_shapes():
 def test_validate_int8_without_qdq():
     problems = validate_spec(BuildSpec(precision="int8"), info(STATIC), [T("tensorrt-rtx/sm86")])
     assert problems[0]["loc"] == ["spec", "precision"]
-    assert "Q/DQ" in problems[0]["msg"] and "this model has none" in problems[0]["msg"]
+    assert "Q/DQ" in problems[0]["msg"] and "calibration samples" in problems[0]["msg"]
     assert validate_spec(BuildSpec(precision="int8"), info(STATIC, has_qdq=True), [T("tensorrt-rtx/sm86")]) == []
+    # With samples the farm makes the Q/DQ model itself; fp8 still needs one.
+    assert validate_spec(BuildSpec(precision="int8"), info(STATIC), [T("tensorrt-rtx/sm86")], has_samples=True) == []
+    fp8 = validate_spec(BuildSpec(precision="fp8"), info(STATIC), [T("tensorrt-rtx/sm89")], has_samples=True)
+    assert "this model has none" in fp8[0]["msg"]
 
 
 def test_validate_bf16_on_rtx_sm75():

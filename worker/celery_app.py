@@ -7,7 +7,7 @@ from celery.signals import worker_process_init
 
 from enginefarm.config import Settings, get_settings
 
-BUILD_TASK = "enginefarm.build_engine"
+from worker.dispatch import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK  # noqa: F401 - the task names
 # Longer than the longest build: Redis redelivers a message unacked for this long.
 VISIBILITY_TIMEOUT_S = 6 * 3600
 

@@ -16,14 +16,16 @@ log = logging.getLogger(__name__)
 class Heartbeat:
     """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it."""
 
-    def __init__(self, settings: Settings, worker_id: str, targets: list[str], probe: dict):
+    def __init__(self, settings: Settings, worker_id: str, targets: list[str], probe: dict,
+                 bench_targets: list[str] | None = None):
         self.settings, self.worker_id, self.targets, self.probe = settings, worker_id, targets, probe
+        self.bench_targets = bench_targets or []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="enginefarm-heartbeat", daemon=True)
 
     def beat(self) -> None:
         with session_scope(self.settings) as s:
-            catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe)
+            catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe, self.bench_targets)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_seconds):

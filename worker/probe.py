@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import ARCHES, BACKEND_MODULES, Backend, Machine, Target, arch_of_cc
+from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Machine, Target, arch_of_cc
 
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
 RTX_MODULE = BACKEND_MODULES[Backend.TENSORRT_RTX]
@@ -347,6 +347,37 @@ def buildable_targets(probe: MachineProbe) -> list[Target]:
             if cc and arch_of_cc(cc) in ARCHES[Backend.TENSORRT]:
                 targets.add(Target(Backend.TENSORRT, arch_of_cc(cc)))
     return sorted(targets)
+
+
+def benchmark_targets(probe: MachineProbe) -> list[Target]:
+    """The targets whose engines this machine can run, so benchmark: a GPU of compute capability 8.6 with
+    tensorrt_rtx importable serves ``tensorrt-rtx/sm86`` (and ``tensorrt-rtx/portable``, which runs there);
+    full TensorRT serves its GPU's architecture; ONNX Runtime serves the worker's CPU."""
+    targets: set[Target] = set()
+    if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
+        targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
+    for _, cc in _devices(probe):
+        if not cc:
+            continue
+        arch = arch_of_cc(cc)
+        if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64":
+            if arch in ARCHES[Backend.TENSORRT_RTX]:
+                targets.add(Target(Backend.TENSORRT_RTX, arch))
+            if cc in RTX_PORTABLE_CCS:
+                targets.add(Target(Backend.TENSORRT_RTX, "portable"))
+        if probe.modules.get(TRT_MODULE) and arch in ARCHES[Backend.TENSORRT]:
+            targets.add(Target(Backend.TENSORRT, arch))
+    return sorted(targets)
+
+
+def benchmark_pending_reason(target: Target) -> str:
+    """What the catalog says about an engine no live worker can benchmark."""
+    if target.backend is Backend.ONNXRUNTIME:
+        return f"benchmark pending: no worker with ONNX Runtime on a {target.arch.removeprefix('cpu-')} CPU"
+    if target.arch == "portable":
+        return (f"benchmark pending: no worker with a GPU of compute capability {'/'.join(RTX_PORTABLE_CCS)} "
+                f"and {BACKEND_MODULES[target.backend]}")
+    return f"benchmark pending: no worker with an {target.arch} GPU and {BACKEND_MODULES[target.backend]}"
 
 
 def probe_report(probe: MachineProbe) -> list[str]:

@@ -1,22 +1,27 @@
-"""The Celery build task: claim → (reuse or build) → store → catalogue. Holds no TensorRT logic."""
+"""The Celery tasks: build an engine, benchmark and check one, quantize a model. Each claims its row in the
+catalog first, so a redelivered message never runs work twice. No TensorRT logic here."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
+from dataclasses import asdict
 from functools import lru_cache
+from pathlib import Path
 
 from enginefarm.config import get_settings
-from enginefarm.domain import BuildSpec, Target
-from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
+from enginefarm.domain import Backend, BuildSpec, ModelInfo, TaskState, Target
+from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, IntegrityError, TargetUnavailable
 from storage import catalog
 from storage.blobs import get_blob_store
+from storage.blobs.base import sha256_file
 from storage.db import session_scope
+from worker import dispatch
 from worker.backends import BuildLog, get_backend
-from worker.celery_app import BUILD_TASK, app
+from worker.celery_app import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, app
 from worker.pipeline import Scratch, engine_from_model, model_file_from_store, store_engine
-from worker.probe import MachineProbe, probe_machine
+from worker.probe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
@@ -37,6 +42,13 @@ def blob_store():
     return get_blob_store(get_settings())
 
 
+def _backoff(retries: int) -> int:
+    return min(60, 2 ** retries)
+
+
+# --------------------------------------------------------------------------- build
+
+
 @app.task(name=BUILD_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
 def build_engine(self, task_id: int) -> None:
     me = worker_id()
@@ -49,7 +61,7 @@ def build_engine(self, task_id: int) -> None:
     except InfrastructureError as exc:
         with session_scope() as s:
             catalog.requeue_task(s, task_id, f"retrying after an infrastructure error: {exc.message}")
-        raise self.retry(exc=exc, countdown=min(60, 2 ** self.request.retries))
+        raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
     except (BuildFailed, TargetUnavailable) as exc:
         with session_scope() as s:
             catalog.fail_task(s, task_id, exc.message, getattr(exc, "log_tail", None))
@@ -57,6 +69,17 @@ def build_engine(self, task_id: int) -> None:
         log.exception("build task %s crashed", task_id)
         with session_scope() as s:
             catalog.fail_task(s, task_id, f"internal error in the worker: {type(exc).__name__}: {exc}")
+
+
+def _after_build(check_id: int | None, target: Target) -> None:
+    """Hand the new engine to the benchmark stage. Full TensorRT builds on the GPU the engine runs on, so
+    this worker benchmarks it now, one after the other; other engines go to a worker that can run them."""
+    if check_id is None:
+        return
+    if target.backend is Backend.TENSORRT:
+        run_benchmark_now(check_id)
+    else:
+        dispatch.publish_benchmark(check_id, str(target))
 
 
 def _run(task_id: int, me: str) -> None:
@@ -71,7 +94,11 @@ def _run(task_id: int, me: str) -> None:
         existing = catalog.find_engine(s, model.sha256, spec_hash, str(target), backend_version)
         if existing is not None:  # identical work never runs twice
             catalog.finish_task_reused(s, task, existing)
-            return
+            check = catalog.ensure_benchmark_task(s, existing, spec)
+            check_id = check.id if check else None
+    if existing is not None:
+        _after_build(check_id, target)
+        return
     log_buf = BuildLog(limit=settings.log_tail_lines)
     model_path = model_file_from_store(store, *model_fields, settings)
     with Scratch(settings) as scratch:
@@ -83,5 +110,125 @@ def _run(task_id: int, me: str) -> None:
         key = store_engine(store, built)  # the blob is complete and verified before any row points at it
         with session_scope() as s:
             task = catalog.get_task(s, task_id)
-            catalog.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash, blob_key=key,
-                                  build_seconds=built.seconds, worker_id=me, log_tail=log_buf.tail())
+            engine = catalog.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
+                                           blob_key=key, build_seconds=built.seconds, worker_id=me,
+                                           log_tail=log_buf.tail())
+            check = catalog.ensure_benchmark_task(s, engine, spec)
+            check_id = check.id if check else None
+    _after_build(check_id, target)
+
+
+# --------------------------------------------------------------------------- benchmark and accuracy
+
+
+@app.task(name=BENCHMARK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
+def benchmark_engine(self, task_id: int) -> None:
+    try:
+        run_benchmark_now(task_id, reraise_infra=True)
+    except InfrastructureError as exc:
+        raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
+
+
+def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
+    """Claim the benchmark task and run it in this process; every outcome ends in the catalog."""
+    me = worker_id()
+    with session_scope() as s:
+        if not catalog.claim_benchmark(s, task_id, me):
+            log.info("benchmark task %s is not queued any more; skipping", task_id)
+            return
+    try:
+        _benchmark(task_id)
+    except InfrastructureError as exc:
+        with session_scope() as s:
+            catalog.end_benchmark(s, task_id, TaskState.QUEUED, f"retrying after an infrastructure error: {exc.message}")
+        if reraise_infra:
+            raise
+    except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
+        with session_scope() as s:
+            catalog.end_benchmark(s, task_id, TaskState.FAILED, exc.message)
+    except Exception as exc:
+        log.exception("benchmark task %s crashed", task_id)
+        with session_scope() as s:
+            catalog.end_benchmark(s, task_id, TaskState.FAILED, f"internal error in the worker: {type(exc).__name__}: {exc}")
+
+
+def samples_of(store, key: str | None, sha256: str | None, info: ModelInfo, scratch: Path):
+    """A model's samples from the blob store, verified and checked against the model; None without any."""
+    from enginefarm.inputs import load_samples
+
+    if not key:
+        return None
+    path = scratch / "samples.npz"
+    store.get_file(key, path)
+    if sha256_file(path) != sha256:
+        raise IntegrityError(f"samples blob {key} does not match its sha256")
+    return load_samples(path, info)
+
+
+def _gpu(probe: MachineProbe) -> dict | None:
+    gpu = probe.gpus[0] if probe.gpus else None
+    return {"name": gpu.name, "compute_capability": gpu.compute_capability} if gpu else None
+
+
+def _benchmark(task_id: int) -> None:
+    from worker.evaluate import evaluate
+
+    settings, store = get_settings(), blob_store()
+    with session_scope() as s:
+        task = catalog.get_benchmark_task(s, task_id)
+        engine, model = task.engine, task.engine.model
+        # Accuracy is judged against the original: a derived int8 model's source, else the model itself.
+        reference = catalog.get_model(s, model.source_model_id) if model.source_model_id else model
+        spec = BuildSpec(**task.spec)
+        info = ModelInfo.from_dict(reference.info)
+        engine_fields = (engine.id, engine.blob_key, engine.sha256, engine.backend)
+        ref_fields = (reference.blob_key, reference.sha256, reference.format)
+        samples_fields = (reference.samples_key, reference.samples_sha256)
+    engine_id, blob_key, sha, backend = engine_fields
+    ref_path = model_file_from_store(store, *ref_fields, settings)
+    probe = local_machine()
+    with Scratch(settings) as scratch:
+        engine_path = scratch / "engine.plan"
+        store.get_file(blob_key, engine_path)
+        if sha256_file(engine_path) != sha:
+            raise IntegrityError(f"engine blob {blob_key} does not match the catalog's sha256")
+        samples = samples_of(store, *samples_fields, info, scratch)
+        result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe))
+    fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
+    with session_scope() as s:
+        for measured in result.benchmarks:
+            catalog.record_benchmark(s, engine_id, shape_key=measured.shape.key, shapes=measured.shape.shapes,
+                                     machine=fingerprint, gpu_name=result.gpu_name,
+                                     compute_capability=result.compute_capability, stats=measured.stats)
+        if result.accuracy is not None:
+            catalog.record_accuracy(s, engine_id, result.accuracy, result.device_memory_bytes)
+        catalog.end_benchmark(s, task_id, TaskState.SUCCEEDED)
+
+
+# --------------------------------------------------------------------------- int8 quantization
+
+
+@app.task(name=QUANTIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
+def quantize_model(self, build_id: int) -> None:
+    from worker import quantize_stage
+
+    me = worker_id()
+    with session_scope() as s:
+        if not catalog.claim_quantize(s, build_id, me):
+            log.info("build %s has no queued quantization; skipping", build_id)
+            return
+    try:
+        queued = quantize_stage.run(build_id, blob_store(), get_settings())
+    except InfrastructureError as exc:
+        with session_scope() as s:
+            catalog.set_quantize(s, build_id, "queued", error=f"retrying after an infrastructure error: {exc.message}")
+        raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
+    except Exception as exc:
+        if not isinstance(exc, EnginefarmError):
+            log.exception("quantization of build %s crashed", build_id)
+        message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        with session_scope() as s:
+            catalog.fail_quantize(s, build_id, message)
+        return
+    for task_id, target in queued:
+        dispatch.publish_build(task_id, target)

@@ -24,7 +24,7 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
 def submit_build(body: BuildRequest, session: Session = Depends(session_dep),
                  settings: Settings = Depends(settings_dep)) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once."""
-    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, services.publish_build_task)
+    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec)
     return _out(session, settings, catalog.get_build(session, build_id))
 
 

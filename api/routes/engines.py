@@ -7,6 +7,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from api.deps import session_dep, settings_dep
+from api.reports import engine_checks
 from api.schemas import EngineOut, Page
 from enginefarm.config import Settings
 from storage import catalog
@@ -21,18 +22,31 @@ def list_engines(
     model: str | None = None, version: str | None = None, target: str | None = None, backend: str | None = None,
     cc: str | None = Query(None, description="compute capability, e.g. 8.6"), trt: str | None = None,
     precision: str | None = None, spec_hash: str | None = None, limit: int = 50, offset: int = 0,
-    session: Session = Depends(session_dep),
+    session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
 ) -> Page[EngineOut]:
     limit, offset = max(1, min(limit, 500)), max(0, offset)
     rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
                                        compute_capability=cc, trt_version=trt, precision=precision,
                                        spec_hash=spec_hash, limit=limit, offset=offset)
-    return Page(items=[EngineOut.of(e, m) for e, m in rows], total=total, limit=limit, offset=offset)
+    checks = engine_checks(session, settings, [e for e, _ in rows])
+    return Page(items=[EngineOut.of(e, m, checks[e.id]) for e, m in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
-def get_engine(engine_id: int, session: Session = Depends(session_dep)) -> EngineOut:
-    return EngineOut.of(catalog.get_engine(session, engine_id))
+def get_engine(engine_id: int, session: Session = Depends(session_dep),
+               settings: Settings = Depends(settings_dep)) -> EngineOut:
+    row = catalog.get_engine(session, engine_id)
+    return EngineOut.of(row, checks=engine_checks(session, settings, [row])[row.id])
+
+
+@router.get("/{engine_id}/benchmarks")
+def engine_benchmarks(engine_id: int, session: Session = Depends(session_dep)) -> list[dict]:
+    """Every measurement of the engine: per shape and device, all statistics and the machine fingerprint."""
+    row = catalog.get_engine(session, engine_id)
+    return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name,
+             "compute_capability": b.compute_capability, "median_ms": b.median_ms, "p99_ms": b.p99_ms,
+             "throughput_qps": b.throughput_qps, "stats": b.stats, "machine": b.machine,
+             "created_at": b.created_at.isoformat()} for b in row.benchmarks]
 
 
 @router.get("/{engine_id}/content", response_class=StreamingResponse,

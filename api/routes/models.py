@@ -7,7 +7,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import services
+from api import reports, services
 from api.deps import session_dep, settings_dep
 from api.routes.engines import blob_response
 from api.schemas import ModelOut, Page
@@ -66,3 +66,35 @@ def model_content(model_id: int, session: Session = Depends(session_dep),
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id)
     return blob_response(settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
+
+
+SAMPLES_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"multipart/form-data": {"schema": {
+            "type": "object", "required": ["file"],
+            "properties": {"file": {"type": "string", "format": "binary",
+                                    "description": ".npz with one array per model input; axis 0 stacks samples"}},
+        }}},
+    }
+}
+
+
+@router.post("/{model_id}/samples", response_model=ModelOut, openapi_extra=SAMPLES_BODY)
+async def upload_samples(model_id: int, request: Request, settings: Settings = Depends(settings_dep)) -> ModelOut:
+    """Store sample inputs with the model: int8 calibration and the accuracy check use them instead of
+    random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
+    upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_samples_bytes)
+    try:
+        row = await run_in_threadpool(services.attach_samples, settings, model_id, upload.path, upload.sha256)
+    finally:
+        upload.discard()
+    return ModelOut.of(row)
+
+
+@router.get("/{model_id}/report")
+def model_report(model_id: int, session: Session = Depends(session_dep),
+                 settings: Settings = Depends(settings_dep)) -> dict:
+    """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
+    engine size, or why an engine has no numbers yet; with the change against model version N-1."""
+    return reports.model_report(session, settings, model_id)

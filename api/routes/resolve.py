@@ -67,7 +67,7 @@ def answer(req: ResolveRequest, session: Session, settings: Settings) -> Resolve
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
         body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                          precision=req.precision, publish=services.publish_build_task)
+                                          precision=req.precision)
         out = BuildForMachineOut(**body, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
     explain = req.explain

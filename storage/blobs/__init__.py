@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enginefarm.config import Settings, get_settings
-from storage.blobs.base import BlobStore, engine_key, model_key
+from storage.blobs.base import BlobStore, engine_key, model_key, samples_key
 
 
 def get_blob_store(settings: Settings | None = None) -> BlobStore:
@@ -18,4 +18,4 @@ def get_blob_store(settings: Settings | None = None) -> BlobStore:
     return LocalBlobStore(settings.resolved_blob_dir)
 
 
-__all__ = ["BlobStore", "engine_key", "get_blob_store", "model_key"]
+__all__ = ["BlobStore", "engine_key", "get_blob_store", "model_key", "samples_key"]

@@ -18,6 +18,10 @@ def engine_key(sha256: str) -> str:
     return f"engines/{sha256[:2]}/{sha256}"
 
 
+def samples_key(sha256: str) -> str:
+    return f"samples/{sha256[:2]}/{sha256}"
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:

@@ -13,6 +13,10 @@ url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_databa
 def run_migrations() -> None:
     engine = make_engine(url)
     with engine.connect() as connection:
+        if url.startswith("sqlite"):
+            # Batch migrations copy and drop tables; SQLite would refuse the drop of a referenced table.
+            connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            connection.commit()
         context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=url.startswith("sqlite"))
         with context.begin_transaction():
             context.run_migrations()

@@ -1,0 +1,163 @@
+"""The read side of the benchmark stage: where each engine's checks stand, a model's report with the
+regression against version N-1, and a sweep's variants with the best per target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from enginefarm.config import Settings
+from enginefarm.domain import DEFAULT_SHAPE_KEY
+from storage import catalog
+from storage.tables import BenchmarkRow, BuildRow, EngineRow, ModelRow, SweepRow
+
+LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
+
+
+def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]) -> dict[int, dict[str, Any]]:
+    """Engine id → the state of its benchmark and accuracy check, with the pending reason."""
+    tasks = catalog.benchmark_tasks_of(session, [e.id for e in engines])
+    served = catalog.served_bench_targets(session, settings.worker_ttl_seconds)
+    return {e.id: catalog.check_status(e, tasks.get(e.id, []), served) for e in engines}
+
+
+def _label(spec: dict[str, Any]) -> str:
+    return f"{spec.get('precision', 'fp32')} opt{spec.get('optimization_level', 3)}"
+
+
+def _headline(engine: EngineRow) -> BenchmarkRow | None:
+    """The benchmark a variant is ranked by: at the opt shapes (else the first shape), fastest device."""
+    rows = engine.benchmarks
+    at_opt = [b for b in rows if b.shape_key == DEFAULT_SHAPE_KEY] or [b for b in rows if b.shape_key == rows[0].shape_key]
+    return min(at_opt, key=lambda b: b.median_ms, default=None)
+
+
+def best_per_target(engines: list[EngineRow]) -> dict[str, int | None]:
+    """Target → the fastest engine among those that passed the accuracy gate, where the target has several
+    variants; None while no variant has both a measurement and a passed check."""
+    by_target: dict[str, list[EngineRow]] = {}
+    for e in engines:
+        by_target.setdefault(e.target, []).append(e)
+    best: dict[str, int | None] = {}
+    for target, group in by_target.items():
+        if len(group) < 2:
+            continue
+        passed = [(h.median_ms, e.id) for e in group if e.accuracy_pass and (h := _headline(e)) is not None]
+        best[target] = min(passed)[1] if passed else None
+    return best
+
+
+def _accuracy_of(engine: EngineRow) -> dict[str, Any] | None:
+    if engine.accuracy is None:
+        return None
+    return {"pass": engine.accuracy_pass, "metrics": engine.accuracy.get("worst", {}),
+            "limits": engine.accuracy.get("limits", {}), "reference": engine.accuracy.get("reference"),
+            "inputs": engine.accuracy.get("inputs")}
+
+
+def _phase(stats: dict, name: str) -> dict | None:
+    phase = stats.get(name)
+    return {k: phase[k] for k in LATENCY_KEYS if k in phase} if phase else None
+
+
+def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, previous: EngineRow) -> dict[str, Any]:
+    def delta(a, b):
+        return None if a is None or b is None else a - b
+
+    cos_now = (engine.accuracy or {}).get("worst", {}).get("cosine")
+    cos_before = (previous.accuracy or {}).get("worst", {}).get("cosine")
+    return {"previous_engine_id": previous.id, "median_ms": before.median_ms,
+            "median_ms_delta": now.median_ms - before.median_ms,
+            "median_ratio": now.median_ms / before.median_ms if before.median_ms else None,
+            "p99_ms_delta": delta(now.p99_ms, before.p99_ms),
+            "throughput_delta": delta(now.throughput_qps, before.throughput_qps),
+            "size_delta": engine.size - previous.size,
+            "cosine_delta": delta(cos_now if isinstance(cos_now, float) else None,
+                                  cos_before if isinstance(cos_before, float) else None)}
+
+
+def _specs(session: Session, models: list[ModelRow]) -> dict[str, BuildRow]:
+    ids = [m.id for m in models] + [d.id for m in models for d in catalog.derived_models(session, m)]
+    return catalog.builds_by_spec(session, ids)
+
+
+def model_report(session: Session, settings: Settings, model_id: int) -> dict[str, Any]:
+    """For every engine of the model and every shape it was measured at: latency percentiles, throughput,
+    accuracy and size, or why it has no numbers yet; plus the change against version N-1."""
+    model = catalog.get_model(session, model_id)
+    if model.source_model_id:  # a derived model reports under its source, where its engines are listed
+        model = catalog.get_model(session, model.source_model_id)
+    engines = catalog.engines_of_model(session, model)
+    checks = engine_checks(session, settings, engines)
+    builds = _specs(session, [model])
+    best = best_per_target(engines)
+    previous = catalog.previous_version(session, model)
+    before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
+    if previous is not None:
+        for e in catalog.engines_of_model(session, previous):
+            for b in e.benchmarks:
+                before.setdefault((e.target, e.spec_hash, b.shape_key, b.gpu_name), (e, b))
+    rows = []
+    for e in engines:
+        build = builds.get(e.spec_hash)
+        base = {"engine_id": e.id, "target": e.target, "backend": e.backend, "precision": e.precision,
+                "spec_hash": e.spec_hash, "variant": (build.variant if build and build.variant else
+                                                      _label(build.spec if build else {"precision": e.precision})),
+                "best": (best[e.target] == e.id) if e.target in best else None, "size": e.size,
+                "accuracy": _accuracy_of(e), "derived_from": model.id if e.model_sha256 != model.sha256 else None}
+        if not e.benchmarks:
+            status = checks[e.id]
+            rows.append({**base, "shape_key": None, "batch": None, "device": None,
+                         "status": "failed" if status["state"] == "failed" else "pending", "detail": status["detail"],
+                         "latency_ms": None, "compute_ms": None, "h2d_ms": None, "d2h_ms": None,
+                         "throughput_qps": None, "regression": None})
+            continue
+        for b in e.benchmarks:
+            match = before.get((e.target, e.spec_hash, b.shape_key, b.gpu_name))
+            rows.append({**base, "shape_key": b.shape_key, "shapes": b.shapes, "batch": b.stats.get("batch"),
+                         "device": b.stats.get("device") or b.gpu_name, "status": "measured", "detail": None,
+                         "latency_ms": _phase(b.stats, "e2e"), "compute_ms": _phase(b.stats, "compute"),
+                         "h2d_ms": _phase(b.stats, "h2d"), "d2h_ms": _phase(b.stats, "d2h"),
+                         "throughput_qps": b.throughput_qps, "stats": b.stats, "measured_at": b.created_at.isoformat(),
+                         "regression": _regression(b, match[1], e, match[0]) if match else None})
+    ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
+    return {"model": ident(model), "previous": ident(previous) if previous else None, "rows": rows}
+
+
+def sweep_report(session: Session, settings: Settings, sweep_id: int) -> dict[str, Any]:
+    """A sweep's variants, each with its engine per target, its headline latency and accuracy, and the best."""
+    sweep: SweepRow = catalog.get_sweep(session, sweep_id)
+    engines = [session.get(EngineRow, t.engine_id) for b in sweep.builds for t in b.tasks if t.engine_id]
+    checks = engine_checks(session, settings, engines)
+    best_engine = best_per_target(engines)
+    variants, best_build = [], {t: None for t in sweep.targets}
+    states = set()
+    for build in sweep.builds:
+        items = []
+        for task in build.tasks:
+            states.add(task.state)
+            engine = session.get(EngineRow, task.engine_id) if task.engine_id else None
+            head = _headline(engine) if engine else None
+            is_best = engine is not None and best_engine.get(task.target) == engine.id
+            if is_best:
+                best_build[task.target] = build.id
+            items.append({"target": task.target, "task_state": task.state, "engine_id": task.engine_id,
+                          "median_ms": head.median_ms if head else None, "p99_ms": head.p99_ms if head else None,
+                          "device": (head.stats.get("device") if head else None),
+                          "accuracy_pass": engine.accuracy_pass if engine else None,
+                          "checks": checks.get(engine.id) if engine else None, "best": is_best})
+        variants.append({"build_id": build.id, "variant": build.variant, "spec_hash": build.spec_hash,
+                         "overrides": {k: build.spec.get(k) for k in sweep.axes}, "state": _state(build),
+                         "engines": items})
+        states.update(i["checks"]["state"] for i in items if i["checks"])
+    done = not states & {"queued", "running", "waiting", "pending"}
+    return {"id": sweep.id, "model_id": sweep.model_id, "axes": sweep.axes, "targets": sweep.targets,
+            "created_at": sweep.created_at, "state": "done" if done else "running", "variants": variants,
+            "best": best_build}
+
+
+def _state(build: BuildRow) -> str:
+    from api.schemas import build_state
+
+    return build_state(build.tasks)

@@ -1,0 +1,27 @@
+"""POST/GET /v1/sweeps: a grid of build variants, each built, benchmarked and checked; the best marked."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from sqlalchemy.orm import Session
+
+from api import reports, services
+from api.deps import session_dep, settings_dep
+from api.schemas import SweepOut, SweepRequest
+from enginefarm.config import Settings
+
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"])
+
+
+@router.post("", status_code=202, response_model=SweepOut)
+def submit_sweep(body: SweepRequest, session: Session = Depends(session_dep),
+                 settings: Settings = Depends(settings_dep)) -> SweepOut:
+    """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
+    every target. The best variant per target is the fastest that passes the accuracy gate."""
+    sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes)
+    return SweepOut(**reports.sweep_report(session, settings, sweep_id))
+
+
+@router.get("/{sweep_id}", response_model=SweepOut)
+def get_sweep(sweep_id: int, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> SweepOut:
+    return SweepOut(**reports.sweep_report(session, settings, sweep_id))

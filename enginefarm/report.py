@@ -1,0 +1,361 @@
+"""A model's benchmark report (``GET /v1/models/{id}/report``) as rich tables and a PNG chart.
+
+The functions take the API's JSON as a plain dict, so the CLI, a notebook or a CI job can render a
+report it fetched or saved without the server's models. Nothing here touches the network.
+
+Conventions of the report that the rendering relies on:
+
+* ``latency_ms`` is end to end; its ``median`` is what "p50" means throughout.
+* ``regression.median_ms_delta`` is now minus previous, so negative means faster, and
+  ``regression.median_ratio`` is now / previous.
+* ``best`` is true on the chosen variant of a sweep, false on the others, null when there is no
+  choice to make.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+Report = Mapping[str, Any]
+Row = Mapping[str, Any]
+
+DASH = "—"
+BEST_MARK = "★"
+# A slowdown of the median beyond this fraction is flagged red; smaller ones are noise on shared GPUs.
+SLOWER_TOLERANCE = 0.05
+# Above this max/min ratio of the plotted values, a linear axis flattens the small bars to nothing.
+LOG_SPAN = 100.0
+_BATCH_KEY = re.compile(r"batch=(\d+)")
+
+
+# ------------------------------------------------------------------------------ formatting
+
+
+def fmt_ms(value: float | None, *, signed: bool = False) -> str:
+    """Milliseconds with about three significant digits: enough to compare, short enough for a table."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    sign = "+" if signed else ""
+    magnitude = abs(value)
+    if magnitude >= 100:
+        return f"{value:{sign}.1f}"
+    if magnitude >= 10:
+        return f"{value:{sign}.2f}"
+    if magnitude >= 0.1 or magnitude == 0:
+        return f"{value:{sign}.3f}"
+    return f"{value:{sign}.3g}"
+
+
+def fmt_qps(value: float | None, *, signed: bool = False) -> str:
+    """Throughput in queries per second; whole numbers once the decimal stops mattering."""
+    if value is None:
+        return DASH
+    sign = "+" if signed else ""
+    return f"{value:{sign},.0f}" if abs(value) >= 1000 else f"{value:{sign},.1f}"
+
+
+def human_bytes(n: int | float | None, *, signed: bool = False) -> str:
+    """Binary units (KiB, MiB, GiB), the ones engine files and GPU memory are counted in."""
+    if n is None:
+        return DASH
+    sign = ("+" if n > 0 else "-" if n < 0 else "") if signed else ("-" if n < 0 else "")
+    size = float(abs(n))
+    if size < 1024:
+        return f"{sign}{int(size)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            return f"{sign}{size:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def fmt_small(value: float | None, *, signed: bool = False) -> str:
+    """Scientific notation for error metrics and cosine deltas, which live around 1e-3 .. 1e-7."""
+    if value is None:
+        return DASH
+    if value == 0:
+        return "0"
+    return f"{value:+.2e}" if signed else f"{value:.2e}"
+
+
+def shape_label(row: Row) -> str:
+    """``batch=8`` reads as "batch 8"; other shape keys ("opt", explicit input shapes) as they are."""
+    key = str(row.get("shape_key") or DASH)
+    match = _BATCH_KEY.fullmatch(key)
+    return f"batch {match.group(1)}" if match else key
+
+
+def model_title(report: Report) -> str:
+    """"name version N", the way models are named everywhere else in the farm."""
+    model = report.get("model") or {}
+    return f"{model.get('name', '?')} version {model.get('version', '?')}"
+
+
+def _stat(row: Row, key: str, phase: str = "latency_ms") -> float | None:
+    stats = row.get(phase)
+    return None if not stats else stats.get(key)
+
+
+def _variant_cell(row: Row) -> Text:
+    variant = str(row.get("variant") or DASH)
+    if row.get("best") is True:
+        return Text.assemble(variant, " ", (BEST_MARK, "bold yellow"))
+    return Text(variant, style="dim" if row.get("best") is False else "")
+
+
+def _accuracy_cell(row: Row) -> Text:
+    accuracy = row.get("accuracy")
+    if not accuracy:
+        return Text(DASH, style="dim")
+    verdict = accuracy.get("pass")
+    text = {True: Text("PASS", style="bold green"), False: Text("FAIL", style="bold red")}.get(
+        verdict, Text(DASH, style="dim"))
+    metrics = accuracy.get("metrics") or {}
+    if (cosine := metrics.get("cosine")) is not None:
+        text.append(f" cos {cosine:.6f}")
+    if (mean_abs := metrics.get("mean_abs")) is not None:
+        text.append(f" mae {fmt_small(mean_abs)}")
+    return text
+
+
+def _status_cell(row: Row) -> Text:
+    status = str(row.get("status") or "?")
+    style = {"measured": "green", "pending": "yellow", "failed": "red"}.get(status, "")
+    detail = str(row.get("detail") or "") if status != "measured" else ""
+    if not detail:
+        return Text(status, style=style)
+    # Details usually say "benchmark pending: …" already; don't print the status twice.
+    return Text(detail if status in detail.lower() else f"{status}: {detail}", style=style)
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def report_table(report: Report) -> Table:
+    """Every engine × measured shape on one line, pending and failed ones with the reason why."""
+    table = Table(title=model_title(report), title_style="bold")
+    table.add_column("target", no_wrap=True)
+    table.add_column("variant")
+    table.add_column("shape")
+    table.add_column("device")
+    for name in ("p50", "p90", "p99"):
+        table.add_column(f"{name} ms", justify="right", no_wrap=True)
+    table.add_column("qps", justify="right", no_wrap=True)
+    table.add_column("accuracy")
+    table.add_column("size", justify="right", no_wrap=True)
+    table.add_column("status")
+    for row in report.get("rows") or []:
+        table.add_row(
+            str(row.get("target") or DASH),
+            _variant_cell(row),
+            shape_label(row),
+            str(row.get("device") or DASH),
+            fmt_ms(_stat(row, "median")),
+            fmt_ms(_stat(row, "p90")),
+            fmt_ms(_stat(row, "p99")),
+            fmt_qps(row.get("throughput_qps")),
+            _accuracy_cell(row),
+            human_bytes(row.get("size")),
+            _status_cell(row),
+        )
+    return table
+
+
+def _median_change(row: Row) -> tuple[float | None, float | None, float | None, float | None]:
+    """(previous, now, delta, percent) of the median latency, from whichever fields are present."""
+    regression = row.get("regression") or {}
+    now = _stat(row, "median")
+    delta = regression.get("median_ms_delta")
+    previous: float | None = None
+    if now is not None and delta is not None:
+        previous = now - delta
+    elif regression.get("median_ms") is not None:
+        previous = regression["median_ms"]
+        if now is None and delta is not None:
+            now = previous + delta
+    if delta is None and now is not None and previous is not None:
+        delta = now - previous
+    ratio = regression.get("median_ratio")
+    if ratio is not None:
+        percent: float | None = (ratio - 1) * 100
+    elif delta is not None and previous:
+        percent = delta / previous * 100
+    else:
+        percent = None
+    return previous, now, delta, percent
+
+
+def regression_table(report: Report) -> Table | None:
+    """What changed since the model's previous version, per engine and shape; None with nothing to compare."""
+    previous_model = report.get("previous")
+    rows = [row for row in report.get("rows") or [] if row.get("regression")]
+    if not previous_model or not rows:
+        return None
+    table = Table(title=f"{model_title(report)} vs version {previous_model.get('version', '?')}",
+                  title_style="bold")
+    table.add_column("target", no_wrap=True)
+    table.add_column("variant")
+    table.add_column("shape")
+    table.add_column("p50 ms", justify="right", no_wrap=True)
+    table.add_column("Δ ms", justify="right", no_wrap=True)
+    table.add_column("Δ %", justify="right", no_wrap=True)
+    table.add_column("p99 Δ ms", justify="right", no_wrap=True)
+    table.add_column("qps Δ", justify="right", no_wrap=True)
+    table.add_column("size Δ", justify="right", no_wrap=True)
+    table.add_column("cosine Δ", justify="right", no_wrap=True)
+    for row in rows:
+        regression = row["regression"]
+        previous, now, delta, percent = _median_change(row)
+        style = ""
+        if delta is not None and delta < 0:
+            style = "green"
+        elif percent is not None and percent > SLOWER_TOLERANCE * 100:
+            style = "red"
+        table.add_row(
+            str(row.get("target") or DASH),
+            _variant_cell(row),
+            shape_label(row),
+            f"{fmt_ms(previous)} → {fmt_ms(now)}",
+            Text(fmt_ms(delta, signed=True), style=style),
+            Text(DASH if percent is None else f"{percent:+.1f} %", style=style),
+            fmt_ms(regression.get("p99_ms_delta"), signed=True),
+            fmt_qps(regression.get("throughput_delta"), signed=True),
+            human_bytes(regression.get("size_delta"), signed=True),
+            fmt_small(regression.get("cosine_delta"), signed=True),
+        )
+    return table
+
+
+# ------------------------------------------------------------------------------ chart
+
+
+def _plotted_groups(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
+    """Measured rows grouped for the x axis: one group per target, or per variant of an undecided sweep.
+
+    A sweep with a chosen variant shows only that one, since it is the engine clients will fetch;
+    without a choice every variant is drawn, so none is hidden.
+    """
+    by_target: dict[str, list[Row]] = {}
+    for row in rows:
+        if row.get("status") == "measured" and _stat(row, "median") is not None:
+            by_target.setdefault(str(row.get("target") or DASH), []).append(row)
+    groups: list[tuple[str, list[Row]]] = []
+    for target, target_rows in by_target.items():
+        if any(row.get("best") is True for row in target_rows):
+            groups.append((target, [row for row in target_rows if row.get("best") is True]))
+            continue
+        engines: dict[Any, list[Row]] = {}
+        for row in target_rows:
+            engines.setdefault(row.get("engine_id", row.get("spec_hash")), []).append(row)
+        if len(engines) == 1:
+            groups.append((target, target_rows))
+            continue
+        for engine_rows in engines.values():
+            first = engine_rows[0]
+            variant = (first.get("variant") or str(first.get("spec_hash") or "")[:8]
+                       or f"engine {first.get('engine_id')}")
+            groups.append((f"{target} · {variant}", engine_rows))
+    return groups
+
+
+def _nothing_measured(report: Report) -> ValueError:
+    rows = report.get("rows") or []
+    if not rows:
+        return ValueError(f"nothing measured yet: {model_title(report)} has no engines to report on")
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    details = sorted({str(row["detail"]) for row in rows if row.get("detail")})
+    why = f" ({'; '.join(details[:3])})" if details else ""
+    return ValueError(f"nothing measured yet: {model_title(report)} has {len(rows)} rows, {summary}{why}")
+
+
+def _shape_order(groups: Sequence[tuple[str, list[Row]]]) -> list[str]:
+    """Legend order: by batch size where known, then in order of appearance."""
+    first_seen: dict[str, tuple[float, int]] = {}
+    for _, rows in groups:
+        for row in rows:
+            label = shape_label(row)
+            if label not in first_seen:
+                batch = row.get("batch")
+                first_seen[label] = (math.inf if batch is None else float(batch), len(first_seen))
+    return sorted(first_seen, key=first_seen.__getitem__)
+
+
+def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
+    """Grouped bars of median latency per target and shape, with whiskers up to p99, written as PNG.
+
+    Uses the object-oriented Agg API rather than pyplot, so it needs no display and leaves no global
+    figure state behind in a long-running process. The file is written to a temp name in the same
+    directory and renamed, so a reader never sees half a PNG and a failure leaves no partial file.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    path = Path(path)
+    groups = _plotted_groups(report.get("rows") or [])
+    if not groups:
+        raise _nothing_measured(report)
+    shapes = _shape_order(groups)
+
+    width_in = min(max(6.4, 1.5 + 1.4 * len(groups) * max(1.0, len(shapes) / 3)), 30.0)
+    fig = Figure(figsize=(width_in, 4.8), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+
+    bar_width = 0.8 / len(shapes)
+    values: list[float] = []
+    for i, shape in enumerate(shapes):
+        xs, heights, upper = [], [], []
+        for x, (_, rows) in enumerate(groups):
+            row = next((r for r in rows if shape_label(r) == shape), None)
+            if row is None:
+                continue
+            median = float(_stat(row, "median"))
+            p99 = _stat(row, "p99")
+            xs.append(x - 0.4 + bar_width * (i + 0.5))
+            heights.append(median)
+            upper.append(max(float(p99) - median, 0.0) if p99 is not None else 0.0)
+            values.extend(v for v in (median, p99) if v is not None)
+        ax.bar(xs, heights, bar_width * 0.9, yerr=[[0.0] * len(xs), upper], capsize=3, label=shape,
+               error_kw={"elinewidth": 1, "ecolor": "0.2"})
+
+    labels = []
+    for label, rows in groups:
+        devices = {row.get("device") for row in rows if row.get("device")}
+        labels.append(f"{label}\n{devices.pop()}" if len(devices) == 1 else label)
+    ax.set_xticks(range(len(groups)), labels, rotation=20 if len(groups) > 4 else 0,
+                  ha="right" if len(groups) > 4 else "center", fontsize="small")
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    positive = [v for v in values if v > 0]
+    if positive and max(positive) / min(positive) > LOG_SPAN:
+        ax.set_yscale("log")
+    ax.set_ylabel("latency (ms), bars p50, whiskers p99")
+    ax.set_title(f"{model_title(report)}: latency by target and batch size")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    ax.legend(title="shape", fontsize="small")
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            os.fchmod(tmp.fileno(), 0o644)  # mkstemp's 0600 would hide the chart from a web server
+            fig.savefig(tmp, format="png", dpi=dpi)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path

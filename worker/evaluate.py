@@ -1,0 +1,199 @@
+"""The benchmark stage: time an engine at each shape the spec asks for, then check its outputs against
+ONNX Runtime FP32 on the original model. No Celery here (worker/tasks.py wraps it).
+
+An engine is run by a runner: ONNX Runtime on the CPU for ``onnxruntime`` engines, the TensorRT runtime
+through cuda-python (worker/gpu_timing.py) for ``tensorrt`` and ``tensorrt-rtx`` engines.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from enginefarm import accuracy
+from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
+from enginefarm.errors import BuildFailed
+from enginefarm.inputs import ShapeSet, random_inputs, sample_batches, shape_sets
+from enginefarm.stats import Iteration, Measurement, measure
+from worker.backends.trt_common import load_module
+
+
+class Runner(Protocol):
+    """Runs one engine: ``infer`` for the accuracy check, ``benchmark`` for the timing."""
+
+    device: str  # "NVIDIA A10" or "CPU x86_64 (…), 2 threads"
+    gpu_name: str | None
+    compute_capability: str | None
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement: ...
+
+    def close(self) -> None: ...
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+class OrtRunner:
+    """An ONNX Runtime CPU session. Each timed step binds the inputs (``h2d``: handing numpy buffers to ONNX
+    Runtime), runs the graph (``compute``) and copies the outputs back to numpy (``d2h``)."""
+
+    gpu_name = None
+    compute_capability = None
+
+    def __init__(self, model_path: Path, threads: int | None = None):
+        ort = load_module("onnxruntime")
+        self.ort = ort
+        options = ort.SessionOptions()
+        self.threads = threads or len(os.sched_getaffinity(0))
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        try:
+            self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BuildFailed(f"ONNX Runtime could not load the engine: {exc}") from exc
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.device = f"CPU {platform.machine()} ({cpu_name()}), {self.threads} threads"
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.outputs, self.session.run(self.outputs, inputs)))
+
+    def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement:
+        binding = self.session.io_binding()
+        for name in self.outputs:
+            binding.bind_output(name, "cpu")
+        clock = time.perf_counter
+
+        def step() -> Iteration:
+            t0 = clock()
+            for name, array in inputs.items():
+                binding.bind_cpu_input(name, array)
+            t1 = clock()
+            self.session.run_with_iobinding(binding)
+            t2 = clock()
+            binding.copy_outputs_to_cpu()
+            t3 = clock()
+            return Iteration(e2e=(t3 - t0) * 1e3, compute=(t2 - t1) * 1e3, h2d=(t1 - t0) * 1e3, d2h=(t3 - t2) * 1e3)
+
+        before = _peak_rss_bytes()
+        result = measure(step, warmup_ms=spec.warmup_ms, duration_s=spec.duration_s, min_iterations=spec.iterations)
+        result.extra.update(threads=self.threads, cpu=cpu_name(), onnxruntime=self.ort.__version__,
+                            peak_rss_bytes=_peak_rss_bytes(), peak_rss_growth_bytes=_peak_rss_bytes() - before)
+        return result
+
+    def close(self) -> None:
+        self.session = None
+
+
+def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None) -> Runner:
+    """The runner for an engine of this backend on this worker."""
+    if backend == Backend.ONNXRUNTIME.value:
+        return OrtRunner(engine_path, spec.benchmark.threads)
+    from worker.gpu_timing import TensorRTEngineRunner
+
+    runner = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
+    runner.device = (gpu or {}).get("name") or "GPU 0"
+    runner.gpu_name = (gpu or {}).get("name")
+    runner.compute_capability = (gpu or {}).get("compute_capability")
+    return runner
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+@dataclass
+class ShapeResult:
+    shape: ShapeSet
+    stats: dict[str, Any]
+
+
+@dataclass
+class Evaluation:
+    benchmarks: list[ShapeResult] = field(default_factory=list)
+    accuracy: dict | None = None
+    device_memory_bytes: int | None = None
+    device: str = ""
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+
+
+def _reference_session(model_path: Path):
+    ort = load_module("onnxruntime")
+    options = ort.SessionOptions()
+    # The reference is the model as written: no graph rewrites that could move its numbers.
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise BuildFailed(f"ONNX Runtime could not load the reference model: {exc}") from exc
+
+
+def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None) -> tuple[list[dict], str]:
+    """The inputs of the accuracy check and where they came from."""
+    opt = shape_sets(spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"shapes": [], "batch_sizes": []})}), info)[0]
+    if samples:
+        feeds = sample_batches(samples, info, opt.batch or 1)
+        return feeds, f"{sum(next(iter(f.values())).shape[0] if f else 0 for f in feeds)} user samples in {len(feeds)} batch(es)"
+    feeds = [random_inputs(info, opt.shapes, spec.accuracy.seed + i) for i in range(spec.accuracy.batches)]
+    return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
+
+
+def check_accuracy(runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo,
+                   samples: dict[str, np.ndarray] | None) -> dict:
+    feeds, origin = accuracy_feeds(spec, info, samples)
+    reference = _reference_session(reference_model)
+    names = [o.name for o in reference.get_outputs()]
+    per_output: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    for feed in feeds:
+        want = dict(zip(names, reference.run(names, feed)))
+        got = runner.infer(feed)
+        for name in names:
+            if name not in got:
+                raise BuildFailed(f"the engine has no output {name!r} (it has {', '.join(got)})")
+            per_output[name].append(accuracy.metrics(want[name], got[name]))
+    limits = spec.accuracy.limits(spec.precision.value)
+    result = accuracy.judge({n: accuracy.merge(m) for n, m in per_output.items()}, limits)
+    result.update(inputs=origin, precision=spec.precision.value)
+    return accuracy.json_safe(result)
+
+
+def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, reference_model: Path,
+             samples: dict[str, np.ndarray] | None, gpu: dict | None = None) -> Evaluation:
+    """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result."""
+    runner = make_runner(backend, engine_path, spec, gpu)
+    try:
+        out = Evaluation(device=runner.device, gpu_name=runner.gpu_name, compute_capability=runner.compute_capability)
+        if spec.benchmark.enabled:
+            for shape in shape_sets(spec, info):
+                inputs = random_inputs(info, shape.shapes, spec.accuracy.seed)
+                measured = runner.benchmark(inputs, spec.benchmark)
+                stats = measured.summary(shape.batch or 1)
+                stats.update(device=runner.device, shape_key=shape.key, cuda_graph=spec.benchmark.cuda_graph
+                             if backend != Backend.ONNXRUNTIME.value else None,
+                             settings=spec.benchmark.model_dump(mode="json", exclude={"shapes", "batch_sizes"}))
+                out.benchmarks.append(ShapeResult(shape, stats))
+                out.device_memory_bytes = stats.get("device_memory_bytes") or out.device_memory_bytes
+        if spec.accuracy.enabled:
+            out.accuracy = check_accuracy(runner, reference_model, spec, info, samples)
+        return out
+    finally:
+        runner.close()

@@ -1,0 +1,58 @@
+"""The int8 stage before a build: source model + samples → Q/DQ model → derived model in the catalog →
+the build's waiting tasks queued against it. Called by the quantize task (worker/tasks.py)."""
+
+from __future__ import annotations
+
+from enginefarm.config import Settings
+from enginefarm.domain import ModelInfo, TaskState, Target
+from enginefarm.errors import SpecInvalid
+from enginefarm.modelfile import inspect_upload
+from storage import catalog
+from storage.blobs import BlobStore, model_key
+from storage.blobs.base import sha256_file
+from storage.db import session_scope
+from worker.pipeline import Scratch, bundle_limits, model_file_from_store
+
+
+def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
+    """Quantize the build's model from its samples; returns the build tasks to publish."""
+    from worker import dispatch
+    from worker.quantize import quantize_qdq
+    from worker.tasks import samples_of
+
+    with session_scope(settings) as s:
+        build = catalog.get_build(s, build_id)
+        source = build.model
+        fields = (source.blob_key, source.sha256, source.format)
+        samples_fields = (source.samples_key, source.samples_sha256)
+        info = ModelInfo.from_dict(source.info)
+        name, version, source_id = source.name, source.version, source.id
+    if not samples_fields[0]:
+        raise SpecInvalid(f"model {name} version {version} has no samples to calibrate int8 with")
+    model_path = model_file_from_store(store, *fields, settings)
+    with Scratch(settings) as scratch:
+        samples = samples_of(store, *samples_fields, info, scratch)
+        out = scratch / "model.int8.onnx"
+        report = quantize_qdq(model_path, samples, out, scratch=scratch)
+        sha = sha256_file(out)
+        (scratch / "inspect").mkdir()
+        inspected = inspect_upload(out, scratch / "inspect", bundle_limits(settings))
+        key = model_key(sha)
+        store.put_file(key, out, sha)
+        size = out.stat().st_size
+    derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
+                  **report.to_dict()}
+    with session_scope(settings) as s:
+        source = catalog.get_model(s, source_id)
+        derived = catalog.find_model_by_content(s, name, sha) or catalog.add_model(
+            s, name=name, version=f"{version}-int8-{sha[:8]}", sha256=sha, fmt=inspected.format, size=size,
+            info=inspected.info, blob_key=key, source=source, derivation=derivation)
+        build = catalog.get_build(s, build_id)
+        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        queued, checks = catalog.release_waiting(s, build, derived, served)
+        catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=derived.id,
+                             derived_version=derived.version, report=report.to_dict())
+        check_ids = [(c.id, c.target) for c in checks]
+    for check_id, target in check_ids:
+        dispatch.publish_benchmark(check_id, target)
+    return queued
