@@ -65,11 +65,14 @@ class Farm:
         wait_http(f"{self.url}/healthz", timeout, self.api)
 
     def start_worker(self, name: str, targets: list[str] | None = None, concurrency: int = 1, pool: str = "prefork",
-                     extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+                     extra_env: dict[str, str] | None = None, bench_targets: list[str] | None = None) -> subprocess.Popen:
+        """``targets``/``bench_targets``: what it builds and benchmarks (None: what the probe finds, []: nothing)."""
         args = [sys.executable, "-m", "enginefarm.cli", "worker", "--name", name, "--concurrency", str(concurrency),
                 "--pool", pool]
-        if targets:
-            args += ["--targets", ",".join(targets)]
+        if targets is not None:
+            args += ["--targets", ",".join(targets) or "none"]
+        if bench_targets is not None:
+            args += ["--bench-targets", ",".join(bench_targets) or "none"]
         proc = self._spawn(f"worker-{name}", args, extra_env)
         self.workers[name] = proc
         return proc

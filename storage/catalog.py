@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
 from enginefarm.domain import (
@@ -503,9 +503,16 @@ def benchmark_tasks_of(session: Session, engine_ids: list[int]) -> dict[int, lis
 
 def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str]) -> dict[str, Any]:
     """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
+    latest = tasks[-1] if tasks else None
+    status = _check_status(engine, latest, bench_served)
+    if latest is not None:
+        status.update(task_id=latest.id, worker_id=latest.worker_id, attempts=latest.attempts)
+    return status
+
+
+def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str]) -> dict[str, Any]:
     from worker.probe import benchmark_pending_reason
 
-    latest = tasks[-1] if tasks else None
     if latest is None:
         done = bool(engine.benchmarks) or engine.accuracy is not None
         return {"state": "succeeded" if done else "none",
@@ -513,12 +520,12 @@ def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served:
     if latest.state == TaskState.QUEUED.value:
         detail = (benchmark_pending_reason(Target.parse(latest.target)) if latest.target not in bench_served
                   else "benchmark queued: a worker that can run it will take it")
-        return {"state": "pending", "detail": detail, "task_id": latest.id}
+        return {"state": "pending", "detail": detail}
     if latest.state == TaskState.RUNNING.value:
-        return {"state": "running", "detail": f"benchmark running on {latest.worker_id}", "task_id": latest.id}
+        return {"state": "running", "detail": f"benchmark running on {latest.worker_id}"}
     if latest.state == TaskState.FAILED.value:
-        return {"state": "failed", "detail": f"benchmark failed: {latest.error}", "task_id": latest.id}
-    return {"state": latest.state, "detail": None, "task_id": latest.id}
+        return {"state": "failed", "detail": f"benchmark failed: {latest.error}"}
+    return {"state": latest.state, "detail": None}
 
 
 # --------------------------------------------------------------------------- sweeps and reports
@@ -552,8 +559,11 @@ def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
 def engines_of_model(session: Session, model: ModelRow) -> list[EngineRow]:
     """The engines of a model's bytes and of the models derived from it, with their benchmarks."""
     shas = {model.sha256, *(d.sha256 for d in derived_models(session, model))}
+    # One statement (a join, not a second SELECT): an engine's benchmarks and accuracy are committed together,
+    # and two statements could see one without the other.
     return list(session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(shas))
-                                .options(selectinload(EngineRow.benchmarks)).order_by(EngineRow.target, EngineRow.id)))
+                                .options(joinedload(EngineRow.benchmarks)).order_by(EngineRow.target, EngineRow.id))
+                .unique())
 
 
 def builds_by_spec(session: Session, model_ids: list[int]) -> dict[str, BuildRow]:
