@@ -14,6 +14,7 @@ from enginefarm.cache import EngineCache
 from enginefarm.client import Client
 from enginefarm.domain import Machine
 from enginefarm.embedded import Farm, embedded_env
+from enginefarm.report import plot_report, report_table
 from enginefarm.samples import sample_spec, save_conv_net
 from enginefarm.triton import export_from_farm
 from worker.probe import normalize_platform, probe_modules
@@ -77,4 +78,10 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
                           f"({sum(f.name.endswith('.plan') for f in repo.files)} plans mapped by cc_model_filenames)")
             for w in repo.warnings:
                 console.print(f"   note: {w}", highlight=False)
-            return 0 if ok and again.from_cache and h["match"] == "cpu_fallback" else 1
+            report = c.wait_checks(model["id"], timeout=300)
+            console.print("7. benchmark and accuracy (trtexec's defaults; GPU engines wait for a GPU worker):")
+            console.print(report_table(report))
+            plot = plot_report(report, data_dir / "latency.png")
+            console.print(f"   plot: {plot}")
+            measured = [r for r in report["rows"] if r["status"] == "measured" and (r["accuracy"] or {}).get("pass")]
+            return 0 if ok and again.from_cache and h["match"] == "cpu_fallback" and measured else 1

@@ -13,6 +13,7 @@ wall time of the measured phase.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -24,13 +25,17 @@ PHASES = ("e2e", "compute", "h2d", "d2h")
 
 
 def percentile(sorted_samples: Sequence[float], p: float) -> float:
-    """trtexec's percentile of already sorted samples (``p`` in 0..100)."""
+    """trtexec's percentile of already sorted samples (``p`` in 0..100), in exact arithmetic.
+
+    trtexec computes ``(1 - p/100) * n`` in float32, which can round a whole number down (for 100
+    samples its p99 lands on the maximum); with fractions, p99 of 1..100 is 99 as the definition says.
+    """
     if not sorted_samples:
         raise ValueError("no samples")
     if not 0 <= p <= 100:
         raise ValueError(f"percentile {p} is not in [0, 100]")
     n = len(sorted_samples)
-    exclude = int((1 - p / 100) * n)
+    exclude = int((1 - Fraction(str(p)) / 100) * n)
     return float(sorted_samples[max(n - 1 - exclude, 0)])
 
 

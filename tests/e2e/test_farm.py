@@ -131,7 +131,8 @@ def test_resolve_explains_when_nothing_fits(farm, api, tmp_path):
 
 
 def test_blob_bucket_holds_only_catalogued_bytes(farm, dist_settings):
-    """Every object in the bucket is referenced by a model or engine row (no orphans from uploads/builds)."""
+    """Every object in the bucket is referenced by a model (its bytes or its samples) or an engine row (no
+    orphans from uploads/builds)."""
     s3 = boto3.client("s3", endpoint_url=dist_settings.s3_endpoint_url, aws_access_key_id=devservices.S3_KEY,
                       aws_secret_access_key=devservices.S3_SECRET, region_name="us-east-1")
     keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=dist_settings.s3_bucket)
@@ -139,7 +140,7 @@ def test_blob_bucket_holds_only_catalogued_bytes(farm, dist_settings):
     with session_scope(dist_settings) as s:
         models, _ = catalog.list_models(s, limit=10_000)
         pairs, _ = catalog.list_engines(s, limit=10_000)
-        referenced = {m.blob_key for m in models} | {e.blob_key for e, _ in pairs}
+        referenced = {m.blob_key for m in models} | {m.samples_key for m in models} | {e.blob_key for e, _ in pairs}
     assert keys and keys <= referenced
 
 

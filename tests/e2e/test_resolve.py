@@ -138,8 +138,14 @@ def test_filters_and_measured_evidence_rank_and_exclude(farm, api, built, dist_s
     fp16 = api.post("/v1/resolve", json=base | {"precision": "fp16"})
     assert fp16.status_code == 404
     assert {p["rule"] for p in fp16.json()["problems"]} == {"filter:precision"}
-    unchecked = api.post("/v1/resolve", json=base | {"accuracy": "pass"})
-    assert unchecked.status_code == 404 and "has no accuracy result yet" in unchecked.text
+    # The benchmark stage checks the CPU artifact here; the GPU engines wait for a GPU worker, unchecked.
+    with Client(farm.url) as c:
+        c.wait_checks(engines["onnxruntime/cpu-x86_64"]["model_id"], timeout=120)
+    unchecked = api.post("/v1/resolve", json=base | {"accuracy": "pass"}).json()
+    assert unchecked["engine"]["target"] == "onnxruntime/cpu-x86_64" and unchecked["match"] == "cpu_fallback"
+    rejected = {r["target"]: r for r in unchecked["rejected"]}
+    assert rejected["tensorrt-rtx/sm86"]["rule"] == "filter:accuracy"
+    assert "has no accuracy result yet" in rejected["tensorrt-rtx/sm86"]["reason"]
 
     # Evidence as the benchmark stage records it: accuracy on the engine, latency per GPU model and shape.
     sm86 = engines["tensorrt-rtx/sm86"]["id"]
