@@ -28,6 +28,7 @@ services:
 bench: setup services
 	$(PY) bench/e2e.py --mode both
 	$(PY) bench/resolve.py
+	$(PY) bench/benchmark_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

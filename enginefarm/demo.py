@@ -44,7 +44,8 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
             model, _ = c.upload(model_path, "convnet")
             console.print(f"1. uploaded {model_path.name}: model {model['id']}, sha256 {model['sha256'][:12]}, "
                           f"inputs {[(i['name'], i['dims']) for i in model['inputs']]}")
-            build = c.build(model["id"], targets, sample_spec())
+            # Benchmarked with trtexec's defaults at batch 1, 4 and 8 (the profile allows 1..8).
+            build = c.build(model["id"], targets, {**sample_spec(), "benchmark": {"batch_sizes": [1, 4, 8]}})
             console.print(f"2. build {build['id']}: {', '.join(targets)}")
             build = c.wait_build(build["id"], timeout=600)
             _print_tasks(build)

@@ -28,10 +28,6 @@ from worker.backends.trt_common import load_module
 class Runner(Protocol):
     """Runs one engine: ``infer`` for the accuracy check, ``benchmark`` for the timing."""
 
-    device: str  # "NVIDIA A10" or "CPU x86_64 (…), 2 threads"
-    gpu_name: str | None
-    compute_capability: str | None
-
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement: ...
@@ -57,9 +53,6 @@ class OrtRunner:
     """An ONNX Runtime CPU session. Each timed step binds the inputs (``h2d``: handing numpy buffers to ONNX
     Runtime), runs the graph (``compute``) and copies the outputs back to numpy (``d2h``)."""
 
-    gpu_name = None
-    compute_capability = None
-
     def __init__(self, model_path: Path, threads: int | None = None):
         ort = load_module("onnxruntime")
         self.ort = ort
@@ -72,7 +65,7 @@ class OrtRunner:
         except Exception as exc:
             raise BuildFailed(f"ONNX Runtime could not load the engine: {exc}") from exc
         self.outputs = [o.name for o in self.session.get_outputs()]
-        self.device = f"CPU {platform.machine()} ({cpu_name()}), {self.threads} threads"
+        self.label = f"CPU {platform.machine()} ({cpu_name()}), {self.threads} threads"
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.outputs, self.session.run(self.outputs, inputs)))
@@ -104,17 +97,26 @@ class OrtRunner:
         self.session = None
 
 
-def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None) -> Runner:
-    """The runner for an engine of this backend on this worker."""
+@dataclass
+class Device:
+    """Where a runner runs: the label reports print, and the GPU model benchmarks are keyed by (None: CPU)."""
+
+    label: str
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+
+
+def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None) -> tuple[Runner, Device]:
+    """The runner for an engine of this backend on this worker, and the device it runs on. ``gpu``: the
+    probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer."""
     if backend == Backend.ONNXRUNTIME.value:
-        return OrtRunner(engine_path, spec.benchmark.threads)
+        runner = OrtRunner(engine_path, spec.benchmark.threads)
+        return runner, Device(runner.label)
     from worker.gpu_timing import TensorRTEngineRunner
 
     runner = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
-    runner.device = (gpu or {}).get("name") or "GPU 0"
-    runner.gpu_name = (gpu or {}).get("name")
-    runner.compute_capability = (gpu or {}).get("compute_capability")
-    return runner
+    name = (gpu or {}).get("name") or runner.device.name
+    return runner, Device(name, name, (gpu or {}).get("compute_capability") or runner.device.compute_capability)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -179,15 +181,15 @@ def check_accuracy(runner: Runner, reference_model: Path, spec: BuildSpec, info:
 def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, reference_model: Path,
              samples: dict[str, np.ndarray] | None, gpu: dict | None = None) -> Evaluation:
     """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result."""
-    runner = make_runner(backend, engine_path, spec, gpu)
+    runner, device = make_runner(backend, engine_path, spec, gpu)
     try:
-        out = Evaluation(device=runner.device, gpu_name=runner.gpu_name, compute_capability=runner.compute_capability)
+        out = Evaluation(device=device.label, gpu_name=device.gpu_name, compute_capability=device.compute_capability)
         if spec.benchmark.enabled:
             for shape in shape_sets(spec, info):
                 inputs = random_inputs(info, shape.shapes, spec.accuracy.seed)
                 measured = runner.benchmark(inputs, spec.benchmark)
                 stats = measured.summary(shape.batch or 1)
-                stats.update(device=runner.device, shape_key=shape.key, cuda_graph=spec.benchmark.cuda_graph
+                stats.update(device=device.label, shape_key=shape.key, cuda_graph=spec.benchmark.cuda_graph
                              if backend != Backend.ONNXRUNTIME.value else None,
                              settings=spec.benchmark.model_dump(mode="json", exclude={"shapes", "batch_sizes"}))
                 out.benchmarks.append(ShapeResult(shape, stats))
