@@ -129,10 +129,12 @@ def test_int8_from_samples_builds_from_a_derived_qdq_model(farm, api, tmp_path):
     model = _model(farm, tmp_path, seed=42, samples=True)
     assert model["samples"]["count"] == 16 and model["samples"]["arrays"]["input"]["shape"] == [16, 3, 32, 32]
     with Client(farm.url) as c:
-        build = c.build(model["id"], [CPU], {**sample_spec(), "precision": "int8", "benchmark": QUICK})
-        assert build["quantize"]["state"] == "queued" and build["tasks"][0]["state"] == "waiting"
+        build = c.build(model["id"], [CPU, "tensorrt-rtx/sm86"], {**sample_spec(), "precision": "int8", "benchmark": QUICK})
+        assert build["quantize"]["state"] == "queued" and {t["state"] for t in build["tasks"]} == {"waiting"}
+        assert build["tasks"][0]["status_detail"].startswith("waiting for the int8 quantization")
         done = c.wait_build(build["id"], timeout=300, poll=0.2)
-        assert done["tasks"][0]["state"] == "succeeded", done
+        # TensorRT-RTX builds the derived Q/DQ model too (an int8 engine); ONNX Runtime runs it on the CPU.
+        assert {t["state"] for t in done["tasks"]} == {"succeeded"}, done
         q = done["quantize"]
         assert q["state"] == "succeeded" and q["report"]["calibration_samples"] == 16
         derived = c.get(f"/v1/models/{q['derived_model_id']}")
@@ -142,6 +144,8 @@ def test_int8_from_samples_builds_from_a_derived_qdq_model(farm, api, tmp_path):
 
     (row,) = _rows(report, CPU)
     assert row["precision"] == "int8" and row["status"] == "measured" and row["derived_from"] == model["id"]
+    (gpu,) = _rows(report, "tensorrt-rtx/sm86")
+    assert gpu["precision"] == "int8" and gpu["status"] == "pending"
     acc = row["accuracy"]
     # Judged against ONNX Runtime FP32 on the original model, on the user's samples.
     assert acc["reference"].startswith("onnxruntime fp32 on the original") and "16 user samples" in acc["inputs"]
