@@ -516,7 +516,8 @@ def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_serv
     if latest is None:
         done = bool(engine.benchmarks) or engine.accuracy is not None
         return {"state": "succeeded" if done else "none",
-                "detail": None if done else "no benchmark was asked for (the spec turned it off)"}
+                "detail": None if done else "never benchmarked: built before the benchmark stage, or with checks turned "
+                                           "off; build it again with checks on to queue them (the engine is reused)"}
     if latest.state == TaskState.QUEUED.value:
         detail = (benchmark_pending_reason(Target.parse(latest.target)) if latest.target not in bench_served
                   else "benchmark queued: a worker that can run it will take it")
