@@ -26,7 +26,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(_app: FastAPI):
         settings.ensure_dirs()
         migrate(settings)
-        yield
+        reconciler = None
+        if settings.reconcile_seconds > 0:
+            from worker.reconcile import Reconciler
+
+            reconciler = Reconciler(settings).start()
+        try:
+            yield
+        finally:
+            if reconciler is not None:
+                reconciler.stop()
 
     app = FastAPI(title="enginefarm", version=__version__, lifespan=lifespan,
                   description="Upload ONNX once; get the right TensorRT engine for every GPU.")

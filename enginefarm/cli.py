@@ -134,6 +134,22 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
 
 
 @app.command()
+def reconcile(loop: bool = typer.Option(False, "--loop", help="keep running every ENGINEFARM_RECONCILE_SECONDS")) -> None:
+    """Requeue tasks of workers that died and republish queued tasks whose broker message was lost (the API
+    also does this in the background)."""
+    from worker.reconcile import reconcile_once
+
+    settings = get_settings()
+    while True:
+        counts = reconcile_once(settings)
+        console.print(f"requeued {counts['requeued']} task(s) of dead workers, republished {counts['republished']} "
+                      f"lost message(s)")
+        if not loop:
+            return
+        time.sleep(settings.reconcile_seconds or 15)
+
+
+@app.command()
 def migrate() -> None:
     """Create or upgrade the catalog's tables (the API also does this at start)."""
     from enginefarm.embedded import prepare

@@ -51,6 +51,18 @@ class Settings(BaseSettings):
     worker_concurrency: int = Field(default=1, ge=1)
     log_tail_lines: int = Field(default=60, ge=1)
 
+    # Task limits: past the soft limit a task ends failed with the reason; past the hard one its process is
+    # killed. A task delivered this many times without finishing is failed, not run again.
+    build_soft_time_limit_s: float = Field(default=3600, gt=0)
+    build_time_limit_s: float = Field(default=3900, gt=0)
+    bench_soft_time_limit_s: float = Field(default=900, gt=0)
+    bench_time_limit_s: float = Field(default=1000, gt=0)
+    max_deliveries: int = Field(default=5, ge=1)
+    # The reconciler (in the API process): how often it runs (0: never), and how long a queued task may sit
+    # with its queue empty before its message is taken as lost and published again.
+    reconcile_seconds: float = Field(default=15.0, ge=0)
+    republish_after_seconds: float = Field(default=60.0, gt=0)
+
     # Test-only: lets the test suite register a backend whose build it controls.
     test_backends: bool = False
 

@@ -218,8 +218,21 @@ def get_task(session: Session, task_id: int) -> BuildTaskRow:
     return row
 
 
-def claim_task(session: Session, task_id: int, worker_id: str) -> bool:
-    """Move a queued task to running for this worker. False if another worker has it or it is done."""
+def claim_task(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
+    """Move a queued task to running for this worker. False if another worker has it or it is done, or
+    when it was already delivered ``max_deliveries`` times: then it is failed with that reason, so a task
+    that kills its worker cannot loop forever."""
+    if max_deliveries is not None:
+        exhausted = session.execute(
+            update(BuildTaskRow)
+            .where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.QUEUED.value,
+                   BuildTaskRow.attempts >= max_deliveries)
+            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
+                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
+                          f"(its worker died or it hit the hard time limit)")
+        )
+        if exhausted.rowcount:
+            return False
     result = session.execute(
         update(BuildTaskRow)
         .where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.QUEUED.value)
@@ -451,7 +464,17 @@ def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
     return row
 
 
-def claim_benchmark(session: Session, task_id: int, worker_id: str) -> bool:
+def claim_benchmark(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
+    if max_deliveries is not None:
+        exhausted = session.execute(
+            update(BenchmarkTaskRow)
+            .where(BenchmarkTaskRow.id == task_id, BenchmarkTaskRow.state == TaskState.QUEUED.value,
+                   BenchmarkTaskRow.attempts >= max_deliveries)
+            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
+                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result")
+        )
+        if exhausted.rowcount:
+            return False
     result = session.execute(
         update(BenchmarkTaskRow)
         .where(BenchmarkTaskRow.id == task_id, BenchmarkTaskRow.state == TaskState.QUEUED.value)
@@ -573,3 +596,30 @@ def builds_by_spec(session: Session, model_ids: list[int]) -> dict[str, BuildRow
     for row in session.scalars(select(BuildRow).where(BuildRow.model_id.in_(model_ids)).order_by(BuildRow.id)):
         out[row.spec_hash] = row
     return out
+
+
+# --------------------------------------------------------------------------- reconciliation
+
+
+def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow]]:
+    """Running tasks whose worker stopped sending heartbeats go back to the queue (to be published again)."""
+    builds = [t for t in session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.RUNNING.value))
+              if t.worker_id not in live_worker_ids]
+    benches = [t for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
+               if t.worker_id not in live_worker_ids]
+    for t in [*builds, *benches]:
+        t.error = f"requeued: worker {t.worker_id} stopped sending heartbeats"
+        t.state, t.worker_id, t.started_at = TaskState.QUEUED.value, None, None
+    return builds, benches
+
+
+def queued_since(session: Session, cutoff: datetime) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:
+    """Build and benchmark tasks queued before ``cutoff``, and builds whose quantization is queued."""
+    builds = list(session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.QUEUED.value,
+                                                             BuildTaskRow.queued_at < cutoff)))
+    benches = list(session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.QUEUED.value,
+                                                                  BenchmarkTaskRow.queued_at < cutoff)))
+    ids = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
+    waiting = [b for b in session.scalars(select(BuildRow).where(BuildRow.id.in_(ids), BuildRow.created_at < cutoff))
+               if (b.quantize or {}).get("state") == TaskState.QUEUED.value]
+    return builds, benches, waiting

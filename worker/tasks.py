@@ -10,6 +10,8 @@ from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from enginefarm.config import get_settings
 from enginefarm.domain import Backend, BuildSpec, ModelInfo, TaskState, Target
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, IntegrityError, TargetUnavailable
@@ -49,11 +51,15 @@ def _backoff(retries: int) -> int:
 # --------------------------------------------------------------------------- build
 
 
-@app.task(name=BUILD_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
+_limits = get_settings()
+
+
+@app.task(name=BUILD_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES,
+          soft_time_limit=_limits.build_soft_time_limit_s, time_limit=_limits.build_time_limit_s)
 def build_engine(self, task_id: int) -> None:
     me = worker_id()
     with session_scope() as s:
-        if not catalog.claim_task(s, task_id, me):
+        if not catalog.claim_task(s, task_id, me, get_settings().max_deliveries):
             log.info("task %s is not queued any more (taken or finished); skipping", task_id)
             return
     try:
@@ -65,6 +71,9 @@ def build_engine(self, task_id: int) -> None:
     except (BuildFailed, TargetUnavailable) as exc:
         with session_scope() as s:
             catalog.fail_task(s, task_id, exc.message, getattr(exc, "log_tail", None))
+    except SoftTimeLimitExceeded:
+        with session_scope() as s:
+            catalog.fail_task(s, task_id, f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s")
     except Exception as exc:  # an unexpected error must still end the task with its reason
         log.exception("build task %s crashed", task_id)
         with session_scope() as s:
@@ -121,7 +130,8 @@ def _run(task_id: int, me: str) -> None:
 # --------------------------------------------------------------------------- benchmark and accuracy
 
 
-@app.task(name=BENCHMARK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
+@app.task(name=BENCHMARK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES,
+          soft_time_limit=_limits.bench_soft_time_limit_s, time_limit=_limits.bench_time_limit_s)
 def benchmark_engine(self, task_id: int) -> None:
     try:
         run_benchmark_now(task_id, reraise_infra=True)
@@ -133,7 +143,7 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
     """Claim the benchmark task and run it in this process; every outcome ends in the catalog."""
     me = worker_id()
     with session_scope() as s:
-        if not catalog.claim_benchmark(s, task_id, me):
+        if not catalog.claim_benchmark(s, task_id, me, get_settings().max_deliveries):
             log.info("benchmark task %s is not queued any more; skipping", task_id)
             return
     try:
@@ -146,6 +156,10 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
         with session_scope() as s:
             catalog.end_benchmark(s, task_id, TaskState.FAILED, exc.message)
+    except SoftTimeLimitExceeded:
+        with session_scope() as s:
+            catalog.end_benchmark(s, task_id, TaskState.FAILED,
+                                  f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s")
     except Exception as exc:
         log.exception("benchmark task %s crashed", task_id)
         with session_scope() as s:

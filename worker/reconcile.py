@@ -1,0 +1,89 @@
+"""The reconciler: the catalog is the source of truth, the broker only a way to wake workers.
+
+Every few seconds it (1) puts back in the queue the running tasks whose worker stopped sending
+heartbeats, and (2) publishes again the tasks that have been queued a while when their queue holds no
+message at all: their message was lost (Redis restarted empty, a publish failed after the commit).
+A duplicate message is harmless: a task is claimed with a conditional update, so only one delivery runs.
+It runs in the API process (``start_reconciler``) and as ``enginefarm reconcile``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime, timedelta, timezone
+
+from enginefarm.config import Settings
+from enginefarm.domain import QUANTIZE_QUEUE, Target
+from storage import catalog
+from storage.db import session_scope
+from worker import dispatch
+
+log = logging.getLogger(__name__)
+
+
+def queue_size(queue: str) -> int:
+    """Messages waiting in a broker queue (0 for a queue the broker does not have)."""
+    from worker.celery_app import app
+
+    with app.connection_for_read() as conn:
+        try:
+            return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except conn.channel_errors:
+            return 0
+
+
+def reconcile_once(settings: Settings) -> dict[str, int]:
+    """One pass; returns how many tasks it requeued and republished."""
+    cutoff = datetime.now(timezone.utc) - timedelta(seconds=settings.republish_after_seconds)
+    with session_scope(settings) as s:
+        live = {w.id for w in catalog.live_workers(s, settings.worker_ttl_seconds)}
+        lost_builds, lost_benches = catalog.requeue_abandoned(s, live)
+        requeued = [("build", t.id, t.target) for t in lost_builds] + [("bench", t.id, t.target) for t in lost_benches]
+        builds, benches, waiting = catalog.queued_since(s, cutoff)
+        stale = [("build", t.id, t.target) for t in builds] + [("bench", t.id, t.target) for t in benches]
+        stale += [("quantize", b.id, None) for b in waiting]
+    sizes: dict[str, int] = {}
+
+    def empty(kind: str, target: str | None) -> bool:
+        queue = QUANTIZE_QUEUE if kind == "quantize" else \
+            Target.parse(target).queue if kind == "build" else Target.parse(target).bench_queue
+        if queue not in sizes:
+            sizes[queue] = queue_size(queue)
+        return sizes[queue] == 0
+
+    again = [item for item in stale if item not in requeued and empty(item[0], item[2])]
+    for kind, ident, target in requeued + again:
+        if kind == "build":
+            dispatch.publish_build(ident, Target.parse(target))
+        elif kind == "bench":
+            dispatch.publish_benchmark(ident, target)
+        else:
+            dispatch.publish_quantize(ident)
+    if requeued or again:
+        log.warning("reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)",
+                    len(requeued), len(again))
+    return {"requeued": len(requeued), "republished": len(again)}
+
+
+class Reconciler:
+    """``reconcile_once`` every ``settings.reconcile_seconds`` on a daemon thread until stopped."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="enginefarm-reconciler", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.reconcile_seconds):
+            try:
+                reconcile_once(self.settings)
+            except Exception:  # the catalog or broker is down: the next pass tries again
+                log.warning("reconciler pass failed", exc_info=True)
+
+    def start(self) -> Reconciler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
