@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from api.routes import builds, engines, models, resolve, sweeps, workers
@@ -47,6 +50,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _farm_error(_request: Request, exc: EnginefarmError) -> JSONResponse:
         headers = {"Retry-After": RETRY_AFTER_S} if isinstance(exc, InfrastructureError) else None
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> Response:
+        # FastAPI's own handler echoes the input as UTF-8, which a lone surrogate in a JSON string cannot be:
+        # escape everything that is not ASCII instead, so a bad request stays a 422.
+        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        return Response(body, status_code=422, media_type="application/json")
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(DBAPIError)

@@ -99,6 +99,11 @@ class _Receiver:
         elif self._name:
             self.result.fields[self._name] = self._buf.decode("utf-8", "replace")
 
+    @property
+    def in_file_part(self) -> bool:
+        """The file part has begun and not ended (its closing boundary has not arrived)."""
+        return self._fh is not None
+
     def close(self) -> None:
         if self._fh is not None:
             self._fh.close()
@@ -122,6 +127,10 @@ async def receive_upload(request: Request, spool_dir: Path, max_bytes: int, file
         async for chunk in request.stream():
             parser.write(chunk)
         parser.finalize()
+        if receiver.in_file_part:
+            # No closing boundary after the file: the bytes may be cut short, and no sha256 was taken.
+            raise ModelRejected(f"malformed multipart body: it ends inside the '{file_field}' part, "
+                                "before the closing boundary; send the whole body")
     except BaseException as exc:
         receiver.close()
         receiver.result.discard()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -207,6 +208,10 @@ class AccuracySpec(BaseModel):
         unknown = sorted(set(self.tolerances) - set(ACCURACY_LIMITS))
         if unknown:
             raise ValueError(f"unknown tolerance(s) {unknown}; known: {', '.join(ACCURACY_LIMITS)}")
+        # NaN or infinity would pass or fail every check, and the catalog's JSON cannot store them.
+        odd = sorted(k for k, v in self.tolerances.items() if not math.isfinite(v))
+        if odd:
+            raise ValueError(f"tolerance(s) {odd} must be finite numbers")
         return self
 
     def limits(self, precision: str) -> dict[str, float]:

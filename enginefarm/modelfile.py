@@ -39,6 +39,8 @@ _RATIO_MIN_BYTES = 1 << 20
 _MAX_NAME_COMPONENT = 255
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+# No builder takes a dimension this large; a model declaring one is broken or hostile.
+_MAX_DECLARED_DIM = (1 << 31) - 1
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 _ARCHIVE_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, NotImplementedError)
@@ -529,17 +531,42 @@ def _uses_external_data(model: ModelProto) -> bool:
 # --------------------------------------------------------------------------- metadata
 
 
+def _text(value: str | bytes, what: str) -> str:
+    """A string field of the proto; protobuf hands back bytes where the field is not valid UTF-8."""
+    if isinstance(value, bytes):
+        raise ModelRejected(f"{what} {value!r} is not valid UTF-8 text")
+    return value
+
+
 def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
     """Describe a graph input or output; non-tensor types (sequences, maps) get their kind as dtype."""
+    name = _text(value.name, "tensor name")
     kind = value.type.WhichOneof("value")
     if kind not in ("tensor_type", "sparse_tensor_type"):
-        return TensorInfo(value.name, (kind or "undefined").removesuffix("_type").upper(), [])
+        return TensorInfo(name, (kind or "undefined").removesuffix("_type").upper(), [])
     ttype = getattr(value.type, kind)
     dims: list[int | str | None] = []
     for d in ttype.shape.dim:
         which = d.WhichOneof("value")
-        dims.append(d.dim_value if which == "dim_value" else d.dim_param if which == "dim_param" else None)
-    return TensorInfo(value.name, TensorProto.DataType.Name(ttype.elem_type), dims)
+        param = _text(d.dim_param, f"dim name of {name!r}") if which == "dim_param" else None
+        dims.append(d.dim_value if which == "dim_value" else param)
+    return TensorInfo(name, TensorProto.DataType.Name(ttype.elem_type), dims)
+
+
+def _check_inputs(inputs: list[onnx.ValueInfoProto]) -> None:
+    """Reject graph inputs no engine can be fed: non-tensor types, no element type, absurd dims."""
+    for value in inputs:
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            what = (kind or "undefined").removesuffix("_type")
+            raise ModelRejected(f"input {value.name!r} is of type {what}, not a tensor; engines take tensor inputs only")
+        ttype = value.type.tensor_type
+        if ttype.elem_type == TensorProto.UNDEFINED:
+            raise ModelRejected(f"input {value.name!r} has no element type (UNDEFINED)")
+        for axis, d in enumerate(ttype.shape.dim):
+            if d.WhichOneof("value") == "dim_value" and d.dim_value > _MAX_DECLARED_DIM:
+                raise ModelRejected(f"input {value.name!r} declares dim {d.dim_value} at axis {axis}, "
+                                    f"over the largest buildable dim {_MAX_DECLARED_DIM}")
 
 
 def _default_opset(model: ModelProto) -> int:
@@ -554,8 +581,10 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
     """Collect the metadata of an accepted model."""
     graph = model.graph
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
+    inputs = [v for v in graph.input if v.name not in weights]
+    _check_inputs(inputs)
     return ModelInfo(
-        inputs=[_tensor_info(v) for v in graph.input if v.name not in weights],
+        inputs=[_tensor_info(v) for v in inputs],
         outputs=[_tensor_info(v) for v in graph.output],
         opset=_default_opset(model),
         ir_version=model.ir_version,
@@ -591,11 +620,23 @@ def _load_checked(model_path: Path, fmt: str) -> tuple[ModelProto, dict[Path, in
     return model, _check_external_data(model, model_path.parent)
 
 
+def _check_one_model(model_path: Path) -> None:
+    """Reject a bundle holding other .onnx files besides model.onnx: which one to build would be a guess."""
+    root = model_path.parent
+    others = sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                    if p.suffix.lower() == ".onnx" and p != model_path and p.is_file())
+    if others:
+        raise ModelRejected(f"bundle holds .onnx files besides {MODEL_NAME}: {', '.join(others[:5])}; "
+                            f"a bundle is one {MODEL_NAME} and its external data files")
+
+
 def inspect_upload(path: Path, workdir: Path, limits: BundleLimits = BundleLimits()) -> InspectedModel:
     """Vet an uploaded file (plain ONNX or bundle, unpacked under workdir); return what it holds."""
     fmt = detect_format(path)
     model_path = path if fmt == "onnx" else _unpack_fresh(path, fmt, workdir, limits)
     try:
+        if fmt != "onnx":
+            _check_one_model(model_path)
         model, data_files = _load_checked(model_path, fmt)
         _check(model_path)
         return InspectedModel(fmt, model_path, _model_info(model, model_path, data_files))

@@ -1,1 +1,32 @@
-"""One router per resource."""
+"""One router per resource, and the limits they share on what a request may name."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Path
+from fastapi.exceptions import RequestValidationError
+
+# Catalog ids are 32-bit integers: a larger one names no row, and the database refuses to compare it.
+ID_MAX = (1 << 31) - 1
+RowId = Annotated[int, Path(ge=1, le=ID_MAX)]
+
+
+def page_offset(offset: int) -> int:
+    """An offset the database can take; past the last row the page is simply empty."""
+    return max(0, min(offset, ID_MAX))
+
+
+def check_body_id(name: str, value: int) -> None:
+    """Reject a JSON body's id outside 1..ID_MAX with the same 422 a path id gets."""
+    if not 1 <= value <= ID_MAX:
+        raise RequestValidationError([{"type": "int_range", "loc": ("body", name), "input": value,
+                                       "msg": f"Input should be between 1 and {ID_MAX}"}])
+
+
+def check_no_nul(where: str, **values: Any) -> None:
+    """Reject text holding a NUL character: no stored name has one, and PostgreSQL text cannot hold it."""
+    errors = [{"type": "string_nul", "loc": (where, name), "msg": "Value must not contain a NUL character"}
+              for name, value in values.items() if isinstance(value, str) and "\x00" in value]
+    if errors:
+        raise RequestValidationError(errors)

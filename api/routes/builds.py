@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from api import services
 from api.deps import session_dep, settings_dep
+from api.routes import ID_MAX, RowId, check_body_id, page_offset
 from api.schemas import BuildOut, BuildRequest, build_out
 from enginefarm.config import Settings
 from storage import catalog
@@ -24,20 +25,22 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
 def submit_build(body: BuildRequest, session: Session = Depends(session_dep),
                  settings: Settings = Depends(settings_dep)) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once."""
+    check_body_id("model_id", body.model_id)
     build_id = services.submit_build(settings, body.model_id, body.targets, body.spec)
     return _out(session, settings, catalog.get_build(session, build_id))
 
 
 @router.get("", response_model=list[BuildOut])
-def list_builds(model_id: int | None = None, spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
+def list_builds(model_id: int | None = Query(None, ge=1, le=ID_MAX),
+                spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
                 limit: int = 50, offset: int = 0, session: Session = Depends(session_dep),
                 settings: Settings = Depends(settings_dep)) -> list[BuildOut]:
     """Builds, newest first; optionally of one model version and one spec."""
     rows = catalog.list_builds(session, model_id=model_id, spec_hash=spec_hash, limit=max(1, min(limit, 500)),
-                               offset=max(0, offset))
+                               offset=page_offset(offset))
     return [_out(session, settings, r) for r in rows]
 
 
 @router.get("/{build_id}", response_model=BuildOut)
-def get_build(build_id: int, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> BuildOut:
+def get_build(build_id: RowId, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> BuildOut:
     return _out(session, settings, catalog.get_build(session, build_id))

@@ -7,6 +7,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
 from api.deps import session_dep, settings_dep
+from api.routes import RowId, check_no_nul, page_offset
 from api.reports import engine_checks
 from api.schemas import EngineOut, Page
 from enginefarm.config import Settings
@@ -24,7 +25,9 @@ def list_engines(
     precision: str | None = None, spec_hash: str | None = None, limit: int = 50, offset: int = 0,
     session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
 ) -> Page[EngineOut]:
-    limit, offset = max(1, min(limit, 500)), max(0, offset)
+    check_no_nul("query", model=model, version=version, target=target, backend=backend, cc=cc, trt=trt,
+                 precision=precision, spec_hash=spec_hash)
+    limit, offset = max(1, min(limit, 500)), page_offset(offset)
     rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
                                        compute_capability=cc, trt_version=trt, precision=precision,
                                        spec_hash=spec_hash, limit=limit, offset=offset)
@@ -33,14 +36,14 @@ def list_engines(
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
-def get_engine(engine_id: int, session: Session = Depends(session_dep),
+def get_engine(engine_id: RowId, session: Session = Depends(session_dep),
                settings: Settings = Depends(settings_dep)) -> EngineOut:
     row = catalog.get_engine(session, engine_id)
     return EngineOut.of(row, checks=engine_checks(session, settings, [row])[row.id])
 
 
 @router.get("/{engine_id}/benchmarks")
-def engine_benchmarks(engine_id: int, session: Session = Depends(session_dep)) -> list[dict]:
+def engine_benchmarks(engine_id: RowId, session: Session = Depends(session_dep)) -> list[dict]:
     """Every measurement of the engine: per shape and device, all statistics and the machine fingerprint."""
     row = catalog.get_engine(session, engine_id)
     return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name,
@@ -51,7 +54,7 @@ def engine_benchmarks(engine_id: int, session: Session = Depends(session_dep)) -
 
 @router.get("/{engine_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} holds their sha256"}})
-def engine_content(engine_id: int, session: Session = Depends(session_dep),
+def engine_content(engine_id: RowId, session: Session = Depends(session_dep),
                    settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
     row = catalog.get_engine(session, engine_id)

@@ -9,6 +9,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api import reports, services
 from api.deps import session_dep, settings_dep
+from api.routes import RowId, check_no_nul, page_offset
 from api.routes.engines import blob_response
 from api.schemas import ModelOut, Page
 from api.upload import receive_upload
@@ -49,19 +50,20 @@ async def upload_model(request: Request, response: Response, settings: Settings 
 @router.get("", response_model=Page[ModelOut])
 def list_models(name: str | None = None, limit: int = 50, offset: int = 0,
                 session: Session = Depends(session_dep)) -> Page[ModelOut]:
-    limit, offset = max(1, min(limit, 500)), max(0, offset)
+    check_no_nul("query", name=name)
+    limit, offset = max(1, min(limit, 500)), page_offset(offset)
     rows, total = catalog.list_models(session, name=name, limit=limit, offset=offset)
     return Page(items=[ModelOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: int, session: Session = Depends(session_dep)) -> ModelOut:
+def get_model(model_id: RowId, session: Session = Depends(session_dep)) -> ModelOut:
     return ModelOut.of(catalog.get_model(session, model_id))
 
 
 @router.get("/{model_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "the model as uploaded"}})
-def model_content(model_id: int, session: Session = Depends(session_dep),
+def model_content(model_id: RowId, session: Session = Depends(session_dep),
                   settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id)
@@ -81,7 +83,7 @@ SAMPLES_BODY = {
 
 
 @router.post("/{model_id}/samples", response_model=ModelOut, openapi_extra=SAMPLES_BODY)
-async def upload_samples(model_id: int, request: Request, settings: Settings = Depends(settings_dep)) -> ModelOut:
+async def upload_samples(model_id: RowId, request: Request, settings: Settings = Depends(settings_dep)) -> ModelOut:
     """Store sample inputs with the model: int8 calibration and the accuracy check use them instead of
     random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
     upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_samples_bytes)
@@ -93,7 +95,7 @@ async def upload_samples(model_id: int, request: Request, settings: Settings = D
 
 
 @router.get("/{model_id}/report")
-def model_report(model_id: int, session: Session = Depends(session_dep),
+def model_report(model_id: RowId, session: Session = Depends(session_dep),
                  settings: Settings = Depends(settings_dep)) -> dict:
     """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
     engine size, or why an engine has no numbers yet; with the change against model version N-1."""

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from api import services
 from api.deps import session_dep, settings_dep
+from api.routes import check_no_nul
 from api.schemas import (
     CC_PATTERN,
     PLATFORM_PATTERN,
@@ -100,6 +101,7 @@ def resolve_get(
     session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
 ):
     """Resolve with the fingerprint in the query string."""
+    check_no_nul("query", model=model, version=version)
     machine = MachineIn(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
                         cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
                         platform=platform, os=os, jetpack=jetpack)
@@ -112,5 +114,6 @@ def resolve_get(
 def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep),
                  settings: Settings = Depends(settings_dep)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
+    check_no_nul("body", model=req.model, version=req.version)
     return answer(req, session, settings)
 

@@ -7,6 +7,7 @@ from sqlalchemy.orm import Session
 
 from api import reports, services
 from api.deps import session_dep, settings_dep
+from api.routes import RowId, check_body_id
 from api.schemas import SweepOut, SweepRequest
 from enginefarm.config import Settings
 
@@ -18,10 +19,11 @@ def submit_sweep(body: SweepRequest, session: Session = Depends(session_dep),
                  settings: Settings = Depends(settings_dep)) -> SweepOut:
     """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
     every target. The best variant per target is the fastest that passes the accuracy gate."""
+    check_body_id("model_id", body.model_id)
     sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes)
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))
 
 
 @router.get("/{sweep_id}", response_model=SweepOut)
-def get_sweep(sweep_id: int, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> SweepOut:
+def get_sweep(sweep_id: RowId, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> SweepOut:
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))
