@@ -8,9 +8,10 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
-from enginefarm.domain import DEFAULT_SHAPE_KEY
+from enginefarm.domain import DEFAULT_SHAPE_KEY, TaskState, Target
 from storage import catalog
-from storage.tables import BenchmarkRow, BuildRow, EngineRow, ModelRow, SweepRow
+from storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
+from worker.probe import benchmark_pending_reason
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
@@ -19,7 +20,33 @@ def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]
     """Engine id → the state of its benchmark and accuracy check, with the pending reason."""
     tasks = catalog.benchmark_tasks_of(session, [e.id for e in engines])
     served = catalog.served_bench_targets(session, settings.worker_ttl_seconds)
-    return {e.id: catalog.check_status(e, tasks.get(e.id, []), served) for e in engines}
+    return {e.id: check_status(e, tasks.get(e.id, []), served) for e in engines}
+
+
+def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str]) -> dict[str, Any]:
+    """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
+    latest = tasks[-1] if tasks else None
+    status = _check_status(engine, latest, bench_served)
+    if latest is not None:
+        status.update(task_id=latest.id, worker_id=latest.worker_id, attempts=latest.attempts)
+    return status
+
+
+def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str]) -> dict[str, Any]:
+    if latest is None:
+        done = bool(engine.benchmarks) or engine.accuracy is not None
+        return {"state": "succeeded" if done else "none",
+                "detail": None if done else "never benchmarked: built before the benchmark stage, or with checks turned "
+                                           "off; build it again with checks on to queue them (the engine is reused)"}
+    if latest.state == TaskState.QUEUED.value:
+        detail = (benchmark_pending_reason(Target.parse(latest.target)) if latest.target not in bench_served
+                  else "benchmark queued: a worker that can run it will take it")
+        return {"state": "pending", "detail": detail}
+    if latest.state == TaskState.RUNNING.value:
+        return {"state": "running", "detail": f"benchmark running on {latest.worker_id}"}
+    if latest.state == TaskState.FAILED.value:
+        return {"state": "failed", "detail": f"benchmark failed: {latest.error}"}
+    return {"state": latest.state, "detail": None}
 
 
 def _label(spec: dict[str, Any]) -> str:
@@ -77,25 +104,21 @@ def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, prev
                                   cos_before if isinstance(cos_before, float) else None)}
 
 
-def _specs(session: Session, models: list[ModelRow]) -> dict[str, BuildRow]:
-    ids = [m.id for m in models] + [d.id for m in models for d in catalog.derived_models(session, m)]
-    return catalog.builds_by_spec(session, ids)
-
-
 def model_report(session: Session, settings: Settings, model_id: int) -> dict[str, Any]:
     """For every engine of the model and every shape it was measured at: latency percentiles, throughput,
     accuracy and size, or why it has no numbers yet; plus the change against version N-1."""
     model = catalog.get_model(session, model_id)
     if model.source_model_id:  # a derived model reports under its source, where its engines are listed
         model = catalog.get_model(session, model.source_model_id)
-    engines = catalog.engines_of_model(session, model)
+    family = [model, *catalog.derived_models(session, model)]
+    engines = catalog.engines_of_models(session, family)
     checks = engine_checks(session, settings, engines)
-    builds = _specs(session, [model])
+    builds = catalog.builds_by_spec(session, [m.id for m in family])
     best = best_per_target(engines)
     previous = catalog.previous_version(session, model)
     before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
     if previous is not None:
-        for e in catalog.engines_of_model(session, previous):
+        for e in catalog.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]):
             for b in e.benchmarks:
                 before.setdefault((e.target, e.spec_hash, b.shape_key, b.gpu_name), (e, b))
     rows = []

@@ -66,19 +66,11 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     with Scratch(settings) as scratch:
         inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))
         info: ModelInfo = inspected.info
-    store = get_blob_store(settings)
     key = model_key(sha256)
-    was_there = store.exists(key)
-    store.put_file(key, upload_path, sha256)
-    try:
-        with session_scope(settings) as s:
-            row = catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
-                                    size=upload_path.stat().st_size, info=info, blob_key=key)
-        return row, True
-    except BaseException:
-        if not was_there:
-            store.delete(key)
-        raise
+    with get_blob_store(settings).put_for_row(key, upload_path, sha256), session_scope(settings) as s:
+        row = catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
+                                size=upload_path.stat().st_size, info=info, blob_key=key)
+    return row, True
 
 
 def _spec_from(payload: dict) -> tuple[BuildSpec | None, list[dict]]:
@@ -223,19 +215,11 @@ def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256:
         raise ModelRejected("the samples do not fit the model", problems=exc.problems) from None
     described = {"count": next((a.shape[0] for a in arrays.values() if a.ndim), 1),
                  "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in arrays.items()}}
-    store = get_blob_store(settings)
     key = samples_key(sha256)
-    was_there = store.exists(key)
-    store.put_file(key, upload_path, sha256)
-    try:
-        with session_scope(settings) as s:
-            model = catalog.get_model(s, model_id)
-            catalog.set_samples(s, model, sha256=sha256, key=key, info=described)
-            return model
-    except BaseException:
-        if not was_there:
-            store.delete(key)
-        raise
+    with get_blob_store(settings).put_for_row(key, upload_path, sha256), session_scope(settings) as s:
+        model = catalog.get_model(s, model_id)
+        catalog.set_samples(s, model, sha256=sha256, key=key, info=described)
+    return model
 
 
 def wait_reason(target: str, state: str, served: dict[str, set[str]]) -> str | None:

@@ -44,24 +44,25 @@ def _static_shapes(info: ModelInfo) -> dict[str, list[int]]:
     return {t.name: [int(d) for d in t.dims] for t in info.inputs if not t.dynamic_axes}
 
 
-def opt_shapes(spec: BuildSpec, info: ModelInfo) -> dict[str, list[int]]:
-    """The shapes of the first optimization profile's opt point (static inputs at their fixed dims)."""
-    shapes = _static_shapes(info)
-    profiles = spec.normalized_profiles()
-    if profiles:
-        shapes.update({name: list(rng.opt) for name, rng in profiles[0].items()})
-    return shapes
-
-
 def _batch_of(shapes: dict[str, list[int]]) -> int | None:
     firsts = {dims[0] for dims in shapes.values() if dims}
     return firsts.pop() if len(firsts) == 1 else None
 
 
+def opt_shape_set(spec: BuildSpec, info: ModelInfo) -> ShapeSet:
+    """The first optimization profile's opt point (static inputs at their fixed dims)."""
+    shapes = _static_shapes(info)
+    profiles = spec.normalized_profiles()
+    if profiles:
+        shapes.update({name: list(rng.opt) for name, rng in profiles[0].items()})
+    return ShapeSet(DEFAULT_SHAPE_KEY, shapes, _batch_of(shapes))
+
+
 def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:
     """Where to measure: the spec's explicit shapes, its batch sizes, or the opt shapes."""
     bench: BenchmarkSpec = spec.benchmark
-    opt = opt_shapes(spec, info)
+    default = opt_shape_set(spec, info)
+    opt = default.shapes
     if bench.shapes:
         out = []
         for given in bench.shapes:
@@ -73,7 +74,7 @@ def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:
         dynamic_batch = {t.name for t in info.inputs if 0 in t.dynamic_axes}
         return [ShapeSet(f"batch={b}", {n: ([b, *d[1:]] if n in dynamic_batch else d) for n, d in opt.items()}, b)
                 for b in bench.batch_sizes]
-    return [ShapeSet(DEFAULT_SHAPE_KEY, opt, _batch_of(opt))]
+    return [default]
 
 
 def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict]:

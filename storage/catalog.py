@@ -6,7 +6,7 @@ Routes and tasks call these with a session from ``storage.db.session_scope``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
@@ -37,6 +37,15 @@ from storage.tables import (
     utcnow,
 )
 
+T = TypeVar("T")
+
+def _get(session: Session, table: type[T], ident: int, what: str) -> T:
+    row = session.get(table, ident)
+    if row is None:
+        raise NotFound(f"no {what} with id {ident}")
+    return row
+
+
 # --------------------------------------------------------------------------- models
 
 
@@ -64,10 +73,7 @@ def add_model(session: Session, *, name: str, version: str | None, sha256: str, 
 
 
 def get_model(session: Session, model_id: int) -> ModelRow:
-    row = session.get(ModelRow, model_id)
-    if row is None:
-        raise NotFound(f"no model with id {model_id}")
-    return row
+    return _get(session, ModelRow, model_id, "model")
 
 
 def list_models(session: Session, *, name: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[ModelRow], int]:
@@ -195,10 +201,7 @@ def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_
 
 
 def get_build(session: Session, build_id: int) -> BuildRow:
-    row = session.get(BuildRow, build_id)
-    if row is None:
-        raise NotFound(f"no build with id {build_id}")
-    return row
+    return _get(session, BuildRow, build_id, "build")
 
 
 def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str | None = None, limit: int = 50,
@@ -212,34 +215,27 @@ def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str
 
 
 def get_task(session: Session, task_id: int) -> BuildTaskRow:
-    row = session.get(BuildTaskRow, task_id)
-    if row is None:
-        raise NotFound(f"no build task with id {task_id}")
-    return row
+    return _get(session, BuildTaskRow, task_id, "build task")
+
+
+def _claim(session: Session, table, task_id: int, worker_id: str, max_deliveries: int | None) -> bool:
+    """Move a queued task to running for this worker (a conditional update: one claim wins). False if another
+    worker has it or it is done, or when it was already delivered ``max_deliveries`` times: then it is
+    failed with that reason, so a task that kills its worker cannot loop forever."""
+    queued = (table.id == task_id) & (table.state == TaskState.QUEUED.value)
+    if max_deliveries is not None and session.execute(
+            update(table).where(queued, table.attempts >= max_deliveries)
+            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
+                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
+                          f"(its worker died or it hit the hard time limit)")).rowcount:
+        return False
+    result = session.execute(update(table).where(queued).values(
+        state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), attempts=table.attempts + 1))
+    return result.rowcount == 1
 
 
 def claim_task(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
-    """Move a queued task to running for this worker. False if another worker has it or it is done, or
-    when it was already delivered ``max_deliveries`` times: then it is failed with that reason, so a task
-    that kills its worker cannot loop forever."""
-    if max_deliveries is not None:
-        exhausted = session.execute(
-            update(BuildTaskRow)
-            .where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.QUEUED.value,
-                   BuildTaskRow.attempts >= max_deliveries)
-            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
-                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
-                          f"(its worker died or it hit the hard time limit)")
-        )
-        if exhausted.rowcount:
-            return False
-    result = session.execute(
-        update(BuildTaskRow)
-        .where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.QUEUED.value)
-        .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(),
-                attempts=BuildTaskRow.attempts + 1)
-    )
-    return result.rowcount == 1
+    return _claim(session, BuildTaskRow, task_id, worker_id, max_deliveries)
 
 
 def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: EngineDescriptor, *,
@@ -307,10 +303,7 @@ def list_engines(session: Session, *, model: str | None = None, version: str | N
 
 
 def get_engine(session: Session, engine_id: int) -> EngineRow:
-    row = session.get(EngineRow, engine_id)
-    if row is None:
-        raise NotFound(f"no engine with id {engine_id}")
-    return row
+    return _get(session, EngineRow, engine_id, "engine")
 
 
 def descriptor_of(row: EngineRow) -> EngineDescriptor:
@@ -458,30 +451,11 @@ def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec) 
 
 
 def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
-    row = session.get(BenchmarkTaskRow, task_id)
-    if row is None:
-        raise NotFound(f"no benchmark task with id {task_id}")
-    return row
+    return _get(session, BenchmarkTaskRow, task_id, "benchmark task")
 
 
 def claim_benchmark(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
-    if max_deliveries is not None:
-        exhausted = session.execute(
-            update(BenchmarkTaskRow)
-            .where(BenchmarkTaskRow.id == task_id, BenchmarkTaskRow.state == TaskState.QUEUED.value,
-                   BenchmarkTaskRow.attempts >= max_deliveries)
-            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
-                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result")
-        )
-        if exhausted.rowcount:
-            return False
-    result = session.execute(
-        update(BenchmarkTaskRow)
-        .where(BenchmarkTaskRow.id == task_id, BenchmarkTaskRow.state == TaskState.QUEUED.value)
-        .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(),
-                attempts=BenchmarkTaskRow.attempts + 1, error=None)
-    )
-    return result.rowcount == 1
+    return _claim(session, BenchmarkTaskRow, task_id, worker_id, max_deliveries)
 
 
 def end_benchmark(session: Session, task_id: int, state: TaskState, error: str | None = None) -> None:
@@ -524,34 +498,6 @@ def benchmark_tasks_of(session: Session, engine_ids: list[int]) -> dict[int, lis
     return by_engine
 
 
-def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str]) -> dict[str, Any]:
-    """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
-    latest = tasks[-1] if tasks else None
-    status = _check_status(engine, latest, bench_served)
-    if latest is not None:
-        status.update(task_id=latest.id, worker_id=latest.worker_id, attempts=latest.attempts)
-    return status
-
-
-def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str]) -> dict[str, Any]:
-    from worker.probe import benchmark_pending_reason
-
-    if latest is None:
-        done = bool(engine.benchmarks) or engine.accuracy is not None
-        return {"state": "succeeded" if done else "none",
-                "detail": None if done else "never benchmarked: built before the benchmark stage, or with checks turned "
-                                           "off; build it again with checks on to queue them (the engine is reused)"}
-    if latest.state == TaskState.QUEUED.value:
-        detail = (benchmark_pending_reason(Target.parse(latest.target)) if latest.target not in bench_served
-                  else "benchmark queued: a worker that can run it will take it")
-        return {"state": "pending", "detail": detail}
-    if latest.state == TaskState.RUNNING.value:
-        return {"state": "running", "detail": f"benchmark running on {latest.worker_id}"}
-    if latest.state == TaskState.FAILED.value:
-        return {"state": "failed", "detail": f"benchmark failed: {latest.error}"}
-    return {"state": latest.state, "detail": None}
-
-
 # --------------------------------------------------------------------------- sweeps and reports
 
 
@@ -563,10 +509,7 @@ def add_sweep(session: Session, model: ModelRow, axes: dict, targets: list[str])
 
 
 def get_sweep(session: Session, sweep_id: int) -> SweepRow:
-    row = session.get(SweepRow, sweep_id)
-    if row is None:
-        raise NotFound(f"no sweep with id {sweep_id}")
-    return row
+    return _get(session, SweepRow, sweep_id, "sweep")
 
 
 def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
@@ -580,9 +523,9 @@ def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
                            .order_by(ModelRow.seq.desc())).first()
 
 
-def engines_of_model(session: Session, model: ModelRow) -> list[EngineRow]:
-    """The engines of a model's bytes and of the models derived from it, with their benchmarks."""
-    shas = {model.sha256, *(d.sha256 for d in derived_models(session, model))}
+def engines_of_models(session: Session, models: list[ModelRow]) -> list[EngineRow]:
+    """The engines of these models' bytes (a model and those derived from it), with their benchmarks."""
+    shas = {m.sha256 for m in models}
     # One statement (a join, not a second SELECT): an engine's benchmarks and accuracy are committed together,
     # and two statements could see one without the other.
     return list(session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(shas))

@@ -20,7 +20,7 @@ import numpy as np
 from enginefarm import accuracy
 from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
 from enginefarm.errors import BuildFailed
-from enginefarm.inputs import ShapeSet, random_inputs, sample_batches, shape_sets
+from enginefarm.inputs import ShapeSet, opt_shape_set, random_inputs, sample_batches, shape_sets
 from enginefarm.stats import Iteration, Measurement, measure
 from worker.backends.trt_common import load_module
 
@@ -151,10 +151,11 @@ def _reference_session(model_path: Path):
 
 def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None) -> tuple[list[dict], str]:
     """The inputs of the accuracy check and where they came from."""
-    opt = shape_sets(spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"shapes": [], "batch_sizes": []})}), info)[0]
+    opt = opt_shape_set(spec, info)
     if samples:
         feeds = sample_batches(samples, info, opt.batch or 1)
-        return feeds, f"{sum(next(iter(f.values())).shape[0] if f else 0 for f in feeds)} user samples in {len(feeds)} batch(es)"
+        used = sum(len(next(iter(f.values()))) for f in feeds)
+        return feeds, f"{used} user samples in {len(feeds)} batch(es)"
     feeds = [random_inputs(info, opt.shapes, spec.accuracy.seed + i) for i in range(spec.accuracy.batches)]
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
 

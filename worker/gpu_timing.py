@@ -30,6 +30,7 @@ from numpy.typing import DTypeLike
 
 from enginefarm import stats
 from enginefarm.errors import BackendMissing, BuildFailed, EnginefarmError, TargetUnavailable
+from worker.nvml import NvmlUnavailable, nvml_session
 
 if TYPE_CHECKING:
     from enginefarm.domain import BenchmarkSpec
@@ -160,38 +161,28 @@ def gpu_clocks(index: int = 0, *, pci_bus_id: str | None = None) -> dict[str, An
     Never raises: without NVML the dict holds only "error"; a reading the GPU does not support is left out
     and named under "error".
     """
-    try:
-        import pynvml
-    except ImportError as exc:
-        return {"error": f"pynvml not importable ({exc})"}
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound where there is no driver
-        return {"error": f"NVML: {exc or type(exc).__name__}"}
     out: dict[str, Any] = {}
     errors: list[str] = []
     try:
-        handle = (pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
-                  else pynvml.nvmlDeviceGetHandleByIndex(index))
-        readings: dict[str, Callable[[], Any]] = {}
-        for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM),
-                           ("graphics", pynvml.NVML_CLOCK_GRAPHICS)):
-            readings[f"{key}_mhz"] = lambda c=clock: pynvml.nvmlDeviceGetClockInfo(handle, c)
-            readings[f"{key}_max_mhz"] = lambda c=clock: pynvml.nvmlDeviceGetMaxClockInfo(handle, c)
-        readings["temperature_c"] = lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-        readings["power_w"] = lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000
-        for key, read in readings.items():
-            try:
-                out[key] = read()
-            except Exception as exc:  # NVMLError_NotSupported on some boards and in some VMs
-                errors.append(f"{key}: {exc or type(exc).__name__}")
+        with nvml_session() as pynvml:
+            handle = (pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
+                      else pynvml.nvmlDeviceGetHandleByIndex(index))
+            readings: dict[str, Callable[[], Any]] = {}
+            for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM),
+                               ("graphics", pynvml.NVML_CLOCK_GRAPHICS)):
+                readings[f"{key}_mhz"] = lambda c=clock: pynvml.nvmlDeviceGetClockInfo(handle, c)
+                readings[f"{key}_max_mhz"] = lambda c=clock: pynvml.nvmlDeviceGetMaxClockInfo(handle, c)
+            readings["temperature_c"] = lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+            readings["power_w"] = lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000
+            for key, read in readings.items():
+                try:
+                    out[key] = read()
+                except Exception as exc:  # NVMLError_NotSupported on some boards and in some VMs
+                    errors.append(f"{key}: {exc or type(exc).__name__}")
+    except NvmlUnavailable as exc:  # NVMLError_LibraryNotFound where there is no driver
+        return {"error": f"NVML: {exc}" if exc.during_init else str(exc)}
     except Exception as exc:
         errors.append(str(exc) or type(exc).__name__)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
     if errors:
         out["error"] = "; ".join(errors)
     return out

@@ -11,8 +11,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from enginefarm.config import Settings
-from enginefarm.domain import BuildSpec, EngineDescriptor, Target
+from enginefarm.domain import BuildSpec, EngineDescriptor, ModelInfo, Target
 from enginefarm.errors import IntegrityError
+from enginefarm.inputs import load_samples
 from enginefarm.modelfile import BundleLimits, model_path_for
 from storage.blobs import BlobStore, engine_key
 from storage.blobs.base import sha256_file
@@ -33,11 +34,7 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
         blob, verified = cache / f"upload.{fmt}", cache / "verified"
         # Hash once per download, not once per task: a 2 GB model costs over a second to hash.
         if not verified.exists():
-            store.get_file(blob_key, blob)
-            got = sha256_file(blob)
-            if got != sha256:
-                blob.unlink(missing_ok=True)
-                raise IntegrityError(f"model blob {blob_key} has sha256 {got}, the catalog says {sha256}")
+            fetch_verified(store, blob_key, sha256, blob)
             shutil.rmtree(cache / "unpacked", ignore_errors=True)
             (cache / "model.path").unlink(missing_ok=True)
             verified.touch()
@@ -47,6 +44,21 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
         path = model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
         remembered.write_text(str(path))
         return path
+
+
+def fetch_verified(store: BlobStore, key: str, sha256: str, dest: Path) -> Path:
+    """Download a blob and check it against the catalog's sha256 before anything uses it."""
+    store.get_file(key, dest)
+    got = sha256_file(dest)
+    if got != sha256:
+        dest.unlink(missing_ok=True)
+        raise IntegrityError(f"blob {key} has sha256 {got}, the catalog says {sha256}")
+    return dest
+
+
+def samples_of(store: BlobStore, key: str | None, sha256: str | None, info: ModelInfo, scratch: Path):
+    """A model's samples from the blob store, verified and checked against the model; None without any."""
+    return load_samples(fetch_verified(store, key, sha256, scratch / "samples.npz"), info) if key else None
 
 
 @dataclass

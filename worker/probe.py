@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Machine, Target, arch_of_cc
+from worker.nvml import NvmlUnavailable, nvml_session
 
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
 RTX_MODULE = BACKEND_MODULES[Backend.TENSORRT_RTX]
@@ -114,51 +115,41 @@ def _error(exc: BaseException) -> str:
 
 def probe_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
     """Return (gpus, driver_version, cuda_version, nvml_error); nvml_error is None when all went well."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        return [], None, None, f"pynvml not importable ({exc})"
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound on machines without a driver
-        return [], None, None, str(exc) or type(exc).__name__
     gpus: list[GpuInfo] = []
     driver = cuda = None
     errors: list[str] = []
     try:
-        try:
-            driver = _text(pynvml.nvmlSystemGetDriverVersion())
-        except Exception as exc:
-            errors.append(f"driver version: {exc}")
-        try:
-            v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())  # 13000 -> "13.0", 12080 -> "12.8"
-            cuda = f"{v // 1000}.{v % 1000 // 10}"
-        except Exception as exc:
-            errors.append(f"CUDA version: {exc}")
-        for i in range(pynvml.nvmlDeviceGetCount()):
+        with nvml_session() as pynvml:
             try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-                name = _text(pynvml.nvmlDeviceGetName(handle))
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            except Exception as exc:  # one bad GPU (fallen off the bus) must not hide the others
-                errors.append(f"GPU {i}: {exc}")
-                continue
+                driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            except Exception as exc:
+                errors.append(f"driver version: {exc}")
             try:
-                memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
-            except Exception:  # NotSupported on unified-memory GPUs
-                memory = 0
-            try:
-                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-            except Exception:
-                uuid = None
-            gpus.append(GpuInfo(i, name, f"{major}.{minor}", memory, uuid))
+                v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())  # 13000 -> "13.0", 12080 -> "12.8"
+                cuda = f"{v // 1000}.{v % 1000 // 10}"
+            except Exception as exc:
+                errors.append(f"CUDA version: {exc}")
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                    name = _text(pynvml.nvmlDeviceGetName(handle))
+                    major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                except Exception as exc:  # one bad GPU (fallen off the bus) must not hide the others
+                    errors.append(f"GPU {i}: {exc}")
+                    continue
+                try:
+                    memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
+                except Exception:  # NotSupported on unified-memory GPUs
+                    memory = 0
+                try:
+                    uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+                except Exception:
+                    uuid = None
+                gpus.append(GpuInfo(i, name, f"{major}.{minor}", memory, uuid))
+    except NvmlUnavailable as exc:
+        return [], None, None, str(exc)
     except Exception as exc:
         errors.append(str(exc) or type(exc).__name__)
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return gpus, driver, cuda, "; ".join(errors) or None
 
 

@@ -11,14 +11,13 @@ from storage import catalog
 from storage.blobs import BlobStore, model_key
 from storage.blobs.base import sha256_file
 from storage.db import session_scope
-from worker.pipeline import Scratch, bundle_limits, model_file_from_store
+from worker.pipeline import Scratch, bundle_limits, model_file_from_store, samples_of
 
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Quantize the build's model from its samples; returns the build tasks to publish."""
     from worker import dispatch
     from worker.quantize import quantize_qdq
-    from worker.tasks import samples_of
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -38,21 +37,19 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         (scratch / "inspect").mkdir()
         inspected = inspect_upload(out, scratch / "inspect", bundle_limits(settings))
         key = model_key(sha)
-        store.put_file(key, out, sha)
-        size = out.stat().st_size
-    derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
-                  **report.to_dict()}
-    with session_scope(settings) as s:
-        source = catalog.get_model(s, source_id)
-        derived = catalog.find_model_by_content(s, name, sha) or catalog.add_model(
-            s, name=name, version=f"{version}-int8-{sha[:8]}", sha256=sha, fmt=inspected.format, size=size,
-            info=inspected.info, blob_key=key, source=source, derivation=derivation)
-        build = catalog.get_build(s, build_id)
-        served = catalog.served_targets(s, settings.worker_ttl_seconds)
-        queued, checks = catalog.release_waiting(s, build, derived, served)
-        catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=derived.id,
-                             derived_version=derived.version, report=report.to_dict())
-        check_ids = [(c.id, c.target) for c in checks]
+        derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
+                      **report.to_dict()}
+        with store.put_for_row(key, out, sha), session_scope(settings) as s:
+            source = catalog.get_model(s, source_id)
+            derived = catalog.find_model_by_content(s, name, sha) or catalog.add_model(
+                s, name=name, version=f"{version}-int8-{sha[:8]}", sha256=sha, fmt=inspected.format,
+                size=out.stat().st_size, info=inspected.info, blob_key=key, source=source, derivation=derivation)
+            build = catalog.get_build(s, build_id)
+            served = catalog.served_targets(s, settings.worker_ttl_seconds)
+            queued, checks = catalog.release_waiting(s, build, derived, served)
+            catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=derived.id,
+                                 derived_version=derived.version, report=report.to_dict())
+            check_ids = [(c.id, c.target) for c in checks]
     for check_id, target in check_ids:
         dispatch.publish_benchmark(check_id, target)
     return queued

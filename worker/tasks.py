@@ -8,21 +8,19 @@ import os
 import socket
 from dataclasses import asdict
 from functools import lru_cache
-from pathlib import Path
 
 from celery.exceptions import SoftTimeLimitExceeded
 
 from enginefarm.config import get_settings
 from enginefarm.domain import Backend, BuildSpec, ModelInfo, TaskState, Target
-from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, IntegrityError, TargetUnavailable
+from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from storage import catalog
 from storage.blobs import get_blob_store
-from storage.blobs.base import sha256_file
 from storage.db import session_scope
 from worker import dispatch
 from worker.backends import BuildLog, get_backend
 from worker.celery_app import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, app
-from worker.pipeline import Scratch, engine_from_model, model_file_from_store, store_engine
+from worker.pipeline import Scratch, engine_from_model, fetch_verified, model_file_from_store, samples_of, store_engine
 from worker.probe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
@@ -166,19 +164,6 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
             catalog.end_benchmark(s, task_id, TaskState.FAILED, f"internal error in the worker: {type(exc).__name__}: {exc}")
 
 
-def samples_of(store, key: str | None, sha256: str | None, info: ModelInfo, scratch: Path):
-    """A model's samples from the blob store, verified and checked against the model; None without any."""
-    from enginefarm.inputs import load_samples
-
-    if not key:
-        return None
-    path = scratch / "samples.npz"
-    store.get_file(key, path)
-    if sha256_file(path) != sha256:
-        raise IntegrityError(f"samples blob {key} does not match its sha256")
-    return load_samples(path, info)
-
-
 def _gpu(probe: MachineProbe) -> dict | None:
     gpu = probe.gpus[0] if probe.gpus else None
     return {"name": gpu.name, "compute_capability": gpu.compute_capability} if gpu else None
@@ -202,10 +187,7 @@ def _benchmark(task_id: int) -> None:
     ref_path = model_file_from_store(store, *ref_fields, settings)
     probe = local_machine()
     with Scratch(settings) as scratch:
-        engine_path = scratch / "engine.plan"
-        store.get_file(blob_key, engine_path)
-        if sha256_file(engine_path) != sha:
-            raise IntegrityError(f"engine blob {blob_key} does not match the catalog's sha256")
+        engine_path = fetch_verified(store, blob_key, sha, scratch / "engine.plan")
         samples = samples_of(store, *samples_fields, info, scratch)
         result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe))
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -56,3 +57,16 @@ class BlobStore(ABC):
 
     @abstractmethod
     def keys(self, prefix: str = "") -> Iterator[str]: ...
+
+    @contextmanager
+    def put_for_row(self, key: str, path: Path, sha256: str) -> Iterator[None]:
+        """Store the blob, then run the block that writes the catalog row pointing at it; if the block
+        fails, the blob goes again (unless it was there before), so a failed write leaves nothing behind."""
+        was_there = self.exists(key)
+        self.put_file(key, path, sha256)
+        try:
+            yield
+        except BaseException:
+            if not was_there:
+                self.delete(key)
+            raise
