@@ -59,9 +59,11 @@ class Farm:
         return subprocess.Popen(args, env={**self.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
-    def start_api(self, timeout: float = 60.0) -> None:
+    def start_api(self, timeout: float = 60.0, workers: int = 1, extra_env: dict[str, str] | None = None) -> None:
+        """``workers``: uvicorn worker processes (more than one spreads requests over CPU cores)."""
         self.api = self._spawn("api", [sys.executable, "-m", "uvicorn", "api.main:app", "--host", self.host,
-                                       "--port", str(self.port), "--log-level", "warning"])
+                                       "--port", str(self.port), "--log-level", "warning",
+                                       "--workers", str(workers)], extra_env)
         wait_http(f"{self.url}/healthz", timeout, self.api)
 
     def start_worker(self, name: str, targets: list[str] | None = None, concurrency: int = 1, pool: str = "prefork",

@@ -6,6 +6,7 @@ free ports. Nothing is skipped for want of a service.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ from enginefarm.samples import save_conv_net
 from tests.helpers import WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_DB = 11
+# Another checkout's suite may run on this machine at the same time: each names its own scratch database.
+REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_REDIS_DB", "11"))
+PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test")
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +35,7 @@ def base_services() -> None:
 
 @pytest.fixture(scope="session")
 def pg_url(base_services) -> str:
-    with devservices.scratch_postgres("enginefarm_test") as url:
+    with devservices.scratch_postgres(PG_DB) as url:
         yield url
 
 
