@@ -6,13 +6,15 @@ import json
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from api.routes import builds, engines, models, resolve, sweeps, workers
+from api.auth import authorize
+from api.routes import builds, engines, models, resolve, sweeps, tokens, workers
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
 from enginefarm.errors import EnginefarmError, InfrastructureError
@@ -43,12 +45,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="enginefarm", version=__version__, lifespan=lifespan,
                   description="Upload ONNX once; get the right TensorRT engine for every GPU.")
     app.state.settings = settings
-    for module in (models, builds, sweeps, engines, resolve, workers):
-        app.include_router(module.router)
+    for module in (models, builds, sweeps, engines, resolve, tokens):
+        app.include_router(module.router, dependencies=[Depends(authorize)])
+    app.include_router(workers.router)  # /healthz is open; /v1/workers checks its token itself
+    if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Content-SHA256"])
 
     @app.exception_handler(EnginefarmError)
     async def _farm_error(_request: Request, exc: EnginefarmError) -> JSONResponse:
         headers = {"Retry-After": RETRY_AFTER_S} if isinstance(exc, InfrastructureError) else None
+        headers = {**(headers or {}), **getattr(exc, "headers", {})} or None
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -58,8 +67,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
         return Response(body, status_code=422, media_type="application/json")
 
+    # The catalog database went away (restarting, unreachable, its pool exhausted): a 503 the client retries.
     @app.exception_handler(OperationalError)
-    @app.exception_handler(DBAPIError)
+    @app.exception_handler(InterfaceError)
+    @app.exception_handler(DisconnectionError)
+    @app.exception_handler(PendingRollbackError)
+    @app.exception_handler(PoolTimeout)
     async def _db_down(_request: Request, exc: Exception) -> JSONResponse:
         log.warning("catalog unavailable: %s", exc.__class__.__name__)
         return JSONResponse({"error": "CatalogUnavailable", "detail": "the catalog database is unavailable; retry shortly"},

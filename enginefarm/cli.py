@@ -25,6 +25,9 @@ ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
 app.add_typer(ls_app, name="ls")
 export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
+token_app = typer.Typer(help="API tokens (works on the catalog database directly: run it where the farm's settings are).",
+                        no_args_is_help=True)
+app.add_typer(token_app, name="token")
 # Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -45,6 +48,70 @@ def _fail(exc: Exception) -> None:
 
 
 API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
+
+
+@app.callback()
+def _global(token: Optional[str] = typer.Option(None, "--token", envvar="ENGINEFARM_TOKEN", show_envvar=True,
+                                                help="API token for the farm's REST API")) -> None:
+    if token:  # the client reads it from the environment
+        os.environ["ENGINEFARM_TOKEN"] = token
+
+
+# ------------------------------------------------------------------------------ tokens
+
+
+@token_app.command("create")
+def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
+                 name: str = typer.Option(..., help="who or what uses it"),
+                 expires_days: Optional[float] = typer.Option(None, help="valid for this many days (default: until revoked)")) -> None:
+    """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
+    from datetime import timedelta
+
+    from enginefarm.embedded import prepare
+    from enginefarm.errors import EnginefarmError
+    from storage.db import session_scope
+    from storage.tokens import create_token
+
+    settings = get_settings()
+    prepare(settings)
+    try:
+        with session_scope(settings) as session:
+            row, token = create_token(session, name, scope, timedelta(days=expires_days) if expires_days else None)
+    except EnginefarmError as exc:
+        _fail(exc)
+    err.print(f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}; keep it now, it cannot be shown again:")
+    print(token)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Tokens with their scopes and state (never the tokens themselves)."""
+    from storage.db import session_scope
+    from storage.tokens import list_tokens, token_state
+
+    table = Table(title="API tokens")
+    for col in ("id", "name", "starts with", "scopes", "state", "created", "last used"):
+        table.add_column(col)
+    with session_scope(get_settings()) as session:
+        for r in list_tokens(session):
+            table.add_row(str(r.id), r.name, r.prefix + "…", ", ".join(r.scopes), token_state(r),
+                          f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-")
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from enginefarm.errors import EnginefarmError
+    from storage.db import session_scope
+    from storage.tokens import revoke_token
+
+    try:
+        with session_scope(get_settings()) as session:
+            row = revoke_token(session, token_id)
+    except EnginefarmError as exc:
+        _fail(exc)
+    console.print(f"token {row.id} '{row.name}' is revoked")
 
 
 # ------------------------------------------------------------------------------ services
@@ -161,13 +228,13 @@ def migrate() -> None:
 @app.command()
 def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")) -> None:
     """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C."""
-    from enginefarm.embedded import Farm, prepare
+    from enginefarm.embedded import Farm, issue_token
 
     settings = get_settings()
-    prepare(settings)
+    token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
     # SIGTERM (systemd, kill) must stop the children too: turn it into an exit through `with farm`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    farm = Farm({}, port=port, log_dir=settings.data_dir)
+    farm = Farm({}, port=port, log_dir=settings.data_dir, token=token)
     with farm:
         farm.start_api()
         names = [f"embedded-{i}" for i in range(workers)]
@@ -175,6 +242,7 @@ def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")
             farm.start_worker(n)
         farm.wait_workers(names)
         console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. Ctrl-C stops it.")
+        console.print(f"an admin API token made for you (export ENGINEFARM_TOKEN=…): {token}", highlight=False)
         try:
             while all(p.poll() is None for p in [farm.api, *farm.workers.values()]):
                 time.sleep(1)

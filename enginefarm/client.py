@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -51,9 +52,12 @@ class _ProgressReader:
 
 
 class Client:
-    def __init__(self, base_url: str | None = None, timeout: float = 60.0):
+    def __init__(self, base_url: str | None = None, timeout: float = 60.0, token: str | None = None):
+        """``token``: the API token sent with every request (default: ``ENGINEFARM_TOKEN``)."""
         self.base_url = (base_url or get_settings().api_url).rstrip("/")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        token = token or os.environ.get("ENGINEFARM_TOKEN")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout,
+                                 headers={"Authorization": f"Bearer {token}"} if token else None)
 
     def close(self) -> None:
         self.http.close()

@@ -63,8 +63,15 @@ class Settings(BaseSettings):
     reconcile_seconds: float = Field(default=15.0, ge=0)
     republish_after_seconds: float = Field(default=60.0, gt=0)
 
-    # Test-only: lets the test suite register a backend whose build it controls.
+    # Reads (catalog, resolve, download) without a token. Writes always need one.
+    anonymous_read: bool = False
+    # Browser origins allowed to call the API (CORS); none by default.
+    cors_origins: list[str] = Field(default_factory=list)
+
+    # Test-only: wraps every build backend in the test suite's slow one (tests/slow_backend.py), so a test can
+    # kill a worker or cut a service in the middle of a build. Needs the source tree; never set in service.
     test_backends: bool = False
+    test_build_delay_s: float = Field(default=0.0, ge=0)
 
     @property
     def resolved_database_url(self) -> str:

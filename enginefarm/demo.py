@@ -13,7 +13,8 @@ from rich.console import Console
 from enginefarm.cache import EngineCache
 from enginefarm.client import Client
 from enginefarm.domain import Machine
-from enginefarm.embedded import Farm, embedded_env
+from enginefarm.config import Settings
+from enginefarm.embedded import Farm, embedded_env, issue_token
 from enginefarm.report import plot_report, report_table
 from enginefarm.samples import sample_spec, save_conv_net
 from enginefarm.triton import export_from_farm
@@ -33,13 +34,15 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
     targets = RTX_TARGETS + [f"onnxruntime/cpu-{arch}"]
     console.rule("enginefarm demo")
     console.print(f"data: {data_dir} (SQLite catalog, local blob directory, database broker)")
-    with Farm(embedded_env(data_dir), log_dir=data_dir) as farm:
+    token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo", ["admin"])
+    with Farm(embedded_env(data_dir), log_dir=data_dir, token=token) as farm:
         started = time.monotonic()
         farm.start_api()
         farm.start_worker("demo", concurrency=2)
         farm.wait_workers(["demo"])
         console.print(f"farm up at {farm.url} in {time.monotonic() - started:.1f} s: API + 1 Celery worker (2 processes)")
-        with Client(farm.url) as c:
+        console.print(f"an admin API token for this farm (writes need one): {token}", highlight=False)
+        with Client(farm.url, token=token) as c:
             model_path = save_conv_net(data_dir / "inputs" / "convnet.onnx", channels=32, blocks=3)
             model, _ = c.upload(model_path, "convnet")
             console.print(f"1. uploaded {model_path.name}: model {model['id']}, sha256 {model['sha256'][:12]}, "

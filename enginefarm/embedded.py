@@ -42,8 +42,11 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 class Farm:
     """An API process plus worker processes, all sharing ``env`` (ENGINEFARM_* settings)."""
 
-    def __init__(self, env: dict[str, str], host: str = "127.0.0.1", port: int | None = None, log_dir: Path | None = None):
+    def __init__(self, env: dict[str, str], host: str = "127.0.0.1", port: int | None = None, log_dir: Path | None = None,
+                 token: str | None = None):
+        """``token``: an API token this object uses to watch the farm (workers' heartbeats)."""
         self.env = {**os.environ, **env}
+        self.token = token
         self.host, self.port = host, port or free_port()
         self.log_dir = log_dir
         self.api: subprocess.Popen | None = None
@@ -52,6 +55,10 @@ class Farm:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL
@@ -86,7 +93,7 @@ class Farm:
             for name, proc in self.workers.items():
                 if proc.poll() is not None:
                     raise RuntimeError(f"worker {name} exited with code {proc.returncode}")
-            live = httpx.get(f"{self.url}/v1/workers", timeout=5).json()
+            live = httpx.get(f"{self.url}/v1/workers", timeout=5, headers=self.headers).json()
             if set(names) <= {w["id"].split("@")[0] for w in live}:
                 return live
             time.sleep(0.3)
@@ -126,3 +133,13 @@ def embedded_env(data_dir: Path) -> dict[str, str]:
 def prepare(settings) -> None:
     settings.ensure_dirs()
     migrate(settings)
+
+
+def issue_token(settings, name: str, scopes: list[str]) -> str:
+    """Make an API token in the farm's catalog (migrating it first); returns the token."""
+    from storage.db import session_scope
+    from storage.tokens import create_token
+
+    prepare(settings)
+    with session_scope(settings) as session:
+        return create_token(session, name, scopes)[1]

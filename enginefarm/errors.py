@@ -82,3 +82,15 @@ class IntegrityError(EnginefarmError):
     """Bytes whose sha256 does not match what the catalog recorded."""
 
     status_code = 502
+
+
+class Unauthorized(EnginefarmError):
+    """No API token, or one the farm does not know (unknown, revoked or expired)."""
+
+    status_code = 401
+
+
+class Forbidden(EnginefarmError):
+    """A valid token whose scope does not cover the request."""
+
+    status_code = 403

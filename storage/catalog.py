@@ -252,11 +252,23 @@ def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: E
             hardware_compat=desc.hardware_compat, version_compatible=desc.version_compatible,
             sha256=desc.sha256, size=desc.size, blob_key=blob_key, build_seconds=build_seconds, built_by=worker_id,
         )
-        session.add(row)
-        session.flush()
+        try:
+            with session.begin_nested():  # a savepoint: losing the race must not undo the whole transaction
+                session.add(row)
+        except SAIntegrityError:  # another task committed the same engine (the unique build key) first
+            row = find_engine(session, model.sha256, spec_hash, desc.target, desc.backend_version)
+            if row is None:
+                raise
+            task.reused = True
     task.state, task.engine_id, task.finished_at = TaskState.SUCCEEDED.value, row.id, utcnow()
     task.log_tail, task.error = log_tail, None
     return row
+
+
+def blob_in_use(session: Session, key: str) -> bool:
+    """Whether any catalog row points at blob ``key``."""
+    return any(session.scalar(select(func.count()).where(column == key)) for column in
+               (EngineRow.blob_key, ModelRow.blob_key, ModelRow.samples_key))
 
 
 def finish_task_reused(session: Session, task: BuildTaskRow, engine: EngineRow) -> None:

@@ -6,14 +6,17 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from enginefarm.config import Settings, get_settings
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+T = TypeVar("T")
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -59,6 +62,25 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+# The database restarting or briefly unreachable; not a constraint or a bug.
+UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+def in_transaction(fn: Callable[..., T], *args: Any, settings: Settings | None = None, patience_s: float = 300.0,
+                   **kwargs: Any) -> T:
+    """Run ``fn(session, *args, **kwargs)`` in its own transaction, again and again with backoff while the
+    database is unavailable (up to ``patience_s``). For the worker, whose writes must land once the database
+    is back: a task's final state lost to a restart would leave its row running forever."""
+
+    @retry(retry=retry_if_exception_type(UNAVAILABLE), wait=wait_exponential(multiplier=0.5, max=15),
+           stop=stop_after_delay(patience_s), reraise=True)
+    def attempt() -> T:
+        with session_scope(settings) as session:
+            return fn(session, *args, **kwargs)
+
+    return attempt()
 
 
 def alembic_config(url: str):

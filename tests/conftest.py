@@ -17,7 +17,7 @@ import redis
 
 from enginefarm import devservices
 from enginefarm.config import Settings
-from enginefarm.embedded import Farm
+from enginefarm.embedded import Farm, issue_token
 from enginefarm.samples import save_conv_net
 from tests.helpers import WORKER_A, WORKER_B
 
@@ -70,18 +70,22 @@ def dist_settings(dist_env) -> Settings:
 
 
 @pytest.fixture(scope="session")
-def farm(dist_env, tmp_path_factory) -> Farm:
+def farm(dist_env, dist_settings, tmp_path_factory) -> Farm:
     """A distributed farm: the API under uvicorn and two Celery worker processes with different targets."""
     logs = tmp_path_factory.mktemp("farm-logs")
     f = Farm(dist_env, log_dir=logs)
     try:
         f.start_api()
+        # The session acts as an admin; the client and the CLI read the token from the environment.
+        f.token = issue_token(dist_settings, "test-session", ["admin"])
+        os.environ["ENGINEFARM_TOKEN"] = f.token
         f.start_worker("worker-a", WORKER_A)
         f.start_worker("worker-b", WORKER_B)
         f.wait_workers(["worker-a", "worker-b"])
         yield f
     finally:
         f.stop()
+        os.environ.pop("ENGINEFARM_TOKEN", None)
         for log in sorted(logs.glob("*.log")):
             tail = log.read_text(errors="replace")[-3000:]
             if "Traceback" in tail:
@@ -90,7 +94,7 @@ def farm(dist_env, tmp_path_factory) -> Farm:
 
 @pytest.fixture
 def api(farm) -> httpx.Client:
-    with httpx.Client(base_url=farm.url, timeout=60) as client:
+    with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as client:
         yield client
 
 
@@ -98,3 +102,9 @@ def api(farm) -> httpx.Client:
 def conv_model(tmp_path_factory) -> Path:
     return save_conv_net(tmp_path_factory.mktemp("models") / "convnet.onnx")
 
+
+
+@pytest.fixture(scope="session")
+def auth_headers(farm) -> dict[str, str]:
+    """Headers that authenticate as the session's admin token."""
+    return farm.headers

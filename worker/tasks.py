@@ -16,7 +16,7 @@ from enginefarm.domain import Backend, BuildSpec, ModelInfo, TaskState, Target
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from storage import catalog
 from storage.blobs import get_blob_store
-from storage.db import session_scope
+from storage.db import UNAVAILABLE, in_transaction, session_scope
 from worker import dispatch
 from worker.backends import BuildLog, get_backend
 from worker.celery_app import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, app
@@ -55,27 +55,26 @@ _limits = get_settings()
 @app.task(name=BUILD_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES,
           soft_time_limit=_limits.build_soft_time_limit_s, time_limit=_limits.build_time_limit_s)
 def build_engine(self, task_id: int) -> None:
+    """Every catalog write here outlasts a database restart (``in_transaction`` retries it), so a task never
+    stays "running" because its final state could not be written."""
     me = worker_id()
-    with session_scope() as s:
-        if not catalog.claim_task(s, task_id, me, get_settings().max_deliveries):
-            log.info("task %s is not queued any more (taken or finished); skipping", task_id)
-            return
+    if not in_transaction(catalog.claim_task, task_id, me, get_settings().max_deliveries):
+        log.info("task %s is not queued any more (taken or finished); skipping", task_id)
+        return
     try:
         _run(task_id, me)
-    except InfrastructureError as exc:
-        with session_scope() as s:
-            catalog.requeue_task(s, task_id, f"retrying after an infrastructure error: {exc.message}")
+    except (InfrastructureError, *UNAVAILABLE) as exc:  # S3, the broker or the database: retried with backoff
+        reason = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
+        in_transaction(catalog.requeue_task, task_id, f"retrying after an infrastructure error: {reason}")
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
     except (BuildFailed, TargetUnavailable) as exc:
-        with session_scope() as s:
-            catalog.fail_task(s, task_id, exc.message, getattr(exc, "log_tail", None))
+        in_transaction(catalog.fail_task, task_id, exc.message, getattr(exc, "log_tail", None))
     except SoftTimeLimitExceeded:
-        with session_scope() as s:
-            catalog.fail_task(s, task_id, f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s")
+        in_transaction(catalog.fail_task, task_id,
+                       f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s")
     except Exception as exc:  # an unexpected error must still end the task with its reason
         log.exception("build task %s crashed", task_id)
-        with session_scope() as s:
-            catalog.fail_task(s, task_id, f"internal error in the worker: {type(exc).__name__}: {exc}")
+        in_transaction(catalog.fail_task, task_id, f"internal error in the worker: {type(exc).__name__}: {exc}")
 
 
 def _after_build(check_id: int | None, target: Target) -> None:
@@ -115,13 +114,20 @@ def _run(task_id: int, me: str) -> None:
             exc.log_tail = log_buf.tail()
             raise
         key = store_engine(store, built)  # the blob is complete and verified before any row points at it
-        with session_scope() as s:
+
+        def record(s) -> tuple[str, int | None]:
             task = catalog.get_task(s, task_id)
             engine = catalog.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
                                            blob_key=key, build_seconds=built.seconds, worker_id=me,
                                            log_tail=log_buf.tail())
             check = catalog.ensure_benchmark_task(s, engine, spec)
-            check_id = check.id if check else None
+            return engine.blob_key, check.id if check else None
+
+        winner_key, check_id = in_transaction(record)
+        if winner_key != key and not in_transaction(catalog.blob_in_use, key):
+            # Another task built the same engine at the same moment and was catalogued first; engines are not
+            # always bit-identical, so our bytes are an orphan: remove them.
+            store.delete(key)
     _after_build(check_id, target)
 
 
@@ -133,35 +139,32 @@ def _run(task_id: int, me: str) -> None:
 def benchmark_engine(self, task_id: int) -> None:
     try:
         run_benchmark_now(task_id, reraise_infra=True)
-    except InfrastructureError as exc:
+    except (InfrastructureError, *UNAVAILABLE) as exc:
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
 
 
 def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
     """Claim the benchmark task and run it in this process; every outcome ends in the catalog."""
     me = worker_id()
-    with session_scope() as s:
-        if not catalog.claim_benchmark(s, task_id, me, get_settings().max_deliveries):
-            log.info("benchmark task %s is not queued any more; skipping", task_id)
-            return
+    if not in_transaction(catalog.claim_benchmark, task_id, me, get_settings().max_deliveries):
+        log.info("benchmark task %s is not queued any more; skipping", task_id)
+        return
     try:
         _benchmark(task_id)
-    except InfrastructureError as exc:
-        with session_scope() as s:
-            catalog.end_benchmark(s, task_id, TaskState.QUEUED, f"retrying after an infrastructure error: {exc.message}")
+    except (InfrastructureError, *UNAVAILABLE) as exc:
+        reason = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
+        in_transaction(catalog.end_benchmark, task_id, TaskState.QUEUED, f"retrying after an infrastructure error: {reason}")
         if reraise_infra:
             raise
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
-        with session_scope() as s:
-            catalog.end_benchmark(s, task_id, TaskState.FAILED, exc.message)
+        in_transaction(catalog.end_benchmark, task_id, TaskState.FAILED, exc.message)
     except SoftTimeLimitExceeded:
-        with session_scope() as s:
-            catalog.end_benchmark(s, task_id, TaskState.FAILED,
-                                  f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s")
+        in_transaction(catalog.end_benchmark, task_id, TaskState.FAILED,
+                       f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s")
     except Exception as exc:
         log.exception("benchmark task %s crashed", task_id)
-        with session_scope() as s:
-            catalog.end_benchmark(s, task_id, TaskState.FAILED, f"internal error in the worker: {type(exc).__name__}: {exc}")
+        in_transaction(catalog.end_benchmark, task_id, TaskState.FAILED,
+                       f"internal error in the worker: {type(exc).__name__}: {exc}")
 
 
 def _gpu(probe: MachineProbe) -> dict | None:

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
 from api import services
+from api.auth import authorize, require
 from api.deps import session_dep, settings_dep
 from api.routes import check_no_nul
 from api.schemas import (
@@ -33,6 +34,7 @@ from enginefarm.config import Settings
 from enginefarm.domain import Machine
 from storage import catalog
 from storage.tables import EngineRow, ModelRow
+from storage.tokens import Principal
 
 router = APIRouter(prefix="/v1", tags=["resolve"])
 
@@ -99,9 +101,12 @@ def resolve_get(
     max_latency_ms: float | None = Query(None, gt=0, le=1e7),
     explain: bool = False, build: bool = False,
     session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
+    principal: Principal = Depends(authorize),
 ):
     """Resolve with the fingerprint in the query string."""
     check_no_nul("query", model=model, version=version)
+    if build:  # queueing the missing build is a write
+        require(principal, "build", "resolve with build=true")
     machine = MachineIn(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
                         cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
                         platform=platform, os=os, jetpack=jetpack)
@@ -112,8 +117,10 @@ def resolve_get(
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
 def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep),
-                 settings: Settings = Depends(settings_dep)):
+                 settings: Settings = Depends(settings_dep), principal: Principal = Depends(authorize)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     check_no_nul("body", model=req.model, version=req.version)
+    if req.build:  # queueing the missing build is a write
+        require(principal, "build", "resolve with build=true")
     return answer(req, session, settings)
 

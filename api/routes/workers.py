@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from api.auth import authorize
 from api.deps import session_dep, settings_dep
 from api.schemas import WorkerOut
 from enginefarm import __version__
@@ -15,7 +16,7 @@ from storage import catalog
 router = APIRouter(tags=["workers"])
 
 
-@router.get("/v1/workers", response_model=list[WorkerOut])
+@router.get("/v1/workers", response_model=list[WorkerOut], dependencies=[Depends(authorize)])
 def list_workers(session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
     """Workers that sent a heartbeat within the TTL, with the targets they build."""
     return [WorkerOut.of(r) for r in catalog.live_workers(session, settings.worker_ttl_seconds)]

@@ -15,7 +15,7 @@ from tests.helpers import unique_name
 def model_id(farm):
     import httpx
 
-    with httpx.Client(base_url=farm.url) as c:
+    with httpx.Client(base_url=farm.url, headers=farm.headers) as c:
         r = c.post("/v1/models", data={"name": unique_name("spec")}, files={"file": ("m.onnx", conv_net(seed=21).SerializeToString())})
         return r.json()["id"]
 

@@ -6,6 +6,8 @@ The entries run in corpus order; ``test_corpus_left_nothing_behind`` runs after 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import httpx
 import pytest
 
@@ -13,6 +15,7 @@ from enginefarm import devservices
 from enginefarm.samples import conv_net
 from storage import catalog
 from storage.db import session_scope
+from storage.tokens import create_token, revoke_token
 from tests.corpus import CORPUS, Context, Entry, by_category
 from tests.helpers import unique_name
 
@@ -43,11 +46,16 @@ def _scratch(settings) -> set[str]:
 @pytest.fixture(scope="module")
 def corpus_ctx(farm, dist_settings, tmp_path_factory):
     """A valid model for specs and samples to aim at, and the state the corpus must leave unchanged."""
-    with httpx.Client(base_url=farm.url, timeout=60) as c:
+    with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as c:
         r = c.post("/v1/models", data={"name": unique_name("corpus")},
                    files={"file": ("m.onnx", conv_net(seed=4242).SerializeToString())})
         assert r.status_code == 201, r.text
     ctx = Context(model_id=r.json()["id"], model_name=r.json()["name"], tmp=tmp_path_factory.mktemp("corpus"))
+    with session_scope(dist_settings) as s:
+        ctx.tokens = {scope: create_token(s, f"corpus-{scope}", [scope])[1] for scope in ("read", "build")}
+        revoked, ctx.tokens["revoked"] = create_token(s, "corpus-revoked", ["admin"])
+        revoke_token(s, revoked.id)
+        ctx.tokens["expired"] = create_token(s, "corpus-expired", ["admin"], timedelta(microseconds=1))[1]
     ctx.before = {"models": _model_rows(dist_settings)[0], "keys": _bucket_keys(dist_settings),
                   "scratch": _scratch(dist_settings)}
     return ctx
@@ -82,11 +90,18 @@ def test_corpus_is_large_and_well_formed():
 @pytest.mark.parametrize("entry", _entry_params())
 def test_hostile_input(api, corpus_ctx, entry: Entry):
     req = entry.request(corpus_ctx)
-    response = api.request(req.method, req.url, **req.kwargs)
+    if req.anonymous:
+        response = httpx.request(req.method, f"{api.base_url}{req.url}", timeout=60, **req.kwargs)
+    else:
+        response = api.request(req.method, req.url, **req.kwargs)
     assert response.status_code < 500, f"{response.status_code}: {response.text[:500]}"
     assert response.status_code == entry.status, response.text[:1000]
     said = _said(response)
     assert entry.message.lower() in said.lower(), said[:1000]
+    if response.status_code == 401:  # tells the client how to authenticate, and never echoes what it sent
+        assert response.headers["www-authenticate"].startswith("Bearer")
+        sent = req.kwargs.get("headers", {}).get("Authorization", "").removeprefix("Bearer ")
+        assert not sent or sent not in response.text
 
 
 def test_corpus_left_nothing_behind(api, corpus_ctx, dist_settings):

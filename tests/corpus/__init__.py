@@ -36,6 +36,7 @@ class Request:
     method: str
     url: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    anonymous: bool = False  # sent without the session's token
 
 
 @dataclass
@@ -46,6 +47,7 @@ class Context:
     model_name: str
     tmp: Path
     names: list[str] = field(default_factory=list)
+    tokens: dict[str, str] = field(default_factory=dict)  # read, build, revoked, expired
     before: dict[str, Any] = field(default_factory=dict)  # what the corpus must leave unchanged
 
     def name(self, value: str | None = None) -> str:
@@ -137,6 +139,20 @@ def resolve_post(**body: Any) -> Callable[[Context], Request]:
 
 def ext(*args, **kwargs) -> Callable[[Context], Request]:
     return upload(f.external(*args, **kwargs), "bundle.zip")
+
+
+def as_(who: str | None, make: Callable[[Context], Request], header: str | None = None) -> Callable[[Context], Request]:
+    """The request sent with another Authorization: none (``who`` None), one of the context's tokens by role,
+    or a literal header value."""
+    def wrapped(ctx: Context) -> Request:
+        req = make(ctx)
+        if who is None and header is None:
+            return Request(req.method, req.url, req.kwargs, anonymous=True)
+        value = header if header is not None else f"Bearer {ctx.tokens[who]}"
+        headers = {**req.kwargs.get("headers", {}), "Authorization": value}
+        return Request(req.method, req.url, {**req.kwargs, "headers": headers})
+
+    return wrapped
 
 
 def E(id: str, category: str, request: Callable[[Context], Request], status: int, message: str,
@@ -448,7 +464,41 @@ MULTIPART = [
       422, "multipart/form-data"),
 ]
 
-CORPUS: list[Entry] = ONNX + BUNDLES + EXTERNAL + SPECS + SAMPLES + QUERIES + NAMES + MULTIPART
+NEEDS = "needs an API token with scope"
+NOT_VALID = "the API token is not valid"
+tokens_get = lambda ctx: Request("GET", "/v1/tokens")  # noqa: E731
+AUTH = [
+    E("upload-without-token", "auth", as_(None, upload(f.valid_onnx)), 401, f"{NEEDS} 'build'"),
+    E("build-without-token", "auth", as_(None, build()), 401, f"{NEEDS} 'build'"),
+    E("sweep-without-token", "auth", as_(None, sweep({"precision": ["fp32"]})), 401, f"{NEEDS} 'build'"),
+    E("samples-without-token", "auth", as_(None, samples(lambda ctx: f.valid_onnx())), 401, f"{NEEDS} 'build'"),
+    E("models-without-token", "auth", as_(None, get("/v1/models")), 401, f"{NEEDS} 'read'"),
+    E("engines-without-token", "auth", as_(None, get("/v1/engines")), 401, f"{NEEDS} 'read'"),
+    E("engine-bytes-without-token", "auth", as_(None, get("/v1/engines/1/content")), 401, f"{NEEDS} 'read'"),
+    E("resolve-without-token", "auth", as_(None, resolve_post(model="m", machine={"compute_capability": "8.6"})), 401,
+      f"{NEEDS} 'read'"),
+    E("workers-without-token", "auth", as_(None, get("/v1/workers")), 401, f"{NEEDS} 'read'"),
+    E("tokens-without-token", "auth", as_(None, tokens_get), 401, f"{NEEDS} 'admin'"),
+    E("basic-scheme", "auth", as_("x", get("/v1/models"), header="Basic YWRtaW46YWRtaW4="), 401, "must be 'Bearer <token>'"),
+    E("bearer-without-token", "auth", as_("x", get("/v1/models"), header="Bearer"), 401, "must be 'Bearer <token>'"),
+    E("token-without-scheme", "auth", as_("x", get("/v1/models"), header="ef_" + "A" * 43), 401, "must be 'Bearer <token>'"),
+    E("unknown-token", "auth", as_("x", get("/v1/models"), header="Bearer ef_" + "A" * 43), 401, NOT_VALID),
+    E("token-without-prefix", "auth", as_("x", get("/v1/models"), header="Bearer " + "A" * 43), 401, NOT_VALID),
+    E("token-sql", "auth", as_("x", get("/v1/models"), header=f"Bearer ef_{SQL}"), 401, NOT_VALID),
+    E("token-10000-chars", "auth", as_("x", get("/v1/models"), header="Bearer ef_" + LONG), 401, NOT_VALID),
+    E("revoked-token", "auth", as_("revoked", get("/v1/models")), 401, NOT_VALID),
+    E("expired-token", "auth", as_("expired", get("/v1/models")), 401, NOT_VALID),
+    E("read-token-uploads", "auth", as_("read", upload(f.valid_onnx)), 403, "has scope 'read'; POST /v1/models needs 'build'"),
+    E("read-token-builds", "auth", as_("read", build()), 403, "POST /v1/builds needs 'build'"),
+    E("read-token-samples", "auth", as_("read", samples(lambda ctx: f.valid_onnx())), 403, "needs 'build'"),
+    E("read-token-sweeps", "auth", as_("read", sweep({"precision": ["fp32"]})), 403, "POST /v1/sweeps needs 'build'"),
+    E("build-token-lists-tokens", "auth", as_("build", tokens_get), 403, "has scope 'build'; GET /v1/tokens needs 'admin'"),
+    E("build-token-makes-token", "auth", as_("build", lambda ctx: Request("POST", "/v1/tokens", {
+        "json": {"name": "escalate", "scopes": ["admin"]}})), 403, "POST /v1/tokens needs 'admin'"),
+    E("read-token-revokes-token", "auth", as_("read", lambda ctx: Request("DELETE", "/v1/tokens/1")), 403, "needs 'admin'"),
+]
+
+CORPUS: list[Entry] = ONNX + BUNDLES + EXTERNAL + SPECS + SAMPLES + QUERIES + NAMES + MULTIPART + AUTH
 
 
 def by_category() -> dict[str, int]:

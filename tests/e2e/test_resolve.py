@@ -175,7 +175,7 @@ def test_fetch_twice_second_from_cache_then_offline(farm, built, tmp_path):
     hook = {"request": [lambda r: downloads.append(r.url.path) if r.url.path.endswith("/content") else None]}
     machine = rtx_machine(rtx, gpu_name="NVIDIA GeForce RTX 4090", compute_capability="8.9")
     with Client(farm.url) as c:
-        c.http = httpx.Client(base_url=farm.url, timeout=60, event_hooks=hook)
+        c.http = httpx.Client(base_url=farm.url, timeout=60, event_hooks=hook, headers=farm.headers)
         first = c.fetch(name, tmp_path / "a.plan", machine, cache=cache)
         second = c.fetch(name, tmp_path / "b.plan", machine, cache=cache)
     sm89 = engines["tensorrt-rtx/sm89"]

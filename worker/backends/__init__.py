@@ -7,6 +7,17 @@ from worker.backends.base import BuildBackend, BuildLog
 
 
 def get_backend(backend: Backend) -> BuildBackend:
+    from enginefarm.config import get_settings
+
+    impl = _backend(backend)
+    if get_settings().test_backends:  # the test suite's slow build (tests/slow_backend.py); never set in service
+        from tests.slow_backend import SlowBackend
+
+        impl = SlowBackend(impl)
+    return impl
+
+
+def _backend(backend: Backend) -> BuildBackend:
     if backend is Backend.TENSORRT:
         from worker.backends.tensorrt import TensorRTBackend
 

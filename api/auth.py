@@ -1,0 +1,59 @@
+"""Who may do what: every request but /healthz carries an API token (``Authorization: Bearer ef_…``).
+
+Reads need ``read`` (or nothing, where the deployment sets ``ENGINEFARM_ANONYMOUS_READ``), writes need
+``build``, managing tokens needs ``admin``. The check runs before the body is read, so an unauthenticated
+upload is refused before a byte of it is stored.
+"""
+
+from __future__ import annotations
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from enginefarm.errors import Forbidden, Unauthorized
+from storage.db import session_scope
+from storage.tokens import ANONYMOUS, Principal, authenticate
+
+bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
+READ_METHODS = {"GET", "HEAD", "OPTIONS"}
+READ_POSTS = {"/v1/resolve"}  # a query sent as a body: still a read
+
+
+def needed_scope(request: Request) -> str:
+    path = request.url.path
+    if path.startswith("/v1/tokens"):
+        return "admin"
+    if request.method in READ_METHODS or path in READ_POSTS:
+        return "read"
+    return "build"
+
+
+def _challenge(message: str) -> Unauthorized:
+    exc = Unauthorized(message)
+    exc.headers = {"WWW-Authenticate": 'Bearer realm="enginefarm"'}
+    return exc
+
+
+def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    """The request's principal, or a 401/403 that says what is missing. Never echoes the token."""
+    settings = request.app.state.settings
+    needed = needed_scope(request)
+    header = request.headers.get("authorization")
+    if credentials is None:
+        if header is not None:
+            raise _challenge("the Authorization header must be 'Bearer <token>'")
+        if needed == "read" and settings.anonymous_read:
+            return ANONYMOUS
+        raise _challenge(f"this request needs an API token with scope '{needed}': send 'Authorization: Bearer "
+                         f"<token>' (an admin makes one with `enginefarm token create --scope {needed}`)")
+    with session_scope(settings) as session:
+        principal = authenticate(session, credentials.credentials)
+    if principal is None:
+        raise _challenge("the API token is not valid: it is unknown, revoked or expired")
+    require(principal, needed, f"{request.method} {request.url.path}")
+    return principal
+
+
+def require(principal: Principal, needed: str, what: str) -> None:
+    if not principal.allows(needed):
+        raise Forbidden(f"token '{principal.name}' has scope '{principal.scope}'; {what} needs '{needed}'")

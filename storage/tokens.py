@@ -1,0 +1,107 @@
+"""API tokens: made once, stored as a sha256, checked on every request.
+
+A token is 32 random bytes (``secrets.token_urlsafe``) behind the ``ef_`` prefix, so a fast hash is the right
+one: nobody can guess such a token from its hash, and checking it costs one indexed lookup. Scopes nest:
+``admin`` can do what ``build`` can, and ``build`` what ``read`` can.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from enginefarm.errors import NotFound, SpecInvalid
+from storage.db import as_utc
+from storage.tables import ApiTokenRow, utcnow
+
+SCOPES = ("read", "build", "admin")  # each includes the ones before it
+TOKEN_PREFIX = "ef_"
+MAX_TOKEN_CHARS = 200
+# Recording every use would be a write per request; once a minute is enough to tell stale tokens.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def rank(scope: str) -> int:
+    return SCOPES.index(scope)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as."""
+
+    token_id: int | None
+    name: str
+    scope: str  # the highest scope the token has
+
+    def allows(self, needed: str) -> bool:
+        return rank(self.scope) >= rank(needed)
+
+
+ANONYMOUS = Principal(None, "anonymous", "read")
+
+
+def check_scopes(scopes: list[str]) -> str:
+    """The highest of ``scopes``; a SpecInvalid naming any unknown one."""
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown or not scopes:
+        raise SpecInvalid(f"unknown scope {', '.join(map(repr, unknown))}: choose from {', '.join(SCOPES)}"
+                          if unknown else f"a token needs a scope: one of {', '.join(SCOPES)}")
+    return max(scopes, key=rank)
+
+
+def create_token(session: Session, name: str, scopes: list[str], expires_in: timedelta | None = None
+                 ) -> tuple[ApiTokenRow, str]:
+    """A new token; returns its row and the token itself, which is never stored and cannot be shown again."""
+    check_scopes(scopes)
+    if not name or len(name) > 100:
+        raise SpecInvalid("a token name needs 1 to 100 characters")
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiTokenRow(name=name, token_hash=hash_token(token), prefix=token[:10], scopes=sorted(set(scopes), key=rank),
+                      expires_at=utcnow() + expires_in if expires_in else None)
+    session.add(row)
+    session.flush()
+    return row, token
+
+
+def authenticate(session: Session, token: str) -> Principal | None:
+    """The principal a token stands for; None if it is unknown, revoked or expired."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > MAX_TOKEN_CHARS:
+        return None
+    row = session.scalar(select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token)))
+    now = utcnow()
+    if row is None or row.revoked_at is not None or (row.expires_at and as_utc(row.expires_at) <= now):
+        return None
+    if row.last_used_at is None or as_utc(row.last_used_at) < now - LAST_USED_RESOLUTION:
+        session.execute(update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now))
+    return Principal(row.id, row.name, check_scopes(row.scopes))
+
+
+def list_tokens(session: Session) -> list[ApiTokenRow]:
+    return list(session.scalars(select(ApiTokenRow).order_by(ApiTokenRow.id)))
+
+
+def revoke_token(session: Session, token_id: int) -> ApiTokenRow:
+    row = session.get(ApiTokenRow, token_id)
+    if row is None:
+        raise NotFound(f"no token with id {token_id}")
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+    return row
+
+
+def token_state(row: ApiTokenRow, now: datetime | None = None) -> str:
+    now = now or utcnow()
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.expires_at is not None and as_utc(row.expires_at) <= now:
+        return "expired"
+    return "active"
