@@ -217,6 +217,30 @@ def reconcile(loop: bool = typer.Option(False, "--loop", help="keep running ever
 
 
 @app.command()
+def gc(grace_hours: Optional[float] = typer.Option(None, help="keep unreferenced blobs younger than this "
+                                                                 "(default ENGINEFARM_GC_GRACE_SECONDS, 24 h)"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="report what would go, delete nothing"),
+       as_json: bool = typer.Option(False, "--json"),
+       allow_empty_catalog: bool = typer.Option(False, help="sweep even though no row references any blob")) -> None:
+    """Delete blobs that no catalog row references, once older than the grace period (the API's background
+    sweep does the same every ENGINEFARM_GC_INTERVAL_SECONDS). A referenced blob is never deleted."""
+    from storage.gc import collect_garbage
+
+    settings = get_settings()
+    grace = grace_hours * 3600 if grace_hours is not None else settings.gc_grace_seconds
+    try:
+        report = collect_garbage(settings, grace_seconds=grace, dry_run=dry_run, allow_empty_catalog=allow_empty_catalog)
+    except Exception as exc:  # GcRefused, or the store or catalog unreachable
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.to_dict(), default=str))
+    else:
+        console.print(report.summary(), highlight=False)
+    if report.errors:
+        raise typer.Exit(1)
+
+
+@app.command()
 def migrate() -> None:
     """Create or upgrade the catalog's tables (the API also does this at start)."""
     from enginefarm.embedded import prepare

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # with its queue empty before its message is taken as lost and published again.
     reconcile_seconds: float = Field(default=15.0, ge=0)
     republish_after_seconds: float = Field(default=60.0, gt=0)
+    # The blob garbage collector in the same thread: how often (0: never) and how old an unreferenced blob
+    # must be before it goes (longer than any upload or build takes between storing a blob and its row).
+    gc_interval_seconds: float = Field(default=3600.0, ge=0)
+    gc_grace_seconds: float = Field(default=24 * 3600.0, ge=0)
 
     # Reads (catalog, resolve, download) without a token. Writes always need one.
     anonymous_read: bool = False

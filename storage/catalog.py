@@ -242,6 +242,7 @@ def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: E
                   spec_hash: str, blob_key: str, build_seconds: float, worker_id: str, log_tail: str) -> EngineRow:
     """Catalogue a built engine (its blob is already stored and verified) and finish the task."""
     row = find_engine(session, model.sha256, spec_hash, desc.target, desc.backend_version)
+    task.reused = row is not None  # another task built the same engine while this one did
     if row is None:
         row = EngineRow(
             model_id=model.id, model_sha256=model.sha256, spec_hash=spec_hash, target=desc.target,
@@ -263,12 +264,6 @@ def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: E
     task.state, task.engine_id, task.finished_at = TaskState.SUCCEEDED.value, row.id, utcnow()
     task.log_tail, task.error = log_tail, None
     return row
-
-
-def blob_in_use(session: Session, key: str) -> bool:
-    """Whether any catalog row points at blob ``key``."""
-    return any(session.scalar(select(func.count()).where(column == key)) for column in
-               (EngineRow.blob_key, ModelRow.blob_key, ModelRow.samples_key))
 
 
 def finish_task_reused(session: Session, task: BuildTaskRow, engine: EngineRow) -> None:

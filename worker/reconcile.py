@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
@@ -75,11 +76,25 @@ class Reconciler:
         self._thread = threading.Thread(target=self._loop, name="enginefarm-reconciler", daemon=True)
 
     def _loop(self) -> None:
+        next_gc = time.monotonic() + self.settings.gc_interval_seconds
         while not self._stop.wait(self.settings.reconcile_seconds):
             try:
                 reconcile_once(self.settings)
             except Exception:  # the catalog or broker is down: the next pass tries again
                 log.warning("reconciler pass failed", exc_info=True)
+            if self.settings.gc_interval_seconds and time.monotonic() >= next_gc:
+                next_gc = time.monotonic() + self.settings.gc_interval_seconds
+                self._collect()
+
+    def _collect(self) -> None:
+        from storage.gc import collect_garbage
+
+        try:
+            report = collect_garbage(self.settings, grace_seconds=self.settings.gc_grace_seconds)
+            if report.deleted or report.errors:
+                log.warning("blob sweep: %s", report.summary())
+        except Exception:  # refused (an empty catalog) or the store is down: the next sweep tries again
+            log.warning("blob sweep failed", exc_info=True)
 
     def start(self) -> Reconciler:
         self._thread.start()

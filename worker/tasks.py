@@ -17,6 +17,7 @@ from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError,
 from storage import catalog
 from storage.blobs import get_blob_store
 from storage.db import UNAVAILABLE, in_transaction, session_scope
+from storage.gc import is_referenced
 from worker import dispatch
 from worker.backends import BuildLog, get_backend
 from worker.celery_app import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, app
@@ -124,7 +125,7 @@ def _run(task_id: int, me: str) -> None:
             return engine.blob_key, check.id if check else None
 
         winner_key, check_id = in_transaction(record)
-        if winner_key != key and not in_transaction(catalog.blob_in_use, key):
+        if winner_key != key and not in_transaction(is_referenced, key):
             # Another task built the same engine at the same moment and was catalogued first; engines are not
             # always bit-identical, so our bytes are an orphan: remove them.
             store.delete(key)

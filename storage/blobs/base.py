@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -31,12 +33,40 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+@dataclass(frozen=True)
+class BlobObject:
+    """One complete object as a listing sees it; ``modified`` (UTC) is when it was last written or refreshed."""
+
+    key: str
+    size: int
+    modified: datetime
+
+
+@dataclass(frozen=True)
+class PartialUpload:
+    """What an interrupted write left behind: never readable under a key, it only takes space.
+
+    ``key`` names it within the store (a temp file's path, or the key an S3 multipart upload was
+    for), ``upload_id`` is the S3 multipart upload id, and ``modified`` (UTC) is its last progress.
+    """
+
+    key: str
+    size: int
+    modified: datetime
+    upload_id: str | None = None
+
+
 class BlobStore(ABC):
     """Where model and engine bytes live. Writes are idempotent and verified before they return."""
 
     @abstractmethod
     def put_file(self, key: str, path: Path, sha256: str) -> None:
-        """Store ``path`` under ``key``; returns only once the stored bytes are complete and match ``sha256``."""
+        """Store ``path`` under ``key``; returns only once the stored bytes are complete and match ``sha256``.
+
+        When the key already holds these bytes nothing is copied, but the object's modified time is
+        refreshed: a new row is about to point at it, and the garbage collector's grace period must
+        protect it from now on, not from whenever an earlier (perhaps orphaned) write stored it.
+        """
 
     @abstractmethod
     def get_file(self, key: str, dest: Path) -> None:
@@ -56,7 +86,23 @@ class BlobStore(ABC):
     def delete(self, key: str) -> None: ...
 
     @abstractmethod
-    def keys(self, prefix: str = "") -> Iterator[str]: ...
+    def objects(self, prefix: str = "") -> Iterator[BlobObject]:
+        """Every complete object whose key starts with ``prefix``, with its size and modified time."""
+
+    @abstractmethod
+    def stat(self, key: str) -> BlobObject | None:
+        """The object under ``key`` as it is now, or None when there is none."""
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        return (obj.key for obj in self.objects(prefix))
+
+    def partial_uploads(self) -> Iterator[PartialUpload]:
+        """What interrupted writes left behind (temp files, unfinished multipart uploads); none by default."""
+        return iter(())
+
+    def discard_partial(self, partial: PartialUpload) -> None:
+        """Remove one of ``partial_uploads()``; one already gone is fine. A write still in progress
+        on it then fails instead of storing anything."""
 
     @contextmanager
     def put_for_row(self, key: str, path: Path, sha256: str) -> Iterator[None]:

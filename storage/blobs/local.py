@@ -5,12 +5,20 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
 from enginefarm.errors import IntegrityError, NotFound
-from storage.blobs.base import CHUNK, BlobStore, sha256_file
+from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload, sha256_file
+
+TMP_PREFIX = ".incoming-"  # a write in progress, or one a crash interrupted: never a blob
+
+
+def _utc(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, timezone.utc)
 
 
 class LocalBlobStore(BlobStore):
@@ -30,10 +38,14 @@ class LocalBlobStore(BlobStore):
         final = self._path(key)
         if (final.exists() and final.stat().st_size == Path(path).stat().st_size
                 and sha256_file(final) == sha256):
-            return  # the same key already holds these bytes (verified, as the interface promises)
+            try:  # the same key already holds these bytes (verified, as the interface promises)
+                os.utime(final)  # a new row will point at it: restart the collector's grace period
+                return
+            except FileNotFoundError:
+                pass  # collected since the check: write it again
         final.parent.mkdir(parents=True, exist_ok=True)
         # Copy to a temp file beside the final name, verify, then rename: readers never see a half blob.
-        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=".incoming-")
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=TMP_PREFIX)
         try:
             digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
@@ -56,7 +68,7 @@ class LocalBlobStore(BlobStore):
             raise NotFound(f"blob {key} is missing from the store")
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".incoming-")
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=TMP_PREFIX)
         try:
             with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
                 shutil.copyfileobj(fh, out, CHUNK)
@@ -82,9 +94,44 @@ class LocalBlobStore(BlobStore):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def keys(self, prefix: str = "") -> Iterator[str]:
-        for path in sorted(self.root.rglob("*")):
-            if path.is_file() and not path.name.startswith(".incoming-"):
-                key = path.relative_to(self.root).as_posix()
-                if key.startswith(prefix):
-                    yield key
+    def objects(self, prefix: str = "") -> Iterator[BlobObject]:
+        folder = prefix.rpartition("/")[0]
+        if folder:
+            self._path(folder)  # the same checks as a key: a prefix may not leave the store either
+        start = self.root / folder if folder else self.root
+        if not start.is_dir():
+            return
+        for path in sorted(start.rglob("*")):
+            if path.name.startswith(TMP_PREFIX):
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # deleted since the directory was read
+                continue
+            key = path.relative_to(self.root).as_posix()
+            if stat.S_ISREG(st.st_mode) and key.startswith(prefix):
+                yield BlobObject(key, st.st_size, _utc(st.st_mtime))
+
+    def stat(self, key: str) -> BlobObject | None:
+        try:
+            st = self._path(key).stat()
+        except FileNotFoundError:
+            return None
+        return BlobObject(key, st.st_size, _utc(st.st_mtime)) if stat.S_ISREG(st.st_mode) else None
+
+    def partial_uploads(self) -> Iterator[PartialUpload]:
+        """The temp files of writes in progress or interrupted; a live write keeps its file's mtime fresh."""
+        for path in sorted(self.root.rglob(f"{TMP_PREFIX}*")):
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # the write finished (renamed) or gave up meanwhile
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield PartialUpload(path.relative_to(self.root).as_posix(), st.st_size, _utc(st.st_mtime))
+
+    def discard_partial(self, partial: PartialUpload) -> None:
+        path = self._path(partial.key)
+        if not path.name.startswith(TMP_PREFIX):
+            raise ValueError(f"{partial.key!r} is not a temp file: refusing to discard it as a partial upload")
+        # A writer still holding it open fails at its rename, so no blob is ever stored from it.
+        path.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
@@ -16,11 +17,17 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from enginefarm.config import Settings
 from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
-from storage.blobs.base import CHUNK, BlobStore, sha256_file
+from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload, sha256_file
 
 # Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
 TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4)
 NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
+GONE_UPLOAD_CODES = {"404", "NoSuchUpload"}
+
+
+def _utc(value: datetime) -> datetime:
+    """boto3 hands back aware datetimes, sometimes in local time; the collector compares in UTC."""
+    return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 @contextmanager
@@ -77,8 +84,9 @@ class S3BlobStore(BlobStore):
         try:
             head = self._head(key)
             if head["ContentLength"] == size and head.get("Metadata", {}).get("sha256") == sha256:
-                return  # content-addressed: already stored
-        except NotFound:
+                self._touch(key, sha256)  # content-addressed: already stored
+                return
+        except NotFound:  # never stored, or collected between the check and the touch
             pass
         # Verify the bytes before they go up: the metadata only repeats what we claim, so a check
         # after the upload could not catch a mismatch, and would leave the wrong object behind.
@@ -92,6 +100,13 @@ class S3BlobStore(BlobStore):
         head = self._head(key)
         if head["ContentLength"] != size or head.get("Metadata", {}).get("sha256") != sha256:
             raise IntegrityError(f"blob {key}: stored {head['ContentLength']} bytes, expected {size} with sha256 {sha256}")
+
+    def _touch(self, key: str, sha256: str) -> None:
+        """Refresh the object's LastModified with a server-side copy onto itself (S3 has no cheaper way):
+        a new row is about to point at it, so the collector's grace period must start again now."""
+        with _mapped(key):
+            self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key, Config=TRANSFER,
+                             ExtraArgs={"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"})
 
     def get_file(self, key: str, dest: Path) -> None:
         dest = Path(dest)
@@ -129,12 +144,49 @@ class S3BlobStore(BlobStore):
         with _mapped(key):
             self.client.delete_object(Bucket=self.bucket, Key=key)
 
-    def keys(self, prefix: str = "") -> Iterator[str]:
+    def objects(self, prefix: str = "") -> Iterator[BlobObject]:
         paginator = self.client.get_paginator("list_objects_v2")
         with _mapped(prefix or self.bucket):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 for obj in page.get("Contents", []):
-                    yield obj["Key"]
+                    yield BlobObject(obj["Key"], int(obj["Size"]), _utc(obj["LastModified"]))
+
+    def stat(self, key: str) -> BlobObject | None:
+        try:
+            head = self._head(key)
+        except NotFound:
+            return None
+        return BlobObject(key, int(head["ContentLength"]), _utc(head["LastModified"]))
+
+    def partial_uploads(self) -> Iterator[PartialUpload]:
+        """Unfinished multipart uploads (a killed process leaves its parts, billed, invisible to listings);
+        their progress is the newest part's time, or the start when no part arrived."""
+        paginator = self.client.get_paginator("list_multipart_uploads")
+        with _mapped(self.bucket):
+            for page in paginator.paginate(Bucket=self.bucket):
+                for upload in page.get("Uploads", []):
+                    key, upload_id = upload["Key"], upload["UploadId"]
+                    size, modified = 0, _utc(upload["Initiated"])
+                    try:
+                        for parts in self.client.get_paginator("list_parts").paginate(
+                                Bucket=self.bucket, Key=key, UploadId=upload_id):
+                            for part in parts.get("Parts", []):
+                                size += int(part["Size"])
+                                modified = max(modified, _utc(part["LastModified"]))
+                    except ClientError as exc:
+                        if str(exc.response.get("Error", {}).get("Code", "")) in GONE_UPLOAD_CODES:
+                            continue  # completed or aborted since the listing
+                        raise
+                    yield PartialUpload(key, size, modified, upload_id)
+
+    def discard_partial(self, partial: PartialUpload) -> None:
+        # The writer, if it is still alive, fails at its next part or at completion: nothing is stored.
+        with _mapped(partial.key):
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=partial.key, UploadId=partial.upload_id)
+            except ClientError as exc:
+                if str(exc.response.get("Error", {}).get("Code", "")) not in GONE_UPLOAD_CODES:
+                    raise
 
     def presigned_url(self, key: str, expires_seconds: int = 300) -> str:
         with _mapped(key):

@@ -1,0 +1,125 @@
+"""Tools the fault tests use to break things on purpose: a TCP proxy that can be cut, and the catalog-vs-store
+audit each fault test ends with."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import boto3
+
+from enginefarm import devservices
+from storage.db import session_scope
+from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+
+
+
+def slow(seconds: float) -> dict[str, str]:
+    """A worker's env for the test backend: the real build, after a pause in which the test strikes."""
+    return {"ENGINEFARM_TEST_BACKENDS": "1", "ENGINEFARM_TEST_BUILD_DELAY_S": str(seconds)}
+
+
+class TcpProxy:
+    """127.0.0.1:port forwarded to ``target``. ``cut()`` closes the port and every open connection (the endpoint
+    is unreachable: connections are refused); ``restore()`` opens it again on the same port."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target = target
+        self.port = devservices.free_port_pair()
+        self._listener: socket.socket | None = None
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def restore(self) -> TcpProxy:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def cut(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:  # wakes the accept() blocked in the other thread; close() alone would leave the port listening
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            listener.close()
+        with self._lock:
+            for conn in self._conns:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                conn.close()
+            self._conns.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def bucket_keys(settings) -> set[str]:
+    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, aws_access_key_id=devservices.S3_KEY,
+                      aws_secret_access_key=devservices.S3_SECRET, region_name="us-east-1")
+    return {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket)
+            for o in page.get("Contents", [])}
+
+
+def audit(settings) -> dict[str, int]:
+    """Nothing lost, nothing half-written: every row's blob exists with the catalogued size, no stored engine
+    or model lacks its row, no build lacks its tasks, no succeeded task lacks its engine. Returns counts."""
+    from sqlalchemy import select
+
+    from storage.blobs import get_blob_store
+
+    store = get_blob_store(settings)
+    keys = bucket_keys(settings)
+    with session_scope(settings) as s:
+        models = list(s.scalars(select(ModelRow)))
+        engines = list(s.scalars(select(EngineRow)))
+        builds = list(s.scalars(select(BuildRow)))
+        tasks = list(s.scalars(select(BuildTaskRow)))
+    for m in models:
+        assert m.blob_key in keys and store.size(m.blob_key) == m.size, f"model {m.id}: blob {m.blob_key} missing"
+        assert m.samples_key is None or m.samples_key in keys, f"model {m.id}: samples blob missing"
+    for e in engines:
+        assert e.blob_key in keys and store.size(e.blob_key) == e.size, f"engine {e.id}: blob {e.blob_key} missing"
+    referenced = {m.blob_key for m in models} | {m.samples_key for m in models} | {e.blob_key for e in engines}
+    orphans = {k for k in keys if k.startswith(("models/", "engines/"))} - referenced
+    assert not orphans, f"blobs no row references: {sorted(orphans)[:5]}"
+    with_tasks = {t.build_id for t in tasks}
+    assert all(b.id in with_tasks for b in builds), "a build without tasks"
+    assert all(t.engine_id is not None for t in tasks if t.state == "succeeded"), "a succeeded task without engine"
+    return {"models": len(models), "engines": len(engines), "builds": len(builds), "blobs": len(keys)}
