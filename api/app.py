@@ -24,6 +24,23 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = "5"
 
 
+class JsonBodyLimit:
+    """Refuse a JSON body whose declared length is over the limit before reading it, with a message that says
+    so. (A chunked body without a length is cut off by the routers' ``max_body_size`` as it streams.)"""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] != "GET" and not scope["path"].startswith("/v1/models"):
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if length.isdigit() and int(length) > self.limit:
+                detail = f"the request body is over the {self.limit} bytes {scope['path']} takes (ENGINEFARM_MAX_JSON_BYTES)"
+                await JSONResponse({"error": "PayloadTooLarge", "detail": detail}, status_code=413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -45,9 +62,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="enginefarm", version=__version__, lifespan=lifespan,
                   description="Upload ONNX once; get the right TensorRT engine for every GPU.")
     app.state.settings = settings
-    for module in (models, builds, sweeps, engines, resolve, tokens):
-        app.include_router(module.router, dependencies=[Depends(authorize)])
+    # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small one.
+    app.include_router(models.router, dependencies=[Depends(authorize)])
+    for module in (builds, sweeps, engines, resolve, tokens):
+        app.include_router(module.router, dependencies=[Depends(authorize)], max_body_size=settings.max_json_bytes)
     app.include_router(workers.router)  # /healthz is open; /v1/workers checks its token itself
+    app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     max_unpacked_bytes: int = Field(default=16 * GIB, ge=1)
     max_compression_ratio: float = Field(default=200.0, gt=1)
     max_targets_per_build: int = Field(default=64, ge=1)
+    max_json_bytes: int = Field(default=1 << 20, ge=1024)  # a build spec, a sweep, a resolve query
 
     # How often a worker polls the embedded (database) broker: lower means less queue wait, more idle CPU.
     broker_poll_seconds: float = Field(default=0.05, gt=0)

@@ -100,8 +100,8 @@ def test_hostile_input(api, corpus_ctx, entry: Entry):
     assert entry.message.lower() in said.lower(), said[:1000]
     if response.status_code == 401:  # tells the client how to authenticate, and never echoes what it sent
         assert response.headers["www-authenticate"].startswith("Bearer")
-        sent = req.kwargs.get("headers", {}).get("Authorization", "").removeprefix("Bearer ")
-        assert not sent or sent not in response.text
+        sent = req.kwargs.get("headers", {}).get("Authorization", "").partition(" ")[2]
+        assert len(sent) < 8 or sent not in response.text
 
 
 def test_corpus_left_nothing_behind(api, corpus_ctx, dist_settings):

@@ -498,6 +498,13 @@ AUTH = [
     E("read-token-revokes-token", "auth", as_("read", lambda ctx: Request("DELETE", "/v1/tokens/1")), 403, "needs 'admin'"),
 ]
 
+AUTH += [  # request size: a JSON body is refused once it streams past the limit (1 MiB by default)
+    E("build-body-2mib", "auth", raw_json("/v1/builds", lambda ctx: b'{"model_id": 1, "targets": ["' + b"x" * (2 << 20) + b'"]}'),
+      413, "request body is over the 1048576 bytes /v1/builds takes"),
+    E("resolve-body-2mib", "auth", raw_json("/v1/resolve", lambda ctx: b'{"model": "' + b"m" * (2 << 20) + b'"}'),
+      413, "bytes /v1/resolve takes"),
+]
+
 CORPUS: list[Entry] = ONNX + BUNDLES + EXTERNAL + SPECS + SAMPLES + QUERIES + NAMES + MULTIPART + AUTH
 
 
