@@ -95,6 +95,9 @@ class _Entry:
     member: object  # the ZipInfo or TarInfo to open
 
 
+_NATIVE_LIBRARY = re.compile(r"\.(so(\.\d+)*|dll|dylib|pyd)$", re.IGNORECASE)
+
+
 def _normalize_name(raw: str) -> str:
     """Return the entry's path as clean "/"-joined components, or raise if it could escape."""
     if not raw or "\x00" in raw:
@@ -108,6 +111,10 @@ def _normalize_name(raw: str) -> str:
         raise ModelRejected(f"bundle entry {raw!r} escapes the bundle ('..' is not allowed)")
     if any(len(p.encode()) > _MAX_NAME_COMPONENT for p in parts):
         raise ModelRejected(f"bundle entry {raw!r} has a name component over {_MAX_NAME_COMPONENT} bytes")
+    if parts and _NATIVE_LIBRARY.search(parts[-1]):
+        # Nothing from an upload is ever loaded as code; a bundle that carries a plugin says it needs it.
+        raise ModelRejected(f"bundle entry {raw!r} is a native library: plugin and custom-op libraries that come "
+                            f"with an upload are never loaded; build with the plugins the workers have")
     return "/".join(parts)
 
 

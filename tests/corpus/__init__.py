@@ -205,6 +205,13 @@ ONNX = [
 ]
 
 BUNDLES = [
+    E("zip-plugin-library", "bundle", upload(lambda: f.zip_bytes({"model.onnx": f.valid_onnx(), "libcustom_ops.so": b"\x7fELF"}),
+                                             "b.zip"), 422, "plugin and custom-op libraries that come with an upload are never loaded"),
+    E("tar-plugin-library-versioned", "bundle", upload(lambda: f.tar_bytes({"model.onnx": f.valid_onnx(),
+                                                                            "plugins/libnvinfer_plugin.so.10": b"\x7fELF"}), "b.tar"),
+      422, "is a native library"),
+    E("zip-windows-plugin", "bundle", upload(lambda: f.zip_bytes({"model.onnx": f.valid_onnx(), "CustomOp.DLL": b"MZ"}),
+                                             "b.zip"), 422, "is a native library"),
     E("zip-nested-dotdot", "bundle", upload(lambda: f.zip_bytes({"model.onnx": f.valid_onnx(), "a/../../x.bin": b"x"}),
                                             "b.zip"), 422, "escapes the bundle"),
     E("tar-dotdot", "bundle", upload(lambda: f.tar_bytes({"model.onnx": f.valid_onnx(), "../x.bin": b"x"}), "b.tar"),
