@@ -20,6 +20,16 @@ class Page(BaseModel, Generic[T]):
     offset: int
 
 
+class ErrorOut(BaseModel):
+    """A 4xx or 5xx body: the farm's own errors name their kind; a request that fails validation lists why."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str | None = Field(None, description="the error's kind, e.g. SpecInvalid; absent for request validation")
+    detail: str | list[dict[str, Any]] = Field(description="what is wrong: a message, or one entry per invalid field")
+    problems: list[dict[str, Any]] | None = Field(None, description="every problem at once, where there are several")
+
+
 class ModelOut(BaseModel):
     id: int
     name: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -177,10 +178,12 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
         problems.append({"loc": ["axes"], "msg": 'name at least one axis, e.g. {"precision": ["fp32", "fp16"]}'})
     if problems:
         raise SpecInvalid("the sweep request is invalid", problems=problems)
+    # Counted before any is made: five long axes multiply to more combinations than memory holds.
+    count = math.prod(len(v) for v in axes.values())
+    if count > MAX_SWEEP_VARIANTS:
+        raise SpecInvalid(f"the sweep has {count} variants; at most {MAX_SWEEP_VARIANTS}",
+                          problems=[{"loc": ["axes"], "msg": f"{count} combinations, at most {MAX_SWEEP_VARIANTS}"}])
     combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
-    if len(combos) > MAX_SWEEP_VARIANTS:
-        raise SpecInvalid(f"the sweep has {len(combos)} variants; at most {MAX_SWEEP_VARIANTS}",
-                          problems=[{"loc": ["axes"], "msg": f"{len(combos)} combinations, at most {MAX_SWEEP_VARIANTS}"}])
     publish: list = []
     with session_scope(settings) as s:
         checked = [(label := _variant_label(o, axes),

@@ -22,6 +22,7 @@ from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
 from enginefarm.errors import BuildFailed
 from enginefarm.inputs import ShapeSet, opt_shape_set, random_inputs, sample_batches, shape_sets
 from enginefarm.stats import Iteration, Measurement, measure
+from worker.backends.onnxruntime import optimization_level
 from worker.backends.trt_common import load_module
 
 
@@ -57,6 +58,7 @@ class OrtRunner:
         ort = load_module("onnxruntime")
         self.ort = ort
         options = ort.SessionOptions()
+        options.graph_optimization_level = optimization_level(ort, model_path)[0]  # as the engine was built
         self.threads = threads or len(os.sched_getaffinity(0))
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = 1

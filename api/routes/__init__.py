@@ -7,6 +7,11 @@ from typing import Annotated, Any
 from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 
+from api.schemas import ErrorOut
+
+# A 422 is either FastAPI's request validation or the farm's own (ModelRejected, SpecInvalid): ErrorOut is both.
+UNPROCESSABLE: dict[int | str, dict[str, Any]] = {422: {"model": ErrorOut, "description": "the request is invalid"}}
+
 # Catalog ids are 32-bit integers: a larger one names no row, and the database refuses to compare it.
 ID_MAX = (1 << 31) - 1
 RowId = Annotated[int, Path(ge=1, le=ID_MAX)]

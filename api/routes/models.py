@@ -9,14 +9,14 @@ from starlette.concurrency import run_in_threadpool
 
 from api import reports, services
 from api.deps import session_dep, settings_dep
-from api.routes import RowId, check_no_nul, page_offset
+from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from api.routes.engines import blob_response
 from api.schemas import ModelOut, Page
 from api.upload import receive_upload
 from enginefarm.config import Settings
 from storage import catalog
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
 UPLOAD_BODY = {
     "requestBody": {

@@ -9,12 +9,12 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
 from api.deps import session_dep
-from api.routes import RowId
+from api.routes import UNPROCESSABLE, RowId
 from storage.db import as_utc
 from storage.tables import ApiTokenRow
 from storage.tokens import create_token, list_tokens, revoke_token, token_state
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
 
 class TokenIn(BaseModel):

@@ -149,7 +149,7 @@ def test_int8_from_samples_builds_from_a_derived_qdq_model(farm, api, tmp_path):
     acc = row["accuracy"]
     # Judged against ONNX Runtime FP32 on the original model, on the user's samples.
     assert acc["reference"].startswith("onnxruntime fp32 on the original") and "16 user samples" in acc["inputs"]
-    assert acc["pass"] is True and 0.99 < acc["metrics"]["cosine"] < 1.0 and acc["metrics"]["max_abs"] > 0
+    assert acc["pass"] is True and 0.99 < acc["metrics"]["cosine"] < 1.0 and acc["metrics"]["max_abs"] > 0, acc
     print(f"\nint8 vs fp32 on 16 samples: {acc['metrics']}")
     with Client(farm.url) as c:  # the int8 engine resolves under the model's own name
         answer = c.resolve(model["name"], Machine(platform="x86_64"), precision="int8")

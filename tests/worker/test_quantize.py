@@ -285,3 +285,24 @@ def test_invalid_model_file(tmp_path: Path) -> None:
 def test_model_already_quantized(quantized, tmp_path: Path) -> None:
     with pytest.raises(BuildFailed, match="already holds QuantizeLinear"):
         quantize_qdq(quantized[0], {"input": _images(2, seed=0)}, tmp_path / "q.onnx")
+
+
+def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, monkeypatch):
+    """On x86 without VNNI, ONNX Runtime's fused int8 kernels saturate; the CPU engine and its runner keep the
+    basic optimization level for Q/DQ models there, and the int8 engine stays close to FP32."""
+    from worker.backends import onnxruntime as backend
+    from worker.evaluate import OrtRunner
+
+    fp32_path = save_conv_net(tmp_path / "m.onnx", seed=42)
+    x = _images(16, seed=42)
+    q = tmp_path / "q.onnx"
+    quantize_qdq(fp32_path, {"input": x}, q)
+    levels = ort.GraphOptimizationLevel
+    monkeypatch.setattr(backend, "cpu_has_vnni", lambda: False)
+    assert backend.optimization_level(ort, q)[0] == levels.ORT_ENABLE_BASIC
+    assert backend.optimization_level(ort, fp32_path)[0] == levels.ORT_ENABLE_ALL  # no Q/DQ: nothing to avoid
+    got = OrtRunner(q, threads=1).infer({"input": x[:4]})
+    m = _metrics(_run(fp32_path, x[:4]), next(iter(got.values())))
+    assert m["rel_l2"] < 0.05 and m["cosine"] > 0.999, m
+    monkeypatch.setattr(backend, "cpu_has_vnni", lambda: True)
+    assert backend.optimization_level(ort, q)[0] == levels.ORT_ENABLE_ALL
