@@ -27,6 +27,9 @@ def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served:
     """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
     latest = tasks[-1] if tasks else None
     status = _check_status(engine, latest, bench_served)
+    # A check a live worker will finish (queued where one serves it, or running): worth waiting for.
+    status["in_progress"] = latest is not None and (
+        latest.state == TaskState.RUNNING.value or (latest.state == TaskState.QUEUED.value and latest.target in bench_served))
     if latest is not None:
         status.update(task_id=latest.id, worker_id=latest.worker_id, attempts=latest.attempts)
     return status
@@ -145,7 +148,10 @@ def model_report(session: Session, settings: Settings, model_id: int) -> dict[st
                          "throughput_qps": b.throughput_qps, "stats": b.stats, "measured_at": b.created_at.isoformat(),
                          "regression": _regression(b, match[1], e, match[0]) if match else None})
     ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
-    return {"model": ident(model), "previous": ident(previous) if previous else None, "rows": rows}
+    # Engines measured before whose new check (other settings) is still under way count too.
+    in_progress = sorted(e.id for e in engines if checks[e.id]["in_progress"])
+    return {"model": ident(model), "previous": ident(previous) if previous else None, "rows": rows,
+            "checks_in_progress": in_progress}
 
 
 def sweep_report(session: Session, settings: Settings, sweep_id: int) -> dict[str, Any]:

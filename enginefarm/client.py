@@ -124,8 +124,7 @@ class Client:
             report = self.report(model_id)
             if on_update:
                 on_update(report)
-            busy = [r for r in report["rows"] if r["status"] == "pending"
-                    and not (r["detail"] or "").startswith("benchmark pending: no worker")]
+            busy = report["checks_in_progress"]
             if not busy:
                 return report
             if time.monotonic() > deadline:

@@ -17,6 +17,7 @@ from enginefarm.config import Settings, get_settings
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 T = TypeVar("T")
+MIGRATION_LOCK = 0x656E67696E65  # a PostgreSQL advisory lock key of our own ("engine")
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
@@ -33,7 +34,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # Up to 40 at once: the API's thread pool has 40 threads, each holding at most one session at a time.
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
 
 
 @lru_cache
@@ -97,9 +99,20 @@ def migrate(settings: Settings | None = None) -> None:
     from alembic import command
 
     settings = settings or get_settings()
-    if settings.resolved_database_url.startswith("sqlite"):
+    url = settings.resolved_database_url
+    if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    command.upgrade(alembic_config(settings.resolved_database_url), "head")
+        command.upgrade(alembic_config(url), "head")
+        return
+    # Several API processes (uvicorn --workers) and workers start at once: one migrates, the others wait.
+    from sqlalchemy import text
+
+    with get_engine(settings).connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
+        try:
+            command.upgrade(alembic_config(url), "head")
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
 
 
 def as_utc(value: datetime | None) -> datetime | None:

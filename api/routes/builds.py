@@ -22,7 +22,7 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
 
 
 @router.post("", status_code=202, response_model=BuildOut)
-def submit_build(body: BuildRequest, session: Session = Depends(session_dep),
+def submit_build(body: BuildRequest, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once."""
     check_body_id("model_id", body.model_id)
@@ -33,7 +33,7 @@ def submit_build(body: BuildRequest, session: Session = Depends(session_dep),
 @router.get("", response_model=list[BuildOut])
 def list_builds(model_id: int | None = Query(None, ge=1, le=ID_MAX),
                 spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
-                limit: int = 50, offset: int = 0, session: Session = Depends(session_dep),
+                limit: int = 50, offset: int = 0, session: Session = Depends(session_dep, scope="function"),
                 settings: Settings = Depends(settings_dep)) -> list[BuildOut]:
     """Builds, newest first; optionally of one model version and one spec."""
     rows = catalog.list_builds(session, model_id=model_id, spec_hash=spec_hash, limit=max(1, min(limit, 500)),
@@ -42,5 +42,5 @@ def list_builds(model_id: int | None = Query(None, ge=1, le=ID_MAX),
 
 
 @router.get("/{build_id}", response_model=BuildOut)
-def get_build(build_id: RowId, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> BuildOut:
+def get_build(build_id: RowId, session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> BuildOut:
     return _out(session, settings, catalog.get_build(session, build_id))

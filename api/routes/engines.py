@@ -23,7 +23,7 @@ def list_engines(
     model: str | None = None, version: str | None = None, target: str | None = None, backend: str | None = None,
     cc: str | None = Query(None, description="compute capability, e.g. 8.6"), trt: str | None = None,
     precision: str | None = None, spec_hash: str | None = None, limit: int = 50, offset: int = 0,
-    session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
+    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
 ) -> Page[EngineOut]:
     check_no_nul("query", model=model, version=version, target=target, backend=backend, cc=cc, trt=trt,
                  precision=precision, spec_hash=spec_hash)
@@ -36,14 +36,14 @@ def list_engines(
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
-def get_engine(engine_id: RowId, session: Session = Depends(session_dep),
+def get_engine(engine_id: RowId, session: Session = Depends(session_dep, scope="function"),
                settings: Settings = Depends(settings_dep)) -> EngineOut:
     row = catalog.get_engine(session, engine_id)
     return EngineOut.of(row, checks=engine_checks(session, settings, [row])[row.id])
 
 
 @router.get("/{engine_id}/benchmarks")
-def engine_benchmarks(engine_id: RowId, session: Session = Depends(session_dep)) -> list[dict]:
+def engine_benchmarks(engine_id: RowId, session: Session = Depends(session_dep, scope="function")) -> list[dict]:
     """Every measurement of the engine: per shape and device, all statistics and the machine fingerprint."""
     row = catalog.get_engine(session, engine_id)
     return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name,
@@ -54,7 +54,7 @@ def engine_benchmarks(engine_id: RowId, session: Session = Depends(session_dep))
 
 @router.get("/{engine_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} holds their sha256"}})
-def engine_content(engine_id: RowId, session: Session = Depends(session_dep),
+def engine_content(engine_id: RowId, session: Session = Depends(session_dep, scope="function"),
                    settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
     row = catalog.get_engine(session, engine_id)

@@ -49,7 +49,7 @@ async def upload_model(request: Request, response: Response, settings: Settings 
 
 @router.get("", response_model=Page[ModelOut])
 def list_models(name: str | None = None, limit: int = 50, offset: int = 0,
-                session: Session = Depends(session_dep)) -> Page[ModelOut]:
+                session: Session = Depends(session_dep, scope="function")) -> Page[ModelOut]:
     check_no_nul("query", name=name)
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
     rows, total = catalog.list_models(session, name=name, limit=limit, offset=offset)
@@ -57,13 +57,13 @@ def list_models(name: str | None = None, limit: int = 50, offset: int = 0,
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: RowId, session: Session = Depends(session_dep)) -> ModelOut:
+def get_model(model_id: RowId, session: Session = Depends(session_dep, scope="function")) -> ModelOut:
     return ModelOut.of(catalog.get_model(session, model_id))
 
 
 @router.get("/{model_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "the model as uploaded"}})
-def model_content(model_id: RowId, session: Session = Depends(session_dep),
+def model_content(model_id: RowId, session: Session = Depends(session_dep, scope="function"),
                   settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id)
@@ -95,7 +95,7 @@ async def upload_samples(model_id: RowId, request: Request, settings: Settings =
 
 
 @router.get("/{model_id}/report")
-def model_report(model_id: RowId, session: Session = Depends(session_dep),
+def model_report(model_id: RowId, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> dict:
     """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
     engine size, or why an engine has no numbers yet; with the change against model version N-1."""

@@ -100,7 +100,7 @@ def resolve_get(
     accuracy: str | None = Query(None, pattern=r"^pass$", description="accuracy=pass keeps engines that passed"),
     max_latency_ms: float | None = Query(None, gt=0, le=1e7),
     explain: bool = False, build: bool = False,
-    session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep),
+    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
 ):
     """Resolve with the fingerprint in the query string."""
@@ -116,7 +116,7 @@ def resolve_get(
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep),
+def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep), principal: Principal = Depends(authorize)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     check_no_nul("body", model=req.model, version=req.version)

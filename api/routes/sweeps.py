@@ -15,7 +15,7 @@ router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE
 
 
 @router.post("", status_code=202, response_model=SweepOut)
-def submit_sweep(body: SweepRequest, session: Session = Depends(session_dep),
+def submit_sweep(body: SweepRequest, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> SweepOut:
     """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
     every target. The best variant per target is the fastest that passes the accuracy gate."""
@@ -25,5 +25,5 @@ def submit_sweep(body: SweepRequest, session: Session = Depends(session_dep),
 
 
 @router.get("/{sweep_id}", response_model=SweepOut)
-def get_sweep(sweep_id: RowId, session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> SweepOut:
+def get_sweep(sweep_id: RowId, session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> SweepOut:
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))

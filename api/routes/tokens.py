@@ -45,17 +45,17 @@ class NewTokenOut(TokenOut):
 
 
 @router.post("", status_code=201, response_model=NewTokenOut)
-def new_token(body: TokenIn, session: Session = Depends(session_dep)) -> NewTokenOut:
+def new_token(body: TokenIn, session: Session = Depends(session_dep, scope="function")) -> NewTokenOut:
     expires = timedelta(days=body.expires_in_days) if body.expires_in_days else None
     row, token = create_token(session, body.name, body.scopes, expires)
     return NewTokenOut(**TokenOut.of(row).model_dump(), token=token)
 
 
 @router.get("", response_model=list[TokenOut])
-def tokens(session: Session = Depends(session_dep)) -> list[TokenOut]:
+def tokens(session: Session = Depends(session_dep, scope="function")) -> list[TokenOut]:
     return [TokenOut.of(r) for r in list_tokens(session)]
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke(token_id: RowId, session: Session = Depends(session_dep)) -> TokenOut:
+def revoke(token_id: RowId, session: Session = Depends(session_dep, scope="function")) -> TokenOut:
     return TokenOut.of(revoke_token(session, token_id))

@@ -17,12 +17,12 @@ router = APIRouter(tags=["workers"])
 
 
 @router.get("/v1/workers", response_model=list[WorkerOut], dependencies=[Depends(authorize)])
-def list_workers(session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
+def list_workers(session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
     """Workers that sent a heartbeat within the TTL, with the targets they build."""
     return [WorkerOut.of(r) for r in catalog.live_workers(session, settings.worker_ttl_seconds)]
 
 
 @router.get("/healthz")
-def healthz(session: Session = Depends(session_dep), settings: Settings = Depends(settings_dep)) -> dict:
+def healthz(session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> dict:
     session.execute(text("SELECT 1"))
     return {"status": "ok", "version": __version__, "blob_store": settings.blob_store}

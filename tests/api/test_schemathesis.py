@@ -45,8 +45,8 @@ def seeded(farm, auth_headers, tmp_path_factory) -> dict:
     name = unique_name("fuzz")
     with Client(farm.url) as c:
         c.http.headers.update(auth_headers)
-        first, _ = c.upload(save_conv_net(tmp / "v1.onnx", seed=31), name)
-        second, _ = c.upload(save_conv_net(tmp / "v2.onnx", seed=32), name)
+        first, _ = c.upload(save_conv_net(tmp / "v1.onnx", seed=131), name)
+        second, _ = c.upload(save_conv_net(tmp / "v2.onnx", seed=132), name)
         np.savez(tmp / "samples.npz", input=np.zeros((2, 3, 32, 32), np.float32))
         c.upload_samples(first["id"], tmp / "samples.npz")
         build = c.build(first["id"], ["onnxruntime/cpu-x86_64"], sample_spec())

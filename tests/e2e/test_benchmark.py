@@ -224,3 +224,18 @@ def test_benchmark_waits_for_a_capable_worker_then_one_takes_it(farm, tmp_path):
         assert engine["checks"]["worker_id"].startswith("bencher-121@")
     finally:
         farm.stop_process(farm.workers.pop("bencher-121"))
+
+
+def test_wait_checks_waits_for_a_new_check_of_an_engine_measured_before(farm, tmp_path):
+    """Checking an engine again with other settings (the engine is reused) is waited for, although the
+    engine already has rows from its first check."""
+    model = _model(farm, tmp_path, seed=33)
+    with Client(farm.url) as c:
+        _build(c, model["id"], [CPU], benchmark=QUICK)
+        first = c.wait_checks(model["id"], timeout=120)
+        assert {r["status"] for r in _rows(first, CPU)} == {"measured"}
+        again = _build(c, model["id"], [CPU], benchmark={**QUICK, "batch_sizes": [1, 2]})
+        assert again["tasks"][0]["reused"]
+        report = c.wait_checks(model["id"], timeout=120)
+    assert report["checks_in_progress"] == []
+    assert {1, 2} <= {r["batch"] for r in _rows(report, CPU)}
