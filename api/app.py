@@ -76,9 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(EnginefarmError)
     async def _farm_error(_request: Request, exc: EnginefarmError) -> JSONResponse:
-        headers = {"Retry-After": RETRY_AFTER_S} if isinstance(exc, InfrastructureError) else None
-        headers = {**(headers or {}), **getattr(exc, "headers", {})} or None
-        return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers)
+        headers = {**({"Retry-After": RETRY_AFTER_S} if isinstance(exc, InfrastructureError) else {}),
+                   **getattr(exc, "headers", {})}  # WWW-Authenticate on a 401
+        return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Response:

@@ -8,7 +8,8 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage.db import as_utc
-from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
+from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
+from storage.tokens import token_state
 
 T = TypeVar("T")
 
@@ -300,3 +301,30 @@ def build_out(row: BuildRow, details: dict[int, str | None]) -> BuildOut:
                     state=build_state(row.tasks), created_at=as_utc(row.created_at),
                     tasks=[TaskOut.of(t, details.get(t.id)) for t in row.tasks], sweep_id=row.sweep_id,
                     variant=row.variant, quantize=row.quantize)
+
+
+class TokenIn(BaseModel):
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00]*$")
+    scopes: list[str] = Field(min_length=1, max_length=3, description="read, build and/or admin")
+    expires_in_days: float | None = Field(default=None, gt=0, le=3650)
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    prefix: str
+    scopes: list[str]
+    state: str
+    created_at: datetime
+    expires_at: datetime | None
+    last_used_at: datetime | None
+
+    @classmethod
+    def of(cls, row: ApiTokenRow) -> TokenOut:
+        return cls(id=row.id, name=row.name, prefix=row.prefix, scopes=row.scopes, state=token_state(row),
+                   created_at=as_utc(row.created_at), expires_at=as_utc(row.expires_at),
+                   last_used_at=as_utc(row.last_used_at))
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="the token; it is not stored and cannot be shown again")

@@ -4,10 +4,12 @@ distributed mode on one machine."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -116,8 +118,6 @@ class PrivatePostgres:
         self.bin = bindirs[-1] if bindirs else Path(shutil.which("pg_ctl") or "pg_ctl").parent
 
     def _run(self, tool: str, *args: str) -> None:
-        import os
-
         # PostgreSQL refuses to run as root: run it as the postgres account there.
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         subprocess.run([*prefix, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
@@ -135,9 +135,6 @@ class PrivatePostgres:
 
 @contextmanager
 def private_postgres() -> Iterator[PrivatePostgres]:
-    import os
-    import tempfile
-
     data_dir = Path(tempfile.mkdtemp(prefix="enginefarm-pg-"))
     if os.geteuid() == 0:
         shutil.chown(data_dir, "postgres", "postgres")

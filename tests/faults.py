@@ -6,10 +6,9 @@ from __future__ import annotations
 import socket
 import threading
 
-import boto3
-
 from enginefarm import devservices
 from storage.db import session_scope
+from storage.gc import referenced_keys
 from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 
@@ -91,10 +90,9 @@ class TcpProxy:
 
 
 def bucket_keys(settings) -> set[str]:
-    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, aws_access_key_id=devservices.S3_KEY,
-                      aws_secret_access_key=devservices.S3_SECRET, region_name="us-east-1")
-    return {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket)
-            for o in page.get("Contents", [])}
+    from storage.blobs import get_blob_store
+
+    return set(get_blob_store(settings).keys())
 
 
 def audit(settings) -> dict[str, int]:
@@ -116,7 +114,8 @@ def audit(settings) -> dict[str, int]:
         assert m.samples_key is None or m.samples_key in keys, f"model {m.id}: samples blob missing"
     for e in engines:
         assert e.blob_key in keys and store.size(e.blob_key) == e.size, f"engine {e.id}: blob {e.blob_key} missing"
-    referenced = {m.blob_key for m in models} | {m.samples_key for m in models} | {e.blob_key for e in engines}
+    with session_scope(settings) as s:
+        referenced = referenced_keys(s)
     orphans = {k for k in keys if k.startswith(("models/", "engines/"))} - referenced
     assert not orphans, f"blobs no row references: {sorted(orphans)[:5]}"
     with_tasks = {t.build_id for t in tasks}

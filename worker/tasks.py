@@ -37,14 +37,18 @@ def local_machine() -> MachineProbe:
     return probe_machine()
 
 
-@lru_cache
 def blob_store():
-    """One blob store (one boto3 client) per worker process, not one per task."""
-    return get_blob_store(get_settings())
+    return get_blob_store(get_settings())  # one per process: get_blob_store keeps it
 
 
 def _backoff(retries: int) -> int:
     return min(60, 2 ** retries)
+
+
+def _infra_reason(exc: Exception) -> str:
+    """Why a task goes back to the queue: S3 or the broker (an InfrastructureError), or the database."""
+    message = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
+    return f"retrying after an infrastructure error: {message}"
 
 
 # --------------------------------------------------------------------------- build
@@ -65,8 +69,7 @@ def build_engine(self, task_id: int) -> None:
     try:
         _run(task_id, me)
     except (InfrastructureError, *UNAVAILABLE) as exc:  # S3, the broker or the database: retried with backoff
-        reason = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
-        in_transaction(catalog.requeue_task, task_id, f"retrying after an infrastructure error: {reason}")
+        in_transaction(catalog.requeue_task, task_id, _infra_reason(exc))
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
     except (BuildFailed, TargetUnavailable) as exc:
         in_transaction(catalog.fail_task, task_id, exc.message, getattr(exc, "log_tail", None))
@@ -153,8 +156,7 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
     try:
         _benchmark(task_id)
     except (InfrastructureError, *UNAVAILABLE) as exc:
-        reason = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
-        in_transaction(catalog.end_benchmark, task_id, TaskState.QUEUED, f"retrying after an infrastructure error: {reason}")
+        in_transaction(catalog.end_benchmark, task_id, TaskState.QUEUED, _infra_reason(exc))
         if reraise_infra:
             raise
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
@@ -213,22 +215,19 @@ def quantize_model(self, build_id: int) -> None:
     from worker import quantize_stage
 
     me = worker_id()
-    with session_scope() as s:
-        if not catalog.claim_quantize(s, build_id, me):
-            log.info("build %s has no queued quantization; skipping", build_id)
-            return
+    if not in_transaction(catalog.claim_quantize, build_id, me):
+        log.info("build %s has no queued quantization; skipping", build_id)
+        return
     try:
         queued = quantize_stage.run(build_id, blob_store(), get_settings())
-    except InfrastructureError as exc:
-        with session_scope() as s:
-            catalog.set_quantize(s, build_id, "queued", error=f"retrying after an infrastructure error: {exc.message}")
+    except (InfrastructureError, *UNAVAILABLE) as exc:
+        in_transaction(catalog.set_quantize, build_id, "queued", error=_infra_reason(exc))
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
     except Exception as exc:
         if not isinstance(exc, EnginefarmError):
             log.exception("quantization of build %s crashed", build_id)
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        with session_scope() as s:
-            catalog.fail_quantize(s, build_id, message)
+        in_transaction(catalog.fail_quantize, build_id, message)
         return
     for task_id, target in queued:
         dispatch.publish_build(task_id, target)

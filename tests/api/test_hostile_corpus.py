@@ -11,22 +11,13 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from enginefarm import devservices
 from enginefarm.samples import conv_net
 from storage import catalog
 from storage.db import session_scope
 from storage.tokens import create_token, revoke_token
 from tests.corpus import CORPUS, Context, Entry, by_category
+from tests.faults import bucket_keys
 from tests.helpers import unique_name
-
-
-def _bucket_keys(settings) -> set[str]:
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=settings.s3_endpoint_url, aws_access_key_id=devservices.S3_KEY,
-                      aws_secret_access_key=devservices.S3_SECRET, region_name="us-east-1")
-    return {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket)
-            for o in page.get("Contents", [])}
 
 
 def _model_rows(settings) -> tuple[int, set[str]]:
@@ -56,7 +47,7 @@ def corpus_ctx(farm, dist_settings, tmp_path_factory):
         revoked, ctx.tokens["revoked"] = create_token(s, "corpus-revoked", ["admin"])
         revoke_token(s, revoked.id)
         ctx.tokens["expired"] = create_token(s, "corpus-expired", ["admin"], timedelta(microseconds=1))[1]
-    ctx.before = {"models": _model_rows(dist_settings)[0], "keys": _bucket_keys(dist_settings),
+    ctx.before = {"models": _model_rows(dist_settings)[0], "keys": bucket_keys(dist_settings),
                   "scratch": _scratch(dist_settings)}
     return ctx
 
@@ -113,7 +104,7 @@ def test_corpus_left_nothing_behind(api, corpus_ctx, dist_settings):
         for name in {n for n in corpus_ctx.names if n.strip() and "\x00" not in n}:
             assert catalog.list_models(s, name=name, limit=1)[1] == 0, f"model {name[:60]!r} was catalogued"
 
-    keys = _bucket_keys(dist_settings)
+    keys = bucket_keys(dist_settings)
     assert keys - before["keys"] == set(), "rejected bytes were stored"
     assert {k for k in keys if k.startswith("models/")} <= referenced, "a model blob no row references"
     assert _scratch(dist_settings) - before["scratch"] == set(), "a rejected upload left files in the work dir"

@@ -5,15 +5,15 @@ from __future__ import annotations
 import hashlib
 import time
 
-import boto3
 
-from enginefarm import devservices
 from enginefarm.client import Client
 from enginefarm.domain import Machine
 from enginefarm.samples import sample_spec, save_conv_net
 from storage import catalog
 from storage.blobs import get_blob_store
 from storage.db import session_scope
+from storage.gc import referenced_keys
+from tests.faults import bucket_keys
 from tests.helpers import WORKER_A, WORKER_B, run_cli, unique_name
 
 ALL_TARGETS = WORKER_A + WORKER_B
@@ -133,14 +133,9 @@ def test_resolve_explains_when_nothing_fits(farm, api, tmp_path):
 def test_blob_bucket_holds_only_catalogued_bytes(farm, dist_settings):
     """Every object in the bucket is referenced by a model (its bytes or its samples) or an engine row (no
     orphans from uploads/builds)."""
-    s3 = boto3.client("s3", endpoint_url=dist_settings.s3_endpoint_url, aws_access_key_id=devservices.S3_KEY,
-                      aws_secret_access_key=devservices.S3_SECRET, region_name="us-east-1")
-    keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=dist_settings.s3_bucket)
-            for o in page.get("Contents", [])}
+    keys = bucket_keys(dist_settings)
     with session_scope(dist_settings) as s:
-        models, _ = catalog.list_models(s, limit=10_000)
-        pairs, _ = catalog.list_engines(s, limit=10_000)
-        referenced = {m.blob_key for m in models} | {m.samples_key for m in models} | {e.blob_key for e, _ in pairs}
+        referenced = referenced_keys(s)
     assert keys and keys <= referenced
 
 
