@@ -56,7 +56,9 @@ def seaweedfs(tmp_path_factory) -> str:
 def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
     """ENGINEFARM_* settings for the distributed mode: PostgreSQL, Redis, S3."""
     env = devservices.distributed_env(tmp_path_factory.mktemp("farm-data"), pg_url, redis_url, seaweedfs)
-    env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "6",
+    # A worker counts as dead after 10 s without a heartbeat: shorter, and a worker starved of CPU by the
+    # suite's own load (two cores) was taken for dead and its running check requeued.
+    env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
                 "ENGINEFARM_MAX_UPLOAD_BYTES": str(8 << 20),
                 # The reconciler runs every second and takes a message as lost after 3 s in an empty queue.
                 "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
