@@ -2,22 +2,75 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+import functools
+import inspect
+from typing import Any, AsyncIterator, Callable
 
+import anyio
 from fastapi import Request
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
-from storage.db import session_scope
+from storage.db import new_session
+
+# Ending a session (rollback after an error, close) runs on threads of its own, never queued behind routes.
+_ENDINGS = anyio.CapacityLimiter(16)
 
 
 def settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def session_dep(request: Request) -> Iterator[Session]:
+async def session_dep(request: Request) -> AsyncIterator[Session]:
     """A catalog session for one request. Routes take it with ``scope="function"``: it commits and gives its
     connection back when the route returns, not after the response is sent (a download would otherwise hold
-    a connection for its whole stream, and a busy API run out of them)."""
-    with session_scope(request.app.state.settings) as session:
+    a connection for its whole stream). The session connects on its first query, in the route's thread."""
+    session = new_session(request.app.state.settings)
+    try:
         yield session
+    except BaseException:
+        await _end_soon(session, commit=False)
+        raise
+    await _end_soon(session, commit=True)
+
+
+async def _end_soon(session: Session, commit: bool) -> None:
+    with anyio.CancelScope(shield=True):  # a client that hung up must not leave the connection checked out
+        await anyio.to_thread.run_sync(_end, session, commit, limiter=_ENDINGS)
+
+
+def _end(session: Session, commit: bool) -> None:
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
+    finally:
+        session.close()
+
+
+class CatalogRoute(APIRoute):
+    """A route whose (sync) endpoint commits its catalog session in its own thread as it returns, so the
+    connection goes back to the pool before FastAPI serializes the response. Serializing a sync endpoint's
+    answer takes a thread of the shared pool: with 200 clients every thread held a route waiting for a
+    connection, every connection a finished route waiting for a thread, until the pool's 30 s timeout (503)."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any):
+        super().__init__(path, _committing(endpoint), **kwargs)
+
+
+def _committing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    names = [name for name, p in inspect.signature(endpoint).parameters.items()
+             if getattr(p.default, "dependency", None) is session_dep]
+    if not names or inspect.iscoroutinefunction(endpoint):
+        return endpoint
+
+    @functools.wraps(endpoint)  # FastAPI reads the wrapped signature
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = endpoint(*args, **kwargs)
+        for name in names:
+            kwargs[name].commit()  # the session stays usable: a later query takes a connection again
+        return result
+
+    return run

@@ -558,9 +558,28 @@ def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list
     benches = [t for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
                if t.worker_id not in live_worker_ids]
     for t in [*builds, *benches]:
-        t.error = f"requeued: worker {t.worker_id} stopped sending heartbeats"
+        t.error = abandoned_reason(t.worker_id)
         t.state, t.worker_id, t.started_at = TaskState.QUEUED.value, None, None
     return builds, benches
+
+
+def abandoned_reason(worker_id: str) -> str:
+    return f"requeued: worker {worker_id} stopped sending heartbeats"
+
+
+def reclaim_tasks(session: Session, worker_id: str, build_ids: list[int], bench_ids: list[int]) -> int:
+    """A worker that was only late (starved of CPU, paused) takes back the tasks it is still running that the
+    reconciler requeued for its silence, unless another worker claimed them meanwhile. Only tasks requeued
+    for this worker's silence: one put back in the queue for a retry must stay there for its new message."""
+    taken = 0
+    for table, ids in ((BuildTaskRow, build_ids), (BenchmarkTaskRow, bench_ids)):
+        if ids:
+            taken += session.execute(
+                update(table).where(table.id.in_(ids), table.state == TaskState.QUEUED.value, table.worker_id.is_(None),
+                                    table.error == abandoned_reason(worker_id))
+                .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), error=None)
+            ).rowcount
+    return taken
 
 
 def queued_since(session: Session, cutoff: datetime) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:

@@ -34,7 +34,8 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    # Up to 40 at once: the API's thread pool has 40 threads, each holding at most one session at a time.
+    # Up to 40 at once: the API's 40 route threads hold at most one each; a session being ended gives its
+    # connection back on threads of its own (api/deps.py), so a route waiting here never waits on itself.
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
 
 
@@ -52,10 +53,15 @@ def _sessionmaker_for(url: str) -> sessionmaker[Session]:
     return sessionmaker(bind=_engine_for(url), expire_on_commit=False)
 
 
+def new_session(settings: Settings | None = None) -> Session:
+    """A session of the catalog; it takes a connection from the pool at its first query."""
+    return _sessionmaker_for((settings or get_settings()).resolved_database_url)()
+
+
 @contextmanager
 def session_scope(settings: Settings | None = None) -> Iterator[Session]:
     """A session that commits on success and rolls back on any error."""
-    session = _sessionmaker_for((settings or get_settings()).resolved_database_url)()
+    session = new_session(settings)
     try:
         yield session
         session.commit()

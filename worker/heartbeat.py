@@ -13,8 +13,30 @@ from storage.db import session_scope
 log = logging.getLogger(__name__)
 
 
+def running_tasks() -> tuple[list[int], list[int]]:
+    """The catalog ids of the build and benchmark tasks this worker's pool is executing now."""
+    from celery.worker import state
+
+    from worker.dispatch import BENCHMARK_TASK, BUILD_TASK
+
+    ids: dict[str, list[int]] = {BUILD_TASK: [], BENCHMARK_TASK: []}
+    for _ in range(5):  # the consumer thread changes the set while this thread copies it
+        try:
+            requests = list(state.active_requests)
+            break
+        except RuntimeError:
+            continue
+    else:
+        return [], []
+    for request in requests:
+        if request.task_name in ids and request.args:
+            ids[request.task_name].append(int(request.args[0]))
+    return ids[BUILD_TASK], ids[BENCHMARK_TASK]
+
+
 class Heartbeat:
-    """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it."""
+    """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it. Each beat
+    also takes back this worker's running tasks that were requeued while it was silent (``reclaim_tasks``)."""
 
     def __init__(self, settings: Settings, worker_id: str, targets: list[str], probe: dict,
                  bench_targets: list[str] | None = None):
@@ -24,8 +46,12 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name="enginefarm-heartbeat", daemon=True)
 
     def beat(self) -> None:
+        builds, benches = running_tasks()
         with session_scope(self.settings) as s:
             catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe, self.bench_targets)
+            taken = catalog.reclaim_tasks(s, self.worker_id, builds, benches)
+        if taken:
+            log.warning("took back %d running task(s) requeued while this worker was silent", taken)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.heartbeat_seconds):

@@ -6,14 +6,14 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from api import services
-from api.deps import session_dep, settings_dep
+from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from api.schemas import BuildOut, BuildRequest, build_out
 from enginefarm.config import Settings
 from storage import catalog
 from storage.tables import BuildRow
 
-router = APIRouter(prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 
 
 def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:

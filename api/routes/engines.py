@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from api.deps import session_dep, settings_dep
+from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import RowId, check_no_nul, page_offset
 from api.reports import engine_checks
 from api.schemas import EngineOut, Page
@@ -14,7 +14,7 @@ from enginefarm.config import Settings
 from storage import catalog
 from storage.blobs import get_blob_store
 
-router = APIRouter(prefix="/v1/engines", tags=["engines"])
+router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 SHA_HEADER = "X-Content-SHA256"
 
 

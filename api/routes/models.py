@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api import reports, services
-from api.deps import session_dep, settings_dep
+from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from api.routes.engines import blob_response
 from api.schemas import ModelOut, Page
@@ -16,7 +16,7 @@ from api.upload import receive_upload
 from enginefarm.config import Settings
 from storage import catalog
 
-router = APIRouter(prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
 UPLOAD_BODY = {
     "requestBody": {

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from api import services
 from api.auth import authorize, require
-from api.deps import session_dep, settings_dep
+from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, check_no_nul
 from api.schemas import (
     CC_PATTERN,
@@ -36,7 +36,7 @@ from storage import catalog
 from storage.tables import EngineRow, ModelRow
 from storage.tokens import Principal
 
-router = APIRouter(prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
 RESPONSES = {
     202: {"model": BuildForMachineOut, "description": "nothing fits; a build for this machine was submitted (build=true)"},

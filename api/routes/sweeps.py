@@ -6,12 +6,12 @@ from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
 from api import reports, services
-from api.deps import session_dep, settings_dep
+from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_body_id
 from api.schemas import SweepOut, SweepRequest
 from enginefarm.config import Settings
 
-router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)
 
 
 @router.post("", status_code=202, response_model=SweepOut)

@@ -7,12 +7,12 @@ from datetime import timedelta
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from api.deps import session_dep
+from api.deps import CatalogRoute, session_dep
 from api.routes import UNPROCESSABLE, RowId
 from api.schemas import NewTokenOut, TokenIn, TokenOut
 from storage.tokens import create_token, list_tokens, revoke_token
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
 
 @router.post("", status_code=201, response_model=NewTokenOut)

@@ -7,13 +7,13 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from api.auth import authorize
-from api.deps import session_dep, settings_dep
+from api.deps import CatalogRoute, session_dep, settings_dep
 from api.schemas import WorkerOut
 from enginefarm import __version__
 from enginefarm.config import Settings
 from storage import catalog
 
-router = APIRouter(tags=["workers"])
+router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 
 
 @router.get("/v1/workers", response_model=list[WorkerOut], dependencies=[Depends(authorize)])

@@ -62,6 +62,37 @@ def test_worker_sigkilled_mid_build_the_task_finishes_on_another(farm, tmp_path,
     audit(dist_settings)
 
 
+def test_worker_silent_past_its_ttl_takes_its_task_back(farm, tmp_path, dist_settings):
+    """A live worker that stops beating (its main process paused with SIGSTOP, as one starved of CPU) has its
+    running task requeued by the reconciler. Its build goes on in the pool child; once the worker beats again
+    it takes the task back, since no other worker claimed it, and finishes it: one attempt, one build."""
+    with Client(farm.url) as c:
+        model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=87), unique_name("stall"))
+        stalled = farm.start_worker("stalled", [PORTABLE], bench_targets=[], extra_env=slow(45))
+        try:
+            build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS})
+            wait_task(c, build["id"], lambda t: t["state"] == "running" and t["worker_id"].startswith("stalled@"),
+                      what="running on the stalled worker")
+            os.kill(stalled.pid, signal.SIGSTOP)  # the Celery main process (heartbeats); the pool child builds on
+            try:
+                requeued = wait_task(c, build["id"], lambda t: t["state"] == "queued", timeout=40, what="requeued")
+            finally:
+                os.kill(stalled.pid, signal.SIGCONT)
+            assert "stopped sending heartbeats" in requeued["error"] and requeued["worker_id"] is None, requeued
+            back = wait_task(c, build["id"], lambda t: t["state"] != "queued", timeout=20, what="taken back")
+            assert back["state"] == "running" and back["worker_id"].startswith("stalled@") and back["error"] is None, back
+            done = c.wait_build(build["id"], timeout=150, poll=0.3)
+        finally:
+            farm.stop_process(farm.workers.pop("stalled"))
+        task = done["tasks"][0]
+        assert task["state"] == "succeeded" and task["worker_id"].startswith("stalled@"), task
+        assert task["attempts"] == 1 and not task["reused"], task
+        assert c.engines(model=model["name"], target=PORTABLE)["total"] == 1
+    log = (farm.log_dir / "worker-stalled.log").read_text(errors="replace")
+    assert "took back 1 running task(s)" in log
+    audit(dist_settings)
+
+
 def test_same_task_twice_at_once_gives_one_engine(farm, tmp_path, dist_settings):
     """Fault 5, both ways it happens: (a) one task's message delivered twice at once, to two workers; (b) two
     tasks for the same engine (identical bytes under two names, same spec and target) built at the same time.
