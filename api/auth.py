@@ -7,6 +7,8 @@ upload is refused before a byte of it is stored.
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -52,6 +54,15 @@ def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None
         raise _challenge("the API token is not valid: it is unknown, revoked or expired")
     require(principal, needed, f"{request.method} {request.url.path}")
     return principal
+
+
+def project_dep(principal: Principal = Depends(authorize)) -> str | None:
+    """The project a request is limited to: its token's (``None`` for a token of the whole farm)."""
+    return principal.project
+
+
+# A route's ``tenant``: pass it to every catalog lookup, which then sees only that project's models.
+Tenant = Annotated[Optional[str], Depends(project_dep)]
 
 
 def require(principal: Principal, needed: str, what: str) -> None:

@@ -107,10 +107,10 @@ def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, prev
                                   cos_before if isinstance(cos_before, float) else None)}
 
 
-def model_report(session: Session, settings: Settings, model_id: int) -> dict[str, Any]:
+def model_report(session: Session, settings: Settings, model_id: int, project: str | None = None) -> dict[str, Any]:
     """For every engine of the model and every shape it was measured at: latency percentiles, throughput,
     accuracy and size, or why it has no numbers yet; plus the change against version N-1."""
-    model = catalog.get_model(session, model_id)
+    model = catalog.get_model(session, model_id, project)
     if model.source_model_id:  # a derived model reports under its source, where its engines are listed
         model = catalog.get_model(session, model.source_model_id)
     family = [model, *catalog.derived_models(session, model)]
@@ -154,9 +154,9 @@ def model_report(session: Session, settings: Settings, model_id: int) -> dict[st
             "checks_in_progress": in_progress}
 
 
-def sweep_report(session: Session, settings: Settings, sweep_id: int) -> dict[str, Any]:
+def sweep_report(session: Session, settings: Settings, sweep_id: int, project: str | None = None) -> dict[str, Any]:
     """A sweep's variants, each with its engine per target, its headline latency and accuracy, and the best."""
-    sweep: SweepRow = catalog.get_sweep(session, sweep_id)
+    sweep: SweepRow = catalog.get_sweep(session, sweep_id, project)
     engines = [session.get(EngineRow, t.engine_id) for b in sweep.builds for t in b.tasks if t.engine_id]
     checks = engine_checks(session, settings, engines)
     best_engine = best_per_target(engines)

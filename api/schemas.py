@@ -33,6 +33,7 @@ class ErrorOut(BaseModel):
 
 class ModelOut(BaseModel):
     id: int
+    project: str | None = Field(None, description="the project that owns the model (none where the farm has none)")
     name: str
     version: str
     sha256: str
@@ -54,7 +55,8 @@ class ModelOut(BaseModel):
     def of(cls, row: ModelRow) -> ModelOut:
         info = row.info
         samples = {"sha256": row.samples_sha256, **(row.samples_info or {})} if row.samples_sha256 else None
-        return cls(id=row.id, name=row.name, version=row.version, sha256=row.sha256, format=row.format, size=row.size,
+        return cls(id=row.id, project=row.project or None, name=row.name, version=row.version, sha256=row.sha256,
+                   format=row.format, size=row.size,
                    opset=info["opset"], ir_version=info["ir_version"], producer=info["producer"],
                    inputs=info["inputs"], outputs=info["outputs"], has_qdq=info.get("has_qdq", False),
                    external_data=info.get("external_data", False), created_at=as_utc(row.created_at),
@@ -307,6 +309,8 @@ class TokenIn(BaseModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00]*$")
     scopes: list[str] = Field(min_length=1, max_length=3, description="read, build and/or admin")
     expires_in_days: float | None = Field(default=None, gt=0, le=3650)
+    project: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                description="limit the token to one project's models (none: the whole farm)")
 
 
 class TokenOut(BaseModel):
@@ -314,6 +318,7 @@ class TokenOut(BaseModel):
     name: str
     prefix: str
     scopes: list[str]
+    project: str | None
     state: str
     created_at: datetime
     expires_at: datetime | None
@@ -321,7 +326,7 @@ class TokenOut(BaseModel):
 
     @classmethod
     def of(cls, row: ApiTokenRow) -> TokenOut:
-        return cls(id=row.id, name=row.name, prefix=row.prefix, scopes=row.scopes, state=token_state(row),
+        return cls(id=row.id, name=row.name, prefix=row.prefix, scopes=row.scopes, project=row.project, state=token_state(row),
                    created_at=as_utc(row.created_at), expires_at=as_utc(row.expires_at),
                    last_used_at=as_utc(row.last_used_at))
 

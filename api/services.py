@@ -24,13 +24,14 @@ from enginefarm.domain import (
     parse_targets,
     validate_spec,
 )
-from enginefarm.errors import ModelRejected, SpecInvalid, TargetUnavailable
+from enginefarm.errors import Forbidden, ModelRejected, SpecInvalid, TargetUnavailable
 from enginefarm.inputs import SamplesInvalid, benchmark_shape_problems, load_samples
 from enginefarm.modelfile import inspect_upload
 from storage import catalog
 from storage.blobs import get_blob_store, model_key, samples_key
 from storage.db import session_scope
 from storage.tables import ModelRow
+from storage.tokens import check_project
 from worker import dispatch
 from worker.pipeline import Scratch, bundle_limits
 
@@ -50,8 +51,24 @@ def _check_name(name: str | None, version: str | None) -> list[dict]:
     return problems
 
 
+def upload_project(tenant: str | None, asked: str | None) -> str:
+    """The project an upload goes to: a project's token puts it in its own (naming another is refused); a
+    token of the whole farm puts it where the form's ``project`` says, or in none ('')."""
+    if asked is not None:
+        try:
+            check_project(asked)
+        except SpecInvalid as exc:
+            raise ModelRejected("the upload's form fields are invalid",
+                                problems=[{"loc": ["project"], "msg": str(exc)}]) from None
+    if tenant is not None:
+        if asked not in (None, tenant):
+            raise Forbidden(f"this token belongs to project {tenant!r}; it cannot upload to project {asked!r}")
+        return tenant
+    return asked or ""
+
+
 def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str | None,
-                 version: str | None) -> tuple[ModelRow, bool]:
+                 version: str | None, project: str = "") -> tuple[ModelRow, bool]:
     """Validate an uploaded file and catalogue it; returns (model, created).
 
     The blob is written before the row and removed again if the row cannot be written, so a
@@ -61,7 +78,7 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     if problems:
         raise ModelRejected("the upload's form fields are invalid", problems=problems)
     with session_scope(settings) as s:
-        existing = catalog.find_model_by_content(s, name, sha256)
+        existing = catalog.find_model_by_content(s, name, sha256, project)
         if existing is not None and version in (None, existing.version):
             return existing, False
     with Scratch(settings) as scratch:
@@ -70,7 +87,7 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     key = model_key(sha256)
     with get_blob_store(settings).put_for_row(key, upload_path, sha256), session_scope(settings) as s:
         row = catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
-                                size=upload_path.stat().st_size, info=info, blob_key=key)
+                                size=upload_path.stat().st_size, info=info, blob_key=key, project=project)
     return row, True
 
 
@@ -84,14 +101,15 @@ def _spec_from(payload: dict) -> tuple[BuildSpec | None, list[dict]]:
 
 
 def _validated(settings: Settings, s, model_id: int, target_texts: list[str], spec_payload: dict,
-               prefix: list | None = None) -> tuple[ModelRow, list[Target], BuildSpec | None, list[dict]]:
+               prefix: list | None = None, project: str | None = None
+               ) -> tuple[ModelRow, list[Target], BuildSpec | None, list[dict]]:
     """The model, parsed targets and spec, and every problem with them (locations under ``prefix``)."""
     targets, problems = parse_targets(target_texts)
     if len(target_texts) > settings.max_targets_per_build:
         problems.append({"loc": ["targets"], "msg": f"at most {settings.max_targets_per_build} targets per build"})
     spec, spec_problems = _spec_from(spec_payload)
     problems += spec_problems
-    model = catalog.get_model(s, model_id)
+    model = catalog.get_model(s, model_id, project)
     if spec is not None:
         info = ModelInfo.from_dict(model.info)
         problems += validate_spec(spec, info, targets, has_samples=bool(model.samples_key))
@@ -131,7 +149,8 @@ def _publish(items: list) -> None:
             dispatch.publish_quantize(ident)
 
 
-def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict) -> int:
+def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
+                 project: str | None = None) -> int:
     """Validate the spec against the model and every target, record the build, queue its tasks;
     returns the build's id.
 
@@ -140,7 +159,7 @@ def submit_build(settings: Settings, model_id: int, target_texts: list[str], spe
     model without Q/DQ nodes first queues the quantization stage; its tasks wait for it.
     """
     with session_scope(settings) as s:
-        model, targets, spec, problems = _validated(settings, s, model_id, target_texts, spec_payload)
+        model, targets, spec, problems = _validated(settings, s, model_id, target_texts, spec_payload, project=project)
         if problems:
             raise SpecInvalid(f"the build request has {len(problems)} problem(s)", problems=problems)
         build_id, publish = _create_build(settings, s, model, targets, spec)
@@ -168,7 +187,8 @@ def _variant_label(overrides: dict[str, Any], axes: dict[str, list]) -> str:
     return " ".join(parts)
 
 
-def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: dict, axes: dict[str, list]) -> int:
+def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: dict, axes: dict[str, list],
+                 project: str | None = None) -> int:
     """One build per combination of the axes' values, all validated before any is recorded; returns the sweep id."""
     problems = [{"loc": ["axes", k], "msg": f"cannot sweep {k!r}; sweepable: {', '.join(SWEEP_AXES)}"}
                 for k in axes if k not in SWEEP_AXES]
@@ -187,7 +207,8 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
     publish: list = []
     with session_scope(settings) as s:
         checked = [(label := _variant_label(o, axes),
-                    _validated(settings, s, model_id, target_texts, {**base, **o}, prefix=[f"variant {label}"]))
+                    _validated(settings, s, model_id, target_texts, {**base, **o}, prefix=[f"variant {label}"],
+                               project=project))
                    for o in combos]
         problems = [p for _, (*_, found) in checked for p in found]
         if problems:
@@ -208,10 +229,11 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
 # --------------------------------------------------------------------------- samples
 
 
-def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256: str) -> ModelRow:
+def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256: str,
+                   project: str | None = None) -> ModelRow:
     """Check an .npz of sample inputs against the model and store it with the model (content-addressed)."""
     with session_scope(settings) as s:
-        info = ModelInfo.from_dict(catalog.get_model(s, model_id).info)
+        info = ModelInfo.from_dict(catalog.get_model(s, model_id, project).info)
     try:
         arrays = load_samples(upload_path, info, max_bytes=settings.max_samples_bytes * 4)
     except SamplesInvalid as exc:
@@ -290,11 +312,11 @@ def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, 
 
 
 def build_for_machine(settings: Settings, model: str, version: str | None, machine: Machine, *,
-                      spec_hash: str | None, precision: str | None) -> dict[str, Any]:
+                      spec_hash: str | None, precision: str | None, project: str | None = None) -> dict[str, Any]:
     """Submit (or find already running) the build that would give this machine an engine; the 202 body."""
     with session_scope(settings) as s:
-        rows = catalog.find_models(s, model)  # every version, newest first
-        row = catalog.find_models(s, model, version)[0] if version and version != "latest" else rows[0]
+        rows = catalog.find_models(s, model, project=project)  # every version, newest first
+        row = catalog.find_models(s, model, version, project)[0] if version and version != "latest" else rows[0]
         served = catalog.served_targets(s, settings.worker_ttl_seconds)
         target, note = pick_target(machine, served)
         every = [r.id for r in rows]

@@ -63,7 +63,9 @@ def _global(token: Optional[str] = typer.Option(None, "--token", envvar="ENGINEF
 @token_app.command("create")
 def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
                  name: str = typer.Option(..., help="who or what uses it"),
-                 expires_days: Optional[float] = typer.Option(None, help="valid for this many days (default: until revoked)")) -> None:
+                 expires_days: Optional[float] = typer.Option(None, help="valid for this many days (default: until revoked)"),
+                 project: Optional[str] = typer.Option(None, help="limit it to one project's models (default: the "
+                                                                  "whole farm)")) -> None:
     """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
     from datetime import timedelta
 
@@ -76,10 +78,13 @@ def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, bui
     prepare(settings)
     try:
         with session_scope(settings) as session:
-            row, token = create_token(session, name, scope, timedelta(days=expires_days) if expires_days else None)
+            row, token = create_token(session, name, scope, timedelta(days=expires_days) if expires_days else None,
+                                      project)
     except EnginefarmError as exc:
         _fail(exc)
-    err.print(f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}; keep it now, it cannot be shown again:")
+    where = f" in project {row.project}" if row.project else ""
+    err.print(f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}{where}; keep it now, it cannot be shown "
+              f"again:")
     print(token)
 
 
@@ -90,11 +95,11 @@ def token_list() -> None:
     from storage.tokens import list_tokens, token_state
 
     table = Table(title="API tokens")
-    for col in ("id", "name", "starts with", "scopes", "state", "created", "last used"):
+    for col in ("id", "name", "starts with", "scopes", "project", "state", "created", "last used"):
         table.add_column(col)
     with session_scope(get_settings()) as session:
         for r in list_tokens(session):
-            table.add_row(str(r.id), r.name, r.prefix + "…", ", ".join(r.scopes), token_state(r),
+            table.add_row(str(r.id), r.name, r.prefix + "…", ", ".join(r.scopes), r.project or "(all)", token_state(r),
                           f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-")
     console.print(table)
 
@@ -122,7 +127,10 @@ def api(host: str = "127.0.0.1", port: int = 8321, workers: int = typer.Option(1
     """Run the REST API (OpenAPI at /docs)."""
     import uvicorn
 
-    uvicorn.run("api.main:app", host=host, port=port, workers=workers, log_level="info")
+    from enginefarm.config import KEEP_ALIVE_SECONDS
+
+    uvicorn.run("api.main:app", host=host, port=port, workers=workers, log_level="info",
+                timeout_keep_alive=KEEP_ALIVE_SECONDS)
 
 
 @app.command()
@@ -280,6 +288,8 @@ def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")
 @app.command()
 def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False), name: str = typer.Option(...),
            version: Optional[str] = None,
+           project: Optional[str] = typer.Option(None, help="the project it belongs to (a project's token puts it "
+                                                            "in its own)"),
            samples: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
                                                   help=".npz of sample inputs: int8 calibration and accuracy checks"),
            api: Optional[str] = API_OPT) -> None:
@@ -288,7 +298,7 @@ def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False), name: 
         with _client(api) as c:
             with _bar() as bar:
                 task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
-                model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n))
+                model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n), project=project)
             if samples:
                 model = c.upload_samples(model["id"], samples)
     except Exception as exc:

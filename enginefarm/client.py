@@ -86,11 +86,11 @@ class Client:
         return self.get("/healthz")
 
     def upload(self, path: Path, name: str, version: str | None = None,
-               on_bytes: Callable[[int], None] | None = None) -> tuple[dict, bool]:
+               on_bytes: Callable[[int], None] | None = None, project: str | None = None) -> tuple[dict, bool]:
         """Upload a model file; returns (model, created). Streams from disk."""
         path = Path(path)
         reader = _ProgressReader(path, on_bytes)
-        data = {"name": name} | ({"version": version} if version else {})
+        data = {"name": name} | ({"version": version} if version else {}) | ({"project": project} if project else {})
         try:
             response = self.http.post("/v1/models", data=data, files={"file": (path.name, reader, "application/octet-stream")},
                                       timeout=None)

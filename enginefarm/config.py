@@ -15,6 +15,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path.home() / ".enginefarm"
 DEFAULT_API_URL = "http://127.0.0.1:8321"
+# How long the API keeps an idle client connection open. Longer than clients keep theirs (httpx: 5 s), so a
+# client never sends a request on a connection the server is closing at that moment (a ReadError under load).
+KEEP_ALIVE_SECONDS = 75
 GIB = 1 << 30
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from enginefarm.config import KEEP_ALIVE_SECONDS
 from storage.db import migrate
 
 
@@ -70,7 +71,8 @@ class Farm:
         """``workers``: uvicorn worker processes (more than one spreads requests over CPU cores)."""
         self.api = self._spawn("api", [sys.executable, "-m", "uvicorn", "api.main:app", "--host", self.host,
                                        "--port", str(self.port), "--log-level", "warning",
-                                       "--workers", str(workers)], extra_env)
+                                       "--timeout-keep-alive", str(KEEP_ALIVE_SECONDS), "--workers", str(workers)],
+                               extra_env)
         wait_http(f"{self.url}/healthz", timeout, self.api)
 
     def start_worker(self, name: str, targets: list[str] | None = None, concurrency: int = 1, pool: str = "prefork",
@@ -135,11 +137,11 @@ def prepare(settings) -> None:
     migrate(settings)
 
 
-def issue_token(settings, name: str, scopes: list[str]) -> str:
+def issue_token(settings, name: str, scopes: list[str], project: str | None = None) -> str:
     """Make an API token in the farm's catalog (migrating it first); returns the token."""
     from storage.db import session_scope
     from storage.tokens import create_token
 
     prepare(settings)
     with session_scope(settings) as session:
-        return create_token(session, name, scopes)[1]
+        return create_token(session, name, scopes, project=project)[1]

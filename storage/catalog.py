@@ -49,19 +49,29 @@ def _get(session: Session, table: type[T], ident: int, what: str) -> T:
 # --------------------------------------------------------------------------- models
 
 
-def find_model_by_content(session: Session, name: str, sha256: str) -> ModelRow | None:
-    return session.scalars(select(ModelRow).where(ModelRow.name == name, ModelRow.sha256 == sha256)).first()
+def in_project(query, project: str | None):
+    """``query`` (over ModelRow) limited to one project; ``None``: every project (a token of the whole farm)."""
+    return query if project is None else query.where(ModelRow.project == project)
+
+
+def find_model_by_content(session: Session, name: str, sha256: str, project: str = "") -> ModelRow | None:
+    return session.scalars(select(ModelRow).where(ModelRow.project == project, ModelRow.name == name,
+                                                  ModelRow.sha256 == sha256)).first()
 
 
 def add_model(session: Session, *, name: str, version: str | None, sha256: str, fmt: str, size: int,
-              info: ModelInfo, blob_key: str, source: ModelRow | None = None, derivation: dict | None = None) -> ModelRow:
-    """Insert a model version; the version defaults to the next integer under that name. A derived model
-    (``source``) shares its source's place in the version order."""
-    seq = source.seq if source else (session.scalar(select(func.max(ModelRow.seq)).where(ModelRow.name == name)) or 0) + 1
+              info: ModelInfo, blob_key: str, source: ModelRow | None = None, derivation: dict | None = None,
+              project: str = "") -> ModelRow:
+    """Insert a model version into a project ('' where the farm has none); the version defaults to the next
+    integer under that name in the project. A derived model (``source``) shares its source's project and
+    place in the version order."""
+    project = source.project if source else project
+    same_name = (ModelRow.project == project, ModelRow.name == name)
+    seq = source.seq if source else (session.scalar(select(func.max(ModelRow.seq)).where(*same_name)) or 0) + 1
     version = version or str(seq)
-    if session.scalars(select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version)).first():
+    if session.scalars(select(ModelRow.id).where(*same_name, ModelRow.version == version)).first():
         raise Conflict(f"model {name!r} version {version!r} already exists with different bytes", name=name, version=version)
-    row = ModelRow(name=name, version=version, seq=seq, sha256=sha256, format=fmt, size=size,
+    row = ModelRow(project=project, name=name, version=version, seq=seq, sha256=sha256, format=fmt, size=size,
                    info=info.to_dict(), blob_key=blob_key, source_model_id=source.id if source else None,
                    derivation=derivation)
     session.add(row)
@@ -72,25 +82,39 @@ def add_model(session: Session, *, name: str, version: str | None, sha256: str, 
     return row
 
 
-def get_model(session: Session, model_id: int) -> ModelRow:
-    return _get(session, ModelRow, model_id, "model")
+def get_model(session: Session, model_id: int, project: str | None = None) -> ModelRow:
+    """The model; NotFound, as for one that does not exist, when it is outside ``project``."""
+    row = _get(session, ModelRow, model_id, "model")
+    if project is not None and row.project != project:
+        raise NotFound(f"no model with id {model_id}")
+    return row
 
 
-def list_models(session: Session, *, name: str | None = None, limit: int = 50, offset: int = 0) -> tuple[list[ModelRow], int]:
-    query = select(ModelRow)
+def list_models(session: Session, *, name: str | None = None, limit: int = 50, offset: int = 0,
+                project: str | None = None) -> tuple[list[ModelRow], int]:
+    query = in_project(select(ModelRow), project)
     if name:
         query = query.where(ModelRow.name == name)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(ModelRow.name, ModelRow.seq).limit(limit).offset(offset)).all()
+    rows = session.scalars(query.order_by(ModelRow.project, ModelRow.name, ModelRow.seq).limit(limit).offset(offset)).all()
     return list(rows), total
 
 
-def find_models(session: Session, name: str, version: str | None = None) -> list[ModelRow]:
+def find_models(session: Session, name: str, version: str | None = None, project: str | None = None) -> list[ModelRow]:
     """Versions of a model, newest first, each source before the models derived from it; only the named
-    version (and what was derived from it) when one is given."""
-    query = select(ModelRow).where(ModelRow.name == name)
+    version (and what was derived from it) when one is given. A name is looked up in ``project``; with
+    ``None`` (a token of the whole farm) a name that several projects use is ambiguous, unless one of them
+    is the farm's own ('')."""
+    if project is None:
+        projects = set(session.scalars(select(ModelRow.project).where(ModelRow.name == name).distinct()))
+        if len(projects) > 1:
+            if "" not in projects:
+                raise Conflict(f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
+                               f"token of one project", name=name)
+            project = ""
+    query = in_project(select(ModelRow).where(ModelRow.name == name), project)
     if version is not None:
-        named = select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version)
+        named = in_project(select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version), project)
         query = query.where((ModelRow.version == version) | ModelRow.source_model_id.in_(named))
     rows = list(session.scalars(query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None),
                                                ModelRow.id)).all())
@@ -200,13 +224,18 @@ def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_
     return queued, checks
 
 
-def get_build(session: Session, build_id: int) -> BuildRow:
-    return _get(session, BuildRow, build_id, "build")
+def get_build(session: Session, build_id: int, project: str | None = None) -> BuildRow:
+    row = _get(session, BuildRow, build_id, "build")
+    if project is not None and row.model.project != project:
+        raise NotFound(f"no build with id {build_id}")
+    return row
 
 
 def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str | None = None, limit: int = 50,
-                offset: int = 0) -> list[BuildRow]:
+                offset: int = 0, project: str | None = None) -> list[BuildRow]:
     query = select(BuildRow)
+    if project is not None:
+        query = query.join(ModelRow, BuildRow.model_id == ModelRow.id).where(ModelRow.project == project)
     if model_id is not None:
         query = query.where(BuildRow.model_id == model_id)
     if spec_hash:
@@ -292,11 +321,13 @@ ENGINE_FILTERS = ("target", "backend", "compute_capability", "trt_version", "pre
 
 
 def list_engines(session: Session, *, model: str | None = None, version: str | None = None, limit: int = 50,
-                 offset: int = 0, **filters: Any) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
+                 offset: int = 0, project: str | None = None, **filters: Any) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
     """Engines with the model version they are listed under. An engine belongs to the model's bytes, so a
-    model uploaded again under another name lists the engines its identical bytes already have."""
-    if model or version:
-        query = select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256)
+    model uploaded again under another name (or in another project) lists the engines its identical bytes
+    already have."""
+    if model or version or project is not None:
+        query = in_project(select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256),
+                           project)
         query = query.where(ModelRow.name == model) if model else query
         query = query.where(ModelRow.version == version) if version else query
     else:
@@ -309,8 +340,13 @@ def list_engines(session: Session, *, model: str | None = None, version: str | N
     return [(e, m) for e, m in rows], total
 
 
-def get_engine(session: Session, engine_id: int) -> EngineRow:
-    return _get(session, EngineRow, engine_id, "engine")
+def get_engine(session: Session, engine_id: int, project: str | None = None) -> EngineRow:
+    """The engine; NotFound when no model of ``project`` has the bytes it was built from."""
+    row = _get(session, EngineRow, engine_id, "engine")
+    if project is not None and session.scalars(select(ModelRow.id).where(
+            ModelRow.project == project, ModelRow.sha256 == row.model_sha256)).first() is None:
+        raise NotFound(f"no engine with id {engine_id}")
+    return row
 
 
 def descriptor_of(row: EngineRow) -> EngineDescriptor:
@@ -337,10 +373,10 @@ def _evidence(row: EngineRow, machine: Machine) -> Evidence:
 
 
 def resolve(session: Session, machine: Machine, *, model: str, version: str | None = None,
-            wanted: Wanted | None = None) -> tuple[Choice, dict[int, EngineRow], dict[str, ModelRow]]:
+            wanted: Wanted | None = None, project: str | None = None) -> tuple[Choice, dict[int, EngineRow], dict[str, ModelRow]]:
     """Judge and rank every engine of this model (one version, the newest with ``version="latest"``, or all)
     for this machine. Returns the choice, the engine rows by id, and the model version of each model sha."""
-    models = find_models(session, model, None if version == "latest" else version)
+    models = find_models(session, model, None if version == "latest" else version, project)
     if version == "latest":
         models = latest_of(models)
     # Engines belong to the model's bytes: identical bytes under another name share them.
@@ -515,8 +551,11 @@ def add_sweep(session: Session, model: ModelRow, axes: dict, targets: list[str])
     return row
 
 
-def get_sweep(session: Session, sweep_id: int) -> SweepRow:
-    return _get(session, SweepRow, sweep_id, "sweep")
+def get_sweep(session: Session, sweep_id: int, project: str | None = None) -> SweepRow:
+    row = _get(session, SweepRow, sweep_id, "sweep")
+    if project is not None and get_model(session, row.model_id).project != project:
+        raise NotFound(f"no sweep with id {sweep_id}")
+    return row
 
 
 def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
@@ -525,7 +564,8 @@ def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
 
 def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
     """Version N-1 under the same name (an uploaded version, not a derived one)."""
-    return session.scalars(select(ModelRow).where(ModelRow.name == model.name, ModelRow.seq < model.seq,
+    return session.scalars(select(ModelRow).where(ModelRow.project == model.project, ModelRow.name == model.name,
+                                                  ModelRow.seq < model.seq,
                                                   ModelRow.source_model_id.is_(None))
                            .order_by(ModelRow.seq.desc())).first()
 

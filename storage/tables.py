@@ -20,9 +20,11 @@ class Base(DeclarativeBase):
 
 class ModelRow(Base):
     __tablename__ = "models"
-    __table_args__ = (UniqueConstraint("name", "version", name="uq_models_name_version"),)
+    __table_args__ = (UniqueConstraint("project", "name", "version", name="uq_models_project_name_version"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The tenant that owns the model; '' where the farm has no projects. Names and versions are per project.
+    project: Mapped[str] = mapped_column(String(64), index=True, default="", server_default="")
     name: Mapped[str] = mapped_column(String(200), index=True)
     version: Mapped[str] = mapped_column(String(100))
     seq: Mapped[int] = mapped_column(Integer)  # order of versions under one name: newer is larger
@@ -200,6 +202,7 @@ class ApiTokenRow(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))  # the token's first characters, to tell tokens apart
     scopes: Mapped[list] = mapped_column(JSON)  # read, build, admin
+    project: Mapped[str | None] = mapped_column(String(64))  # None: the whole farm; else only that project
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -22,6 +22,7 @@ from storage.tables import ApiTokenRow, utcnow
 SCOPES = ("read", "build", "admin")  # each includes the ones before it
 TOKEN_PREFIX = "ef_"
 MAX_TOKEN_CHARS = 200
+PROJECT_MAX = 64
 # Recording every use would be a write per request; once a minute is enough to tell stale tokens.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -41,6 +42,7 @@ class Principal:
     token_id: int | None
     name: str
     scope: str  # the highest scope the token has
+    project: str | None = None  # None: the whole farm; else the one project whose models it sees
 
     def allows(self, needed: str) -> bool:
         return rank(self.scope) >= rank(needed)
@@ -58,15 +60,25 @@ def check_scopes(scopes: list[str]) -> str:
     return max(scopes, key=rank)
 
 
-def create_token(session: Session, name: str, scopes: list[str], expires_in: timedelta | None = None
-                 ) -> tuple[ApiTokenRow, str]:
-    """A new token; returns its row and the token itself, which is never stored and cannot be shown again."""
+def check_project(project: str | None) -> str | None:
+    """A project name as given, or a SpecInvalid that says what a name may hold."""
+    if project is not None and (not 1 <= len(project) <= PROJECT_MAX or not all(c.isalnum() or c in "-_." for c in project)
+                                or not project[0].isalnum()):
+        raise SpecInvalid(f"a project name is 1-{PROJECT_MAX} letters, digits, '-', '_' or '.', starting with a letter or digit")
+    return project
+
+
+def create_token(session: Session, name: str, scopes: list[str], expires_in: timedelta | None = None,
+                 project: str | None = None) -> tuple[ApiTokenRow, str]:
+    """A new token; returns its row and the token itself, which is never stored and cannot be shown again.
+    A token of a project sees and builds only that project's models; without one it acts on the whole farm."""
     check_scopes(scopes)
+    check_project(project)
     if not name or len(name) > 100:
         raise SpecInvalid("a token name needs 1 to 100 characters")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiTokenRow(name=name, token_hash=hash_token(token), prefix=token[:10], scopes=sorted(set(scopes), key=rank),
-                      expires_at=utcnow() + expires_in if expires_in else None)
+                      expires_at=utcnow() + expires_in if expires_in else None, project=project)
     session.add(row)
     session.flush()
     return row, token
@@ -82,16 +94,18 @@ def authenticate(session: Session, token: str) -> Principal | None:
         return None
     if row.last_used_at is None or as_utc(row.last_used_at) < now - LAST_USED_RESOLUTION:
         session.execute(update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now))
-    return Principal(row.id, row.name, check_scopes(row.scopes))
+    return Principal(row.id, row.name, check_scopes(row.scopes), row.project)
 
 
-def list_tokens(session: Session) -> list[ApiTokenRow]:
-    return list(session.scalars(select(ApiTokenRow).order_by(ApiTokenRow.id)))
+def list_tokens(session: Session, project: str | None = None) -> list[ApiTokenRow]:
+    """Every token, or only those of ``project`` (what a project's admin may see)."""
+    query = select(ApiTokenRow).order_by(ApiTokenRow.id)
+    return list(session.scalars(query if project is None else query.where(ApiTokenRow.project == project)))
 
 
-def revoke_token(session: Session, token_id: int) -> ApiTokenRow:
+def revoke_token(session: Session, token_id: int, project: str | None = None) -> ApiTokenRow:
     row = session.get(ApiTokenRow, token_id)
-    if row is None:
+    if row is None or (project is not None and row.project != project):
         raise NotFound(f"no token with id {token_id}")
     if row.revoked_at is None:
         row.revoked_at = utcnow()

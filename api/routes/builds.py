@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
 from api import services
+from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from api.schemas import BuildOut, BuildRequest, build_out
@@ -22,25 +23,26 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
 
 
 @router.post("", status_code=202, response_model=BuildOut)
-def submit_build(body: BuildRequest, session: Session = Depends(session_dep, scope="function"),
+def submit_build(body: BuildRequest, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once."""
     check_body_id("model_id", body.model_id)
-    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec)
+    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, tenant)
     return _out(session, settings, catalog.get_build(session, build_id))
 
 
 @router.get("", response_model=list[BuildOut])
-def list_builds(model_id: int | None = Query(None, ge=1, le=ID_MAX),
+def list_builds(tenant: Tenant, model_id: int | None = Query(None, ge=1, le=ID_MAX),
                 spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
                 limit: int = 50, offset: int = 0, session: Session = Depends(session_dep, scope="function"),
                 settings: Settings = Depends(settings_dep)) -> list[BuildOut]:
     """Builds, newest first; optionally of one model version and one spec."""
     rows = catalog.list_builds(session, model_id=model_id, spec_hash=spec_hash, limit=max(1, min(limit, 500)),
-                               offset=page_offset(offset))
+                               offset=page_offset(offset), project=tenant)
     return [_out(session, settings, r) for r in rows]
 
 
 @router.get("/{build_id}", response_model=BuildOut)
-def get_build(build_id: RowId, session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> BuildOut:
-    return _out(session, settings, catalog.get_build(session, build_id))
+def get_build(build_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
+              settings: Settings = Depends(settings_dep)) -> BuildOut:
+    return _out(session, settings, catalog.get_build(session, build_id, tenant))

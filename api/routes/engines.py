@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
+from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import RowId, check_no_nul, page_offset
 from api.reports import engine_checks
@@ -20,7 +21,7 @@ SHA_HEADER = "X-Content-SHA256"
 
 @router.get("", response_model=Page[EngineOut])
 def list_engines(
-    model: str | None = None, version: str | None = None, target: str | None = None, backend: str | None = None,
+    tenant: Tenant, model: str | None = None, version: str | None = None, target: str | None = None, backend: str | None = None,
     cc: str | None = Query(None, description="compute capability, e.g. 8.6"), trt: str | None = None,
     precision: str | None = None, spec_hash: str | None = None, limit: int = 50, offset: int = 0,
     session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
@@ -30,22 +31,22 @@ def list_engines(
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
     rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
                                        compute_capability=cc, trt_version=trt, precision=precision,
-                                       spec_hash=spec_hash, limit=limit, offset=offset)
+                                       spec_hash=spec_hash, limit=limit, offset=offset, project=tenant)
     checks = engine_checks(session, settings, [e for e, _ in rows])
     return Page(items=[EngineOut.of(e, m, checks[e.id]) for e, m in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
-def get_engine(engine_id: RowId, session: Session = Depends(session_dep, scope="function"),
+def get_engine(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                settings: Settings = Depends(settings_dep)) -> EngineOut:
-    row = catalog.get_engine(session, engine_id)
+    row = catalog.get_engine(session, engine_id, tenant)
     return EngineOut.of(row, checks=engine_checks(session, settings, [row])[row.id])
 
 
 @router.get("/{engine_id}/benchmarks")
-def engine_benchmarks(engine_id: RowId, session: Session = Depends(session_dep, scope="function")) -> list[dict]:
+def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> list[dict]:
     """Every measurement of the engine: per shape and device, all statistics and the machine fingerprint."""
-    row = catalog.get_engine(session, engine_id)
+    row = catalog.get_engine(session, engine_id, tenant)
     return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name,
              "compute_capability": b.compute_capability, "median_ms": b.median_ms, "p99_ms": b.p99_ms,
              "throughput_qps": b.throughput_qps, "stats": b.stats, "machine": b.machine,
@@ -54,10 +55,10 @@ def engine_benchmarks(engine_id: RowId, session: Session = Depends(session_dep, 
 
 @router.get("/{engine_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} holds their sha256"}})
-def engine_content(engine_id: RowId, session: Session = Depends(session_dep, scope="function"),
+def engine_content(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                    settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
-    row = catalog.get_engine(session, engine_id)
+    row = catalog.get_engine(session, engine_id, tenant)
     suffix = "onnx" if row.backend == "onnxruntime" else "plan"
     filename = f"{row.model.name}-{row.model.version}-{row.target.replace('/', '-')}.{suffix}"
     return blob_response(settings, row.blob_key, row.sha256, filename)

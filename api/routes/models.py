@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api import reports, services
+from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from api.routes.engines import blob_response
@@ -27,6 +28,8 @@ UPLOAD_BODY = {
                 "file": {"type": "string", "format": "binary", "description": ".onnx, or .zip/.tar of model.onnx + external data"},
                 "name": {"type": "string"},
                 "version": {"type": "string", "description": "defaults to the next integer under this name"},
+                "project": {"type": "string", "description": "the project the model belongs to (a project's "
+                            "token puts it in its own; names and versions are per project)"},
             },
         }}},
     }
@@ -35,12 +38,14 @@ UPLOAD_BODY = {
 
 @router.post("", status_code=201, response_model=ModelOut, openapi_extra=UPLOAD_BODY,
              responses={200: {"description": "identical bytes already uploaded under this name"}})
-async def upload_model(request: Request, response: Response, settings: Settings = Depends(settings_dep)) -> ModelOut:
+async def upload_model(request: Request, response: Response, tenant: Tenant,
+                       settings: Settings = Depends(settings_dep)) -> ModelOut:
     """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
     upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_upload_bytes)
     try:
         row, created = await run_in_threadpool(services.ingest_model, settings, upload.path, upload.sha256,
-                                               upload.fields.get("name"), upload.fields.get("version"))
+                                               upload.fields.get("name"), upload.fields.get("version"),
+                                               services.upload_project(tenant, upload.fields.get("project")))
     finally:
         upload.discard()
     response.status_code = 201 if created else 200
@@ -48,25 +53,31 @@ async def upload_model(request: Request, response: Response, settings: Settings 
 
 
 @router.get("", response_model=Page[ModelOut])
-def list_models(name: str | None = None, limit: int = 50, offset: int = 0,
+def list_models(tenant: Tenant, name: str | None = None,
+                project: str | None = Query(None, max_length=64, description="only this project's models ('' for "
+                                            "those of no project); a project's token sees only its own anyway"),
+                limit: int = 50, offset: int = 0,
                 session: Session = Depends(session_dep, scope="function")) -> Page[ModelOut]:
-    check_no_nul("query", name=name)
+    check_no_nul("query", name=name, project=project)
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
-    rows, total = catalog.list_models(session, name=name, limit=limit, offset=offset)
+    if tenant is not None and project not in (None, tenant):
+        return Page(items=[], total=0, limit=limit, offset=offset)
+    rows, total = catalog.list_models(session, name=name, limit=limit, offset=offset,
+                                      project=tenant if tenant is not None else project)
     return Page(items=[ModelOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: RowId, session: Session = Depends(session_dep, scope="function")) -> ModelOut:
-    return ModelOut.of(catalog.get_model(session, model_id))
+def get_model(model_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> ModelOut:
+    return ModelOut.of(catalog.get_model(session, model_id, tenant))
 
 
 @router.get("/{model_id}/content", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}, "description": "the model as uploaded"}})
-def model_content(model_id: RowId, session: Session = Depends(session_dep, scope="function"),
+def model_content(model_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                   settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
-    row = catalog.get_model(session, model_id)
+    row = catalog.get_model(session, model_id, tenant)
     return blob_response(settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
 
 
@@ -83,20 +94,21 @@ SAMPLES_BODY = {
 
 
 @router.post("/{model_id}/samples", response_model=ModelOut, openapi_extra=SAMPLES_BODY)
-async def upload_samples(model_id: RowId, request: Request, settings: Settings = Depends(settings_dep)) -> ModelOut:
+async def upload_samples(model_id: RowId, request: Request, tenant: Tenant,
+                         settings: Settings = Depends(settings_dep)) -> ModelOut:
     """Store sample inputs with the model: int8 calibration and the accuracy check use them instead of
     random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
     upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_samples_bytes)
     try:
-        row = await run_in_threadpool(services.attach_samples, settings, model_id, upload.path, upload.sha256)
+        row = await run_in_threadpool(services.attach_samples, settings, model_id, upload.path, upload.sha256, tenant)
     finally:
         upload.discard()
     return ModelOut.of(row)
 
 
 @router.get("/{model_id}/report")
-def model_report(model_id: RowId, session: Session = Depends(session_dep, scope="function"),
+def model_report(model_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> dict:
     """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
     engine size, or why an engine has no numbers yet; with the change against model version N-1."""
-    return reports.model_report(session, settings, model_id)
+    return reports.model_report(session, settings, model_id, tenant)

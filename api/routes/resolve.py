@@ -55,11 +55,12 @@ def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow]
     )
 
 
-def answer(req: ResolveRequest, session: Session, settings: Settings) -> ResolveOut | JSONResponse:
+def answer(req: ResolveRequest, session: Session, settings: Settings, project: str | None) -> ResolveOut | JSONResponse:
     machine = Machine(**req.machine.model_dump())
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms)
-    choice, rows, owner = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted)
+    choice, rows, owner = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted,
+                                          project=project)
     chosen = choice.chosen
     # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
     only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
@@ -70,7 +71,7 @@ def answer(req: ResolveRequest, session: Session, settings: Settings) -> Resolve
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
         body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                          precision=req.precision)
+                                          precision=req.precision, project=project)
         out = BuildForMachineOut(**body, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
     explain = req.explain
@@ -112,7 +113,7 @@ def resolve_get(
                         platform=platform, os=os, jetpack=jetpack)
     req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
                          accuracy=accuracy, max_latency_ms=max_latency_ms, explain=explain, build=build)
-    return answer(req, session, settings)
+    return answer(req, session, settings, principal.project)
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
@@ -122,5 +123,5 @@ def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep, sc
     check_no_nul("body", model=req.model, version=req.version)
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    return answer(req, session, settings)
+    return answer(req, session, settings, principal.project)
 

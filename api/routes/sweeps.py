@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
 from api import reports, services
+from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_body_id
 from api.schemas import SweepOut, SweepRequest
@@ -15,15 +16,16 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"
 
 
 @router.post("", status_code=202, response_model=SweepOut)
-def submit_sweep(body: SweepRequest, session: Session = Depends(session_dep, scope="function"),
+def submit_sweep(body: SweepRequest, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> SweepOut:
     """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
     every target. The best variant per target is the fastest that passes the accuracy gate."""
     check_body_id("model_id", body.model_id)
-    sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes)
+    sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes, tenant)
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))
 
 
 @router.get("/{sweep_id}", response_model=SweepOut)
-def get_sweep(sweep_id: RowId, session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> SweepOut:
-    return SweepOut(**reports.sweep_report(session, settings, sweep_id))
+def get_sweep(sweep_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
+              settings: Settings = Depends(settings_dep)) -> SweepOut:
+    return SweepOut(**reports.sweep_report(session, settings, sweep_id, tenant))

@@ -7,26 +7,31 @@ from datetime import timedelta
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
+from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep
 from api.routes import UNPROCESSABLE, RowId
 from api.schemas import NewTokenOut, TokenIn, TokenOut
+from enginefarm.errors import Forbidden
 from storage.tokens import create_token, list_tokens, revoke_token
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
 
 @router.post("", status_code=201, response_model=NewTokenOut)
-def new_token(body: TokenIn, session: Session = Depends(session_dep, scope="function")) -> NewTokenOut:
+def new_token(body: TokenIn, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> NewTokenOut:
+    """A new token, shown once. An admin of one project makes tokens of that project only."""
+    if tenant is not None and body.project not in (None, tenant):
+        raise Forbidden(f"this token belongs to project {tenant!r}; it cannot make tokens of project {body.project!r}")
     expires = timedelta(days=body.expires_in_days) if body.expires_in_days else None
-    row, token = create_token(session, body.name, body.scopes, expires)
+    row, token = create_token(session, body.name, body.scopes, expires, tenant if tenant is not None else body.project)
     return NewTokenOut(**TokenOut.of(row).model_dump(), token=token)
 
 
 @router.get("", response_model=list[TokenOut])
-def tokens(session: Session = Depends(session_dep, scope="function")) -> list[TokenOut]:
-    return [TokenOut.of(r) for r in list_tokens(session)]
+def tokens(tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> list[TokenOut]:
+    return [TokenOut.of(r) for r in list_tokens(session, tenant)]
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke(token_id: RowId, session: Session = Depends(session_dep, scope="function")) -> TokenOut:
-    return TokenOut.of(revoke_token(session, token_id))
+def revoke(token_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> TokenOut:
+    return TokenOut.of(revoke_token(session, token_id, tenant))
