@@ -67,7 +67,7 @@ def test_worker_silent_past_its_ttl_takes_its_task_back(farm, tmp_path, dist_set
     running task requeued by the reconciler. Its build goes on in the pool child; once the worker beats again
     it takes the task back, since no other worker claimed it, and finishes it: one attempt, one build."""
     with Client(farm.url) as c:
-        model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=87), unique_name("stall"))
+        model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=88), unique_name("stall"))
         stalled = farm.start_worker("stalled", [PORTABLE], bench_targets=[], extra_env=slow(45))
         try:
             build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS})
