@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import AsyncIterator, Iterator
+
+import anyio
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
@@ -17,6 +20,8 @@ from storage.blobs import get_blob_store
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 SHA_HEADER = "X-Content-SHA256"
+# Streams read their chunks on threads of their own: on the shared pool they queued behind the routes.
+_STREAMS = anyio.CapacityLimiter(64)
 
 
 @router.get("", response_model=Page[EngineOut])
@@ -68,7 +73,16 @@ def blob_response(settings: Settings, key: str, sha256: str, filename: str) -> S
     """Stream a blob with its sha256 (header and ETag) for the client to check."""
     store = get_blob_store(settings)
     size = store.size(key)  # raises NotFound before any byte is sent
-    return StreamingResponse(store.iter_chunks(key), media_type="application/octet-stream", headers={
+    return StreamingResponse(_off_the_route_threads(store.iter_chunks(key)), media_type="application/octet-stream", headers={
         SHA_HEADER: sha256, "ETag": f'"{sha256}"', "Content-Length": str(size),
         "Content-Disposition": f'attachment; filename="{filename}"',
     })
+
+
+async def _off_the_route_threads(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        while (chunk := await anyio.to_thread.run_sync(next, chunks, None, limiter=_STREAMS)) is not None:
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):  # a client that hung up: still give the S3 connection back
+            await anyio.to_thread.run_sync(chunks.close, limiter=_STREAMS)

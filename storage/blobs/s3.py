@@ -20,6 +20,7 @@ from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
 from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload, sha256_file
 
 # Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
+STREAMS = 64  # S3 connections kept per process (botocore keeps 10)
 TRANSFER = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4)
 NOT_FOUND_CODES = {"404", "NoSuchKey", "NotFound"}
 GONE_UPLOAD_CODES = {"404", "NoSuchUpload"}
@@ -59,8 +60,9 @@ class S3BlobStore(BlobStore):
             region_name=settings.s3_region,
             aws_access_key_id=settings.s3_access_key,
             aws_secret_access_key=settings.s3_secret_key,
+            # One client per process serves every download the API streams at once: keep that many connections.
             config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
-                          s3={"addressing_style": "path"}),
+                          max_pool_connections=STREAMS, s3={"addressing_style": "path"}),
         )
         store = cls(client, settings.s3_bucket)
         store.ensure_bucket()
