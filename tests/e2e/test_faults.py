@@ -82,6 +82,13 @@ def test_worker_silent_past_its_ttl_takes_its_task_back(farm, tmp_path, dist_set
             back = wait_task(c, build["id"], lambda t: t["state"] != "queued", timeout=20, what="taken back")
             assert back["state"] == "running" and back["worker_id"].startswith("stalled@") and back["error"] is None, back
             done = c.wait_build(build["id"], timeout=150, poll=0.3)
+            # The requeue's message reaches the worker after its build and is skipped, not run again (and
+            # leaves no message behind for the tests after this one).
+            log_path = farm.log_dir / "worker-stalled.log"
+            deadline = time.monotonic() + 60
+            while "is not queued any more" not in log_path.read_text(errors="replace"):
+                assert time.monotonic() < deadline, "the requeued message was never delivered"
+                time.sleep(0.3)
         finally:
             farm.stop_process(farm.workers.pop("stalled"))
         task = done["tasks"][0]
