@@ -105,19 +105,17 @@ def find_models(session: Session, name: str, version: str | None = None, project
     version (and what was derived from it) when one is given. A name is looked up in ``project``; with
     ``None`` (a token of the whole farm) a name that several projects use is ambiguous, unless one of them
     is the farm's own ('')."""
-    if project is None:
-        projects = set(session.scalars(select(ModelRow.project).where(ModelRow.name == name).distinct()))
-        if len(projects) > 1:
-            if "" not in projects:
-                raise Conflict(f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
-                               f"token of one project", name=name)
-            project = ""
     query = in_project(select(ModelRow).where(ModelRow.name == name), project)
     if version is not None:
         named = in_project(select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version), project)
         query = query.where((ModelRow.version == version) | ModelRow.source_model_id.in_(named))
     rows = list(session.scalars(query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None),
                                                ModelRow.id)).all())
+    if len(projects := {r.project for r in rows}) > 1:
+        if "" not in projects:
+            raise Conflict(f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
+                           f"token of one project", name=name)
+        rows = [r for r in rows if r.project == ""]
     if not rows:
         what = f"model {name!r}" + (f" version {version!r}" if version else "")
         raise NotFound(f"no {what} in the catalog")

@@ -24,6 +24,7 @@ from enginefarm.modelfile import (
     model_path_for,
     unpack_bundle,
 )
+from tests.corpus.files import tar_bytes
 
 # --------------------------------------------------------------------------- model builders
 
@@ -105,13 +106,7 @@ def make_zip(path: Path, files: dict[str, bytes] | list[tuple[str, bytes]], meth
 
 
 def make_tar(path: Path, files: dict[str, bytes], extra: tuple | list = (), mode: str = "w") -> Path:
-    with tarfile.open(path, mode) as tf:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-        for info in extra:
-            tf.addfile(info)
+    path.write_bytes(tar_bytes(files, extra, mode))
     return path
 
 
