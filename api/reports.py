@@ -23,6 +23,18 @@ def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]
     return {e.id: check_status(e, tasks.get(e.id, []), served) for e in engines}
 
 
+def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
+    """Build task id → the check of the engine it made (or reused), with the accuracy verdict."""
+    engines = {t.engine_id: catalog.get_engine(session, t.engine_id) for t in build.tasks if t.engine_id}
+    checks = engine_checks(session, settings, list(engines.values()))
+    out = {}
+    for task in build.tasks:
+        if task.engine_id in checks:
+            engine = engines[task.engine_id]
+            out[task.id] = {**checks[task.engine_id], "accuracy_pass": engine.accuracy_pass}
+    return out
+
+
 def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str]) -> dict[str, Any]:
     """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
     latest = tasks[-1] if tasks else None

@@ -7,6 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from enginefarm.domain import TaskState
 from storage.db import as_utc
 from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
 from storage.tokens import token_state
@@ -85,15 +86,17 @@ class TaskOut(BaseModel):
     finished_at: datetime | None
     wait_seconds: float | None
     run_seconds: float | None
+    check: dict[str, Any] | None = Field(None, description="the engine's benchmark and accuracy check: state, detail, "
+                                                           "accuracy_pass")
 
     @classmethod
-    def of(cls, row: BuildTaskRow, detail: str | None) -> TaskOut:
+    def of(cls, row: BuildTaskRow, detail: str | None, check: dict[str, Any] | None = None) -> TaskOut:
         q, s, f = as_utc(row.queued_at), as_utc(row.started_at), as_utc(row.finished_at)
         return cls(id=row.id, target=row.target, state=row.state, engine_id=row.engine_id, reused=row.reused,
                    worker_id=row.worker_id, attempts=row.attempts, error=row.error, status_detail=detail,
                    log_tail=row.log_tail, queued_at=q, started_at=s, finished_at=f,
                    wait_seconds=(s - q).total_seconds() if s else None,
-                   run_seconds=(f - s).total_seconds() if f and s else None)
+                   run_seconds=(f - s).total_seconds() if f and s else None, check=check)
 
 
 class BuildOut(BaseModel):
@@ -103,6 +106,8 @@ class BuildOut(BaseModel):
     spec_hash: str
     targets: list[str]
     state: str
+    summary: str = Field("", description="the build and its checks in one line: built, failed, checks passed, "
+                                         "failed or pending")
     created_at: datetime
     tasks: list[TaskOut]
     sweep_id: int | None = None
@@ -298,11 +303,35 @@ def build_state(tasks: list[BuildTaskRow]) -> str:
     return "failed" if "failed" in states else ("cancelled" if states == {"cancelled"} else "succeeded")
 
 
-def build_out(row: BuildRow, details: dict[int, str | None]) -> BuildOut:
+def build_summary(tasks: list[BuildTaskRow], checks: dict[int, dict[str, Any]]) -> str:
+    """"3 of 5 targets built, 2 failed; checks: 1 passed, 1 accuracy failed, 1 failed, 0 pending"."""
+    built = sum(t.state == TaskState.SUCCEEDED.value for t in tasks)
+    failed = sum(t.state == TaskState.FAILED.value for t in tasks)
+    parts = [f"{built} of {len(tasks)} targets built" + (f", {failed} failed" if failed else "")]
+    counts: dict[str, int] = {}
+    for check in checks.values():
+        if check["state"] == "failed":
+            kind = "check failed"
+        elif check.get("accuracy_pass") is False:
+            kind = "accuracy failed"
+        elif check["state"] == "succeeded":
+            kind = "passed"
+        else:
+            kind = "pending"
+        counts[kind] = counts.get(kind, 0) + 1
+    if counts:
+        order = ("passed", "accuracy failed", "check failed", "pending")
+        parts.append("checks: " + ", ".join(f"{counts[k]} {k}" for k in order if k in counts))
+    return "; ".join(parts)
+
+
+def build_out(row: BuildRow, details: dict[int, str | None], checks: dict[int, dict[str, Any]] | None = None) -> BuildOut:
+    checks = checks or {}
     return BuildOut(id=row.id, model_id=row.model_id, spec=row.spec, spec_hash=row.spec_hash, targets=row.targets,
-                    state=build_state(row.tasks), created_at=as_utc(row.created_at),
-                    tasks=[TaskOut.of(t, details.get(t.id)) for t in row.tasks], sweep_id=row.sweep_id,
-                    variant=row.variant, quantize=row.quantize)
+                    state=build_state(row.tasks), summary=build_summary(row.tasks, checks),
+                    created_at=as_utc(row.created_at),
+                    tasks=[TaskOut.of(t, details.get(t.id), checks.get(t.id)) for t in row.tasks],
+                    sweep_id=row.sweep_id, variant=row.variant, quantize=row.quantize)
 
 
 class TokenIn(BaseModel):

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 from enginefarm.config import get_settings
-from enginefarm.domain import spec_shapes_from_trtexec
+from enginefarm.domain import parse_val_ranges, spec_shapes_from_trtexec
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -327,6 +327,12 @@ def build(
     bench_seconds: Optional[float] = typer.Option(None, "--bench-seconds", help="minimum measured time (default 3)"),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="benchmark GPU engines through a CUDA graph"),
     no_bench: bool = typer.Option(False, "--no-bench", help="build only: no benchmark, no accuracy check"),
+    val_range: Optional[list[str]] = typer.Option(None, "--val-range", help="generated input values, Polygraphy "
+                                                  "syntax: input_ids:[0,30521] (repeatable)"),
+    keep_fp32_ops: Optional[str] = typer.Option(None, "--keep-fp32-ops", help="fp16: op types kept fp32, e.g. Softmax,Pow"),
+    keep_fp32_layers: Optional[str] = typer.Option(None, "--keep-fp32-layers", help="fp16: node names kept fp32"),
+    cleanup: Optional[str] = typer.Option(None, "--cleanup", help="graph clean-up before building: onnxslim or none"),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="int8: minmax, entropy or percentile"),
     wait: bool = typer.Option(False, "--wait", help="wait for every target and show progress"),
     api: Optional[str] = API_OPT,
 ) -> None:
@@ -337,6 +343,7 @@ def build(
         if precision:
             spec["precision"] = precision
         _bench_flags(spec, batch_sizes, bench_seconds, cuda_graph, no_bench)
+        _precision_flags(spec, val_range, keep_fp32_ops, keep_fp32_layers, cleanup, calibration)
         with _client(api) as c:
             result = c.build(model_id, target, spec)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
@@ -345,8 +352,44 @@ def build(
     except Exception as exc:
         _fail(exc)
     _print_tasks(result)
+    if result.get("summary"):
+        console.print(result["summary"])
     if any(t["state"] != "succeeded" for t in result["tasks"]) and wait:
         raise typer.Exit(1)
+
+
+def _precision_flags(spec: dict, val_range: list[str] | None, ops: str | None, layers: str | None,
+                     cleanup: str | None, calibration: str | None) -> None:
+    if val_range:
+        spec.setdefault("benchmark", {}).setdefault("value_ranges", {}).update(parse_val_ranges(val_range))
+    if ops:
+        spec["keep_fp32_ops"] = [o.strip() for o in ops.split(",") if o.strip()]
+    if layers:
+        spec["keep_fp32_layers"] = [n.strip() for n in layers.split(",") if n.strip()]
+    if cleanup:
+        spec["graph_cleanup"] = cleanup
+    if calibration:
+        spec.setdefault("calibration", {})["method"] = calibration
+
+
+@app.command()
+def logs(build_id: int, target: Optional[str] = typer.Option(None, "--target", "-t", help="only this target"),
+         api: Optional[str] = API_OPT) -> None:
+    """Print the builder log of each task of a build (the log's tail as the worker kept it), and its error."""
+    try:
+        with _client(api) as c:
+            build = c.get(f"/v1/builds/{build_id}")
+    except Exception as exc:
+        _fail(exc)
+    tasks = [t for t in build["tasks"] if target in (None, t["target"])]
+    if not tasks:
+        console.print(f"[red]build {build_id} has no task for {target}; its targets: {', '.join(build['targets'])}")
+        raise typer.Exit(1)
+    for t in tasks:
+        console.rule(f"{t['target']}: {t['state']}")
+        console.print(t["log_tail"] or "(no log yet)", markup=False, highlight=False, soft_wrap=True)
+        if t["error"]:
+            console.print(f"error: {t['error']}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _bench_flags(spec: dict, batch_sizes: str | None, seconds: float | None, cuda_graph: bool, off: bool) -> None:

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     worker_bench_targets: str | None = None
     max_samples_bytes: int = Field(default=256 << 20, ge=1)
     worker_concurrency: int = Field(default=1, ge=1)
-    log_tail_lines: int = Field(default=60, ge=1)
+    log_tail_lines: int = Field(default=400, ge=1)
 
     # Task limits: past the soft limit a task ends failed with the reason; past the hard one its process is
     # killed. A task delivered this many times without finishing is failed, not run again.

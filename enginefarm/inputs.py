@@ -114,22 +114,62 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict]:
 # --------------------------------------------------------------------------- data
 
 
-def random_inputs(info: ModelInfo, shapes: dict[str, list[int]], seed: int) -> dict[str, np.ndarray]:
-    """Seeded random data within the declared shapes: standard normal floats, small non-negative integers
-    (valid as indices), random booleans. The same seed gives the same inputs on every worker."""
+def value_range(tensor: TensorInfo, info: ModelInfo, given: dict[str, tuple[float, float]] | None) -> tuple[float, float] | None:
+    """The range generated values of this input keep to: the spec's (Polygraphy's --val-range), else the table an
+    integer input indexes, else None (the type's default)."""
+    if given and tensor.name in given:
+        return tuple(given[tensor.name])  # type: ignore[return-value]
+    if tensor.name in info.index_ranges:
+        low, high = info.index_ranges[tensor.name]
+        return float(low), float(high)
+    return None
+
+
+def random_inputs(info: ModelInfo, shapes: dict[str, list[int]], seed: int,
+                  value_ranges: dict[str, tuple[float, float]] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random data within the declared shapes. Floats are standard normal, or uniform within a given
+    range; integers are uniform within their range (the spec's, or the table they index), else 0..1 as
+    Polygraphy's default; booleans are random. The same seed gives the same inputs on every worker."""
     rng = np.random.default_rng(seed)
     out = {}
     for tensor in info.inputs:
         dims, dtype = shapes[tensor.name], np_dtype(tensor)
+        bounds = value_range(tensor, info, value_ranges)
         if dtype.kind == "f":
-            out[tensor.name] = rng.standard_normal(dims).astype(dtype)
+            data = rng.standard_normal(dims) if bounds is None else rng.uniform(bounds[0], bounds[1], size=dims)
+            out[tensor.name] = data.astype(dtype)
         elif dtype.kind in "iu":
-            out[tensor.name] = rng.integers(0, 8, size=dims).astype(dtype)
+            low, high = (0, 1) if bounds is None else (int(np.ceil(bounds[0])), int(np.floor(bounds[1])))
+            out[tensor.name] = rng.integers(low, max(low, high) + 1, size=dims).astype(dtype)
         elif dtype.kind == "b":
             out[tensor.name] = rng.integers(0, 2, size=dims).astype(bool)
         else:
             raise ValueError(f"input {tensor.name!r} has type {tensor.dtype}; random data is not defined for it")
     return out
+
+
+def timing_inputs(info: ModelInfo, shape: ShapeSet, samples: dict[str, np.ndarray] | None, seed: int,
+                  value_ranges: dict[str, tuple[float, float]] | None = None) -> tuple[dict[str, np.ndarray], str]:
+    """The inputs one benchmark shape is timed with, and where they came from. The user's samples where every
+    input's sample fits the shape (axis 0 of a dynamic batch taken or repeated to the batch size), as trtexec's
+    --loadInputs; otherwise generated values within each input's range."""
+    if samples:
+        fitted = {}
+        dynamic = {t.name for t in info.inputs if 0 in t.dynamic_axes}
+        for tensor in info.inputs:
+            want, have = shape.shapes[tensor.name], samples.get(tensor.name)
+            if have is None or have.ndim != len(want):
+                break
+            if tensor.name in dynamic and list(have.shape[1:]) == want[1:] and have.shape[0] > 0:
+                reps = -(-want[0] // have.shape[0])
+                fitted[tensor.name] = np.ascontiguousarray(np.concatenate([have] * reps)[: want[0]])
+            elif list(have.shape) == want:
+                fitted[tensor.name] = have
+            else:
+                break
+        else:
+            return fitted, "the uploaded samples"
+    return random_inputs(info, shape.shapes, seed, value_ranges), "generated values within each input's range"
 
 
 class SamplesInvalid(ValueError):

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
 from enginefarm.domain import ModelInfo, TensorInfo
+from enginefarm.graphfacts import index_ranges, op_counts
 from enginefarm.errors import ModelRejected, PayloadTooLarge
 
 MODEL_NAME = "model.onnx"
@@ -599,6 +600,8 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
         size=model_path.stat().st_size + sum(data_files.values()),
         has_qdq=any(n.op_type in _QDQ_OPS for n in _all_nodes(model)),
         external_data=_uses_external_data(model),
+        op_types=op_counts(_all_nodes(model)),
+        index_ranges=index_ranges(model.graph),
     )
 
 

@@ -319,3 +319,80 @@ def test_spec_shapes_from_trtexec_missing_max():
 def test_spec_shapes_from_trtexec_malformed():
     with pytest.raises(ValueError, match="dims must be integers"):
         spec_shapes_from_trtexec(min_shapes="input:1x?", max_shapes="input:8x3")
+
+
+# --------------------------------------------------------------------------- what TensorRT would hit, caught first
+
+
+IDS = TensorInfo("input_ids", "INT64", ["batch", "sequence"])
+MASK = TensorInfo("attention_mask", "INT64", ["batch", "sequence"])
+
+
+def _bert_profile(mask_min_batch: int) -> BuildSpec:
+    return BuildSpec(profiles=[{
+        "input_ids": {"min": [1, 8], "opt": [2, 64], "max": [4, 128]},
+        "attention_mask": {"min": [mask_min_batch, 8], "opt": [2, 64], "max": [4, 128]},
+    }])
+
+
+def test_validate_shared_named_dims_must_agree_in_each_profile():
+    assert validate_spec(_bert_profile(1), info(IDS, MASK), [T("tensorrt-rtx/sm86")]) == []
+    problems = validate_spec(_bert_profile(2), info(IDS, MASK), [T("tensorrt-rtx/sm86")])
+    assert len(problems) == 1
+    assert "share the dim 'batch'" in problems[0]["msg"] and "min gives 'input_ids' axis 0 = 1, " \
+        "'attention_mask' axis 0 = 2" in problems[0]["msg"]
+
+
+@pytest.mark.parametrize("anonymous", ["?", "", "unk"])
+def test_validate_anonymous_dims_are_distinct(anonymous):
+    a = TensorInfo("a", "float", [anonymous, 4])
+    b = TensorInfo("b", "float", [anonymous, 4])
+    spec = BuildSpec(profiles=[{"a": {"min": [1, 4], "opt": [1, 4], "max": [1, 4]},
+                                "b": {"min": [3, 4], "opt": [3, 4], "max": [3, 4]}}])
+    assert validate_spec(spec, info(a, b), [T("tensorrt-rtx/sm86")]) == []
+
+
+def test_validate_fp32_gemm_on_rtx_turing_is_refused_with_its_source():
+    gemm = info(STATIC)
+    gemm.op_types = {"MatMul": 12, "Softmax": 2}
+    problems = validate_spec(BuildSpec(), gemm, [T("tensorrt-rtx/sm75"), T("tensorrt-rtx/sm86")])
+    assert [p["loc"] for p in problems] == [["targets", "tensorrt-rtx/sm75"]]
+    msg = problems[0]["msg"]
+    assert "FP32 GEMM is not supported" in msg and "12 MatMul" in msg and "build fp16 for sm75" in msg
+    assert "source: TensorRT-RTX support matrix" in msg
+    assert validate_spec(BuildSpec(precision="fp16"), gemm, [T("tensorrt-rtx/sm75")]) == []
+    conv = info(STATIC)
+    conv.op_types = {"Conv": 3}
+    assert validate_spec(BuildSpec(), conv, [T("tensorrt-rtx/sm75")]) == []
+
+
+def test_validate_value_ranges_and_keep_lists_name_real_things():
+    model = info(STATIC)
+    model.op_types = {"Conv": 3, "Softmax": 1}
+    spec = BuildSpec(precision="fp16", keep_fp32_ops=["Softmax", "LayerNorm"],
+                     benchmark={"value_ranges": {"input": (0, 1), "ids": (0, 5)}})
+    text = msgs(validate_spec(spec, model, [T("tensorrt-rtx/sm86")]))
+    assert "unknown input 'ids'" in text and "no 'LayerNorm' nodes" in text and "'Softmax'" not in text.split("its")[0]
+    with pytest.raises(pydantic.ValidationError, match="low <= high"):
+        BuildSpec(benchmark={"value_ranges": {"input": (2, 1)}})
+
+
+def test_parse_val_ranges_polygraphy_syntax():
+    from enginefarm.domain import parse_val_ranges
+
+    assert parse_val_ranges(["input_ids:[0,30521]", "x:[-1.5, 2]"]) == {"input_ids": (0.0, 30521.0), "x": (-1.5, 2.0)}
+    with pytest.raises(ValueError, match="NAME:\\[LOW,HIGH\\]"):
+        parse_val_ranges(["input_ids=0,5"])
+    with pytest.raises(ValueError, match="two numbers"):
+        parse_val_ranges(["x:[a,b]"])
+
+
+def test_new_spec_fields_keep_old_hashes_until_used():
+    plain = BuildSpec(shapes={"input": [1, 3, 32, 32]})
+    assert set(plain.canonical()) == {"precision", "workspace_mib", "optimization_level", "hardware_compatibility",
+                                      "version_compatible", "timing_cache", "strongly_typed", "profiles"}
+    for changed in ({"keep_fp32_ops": ["Softmax"]}, {"graph_cleanup": "onnxslim"}, {"calibration": {"method": "entropy"}},
+                    {"keep_io_types": False}):
+        other = BuildSpec(shapes={"input": [1, 3, 32, 32]}, **changed)
+        assert other.spec_hash() != plain.spec_hash()
+        assert BuildSpec(**other.stored()).spec_hash() == other.spec_hash()

@@ -175,22 +175,60 @@ def test_metrics_on_known_values():
     assert accuracy.metrics(np.zeros(3), np.zeros(3))["cosine"] == 1.0
     nan = accuracy.metrics(ref, np.array([np.nan, 1.0]))
     assert nan["non_finite"] and accuracy.failures(nan, {"cosine": 0.9})
+    assert accuracy.failures(nan, {"violations": 0.0})
     with pytest.raises(ValueError, match="shapes differ"):
         accuracy.metrics(ref, np.zeros(3))
 
 
 def test_judge_against_precision_tolerances():
     limits = AccuracySpec().limits("fp16")
-    assert limits["mean_abs"] == 1e-3
-    ok = accuracy.judge({"y": {"max_abs": 1e-3, "mean_abs": 5e-4, "rel_l2": 1e-3, "cosine": 0.9999}}, limits)
-    assert ok["pass"] is True and ok["failures"] == {}
-    bad = accuracy.judge({"y": {"max_abs": 1e-2, "mean_abs": 2e-3, "rel_l2": 1e-3, "cosine": 0.9999}}, limits)
-    assert bad["pass"] is False and bad["failures"]["y"] == ["mean_abs 0.002 > 0.001"]
-    override = AccuracySpec(tolerances={"mean_abs": 1e-2}).limits("fp16")
-    assert accuracy.judge({"y": {"mean_abs": 2e-3, "cosine": 1.0}}, override)["pass"] is True
+    assert limits["atol"] == 1e-2 and limits["rtol"] == 1e-2
+    ref = np.linspace(-5, 5, 1000).astype(np.float32)
+    close = accuracy.metrics(ref, ref + 0.005, limits["atol"], limits["rtol"])
+    ok = accuracy.judge({"y": close}, limits)
+    assert ok["pass"] is True and ok["failures"] == {} and close["violations"] == 0
+    far = ref.copy()
+    far[:10] += 1.0  # 1% of the elements off by far more than atol + rtol*|ref|
+    bad = accuracy.judge({"y": accuracy.metrics(ref, far, limits["atol"], limits["rtol"])}, limits)
+    assert bad["pass"] is False and "1.000% of elements outside atol 0.01" in bad["failures"]["y"][0]
+    override = AccuracySpec(tolerances={"violations": 0.05}).limits("fp16")
+    assert accuracy.judge({"y": accuracy.metrics(ref, far, 1e-2, 1e-2)}, override)["pass"] is True
     assert accuracy.merge([{"cosine": 0.99, "max_abs": 1.0}, {"cosine": 0.98, "max_abs": 0.5}]) == {"cosine": 0.98, "max_abs": 1.0}
     with pytest.raises(ValueError, match="unknown tolerance"):
         AccuracySpec(tolerances={"psnr": 30})
+    with pytest.raises(ValueError, match=">= 0"):
+        AccuracySpec(tolerances={"atol": -1})
+
+
+def test_fp32_gate_passes_near_zero_outputs_that_match_to_1e9():
+    """A probability map that is mostly ~0 (a text detector's output): an fp32 artifact matching to 1e-9 used to
+    fail on relative L2 and cosine; the elementwise gate passes it and still reports both figures."""
+    rng = np.random.default_rng(0)
+    ref = (rng.random(10_000) * 1e-6).astype(np.float32)
+    ref[:5] = 0.5
+    got = ref + rng.normal(0, 1e-9, ref.shape).astype(np.float32)
+    limits = AccuracySpec().limits("fp32")
+    m = accuracy.metrics(ref, got, limits["atol"], limits["rtol"])
+    result = accuracy.judge({"maps": m}, limits)
+    assert result["pass"] is True, result["failures"]
+    assert m["violations"] == 0 and "rel_l2" in m and "cosine" in m
+    wrong = got.copy()
+    wrong[100] = 0.01  # one element off by 1e-2 fails fp32
+    assert accuracy.judge({"maps": accuracy.metrics(ref, wrong, 1e-4, 1e-3)}, limits)["pass"] is False
+
+
+def test_integer_outputs_are_judged_by_agreement():
+    ref = np.arange(100, dtype=np.int64) % 7
+    same = accuracy.metrics(ref, ref.astype(np.int32))
+    assert same == {"agreement": 1.0, "max_abs": 0.0}
+    flipped = ref.copy()
+    flipped[:3] += 1
+    m = accuracy.metrics(ref, flipped)
+    assert m["agreement"] == pytest.approx(0.97)
+    assert accuracy.judge({"cls": m}, AccuracySpec().limits("fp32"))["pass"] is False  # fp32: exact
+    assert accuracy.judge({"cls": m}, AccuracySpec().limits("int8"))["pass"] is True  # int8: 90% agreement
+    masks = accuracy.metrics(np.array([True, False, True]), np.array([True, True, True]))
+    assert masks["agreement"] == pytest.approx(2 / 3)
 
 
 def test_check_settings_do_not_change_the_engine_hash():

@@ -20,7 +20,7 @@ import numpy as np
 from enginefarm import accuracy
 from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
 from enginefarm.errors import BuildFailed
-from enginefarm.inputs import ShapeSet, opt_shape_set, random_inputs, sample_batches, shape_sets
+from enginefarm.inputs import ShapeSet, opt_shape_set, random_inputs, sample_batches, shape_sets, timing_inputs
 from enginefarm.stats import Iteration, Measurement, measure
 from worker.backends.onnxruntime import optimization_level
 from worker.backends.trt_common import load_module
@@ -138,6 +138,7 @@ class Evaluation:
     device: str = ""
     gpu_name: str | None = None
     compute_capability: str | None = None
+    errors: list[str] = field(default_factory=list)  # what could not be measured, and why
 
 
 def _reference_session(model_path: Path):
@@ -158,7 +159,8 @@ def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarr
         feeds = sample_batches(samples, info, opt.batch or 1)
         used = sum(len(next(iter(f.values()))) for f in feeds)
         return feeds, f"{used} user samples in {len(feeds)} batch(es)"
-    feeds = [random_inputs(info, opt.shapes, spec.accuracy.seed + i) for i in range(spec.accuracy.batches)]
+    ranges = spec.benchmark.value_ranges
+    feeds = [random_inputs(info, opt.shapes, spec.accuracy.seed + i, ranges) for i in range(spec.accuracy.batches)]
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
 
 
@@ -168,37 +170,67 @@ def check_accuracy(runner: Runner, reference_model: Path, spec: BuildSpec, info:
     reference = _reference_session(reference_model)
     names = [o.name for o in reference.get_outputs()]
     per_output: dict[str, list[dict[str, float]]] = {n: [] for n in names}
+    limits = spec.accuracy.limits(spec.precision.value)
+    atol, rtol = limits.get("atol", 0.0), limits.get("rtol", 0.0)
     for feed in feeds:
         want = dict(zip(names, reference.run(names, feed)))
         got = runner.infer(feed)
         for name in names:
             if name not in got:
                 raise BuildFailed(f"the engine has no output {name!r} (it has {', '.join(got)})")
-            per_output[name].append(accuracy.metrics(want[name], got[name]))
-    limits = spec.accuracy.limits(spec.precision.value)
+            per_output[name].append(accuracy.metrics(want[name], got[name], atol, rtol))
     result = accuracy.judge({n: accuracy.merge(m) for n, m in per_output.items()}, limits)
     result.update(inputs=origin, precision=spec.precision.value)
     return accuracy.json_safe(result)
 
 
 def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, reference_model: Path,
-             samples: dict[str, np.ndarray] | None, gpu: dict | None = None) -> Evaluation:
-    """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result."""
+             samples: dict[str, np.ndarray] | None, gpu: dict | None = None,
+             reraise: tuple[type[BaseException], ...] = ()) -> Evaluation:
+    """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result.
+    A shape that fails to run is recorded in ``errors`` with the reason, and the accuracy check still runs:
+    one failure never hides the other figures. ``reraise``: exceptions that must end the stage (time limits)."""
     runner, device = make_runner(backend, engine_path, spec, gpu)
     try:
         out = Evaluation(device=device.label, gpu_name=device.gpu_name, compute_capability=device.compute_capability)
         if spec.benchmark.enabled:
             for shape in shape_sets(spec, info):
-                inputs = random_inputs(info, shape.shapes, spec.accuracy.seed)
-                measured = runner.benchmark(inputs, spec.benchmark)
-                stats = measured.summary(shape.batch or 1)
-                stats.update(device=device.label, shape_key=shape.key, cuda_graph=spec.benchmark.cuda_graph
-                             if backend != Backend.ONNXRUNTIME.value else None,
-                             settings=spec.benchmark.model_dump(mode="json", exclude={"shapes", "batch_sizes"}))
-                out.benchmarks.append(ShapeResult(shape, stats))
-                out.device_memory_bytes = stats.get("device_memory_bytes") or out.device_memory_bytes
+                _benchmark_shape(runner, device, backend, spec, info, shape, samples, out, reraise)
         if spec.accuracy.enabled:
-            out.accuracy = check_accuracy(runner, reference_model, spec, info, samples)
+            try:
+                out.accuracy = check_accuracy(runner, reference_model, spec, info, samples)
+            except reraise:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the runner's own error types; all mean "did not run"
+                out.errors.append(f"accuracy check did not run: {_reason(exc)}")
         return out
     finally:
         runner.close()
+
+
+def _benchmark_shape(runner: Runner, device: Device, backend: str, spec: BuildSpec, info: ModelInfo, shape: ShapeSet,
+                     samples: dict[str, np.ndarray] | None, out: Evaluation,
+                     reraise: tuple[type[BaseException], ...]) -> None:
+    inputs, origin = timing_inputs(info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed,
+                                   spec.benchmark.value_ranges)
+    try:
+        measured = runner.benchmark(inputs, spec.benchmark)
+    except reraise:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        out.errors.append(f"benchmark at {shape.key} ({_shapes_text(shape)}, {origin}) failed: {_reason(exc)}")
+        return
+    stats = measured.summary(shape.batch or 1)
+    stats.update(device=device.label, shape_key=shape.key, inputs=origin,
+                 cuda_graph=spec.benchmark.cuda_graph if backend != Backend.ONNXRUNTIME.value else None,
+                 settings=spec.benchmark.model_dump(mode="json", exclude={"shapes", "batch_sizes"}))
+    out.benchmarks.append(ShapeResult(shape, stats))
+    out.device_memory_bytes = stats.get("device_memory_bytes") or out.device_memory_bytes
+
+
+def _shapes_text(shape: ShapeSet) -> str:
+    return ", ".join(f"{n}:{'x'.join(map(str, d))}" for n, d in shape.shapes.items())
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"

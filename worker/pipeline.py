@@ -12,12 +12,14 @@ from filelock import FileLock
 
 from enginefarm.config import Settings
 from enginefarm.domain import BuildSpec, EngineDescriptor, ModelInfo, Target
-from enginefarm.errors import IntegrityError
+from enginefarm.errors import BuildFailed, IntegrityError
 from enginefarm.inputs import load_samples
 from enginefarm.modelfile import BundleLimits, model_path_for
 from storage.blobs import BlobStore, engine_key
 from storage.blobs.base import sha256_file
 from worker.backends import BuildLog, get_backend
+from worker.cleanup import cleaned_model
+from worker.diagnose import explain
 from worker.probe import MachineProbe
 
 
@@ -75,7 +77,10 @@ def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine
     backend = get_backend(target.backend)
     out = scratch / "engine.plan"
     started = time.perf_counter()
-    desc = backend.build(model_path, spec, target, out, log, machine)
+    try:
+        desc = backend.build(cleaned_model(model_path, spec, scratch, log), spec, target, out, log, machine)
+    except BuildFailed as exc:  # name the node and the next step; the builder's full text stays in the log
+        raise BuildFailed(explain(exc.message, model_path)) from exc
     seconds = time.perf_counter() - started
     desc.sha256, desc.size = sha256_file(out), out.stat().st_size
     return BuiltEngine(desc, out, seconds, log)

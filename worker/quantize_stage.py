@@ -4,13 +4,15 @@ the build's waiting tasks queued against it. Called by the quantize task (worker
 from __future__ import annotations
 
 from enginefarm.config import Settings
-from enginefarm.domain import ModelInfo, TaskState, Target
+from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target
 from enginefarm.errors import SpecInvalid
 from enginefarm.modelfile import inspect_upload
 from storage import catalog
 from storage.blobs import BlobStore, model_key
 from storage.blobs.base import sha256_file
 from storage.db import session_scope
+from worker.backends.base import BuildLog
+from worker.cleanup import cleaned_model
 from worker.pipeline import Scratch, bundle_limits, model_file_from_store, samples_of
 
 
@@ -21,6 +23,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
+        spec = BuildSpec(**build.spec)
         source = build.model
         fields = (source.blob_key, source.sha256, source.format)
         samples_fields = (source.samples_key, source.samples_sha256)
@@ -32,13 +35,16 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     with Scratch(settings) as scratch:
         samples = samples_of(store, *samples_fields, info, scratch)
         out = scratch / "model.int8.onnx"
-        report = quantize_qdq(model_path, samples, out, scratch=scratch)
+        log = BuildLog()
+        float_model = cleaned_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
+        report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
+                              calibration_batch=spec.calibration.batch, scratch=scratch)
         sha = sha256_file(out)
         (scratch / "inspect").mkdir()
         inspected = inspect_upload(out, scratch / "inspect", bundle_limits(settings))
         key = model_key(sha)
         derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
-                      **report.to_dict()}
+                      "graph_cleanup": log.tail() or None, **report.to_dict()}
         with store.put_for_row(key, out, sha), session_scope(settings) as s:
             source = catalog.get_model(s, source_id)
             derived = catalog.find_model_by_content(s, name, sha) or catalog.add_model(

@@ -195,7 +195,8 @@ def _benchmark(task_id: int) -> None:
     with Scratch(settings) as scratch:
         engine_path = fetch_verified(store, blob_key, sha, scratch / "engine.plan")
         samples = samples_of(store, *samples_fields, info, scratch)
-        result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe))
+        result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
+                          reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
     with session_scope() as s:
         for measured in result.benchmarks:
@@ -204,7 +205,11 @@ def _benchmark(task_id: int) -> None:
                                      compute_capability=result.compute_capability, stats=measured.stats)
         if result.accuracy is not None:
             catalog.record_accuracy(s, engine_id, result.accuracy, result.device_memory_bytes)
-        catalog.end_benchmark(s, task_id, TaskState.SUCCEEDED)
+        # Whatever was measured is kept; a part that did not run makes the check fail with the reason.
+        if result.errors:
+            catalog.end_benchmark(s, task_id, TaskState.FAILED, "; ".join(result.errors))
+        else:
+            catalog.end_benchmark(s, task_id, TaskState.SUCCEEDED)
 
 
 # --------------------------------------------------------------------------- int8 quantization

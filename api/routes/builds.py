@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from api import services
+from api import reports, services
 from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
@@ -19,7 +19,8 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"
 
 def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
     served = catalog.served_targets(session, settings.worker_ttl_seconds)
-    return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks})
+    return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
+                     reports.build_checks(session, settings, row))
 
 
 @router.post("", status_code=202, response_model=BuildOut)

@@ -116,15 +116,16 @@ def test_rtx_parser_rejection_is_build_failed(tmp_path):
     with pytest.raises(BuildFailed) as err:
         engine_from_model(bad, BuildSpec(), T("tensorrt-rtx/sm86"), None, tmp_path, log)
     msg = str(err.value)
-    assert msg.startswith("the ONNX parser rejected the model: ")
-    assert "FancyOp" in msg and "Plugin not found" in msg  # the parser's own words
+    assert msg.startswith("this node's op is not a standard ONNX operator")
+    assert "at node 'fancy' (FancyOp, inputs: x)" in msg and "Next step: replace the custom op" in msg
+    assert "Plugin not found" in msg  # the parser's own words, last
     assert "[ERROR]" in log.tail()
     assert not (tmp_path / "engine.plan").exists()
 
 
 def test_rtx_dynamic_model_without_profiles_fails(model, tmp_path):
     log = BuildLog()
-    with pytest.raises(BuildFailed, match="produced no engine"):
+    with pytest.raises(BuildFailed, match="an input has dynamic dims that no optimization profile covers"):
         engine_from_model(model, BuildSpec(), T("tensorrt-rtx/sm86"), None, tmp_path, log)
     assert "no optimization profile" in log.tail()
     assert not (tmp_path / "engine.plan").exists()

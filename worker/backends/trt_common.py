@@ -15,7 +15,7 @@ from types import ModuleType
 
 import onnx
 
-from enginefarm.domain import BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
+from enginefarm.domain import ANONYMOUS_DIMS, BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
 from enginefarm.errors import BackendMissing, BuildFailed
 from worker.backends.base import BuildBackend, BuildLog
 from worker.probe import MachineProbe
@@ -68,6 +68,30 @@ def fp16_model_from_onnx(model_path: Path, out_dir: Path) -> Path:
     out = out_dir / "model.fp16.onnx"
     large = converted.ByteSize() > (1 << 30)
     onnx.save_model(converted, str(out), save_as_external_data=large, location="model.fp16.data" if large else None)
+    return out
+
+
+def distinct_anonymous_dims(model_path: Path, out_dir: Path, log: BuildLog) -> Path:
+    """TensorRT reads two dims with the same name as one dim, so exports that call every unknown dim ``?`` (older
+    Paddle exports) get contradictory profiles ("Input dimensions with this name have different constant values").
+    Such names mean "unknown", each its own: give each a distinct name. Returns the model to parse."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    count = 0
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        if value.type.WhichOneof("value") != "tensor_type":
+            continue
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.WhichOneof("value") == "dim_param" and dim.dim_param.strip() in ANONYMOUS_DIMS - {""}:
+                dim.dim_param = f"unknown_dim_{count}"
+                count += 1
+    if not count:
+        return model_path
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        onnx.load_external_data_for_model(model, str(model_path.parent))
+    out = out_dir / "model.dims.onnx"
+    large = model.ByteSize() > (1 << 30)
+    onnx.save_model(model, str(out), save_as_external_data=large, location="model.dims.data" if large else None)
+    log.add(f"renamed {count} anonymous dims ('?') to distinct names: TensorRT would read equal names as one dim")
     return out
 
 
@@ -160,6 +184,7 @@ class TrtFamilyBackend(BuildBackend):
     def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
               machine: MachineProbe | None) -> EngineDescriptor:
         trt = self.module()
+        model_path = distinct_anonymous_dims(model_path, out_path.parent, log)
         strongly_typed = self.always_strongly_typed or spec.strongly_typed
         if strongly_typed and spec.precision is Precision.BF16:
             # Strongly typed builders take types from the graph; we only convert to fp16 ourselves.
