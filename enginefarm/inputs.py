@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from enginefarm.domain import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, ModelInfo, TensorInfo
+from enginefarm.domain import (
+    DEFAULT_SHAPE_KEY,
+    MAX_DIM,
+    BenchmarkSpec,
+    BuildSpec,
+    ModelInfo,
+    TensorInfo,
+    fixed_input_shape,
+)
 
 MAX_SAMPLE_ARRAYS = 64
 
@@ -55,7 +63,23 @@ def opt_shape_set(spec: BuildSpec, info: ModelInfo) -> ShapeSet:
     profiles = spec.normalized_profiles()
     if profiles:
         shapes.update({name: list(rng.opt) for name, rng in profiles[0].items()})
-    return ShapeSet(DEFAULT_SHAPE_KEY, shapes, _batch_of(shapes))
+    for name, value in spec.fixed_inputs.items():
+        shapes.setdefault(name, fixed_input_shape(value))
+    batch = _batch_of({n: d for n, d in shapes.items() if n not in spec.fixed_inputs})
+    return ShapeSet(DEFAULT_SHAPE_KEY, shapes, batch)
+
+
+def fixed_arrays(spec: BuildSpec, info: ModelInfo) -> dict[str, np.ndarray]:
+    """The values of the inputs the spec fixes, as the reference model is fed them (the engine does not take them)."""
+    by_name = {t.name: t for t in info.inputs}
+    out = {}
+    for name, value in spec.fixed_inputs.items():
+        tensor = by_name[name]
+        array = np.asarray(value, dtype=np_dtype(tensor))
+        if array.ndim == 0 and tensor.dims and not tensor.dynamic_axes:
+            array = np.full([int(d) for d in tensor.dims], array)
+        out[name] = array
+    return out
 
 
 def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:

@@ -247,11 +247,13 @@ def test_validate_fp8_needs_ada():
     assert msgs(problems) == "tensorrt/sm86: fp8 needs compute capability 8.9 or newer, sm86 is 8.6"
 
 
-def test_validate_fp16_on_onnxruntime():
-    problems = validate_spec(BuildSpec(precision="fp16"), info(STATIC), [T("onnxruntime/cpu-x86_64"), T("tensorrt-rtx/sm86")])
-    assert len(problems) == 1
-    assert problems[0]["loc"] == ["targets", "onnxruntime/cpu-x86_64"]
-    assert "the CPU backend builds fp32 or int8 (Q/DQ), not fp16" in problems[0]["msg"]
+def test_validate_precisions_on_onnxruntime():
+    """ONNX Runtime's CPU kernels run the fp16 graph (1.32 has fp16 Conv and MatMul); bf16 they do not."""
+    targets = [T("onnxruntime/cpu-x86_64"), T("tensorrt-rtx/sm86")]
+    assert validate_spec(BuildSpec(precision="fp16"), info(STATIC), targets) == []
+    problems = validate_spec(BuildSpec(precision="bf16"), info(STATIC), targets)
+    assert [p["loc"] for p in problems] == [["targets", "onnxruntime/cpu-x86_64"], ["targets", "tensorrt-rtx/sm86"]]
+    assert "the CPU backend builds fp32, fp16 or int8 (Q/DQ), not bf16" in problems[0]["msg"]
 
 
 def test_validate_duplicate_targets():
@@ -361,6 +363,8 @@ def test_validate_fp32_gemm_on_rtx_turing_is_refused_with_its_source():
     assert "FP32 GEMM is not supported" in msg and "12 MatMul" in msg and "build fp16 for sm75" in msg
     assert "source: TensorRT-RTX support matrix" in msg
     assert validate_spec(BuildSpec(precision="fp16"), gemm, [T("tensorrt-rtx/sm75")]) == []
+    int8 = validate_spec(BuildSpec(precision="int8"), gemm, [T("tensorrt-rtx/sm75")], has_samples=True)
+    assert "int8 Q/DQ model dequantizes into fp32" in int8[0]["msg"]
     conv = info(STATIC)
     conv.op_types = {"Conv": 3}
     assert validate_spec(BuildSpec(), conv, [T("tensorrt-rtx/sm75")]) == []

@@ -31,11 +31,12 @@ KNOWN_FAILURES: tuple[Pattern, ...] = (
             "the fp16 graph mixes float and half tensors (typically shape or index arithmetic that must stay fp32)",
             "keep it in fp32: add its op type to the spec's keep_fp32_ops or its name to keep_fp32_layers"),
     Pattern(r"FP32 GEMM is not supported",
-            "TensorRT-RTX cannot compile fp32 matrix multiplies (MatMul, Gemm) for Turing (sm75)",
+            "TensorRT-RTX cannot compile fp32 matrix multiplies (MatMul, Gemm, LSTM/GRU/RNN) for Turing (sm75)",
             "build fp16 for sm75, or build fp32 for sm80 and newer"),
     Pattern(r"ScopeType::kUNDEFINED|IfConditional",
             "TensorRT-RTX cannot build this If node (its condition or branches are not supported as exported)",
-            "fold constant conditions with the spec's graph_cleanup=onnxslim (or onnxsim), export the model "
+            "fold the If away: where its condition depends on an input (a sample rate, a mode flag), fix that input "
+            "with the spec's fixed_inputs, give static shapes, and set graph_cleanup=onnxslim; else export the model "
             "without the branch, or build for onnxruntime", ("If",)),
     Pattern(r"Unrecognized attribute: axis for operator DequantizeLinear",
             "per-channel DequantizeLinear (an axis attribute) needs ONNX opset 13 or newer",

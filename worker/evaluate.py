@@ -20,7 +20,15 @@ import numpy as np
 from enginefarm import accuracy
 from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
 from enginefarm.errors import BuildFailed
-from enginefarm.inputs import ShapeSet, opt_shape_set, random_inputs, sample_batches, shape_sets, timing_inputs
+from enginefarm.inputs import (
+    ShapeSet,
+    fixed_arrays,
+    opt_shape_set,
+    random_inputs,
+    sample_batches,
+    shape_sets,
+    timing_inputs,
+)
 from enginefarm.stats import Iteration, Measurement, measure
 from worker.backends.onnxruntime import optimization_level
 from worker.backends.trt_common import load_module
@@ -172,9 +180,10 @@ def check_accuracy(runner: Runner, reference_model: Path, spec: BuildSpec, info:
     per_output: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     limits = spec.accuracy.limits(spec.precision.value)
     atol, rtol = limits.get("atol", 0.0), limits.get("rtol", 0.0)
+    fixed = fixed_arrays(spec, info)
     for feed in feeds:
-        want = dict(zip(names, reference.run(names, feed)))
-        got = runner.infer(feed)
+        want = dict(zip(names, reference.run(names, {**feed, **fixed})))
+        got = runner.infer({n: a for n, a in feed.items() if n not in fixed})
         for name in names:
             if name not in got:
                 raise BuildFailed(f"the engine has no output {name!r} (it has {', '.join(got)})")
@@ -213,6 +222,7 @@ def _benchmark_shape(runner: Runner, device: Device, backend: str, spec: BuildSp
                      reraise: tuple[type[BaseException], ...]) -> None:
     inputs, origin = timing_inputs(info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed,
                                    spec.benchmark.value_ranges)
+    inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}  # constants inside the engine
     try:
         measured = runner.benchmark(inputs, spec.benchmark)
     except reraise:

@@ -18,7 +18,7 @@ from enginefarm.modelfile import BundleLimits, model_path_for
 from storage.blobs import BlobStore, engine_key
 from storage.blobs.base import sha256_file
 from worker.backends import BuildLog, get_backend
-from worker.cleanup import cleaned_model
+from worker.cleanup import prepared_model
 from worker.diagnose import explain
 from worker.probe import MachineProbe
 
@@ -78,7 +78,7 @@ def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine
     out = scratch / "engine.plan"
     started = time.perf_counter()
     try:
-        desc = backend.build(cleaned_model(model_path, spec, scratch, log), spec, target, out, log, machine)
+        desc = backend.build(prepared_model(model_path, spec, scratch, log), spec, target, out, log, machine)
     except BuildFailed as exc:  # name the node and the next step; the builder's full text stays in the log
         raise BuildFailed(explain(exc.message, model_path)) from exc
     seconds = time.perf_counter() - started

@@ -12,7 +12,7 @@ from storage.blobs import BlobStore, model_key
 from storage.blobs.base import sha256_file
 from storage.db import session_scope
 from worker.backends.base import BuildLog
-from worker.cleanup import cleaned_model
+from worker.cleanup import prepared_model
 from worker.pipeline import Scratch, bundle_limits, model_file_from_store, samples_of
 
 
@@ -34,9 +34,10 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     model_path = model_file_from_store(store, *fields, settings)
     with Scratch(settings) as scratch:
         samples = samples_of(store, *samples_fields, info, scratch)
+        samples = {n: a for n, a in samples.items() if n not in spec.fixed_inputs}  # constants in the Q/DQ model
         out = scratch / "model.int8.onnx"
         log = BuildLog()
-        float_model = cleaned_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
+        float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
         report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
                               calibration_batch=spec.calibration.batch, scratch=scratch)
         sha = sha256_file(out)

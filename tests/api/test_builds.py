@@ -51,7 +51,7 @@ def test_dynamic_input_without_shapes(api, model_id):
     ({"precision": "fp64"}, ["tensorrt-rtx/sm86"], "Input should be"),
     ({"workspace_mib": -5}, ["tensorrt-rtx/sm86"], "greater than or equal to 1"),
     ({"unknown_knob": 1}, ["tensorrt-rtx/sm86"], "Extra inputs are not permitted"),
-    ({"precision": "fp16"}, ["onnxruntime/cpu-x86_64"], "CPU backend builds fp32 or int8"),
+    ({"precision": "bf16"}, ["onnxruntime/cpu-x86_64"], "CPU backend builds fp32, fp16 or int8"),
     ({"precision": "bf16"}, ["tensorrt-rtx/sm75"], "bf16 needs compute capability 8.0"),
     ({"hardware_compatibility": "ampere_plus"}, ["tensorrt/sm75"], "ampere_plus needs an sm80+"),
     ({}, ["tensorrt-rtx/sm86", "tensorrt-rtx/sm86"], "listed twice"),

@@ -81,7 +81,7 @@ def test_report_and_qdq_nodes(quantized, tmp_path: Path) -> None:
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert report.quantized_nodes == len(qdq) > 0
     assert report.calibration_samples == CALIBRATION
-    assert report.method == "onnxruntime static QDQ, MinMax, per-channel, symmetric int8"
+    assert report.method == "TensorRT Q/DQ placement, MinMax, per-channel, symmetric int8"
     assert report.preprocessed and report.preprocess_error is None
     assert report.onnxruntime_version == ort.__version__
     assert report.to_dict()["op_types"] == report.op_types
@@ -158,7 +158,7 @@ def test_batching_does_not_change_minmax_ranges(
 def test_per_tensor_weights(fp32: Path, tmp_path: Path) -> None:
     out = tmp_path / "q.onnx"
     report = quantize_qdq(fp32, {"input": _images(8, seed=1)}, out, per_channel=False)
-    assert report.method == "onnxruntime static QDQ, MinMax, per-tensor, symmetric int8"
+    assert report.method == "TensorRT Q/DQ placement, MinMax, per-tensor, symmetric int8"
     inits = {t.name: t for t in onnx.load(str(out)).graph.initializer}
     assert list(inits["conv0.w_scale"].dims) == [] and list(inits["fc.w_scale"].dims) == []
 
@@ -306,3 +306,345 @@ def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, m
     assert m["rel_l2"] < 0.05 and m["cosine"] > 0.999, m
     monkeypatch.setattr(backend, "cpu_has_vnni", lambda: True)
     assert backend.optimization_level(ort, q)[0] == levels.ORT_ENABLE_ALL
+
+
+# --------------------------------------------------------------------------- TensorRT's Q/DQ rules
+
+_OPS_TAKING_INT8 = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add"}
+
+
+def _build_rtx(path: Path, shapes: dict[str, tuple[list[int], list[int], list[int]]]) -> None:
+    """Parse and build a TensorRT-RTX engine for sm86 (ahead of time, no GPU); fail with TensorRT's words."""
+    trt = pytest.importorskip("tensorrt_rtx")
+
+    class Errors(trt.ILogger):
+        def __init__(self):
+            super().__init__()
+            self.messages: list[str] = []
+
+        def log(self, severity, msg):
+            if severity <= trt.ILogger.Severity.ERROR:
+                self.messages.append(msg)
+
+    logger = Errors()
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    ok = parser.parse_from_file(str(path))
+    assert ok, [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in shapes.items():
+        profile.set_shape(name, lo, opt, hi)
+    config.add_optimization_profile(profile)
+    config.num_compute_capabilities = 1
+    config.set_compute_capability(trt.ComputeCapability.SM86, 0)
+    assert builder.build_serialized_network(network, config) is not None, logger.messages
+
+
+def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            out.setdefault(name, []).append(node)
+    return out
+
+
+def _assert_tensorrt_placement(model: onnx.ModelProto) -> None:
+    """Int8 constants feed only DequantizeLinear; DequantizeLinear feeds only ops that take int8; zero points 0."""
+    consumers = _consumers(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    for tensor in model.graph.initializer:
+        if tensor.data_type == TensorProto.INT8:
+            for user in consumers.get(tensor.name, []):
+                assert user.op_type in ("QuantizeLinear", "DequantizeLinear"), (tensor.name, user.op_type)
+                if user.input[0] == tensor.name:
+                    assert user.op_type == "DequantizeLinear", tensor.name
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            assert not numpy_helper.to_array(inits[node.input[2]]).any()
+        if node.op_type == "DequantizeLinear":
+            weight = inits.get(node.input[0])
+            assert weight is None or weight.data_type == TensorProto.INT8
+            users = {u.op_type for u in consumers.get(node.output[0], [])}
+            allowed = _OPS_TAKING_INT8 - {"Add"} if weight is not None else _OPS_TAKING_INT8
+            assert users and users <= allowed, (node.name, users)
+
+
+def _opset_12_net(path: Path) -> Path:
+    """The sample net at opset 12, ending in a Softmax over a 3-D tensor: at opset 12 it normalizes over
+    everything after axis 1, at 13 over the last axis only, so relabelling the opset would change it."""
+    model = conv_net(seed=3)
+    model.opset_import[0].version = 12
+    model.graph.initializer.append(numpy_helper.from_array(np.array([0, 2, 5], np.int64), "split_shape"))
+    model.graph.node.extend([
+        onnx.helper.make_node("Reshape", ["logits", "split_shape"], ["logits3"], name="reshape"),
+        onnx.helper.make_node("Softmax", ["logits3"], ["probs"], name="softmax"),
+    ])
+    del model.graph.output[:]
+    model.graph.output.append(onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 2, 5]))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_opset_12_model_is_converted_to_13_and_builds_with_tensorrt_rtx(tmp_path: Path) -> None:
+    fp32 = _opset_12_net(tmp_path / "opset12.onnx")
+    out = tmp_path / "q.onnx"
+    report = quantize_qdq(fp32, {"input": _images(CALIBRATION, seed=1)}, out)
+    model = onnx.load(str(out))
+    assert report.opset == 13 and report.opset_converted_from == 12
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [13]
+    axes = [a.i for n in model.graph.node if n.op_type == "DequantizeLinear" for a in n.attribute if a.name == "axis"]
+    assert sorted(axes) == [0, 0, 1]  # two Conv weights per output channel, the MatMul weight per column
+    x = _images(HELD_OUT, seed=1234)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"input": x})[0]
+    np.testing.assert_allclose(got.sum(axis=(1, 2)), 1.0, rtol=1e-5)  # opset-12 Softmax semantics kept
+    ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    assert _metrics(ref, got)["cosine"] > 0.99
+    _assert_tensorrt_placement(model)
+    _build_rtx(out, {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])})
+
+
+def test_an_opset_conversion_that_fails_is_a_clear_build_failure(tmp_path: Path, monkeypatch) -> None:
+    def refuse(model, version):
+        raise RuntimeError("No Adapter For Softmax")
+
+    monkeypatch.setattr(Q.onnx.version_converter, "convert_version", refuse)
+    with pytest.raises(BuildFailed, match=r"needs ONNX opset 13 or later .* model has opset 12; converting it "
+                                          r"failed \(RuntimeError: No Adapter For Softmax\)"):
+        quantize_qdq(_opset_12_net(tmp_path / "m.onnx"), {"input": _images(2, seed=1)}, tmp_path / "q.onnx")
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_an_opset_conversion_that_changes_outputs_is_refused(tmp_path: Path, monkeypatch) -> None:
+    def relabel(model, version):  # a bare opset bump: the Softmax now normalizes over the last axis only
+        out = onnx.ModelProto()
+        out.CopyFrom(model)
+        out.opset_import[0].version = version
+        return out
+
+    monkeypatch.setattr(Q.onnx.version_converter, "convert_version", relabel)
+    with pytest.raises(BuildFailed, match=r"converted to opset 13 its output 'probs' differs from the original's"):
+        quantize_qdq(_opset_12_net(tmp_path / "m.onnx"), {"input": _images(4, seed=1)}, tmp_path / "q.onnx")
+
+
+def _shared_weight_net(path: Path) -> Path:
+    """A MatMul weight that is also gathered from (a tied embedding) and used transposed by a second MatMul,
+    plus an Add of a scalar constant: ONNX Runtime's quantizer turns that constant into an int8 tensor, which
+    TensorRT refuses ("Quantized constant ... is only allowed before DQ")."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((16, 16)) * 0.3).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Gather", ["W", "ids"], ["emb"], axis=0, name="embed"),
+        onnx.helper.make_node("Add", ["x", "emb"], ["h"], name="mix"),
+        onnx.helper.make_node("MatMul", ["h", "W"], ["y1"], name="proj"),
+        onnx.helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0], name="transpose_w"),
+        onnx.helper.make_node("MatMul", ["y1", "Wt"], ["y2"], name="proj_t"),
+        onnx.helper.make_node("Add", ["y2", "half"], ["y"], name="shift"),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes, "shared",
+        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
+         onnx.helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _token_feed(count: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((count, 16)).astype(np.float32), "ids": rng.integers(0, 16, count)}
+
+
+@pytest.mark.parametrize("preprocessing", ["folds the transpose", "fails"])
+def test_shared_and_transposed_weights_give_no_quantized_constant_outside_dq(
+    tmp_path: Path, monkeypatch, preprocessing: str
+) -> None:
+    if preprocessing == "fails":  # then Transpose(W) stays a computed tensor: that MatMul is left in float
+        monkeypatch.setattr(Q, "quant_pre_process", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+    fp32 = _shared_weight_net(tmp_path / "shared.onnx")
+    out = tmp_path / "q.onnx"
+    report = quantize_qdq(fp32, _token_feed(32, seed=1), out)
+    model = onnx.load(str(out))
+    _assert_tensorrt_placement(model)
+    consumers = _consumers(model)
+    assert {n.op_type for n in consumers["W"]} >= {"Gather"}  # the float weight stays for the gather
+    assert not any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in consumers.get("half", []))
+    if preprocessing == "fails":
+        assert report.op_types == {"MatMul": 1}
+        assert report.skipped == {"proj_t": "both inputs are computed (no constant weight)"}
+    else:
+        assert report.op_types == {"MatMul": 2} and report.skipped == {}
+    feed = _token_feed(16, seed=2)
+    ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert _metrics(ref, got)["cosine"] > 0.99
+    _build_rtx(out, {"x": ([1, 16], [4, 16], [8, 16]), "ids": ([1], [4], [8])})
+
+
+def _residual_net(path: Path) -> Path:
+    """Conv stem, a residual block (Conv-Relu-Conv + skip, then Relu), MaxPool, a Conv, a Sigmoid scaled by a
+    constant Mul, global pooling and a Gemm head with a Softmax."""
+    rng = np.random.default_rng(11)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * (2 / np.prod(shape[1:])) ** 0.5).astype(np.float32)
+
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("stem.w", w(8, 3, 3, 3)), ("b1.w", w(8, 8, 3, 3)), ("b2.w", w(8, 8, 3, 3)), ("c3.w", w(16, 8, 1, 1)),
+        ("gain", np.array(1.5, np.float32)), ("fc.w", w(10, 16)), ("fc.b", np.zeros(10, np.float32))]]
+    conv = dict(pads=[1, 1, 1, 1])
+    nodes = [
+        onnx.helper.make_node("Conv", ["input", "stem.w"], ["s"], name="stem", **conv),
+        onnx.helper.make_node("Relu", ["s"], ["s_r"], name="stem_relu"),
+        onnx.helper.make_node("Conv", ["s_r", "b1.w"], ["b1"], name="block_conv1", **conv),
+        onnx.helper.make_node("Relu", ["b1"], ["b1_r"], name="block_relu"),
+        onnx.helper.make_node("Conv", ["b1_r", "b2.w"], ["b2"], name="block_conv2", **conv),
+        onnx.helper.make_node("Add", ["b2", "s_r"], ["res"], name="residual_add"),
+        onnx.helper.make_node("Relu", ["res"], ["res_r"], name="res_relu"),
+        onnx.helper.make_node("MaxPool", ["res_r"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+        onnx.helper.make_node("Conv", ["p", "c3.w"], ["c3"], name="conv3"),
+        onnx.helper.make_node("Sigmoid", ["c3"], ["c3_s"], name="sigmoid"),
+        onnx.helper.make_node("Mul", ["c3_s", "gain"], ["c3_g"], name="scale"),
+        onnx.helper.make_node("GlobalAveragePool", ["c3_g"], ["g"], name="gap"),
+        onnx.helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        onnx.helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], transB=1, name="fc"),
+        onnx.helper.make_node("Softmax", ["logits"], ["probs"], name="softmax"),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes, "residual", [onnx.helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])], inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_only_weighted_ops_and_the_residual_add_get_qdq(tmp_path: Path) -> None:
+    fp32 = _residual_net(tmp_path / "res.onnx")
+    out = tmp_path / "q.onnx"
+    report = quantize_qdq(fp32, {"input": _images(CALIBRATION, seed=1)}, out)
+    assert report.op_types == {"Add": 1, "Conv": 4, "Gemm": 1}
+    model = onnx.load(str(out))
+    _assert_tensorrt_placement(model)
+    by_name = {n.name: n for n in model.graph.node}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    # The residual Add takes the Conv output as it is (TensorRT fuses the Add into that Conv) and the
+    # skip branch through Q/DQ; MaxPool, Mul by a constant, Sigmoid, pooling and Softmax take no Q/DQ.
+    add = by_name["residual_add"]
+    assert producer[add.input[0]].name == "block_conv2"
+    assert producer[add.input[1]].op_type == "DequantizeLinear"
+    for name in ("pool", "scale", "sigmoid", "gap", "flatten", "softmax", "stem_relu", "res_relu"):
+        assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear"
+                   for i in by_name[name].input), name
+    # No Q on the output of a weighted op unless a weighted op consumes it: here none does directly.
+    quantized_inputs = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    assert quantized_inputs == {"input", "s_r", "b1_r", "p", "f"}
+    # Per output channel: Conv along axis 0, Gemm with transB=1 along axis 0 too.
+    axes = {n.input[0]: [a.i for a in n.attribute if a.name == "axis"] for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0].endswith(".w_quantized")}
+    assert axes == {f"{w}.w_quantized": [0] for w in ("stem", "b1", "b2", "c3", "fc")}
+    x = _images(HELD_OUT, seed=1234)
+    ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+    got = _run(out, x)
+    assert _metrics(ref, got)["cosine"] > 0.99
+    _build_rtx(out, {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])})
+
+
+# --------------------------------------------------------------------------- models that cannot be quantized
+
+
+def _save_graph(path: Path, nodes, inputs, outputs, inits=(), opset: int = 17) -> Path:
+    graph = onnx.helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def _vec(name: str, *dims) -> onnx.ValueInfoProto:
+    return onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, list(dims))
+
+
+def test_a_model_without_weighted_ops_says_so(tmp_path: Path) -> None:
+    path = _save_graph(tmp_path / "m.onnx", [onnx.helper.make_node("Relu", ["x"], ["y"])], [_vec("x", "n", 4)],
+                       [_vec("y", "n", 4)])
+    with pytest.raises(BuildFailed, match="has no Conv, ConvTranspose, MatMul or Gemm node.*; build fp16 for"):
+        quantize_qdq(path, {"x": np.ones((2, 4), np.float32)}, tmp_path / "q.onnx")
+
+
+def test_a_model_with_only_activation_matmuls_names_them(tmp_path: Path) -> None:
+    nodes = [onnx.helper.make_node("MatMul", ["a", "b"], ["y"], name="scores")]
+    path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("a", "n", 4), _vec("b", 4, 4)], [_vec("y", "n", 4)])
+    with pytest.raises(BuildFailed, match=r"none of the model's 1 .* node 'scores' \(MatMul\): both inputs are "
+                                          r"computed .*; build fp16 for this model instead"):
+        quantize_qdq(path, {"a": np.ones((2, 4), np.float32), "b": np.ones((4, 4), np.float32)},
+                     tmp_path / "q.onnx")
+
+
+def test_weighted_ops_inside_an_if_are_named(tmp_path: Path) -> None:
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    branch = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "w"], ["yb"])], "then", [],
+                                    [_vec("yb", "n", 4)])
+    other = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["yo"])], "else", [],
+                                   [_vec("yo", "n", 4)])
+    nodes = [onnx.helper.make_node("If", ["cond"], ["y"], then_branch=branch, else_branch=other, name="switch")]
+    cond = onnx.helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("x", "n", 4), cond], [_vec("y", "n", 4)], [w])
+    with pytest.raises(BuildFailed, match=r"inside control flow, .*: node 'switch' \(If\) holds 1; give the input "
+                                          r"that decides the branch"):
+        quantize_qdq(path, {"x": np.ones((2, 4), np.float32), "cond": np.array(True)}, tmp_path / "q.onnx")
+
+
+def test_scalar_inputs_are_fed_as_given(tmp_path: Path) -> None:
+    """A rank-0 input (a sample rate, a gain) is one value for every batch, not an array of one."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    nodes = [onnx.helper.make_node("Mul", ["x", "gain"], ["xg"]), onnx.helper.make_node("MatMul", ["xg", "w"], ["y"])]
+    path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("x", "n", 4), _vec("gain")], [_vec("y", "n", 4)], [w])
+    report = quantize_qdq(path, {"x": _images(1, seed=0).reshape(-1, 4)[:8], "gain": np.array(2.0)},
+                          tmp_path / "q.onnx")
+    assert report.op_types == {"MatMul": 1} and report.calibration_samples == 8
+
+
+def test_initializers_listed_as_inputs_are_weights(tmp_path: Path) -> None:
+    """Before IR 4 every initializer is also a graph input; TensorRT takes them as weights, and so does Q/DQ."""
+    model = conv_net(seed=2)
+    model.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in model.graph.initializer)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    out = tmp_path / "q.onnx"
+    report = quantize_qdq(path, {"input": _images(8, seed=1)}, out)
+    assert report.op_types == {"Conv": 2, "MatMul": 1}
+    quantized = onnx.load(str(out))
+    assert [i.name for i in quantized.graph.input] == ["input", "conv0.b", "conv1.b"]  # biases stay float
+    _assert_tensorrt_placement(quantized)
+
+
+def test_the_output_check_refuses_a_dequantized_constant_outside_weighted_ops() -> None:
+    """What ONNX Runtime's quantizer made of YOLOv8's anchor offset (Add of 0.5) and BERT's GELU (Add of 1.0)."""
+    inits = [numpy_helper.from_array(np.array(127, np.int8), "half_quantized"),
+             numpy_helper.from_array(np.array(0.5 / 127, np.float32), "half_scale"),
+             numpy_helper.from_array(np.array(0, np.int8), "half_zero_point")]
+    nodes = [onnx.helper.make_node("DequantizeLinear", ["half_quantized", "half_scale", "half_zero_point"], ["half"],
+                                   name="half_DequantizeLinear"),
+             onnx.helper.make_node("Add", ["x", "half"], ["y"], name="shift")]
+    graph = onnx.helper.make_graph(nodes, "g", [_vec("x", "n", 4)], [_vec("y", "n", 4)], inits)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    with pytest.raises(BuildFailed, match="'half_DequantizeLinear' before Add 'shift'"):
+        Q._check_for_tensorrt(model)
+
+
+def test_samples_that_are_all_zeros_leave_nothing_to_quantize(fp32: Path, tmp_path: Path) -> None:
+    with pytest.raises(BuildFailed, match=r"none of the model's 3 .* node 'conv0' \(Conv\): input 'input' was all "
+                                          r"zeros on the calibration samples"):
+        quantize_qdq(fp32, {"input": np.zeros((4, 3, 32, 32), np.float32)}, tmp_path / "q.onnx")
+    assert not (tmp_path / "q.onnx").exists()

@@ -8,10 +8,10 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Target
+from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Precision, Target
 from enginefarm.errors import BuildFailed, TargetUnavailable
 from worker.backends.base import BuildBackend, BuildLog
-from worker.backends.trt_common import load_module
+from worker.backends.trt_common import fp16_graph, load_module
 from worker.probe import MachineProbe
 
 
@@ -55,6 +55,8 @@ class OnnxRuntimeBackend(BuildBackend):
         if target.arch != f"cpu-{self.host_platform()}":
             # ORT_ENABLE_ALL applies layout transforms for the CPU it runs on: build on the target's arch.
             raise TargetUnavailable(f"{target}: this worker's CPU is {self.host_platform()}")
+        if spec.precision is Precision.FP16:
+            model_path = fp16_graph(model_path, spec, out_path.parent, log)
         options = ort.SessionOptions()
         options.graph_optimization_level, why = optimization_level(ort, model_path)
         options.optimized_model_filepath = str(out_path)

@@ -16,7 +16,7 @@ from types import ModuleType
 import onnx
 
 from enginefarm.domain import ANONYMOUS_DIMS, BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
-from enginefarm.errors import BackendMissing, BuildFailed
+from enginefarm.errors import BackendMissing, BuildFailed, SpecInvalid
 from worker.backends.base import BuildBackend, BuildLog
 from worker.probe import MachineProbe
 
@@ -56,18 +56,19 @@ def make_logger(trt: ModuleType, log: BuildLog):
     return _Logger()
 
 
-def fp16_model_from_onnx(model_path: Path, out_dir: Path) -> Path:
-    """A copy of the model with float32 tensors cast to float16 (inputs and outputs stay float32).
+def fp16_graph(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
+    """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/fp16.py says what stays fp32)."""
+    from worker.fp16 import fp16_model
 
-    Strongly typed builders take precision from the graph's types, not from builder flags.
-    """
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    model = onnx.load(str(model_path))
-    converted = convert_float_to_float16(model, keep_io_types=True)
     out = out_dir / "model.fp16.onnx"
-    large = converted.ByteSize() > (1 << 30)
-    onnx.save_model(converted, str(out), save_as_external_data=large, location="model.fp16.data" if large else None)
+    try:
+        report = fp16_model(model_path, out, keep_fp32_op_types=spec.keep_fp32_ops,
+                            keep_fp32_nodes=spec.keep_fp32_layers, keep_io_types=spec.keep_io_types)
+    except SpecInvalid as exc:  # a keep_fp32_layers name the graph does not have: the user's to fix
+        raise BuildFailed(exc.message) from None
+    log.add(report.summary())
+    for note in report.notes:
+        log.add(f"fp16: {note}")
     return out
 
 
@@ -190,8 +191,7 @@ class TrtFamilyBackend(BuildBackend):
             # Strongly typed builders take types from the graph; we only convert to fp16 ourselves.
             raise BuildFailed("bf16 with a strongly typed build needs a model whose tensors are already bf16")
         if strongly_typed and spec.precision is Precision.FP16:
-            model_path = fp16_model_from_onnx(model_path, out_path.parent)
-            log.add("strongly typed build: cast float32 tensors to float16 before parsing")
+            model_path = fp16_graph(model_path, spec, out_path.parent, log)
         logger = make_logger(trt, log)
         builder = trt.Builder(logger)
         started = time.perf_counter()

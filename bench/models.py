@@ -1,0 +1,134 @@
+"""Real models: build seconds per model and target, and what the farm adds per task over the builder alone.
+
+Part 1, for every corpus model (tests/realmodels) and target, times the builder alone: the farm's own build stage
+(``worker.pipeline.engine_from_model``) in this process, fp32, from a local file.
+
+Part 2, on the largest corpus model, runs the same builds through an embedded farm (the real API process and a
+Celery worker process, SQLite, local blobs) from upload to every task catalogued, and prints the farm's wall time
+against the builder alone measured in the same run, and per task the worker's run time minus the builder's.
+Benchmarks and accuracy checks are switched off in part 2: it measures the build path only.
+
+    .venv/bin/python bench/models.py                 # every model, 5 targets, then the farm on the largest
+    .venv/bin/python bench/models.py --smoke         # one small model, one target: the test command runs this
+    .venv/bin/python bench/models.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from enginefarm.client import Client  # noqa: E402
+from enginefarm.config import Settings  # noqa: E402
+from enginefarm.domain import BuildSpec, Target  # noqa: E402
+from enginefarm.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from tests.realmodels import MODELS, path  # noqa: E402
+from worker.backends import BuildLog  # noqa: E402
+from worker.pipeline import engine_from_model  # noqa: E402
+
+TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
+console = Console()
+
+
+def spec_of(name: str) -> dict:
+    model = MODELS[name]
+    return {**model.shapes, **model.spec, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
+
+
+def builder_alone(name: str, targets: list[str], work: Path, repeat: int) -> dict[str, float]:
+    """Median builder seconds per target (the build stage in this process, fp32)."""
+    spec, model = BuildSpec(**spec_of(name)), path(name)
+    out = {}
+    for text in targets:
+        runs = []
+        for i in range(repeat):
+            scratch = work / f"{name}-{text.replace('/', '_')}-{i}"
+            scratch.mkdir(parents=True)
+            runs.append(engine_from_model(model, spec, Target.parse(text), None, scratch, BuildLog()).seconds)
+            shutil.rmtree(scratch)
+        out[text] = statistics.median(runs)
+    return out
+
+
+def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
+    """Upload → build → every task final on an embedded farm; the catalog's per-task times."""
+    data = work / "farm"
+    env = embedded_env(data)
+    token = issue_token(Settings(data_dir=data, blob_store="local"), "bench", ["admin"])
+    farm = Farm(env, log_dir=work, token=token)
+    try:
+        farm.start_api()
+        farm.start_worker("bench", targets, concurrency=1, bench_targets=[])
+        farm.wait_workers(["bench"])
+        with Client(farm.url, token=token) as c:
+            started = time.perf_counter()
+            model, _ = c.upload(path(name), f"bench-{name}")
+            build = c.build(model["id"], targets, spec_of(name))
+            done = c.wait_build(build["id"], timeout=1800, poll=0.05)
+            wall = time.perf_counter() - started
+            tasks = {}
+            for t in done["tasks"]:
+                if t["state"] != "succeeded":
+                    raise RuntimeError(f"{t['target']}: {t['state']} {t['error']}")
+                engine = c.get(f"/v1/engines/{t['engine_id']}")
+                tasks[t["target"]] = {"run_s": t["run_seconds"], "build_s": engine["build_seconds"],
+                                      "wait_s": t["wait_seconds"]}
+        return {"wall_s": wall, "tasks": tasks}
+    finally:
+        farm.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="one small model, one target, one repeat")
+    parser.add_argument("--repeat", type=int, default=3, help="builder-alone repeats per model and target")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+    names = ["ppocr-cls"] if args.smoke else list(MODELS)
+    targets = ["tensorrt-rtx/sm86"] if args.smoke else TARGETS
+    repeat = 1 if args.smoke else args.repeat
+    work = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    try:
+        per_model = {n: builder_alone(n, targets, work / "alone", repeat) for n in names}
+        table = Table(title=f"builder alone, fp32, median of {repeat} (s)")
+        table.add_column("model")
+        for t in targets:
+            table.add_column(t)
+        for n, secs in per_model.items():
+            table.add_row(n, *(f"{secs[t]:.2f}" for t in targets))
+        console.print(table)
+
+        largest = max(names, key=lambda n: path(n).stat().st_size)
+        alone = builder_alone(largest, targets, work / "again", 1)  # the same run as the farm's
+        farm = through_the_farm(largest, targets, work)
+        builder_sum = sum(alone.values())
+        overhead = [t["run_s"] - t["build_s"] for t in farm["tasks"].values()]
+        result = {"models": per_model, "largest": largest, "size_mb": path(largest).stat().st_size / 1e6,
+                  "builder_alone_s": alone, "farm": farm, "farm_over_builders": farm["wall_s"] / builder_sum,
+                  "per_task_overhead_s": statistics.median(overhead)}
+        console.print(f"{largest} ({result['size_mb']:.1f} MB), {len(targets)} target(s): farm {farm['wall_s']:.2f} s "
+                      f"upload to catalogued, builders alone {builder_sum:.2f} s: ratio "
+                      f"{result['farm_over_builders']:.2f}; per task the worker adds {result['per_task_overhead_s']:.3f} s "
+                      "(median of run time minus builder time)")
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

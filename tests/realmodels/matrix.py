@@ -1,0 +1,202 @@
+"""The real-model matrix: every corpus model × target × precision through the farm's own stages, in one process.
+
+A cell runs what a worker runs for one build task, in order: the upload's inspection (``inspect_upload``), the
+spec validation the API applies (``validate_spec``), the int8 quantization stage (graph preparation and
+``quantize_qdq`` on the model's samples), the build (``engine_from_model``: preparation, fp16 conversion,
+TensorRT-RTX or ONNX Runtime), and, for engines this machine can run (ONNX Runtime on the CPU), the benchmark and
+accuracy stage (``evaluate``) against ONNX Runtime FP32 on the original model. TensorRT-RTX engines need an RTX-class
+GPU to run, which this machine does not have: their cells record the build only.
+
+``run_matrix`` returns the cells; ``markdown`` renders them for docs/models.md.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from enginefarm.domain import BuildSpec, ModelInfo, Precision, Target, validate_spec
+from enginefarm.errors import EnginefarmError
+from enginefarm.inputs import load_samples
+from enginefarm.modelfile import inspect_upload
+from tests.realmodels import MODELS, RealModel, path, samples
+from worker.backends.base import BuildLog
+from worker.cleanup import prepared_model
+from worker.evaluate import evaluate
+from worker.pipeline import engine_from_model
+
+TARGETS = ("tensorrt-rtx/sm75", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64")
+PRECISIONS = ("fp32", "fp16", "int8")
+CALIBRATION_SAMPLES = 8
+# Short timing: the matrix measures that benchmarks run and what they report, not this shared CPU's speed.
+QUICK_BENCH = {"warmup_ms": 20, "duration_s": 0.2, "iterations": 5}
+
+
+@dataclass
+class Cell:
+    model: str
+    target: str
+    precision: str
+    outcome: str  # "ok", "refused" (422 before any build) or "failed" (the build or a stage failed)
+    reason: str = ""
+    build_s: float | None = None
+    engine_bytes: int | None = None
+    p50_ms: float | None = None
+    accuracy: dict[str, Any] | None = None
+    check_errors: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return self.model, self.target, self.precision
+
+
+@dataclass
+class Prepared:
+    """What every cell of one model shares: the inspected model, its samples, its int8 model (or why none)."""
+
+    model: RealModel
+    path: Path
+    info: ModelInfo
+    samples: dict[str, np.ndarray]
+    int8_path: Path | None = None
+    int8_error: str | None = None
+    int8_seconds: float | None = None
+    ops: int = 0
+
+
+def spec_for(model: RealModel, precision: str, **checks: Any) -> BuildSpec:
+    return BuildSpec(precision=precision, **model.shapes, **model.spec, **checks)
+
+
+def prepare(name: str, work: Path) -> Prepared:
+    model = MODELS[name]
+    onnx_path = path(name)
+    inspected = inspect_upload(onnx_path, work / f"{name}-inspect")
+    buffer = io.BytesIO()
+    # A model whose state batches on another axis than its input (Silero's [2, batch, 128]) streams one chunk.
+    np.savez(buffer, **samples(name, 1 if model.batch_axes else CALIBRATION_SAMPLES, seed=1))
+    loaded = load_samples(buffer.getvalue(), inspected.info)  # as an upload's samples are checked
+    ops = sum(inspected.info.op_types.values())
+    return Prepared(model, onnx_path, inspected.info, loaded, ops=ops)
+
+
+def _quantized(prep: Prepared, work: Path) -> None:
+    """The int8 stage once per model, as worker/quantize_stage.py runs it."""
+    from worker.quantize import quantize_qdq
+
+    if prep.int8_path or prep.int8_error:
+        return
+    spec = spec_for(prep.model, "int8")
+    out = work / f"{prep.model.name}.int8.onnx"
+    started = time.perf_counter()
+    try:
+        float_model = prepared_model(prep.path, spec, work, BuildLog())
+        feed = {n: a for n, a in prep.samples.items() if n not in spec.fixed_inputs}
+        quantize_qdq(float_model, feed, out, method=spec.calibration.method.value,
+                     calibration_batch=spec.calibration.batch, scratch=work / "quantize")
+        prep.int8_path = out
+    except EnginefarmError as exc:
+        prep.int8_error = f"int8 quantization failed: {exc.message}"
+    prep.int8_seconds = time.perf_counter() - started
+
+
+def run_cell(prep: Prepared, target_text: str, precision: str, work: Path, evaluate_cpu: bool = True) -> Cell:
+    target = Target.parse(target_text)
+    name = prep.model.name
+    spec = spec_for(prep.model, precision, benchmark=QUICK_BENCH)
+    problems = validate_spec(spec, prep.info, [target], has_samples=True)
+    if problems:
+        return Cell(name, target_text, precision, "refused", "; ".join(p["msg"] for p in problems))
+    source = prep.path
+    if Precision(precision) is Precision.INT8 and not prep.info.has_qdq:
+        _quantized(prep, work)
+        if prep.int8_path is None:
+            return Cell(name, target_text, precision, "failed", prep.int8_error or "")
+        source = prep.int8_path
+    scratch = Path(tempfile.mkdtemp(dir=work, prefix="cell-"))
+    try:
+        try:
+            built = engine_from_model(source, spec, target, None, scratch, BuildLog(limit=400))
+        except EnginefarmError as exc:
+            return Cell(name, target_text, precision, "failed", exc.message)
+        cell = Cell(name, target_text, precision, "ok", build_s=built.seconds, engine_bytes=built.descriptor.size)
+        if target.is_gpu or not evaluate_cpu:
+            return cell
+        result = evaluate(built.path, target.backend.value, spec, prep.info, prep.path, prep.samples)
+        if result.benchmarks:
+            cell.p50_ms = result.benchmarks[0].stats["e2e"]["median"]
+        cell.accuracy = result.accuracy
+        cell.check_errors = result.errors
+        return cell
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_matrix(names: list[str] | None = None, targets: tuple[str, ...] = TARGETS,
+               precisions: tuple[str, ...] = PRECISIONS, work: Path | None = None) -> tuple[list[Cell], dict[str, Prepared]]:
+    own = work is None
+    work = Path(tempfile.mkdtemp(prefix="matrix-")) if own else work
+    try:
+        preps = {n: prepare(n, work) for n in (names or list(MODELS))}
+        cells = [run_cell(preps[n], t, p, work) for n in preps for p in precisions for t in targets]
+        return cells, preps
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- docs/models.md
+
+
+def _accuracy_text(acc: dict[str, Any] | None) -> str:
+    if not acc:
+        return ""
+    worst = acc.get("worst", {})
+    figures = []
+    if "cosine" in worst:
+        figures.append(f"cos {float(worst['cosine']):.5f}")
+    if "max_abs" in worst:
+        figures.append(f"max|Δ| {float(worst['max_abs']):.2g}")
+    if "violations" in worst:
+        figures.append(f"out-of-tol {float(worst['violations']):.2%}")
+    if "agreement" in worst:
+        figures.append(f"agree {float(worst['agreement']):.1%}")
+    return ("PASS " if acc.get("pass") else "FAIL ") + ", ".join(figures)
+
+
+def markdown(cells: list[Cell], preps: dict[str, Prepared]) -> str:
+    lines = ["| model | ops | opset | target | precision | outcome | build s | engine MB | p50 ms (CPU) | accuracy vs ORT fp32 | reason |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        prep = preps[c.model]
+        reason = c.reason.replace("|", "\\|").replace("\n", " ")
+        if c.check_errors:
+            reason = "; ".join(c.check_errors).replace("|", "\\|")
+        if c.outcome == "ok" and c.target.startswith("tensorrt"):
+            reason = reason or "built; running it needs an RTX-class GPU of this compute capability"
+        lines.append("| " + " | ".join([
+            c.model, str(prep.ops), str(prep.info.opset), c.target, c.precision, c.outcome,
+            f"{c.build_s:.2f}" if c.build_s is not None else "",
+            f"{c.engine_bytes / 1e6:.1f}" if c.engine_bytes else "",
+            f"{c.p50_ms:.2f}" if c.p50_ms is not None else "",
+            _accuracy_text(c.accuracy), reason]) + " |")
+    return "\n".join(lines)
+
+
+def summary(cells: list[Cell]) -> dict[str, int]:
+    out = {"cells": len(cells)}
+    for c in cells:
+        out[c.outcome] = out.get(c.outcome, 0) + 1
+    return out
+
+
+def graph_ops(path_: Path) -> int:
+    return len(onnx.load(str(path_), load_external_data=False).graph.node)
