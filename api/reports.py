@@ -68,6 +68,19 @@ def _label(spec: dict[str, Any]) -> str:
     return f"{spec.get('precision', 'fp32')} opt{spec.get('optimization_level', 3)}"
 
 
+def _preparation(spec: dict[str, Any]) -> str | None:
+    """What was done to the graph before it was built, as the report prints it; None when nothing."""
+    parts = []
+    if spec.get("graph_cleanup", "none") != "none":
+        parts.append(f"cleanup {spec['graph_cleanup']}")
+    if spec.get("fixed_inputs"):
+        parts.append("fixed " + ", ".join(f"{k}={v}" for k, v in spec["fixed_inputs"].items()))
+    keep = [*spec.get("keep_fp32_ops", []), *spec.get("keep_fp32_layers", [])]
+    if keep and spec.get("precision") in ("fp16", "bf16"):
+        parts.append("kept fp32: " + ", ".join(keep))
+    return "; ".join(parts) or None
+
+
 def _headline(engine: EngineRow) -> BenchmarkRow | None:
     """The benchmark a variant is ranked by: at the opt shapes (else the first shape), fastest device."""
     rows = engine.benchmarks
@@ -143,7 +156,9 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
                 "spec_hash": e.spec_hash, "variant": (build.variant if build and build.variant else
                                                       _label(build.spec if build else {"precision": e.precision})),
                 "best": (best[e.target] == e.id) if e.target in best else None, "size": e.size,
-                "accuracy": _accuracy_of(e), "derived_from": model.id if e.model_sha256 != model.sha256 else None}
+                "accuracy": _accuracy_of(e), "derived_from": model.id if e.model_sha256 != model.sha256 else None,
+                "preparation": _preparation(build.spec) if build else None,
+                "check": {"state": checks[e.id]["state"], "detail": checks[e.id]["detail"]}}
         if not e.benchmarks:
             status = checks[e.id]
             rows.append({**base, "shape_key": None, "batch": None, "device": None,

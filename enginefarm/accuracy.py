@@ -21,11 +21,13 @@ from enginefarm.domain import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
 REFERENCE = "onnxruntime fp32 on the original model"
 
 
-def metrics(reference: np.ndarray, candidate: np.ndarray, atol: float = 0.0, rtol: float = 0.0) -> dict[str, float]:
+def metrics(reference: np.ndarray, candidate: np.ndarray, atol: float | None = None,
+            rtol: float | None = None) -> dict[str, float]:
     """The figures of one output on one batch, computed in float64.
 
     Float outputs: max abs, mean abs, relative L2 (‖c − r‖ / ‖r‖), cosine similarity and ``violations``, the
-    fraction of elements outside ``atol + rtol*|r|``. Integer and boolean outputs: ``agreement`` and max abs.
+    fraction of elements outside ``atol + rtol*|r|`` (only when a tolerance is given: quantized precisions are not
+    judged elementwise). Integer and boolean outputs: ``agreement`` and max abs.
     Two all-zero tensors are identical (cosine 1, relative L2 0); NaN or inf anywhere in the candidate
     makes every figure fail rather than pass silently.
     """
@@ -36,8 +38,10 @@ def metrics(reference: np.ndarray, candidate: np.ndarray, atol: float = 0.0, rto
         return _exact_metrics(reference, candidate)
     r = np.asarray(reference, dtype=np.float64).ravel()
     c = np.asarray(candidate, dtype=np.float64).ravel()
+    elementwise = atol is not None or rtol is not None
+    atol, rtol = atol or 0.0, rtol or 0.0
     if r.size == 0:
-        return {"max_abs": 0.0, "mean_abs": 0.0, "rel_l2": 0.0, "cosine": 1.0, "violations": 0.0}
+        return {"max_abs": 0.0, "mean_abs": 0.0, "rel_l2": 0.0, "cosine": 1.0, **({"violations": 0.0} if elementwise else {})}
     if not np.all(np.isfinite(c)):
         return {"max_abs": math.inf, "mean_abs": math.inf, "rel_l2": math.inf, "cosine": -1.0, "violations": 1.0,
                 "non_finite": True}
@@ -51,9 +55,10 @@ def metrics(reference: np.ndarray, candidate: np.ndarray, atol: float = 0.0, rto
         cosine = 0.0
     else:
         cosine = float(np.dot(r, c) / (r_norm * c_norm))
-    violations = float(np.count_nonzero(diff > atol + rtol * np.abs(r)) / r.size)
-    return {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "rel_l2": rel, "cosine": cosine,
-            "violations": violations}
+    out = {"max_abs": float(diff.max()), "mean_abs": float(diff.mean()), "rel_l2": rel, "cosine": cosine}
+    if elementwise:
+        out["violations"] = float(np.count_nonzero(diff > atol + rtol * np.abs(r)) / r.size)
+    return out
 
 
 def _exact_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:

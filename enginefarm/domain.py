@@ -224,8 +224,8 @@ ELEMENTWISE_PARAMS = frozenset({"atol", "rtol"})
 # with each tensor's range. The figures that chose them are in docs/models.md ("Accuracy gates").
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "fp32": {"atol": 1e-4, "rtol": 1e-3, "violations": 0.0, "agreement": 1.0},
-    "fp16": {"atol": 1e-2, "rtol": 1e-2, "violations": 1e-3, "agreement": 0.99},
-    "bf16": {"atol": 5e-2, "rtol": 5e-2, "violations": 1e-3, "agreement": 0.98},
+    "fp16": {"atol": 1e-2, "rtol": 1e-2, "violations": 5e-3, "agreement": 0.99},
+    "bf16": {"atol": 5e-2, "rtol": 5e-2, "violations": 5e-3, "agreement": 0.98},
     "int8": {"cosine": 0.98, "rel_l2": 0.2, "agreement": 0.9},
     "fp8": {"cosine": 0.98, "rel_l2": 0.2, "agreement": 0.9},
 }

@@ -107,6 +107,8 @@ def _stat(row: Row, key: str, phase: str = "latency_ms") -> float | None:
 
 def _variant_cell(row: Row) -> Text:
     variant = str(row.get("variant") or DASH)
+    if row.get("preparation"):
+        variant += f" ({row['preparation']})"
     if row.get("best") is True:
         return Text.assemble(variant, " ", (BEST_MARK, "bold yellow"))
     return Text(variant, style="dim" if row.get("best") is False else "")
@@ -129,6 +131,9 @@ def _accuracy_cell(row: Row) -> Text:
 
 def _status_cell(row: Row) -> Text:
     status = str(row.get("status") or "?")
+    check = row.get("check") or {}
+    if status == "measured" and check.get("state") == "failed":  # some shapes measured, the check still failed
+        return Text(f"measured; {check.get('detail')}", style="red")
     style = {"measured": "green", "pending": "yellow", "failed": "red"}.get(status, "")
     detail = str(row.get("detail") or "") if status != "measured" else ""
     if not detail:

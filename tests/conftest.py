@@ -19,7 +19,7 @@ from enginefarm import devservices
 from enginefarm.config import Settings
 from enginefarm.embedded import Farm, issue_token
 from enginefarm.samples import save_conv_net
-from tests.helpers import WORKER_A, WORKER_B
+from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]
 # Another checkout's suite may run on this machine at the same time: each names its own scratch database.
@@ -59,7 +59,7 @@ def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
     # A worker counts as dead after 10 s without a heartbeat: shorter, and a worker starved of CPU by the
     # suite's own load (two cores) was taken for dead and its running check requeued.
     env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
-                "ENGINEFARM_MAX_UPLOAD_BYTES": str(8 << 20),
+                "ENGINEFARM_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT),
                 # The reconciler runs every second and takes a message as lost after 3 s in an empty queue.
                 "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
     return env

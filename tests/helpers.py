@@ -11,6 +11,8 @@ from pathlib import Path
 # Two workers with different target sets: the e2e tests check that routing respects them.
 WORKER_A = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86"]
 WORKER_B = ["tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
+# The test farm's upload limit: the real-model corpus's largest file (BERT, 17.6 MB) fits.
+UPLOAD_LIMIT = 32 << 20
 
 
 def unique_name(prefix: str = "m") -> str:

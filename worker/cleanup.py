@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 from enginefarm.domain import BuildSpec, GraphCleanup
 from enginefarm.errors import BuildFailed
 from worker.backends.base import BuildLog
+from worker.onnxgraph import save_model
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _INLINE_LIMIT = (1 << 31) - (64 << 20)  # a protobuf message cannot exceed 2 GiB
@@ -35,8 +36,7 @@ def prepared_model(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildL
     if not frozen and spec.graph_cleanup is GraphCleanup.NONE:
         return model_path
     out = out_dir / "model.prepared.onnx"
-    large = model.ByteSize() > _INLINE_LIMIT
-    onnx.save_model(model, str(out), save_as_external_data=large, location="model.prepared.data" if large else None)
+    save_model(model, out, external=model.ByteSize() > _INLINE_LIMIT)
     return out
 
 

@@ -18,7 +18,7 @@ from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto,
 
 # The names of the default ONNX domain.
 DEFAULT_DOMAINS = ("", "ai.onnx")
-CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 
 
 def default_opset(model: ModelProto, *, missing: int) -> int:
@@ -123,6 +123,17 @@ def rename_in_graph(graph: GraphProto, mapping: dict[str, str]) -> None:
                 out.name = ident.output[0]
 
 
+def rename_tensors(graph: GraphProto, mapping: dict[str, str]) -> None:
+    """Rename tensors wherever the nodes of ``graph`` read or write them, outer reads of their subgraphs included."""
+    for node in graph.node:
+        for i, x in enumerate(node.input):
+            node.input[i] = mapping.get(x, x)
+        for i, x in enumerate(node.output):
+            node.output[i] = mapping.get(x, x)
+        if node.op_type in CONTROL_FLOW_OPS:
+            rename_in_subgraphs(node, mapping)
+
+
 def consumers(graph: GraphProto, *, deep: bool = False) -> dict[str, list[tuple[NodeProto, int]]]:
     """Tensor name -> (reading node, input position).
 
@@ -134,7 +145,7 @@ def consumers(graph: GraphProto, *, deep: bool = False) -> dict[str, list[tuple[
         for i, name in enumerate(node.input):
             if name:
                 out[name].append((node, i))
-        if not deep and node.op_type in CONTROL_FLOW:
+        if not deep and node.op_type in CONTROL_FLOW_OPS:
             for name in outer_refs(node):
                 out[name].append((node, -1))
     return out
@@ -148,7 +159,7 @@ def topological_order(graph: GraphProto) -> list[NodeProto]:
     deps: list[set[int]] = []
     for n in nodes:
         names = set(x for x in n.input if x)
-        if n.op_type in CONTROL_FLOW:
+        if n.op_type in CONTROL_FLOW_OPS:
             names |= outer_refs(n)
         deps.append({producer_index[x] for x in names if x in producer_index})
     readers: dict[int, list[int]] = defaultdict(list)

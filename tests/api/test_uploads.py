@@ -17,7 +17,7 @@ from enginefarm.samples import conv_net
 from storage import catalog
 from storage.blobs import get_blob_store
 from storage.db import session_scope
-from tests.helpers import unique_name
+from tests.helpers import UPLOAD_LIMIT, unique_name
 
 
 def _state(settings) -> tuple[int, int]:
@@ -91,7 +91,7 @@ REJECTIONS = [
     ("zip-no-model", lambda p: _zip({"other.onnx": _onnx_bytes()}), 422, "model.onnx"),
     ("tar-symlink", lambda p: _tar_with_symlink(), 422, "link"),
     ("external-data-outside", _external_outside, 422, "external data"),
-    ("over-size-limit", lambda p: b"\0" * ((8 << 20) + 1), 413, "larger than the limit"),
+    ("over-size-limit", lambda p: b"\0" * (UPLOAD_LIMIT + 1), 413, "larger than the limit"),
 ]
 
 

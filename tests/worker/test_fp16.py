@@ -15,6 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.errors import SpecInvalid
 from worker import fp16 as F
+from worker import onnxgraph as G
+from worker.fp16 import convert as fp16_convert
 from worker.fp16 import fp16_model
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
@@ -91,7 +93,7 @@ def _run(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
 
 def _types(path: Path) -> dict[str, int]:
     model = onnx.shape_inference.infer_shapes(onnx.load(str(path)), strict_mode=True, check_type=True)
-    return F._tensor_types(model.graph)
+    return G.tensor_types(model.graph)
 
 
 def _node(path: Path, name: str) -> onnx.NodeProto:
@@ -289,15 +291,15 @@ def test_if_node_bodies_converted_with_float32_boundaries(tmp_path):
     types = _types(out)
     if_node = next(n for n in converted.graph.node if n.op_type == "If")
     assert types["h"] == FLOAT16 and types[if_node.output[0]] == FLOAT
-    refs = F._outer_refs(if_node)
+    refs = G.outer_refs(if_node)
     assert all(types[r] == FLOAT for r in refs), refs  # the branches see float32 only
     assert {t.name: t.data_type for t in converted.graph.initializer} == {"w": FLOAT16, "w__fp32": FLOAT}
     branches = {a.name: a.g for a in if_node.attribute}
     mul = next(n for n in branches["then_branch"].node if n.name == "then_mul")
     casts = {n.output[0]: n for n in branches["then_branch"].node if n.op_type == "Cast"}
-    assert all(F._cast_to(casts[i]) == FLOAT16 for i in mul.input)  # the body computes in fp16
+    assert all(G.cast_to(casts[i]) == FLOAT16 for i in mul.input)  # the body computes in fp16
     assert [o.name for o in branches["then_branch"].output] == ["t_out"]
-    assert F._cast_to(casts["t_out"]) == FLOAT  # and hands float32 back
+    assert G.cast_to(casts["t_out"]) == FLOAT  # and hands float32 back
     # Kept whole in float32 on request: the branches stay as they were.
     whole = tmp_path / "whole.onnx"
     fp16_model(src, whole, convert_subgraphs=False)
@@ -507,6 +509,6 @@ def test_invalid_result_is_a_build_failure(tmp_path, monkeypatch):
     def break_graph(model, added, opset):
         model.graph.node[0].input[0] = "nope"
 
-    monkeypatch.setattr(F, "_fold_round_trips", break_graph)
+    monkeypatch.setattr(fp16_convert, "fold_round_trips", break_graph)
     with pytest.raises(BuildFailed, match="invalid model"):
         fp16_model(src, tmp_path / "out.onnx")

@@ -16,6 +16,9 @@ from enginefarm.modelfile import inspect_upload
 from enginefarm.samples import conv_net, save_conv_net
 from worker import quantize as Q
 from worker.quantize import QuantizeReport, quantize_qdq
+from worker.quantize import calibrate as QC
+from worker.quantize import preprocess as QP
+from worker.quantize.qdq import check_for_tensorrt
 
 CALIBRATION = 16
 HELD_OUT = 64
@@ -138,12 +141,12 @@ def test_other_calibration_methods(fp32: Path, quantized, tmp_path: Path, method
     assert m["cosine"] > 0.99
 
 
-@pytest.mark.parametrize("batch, chunk", [(5, Q._CHUNK_BATCHES), (1, 3)])
+@pytest.mark.parametrize("batch, chunk", [(5, QC._CHUNK_BATCHES), (1, 3)])
 def test_batching_does_not_change_minmax_ranges(
     fp32: Path, quantized, tmp_path: Path, monkeypatch, batch: int, chunk: int
 ) -> None:
     """Neither the calibration batch nor merging ranges chunk by chunk moves a MinMax range."""
-    monkeypatch.setattr(Q, "_CHUNK_BATCHES", chunk)
+    monkeypatch.setattr(QC, "_CHUNK_BATCHES", chunk)
     out, _ = quantized
     batched = tmp_path / "batched.onnx"
     report = quantize_qdq(fp32, {"input": _images(CALIBRATION, seed=1)}, batched, calibration_batch=batch)
@@ -203,7 +206,7 @@ def test_preprocessing_failure_falls_back_to_the_raw_model(fp32: Path, tmp_path:
     def broken(*args, **kwargs):
         raise RuntimeError("shape inference exploded")
 
-    monkeypatch.setattr(Q, "quant_pre_process", broken)
+    monkeypatch.setattr(QP, "quant_pre_process", broken)
     before = sorted(p.name for p in fp32.parent.iterdir())
     out = tmp_path / "q.onnx"
     report = quantize_qdq(fp32, {"input": _images(8, seed=1)}, out, scratch=tmp_path / "scratch")
@@ -467,7 +470,7 @@ def test_shared_and_transposed_weights_give_no_quantized_constant_outside_dq(
     tmp_path: Path, monkeypatch, preprocessing: str
 ) -> None:
     if preprocessing == "fails":  # then Transpose(W) stays a computed tensor: that MatMul is left in float
-        monkeypatch.setattr(Q, "quant_pre_process", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
+        monkeypatch.setattr(QP, "quant_pre_process", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no")))
     fp32 = _shared_weight_net(tmp_path / "shared.onnx")
     out = tmp_path / "q.onnx"
     report = quantize_qdq(fp32, _token_feed(32, seed=1), out)
@@ -614,6 +617,26 @@ def test_scalar_inputs_are_fed_as_given(tmp_path: Path) -> None:
     assert report.op_types == {"MatMul": 1} and report.calibration_samples == 8
 
 
+def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_cwd(tmp_path: Path, monkeypatch, caplog) -> None:
+    """Symbolic shape inference cannot tell whether the dynamic first dims of x and y agree, so it stays
+    incomplete; ONNX Runtime's own entry point then saves its partial model and a data file to the cwd."""
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32), "w")
+    nodes = [onnx.helper.make_node("Add", ["x", "y"], ["s"], name="mix"),
+             onnx.helper.make_node("MatMul", ["s", "w"], ["z"], name="proj")]
+    path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("x", "n", 32), _vec("y", "m", 32)], [_vec("z", "n", 32)],
+                       [w])
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    caplog.set_level("INFO", logger="worker.quantize.preprocess")
+    rng = np.random.default_rng(1)
+    samples = {name: rng.standard_normal((8, 32)).astype(np.float32) for name in ("x", "y")}
+    report = quantize_qdq(path, samples, tmp_path / "q.onnx")
+    assert "Incomplete symbolic shape inference" in caplog.text
+    assert report.preprocessed and report.op_types == {"MatMul": 1}
+    assert list(cwd.iterdir()) == []
+
+
 def test_initializers_listed_as_inputs_are_weights(tmp_path: Path) -> None:
     """Before IR 4 every initializer is also a graph input; TensorRT takes them as weights, and so does Q/DQ."""
     model = conv_net(seed=2)
@@ -640,7 +663,7 @@ def test_the_output_check_refuses_a_dequantized_constant_outside_weighted_ops() 
     graph = onnx.helper.make_graph(nodes, "g", [_vec("x", "n", 4)], [_vec("y", "n", 4)], inits)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
     with pytest.raises(BuildFailed, match="'half_DequantizeLinear' before Add 'shift'"):
-        Q._check_for_tensorrt(model)
+        check_for_tensorrt(model)
 
 
 def test_samples_that_are_all_zeros_leave_nothing_to_quantize(fp32: Path, tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def make_logger(trt: ModuleType, log: BuildLog):
 
 
 def fp16_graph(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
-    """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/fp16.py says what stays fp32)."""
+    """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/fp16/ says what stays fp32)."""
     from worker.fp16 import fp16_model
 
     out = out_dir / "model.fp16.onnx"
