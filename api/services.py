@@ -21,9 +21,8 @@ from enginefarm.domain import (
     TaskState,
     Target,
     arch_of_cc,
-    parse_targets,
-    validate_spec,
 )
+from enginefarm.validation import parse_targets, validate_spec
 from enginefarm.errors import Forbidden, ModelRejected, SpecInvalid, TargetUnavailable
 from enginefarm.inputs import SamplesInvalid, benchmark_shape_problems, load_samples
 from enginefarm.modelfile import inspect_upload

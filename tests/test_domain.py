@@ -15,11 +15,10 @@ from enginefarm.domain import (
     all_targets,
     arch_of_cc,
     cc_of_arch,
-    parse_targets,
     parse_trtexec_shapes,
     spec_shapes_from_trtexec,
-    validate_spec,
 )
+from enginefarm.validation import parse_targets, validate_spec
 
 
 def T(text: str) -> Target:

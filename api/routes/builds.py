@@ -17,10 +17,12 @@ from storage.tables import BuildRow
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 
 
-def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
+def _out(session: Session, settings: Settings, row: BuildRow, checks: bool = True) -> BuildOut:
+    """``checks``: also read where each engine's check stands (not for a build just submitted, whose answer should
+    need as few reads after its commit as possible: a 503 then would hide a build that exists)."""
     served = catalog.served_targets(session, settings.worker_ttl_seconds)
     return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
-                     reports.build_checks(session, settings, row))
+                     reports.build_checks(session, settings, row) if checks else None)
 
 
 @router.post("", status_code=202, response_model=BuildOut)
@@ -29,7 +31,7 @@ def submit_build(body: BuildRequest, tenant: Tenant, session: Session = Depends(
     """Queue one build task per target; a target already built with identical inputs is answered at once."""
     check_body_id("model_id", body.model_id)
     build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, tenant)
-    return _out(session, settings, catalog.get_build(session, build_id))
+    return _out(session, settings, catalog.get_build(session, build_id), checks=False)
 
 
 @router.get("", response_model=list[BuildOut])

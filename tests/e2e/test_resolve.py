@@ -239,12 +239,17 @@ def test_build_for_the_asking_machine(farm, api, built, tmp_path):
         after = c.resolve(name, Machine(**blackwell))
     assert after["engine"]["target"] == "tensorrt-rtx/sm120" and after["match"] == "exact_cc"
 
-    # A T4 (sm75): no live worker serves tensorrt-rtx/sm75; the build waits and says so, and asking again
-    # finds the same build instead of queuing another.
+    # A T4 (sm75): TensorRT-RTX cannot build this fp32 model's MatMul for Turing, so no build is queued and the
+    # answer says what would work.
     turing = asdict(rtx_machine(rtx, gpu_name="Tesla T4", compute_capability="7.5"))
-    first = api.post("/v1/resolve", json={"model": name, "machine": turing, "build": True}).json()
-    again = api.post("/v1/resolve", json={"model": name, "machine": turing, "build": True}).json()
-    assert first["target"] == "tensorrt-rtx/sm75" and "no live worker serves tensorrt-rtx/sm75" in first["status_detail"]
+    refused = api.post("/v1/resolve", json={"model": name, "machine": turing, "build": True})
+    assert refused.status_code == 422 and "FP32 GEMM is not supported" in refused.text and "build fp16" in refused.text
+    # A GB10 (sm121): no live worker serves tensorrt-rtx/sm121; the build waits and says so, and asking again
+    # finds the same build instead of queuing another.
+    spark = asdict(rtx_machine(rtx, gpu_name="NVIDIA GB10", compute_capability="12.1"))
+    first = api.post("/v1/resolve", json={"model": name, "machine": spark, "build": True}).json()
+    again = api.post("/v1/resolve", json={"model": name, "machine": spark, "build": True}).json()
+    assert first["target"] == "tensorrt-rtx/sm121" and "no live worker serves tensorrt-rtx/sm121" in first["status_detail"]
     assert again["build_id"] == first["build_id"] and again["already_building"] and not first["already_building"]
 
     # Another TensorRT-RTX release than the workers': building now would not help, so say why instead.

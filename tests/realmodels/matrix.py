@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from enginefarm.domain import BuildSpec, ModelInfo, Precision, Target, validate_spec
+from enginefarm.domain import BuildSpec, ModelInfo, Precision, Target
+from enginefarm.validation import validate_spec
 from enginefarm.errors import EnginefarmError
 from enginefarm.inputs import load_samples
 from enginefarm.modelfile import inspect_upload
