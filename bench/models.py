@@ -41,7 +41,7 @@ from worker.backends import BuildLog  # noqa: E402
 from worker.pipeline import engine_from_model  # noqa: E402
 
 TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
-console = Console()
+console = Console(width=150)
 
 
 def spec_of(name: str) -> dict:
