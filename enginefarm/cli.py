@@ -8,6 +8,7 @@ import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -30,7 +31,7 @@ token_app = typer.Typer(help="API tokens (works on the catalog database directly
 app.add_typer(token_app, name="token")
 # Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 def _client(api: str | None):
@@ -39,7 +40,24 @@ def _client(api: str | None):
     return Client(api)
 
 
+@contextmanager
+def _farm(api: str | None):
+    """A client whose failures end the command with one line a user can act on, never a traceback."""
+    try:
+        with _client(api) as c:
+            yield c
+    except Exception as exc:  # noqa: BLE001 - every failure is printed, then the command exits 1
+        _fail(exc)
+
+
 def _fail(exc: Exception) -> None:
+    import httpx
+
+    if isinstance(exc, httpx.TransportError):
+        url = os.environ.get("ENGINEFARM_API_URL") or "http://127.0.0.1:8321"
+        err.print(f"[red]error:[/red] cannot reach the farm ({exc}); it is looked for at --api or ENGINEFARM_API_URL "
+                  f"(now {url}); `enginefarm up` starts one")
+        raise typer.Exit(1)
     err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}")
     for problem in getattr(exc, "problems", None) or []:
         where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
@@ -647,7 +665,7 @@ def export_triton(
 
 @ls_app.command("models")
 def ls_models(name: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
-    with _client(api) as c:
+    with _farm(api) as c:
         page = c.models(name=name, limit=500)
     table = Table(title=f"models ({page['total']})")
     for col in ("id", "name", "version", "sha256", "size", "opset", "inputs"):
@@ -673,21 +691,21 @@ def engines_table(items: list[dict], title: str) -> Table:
 @ls_app.command("engines")
 def ls_engines(model: Optional[str] = None, target: Optional[str] = None, cc: Optional[str] = None,
                precision: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
-    with _client(api) as c:
+    with _farm(api) as c:
         page = c.engines(model=model, target=target, cc=cc, precision=precision, limit=500)
     console.print(engines_table(page["items"], f"engines ({page['total']})"))
 
 
 @ls_app.command("builds")
 def ls_builds(api: Optional[str] = API_OPT) -> None:
-    with _client(api) as c:
+    with _farm(api) as c:
         for b in c.builds():
             _print_tasks(b)
 
 
 @ls_app.command("workers")
 def ls_workers(api: Optional[str] = API_OPT) -> None:
-    with _client(api) as c:
+    with _farm(api) as c:
         live = c.workers()
     table = Table(title=f"live workers ({len(live)})")
     for col in ("id", "targets", "last seen"):

@@ -249,6 +249,12 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
             problems.append({"loc": ["samples", name], "msg": f"input {name!r} is {expected}, the array is {arr.dtype}"})
         else:
             arrays[name] = arr.astype(expected, copy=False)
+            if name in info.index_ranges and arr.size:
+                low, high = info.index_ranges[name]
+                if arr.min() < low or arr.max() > high:
+                    problems.append({"loc": ["samples", name], "msg": (
+                        f"input {name!r} indexes a table of {high + 1} rows, so its values must be within "
+                        f"{low}..{high}; the array holds {arr.min()}..{arr.max()}")})
     counts = {arrays[t.name].shape[0] for t in info.inputs if t.name in arrays and 0 in t.dynamic_axes and arrays[t.name].ndim}
     if len(counts) > 1:
         problems.append({"loc": ["samples"], "msg": f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}"})

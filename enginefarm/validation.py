@@ -108,10 +108,15 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
                 problems.append(_problem(["spec", "profiles", i, tensor.name],
                     f"input {tensor.name!r} has dynamic dims {tensor.dims} but profile {i} gives it no shapes"))
     problems += _shared_dim_problems(info, profiles)
-    for name in spec.benchmark.value_ranges:
+    for name, (low, high) in spec.benchmark.value_ranges.items():
+        loc = ["spec", "benchmark", "value_ranges", name]
         if name not in by_name:
-            problems.append(_problem(["spec", "benchmark", "value_ranges", name],
-                                     f"unknown input {name!r} (model inputs: {known})"))
+            problems.append(_problem(loc, f"unknown input {name!r} (model inputs: {known})"))
+        elif name in info.index_ranges:
+            lo, hi = info.index_ranges[name]
+            if low < lo or high > hi:
+                problems.append(_problem(loc, f"input {name!r} indexes a table of {hi + 1} rows: its values must stay "
+                                              f"within {lo}..{hi}, not [{low:g}, {high:g}]"))
     if info.op_types:
         for op in spec.keep_fp32_ops:
             if op not in info.op_types:
@@ -127,6 +132,15 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
     return problems
 
 
+_INTEGER_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "BOOL"})
+
+
+def _all_whole(value: Any) -> bool:
+    if isinstance(value, list):
+        return all(_all_whole(v) for v in value)
+    return float(value).is_integer()
+
+
 def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known: str) -> list[dict[str, Any]]:
     problems = []
     for name, value in spec.fixed_inputs.items():
@@ -136,7 +150,9 @@ def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known
             problems.append(_problem(loc, f"unknown input {name!r} (model inputs: {known})"))
             continue
         shape = fixed_input_shape(value)
-        if tensor.dynamic_axes and shape != [] and len(shape) != len(tensor.dims):
+        if tensor.dtype.upper() in _INTEGER_TYPES and not _all_whole(value):
+            problems.append(_problem(loc, f"input {name!r} is {tensor.dtype}: give whole numbers, not {value!r}"))
+        elif tensor.dynamic_axes and shape != [] and len(shape) != len(tensor.dims):
             problems.append(_problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the value has shape {shape}"))
         elif not tensor.dynamic_axes and shape not in ([], [int(d) for d in tensor.dims]):
             problems.append(_problem(loc, f"input {name!r} has shape {tensor.dims}; give a number or a value of that "

@@ -399,3 +399,14 @@ def test_new_spec_fields_keep_old_hashes_until_used():
         other = BuildSpec(shapes={"input": [1, 3, 32, 32]}, **changed)
         assert other.spec_hash() != plain.spec_hash()
         assert BuildSpec(**other.stored()).spec_hash() == other.spec_hash()
+
+
+def test_validate_ranges_and_fixed_values_against_what_the_graph_knows():
+    model = info(TensorInfo("input_ids", "INT64", [1, 8]), TensorInfo("sr", "INT64", []))
+    model.index_ranges = {"input_ids": [0, 30521]}
+    spec = BuildSpec(fixed_inputs={"sr": 16000.5}, benchmark={"value_ranges": {"input_ids": (0, 99999)}})
+    text = msgs(validate_spec(spec, model, [T("tensorrt-rtx/sm86")]))
+    assert "indexes a table of 30522 rows: its values must stay within 0..30521, not [0, 99999]" in text
+    assert "input 'sr' is INT64: give whole numbers, not 16000.5" in text
+    fine = BuildSpec(fixed_inputs={"sr": 16000}, benchmark={"value_ranges": {"input_ids": (0, 30521)}})
+    assert validate_spec(fine, model, [T("tensorrt-rtx/sm86")]) == []

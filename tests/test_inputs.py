@@ -60,3 +60,18 @@ def test_timing_uses_samples_that_fit_and_generates_otherwise():
     longer = ShapeSet("seq=32", {"input_ids": [8, 32], "mask": [8, 32], "scale": [1]}, 8)
     fed, origin = timing_inputs(info, longer, samples, seed=0)
     assert origin.startswith("generated") and fed["input_ids"].shape == (8, 32) and fed["input_ids"].max() <= 49
+
+
+def test_samples_outside_the_table_they_index_are_refused():
+    import io
+
+    import pytest
+
+    from enginefarm.inputs import SamplesInvalid, load_samples
+
+    buffer = io.BytesIO()
+    np.savez(buffer, input_ids=np.full((2, 4), 50000, np.int64), mask=np.ones((2, 4), np.int64),
+             scale=np.ones(1, np.float32))
+    with pytest.raises(SamplesInvalid, match=r"indexes a table of 50 rows, so its values must be within 0\.\.49; "
+                                             r"the array holds 50000\.\.50000"):
+        load_samples(buffer.getvalue(), _info(input_ids=[0, 49]))

@@ -55,6 +55,10 @@ KNOWN_FAILURES: tuple[Pattern, ...] = (
     Pattern(r"[Oo]ut of memory|insufficient memory|Requested amount of GPU memory",
             "the builder ran out of memory",
             "raise workspace_mib, lower the profile's max shapes, or build on a machine with more memory"),
+    Pattern(r"must have same number of dimensions|dimensions (?:must|do not) match|[Ii]ncompatible (?:dimensions|shapes)|"
+            r"broadcast",
+            "the shapes this build gives do not fit what the model computes at this node",
+            "check the spec's shapes and fixed inputs against what the model accepts (try them in onnxruntime first)"),
     Pattern(r"has dynamic shape|no optimization profile|must be specified in the optimization profile",
             "an input has dynamic dims that no optimization profile covers",
             "give every dynamic input min/opt/max shapes (--minShapes/--optShapes/--maxShapes)"),
@@ -105,10 +109,14 @@ def first_sentence(text: str) -> str:
     text = re.sub(r"\[[\w./]+\.(?:cpp|cu|h):[^\]]*\]", "", text)
     text = re.sub(r"\bIn \w+ at /\S+", "", text)
     text = re.sub(r"\[(?:ERROR|INTERNAL_ERROR)\]|Error Code \d+:", "", text)
+    # A builder without a GPU reports the missing driver beside the real error; it is never the cause here.
+    text = re.sub(r"\(?cudaError \d+: [^)]*\)?", "", text)
     text = re.sub(r"\s+", " ", text).strip(" ;:(")
     sentences = re.findall(r".*?[.!?](?=[\s;,]|$)", text)
-    complete = "".join(sentences).strip()
-    return complete or text
+    complete = "".join(sentences).strip() or text
+    if complete.count("(") > complete.count(")"):  # the builder's own wrapper, cut with the rest
+        complete = complete.replace("(", "", complete.count("(") - complete.count(")"))
+    return complete
 
 
 def node_text(node: onnx.NodeProto) -> str:

@@ -111,8 +111,9 @@ def fp16_model(model_path: Path, out_path: Path, *, keep_fp32_op_types: Iterable
     model = onnx.load(str(model_path), load_external_data=False)
     missing = set(keep_fp32_nodes) - {node.name for node in all_nodes(model.graph)}
     if missing:
-        raise SpecInvalid(f"keep_fp32_nodes names nodes the model does not have: {sorted(missing)}",
-                          problems=[{"field": "keep_fp32_nodes", "message": f"no node named {name!r}"}
+        raise SpecInvalid(f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
+                          "are the ONNX graph's (Netron or onnx.load show them)",
+                          problems=[{"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
                                     for name in sorted(missing)])
     tally = Tally()
     prepare(model, tally.notes)
