@@ -79,6 +79,9 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     with session_scope(settings) as s:
         existing = catalog.find_model_by_content(s, name, sha256, project)
         if existing is not None and version in (None, existing.version):
+            store = get_blob_store(settings)
+            if not store.exists(existing.blob_key):  # a row whose blob went missing: the same bytes repair it
+                store.put_file(existing.blob_key, upload_path, sha256)
             return existing, False
     with Scratch(settings) as scratch:
         inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))

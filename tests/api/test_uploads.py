@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 
 from enginefarm.samples import conv_net
 from storage import catalog
-from storage.blobs import get_blob_store
+from storage.blobs import get_blob_store, model_key
 from storage.db import session_scope
 from tests.helpers import UPLOAD_LIMIT, unique_name
 
@@ -151,3 +151,17 @@ def test_same_bytes_stored_once(api, dist_settings):
     b = api.post("/v1/models", data={"name": unique_name("dup")}, files={"file": ("m.onnx", data)}).json()
     assert a["id"] != b["id"] and a["sha256"] == b["sha256"]
     assert len(list(get_blob_store(dist_settings).keys())) == blobs
+
+
+def test_uploading_the_same_bytes_again_restores_a_missing_blob(api, dist_settings):
+    """Was broken: with its blob gone (the identical-upload race of issue 14), "already present" left the model
+    unreadable for good. The same bytes uploaded again now put the blob back."""
+    data = _onnx_bytes(conv_net(seed=4321))
+    name = unique_name("repair")
+    first = api.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", data)}).json()
+    get_blob_store(dist_settings).delete(model_key(first["sha256"]))
+    assert api.get(f"/v1/models/{first['id']}/content").status_code >= 400
+    again = api.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", data)})
+    assert again.status_code == 200 and again.json()["id"] == first["id"]
+    content = api.get(f"/v1/models/{first['id']}/content")
+    assert content.status_code == 200 and content.content == data
