@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 from onnx import GraphProto, NodeProto, TensorProto
 
+# The ops of explicit quantization: a model holding them is built int8 as it is, never folded or re-quantized.
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # Ops an index passes through unchanged in value on its way to a Gather.
 _VALUE_PRESERVING = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose"})
 _INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,

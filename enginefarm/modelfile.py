@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
 from enginefarm.domain import ModelInfo, TensorInfo
-from enginefarm.graphfacts import index_ranges, op_counts
+from enginefarm.graphfacts import QDQ_OPS, index_ranges, op_counts
 from enginefarm.errors import ModelRejected, PayloadTooLarge
 
 MODEL_NAME = "model.onnx"
@@ -39,7 +39,6 @@ _CHUNK = 1 << 20
 _RATIO_MIN_BYTES = 1 << 20
 _MAX_NAME_COMPONENT = 255
 _DRIVE = re.compile(r"^[A-Za-z]:")
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # No builder takes a dimension this large; a model declaring one is broken or hostile.
 _MAX_DECLARED_DIM = (1 << 31) - 1
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -598,7 +597,7 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
         ir_version=model.ir_version,
         producer=f"{model.producer_name} {model.producer_version}".strip(),
         size=model_path.stat().st_size + sum(data_files.values()),
-        has_qdq=any(n.op_type in _QDQ_OPS for n in _all_nodes(model)),
+        has_qdq=any(n.op_type in QDQ_OPS for n in _all_nodes(model)),
         external_data=_uses_external_data(model),
         op_types=op_counts(_all_nodes(model)),
         index_ranges=index_ranges(model.graph),

@@ -28,3 +28,23 @@ def run_cli(url: str, *args: str, cache_dir: Path | None = None, expect: int = 0
     assert out.returncode == expect, out.stdout + out.stderr
     text = out.stdout + (out.stderr if (expect != 0 if stderr is None else stderr) else "")
     return " ".join(text.split())
+
+
+def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple[bool, str]:
+    """Build ``path`` as it is (fp32 spec: no conversion) for TensorRT-RTX ``arch`` through the farm's own build stage,
+    ahead of time without a GPU; ``shapes`` maps inputs to (min, opt, max). Returns (built, the failure's message)."""
+    import tempfile
+
+    from enginefarm.domain import BuildSpec, Target
+    from enginefarm.errors import BuildFailed
+    from worker.backends.base import BuildLog
+    from worker.pipeline import engine_from_model
+
+    spec = BuildSpec(profiles=[{name: {"min": list(lo), "opt": list(opt), "max": list(hi)}
+                                for name, (lo, opt, hi) in shapes.items()}])
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        try:
+            engine_from_model(path, spec, Target.parse(f"tensorrt-rtx/{arch}"), None, Path(scratch), BuildLog())
+        except BuildFailed as exc:
+            return False, exc.message
+    return True, ""

@@ -16,11 +16,10 @@ from onnx import helper, numpy_helper
 
 from enginefarm.domain import BuildSpec, GraphCleanup
 from enginefarm.errors import BuildFailed
+from enginefarm.graphfacts import QDQ_OPS
 from worker.backends.base import BuildLog
-from worker.onnxgraph import save_model
+from worker.onnxgraph import INLINE_LIMIT, save_model
 
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
-_INLINE_LIMIT = (1 << 31) - (64 << 20)  # a protobuf message cannot exceed 2 GiB
 
 
 def prepared_model(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
@@ -36,7 +35,7 @@ def prepared_model(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildL
     if not frozen and spec.graph_cleanup is GraphCleanup.NONE:
         return model_path
     out = out_dir / "model.prepared.onnx"
-    save_model(model, out, external=model.ByteSize() > _INLINE_LIMIT)
+    save_model(model, out, external=model.ByteSize() > INLINE_LIMIT)
     return out
 
 
@@ -70,7 +69,7 @@ def static_input_shapes(spec: BuildSpec) -> list[str]:
 def _slim(model: onnx.ModelProto, spec: BuildSpec, log: BuildLog) -> onnx.ModelProto:
     import onnxslim
 
-    if any(n.op_type in _QDQ_OPS for n in model.graph.node):
+    if any(n.op_type in QDQ_OPS for n in model.graph.node):
         log.add("graph cleanup: skipped, the model holds Q/DQ nodes that constant folding would undo")
         return model
     before = len(model.graph.node)

@@ -227,6 +227,10 @@ def cast_to(node: NodeProto) -> int | None:
 # --------------------------------------------------------------------------- files
 
 
+# A protobuf message cannot exceed 2 GiB: past this, weights go to an external data file beside the graph.
+INLINE_LIMIT = (1 << 31) - (64 << 20)
+
+
 def save_model(model: ModelProto, path: Path, *, external: bool, location: str | None = None) -> None:
     """Write ``model`` to ``path``, creating its folder. With ``external``, tensors of 1 KiB and more go to one
     data file beside it, ``location`` (``<file name>.data`` unless given), which is written anew: onnx would

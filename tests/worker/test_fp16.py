@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.errors import SpecInvalid
+from tests.helpers import rtx_build
 from worker import fp16 as F
 from worker import onnxgraph as G
 from worker.fp16 import convert as fp16_convert
@@ -100,37 +101,6 @@ def _node(path: Path, name: str) -> onnx.NodeProto:
     return next(n for n in onnx.load(str(path)).graph.node if n.name == name)
 
 
-def _trt_build(path: Path, shapes: dict[str, tuple], target=None) -> tuple[bool, str]:
-    """Parse and build for one compute capability (sm86 by default) with TensorRT-RTX, which needs
-    no GPU for it; returns (built, last error)."""
-    trt = pytest.importorskip("tensorrt_rtx")
-
-    class Logger(trt.ILogger):
-        def __init__(self):
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                self.errors.append(msg)
-
-    logger = Logger()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(path)):
-        return False, "; ".join(parser.get_error(i).desc() for i in range(parser.num_errors))
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for name, (lo, opt, hi) in shapes.items():
-        profile.set_shape(name, lo, opt, hi)
-    config.add_optimization_profile(profile)
-    config.num_compute_capabilities = 1
-    config.set_compute_capability(target if target is not None else trt.ComputeCapability.SM86, 0)
-    plan = builder.build_serialized_network(network, config)
-    return plan is not None, (logger.errors[-1] if logger.errors else "")
-
-
 ANCHOR_SHAPES = {"x": ((1, 4, 8, 8), (1, 4, 16, 16), (2, 4, 32, 32))}
 
 
@@ -139,13 +109,13 @@ def test_anchor_grid_fails_with_whole_graph_conversion_and_builds_with_ours(tmp_
 
     src = _save(anchor_head(), tmp_path / "anchors.onnx")
     naive = _save(convert_float_to_float16(onnx.load(str(src)), keep_io_types=True), tmp_path / "naive.onnx")
-    built, error = _trt_build(naive, ANCHOR_SHAPES)
+    built, error = rtx_build(naive, ANCHOR_SHAPES)
     assert not built
     assert "differs from input 1's element type (half)" in error
 
     ours = tmp_path / "ours.onnx"
     report = fp16_model(src, ours)
-    built, error = _trt_build(ours, ANCHOR_SHAPES)
+    built, error = rtx_build(ours, ANCHOR_SHAPES)
     assert built, error
 
     types = _types(ours)
@@ -194,14 +164,13 @@ def mixed_net() -> onnx.ModelProto:
 
 def test_mixed_net_builds_for_turing_and_ampere(tmp_path):
     """TensorRT-RTX has no float32 GEMM on Turing: the MatMul must be fp16 for sm75 to build at all."""
-    trt = pytest.importorskip("tensorrt_rtx")
     src, out = _save(mixed_net(), tmp_path / "mixed.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     assert report.kept_fp32 == {F.SENSITIVE: {"GlobalAveragePool": 1, "LayerNormalization": 1}}
     types = _types(out)
     assert types[_node(out, "proj").output[0]] == FLOAT16
-    for target in (trt.ComputeCapability.SM75, trt.ComputeCapability.SM86):
-        built, error = _trt_build(out, ANCHOR_SHAPES, target)
+    for target in ("sm75", "sm86"):
+        built, error = rtx_build(out, ANCHOR_SHAPES, target)
         assert built, f"{target}: {error}"
     assert report.notes == []
     x = np.random.default_rng(7).standard_normal((1, 4, 16, 16)).astype(np.float32)

@@ -14,6 +14,7 @@ from onnx import TensorProto, numpy_helper
 from enginefarm.errors import BuildFailed, SpecInvalid
 from enginefarm.modelfile import inspect_upload
 from enginefarm.samples import conv_net, save_conv_net
+from tests.helpers import rtx_build
 from worker import quantize as Q
 from worker.quantize import QuantizeReport, quantize_qdq
 from worker.quantize import calibrate as QC
@@ -218,7 +219,7 @@ def test_preprocessing_failure_falls_back_to_the_raw_model(fp32: Path, tmp_path:
 
 
 def test_large_models_use_external_data(fp32: Path, quantized, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(Q, "_INLINE_LIMIT", 1024)
+    monkeypatch.setattr(Q, "INLINE_LIMIT", 1024)
     out = tmp_path / "q.onnx"
     quantize_qdq(fp32, {"input": _images(CALIBRATION, seed=1)}, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.onnx", "q.onnx.data"]
@@ -316,35 +317,6 @@ def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, m
 _OPS_TAKING_INT8 = {"Conv", "ConvTranspose", "MatMul", "Gemm", "Add"}
 
 
-def _build_rtx(path: Path, shapes: dict[str, tuple[list[int], list[int], list[int]]]) -> None:
-    """Parse and build a TensorRT-RTX engine for sm86 (ahead of time, no GPU); fail with TensorRT's words."""
-    trt = pytest.importorskip("tensorrt_rtx")
-
-    class Errors(trt.ILogger):
-        def __init__(self):
-            super().__init__()
-            self.messages: list[str] = []
-
-        def log(self, severity, msg):
-            if severity <= trt.ILogger.Severity.ERROR:
-                self.messages.append(msg)
-
-    logger = Errors()
-    builder = trt.Builder(logger)
-    network = builder.create_network(0)
-    parser = trt.OnnxParser(network, logger)
-    ok = parser.parse_from_file(str(path))
-    assert ok, [str(parser.get_error(i)) for i in range(parser.num_errors)]
-    config = builder.create_builder_config()
-    profile = builder.create_optimization_profile()
-    for name, (lo, opt, hi) in shapes.items():
-        profile.set_shape(name, lo, opt, hi)
-    config.add_optimization_profile(profile)
-    config.num_compute_capabilities = 1
-    config.set_compute_capability(trt.ComputeCapability.SM86, 0)
-    assert builder.build_serialized_network(network, config) is not None, logger.messages
-
-
 def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
     out: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -407,7 +379,8 @@ def test_opset_12_model_is_converted_to_13_and_builds_with_tensorrt_rtx(tmp_path
     ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     assert _metrics(ref, got)["cosine"] > 0.99
     _assert_tensorrt_placement(model)
-    _build_rtx(out, {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])})
+    built, error = rtx_build(out, {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])})
+    assert built, error
 
 
 def test_an_opset_conversion_that_fails_is_a_clear_build_failure(tmp_path: Path, monkeypatch) -> None:
@@ -447,17 +420,11 @@ def _shared_weight_net(path: Path) -> Path:
         onnx.helper.make_node("MatMul", ["y1", "Wt"], ["y2"], name="proj_t"),
         onnx.helper.make_node("Add", ["y2", "half"], ["y"], name="shift"),
     ]
-    graph = onnx.helper.make_graph(
-        nodes, "shared",
-        [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
-         onnx.helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
-        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
-        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
+    return _save_graph(path, nodes,
+                       [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
+                        onnx.helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
+                       [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+                       [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
 
 
 def _token_feed(count: int, seed: int) -> dict[str, np.ndarray]:
@@ -488,7 +455,8 @@ def test_shared_and_transposed_weights_give_no_quantized_constant_outside_dq(
     ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     assert _metrics(ref, got)["cosine"] > 0.99
-    _build_rtx(out, {"x": ([1, 16], [4, 16], [8, 16]), "ids": ([1], [4], [8])})
+    built, error = rtx_build(out, {"x": ([1, 16], [4, 16], [8, 16]), "ids": ([1], [4], [8])})
+    assert built, error
 
 
 def _residual_net(path: Path) -> Path:
@@ -520,14 +488,8 @@ def _residual_net(path: Path) -> Path:
         onnx.helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], transB=1, name="fc"),
         onnx.helper.make_node("Softmax", ["logits"], ["probs"], name="softmax"),
     ]
-    graph = onnx.helper.make_graph(
-        nodes, "residual", [onnx.helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-        [onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])], inits)
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(path))
-    return path
+    return _save_graph(path, nodes, [onnx.helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                       [onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])], inits)
 
 
 def test_only_weighted_ops_and_the_residual_add_get_qdq(tmp_path: Path) -> None:
@@ -558,7 +520,8 @@ def test_only_weighted_ops_and_the_residual_add_get_qdq(tmp_path: Path) -> None:
     ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     got = _run(out, x)
     assert _metrics(ref, got)["cosine"] > 0.99
-    _build_rtx(out, {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])})
+    built, error = rtx_build(out, {"input": ([1, 3, 32, 32], [4, 3, 32, 32], [8, 3, 32, 32])})
+    assert built, error
 
 
 # --------------------------------------------------------------------------- models that cannot be quantized

@@ -18,6 +18,7 @@ import onnx
 from enginefarm.domain import ANONYMOUS_DIMS, BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
 from enginefarm.errors import BackendMissing, BuildFailed, SpecInvalid
 from worker.backends.base import BuildBackend, BuildLog
+from worker.onnxgraph import INLINE_LIMIT, save_model
 from worker.probe import MachineProbe
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
@@ -90,8 +91,7 @@ def distinct_anonymous_dims(model_path: Path, out_dir: Path, log: BuildLog) -> P
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         onnx.load_external_data_for_model(model, str(model_path.parent))
     out = out_dir / "model.dims.onnx"
-    large = model.ByteSize() > (1 << 30)
-    onnx.save_model(model, str(out), save_as_external_data=large, location="model.dims.data" if large else None)
+    save_model(model, out, external=model.ByteSize() > INLINE_LIMIT)
     log.add(f"renamed {count} anonymous dims ('?') to distinct names: TensorRT would read equal names as one dim")
     return out
 

@@ -81,7 +81,7 @@ from worker.fp16.prepare import prepare
 from worker.fp16.report import Fp16Report, Tally
 from worker.fp16.subgraphs import convert_bodies, move_weights_into_bodies
 from worker.fp16.weights import FP16_MAX, TensorReader, free_file_name, write_initializers
-from worker.onnxgraph import all_graphs, all_nodes, all_tensors, save_model, tensor_types
+from worker.onnxgraph import INLINE_LIMIT, all_graphs, all_nodes, all_tensors, save_model, tensor_types
 
 __all__ = [
     "CHAIN", "CONST_RANGE", "CONTROL_FLOW", "CUSTOM_DOMAIN", "FP16_MAX", "INDEX_OPS", "MOVES_FP32", "NO_FP16",
@@ -92,7 +92,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # A protobuf message cannot exceed 2 GiB; above this the output's weights go to an external file.
-_INLINE_LIMIT = 1 << 30
 
 
 def fp16_model(model_path: Path, out_path: Path, *, keep_fp32_op_types: Iterable[str] = (),
@@ -134,7 +133,7 @@ def fp16_model(model_path: Path, out_path: Path, *, keep_fp32_op_types: Iterable
     out_path.parent.mkdir(parents=True, exist_ok=True)
     model = convert_graph(model, opts, tally, keep_io_types=keep_io_types,
                           write=lambda m, names: write_initializers(m, names, reader, out_path.parent, data_name))
-    large = data_name is None and model.ByteSize() > _INLINE_LIMIT
+    large = data_name is None and model.ByteSize() > INLINE_LIMIT
     if large:
         data_name = free_file_name(out_path, sources)
     save_model(model, out_path, external=large, location=data_name)

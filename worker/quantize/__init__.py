@@ -44,11 +44,12 @@ import onnx
 import onnxruntime as ort
 
 from enginefarm.errors import BuildFailed, SpecInvalid
-from worker.onnxgraph import default_opset, save_model
+from enginefarm.graphfacts import QDQ_OPS
+from worker.onnxgraph import INLINE_LIMIT, default_opset, save_model
 from worker.quantize.calibrate import METHODS, calibrated_amax, check_options
 from worker.quantize.files import load_graph, remove_model_files, stored_bytes, tensor_bytes, verify
 from worker.quantize.opset import raise_opset
-from worker.quantize.placement import QDQ_OPS, constants_to_initializers, nothing_to_quantize, plan_qdq, prune
+from worker.quantize.placement import constants_to_initializers, nothing_to_quantize, plan_qdq, prune
 from worker.quantize.preprocess import preprocessed_model, stage_raw
 from worker.quantize.qdq import check_for_tensorrt, insert_qdq
 from worker.quantize.samples import model_inputs, validate
@@ -56,7 +57,6 @@ from worker.quantize.samples import model_inputs, validate
 __all__ = ["METHODS", "QuantizeReport", "quantize_qdq"]
 
 # A protobuf message cannot exceed 2 GiB; leave room for the graph itself beside the weights.
-_INLINE_LIMIT = (1 << 31) - (64 << 20)
 # How many skipped nodes the report names one by one.
 _REPORT_SKIPPED = 100
 
@@ -100,7 +100,7 @@ def quantize_qdq(
     calibrate = check_options(method, calibration_batch)
     model = load_graph(model_path)
     reader, count = validate(model_inputs(model), samples, calibration_batch)
-    large = stored_bytes(model_path, model) >= _INLINE_LIMIT
+    large = stored_bytes(model_path, model) >= INLINE_LIMIT
     del model
 
     if scratch is not None:
@@ -134,7 +134,7 @@ def quantize_qdq(
         opset = default_opset(qmodel, missing=0)
         try:
             remove_model_files(out_path)  # no stale data file stays beside an output that needs none
-            save_model(qmodel, out_path, external=tensor_bytes(qmodel) >= _INLINE_LIMIT)
+            save_model(qmodel, out_path, external=tensor_bytes(qmodel) >= INLINE_LIMIT)
         except BaseException:
             remove_model_files(out_path)
             raise

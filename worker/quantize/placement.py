@@ -15,7 +15,6 @@ from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 from enginefarm.errors import BuildFailed
 from worker.onnxgraph import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, all_nodes, constant_value
 
-QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # The weighted operations TensorRT runs in int8 when their inputs come through Q/DQ.
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 # The only operations a DequantizeLinear may feed in our output: the weighted ones, and residual Adds.
