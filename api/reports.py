@@ -25,7 +25,7 @@ def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]
 
 def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
     """Build task id → the check of the engine it made (or reused), with the accuracy verdict."""
-    engines = {t.engine_id: catalog.get_engine(session, t.engine_id) for t in build.tasks if t.engine_id}
+    engines = catalog.engines_by_id(session, [t.engine_id for t in build.tasks if t.engine_id])
     checks = engine_checks(session, settings, list(engines.values()))
     out = {}
     for task in build.tasks:

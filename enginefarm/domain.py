@@ -304,7 +304,11 @@ class BuildSpec(BaseModel):
         if frozen:
             raise ValueError(f"inputs {frozen} are fixed to a value; give them no shapes")
         for name, value in self.fixed_inputs.items():
-            _fixed_value_problem(name, value)
+            try:
+                if len(nested_values(value)[1]) > MAX_FIXED_ELEMENTS:
+                    raise ValueError(f"at most {MAX_FIXED_ELEMENTS} values")
+            except ValueError as exc:
+                raise ValueError(f"fixed_inputs[{name!r}]: {exc}") from None
         return self
 
     def normalized_profiles(self) -> list[dict[str, ShapeRange]]:
@@ -342,19 +346,25 @@ class BuildSpec(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _fixed_value_problem(name: str, value: Any) -> None:
-    """A fixed input's value must be a number or nested lists of numbers, small enough for a spec."""
-    flat, todo = 0, [value]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, list):
-            todo.extend(item)
-        elif isinstance(item, bool) or isinstance(item, (int, float)) and math.isfinite(item):
-            flat += 1
-        else:
-            raise ValueError(f"fixed_inputs[{name!r}]: give finite numbers or nested lists of them, not {item!r}")
-        if flat > MAX_FIXED_ELEMENTS:
-            raise ValueError(f"fixed_inputs[{name!r}]: at most {MAX_FIXED_ELEMENTS} values")
+def nested_values(value: Any, depth: int = 0) -> tuple[list[int], list[int | float | bool]]:
+    """The shape and the flat values of a number or of rectangular nested lists of numbers (a fixed input's value).
+    Raises ValueError for anything else: ragged rows, non-numbers, NaN or infinity, more than 8 dims."""
+    if not isinstance(value, list):
+        if isinstance(value, bool) or isinstance(value, (int, float)) and math.isfinite(value):
+            return [], [value]
+        raise ValueError(f"give finite numbers or nested lists of them, not {value!r}")
+    if depth >= 8:
+        raise ValueError("a value has at most 8 dims")
+    parts = [nested_values(item, depth + 1) for item in value]
+    inner = parts[0][0] if parts else []
+    if any(shape != inner for shape, _ in parts):
+        raise ValueError("nested lists must be rectangular: every row of a dim the same length")
+    return [len(value), *inner], [x for _, flat in parts for x in flat]
+
+
+def fixed_input_shape(value: Any) -> list[int]:
+    """The shape of a fixed input's value (``[]`` for a number)."""
+    return nested_values(value)[0]
 
 
 # --------------------------------------------------------------------------- models
@@ -405,15 +415,6 @@ class ModelInfo:
 
 # Dim names that exporters write for "unknown": each occurrence is its own dim, not a shared one.
 ANONYMOUS_DIMS = frozenset({"", "?", "-1", "unk", "None"})
-
-
-def fixed_input_shape(value: Any) -> list[int]:
-    """The shape of a nested-list value (``[]`` for a number)."""
-    shape = []
-    while isinstance(value, list):
-        shape.append(len(value))
-        value = value[0] if value else None
-    return shape
 
 
 # --------------------------------------------------------------------------- engines and machines

@@ -21,6 +21,7 @@ from enginefarm.domain import (
     TensorInfo,
     cc_tuple,
     fixed_input_shape,
+    nested_values,
 )
 
 
@@ -135,12 +136,6 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
 _INTEGER_TYPES = frozenset({"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64", "BOOL"})
 
 
-def _all_whole(value: Any) -> bool:
-    if isinstance(value, list):
-        return all(_all_whole(v) for v in value)
-    return float(value).is_integer()
-
-
 def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known: str) -> list[dict[str, Any]]:
     problems = []
     for name, value in spec.fixed_inputs.items():
@@ -150,7 +145,7 @@ def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known
             problems.append(_problem(loc, f"unknown input {name!r} (model inputs: {known})"))
             continue
         shape = fixed_input_shape(value)
-        if tensor.dtype.upper() in _INTEGER_TYPES and not _all_whole(value):
+        if tensor.dtype.upper() in _INTEGER_TYPES and not all(float(x).is_integer() for x in nested_values(value)[1]):
             problems.append(_problem(loc, f"input {name!r} is {tensor.dtype}: give whole numbers, not {value!r}"))
         elif tensor.dynamic_axes and shape != [] and len(shape) != len(tensor.dims):
             problems.append(_problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the value has shape {shape}"))

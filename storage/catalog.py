@@ -347,6 +347,13 @@ def get_engine(session: Session, engine_id: int, project: str | None = None) -> 
     return row
 
 
+def engines_by_id(session: Session, engine_ids: list[int]) -> dict[int, EngineRow]:
+    """The engines with these ids, in one query (a build's tasks, for instance)."""
+    if not engine_ids:
+        return {}
+    return {row.id: row for row in session.scalars(select(EngineRow).where(EngineRow.id.in_(engine_ids)))}
+
+
 def descriptor_of(row: EngineRow) -> EngineDescriptor:
     return EngineDescriptor(
         target=row.target, backend=row.backend, backend_version=row.backend_version, precision=row.precision,

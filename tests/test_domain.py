@@ -410,3 +410,14 @@ def test_validate_ranges_and_fixed_values_against_what_the_graph_knows():
     assert "input 'sr' is INT64: give whole numbers, not 16000.5" in text
     fine = BuildSpec(fixed_inputs={"sr": 16000}, benchmark={"value_ranges": {"input_ids": (0, 30521)}})
     assert validate_spec(fine, model, [T("tensorrt-rtx/sm86")]) == []
+
+
+def test_fixed_input_values_must_be_rectangular_numbers():
+    """Was broken: a ragged value passed validation, got the shape of its first row, and crashed the worker."""
+    with pytest.raises(pydantic.ValidationError, match="must be rectangular"):
+        BuildSpec(fixed_inputs={"state": [[1, 2], [3]]})
+    with pytest.raises(pydantic.ValidationError, match="finite numbers"):
+        BuildSpec(fixed_inputs={"sr": [1.0, float("nan")]})
+    with pytest.raises(pydantic.ValidationError, match="at most 4096 values"):
+        BuildSpec(fixed_inputs={"x": [0] * 5000})
+    assert BuildSpec(fixed_inputs={"state": [[1, 2], [3, 4]]}).fixed_inputs["state"] == [[1, 2], [3, 4]]

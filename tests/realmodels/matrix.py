@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 
 from enginefarm.domain import BuildSpec, ModelInfo, Precision, Target
 from enginefarm.validation import validate_spec
@@ -69,7 +68,6 @@ class Prepared:
     samples: dict[str, np.ndarray]
     int8_path: Path | None = None
     int8_error: str | None = None
-    int8_seconds: float | None = None
     ops: int = 0
 
 
@@ -97,7 +95,6 @@ def _quantized(prep: Prepared, work: Path) -> None:
         return
     spec = spec_for(prep.model, "int8")
     out = work / f"{prep.model.name}.int8.onnx"
-    started = time.perf_counter()
     try:
         float_model = prepared_model(prep.path, spec, work, BuildLog())
         feed = {n: a for n, a in prep.samples.items() if n not in spec.fixed_inputs}
@@ -106,7 +103,6 @@ def _quantized(prep: Prepared, work: Path) -> None:
         prep.int8_path = out
     except EnginefarmError as exc:
         prep.int8_error = f"int8 quantization failed: {exc.message}"
-    prep.int8_seconds = time.perf_counter() - started
 
 
 def run_cell(prep: Prepared, target_text: str, precision: str, work: Path, evaluate_cpu: bool = True) -> Cell:
@@ -197,10 +193,6 @@ def summary(cells: list[Cell]) -> dict[str, int]:
     for c in cells:
         out[c.outcome] = out.get(c.outcome, 0) + 1
     return out
-
-
-def graph_ops(path_: Path) -> int:
-    return len(onnx.load(str(path_), load_external_data=False).graph.node)
 
 
 HEADER = """# Real models: the build matrix
