@@ -68,6 +68,8 @@ class BuildRequest(BaseModel):
     model_id: int
     targets: list[str] = Field(min_length=1, max_length=1000)
     spec: dict[str, Any] = Field(default_factory=dict)
+    queue_without_worker: bool | None = Field(None, description="accept targets no live worker serves now; their "
+                                                             "tasks wait in the queue (default: the farm's setting)")
 
 
 class TaskOut(BaseModel):
@@ -121,6 +123,8 @@ class SweepRequest(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict, description="the base spec every variant starts from")
     axes: dict[str, list[Any]] = Field(description="spec field -> values to try, e.g. "
                                                    "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}")
+    queue_without_worker: bool | None = Field(None, description="accept targets no live worker serves now; their "
+                                                             "tasks wait in the queue (default: the farm's setting)")
 
 
 class VariantOut(BaseModel):

@@ -43,6 +43,19 @@ class Settings(BaseSettings):
     max_compression_ratio: float = Field(default=200.0, gt=1)
     max_targets_per_build: int = Field(default=64, ge=1)
     max_json_bytes: int = Field(default=1 << 20, ge=1024)  # a build spec, a sweep, a resolve query
+    # An upload's form fields besides the file (name, version, project): how many, and their bytes together.
+    max_form_fields: int = Field(default=32, ge=1)
+    max_form_bytes: int = Field(default=256 << 10, ge=1024)
+
+    # Admission control. An upload that sends nothing for this long is dropped; each token may have this many
+    # uploads in flight; each token, and the farm as a whole, may have this many build tasks waiting to run.
+    upload_idle_timeout_s: float = Field(default=60.0, gt=0)
+    max_uploads_per_token: int = Field(default=4, ge=1)
+    max_queued_tasks_per_token: int = Field(default=500, ge=1)
+    max_queued_tasks: int = Field(default=5000, ge=1)
+    # A build for a target no live worker serves: refused (409) unless the request says queue_without_worker,
+    # or this is on.
+    queue_without_worker: bool = False
 
     # How often a worker polls the embedded (database) broker: lower means less queue wait, more idle CPU.
     broker_poll_seconds: float = Field(default=0.05, gt=0)

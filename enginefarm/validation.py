@@ -232,3 +232,18 @@ def parse_targets(texts: list[str]) -> tuple[list[Target], list[dict[str, Any]]]
         except ValueError as exc:
             problems.append(_problem(["targets", i], str(exc)))
     return targets, problems
+
+
+NAME_MAX = 200
+
+
+def check_model_name(name: str | None, version: str | None) -> list[dict]:
+    """Problems with an upload's model name and version, as validation problems (none when both are fine)."""
+    problems = []
+    if not name or not name.strip():
+        problems.append({"loc": ["name"], "msg": "give the model a 'name'"})
+    elif len(name) > NAME_MAX or any(not (c.isalnum() or c in "-_.") for c in name):
+        problems.append({"loc": ["name"], "msg": f"name must be 1-{NAME_MAX} letters, digits, '-', '_' or '.'"})
+    if version is not None and (not version or len(version) > 100 or any(not (c.isalnum() or c in "-_.+") for c in version)):
+        problems.append({"loc": ["version"], "msg": "version must be 1-100 letters, digits, '-', '_', '.' or '+'"})
+    return problems

@@ -7,7 +7,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import reports, services
+from api import ingest, reports, services
 from api.auth import Tenant
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
@@ -43,9 +43,9 @@ async def upload_model(request: Request, response: Response, tenant: Tenant,
     """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
     upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_upload_bytes)
     try:
-        row, created = await run_in_threadpool(services.ingest_model, settings, upload.path, upload.sha256,
+        row, created = await run_in_threadpool(ingest.ingest_model, settings, upload.path, upload.sha256,
                                                upload.fields.get("name"), upload.fields.get("version"),
-                                               services.upload_project(tenant, upload.fields.get("project")))
+                                               ingest.upload_project(tenant, upload.fields.get("project")))
     finally:
         upload.discard()
     response.status_code = 201 if created else 200
@@ -100,7 +100,7 @@ async def upload_samples(model_id: RowId, request: Request, tenant: Tenant,
     random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
     upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_samples_bytes)
     try:
-        row = await run_in_threadpool(services.attach_samples, settings, model_id, upload.path, upload.sha256, tenant)
+        row = await run_in_threadpool(ingest.attach_samples, settings, model_id, upload.path, upload.sha256, tenant)
     finally:
         upload.discard()
     return ModelOut.of(row)

@@ -512,7 +512,11 @@ AUTH += [  # request size: a JSON body is refused once it streams past the limit
       413, "bytes /v1/resolve takes"),
 ]
 
-CORPUS: list[Entry] = ONNX + BUNDLES + EXTERNAL + SPECS + SAMPLES + QUERIES + NAMES + MULTIPART + AUTH
+# Attacks kept in modules of their own, each with an ENTRIES list; imported here, after the builders they use.
+from tests.corpus import admission, bodies, validation  # noqa: E402
+
+CORPUS: list[Entry] = (ONNX + BUNDLES + EXTERNAL + SPECS + SAMPLES + QUERIES + NAMES + MULTIPART + AUTH
+                       + bodies.ENTRIES + validation.ENTRIES + admission.ENTRIES)
 
 
 def by_category() -> dict[str, int]:
