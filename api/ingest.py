@@ -5,14 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tenacity import retry, retry_if_exception_type, stop_after_attempt
+
 from enginefarm.config import Settings
 from enginefarm.domain import ModelInfo
-from enginefarm.errors import Forbidden, ModelRejected, SpecInvalid
+from enginefarm.errors import Conflict, Forbidden, ModelRejected, SpecInvalid
 from enginefarm.inputs import SamplesInvalid, load_samples
 from enginefarm.modelfile import inspect_upload
 from enginefarm.validation import check_model_name
 from storage import catalog
 from storage.blobs import get_blob_store, model_key, samples_key
+from storage.blobwrite import store_with_row
 from storage.db import session_scope
 from storage.tables import ModelRow
 from storage.tokens import check_project
@@ -35,33 +38,53 @@ def upload_project(tenant: str | None, asked: str | None) -> str:
     return asked or ""
 
 
+# A model uploaded with no version gets the next number under its name; uploads of other bytes under the same
+# name at the same moment can pick the same number, and all but one are told to try again. These many times.
+AUTO_VERSION_ATTEMPTS = 3
+
+
 def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str | None,
                  version: str | None, project: str = "") -> tuple[ModelRow, bool]:
     """Validate an uploaded file and catalogue it; returns (model, created).
 
-    The blob is written before the row and removed again if the row cannot be written, so a
-    rejected or failed upload leaves nothing behind.
+    The same bytes under the same name (and version, if one is given) are the model already catalogued;
+    if its blob went missing, these bytes restore it. Otherwise the file is inspected, and the blob and
+    the row are written together (``storage.blobwrite``): a rejected or failed upload leaves nothing
+    behind, and identical uploads at the same moment make one row and never delete each other's bytes.
     """
     problems = check_model_name(name, version)
     if problems:
         raise ModelRejected("the upload's form fields are invalid", problems=problems)
-    with session_scope(settings) as s:
+    store, key = get_blob_store(settings), model_key(sha256)
+
+    def same_upload(s) -> ModelRow | None:
         existing = catalog.find_model_by_content(s, name, sha256, project)
-        if existing is not None and version in (None, existing.version):
-            store = get_blob_store(settings)
-            if not store.exists(existing.blob_key):  # a row whose blob went missing: the same bytes repair it
-                store.put_file(existing.blob_key, upload_path, sha256)
-            return existing, False
-    with Scratch(settings) as scratch:
-        inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))
-        info: ModelInfo = inspected.info
-    key = model_key(sha256)
-    with get_blob_store(settings).put_for_row(key, upload_path, sha256), session_scope(settings) as s:
-        row = catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
-                                size=upload_path.stat().st_size, info=info, blob_key=key, project=project)
-    return row, True
+        return existing if existing is not None and version in (None, existing.version) else None
 
+    with session_scope(settings) as s:
+        existing = same_upload(s)
+    if existing is not None and store.exists(existing.blob_key):
+        return existing, False
+    inspected = None
+    if existing is None:
+        with Scratch(settings) as scratch:
+            inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))
 
+    def write(s) -> tuple[ModelRow, bool]:
+        nonlocal inspected
+        found = same_upload(s)  # again, under the key's lock: an identical upload may have just committed
+        if found is not None:
+            return found, False  # its blob was stored again (restored, if it was missing) before this ran
+        if inspected is None:
+            with Scratch(settings) as scratch:
+                inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))
+        return catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
+                                 size=upload_path.stat().st_size, info=inspected.info, blob_key=key,
+                                 project=project), True
+
+    attempts = AUTO_VERSION_ATTEMPTS if version is None else 1
+    return retry(retry=retry_if_exception_type(Conflict), stop=stop_after_attempt(attempts), reraise=True)(
+        store_with_row)(settings, store, key, upload_path, sha256, write)
 
 
 def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256: str,
@@ -76,7 +99,10 @@ def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256:
     described = {"count": next((a.shape[0] for a in arrays.values() if a.ndim), 1),
                  "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in arrays.items()}}
     key = samples_key(sha256)
-    with get_blob_store(settings).put_for_row(key, upload_path, sha256), session_scope(settings) as s:
+
+    def write(s) -> ModelRow:
         model = catalog.get_model(s, model_id)
         catalog.set_samples(s, model, sha256=sha256, key=key, info=described)
-    return model
+        return model
+
+    return store_with_row(settings, get_blob_store(settings), key, upload_path, sha256, write)

@@ -17,6 +17,8 @@ from enginefarm.config import Settings, get_settings
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 T = TypeVar("T")
+# How long a worker keeps retrying a catalog write while the database is unavailable (a restart, a failover).
+PATIENCE_S = 300.0
 MIGRATION_LOCK = 0x656E67696E65  # a PostgreSQL advisory lock key of our own ("engine")
 
 
@@ -76,19 +78,23 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
 UNAVAILABLE = (OperationalError, InterfaceError)
 
 
-def in_transaction(fn: Callable[..., T], *args: Any, settings: Settings | None = None, patience_s: float = 300.0,
+def with_patience(fn: Callable[[], T], patience_s: float = PATIENCE_S) -> T:
+    """Run ``fn()`` again and again with backoff while the database is unavailable (up to ``patience_s``)."""
+    return retry(retry=retry_if_exception_type(UNAVAILABLE), wait=wait_exponential(multiplier=0.5, max=15),
+                 stop=stop_after_delay(patience_s), reraise=True)(fn)()
+
+
+def in_transaction(fn: Callable[..., T], *args: Any, settings: Settings | None = None, patience_s: float = PATIENCE_S,
                    **kwargs: Any) -> T:
     """Run ``fn(session, *args, **kwargs)`` in its own transaction, again and again with backoff while the
     database is unavailable (up to ``patience_s``). For the worker, whose writes must land once the database
     is back: a task's final state lost to a restart would leave its row running forever."""
 
-    @retry(retry=retry_if_exception_type(UNAVAILABLE), wait=wait_exponential(multiplier=0.5, max=15),
-           stop=stop_after_delay(patience_s), reraise=True)
     def attempt() -> T:
         with session_scope(settings) as session:
             return fn(session, *args, **kwargs)
 
-    return attempt()
+    return with_patience(attempt, patience_s)
 
 
 def alembic_config(url: str):

@@ -10,6 +10,7 @@ from enginefarm.modelfile import inspect_upload
 from storage import catalog
 from storage.blobs import BlobStore, model_key
 from storage.blobs.base import sha256_file
+from storage.blobwrite import store_with_row
 from storage.db import session_scope
 from worker.backends.base import BuildLog
 from worker.cleanup import prepared_model
@@ -46,9 +47,10 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         key = model_key(sha)
         derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
                       "graph_cleanup": log.tail() or None, **report.to_dict()}
-        with store.put_for_row(key, out, sha), session_scope(settings) as s:
+
+        def write(s) -> tuple[int, list[tuple[int, str]]]:
             source = catalog.get_model(s, source_id)
-            derived = catalog.find_model_by_content(s, name, sha) or catalog.add_model(
+            derived = catalog.find_model_by_content(s, name, sha, source.project) or catalog.add_model(
                 s, name=name, version=f"{version}-int8-{sha[:8]}", sha256=sha, fmt=inspected.format,
                 size=out.stat().st_size, info=inspected.info, blob_key=key, source=source, derivation=derivation)
             build = catalog.get_build(s, build_id)
@@ -56,7 +58,9 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
             queued, checks = catalog.release_waiting(s, build, derived, served)
             catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=derived.id,
                                  derived_version=derived.version, report=report.to_dict())
-            check_ids = [(c.id, c.target) for c in checks]
+            return queued, [(c.id, c.target) for c in checks]
+
+        queued, check_ids = store_with_row(settings, store, key, out, sha, write)
     for check_id, target in check_ids:
         dispatch.publish_benchmark(check_id, target)
     return queued

@@ -15,13 +15,13 @@ from enginefarm.config import get_settings
 from enginefarm.domain import Backend, BuildSpec, ModelInfo, TaskState, Target
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from storage import catalog
-from storage.blobs import get_blob_store
-from storage.db import UNAVAILABLE, in_transaction, session_scope
-from storage.gc import is_referenced
+from storage.blobs import engine_key, get_blob_store
+from storage.blobwrite import store_with_row
+from storage.db import PATIENCE_S, UNAVAILABLE, in_transaction, session_scope
 from worker import dispatch
 from worker.backends import BuildLog, get_backend
 from worker.celery_app import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, app
-from worker.pipeline import Scratch, engine_from_model, fetch_verified, model_file_from_store, samples_of, store_engine
+from worker.pipeline import Scratch, engine_from_model, fetch_verified, model_file_from_store, samples_of
 from worker.probe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
@@ -117,21 +117,20 @@ def _run(task_id: int, me: str) -> None:
         except EnginefarmError as exc:
             exc.log_tail = log_buf.tail()
             raise
-        key = store_engine(store, built)  # the blob is complete and verified before any row points at it
+        key = engine_key(built.descriptor.sha256)
 
-        def record(s) -> tuple[str, int | None]:
+        def record(s) -> int | None:
             task = catalog.get_task(s, task_id)
             engine = catalog.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
                                            blob_key=key, build_seconds=built.seconds, worker_id=me,
                                            log_tail=log_buf.tail())
             check = catalog.ensure_benchmark_task(s, engine, spec)
-            return engine.blob_key, check.id if check else None
+            return check.id if check else None
 
-        winner_key, check_id = in_transaction(record)
-        if winner_key != key and not in_transaction(is_referenced, key):
-            # Another task built the same engine at the same moment and was catalogued first; engines are not
-            # always bit-identical, so our bytes are an orphan: remove them.
-            store.delete(key)
+        # The blob is complete and verified before the row points at it. If another task catalogued the same
+        # engine first (engines are not always bit-identical), our bytes are left to no row and go again.
+        check_id = store_with_row(settings, store, key, built.path, built.descriptor.sha256, record,
+                                  patience_s=PATIENCE_S)
     _after_build(check_id, target)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -103,16 +102,3 @@ class BlobStore(ABC):
     def discard_partial(self, partial: PartialUpload) -> None:
         """Remove one of ``partial_uploads()``; one already gone is fine. A write still in progress
         on it then fails instead of storing anything."""
-
-    @contextmanager
-    def put_for_row(self, key: str, path: Path, sha256: str) -> Iterator[None]:
-        """Store the blob, then run the block that writes the catalog row pointing at it; if the block
-        fails, the blob goes again (unless it was there before), so a failed write leaves nothing behind."""
-        was_there = self.exists(key)
-        self.put_file(key, path, sha256)
-        try:
-            yield
-        except BaseException:
-            if not was_there:
-                self.delete(key)
-            raise

@@ -8,7 +8,9 @@ from __future__ import annotations
 import io
 import tarfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import onnx
 import pytest
 from onnx import TensorProto, helper
@@ -154,8 +156,8 @@ def test_same_bytes_stored_once(api, dist_settings):
 
 
 def test_uploading_the_same_bytes_again_restores_a_missing_blob(api, dist_settings):
-    """Was broken: with its blob gone (the identical-upload race of issue 14), "already present" left the model
-    unreadable for good. The same bytes uploaded again now put the blob back."""
+    """Was broken: with its blob gone, "already present" left the model unreadable for good. The same bytes
+    uploaded again now put the blob back."""
     data = _onnx_bytes(conv_net(seed=4321))
     name = unique_name("repair")
     first = api.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", data)}).json()
@@ -164,4 +166,27 @@ def test_uploading_the_same_bytes_again_restores_a_missing_blob(api, dist_settin
     again = api.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", data)})
     assert again.status_code == 200 and again.json()["id"] == first["id"]
     content = api.get(f"/v1/models/{first['id']}/content")
+    assert content.status_code == 200 and content.content == data
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_identical_uploads_at_once_make_one_model_whose_bytes_stay(farm, dist_settings, round_):
+    """Was data loss: uploads of one file under one name at the same moment made several versions of it, and
+    a loser's cleanup deleted the blob the winner's row pointed at (the content read 404, builds failed)."""
+    data = _onnx_bytes(conv_net(seed=9000 + round_))
+    name = unique_name("race")
+
+    def upload(_: int) -> httpx.Response:
+        with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as c:
+            return c.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", data)})
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(upload, range(8)))
+    assert all(a.status_code in (200, 201) for a in answers), [a.text for a in answers if a.status_code >= 300]
+    assert sorted(a.status_code for a in answers).count(201) == 1
+    assert len({a.json()["id"] for a in answers}) == 1
+    with session_scope(dist_settings) as s:
+        assert len(catalog.find_models(s, name)) == 1
+    with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as c:
+        content = c.get(f"/v1/models/{answers[0].json()['id']}/content")
     assert content.status_code == 200 and content.content == data
