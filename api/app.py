@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -15,6 +17,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api.auth import authorize
 from api.routes import builds, engines, models, resolve, sweeps, tokens, workers
+from api.upload import UploadSlots
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
 from enginefarm.errors import EnginefarmError, InfrastructureError
@@ -24,21 +27,43 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = "5"
 
 
+class BodyTooLarge(HTTPException):
+    """A JSON body past its limit. Raised from the request's receive channel, where FastAPI passes on only
+    HTTPExceptions (anything else there becomes a 400); the app's handler gives it the farm's error body."""
+
+    def __init__(self, detail: str):
+        super().__init__(status_code=413, detail=detail)
+
+
 class JsonBodyLimit:
-    """Refuse a JSON body whose declared length is over the limit before reading it, with a message that says
-    so. (A chunked body without a length is cut off by the routers' ``max_body_size`` as it streams.)"""
+    """Bound every non-upload request body: one whose declared length is over the limit is refused before it is
+    read, and one sent without a length (chunked) is cut off as soon as it streams past the limit."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] != "GET" and not scope["path"].startswith("/v1/models"):
-            length = dict(scope["headers"]).get(b"content-length", b"0")
-            if length.isdigit() and int(length) > self.limit:
-                detail = f"the request body is over the {self.limit} bytes {scope['path']} takes (ENGINEFARM_MAX_JSON_BYTES)"
-                await JSONResponse({"error": "PayloadTooLarge", "detail": detail}, status_code=413)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].startswith("/v1/models"):
+            await self.app(scope, receive, send)
+            return
+        detail = (f"the request body is over the {self.limit} bytes {scope['path']} takes (ENGINEFARM_MAX_JSON_BYTES); "
+                  "send a smaller body")
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if length.isdigit() and int(length) > self.limit:
+            await JSONResponse({"error": "PayloadTooLarge", "detail": detail}, status_code=413)(scope, receive, send)
+            return
+        received = 0
+
+        async def bounded_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge(detail)
+            return message
+
+        await self.app(scope, bounded_receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -62,10 +87,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(title="enginefarm", version=__version__, lifespan=lifespan,
                   description="Upload ONNX once; get the right TensorRT engine for every GPU.")
     app.state.settings = settings
-    # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small one.
-    app.include_router(models.router, dependencies=[Depends(authorize)])
-    for module in (builds, sweeps, engines, resolve, tokens):
-        app.include_router(module.router, dependencies=[Depends(authorize)], max_body_size=settings.max_json_bytes)
+    app.state.upload_slots = UploadSlots()
+    # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
+    # one (JsonBodyLimit).
+    for module in (models, builds, sweeps, engines, resolve, tokens):
+        app.include_router(module.router, dependencies=[Depends(authorize)])
     app.include_router(workers.router)  # /healthz is open; /v1/workers checks its token itself
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
@@ -79,6 +105,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         headers = {**({"Retry-After": RETRY_AFTER_S} if isinstance(exc, InfrastructureError) else {}),
                    **getattr(exc, "headers", {})}  # WWW-Authenticate on a 401
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers or None)
+
+    @app.exception_handler(BodyTooLarge)
+    async def _too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return JSONResponse({"error": "PayloadTooLarge", "detail": exc.detail}, status_code=413)
+
+    # A full disk (the spool, a scratch folder, the local blob store) is the farm's trouble, not the request's:
+    # a 503 the client retries. The writer has already removed what it wrote. Other OS errors stay 500s.
+    @app.exception_handler(OSError)
+    async def _disk_full(_request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise exc
+        log.warning("storage full: %s", exc)
+        detail = (f"the farm's storage is full ({os.strerror(exc.errno)}); nothing was stored: retry later, or ask "
+                  "an operator to free space")
+        return JSONResponse({"error": "StorageFull", "detail": detail}, status_code=503,
+                            headers={"Retry-After": RETRY_AFTER_S})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Response:

@@ -9,28 +9,22 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
 from enginefarm.config import Settings
 from enginefarm.domain import ModelInfo
-from enginefarm.errors import Conflict, Forbidden, ModelRejected, SpecInvalid
+from enginefarm.errors import Conflict, Forbidden, ModelRejected
 from enginefarm.inputs import SamplesInvalid, load_samples
 from enginefarm.modelfile import inspect_upload
-from enginefarm.validation import check_model_name
+from enginefarm.validation import check_model_name, project_problem
 from storage import catalog
 from storage.blobs import get_blob_store, model_key, samples_key
 from storage.blobwrite import store_with_row
 from storage.db import session_scope
 from storage.tables import ModelRow
-from storage.tokens import check_project
 from worker.pipeline import Scratch, bundle_limits
 
 
 def upload_project(tenant: str | None, asked: str | None) -> str:
     """The project an upload goes to: a project's token puts it in its own (naming another is refused); a
-    token of the whole farm puts it where the form's ``project`` says, or in none ('')."""
-    if asked is not None:
-        try:
-            check_project(asked)
-        except SpecInvalid as exc:
-            raise ModelRejected("the upload's form fields are invalid",
-                                problems=[{"loc": ["project"], "msg": str(exc)}]) from None
+    token of the whole farm puts it where the form's ``project`` says, or in none (''). The name itself is
+    checked with the upload's other fields (``ingest_model``)."""
     if tenant is not None:
         if asked not in (None, tenant):
             raise Forbidden(f"this token belongs to project {tenant!r}; it cannot upload to project {asked!r}")
@@ -53,6 +47,8 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     behind, and identical uploads at the same moment make one row and never delete each other's bytes.
     """
     problems = check_model_name(name, version)
+    if project and (problem := project_problem(project)):
+        problems.append({"loc": ["project"], "msg": problem})
     if problems:
         raise ModelRejected("the upload's form fields are invalid", problems=problems)
     store, key = get_blob_store(settings), model_key(sha256)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from enginefarm.domain import TaskState
+from enginefarm.validation import project_problem
 from storage.db import as_utc
 from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
-from storage.tokens import token_state
+from storage.tokens import lifetime_problem, token_state
 
 T = TypeVar("T")
 
@@ -64,12 +65,15 @@ class ModelOut(BaseModel):
                    source_model_id=row.source_model_id, derivation=row.derivation, samples=samples)
 
 
+# JSON bodies take ids, numbers and flags only as JSON numbers and booleans (Strict*): lax parsing would read true
+# as 1 (model 1) and "1" as 1, hiding a client's mistake behind a request that looks valid.
 class BuildRequest(BaseModel):
-    model_id: int
+    model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
     spec: dict[str, Any] = Field(default_factory=dict)
-    queue_without_worker: bool | None = Field(None, description="accept targets no live worker serves now; their "
-                                                             "tasks wait in the queue (default: the farm's setting)")
+    queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
+                                                                   "their tasks wait in the queue (default: the "
+                                                                   "farm's setting)")
 
 
 class TaskOut(BaseModel):
@@ -118,13 +122,14 @@ class BuildOut(BaseModel):
 
 
 class SweepRequest(BaseModel):
-    model_id: int
+    model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
     spec: dict[str, Any] = Field(default_factory=dict, description="the base spec every variant starts from")
     axes: dict[str, list[Any]] = Field(description="spec field -> values to try, e.g. "
                                                    "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}")
-    queue_without_worker: bool | None = Field(None, description="accept targets no live worker serves now; their "
-                                                             "tasks wait in the queue (default: the farm's setting)")
+    queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
+                                                                   "their tasks wait in the queue (default: the "
+                                                                   "farm's setting)")
 
 
 class VariantOut(BaseModel):
@@ -205,12 +210,13 @@ class MachineIn(BaseModel):
 
     gpu_name: str | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
     compute_capability: str | None = Field(None, pattern=CC_PATTERN, description="e.g. 8.6")
-    memory_mib: int | None = Field(None, ge=1, le=1 << 24)
+    memory_mib: StrictInt | None = Field(None, ge=1, le=1 << 24)
     driver_version: str | None = Field(None, pattern=VERSION_PATTERN)
     cuda_version: str | None = Field(None, pattern=VERSION_PATTERN)
     trt_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
     trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
-    lean_runtime: bool = Field(False, description="trt_version is the lean runtime's: it loads only version-compatible engines")
+    lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
+                                                        "version-compatible engines")
     platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
     os: str | None = Field(None, max_length=200)
     jetpack: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
@@ -227,9 +233,10 @@ class ResolveRequest(BaseModel):
     precision: str | None = Field(None, pattern=PRECISION_PATTERN)
     spec_hash: str | None = Field(None, pattern=SPEC_HASH_PATTERN)
     accuracy: Literal["pass"] | None = Field(None, description="keep only engines that passed their accuracy gate")
-    max_latency_ms: float | None = Field(None, gt=0, le=1e7, description="measured median latency on your GPU model")
-    explain: bool = Field(False, description="return every candidate with every check")
-    build: bool = Field(False, description="when nothing fits, build the target this machine needs (202)")
+    max_latency_ms: StrictFloat | None = Field(None, gt=0, le=1e7,
+                                               description="measured median latency on your GPU model")
+    explain: StrictBool = Field(False, description="return every candidate with every check")
+    build: StrictBool = Field(False, description="when nothing fits, build the target this machine needs (202)")
 
 
 class CheckOut(BaseModel):
@@ -341,9 +348,24 @@ def build_out(row: BuildRow, details: dict[int, str | None], checks: dict[int, d
 class TokenIn(BaseModel):
     name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00]*$")
     scopes: list[str] = Field(min_length=1, max_length=3, description="read, build and/or admin")
-    expires_in_days: float | None = Field(default=None, gt=0, le=3650)
-    project: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                                description="limit the token to one project's models (none: the whole farm)")
+    expires_in_days: StrictFloat | None = Field(default=None, description="1 second (1.16e-05 days) to 3650 days; "
+                                                                        "none: until revoked")
+    project: str | None = Field(default=None, description="limit the token to one project's models (none: the whole "
+                                                          "farm); ASCII letters, digits, '-', '_' or '.'")
+
+    @field_validator("expires_in_days")
+    @classmethod
+    def _lifetime(cls, days: float | None) -> float | None:
+        if days is not None and (problem := lifetime_problem(days)):
+            raise ValueError(problem)
+        return days
+
+    @field_validator("project")
+    @classmethod
+    def _project(cls, project: str | None) -> str | None:
+        if project is not None and (problem := project_problem(project)):
+            raise ValueError(problem)
+        return project
 
 
 class TokenOut(BaseModel):

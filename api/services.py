@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from api import admission
 from enginefarm.config import Settings
 from enginefarm.domain import (
     ARCHES,
@@ -23,16 +23,12 @@ from enginefarm.domain import (
     arch_of_cc,
 )
 from enginefarm.validation import parse_targets, validate_spec
-from enginefarm.errors import Forbidden, ModelRejected, SpecInvalid, TargetUnavailable
-from enginefarm.inputs import SamplesInvalid, benchmark_shape_problems, load_samples
-from enginefarm.modelfile import inspect_upload
+from enginefarm.errors import SpecInvalid, TargetUnavailable
+from enginefarm.inputs import benchmark_shape_problems
 from storage import catalog
-from storage.blobs import get_blob_store, model_key, samples_key
 from storage.db import session_scope
-from storage.tables import ModelRow
-from storage.tokens import check_project
+from storage.tables import BuildRow, ModelRow
 from worker import dispatch
-from worker.pipeline import Scratch, bundle_limits
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +64,9 @@ def _needs_quantizing(model: ModelRow, spec: BuildSpec) -> bool:
     return spec.precision is Precision.INT8 and not model.info.get("has_qdq", False)
 
 
-def _create_build(settings: Settings, s, model: ModelRow, targets: list[Target], spec: BuildSpec,
-                  **extra: Any) -> tuple[int, list]:
-    """Record one validated build; returns its id and what to publish once committed."""
-    served = catalog.served_targets(s, settings.worker_ttl_seconds)
+def _create_build(s, model: ModelRow, targets: list[Target], spec: BuildSpec, served: dict[str, set[str]],
+                  **extra: Any) -> tuple[BuildRow, list]:
+    """Record one validated build; returns it and what to publish once committed."""
     quantize = _needs_quantizing(model, spec)
     build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize, **extra)
     if quantize:
@@ -81,7 +76,7 @@ def _create_build(settings: Settings, s, model: ModelRow, targets: list[Target],
     out = [("build", t.id, Target.parse(t.target)) for t in build.tasks if t.state == TaskState.QUEUED.value]
     out += [("bench", c.id, c.target) for c in checks]
     out += [("quantize", build.id, None)] if quantize else []
-    return build.id, out
+    return build, out
 
 
 def _publish(items: list) -> None:
@@ -95,19 +90,25 @@ def _publish(items: list) -> None:
 
 
 def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
-                 project: str | None = None) -> int:
+                 project: str | None = None, *, token_id: int | None = None,
+                 queue_without_worker: bool | None = None) -> int:
     """Validate the spec against the model and every target, record the build, queue its tasks;
     returns the build's id.
 
-    Raises SpecInvalid listing every problem at once. Tasks are published only after the
-    catalog commit, so a worker never sees a task the catalog does not have. An int8 build of a
-    model without Q/DQ nodes first queues the quantization stage; its tasks wait for it.
+    Raises SpecInvalid listing every problem at once, and what ``admission.admit`` raises (a target no live
+    worker serves, a full queue) with nothing recorded. Tasks are published only after the catalog commit, so
+    a worker never sees a task the catalog does not have. An int8 build of a model without Q/DQ nodes first
+    queues the quantization stage; its tasks wait for it.
     """
     with session_scope(settings) as s:
         model, targets, spec, problems = _validated(settings, s, model_id, target_texts, spec_payload, project=project)
         if problems:
             raise SpecInvalid(f"the build request has {len(problems)} problem(s)", problems=problems)
-        build_id, publish = _create_build(settings, s, model, targets, spec)
+        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        catalog.hold_admission(s)
+        build, publish = _create_build(s, model, targets, spec, served, token_id=token_id)
+        admission.admit(settings, s, [build], served, token_id=token_id, queue_without_worker=queue_without_worker)
+        build_id = build.id
     _publish(publish)
     return build_id
 
@@ -133,8 +134,10 @@ def _variant_label(overrides: dict[str, Any], axes: dict[str, list]) -> str:
 
 
 def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: dict, axes: dict[str, list],
-                 project: str | None = None) -> int:
-    """One build per combination of the axes' values, all validated before any is recorded; returns the sweep id."""
+                 project: str | None = None, *, token_id: int | None = None,
+                 queue_without_worker: bool | None = None) -> int:
+    """One build per combination of the axes' values, all validated before any is recorded and admitted as one
+    submission; returns the sweep id."""
     problems = [{"loc": ["axes", k], "msg": f"cannot sweep {k!r}; sweepable: {', '.join(SWEEP_AXES)}"}
                 for k in axes if k not in SWEEP_AXES]
     problems += [{"loc": ["axes", k], "msg": f"give {k!r} a non-empty list of values"}
@@ -163,9 +166,16 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
             raise SpecInvalid("two variants of the sweep are the same spec",
                               problems=[{"loc": ["axes"], "msg": "the axes repeat a value"}])
         model, targets = checked[0][1][0], checked[0][1][1]
+        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        catalog.hold_admission(s)
         sweep = catalog.add_sweep(s, model, axes, [str(t) for t in targets])
+        builds = []
         for label, (_, _, spec, _) in checked:
-            publish += _create_build(settings, s, model, targets, spec, sweep_id=sweep.id, variant=label)[1]
+            build, items = _create_build(s, model, targets, spec, served, sweep_id=sweep.id, variant=label,
+                                         token_id=token_id)
+            builds.append(build)
+            publish += items
+        admission.admit(settings, s, builds, served, token_id=token_id, queue_without_worker=queue_without_worker)
         sweep_id = sweep.id
     _publish(publish)
     return sweep_id
@@ -236,8 +246,12 @@ def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, 
 
 
 def build_for_machine(settings: Settings, model: str, version: str | None, machine: Machine, *,
-                      spec_hash: str | None, precision: str | None, project: str | None = None) -> dict[str, Any]:
-    """Submit (or find already running) the build that would give this machine an engine; the 202 body."""
+                      spec_hash: str | None, precision: str | None, project: str | None = None,
+                      token_id: int | None = None) -> dict[str, Any]:
+    """Submit (or find already running) the build that would give this machine an engine; the 202 body.
+
+    The target is the machine's own, so there is no other to choose: where no live worker serves it the build
+    is queued to wait for one, and the answer says so. The queue limits apply as to any build."""
     with session_scope(settings) as s:
         rows = catalog.find_models(s, model, project=project)  # every version, newest first
         row = catalog.find_models(s, model, version, project)[0] if version and version != "latest" else rows[0]
@@ -259,7 +273,8 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
         if open_task is not None:
             build_id, already = open_task.build_id, True
     if open_task is None:
-        build_id, already = submit_build(settings, model_id, [str(target)], spec), False
+        build_id, already = submit_build(settings, model_id, [str(target)], spec, token_id=token_id,
+                                         queue_without_worker=True), False
     with session_scope(settings) as s:
         state = next(t.state for t in catalog.get_build(s, build_id).tasks if t.target == str(target))
     detail = wait_reason(str(target), state, served)

@@ -1,7 +1,9 @@
 """Streaming multipart uploads: the file goes to disk chunk by chunk, hashed on the way.
 
 FastAPI's ``UploadFile`` would spool the whole body before the route runs and enforces no size
-limit; here the limit is checked while the bytes arrive and the sha256 is ready at the end.
+limit; here every limit is checked while the bytes arrive and the sha256 is ready at the end. The body as a
+whole is bounded too, whatever its framing (a Content-Length or chunks), so bytes outside any part, empty
+parts and long header lines cannot make the API hold or read more than a valid upload would send.
 """
 
 from __future__ import annotations
@@ -9,39 +11,128 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from collections import Counter
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import AsyncIterator
 
+import anyio
 from fastapi import Request
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from enginefarm.errors import ModelRejected, PayloadTooLarge
+from enginefarm import worklock
+from enginefarm.config import Settings
+from enginefarm.errors import EnginefarmError, ModelRejected, PayloadTooLarge
+from storage.tokens import Principal
 
 MAX_FIELD_BYTES = 64 << 10
+# A part's headers, bounded by the parser: this many lines of at most this many bytes each.
+PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
+MAX_PART_HEADER_BYTES = PART_HEADERS * (PART_HEADER_LINE_BYTES + 2)
+PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) and its line breaks
+RETRY_UPLOAD_AFTER_S = "5"
+
+
+class UploadTimedOut(EnginefarmError):
+    status_code = 408
+
+
+class TooManyUploads(EnginefarmError):
+    status_code = 429
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.headers = {"Retry-After": RETRY_UPLOAD_AFTER_S}
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """What one upload may send: its file, its other form fields (how many, their bytes together), and how long it
+    may pause. ``file_setting`` names the setting behind ``file_bytes`` for the messages."""
+
+    file_bytes: int
+    file_setting: str
+    form_fields: int
+    form_bytes: int
+    idle_timeout_s: float
+
+    @classmethod
+    def of(cls, settings: Settings, file_bytes: int, file_setting: str) -> UploadLimits:
+        return cls(file_bytes, file_setting, settings.max_form_fields, settings.max_form_bytes,
+                   settings.upload_idle_timeout_s)
+
+    @property
+    def body_bytes(self) -> int:
+        """The most a valid body can hold: the file, the fields, and each part's boundary and headers."""
+        parts = self.form_fields + 1
+        return self.file_bytes + self.form_bytes + parts * (MAX_PART_HEADER_BYTES + PART_FRAMING_BYTES)
+
+    def body_too_large(self, size: str) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"the request body is over the {self.body_bytes} bytes an upload may take ({size}): a file of up to "
+            f"{self.file_bytes} bytes ({self.file_setting}) and form fields of up to {self.form_bytes} bytes "
+            "(ENGINEFARM_MAX_FORM_BYTES); send a smaller file and only the form's own fields")
+
+
+class UploadSlots:
+    """The uploads each token has in flight in this API process, from its first byte until its route returns.
+
+    Counted in memory: a spool file and its descriptors are what an upload holds, and those belong to the process
+    too. Under ``uvicorn --workers N`` each process counts on its own, so a token may have up to N times the limit
+    in flight on the host; the limit is per process, not per farm. The check and the increment run on the event
+    loop with no await between them, so two uploads of one token cannot both take the last slot.
+    """
+
+    def __init__(self) -> None:
+        self._in_flight: Counter = Counter()
+
+    @asynccontextmanager
+    async def hold(self, principal: Principal, limit: int) -> AsyncIterator[None]:
+        key = principal.token_id if principal.token_id is not None else principal.name
+        if self._in_flight[key] >= limit:
+            raise TooManyUploads(f"token '{principal.name}' already has {limit} uploads in flight, the most one token "
+                                 "may have (ENGINEFARM_MAX_UPLOADS_PER_TOKEN); retry once one of them has finished")
+        self._in_flight[key] += 1
+        try:
+            yield
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
 
 
 @dataclass
 class ReceivedUpload:
+    """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.worklock``) until ``discard``, so the
+    garbage collector never takes it for the leftover of a crashed API."""
+
     fields: dict[str, str] = field(default_factory=dict)
     filename: str | None = None
     path: Path | None = None
     size: int = 0
     sha256: str = ""
+    lock: int | None = None
 
     def discard(self) -> None:
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+        worklock.release(self.lock)
+        self.lock = None
 
 
 class _Receiver:
-    """Callbacks for python-multipart's streaming parser: fields to memory (small), the file to disk."""
+    """Callbacks for python-multipart's streaming parser: fields to memory (small, few), the file to disk."""
 
-    def __init__(self, spool_dir: Path, max_bytes: int, file_field: str):
-        self.spool_dir, self.max_bytes, self.file_field = spool_dir, max_bytes, file_field
+    def __init__(self, spool_dir: Path, limits: UploadLimits, file_field: str):
+        self.spool_dir, self.limits, self.file_field = spool_dir, limits, file_field
         self.result = ReceivedUpload()
         self._headers: dict[bytes, bytes] = {}
         self._header_name = b""
         self._header_value = b""
+        self._parts = 0
+        self._form_bytes = 0
         self._name: str | None = None
         self._buf = bytearray()
         self._fh = None
@@ -55,6 +146,10 @@ class _Receiver:
         }
 
     def _part_begin(self) -> None:
+        self._parts += 1
+        if self._parts > self.limits.form_fields + 1:
+            raise PayloadTooLarge(f"the form has more than {self.limits.form_fields} fields besides the file "
+                                  "(ENGINEFARM_MAX_FORM_FIELDS); send only the file and the form's own fields")
         self._headers, self._name, self._buf = {}, None, bytearray()
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
@@ -74,27 +169,33 @@ class _Receiver:
             if self.result.path is not None:
                 raise ModelRejected(f"send one '{self.file_field}' part, not several")
             self.result.filename = params.get(b"filename", b"").decode("utf-8", "replace") or None
-            fd, tmp = tempfile.mkstemp(dir=self.spool_dir, prefix="upload-")
+            fd, tmp = tempfile.mkstemp(dir=self.spool_dir, prefix=worklock.SPOOL_PREFIX)
             self._fh = os.fdopen(fd, "wb")
             self.result.path = Path(tmp)
+            self.result.lock = worklock.hold(self.result.path)
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
         if self._fh is not None:
             self.result.size += len(chunk)
-            if self.result.size > self.max_bytes:
-                raise PayloadTooLarge(f"upload is larger than the limit of {self.max_bytes} bytes")
+            if self.result.size > self.limits.file_bytes:
+                raise PayloadTooLarge(f"upload is larger than the limit of {self.limits.file_bytes} bytes "
+                                      f"({self.limits.file_setting}); send a smaller file")
             self._digest.update(chunk)
             self._fh.write(chunk)
         else:
             self._buf += chunk
             if len(self._buf) > MAX_FIELD_BYTES:
                 raise ModelRejected(f"form field {self._name!r} is longer than {MAX_FIELD_BYTES} bytes")
+            self._form_bytes += len(chunk)
+            if self._form_bytes > self.limits.form_bytes:
+                raise PayloadTooLarge(f"the form fields besides the file are over {self.limits.form_bytes} bytes "
+                                      "together (ENGINEFARM_MAX_FORM_BYTES); send only the form's own fields")
 
     def _part_end(self) -> None:
         if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+            fh, self._fh = self._fh, None
+            fh.close()
             self.result.sha256 = self._digest.hexdigest()
         elif self._name:
             self.result.fields[self._name] = self._buf.decode("utf-8", "replace")
@@ -104,13 +205,35 @@ class _Receiver:
         """The file part has begun and not ended (its closing boundary has not arrived)."""
         return self._fh is not None
 
-    def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
+    def abandon(self) -> None:
+        """Close and remove the spool file, whatever state the write is in."""
+        fh, self._fh = self._fh, None
+        try:
+            if fh is not None:
+                fh.close()  # flushes: on a full disk this fails again, and the file still goes
+        except OSError:
+            pass
+        finally:
+            self.result.discard()
 
 
-async def receive_upload(request: Request, spool_dir: Path, max_bytes: int, file_field: str = "file") -> ReceivedUpload:
-    """Stream a multipart body to ``spool_dir``; raises 4xx errors for bad or oversized bodies.
+async def _chunks(request: Request, limits: UploadLimits) -> AsyncIterator[bytes]:
+    """The body's chunks; an UploadTimedOut when the client sends nothing for the idle timeout."""
+    stream = request.stream()
+    while True:
+        with anyio.move_on_after(limits.idle_timeout_s) as waited:
+            chunk = await anext(stream, None)
+        if waited.cancelled_caught:
+            raise UploadTimedOut(f"the upload sent nothing for {limits.idle_timeout_s:g} s "
+                                 "(ENGINEFARM_UPLOAD_IDLE_TIMEOUT_S) and was dropped; send the body without pauses")
+        if chunk is None:
+            return
+        yield chunk
+
+
+async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits,
+                         file_field: str = "file") -> ReceivedUpload:
+    """Stream a multipart body to ``spool_dir``; raises 4xx errors for bad, oversized or stalled bodies.
 
     On any error the partial file is removed, so an interrupted upload leaves nothing behind.
     """
@@ -118,13 +241,18 @@ async def receive_upload(request: Request, spool_dir: Path, max_bytes: int, file
     if ctype != b"multipart/form-data" or b"boundary" not in params:
         raise ModelRejected("send the model as multipart/form-data with a 'file' part")
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > max_bytes + MAX_FIELD_BYTES:
-        raise PayloadTooLarge(f"upload of {declared} bytes is larger than the limit of {max_bytes} bytes")
+    if declared and declared.isdigit() and int(declared) > limits.body_bytes:
+        raise limits.body_too_large(f"it declares {declared}")
     spool_dir.mkdir(parents=True, exist_ok=True)
-    receiver = _Receiver(spool_dir, max_bytes, file_field)
-    parser = MultipartParser(params[b"boundary"], receiver.callbacks())
+    receiver = _Receiver(spool_dir, limits, file_field)
+    parser = MultipartParser(params[b"boundary"], receiver.callbacks(), max_header_count=PART_HEADERS,
+                             max_header_size=PART_HEADER_LINE_BYTES)
+    received = 0
     try:
-        async for chunk in request.stream():
+        async for chunk in _chunks(request, limits):
+            received += len(chunk)
+            if received > limits.body_bytes:
+                raise limits.body_too_large(f"{received} bytes so far")
             parser.write(chunk)
         parser.finalize()
         if receiver.in_file_part:
@@ -132,14 +260,14 @@ async def receive_upload(request: Request, spool_dir: Path, max_bytes: int, file
             raise ModelRejected(f"malformed multipart body: it ends inside the '{file_field}' part, "
                                 "before the closing boundary; send the whole body")
     except BaseException as exc:
-        receiver.close()
-        receiver.result.discard()
-        if isinstance(exc, (ModelRejected, PayloadTooLarge)):
-            raise
+        receiver.abandon()
+        if isinstance(exc, MultipartParseError) and str(exc).startswith("Maximum header"):
+            raise PayloadTooLarge(f"a part's headers are over the limit of {PART_HEADERS} lines of at most "
+                                  f"{PART_HEADER_LINE_BYTES} bytes each; send each part with only its "
+                                  "Content-Disposition and Content-Type headers") from exc
         if isinstance(exc, Exception) and type(exc).__module__.startswith("python_multipart"):
             raise ModelRejected(f"malformed multipart body: {exc}") from exc
         raise
-    receiver.close()
     if receiver.result.path is None:
         raise ModelRejected(f"the form has no '{file_field}' part with the model")
     if receiver.result.size == 0:

@@ -105,12 +105,18 @@ class Client:
             return self._json(self.http.post(f"/v1/models/{model_id}/samples",
                                              files={"file": (path.name, f, "application/octet-stream")}, timeout=None))
 
-    def build(self, model_id: int, targets: list[str], spec: dict | None = None) -> dict:
-        return self._json(self.http.post("/v1/builds", json={"model_id": model_id, "targets": targets, "spec": spec or {}}))
+    def build(self, model_id: int, targets: list[str], spec: dict | None = None,
+              queue_without_worker: bool | None = None) -> dict:
+        """Submit a build. ``queue_without_worker``: queue targets no live worker serves now, to wait for one;
+        without it the farm refuses them (409) unless its ENGINEFARM_QUEUE_WITHOUT_WORKER says otherwise."""
+        return self._json(self.http.post("/v1/builds", json={"model_id": model_id, "targets": targets, "spec": spec or {},
+                                                             **_queueing(queue_without_worker)}))
 
-    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict | None = None) -> dict:
+    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict | None = None,
+              queue_without_worker: bool | None = None) -> dict:
         return self._json(self.http.post("/v1/sweeps", json={"model_id": model_id, "targets": targets,
-                                                             "spec": spec or {}, "axes": axes}))
+                                                             "spec": spec or {}, "axes": axes,
+                                                             **_queueing(queue_without_worker)}))
 
     def report(self, model_id: int) -> dict:
         return self.get(f"/v1/models/{model_id}/report")
@@ -261,6 +267,11 @@ class Fetched:
     path: Path | None
     from_cache: bool
     build: dict | None = None
+
+
+def _queueing(queue_without_worker: bool | None) -> dict:
+    """The request field, only when the caller chose: left out, the farm's own default applies."""
+    return {} if queue_without_worker is None else {"queue_without_worker": queue_without_worker}
 
 
 def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version: str | None = None,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 # --------------------------------------------------------------------------- backends and targets
 
@@ -149,7 +149,7 @@ class CalibrationSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     method: CalibrationMethod = CalibrationMethod.PERCENTILE
-    batch: int = Field(default=1, ge=1, le=4096, description="samples per calibration batch")
+    batch: StrictInt = Field(default=1, ge=1, le=4096, description="samples per calibration batch")
 
 
 class HardwareCompat(StrEnum):
@@ -158,16 +158,23 @@ class HardwareCompat(StrEnum):
     SAME_COMPUTE_CAPABILITY = "same_compute_capability"
 
 
+# Spec numbers and flags are strict: a JSON true is not the number 1, nor "64" the number 64.
+Dims = list[StrictInt]
+
+
 class ShapeRange(BaseModel):
     """One input's min/opt/max dims within an optimization profile."""
 
     model_config = ConfigDict(extra="forbid")
-    min: list[int]
-    opt: list[int]
-    max: list[int]
+    min: Dims
+    opt: Dims
+    max: Dims
 
 
 MAX_DIM = 1 << 20
+# TensorRT documents no limit on optimization profiles (tensorrt_rtx 1.7.1's builder config took 2,000), but each
+# one is tuned on its own, so build time and engine size grow with every profile.
+MAX_PROFILES = 32
 CHECK_FIELDS = ("benchmark", "accuracy")
 # Spec fields that change the engine but came after the first catalogs: hashed only when not at their default.
 LATER_FIELDS = ("keep_fp32_ops", "keep_fp32_layers", "keep_io_types", "graph_cleanup", "calibration", "fixed_inputs")
@@ -181,23 +188,23 @@ class BenchmarkSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    warmup_ms: int = Field(default=200, ge=0, le=60_000, description="time-based warm-up before measuring")
-    duration_s: float = Field(default=3.0, ge=0.0, le=600.0, description="minimum measured duration")
-    iterations: int = Field(default=10, ge=1, le=1_000_000, description="minimum measured iterations")
-    shapes: list[dict[str, list[int]]] = Field(
+    enabled: StrictBool = True
+    warmup_ms: StrictInt = Field(default=200, ge=0, le=60_000, description="time-based warm-up before measuring")
+    duration_s: StrictFloat = Field(default=3.0, ge=0.0, le=600.0, description="minimum measured duration")
+    iterations: StrictInt = Field(default=10, ge=1, le=1_000_000, description="minimum measured iterations")
+    shapes: list[dict[str, Dims]] = Field(
         default_factory=list, max_length=16,
         description="input shapes to measure at, each a full set; empty measures the profile's opt shapes")
-    batch_sizes: list[int] = Field(default_factory=list, max_length=16,
+    batch_sizes: list[StrictInt] = Field(default_factory=list, max_length=16,
                                    description="shorthand for shapes: the opt shapes with axis 0 set to each size")
-    cuda_graph: bool = Field(default=False, description="capture the inference in a CUDA graph (GPU engines)")
-    threads: int | None = Field(default=None, ge=1, le=1024, description="ONNX Runtime intra-op threads (CPU)")
-    value_ranges: dict[str, tuple[float, float]] = Field(
+    cuda_graph: StrictBool = Field(default=False, description="capture the inference in a CUDA graph (GPU engines)")
+    threads: StrictInt | None = Field(default=None, ge=1, le=1024, description="ONNX Runtime intra-op threads (CPU)")
+    value_ranges: dict[str, tuple[StrictFloat, StrictFloat]] = Field(
         default_factory=dict, max_length=1000,
         description="per input, the [low, high] range of generated values (Polygraphy's --val-range); without it, "
                     "integer inputs that index a table stay within it and others take 0..1")
-    use_samples: bool = Field(default=True, description="time on the model's uploaded samples where their shapes fit "
-                                                        "(trtexec's --loadInputs); else generated values")
+    use_samples: StrictBool = Field(default=True, description="time on the model's uploaded samples where their shapes "
+                                                              "fit (trtexec's --loadInputs); else generated values")
 
     @model_validator(mode="after")
     def _sizes(self) -> BenchmarkSpec:
@@ -218,6 +225,8 @@ ACCURACY_LIMITS = {"max_abs": "max", "mean_abs": "max", "rel_l2": "max", "cosine
                    "agreement": "min"}
 # Parameters of the elementwise check (not limits themselves).
 ELEMENTWISE_PARAMS = frozenset({"atol", "rtol"})
+# Figures that are fractions or a cosine: a limit above 1 could never be met.
+AT_MOST_ONE = frozenset({"cosine", "violations", "agreement"})
 
 # Default pass/fail limits per precision, against ONNX Runtime FP32 on the original model. Float precisions are
 # gated elementwise as Polygraphy compares; quantized ones on cosine and relative L2, because their error scales
@@ -236,26 +245,33 @@ class AccuracySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    enabled: bool = True
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of the random inputs (without samples)")
-    batches: int = Field(default=2, ge=1, le=64, description="random input batches (without samples)")
-    tolerances: dict[str, float] = Field(
+    enabled: StrictBool = True
+    seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1, description="seed of the random inputs (without samples)")
+    batches: StrictInt = Field(default=2, ge=1, le=64, description="random input batches (without samples)")
+    tolerances: dict[str, StrictFloat] = Field(
         default_factory=dict, description="limits overriding the precision's defaults: atol and rtol (the elementwise "
                                           "check |engine-ref| <= atol + rtol*|ref|), violations (the fraction of "
                                           "elements allowed outside it), max_abs, mean_abs, rel_l2 (upper limits), "
                                           "cosine and agreement (lower limits; agreement judges integer outputs)")
 
-    @model_validator(mode="after")
-    def _known(self) -> AccuracySpec:
+    @field_validator("tolerances")
+    @classmethod
+    def _known(cls, tolerances: dict[str, float]) -> dict[str, float]:
         known = [*ACCURACY_LIMITS, *sorted(ELEMENTWISE_PARAMS)]
-        unknown = sorted(set(self.tolerances) - set(known))
+        unknown = sorted(set(tolerances) - set(known))
         if unknown:
             raise ValueError(f"unknown tolerance(s) {unknown}; known: {', '.join(known)}")
-        # NaN or infinity would pass or fail every check, and the catalog's JSON cannot store them.
-        odd = sorted(k for k, v in self.tolerances.items() if not math.isfinite(v) or v < 0)
+        # NaN or infinity would pass or fail every check, and the catalog's JSON cannot store them; a negative
+        # limit or parameter can never be met.
+        odd = sorted(k for k, v in tolerances.items() if not math.isfinite(v) or v < 0)
         if odd:
-            raise ValueError(f"tolerance(s) {odd} must be finite numbers >= 0")
-        return self
+            raise ValueError(f"tolerance(s) {odd} must be finite numbers >= 0, got "
+                             f"{', '.join(f'{k}={tolerances[k]}' for k in odd)}")
+        over = sorted(k for k in AT_MOST_ONE if tolerances.get(k, 0) > 1)
+        if over:
+            raise ValueError(f"tolerance(s) {over} must be at most 1: cosine similarity and the fractions of "
+                             f"elements are within 0..1, got {', '.join(f'{k}={tolerances[k]}' for k in over)}")
+        return tolerances
 
     def limits(self, precision: str) -> dict[str, float]:
         return {**DEFAULT_TOLERANCES.get(precision, {}), **self.tolerances}
@@ -267,20 +283,21 @@ class BuildSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     precision: Precision = Precision.FP32
-    shapes: dict[str, list[int]] = Field(default_factory=dict, description="static shapes per input")
-    profiles: list[dict[str, ShapeRange]] = Field(default_factory=list, description="min/opt/max per input, per profile")
-    workspace_mib: int | None = Field(default=None, ge=1, le=1 << 20)
-    optimization_level: int = Field(default=3, ge=0, le=5)
+    shapes: dict[str, Dims] = Field(default_factory=dict, description="static shapes per input")
+    profiles: list[dict[str, ShapeRange]] = Field(default_factory=list, description=f"min/opt/max per input, per "
+                                                  f"profile; at most {MAX_PROFILES} different profiles")
+    workspace_mib: StrictInt | None = Field(default=None, ge=1, le=1 << 20)
+    optimization_level: StrictInt = Field(default=3, ge=0, le=5)
     hardware_compatibility: HardwareCompat = HardwareCompat.NONE
-    version_compatible: bool = False
-    timing_cache: bool = True
-    strongly_typed: bool = False
+    version_compatible: StrictBool = False
+    timing_cache: StrictBool = True
+    strongly_typed: StrictBool = False
     # Mixed precision: what stays fp32 when the graph is converted for an fp16/bf16 strongly typed build.
     keep_fp32_ops: list[str] = Field(default_factory=list, max_length=1000,
                                      description="op types kept in fp32 in an fp16 build, e.g. Softmax")
     keep_fp32_layers: list[str] = Field(default_factory=list, max_length=10_000,
                                         description="node names kept in fp32 in an fp16 build")
-    keep_io_types: bool = Field(default=True, description="fp16 builds keep fp32 inputs and outputs")
+    keep_io_types: StrictBool = Field(default=True, description="fp16 builds keep fp32 inputs and outputs")
     graph_cleanup: GraphCleanup = Field(default=GraphCleanup.NONE, description="rewrite the graph before building: "
                                         "onnxslim folds constants, infers shapes and removes dead nodes")
     calibration: CalibrationSpec = Field(default_factory=lambda: CalibrationSpec(),
@@ -292,6 +309,25 @@ class BuildSpec(BaseModel):
     # How the engines are checked after the build. Not part of the spec hash: they do not change the engine.
     benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
     accuracy: AccuracySpec = Field(default_factory=AccuracySpec)
+
+    @field_validator("profiles")
+    @classmethod
+    def _distinct_profiles(cls, profiles: list[dict[str, ShapeRange]]) -> list[dict[str, ShapeRange]]:
+        first: dict[str, int] = {}
+        repeats = []
+        for i, profile in enumerate(profiles):
+            key = json.dumps({n: r.model_dump() for n, r in profile.items()}, sort_keys=True)
+            if key in first:
+                repeats.append(f"profile {i} repeats profile {first[key]}")
+            else:
+                first[key] = i
+        if repeats:
+            shown = ", ".join(repeats[:5]) + (f" and {len(repeats) - 5} more" if len(repeats) > 5 else "")
+            raise ValueError(f"profiles repeat: {shown}; give each min/opt/max profile once")
+        if len(profiles) > MAX_PROFILES:
+            raise ValueError(f"at most {MAX_PROFILES} optimization profiles, not {len(profiles)}: each one is tuned "
+                             "separately, so build time and engine size grow with every profile")
+        return profiles
 
     @model_validator(mode="after")
     def _no_input_twice(self) -> BuildSpec:

@@ -202,6 +202,38 @@ class SamplesInvalid(ValueError):
         self.problems = problems
 
 
+def _claimed_bytes(member) -> tuple[list[int], np.dtype, int]:
+    """An .npy member's shape, dtype and size in bytes as its header states them, read without its data."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+    elif version == (2, 0):
+        shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+    else:  # 3.0 only adds UTF-8 field names, which no model input has
+        raise ValueError(f".npy format version {version[0]}.{version[1]} is not read here; save with numpy.savez")
+    return list(shape), dtype, int(np.prod(shape, dtype=object)) * dtype.itemsize
+
+
+def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
+    """Refuse arrays whose headers claim more than ``max_bytes`` before numpy allocates them: an array's size comes
+    from its header, not from the bytes that follow, so a few bytes can claim terabytes."""
+    problems, total = [], 0
+    for entry in zf.infolist():
+        name = entry.filename.removesuffix(".npy")
+        with zf.open(entry) as member:
+            shape, dtype, size = _claimed_bytes(member)
+        total += size
+        if size > max_bytes:
+            problems.append({"loc": ["samples", name], "msg": (
+                f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} bytes "
+                "samples may unpack to; send fewer or smaller samples")})
+    if not problems and total > max_bytes:
+        problems.append({"loc": ["samples"], "msg": f"the arrays claim {total} bytes together, more than the "
+                                                    f"{max_bytes} bytes samples may unpack to; send fewer samples"})
+    if problems:
+        raise SamplesInvalid(problems)
+
+
 def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30) -> dict[str, np.ndarray]:
     """Read an ``.npz`` of samples (no pickles) and check it against the model's inputs.
 
@@ -218,10 +250,12 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
             unpacked = sum(e.file_size for e in entries)
             if unpacked > max_bytes:
                 raise SamplesInvalid([{"loc": ["samples"], "msg": f"samples unpack to {unpacked} bytes, more than {max_bytes}"}])
+            _check_claimed_sizes(zf, max_bytes)
         arrays = dict(np.load(io.BytesIO(data), allow_pickle=False))
     except SamplesInvalid:
         raise
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+    # zipfile raises NotImplementedError for an unknown compression and RuntimeError for an encrypted member.
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
         raise SamplesInvalid([{"loc": ["samples"], "msg": f"not a readable .npz file of plain arrays: {exc}"}]) from None
     by_name = {t.name: t for t in info.inputs}
     for name in sorted(set(arrays) - set(by_name)):

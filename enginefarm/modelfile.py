@@ -41,6 +41,11 @@ _MAX_NAME_COMPONENT = 255
 _DRIVE = re.compile(r"^[A-Za-z]:")
 # No builder takes a dimension this large; a model declaring one is broken or hostile.
 _MAX_DECLARED_DIM = (1 << 31) - 1
+# Graph input and output names (and dim names) are stored with the model, shown in every listing and build log,
+# and written into Triton configurations; real exporters stay far below this.
+MAX_TENSOR_NAME_BYTES = 1024
+_NAME_SHOWN = 40
+_INT64_DIGITS = 19
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 _ARCHIVE_ERRORS = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, NotImplementedError)
@@ -460,17 +465,26 @@ def _is_external(tensor: TensorProto) -> bool:
 # --------------------------------------------------------------------------- external data
 
 
+def _external_number(tensor: TensorProto, key: str, value: str) -> int:
+    """An external-data offset or length as ONNX Runtime reads it: plain ASCII digits. Python's int() also takes
+    spaces, a sign, '_' and other scripts' digits, which would pass here and fail in every build."""
+    where = f"external data offset/length for tensor {tensor.name!r}"
+    if value.isascii() and value.isdigit():
+        if len(value) > _INT64_DIGITS:  # also keeps int() clear of its limit on very long digit strings
+            raise ModelRejected(f"{where} are over the int64 range ONNX Runtime reads: {key} has {len(value)} digits")
+        return int(value)
+    if value.startswith("-") and value[1:].isascii() and value[1:].isdigit() and int(value[1:]):
+        raise ModelRejected(f"{where} are negative: {key} {value!r}; give a byte position within the data file")
+    raise ModelRejected(f"{where} are not integers: {key} {value!r} must be plain ASCII digits, without sign, "
+                        "spaces or other characters")
+
+
 def _external_fields(tensor: TensorProto) -> tuple[str, int, int | None]:
     """Return the tensor's (location, offset, length); length is None when it runs to the file's end."""
     fields = {e.key: e.value for e in tensor.external_data}
     location = fields.get("location", "")
-    try:
-        offset = int(fields.get("offset") or 0)
-        length = int(fields["length"]) if fields.get("length") else None
-    except ValueError:
-        raise ModelRejected(f"external data offset/length for tensor {tensor.name!r} are not integers") from None
-    if offset < 0 or (length is not None and length < 0):
-        raise ModelRejected(f"external data offset/length for tensor {tensor.name!r} are negative")
+    offset = _external_number(tensor, "offset", fields["offset"]) if "offset" in fields else 0
+    length = _external_number(tensor, "length", fields["length"]) if "length" in fields else None
     return location, offset, length
 
 
@@ -545,6 +559,32 @@ def _text(value: str | bytes, what: str) -> str:
     return value
 
 
+def _short(name: str) -> str:
+    return repr(name if len(name) <= _NAME_SHOWN else name[:_NAME_SHOWN] + "...")
+
+
+def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
+    """Reject graph input or output names (and their dim names) over MAX_TENSOR_NAME_BYTES, and negative dims:
+    ONNX dims are sizes, 0 or more; dynamic ones have a name or no value."""
+    for value in values:
+        name = _text(value.name, "tensor name")
+        if len(name.encode()) > MAX_TENSOR_NAME_BYTES:
+            raise ModelRejected(f"{kind} {_short(name)} has a name of {len(name.encode())} bytes, which is longer than "
+                                f"{MAX_TENSOR_NAME_BYTES} bytes; rename it")
+        kind_of = value.type.WhichOneof("value")
+        if kind_of not in ("tensor_type", "sparse_tensor_type"):
+            continue
+        for axis, d in enumerate(getattr(value.type, kind_of).shape.dim):
+            which = d.WhichOneof("value")
+            if which == "dim_value" and d.dim_value < 0:
+                raise ModelRejected(f"{kind} {_short(name)} declares dim {d.dim_value} at axis {axis}; a dim is a size, "
+                                    "0 or more, or a name (or nothing) for a dynamic one")
+            param = _text(d.dim_param, f"dim name of {_short(name)}") if which == "dim_param" else ""
+            if len(param.encode()) > MAX_TENSOR_NAME_BYTES:
+                raise ModelRejected(f"the dim name at axis {axis} of {kind} {_short(name)} is longer than "
+                                    f"{MAX_TENSOR_NAME_BYTES} bytes; use a short name such as 'batch'")
+
+
 def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
     """Describe a graph input or output; non-tensor types (sequences, maps) get their kind as dtype."""
     name = _text(value.name, "tensor name")
@@ -589,6 +629,8 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
     graph = model.graph
     weights = {t.name for t in graph.initializer} | {s.values.name for s in graph.sparse_initializer}
     inputs = [v for v in graph.input if v.name not in weights]
+    _check_io("input", inputs)
+    _check_io("output", graph.output)
     _check_inputs(inputs)
     return ModelInfo(
         inputs=[_tensor_info(v) for v in inputs],

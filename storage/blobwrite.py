@@ -23,19 +23,36 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
 from storage.blobs.base import BlobStore
 from storage.db import UNAVAILABLE, session_scope, with_patience
-from storage.gc import is_referenced
+from storage.tables import EngineRow, ModelRow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# Every catalog column that holds a blob key. A new column that points at a blob belongs here, or its
+# blobs will be collected (tests/storage/test_gc.py checks that no *_key column is left out).
+REFERENCE_COLUMNS = (ModelRow.blob_key, ModelRow.samples_key, EngineRow.blob_key)
+
 # File locks for a SQLite catalog: one file per stripe, not per key, so they never pile up.
 LOCK_STRIPES = 256
+
+
+def referenced_keys(session: Session) -> set[str]:
+    """Every blob key some catalog row points at."""
+    keys: set[str] = set()
+    for column in REFERENCE_COLUMNS:
+        keys.update(session.scalars(select(column).where(column.is_not(None)).distinct()))
+    return keys
+
+
+def is_referenced(session: Session, key: str) -> bool:
+    return any(session.scalar(select(column).where(column == key).limit(1)) is not None
+               for column in REFERENCE_COLUMNS)
 
 
 def _lock_id(key: str) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
@@ -145,14 +145,15 @@ def find_engine(session: Session, model_sha: str, spec_hash: str, target: str, b
 
 def add_build(session: Session, model: ModelRow, spec: BuildSpec, targets: list[Target],
               backend_versions: dict[str, set[str]], *, waiting: bool = False, sweep_id: int | None = None,
-              variant: str | None = None) -> tuple[BuildRow, list[BenchmarkTaskRow]]:
+              variant: str | None = None, token_id: int | None = None) -> tuple[BuildRow, list[BenchmarkTaskRow]]:
     """Record a build with one task per target. A target whose engine already exists for the backend
     version the live workers run is answered from the catalog: its task is born succeeded, and the engine
     is checked with this build's benchmark settings if it never was. ``waiting`` holds the tasks back for
-    an earlier stage. Returns the build and the benchmark tasks it queued (to publish after the commit)."""
+    an earlier stage; ``token_id`` is the API token that asked. Returns the build and the benchmark tasks it
+    queued (to publish after the commit)."""
     spec_hash = spec.spec_hash()
     build = BuildRow(model_id=model.id, spec=spec.stored(), spec_hash=spec_hash, targets=[str(t) for t in targets],
-                     sweep_id=sweep_id, variant=variant)
+                     sweep_id=sweep_id, variant=variant, token_id=token_id)
     session.add(build)
     session.flush()
     checks: list[BenchmarkTaskRow] = []
@@ -172,6 +173,27 @@ def add_build(session: Session, model: ModelRow, spec: BuildSpec, targets: list[
         session.add(task)
     session.flush()
     return build, checks
+
+
+# A PostgreSQL advisory lock key of our own ("admit"), held while a submission counts the queue and adds to it.
+ADMISSION_LOCK = 0x61646D6974
+PENDING_STATES = (TaskState.QUEUED.value, TaskState.WAITING.value)
+
+
+def hold_admission(session: Session) -> None:
+    """Serialize build submissions until this transaction ends, so that counting the queue and adding to it are
+    one step and two submissions at a limit cannot both see room. PostgreSQL takes a transaction-level advisory
+    lock. SQLite needs none: its one write lock is taken by the submission's first insert, before it counts."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADMISSION_LOCK})
+
+
+def pending_tasks(session: Session, token_id: int | None = None) -> int:
+    """Build tasks queued or waiting for an earlier stage: the farm's, or those of builds one token asked for."""
+    query = select(func.count()).select_from(BuildTaskRow).where(BuildTaskRow.state.in_(PENDING_STATES))
+    if token_id is not None:
+        query = query.join(BuildRow, BuildTaskRow.build_id == BuildRow.id).where(BuildRow.token_id == token_id)
+    return session.scalar(query) or 0
 
 
 def claim_quantize(session: Session, build_id: int, worker_id: str) -> bool:

@@ -5,7 +5,7 @@ interrupted between the two (a killed process, a lost database), or samples repl
 The collector runs as ``enginefarm gc`` and in the periodic sweep; both call ``collect_garbage``.
 
 Why it never deletes a referenced blob, although writers store a blob *before* they commit the row
-that points at it (``BlobStore.put_for_row``, ``worker.tasks``), and nothing locks the two together:
+that points at it (``storage.blobwrite``):
 
 1. It lists the objects first and reads the referenced keys after. A row that committed before
    the read is seen; a blob stored after the listing is not considered at all.
@@ -13,30 +13,39 @@ that points at it (``BlobStore.put_for_row``, ``worker.tasks``), and nothing loc
    moments before the listing, so it is young and kept. A content-addressed write that finds its
    bytes already stored (perhaps an old orphan) copies nothing but refreshes the object's modified
    time (``BlobStore.put_file``), so a re-used old blob is young again as well.
-3. Just before deleting each candidate it checks the catalog again for that one key, in a fresh
-   transaction, then looks at the object again: a row that committed during the sweep, or a
-   refresh since the listing, keeps the blob.
+3. Its last look at each candidate (the catalog for that one key, then the object) and the delete run
+   under the key's lock (``blobwrite.locked_session``), which every writer holds from storing the bytes
+   until its row commits. A write in progress makes the collector wait, and then its row keeps the
+   blob; a write that starts after the delete stores the bytes again. This holds with no grace period
+   at all; the grace period must still exceed any clock skew between this host and the blob store (S3
+   stamps LastModified with its own clock), since it is what keeps partial uploads in progress.
 
-What is left is a write that refreshes an old orphan in the moment between that last look and the
-delete: the row then points at a blob that is gone. The grace period must also exceed any clock
-skew between this host and the blob store (S3 stamps LastModified with its own clock).
+The same sweep clears this host's work dir (``Settings.work_dir``; each API and worker host has its own, so a sweep
+cleans only the host it runs on): spool files of uploads an API crash cut off (``uploads/upload-*``) and scratch
+folders of builds whose process was killed (``build-*``). A process holds a lock on each one it uses
+(``enginefarm.worklock``), and the kernel drops it when the process dies, so one that is held is never removed.
+An unheld one goes once it is also older than the grace period or, sooner, than a live one can be without being
+touched: a spool file past ``upload_idle_timeout_s`` (an upload that paused that long was dropped), a scratch
+folder past ``build_time_limit_s`` (a build that ran that long was killed). The ages only matter for the moment
+between creating one and locking it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
+from enginefarm import worklock
 from enginefarm.config import Settings
 from enginefarm.errors import EnginefarmError
 from storage.blobs import get_blob_store
 from storage.blobs.base import BlobObject, BlobStore
+from storage.blobwrite import is_referenced, locked_session, referenced_keys
 from storage.db import session_scope
-from storage.tables import EngineRow, ModelRow
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +53,9 @@ log = logging.getLogger(__name__)
 MANAGED_PREFIXES = ("models/", "engines/", "samples/")
 # Uploads and builds commit their row within seconds of storing the blob; a day also dwarfs any clock skew.
 DEFAULT_GRACE_SECONDS = 24 * 3600.0
-# Every catalog column that holds a blob key. A new column that points at a blob belongs here, or its
-# blobs will be collected (tests/storage/test_gc.py checks that no *_key column is left out).
-REFERENCE_COLUMNS = (ModelRow.blob_key, ModelRow.samples_key, EngineRow.blob_key)
+# A spool file or scratch folder exists a moment before its process locks it: one younger than this is never
+# taken for a leftover, whatever the grace period (a sweep with none at all runs in the tests).
+WORK_MIN_AGE_S = 60.0
 
 
 class GcRefused(EnginefarmError):
@@ -71,6 +80,9 @@ class GcReport:
     partials_deleted: list[str] = field(default_factory=list)  # leftovers of interrupted writes
     partials_bytes: int = 0
     missing: list[str] = field(default_factory=list)  # referenced, yet not in the listing: a lost blob
+    stale_uploads: list[str] = field(default_factory=list)  # spool files in this host's work dir, relative to it
+    stale_scratch: list[str] = field(default_factory=list)  # scratch folders in this host's work dir
+    stale_bytes: int = 0
     errors: list[str] = field(default_factory=list)  # "key: why"; the sweep goes on past each
 
     def to_dict(self) -> dict:
@@ -83,20 +95,8 @@ class GcReport:
         return (f"gc: scanned {self.scanned}, referenced {self.referenced}, {verb} {len(self.deleted)} "
                 f"({self.deleted_bytes} bytes) and {len(self.partials_deleted)} partial upload(s) "
                 f"({self.partials_bytes} bytes), kept {len(self.kept_young)} young, {len(self.missing)} missing, "
-                f"{len(self.errors)} error(s)")
-
-
-def referenced_keys(session: Session) -> set[str]:
-    """Every blob key some catalog row points at."""
-    keys: set[str] = set()
-    for column in REFERENCE_COLUMNS:
-        keys.update(session.scalars(select(column).where(column.is_not(None)).distinct()))
-    return keys
-
-
-def is_referenced(session: Session, key: str) -> bool:
-    return any(session.scalar(select(column).where(column == key).limit(1)) is not None
-               for column in REFERENCE_COLUMNS)
+                f"{len(self.errors)} error(s); work dir: {verb} {len(self.stale_uploads)} upload spool file(s) and "
+                f"{len(self.stale_scratch)} scratch folder(s) ({self.stale_bytes} bytes)")
 
 
 def collect_garbage(settings: Settings, *, grace_seconds: float, dry_run: bool = False,
@@ -115,6 +115,7 @@ def collect_garbage(settings: Settings, *, grace_seconds: float, dry_run: bool =
     store = store or get_blob_store(settings)
     now = now or datetime.now(timezone.utc)
     report = GcReport(dry_run=dry_run, grace_seconds=grace_seconds, cutoff=now - timedelta(seconds=grace_seconds))
+    sweep_work_dir(settings, report, now)
 
     # The listing first, the referenced keys after: see the module docstring.
     listed = [obj for prefix in MANAGED_PREFIXES for obj in store.objects(prefix)]
@@ -152,25 +153,66 @@ def collect_garbage(settings: Settings, *, grace_seconds: float, dry_run: bool =
         except Exception as exc:  # noqa: BLE001
             report.errors.append(f"{partial.key}: {exc}")
 
-    if report.deleted or report.partials_deleted or report.errors:
+    if report.deleted or report.partials_deleted or report.stale_uploads or report.stale_scratch or report.errors:
         log.warning(report.summary())
     return report
 
 
+def sweep_work_dir(settings: Settings, report: GcReport, now: datetime) -> None:
+    """Remove this host's dead spool files and scratch folders (see the module docstring), recording them."""
+    work, grace = settings.work_dir, report.grace_seconds
+    kinds = ((sorted((work / worklock.SPOOL_FOLDER).glob(f"{worklock.SPOOL_PREFIX}*")),
+              max(WORK_MIN_AGE_S, min(grace, settings.upload_idle_timeout_s)), report.stale_uploads),
+             (sorted(work.glob(f"{worklock.SCRATCH_PREFIX}*")),
+              max(WORK_MIN_AGE_S, min(grace, settings.build_time_limit_s)), report.stale_scratch))
+    for paths, dead_after, found in kinds:
+        cutoff = now.timestamp() - dead_after
+        for path in paths:
+            try:
+                with worklock.unused(path) as free:
+                    # Looked at under the lock: a process that locked it since the listing has it now.
+                    if not free or path.lstat().st_mtime > cutoff:
+                        continue
+                    size = _bytes_under(path)
+                    if not report.dry_run:
+                        _remove(path)
+            except FileNotFoundError:  # its process finished with it meanwhile
+                continue
+            except OSError as exc:
+                report.errors.append(f"{path}: {exc}")
+                continue
+            found.append(path.relative_to(work).as_posix())
+            report.stale_bytes += size
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _bytes_under(path: Path) -> int:
+    if not path.is_dir():
+        return path.lstat().st_size
+    return sum(os.lstat(os.path.join(root, name)).st_size for root, _, names in os.walk(path) for name in names)
+
+
 def _collect(settings: Settings, store: BlobStore, obj: BlobObject, report: GcReport) -> None:
-    """Delete one candidate after a last look at the catalog, then at the object, in that order."""
-    with session_scope(settings) as s:  # a fresh transaction: it sees rows committed since the listing
+    """Delete one candidate after a last look at the catalog, then at the object, under the key's lock: a
+    writer of the same bytes holds it from storing them until its row commits (``storage.blobwrite``)."""
+    with locked_session(settings, obj.key) as s:  # a fresh transaction: it sees rows committed since the listing
         if is_referenced(s, obj.key):
             report.referenced += 1
             return
-    current = store.stat(obj.key)
-    if current is None:
-        report.vanished += 1
-        return
-    if current.modified > report.cutoff:  # rewritten or re-used since the listing
-        report.kept_young.append(obj.key)
-        return
-    if not report.dry_run:
-        store.delete(obj.key)  # a missing object is fine: deleting is idempotent
+        current = store.stat(obj.key)
+        if current is None:
+            report.vanished += 1
+            return
+        if current.modified > report.cutoff:  # rewritten or re-used since the listing
+            report.kept_young.append(obj.key)
+            return
+        if not report.dry_run:
+            store.delete(obj.key)  # a missing object is fine: deleting is idempotent
     report.deleted.append(obj.key)
     report.deleted_bytes += current.size

@@ -56,6 +56,9 @@ class BuildRow(Base):
     variant: Mapped[str | None] = mapped_column(String(200))  # a sweep's label for this build, "fp16 opt3"
     # The int8 quantization stage, when the build needed a Q/DQ model first: state, source, report, error.
     quantize: Mapped[dict | None] = mapped_column(JSON)
+    # The API token that asked for the build, which its queue limit counts against; unset for a build the farm
+    # made without one, and once the token is deleted.
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True)
 
     model: Mapped[ModelRow] = relationship()
     tasks: Mapped[list[BuildTaskRow]] = relationship(back_populates="build", order_by="BuildTaskRow.id")

@@ -8,6 +8,7 @@ one: nobody can guess such a token from its hash, and checking it costs one inde
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,13 +17,17 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.errors import NotFound, SpecInvalid
+from enginefarm.validation import project_problem
 from storage.db import as_utc
 from storage.tables import ApiTokenRow, utcnow
 
 SCOPES = ("read", "build", "admin")  # each includes the ones before it
 TOKEN_PREFIX = "ef_"
 MAX_TOKEN_CHARS = 200
-PROJECT_MAX = 64
+# Expiry times are stored to the microsecond, but a token that is gone before a client can use it is a mistake,
+# and a lifetime that rounds to nothing once meant "never expires".
+MIN_LIFETIME = timedelta(seconds=1)
+MAX_LIFETIME_DAYS = 3650
 # Recording every use would be a write per request; once a minute is enough to tell stale tokens.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -62,10 +67,27 @@ def check_scopes(scopes: list[str]) -> str:
 
 def check_project(project: str | None) -> str | None:
     """A project name as given, or a SpecInvalid that says what a name may hold."""
-    if project is not None and (not 1 <= len(project) <= PROJECT_MAX or not all(c.isalnum() or c in "-_." for c in project)
-                                or not project[0].isalnum()):
-        raise SpecInvalid(f"a project name is 1-{PROJECT_MAX} letters, digits, '-', '_' or '.', starting with a letter or digit")
+    if project is not None and (problem := project_problem(project)):
+        raise SpecInvalid(problem)
     return project
+
+
+def lifetime_problem(days: float) -> str | None:
+    """Why a token cannot live ``days`` days, or None."""
+    smallest = MIN_LIFETIME / timedelta(days=1)
+    if math.isfinite(days) and smallest <= days <= MAX_LIFETIME_DAYS:
+        return None
+    return (f"a token must live at least {MIN_LIFETIME.total_seconds():g} second ({smallest:.3g} days) and at most "
+            f"{MAX_LIFETIME_DAYS} days, not {days!r}; leave it out for a token that lasts until revoked")
+
+
+def lifetime(days: float | None) -> timedelta | None:
+    """A token lifetime given in days (None: until revoked), or a SpecInvalid that says what is allowed."""
+    if days is None:
+        return None
+    if problem := lifetime_problem(days):
+        raise SpecInvalid(problem)
+    return timedelta(days=days)
 
 
 def create_token(session: Session, name: str, scopes: list[str], expires_in: timedelta | None = None,
@@ -76,9 +98,15 @@ def create_token(session: Session, name: str, scopes: list[str], expires_in: tim
     check_project(project)
     if not name or len(name) > 100:
         raise SpecInvalid("a token name needs 1 to 100 characters")
+    now = utcnow()
+    expires_at = now + expires_in if expires_in is not None else None
+    if expires_at is not None and expires_at <= now:
+        raise SpecInvalid(f"a token's expiry must be in the future, and a lifetime of {expires_in.total_seconds():g} "
+                          f"seconds puts it at the moment it is made; give at least {MIN_LIFETIME.total_seconds():g} "
+                          "second, or none for a token that lasts until revoked")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiTokenRow(name=name, token_hash=hash_token(token), prefix=token[:10], scopes=sorted(set(scopes), key=rank),
-                      expires_at=utcnow() + expires_in if expires_in else None, project=project)
+                      expires_at=expires_at, project=project)
     session.add(row)
     session.flush()
     return row, token

@@ -60,6 +60,8 @@ def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
     # suite's own load (two cores) was taken for dead and its running check requeued.
     env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
                 "ENGINEFARM_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT),
+                # Tests send up to 8 uploads at once with the session's one token (identical-upload races).
+                "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": "16",
                 # The reconciler runs every second and takes a message as lost after 3 s in an empty queue.
                 "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
     return env

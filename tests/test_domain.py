@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pydantic
 import pytest
 
 from enginefarm.domain import (
     ARCHES,
+    MAX_PROFILES,
     Backend,
     BuildSpec,
     ModelInfo,
@@ -18,7 +21,7 @@ from enginefarm.domain import (
     parse_trtexec_shapes,
     spec_shapes_from_trtexec,
 )
-from enginefarm.validation import parse_targets, validate_spec
+from enginefarm.validation import check_model_name, parse_targets, project_problem, validate_spec
 
 
 def T(text: str) -> Target:
@@ -421,3 +424,108 @@ def test_fixed_input_values_must_be_rectangular_numbers():
     with pytest.raises(pydantic.ValidationError, match="at most 4096 values"):
         BuildSpec(fixed_inputs={"x": [0] * 5000})
     assert BuildSpec(fixed_inputs={"state": [[1, 2], [3, 4]]}).fixed_inputs["state"] == [[1, 2], [3, 4]]
+
+
+def _errors(**spec) -> list[tuple[tuple, str]]:
+    with pytest.raises(pydantic.ValidationError) as caught:
+        BuildSpec(**spec)
+    return [(e["loc"], e["msg"]) for e in caught.value.errors()]
+
+
+def test_profiles_may_not_repeat_and_are_capped():
+    """Was broken: 2,000 identical profiles were accepted and handed to the builder."""
+    rng = {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}
+    other = {**rng, "max": [16, 3, 32, 32]}
+    [(loc, msg)] = _errors(profiles=[{"input": rng}, {"input": other}, {"input": rng}, {"input": other}])
+    assert loc == ("profiles",)
+    assert "profiles repeat: profile 2 repeats profile 0, profile 3 repeats profile 1" in msg, msg
+    [(loc, msg)] = _errors(profiles=[{"input": rng}] * 2000)
+    assert "profile 1 repeats profile 0" in msg and len(msg) < 500, msg  # says which, without listing 2,000
+    many = [{"input": {**rng, "max": [8 + i, 3, 32, 32]}} for i in range(MAX_PROFILES + 1)]
+    [(loc, msg)] = _errors(profiles=many)
+    assert f"at most {MAX_PROFILES} optimization profiles, not {MAX_PROFILES + 1}" in msg, msg
+    assert len(BuildSpec(profiles=many[:MAX_PROFILES]).profiles) == MAX_PROFILES
+
+
+@pytest.mark.parametrize("tolerances, says", [
+    ({"atol": -1e-3}, "['atol'] must be finite numbers >= 0"),
+    ({"rtol": float("nan"), "max_abs": -1}, "['max_abs', 'rtol'] must be finite numbers >= 0"),
+    ({"cosine": 1.5}, "['cosine'] must be at most 1"),
+    ({"violations": 2.0, "agreement": 1.01}, "['agreement', 'violations'] must be at most 1"),
+])
+def test_tolerances_outside_their_range(tolerances, says):
+    [(loc, msg)] = _errors(accuracy={"tolerances": tolerances})
+    assert loc == ("accuracy", "tolerances") and says in msg, (loc, msg)
+
+
+@pytest.mark.parametrize("spec, loc", [
+    ({"optimization_level": True}, ("optimization_level",)),
+    ({"workspace_mib": "64"}, ("workspace_mib",)),
+    ({"shapes": {"input": [True, 3, 32, 32]}}, ("shapes", "input", 0)),
+    ({"profiles": [{"input": {"min": [1], "opt": [1], "max": [False]}}]}, ("profiles", 0, "input", "max", 0)),
+    ({"benchmark": {"iterations": True}}, ("benchmark", "iterations")),
+    ({"benchmark": {"duration_s": True}}, ("benchmark", "duration_s")),
+    ({"benchmark": {"batch_sizes": [True]}}, ("benchmark", "batch_sizes", 0)),
+    ({"benchmark": {"value_ranges": {"x": [False, 1]}}}, ("benchmark", "value_ranges", "x", 0)),
+    ({"benchmark": {"cuda_graph": 1}}, ("benchmark", "cuda_graph")),
+    ({"accuracy": {"seed": True}}, ("accuracy", "seed")),
+    ({"accuracy": {"tolerances": {"atol": True}}}, ("accuracy", "tolerances", "atol")),
+    ({"calibration": {"batch": True}}, ("calibration", "batch")),
+    ({"timing_cache": 0}, ("timing_cache",)),
+])
+def test_spec_numbers_and_flags_take_no_other_json_type(spec, loc):
+    """Was broken: ``true`` read as 1 and ``"64"`` as 64 wherever a spec takes a number."""
+    assert [e[0] for e in _errors(**spec)] == [loc]
+
+
+def test_stored_specs_still_load():
+    spec = BuildSpec(precision="fp16", profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
+                                                            "max": [8, 3, 32, 32]}}],
+                     benchmark={"duration_s": 1, "value_ranges": {"input": (0, 1.5)}},
+                     accuracy={"tolerances": {"atol": 0, "cosine": 1}})
+    assert BuildSpec(**json.loads(json.dumps(spec.stored()))).spec_hash() == spec.spec_hash()
+
+
+@pytest.mark.parametrize("name, version, where, says", [
+    ("..", None, "name", "starting with a letter or digit"),
+    (".", None, "name", "starting with a letter or digit"),
+    ("_x", None, "name", "starting with a letter or digit"),
+    ("\uff4d\uff4f\uff44\uff45\uff4c", None, "name", "U+FF4D FULLWIDTH LATIN SMALL LETTER M"),
+    ("te\u0430m", None, "name", "U+0430 CYRILLIC SMALL LETTER A"),
+    ("ok", "latest", "version", "'latest' is reserved"),
+    ("ok", "LaTeSt", "version", "is reserved"),
+    ("ok", "..", "version", "starting with a letter or digit"),
+    ("ok", "\u0661", "version", "U+0661 ARABIC-INDIC DIGIT ONE"),
+])
+def test_model_names_and_versions(name, version, where, says):
+    [problem] = check_model_name(name, version)
+    assert problem["loc"] == [where] and says in problem["msg"], problem
+
+
+def test_allowed_model_names_and_versions():
+    assert check_model_name("resnet50_v1.5-int8", "2024.01+cu12") == []
+    assert check_model_name("a" * 200, "1" * 100) == []
+    assert check_model_name("latest", "latest-but-one") == []  # only a version can be the selector
+
+
+@pytest.mark.parametrize("project, says", [
+    ("te\u0430m", "U+0430 CYRILLIC SMALL LETTER A"),
+    ("..", "starting with a letter or digit"),
+    ("x" * 65, "1-64"),
+    ("", "1-64"),
+])
+def test_project_names(project, says):
+    assert says in project_problem(project)
+    assert project_problem("team-a_1.prod") is None
+
+
+def test_fixed_values_match_boolean_or_numeric_inputs():
+    """Was broken: ``true`` fixed into an INT64 input was read as 1, and 2 into a BOOL input as true."""
+    model = info(TensorInfo("sr", "INT64", []), TensorInfo("flag", "BOOL", []), TensorInfo("gain", "FLOAT", [2]))
+    target = [T("tensorrt-rtx/sm86")]
+    text = msgs(validate_spec(BuildSpec(fixed_inputs={"sr": True, "flag": 2, "gain": [0.5, False]}), model, target))
+    assert "input 'sr' is INT64: give numbers, not true or false" in text
+    assert "input 'gain' is FLOAT: give numbers, not true or false" in text
+    assert "input 'flag' is BOOL: give true or false, not 2" in text
+    fine = BuildSpec(fixed_inputs={"sr": 16000, "flag": True, "gain": [0.5, 1]})
+    assert validate_spec(fine, model, target) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from enginefarm import worklock
 from enginefarm.config import Settings
 from enginefarm.domain import BuildSpec, EngineDescriptor, ModelInfo, Target
 from enginefarm.errors import BuildFailed, IntegrityError
@@ -41,10 +43,14 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
             (cache / "model.path").unlink(missing_ok=True)
             verified.touch()
         remembered = cache / "model.path"  # a bundle is unpacked once per worker, not once per task
-        if remembered.exists() and (path := Path(remembered.read_text())).exists():
+        if remembered.exists() and (text := remembered.read_text()) and (path := Path(text)).is_file():
             return path
         path = model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
-        remembered.write_text(str(path))
+        # Written whole or not at all: a worker killed while writing it left an empty file, read as Path("")
+        # (the current directory), and every later build of the model on this host failed to parse ".".
+        partial = remembered.with_suffix(".partial")
+        partial.write_text(str(path))
+        os.replace(partial, remembered)
         return path
 
 
@@ -94,14 +100,20 @@ def store_engine(store: BlobStore, built: BuiltEngine) -> str:
 
 
 class Scratch:
-    """A private scratch directory for one build, removed afterwards whatever happens."""
+    """A private scratch directory for one build, removed afterwards whatever happens. It stays locked
+    (``enginefarm.worklock``) while in use, so the garbage collector removes only those a killed process left."""
 
     def __init__(self, settings: Settings):
         settings.work_dir.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(dir=settings.work_dir, prefix="build-"))
+        self.path = Path(tempfile.mkdtemp(dir=settings.work_dir, prefix=worklock.SCRATCH_PREFIX))
+        self._lock = worklock.hold(self.path)
 
     def __enter__(self) -> Path:
         return self.path
 
     def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            worklock.release(self._lock)
+            self._lock = None

@@ -5,14 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from api import reports, services
-from api.auth import Tenant
+from api import admission, reports, services
+from api.auth import Tenant, authorize
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from api.schemas import BuildOut, BuildRequest, build_out
 from enginefarm.config import Settings
 from storage import catalog
 from storage.tables import BuildRow
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 
@@ -25,12 +26,15 @@ def _out(session: Session, settings: Settings, row: BuildRow, checks: bool = Tru
                      reports.build_checks(session, settings, row) if checks else None)
 
 
-@router.post("", status_code=202, response_model=BuildOut)
-def submit_build(body: BuildRequest, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
+@router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
+def submit_build(body: BuildRequest, tenant: Tenant, principal: Principal = Depends(authorize),
+                 session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> BuildOut:
-    """Queue one build task per target; a target already built with identical inputs is answered at once."""
+    """Queue one build task per target; a target already built with identical inputs is answered at once.
+    409 for a target no live worker serves unless ``queue_without_worker``; 429 past a queue limit."""
     check_body_id("model_id", body.model_id)
-    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, tenant)
+    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, tenant,
+                                     token_id=principal.token_id, queue_without_worker=body.queue_without_worker)
     return _out(session, settings, catalog.get_build(session, build_id), checks=False)
 
 

@@ -7,15 +7,18 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import ingest, reports, services
-from api.auth import Tenant
+from api import ingest, reports
+from api.auth import Tenant, authorize
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from api.routes.engines import blob_response
 from api.schemas import ModelOut, Page
-from api.upload import receive_upload
+from api.upload import UploadLimits, receive_upload
+from enginefarm import worklock
 from enginefarm.config import Settings
+from enginefarm.errors import NotFound
 from storage import catalog
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
@@ -39,15 +42,18 @@ UPLOAD_BODY = {
 @router.post("", status_code=201, response_model=ModelOut, openapi_extra=UPLOAD_BODY,
              responses={200: {"description": "identical bytes already uploaded under this name"}})
 async def upload_model(request: Request, response: Response, tenant: Tenant,
+                       principal: Principal = Depends(authorize),
                        settings: Settings = Depends(settings_dep)) -> ModelOut:
     """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
-    upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_upload_bytes)
-    try:
-        row, created = await run_in_threadpool(ingest.ingest_model, settings, upload.path, upload.sha256,
-                                               upload.fields.get("name"), upload.fields.get("version"),
-                                               ingest.upload_project(tenant, upload.fields.get("project")))
-    finally:
-        upload.discard()
+    limits = UploadLimits.of(settings, settings.max_upload_bytes, "ENGINEFARM_MAX_UPLOAD_BYTES")
+    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
+        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
+        try:
+            row, created = await run_in_threadpool(ingest.ingest_model, settings, upload.path, upload.sha256,
+                                                   upload.fields.get("name"), upload.fields.get("version"),
+                                                   ingest.upload_project(tenant, upload.fields.get("project")))
+        finally:
+            upload.discard()
     response.status_code = 201 if created else 200
     return ModelOut.of(row)
 
@@ -78,7 +84,11 @@ def model_content(model_id: RowId, tenant: Tenant, session: Session = Depends(se
                   settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id, tenant)
-    return blob_response(settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
+    try:
+        return blob_response(settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
+    except NotFound:
+        raise NotFound(f"the bytes of model {row.name} version {row.version} (sha256 {row.sha256}) are missing "
+                       "from the blob store; upload the same file again under this name to restore them") from None
 
 
 SAMPLES_BODY = {
@@ -95,14 +105,18 @@ SAMPLES_BODY = {
 
 @router.post("/{model_id}/samples", response_model=ModelOut, openapi_extra=SAMPLES_BODY)
 async def upload_samples(model_id: RowId, request: Request, tenant: Tenant,
+                         principal: Principal = Depends(authorize),
                          settings: Settings = Depends(settings_dep)) -> ModelOut:
     """Store sample inputs with the model: int8 calibration and the accuracy check use them instead of
     random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
-    upload = await receive_upload(request, settings.work_dir / "uploads", settings.max_samples_bytes)
-    try:
-        row = await run_in_threadpool(ingest.attach_samples, settings, model_id, upload.path, upload.sha256, tenant)
-    finally:
-        upload.discard()
+    limits = UploadLimits.of(settings, settings.max_samples_bytes, "ENGINEFARM_MAX_SAMPLES_BYTES")
+    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
+        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
+        try:
+            row = await run_in_threadpool(ingest.attach_samples, settings, model_id, upload.path, upload.sha256,
+                                          tenant)
+        finally:
+            upload.discard()
     return ModelOut.of(row)
 
 

@@ -5,23 +5,27 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from api import reports, services
-from api.auth import Tenant
+from api import admission, reports, services
+from api.auth import Tenant, authorize
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, RowId, check_body_id
 from api.schemas import SweepOut, SweepRequest
 from enginefarm.config import Settings
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)
 
 
-@router.post("", status_code=202, response_model=SweepOut)
-def submit_sweep(body: SweepRequest, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
+@router.post("", status_code=202, response_model=SweepOut, responses=admission.RESPONSES)
+def submit_sweep(body: SweepRequest, tenant: Tenant, principal: Principal = Depends(authorize),
+                 session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> SweepOut:
     """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
-    every target. The best variant per target is the fastest that passes the accuracy gate."""
+    every target. The best variant per target is the fastest that passes the accuracy gate. The sweep is
+    admitted whole or not at all, as one build is."""
     check_body_id("model_id", body.model_id)
-    sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes, tenant)
+    sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes, tenant,
+                                     token_id=principal.token_id, queue_without_worker=body.queue_without_worker)
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))
 
 

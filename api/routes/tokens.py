@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
@@ -12,7 +10,7 @@ from api.deps import CatalogRoute, session_dep
 from api.routes import UNPROCESSABLE, RowId
 from api.schemas import NewTokenOut, TokenIn, TokenOut
 from enginefarm.errors import Forbidden
-from storage.tokens import create_token, list_tokens, revoke_token
+from storage.tokens import create_token, lifetime, list_tokens, revoke_token
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
@@ -22,8 +20,8 @@ def new_token(body: TokenIn, tenant: Tenant, session: Session = Depends(session_
     """A new token, shown once. An admin of one project makes tokens of that project only."""
     if tenant is not None and body.project not in (None, tenant):
         raise Forbidden(f"this token belongs to project {tenant!r}; it cannot make tokens of project {body.project!r}")
-    expires = timedelta(days=body.expires_in_days) if body.expires_in_days else None
-    row, token = create_token(session, body.name, body.scopes, expires, tenant if tenant is not None else body.project)
+    row, token = create_token(session, body.name, body.scopes, lifetime(body.expires_in_days),
+                              tenant if tenant is not None else body.project)
     return NewTokenOut(**TokenOut.of(row).model_dump(), token=token)
 
 

@@ -62,26 +62,28 @@ class LocalBlobStore(BlobStore):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def get_file(self, key: str, dest: Path) -> None:
-        src = self._path(key)
-        if not src.exists():
-            raise NotFound(f"blob {key} is missing from the store")
-        dest = Path(dest)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=TMP_PREFIX)
+    def _open(self, key: str):
+        """The blob opened for reading; NotFound, as S3 answers, when it is not there (never a FileNotFoundError)."""
         try:
-            with os.fdopen(fd, "wb") as out, open(src, "rb") as fh:
-                shutil.copyfileobj(fh, out, CHUNK)
-            os.replace(tmp, dest)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            return open(self._path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError):
+            raise NotFound(f"blob {key} is missing from the store") from None
+
+    def get_file(self, key: str, dest: Path) -> None:
+        with self._open(key) as fh:
+            dest = Path(dest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=TMP_PREFIX)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(fh, out, CHUNK)
+                os.replace(tmp, dest)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
 
     def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
-        path = self._path(key)
-        if not path.exists():
-            raise NotFound(f"blob {key} is missing from the store")
-        with open(path, "rb") as fh:
+        with self._open(key) as fh:
             while chunk := fh.read(chunk_size):
                 yield chunk
 
@@ -89,7 +91,10 @@ class LocalBlobStore(BlobStore):
         return self._path(key).is_file()
 
     def size(self, key: str) -> int:
-        return self._path(key).stat().st_size
+        found = self.stat(key)
+        if found is None:
+            raise NotFound(f"blob {key} is missing from the store")
+        return found.size
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

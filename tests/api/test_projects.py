@@ -124,5 +124,7 @@ def test_project_tokens_stay_in_their_project(farm, api, projects, tmp_path):
     token = cli("token", "create", "--scope", "read", "--name", "cli-proj", "--project", alpha, env=env).stdout.strip()
     assert Client(farm.url, token=token).get("/v1/models", project=beta)["total"] == 0
     assert alpha in cli("token", "list", env=env).stdout
-    assert "a project name is" in cli("token", "create", "--scope", "read", "--name", "x", "--project", "a b",
-                                      env=env, expect=1).stderr
+    for project, says in (("a b", "U+0020 SPACE"), ("te\u0430m", "U+0430 CYRILLIC SMALL LETTER A")):
+        refused = " ".join(cli("token", "create", "--scope", "read", "--name", "x", "--project", project, env=env,
+                               expect=1).stderr.split())
+        assert "project must be 1-64 ASCII letters, digits" in refused and says in refused, refused

@@ -89,7 +89,8 @@ def test_identical_build_is_not_run_again(farm, tmp_path):
 
 def test_target_without_worker_stays_queued_and_says_why(farm, api, conv_model):
     model = api.post("/v1/models", data={"name": unique_name()}, files={"file": conv_model.open("rb")}).json()
-    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": ["tensorrt/sm90"], "spec": sample_spec()})
+    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": ["tensorrt/sm90"], "spec": sample_spec(),
+                                     "queue_without_worker": True})
     assert r.status_code == 202, r.text
     time.sleep(1.5)
     task = api.get(f"/v1/builds/{r.json()['id']}").json()["tasks"][0]

@@ -42,7 +42,8 @@ def test_worker_sigkilled_mid_build_the_task_finishes_on_another(farm, tmp_path,
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=84), unique_name("sigkill"))
         victim = farm.start_worker("victim", [PORTABLE], bench_targets=[], extra_env=slow(60))
-        build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS})
+        # The victim may not have sent its first heartbeat yet: the task waits for it.
+        build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
         wait_task(c, build["id"], lambda t: t["state"] == "running" and t["worker_id"].startswith("victim@"),
                   what="running on the victim")
         time.sleep(2)  # inside the build: the test backend holds it for 60 s
@@ -70,7 +71,7 @@ def test_worker_silent_past_its_ttl_takes_its_task_back(farm, tmp_path, dist_set
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=88), unique_name("stall"))
         stalled = farm.start_worker("stalled", [PORTABLE], bench_targets=[], extra_env=slow(45))
         try:
-            build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS})
+            build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
             wait_task(c, build["id"], lambda t: t["state"] == "running" and t["worker_id"].startswith("stalled@"),
                       what="running on the stalled worker")
             os.kill(stalled.pid, signal.SIGSTOP)  # the Celery main process (heartbeats); the pool child builds on
@@ -246,8 +247,8 @@ def test_redis_restarted_empty_with_20_tasks_queued_all_complete(farm, tmp_path,
     target = "tensorrt-rtx/portable"  # no running worker builds it: the tasks wait in the queue
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=81), unique_name("faults"))
-        builds = [c.build(model["id"], [target], {**sample_spec(), "workspace_mib": 64 + i, **NO_CHECKS})
-                  for i in range(20)]
+        builds = [c.build(model["id"], [target], {**sample_spec(), "workspace_mib": 64 + i, **NO_CHECKS},
+                          queue_without_worker=True) for i in range(20)]
         assert all(b["tasks"][0]["state"] == "queued" for b in builds)
         # Redis keeps nothing on disk: a restart empties every queue. Flushing the farm's database is that.
         broker = redis.Redis.from_url(redis_url)
@@ -277,7 +278,7 @@ def test_a_task_of_a_dead_worker_is_requeued_and_finished_by_another(farm, tmp_p
     target = "tensorrt-rtx/portable"
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=82), unique_name("faults"))
-        build = c.build(model["id"], [target], {**sample_spec(), **NO_CHECKS})
+        build = c.build(model["id"], [target], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
         task_id = build["tasks"][0]["id"]
         # What a SIGKILLed worker leaves behind: the claim committed, then silence (its heartbeats stopped).
         with session_scope(dist_settings) as s:
@@ -300,7 +301,8 @@ def test_a_task_delivered_too_often_is_failed_with_the_reason(dist_settings, tmp
 
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=83), unique_name("faults"))
-        build = c.build(model["id"], ["tensorrt/sm90"], {**sample_spec(), **NO_CHECKS})  # nobody serves it
+        build = c.build(model["id"], ["tensorrt/sm90"], {**sample_spec(), **NO_CHECKS},  # nobody serves it
+                        queue_without_worker=True)
         task_id = build["tasks"][0]["id"]
     with session_scope(dist_settings) as s:
         for attempt in range(3):  # three deliveries that each died with their worker

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from enginefarm.config import Settings
-from storage import gc
+from storage import blobwrite, gc
 from storage.blobs import engine_key, get_blob_store, model_key, samples_key
 from storage.blobs.local import TMP_PREFIX, LocalBlobStore
 from storage.db import migrate, session_scope
@@ -304,4 +304,4 @@ def test_every_blob_key_column_of_the_catalog_counts_as_a_reference():
     not_blob_keys = {"benchmarks.shape_key"}
     key_columns = {f"{table.name}.{column.name}" for table in Base.metadata.tables.values()
                    for column in table.columns if column.name.endswith("_key")}
-    assert key_columns - not_blob_keys == {f"{c.class_.__tablename__}.{c.key}" for c in gc.REFERENCE_COLUMNS}
+    assert key_columns - not_blob_keys == {f"{c.class_.__tablename__}.{c.key}" for c in blobwrite.REFERENCE_COLUMNS}

@@ -61,3 +61,33 @@ def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_pa
             assert conn.execute(text("SELECT count(*) FROM engines")).scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_build_token_migration_keeps_builds_and_forgets_deleted_tokens(database_url, tmp_path):
+    """Builds made before builds recorded their token have none; a deleted token leaves its builds, unowned."""
+    from storage.db import make_engine
+
+    cfg = alembic_config(database_url)
+    command.upgrade(cfg, "0005")
+    engine = make_engine(database_url)  # SQLite enforces foreign keys (and ON DELETE) only where told to
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                              "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
+            conn.execute(text("INSERT INTO builds (id, model_id, spec, spec_hash, targets, created_at) "
+                              "VALUES (1, 1, '{}', :sha, '[]', CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
+            conn.execute(text("INSERT INTO api_tokens (id, name, token_hash, prefix, scopes, created_at) "
+                              "VALUES (7, 't', :sha, 'ef_', '[\"build\"]', CURRENT_TIMESTAMP)"), {"sha": "b" * 64})
+        command.upgrade(cfg, "head")
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT token_id FROM builds WHERE id = 1")).scalar() is None
+            conn.execute(text("UPDATE builds SET token_id = 7 WHERE id = 1"))
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM api_tokens WHERE id = 7"))
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT id, token_id FROM builds")).all() == [(1, None)]
+        command.downgrade(cfg, "0005")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM builds")).scalar() == 1
+    finally:
+        engine.dispose()

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from enginefarm.domain import TensorInfo
 from enginefarm.errors import ModelRejected, PayloadTooLarge
 from enginefarm.modelfile import (
+    MAX_TENSOR_NAME_BYTES,
     BundleLimits,
     _check_external_data,
     detect_format,
@@ -539,3 +540,62 @@ def test_tar_file_count_ignores_root_entry(tmp_path, work):
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     rejected(bundle, work, "at least 4 files and folders, over the limit of 3", limits=BundleLimits(max_files=3))
+
+
+# --------------------------------------------------------------------------- values ONNX Runtime would refuse later
+
+
+@pytest.mark.parametrize("fields", [
+    {"offset": " 0 "}, {"offset": "0 "}, {"offset": "\u0660"}, {"offset": "+0"}, {"offset": "-0"}, {"offset": ""},
+    {"offset": "\uff10"}, {"length": " 432"}, {"length": "\u0664\u0663\u0662"}, {"length": "4_32"},
+])
+def test_external_offsets_and_lengths_are_plain_ascii_digits(tmp_path, work, fields):
+    """Was broken: Python's int() took these, ONNX Runtime did not, so the upload passed and every build failed."""
+    ((key, value),) = fields.items()
+    with pytest.raises(ModelRejected) as caught:
+        inspect_upload(bundle_with(tmp_path, **fields), work)
+    assert f"tensor 'W' are not integers: {key} {value!r} must be plain ASCII digits" in str(caught.value)
+
+
+def test_external_negative_offset_names_the_tensor(tmp_path, work):
+    rejected(bundle_with(tmp_path, offset="-4096"), work, "tensor 'W' are negative: offset '-4096'")
+
+
+def test_external_plain_digits_accepted(tmp_path, work):
+    got = inspect_upload(bundle_with(tmp_path, offset="0", length="432"), work)
+    assert got.info.external_data
+
+
+def relu_model(in_name: str = "x", out_name: str = "y", in_dims=(1, 4), out_dims=(1, 4)) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info(in_name, TensorProto.FLOAT, list(in_dims))
+    y = helper.make_tensor_value_info(out_name, TensorProto.FLOAT, list(out_dims))
+    graph = helper.make_graph([helper.make_node("Relu", [in_name], [out_name])], "relu", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize("model, says", [
+    (relu_model(in_name="n" * (MAX_TENSOR_NAME_BYTES + 1)), "input 'nnnnnnnn"),
+    (relu_model(out_name="\u00e9" * (MAX_TENSOR_NAME_BYTES // 2 + 1)), "output '\u00e9\u00e9\u00e9"),
+    (relu_model(in_dims=("b" * (MAX_TENSOR_NAME_BYTES + 1), 4)), "dim name at axis 0 of input 'x'"),
+])
+def test_tensor_names_over_the_limit(tmp_path, work, model, says):
+    """Was broken: an 8 MiB input name was stored and then shown in every listing and every build log."""
+    path = save(model, tmp_path / "m.onnx")
+    with pytest.raises(ModelRejected) as caught:
+        inspect_upload(path, work)
+    message = str(caught.value)
+    assert says in message and f"is longer than {MAX_TENSOR_NAME_BYTES} bytes" in message, message[:300]
+    assert len(message) < 400  # the name is cut short, not echoed whole
+
+
+def test_tensor_name_at_the_limit_is_fine(tmp_path, work):
+    path = save(relu_model(in_name="n" * MAX_TENSOR_NAME_BYTES), tmp_path / "m.onnx")
+    assert inspect_upload(path, work).info.inputs[0].name == "n" * MAX_TENSOR_NAME_BYTES
+
+
+@pytest.mark.parametrize("model, says", [
+    (relu_model(in_dims=(-1, 4)), "input 'x' declares dim -1 at axis 0"),
+    (relu_model(out_dims=(1, -4)), "output 'y' declares dim -4 at axis 1"),
+])
+def test_negative_dims_are_refused(tmp_path, work, model, says):
+    rejected(save(model, tmp_path / "m.onnx"), work, says + ".*0 or more")
