@@ -190,9 +190,10 @@ class EngineOut(BaseModel):
     def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None) -> EngineOut:
         """``model``: the version it is listed under, when not the one it was first built for (same bytes)."""
         fields = {k: getattr(row, k) for k in cls.model_fields
-                  if k not in ("model_name", "model_version", "model_seq", "checks")}
+                  if k not in ("model_id", "model_name", "model_version", "model_seq", "checks")}
         m = model or row.model
-        return cls(**fields, model_name=m.name, model_version=m.version, model_seq=m.seq, checks=checks)
+        return cls(**fields, model_id=m.id, model_name=m.name, model_version=m.version, model_seq=m.seq,
+                   checks=checks)
 
 
 # Patterns a machine fingerprint's fields must match, shared by GET (query) and POST (JSON) /v1/resolve.

@@ -362,11 +362,22 @@ def list_engines(session: Session, *, model: str | None = None, version: str | N
 
 def get_engine(session: Session, engine_id: int, project: str | None = None) -> EngineRow:
     """The engine; NotFound when no model of ``project`` has the bytes it was built from."""
+    return engine_in_project(session, engine_id, project)[0]
+
+
+def engine_in_project(session: Session, engine_id: int, project: str | None = None) -> tuple[EngineRow, ModelRow]:
+    """The engine and the model it is seen through: the one it was built for, unless that model is in another
+    project; then the newest model of ``project`` with the same bytes. An engine belongs to the bytes, so two
+    projects can share one, but neither may learn the other's model names, versions or ids through it.
+    NotFound when no model of ``project`` has those bytes."""
     row = _get(session, EngineRow, engine_id, "engine")
-    if project is not None and session.scalars(select(ModelRow.id).where(
-            ModelRow.project == project, ModelRow.sha256 == row.model_sha256)).first() is None:
+    if project is None or row.model.project == project:
+        return row, row.model
+    model = session.scalars(select(ModelRow).where(ModelRow.project == project, ModelRow.sha256 == row.model_sha256)
+                            .order_by(ModelRow.seq.desc(), ModelRow.id)).first()
+    if model is None:
         raise NotFound(f"no engine with id {engine_id}")
-    return row
+    return row, model
 
 
 def engines_by_id(session: Session, engine_ids: list[int]) -> dict[int, EngineRow]:

@@ -44,8 +44,8 @@ def list_engines(
 @router.get("/{engine_id}", response_model=EngineOut)
 def get_engine(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                settings: Settings = Depends(settings_dep)) -> EngineOut:
-    row = catalog.get_engine(session, engine_id, tenant)
-    return EngineOut.of(row, checks=engine_checks(session, settings, [row])[row.id])
+    row, model = catalog.engine_in_project(session, engine_id, tenant)
+    return EngineOut.of(row, model, checks=engine_checks(session, settings, [row])[row.id])
 
 
 @router.get("/{engine_id}/benchmarks")
@@ -63,9 +63,9 @@ def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: Session = Depen
 def engine_content(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                    settings: Settings = Depends(settings_dep)) -> StreamingResponse:
     """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
-    row = catalog.get_engine(session, engine_id, tenant)
+    row, model = catalog.engine_in_project(session, engine_id, tenant)
     suffix = "onnx" if row.backend == "onnxruntime" else "plan"
-    filename = f"{row.model.name}-{row.model.version}-{row.target.replace('/', '-')}.{suffix}"
+    filename = f"{model.name}-{model.version}-{row.target.replace('/', '-')}.{suffix}"
     return blob_response(settings, row.blob_key, row.sha256, filename)
 
 

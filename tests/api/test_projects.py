@@ -128,3 +128,26 @@ def test_project_tokens_stay_in_their_project(farm, api, projects, tmp_path):
         refused = " ".join(cli("token", "create", "--scope", "read", "--name", "x", "--project", project, env=env,
                                expect=1).stderr.split())
         assert "project must be 1-64 ASCII letters, digits" in refused and says in refused, refused
+
+
+def test_an_engine_shared_through_identical_bytes_shows_only_the_readers_own_model(farm, projects, tmp_path):
+    """Was a leak: project alpha uploaded the same bytes as beta's secret model and read the shared engine by id;
+    the answer, and the download's file name, carried beta's model name (and its model id)."""
+    alpha, beta = projects
+    path = save_conv_net(tmp_path / "secret.onnx", seed=203)
+    secret, ours = unique_name("beta-secret-project-x"), unique_name("alpha-public")
+    with Client(farm.url, token=projects[beta]["build"]) as b, Client(farm.url, token=projects[alpha]["build"]) as a:
+        mb, _ = b.upload(path, secret)
+        built = b.wait_build(b.build(mb["id"], [CPU], {**sample_spec(), **NO_CHECKS})["id"], timeout=300)
+        engine_id = built["tasks"][0]["engine_id"]
+        assert built["tasks"][0]["state"] == "succeeded", built
+        ma, _ = a.upload(path, ours)
+        seen = a.get(f"/v1/engines/{engine_id}")
+        assert (seen["model_name"], seen["model_id"], seen["model_version"]) == (ours, ma["id"], ma["version"])
+        download = httpx.get(f"{farm.url}/v1/engines/{engine_id}/content", headers=bearer(projects[alpha]["read"]))
+        assert download.status_code == 200
+        assert secret not in download.headers["content-disposition"] and ours in download.headers["content-disposition"]
+        listed = a.get("/v1/engines", model=ours)["items"]
+        assert [(e["id"], e["model_name"], e["model_id"]) for e in listed] == [(engine_id, ours, ma["id"])]
+        # The owner still sees its own name.
+        assert b.get(f"/v1/engines/{engine_id}")["model_name"] == secret
