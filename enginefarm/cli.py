@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
 import time
@@ -54,9 +53,12 @@ def _fail(exc: Exception) -> None:
     import httpx
 
     if isinstance(exc, httpx.TransportError):
-        url = os.environ.get("ENGINEFARM_API_URL") or "http://127.0.0.1:8321"
-        err.print(f"[red]error:[/red] cannot reach the farm ({exc}); it is looked for at --api or ENGINEFARM_API_URL "
-                  f"(now {url}); `enginefarm up` starts one")
+        try:  # where the request went: --api, else ENGINEFARM_API_URL, else the default
+            url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
+        except RuntimeError:  # an error raised before any request was made
+            url = os.environ.get("ENGINEFARM_API_URL") or "http://127.0.0.1:8321"
+        err.print(f"[red]error:[/red] cannot reach the farm at {url} ({exc}); it is looked for at --api or "
+                  f"ENGINEFARM_API_URL; `enginefarm up` starts one")
         raise typer.Exit(1)
     err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}")
     for problem in getattr(exc, "problems", None) or []:
@@ -66,6 +68,8 @@ def _fail(exc: Exception) -> None:
 
 
 API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
+QUEUE_OPT = typer.Option(False, "--queue-without-worker",
+                         help="queue targets no live worker serves now, to wait for one (default: refused)")
 
 
 @app.callback()
@@ -85,19 +89,17 @@ def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, bui
                  project: Optional[str] = typer.Option(None, help="limit it to one project's models (default: the "
                                                                   "whole farm)")) -> None:
     """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
-    from datetime import timedelta
-
     from enginefarm.embedded import prepare
     from enginefarm.errors import EnginefarmError
     from storage.db import session_scope
-    from storage.tokens import create_token
+    from storage.tokens import create_token, lifetime
 
     settings = get_settings()
     prepare(settings)
     try:
+        expires = lifetime(expires_days)
         with session_scope(settings) as session:
-            row, token = create_token(session, name, scope, timedelta(days=expires_days) if expires_days else None,
-                                      project)
+            row, token = create_token(session, name, scope, expires, project)
     except EnginefarmError as exc:
         _fail(exc)
     where = f" in project {row.project}" if row.project else ""
@@ -175,6 +177,7 @@ def worker(
             console.print(line, highlight=False)
         return
     from enginefarm.domain import Target
+    from enginefarm.workerid import check_worker_name
 
     def parse(text: str) -> list[Target]:
         return [] if text.strip() == "none" else [Target.parse(t) for t in text.split(",") if t.strip()]
@@ -184,21 +187,24 @@ def worker(
     try:
         chosen = parse(chosen_text) if chosen_text else buildable_targets(machine)
         bench = parse(bench_text) if bench_text else benchmark_targets(machine)
+        name = check_worker_name(name or socket.gethostname())
     except ValueError as exc:
         _fail(exc)
     if not chosen and not bench:
         _fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
-    _run_worker(settings, machine, chosen, bench, name or socket.gethostname(),
-                concurrency or settings.worker_concurrency, pool, loglevel)
+    _run_worker(settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel)
 
 
 def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel) -> None:
     from celery.signals import worker_ready, worker_shutdown
 
     from enginefarm.embedded import prepare
+    from enginefarm.workerid import new_worker_id
     from worker.heartbeat import Heartbeat
 
-    worker_id = f"{name}@{socket.gethostname()}"
+    # New at every start: the tasks a crashed predecessor of the same name left running are requeued once its
+    # id falls silent, instead of being kept "running" by this process's heartbeats.
+    worker_id = new_worker_id(name)
     os.environ["ENGINEFARM_WORKER_ID"] = worker_id  # pool children inherit it
     for attempt in range(5):  # several processes may migrate a fresh catalog at once
         try:
@@ -277,27 +283,32 @@ def migrate() -> None:
 
 @app.command()
 def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")) -> None:
-    """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C."""
-    from enginefarm.embedded import Farm, issue_token
+    """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C. A worker or API process
+    that dies is started again; when this command ends, however it ends, they end with it."""
+    import logging
 
+    from enginefarm.embedded import Farm, issue_token, stop_on_sigterm
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     settings = get_settings()
     token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
-    # SIGTERM (systemd, kill) must stop the children too: turn it into an exit through `with farm`.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    farm = Farm({}, port=port, log_dir=settings.data_dir, token=token)
-    with farm:
-        farm.start_api()
-        names = [f"embedded-{i}" for i in range(workers)]
-        for n in names:
-            farm.start_worker(n)
-        farm.wait_workers(names)
-        console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. Ctrl-C stops it.")
-        console.print(f"an admin API token made for you (export ENGINEFARM_TOKEN=…): {token}", highlight=False)
-        try:
-            while all(p.poll() is None for p in [farm.api, *farm.workers.values()]):
+    # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
+    farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)
+    try:
+        with stop_on_sigterm(), farm:
+            farm.start_api()
+            names = [f"embedded-{i}" for i in range(workers)]
+            for n in names:
+                farm.start_worker(n)
+            farm.wait_workers(names)
+            console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
+                          f"Ctrl-C stops it.")
+            console.print(f"an admin API token made for you (export ENGINEFARM_TOKEN=…): {token}", highlight=False)
+            while True:
+                farm.supervise()
                 time.sleep(1)
-        except KeyboardInterrupt:
-            pass
+    except KeyboardInterrupt:
+        pass
 
 
 # ------------------------------------------------------------------------------ client commands
@@ -351,6 +362,7 @@ def build(
     keep_fp32_layers: Optional[str] = typer.Option(None, "--keep-fp32-layers", help="fp16: node names kept fp32"),
     cleanup: Optional[str] = typer.Option(None, "--cleanup", help="graph clean-up before building: onnxslim or none"),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="int8: minmax, entropy or percentile"),
+    queue_without_worker: bool = QUEUE_OPT,
     wait: bool = typer.Option(False, "--wait", help="wait for every target and show progress"),
     api: Optional[str] = API_OPT,
 ) -> None:
@@ -363,7 +375,7 @@ def build(
         _bench_flags(spec, batch_sizes, bench_seconds, cuda_graph, no_bench)
         _precision_flags(spec, val_range, keep_fp32_ops, keep_fp32_layers, cleanup, calibration)
         with _client(api) as c:
-            result = c.build(model_id, target, spec)
+            result = c.build(model_id, target, spec, queue_without_worker=queue_without_worker or None)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
             if wait:
                 result = _wait_with_progress(c, result)
@@ -429,6 +441,7 @@ def sweep(
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
     axis: list[str] = typer.Option(..., "--axis", "-a", help="FIELD=V1,V2: precision=fp32,fp16 or optimization_level=3,5"),
     spec_file: Optional[Path] = typer.Option(None, help="the JSON base spec every variant starts from"),
+    queue_without_worker: bool = QUEUE_OPT,
     wait: bool = typer.Option(False, "--wait", help="wait for builds and benchmarks, then print the variants"),
     api: Optional[str] = API_OPT,
 ) -> None:
@@ -444,7 +457,7 @@ def sweep(
             axes[field.strip()] = [json.loads(v) if v.strip().lstrip("-").isdigit() or v.strip() in ("true", "false")
                                    else v.strip() for v in values.split(",")]
         with _client(api) as c:
-            result = c.sweep(model_id, target, axes, base)
+            result = c.sweep(model_id, target, axes, base, queue_without_worker=queue_without_worker or None)
             console.print(f"sweep {result['id']}: {len(result['variants'])} variant(s) × {len(target)} target(s)")
             if wait:
                 for v in result["variants"]:
@@ -719,8 +732,11 @@ def ls_workers(api: Optional[str] = API_OPT) -> None:
 def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)")) -> None:
     """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine."""
     from enginefarm.demo import run_demo
+    from enginefarm.embedded import stop_on_sigterm
 
-    sys.exit(run_demo(data_dir, console))
+    with stop_on_sigterm():
+        code = run_demo(data_dir, console)
+    sys.exit(code)
 
 
 def main() -> None:

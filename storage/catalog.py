@@ -484,6 +484,14 @@ def remove_worker(session: Session, worker_id: str) -> None:
         session.delete(row)
 
 
+def prune_workers(session: Session, older_than_seconds: float) -> int:
+    """Forget workers silent for this long; returns how many. Every process start is a new worker id, so a
+    killed worker's row is never removed by its own shutdown. One that was only stalled writes its row again
+    at its next heartbeat."""
+    cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than_seconds)
+    return session.execute(delete(WorkerRow).where(WorkerRow.last_seen < cutoff)).rowcount or 0
+
+
 def live_workers(session: Session, ttl_seconds: float) -> list[WorkerRow]:
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=ttl_seconds)
     rows = session.scalars(select(WorkerRow).order_by(WorkerRow.id)).all()

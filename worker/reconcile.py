@@ -21,6 +21,8 @@ from storage.db import session_scope
 from worker import dispatch
 
 log = logging.getLogger(__name__)
+# A dead worker stays listed (as not live) this long, so an operator can still see which one went silent.
+FORGET_WORKERS_AFTER_S = 3600.0
 
 
 def queue_size(queue: str) -> int:
@@ -38,6 +40,7 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
     """One pass; returns how many tasks it requeued and republished."""
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=settings.republish_after_seconds)
     with session_scope(settings) as s:
+        catalog.prune_workers(s, max(FORGET_WORKERS_AFTER_S, 10 * settings.worker_ttl_seconds))
         live = {w.id for w in catalog.live_workers(s, settings.worker_ttl_seconds)}
         lost_builds, lost_benches = catalog.requeue_abandoned(s, live)
         requeued = [("build", t.id, t.target) for t in lost_builds] + [("bench", t.id, t.target) for t in lost_benches]

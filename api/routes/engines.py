@@ -15,6 +15,7 @@ from api.routes import RowId, check_no_nul, page_offset
 from api.reports import engine_checks
 from api.schemas import EngineOut, Page
 from enginefarm.config import Settings
+from enginefarm.errors import NotFound
 from storage import catalog
 from storage.blobs import get_blob_store
 
@@ -66,7 +67,11 @@ def engine_content(engine_id: RowId, tenant: Tenant, session: Session = Depends(
     row, model = catalog.engine_in_project(session, engine_id, tenant)
     suffix = "onnx" if row.backend == "onnxruntime" else "plan"
     filename = f"{model.name}-{model.version}-{row.target.replace('/', '-')}.{suffix}"
-    return blob_response(settings, row.blob_key, row.sha256, filename)
+    try:
+        return blob_response(settings, row.blob_key, row.sha256, filename)
+    except NotFound:
+        raise NotFound(f"the bytes of engine {row.id} ({row.target}, sha256 {row.sha256}) are missing from the blob "
+                       "store; the farm's operator can see every missing blob with `enginefarm gc --dry-run`") from None
 
 
 def blob_response(settings: Settings, key: str, sha256: str, filename: str) -> StreamingResponse:

@@ -55,7 +55,8 @@ def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow]
     )
 
 
-def answer(req: ResolveRequest, session: Session, settings: Settings, project: str | None) -> ResolveOut | JSONResponse:
+def answer(req: ResolveRequest, session: Session, settings: Settings, principal: Principal) -> ResolveOut | JSONResponse:
+    project = principal.project
     machine = Machine(**req.machine.model_dump())
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms)
@@ -71,7 +72,7 @@ def answer(req: ResolveRequest, session: Session, settings: Settings, project: s
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
         body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                          precision=req.precision, project=project)
+                                          precision=req.precision, project=project, token_id=principal.token_id)
         out = BuildForMachineOut(**body, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
     explain = req.explain
@@ -113,7 +114,7 @@ def resolve_get(
                         platform=platform, os=os, jetpack=jetpack)
     req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
                          accuracy=accuracy, max_latency_ms=max_latency_ms, explain=explain, build=build)
-    return answer(req, session, settings, principal.project)
+    return answer(req, session, settings, principal)
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
@@ -123,5 +124,5 @@ def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep, sc
     check_no_nul("body", model=req.model, version=req.version)
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    return answer(req, session, settings, principal.project)
+    return answer(req, session, settings, principal)
 

@@ -1,0 +1,29 @@
+"""Worker ids: ``NAME@HOST/INSTANCE``. The instance part is new at every start of a worker process, so a worker
+that crashed and was started again under the same name is a different worker: the heartbeats of the new process
+never keep the dead one's running tasks alive, and the reconciler requeues them once the old id falls silent."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+
+# The catalog keeps worker ids in columns of 200 characters: a host name is at most 64, the instance part 9.
+MAX_NAME_LENGTH = 100
+
+
+def check_worker_name(name: str) -> str:
+    """``name`` if a worker may use it; ValueError saying what to change otherwise."""
+    if not name or "@" in name or "/" in name or len(name) > MAX_NAME_LENGTH or not name.isprintable():
+        raise ValueError(f"worker name {name!r} cannot be used: give 1 to {MAX_NAME_LENGTH} printable characters "
+                         f"without '@' or '/' (the worker id is NAME@HOST/INSTANCE)")
+    return name
+
+
+def new_worker_id(name: str, hostname: str | None = None) -> str:
+    """A fresh id for one start of the worker ``name``."""
+    return f"{check_worker_name(name)}@{hostname or socket.gethostname()}/{secrets.token_hex(4)}"
+
+
+def worker_name(worker_id: str) -> str:
+    """The name part of a worker id (the whole of an id written without one)."""
+    return worker_id.split("@", 1)[0]
