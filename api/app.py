@@ -16,7 +16,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api.auth import authorize
-from api.routes import builds, engines, models, resolve, sweeps, tokens, workers
+from api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
 from api.upload import UploadSlots
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
@@ -90,7 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.upload_slots = UploadSlots()
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
-    for module in (models, builds, sweeps, engines, resolve, tokens):
+    for module in (models, gate, builds, sweeps, engines, resolve, tokens):
         app.include_router(module.router, dependencies=[Depends(authorize)])
     app.include_router(workers.router)  # /healthz is open; /v1/workers checks its token itself
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)

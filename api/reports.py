@@ -132,6 +132,24 @@ def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, prev
                                   cos_before if isinstance(cos_before, float) else None)}
 
 
+def measurement_key(engine: EngineRow, bench: BenchmarkRow) -> tuple:
+    """What a measurement is compared by across versions: same target, spec, shape and GPU."""
+    return engine.target, engine.spec_hash, bench.shape_key, bench.gpu_name
+
+
+def previous_measurements(session: Session, model: ModelRow
+                          ) -> tuple[ModelRow | None, dict[tuple, tuple[EngineRow, BenchmarkRow]]]:
+    """Version N-1 of an uploaded model (derived models are variants, never versions) and its measurements by
+    ``measurement_key``: the baseline of the report's deltas and of the regression gate."""
+    previous = catalog.previous_version(session, model)
+    before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
+    if previous is not None:
+        for e in catalog.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]):
+            for b in e.benchmarks:
+                before.setdefault(measurement_key(e, b), (e, b))
+    return previous, before
+
+
 def model_report(session: Session, settings: Settings, model_id: int, project: str | None = None) -> dict[str, Any]:
     """For every engine of the model and every shape it was measured at: latency percentiles, throughput,
     accuracy and size, or why it has no numbers yet; plus the change against version N-1."""
@@ -143,12 +161,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     checks = engine_checks(session, settings, engines)
     builds = catalog.builds_by_spec(session, [m.id for m in family])
     best = best_per_target(engines)
-    previous = catalog.previous_version(session, model)
-    before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
-    if previous is not None:
-        for e in catalog.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]):
-            for b in e.benchmarks:
-                before.setdefault((e.target, e.spec_hash, b.shape_key, b.gpu_name), (e, b))
+    previous, before = previous_measurements(session, model)
     rows = []
     for e in engines:
         build = builds.get(e.spec_hash)
@@ -156,6 +169,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
                 "spec_hash": e.spec_hash, "variant": (build.variant if build and build.variant else
                                                       _label(build.spec if build else {"precision": e.precision})),
                 "best": (best[e.target] == e.id) if e.target in best else None, "size": e.size,
+                "profiles": e.profiles or [],
                 "accuracy": _accuracy_of(e), "derived_from": model.id if e.model_sha256 != model.sha256 else None,
                 "preparation": _preparation(build.spec) if build else None,
                 "check": {"state": checks[e.id]["state"], "detail": checks[e.id]["detail"]}}
@@ -167,7 +181,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
                          "throughput_qps": None, "regression": None})
             continue
         for b in e.benchmarks:
-            match = before.get((e.target, e.spec_hash, b.shape_key, b.gpu_name))
+            match = before.get(measurement_key(e, b))
             rows.append({**base, "shape_key": b.shape_key, "shapes": b.shapes, "batch": b.stats.get("batch"),
                          "device": b.stats.get("device") or b.gpu_name, "status": "measured", "detail": None,
                          "latency_ms": _phase(b.stats, "e2e"), "compute_ms": _phase(b.stats, "compute"),

@@ -7,7 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
-from enginefarm.domain import TaskState
+from enginefarm.domain import TaskState, check_shape_request
 from enginefarm.validation import project_problem
 from storage.db import as_utc
 from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
@@ -160,6 +160,8 @@ class EngineOut(BaseModel):
     model_name: str
     model_version: str
     model_seq: int = Field(description="order of the model's versions: newer is larger")
+    variant_of: str | None = Field(None, description="for an engine of a derived model (int8 Q/DQ): the version it "
+                                                     "is a variant of; it is not a newer version")
     model_sha256: str
     spec_hash: str
     target: str
@@ -181,6 +183,9 @@ class EngineOut(BaseModel):
     built_by: str | None
     created_at: datetime
     device_memory_bytes: int | None = None
+    profiles: list[dict[str, dict[str, list[int]]]] = Field(
+        default_factory=list, description="the optimization profiles it was built with: per input, min/opt/max dims "
+                                          "(min = opt = max for a static input); empty when not known")
     accuracy_pass: bool | None = None
     accuracy: dict[str, Any] | None = None
     checks: dict[str, Any] | None = Field(None, description="where the benchmark and accuracy check stand: "
@@ -190,10 +195,12 @@ class EngineOut(BaseModel):
     def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None) -> EngineOut:
         """``model``: the version it is listed under, when not the one it was first built for (same bytes)."""
         fields = {k: getattr(row, k) for k in cls.model_fields
-                  if k not in ("model_id", "model_name", "model_version", "model_seq", "checks")}
+                  if k not in ("model_id", "model_name", "model_version", "model_seq", "checks", "profiles",
+                               "variant_of")}
+        fields["profiles"] = row.profiles or []
         m = model or row.model
         return cls(**fields, model_id=m.id, model_name=m.name, model_version=m.version, model_seq=m.seq,
-                   checks=checks)
+                   variant_of=m.source.version if m.source is not None else None, checks=checks)
 
 
 # Patterns a machine fingerprint's fields must match, shared by GET (query) and POST (JSON) /v1/resolve.
@@ -202,6 +209,9 @@ VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"
 PLATFORM_PATTERN = r"^(x86_64|aarch64)$"
 SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
 PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
+BACKEND_PATTERN = r"^(tensorrt|tensorrt-rtx|onnxruntime)$"
+Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
+Accept = Literal["unchecked", "failed"]
 
 
 class MachineIn(BaseModel):
@@ -221,6 +231,17 @@ class MachineIn(BaseModel):
     platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
     os: str | None = Field(None, max_length=200)
     jetpack: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
+    shapes: dict[str, Any] = Field(
+        default_factory=dict, max_length=1000,
+        description="what the machine will run: per input, dims ([1, 3, 640, 640]) or {min, opt, max} dims; "
+                    "an engine whose profiles do not cover them is excluded")
+    precisions: list[Precision] = Field(default_factory=list, max_length=5,
+                                        description="the precisions the machine accepts (default: any)")
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, shapes: dict[str, Any]) -> dict[str, Any]:
+        return check_shape_request(shapes)
 
 
 class ResolveRequest(BaseModel):
@@ -236,6 +257,10 @@ class ResolveRequest(BaseModel):
     accuracy: Literal["pass"] | None = Field(None, description="keep only engines that passed their accuracy gate")
     max_latency_ms: StrictFloat | None = Field(None, gt=0, le=1e7,
                                                description="measured median latency on your GPU model")
+    backend: str | None = Field(None, pattern=BACKEND_PATTERN, description="keep only engines of this backend")
+    accept: list[Accept] = Field(default_factory=list, max_length=2,
+                                 description="'unchecked': also int8/fp8 engines whose accuracy was never checked; "
+                                             "'failed': also engines whose accuracy check failed (ranked last)")
     explain: StrictBool = Field(False, description="return every candidate with every check")
     build: StrictBool = Field(False, description="when nothing fits, build the target this machine needs (202)")
 
@@ -262,6 +287,8 @@ class CandidateOut(BaseModel):
     accuracy: str | None = None
     latency_ms: float | None = None
     latency_on: str | None = None
+    profiles: list[dict[str, dict[str, list[int]]]] = Field(default_factory=list,
+                                                            description="its optimization profiles")
     checks: list[CheckOut] | None = Field(None, description="every check, with explain=true")
 
 
@@ -272,6 +299,8 @@ class ResolveOut(BaseModel):
     match: str
     reason: str
     unchecked: list[str]
+    accuracy: Literal["pass", "fail", "unchecked"] = Field(description="the chosen engine's accuracy check against "
+                                                                       "ONNX Runtime FP32")
     download_url: str
     fallbacks: list[CandidateOut]
     rejected: list[CandidateOut]

@@ -177,12 +177,14 @@ class EngineCache:
         return _read_json(self._record_path(sha256))
 
     def records(self, model: str | None = None, version: str | None = None) -> list[dict[str, Any]]:
-        """Stored records, optionally of one model and version; unreadable files are skipped."""
+        """Stored records, optionally of one model and version (with the engines of models derived from that
+        version, its variants); unreadable files are skipped."""
         found = []
         for path in sorted(self.engines.glob("*.json")) if self.engines.is_dir() else []:
             if not _SHA.fullmatch(path.stem) or (doc := _read_json(path)) is None:
                 continue
-            if model in (None, doc.get("model_name")) and version in (None, doc.get("model_version")):
+            versions = (None, doc.get("model_version"), doc.get("variant_of"))
+            if model in (None, doc.get("model_name")) and version in versions:
                 found.append(doc)
         return found
 

@@ -16,8 +16,11 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from enginefarm.ci import ci_command
 from enginefarm.config import get_settings
-from enginefarm.domain import parse_val_ranges, spec_shapes_from_trtexec
+from enginefarm.compat import ACCEPT
+from enginefarm.domain import Precision, parse_val_ranges, shape_request, spec_shapes_from_trtexec
+from enginefarm.report import profiles_label
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -364,6 +367,8 @@ def build(
     calibration: Optional[str] = typer.Option(None, "--calibration", help="int8: minmax, entropy or percentile"),
     queue_without_worker: bool = QUEUE_OPT,
     wait: bool = typer.Option(False, "--wait", help="wait for every target and show progress"),
+    timeout: float = typer.Option(3600, "--timeout", min=1, help="with --wait: give up after this many seconds "
+                                                                 "(exit 1)"),
     api: Optional[str] = API_OPT,
 ) -> None:
     """Build a model for one or more targets; each engine is then benchmarked and checked against ONNX Runtime."""
@@ -377,8 +382,12 @@ def build(
         with _client(api) as c:
             result = c.build(model_id, target, spec, queue_without_worker=queue_without_worker or None)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
-            if wait:
-                result = _wait_with_progress(c, result)
+            if wait and sys.stderr.isatty():
+                result = _wait_with_progress(c, result, timeout)
+            elif wait:  # a CI log: one timestamped line per change instead of a redrawn bar
+                from enginefarm.ci import wait_or_fail
+
+                result, _ = wait_or_fail(c, result, timeout)
     except Exception as exc:
         _fail(exc)
     _print_tasks(result)
@@ -519,7 +528,7 @@ def _pick_version(items: list[dict], name: str, version: str | None) -> int:
     return max(uploaded, key=lambda m: m["id"])["id"]
 
 
-def _wait_with_progress(c, build: dict) -> dict:
+def _wait_with_progress(c, build: dict, timeout: float) -> dict:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), console=err) as bar:
         ids = {t["id"]: bar.add_task(t["target"], total=1, state=t["state"]) for t in build["tasks"]}
 
@@ -528,7 +537,7 @@ def _wait_with_progress(c, build: dict) -> dict:
                 done = t["state"] in ("succeeded", "failed", "cancelled")
                 bar.update(ids[t["id"]], completed=1 if done else 0, state=t["status_detail"] or t["state"])
 
-        return c.wait_build(build["id"], on_update=update)
+        return c.wait_build(build["id"], timeout=timeout, on_update=update)
 
 
 def _print_tasks(build: dict) -> None:
@@ -564,6 +573,15 @@ def fetch(
     precision: Optional[str] = None, spec_hash: Optional[str] = typer.Option(None, "--spec-hash"),
     accuracy: Optional[str] = typer.Option(None, help="'pass': " + FILTER_HELP),
     max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
+    shapes: Optional[str] = typer.Option(None, "--shapes", help="the shapes you will run, trtexec syntax: "
+                                         "images:1x3x640x640"),
+    min_shapes: Optional[str] = typer.Option(None, "--minShapes", help="with --maxShapes: the range you will run"),
+    opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
+    max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
+    precisions: Optional[str] = typer.Option(None, "--precisions", help="the precisions you accept, e.g. fp16,fp32 "
+                                             "(default: any that passed its accuracy check, or fp16/fp32 unchecked)"),
+    accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
+                                               "accuracy was never checked; 'failed': also engines that failed it"),
     explain: bool = typer.Option(False, "--explain", help="print every candidate with the rule that decided it"),
     build: bool = typer.Option(False, "--build", help="when nothing fits, build the engine this machine needs"),
     wait: bool = typer.Option(False, "--wait", help="with --build: wait for the build, then fetch"),
@@ -583,11 +601,21 @@ def fetch(
     from enginefarm.client import resolve_offline
     from worker.probe import this_machine
 
+    try:
+        wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)
+        accepted = [p.strip() for p in (precisions or "").split(",") if p.strip()]
+        unknown = sorted(set(accepted) - {p.value for p in Precision}) + sorted(set(accept or []) - set(ACCEPT))
+        if unknown:
+            raise ValueError(f"unknown value(s) {unknown}: --precisions takes {', '.join(p.value for p in Precision)}; "
+                             f"--accept takes {' or '.join(ACCEPT)}")
+    except ValueError as exc:
+        _fail(exc)
     machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
-                            trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
-                            platform=platform, jetpack=jetpack)
+                           trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
+                           platform=platform, jetpack=jetpack, shapes=wanted_shapes or None,
+                           precisions=accepted or None)
     filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
-                   max_latency_ms=max_latency_ms)
+                   max_latency_ms=max_latency_ms, accept=accept or None)
     cache = None if no_cache else EngineCache(cache_dir)
     if (wait and not build) or (offline and (build or no_cache)):
         _fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
@@ -638,8 +666,16 @@ def _print_answer(answer: dict, output: Optional[Path], from_cache: bool, explai
             table.add_row(str(r["rank"] or "-"), str(r["engine_id"]), r["target"], r.get("model_version") or "",
                           r.get("precision") or "", r["match"] or "excluded", r.get("rule") or "", r["reason"])
         console.print(table)
+        # Accuracy and profiles are long; a line per engine reads better than narrow table columns.
+        for r in rows:
+            label = profiles_label(r.get("profiles")).replace("\n", "; ")
+            console.print(f"engine {r['engine_id']} ({r['target']}): accuracy {r.get('accuracy') or 'unchecked'}; "
+                          f"profiles {label}", highlight=False)
         if answer.get("unchecked"):
-            console.print(f"not checked (the machine did not say): {', '.join(answer['unchecked'])}")
+            console.print(f"not checked: {', '.join(answer['unchecked'])}")
+    if answer.get("accuracy", "unchecked") == "unchecked":
+        console.print(f"note: the accuracy of engine {eng.get('id')} ({eng.get('precision')}) has not been checked "
+                      "against ONNX Runtime FP32 yet", highlight=False)
     where = f"{output}: " if output else ""
     source = "from the local cache" if from_cache else "downloaded"
     console.print(f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
@@ -651,22 +687,28 @@ def export_triton(
     model: str,
     out: Path = typer.Option(..., "--out", help="the Triton model repository directory (created if missing)"),
     version: Optional[str] = typer.Option(None, help="model version (default: the newest)"),
-    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="which build spec (default: the most built)"),
+    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines of this build spec"),
     backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: tensorrt where built)"),
+    precision: Optional[str] = typer.Option(None, help="only engines of this precision"),
+    accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
+                                               "accuracy was never checked; 'failed': also engines that failed it"),
     triton_version: int = typer.Option(1, "--triton-version", help="the Triton version directory to write"),
     name: Optional[str] = typer.Option(None, help="Triton model name (default: the catalog name, made safe)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace existing model directories"),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR"),
     api: Optional[str] = API_OPT,
 ) -> None:
-    """Write a Triton repository: one plan per compute capability (cc_model_filenames) and the ONNX CPU fallback."""
+    """Write a Triton repository: one plan per compute capability (cc_model_filenames) and the ONNX CPU fallback.
+
+    Each plan is the engine `enginefarm fetch --cc CC` picks with the same filters, full TensorRT first."""
     from enginefarm.cache import EngineCache
     from enginefarm.triton import export_from_farm
 
     try:
         with _client(api) as c:
             repo = export_from_farm(c, model, out, EngineCache(cache_dir), version=version, spec_hash=spec_hash,
-                                    backend=backend, triton_version=triton_version, name=name, overwrite=overwrite)
+                                    backend=backend, precision=precision, accept=accept,
+                                    triton_version=triton_version, name=name, overwrite=overwrite)
     except Exception as exc:
         _fail(exc)
     console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")
@@ -737,6 +779,9 @@ def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm
     with stop_on_sigterm():
         code = run_demo(data_dir, console)
     sys.exit(code)
+
+
+app.command("ci")(ci_command)
 
 
 def main() -> None:

@@ -168,7 +168,9 @@ class Client:
 
     def resolve(self, model: str, machine: Machine | None = None, *, version: str | None = None,
                 explain: bool = False, build: bool = False, **filters: Any) -> dict:
-        """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms.
+        """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms, backend, and
+        accept (["unchecked"] for int8/fp8 engines never checked, ["failed"] for engines that failed the check).
+        What the machine will run (its shapes) and the precisions it accepts travel with ``machine``.
 
         ``machine`` defaults to this machine, detected (``worker.probe.this_machine``). Returns the
         resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
@@ -179,7 +181,8 @@ class Client:
 
             machine = this_machine()
         body = {"model": model, "version": version, "machine": asdict(machine), "explain": explain,
-                "build": build, **{k: v for k, v in filters.items() if v is not None}}
+                "build": build, **{k: sorted(v) if isinstance(v, (set, frozenset)) else v
+                                   for k, v in filters.items() if v is not None}}
         return self._json(self.http.post("/v1/resolve", json=body))
 
     def _stream(self, url: str, out, on_bytes: Callable[[int], None] | None) -> str | None:
@@ -286,13 +289,18 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
     options = [Option(sha, _descriptor(r), r.get("model_seq", 0), r.get("spec_hash", ""),
                       Evidence(accuracy={True: "pass", False: "fail"}.get(r.get("accuracy_pass"))))
                for sha, r in records.items()]
-    choice = choose(options, machine, Wanted(**{k: v for k, v in filters.items() if v is not None}))
+    wanted = {k: v for k, v in filters.items() if v is not None}
+    if "accept" in wanted:
+        wanted["accept"] = frozenset(wanted["accept"])
+    choice = choose(options, machine, Wanted(**wanted))
 
     def row(j) -> dict:
         r, v = records[j.option.id], j.verdict
         return {"engine_id": r.get("id"), "target": r["target"], "model_version": r.get("model_version"),
                 "precision": r.get("precision"), "rank": j.rank, "match": v.match.label if v.match is not None else None,
-                "rule": v.rule.value if v.rule else None, "reason": v.reason, "unchecked": v.unchecked}
+                "rule": v.rule.value if v.rule else None, "reason": v.reason, "unchecked": v.unchecked,
+                "accuracy": j.option.evidence.accuracy, "profiles": r.get("profiles") or [],
+                "checks": [c.to_dict() for c in v.checks]}
 
     if choice.chosen is None:
         what = f"{model}" + (f" version {version}" if version else "")
@@ -301,7 +309,8 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
                                  problems=[row(j) for j in choice.rejected])
     best = choice.chosen
     return {"engine": records[best.option.id], "match": best.verdict.match.label, "reason": best.verdict.reason,
-            "unchecked": best.verdict.unchecked, "fallbacks": [row(j) for j in choice.ranked[1:]],
+            "unchecked": best.verdict.unchecked, "accuracy": best.option.evidence.accuracy or "unchecked",
+            "fallbacks": [row(j) for j in choice.ranked[1:]],
             "rejected": [row(j) for j in choice.rejected],
             "candidates": [row(j) for j in choice.ranked + choice.rejected], "offline": True}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any
 
-from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine, cc_tuple
+from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine, cc_tuple, format_dims
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
@@ -56,11 +56,15 @@ class Rule(StrEnum):
     RTX_CC = "rtx-cc"
     DRIVER = "driver-floor"
     MEMORY = "memory"
+    SHAPES = "shapes"
+    ACCEPTED_PRECISION = "precision"
+    ACCURACY_GATE = "accuracy-gate"
     # the caller's filters
     PRECISION = "filter:precision"
     SPEC = "filter:spec-hash"
     ACCURACY = "filter:accuracy"
     LATENCY = "filter:max-latency"
+    BACKEND = "filter:backend"
 
 
 class Outcome(StrEnum):
@@ -242,6 +246,65 @@ def _mib(n: int) -> int:
     return max(1, math.ceil(n / (1 << 20)))
 
 
+def _span(rng: dict[str, list[int]]) -> str:
+    return f"{format_dims(rng['min'])}..{format_dims(rng['max'])}"
+
+
+def _need(rng: dict[str, list[int]]) -> str:
+    return format_dims(rng["min"]) if rng["min"] == rng["max"] else _span(rng)
+
+
+def _profile_gap(i: int, profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> str | None:
+    """Why profile ``i`` cannot run ``shapes``, or None when it covers every requested input."""
+    for name, want in shapes.items():
+        have = profile.get(name)
+        if have is None:
+            return f"profile {i} has no input {name!r} (it has {', '.join(sorted(profile)) or 'none'})"
+        if len(have["min"]) != len(want["min"]) or not all(
+                lo <= a and b <= hi for lo, a, b, hi in zip(have["min"], want["min"], want["max"], have["max"])):
+            return f"profile {i} of input {name!r} covers {_span(have)}; you need {_need(want)}"
+    return None
+
+
+def covering_profiles(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> list[int]:
+    """The indices of the engine's profiles that cover every requested shape range."""
+    return [i for i, p in enumerate(e.profiles) if _profile_gap(i, p, shapes) is None]
+
+
+def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
+    if not m.shapes:
+        return None
+    if not e.profiles:
+        return _unchecked(Rule.SHAPES, "the engine's optimization profiles are not recorded")
+    gaps = [_profile_gap(i, p, m.shapes) for i, p in enumerate(e.profiles)]
+    fits = [i for i, g in enumerate(gaps) if g is None]
+    if not fits:
+        return _fail(Rule.SHAPES, "; ".join(gaps))
+    best = min(fits, key=lambda i: profile_fit(e.profiles[i], m.shapes))
+    spans = ", ".join(f"{n} {_span(e.profiles[best][n])}" for n in m.shapes)
+    return _ok(Rule.SHAPES, f"profile {best} covers your shapes ({spans})")
+
+
+def profile_fit(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float]:
+    """How tightly a covering profile fits the request, smaller is better: first its width, the number of distinct
+    shapes it admits for the requested inputs (the product over their dims of max - min + 1), then how far its opt
+    lies from the request's opt (the sum over those dims of |log(opt / requested opt)|)."""
+    width, distance = 1, 0.0
+    for name, want in shapes.items():
+        have = profile[name]
+        for lo, hi in zip(have["min"], have["max"]):
+            width *= hi - lo + 1
+        distance += sum(abs(math.log(o / w)) for o, w in zip(have["opt"], want["opt"]))
+    return width, distance
+
+
+def shape_fit(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float] | None:
+    """The fit of the engine's best covering profile; None when the request names no shapes or the profiles
+    are unknown."""
+    fits = [profile_fit(e.profiles[i], shapes) for i in covering_profiles(e, shapes)] if shapes else []
+    return min(fits) if fits else None
+
+
 def judge(e: EngineDescriptor, m: Machine) -> Verdict:
     """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that."""
     checks = [_check_platform(e, m)]
@@ -253,7 +316,7 @@ def judge(e: EngineDescriptor, m: Machine) -> Verdict:
         checks += [_check_rtx_release(e, m), _check_rtx_cc(e, m)]
     else:
         checks += [_check_trt_version(e, m), _check_cc_trt(e, m)]
-    checks += [c for c in (_check_driver(e, m), _check_memory(e, m)) if c is not None]
+    checks += [c for c in (_check_driver(e, m), _check_memory(e, m), _check_shapes(e, m)) if c is not None]
     failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
     if failed:
         return Verdict(False, None, failed.detail, checks)
@@ -301,6 +364,8 @@ class Wanted:
     spec_hash: str | None = None
     accuracy: str | None = None  # "pass" keeps only engines that passed their accuracy gate
     max_latency_ms: float | None = None
+    backend: str | None = None
+    accept: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -320,11 +385,40 @@ class Choice:
         return self.ranked[0] if self.ranked else None
 
 
-def _filters(o: Option, wanted: Wanted) -> list[Check]:
+# Precisions whose error depends on calibration: picked unasked only once their accuracy check passed.
+QUANTIZED = frozenset({"int8", "fp8"})
+ACCEPT = ("unchecked", "failed")
+
+
+def _accuracy_gate(o: Option, m: Machine, wanted: Wanted) -> Check:
+    """The precision policy: a failed accuracy check excludes an engine, and so does an unchecked int8 or fp8 one,
+    unless the caller asks for that precision by name or accepts unchecked (or failed) engines."""
+    e, accuracy = o.engine, o.evidence.accuracy
+    if accuracy == "pass":
+        return _ok(Rule.ACCURACY_GATE, "passed its accuracy check against ONNX Runtime FP32")
+    if accuracy == "fail":
+        if "failed" in wanted.accept:
+            return _relaxed(Rule.ACCURACY_GATE, "failed its accuracy check; served because you accept failed engines")
+        return _fail(Rule.ACCURACY_GATE, "failed its accuracy check against ONNX Runtime FP32; "
+                                         "add accept=failed to get it anyway")
+    named = e.precision == wanted.precision or e.precision in m.precisions
+    if e.precision in QUANTIZED and not named and "unchecked" not in wanted.accept:
+        return _fail(Rule.ACCURACY_GATE, f"this {e.precision} engine's accuracy was never checked; {e.precision} is "
+                                         f"picked only once its check passed: ask for precision={e.precision} or "
+                                         "accept=unchecked to get it unchecked")
+    return _unchecked(Rule.ACCURACY_GATE, f"{e.precision} engine whose accuracy is not checked yet")
+
+
+def _filters(o: Option, m: Machine, wanted: Wanted) -> list[Check]:
     checks = []
     e, ev = o.engine, o.evidence
+    if m.precisions and e.precision not in m.precisions:
+        checks.append(_fail(Rule.ACCEPTED_PRECISION, f"built {e.precision}; your machine accepts "
+                                                     f"{', '.join(m.precisions)}"))
     if wanted.precision and e.precision != wanted.precision:
         checks.append(_fail(Rule.PRECISION, f"built {e.precision}, you asked for {wanted.precision}"))
+    if wanted.backend and e.backend != wanted.backend:
+        checks.append(_fail(Rule.BACKEND, f"built for {e.backend}, you asked for {wanted.backend}"))
     if wanted.spec_hash and o.spec_hash != wanted.spec_hash:
         checks.append(_fail(Rule.SPEC, f"built from spec {o.spec_hash[:12]}, you asked for {wanted.spec_hash[:12]}"))
     if wanted.accuracy == "pass" and ev.accuracy != "pass":
@@ -343,12 +437,15 @@ def _filters(o: Option, wanted: Wanted) -> list[Check]:
 _ACCURACY_ORDER = {"pass": 0, None: 1, "fail": 2}
 
 
-def rank_key(j: Judged) -> tuple:
-    """Match first; then a passed accuracy gate over none over a failed one; then lower latency on the
-    asking GPU model; then the newer model version; then the newer engine."""
+def rank_key(j: Judged, shapes: dict[str, dict[str, list[int]]] | None = None) -> tuple:
+    """Match first; then a passed accuracy gate over none over a failed one; then, when the machine names its
+    shapes, the narrowest covering profile and the opt nearest the request (``profile_fit``); then lower latency
+    on the asking GPU model; then the newer model version; then the newer engine."""
     ev = j.option.evidence
     latency = ev.latency_ms if ev.latency_ms is not None else math.inf
-    return (j.verdict.match, _ACCURACY_ORDER.get(ev.accuracy, 1), latency, -j.option.model_seq, _newest(j.option.id))
+    fit = shape_fit(j.option.engine, shapes or {}) or (math.inf, math.inf)
+    return (j.verdict.match, _ACCURACY_ORDER.get(ev.accuracy, 1), fit, latency, -j.option.model_seq,
+            _newest(j.option.id))
 
 
 def _newest(key: Any) -> Any:
@@ -361,11 +458,17 @@ def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None
     runnable, rejected = [], []
     for o in options:
         verdict = judge(o.engine, machine)
-        excluded = _filters(o, wanted)
+        excluded = _filters(o, machine, wanted)
+        gate = _accuracy_gate(o, machine, wanted)
+        # An engine that does not run is excluded by its compatibility rule; the gate only speaks for one that does.
+        if gate.outcome is Outcome.FAIL and verdict.runs:
+            excluded.append(gate)
+        else:
+            verdict.checks.append(gate)
         if excluded:
             verdict = Verdict(False, None, excluded[0].detail, excluded + verdict.checks)
         (runnable if verdict.runs else rejected).append(Judged(o, verdict))
-    runnable.sort(key=rank_key)
+    runnable.sort(key=lambda j: rank_key(j, machine.shapes))
     for i, j in enumerate(runnable, start=1):
         j.rank = i
     return Choice(runnable, rejected)

@@ -488,6 +488,9 @@ class EngineDescriptor:
     size: int = 0
     sha256: str = ""
     device_memory_bytes: int | None = None
+    # The optimization profiles the engine was built with, each input's min/opt/max (a static input has
+    # min = opt = max); empty when unknown. See ``engine_profiles``.
+    profiles: list[dict[str, dict[str, list[int]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -505,6 +508,11 @@ class Machine:
     platform: str | None = None
     os: str | None = None
     jetpack: str | None = None
+    # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
+    # Empty: shapes are not judged.
+    shapes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    # The precisions it accepts; empty: any.
+    precisions: list[str] = field(default_factory=list)
 
     @property
     def is_jetson(self) -> bool:
@@ -544,6 +552,77 @@ def spec_shapes_from_trtexec(shapes: str | None = None, min_shapes: str | None =
             raise ValueError(f"inputs {missing} need both --minShapes and --maxShapes")
         out["profiles"] = [{n: {"min": lo[n], "opt": opt.get(n, hi[n]), "max": hi[n]} for n in sorted(names)}]
     return out
+
+
+def shape_request(shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
+                  max_shapes: str | None = None) -> dict[str, dict[str, list[int]]]:
+    """What a deploy machine will run, from trtexec's --shapes/--minShapes/--optShapes/--maxShapes: per input,
+    min/opt/max (``--shapes`` gives one shape: min = opt = max). Raises ValueError, naming the input."""
+    parts = spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes)
+    wanted = {n: {"min": d, "opt": d, "max": d} for n, d in parts.get("shapes", {}).items()}
+    for profile in parts.get("profiles", []):
+        both = sorted(set(profile) & set(wanted))
+        if both:
+            raise ValueError(f"inputs {both} are given both in --shapes and in --minShapes/--maxShapes; give each once")
+        wanted.update(profile)
+    return check_shape_request(wanted)
+
+
+def check_shape_request(wanted: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """Validate a shape request (input → {min, opt, max}, or input → dims for one fixed shape) and return it in
+    the min/opt/max form. Raises ValueError that says which input is wrong and how."""
+    out: dict[str, dict[str, list[int]]] = {}
+    if len(wanted) > 1000:
+        raise ValueError(f"at most 1000 inputs in a shape request, not {len(wanted)}")
+    for name, rng in wanted.items():
+        if isinstance(rng, list):
+            rng = {"min": rng, "opt": rng, "max": rng}
+        if not isinstance(rng, dict) or set(rng) - {"min", "opt", "max"} or not {"min", "max"} <= set(rng):
+            raise ValueError(f"shape of input {name!r}: give dims, or min, max (and opt) dims")
+        rng = {"min": rng["min"], "opt": rng.get("opt", rng["max"]), "max": rng["max"]}
+        for key, dims in rng.items():
+            if (not isinstance(dims, list) or len(dims) > 16
+                    or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIM for d in dims)):
+                raise ValueError(f"{key} shape of input {name!r}: at most 16 dims, each a whole number within "
+                                 f"1..{MAX_DIM}, got {dims!r}")
+        if not len(rng["min"]) == len(rng["opt"]) == len(rng["max"]):
+            raise ValueError(f"shape of input {name!r}: min, opt and max need the same number of dims")
+        if not all(a <= b <= c for a, b, c in zip(rng["min"], rng["opt"], rng["max"])):
+            raise ValueError(f"shape of input {name!r}: need min <= opt <= max in every dim, got "
+                             f"{format_dims(rng['min'])}, {format_dims(rng['opt'])}, {format_dims(rng['max'])}")
+        out[name] = rng
+    return out
+
+
+def format_dims(dims: list[int]) -> str:
+    """[1, 3, 640, 640] → 1x3x640x640 (trtexec's way)."""
+    return "x".join(str(d) for d in dims)
+
+
+def engine_profiles(spec: dict[str, Any] | None, info: dict[str, Any] | None) -> list[dict[str, dict[str, list[int]]]]:
+    """The optimization profiles an engine was built with, from its build's stored spec (whose ``profiles`` already
+    fold in the spec's static ``shapes``) and its model's inputs: an input the spec leaves out that the model gives
+    fixed dims runs only at those. Empty when a dynamic input's range is not known."""
+    fixed = set((spec or {}).get("fixed_inputs") or {})
+    static = {}
+    for t in (info or {}).get("inputs", []):
+        dims = t.get("dims") or []
+        if t["name"] in fixed:
+            continue
+        if dims and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+            static[t["name"]] = {"min": list(dims), "opt": list(dims), "max": list(dims)}
+        elif not dims:
+            continue  # a scalar input takes no shape
+        else:
+            static[t["name"]] = None
+    profiles = [dict(p) for p in (spec or {}).get("profiles") or []]
+    if not profiles:
+        return [{n: r for n, r in static.items() if r is not None}] if static and None not in static.values() else []
+    for p in profiles:
+        for name, rng in static.items():
+            if name not in p and rng is not None:
+                p[name] = rng
+    return profiles
 
 
 def parse_val_ranges(items: list[str]) -> dict[str, tuple[float, float]]:

@@ -576,9 +576,10 @@ def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
             continue
         for axis, d in enumerate(getattr(value.type, kind_of).shape.dim):
             which = d.WhichOneof("value")
-            if which == "dim_value" and d.dim_value < 0:
+            # -1 is how several exporters (paddle2onnx among them) mark a dynamic dim, and runtimes read it so.
+            if which == "dim_value" and d.dim_value < -1:
                 raise ModelRejected(f"{kind} {_short(name)} declares dim {d.dim_value} at axis {axis}; a dim is a size, "
-                                    "0 or more, or a name (or nothing) for a dynamic one")
+                                    "0 or more, or -1, a name or nothing for a dynamic one")
             param = _text(d.dim_param, f"dim name of {_short(name)}") if which == "dim_param" else ""
             if len(param.encode()) > MAX_TENSOR_NAME_BYTES:
                 raise ModelRejected(f"the dim name at axis {axis} of {kind} {_short(name)} is longer than "

@@ -114,6 +114,19 @@ def _variant_cell(row: Row) -> Text:
     return Text(variant, style="dim" if row.get("best") is False else "")
 
 
+def profiles_label(profiles: Sequence[dict] | None) -> str:
+    """Each optimization profile on a line, its inputs as trtexec writes ranges: ``images 1x3x64x64..4x3x1024x1024``;
+    a static input shows its one shape."""
+    lines = []
+    for i, profile in enumerate(profiles or []):
+        parts = []
+        for name, rng in sorted(profile.items()):
+            lo, hi = ("x".join(map(str, rng[k])) for k in ("min", "max"))
+            parts.append(f"{name} {lo}" if lo == hi else f"{name} {lo}..{hi}")
+        lines.append((f"{i}: " if len(profiles) > 1 else "") + ", ".join(parts))
+    return "\n".join(lines) or DASH
+
+
 def _accuracy_cell(row: Row) -> Text:
     accuracy = row.get("accuracy")
     if not accuracy:
@@ -150,6 +163,7 @@ def report_table(report: Report) -> Table:
     table = Table(title=model_title(report), title_style="bold")
     table.add_column("target", no_wrap=True)
     table.add_column("variant")
+    table.add_column("profiles")
     table.add_column("shape")
     table.add_column("device")
     for name in ("p50", "p90", "p99"):
@@ -162,6 +176,7 @@ def report_table(report: Report) -> Table:
         table.add_row(
             str(row.get("target") or DASH),
             _variant_cell(row),
+            Text(profiles_label(row.get("profiles")), style="dim"),
             shape_label(row),
             str(row.get("device") or DASH),
             fmt_ms(_stat(row, "median")),

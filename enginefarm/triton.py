@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import arch_of_cc, cc_tuple
+from enginefarm.domain import Machine, arch_of_cc, cc_tuple
 
 ONNX_TO_TRITON: dict[str, str] = {
     "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
@@ -300,45 +300,65 @@ def write_repository(
 # --------------------------------------------------------------------------- from a farm
 
 
-def choose_engines(engines: Sequence[Mapping[str, Any]], backend: str | None = None) -> dict[str, Mapping[str, Any]]:
-    """One engine per compute capability: full TensorRT over TensorRT-RTX (Triton's backend links full
-    TensorRT) unless ``backend`` names one, then the newest. Portable and CPU engines are left out."""
-    best: dict[str, Mapping[str, Any]] = {}
-    for e in engines:
-        cc = e.get("compute_capability")
-        if not cc or e["backend"] not in _PLAN_BACKENDS or (backend and e["backend"] != backend):
-            continue
-        key = (e["backend"] == "tensorrt", e["id"])
-        if cc not in best or key > (best[cc]["backend"] == "tensorrt", best[cc]["id"]):
-            best[cc] = e
-    return best
+# Triton's TensorRT backend links full TensorRT: its plans are preferred, TensorRT-RTX ones taken where no full
+# TensorRT engine runs on a compute capability.
+PLAN_PREFERENCE = ("tensorrt", "tensorrt-rtx")
+
+
+def triton_machine(cc: str) -> Machine:
+    """The fingerprint an export resolves for: a GPU of compute capability ``cc`` whose other facts are unknown,
+    because the repository is served wherever Triton runs."""
+    return Machine(compute_capability=cc)
+
+
+def config_spec(model: Mapping[str, Any], engines: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The profiles ``config.pbtxt`` is derived from, and a warning when the plans differ: one config serves every
+    plan, so its max_batch_size is the smallest any of them takes."""
+    specs = [{"profiles": e.get("profiles") or []} for e in engines]
+    if not specs:
+        return {}, []
+    smallest = min(specs, key=lambda sp: batching(model, sp)[0])
+    if any(sp != smallest for sp in specs):
+        return smallest, [f"the plans were built with different optimization profiles; max_batch_size is "
+                          f"{batching(model, smallest)[0]}, the largest batch every one of them takes"]
+    return smallest, []
 
 
 def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, version: str | None = None,
-                     spec_hash: str | None = None, backend: str | None = None, triton_version: int = 1,
-                     name: str | None = None, overwrite: bool = False) -> TritonRepository:
-    """Write a Triton repository for a catalogued model: its engines per compute capability (downloaded
-    through the engine cache, verified) and its ONNX file as the CPU fallback.
+                     spec_hash: str | None = None, backend: str | None = None, precision: str | None = None,
+                     accept: list[str] | None = None, triton_version: int = 1, name: str | None = None,
+                     overwrite: bool = False) -> TritonRepository:
+    """Write a Triton repository for a catalogued model: one plan per compute capability (downloaded through the
+    engine cache, verified) and its ONNX file as the CPU fallback.
 
-    The model version defaults to the newest; the spec to the one the most engines of that version
-    were built with (ties: the newest build). Raises NotFound when there is nothing to export.
+    Each plan is the engine the farm's resolution picks for a GPU of that compute capability (the same
+    ``/v1/resolve`` that ``enginefarm fetch`` asks, with the same filters), among full TensorRT engines first and
+    TensorRT-RTX ones where none runs there. The model version defaults to the newest uploaded one; models derived
+    from it (int8 Q/DQ) are its variants and compete in the same resolution. Raises NotFound when there is nothing
+    to export.
     """
     from enginefarm.errors import NotFound
     from enginefarm.modelfile import BundleLimits, unpack_bundle
 
-    versions = client.models(name=model_name, limit=500)["items"]
+    versions = [m for m in client.models(name=model_name, limit=500)["items"] if m.get("source_model_id") is None]
     if version:
         versions = [m for m in versions if m["version"] == version]
     if not versions:
         raise NotFound(f"no model {model_name!r}" + (f" version {version!r}" if version else "") + " in the catalog")
     model = max(versions, key=lambda m: m["id"])
-    engines = client.engines(model=model_name, version=model["version"], limit=500)["items"]
-    builds = client.builds(model_id=model["id"], spec_hash=spec_hash, limit=500)
-    if not builds:
-        raise NotFound(f"{model_name} v{model['version']} has no build" + (f" with spec {spec_hash}" if spec_hash else ""))
-    counts = {b["spec_hash"]: sum(e["spec_hash"] == b["spec_hash"] for e in engines) for b in builds}
-    build = max(builds, key=lambda b: (counts[b["spec_hash"]], b["id"]))
-    chosen = choose_engines([e for e in engines if e["spec_hash"] == build["spec_hash"]], backend)
+    listed = client.engines(model=model_name, limit=500)["items"]
+    ccs = sorted({e["compute_capability"] for e in listed
+                  if e["compute_capability"] and e["backend"] in _PLAN_BACKENDS
+                  and model["version"] in (e["model_version"], e.get("variant_of"))}, key=cc_tuple)
+    chosen: dict[str, Mapping[str, Any]] = {}
+    for cc in ccs:
+        for b in [backend] if backend else PLAN_PREFERENCE:
+            answer = _resolve_or_none(client, model_name, triton_machine(cc), version=model["version"],
+                                      spec_hash=spec_hash, precision=precision, backend=b, accept=accept)
+            if answer is not None:
+                chosen[cc] = answer["engine"]
+                break
+    spec, warnings = config_spec(model, list(chosen.values()))
     files = {cc: (e, client.cached(e, cache)[0]) for cc, e in chosen.items()}
     with tempfile.TemporaryDirectory(prefix="enginefarm-export-") as tmp:
         upload = Path(tmp) / f"upload.{model['format']}"
@@ -348,5 +368,19 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
             bundle = Path(tmp) / "bundle"
             onnx_path = unpack_bundle(upload, model["format"], bundle, BundleLimits())
             upload, member = bundle, onnx_path.relative_to(bundle).as_posix()
-        return write_repository(out, model, build["spec"], files, upload, onnx_member=member,
+        repo = write_repository(out, model, spec, files, upload, onnx_member=member,
                                 version=triton_version, name=name, overwrite=overwrite)
+    repo.warnings += warnings
+    return repo
+
+
+def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) -> dict | None:
+    """The resolution's answer, or None when no engine runs there (404)."""
+    from enginefarm.client import ApiError
+
+    try:
+        return client.resolve(model, machine, **filters)
+    except ApiError as exc:
+        if exc.status_code == 404:
+            return None
+        raise

@@ -15,12 +15,14 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
 from enginefarm.domain import (
     BACKEND_MODULES,
+    Backend,
     BuildSpec,
     EngineDescriptor,
     Machine,
     ModelInfo,
     Target,
     TaskState,
+    engine_profiles,
 )
 from enginefarm.errors import Conflict, NoCompatibleEngine, NotFound
 from storage.db import as_utc
@@ -301,6 +303,7 @@ def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: E
             cuda_version=desc.cuda_version, driver_version=desc.driver_version,
             hardware_compat=desc.hardware_compat, version_compatible=desc.version_compatible,
             sha256=desc.sha256, size=desc.size, blob_key=blob_key, build_seconds=build_seconds, built_by=worker_id,
+            profiles=desc.profiles or _gpu_profiles(desc, task.build.spec, model.info),
         )
         try:
             with session.begin_nested():  # a savepoint: losing the race must not undo the whole transaction
@@ -313,6 +316,11 @@ def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: E
     task.state, task.engine_id, task.finished_at = TaskState.SUCCEEDED.value, row.id, utcnow()
     task.log_tail, task.error = log_tail, None
     return row
+
+
+def _gpu_profiles(desc: EngineDescriptor, spec: dict, info: dict) -> list:
+    """A GPU engine's optimization profiles; the ONNX Runtime artifact has none, as it runs any shape the model takes."""
+    return [] if desc.backend == Backend.ONNXRUNTIME.value else engine_profiles(spec, info)
 
 
 def finish_task_reused(session: Session, task: BuildTaskRow, engine: EngineRow) -> None:
@@ -367,14 +375,14 @@ def get_engine(session: Session, engine_id: int, project: str | None = None) -> 
 
 def engine_in_project(session: Session, engine_id: int, project: str | None = None) -> tuple[EngineRow, ModelRow]:
     """The engine and the model it is seen through: the one it was built for, unless that model is in another
-    project; then the newest model of ``project`` with the same bytes. An engine belongs to the bytes, so two
+    project; then the model of ``project`` last uploaded with the same bytes. An engine belongs to the bytes, so two
     projects can share one, but neither may learn the other's model names, versions or ids through it.
     NotFound when no model of ``project`` has those bytes."""
     row = _get(session, EngineRow, engine_id, "engine")
     if project is None or row.model.project == project:
         return row, row.model
     model = session.scalars(select(ModelRow).where(ModelRow.project == project, ModelRow.sha256 == row.model_sha256)
-                            .order_by(ModelRow.seq.desc(), ModelRow.id)).first()
+                            .order_by(ModelRow.id.desc())).first()
     if model is None:
         raise NotFound(f"no engine with id {engine_id}")
     return row, model
@@ -394,7 +402,7 @@ def descriptor_of(row: EngineRow) -> EngineDescriptor:
         compute_capabilities=list(row.compute_capabilities or []), gpu_name=row.gpu_name, trt_version=row.trt_version,
         cuda_version=row.cuda_version, driver_version=row.driver_version, hardware_compat=row.hardware_compat,
         version_compatible=row.version_compatible, size=row.size, sha256=row.sha256,
-        device_memory_bytes=row.device_memory_bytes,
+        device_memory_bytes=row.device_memory_bytes, profiles=list(row.profiles or []),
     )
 
 

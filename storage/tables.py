@@ -42,6 +42,8 @@ class ModelRow(Base):
     samples_key: Mapped[str | None] = mapped_column(String(200))
     samples_info: Mapped[dict | None] = mapped_column(JSON)  # input name -> shape and dtype, sample count
 
+    source: Mapped[ModelRow | None] = relationship(remote_side=[id])
+
 
 class BuildRow(Base):
     __tablename__ = "builds"
@@ -119,6 +121,9 @@ class EngineRow(Base):
     # The accuracy gate against ONNX Runtime FP32: per-output metrics, and whether it passed.
     accuracy: Mapped[dict | None] = mapped_column(JSON)
     accuracy_pass: Mapped[bool | None] = mapped_column(Boolean)
+    # The optimization profiles it was built with, per input min/opt/max (enginefarm.domain.engine_profiles);
+    # empty when not known. Resolution judges a machine's shapes against them.
+    profiles: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
 
     model: Mapped[ModelRow] = relationship()
     benchmarks: Mapped[list[BenchmarkRow]] = relationship(back_populates="engine", order_by="BenchmarkRow.id")

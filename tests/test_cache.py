@@ -314,3 +314,14 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 
     monkeypatch.setenv("ENGINEFARM_CACHE_DIR", "")  # empty counts as unset
     assert default_cache_dir() == tmp_path / "xdg" / "enginefarm"
+
+
+def test_records_of_a_version_include_its_variants(tmp_path: Path) -> None:
+    """An engine of a derived int8 model (version 1-int8-…) is a variant of version 1, offline as online."""
+    cache = EngineCache(tmp_path)
+    plain = put(cache, b"fp32 plan")
+    variant = put(cache, b"int8 plan", version="1-int8-abcd1234", variant_of="1")
+    other = put(cache, b"v2 plan", version="2")
+    assert {r["sha256"] for r in cache.records("resnet", "1")} == {plain, variant}
+    assert {r["sha256"] for r in cache.records("resnet", "2")} == {other}
+    assert len(cache.records("resnet")) == 3

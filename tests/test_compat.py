@@ -62,6 +62,22 @@ def jetson(**kw) -> Machine:
     return replace(base, **kw)
 
 
+# An input 'images' built static at 1x3x640x640, or dynamic over batch 1..4 and sides 64..1024.
+STATIC = {"images": {"min": [1, 3, 640, 640], "opt": [1, 3, 640, 640], "max": [1, 3, 640, 640]}}
+DYNAMIC = {"images": {"min": [1, 3, 64, 64], "opt": [1, 3, 640, 640], "max": [4, 3, 1024, 1024]}}
+
+
+def need(name: str, *shapes: str) -> dict:
+    """A shape request in trtexec syntax: one shape, or min, opt, max."""
+    lo, mid, hi = (shapes * 3)[:3] if len(shapes) == 1 else shapes
+    dims = lambda s: [int(d) for d in s.split("x")]  # noqa: E731
+    return {name: {"min": dims(lo), "opt": dims(mid), "max": dims(hi)}}
+
+
+def profile(lo: str, mid: str, hi: str) -> dict:
+    return need("images", lo, mid, hi)
+
+
 E, G, HW, VC, CPU = Match.EXACT_CC, Match.EXACT_GPU, Match.HARDWARE_COMPAT, Match.VERSION_COMPAT, Match.CPU_FALLBACK
 VC8 = dict(version_compatible=True, trt_version="8.6.1.6", backend_version="8.6.1.6")
 
@@ -228,6 +244,36 @@ CASES = [
                  id="filter:max-latency: unmeasured engine excluded"),
     pytest.param(machine(), [opt("e", trt_engine(), spec="a" * 64)], None, None, "you asked for bbbbbbbbbbbb", R.SPEC, Wanted(spec_hash="b" * 64),
                  id="filter:spec-hash: another spec excluded"),
+    pytest.param(machine(), [opt("e", rtx_engine("sm86"))], None, None, "built for tensorrt-rtx, you asked for tensorrt",
+                 R.BACKEND, Wanted(backend="tensorrt"), id="filter:backend: another backend excluded"),
+    # --- shapes: what the machine will run against the engine's optimization profiles
+    runs("shapes", "a static request inside the dynamic profile", machine(shapes=need("images", "1x3x640x640")),
+         trt_engine(profiles=[DYNAMIC]), E, "built for your compute capability 8.6"),
+    rejected(R.SHAPES, "a batch the static profile does not cover", machine(shapes=need("images", "4x3x640x640")),
+             trt_engine(profiles=[STATIC]),
+             "profile 0 of input 'images' covers 1x3x640x640..1x3x640x640; you need 4x3x640x640"),
+    rejected(R.SHAPES, "a range wider than the profile", machine(shapes=need("images", "1x3x320x320", "1x3x640x640",
+                                                                              "1x3x2048x2048")),
+             trt_engine(profiles=[DYNAMIC]),
+             "profile 0 of input 'images' covers 1x3x64x64..4x3x1024x1024; you need 1x3x320x320..1x3x2048x2048"),
+    rejected(R.SHAPES, "an input no profile has", machine(shapes=need("image", "1x3x640x640")),
+             trt_engine(profiles=[DYNAMIC]), "profile 0 has no input 'image' (it has images)"),
+    rejected(R.SHAPES, "another rank", machine(shapes=need("images", "3x640x640")),
+             trt_engine(profiles=[DYNAMIC]), "you need 3x640x640"),
+    falls_back(R.SHAPES, "no profile of two covers it; the CPU artifact runs any shape",
+               machine(shapes=need("images", "8x3x640x640")), trt_engine(profiles=[STATIC, DYNAMIC]),
+               "profile 1 of input 'images' covers 1x3x64x64..4x3x1024x1024; you need 8x3x640x640"),
+    # --- the precision policy: failed and unchecked int8/fp8 engines are not picked by default
+    pytest.param(machine(), [opt("e", trt_engine(), accuracy="fail")], None, None, "failed its accuracy check",
+                 R.ACCURACY_GATE, None, id="accuracy-gate: a failed engine is never the default answer"),
+    pytest.param(machine(), [opt("e", trt_engine(precision="int8")), opt("fp32", trt_engine(precision="fp32"))], "fp32",
+                 E, "int8 engine's accuracy was never checked", R.ACCURACY_GATE, None,
+                 id="accuracy-gate: an unchecked int8 engine is not picked by default"),
+    pytest.param(machine(), [opt("e", trt_engine(precision="fp8"))], None, None, "accept=unchecked",
+                 R.ACCURACY_GATE, None, id="accuracy-gate: nor an unchecked fp8 one"),
+    pytest.param(machine(precisions=["fp16"]), [opt("e", trt_engine(precision="fp32"))], None, None,
+                 "built fp32; your machine accepts fp16", R.ACCEPTED_PRECISION, None,
+                 id="precision: a precision the machine does not accept"),
 ]
 
 
@@ -268,9 +314,22 @@ RANKING = [
                   opt("hw", trt_engine(hardware_compat="ampere_plus", trt_version="10.14.1.48", backend_version="10.14.1.48")),
                   opt("exact", trt_engine(compute_capability="8.9", trt_version="10.14.1.48", backend_version="10.14.1.48"))],
                  ["exact", "hw", "vc"], id="exact cc beats Ampere+ beats version-compatible"),
-    pytest.param(machine(), [opt("none", trt_engine(), seq=2), opt("pass", trt_engine(), accuracy="pass"),
-                             opt("fail", trt_engine(), seq=3, accuracy="fail")],
-                 ["pass", "none", "fail"], id="passed accuracy beats unbenchmarked beats failed, whatever the version"),
+    pytest.param(machine(), [opt("none", trt_engine(), seq=2), opt("pass", trt_engine(), accuracy="pass")],
+                 ["pass", "none"], id="passed accuracy beats unbenchmarked, whatever the version"),
+    pytest.param(machine(), [opt("fp32", trt_engine(precision="fp32"), seq=2),
+                             opt("int8", trt_engine(precision="int8"), accuracy="pass")],
+                 ["int8", "fp32"], id="an int8 engine that passed its accuracy check is picked"),
+    pytest.param(machine(shapes=need("images", "1x3x640x640")),
+                 [opt("dynamic", trt_engine(profiles=[DYNAMIC])), opt("static", trt_engine(profiles=[STATIC]))],
+                 ["static", "dynamic"], id="shapes: the narrowest covering profile wins"),
+    pytest.param(machine(shapes=need("images", "2x3x512x512")),
+                 [opt("wide", trt_engine(profiles=[profile("1x3x64x64", "1x3x640x640", "4x3x1024x1024")])),
+                  opt("two", trt_engine(profiles=[STATIC, profile("1x3x256x256", "2x3x512x512", "4x3x768x768")]))],
+                 ["two", "wide"], id="shapes: of two profiles the covering one counts, and it is narrower"),
+    pytest.param(machine(shapes=need("images", "1x3x512x512")),
+                 [opt("far", trt_engine(profiles=[profile("1x3x64x64", "1x3x1024x1024", "1x3x1024x1024")])),
+                  opt("near", trt_engine(profiles=[profile("1x3x64x64", "1x3x512x512", "1x3x1024x1024")]))],
+                 ["near", "far"], id="shapes: equally narrow, the opt nearest the request wins"),
     pytest.param(machine(), [opt("slow", trt_engine(), latency=4.0, seq=2), opt("fast", trt_engine(), latency=2.5),
                              opt("unmeasured", trt_engine(), seq=3)],
                  ["fast", "slow", "unmeasured"], id="lower latency on the same GPU model ranks higher"),
@@ -290,6 +349,30 @@ def test_ranking(mach, options, order):
     assert [j.option.id for j in choice.ranked] == order
     assert [j.rank for j in choice.ranked] == list(range(1, len(order) + 1))
     assert not choice.rejected
+
+
+def test_precision_policy_overrides():
+    """Unchecked int8 runs when asked for by name or with accept=unchecked, and the answer says it is unchecked;
+    a failed engine only with accept=failed, ranked last."""
+    int8 = [opt("int8", trt_engine(precision="int8"))]
+    for wanted, mach in ((Wanted(precision="int8"), machine()), (Wanted(accept=frozenset({"unchecked"})), machine()),
+                         (None, machine(precisions=["int8"]))):
+        choice = choose(int8, mach, wanted)
+        assert choice.chosen is not None, (wanted, [j.verdict.reason for j in choice.rejected])
+        assert "accuracy-gate" in choice.chosen.verdict.unchecked
+    fp16 = choose([opt("fp16", trt_engine())], machine())
+    assert fp16.chosen is not None and "accuracy-gate" in fp16.chosen.verdict.unchecked  # served, marked unchecked
+    failed = [opt("fail", trt_engine(), accuracy="fail", seq=3), opt("none", trt_engine())]
+    assert [j.option.id for j in choose(failed, machine(), Wanted(accept=frozenset({"failed"}))).ranked] == ["none", "fail"]
+    assert [j.option.id for j in choose(failed, machine()).ranked] == ["none"]
+
+
+def test_shape_checks_are_reported_only_when_the_machine_gives_shapes():
+    assert "shapes" not in [c.rule.value for c in judge(trt_engine(profiles=[STATIC]), machine()).checks]
+    v = judge(trt_engine(), machine(shapes=need("images", "1x3x640x640")))  # profiles not recorded
+    assert v.runs and "shapes" in v.unchecked
+    ok = judge(trt_engine(profiles=[STATIC, DYNAMIC]), machine(shapes=need("images", "2x3x640x640")))
+    assert ok.runs and any(c.rule is Rule.SHAPES and "profile 1" in c.detail for c in ok.checks)
 
 
 def test_unknown_machine_fields_are_listed_as_unchecked():

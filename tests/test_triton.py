@@ -23,6 +23,7 @@ from enginefarm.triton import (
     ONNX_TO_TRITON,
     RTX_WARNING,
     TritonRepository,
+    config_spec,
     render_config,
     sanitize_model_name,
     write_repository,
@@ -157,6 +158,22 @@ def test_dynamic_model_without_profiles_is_not_batchable(tmp_path: Path) -> None
     assert cfg.max_batch_size == 0
     assert list(cfg.input[0].dims) == [-1, 4] and list(cfg.output[0].dims) == [-1, 4]
     assert not cfg.HasField("dynamic_batching")
+
+
+def test_plans_with_different_profiles_share_the_smallest_batch(tmp_path: Path) -> None:
+    """One config.pbtxt serves every compute capability's plan: its batch limit is one every plan takes."""
+    model, _ = model_of(elementwise([("x", ["N", 4])], ["N", 4]), tmp_path)
+    wide = {"profiles": [profile(x=([1, 4], [4, 4], [16, 4]))]}
+    narrow = {"profiles": [profile(x=([1, 4], [2, 4], [4, 4]))]}
+    spec, warnings = config_spec(model, [wide, narrow])
+    assert spec == narrow and batching_of(model, spec) == 4
+    assert warnings and "max_batch_size is 4" in warnings[0]
+    assert config_spec(model, [wide, wide]) == (wide, [])
+    assert config_spec(model, []) == ({}, [])
+
+
+def batching_of(model: dict, spec: dict) -> int:
+    return parse(render_config(model, spec, name="m", platform="tensorrt_plan")).max_batch_size
 
 
 def test_inputs_disagreeing_on_max_batch_take_the_smallest(tmp_path: Path) -> None:

@@ -8,7 +8,9 @@ id when nothing fits and the caller asked for ``build``.
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api import services
@@ -16,6 +18,7 @@ from api.auth import authorize, require
 from api.deps import CatalogRoute, session_dep, settings_dep
 from api.routes import UNPROCESSABLE, check_no_nul
 from api.schemas import (
+    BACKEND_PATTERN,
     CC_PATTERN,
     PLATFORM_PATTERN,
     PRECISION_PATTERN,
@@ -31,7 +34,7 @@ from api.schemas import (
 )
 from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
-from enginefarm.domain import Machine
+from enginefarm.domain import Machine, shape_request
 from storage import catalog
 from storage.tables import EngineRow, ModelRow
 from storage.tokens import Principal
@@ -50,7 +53,7 @@ def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow]
         engine_id=row.id, target=row.target, model_version=owner[row.model_sha256].version, precision=row.precision,
         spec_hash=row.spec_hash, rank=j.rank, match=v.match.label if v.match is not None else None,
         rule=v.rule.value if v.rule else None, reason=v.reason, unchecked=v.unchecked, accuracy=ev.accuracy,
-        latency_ms=ev.latency_ms, latency_on=ev.latency_on,
+        latency_ms=ev.latency_ms, latency_on=ev.latency_on, profiles=row.profiles or [],
         checks=[CheckOut(**c.to_dict()) for c in v.checks] if explain else None,
     )
 
@@ -59,7 +62,7 @@ def answer(req: ResolveRequest, session: Session, settings: Settings, principal:
     project = principal.project
     machine = Machine(**req.machine.model_dump())
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
-                    max_latency_ms=req.max_latency_ms)
+                    max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
     choice, rows, owner = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted,
                                           project=project)
     chosen = choice.chosen
@@ -80,6 +83,7 @@ def answer(req: ResolveRequest, session: Session, settings: Settings, principal:
     return ResolveOut(
         model=req.model, machine=req.machine, engine=EngineOut.of(row := rows[chosen.option.id], owner[row.model_sha256]),
         match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
+        accuracy=chosen.option.evidence.accuracy or "unchecked",
         download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=cands[1:len(choice.ranked)],
         rejected=cands[len(choice.ranked):], candidates=cands if explain else None,
     )
@@ -101,6 +105,12 @@ def resolve_get(
     spec_hash: str | None = Query(None, pattern=SPEC_HASH_PATTERN),
     accuracy: str | None = Query(None, pattern=r"^pass$", description="accuracy=pass keeps engines that passed"),
     max_latency_ms: float | None = Query(None, gt=0, le=1e7),
+    shapes: str | None = Query(None, max_length=10_000, description="trtexec syntax: images:1x3x640x640"),
+    min_shapes: str | None = Query(None, max_length=10_000, description="with max_shapes (and opt_shapes): a range"),
+    opt_shapes: str | None = Query(None, max_length=10_000), max_shapes: str | None = Query(None, max_length=10_000),
+    precisions: list[str] = Query([], max_length=5, description="the precisions the machine accepts (repeatable)"),
+    backend: str | None = Query(None, pattern=BACKEND_PATTERN),
+    accept: list[str] = Query([], max_length=2, description="unchecked and/or failed (repeatable)"),
     explain: bool = False, build: bool = False,
     session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
@@ -109,11 +119,25 @@ def resolve_get(
     check_no_nul("query", model=model, version=version)
     if build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    machine = MachineIn(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
-                        cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
-                        platform=platform, os=os, jetpack=jetpack)
-    req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
-                         accuracy=accuracy, max_latency_ms=max_latency_ms, explain=explain, build=build)
+    try:
+        wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)
+    except ValueError as exc:
+        raise RequestValidationError([{"type": "value_error", "loc": ("query", "shapes"), "input": shapes,
+                                       "msg": f"{exc}; write shapes as trtexec does, e.g. "
+                                              "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
+                                              "&max_shapes=images:4x3x640x640"}]) from None
+    try:
+        machine = MachineIn(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
+                            cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
+                            platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes,
+                            precisions=[p for item in precisions for p in item.split(",") if p])
+        req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
+                             accuracy=accuracy, max_latency_ms=max_latency_ms, backend=backend,
+                             accept=[a for item in accept for a in item.split(",") if a], explain=explain, build=build)
+    except ValidationError as exc:  # the query's own fields, named as a query's
+        raise RequestValidationError([
+            {"type": e["type"], "msg": e["msg"], "input": e.get("input"),
+             "loc": ("query", next(str(x) for x in e["loc"] if x != "machine"))} for e in exc.errors()]) from None
     return answer(req, session, settings, principal)
 
 

@@ -113,7 +113,9 @@ def test_get_and_post_agree_and_explain_lists_every_check(farm, api, built):
     assert table["tensorrt-rtx/sm86"]["rank"] == 1 and table["onnxruntime/cpu-x86_64"]["rank"] == 2
     assert table["tensorrt-rtx/sm89"]["rank"] is None
     rules = {c["rule"]: c["outcome"] for c in table["tensorrt-rtx/sm86"]["checks"]}
-    assert rules == {"platform": "pass", "rtx-release": "pass", "rtx-cc": "pass", "driver-floor": "pass", "memory": "pass"}
+    assert rules == {"platform": "pass", "rtx-release": "pass", "rtx-cc": "pass", "driver-floor": "pass", "memory": "pass",
+                     "accuracy-gate": "unchecked"}  # no GPU worker has checked it: served, and said to be unchecked
+    assert b["accuracy"] == "unchecked" and "accuracy-gate" in b["unchecked"]
     sm89 = {c["rule"]: c for c in table["tensorrt-rtx/sm89"]["checks"]}
     assert sm89["rtx-cc"]["outcome"] == "fail" and "built for compute capability 8.9, you have 8.6" in sm89["rtx-cc"]["detail"]
     # Without explain the table is left out; the machine is echoed back as understood.

@@ -193,7 +193,10 @@ def test_up_survives_its_worker_being_killed(tmp_path):
         deadline = time.monotonic() + 8
         while time.monotonic() < deadline:  # the API never goes away meanwhile
             assert up.proc.poll() is None, f"enginefarm up exited with {up.proc.returncode}:\n{up.output()}"
-            assert httpx.get(f"{up.url}/healthz", timeout=15).status_code == 200, up.output()
+            try:
+                assert httpx.get(f"{up.url}/healthz", timeout=15).status_code == 200, up.output()
+            except httpx.TransportError as exc:
+                raise AssertionError(f"the API stopped answering ({exc}):\n{up.output()}") from exc
             time.sleep(0.5)
         second = up.wait_worker(not_ids={first}, timeout=60)
         assert second != first

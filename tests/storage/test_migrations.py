@@ -91,3 +91,41 @@ def test_build_token_migration_keeps_builds_and_forgets_deleted_tokens(database_
             assert conn.execute(text("SELECT count(*) FROM builds")).scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_profile_migration_fills_engines_from_their_build_spec(database_url, tmp_path):
+    """Engines built before engines recorded their profiles get them from their build's spec, with the model's
+    fixed-size inputs folded in; an engine whose build is gone keeps none."""
+    import json
+
+    cfg = alembic_config(database_url)
+    command.upgrade(cfg, "0006")
+    engine = create_engine(database_url)
+    info = {"inputs": [{"name": "images", "dtype": "FLOAT", "dims": ["n", 3, "h", "w"]},
+                       {"name": "scale", "dtype": "FLOAT", "dims": [1, 2]}]}
+    rng = {"min": [1, 3, 64, 64], "opt": [1, 3, 640, 640], "max": [4, 3, 1024, 1024]}
+    engine_sql = ("INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, "
+                  "precision, compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, "
+                  "blob_key, build_seconds, created_at) VALUES (:id, 1, :sha, :spec, 'tensorrt-rtx/sm86', "
+                  "'tensorrt-rtx', '1.7', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)")
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                              "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, :info, CURRENT_TIMESTAMP)"),
+                         {"sha": "a" * 64, "info": json.dumps(info)})
+            conn.execute(text("INSERT INTO builds (id, model_id, spec, spec_hash, targets, created_at) "
+                              "VALUES (1, 1, :spec, :h, '[]', CURRENT_TIMESTAMP)"),
+                         {"spec": json.dumps({"precision": "fp32", "profiles": [{"images": rng}]}), "h": "b" * 64})
+            conn.execute(text(engine_sql), {"id": 1, "sha": "a" * 64, "spec": "b" * 64})
+            conn.execute(text(engine_sql.replace("'tensorrt-rtx/sm86'", "'tensorrt-rtx/sm89'")),
+                         {"id": 2, "sha": "a" * 64, "spec": "c" * 64})
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            rows = dict(conn.execute(text("SELECT id, profiles FROM engines ORDER BY id")).all())
+        got = {k: json.loads(v) if isinstance(v, str) else v for k, v in rows.items()}
+        assert got == {1: [{"images": rng, "scale": {"min": [1, 2], "opt": [1, 2], "max": [1, 2]}}], 2: []}
+        command.downgrade(cfg, "0006")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM engines")).scalar() == 2
+    finally:
+        engine.dispose()

@@ -1,0 +1,283 @@
+"""The release gate of a model version: per target, whether it built, its benchmark ran, its accuracy check
+passed and its latency stayed within a limit of version N-1's on the same target, spec, shape and GPU.
+
+A check is ``pass``, ``fail`` or ``pending``. A pending check is either under way (a live worker will finish
+it: ask again) or waits for hardware the farm lacks; the caller says whether the latter passes or fails."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api import reports, services
+from enginefarm.config import Settings
+from enginefarm.domain import TaskState, Target
+from storage import catalog
+from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+
+Verdict = Literal["pass", "fail", "pending"]
+CheckName = Literal["build", "benchmark", "accuracy", "latency_regression"]
+CHECKS: tuple[CheckName, ...] = ("build", "benchmark", "accuracy", "latency_regression")
+
+
+class GateCheck(BaseModel):
+    target: str
+    check: CheckName
+    verdict: Verdict
+    in_progress: bool = Field(False, description="pending on work a live worker will finish: ask again later")
+    reason: str
+    numbers: dict[str, Any] = Field(default_factory=dict, description="the figures the verdict was made from")
+
+
+class GateTarget(BaseModel):
+    target: str
+    verdict: Verdict
+    build_id: int | None
+    task_id: int | None
+    engine_id: int | None
+    spec_hash: str | None
+    checks: list[GateCheck]
+
+
+class GateModel(BaseModel):
+    id: int
+    name: str
+    version: str
+
+
+class GateOut(BaseModel):
+    model: GateModel
+    previous: GateModel | None = Field(description="version N-1, the latency baseline (derived int8 models are "
+                                                   "variants of a version, never versions)")
+    max_regression_pct: float
+    pending: Literal["pass", "fail"] = Field(description="how a check waiting for hardware the farm lacks counts")
+    verdict: Verdict = Field(description="fail if any check fails; pending while a build or a check is under way "
+                                         "or a target is not built; else pass")
+    reason: str
+    counts: dict[str, int] = Field(description="checks per verdict")
+    targets: list[GateTarget]
+
+
+def _ident(model: ModelRow | None) -> GateModel | None:
+    return None if model is None else GateModel(id=model.id, name=model.name, version=model.version)
+
+
+def _bad_query(name: str, value: Any, msg: str) -> RequestValidationError:
+    return RequestValidationError([{"type": "value_error", "loc": ("query", name), "input": value, "msg": msg}])
+
+
+def parse_targets(values: list[str] | None) -> list[str] | None:
+    """Targets as repeated parameters or comma-separated, each BACKEND/ARCH; 422 naming the bad one."""
+    if not values:
+        return None
+    out: list[str] = []
+    for item in (part.strip() for value in values for part in value.split(",")):
+        if not item:
+            continue
+        try:
+            target = str(Target.parse(item))
+        except ValueError as exc:
+            raise _bad_query("targets", item, str(exc)) from None
+        if target not in out:
+            out.append(target)
+    return out or None
+
+
+def _latest_tasks(session: Session, model_ids: list[int], build_id: int | None,
+                  spec_hash: str | None) -> dict[str, BuildTaskRow]:
+    """Target → the task that answers for it: of the build asked for, else of the newest build that has one."""
+    if build_id is not None:
+        build = session.get(BuildRow, build_id)
+        if build is None or build.model_id not in model_ids:
+            raise _bad_query("build_id", build_id, f"build {build_id} is not a build of this model; see "
+                                                   "GET /v1/builds?model_id=… for its builds")
+        return {t.target: t for t in build.tasks}
+    query = select(BuildRow).where(BuildRow.model_id.in_(model_ids))
+    if spec_hash:
+        query = query.where(BuildRow.spec_hash == spec_hash)
+    tasks: dict[str, BuildTaskRow] = {}
+    for build in session.scalars(query.order_by(BuildRow.id.desc())):
+        for task in build.tasks:
+            tasks.setdefault(task.target, task)
+    return tasks
+
+
+def evaluate(session: Session, settings: Settings, model_id: int, project: str | None, *,
+             max_regression_pct: float = 10.0, pending: Literal["pass", "fail"] = "pass",
+             targets: list[str] | None = None, build_id: int | None = None, spec_hash: str | None = None) -> GateOut:
+    model = catalog.get_model(session, model_id, project)
+    if model.source_model_id:  # a derived model is gated with its source version, where its builds start
+        model = catalog.get_model(session, model.source_model_id)
+    family = [model.id, *(m.id for m in catalog.derived_models(session, model))]
+    tasks = _latest_tasks(session, family, build_id, spec_hash)
+    names = targets or sorted(tasks)
+    if build_id is not None and (missing := [t for t in names if t not in tasks]):
+        raise _bad_query("targets", missing, f"build {build_id} has no task for {', '.join(missing)}; its targets: "
+                                             f"{', '.join(tasks)}")
+    engines = catalog.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
+    checks = reports.engine_checks(session, settings, list(engines.values()))
+    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    previous, baseline = reports.previous_measurements(session, model)
+    judge = _Judge(max_regression_pct, previous, baseline)
+    out = []
+    for name in names:
+        task = tasks.get(name)
+        engine = engines.get(task.engine_id) if task is not None and task.engine_id else None
+        items = judge.target(name, task, engine, checks.get(engine.id) if engine else None, served)
+        out.append(GateTarget(target=name, verdict=_overall(items, pending), build_id=task.build_id if task else None,
+                              task_id=task.id if task else None, engine_id=engine.id if engine else None,
+                              spec_hash=engine.spec_hash if engine else None, checks=items))
+    every = [c for t in out for c in t.checks]
+    verdict = _overall(every, pending)
+    counts = {v: sum(c.verdict == v for c in every) for v in ("pass", "fail", "pending")}
+    return GateOut(model=_ident(model), previous=_ident(previous), max_regression_pct=max_regression_pct,
+                   pending=pending, verdict=verdict, reason=_reason(verdict, every, pending, bool(names)),
+                   counts=counts, targets=out)
+
+
+def _overall(checks: list[GateCheck], pending: str) -> Verdict:
+    """Fail on any failure (a pending check counts as one when pending=fail and nothing will finish it);
+    pending while anything is under way or a target has no engine yet; else pass."""
+    waiting = [c for c in checks if c.verdict == "pending"]
+    if any(c.verdict == "fail" for c in checks):
+        return "fail"
+    if any(c.in_progress or c.check == "build" for c in waiting):
+        return "pending"
+    if waiting and pending == "fail":
+        return "fail"
+    return "pass" if checks else "pending"
+
+
+def _reason(verdict: Verdict, checks: list[GateCheck], pending: str, any_target: bool) -> str:
+    if not any_target:
+        return "the model has no build to gate; submit one (POST /v1/builds)"
+    failed = [c for c in checks if c.verdict == "fail"]
+    waiting = [c for c in checks if c.verdict == "pending"]
+    if verdict == "fail":
+        shown = failed or waiting  # with pending=fail, the pending checks are the failures
+        what = "failed" if failed else "pending (pending=fail)"
+        return f"{len(shown)} check(s) {what}: " + "; ".join(f"{c.target} {c.check}: {c.reason}" for c in shown)
+    if verdict == "pending":
+        busy = [c for c in waiting if c.in_progress or c.check == "build"]
+        return f"{len(busy)} check(s) not decided yet: " + "; ".join(f"{c.target} {c.check}: {c.reason}" for c in busy)
+    note = f"; {len(waiting)} pending on hardware the farm lacks, counted as passed (pending=pass)" if waiting else ""
+    return f"all {len(checks) - len(waiting)} decided check(s) passed{note}"
+
+
+class _Judge:
+    def __init__(self, max_regression_pct: float, previous: ModelRow | None, baseline: dict):
+        self.limit, self.previous, self.baseline = max_regression_pct, previous, baseline
+
+    def target(self, name: str, task: BuildTaskRow | None, engine: EngineRow | None,
+               check: dict[str, Any] | None, served: dict[str, set[str]]) -> list[GateCheck]:
+        build = self._build(name, task, served)
+        if engine is None:  # nothing to measure: every later check follows the build
+            if build.verdict == "pending":
+                verdict, busy, reason = "pending", build.in_progress, f"waits for the build: {build.reason}"
+            else:
+                verdict, busy, reason = "fail", False, "no engine: the build did not succeed"
+            return [build, *(GateCheck(target=name, check=c, verdict=verdict, in_progress=busy, reason=reason)
+                             for c in CHECKS[1:])]
+        return [build, self._benchmark(name, engine, check), self._accuracy(name, engine, check),
+                self._latency(name, engine, check)]
+
+    @staticmethod
+    def _build(name: str, task: BuildTaskRow | None, served: dict[str, set[str]]) -> GateCheck:
+        if task is None:
+            return GateCheck(target=name, check="build", verdict="fail",
+                             reason=f"the model has no build for {name}; submit one (POST /v1/builds)")
+        numbers = {"build_id": task.build_id, "task_id": task.id, "state": task.state, "engine_id": task.engine_id,
+                   "reused": task.reused}
+        if task.state == TaskState.SUCCEEDED.value:
+            how = "reused an identical engine" if task.reused else "built"
+            return GateCheck(target=name, check="build", verdict="pass", reason=f"{how}: engine {task.engine_id}",
+                             numbers=numbers)
+        if task.state in (TaskState.FAILED.value, TaskState.CANCELLED.value):
+            return GateCheck(target=name, check="build", verdict="fail", numbers=numbers,
+                             reason=f"build {task.state}: {task.error or 'no reason recorded'}")
+        detail = services.wait_reason(task.target, task.state, served)
+        return GateCheck(target=name, check="build", verdict="pending", numbers=numbers,
+                         in_progress=not (task.state == TaskState.QUEUED.value and task.target not in served),
+                         reason=detail or f"build {task.state}")
+
+    @staticmethod
+    def _benchmark(name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
+        shapes = [{"shape_key": b.shape_key, "device": b.stats.get("device") or b.gpu_name, "median_ms": b.median_ms,
+                   "p99_ms": b.p99_ms, "throughput_qps": b.throughput_qps} for b in engine.benchmarks]
+        state, detail = check["state"], check["detail"]
+        if state == "succeeded" and shapes:
+            where = ", ".join(f"{s['shape_key']} {s['median_ms']:.3f} ms" for s in shapes)
+            return GateCheck(target=name, check="benchmark", verdict="pass", reason=f"measured: median {where}",
+                             numbers={"shapes": shapes})
+        if state == "failed":
+            return GateCheck(target=name, check="benchmark", verdict="fail", reason=detail, numbers={"shapes": shapes})
+        return GateCheck(target=name, check="benchmark", verdict="pending", in_progress=check["in_progress"],
+                         reason=detail or f"benchmark {state}", numbers={"shapes": shapes})
+
+    @staticmethod
+    def _accuracy(name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
+        result = engine.accuracy or {}
+        numbers = {"metrics": result.get("worst", {}), "limits": result.get("limits", {}),
+                   "reference": result.get("reference")}
+        if check["in_progress"]:  # a new check of this engine is under way: its verdict is the one that counts
+            return GateCheck(target=name, check="accuracy", verdict="pending", in_progress=True,
+                             reason=check["detail"] or "accuracy check under way", numbers=numbers)
+        if engine.accuracy_pass is True:
+            cosine = numbers["metrics"].get("cosine")
+            shown = f" (cosine {cosine:.6f})" if isinstance(cosine, float) else ""
+            return GateCheck(target=name, check="accuracy", verdict="pass", numbers=numbers,
+                             reason=f"outputs match {numbers['reference'] or 'the reference'} within the limits{shown}")
+        if engine.accuracy_pass is False:
+            broken = "; ".join(result.get("failures") or []) or "outside the limits"
+            return GateCheck(target=name, check="accuracy", verdict="fail", numbers=numbers,
+                             reason=f"accuracy check failed: {broken}")
+        if check["state"] == "failed":
+            return GateCheck(target=name, check="accuracy", verdict="fail", numbers=numbers,
+                             reason=f"the accuracy check did not run: {check['detail']}")
+        return GateCheck(target=name, check="accuracy", verdict="pending", numbers=numbers,
+                         reason=check["detail"] or "no accuracy result yet")
+
+    def _latency(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
+        numbers: dict[str, Any] = {"limit_pct": self.limit,
+                                   "previous_version": self.previous.version if self.previous else None}
+        if check["in_progress"] or (not engine.benchmarks and check["state"] != "failed"):
+            return GateCheck(target=name, check="latency_regression", verdict="pending",
+                             in_progress=check["in_progress"], numbers=numbers,
+                             reason=f"no latency to compare yet: {check['detail'] or check['state']}")
+        if not engine.benchmarks:
+            return GateCheck(target=name, check="latency_regression", verdict="fail", numbers=numbers,
+                             reason=f"no latency measured: {check['detail']}")
+        if self.previous is None:
+            return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
+                             reason="first version of the model: nothing to compare against")
+        compared = []
+        for b in engine.benchmarks:
+            match = self.baseline.get(reports.measurement_key(engine, b))
+            if match is None:
+                continue
+            before_engine, before = match
+            compared.append({"shape_key": b.shape_key, "device": b.stats.get("device") or b.gpu_name,
+                             "median_ms": b.median_ms, "previous_median_ms": before.median_ms,
+                             "previous_engine_id": before_engine.id,
+                             "change_pct": (b.median_ms / before.median_ms - 1) * 100 if before.median_ms else None})
+        numbers["shapes"] = compared
+        version = f"version {self.previous.version}"
+        if not compared:
+            return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
+                             reason=f"{version} has no measurement on {name} with the same spec, shape and device "
+                                    "to compare against")
+        worst = max(compared, key=lambda c: c["change_pct"] if c["change_pct"] is not None else float("-inf"))
+        if worst["change_pct"] is None:  # a baseline of 0 ms: no ratio to judge
+            return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
+                             reason=f"{version} measured 0 ms: no ratio to compare")
+        line = (f"median {worst['median_ms']:.3f} ms vs {worst['previous_median_ms']:.3f} ms in {version} "
+                f"({worst['change_pct']:+.1f}%, limit +{self.limit:g}%) at {worst['shape_key']} on {worst['device']}")
+        if worst["change_pct"] > self.limit:
+            return GateCheck(target=name, check="latency_regression", verdict="fail", numbers=numbers,
+                             reason=f"latency regressed: {line}")
+        return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
+                         reason=f"within the limit: {line}")

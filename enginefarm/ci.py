@@ -1,0 +1,354 @@
+"""``enginefarm ci``: the command a CI job runs. Upload (idempotent by sha256), build a target matrix, wait with a
+deadline for the builds and their checks, ask the farm's gate (``GET /v1/models/{id}/gate``), write JUnit XML and
+a Markdown summary, and exit 0 only when the gate passes.
+
+Its progress is one plain line per change, with a UTC timestamp: CI logs have no terminal, so there are no bars,
+spinners or colours to redraw."""
+
+from __future__ import annotations
+
+import json
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import httpx
+import typer
+
+from enginefarm.client import ApiError, Client
+from enginefarm.domain import FINAL_STATES, spec_shapes_from_trtexec
+
+CHECKS = ("build", "benchmark", "accuracy", "latency_regression")
+# Answers worth asking again before the deadline: the farm restarting or briefly overloaded.
+TRANSIENT_STATUS = {429, 502, 503, 504}
+
+Log = Callable[[str], None]
+
+
+def log_line(message: str) -> None:
+    """One progress line on stdout with a UTC timestamp, flushed at once so the CI log shows it as it happens."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    print(f"{stamp} {message}", flush=True)
+
+
+@dataclass
+class CiOptions:
+    model_file: Path
+    name: str
+    targets: list[str]
+    spec: dict[str, Any] = field(default_factory=dict)
+    version: str | None = None
+    project: str | None = None
+    timeout: float = 1800.0
+    max_regression_pct: float = 10.0
+    pending: str = "pass"
+    junit: Path | None = None
+    summary: Path | None = None
+    poll: float = 2.0
+
+
+@dataclass
+class CiResult:
+    """What the run ends with: the gate's answer (or one made up for a run refused before the gate) and the
+    exit code."""
+
+    gate: dict[str, Any]
+    exit_code: int
+    model: dict[str, Any] | None = None
+    build_id: int | None = None
+
+
+def build_spec(spec_file: Path | None, precision: str | None, shapes: str | None, min_shapes: str | None,
+               opt_shapes: str | None, max_shapes: str | None) -> dict[str, Any]:
+    """The build spec as ``enginefarm build`` makes it: the spec file, then the flags over its fields."""
+    spec = json.loads(spec_file.read_text()) if spec_file else {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"{spec_file}: a build spec is a JSON object")
+    spec.update(spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes))
+    if precision:
+        spec["precision"] = precision
+    return spec
+
+
+# ------------------------------------------------------------------------------------------------ waiting
+
+
+def _transient(exc: Exception) -> bool:
+    return isinstance(exc, httpx.TransportError) or (isinstance(exc, ApiError) and exc.status_code in TRANSIENT_STATUS)
+
+
+def wait_or_fail(client: Client, build: dict[str, Any], timeout: float, log: Log = log_line,
+                 poll: float = 1.0) -> tuple[dict[str, Any], int]:
+    """Wait for every task of ``build`` until ``timeout`` seconds pass, logging each task's state change; returns
+    the last state seen and the exit code: 0 when every target built, 1 when one failed or the deadline passed
+    (a task still waiting is named with why, e.g. no live worker serves its target)."""
+    deadline = time.monotonic() + timeout
+    seen: dict[int, tuple[str, str | None]] = {}
+    while True:
+        try:
+            build = client.get(f"/v1/builds/{build['id']}")
+        except Exception as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            log(f"build {build['id']}: the farm did not answer ({exc}); asking again")
+        for t in build["tasks"]:
+            now = (t["state"], t.get("error") or t.get("status_detail"))
+            if seen.get(t["id"]) != now:
+                seen[t["id"]] = now
+                log(f"build {build['id']} {t['target']}: {t['state']}" + (f" ({now[1]})" if now[1] else ""))
+        open_tasks = [t for t in build["tasks"] if t["state"] not in FINAL_STATES]
+        if not open_tasks:
+            failed = [t for t in build["tasks"] if t["state"] != "succeeded"]
+            for t in failed:
+                log(f"build {build['id']} {t['target']}: {t['state']}: {t.get('error') or 'no reason recorded'}")
+            return build, 1 if failed else 0
+        if time.monotonic() > deadline:
+            for t in open_tasks:
+                why = t.get("status_detail") or t["state"]
+                log(f"build {build['id']} {t['target']}: not done after {timeout:g} s: {why}")
+            return build, 1
+        time.sleep(poll)
+
+
+def _refused(options: CiOptions, reason: str, model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A gate answer for a run the farm refused before anything was built: every target's build fails with the
+    farm's reason, and the checks after it with it."""
+    targets = [{"target": t, "verdict": "fail", "build_id": None, "task_id": None, "engine_id": None,
+                "spec_hash": None,
+                "checks": [{"target": t, "check": c, "verdict": "fail", "in_progress": False, "numbers": {},
+                            "reason": reason if c == "build" else "no engine: the build did not succeed"}
+                           for c in CHECKS]} for t in options.targets]
+    ident = {k: model[k] for k in ("id", "name", "version")} if model else {"id": None, "name": options.name,
+                                                                            "version": options.version or "?"}
+    return {"model": ident, "previous": None, "max_regression_pct": options.max_regression_pct,
+            "pending": options.pending, "verdict": "fail", "reason": reason,
+            "counts": {"pass": 0, "fail": 4 * len(targets), "pending": 0}, "targets": targets}
+
+
+def _past_deadline(gate: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The gate once the deadline has passed: what is still under way, or not built, fails with its reason."""
+    for target in gate["targets"]:
+        for c in target["checks"]:
+            if c["verdict"] == "pending" and (c["in_progress"] or c["check"] == "build"):
+                why = c["reason"].removeprefix("waiting: ")
+                c.update(verdict="fail", reason=f"not done after {timeout:g} s: {why}")
+                target["verdict"] = "fail"
+    failed = [c for t in gate["targets"] for c in t["checks"] if c["verdict"] == "fail"]
+    gate["verdict"] = "fail"
+    gate["counts"] = {v: sum(c["verdict"] == v for t in gate["targets"] for c in t["checks"])
+                      for v in ("pass", "fail", "pending")}
+    gate["reason"] = f"{len(failed)} check(s) failed: " + "; ".join(f"{c['target']} {c['check']}: {c['reason']}"
+                                                                    for c in failed)
+    return gate
+
+
+def _wait_gate(client: Client, options: CiOptions, model_id: int, build_id: int, log: Log) -> dict[str, Any]:
+    deadline = time.monotonic() + options.timeout
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    params = {"build_id": build_id, "max_regression_pct": options.max_regression_pct, "pending": options.pending}
+    gate = None
+    while True:
+        try:
+            gate = client.get(f"/v1/models/{model_id}/gate", **params)
+        except (ApiError, httpx.TransportError) as exc:
+            if getattr(exc, "body", None) == {"detail": "Not Found"}:  # no such route, not no such model
+                raise ApiError(404, {"detail": f"the farm at {client.base_url} has no release gate "
+                                               "(GET /v1/models/{id}/gate): upgrade the farm"}) from None
+            if not _transient(exc) or (gate is None and time.monotonic() > deadline):
+                raise
+            log(f"the farm did not answer ({exc}); asking again")
+        else:
+            for target in gate["targets"]:
+                for c in target["checks"]:
+                    now = (c["verdict"], c["reason"])
+                    if seen.get((c["target"], c["check"])) != now:
+                        seen[(c["target"], c["check"])] = now
+                        log(f"{c['target']} {c['check']}: {c['verdict']}: {c['reason']}")
+            if gate["verdict"] != "pending":
+                return gate
+        if time.monotonic() > deadline and gate is not None:
+            return _past_deadline(gate, options.timeout)
+        time.sleep(options.poll)
+
+
+def run_ci(client: Client, options: CiOptions, log: Log = log_line) -> CiResult:
+    """Upload, build, wait, gate; writes the JUnit XML and Markdown summary the options name."""
+    log(f"upload {options.model_file} as {options.name}" + (f" version {options.version}" if options.version else ""))
+    model = None
+    try:
+        model, created = client.upload(options.model_file, options.name, options.version, project=options.project)
+        log(f"model {model['id']}: {model['name']} version {model['version']} sha256 {model['sha256'][:12]} "
+            + ("uploaded" if created else "already uploaded (same bytes): reused"))
+        build = client.build(model["id"], options.targets, options.spec, queue_without_worker=True)
+    except ApiError as exc:
+        if exc.status_code >= 500:
+            raise
+        gate = _refused(options, f"the farm refused the {'build' if model else 'upload'}: {_api_detail(exc)}", model)
+        log(f"gate: fail: {gate['reason']}")
+        return _finish(options, CiResult(gate, 1, model))
+    log(f"build {build['id']}: {len(build['tasks'])} target(s), spec {build['spec_hash'][:12]}; "
+        f"deadline {options.timeout:g} s")
+    gate = _wait_gate(client, options, model["id"], build["id"], log)
+    log(f"gate: {gate['verdict']}: {gate['reason']}")
+    return _finish(options, CiResult(gate, 0 if gate["verdict"] == "pass" else 1, model, build["id"]))
+
+
+def _api_detail(exc: ApiError) -> str:
+    detail = str(exc).removeprefix(f"HTTP {exc.status_code}: ")
+    problems = [f"{'.'.join(str(p) for p in pr.get('loc', [])) or pr.get('target', '')}: "
+                f"{pr.get('msg') or pr.get('reason')}" for pr in (exc.problems or []) if isinstance(pr, dict)]
+    return detail + (f" ({'; '.join(problems)})" if problems else "")
+
+
+def _finish(options: CiOptions, result: CiResult) -> CiResult:
+    if options.junit:
+        write_atomic(options.junit, junit_xml(result.gate, options.pending))
+    if options.summary:
+        write_atomic(options.summary, markdown_summary(result.gate, result.build_id), append=True)
+    return result
+
+
+def write_atomic(path: Path, text: str, append: bool = False) -> None:
+    """Write ``text`` whole: a summary is appended (the CI's job summary file collects every step's), a report
+    is replaced through a temporary file so a reader never sees half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if append:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(text)
+        return
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------------------------ reports
+
+
+def junit_xml(gate: dict[str, Any], pending: str) -> str:
+    """One test case per target × check: a failure carries the reason and the numbers; a check pending on
+    hardware the farm lacks is skipped when pending checks pass, a failure when they do not."""
+    model = gate["model"]
+    suite_name = f"enginefarm ci: {model['name']} version {model['version']}"
+    cases, failures, skipped = [], 0, 0
+    for target in gate["targets"]:
+        for c in target["checks"]:
+            case = ET.Element("testcase", classname=f"enginefarm.{model['name']}", name=f"{c['target']} {c['check']}",
+                              time="0")
+            detail = c["reason"] + ("\n" + json.dumps(c["numbers"], indent=2, sort_keys=True) if c["numbers"] else "")
+            if c["verdict"] == "fail" or (c["verdict"] == "pending" and pending == "fail"):
+                failures += 1
+                ET.SubElement(case, "failure", message=c["reason"], type=c["check"]).text = detail
+            elif c["verdict"] == "pending":
+                skipped += 1
+                ET.SubElement(case, "skipped", message=c["reason"])
+            else:
+                ET.SubElement(case, "system-out").text = detail
+            cases.append(case)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped)}
+    root = ET.Element("testsuites", name="enginefarm ci", **counts)
+    suite = ET.SubElement(root, "testsuite", name=suite_name, timestamp=stamp, time="0", **counts)
+    props = ET.SubElement(suite, "properties")
+    for key, value in (("model_id", model["id"]), ("verdict", gate["verdict"]),
+                       ("max_regression_pct", gate["max_regression_pct"]), ("pending", pending),
+                       ("previous_version", (gate.get("previous") or {}).get("version"))):
+        ET.SubElement(props, "property", name=key, value="" if value is None else str(value))
+    suite.extend(cases)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+_MARK = {"pass": "✅ pass", "fail": "❌ fail", "pending": "⏳ pending"}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _latency_cell(c: dict[str, Any]) -> str:
+    shapes = [s for s in c["numbers"].get("shapes", []) if s.get("change_pct") is not None]
+    if not shapes:
+        return _MARK[c["verdict"]]
+    worst = max(shapes, key=lambda s: s["change_pct"])
+    return (f"{_MARK[c['verdict']]} {worst['previous_median_ms']:.3f} → {worst['median_ms']:.3f} ms "
+            f"({worst['change_pct']:+.1f}%)")
+
+
+def markdown_summary(gate: dict[str, Any], build_id: int | None = None) -> str:
+    """A table of targets × checks and the reason of every check that did not pass, for a CI job summary."""
+    model, previous = gate["model"], gate.get("previous")
+    head = f"### enginefarm ci: {model['name']} version {model['version']}: {gate['verdict'].upper()}"
+    facts = [f"model {model['id']}" if model.get("id") else None, f"build {build_id}" if build_id else None,
+             f"latency baseline: version {previous['version']}" if previous else "latency baseline: none (first version)",
+             f"limit +{gate['max_regression_pct']:g}%", f"pending checks {gate['pending']}"]
+    lines = [head, "", " · ".join(f for f in facts if f), "",
+             "| target | build | benchmark | accuracy | latency vs N-1 |", "|---|---|---|---|---|"]
+    notes = []
+    for target in gate["targets"]:
+        by = {c["check"]: c for c in target["checks"]}
+        cells = [_MARK[by[c]["verdict"]] for c in CHECKS[:3]] + [_latency_cell(by["latency_regression"])]
+        lines.append(f"| `{target['target']}` | " + " | ".join(cells) + " |")
+        notes += [f"- `{c['target']}` {c['check']}: {_cell(c['reason'])}" for c in target["checks"]
+                  if c["verdict"] != "pass" or c["check"] == "latency_regression"]
+    counts = gate["counts"]
+    lines += ["", f"{counts['pass']} passed, {counts['fail']} failed, {counts['pending']} pending."]
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines) + "\n\n"
+
+
+# ------------------------------------------------------------------------------------------------ command
+
+
+def ci_command(
+    model_file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
+    name: str = typer.Option(..., "--name", help="the model's name in the catalog; each new file is a new version"),
+    target: list[str] = typer.Option(..., "--target", "-t", help="e.g. onnxruntime/cpu-x86_64; repeat for more"),
+    precision: Optional[str] = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
+    shapes: Optional[str] = typer.Option(None, "--shapes", help="trtexec syntax: input:1x3x224x224"),
+    min_shapes: Optional[str] = typer.Option(None, "--minShapes"),
+    opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
+    max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
+    spec_file: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
+                                             help="a JSON build spec; flags override its fields"),
+    version: Optional[str] = typer.Option(None, help="the version to upload as (default: the next integer)"),
+    project: Optional[str] = typer.Option(None, help="the project it belongs to"),
+    timeout: float = typer.Option(1800.0, "--timeout", min=1, help="seconds to wait for builds and checks in all"),
+    max_regression_pct: float = typer.Option(10.0, "--max-regression-pct", min=0,
+                                             help="largest median-latency slowdown against the previous version "
+                                                  "(same target, shape and GPU), in percent"),
+    pending: str = typer.Option("pass", "--pending", help="pass or fail: how a check waiting for hardware the "
+                                                          "farm lacks counts"),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML here (one case per target × check)"),
+    summary: Optional[Path] = typer.Option(None, "--summary", help="append a Markdown summary here "
+                                                                   "(e.g. $GITHUB_STEP_SUMMARY)"),
+    api: Optional[str] = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL",
+                                      help="farm URL (default http://127.0.0.1:8321)"),
+    token: Optional[str] = typer.Option(None, "--token", envvar="ENGINEFARM_TOKEN", help="API token"),
+) -> None:
+    """Upload a model, build it for every target, wait for its checks and gate it: exit 0 only when every
+    target built, was benchmarked (or waits for hardware the farm lacks, with --pending pass), passed its
+    accuracy check and did not slow down beyond --max-regression-pct against the previous version."""
+    if pending not in ("pass", "fail"):
+        raise typer.BadParameter("write pass or fail", param_hint="--pending")
+    try:
+        spec = build_spec(spec_file, precision, shapes, min_shapes, opt_shapes, max_shapes)
+    except ValueError as exc:  # json.JSONDecodeError is one
+        raise typer.BadParameter(str(exc), param_hint="--spec-file/--shapes") from None
+    options = CiOptions(model_file=model_file, name=name, targets=target, spec=spec, version=version, project=project,
+                        timeout=timeout, max_regression_pct=max_regression_pct, pending=pending, junit=junit,
+                        summary=summary)
+    try:
+        with Client(api, token=token) as client:
+            result = run_ci(client, options)
+    except httpx.TransportError as exc:
+        log_line(f"error: cannot reach the farm at {api or 'ENGINEFARM_API_URL / http://127.0.0.1:8321'} ({exc})")
+        raise typer.Exit(2) from None
+    except ApiError as exc:
+        log_line(f"error: {exc}")
+        raise typer.Exit(2) from None
+    raise typer.Exit(result.exit_code)
