@@ -7,8 +7,8 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
-from enginefarm.domain import TaskState, check_shape_request
-from enginefarm.validation import project_problem
+from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target, check_shape_request
+from enginefarm.validation import project_problem, target_precision
 from storage.db import as_utc
 from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
 from storage.tokens import lifetime_problem, token_state
@@ -94,15 +94,20 @@ class TaskOut(BaseModel):
     run_seconds: float | None
     check: dict[str, Any] | None = Field(None, description="the engine's benchmark and accuracy check: state, detail, "
                                                            "accuracy_pass")
+    precision: str | None = Field(None, description="the precision this target builds: the spec's, or the nearest "
+                                                    "one it can (see precision_note)")
+    precision_note: str | None = Field(None, description="why this target builds another precision than the spec's")
 
     @classmethod
-    def of(cls, row: BuildTaskRow, detail: str | None, check: dict[str, Any] | None = None) -> TaskOut:
+    def of(cls, row: BuildTaskRow, detail: str | None, check: dict[str, Any] | None = None,
+           precision: tuple[str, str | None] | None = None) -> TaskOut:
         q, s, f = as_utc(row.queued_at), as_utc(row.started_at), as_utc(row.finished_at)
         return cls(id=row.id, target=row.target, state=row.state, engine_id=row.engine_id, reused=row.reused,
                    worker_id=row.worker_id, attempts=row.attempts, error=row.error, status_detail=detail,
                    log_tail=row.log_tail, queued_at=q, started_at=s, finished_at=f,
                    wait_seconds=(s - q).total_seconds() if s else None,
-                   run_seconds=(f - s).total_seconds() if f and s else None, check=check)
+                   run_seconds=(f - s).total_seconds() if f and s else None, check=check,
+                   precision=precision[0] if precision else None, precision_note=precision[1] if precision else None)
 
 
 class BuildOut(BaseModel):
@@ -366,12 +371,24 @@ def build_summary(tasks: list[BuildTaskRow], checks: dict[int, dict[str, Any]]) 
     return "; ".join(parts)
 
 
+def _built_precisions(build: BuildRow) -> dict[int, tuple[str, str | None]]:
+    """Per task, the precision its target builds for the build's spec, and why when it is not the spec's."""
+    spec, info = BuildSpec(**build.spec), ModelInfo.from_dict(build.model.info)
+    out = {}
+    for task in build.tasks:
+        precision, note = target_precision(spec, Target.parse(task.target), info)
+        out[task.id] = (precision.value, note if precision is not spec.precision else None)
+    return out
+
+
 def build_out(row: BuildRow, details: dict[int, str | None], checks: dict[int, dict[str, Any]] | None = None) -> BuildOut:
     checks = checks or {}
+    built = _built_precisions(row)
     return BuildOut(id=row.id, model_id=row.model_id, spec=row.spec, spec_hash=row.spec_hash, targets=row.targets,
                     state=build_state(row.tasks), summary=build_summary(row.tasks, checks),
                     created_at=as_utc(row.created_at),
-                    tasks=[TaskOut.of(t, details.get(t.id), checks.get(t.id)) for t in row.tasks],
+                    tasks=[TaskOut.of(t, details.get(t.id), checks.get(t.id), built[t.id])
+                           for t in row.tasks],
                     sweep_id=row.sweep_id, variant=row.variant, quantize=row.quantize)
 
 

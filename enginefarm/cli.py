@@ -542,11 +542,13 @@ def _wait_with_progress(c, build: dict, timeout: float) -> dict:
 
 def _print_tasks(build: dict) -> None:
     table = Table(title=f"build {build['id']}")
-    for col in ("target", "state", "engine", "wait s", "run s", "note"):
+    for col in ("target", "precision", "state", "engine", "wait s", "run s", "note"):
         table.add_column(col)
     for t in build["tasks"]:
-        note = t["error"] or t["status_detail"] or ("reused an identical build" if t["reused"] else "")
-        table.add_row(t["target"], t["state"], str(t["engine_id"] or ""), _secs(t["wait_seconds"]), _secs(t["run_seconds"]), note)
+        note = t["error"] or t["status_detail"] or t.get("precision_note") or \
+            ("reused an identical build" if t["reused"] else "")
+        table.add_row(t["target"], t.get("precision") or "", t["state"], str(t["engine_id"] or ""),
+                      _secs(t["wait_seconds"]), _secs(t["run_seconds"]), note)
     console.print(table)
 
 

@@ -177,7 +177,8 @@ MAX_DIM = 1 << 20
 MAX_PROFILES = 32
 CHECK_FIELDS = ("benchmark", "accuracy")
 # Spec fields that change the engine but came after the first catalogs: hashed only when not at their default.
-LATER_FIELDS = ("keep_fp32_ops", "keep_fp32_layers", "keep_io_types", "graph_cleanup", "calibration", "fixed_inputs")
+LATER_FIELDS = ("keep_fp32_ops", "keep_fp32_layers", "keep_io_types", "graph_cleanup", "calibration", "fixed_inputs",
+                "precision_fallback")
 MAX_FIXED_ELEMENTS = 4096
 # The shape key of a benchmark at the first optimization profile's opt shapes (the default measurement).
 DEFAULT_SHAPE_KEY = "opt"
@@ -298,6 +299,9 @@ class BuildSpec(BaseModel):
     keep_fp32_layers: list[str] = Field(default_factory=list, max_length=10_000,
                                         description="node names kept in fp32 in an fp16 build")
     keep_io_types: StrictBool = Field(default=True, description="fp16 builds keep fp32 inputs and outputs")
+    precision_fallback: StrictBool = Field(default=True, description="a target that cannot build the precision "
+                                           "builds the nearest float one it can (GPU: fp16, then fp32; CPU: fp32) "
+                                           "and says so; false refuses the build instead")
     graph_cleanup: GraphCleanup = Field(default=GraphCleanup.NONE, description="rewrite the graph before building: "
                                         "onnxslim folds constants, infers shapes and removes dead nodes")
     calibration: CalibrationSpec = Field(default_factory=lambda: CalibrationSpec(),

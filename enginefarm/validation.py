@@ -50,33 +50,71 @@ def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: Tenso
     return problems
 
 
-def _precision_problems(spec: BuildSpec, targets: list[Target], has_qdq: bool, has_samples: bool) -> list[dict[str, Any]]:
+def _precision_problems(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_samples: bool) -> list[dict[str, Any]]:
     problems = []
     p = spec.precision
-    if p is Precision.INT8 and not has_qdq and not has_samples:
+    if p is Precision.INT8 and not info.has_qdq and not has_samples:
         problems.append(_problem(["spec", "precision"],
             "int8 needs a model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes, or calibration samples to make "
             "one from: upload them with POST /v1/models/{id}/samples (enginefarm upload --samples FILE.npz)"))
-    elif p is Precision.FP8 and not has_qdq:
+    elif p is Precision.FP8 and not info.has_qdq:
         problems.append(_problem(["spec", "precision"],
             "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none"))
     for t in targets:
         cc = t.compute_capability
-        if t.backend is Backend.ONNXRUNTIME and p not in (Precision.FP32, Precision.FP16, Precision.INT8):
-            problems.append(_problem(["targets", str(t)], f"{t}: the CPU backend builds fp32, fp16 or int8 (Q/DQ), "
-                                                          f"not {p.value}"))
-        if cc and p is Precision.BF16 and cc_tuple(cc) < (8, 0):
-            problems.append(_problem(["targets", str(t)], f"{t}: bf16 needs compute capability 8.0 or newer, {t.arch} is {cc}"))
-        if cc and p is Precision.FP8 and cc_tuple(cc) < (8, 9):
-            problems.append(_problem(["targets", str(t)], f"{t}: fp8 needs compute capability 8.9 or newer, {t.arch} is {cc}"))
-        if t.backend is Backend.TENSORRT_RTX and p is Precision.BF16:
-            problems.append(_problem(["targets", str(t)],
-                f"{t}: tensorrt-rtx builds strongly typed networks; bf16 needs a model whose tensors are already bf16, use fp32"))
+        built, why = target_precision(spec, t, info)
+        if why and built is p:  # no precision this target can build instead, or the spec asks for none
+            problems.append(_problem(["targets", str(t)], why))
         if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and t.is_gpu and cc and cc_tuple(cc) < (8, 0):
             problems.append(_problem(["targets", str(t)], f"{t}: hardware compatibility ampere_plus needs an sm80+ target"))
         if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and cc in JETSON_CCS:
             problems.append(_problem(["targets", str(t)], f"{t}: ampere_plus engines are not supported on Jetson"))
     return problems
+
+
+def _cannot_build(p: Precision, t: Target, info: ModelInfo) -> str | None:
+    """Why target ``t`` cannot build this model in precision ``p``, or None when it can."""
+    cc = t.compute_capability
+    if t.backend is Backend.ONNXRUNTIME and p not in (Precision.FP32, Precision.FP16, Precision.INT8):
+        return f"{t}: the CPU backend builds fp32, fp16 or int8 (Q/DQ), not {p.value}"
+    if cc and p is Precision.BF16 and cc_tuple(cc) < (8, 0):
+        return f"{t}: bf16 needs compute capability 8.0 or newer, {t.arch} is {cc}"
+    if cc and p is Precision.FP8 and cc_tuple(cc) < (8, 9):
+        return f"{t}: fp8 needs compute capability 8.9 or newer, {t.arch} is {cc}"
+    if t.backend is Backend.TENSORRT_RTX and p is Precision.BF16:
+        return f"{t}: tensorrt-rtx builds strongly typed networks; bf16 needs a model whose tensors are already bf16, use fp32"
+    for limit in BACKEND_LIMITS:
+        if t.backend is not limit.backend or t.arch not in limit.arches or p not in limit.precisions:
+            continue
+        hit = sorted(op for op in limit.op_types if info.op_types.get(op))
+        if limit.op_types and not hit:
+            continue
+        has = f" (this model has {', '.join(f'{info.op_types[op]} {op}' for op in hit)})" if hit else ""
+        return f"{t}: {limit.reason}{has}; {limit.advice} [source: {limit.source}]"
+    return None
+
+
+# Float precisions a target may build instead of the one asked for, nearest first. Quantized ones (int8, fp8)
+# never fall back: their model is a Q/DQ graph that builds only as what it is.
+FALLBACK_FROM = frozenset({Precision.FP32, Precision.FP16, Precision.BF16})
+
+
+def target_precision(spec: BuildSpec, target: Target, info: ModelInfo) -> tuple[Precision, str | None]:
+    """The precision ``target`` builds this model in, and why when that is not simply the spec's.
+
+    A target that cannot build the spec's precision builds the nearest one it can (a GPU fp16, then fp32; the
+    CPU fp32), when the spec allows it (``precision_fallback``, the default) and the precision is a float
+    one: one build request serves targets of different abilities, each engine records what it is, and the
+    reason says what happened. Otherwise the precision stays the spec's and the reason is the refusal."""
+    wanted = spec.precision
+    refusal = _cannot_build(wanted, target, info)
+    if refusal is None:
+        return wanted, None
+    if spec.precision_fallback and wanted in FALLBACK_FROM:
+        for p in (Precision.FP16, Precision.FP32) if target.is_gpu else (Precision.FP32,):
+            if p is not wanted and _cannot_build(p, target, info) is None:
+                return p, f"built {p.value} instead of {wanted.value}: {refusal}"
+    return wanted, refusal
 
 
 def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_samples: bool = False) -> list[dict[str, Any]]:
@@ -129,8 +167,7 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
         if t in seen:
             problems.append(_problem(["targets", str(t)], f"target {t} is listed twice"))
         seen.add(t)
-    problems += _precision_problems(spec, targets, info.has_qdq, has_samples)
-    problems += _backend_limit_problems(spec, info, targets)
+    problems += _precision_problems(spec, info, targets, has_samples)
     return problems
 
 
@@ -211,21 +248,6 @@ BACKEND_LIMITS: tuple[BackendLimit, ...] = (
         "build fp16 for sm75, or fp32/int8 for sm80 and newer",
         "TensorRT-RTX support matrix, Turing row, FP32 footnote; confirmed by the 1.7.1 builder"),
 )
-
-
-def _backend_limit_problems(spec: BuildSpec, info: ModelInfo, targets: list[Target]) -> list[dict[str, Any]]:
-    problems = []
-    for t in targets:
-        for limit in BACKEND_LIMITS:
-            if t.backend is not limit.backend or t.arch not in limit.arches or spec.precision not in limit.precisions:
-                continue
-            hit = sorted(op for op in limit.op_types if info.op_types.get(op))
-            if limit.op_types and not hit:
-                continue
-            has = f" (this model has {', '.join(f'{info.op_types[op]} {op}' for op in hit)})" if hit else ""
-            problems.append(_problem(["targets", str(t)],
-                                     f"{t}: {limit.reason}{has}; {limit.advice} [source: {limit.source}]"))
-    return problems
 
 
 def parse_targets(texts: list[str]) -> tuple[list[Target], list[dict[str, Any]]]:

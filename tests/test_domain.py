@@ -10,6 +10,7 @@ import pytest
 from enginefarm.domain import (
     ARCHES,
     MAX_PROFILES,
+    Precision,
     Backend,
     BuildSpec,
     ModelInfo,
@@ -21,7 +22,7 @@ from enginefarm.domain import (
     parse_trtexec_shapes,
     spec_shapes_from_trtexec,
 )
-from enginefarm.validation import check_model_name, parse_targets, project_problem, validate_spec
+from enginefarm.validation import check_model_name, parse_targets, project_problem, target_precision, validate_spec
 
 
 def T(text: str) -> Target:
@@ -233,11 +234,11 @@ def test_validate_int8_without_qdq():
 
 
 def test_validate_bf16_on_rtx_sm75():
-    problems = validate_spec(BuildSpec(precision="bf16"), info(STATIC), [T("tensorrt-rtx/sm75")])
-    text = msgs(problems)
-    assert "bf16 needs compute capability 8.0 or newer, sm75 is 7.5" in text
-    assert "tensorrt-rtx builds strongly typed networks" in text
+    problems = validate_spec(BuildSpec(precision="bf16", precision_fallback=False), info(STATIC), [T("tensorrt-rtx/sm75")])
+    assert msgs(problems) == "tensorrt-rtx/sm75: bf16 needs compute capability 8.0 or newer, sm75 is 7.5"
     assert all(p["loc"] == ["targets", "tensorrt-rtx/sm75"] for p in problems)
+    rtx = validate_spec(BuildSpec(precision="bf16", precision_fallback=False), info(STATIC), [T("tensorrt-rtx/sm86")])
+    assert "tensorrt-rtx builds strongly typed networks" in msgs(rtx)
 
 
 def test_validate_bf16_on_full_tensorrt_ampere_is_fine():
@@ -253,7 +254,7 @@ def test_validate_precisions_on_onnxruntime():
     """ONNX Runtime's CPU kernels run the fp16 graph (1.32 has fp16 Conv and MatMul); bf16 they do not."""
     targets = [T("onnxruntime/cpu-x86_64"), T("tensorrt-rtx/sm86")]
     assert validate_spec(BuildSpec(precision="fp16"), info(STATIC), targets) == []
-    problems = validate_spec(BuildSpec(precision="bf16"), info(STATIC), targets)
+    problems = validate_spec(BuildSpec(precision="bf16", precision_fallback=False), info(STATIC), targets)
     assert [p["loc"] for p in problems] == [["targets", "onnxruntime/cpu-x86_64"], ["targets", "tensorrt-rtx/sm86"]]
     assert "the CPU backend builds fp32, fp16 or int8 (Q/DQ), not bf16" in problems[0]["msg"]
 
@@ -359,7 +360,8 @@ def test_validate_anonymous_dims_are_distinct(anonymous):
 def test_validate_fp32_gemm_on_rtx_turing_is_refused_with_its_source():
     gemm = info(STATIC)
     gemm.op_types = {"MatMul": 12, "Softmax": 2}
-    problems = validate_spec(BuildSpec(), gemm, [T("tensorrt-rtx/sm75"), T("tensorrt-rtx/sm86")])
+    strict = BuildSpec(precision_fallback=False)
+    problems = validate_spec(strict, gemm, [T("tensorrt-rtx/sm75"), T("tensorrt-rtx/sm86")])
     assert [p["loc"] for p in problems] == [["targets", "tensorrt-rtx/sm75"]]
     msg = problems[0]["msg"]
     assert "FP32 GEMM is not supported" in msg and "12 MatMul" in msg and "build fp16 for sm75" in msg
@@ -370,6 +372,29 @@ def test_validate_fp32_gemm_on_rtx_turing_is_refused_with_its_source():
     conv = info(STATIC)
     conv.op_types = {"Conv": 3}
     assert validate_spec(BuildSpec(), conv, [T("tensorrt-rtx/sm75")]) == []
+
+
+def test_a_target_that_cannot_build_the_precision_builds_the_nearest_it_can_and_says_why():
+    """One request for targets of different abilities is not refused whole: by default each target builds the
+    nearest float precision it can, recorded with the reason; quantized precisions never fall back."""
+    gemm = info(STATIC)
+    gemm.op_types = {"MatMul": 12}
+    targets = [T("tensorrt-rtx/sm75"), T("tensorrt-rtx/sm86"), T("onnxruntime/cpu-x86_64")]
+    assert validate_spec(BuildSpec(), gemm, targets) == []
+    built = {str(t): target_precision(BuildSpec(), t, gemm) for t in targets}
+    assert built["tensorrt-rtx/sm86"] == (Precision.FP32, None) and built["onnxruntime/cpu-x86_64"] == (Precision.FP32, None)
+    p, why = built["tensorrt-rtx/sm75"]
+    assert p is Precision.FP16 and why.startswith("built fp16 instead of fp32: ") and "FP32 GEMM is not supported" in why
+    # bf16: a Turing GPU builds fp16, the CPU fp32; tensorrt-rtx has no bf16 at all.
+    bf16 = BuildSpec(precision="bf16")
+    assert target_precision(bf16, T("tensorrt/sm75"), gemm)[0] is Precision.FP16
+    assert target_precision(bf16, T("onnxruntime/cpu-x86_64"), gemm)[0] is Precision.FP32
+    assert target_precision(bf16, T("tensorrt-rtx/sm86"), gemm)[0] is Precision.FP16
+    int8 = validate_spec(BuildSpec(precision="int8"), gemm, [T("tensorrt-rtx/sm75")], has_samples=True)
+    assert [p["loc"] for p in int8] == [["targets", "tensorrt-rtx/sm75"]]
+    # Specs stored before the field existed keep their hash; asking for no fallback is another spec.
+    assert BuildSpec().spec_hash() == BuildSpec(precision_fallback=True).spec_hash()
+    assert BuildSpec().spec_hash() != BuildSpec(precision_fallback=False).spec_hash()
 
 
 def test_validate_value_ranges_and_keep_lists_name_real_things():

@@ -12,8 +12,9 @@ from functools import lru_cache
 from celery.exceptions import SoftTimeLimitExceeded
 
 from enginefarm.config import get_settings
-from enginefarm.domain import Backend, BuildSpec, ModelInfo, TaskState, Target
+from enginefarm.domain import Backend, BuildSpec, ModelInfo, Precision, TaskState, Target
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
+from enginefarm.validation import target_precision
 from storage import catalog
 from storage.blobs import engine_key, get_blob_store
 from storage.blobwrite import store_with_row
@@ -99,6 +100,10 @@ def _run(task_id: int, me: str) -> None:
         task = catalog.get_task(s, task_id)
         build, model = task.build, task.build.model
         target, spec = Target.parse(task.target), BuildSpec(**build.spec)
+        # A target that cannot build the spec's precision builds the nearest it can (enginefarm.validation);
+        # the engine records the precision it has, under the spec hash that was asked for.
+        precision, precision_note = target_precision(spec, target, ModelInfo.from_dict(model.info))
+        spec = spec.model_copy(update={"precision": precision})
         spec_hash, model_fields = build.spec_hash, (model.blob_key, model.sha256, model.format)
         backend_version = get_backend(target.backend).version()
         existing = catalog.find_engine(s, model.sha256, spec_hash, str(target), backend_version)
@@ -110,6 +115,8 @@ def _run(task_id: int, me: str) -> None:
         _after_build(check_id, target)
         return
     log_buf = BuildLog(limit=settings.log_tail_lines)
+    if precision_note:
+        log_buf.add(precision_note)
     model_path = model_file_from_store(store, *model_fields, settings)
     with Scratch(settings) as scratch:
         try:
@@ -183,7 +190,8 @@ def _benchmark(task_id: int) -> None:
         engine, model = task.engine, task.engine.model
         # Accuracy is judged against the original: a derived int8 model's source, else the model itself.
         reference = catalog.get_model(s, model.source_model_id) if model.source_model_id else model
-        spec = BuildSpec(**task.spec)
+        # Judged by the precision the engine has: a target may have built another than the spec asked for.
+        spec = BuildSpec(**task.spec).model_copy(update={"precision": Precision(engine.precision)})
         info = ModelInfo.from_dict(reference.info)
         engine_fields = (engine.id, engine.blob_key, engine.sha256, engine.backend)
         ref_fields = (reference.blob_key, reference.sha256, reference.format)

@@ -72,7 +72,8 @@ class Prepared:
 
 
 def spec_for(model: RealModel, precision: str, **checks: Any) -> BuildSpec:
-    return BuildSpec(precision=precision, **model.shapes, **model.spec, **checks)
+    # Each cell is the precision asked for: no target builds another one instead.
+    return BuildSpec(precision=precision, precision_fallback=False, **model.shapes, **model.spec, **checks)
 
 
 def prepare(name: str, work: Path) -> Prepared:
