@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from api import admission
+from enginefarm.compat import profile_covers
 from enginefarm.config import Settings
 from enginefarm.domain import (
     ARCHES,
@@ -245,13 +246,25 @@ def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, 
     return t, f"no live worker serves {t}; the build waits in the queue until one starts"
 
 
+def covering_spec(spec: dict[str, Any], shapes: dict[str, dict[str, list[int]]]) -> dict[str, Any]:
+    """``spec`` with a profile that covers ``shapes`` (what the asking machine runs): unchanged when one of its
+    profiles does; otherwise one more profile, the first one with the asked inputs set to the asked ranges, so
+    the new engine also serves what the spec was built for."""
+    profiles = [{n: r.model_dump() for n, r in p.items()} for p in BuildSpec(**spec).normalized_profiles()]
+    if any(profile_covers(p, shapes) for p in profiles):
+        return spec
+    added = {**(profiles[0] if profiles else {}), **{n: dict(r) for n, r in shapes.items()}}
+    return {**{k: v for k, v in spec.items() if k != "shapes"}, "profiles": [*profiles, added]}
+
+
 def build_for_machine(settings: Settings, model: str, version: str | None, machine: Machine, *,
                       spec_hash: str | None, precision: str | None, project: str | None = None,
                       token_id: int | None = None) -> dict[str, Any]:
     """Submit (or find already running) the build that would give this machine an engine; the 202 body.
 
     The target is the machine's own, so there is no other to choose: where no live worker serves it the build
-    is queued to wait for one, and the answer says so. The queue limits apply as to any build."""
+    is queued to wait for one, and the answer says so. The queue limits apply as to any build. A machine that
+    names the shapes it runs gets a spec whose profiles cover them (``covering_spec``)."""
     with session_scope(settings) as s:
         rows = catalog.find_models(s, model, project=project)  # every version, newest first
         row = catalog.find_models(s, model, version, project)[0] if version and version != "latest" else rows[0]
@@ -267,6 +280,8 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
             source = catalog.latest_build(s, [row.id], precision=precision) or \
                 catalog.latest_build(s, every, precision=precision)
         spec = dict(source.spec) if source else {"precision": precision or "fp32"}
+        if machine.shapes:
+            spec = covering_spec(spec, machine.shapes)
         hashed = BuildSpec(**spec).spec_hash()
         open_task = catalog.find_open_task(s, row.id, hashed, str(target))
         model_id = row.id

@@ -266,6 +266,11 @@ def _profile_gap(i: int, profile: dict[str, dict[str, list[int]]], shapes: dict[
     return None
 
 
+def profile_covers(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> bool:
+    """Whether one profile (input -> min/opt/max) covers every requested shape range."""
+    return _profile_gap(0, profile, shapes) is None
+
+
 def covering_profiles(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> list[int]:
     """The indices of the engine's profiles that cover every requested shape range."""
     return [i for i, p in enumerate(e.profiles) if _profile_gap(i, p, shapes) is None]

@@ -179,3 +179,16 @@ def test_export_and_fetch_pick_the_same_engine_for_every_model(farm, detector, m
     with Client(farm.url) as c:
         answer = c.resolve(mixed["name"], triton_machine("8.6"))
     assert answer["engine"]["precision"] == "fp16"
+
+
+def test_a_build_asked_for_shapes_nothing_covers_gets_a_profile_that_covers_them(api, detector):
+    """resolve with build=true and shapes no engine covers: the build it submits covers those shapes (one profile
+    more than the spec it starts from), instead of building the latest spec again."""
+    model, engines, rtx = detector
+    r = api.get("/v1/resolve", params={"model": model["name"], "cc": "8.6", "trt_rtx": rtx, "platform": "x86_64",
+                                       "shapes": "input:16x3x32x32", "backend": "tensorrt-rtx", "build": "true"})
+    assert r.status_code == 202, r.text
+    build = api.get(f"/v1/builds/{r.json()['build_id']}").json()
+    profiles = build["spec"]["profiles"]
+    assert any(p["input"]["min"][0] <= 16 <= p["input"]["max"][0] for p in profiles), profiles
+    assert len(profiles) == 2 and profiles[0]["input"]["max"][0] < 16  # the spec's own profile is kept
