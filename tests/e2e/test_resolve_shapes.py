@@ -164,7 +164,9 @@ def test_export_and_fetch_pick_the_same_engine_for_every_model(farm, detector, m
             config = out / "m" / "config.pbtxt"
             files = dict(text_format.Parse(config.read_text(), ModelConfig()).cc_model_filenames) if config.exists() else {}
             exported = {cc: hashlib.sha256((out / "m" / "1" / f).read_bytes()).hexdigest() for cc, f in files.items()}
-            version = max((m for m in models if m["name"] == name), key=lambda m: m["id"])["version"]
+            # Its versions asked by name: the suite's whole catalog is longer than one page of GET /v1/models.
+            versions = [m for m in c.models(name=name, limit=500)["items"] if m["source_model_id"] is None]
+            version = max(versions, key=lambda m: m["id"])["version"]
             for cc in sorted({e["compute_capability"] for e in engines if e["compute_capability"]}):
                 try:
                     answer = c.resolve(name, triton_machine(cc), version=version)
