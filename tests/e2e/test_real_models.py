@@ -65,7 +65,8 @@ def test_shared_batch_dims_that_disagree_get_a_422_before_any_build(farm, tmp_pa
     with Client(farm.url) as c:
         model = _upload(c, "bert", False, tmp_path)
         with pytest.raises(ApiError) as refused:
-            c.build(model["id"], ["tensorrt-rtx/sm75", "tensorrt-rtx/sm86"], {"profiles": [profile]})
+            c.build(model["id"], ["tensorrt-rtx/sm75", "tensorrt-rtx/sm86"],
+                    {"profiles": [profile], "precision_fallback": False})
         assert refused.value.status_code == 422
         text = str(refused.value.body)
         assert "share the dim 'batch'" in text and "FP32 GEMM is not supported" in text

@@ -241,11 +241,14 @@ def test_build_for_the_asking_machine(farm, api, built, tmp_path):
         after = c.resolve(name, Machine(**blackwell))
     assert after["engine"]["target"] == "tensorrt-rtx/sm120" and after["match"] == "exact_cc"
 
-    # A T4 (sm75): TensorRT-RTX cannot build this fp32 model's MatMul for Turing, so no build is queued and the
-    # answer says what would work.
+    # A T4 (sm75): TensorRT-RTX cannot build this fp32 model's MatMul for Turing, so the build it gets is fp16,
+    # and says why (it waits: no live worker serves sm75).
     turing = asdict(rtx_machine(rtx, gpu_name="Tesla T4", compute_capability="7.5"))
-    refused = api.post("/v1/resolve", json={"model": name, "machine": turing, "build": True})
-    assert refused.status_code == 422 and "FP32 GEMM is not supported" in refused.text and "build fp16" in refused.text
+    queued = api.post("/v1/resolve", json={"model": name, "machine": turing, "build": True})
+    assert queued.status_code == 202, queued.text
+    (task,) = api.get(f"/v1/builds/{queued.json()['build_id']}").json()["tasks"]
+    assert task["target"] == "tensorrt-rtx/sm75" and task["precision"] == "fp16"
+    assert "FP32 GEMM is not supported" in task["precision_note"]
     # A GB10 (sm121): no live worker serves tensorrt-rtx/sm121; the build waits and says so, and asking again
     # finds the same build instead of queuing another.
     spark = asdict(rtx_machine(rtx, gpu_name="NVIDIA GB10", compute_capability="12.1"))

@@ -158,7 +158,7 @@ def test_export_and_fetch_pick_the_same_engine_for_every_model(farm, detector, m
             engines = c.engines(model=name, limit=500)["items"]
             if not any(e["compute_capability"] and e["backend"] in PLAN_PREFERENCE for e in engines):
                 continue
-            out = tmp_path / "repo"
+            out = tmp_path / f"repo-{name}"  # one each: a model with no plan writes no plan model to replace
             run_cli(farm.url, "export", "triton", name, "--out", str(out), "--name", "m", "--overwrite",
                     cache_dir=tmp_path / "cache")
             config = out / "m" / "config.pbtxt"
