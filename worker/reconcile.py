@@ -18,6 +18,7 @@ from enginefarm.config import Settings
 from enginefarm.domain import QUANTIZE_QUEUE, Target
 from storage import catalog
 from storage.db import session_scope
+from storage.leader import Leadership
 from worker import dispatch
 
 log = logging.getLogger(__name__)
@@ -71,16 +72,21 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
 
 
 class Reconciler:
-    """``reconcile_once`` every ``settings.reconcile_seconds`` on a daemon thread until stopped."""
+    """``reconcile_once`` every ``settings.reconcile_seconds`` (and the blob sweep every ``gc_interval_seconds``)
+    on a daemon thread until stopped, in the one process of the farm that holds the reconciler's lock."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
+        # Every API process starts one; only the holder of the farm's lock works (storage.leader).
+        self.leader = Leadership(settings, "reconciler")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="enginefarm-reconciler", daemon=True)
 
     def _loop(self) -> None:
         next_gc = time.monotonic() + self.settings.gc_interval_seconds
         while not self._stop.wait(self.settings.reconcile_seconds):
+            if not self.leader.held():
+                continue
             try:
                 reconcile_once(self.settings)
             except Exception:  # the catalog or broker is down: the next pass tries again
@@ -105,3 +111,5 @@ class Reconciler:
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread.join(timeout=max(5.0, self.settings.reconcile_seconds * 2))
+        self.leader.release()

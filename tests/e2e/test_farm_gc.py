@@ -196,17 +196,35 @@ def test_cli_gc_dry_run_then_sweep(farm, dist_settings, catalogued, store):
 
 
 def test_the_api_sweeps_periodically(farm, dist_settings, catalogued, store, tmp_path):
-    """A second API process with a 1 s sweep and no grace: the orphan goes by itself, the catalogued blobs stay."""
+    """A second API process with a 1 s sweep and no grace: the orphan goes by itself, the catalogued blobs stay.
+    Background work runs in one API process of the farm at a time (storage.leader): the session's API holds it,
+    so the test ends that API's hold (its lock's connection, as a crashed host would) and the sweeper, asking
+    five times as often, takes the job over."""
     from enginefarm.embedded import Farm
 
     orphan, _ = put_orphan(store)
     wait_until_no_blob_writes(dist_settings)
-    env = {**farm.env, "ENGINEFARM_GC_INTERVAL_SECONDS": "1", "ENGINEFARM_GC_GRACE_SECONDS": "0"}
+    env = {**farm.env, "ENGINEFARM_GC_INTERVAL_SECONDS": "1", "ENGINEFARM_GC_GRACE_SECONDS": "0",
+           "ENGINEFARM_RECONCILE_SECONDS": "0.2"}
     with Farm(env, log_dir=tmp_path) as sweeper:
         sweeper.start_api()
+        end_hold(dist_settings, "reconciler")
         deadline = time.monotonic() + 30
         while store.exists(orphan) and time.monotonic() < deadline:
             time.sleep(0.5)
     assert not store.exists(orphan)
     with session_scope(dist_settings) as s:
         assert referenced_keys(s) <= {o.key for o in store.objects()}
+
+
+def end_hold(settings, job: str) -> None:
+    """Terminate the connection that holds ``job``'s advisory lock (storage.leader), if one does."""
+    from sqlalchemy import text
+
+    from storage.db import get_engine
+    from storage.leader import _lock_id
+
+    key = _lock_id(job) & 0xFFFFFFFFFFFFFFFF
+    with get_engine(settings).connect() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                          "AND classid = :hi AND objid = :lo AND objsubid = 1"), {"hi": key >> 32, "lo": key & 0xFFFFFFFF})
