@@ -17,7 +17,6 @@ when its holder dies).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
 from storage.blobs.base import BlobStore
-from storage.db import UNAVAILABLE, session_scope, with_patience
+from storage.db import UNAVAILABLE, advisory_key, lock_file, session_scope, uses_sqlite, with_patience
 from storage.tables import EngineRow, ModelRow
 
 log = logging.getLogger(__name__)
@@ -55,16 +54,9 @@ def is_referenced(session: Session, key: str) -> bool:
                for column in REFERENCE_COLUMNS)
 
 
-def _lock_id(key: str) -> int:
-    """A signed 64-bit number for the key (PostgreSQL's advisory lock space), in a namespace of its own."""
-    return int.from_bytes(hashlib.sha256(b"enginefarm-blob:" + key.encode()).digest()[:8], "big", signed=True)
-
-
 @contextmanager
 def _file_lock(settings: Settings, lock_id: int) -> Iterator[None]:
-    folder = settings.data_dir / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / f"blob-{lock_id % LOCK_STRIPES:03d}.lock", "a+b") as fh:
+    with open(lock_file(settings, f"blob-{lock_id % LOCK_STRIPES:03d}.lock"), "a+b") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
         yield
 
@@ -72,9 +64,9 @@ def _file_lock(settings: Settings, lock_id: int) -> Iterator[None]:
 @contextmanager
 def locked_session(settings: Settings, key: str) -> Iterator[Session]:
     """A session whose transaction holds ``key``'s lock until it commits or rolls back."""
-    lock_id = _lock_id(key)
+    lock_id = advisory_key("blob", key)
     with ExitStack() as stack:
-        sqlite = settings.resolved_database_url.startswith("sqlite")
+        sqlite = uses_sqlite(settings)
         if sqlite:  # taken before the transaction writes anything, so it never waits on SQLite's own lock
             stack.enter_context(_file_lock(settings, lock_id))
         session = stack.enter_context(session_scope(settings))

@@ -262,6 +262,8 @@ def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str
         query = query.where(BuildRow.model_id == model_id)
     if spec_hash:
         query = query.where(BuildRow.spec_hash == spec_hash)
+    # Each answer lists the build's tasks and the precision its model lets each target build: one read for all.
+    query = query.options(selectinload(BuildRow.tasks), joinedload(BuildRow.model))
     return list(session.scalars(query.order_by(BuildRow.id.desc()).limit(limit).offset(offset)).all())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -29,6 +30,24 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur.execute("PRAGMA busy_timeout=30000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def uses_sqlite(settings: Settings) -> bool:
+    """The embedded catalog: one host, file locks beside it instead of PostgreSQL advisory locks."""
+    return settings.resolved_database_url.startswith("sqlite")
+
+
+def advisory_key(namespace: str, name: str) -> int:
+    """A signed 64-bit number for ``name`` in ``namespace`` (PostgreSQL's advisory lock space); a file lock beside
+    a SQLite catalog uses it to name its file."""
+    return int.from_bytes(hashlib.sha256(f"enginefarm-{namespace}:{name}".encode()).digest()[:8], "big", signed=True)
+
+
+def lock_file(settings: Settings, name: str) -> Path:
+    """The path of a lock file beside the catalog (its folder made)."""
+    folder = settings.data_dir / "locks"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / name
 
 
 def make_engine(url: str) -> Engine:

@@ -9,7 +9,6 @@ holder, however it dies, and another process takes the job over at its next try.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import logging
 import os
 from typing import IO
@@ -17,13 +16,9 @@ from typing import IO
 from sqlalchemy import Connection, text
 
 from enginefarm.config import Settings
-from storage.db import UNAVAILABLE, get_engine
+from storage.db import UNAVAILABLE, advisory_key, get_engine, lock_file, uses_sqlite
 
 log = logging.getLogger(__name__)
-
-
-def _lock_id(job: str) -> int:
-    return int.from_bytes(hashlib.sha256(b"enginefarm-job:" + job.encode()).digest()[:8], "big", signed=True)
 
 
 class Leadership:
@@ -33,20 +28,15 @@ class Leadership:
         self.settings, self.job = settings, job
         self._conn: Connection | None = None
         self._file: IO[bytes] | None = None
-
-    @property
-    def _sqlite(self) -> bool:
-        return self.settings.resolved_database_url.startswith("sqlite")
+        self._key = advisory_key("job", job)
 
     def held(self) -> bool:
-        return self._held_file() if self._sqlite else self._held_pg()
+        return self._held_file() if uses_sqlite(self.settings) else self._held_pg()
 
     def _held_file(self) -> bool:
         if self._file is not None:
             return True
-        folder = self.settings.data_dir / "locks"
-        folder.mkdir(parents=True, exist_ok=True)
-        fh = open(folder / f"job-{self.job}.lock", "a+b")
+        fh = open(lock_file(self.settings, f"job-{self.job}.lock"), "a+b")
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,7 +52,7 @@ class Leadership:
                 self._conn.execute(text("SELECT 1"))  # still connected, so still holding it
                 return True
             conn = get_engine(self.settings).connect()
-            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": _lock_id(self.job)}).scalar()
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": self._key}).scalar()
             conn.commit()
             if not got:
                 conn.close()
@@ -88,7 +78,7 @@ class Leadership:
             self._file = None
         if self._conn is not None:
             try:
-                self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _lock_id(self.job)})
+                self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
                 self._conn.commit()
             except UNAVAILABLE:
                 pass

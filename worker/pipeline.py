@@ -17,7 +17,7 @@ from enginefarm.domain import BuildSpec, EngineDescriptor, ModelInfo, Target
 from enginefarm.errors import BuildFailed, IntegrityError
 from enginefarm.inputs import load_samples
 from enginefarm.modelfile import BundleLimits, model_path_for
-from storage.blobs import BlobStore, engine_key
+from storage.blobs import BlobStore
 from storage.blobs.base import sha256_file
 from worker.backends import BuildLog, get_backend
 from worker.cleanup import prepared_model
@@ -90,13 +90,6 @@ def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine
     seconds = time.perf_counter() - started
     desc.sha256, desc.size = sha256_file(out), out.stat().st_size
     return BuiltEngine(desc, out, seconds, log)
-
-
-def store_engine(store: BlobStore, built: BuiltEngine) -> str:
-    """Put the engine's bytes in the blob store (verified); returns the content-addressed key."""
-    key = engine_key(built.descriptor.sha256)
-    store.put_file(key, built.path, built.descriptor.sha256)
-    return key
 
 
 class Scratch:

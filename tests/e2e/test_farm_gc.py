@@ -221,10 +221,9 @@ def end_hold(settings, job: str) -> None:
     """Terminate the connection that holds ``job``'s advisory lock (storage.leader), if one does."""
     from sqlalchemy import text
 
-    from storage.db import get_engine
-    from storage.leader import _lock_id
+    from storage.db import advisory_key, get_engine
 
-    key = _lock_id(job) & 0xFFFFFFFFFFFFFFFF
+    key = advisory_key("job", job) & 0xFFFFFFFFFFFFFFFF
     with get_engine(settings).connect() as conn:
         conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
                           "AND classid = :hi AND objid = :lo AND objsubid = 1"), {"hi": key >> 32, "lo": key & 0xFFFFFFFF})

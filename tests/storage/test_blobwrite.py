@@ -16,21 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from enginefarm.config import Settings
 from enginefarm.errors import Conflict
 from storage.blobs import get_blob_store, model_key
 from storage.blobwrite import give_up_if_unreferenced, store_with_row
-from storage.db import migrate, session_scope
+from storage.db import session_scope
 from storage.tables import ModelRow
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request, tmp_path) -> Settings:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
-    settings = Settings(data_dir=tmp_path / "farm", database_url=url)
-    settings.ensure_dirs()
-    migrate(settings)
-    return settings
 
 
 def _blob(tmp_path: Path) -> tuple[Path, str, str]:

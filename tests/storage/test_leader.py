@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 from sqlalchemy import text
 
 from enginefarm.config import Settings
-from storage.db import get_engine, migrate
+from storage.db import get_engine
 from storage.leader import Leadership
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request, tmp_path) -> Settings:
-    url = request.getfixturevalue("pg_url") if request.param == "postgresql" else None
-    settings = Settings(data_dir=tmp_path / "farm", database_url=url)
-    settings.ensure_dirs()
-    migrate(settings)
-    return settings
 
 
 def test_one_holder_at_a_time_and_the_next_takes_over(settings):
