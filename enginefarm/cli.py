@@ -303,7 +303,7 @@ def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")
             names = [f"embedded-{i}" for i in range(workers)]
             for n in names:
                 farm.start_worker(n)
-            farm.wait_workers(names)
+            farm.wait_workers(names, restart=True)  # a worker that dies this early is started again too
             console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
                           f"Ctrl-C stops it.")
             console.print(f"an admin API token made for you (export ENGINEFARM_TOKEN=…): {token}", highlight=False)

@@ -133,12 +133,15 @@ class Farm:
         self.workers[name] = proc
         return proc
 
-    def wait_workers(self, names: list[str], timeout: float = 90.0) -> list[dict]:
-        """Block until every named worker has sent a heartbeat; returns the live workers."""
+    def wait_workers(self, names: list[str], timeout: float = 90.0, restart: bool = False) -> list[dict]:
+        """Block until every named worker has sent a heartbeat; returns the live workers. A worker that exits
+        meanwhile is an error, unless ``restart``: then it is started again (``supervise``), as it would be later."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if restart:
+                self.supervise()
             for name, proc in self.workers.items():
-                if proc.poll() is not None:
+                if proc.poll() is not None and not restart:
                     raise RuntimeError(f"worker {name} exited with code {proc.returncode}")
             live = httpx.get(f"{self.url}/v1/workers", timeout=5, headers=self.headers).json()
             if set(names) <= {worker_name(w["id"]) for w in live}:

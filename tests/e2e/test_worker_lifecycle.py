@@ -118,6 +118,13 @@ class Up:
         r.raise_for_status()
         return r.json()
 
+    def workers_seen(self) -> bool:
+        """Whether any worker has heartbeated yet (False also while the API is not answering)."""
+        try:
+            return bool(self.workers())
+        except httpx.HTTPError:
+            return False
+
     def wait_worker(self, not_ids: set[str] = frozenset(), timeout: float = 120) -> str:
         """The id of a live worker ``embedded-0`` other than ``not_ids``."""
         deadline = time.monotonic() + timeout
@@ -201,6 +208,33 @@ def test_up_survives_its_worker_being_killed(tmp_path):
         second = up.wait_worker(not_ids={first}, timeout=60)
         assert second != first
         assert "embedded-0" in up.output() and "SIGKILL" in up.output(), up.output()  # the supervisor says why
+        procs |= descendants(up.proc.pid)
+    finally:
+        procs |= descendants(up.proc.pid)
+        if up.proc.poll() is None:
+            stop_like_an_operator(up.proc, signal.SIGTERM)
+        left = wait_gone(procs, 20)
+        kill_leftovers(procs)
+    assert not left, left
+
+
+def test_up_survives_its_worker_dying_before_its_first_heartbeat(tmp_path):
+    """Was broken: `enginefarm up` waited for its worker's first heartbeat and gave up, taking the API with it,
+    when the worker died before sending one (seen under load: the kill came while `up` still waited)."""
+    up = Up(tmp_path)
+    procs: dict[int, int] = {}
+    try:
+        deadline, victim = time.monotonic() + 60, None
+        while victim is None and time.monotonic() < deadline:  # the worker process, as soon as it exists
+            procs = descendants(up.proc.pid)
+            victim = next((pid for pid, cmd in alive(procs).items()
+                           if (_stat(pid) or ("", 0))[1] == up.proc.pid and " worker " in cmd), None)
+            time.sleep(0.05)
+        assert victim is not None, up.output()
+        assert not up.workers_seen(), "the worker heartbeated before the test could kill it"
+        os.kill(victim, signal.SIGKILL)
+        worker = up.wait_worker(timeout=90)  # a worker started again; up and its API still run
+        assert worker and up.proc.poll() is None
         procs |= descendants(up.proc.pid)
     finally:
         procs |= descendants(up.proc.pid)
