@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -92,9 +93,14 @@ def _publish(items: list) -> None:
 
 def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
                  project: str | None = None, *, token_id: int | None = None,
-                 queue_without_worker: bool | None = None) -> int:
+                 queue_without_worker: bool | None = None,
+                 describe: Callable[[BuildRow, dict[str, set[str]]], Any] | None = None) -> Any:
     """Validate the spec against the model and every target, record the build, queue its tasks;
-    returns the build's id.
+    returns the build's id, or what ``describe(build, served)`` makes of it.
+
+    ``describe`` runs before the commit, so the answer needs no read after it: a database failing between the
+    commit and a read for the answer would give the client a 503 for a build that exists, and a retry would
+    make it twice.
 
     Raises SpecInvalid listing every problem at once, and what ``admission.admit`` raises (a target no live
     worker serves, a full queue) with nothing recorded. Tasks are published only after the catalog commit, so
@@ -109,9 +115,10 @@ def submit_build(settings: Settings, model_id: int, target_texts: list[str], spe
         catalog.hold_admission(s)
         build, publish = _create_build(s, model, targets, spec, served, token_id=token_id)
         admission.admit(settings, s, [build], served, token_id=token_id, queue_without_worker=queue_without_worker)
-        build_id = build.id
+        s.flush()
+        result = describe(build, served) if describe else build.id
     _publish(publish)
-    return build_id
+    return result
 
 
 # --------------------------------------------------------------------------- sweeps

@@ -18,24 +18,23 @@ from storage.tokens import Principal
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 
 
-def _out(session: Session, settings: Settings, row: BuildRow, checks: bool = True) -> BuildOut:
-    """``checks``: also read where each engine's check stands (not for a build just submitted, whose answer should
-    need as few reads after its commit as possible: a 503 then would hide a build that exists)."""
+def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
     served = catalog.served_targets(session, settings.worker_ttl_seconds)
     return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
-                     reports.build_checks(session, settings, row) if checks else None)
+                     reports.build_checks(session, settings, row))
 
 
 @router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
 def submit_build(body: BuildRequest, tenant: Tenant, principal: Principal = Depends(authorize),
-                 session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep)) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once.
     409 for a target no live worker serves unless ``queue_without_worker``; 429 past a queue limit."""
     check_body_id("model_id", body.model_id)
-    build_id = services.submit_build(settings, body.model_id, body.targets, body.spec, tenant,
-                                     token_id=principal.token_id, queue_without_worker=body.queue_without_worker)
-    return _out(session, settings, catalog.get_build(session, build_id), checks=False)
+    def describe(row: BuildRow, served: dict[str, set[str]]) -> BuildOut:
+        return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks})
+
+    return services.submit_build(settings, body.model_id, body.targets, body.spec, tenant, token_id=principal.token_id,
+                                 queue_without_worker=body.queue_without_worker, describe=describe)
 
 
 @router.get("", response_model=list[BuildOut])
