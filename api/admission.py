@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from api.schemas import ErrorOut
+from enginefarm.api.schemas import ErrorOut
 from enginefarm.config import Settings
-from enginefarm.errors import EnginefarmError, TargetUnavailable
-from storage import catalog
-from storage.tables import BuildRow
+from enginefarm.errors import QueueFull, TargetUnavailable
+from enginefarm.storage import catalog
+from enginefarm.storage.tables import BuildRow
 
 # What the build and sweep routes declare they may answer besides 202 and 422.
 RESPONSES: dict[int | str, dict] = {
@@ -21,14 +21,6 @@ RESPONSES: dict[int | str, dict] = {
                                             "retry after Retry-After seconds"},
 }
 # Queued builds drain at the pace of builds, minutes each: asking again sooner would only be refused again.
-RETRY_AFTER_S = "60"
-
-
-class QueueFull(EnginefarmError):
-    """A submission would take a token's, or the farm's, queued build tasks past the limit."""
-
-    status_code = 429
-    headers = {"Retry-After": RETRY_AFTER_S}
 
 
 def admit(settings: Settings, session: Session, builds: list[BuildRow], served: dict[str, set[str]], *,

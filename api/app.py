@@ -9,22 +9,23 @@ import os
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi_offline import FastAPIOffline
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from api.auth import authorize
-from api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
-from api.upload import UploadSlots
+from enginefarm.api.schemas import document_spec
+from enginefarm.api.auth import authorize
+from enginefarm.api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
+from enginefarm.api.upload import UploadSlots
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
-from enginefarm.errors import EnginefarmError, InfrastructureError
-from storage.db import migrate
+from enginefarm.errors import CatalogUnavailable, EnginefarmError, StorageFull
+from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)
-RETRY_AFTER_S = "5"
 
 
 class BodyTooLarge(HTTPException):
@@ -66,6 +67,12 @@ class JsonBodyLimit:
         await self.app(scope, bounded_receive, send)
 
 
+def _answer(exc: EnginefarmError) -> JSONResponse:
+    """The error's body, status and headers (Retry-After where it has one; WWW-Authenticate on a 401)."""
+    headers = {**({"Retry-After": str(exc.retry_after)} if exc.retry_after else {}), **getattr(exc, "headers", {})}
+    return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers or None)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -75,7 +82,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(settings)
         reconciler = None
         if settings.reconcile_seconds > 0:
-            from worker.reconcile import Reconciler
+            from enginefarm.storage.reconcile import Reconciler
 
             reconciler = Reconciler(settings).start()
         try:
@@ -84,8 +91,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if reconciler is not None:
                 reconciler.stop()
 
-    app = FastAPI(title="enginefarm", version=__version__, lifespan=lifespan,
-                  description="Upload ONNX once; get the right TensorRT engine for every GPU.")
+    app = FastAPIOffline(title="enginefarm", version=__version__, lifespan=lifespan,
+                         description="Upload ONNX once; get the right TensorRT engine for every GPU.")
+    openapi = app.openapi
+
+    def documented() -> dict:
+        if app.openapi_schema is None:
+            app.openapi_schema = document_spec(openapi())
+        return app.openapi_schema
+
+    app.openapi = documented
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
@@ -102,9 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(EnginefarmError)
     async def _farm_error(_request: Request, exc: EnginefarmError) -> JSONResponse:
-        headers = {**({"Retry-After": RETRY_AFTER_S} if isinstance(exc, InfrastructureError) else {}),
-                   **getattr(exc, "headers", {})}  # WWW-Authenticate on a 401
-        return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=headers or None)
+        return _answer(exc)
 
     @app.exception_handler(BodyTooLarge)
     async def _too_large(_request: Request, exc: BodyTooLarge) -> JSONResponse:
@@ -117,10 +130,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise exc
         log.warning("storage full: %s", exc)
-        detail = (f"the farm's storage is full ({os.strerror(exc.errno)}); nothing was stored: retry later, or ask "
-                  "an operator to free space")
-        return JSONResponse({"error": "StorageFull", "detail": detail}, status_code=503,
-                            headers={"Retry-After": RETRY_AFTER_S})
+        return _answer(StorageFull(f"the farm's storage is full ({os.strerror(exc.errno)}); nothing was stored: "
+                                   "retry later, or ask an operator to free space"))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Response:
@@ -137,7 +148,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(PoolTimeout)
     async def _db_down(_request: Request, exc: Exception) -> JSONResponse:
         log.warning("catalog unavailable: %s", exc.__class__.__name__)
-        return JSONResponse({"error": "CatalogUnavailable", "detail": "the catalog database is unavailable; retry shortly"},
-                            status_code=503, headers={"Retry-After": RETRY_AFTER_S})
+        return _answer(CatalogUnavailable("the catalog database is unavailable; retry shortly"))
 
     return app

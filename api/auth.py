@@ -13,8 +13,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from enginefarm.errors import Forbidden, Unauthorized
-from storage.db import session_scope
-from storage.tokens import ANONYMOUS, Principal, authenticate
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate
 
 bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
 READ_METHODS = {"GET", "HEAD", "OPTIONS"}

@@ -13,11 +13,11 @@ from pydantic import BaseModel, Field
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from api import reports, services
+from enginefarm.api import reports, services
 from enginefarm.config import Settings
 from enginefarm.domain import TaskState, Target
-from storage import catalog
-from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from enginefarm.storage import catalog
+from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 Verdict = Literal["pass", "fail", "pending"]
 CheckName = Literal["build", "benchmark", "accuracy", "latency_regression"]

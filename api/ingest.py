@@ -10,15 +10,16 @@ from tenacity import retry, retry_if_exception_type, stop_after_attempt
 from enginefarm.config import Settings
 from enginefarm.domain import ModelInfo
 from enginefarm.errors import Conflict, Forbidden, ModelRejected
-from enginefarm.inputs import SamplesInvalid, load_samples
-from enginefarm.modelfile import inspect_upload
+from enginefarm.graph.inputs import SamplesInvalid, load_samples
+from enginefarm.bundle import BundleLimits
+from enginefarm.worklock import Scratch
+from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.validation import check_model_name, project_problem
-from storage import catalog
-from storage.blobs import get_blob_store, model_key, samples_key
-from storage.blobwrite import store_with_row
-from storage.db import session_scope
-from storage.tables import ModelRow
-from worker.pipeline import Scratch, bundle_limits
+from enginefarm.storage import catalog
+from enginefarm.storage.blobs import get_blob_store, model_key, samples_key
+from enginefarm.storage.blobwrite import store_with_row
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import ModelRow
 
 
 def upload_project(tenant: str | None, asked: str | None) -> str:
@@ -64,7 +65,7 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     inspected = None
     if existing is None:
         with Scratch(settings) as scratch:
-            inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))
+            inspected = inspect_upload(upload_path, scratch, BundleLimits.of(settings))
 
     def write(s) -> tuple[ModelRow, bool]:
         nonlocal inspected
@@ -73,7 +74,7 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
             return found, False  # its blob was stored again (restored, if it was missing) before this ran
         if inspected is None:
             with Scratch(settings) as scratch:
-                inspected = inspect_upload(upload_path, scratch, bundle_limits(settings))
+                inspected = inspect_upload(upload_path, scratch, BundleLimits.of(settings))
         return catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
                                  size=upload_path.stat().st_size, info=inspected.info, blob_key=key,
                                  project=project), True

@@ -9,9 +9,9 @@ from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
 from enginefarm.domain import DEFAULT_SHAPE_KEY, TaskState, Target
-from storage import catalog
-from storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
-from worker.probe import benchmark_pending_reason
+from enginefarm.storage import catalog
+from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
+from enginefarm.probe import benchmark_pending_reason
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
@@ -228,6 +228,6 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
 
 
 def _state(build: BuildRow) -> str:
-    from api.schemas import build_state
+    from enginefarm.api.schemas import build_state
 
     return build_state(build.tasks)

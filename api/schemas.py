@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, WithJsonSchema, field_validator
 
 from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target, check_shape_request
 from enginefarm.validation import project_problem, target_precision
-from storage.db import as_utc
-from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
-from storage.tokens import lifetime_problem, token_state
+from enginefarm.storage.db import as_utc
+from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
+from enginefarm.storage.tokens import lifetime_problem, token_state
 
 T = TypeVar("T")
 
@@ -67,10 +67,32 @@ class ModelOut(BaseModel):
 
 # JSON bodies take ids, numbers and flags only as JSON numbers and booleans (Strict*): lax parsing would read true
 # as 1 (model 1) and "1" as 1, hiding a client's mistake behind a request that looks valid.
+# A build spec as the OpenAPI document shows it: BuildSpec's own schema (every field, its default, its limits). The
+# request takes it as a JSON object and validates it against the model and the targets itself, so every problem,
+# of the spec's fields or of how they fit the model, comes back in one 422.
+_SPEC_MARK = "x-build-spec"
+SpecIn = Annotated[dict[str, Any], WithJsonSchema({"type": "object", _SPEC_MARK: True})]
+
+
+def document_spec(openapi: dict[str, Any]) -> dict[str, Any]:
+    """Add BuildSpec and the schemas it uses to the document's components, and point each spec field at it."""
+    spec = BuildSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = openapi.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in spec.pop("$defs", {}).items():
+        components.setdefault(name, schema)
+    for schema in components.values():
+        for name, prop in schema.get("properties", {}).items():
+            if prop.get(_SPEC_MARK):
+                schema["properties"][name] = {"$ref": "#/components/schemas/BuildSpec",
+                                              **({"description": prop["description"]} if "description" in prop else {})}
+    components["BuildSpec"] = spec
+    return openapi
+
+
 class BuildRequest(BaseModel):
     model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
-    spec: dict[str, Any] = Field(default_factory=dict)
+    spec: SpecIn = Field(default_factory=dict)
     queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
                                                                    "their tasks wait in the queue (default: the "
                                                                    "farm's setting)")
@@ -129,7 +151,7 @@ class BuildOut(BaseModel):
 class SweepRequest(BaseModel):
     model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
-    spec: dict[str, Any] = Field(default_factory=dict, description="the base spec every variant starts from")
+    spec: SpecIn = Field(default_factory=dict, description="the base spec every variant starts from")
     axes: dict[str, list[Any]] = Field(description="spec field -> values to try, e.g. "
                                                    "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}")
     queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "

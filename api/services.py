@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from api import admission
+from enginefarm.api import admission
 from enginefarm.compat import profile_covers
 from enginefarm.config import Settings
 from enginefarm.domain import (
@@ -26,11 +26,11 @@ from enginefarm.domain import (
 )
 from enginefarm.validation import parse_targets, validate_spec
 from enginefarm.errors import SpecInvalid, TargetUnavailable
-from enginefarm.inputs import benchmark_shape_problems
-from storage import catalog
-from storage.db import session_scope
-from storage.tables import BuildRow, ModelRow
-from worker import dispatch
+from enginefarm.graph.inputs import benchmark_shape_problems
+from enginefarm.storage import catalog
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import BuildRow, ModelRow
+from enginefarm.storage import queue
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +81,6 @@ def _create_build(s, model: ModelRow, targets: list[Target], spec: BuildSpec, se
     return build, out
 
 
-def _publish(items: list) -> None:
-    for kind, ident, target in items:
-        if kind == "build":
-            dispatch.publish_build(ident, target)
-        elif kind == "bench":
-            dispatch.publish_benchmark(ident, target)
-        else:
-            dispatch.publish_quantize(ident)
-
-
 def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
                  project: str | None = None, *, token_id: int | None = None,
                  queue_without_worker: bool | None = None,
@@ -117,7 +107,7 @@ def submit_build(settings: Settings, model_id: int, target_texts: list[str], spe
         admission.admit(settings, s, [build], served, token_id=token_id, queue_without_worker=queue_without_worker)
         s.flush()
         result = describe(build, served) if describe else build.id
-    _publish(publish)
+    queue.publish(publish)
     return result
 
 
@@ -185,7 +175,7 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
             publish += items
         admission.admit(settings, s, builds, served, token_id=token_id, queue_without_worker=queue_without_worker)
         sweep_id = sweep.id
-    _publish(publish)
+    queue.publish(publish)
     return sweep_id
 
 

@@ -8,7 +8,6 @@ parts and long header lines cannot make the API hold or read more than a valid u
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from collections import Counter
@@ -24,27 +23,15 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from enginefarm import worklock
 from enginefarm.config import Settings
-from enginefarm.errors import EnginefarmError, ModelRejected, PayloadTooLarge
-from storage.tokens import Principal
+from enginefarm.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
+from enginefarm.hashing import HashingWriter
+from enginefarm.storage.tokens import Principal
 
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
 MAX_PART_HEADER_BYTES = PART_HEADERS * (PART_HEADER_LINE_BYTES + 2)
 PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) and its line breaks
-RETRY_UPLOAD_AFTER_S = "5"
-
-
-class UploadTimedOut(EnginefarmError):
-    status_code = 408
-
-
-class TooManyUploads(EnginefarmError):
-    status_code = 429
-
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.headers = {"Retry-After": RETRY_UPLOAD_AFTER_S}
 
 
 @dataclass(frozen=True)
@@ -136,7 +123,7 @@ class _Receiver:
         self._name: str | None = None
         self._buf = bytearray()
         self._fh = None
-        self._digest = hashlib.sha256()
+        self._out: HashingWriter | None = None
 
     def callbacks(self) -> dict:
         return {
@@ -171,6 +158,7 @@ class _Receiver:
             self.result.filename = params.get(b"filename", b"").decode("utf-8", "replace") or None
             fd, tmp = tempfile.mkstemp(dir=self.spool_dir, prefix=worklock.SPOOL_PREFIX)
             self._fh = os.fdopen(fd, "wb")
+            self._out = HashingWriter(self._fh)
             self.result.path = Path(tmp)
             self.result.lock = worklock.hold(self.result.path)
 
@@ -181,8 +169,7 @@ class _Receiver:
             if self.result.size > self.limits.file_bytes:
                 raise PayloadTooLarge(f"upload is larger than the limit of {self.limits.file_bytes} bytes "
                                       f"({self.limits.file_setting}); send a smaller file")
-            self._digest.update(chunk)
-            self._fh.write(chunk)
+            self._out.write(chunk)
         else:
             self._buf += chunk
             if len(self._buf) > MAX_FIELD_BYTES:
@@ -196,7 +183,7 @@ class _Receiver:
         if self._fh is not None:
             fh, self._fh = self._fh, None
             fh.close()
-            self.result.sha256 = self._digest.hexdigest()
+            self.result.sha256 = self._out.hexdigest()
         elif self._name:
             self.result.fields[self._name] = self._buf.decode("utf-8", "replace")
 

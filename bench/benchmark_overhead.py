@@ -21,12 +21,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from enginefarm.domain import BenchmarkSpec, BuildSpec, ModelInfo, Target  # noqa: E402
-from enginefarm.inputs import random_inputs  # noqa: E402
-from enginefarm.modelfile import inspect_upload  # noqa: E402
-from enginefarm.samples import sample_spec, save_conv_net  # noqa: E402
-from worker.backends import BuildLog  # noqa: E402
-from worker.evaluate import OrtRunner  # noqa: E402
-from worker.pipeline import engine_from_model  # noqa: E402
+from enginefarm.graph.inputs import random_inputs  # noqa: E402
+from enginefarm.graph.modelfile import inspect_upload  # noqa: E402
+from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
+from enginefarm.worker.backends import BuildLog  # noqa: E402
+from enginefarm.worker.evaluate import OrtRunner  # noqa: E402
+from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 
 
 def bare_loop(runner: OrtRunner, inputs: dict, iterations: int) -> list[float]:

@@ -40,16 +40,17 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from enginefarm import devservices  # noqa: E402
+from enginefarm.server import devservices  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.domain import BuildSpec, Target  # noqa: E402
-from enginefarm.embedded import Farm, embedded_env  # noqa: E402
-from enginefarm.samples import sample_spec, save_conv_net  # noqa: E402
-from storage.blobs import engine_key, model_key  # noqa: E402
-from storage.blobs.base import BlobStore, sha256_file  # noqa: E402
-from worker.backends import BuildLog  # noqa: E402
-from worker.pipeline import engine_from_model  # noqa: E402
+from enginefarm.server.embedded import Farm, embedded_env  # noqa: E402
+from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
+from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
+from enginefarm.hashing import sha256_file
+from enginefarm.storage.blobs.base import BlobStore  # noqa: E402
+from enginefarm.worker.backends import BuildLog  # noqa: E402
+from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 
 TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
 # The two-worker configuration splits the targets as the test suite does.
@@ -192,13 +193,13 @@ def run_mode(mode: str, args, work: Path) -> dict:
         data = work / mode / "farm-data"
         if mode == "embedded":
             env = embedded_env(data)
-            from storage.blobs.local import LocalBlobStore
+            from enginefarm.storage.blobs.local import LocalBlobStore
 
             store: BlobStore = LocalBlobStore(work / mode / "bench-blobs")  # same file system as the farm's blobs
         else:
             import redis
 
-            from storage.blobs.s3 import S3BlobStore
+            from enginefarm.storage.blobs.s3 import S3BlobStore
 
             endpoint = stack.enter_context(devservices.seaweedfs(work / mode / "seaweedfs"))
             pg_url = stack.enter_context(devservices.scratch_postgres("enginefarm_bench"))

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from enginefarm import stats  # noqa: E402
 from enginefarm.errors import BackendMissing  # noqa: E402
-from worker import gpu_timing as G  # noqa: E402
+from enginefarm.worker import gpu_timing as G  # noqa: E402
 
 KERNEL = r"""
 extern "C" __global__ void fma_chain(const float* __restrict__ x, float* __restrict__ y,

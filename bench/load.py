@@ -267,7 +267,7 @@ class CpuMeter:
         misses its health check) and the scratch database's connections by state (pg_stat_activity)."""
         import psycopg
 
-        from enginefarm.devservices import PG_ADMIN
+        from enginefarm.server.devservices import PG_ADMIN
 
         seen: set[int] = set()
         conns: Counter = Counter()
@@ -304,7 +304,7 @@ class CpuMeter:
     def _pg_stats(self) -> dict[str, float]:
         import psycopg
 
-        from enginefarm.devservices import PG_ADMIN
+        from enginefarm.server.devservices import PG_ADMIN
 
         try:
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
@@ -415,7 +415,7 @@ def machine_info() -> dict:
 
 def create_token(env: dict, console) -> str | None:
     """``enginefarm token create --scope build``: the token is stdout's last line. None where it fails."""
-    cmd = [sys.executable, "-m", "enginefarm.cli", "token", "create", "--scope", "build", "--name", "load-bench"]
+    cmd = [sys.executable, "-m", "enginefarm", "token", "create", "--scope", "build", "--name", "load-bench"]
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -472,12 +472,12 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
     """Servers, farm, token, one model built for TARGETS; returns what the clients need."""
     import redis
 
-    from enginefarm import devservices
+    from enginefarm.server import devservices
     from enginefarm.config import Settings
-    from enginefarm.embedded import Farm
-    from enginefarm.samples import sample_spec, save_conv_net
-    from storage.blobs import engine_key
-    from storage.blobs.s3 import S3BlobStore
+    from enginefarm.server.embedded import Farm
+    from enginefarm.graph.samples import sample_spec, save_conv_net
+    from enginefarm.storage.blobs import engine_key
+    from enginefarm.storage.blobs.s3 import S3BlobStore
 
     if not (devservices.port_open(5432) and devservices.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
@@ -497,7 +497,7 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
     try:
         # Migrate once, first: every uvicorn worker migrates at start-up, and on an empty database several
         # doing it at once collide (CREATE TABLE alembic_version) and take the API down.
-        subprocess.run([sys.executable, "-m", "enginefarm.cli", "migrate"], env=farm.env, cwd=ROOT, check=True,
+        subprocess.run([sys.executable, "-m", "enginefarm", "migrate"], env=farm.env, cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL, timeout=120)
         farm.start_api(timeout=120, workers=args.api_workers)
         token = create_token(farm.env, console)

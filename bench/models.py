@@ -35,10 +35,10 @@ from rich.table import Table  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.domain import BuildSpec, Target  # noqa: E402
-from enginefarm.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 from tests.realmodels import MODELS, path  # noqa: E402
-from worker.backends import BuildLog  # noqa: E402
-from worker.pipeline import engine_from_model  # noqa: E402
+from enginefarm.worker.backends import BuildLog  # noqa: E402
+from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 
 TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
 console = Console(width=150)

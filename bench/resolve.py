@@ -34,14 +34,14 @@ from fastapi.testclient import TestClient  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from api.app import create_app  # noqa: E402
-from enginefarm import devservices  # noqa: E402
+from enginefarm.api.app import create_app  # noqa: E402
+from enginefarm.server import devservices  # noqa: E402
 from enginefarm.compat import Option, choose  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.domain import Machine  # noqa: E402
-from storage.catalog import descriptor_of  # noqa: E402
-from storage.db import session_scope  # noqa: E402
-from storage.tables import BenchmarkRow, EngineRow, ModelRow  # noqa: E402
+from enginefarm.storage.catalog import descriptor_of  # noqa: E402
+from enginefarm.storage.db import session_scope  # noqa: E402
+from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow  # noqa: E402
 
 RTX = "1.7.1.116"
 MACHINE = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576, driver_version="580.82.07",

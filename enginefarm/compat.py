@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import IntEnum, StrEnum
+from enum import IntEnum
 from typing import Any
 
-from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine, cc_tuple, format_dims
+from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine, StrEnum, cc_tuple, format_dims
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}

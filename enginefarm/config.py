@@ -89,10 +89,9 @@ class Settings(BaseSettings):
     # Browser origins allowed to call the API (CORS); none by default.
     cors_origins: list[str] = Field(default_factory=list)
 
-    # Test-only: wraps every build backend in the test suite's slow one (tests/slow_backend.py), so a test can
-    # kill a worker or cut a service in the middle of a build. Needs the source tree; never set in service.
-    test_backends: bool = False
-    test_build_delay_s: float = Field(default=0.0, ge=0)
+    # A class, as "module:Name", that every build backend is wrapped in: it is constructed with the real backend and
+    # must offer the same methods (instrumentation, or a test's controllable build). None: the backends as they are.
+    backend_wrapper: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
     @property
     def resolved_database_url(self) -> str:

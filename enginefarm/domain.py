@@ -11,12 +11,22 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 # --------------------------------------------------------------------------- backends and targets
+
+
+class StrEnum(str, Enum):
+    """An enum whose members are their string values (``enum.StrEnum`` is Python 3.11+; the client runs on 3.10)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return self.value.__format__(spec)
 
 
 class Backend(StrEnum):

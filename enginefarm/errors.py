@@ -10,9 +10,11 @@ from typing import Any
 
 
 class EnginefarmError(Exception):
-    """Base of every error the farm raises on purpose."""
+    """Base of every error the farm raises on purpose. The API answers it with ``status_code`` and ``to_dict()``
+    (``Retry-After: retry_after`` when set); the client raises the same class from that answer."""
 
     status_code = 500
+    retry_after: int | None = None
 
     def __init__(self, message: str, *, problems: list[dict[str, Any]] | None = None, **context: Any):
         super().__init__(message)
@@ -76,6 +78,39 @@ class InfrastructureError(EnginefarmError):
     """S3, database or broker trouble: transient, retried with backoff."""
 
     status_code = 503
+    retry_after = 5
+
+
+class CatalogUnavailable(InfrastructureError):
+    """The catalog database is restarting, unreachable or out of connections."""
+
+
+class StorageFull(InfrastructureError):
+    """The farm's disk (spool, scratch, local blob store) is full; nothing was stored."""
+
+
+class UploadTimedOut(EnginefarmError):
+    """The client sent nothing for the upload's idle timeout."""
+
+    status_code = 408
+
+
+class TooBusy(EnginefarmError):
+    """A limit on work in flight: try again after ``retry_after`` seconds."""
+
+    status_code = 429
+
+
+class TooManyUploads(TooBusy):
+    """The token already has the most uploads in flight one token may have."""
+
+    retry_after = 5
+
+
+class QueueFull(TooBusy):
+    """A submission would take a token's, or the farm's, queued build tasks past the limit."""
+
+    retry_after = 60
 
 
 class IntegrityError(EnginefarmError):

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from enginefarm.config import Settings
 
 SPOOL_FOLDER, SPOOL_PREFIX = "uploads", "upload-"  # <work_dir>/uploads/upload-*: uploads the API is receiving
 SCRATCH_PREFIX = "build-"  # <work_dir>/build-*: one build's, benchmark's or upload inspection's scratch folder
@@ -52,3 +57,23 @@ def unused(path: Path) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+class Scratch:
+    """A private scratch directory for one build, removed afterwards whatever happens. It stays locked
+    (see above) while in use, so the garbage collector removes only those a killed process left."""
+
+    def __init__(self, settings: Settings):
+        settings.work_dir.mkdir(parents=True, exist_ok=True)
+        self.path = Path(tempfile.mkdtemp(dir=settings.work_dir, prefix=SCRATCH_PREFIX))
+        self._lock = hold(self.path)
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            release(self._lock)
+            self._lock = None

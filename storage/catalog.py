@@ -25,8 +25,8 @@ from enginefarm.domain import (
     engine_profiles,
 )
 from enginefarm.errors import Conflict, NoCompatibleEngine, NotFound
-from storage.db import as_utc
-from storage.tables import (
+from enginefarm.storage.db import as_utc
+from enginefarm.storage.tables import (
     DEFAULT_SHAPE_KEY,
     BenchmarkRow,
     BenchmarkTaskRow,
@@ -92,11 +92,13 @@ def get_model(session: Session, model_id: int, project: str | None = None) -> Mo
     return row
 
 
-def list_models(session: Session, *, name: str | None = None, limit: int = 50, offset: int = 0,
-                project: str | None = None) -> tuple[list[ModelRow], int]:
+def list_models(session: Session, *, name: str | None = None, sha256: str | None = None, limit: int = 50,
+                offset: int = 0, project: str | None = None) -> tuple[list[ModelRow], int]:
     query = in_project(select(ModelRow), project)
     if name:
         query = query.where(ModelRow.name == name)
+    if sha256:
+        query = query.where(ModelRow.sha256 == sha256)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(query.order_by(ModelRow.project, ModelRow.name, ModelRow.seq).limit(limit).offset(offset)).all()
     return list(rows), total

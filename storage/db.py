@@ -146,6 +146,21 @@ def migrate(settings: Settings | None = None) -> None:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
 
 
+def has_catalog(settings: Settings) -> bool:
+    """Whether the settings' database already holds a catalog (a farm has used it), without making one."""
+    from sqlalchemy import create_engine, inspect
+
+    url = settings.resolved_database_url
+    if url.startswith("sqlite") and not (settings.data_dir / "catalog.db").exists() and settings.database_url is None:
+        return False
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return inspect(conn).has_table("alembic_version")
+    finally:
+        engine.dispose()
+
+
 def as_utc(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every time the catalog stores is UTC."""
     if value is None or value.tzinfo is not None:

@@ -42,10 +42,10 @@ from pathlib import Path
 from enginefarm import worklock
 from enginefarm.config import Settings
 from enginefarm.errors import EnginefarmError
-from storage.blobs import get_blob_store
-from storage.blobs.base import BlobObject, BlobStore
-from storage.blobwrite import is_referenced, locked_session, referenced_keys
-from storage.db import session_scope
+from enginefarm.storage.blobs import get_blob_store
+from enginefarm.storage.blobs.base import BlobObject, BlobStore
+from enginefarm.storage.blobwrite import is_referenced, locked_session, referenced_keys
+from enginefarm.storage.db import session_scope
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from enginefarm.errors import NotFound, SpecInvalid
 from enginefarm.validation import project_problem
-from storage.db import as_utc
-from storage.tables import ApiTokenRow, utcnow
+from enginefarm.storage.db import as_utc
+from enginefarm.storage.tables import ApiTokenRow, utcnow
 
 SCOPES = ("read", "build", "admin")  # each includes the ones before it
 TOKEN_PREFIX = "ef_"

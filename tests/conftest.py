@@ -15,10 +15,10 @@ import httpx
 import pytest
 import redis
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.config import Settings
-from enginefarm.embedded import Farm, issue_token
-from enginefarm.samples import save_conv_net
+from enginefarm.server.embedded import Farm, issue_token
+from enginefarm.graph.samples import save_conv_net
 from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,16 +6,16 @@ from __future__ import annotations
 import socket
 import threading
 
-from enginefarm import devservices
-from storage.db import session_scope
-from storage.gc import referenced_keys
-from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from enginefarm.server import devservices
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.gc import referenced_keys
+from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 
 
 def slow(seconds: float) -> dict[str, str]:
     """A worker's env for the test backend: the real build, after a pause in which the test strikes."""
-    return {"ENGINEFARM_TEST_BACKENDS": "1", "ENGINEFARM_TEST_BUILD_DELAY_S": str(seconds)}
+    return {"ENGINEFARM_BACKEND_WRAPPER": "tests.slow_backend:SlowBackend", "ENGINEFARM_TEST_BUILD_DELAY_S": str(seconds)}
 
 
 class TcpProxy:
@@ -90,7 +90,7 @@ class TcpProxy:
 
 
 def bucket_keys(settings) -> set[str]:
-    from storage.blobs import get_blob_store
+    from enginefarm.storage.blobs import get_blob_store
 
     return set(get_blob_store(settings).keys())
 
@@ -100,7 +100,7 @@ def audit(settings) -> dict[str, int]:
     or model lacks its row, no build lacks its tasks, no succeeded task lacks its engine. Returns counts."""
     from sqlalchemy import select
 
-    from storage.blobs import get_blob_store
+    from enginefarm.storage.blobs import get_blob_store
 
     store = get_blob_store(settings)
     keys = bucket_keys(settings)

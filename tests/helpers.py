@@ -23,7 +23,7 @@ def run_cli(url: str, *args: str, cache_dir: Path | None = None, expect: int = 0
     """Run ``enginefarm ARGS --api URL`` as a user would; returns its stdout (and stderr, by default when it
     is expected to fail) with whitespace collapsed."""
     env = os.environ | ({"ENGINEFARM_CACHE_DIR": str(cache_dir)} if cache_dir else {})
-    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args, "--api", url], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "enginefarm", *args, "--api", url], capture_output=True,
                          text=True, timeout=300, env=env)
     assert out.returncode == expect, out.stdout + out.stderr
     text = out.stdout + (out.stderr if (expect != 0 if stderr is None else stderr) else "")
@@ -37,8 +37,8 @@ def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple
 
     from enginefarm.domain import BuildSpec, Target
     from enginefarm.errors import BuildFailed
-    from worker.backends.base import BuildLog
-    from worker.pipeline import engine_from_model
+    from enginefarm.worker.backends.base import BuildLog
+    from enginefarm.worker.pipeline import engine_from_model
 
     spec = BuildSpec(profiles=[{name: {"min": list(lo), "opt": list(opt), "max": list(hi)}
                                 for name, (lo, opt, hi) in shapes.items()}])

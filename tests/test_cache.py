@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefarm import cache as cache_mod
-from enginefarm.cache import TMP_PREFIX, EngineCache, default_cache_dir
+from enginefarm.client import cache as cache_mod
+from enginefarm.client.cache import TMP_PREFIX, EngineCache, default_cache_dir
 from enginefarm.errors import IntegrityError, NotFound
 
 PAYLOAD = os.urandom(3 * 1024 + 17)
@@ -181,7 +181,7 @@ def test_copy_to_fails_mid_copy_atomically(cache: EngineCache, tmp_path: Path, m
     dest.parent.mkdir()
     dest.write_bytes(b"previous engine")
     monkeypatch.setattr(cache_mod, "CHUNK", 1024)
-    real_write = cache_mod._HashingWriter.write
+    real_write = cache_mod.HashingWriter.write
     calls = []
 
     def write_then_fail(self, data):
@@ -190,7 +190,7 @@ def test_copy_to_fails_mid_copy_atomically(cache: EngineCache, tmp_path: Path, m
             raise OSError(28, "No space left on device")
         return real_write(self, data)
 
-    monkeypatch.setattr(cache_mod._HashingWriter, "write", write_then_fail)
+    monkeypatch.setattr(cache_mod.HashingWriter, "write", write_then_fail)
     with pytest.raises(OSError, match="No space"):
         cache.copy_to(SHA, dest)
     assert len(calls) == 2  # the first chunk was written before the failure

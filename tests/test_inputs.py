@@ -6,8 +6,8 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.domain import ModelInfo, TensorInfo
-from enginefarm.graphfacts import index_ranges, op_counts
-from enginefarm.inputs import ShapeSet, random_inputs, timing_inputs
+from enginefarm.graph.graphfacts import index_ranges, op_counts
+from enginefarm.graph.inputs import ShapeSet, random_inputs, timing_inputs
 
 
 def _embedding_graph(rows: int = 50):
@@ -67,7 +67,7 @@ def test_samples_outside_the_table_they_index_are_refused():
 
     import pytest
 
-    from enginefarm.inputs import SamplesInvalid, load_samples
+    from enginefarm.graph.inputs import SamplesInvalid, load_samples
 
     buffer = io.BytesIO()
     np.savez(buffer, input_ids=np.full((2, 4), 50000, np.int64), mask=np.ones((2, 4), np.int64),

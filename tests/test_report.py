@@ -10,8 +10,8 @@ import pytest
 from matplotlib.figure import Figure
 from rich.console import Console
 
-from enginefarm import report as rep
-from enginefarm.report import fmt_ms, human_bytes, plot_report, regression_table, report_table
+from enginefarm.client import report as rep
+from enginefarm.client.report import fmt_ms, human_bytes, plot_report, regression_table, report_table
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PENDING_DETAIL = "benchmark pending: no worker with an sm86 GPU"

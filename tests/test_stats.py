@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from enginefarm import accuracy
+from enginefarm.graph import accuracy
 from enginefarm.domain import AccuracySpec, BenchmarkSpec, BuildSpec, ModelInfo, TensorInfo
-from enginefarm.inputs import SamplesInvalid, benchmark_shape_problems, load_samples, random_inputs, sample_batches, shape_sets
+from enginefarm.graph.inputs import SamplesInvalid, benchmark_shape_problems, load_samples, random_inputs, sample_batches, shape_sets
 from enginefarm.stats import Iteration, measure, median, percentile, summarize
-from worker.probe import GpuInfo, MachineProbe, benchmark_pending_reason, benchmark_targets
+from enginefarm.probe import GpuInfo, MachineProbe, benchmark_pending_reason, benchmark_targets
 from enginefarm.domain import Target
 
 # ------------------------------------------------------------------ statistics (trtexec's definitions)

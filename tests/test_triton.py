@@ -17,9 +17,9 @@ import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper
 
-from enginefarm.modelfile import inspect_upload
-from enginefarm.samples import conv_net, sample_spec
-from enginefarm.triton import (
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.client.triton import (
     ONNX_TO_TRITON,
     RTX_WARNING,
     TritonRepository,

@@ -16,9 +16,9 @@ from onnx import helper, numpy_helper
 
 from enginefarm.domain import BuildSpec, GraphCleanup
 from enginefarm.errors import BuildFailed
-from enginefarm.graphfacts import QDQ_OPS
-from worker.backends.base import BuildLog
-from worker.onnxgraph import INLINE_LIMIT, save_model
+from enginefarm.graph.graphfacts import QDQ_OPS
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
 
 
 

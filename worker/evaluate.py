@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from enginefarm import accuracy
+from enginefarm.graph import accuracy
 from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
 from enginefarm.errors import BuildFailed
-from enginefarm.inputs import (
+from enginefarm.graph.inputs import (
     ShapeSet,
     fixed_arrays,
     opt_shape_set,
@@ -30,8 +30,8 @@ from enginefarm.inputs import (
     timing_inputs,
 )
 from enginefarm.stats import Iteration, Measurement, measure
-from worker.backends.onnxruntime import optimization_level
-from worker.backends.trt_common import load_module
+from enginefarm.worker.backends.onnxruntime import optimization_level
+from enginefarm.worker.backends.trt_common import load_module
 
 
 class Runner(Protocol):
@@ -122,7 +122,7 @@ def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | No
     if backend == Backend.ONNXRUNTIME.value:
         runner = OrtRunner(engine_path, spec.benchmark.threads)
         return runner, Device(runner.label)
-    from worker.gpu_timing import TensorRTEngineRunner
+    from enginefarm.worker.gpu_timing import TensorRTEngineRunner
 
     runner = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
     name = (gpu or {}).get("name") or runner.device.name

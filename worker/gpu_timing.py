@@ -30,7 +30,7 @@ from numpy.typing import DTypeLike
 
 from enginefarm import stats
 from enginefarm.errors import BackendMissing, BuildFailed, EnginefarmError, TargetUnavailable
-from worker.nvml import NvmlUnavailable, nvml_session
+from enginefarm.nvml import NvmlUnavailable, nvml_session
 
 if TYPE_CHECKING:
     from enginefarm.domain import BenchmarkSpec

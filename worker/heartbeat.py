@@ -7,8 +7,8 @@ import socket
 import threading
 
 from enginefarm.config import Settings
-from storage import catalog
-from storage.db import session_scope
+from enginefarm.storage import catalog
+from enginefarm.storage.db import session_scope
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def running_tasks() -> tuple[list[int], list[int]]:
     """The catalog ids of the build and benchmark tasks this worker's pool is executing now."""
     from celery.worker import state
 
-    from worker.dispatch import BENCHMARK_TASK, BUILD_TASK
+    from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK
 
     ids: dict[str, list[int]] = {BUILD_TASK: [], BENCHMARK_TASK: []}
     for _ in range(5):  # the consumer thread changes the set while this thread copies it

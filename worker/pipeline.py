@@ -4,30 +4,23 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
 
-from enginefarm import worklock
 from enginefarm.config import Settings
 from enginefarm.domain import BuildSpec, EngineDescriptor, ModelInfo, Target
 from enginefarm.errors import BuildFailed, IntegrityError
-from enginefarm.inputs import load_samples
-from enginefarm.modelfile import BundleLimits, model_path_for
-from storage.blobs import BlobStore
-from storage.blobs.base import sha256_file
-from worker.backends import BuildLog, get_backend
-from worker.cleanup import prepared_model
-from worker.diagnose import explain
-from worker.probe import MachineProbe
-
-
-def bundle_limits(settings: Settings) -> BundleLimits:
-    return BundleLimits(max_files=settings.max_bundle_files, max_unpacked_bytes=settings.max_unpacked_bytes,
-                        max_compression_ratio=settings.max_compression_ratio)
+from enginefarm.graph.inputs import load_samples
+from enginefarm.graph.modelfile import BundleLimits, model_path_for
+from enginefarm.storage.blobs import BlobStore
+from enginefarm.hashing import sha256_file
+from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.worker.cleanup import prepared_model
+from enginefarm.worker.diagnose import explain
+from enginefarm.probe import MachineProbe
 
 
 def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str, settings: Settings) -> Path:
@@ -45,7 +38,7 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
         remembered = cache / "model.path"  # a bundle is unpacked once per worker, not once per task
         if remembered.exists() and (text := remembered.read_text()) and (path := Path(text)).is_file():
             return path
-        path = model_path_for(blob, fmt, cache / "unpacked", bundle_limits(settings))
+        path = model_path_for(blob, fmt, cache / "unpacked", BundleLimits.of(settings))
         # Written whole or not at all: a worker killed while writing it left an empty file, read as Path("")
         # (the current directory), and every later build of the model on this host failed to parse ".".
         partial = remembered.with_suffix(".partial")
@@ -90,23 +83,3 @@ def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine
     seconds = time.perf_counter() - started
     desc.sha256, desc.size = sha256_file(out), out.stat().st_size
     return BuiltEngine(desc, out, seconds, log)
-
-
-class Scratch:
-    """A private scratch directory for one build, removed afterwards whatever happens. It stays locked
-    (``enginefarm.worklock``) while in use, so the garbage collector removes only those a killed process left."""
-
-    def __init__(self, settings: Settings):
-        settings.work_dir.mkdir(parents=True, exist_ok=True)
-        self.path = Path(tempfile.mkdtemp(dir=settings.work_dir, prefix=worklock.SCRATCH_PREFIX))
-        self._lock = worklock.hold(self.path)
-
-    def __enter__(self) -> Path:
-        return self.path
-
-    def __exit__(self, *exc) -> None:
-        try:
-            shutil.rmtree(self.path, ignore_errors=True)
-        finally:
-            worklock.release(self._lock)
-            self._lock = None

@@ -6,21 +6,23 @@ from __future__ import annotations
 from enginefarm.config import Settings
 from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target
 from enginefarm.errors import SpecInvalid
-from enginefarm.modelfile import inspect_upload
-from storage import catalog
-from storage.blobs import BlobStore, model_key
-from storage.blobs.base import sha256_file
-from storage.blobwrite import store_with_row
-from storage.db import session_scope
-from worker.backends.base import BuildLog
-from worker.cleanup import prepared_model
-from worker.pipeline import Scratch, bundle_limits, model_file_from_store, samples_of
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.storage import catalog
+from enginefarm.storage.blobs import BlobStore, model_key
+from enginefarm.hashing import sha256_file
+from enginefarm.storage.blobwrite import store_with_row
+from enginefarm.storage.db import session_scope
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.cleanup import prepared_model
+from enginefarm.bundle import BundleLimits
+from enginefarm.worker.pipeline import model_file_from_store, samples_of
+from enginefarm.worklock import Scratch
 
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Quantize the build's model from its samples; returns the build tasks to publish."""
-    from worker import dispatch
-    from worker.quantize import quantize_qdq
+    from enginefarm.storage import queue
+    from enginefarm.worker.quantize import quantize_qdq
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -43,7 +45,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                               calibration_batch=spec.calibration.batch, scratch=scratch)
         sha = sha256_file(out)
         (scratch / "inspect").mkdir()
-        inspected = inspect_upload(out, scratch / "inspect", bundle_limits(settings))
+        inspected = inspect_upload(out, scratch / "inspect", BundleLimits.of(settings))
         key = model_key(sha)
         derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
                       "graph_cleanup": log.tail() or None, **report.to_dict()}
@@ -62,5 +64,5 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
 
         queued, check_ids = store_with_row(settings, store, key, out, sha, write)
     for check_id, target in check_ids:
-        dispatch.publish_benchmark(check_id, target)
+        queue.publish_benchmark(check_id, target)
     return queued

@@ -15,15 +15,17 @@ from enginefarm.config import get_settings
 from enginefarm.domain import Backend, BuildSpec, ModelInfo, Precision, TaskState, Target
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from enginefarm.validation import target_precision
-from storage import catalog
-from storage.blobs import engine_key, get_blob_store
-from storage.blobwrite import store_with_row
-from storage.db import PATIENCE_S, UNAVAILABLE, in_transaction, session_scope
-from worker import dispatch
-from worker.backends import BuildLog, get_backend
-from worker.celery_app import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, app
-from worker.pipeline import Scratch, engine_from_model, fetch_verified, model_file_from_store, samples_of
-from worker.probe import MachineProbe, machine_fingerprint, probe_machine
+from enginefarm.storage import catalog
+from enginefarm.storage.blobs import engine_key, get_blob_store
+from enginefarm.storage.blobwrite import store_with_row
+from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, in_transaction, session_scope
+from enginefarm.storage import queue
+from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK
+from enginefarm.worker.celery_app import app
+from enginefarm.worklock import Scratch
+from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
+from enginefarm.probe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
@@ -90,7 +92,7 @@ def _after_build(check_id: int | None, target: Target) -> None:
     if target.backend is Backend.TENSORRT:
         run_benchmark_now(check_id)
     else:
-        dispatch.publish_benchmark(check_id, str(target))
+        queue.publish_benchmark(check_id, str(target))
 
 
 def _run(task_id: int, me: str) -> None:
@@ -182,7 +184,7 @@ def _gpu(probe: MachineProbe) -> dict | None:
 
 
 def _benchmark(task_id: int) -> None:
-    from worker.evaluate import evaluate
+    from enginefarm.worker.evaluate import evaluate
 
     settings, store = get_settings(), blob_store()
     with session_scope() as s:
@@ -224,7 +226,7 @@ def _benchmark(task_id: int) -> None:
 
 @app.task(name=QUANTIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
 def quantize_model(self, build_id: int) -> None:
-    from worker import quantize_stage
+    from enginefarm.worker import quantize_stage
 
     me = worker_id()
     if not in_transaction(catalog.claim_quantize, build_id, me):
@@ -242,4 +244,4 @@ def quantize_model(self, build_id: int) -> None:
         in_transaction(catalog.fail_quantize, build_id, message)
         return
     for task_id, target in queued:
-        dispatch.publish_build(task_id, target)
+        queue.publish_build(task_id, target)

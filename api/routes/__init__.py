@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 
-from api.schemas import ErrorOut
+from enginefarm.api.schemas import ErrorOut
 
 # A 422 is either FastAPI's request validation or the farm's own (ModelRejected, SpecInvalid): ErrorOut is both.
 UNPROCESSABLE: dict[int | str, dict[str, Any]] = {422: {"model": ErrorOut, "description": "the request is invalid"}}

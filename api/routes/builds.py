@@ -5,15 +5,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from api import admission, reports, services
-from api.auth import Tenant, authorize
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
-from api.schemas import BuildOut, BuildRequest, build_out
+from enginefarm.api import admission, reports, services
+from enginefarm.api.auth import Tenant, authorize
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
+from enginefarm.api.schemas import BuildOut, BuildRequest, build_out
 from enginefarm.config import Settings
-from storage import catalog
-from storage.tables import BuildRow
-from storage.tokens import Principal
+from enginefarm.storage import catalog
+from enginefarm.storage.tables import BuildRow
+from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 

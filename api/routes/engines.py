@@ -9,15 +9,15 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 
-from api.auth import Tenant
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import RowId, check_no_nul, page_offset
-from api.reports import engine_checks
-from api.schemas import EngineOut, Page
+from enginefarm.api.auth import Tenant
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import RowId, check_no_nul, page_offset
+from enginefarm.api.reports import engine_checks
+from enginefarm.api.schemas import EngineOut, Page
 from enginefarm.config import Settings
 from enginefarm.errors import NotFound
-from storage import catalog
-from storage.blobs import get_blob_store
+from enginefarm.storage import catalog
+from enginefarm.storage.blobs import get_blob_store
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 SHA_HEADER = "X-Content-SHA256"

@@ -7,10 +7,10 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from api import gate
-from api.auth import Tenant
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import UNPROCESSABLE, ID_MAX, RowId
+from enginefarm.api import gate
+from enginefarm.api.auth import Tenant
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import UNPROCESSABLE, ID_MAX, RowId
 from enginefarm.config import Settings
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)

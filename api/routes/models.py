@@ -7,18 +7,18 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import ingest, reports
-from api.auth import Tenant, authorize
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
-from api.routes.engines import blob_response
-from api.schemas import ModelOut, Page
-from api.upload import UploadLimits, receive_upload
+from enginefarm.api import ingest, reports
+from enginefarm.api.auth import Tenant, authorize
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
+from enginefarm.api.routes.engines import blob_response
+from enginefarm.api.schemas import ModelOut, Page
+from enginefarm.api.upload import UploadLimits, receive_upload
 from enginefarm import worklock
 from enginefarm.config import Settings
 from enginefarm.errors import NotFound
-from storage import catalog
-from storage.tokens import Principal
+from enginefarm.storage import catalog
+from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
@@ -60,6 +60,8 @@ async def upload_model(request: Request, response: Response, tenant: Tenant,
 
 @router.get("", response_model=Page[ModelOut])
 def list_models(tenant: Tenant, name: str | None = None,
+                sha256: str | None = Query(None, pattern=r"^[0-9a-f]{64}$", description="only models of these bytes "
+                                           "(a client asks before it uploads)"),
                 project: str | None = Query(None, max_length=64, description="only this project's models ('' for "
                                             "those of no project); a project's token sees only its own anyway"),
                 limit: int = 50, offset: int = 0,
@@ -68,7 +70,7 @@ def list_models(tenant: Tenant, name: str | None = None,
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
     if tenant is not None and project not in (None, tenant):
         return Page(items=[], total=0, limit=limit, offset=offset)
-    rows, total = catalog.list_models(session, name=name, limit=limit, offset=offset,
+    rows, total = catalog.list_models(session, name=name, sha256=sha256, limit=limit, offset=offset,
                                       project=tenant if tenant is not None else project)
     return Page(items=[ModelOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
 

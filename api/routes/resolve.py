@@ -13,11 +13,11 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from api import services
-from api.auth import authorize, require
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import UNPROCESSABLE, check_no_nul
-from api.schemas import (
+from enginefarm.api import services
+from enginefarm.api.auth import authorize, require
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
+from enginefarm.api.schemas import (
     BACKEND_PATTERN,
     CC_PATTERN,
     PLATFORM_PATTERN,
@@ -35,9 +35,9 @@ from api.schemas import (
 from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
 from enginefarm.domain import Machine, shape_request
-from storage import catalog
-from storage.tables import EngineRow, ModelRow
-from storage.tokens import Principal
+from enginefarm.storage import catalog
+from enginefarm.storage.tables import EngineRow, ModelRow
+from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 

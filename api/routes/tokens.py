@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from api.auth import Tenant
-from api.deps import CatalogRoute, session_dep
-from api.routes import UNPROCESSABLE, RowId
-from api.schemas import NewTokenOut, TokenIn, TokenOut
+from enginefarm.api.auth import Tenant
+from enginefarm.api.deps import CatalogRoute, session_dep
+from enginefarm.api.routes import UNPROCESSABLE, RowId
+from enginefarm.api.schemas import NewTokenOut, TokenIn, TokenOut
 from enginefarm.errors import Forbidden
-from storage.tokens import create_token, lifetime, list_tokens, revoke_token
+from enginefarm.storage.tokens import create_token, lifetime, list_tokens, revoke_token
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 

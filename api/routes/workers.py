@@ -6,12 +6,12 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from api.auth import authorize
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.schemas import WorkerOut
+from enginefarm.api.auth import authorize
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.schemas import WorkerOut
 from enginefarm import __version__
 from enginefarm.config import Settings
-from storage import catalog
+from enginefarm.storage import catalog
 
 router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-CHUNK = 1 << 20
+from enginefarm.hashing import CHUNK
 
 
 def model_key(sha256: str) -> str:
@@ -22,14 +21,6 @@ def engine_key(sha256: str) -> str:
 
 def samples_key(sha256: str) -> str:
     return f"samples/{sha256[:2]}/{sha256}"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)

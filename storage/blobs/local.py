@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
@@ -12,7 +11,9 @@ from pathlib import Path
 from typing import Iterator
 
 from enginefarm.errors import IntegrityError, NotFound
-from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload, sha256_file
+from enginefarm.hashing import copy_hashed
+from enginefarm.hashing import sha256_file
+from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
 
 TMP_PREFIX = ".incoming-"  # a write in progress, or one a crash interrupted: never a blob
 
@@ -47,14 +48,10 @@ class LocalBlobStore(BlobStore):
         # Copy to a temp file beside the final name, verify, then rename: readers never see a half blob.
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=TMP_PREFIX)
         try:
-            digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
-                while chunk := src.read(CHUNK):  # hash what is written, in the same pass
-                    digest.update(chunk)
-                    out.write(chunk)
+                got = copy_hashed(src, out)  # hash what is written, in the same pass
                 out.flush()
                 os.fsync(out.fileno())
-            got = digest.hexdigest()
             if got != sha256:
                 raise IntegrityError(f"blob {key}: wrote sha256 {got}, expected {sha256}")
             os.replace(tmp, final)

@@ -17,7 +17,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from enginefarm.config import Settings
 from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
-from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload, sha256_file
+from enginefarm.hashing import sha256_file
+from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
 
 # Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
 STREAMS = 64  # S3 connections kept per process (botocore keeps 10)

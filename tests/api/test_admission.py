@@ -11,14 +11,14 @@ import httpx
 import pytest
 from sqlalchemy import func, select, update
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.client import ApiError, Client
 from enginefarm.config import Settings
-from enginefarm.embedded import Farm, embedded_env, issue_token
-from enginefarm.samples import conv_net, sample_spec
-from storage.db import session_scope
-from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow
-from storage.tokens import hash_token
+from enginefarm.server.embedded import Farm, embedded_env, issue_token
+from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow
+from enginefarm.storage.tokens import hash_token
 from tests.conftest import PG_DB
 from tests.helpers import WORKER_A, WORKER_B, unique_name
 

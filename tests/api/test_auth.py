@@ -10,17 +10,17 @@ import sys
 import httpx
 import pytest
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.client import ApiError, Client
-from enginefarm.embedded import Farm
-from enginefarm.samples import save_conv_net
-from storage.db import session_scope
-from storage.tables import ApiTokenRow
+from enginefarm.server.embedded import Farm
+from enginefarm.graph.samples import save_conv_net
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import ApiTokenRow
 from tests.helpers import unique_name
 
 
 def cli(*args: str, env: dict[str, str], expect: int = 0) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", *args], capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-m", "enginefarm", *args], capture_output=True, text=True, timeout=120,
                          env=env)
     assert out.returncode == expect, out.stdout + out.stderr
     return out

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from enginefarm.samples import conv_net, sample_spec
-from storage import catalog
-from storage.db import session_scope
+from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.storage import catalog
+from enginefarm.storage.db import session_scope
 from tests.helpers import unique_name
 
 
@@ -79,7 +79,7 @@ def test_trtexec_shapes_from_the_cli_build_the_same_spec(model_id, farm, tmp_pat
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "enginefarm.cli", "build", str(model_id), "-t", "tensorrt-rtx/sm89", "--api", farm.url,
+        [sys.executable, "-m", "enginefarm", "build", str(model_id), "-t", "tensorrt-rtx/sm89", "--api", farm.url,
          "--minShapes", "input:1x3x32x32", "--optShapes", "input:4x3x32x32", "--maxShapes", "input:8x3x32x32", "--wait"],
         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

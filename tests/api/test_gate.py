@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
-from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.badmodels import custom_op_model
 from tests.helpers import unique_name
 

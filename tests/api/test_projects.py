@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
-from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.api.test_auth import bearer, cli
 from tests.helpers import unique_name
 

@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from enginefarm.client import Client
-from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.helpers import unique_name
 
 SEED = 20240611

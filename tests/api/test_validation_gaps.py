@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from enginefarm.errors import SpecInvalid
-from enginefarm.samples import conv_net, sample_spec
-from storage.db import session_scope
-from storage.tables import ApiTokenRow
-from storage.tokens import create_token
+from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import ApiTokenRow
+from enginefarm.storage.tokens import create_token
 from tests.helpers import unique_name
 
 PROFILE = sample_spec()["profiles"]

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from enginefarm.samples import sample_spec
+from enginefarm.graph.samples import sample_spec
 from tests.corpus import files as f
 from tests.helpers import unique_name
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.samples import conv_net
+from enginefarm.graph.samples import conv_net
 
 OPSET = [helper.make_opsetid("", 17)]
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from enginefarm.client import Client
 from enginefarm.domain import Machine
-from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.helpers import run_cli, unique_name
 
 CPU = "onnxruntime/cpu-x86_64"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from enginefarm.ci import wait_or_fail
+from enginefarm.client.ci import wait_or_fail
 from enginefarm.client import Client
-from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.badmodels import custom_op_model
 from tests.helpers import unique_name
 
@@ -31,7 +31,7 @@ STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
 
 def run_ci(farm, model: Path, name: str, *args: str, expect: int) -> str:
     """``enginefarm ci`` in a subprocess without a terminal, as a CI runner starts it; returns its output."""
-    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "ci", str(model), "--name", name, *args, "--api", farm.url],
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "ci", str(model), "--name", name, *args, "--api", farm.url],
                          capture_output=True, text=True, timeout=400, env=os.environ | {"TERM": "dumb"})
     assert out.returncode == expect, out.stdout + out.stderr
     return out.stdout

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 from enginefarm.config import Settings
-from storage import catalog
-from storage.blobs.base import sha256_file
-from storage.db import session_scope
+from enginefarm.storage import catalog
+from enginefarm.hashing import sha256_file
+from enginefarm.storage.db import session_scope
 
 
 def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "demo", "--data-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = " ".join(out.stdout.split())
@@ -33,3 +34,31 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
     # The local blob directory holds each engine under its content address, and the model.
     blobs = sorted(p for p in (tmp_path / "blobs").rglob("*") if p.is_file())
     assert len(blobs) == 6
+
+
+def test_demo_without_tensorrt_rtx_says_so_and_shows_the_cpu_path(tmp_path):
+    """A machine where tensorrt_rtx does not import (as after `pip install enginefarm[server,worker]`): the demo
+    says why it builds no GPU engine and which extra adds them, then runs the rest of the path."""
+    blocker = tmp_path / "site"
+    blocker.mkdir()
+    # Every process of the demo (CLI, API, worker) starts with tensorrt_rtx unimportable.
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NoRtx:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'tensorrt_rtx':\n"
+        "            raise ModuleNotFoundError(\"No module named 'tensorrt_rtx'\", name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _NoRtx())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(blocker), *filter(None, [env.get("PYTHONPATH")])])
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path / "data")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    text = " ".join(out.stdout.split())
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "TensorRT-RTX is not installed here" in text and "pip install 'enginefarm[rtx]'" in text
+    assert "matches the catalog" in text and "tensorrt-rtx" not in text.split("2. build", 1)[1].split("3.")[0]
+    with session_scope(Settings(data_dir=tmp_path / "data")) as s:
+        pairs, total = catalog.list_engines(s, model="convnet")
+    assert total == 1 and pairs[0][0].target.startswith("onnxruntime/cpu-")
+    assert (tmp_path / "data" / "fetched" / "convnet-cpu.onnx").is_file()

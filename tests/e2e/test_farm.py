@@ -8,11 +8,11 @@ import time
 
 from enginefarm.client import Client
 from enginefarm.domain import Machine
-from enginefarm.samples import sample_spec, save_conv_net
-from storage import catalog
-from storage.blobs import get_blob_store
-from storage.db import session_scope
-from storage.gc import referenced_keys
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.storage import catalog
+from enginefarm.storage.blobs import get_blob_store
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.gc import referenced_keys
 from tests.faults import bucket_keys
 from tests.helpers import WORKER_A, WORKER_B, run_cli, unique_name
 
@@ -169,7 +169,7 @@ def test_bundle_with_external_data_builds(farm, tmp_path):
 
     import onnx
 
-    from enginefarm.samples import conv_net
+    from enginefarm.graph.samples import conv_net
 
     onnx.save_model(conv_net(seed=6), str(tmp_path / "model.onnx"), save_as_external_data=True,
                     all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)

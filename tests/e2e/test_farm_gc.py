@@ -19,14 +19,14 @@ from sqlalchemy import select
 
 from enginefarm.client import Client
 from enginefarm.domain import TaskState
-from enginefarm.samples import sample_spec, save_conv_net
-from storage import catalog
-from storage.blobs import engine_key, get_blob_store, model_key
-from storage.blobs.base import PartialUpload
-from storage.blobs.s3 import S3BlobStore
-from storage.db import session_scope
-from storage.gc import collect_garbage, referenced_keys
-from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.storage import catalog
+from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
+from enginefarm.storage.blobs.base import PartialUpload
+from enginefarm.storage.blobs.s3 import S3BlobStore
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.gc import collect_garbage, referenced_keys
+from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 from tests.helpers import unique_name
 
 TARGETS = ["onnxruntime/cpu-x86_64", "tensorrt-rtx/sm86"]
@@ -181,7 +181,7 @@ def test_cli_gc_dry_run_then_sweep(farm, dist_settings, catalogued, store):
     wait_until_no_blob_writes(dist_settings)
 
     def gc(*args: str) -> dict:
-        out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "gc", "--json", *args], env=farm.env,
+        out = subprocess.run([sys.executable, "-m", "enginefarm", "gc", "--json", *args], env=farm.env,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
@@ -200,7 +200,7 @@ def test_the_api_sweeps_periodically(farm, dist_settings, catalogued, store, tmp
     Background work runs in one API process of the farm at a time (storage.leader): the session's API holds it,
     so the test ends that API's hold (its lock's connection, as a crashed host would) and the sweeper, asking
     five times as often, takes the job over."""
-    from enginefarm.embedded import Farm
+    from enginefarm.server.embedded import Farm
 
     orphan, _ = put_orphan(store)
     wait_until_no_blob_writes(dist_settings)
@@ -221,7 +221,7 @@ def end_hold(settings, job: str) -> None:
     """Terminate the connection that holds ``job``'s advisory lock (storage.leader), if one does."""
     from sqlalchemy import text
 
-    from storage.db import advisory_key, get_engine
+    from enginefarm.storage.db import advisory_key, get_engine
 
     key = advisory_key("job", job) & 0xFFFFFFFFFFFFFFFF
     with get_engine(settings).connect() as conn:

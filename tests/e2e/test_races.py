@@ -29,14 +29,14 @@ import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.config import Settings
-from enginefarm.embedded import Farm, issue_token
-from enginefarm.samples import conv_net, sample_spec
-from storage.blobs import get_blob_store
-from storage.db import session_scope
-from storage.gc import collect_garbage
-from storage.tables import BuildTaskRow, EngineRow, ModelRow
+from enginefarm.server.embedded import Farm, issue_token
+from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.storage.blobs import get_blob_store
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.gc import collect_garbage
+from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow
 from tests.faults import slow
 
 # Its own Redis database: the session's workers must never take this farm's tasks.

@@ -13,13 +13,13 @@ from dataclasses import asdict, replace
 import httpx
 import pytest
 
-from enginefarm.cache import EngineCache
+from enginefarm.client.cache import EngineCache
 from enginefarm.client import ApiError, Client, resolve_offline
 from enginefarm.domain import Machine
 from enginefarm.errors import NoCompatibleEngine
-from enginefarm.samples import sample_spec, save_conv_net
-from storage.db import session_scope
-from storage.tables import BenchmarkRow, EngineRow
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import BenchmarkRow, EngineRow
 from tests.helpers import run_cli, unique_name
 
 TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "onnxruntime/cpu-x86_64"]

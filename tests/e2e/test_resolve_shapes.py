@@ -16,8 +16,8 @@ import pytest
 
 from enginefarm.client import ApiError, Client
 from enginefarm.domain import Machine
-from enginefarm.samples import sample_spec, save_conv_net
-from enginefarm.triton import PLAN_PREFERENCE, triton_machine
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.client.triton import PLAN_PREFERENCE, triton_machine
 from tests.helpers import run_cli, unique_name
 
 SM86 = "tensorrt-rtx/sm86"

@@ -16,13 +16,13 @@ import pytest
 
 from enginefarm.client import Client
 from enginefarm.config import Settings
-from enginefarm.embedded import free_port, issue_token
-from enginefarm.samples import sample_spec, save_conv_net
+from enginefarm.server.embedded import free_port, issue_token
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.workerid import worker_name
 from tests.e2e.test_faults import NO_CHECKS, PORTABLE, wait_task
 from tests.faults import audit, slow
 from tests.helpers import unique_name
-from worker.probe import normalize_platform
+from enginefarm.probe import normalize_platform
 
 ORT_TARGET = f"onnxruntime/cpu-{normalize_platform(platform.machine())}"
 
@@ -105,7 +105,7 @@ class Up:
         self.token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "lifecycle", ["admin"])
         self.log = data_dir / "up.log"
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "up", "--port", str(self.port)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "enginefarm", "up", "--port", str(self.port)],
                                          env=embedded_env(data_dir), stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}"
@@ -270,7 +270,7 @@ def test_demo_leaves_no_process_behind(tmp_path, sig):
     """`enginefarm demo` stopped while its farm runs leaves nothing running either."""
     log = tmp_path / "demo.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "enginefarm.cli", "demo", "--data-dir", str(tmp_path / "data")],
+        proc = subprocess.Popen([sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path / "data")],
                                 env={k: v for k, v in embedded_env(tmp_path / "data").items()
                                      if k not in ("ENGINEFARM_WORKER_TARGETS", "ENGINEFARM_WORKER_BENCH_TARGETS")},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -297,7 +297,7 @@ def test_a_child_started_from_a_short_lived_thread_outlives_the_thread():
     (as the race test does) must live on after that thread ends, and still die with the process."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from enginefarm import lifeline
+    from enginefarm.server import lifeline
 
     def start() -> subprocess.Popen:
         proc = lifeline.spawn(["sleep", "60"])

@@ -25,13 +25,13 @@ import numpy as np
 from enginefarm.domain import BuildSpec, ModelInfo, Precision, Target
 from enginefarm.validation import validate_spec
 from enginefarm.errors import EnginefarmError
-from enginefarm.inputs import load_samples
-from enginefarm.modelfile import inspect_upload
+from enginefarm.graph.inputs import load_samples
+from enginefarm.graph.modelfile import inspect_upload
 from tests.realmodels import MODELS, RealModel, path, samples
-from worker.backends.base import BuildLog
-from worker.cleanup import prepared_model
-from worker.evaluate import evaluate
-from worker.pipeline import engine_from_model
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.cleanup import prepared_model
+from enginefarm.worker.evaluate import evaluate
+from enginefarm.worker.pipeline import engine_from_model
 
 TARGETS = ("tensorrt-rtx/sm75", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64")
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -90,7 +90,7 @@ def prepare(name: str, work: Path) -> Prepared:
 
 def _quantized(prep: Prepared, work: Path) -> None:
     """The int8 stage once per model, as worker/quantize_stage.py runs it."""
-    from worker.quantize import quantize_qdq
+    from enginefarm.worker.quantize import quantize_qdq
 
     if prep.int8_path or prep.int8_error:
         return

@@ -6,9 +6,9 @@ from typing import Iterator
 
 import pytest
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.config import Settings
-from storage.db import migrate
+from enginefarm.storage.db import migrate
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

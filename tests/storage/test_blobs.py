@@ -13,14 +13,14 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.config import Settings
 from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
-from storage.blobs import engine_key, get_blob_store, model_key
-from storage.blobs import s3 as s3_module
-from storage.blobs.base import sha256_file
-from storage.blobs.local import LocalBlobStore
-from storage.blobs.s3 import S3BlobStore
+from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
+from enginefarm.storage.blobs import s3 as s3_module
+from enginefarm.hashing import sha256_file
+from enginefarm.storage.blobs.local import LocalBlobStore
+from enginefarm.storage.blobs.s3 import S3BlobStore
 
 
 def s3_settings(endpoint: str, bucket: str | None = None) -> Settings:

@@ -18,9 +18,9 @@ import pytest
 
 from enginefarm import worklock
 from enginefarm.config import Settings
-from enginefarm.embedded import Farm, embedded_env, issue_token
-from storage.db import migrate
-from storage.gc import collect_garbage
+from enginefarm.server.embedded import Farm, embedded_env, issue_token
+from enginefarm.storage.db import migrate
+from enginefarm.storage.gc import collect_garbage
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE = 3600.0
@@ -62,7 +62,7 @@ def holder(settings: Settings, code: str) -> subprocess.Popen:
         import sys, time
         from pathlib import Path
         from enginefarm.config import Settings
-        from worker.pipeline import Scratch
+        from enginefarm.worklock import Scratch
         from enginefarm import worklock
         s = Settings(data_dir={str(settings.data_dir)!r})
     """) + textwrap.dedent(code) + "\nprint(path, flush=True)\ntime.sleep(600)\n"
@@ -166,13 +166,13 @@ def test_gc_command_removes_the_spool_of_an_upload_an_api_crash_cut_off(tmp_path
     left = list(folder.glob("upload-*"))
     assert len(left) == 1, left
     age(left[0], 2 * settings.upload_idle_timeout_s)
-    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "gc", "--json"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "gc", "--json"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={**os.environ, **env})
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["stale_uploads"] == [str(left[0].relative_to(settings.work_dir))], report
     assert report["stale_bytes"] == 5000
     assert not left[0].exists()
-    out = subprocess.run([sys.executable, "-m", "enginefarm.cli", "gc"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "gc"], cwd=ROOT, capture_output=True, text=True,
                          timeout=120, env={**os.environ, **env})
     assert "deleted 0 upload spool file(s)" in " ".join(out.stdout.split()), out.stdout

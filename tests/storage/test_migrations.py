@@ -9,10 +9,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from enginefarm import devservices
+from enginefarm.server import devservices
 from enginefarm.config import Settings
-from storage.db import alembic_config, migrate
-from storage.tables import Base
+from enginefarm.storage.db import alembic_config, migrate
+from enginefarm.storage.tables import Base
 
 
 def _diff(url: str) -> list:
@@ -65,7 +65,7 @@ def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_pa
 
 def test_build_token_migration_keeps_builds_and_forgets_deleted_tokens(database_url, tmp_path):
     """Builds made before builds recorded their token have none; a deleted token leaves its builds, unowned."""
-    from storage.db import make_engine
+    from enginefarm.storage.db import make_engine
 
     cfg = alembic_config(database_url)
     command.upgrade(cfg, "0005")

@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.domain import TensorInfo
 from enginefarm.errors import ModelRejected, PayloadTooLarge
-from enginefarm.modelfile import (
+from enginefarm.graph.modelfile import (
     MAX_TENSOR_NAME_BYTES,
     BundleLimits,
     _check_external_data,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
-from storage import catalog
-from storage.db import migrate, session_scope
-from storage.tables import WorkerRow
+from enginefarm.storage import catalog
+from enginefarm.storage.db import migrate, session_scope
+from enginefarm.storage.tables import WorkerRow
 
 
 def test_workers_silent_past_the_limit_are_forgotten_and_live_ones_kept(tmp_path):

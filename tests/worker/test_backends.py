@@ -19,9 +19,9 @@ from onnx import TensorProto, helper
 
 from enginefarm.domain import Backend, BuildSpec, Target
 from enginefarm.errors import BackendMissing, BuildFailed, TargetUnavailable
-from enginefarm.samples import conv_net, sample_spec, save_conv_net
-from worker.backends import BuildLog, get_backend
-from worker.pipeline import engine_from_model
+from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
+from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.worker.pipeline import engine_from_model
 
 
 def T(text: str) -> Target:

@@ -11,9 +11,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.domain import BuildSpec, Target
 from enginefarm.errors import BuildFailed
-from worker.backends.base import BuildLog
-from worker.diagnose import explain, first_sentence
-from worker.pipeline import engine_from_model
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.diagnose import explain, first_sentence
+from enginefarm.worker.pipeline import engine_from_model
 
 # The TensorRT-RTX 1.7.1 builder's text for an all-fp16 YOLOv8 (its last sentence arrives cut: "It is no)").
 YOLO_FP16 = (

@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from api.schemas import build_summary
+from enginefarm.api.schemas import build_summary
 from enginefarm.domain import BuildSpec, Target
-from enginefarm.modelfile import inspect_upload
-from enginefarm.samples import sample_spec, save_conv_net
-from worker import evaluate as stage
-from worker.backends.base import BuildLog
-from worker.pipeline import engine_from_model
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.worker import evaluate as stage
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.pipeline import engine_from_model
 
 CPU = "onnxruntime/cpu-x86_64"
 

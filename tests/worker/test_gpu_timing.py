@@ -15,7 +15,7 @@ from cuda.bindings import nvrtc
 
 from enginefarm import stats
 from enginefarm.errors import BackendMissing, BuildFailed
-from worker import gpu_timing as G
+from enginefarm.worker import gpu_timing as G
 
 NO_DRIVER = "no CUDA driver on this worker: "
 

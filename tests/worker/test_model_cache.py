@@ -7,9 +7,9 @@ import hashlib
 import onnx
 
 from enginefarm.config import Settings
-from enginefarm.samples import conv_net
-from storage.blobs import get_blob_store, model_key
-from worker.pipeline import model_file_from_store
+from enginefarm.graph.samples import conv_net
+from enginefarm.storage.blobs import get_blob_store, model_key
+from enginefarm.worker.pipeline import model_file_from_store
 
 
 def test_a_pointer_file_cut_short_by_a_kill_is_not_read_as_the_current_directory(tmp_path):

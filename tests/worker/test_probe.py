@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from enginefarm.domain import Backend, Target
-from worker import probe as P
-from worker.probe import GpuInfo, JetsonInfo, MachineProbe
+from enginefarm import probe as P
+from enginefarm.probe import GpuInfo, JetsonInfo, MachineProbe
 
 DATA = Path(__file__).parent / "data"
 JETSON_ROOT = DATA / "jetson_orin"

@@ -12,14 +12,14 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from enginefarm.errors import BuildFailed, SpecInvalid
-from enginefarm.modelfile import inspect_upload
-from enginefarm.samples import conv_net, save_conv_net
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import conv_net, save_conv_net
 from tests.helpers import rtx_build
-from worker import quantize as Q
-from worker.quantize import QuantizeReport, quantize_qdq
-from worker.quantize import calibrate as QC
-from worker.quantize import preprocess as QP
-from worker.quantize.qdq import check_for_tensorrt
+from enginefarm.worker import quantize as Q
+from enginefarm.worker.quantize import QuantizeReport, quantize_qdq
+from enginefarm.worker.quantize import calibrate as QC
+from enginefarm.worker.quantize import preprocess as QP
+from enginefarm.worker.quantize.qdq import check_for_tensorrt
 
 CALIBRATION = 16
 HELD_OUT = 64
@@ -294,8 +294,8 @@ def test_model_already_quantized(quantized, tmp_path: Path) -> None:
 def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, monkeypatch):
     """On x86 without VNNI, ONNX Runtime's fused int8 kernels saturate; the CPU engine and its runner keep the
     basic optimization level for Q/DQ models there, and the int8 engine stays close to FP32."""
-    from worker.backends import onnxruntime as backend
-    from worker.evaluate import OrtRunner
+    from enginefarm.worker.backends import onnxruntime as backend
+    from enginefarm.worker.evaluate import OrtRunner
 
     fp32_path = save_conv_net(tmp_path / "m.onnx", seed=42)
     x = _images(16, seed=42)
@@ -591,7 +591,7 @@ def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_cwd(tmp_path:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    caplog.set_level("INFO", logger="worker.quantize.preprocess")
+    caplog.set_level("INFO", logger="enginefarm.worker.quantize.preprocess")
     rng = np.random.default_rng(1)
     samples = {name: rng.standard_normal((8, 32)).astype(np.float32) for name in ("x", "y")}
     report = quantize_qdq(path, samples, tmp_path / "q.onnx")

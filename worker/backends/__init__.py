@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
+import importlib
+
 from enginefarm.domain import Backend
-from worker.backends.base import BuildBackend, BuildLog
+from enginefarm.worker.backends.base import BuildBackend, BuildLog
 
 
 def get_backend(backend: Backend) -> BuildBackend:
     from enginefarm.config import get_settings
 
     impl = _backend(backend)
-    if get_settings().test_backends:  # the test suite's slow build (tests/slow_backend.py); never set in service
-        from tests.slow_backend import SlowBackend
-
-        impl = SlowBackend(impl)
+    if wrapper := get_settings().backend_wrapper:  # ENGINEFARM_BACKEND_WRAPPER="module:Class"
+        module, _, name = wrapper.partition(":")
+        impl = getattr(importlib.import_module(module), name)(impl)
     return impl
 
 
 def _backend(backend: Backend) -> BuildBackend:
     if backend is Backend.TENSORRT:
-        from worker.backends.tensorrt import TensorRTBackend
+        from enginefarm.worker.backends.tensorrt import TensorRTBackend
 
         return TensorRTBackend()
     if backend is Backend.TENSORRT_RTX:
-        from worker.backends.tensorrt_rtx import TensorRTRTXBackend
+        from enginefarm.worker.backends.tensorrt_rtx import TensorRTRTXBackend
 
         return TensorRTRTXBackend()
-    from worker.backends.onnxruntime import OnnxRuntimeBackend
+    from enginefarm.worker.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend()
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Target
-from worker.probe import MachineProbe, normalize_platform
+from enginefarm.probe import MachineProbe, normalize_platform
 
 
 @dataclass

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Precision, Target
 from enginefarm.errors import BuildFailed, TargetUnavailable
-from worker.backends.base import BuildBackend, BuildLog
-from worker.backends.trt_common import fp16_graph, load_module
-from worker.probe import MachineProbe
+from enginefarm.worker.backends.base import BuildBackend, BuildLog
+from enginefarm.worker.backends.trt_common import fp16_graph, load_module
+from enginefarm.probe import MachineProbe
 
 
 @lru_cache

@@ -17,9 +17,9 @@ from filelock import FileLock
 from enginefarm.config import get_settings
 from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Target
 from enginefarm.errors import TargetUnavailable
-from worker.backends.base import BuildLog
-from worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from worker.probe import MachineProbe
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
+from enginefarm.probe import MachineProbe
 
 
 def _gpu_for(target: Target, machine: MachineProbe | None):

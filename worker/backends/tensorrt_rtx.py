@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from enginefarm.domain import RTX_PORTABLE_CCS, Backend, BuildSpec, EngineDescriptor, Target
-from worker.backends.base import BuildLog
-from worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from worker.probe import MachineProbe
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
+from enginefarm.probe import MachineProbe
 
 
 class TensorRTRTXBackend(TrtFamilyBackend):

@@ -17,9 +17,9 @@ import onnx
 
 from enginefarm.domain import ANONYMOUS_DIMS, BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
 from enginefarm.errors import BackendMissing, BuildFailed, SpecInvalid
-from worker.backends.base import BuildBackend, BuildLog
-from worker.onnxgraph import INLINE_LIMIT, save_model
-from worker.probe import MachineProbe
+from enginefarm.worker.backends.base import BuildBackend, BuildLog
+from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
+from enginefarm.probe import MachineProbe
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
 PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
@@ -59,7 +59,7 @@ def make_logger(trt: ModuleType, log: BuildLog):
 
 def fp16_graph(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
     """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/fp16/ says what stays fp32)."""
-    from worker.fp16 import fp16_model
+    from enginefarm.worker.fp16 import fp16_model
 
     out = out_dir / "model.fp16.onnx"
     try:

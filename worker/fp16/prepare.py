@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from worker.fp16.keep_fp32 import float_only_inputs
-from worker.fp16.weights import FLOAT
-from worker.onnxgraph import (
+from enginefarm.worker.fp16.keep_fp32 import float_only_inputs
+from enginefarm.worker.fp16.weights import FLOAT
+from enginefarm.worker.onnxgraph import (
     CONTROL_FLOW_OPS,
     all_graphs,
     consumers,

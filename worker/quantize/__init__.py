@@ -44,15 +44,15 @@ import onnx
 import onnxruntime as ort
 
 from enginefarm.errors import BuildFailed, SpecInvalid
-from enginefarm.graphfacts import QDQ_OPS
-from worker.onnxgraph import INLINE_LIMIT, default_opset, save_model
-from worker.quantize.calibrate import METHODS, calibrated_amax, check_options
-from worker.quantize.files import load_graph, remove_model_files, stored_bytes, tensor_bytes, verify
-from worker.quantize.opset import raise_opset
-from worker.quantize.placement import constants_to_initializers, nothing_to_quantize, plan_qdq, prune
-from worker.quantize.preprocess import preprocessed_model, stage_raw
-from worker.quantize.qdq import check_for_tensorrt, insert_qdq
-from worker.quantize.samples import model_inputs, validate
+from enginefarm.graph.graphfacts import QDQ_OPS
+from enginefarm.worker.onnxgraph import INLINE_LIMIT, default_opset, save_model
+from enginefarm.worker.quantize.calibrate import METHODS, calibrated_amax, check_options
+from enginefarm.worker.quantize.files import load_graph, remove_model_files, stored_bytes, tensor_bytes, verify
+from enginefarm.worker.quantize.opset import raise_opset
+from enginefarm.worker.quantize.placement import constants_to_initializers, nothing_to_quantize, plan_qdq, prune
+from enginefarm.worker.quantize.preprocess import preprocessed_model, stage_raw
+from enginefarm.worker.quantize.qdq import check_for_tensorrt, insert_qdq
+from enginefarm.worker.quantize.samples import model_inputs, validate
 
 __all__ = ["METHODS", "QuantizeReport", "quantize_qdq"]
 

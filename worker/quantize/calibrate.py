@@ -16,7 +16,7 @@ from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
 from onnxruntime.quantization.calibrate import EntropyCalibrater, MinMaxCalibrater, PercentileCalibrater
 
 from enginefarm.errors import SpecInvalid
-from worker.quantize.samples import SampleReader, problem
+from enginefarm.worker.quantize.samples import SampleReader, problem
 
 log = logging.getLogger(__name__)
 

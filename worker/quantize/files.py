@@ -11,8 +11,8 @@ from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
 from enginefarm.errors import BuildFailed
-from enginefarm.graphfacts import QDQ_OPS
-from worker.onnxgraph import all_nodes
+from enginefarm.graph.graphfacts import QDQ_OPS
+from enginefarm.worker.onnxgraph import all_nodes
 
 
 def load_graph(model_path: Path) -> ModelProto:

@@ -13,7 +13,7 @@ import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from enginefarm.errors import BuildFailed
-from worker.onnxgraph import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, all_nodes, constant_value
+from enginefarm.worker.onnxgraph import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, all_nodes, constant_value
 
 # The weighted operations TensorRT runs in int8 when their inputs come through Q/DQ.
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")

@@ -10,9 +10,9 @@ import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from enginefarm.errors import BuildFailed
-from enginefarm.graphfacts import QDQ_OPS
-from worker.onnxgraph import all_nodes, consumers
-from worker.quantize.placement import QUANTIZED_OPS, WEIGHTED_OPS, Plan
+from enginefarm.graph.graphfacts import QDQ_OPS
+from enginefarm.worker.onnxgraph import all_nodes, consumers
+from enginefarm.worker.quantize.placement import QUANTIZED_OPS, WEIGHTED_OPS, Plan
 
 # Symmetric int8: amax maps to 127, zero point 0 (TensorRT's scheme).
 _QMAX = 127

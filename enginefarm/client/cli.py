@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -16,11 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from enginefarm.ci import ci_command
-from enginefarm.config import get_settings
+from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
 from enginefarm.compat import ACCEPT
-from enginefarm.domain import Precision, parse_val_ranges, shape_request, spec_shapes_from_trtexec
-from enginefarm.report import profiles_label
+from enginefarm.domain import Precision, parse_val_ranges, shape_request
+from enginefarm.client.report import profiles_label
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -28,9 +25,6 @@ ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
 app.add_typer(ls_app, name="ls")
 export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
-token_app = typer.Typer(help="API tokens (works on the catalog database directly: run it where the farm's settings are).",
-                        no_args_is_help=True)
-app.add_typer(token_app, name="token")
 # Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -49,10 +43,10 @@ def _farm(api: str | None):
         with _client(api) as c:
             yield c
     except Exception as exc:  # noqa: BLE001 - every failure is printed, then the command exits 1
-        _fail(exc)
+        fail(exc)
 
 
-def _fail(exc: Exception) -> None:
+def fail(exc: Exception) -> None:
     import httpx
 
     if isinstance(exc, httpx.TransportError):
@@ -69,257 +63,32 @@ def _fail(exc: Exception) -> None:
         err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")
     raise typer.Exit(1)
 
-
 API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
 QUEUE_OPT = typer.Option(False, "--queue-without-worker",
                          help="queue targets no live worker serves now, to wait for one (default: refused)")
 
 
+def _version(show: bool) -> None:
+    if show:
+        from enginefarm import __version__
+
+        print(f"enginefarm {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _global(token: Optional[str] = typer.Option(None, "--token", envvar="ENGINEFARM_TOKEN", show_envvar=True,
-                                                help="API token for the farm's REST API")) -> None:
+                                                help="API token for the farm's REST API"),
+            version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                         help="print the version and exit")) -> None:
     if token:  # the client reads it from the environment
         os.environ["ENGINEFARM_TOKEN"] = token
 
 
-# ------------------------------------------------------------------------------ tokens
-
-
-@token_app.command("create")
-def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
-                 name: str = typer.Option(..., help="who or what uses it"),
-                 expires_days: Optional[float] = typer.Option(None, help="valid for this many days (default: until revoked)"),
-                 project: Optional[str] = typer.Option(None, help="limit it to one project's models (default: the "
-                                                                  "whole farm)")) -> None:
-    """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
-    from enginefarm.embedded import prepare
-    from enginefarm.errors import EnginefarmError
-    from storage.db import session_scope
-    from storage.tokens import create_token, lifetime
-
-    settings = get_settings()
-    prepare(settings)
-    try:
-        expires = lifetime(expires_days)
-        with session_scope(settings) as session:
-            row, token = create_token(session, name, scope, expires, project)
-    except EnginefarmError as exc:
-        _fail(exc)
-    where = f" in project {row.project}" if row.project else ""
-    err.print(f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}{where}; keep it now, it cannot be shown "
-              f"again:")
-    print(token)
-
-
-@token_app.command("list")
-def token_list() -> None:
-    """Tokens with their scopes and state (never the tokens themselves)."""
-    from storage.db import session_scope
-    from storage.tokens import list_tokens, token_state
-
-    table = Table(title="API tokens")
-    for col in ("id", "name", "starts with", "scopes", "project", "state", "created", "last used"):
-        table.add_column(col)
-    with session_scope(get_settings()) as session:
-        for r in list_tokens(session):
-            table.add_row(str(r.id), r.name, r.prefix + "…", ", ".join(r.scopes), r.project or "(all)", token_state(r),
-                          f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-")
-    console.print(table)
-
-
-@token_app.command("revoke")
-def token_revoke(token_id: int) -> None:
-    """Revoke a token: requests with it get 401 from now on."""
-    from enginefarm.errors import EnginefarmError
-    from storage.db import session_scope
-    from storage.tokens import revoke_token
-
-    try:
-        with session_scope(get_settings()) as session:
-            row = revoke_token(session, token_id)
-    except EnginefarmError as exc:
-        _fail(exc)
-    console.print(f"token {row.id} '{row.name}' is revoked")
-
-
-# ------------------------------------------------------------------------------ services
-
-
 @app.command()
-def api(host: str = "127.0.0.1", port: int = 8321, workers: int = typer.Option(1, help="uvicorn worker processes")) -> None:
-    """Run the REST API (OpenAPI at /docs)."""
-    import uvicorn
-
-    from enginefarm.config import KEEP_ALIVE_SECONDS
-
-    uvicorn.run("api.main:app", host=host, port=port, workers=workers, log_level="info",
-                timeout_keep_alive=KEEP_ALIVE_SECONDS)
-
-
-@app.command()
-def worker(
-    probe: bool = typer.Option(False, "--probe", help="print what this machine can build, then exit"),
-    targets: Optional[str] = typer.Option(None, help="comma-separated targets to serve instead of the probed ones"),
-    bench_targets: Optional[str] = typer.Option(
-        None, "--bench-targets", help="comma-separated targets whose engines to benchmark instead of the probed ones "
-                                      "(engines this machine's GPU or CPU runs), or 'none'"),
-    name: Optional[str] = typer.Option(None, help="worker name (default: the hostname)"),
-    concurrency: int = typer.Option(None, help="parallel builds (default ENGINEFARM_WORKER_CONCURRENCY or 1)"),
-    pool: str = typer.Option("prefork", help="Celery pool: prefork isolates builds in child processes"),
-    loglevel: str = "info",
-) -> None:
-    """Probe this machine, then consume the build queues of exactly the targets it can build and the
-    benchmark queues of exactly the targets whose engines it can run."""
-    from worker.probe import benchmark_targets, buildable_targets, probe_machine, probe_report
-
-    settings = get_settings()
-    machine = probe_machine()
-    if probe:
-        console.print_json(json.dumps(machine.to_dict()))
-        for line in probe_report(machine):
-            console.print(line, highlight=False)
-        return
-    from enginefarm.domain import Target
-    from enginefarm.workerid import check_worker_name
-
-    def parse(text: str) -> list[Target]:
-        return [] if text.strip() == "none" else [Target.parse(t) for t in text.split(",") if t.strip()]
-
-    chosen_text = targets or settings.worker_targets
-    bench_text = bench_targets or settings.worker_bench_targets
-    try:
-        chosen = parse(chosen_text) if chosen_text else buildable_targets(machine)
-        bench = parse(bench_text) if bench_text else benchmark_targets(machine)
-        name = check_worker_name(name or socket.gethostname())
-    except ValueError as exc:
-        _fail(exc)
-    if not chosen and not bench:
-        _fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
-    _run_worker(settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel)
-
-
-def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel) -> None:
-    from celery.signals import worker_ready, worker_shutdown
-
-    from enginefarm.embedded import prepare
-    from enginefarm.workerid import new_worker_id
-    from worker.heartbeat import Heartbeat
-
-    # New at every start: the tasks a crashed predecessor of the same name left running are requeued once its
-    # id falls silent, instead of being kept "running" by this process's heartbeats.
-    worker_id = new_worker_id(name)
-    os.environ["ENGINEFARM_WORKER_ID"] = worker_id  # pool children inherit it
-    for attempt in range(5):  # several processes may migrate a fresh catalog at once
-        try:
-            prepare(settings)
-            break
-        except Exception:
-            if attempt == 4:
-                raise
-            time.sleep(1 + attempt)
-    from worker.celery_app import app as celery_app
-
-    from enginefarm.domain import QUANTIZE_QUEUE, Backend
-
-    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench])
-    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
-    worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
-    queues = [t.queue for t in targets] + [t.bench_queue for t in bench]
-    if any(t.backend is Backend.ONNXRUNTIME for t in targets):  # ONNX Runtime CPU workers quantize
-        queues.append(QUANTIZE_QUEUE)
-    err.print(f"worker {worker_id} builds: {', '.join(str(t) for t in targets) or 'nothing'}; "
-              f"benchmarks: {', '.join(str(t) for t in bench) or 'nothing'}")
-    celery_app.worker_main([
-        "worker", "-Q", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
-        "--loglevel", loglevel, "-n", worker_id, "--without-gossip", "--without-mingle", "--without-heartbeat",
-    ])
-
-
-@app.command()
-def reconcile(loop: bool = typer.Option(False, "--loop", help="keep running every ENGINEFARM_RECONCILE_SECONDS")) -> None:
-    """Requeue tasks of workers that died and republish queued tasks whose broker message was lost (the API
-    also does this in the background)."""
-    from worker.reconcile import reconcile_once
-
-    settings = get_settings()
-    while True:
-        counts = reconcile_once(settings)
-        console.print(f"requeued {counts['requeued']} task(s) of dead workers, republished {counts['republished']} "
-                      f"lost message(s)")
-        if not loop:
-            return
-        time.sleep(settings.reconcile_seconds or 15)
-
-
-@app.command()
-def gc(grace_hours: Optional[float] = typer.Option(None, help="keep unreferenced blobs younger than this "
-                                                                 "(default ENGINEFARM_GC_GRACE_SECONDS, 24 h)"),
-       dry_run: bool = typer.Option(False, "--dry-run", help="report what would go, delete nothing"),
-       as_json: bool = typer.Option(False, "--json"),
-       allow_empty_catalog: bool = typer.Option(False, help="sweep even though no row references any blob")) -> None:
-    """Delete blobs that no catalog row references, once older than the grace period (the API's background
-    sweep does the same every ENGINEFARM_GC_INTERVAL_SECONDS). A referenced blob is never deleted."""
-    from storage.gc import collect_garbage
-
-    settings = get_settings()
-    grace = grace_hours * 3600 if grace_hours is not None else settings.gc_grace_seconds
-    try:
-        report = collect_garbage(settings, grace_seconds=grace, dry_run=dry_run, allow_empty_catalog=allow_empty_catalog)
-    except Exception as exc:  # GcRefused, or the store or catalog unreachable
-        _fail(exc)
-    if as_json:
-        print(json.dumps(report.to_dict(), default=str))
-    else:
-        console.print(report.summary(), highlight=False)
-    if report.errors:
-        raise typer.Exit(1)
-
-
-@app.command()
-def migrate() -> None:
-    """Create or upgrade the catalog's tables (the API also does this at start)."""
-    from enginefarm.embedded import prepare
-
-    prepare(get_settings())
-    console.print("catalog is at the newest revision")
-
-
-@app.command()
-def up(port: int = 8321, workers: int = typer.Option(1, help="worker processes")) -> None:
-    """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C. A worker or API process
-    that dies is started again; when this command ends, however it ends, they end with it."""
-    import logging
-
-    from enginefarm.embedded import Farm, issue_token, stop_on_sigterm
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    settings = get_settings()
-    token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
-    # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
-    farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)
-    try:
-        with stop_on_sigterm(), farm:
-            farm.start_api()
-            names = [f"embedded-{i}" for i in range(workers)]
-            for n in names:
-                farm.start_worker(n)
-            farm.wait_workers(names, restart=True)  # a worker that dies this early is started again too
-            console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
-                          f"Ctrl-C stops it.")
-            console.print(f"an admin API token made for you (export ENGINEFARM_TOKEN=…): {token}", highlight=False)
-            while True:
-                farm.supervise()
-                time.sleep(1)
-    except KeyboardInterrupt:
-        pass
-
-
-# ------------------------------------------------------------------------------ client commands
-
-
-@app.command()
-def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False), name: str = typer.Option(...),
-           version: Optional[str] = None,
+def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
+           name: str = typer.Option(..., help="the model's name in the catalog"),
+           version: Optional[str] = typer.Option(None, help="the version to upload as (default: the next integer)"),
            project: Optional[str] = typer.Option(None, help="the project it belongs to (a project's token puts it "
                                                             "in its own)"),
            samples: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
@@ -334,7 +103,7 @@ def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False), name: 
             if samples:
                 model = c.upload_samples(model["id"], samples)
     except Exception as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"{'uploaded' if created else 'already present'}: model {model['id']} "
                   f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}")
     if model.get("samples"):
@@ -345,15 +114,13 @@ def _bar() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err)
 
 
-@app.command()
+@app.command(context_settings=TRTEXEC_CONTEXT)
 def build(
-    model_id: int = typer.Argument(..., help="model id (see `enginefarm ls models`)"),
+    ctx: typer.Context,
+    model: str = typer.Argument(..., help="model id, name (its newest version) or name:version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
     precision: Optional[str] = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
-    shapes: Optional[str] = typer.Option(None, "--shapes", help="trtexec syntax: input:1x3x224x224"),
-    min_shapes: Optional[str] = typer.Option(None, "--minShapes"),
-    opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
-    max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
+    trtexec_args: Optional[str] = TRTEXEC_ARGS_OPT,
     spec_file: Optional[Path] = typer.Option(None, help="a JSON build spec; flags override its fields"),
     batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="benchmark at these batch sizes, e.g. 1,8,32"),
     bench_seconds: Optional[float] = typer.Option(None, "--bench-seconds", help="minimum measured time (default 3)"),
@@ -373,28 +140,28 @@ def build(
 ) -> None:
     """Build a model for one or more targets; each engine is then benchmarked and checked against ONNX Runtime."""
     try:
-        spec = json.loads(spec_file.read_text()) if spec_file else {}
-        spec.update(spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes))
-        if precision:
-            spec["precision"] = precision
+        spec = build_spec(spec_file, precision, trtexec_flags(ctx, trtexec_args))
         _bench_flags(spec, batch_sizes, bench_seconds, cuda_graph, no_bench)
         _precision_flags(spec, val_range, keep_fp32_ops, keep_fp32_layers, cleanup, calibration)
         with _client(api) as c:
-            result = c.build(model_id, target, spec, queue_without_worker=queue_without_worker or None)
+            result = c.build(model, target, spec, queue_without_worker=queue_without_worker or None)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
             if wait and sys.stderr.isatty():
                 result = _wait_with_progress(c, result, timeout)
             elif wait:  # a CI log: one timestamped line per change instead of a redrawn bar
-                from enginefarm.ci import wait_or_fail
+                from enginefarm.client.ci import wait_or_fail
 
                 result, _ = wait_or_fail(c, result, timeout)
     except Exception as exc:
-        _fail(exc)
+        fail(exc)
     _print_tasks(result)
     if result.get("summary"):
         console.print(result["summary"])
     if any(t["state"] != "succeeded" for t in result["tasks"]) and wait:
         raise typer.Exit(1)
+
+
+build.__doc__ += TRTEXEC_HELP
 
 
 def _precision_flags(spec: dict, val_range: list[str] | None, ops: str | None, layers: str | None,
@@ -419,7 +186,7 @@ def logs(build_id: int, target: Optional[str] = typer.Option(None, "--target", "
         with _client(api) as c:
             build = c.get(f"/v1/builds/{build_id}")
     except Exception as exc:
-        _fail(exc)
+        fail(exc)
     tasks = [t for t in build["tasks"] if target in (None, t["target"])]
     if not tasks:
         console.print(f"[red]build {build_id} has no task for {target}; its targets: {', '.join(build['targets'])}")
@@ -446,7 +213,7 @@ def _bench_flags(spec: dict, batch_sizes: str | None, seconds: float | None, cud
 
 @app.command()
 def sweep(
-    model_id: int = typer.Argument(..., help="model id (see `enginefarm ls models`)"),
+    model: str = typer.Argument(..., help="model id, name (its newest version) or name:version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
     axis: list[str] = typer.Option(..., "--axis", "-a", help="FIELD=V1,V2: precision=fp32,fp16 or optimization_level=3,5"),
     spec_file: Optional[Path] = typer.Option(None, help="the JSON base spec every variant starts from"),
@@ -466,7 +233,7 @@ def sweep(
             axes[field.strip()] = [json.loads(v) if v.strip().lstrip("-").isdigit() or v.strip() in ("true", "false")
                                    else v.strip() for v in values.split(",")]
         with _client(api) as c:
-            result = c.sweep(model_id, target, axes, base, queue_without_worker=queue_without_worker or None)
+            result = c.sweep(c.model_id(model), target, axes, base, queue_without_worker=queue_without_worker or None)
             console.print(f"sweep {result['id']}: {len(result['variants'])} variant(s) × {len(target)} target(s)")
             if wait:
                 for v in result["variants"]:
@@ -474,7 +241,7 @@ def sweep(
                 c.wait_checks(result["model_id"])
                 result = c.get(f"/v1/sweeps/{result['id']}")
     except Exception as exc:
-        _fail(exc)
+        fail(exc)
     table = Table(title=f"sweep {result['id']}")
     for col in ("variant", "target", "state", "p50 ms", "p99 ms", "accuracy", "best"):
         table.add_column(col)
@@ -498,11 +265,13 @@ def report(
 ) -> None:
     """Latency percentiles, throughput, accuracy and size for every target and shape, and the change since
     the previous version."""
-    from enginefarm.report import plot_report, regression_table, report_table
+    from enginefarm.client.report import plot_report, regression_table, report_table
 
+    if plot:
+        need("plot")
     try:
         with _client(api) as c:
-            model_id = int(model) if model.isdigit() else _pick_version(c.models(name=model, limit=500)["items"], model, version)
+            model_id = c.model_id(f"{model}:{version}" if version and not model.isdigit() else model)
             data = c.wait_checks(model_id) if wait else c.report(model_id)
         if as_json:
             console.print_json(json.dumps(data))
@@ -513,19 +282,7 @@ def report(
         if plot:
             console.print(f"plot: {plot_report(data, plot)}")
     except Exception as exc:
-        _fail(exc)
-
-
-def _pick_version(items: list[dict], name: str, version: str | None) -> int:
-    uploaded = [m for m in items if not m.get("source_model_id")]
-    if not uploaded:
-        raise LookupError(f"no model {name!r} in the catalog")
-    if version:
-        match = [m for m in uploaded if m["version"] == version]
-        if not match:
-            raise LookupError(f"no model {name!r} version {version!r}")
-        return match[0]["id"]
-    return max(uploaded, key=lambda m: m["id"])["id"]
+        fail(exc)
 
 
 def _wait_with_progress(c, build: dict, timeout: float) -> dict:
@@ -541,7 +298,7 @@ def _wait_with_progress(c, build: dict, timeout: float) -> dict:
 
 
 def _print_tasks(build: dict) -> None:
-    table = Table(title=f"build {build['id']}")
+    table = Table(title=f"build {build['id']} of model {build['model_id']}, {build['state']}, {build['created_at'][:19]}")
     for col in ("target", "precision", "state", "engine", "wait s", "run s", "note"):
         table.add_column(col)
     for t in build["tasks"]:
@@ -555,7 +312,6 @@ def _print_tasks(build: dict) -> None:
 def _secs(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}"
 
-
 FILTER_HELP = "keep only engines that passed their accuracy gate"
 
 
@@ -565,21 +321,23 @@ def fetch(
     version: Optional[str] = typer.Option(None, help='a model version, or "latest" (default: every version, ranked)'),
     cc: Optional[str] = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
     gpu: Optional[str] = typer.Option(None, help="GPU model name (default: this machine's)"),
-    memory_mib: Optional[int] = typer.Option(None, "--memory-mib"),
+    memory_mib: Optional[int] = typer.Option(None, "--memory-mib", help="GPU memory in MiB (default: this GPU's)"),
     trt: Optional[str] = typer.Option(None, help="TensorRT runtime version (default: the importable tensorrt)"),
     trt_rtx: Optional[str] = typer.Option(None, help="TensorRT-RTX runtime version (default: the importable tensorrt_rtx)"),
     lean: Optional[bool] = typer.Option(None, "--lean/--no-lean", help="--trt is the lean runtime's version"),
-    driver: Optional[str] = None, cuda: Optional[str] = None,
+    driver: Optional[str] = typer.Option(None, help="NVIDIA driver version (default: this machine's)"),
+    cuda: Optional[str] = typer.Option(None, help="CUDA version the runtime uses (default: this machine's)"),
     platform: Optional[str] = typer.Option(None, help="x86_64 or aarch64"),
-    jetpack: Optional[str] = None,
-    precision: Optional[str] = None, spec_hash: Optional[str] = typer.Option(None, "--spec-hash"),
+    jetpack: Optional[str] = typer.Option(None, help="JetPack release on a Jetson (default: read from the device)"),
+    precision: Optional[str] = typer.Option(None, help="only engines of this precision: fp32, fp16, bf16, int8, fp8"),
+    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines built with this spec"),
     accuracy: Optional[str] = typer.Option(None, help="'pass': " + FILTER_HELP),
     max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
     shapes: Optional[str] = typer.Option(None, "--shapes", help="the shapes you will run, trtexec syntax: "
                                          "images:1x3x640x640"),
     min_shapes: Optional[str] = typer.Option(None, "--minShapes", help="with --maxShapes: the range you will run"),
-    opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
-    max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
+    opt_shapes: Optional[str] = typer.Option(None, "--optShapes", help="the shapes you will run most"),
+    max_shapes: Optional[str] = typer.Option(None, "--maxShapes", help="with --minShapes: the range you will run"),
     precisions: Optional[str] = typer.Option(None, "--precisions", help="the precisions you accept, e.g. fp16,fp32 "
                                              "(default: any that passed its accuracy check, or fp16/fp32 unchecked)"),
     accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
@@ -599,9 +357,9 @@ def fetch(
     The farm judges every engine of MODEL against this machine's fingerprint and ranks the ones
     that run. A second fetch of the same engine copies it from the local cache.
     """
-    from enginefarm.cache import EngineCache
+    from enginefarm.client.cache import EngineCache
     from enginefarm.client import resolve_offline
-    from worker.probe import this_machine
+    from enginefarm.probe import this_machine
 
     try:
         wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)
@@ -611,7 +369,7 @@ def fetch(
             raise ValueError(f"unknown value(s) {unknown}: --precisions takes {', '.join(p.value for p in Precision)}; "
                              f"--accept takes {' or '.join(ACCEPT)}")
     except ValueError as exc:
-        _fail(exc)
+        fail(exc)
     machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
                            trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
                            platform=platform, jetpack=jetpack, shapes=wanted_shapes or None,
@@ -620,9 +378,9 @@ def fetch(
                    max_latency_ms=max_latency_ms, accept=accept or None)
     cache = None if no_cache else EngineCache(cache_dir)
     if (wait and not build) or (offline and (build or no_cache)):
-        _fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
+        fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
     if not output and not explain:
-        _fail(ValueError("give --output (or --explain alone to see the choice)"))
+        fail(ValueError("give --output (or --explain alone to see the choice)"))
     try:
         if offline:
             answer = resolve_offline(cache, model, machine, **filters)
@@ -640,7 +398,7 @@ def fetch(
                               explain=explain, on_bytes=lambda n: bar.advance(progress, n),
                               on_build=lambda b: bar.update(progress, description=_build_line(b)), **filters)
     except Exception as exc:
-        _fail(exc)
+        fail(exc)
     if got.path is None:
         b = got.build
         console.print(f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
@@ -697,14 +455,15 @@ def export_triton(
     triton_version: int = typer.Option(1, "--triton-version", help="the Triton version directory to write"),
     name: Optional[str] = typer.Option(None, help="Triton model name (default: the catalog name, made safe)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace existing model directories"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR",
+                                             help="local engine cache (default ~/.cache/enginefarm)"),
     api: Optional[str] = API_OPT,
 ) -> None:
     """Write a Triton repository: one plan per compute capability (cc_model_filenames) and the ONNX CPU fallback.
 
     Each plan is the engine `enginefarm fetch --cc CC` picks with the same filters, full TensorRT first."""
-    from enginefarm.cache import EngineCache
-    from enginefarm.triton import export_from_farm
+    from enginefarm.client.cache import EngineCache
+    from enginefarm.client.triton import export_from_farm
 
     try:
         with _client(api) as c:
@@ -712,7 +471,7 @@ def export_triton(
                                     backend=backend, precision=precision, accept=accept,
                                     triton_version=triton_version, name=name, overwrite=overwrite)
     except Exception as exc:
-        _fail(exc)
+        fail(exc)
     console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")
     for f in repo.files:
         console.print(f"  {f.relative_to(repo.root)}", highlight=False)
@@ -721,7 +480,9 @@ def export_triton(
 
 
 @ls_app.command("models")
-def ls_models(name: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
+def ls_models(name: Optional[str] = typer.Option(None, help="only the versions of this model"),
+              api: Optional[str] = API_OPT) -> None:
+    """Models and their versions, with their inputs."""
     with _farm(api) as c:
         page = c.models(name=name, limit=500)
     table = Table(title=f"models ({page['total']})")
@@ -746,22 +507,34 @@ def engines_table(items: list[dict], title: str) -> Table:
 
 
 @ls_app.command("engines")
-def ls_engines(model: Optional[str] = None, target: Optional[str] = None, cc: Optional[str] = None,
-               precision: Optional[str] = None, api: Optional[str] = API_OPT) -> None:
+def ls_engines(model: Optional[str] = typer.Option(None, help="only this model's engines (its name)"),
+               target: Optional[str] = typer.Option(None, help="only this target, e.g. tensorrt-rtx/sm86"),
+               cc: Optional[str] = typer.Option(None, help="only engines that run on this compute capability"),
+               precision: Optional[str] = typer.Option(None, help="only this precision"),
+               api: Optional[str] = API_OPT) -> None:
+    """Engines in the catalog, with what they were built for."""
     with _farm(api) as c:
         page = c.engines(model=model, target=target, cc=cc, precision=precision, limit=500)
     console.print(engines_table(page["items"], f"engines ({page['total']})"))
 
 
 @ls_app.command("builds")
-def ls_builds(api: Optional[str] = API_OPT) -> None:
+def ls_builds(model: Optional[str] = typer.Option(None, "--model", help="only this model's builds: id, name (its "
+                                                                         "newest version) or name:version"),
+              limit: int = typer.Option(20, "--limit", min=1, max=500, help="at most this many, newest first"),
+              api: Optional[str] = API_OPT) -> None:
+    """Builds, newest first, each with its targets' states."""
     with _farm(api) as c:
-        for b in c.builds():
+        builds = c.builds(model_id=c.model_id(model) if model else None, limit=limit)
+        for b in builds:
             _print_tasks(b)
+        if not builds:
+            console.print("no builds" + (f" of {model}" if model else ""))
 
 
 @ls_app.command("workers")
 def ls_workers(api: Optional[str] = API_OPT) -> None:
+    """Live workers and the targets each builds."""
     with _farm(api) as c:
         live = c.workers()
     table = Table(title=f"live workers ({len(live)})")
@@ -772,21 +545,37 @@ def ls_workers(api: Optional[str] = API_OPT) -> None:
     console.print(table)
 
 
-@app.command()
-def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)")) -> None:
-    """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine."""
-    from enginefarm.demo import run_demo
-    from enginefarm.embedded import stop_on_sigterm
+app.command("ci", context_settings=TRTEXEC_CONTEXT)(ci_command)
 
-    with stop_on_sigterm():
-        code = run_demo(data_dir, console)
-    sys.exit(code)
+# Where a command's extra is missing, the pip line that adds it.
+EXTRA_MODULES = {"server": ("fastapi", "sqlalchemy", "alembic", "boto3", "uvicorn"),
+                 "worker": ("celery", "onnx", "onnxruntime", "numpy"), "rtx": ("tensorrt_rtx",), "plot": ("matplotlib",)}
 
 
-app.command("ci")(ci_command)
+def missing_extras(*extras: str) -> list[str]:
+    """Those of ``extras`` whose packages are not all installed here."""
+    from importlib.util import find_spec
+
+    return [extra for extra in extras if any(find_spec(module) is None for module in EXTRA_MODULES[extra])]
+
+
+def need(*extras: str) -> None:
+    """End the command with the pip line to run when any of ``extras`` is not installed."""
+    if missing := missing_extras(*extras):
+        from rich.markup import escape
+
+        names = ", ".join(repr(m) for m in missing)
+        err.print(escape(f"error: this command needs the {names} extra{'s' if len(missing) > 1 else ''}: "
+                         f"pip install 'enginefarm[{','.join(missing)}]'"))
+        raise typer.Exit(2)
 
 
 def main() -> None:
+    """``enginefarm``: the client commands, and the farm's own (``enginefarm.commands`` entry points)."""
+    from importlib.metadata import entry_points
+
+    for plugin in entry_points(group="enginefarm.commands"):
+        plugin.load()(app)
     app()
 
 

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import boto3
 
-from enginefarm.embedded import Farm
+from enginefarm.server.embedded import Farm
 
 S3_KEY, S3_SECRET = "enginefarm-local", "enginefarm-local-secret"
 PG_ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
@@ -87,7 +87,7 @@ def scratch_postgres(prefix: str = "enginefarm_scratch") -> Iterator[str]:
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
     finally:
-        from storage.db import _engine_for
+        from enginefarm.storage.db import _engine_for
 
         _engine_for.cache_clear()
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from enginefarm import lifeline
+from enginefarm.server import lifeline
 from enginefarm.config import KEEP_ALIVE_SECONDS
 from enginefarm.workerid import worker_name
-from storage.db import migrate
+from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)
 # A child that dies sooner than this after its start is failing, not unlucky: its next start waits twice as
@@ -114,7 +114,7 @@ class Farm:
 
     def start_api(self, timeout: float = 60.0, workers: int = 1, extra_env: dict[str, str] | None = None) -> None:
         """``workers``: uvicorn worker processes (more than one spreads requests over CPU cores)."""
-        self.api = self._spawn("api", [sys.executable, "-m", "uvicorn", "api.main:app", "--host", self.host,
+        self.api = self._spawn("api", [sys.executable, "-m", "uvicorn", "enginefarm.api.main:app", "--host", self.host,
                                        "--port", str(self.port), "--log-level", "warning",
                                        "--timeout-keep-alive", str(KEEP_ALIVE_SECONDS), "--workers", str(workers)],
                                extra_env)
@@ -123,7 +123,7 @@ class Farm:
     def start_worker(self, name: str, targets: list[str] | None = None, concurrency: int = 1, pool: str = "prefork",
                      extra_env: dict[str, str] | None = None, bench_targets: list[str] | None = None) -> subprocess.Popen:
         """``targets``/``bench_targets``: what it builds and benchmarks (None: what the probe finds, []: nothing)."""
-        args = [sys.executable, "-m", "enginefarm.cli", "worker", "--name", name, "--concurrency", str(concurrency),
+        args = [sys.executable, "-m", "enginefarm", "worker", "--name", name, "--concurrency", str(concurrency),
                 "--pool", pool]
         if targets is not None:
             args += ["--targets", ",".join(targets) or "none"]
@@ -239,8 +239,8 @@ def prepare(settings) -> None:
 
 def issue_token(settings, name: str, scopes: list[str], project: str | None = None) -> str:
     """Make an API token in the farm's catalog (migrating it first); returns the token."""
-    from storage.db import session_scope
-    from storage.tokens import create_token
+    from enginefarm.storage.db import session_scope
+    from enginefarm.storage.tokens import create_token
 
     prepare(settings)
     with session_scope(settings) as session:

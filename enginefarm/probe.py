@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Machine, Target, arch_of_cc
-from worker.nvml import NvmlUnavailable, nvml_session
+from enginefarm.nvml import NvmlUnavailable, nvml_session
 
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
 RTX_MODULE = BACKEND_MODULES[Backend.TENSORRT_RTX]
@@ -475,7 +475,7 @@ def this_machine(**overrides: Any) -> Machine:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the probe as JSON, then the report (which ends with the buildable targets)."""
-    parser = argparse.ArgumentParser(prog="python -m worker.probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m enginefarm.probe", description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("/"), help="read /etc and /proc under this directory")
     args = parser.parse_args(argv)
     probe = probe_machine(args.root)

@@ -338,7 +338,7 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
     to export.
     """
     from enginefarm.errors import NotFound
-    from enginefarm.modelfile import BundleLimits, unpack_bundle
+    from enginefarm.bundle import BundleLimits, unpack_bundle
 
     versions = [m for m in client.models(name=model_name, limit=500)["items"] if m.get("source_model_id") is None]
     if version:

@@ -16,25 +16,14 @@ from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
 from enginefarm.domain import QUANTIZE_QUEUE, Target
-from storage import catalog
-from storage.db import session_scope
-from storage.leader import Leadership
-from worker import dispatch
+from enginefarm.storage import catalog
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.leader import Leadership
+from enginefarm.storage.queue import publish, queue_size
 
 log = logging.getLogger(__name__)
 # A dead worker stays listed (as not live) this long, so an operator can still see which one went silent.
 FORGET_WORKERS_AFTER_S = 3600.0
-
-
-def queue_size(queue: str) -> int:
-    """Messages waiting in a broker queue (0 for a queue the broker does not have)."""
-    from worker.celery_app import app
-
-    with app.connection_for_read() as conn:
-        try:
-            return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
-        except conn.channel_errors:
-            return 0
 
 
 def reconcile_once(settings: Settings) -> dict[str, int]:
@@ -51,20 +40,14 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
     sizes: dict[str, int] = {}
 
     def empty(kind: str, target: str | None) -> bool:
-        queue = QUANTIZE_QUEUE if kind == "quantize" else \
+        name = QUANTIZE_QUEUE if kind == "quantize" else \
             Target.parse(target).queue if kind == "build" else Target.parse(target).bench_queue
-        if queue not in sizes:
-            sizes[queue] = queue_size(queue)
-        return sizes[queue] == 0
+        if name not in sizes:
+            sizes[name] = queue_size(name)
+        return sizes[name] == 0
 
     again = [item for item in stale if item not in requeued and empty(item[0], item[2])]
-    for kind, ident, target in requeued + again:
-        if kind == "build":
-            dispatch.publish_build(ident, Target.parse(target))
-        elif kind == "bench":
-            dispatch.publish_benchmark(ident, target)
-        else:
-            dispatch.publish_quantize(ident)
+    publish(requeued + again)
     if requeued or again:
         log.warning("reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)",
                     len(requeued), len(again))
@@ -96,7 +79,7 @@ class Reconciler:
                 self._collect()
 
     def _collect(self) -> None:
-        from storage.gc import collect_garbage
+        from enginefarm.storage.gc import collect_garbage
 
         try:
             report = collect_garbage(self.settings, grace_seconds=self.settings.gc_grace_seconds)
@@ -108,6 +91,13 @@ class Reconciler:
     def start(self) -> Reconciler:
         self._thread.start()
         return self
+
+    def run(self) -> None:
+        """Work in this thread until ``stop()`` (from a signal handler or another thread)."""
+        try:
+            self._loop()
+        finally:
+            self.leader.release()
 
     def stop(self) -> None:
         self._stop.set()

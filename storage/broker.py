@@ -11,7 +11,7 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport.sqlalchemy import Channel as _Channel
 from kombu.transport.sqlalchemy import Transport as _Transport
 
-from storage.db import make_engine
+from enginefarm.storage.db import make_engine
 
 class Channel(_Channel):
     def _engine_from_config(self):
@@ -22,5 +22,5 @@ class Transport(_Transport):
     Channel = Channel
 
 def register() -> None:
-    TRANSPORT_ALIASES["sqla"] = "worker.broker:Transport"
-    TRANSPORT_ALIASES["sqlalchemy"] = "worker.broker:Transport"
+    TRANSPORT_ALIASES["sqla"] = "enginefarm.storage.broker:Transport"
+    TRANSPORT_ALIASES["sqlalchemy"] = "enginefarm.storage.broker:Transport"

@@ -12,7 +12,6 @@ which ``prune`` evicts by (oldest first); atime is not relied on.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -21,14 +20,13 @@ import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from enginefarm.errors import IntegrityError, NotFound
-from storage.blobs.base import sha256_file
+from enginefarm.hashing import CHUNK, HashingWriter, sha256_file
 
-CHUNK = 1 << 20
 TMP_PREFIX = ".tmp-"
 STALE_TMP_SECONDS = 24 * 3600
 _SHA = re.compile(r"[0-9a-f]{64}")
@@ -51,29 +49,6 @@ def check_sha256(sha256: Any) -> str:
     return sha256
 
 
-class _HashingWriter(io.RawIOBase):
-    """A binary file that hashes and counts what is written through it."""
-
-    def __init__(self, fh: io.BufferedWriter):
-        super().__init__()
-        self._fh = fh
-        self._digest = hashlib.sha256()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        self._digest.update(view)
-        self._fh.write(view)
-        self.size += len(view)
-        return len(view)
-
-    def hexdigest(self) -> str:
-        return self._digest.hexdigest()
-
-
 def _fsync_dir(directory: Path) -> None:
     """Make a rename durable, where the platform lets a directory be fsynced."""
     with suppress(OSError):
@@ -85,7 +60,7 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextmanager
-def atomic_write(final: Path, expected: str | None, prefix: str = TMP_PREFIX) -> Iterator[_HashingWriter]:
+def atomic_write(final: Path, expected: str | None, prefix: str = TMP_PREFIX) -> Iterator[HashingWriter]:
     """Yield a hashing writer on a temp file beside ``final``; on clean exit check the digest (when
     ``expected``) and rename into place. On any error nothing is left under ``final`` or beside it."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +68,7 @@ def atomic_write(final: Path, expected: str | None, prefix: str = TMP_PREFIX) ->
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode through the umask, unlike mkstemp
     try:
         with os.fdopen(fd, "wb") as fh:
-            out = _HashingWriter(fh)
+            out = HashingWriter(fh)
             yield out
             fh.flush()
             os.fsync(fh.fileno())
@@ -167,7 +142,7 @@ class EngineCache:
 
     def remember(self, record: dict[str, Any], source: str) -> None:
         """Store the engine's catalog record, with the farm URL it came from and the time."""
-        doc = {**record, "cached_from": source, "cached_at": datetime.now(UTC).isoformat()}
+        doc = {**record, "cached_from": source, "cached_at": datetime.now(timezone.utc).isoformat()}
         data = json.dumps(doc, indent=2, sort_keys=True, default=str).encode()
         with atomic_write(self._record_path(record.get("sha256")), None) as out:
             out.write(data)

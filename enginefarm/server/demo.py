@@ -10,15 +10,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from enginefarm.cache import EngineCache
+from enginefarm.client.cache import EngineCache
 from enginefarm.client import Client
 from enginefarm.domain import Machine
 from enginefarm.config import Settings
-from enginefarm.embedded import Farm, embedded_env, issue_token
-from enginefarm.report import plot_report, report_table
-from enginefarm.samples import sample_spec, save_conv_net
-from enginefarm.triton import export_from_farm
-from worker.probe import normalize_platform, probe_modules
+from enginefarm.server.embedded import Farm, embedded_env, issue_token
+from enginefarm.client.report import plot_report, report_table
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.client.triton import export_from_farm
+from enginefarm.probe import normalize_platform, probe_modules
 
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 
@@ -26,14 +26,19 @@ RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "t
 def run_demo(data_dir: Path | None, console: Console) -> int:
     import platform
 
-    from enginefarm.cli import _print_tasks, engines_table
+    from enginefarm.client.cli import _print_tasks, engines_table
 
     data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     arch = normalize_platform(platform.machine())
-    targets = RTX_TARGETS + [f"onnxruntime/cpu-{arch}"]
+    rtx_version = probe_modules()[0].get("tensorrt_rtx")
+    targets = (RTX_TARGETS if rtx_version else []) + [f"onnxruntime/cpu-{arch}"]
     console.rule("enginefarm demo")
     console.print(f"data: {data_dir} (SQLite catalog, local blob directory, database broker)")
+    if not rtx_version:
+        console.print("[yellow]TensorRT-RTX is not installed here, so this demo builds no GPU engine: it builds, "
+                      "benchmarks and resolves the ONNX Runtime CPU engine only. For the GPU targets: "
+                      "pip install 'enginefarm\\[rtx]'[/yellow]")
     token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo", ["admin"])
     with Farm(embedded_env(data_dir), log_dir=data_dir, token=token) as farm:
         started = time.monotonic()
@@ -57,15 +62,14 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
                 return 1
             console.print("3. the catalog:")
             console.print(engines_table(c.engines(model="convnet")["items"], "engines of convnet"))
-            rtx_version = probe_modules()[0].get("tensorrt_rtx")
             machine = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", platform=arch,
                               trt_rtx_version=rtx_version, driver_version="580.65", memory_mib=24576)
-            dest = data_dir / "fetched" / "convnet-sm86.plan"
+            dest = data_dir / "fetched" / ("convnet-sm86.plan" if rtx_version else "convnet-cpu.onnx")
             cache = EngineCache(data_dir / "client-cache")
             answer = c.fetch("convnet", dest, machine, cache=cache).answer
             local_sha = hashlib.sha256(dest.read_bytes()).hexdigest()
             ok = local_sha == answer["engine"]["sha256"]
-            console.print(f"4. resolve for an sm86 machine ({machine.gpu_name}, TensorRT-RTX {rtx_version}): "
+            console.print(f"4. resolve for an sm86 machine ({machine.gpu_name}, TensorRT-RTX {rtx_version or 'absent'}): "
                           f"engine {answer['engine']['id']} ({answer['engine']['target']}): {answer['reason']}")
             console.print(f"   downloaded {dest} ({dest.stat().st_size} bytes); sha256 {local_sha[:16]} "
                           + ("[green]matches the catalog[/green]" if ok else "[red]DOES NOT MATCH[/red]"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import asdict, dataclass, fields
@@ -10,24 +11,17 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from enginefarm.cache import TMP_PREFIX, EngineCache, atomic_write
+from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
 from enginefarm.compat import Evidence, Option, Wanted, choose
 from enginefarm.config import get_settings
 from enginefarm.domain import FINAL_STATES, EngineDescriptor, Machine
-from enginefarm.errors import BuildFailed, EnginefarmError, IntegrityError, NoCompatibleEngine
+from enginefarm.client.errors import api_error
+from enginefarm.client.jobs import BuildJob
+from enginefarm.hashing import sha256_file
+from enginefarm.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
 
 SHA_HEADER = "X-Content-SHA256"
 CHUNK = 1 << 20
-
-
-class ApiError(EnginefarmError):
-    """A non-2xx answer from the farm, with the body it sent."""
-
-    def __init__(self, status_code: int, body: Any):
-        detail = body.get("detail") if isinstance(body, dict) else str(body)
-        super().__init__(f"HTTP {status_code}: {detail}", problems=body.get("problems") if isinstance(body, dict) else None)
-        self.status_code = status_code
-        self.body = body
 
 
 class _ProgressReader:
@@ -74,7 +68,7 @@ class Client:
                 body = response.json()
             except ValueError:
                 body = response.text
-            raise ApiError(response.status_code, body)
+            raise api_error(response.status_code, body, response.headers.get("retry-after"))
         return response.json()
 
     def get(self, path: str, **params: Any) -> Any:
@@ -85,17 +79,32 @@ class Client:
     def health(self) -> dict:
         return self.get("/healthz")
 
-    def upload(self, path: Path, name: str, version: str | None = None,
+    def upload(self, model: Path | str | bytes, name: str | None = None, version: str | None = None,
                on_bytes: Callable[[int], None] | None = None, project: str | None = None) -> tuple[dict, bool]:
-        """Upload a model file; returns (model, created). Streams from disk."""
-        path = Path(path)
-        reader = _ProgressReader(path, on_bytes)
+        """Upload a model (a path to an .onnx file or bundle, or its bytes); returns (model, created).
+
+        Idempotent by sha256: when the farm already holds these bytes under this name (and version, when given),
+        that model is returned and nothing is sent. ``name`` defaults to the file's stem; bytes need one. Streams
+        from disk."""
+        if isinstance(model, bytes):
+            if not name:
+                raise ValueError("name the model: upload(data, name=...)")
+            sha, filename = hashlib.sha256(model).hexdigest(), f"{name}.onnx"
+        else:
+            path = Path(model)
+            sha, filename, name = sha256_file(path), path.name, name or path.stem
+        held = [m for m in self.models(name=name, sha256=sha, project=project, limit=500)["items"]
+                if (not version or m["version"] == version) and (m.get("project") or "") == (project or "")]
+        if held:
+            return held[0], False
         data = {"name": name} | ({"version": version} if version else {}) | ({"project": project} if project else {})
+        body = model if isinstance(model, bytes) else _ProgressReader(path, on_bytes)
         try:
-            response = self.http.post("/v1/models", data=data, files={"file": (path.name, reader, "application/octet-stream")},
-                                      timeout=None)
+            response = self.http.post("/v1/models", data=data, timeout=None,
+                                      files={"file": (filename, body, "application/octet-stream")})
         finally:
-            reader.close()
+            if not isinstance(body, bytes):
+                body.close()
         return self._json(response), response.status_code == 201
 
     def upload_samples(self, model_id: int, path: Path) -> dict:
@@ -105,12 +114,36 @@ class Client:
             return self._json(self.http.post(f"/v1/models/{model_id}/samples",
                                              files={"file": (path.name, f, "application/octet-stream")}, timeout=None))
 
-    def build(self, model_id: int, targets: list[str], spec: dict | None = None,
-              queue_without_worker: bool | None = None) -> dict:
-        """Submit a build. ``queue_without_worker``: queue targets no live worker serves now, to wait for one;
-        without it the farm refuses them (409) unless its ENGINEFARM_QUEUE_WITHOUT_WORKER says otherwise."""
-        return self._json(self.http.post("/v1/builds", json={"model_id": model_id, "targets": targets, "spec": spec or {},
-                                                             **_queueing(queue_without_worker)}))
+    def build(self, model: int | str, targets: list[str], spec: dict | None = None,
+              queue_without_worker: bool | None = None) -> BuildJob:
+        """Submit a build of ``model`` (an id, ``name`` for its latest version, or ``name:version``); returns the
+        job (``job.wait()``, ``job.download_all(folder)``). ``queue_without_worker``: queue targets no live worker
+        serves now, to wait for one; without it the farm refuses them (409) unless its
+        ENGINEFARM_QUEUE_WITHOUT_WORKER says otherwise."""
+        body = {"model_id": self.model_id(model), "targets": targets, "spec": spec or {},
+                **_queueing(queue_without_worker)}
+        return BuildJob(self, self._json(self.http.post("/v1/builds", json=body)))
+
+    def job(self, build_id: int) -> BuildJob:
+        """The job of a build submitted earlier."""
+        return BuildJob(self, self.get(f"/v1/builds/{build_id}"))
+
+    def model_id(self, model: int | str) -> int:
+        """A model's id from an id, ``"name"`` (its latest version), ``"name:version"`` or ``"7"``.
+        Raises NotFound when the catalog has no such model."""
+        if isinstance(model, int) or model.isdigit():
+            return int(model)
+        name, _, version = model.rpartition(":") if ":" in model else (model, "", "")
+        uploaded = [m for m in self.models(name=name, limit=500)["items"] if not m.get("source_model_id")]
+        if not uploaded:
+            raise NotFound(f"no model {name!r} in the catalog (see `enginefarm ls models`)")
+        if not version:
+            return max(uploaded, key=lambda m: m["id"])["id"]
+        match = [m for m in uploaded if m["version"] == version]
+        if not match:
+            raise NotFound(f"no model {name!r} version {version!r}; it has "
+                           + ", ".join(m["version"] for m in sorted(uploaded, key=lambda m: m["id"])))
+        return match[0]["id"]
 
     def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict | None = None,
               queue_without_worker: bool | None = None) -> dict:
@@ -172,12 +205,12 @@ class Client:
         accept (["unchecked"] for int8/fp8 engines never checked, ["failed"] for engines that failed the check).
         What the machine will run (its shapes) and the precisions it accepts travel with ``machine``.
 
-        ``machine`` defaults to this machine, detected (``worker.probe.this_machine``). Returns the
+        ``machine`` defaults to this machine, detected (``enginefarm.probe.this_machine``). Returns the
         resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
         Raises ApiError (404) when nothing fits.
         """
         if machine is None:
-            from worker.probe import this_machine
+            from enginefarm.probe import this_machine
 
             machine = this_machine()
         body = {"model": model, "version": version, "machine": asdict(machine), "explain": explain,

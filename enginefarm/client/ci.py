@@ -8,6 +8,7 @@ spinners or colours to redraw."""
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ import httpx
 import typer
 
 from enginefarm.client import ApiError, Client
-from enginefarm.domain import FINAL_STATES, spec_shapes_from_trtexec
+from enginefarm.domain import FINAL_STATES
+from enginefarm.trtexec import spec_from_trtexec
 
 CHECKS = ("build", "benchmark", "accuracy", "latency_regression")
 # Answers worth asking again before the deadline: the farm restarting or briefly overloaded.
@@ -61,16 +63,31 @@ class CiResult:
     build_id: int | None = None
 
 
-def build_spec(spec_file: Path | None, precision: str | None, shapes: str | None, min_shapes: str | None,
-               opt_shapes: str | None, max_shapes: str | None) -> dict[str, Any]:
-    """The build spec as ``enginefarm build`` makes it: the spec file, then the flags over its fields."""
+# The build and ci commands take trtexec's build flags as trtexec spells them, after their own options.
+TRTEXEC_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
+TRTEXEC_HELP = ("\n\nAlso takes trtexec's build flags as trtexec spells them: --fp16, --bf16, --int8, --fp8, --best, "
+                "--stronglyTyped, --shapes=, --minShapes=, --optShapes=, --maxShapes=, --memPoolSize=workspace:SIZE, "
+                "--builderOptimizationLevel=N, --hardwareCompatibilityLevel=ampere+, --versionCompatible, "
+                "--timingCacheFile=PATH; or all of them in one --trtexec-args \"...\" (as TensorRT Cloud takes them).")
+TRTEXEC_ARGS_OPT = typer.Option(None, "--trtexec-args", help="trtexec build flags in one string, e.g. "
+                                                             "\"--fp16 --memPoolSize=workspace:4096M\"")
+
+
+def build_spec(spec_file: Path | None, precision: str | None, trtexec: list[str]) -> dict[str, Any]:
+    """The build spec as ``enginefarm build`` and ``ci`` make it: the spec file, then the trtexec flags, then
+    --precision, each over the fields before it. Raises ValueError saying what is wrong."""
     spec = json.loads(spec_file.read_text()) if spec_file else {}
     if not isinstance(spec, dict):
         raise ValueError(f"{spec_file}: a build spec is a JSON object")
-    spec.update(spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes))
+    spec.update(spec_from_trtexec(trtexec))
     if precision:
         spec["precision"] = precision
     return spec
+
+
+def trtexec_flags(ctx: typer.Context, trtexec_args: str | None) -> list[str]:
+    """The command's trtexec flags: those given as options, then those of --trtexec-args."""
+    return [*ctx.args, *shlex.split(trtexec_args or "")]
 
 
 # ------------------------------------------------------------------------------------------------ waiting
@@ -305,14 +322,12 @@ def markdown_summary(gate: dict[str, Any], build_id: int | None = None) -> str:
 
 
 def ci_command(
+    ctx: typer.Context,
     model_file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
     name: str = typer.Option(..., "--name", help="the model's name in the catalog; each new file is a new version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. onnxruntime/cpu-x86_64; repeat for more"),
     precision: Optional[str] = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
-    shapes: Optional[str] = typer.Option(None, "--shapes", help="trtexec syntax: input:1x3x224x224"),
-    min_shapes: Optional[str] = typer.Option(None, "--minShapes"),
-    opt_shapes: Optional[str] = typer.Option(None, "--optShapes"),
-    max_shapes: Optional[str] = typer.Option(None, "--maxShapes"),
+    trtexec_args: Optional[str] = TRTEXEC_ARGS_OPT,
     spec_file: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
                                              help="a JSON build spec; flags override its fields"),
     version: Optional[str] = typer.Option(None, help="the version to upload as (default: the next integer)"),
@@ -336,9 +351,9 @@ def ci_command(
     if pending not in ("pass", "fail"):
         raise typer.BadParameter("write pass or fail", param_hint="--pending")
     try:
-        spec = build_spec(spec_file, precision, shapes, min_shapes, opt_shapes, max_shapes)
+        spec = build_spec(spec_file, precision, trtexec_flags(ctx, trtexec_args))
     except ValueError as exc:  # json.JSONDecodeError is one
-        raise typer.BadParameter(str(exc), param_hint="--spec-file/--shapes") from None
+        raise typer.BadParameter(str(exc), param_hint="--spec-file/trtexec flags") from None
     options = CiOptions(model_file=model_file, name=name, targets=target, spec=spec, version=version, project=project,
                         timeout=timeout, max_regression_pct=max_regression_pct, pending=pending, junit=junit,
                         summary=summary)
@@ -352,3 +367,6 @@ def ci_command(
         log_line(f"error: {exc}")
         raise typer.Exit(2) from None
     raise typer.Exit(result.exit_code)
+
+
+ci_command.__doc__ += TRTEXEC_HELP

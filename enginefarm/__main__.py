@@ -1,0 +1,5 @@
+"""``python -m enginefarm``: the ``enginefarm`` command."""
+
+from enginefarm.client.cli import main
+
+main()

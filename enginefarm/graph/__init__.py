@@ -1,0 +1,1 @@
+"""ONNX model handling shared by the API and the workers: inspection, graph facts, inputs, samples, accuracy."""

@@ -1,0 +1,96 @@
+"""The task queue: the Celery app's settings, and publishing tasks by name after the catalog rows they name
+are committed.
+
+By name (``send_task``), so the API publishes without importing the worker. Each target has its own queue, so a
+worker consumes only what it can build. A failed publish is logged, not raised: the row is in the catalog and the
+reconciler publishes it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+
+from celery import Celery
+
+from enginefarm.config import Settings, get_settings
+from enginefarm.domain import QUANTIZE_QUEUE, Target
+
+log = logging.getLogger(__name__)
+
+BUILD_TASK = "enginefarm.build_engine"
+BENCHMARK_TASK = "enginefarm.benchmark_engine"
+QUANTIZE_TASK = "enginefarm.quantize_model"
+# Longer than the longest build: Redis redelivers a message unacked for this long.
+VISIBILITY_TIMEOUT_S = 6 * 3600
+
+
+def make_celery(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    if settings.resolved_broker_url.startswith("sqla+"):
+        from enginefarm.storage.broker import register
+
+        register()
+    # The worker's tasks, by module name: a worker process imports them; the API only publishes.
+    app = Celery("enginefarm", broker=settings.resolved_broker_url, include=["enginefarm.worker.tasks"])
+    transport_options: dict = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    if settings.resolved_broker_url.startswith("sqla+"):
+        transport_options["polling_interval"] = settings.broker_poll_seconds  # the database broker polls
+    app.conf.update(
+        task_ignore_result=True,  # state lives in the catalog, not in a result backend
+        task_acks_late=True,  # a worker that dies mid-build leaves its message to be redelivered
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,  # one build at a time per process: builds are long and heavy
+        task_default_queue="enginefarm.default",
+        broker_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        task_serializer="json",
+        accept_content=["json"],
+    )
+    return app
+
+
+@cache
+def celery_app() -> Celery:
+    """This process's Celery app, made from its settings on first use."""
+    return make_celery()
+
+
+def queue_size(queue: str) -> int:
+    """Messages waiting in a broker queue (0 for a queue the broker does not have)."""
+    with celery_app().connection_for_read() as conn:
+        try:
+            return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+        except conn.channel_errors:
+            return 0
+
+
+def _send(name: str, arg: int, queue: str) -> None:
+    try:
+        celery_app().send_task(name, args=[arg], queue=queue)
+    except Exception:
+        log.warning("could not publish %s(%s) to %s", name, arg, queue, exc_info=True)
+
+
+def publish_build(task_id: int, target: Target) -> None:
+    _send(BUILD_TASK, task_id, target.queue)
+
+
+def publish_benchmark(task_id: int, target: str) -> None:
+    _send(BENCHMARK_TASK, task_id, Target.parse(target).bench_queue)
+
+
+def publish_quantize(build_id: int) -> None:
+    _send(QUANTIZE_TASK, build_id, QUANTIZE_QUEUE)
+
+
+def publish(items: list[tuple[str, int, Target | str | None]]) -> None:
+    """Publish ``(kind, id, target)`` items: kind "build" or "bench" with the target, "quantize" with none."""
+    for kind, ident, target in items:
+        if kind == "build":
+            publish_build(ident, Target.parse(str(target)))
+        elif kind == "bench":
+            publish_benchmark(ident, str(target))
+        else:
+            publish_quantize(ident)
