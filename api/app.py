@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from enginefarm.api.schemas import document_spec
-from enginefarm.api.auth import authorize
+from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
 from enginefarm.api.upload import UploadSlots
 from enginefarm import __version__
@@ -85,6 +86,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             from enginefarm.storage.reconcile import Reconciler
 
             reconciler = Reconciler(settings).start()
+        # What is alive after start-up (modules, the app, the ORM's mappers) lives as long as the process: frozen
+        # out of the collector's generations, a full collection no longer walks it. Those collections made the
+        # p99 of a resolve (in process: 47-71 ms, 11-12 ms with the freeze).
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
@@ -103,6 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = documented
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
+    app.state.token_cache = TokenCache(settings.token_cache_seconds)
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):

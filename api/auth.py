@@ -7,6 +7,9 @@ upload is refused before a byte of it is stored.
 
 from __future__ import annotations
 
+import threading
+import time
+from datetime import datetime, timezone
 from typing import Annotated, Optional
 
 from fastapi import Depends, Request
@@ -14,7 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from enginefarm.errors import Forbidden, Unauthorized
 from enginefarm.storage.db import session_scope
-from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate
+from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate, hash_token
 
 bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
 READ_METHODS = {"GET", "HEAD", "OPTIONS"}
@@ -28,6 +31,42 @@ def needed_scope(request: Request) -> str:
     if request.method in READ_METHODS or path in READ_POSTS:
         return "read"
     return "build"
+
+
+class TokenCache:
+    """Principals of tokens seen in the last ``seconds``, so a fleet's requests skip the token lookup.
+
+    The price is the stated revocation delay: a token revoked or expired in another process (another API worker,
+    `enginefarm token revoke`) is refused here within ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5).
+    A revocation through this process's own API takes effect at once. Unknown tokens are never cached, so a
+    token just made works at once."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._entries: dict[str, tuple[Principal, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token_hash: str) -> Principal | None:
+        entry = self._entries.get(token_hash)
+        if entry is None or entry[1] <= time.monotonic():
+            return None
+        return entry[0]
+
+    def put(self, token_hash: str, principal: Principal) -> None:
+        if self.seconds <= 0:
+            return
+        keep = self.seconds
+        if principal.expires_at is not None:  # never past the token's own expiry
+            keep = min(keep, (principal.expires_at - datetime.now(timezone.utc)).total_seconds())
+        with self._lock:
+            if len(self._entries) > 10_000:  # tokens come and go: drop the stale ones now and then
+                now = time.monotonic()
+                self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
+            self._entries[token_hash] = (principal, time.monotonic() + keep)
+
+    def forget(self, token_id: int) -> None:
+        with self._lock:
+            self._entries = {k: v for k, v in self._entries.items() if v[0].token_id != token_id}
 
 
 def _challenge(message: str) -> Unauthorized:
@@ -48,8 +87,14 @@ def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None
             return ANONYMOUS
         raise _challenge(f"this request needs an API token with scope '{needed}': send 'Authorization: Bearer "
                          f"<token>' (an admin makes one with `enginefarm token create --scope {needed}`)")
-    with session_scope(settings) as session:
-        principal = authenticate(session, credentials.credentials)
+    cache: TokenCache = request.app.state.token_cache
+    key = hash_token(credentials.credentials)
+    principal = cache.get(key)
+    if principal is None:
+        with session_scope(settings) as session:
+            principal = authenticate(session, credentials.credentials)
+        if principal is not None:
+            cache.put(key, principal)
     if principal is None:
         raise _challenge("the API token is not valid: it is unknown, revoked or expired")
     require(principal, needed, f"{request.method} {request.url.path}")

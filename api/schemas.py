@@ -7,7 +7,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, WithJsonSchema, field_validator
 
-from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target, check_shape_request
+from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target
+from enginefarm.machine import Machine
 from enginefarm.validation import project_problem, target_precision
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
@@ -230,45 +231,11 @@ class EngineOut(BaseModel):
                    variant_of=m.source.version if m.source is not None else None, checks=checks)
 
 
-# Patterns a machine fingerprint's fields must match, shared by GET (query) and POST (JSON) /v1/resolve.
-CC_PATTERN = r"^\d{1,2}\.\d$"
-VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"
-PLATFORM_PATTERN = r"^(x86_64|aarch64)$"
 SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
 PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
 BACKEND_PATTERN = r"^(tensorrt|tensorrt-rtx|onnxruntime)$"
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
 Accept = Literal["unchecked", "failed"]
-
-
-class MachineIn(BaseModel):
-    """A deploy machine's fingerprint. Every field is optional; what is missing is reported as unchecked."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    gpu_name: str | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
-    compute_capability: str | None = Field(None, pattern=CC_PATTERN, description="e.g. 8.6")
-    memory_mib: StrictInt | None = Field(None, ge=1, le=1 << 24)
-    driver_version: str | None = Field(None, pattern=VERSION_PATTERN)
-    cuda_version: str | None = Field(None, pattern=VERSION_PATTERN)
-    trt_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
-    trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
-    lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
-                                                        "version-compatible engines")
-    platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
-    os: str | None = Field(None, max_length=200)
-    jetpack: str | None = Field(None, pattern=r"^\d+(\.\d+){0,2}$")
-    shapes: dict[str, Any] = Field(
-        default_factory=dict, max_length=1000,
-        description="what the machine will run: per input, dims ([1, 3, 640, 640]) or {min, opt, max} dims; "
-                    "an engine whose profiles do not cover them is excluded")
-    precisions: list[Precision] = Field(default_factory=list, max_length=5,
-                                        description="the precisions the machine accepts (default: any)")
-
-    @field_validator("shapes")
-    @classmethod
-    def _shapes(cls, shapes: dict[str, Any]) -> dict[str, Any]:
-        return check_shape_request(shapes)
 
 
 class ResolveRequest(BaseModel):
@@ -278,7 +245,7 @@ class ResolveRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=200)
     version: str | None = Field(None, max_length=100, description='a model version, or "latest"')
-    machine: MachineIn = Field(default_factory=MachineIn)
+    machine: Machine = Field(default_factory=Machine)
     precision: str | None = Field(None, pattern=PRECISION_PATTERN)
     spec_hash: str | None = Field(None, pattern=SPEC_HASH_PATTERN)
     accuracy: Literal["pass"] | None = Field(None, description="keep only engines that passed their accuracy gate")
@@ -321,7 +288,7 @@ class CandidateOut(BaseModel):
 
 class ResolveOut(BaseModel):
     model: str
-    machine: MachineIn
+    machine: Machine
     engine: EngineOut
     match: str
     reason: str

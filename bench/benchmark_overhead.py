@@ -61,7 +61,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--smoke", action="store_true", help="one small size for 0.2 s: checks that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes, args.seconds = [16], 0.2
     with tempfile.TemporaryDirectory() as tmp:
         print(f"{'channels':>8} {'iters':>6} {'threads':>7} {'bare run ms':>12} {'harness ms':>11} {'ratio':>6}")
         for size in args.sizes:

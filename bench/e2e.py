@@ -44,7 +44,7 @@ from enginefarm.server import devservices  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.domain import BuildSpec, Target  # noqa: E402
-from enginefarm.server.embedded import Farm, embedded_env  # noqa: E402
+from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
 from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
 from enginefarm.hashing import sha256_file
@@ -150,7 +150,9 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
 
 
 def start_farm(env: dict, workers: dict[str, list[str]], log_dir: Path) -> Farm:
-    farm = Farm(env, log_dir=log_dir)
+    settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()
+                           if k.startswith("ENGINEFARM_")})
+    farm = Farm(env, log_dir=log_dir, token=issue_token(settings, "bench-e2e", ["admin"]))
     try:
         farm.start_api()
         for name, targets in workers.items():
@@ -226,7 +228,7 @@ def run_mode(mode: str, args, work: Path) -> dict:
             farm = start_farm(env, workers, log_dir)
             runs = []
             try:
-                with Client(farm.url, timeout=300) as client:
+                with Client(farm.url, timeout=300, token=farm.token) as client:
                     warm_farm(client, work, f"{mode}-{ci}", 10_000 + ci, spec_payload)
                     for rep in range(args.repeat):
                         seed = 1000 * (ci + 1) + rep
@@ -373,7 +375,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration")
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs, data)")
+    parser.add_argument("--smoke", action="store_true", help="embedded, one worker, one small build: checks that "
+                                                             "it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.mode, args.repeat, args.channels, args.blocks, args.workers = "embedded", 1, 16, 1, 1
 
     modes = ["embedded", "distributed"] if args.mode == "both" else [args.mode]
     work = Path(tempfile.mkdtemp(prefix="efbench-"))

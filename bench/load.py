@@ -105,9 +105,10 @@ def _exc_kind(op: str, exc: BaseException) -> str:
 
 async def _get_verified(http: httpx.AsyncClient, url: str, op: str, expect_sha: str, expect_size: int,
                         rec: Recorder, headers: dict | None = None) -> tuple[bool, float | None]:
-    """Stream ``url``, hash it, check it. Returns (ok, seconds to the response headers)."""
+    """Stream ``url`` (following the farm's redirect to S3, as the client does), hash it, check it. Returns (ok,
+    seconds to the response headers)."""
     started = time.perf_counter()
-    async with http.stream("GET", url, headers=headers) as r:
+    async with http.stream("GET", url, headers=headers, follow_redirects=True) as r:
         t_headers = time.perf_counter() - started
         if r.status_code != 200:
             await r.aread()
@@ -117,7 +118,7 @@ async def _get_verified(http: httpx.AsyncClient, url: str, op: str, expect_sha: 
         async for chunk in r.aiter_raw(CHUNK):
             h.update(chunk)
             n += len(chunk)
-        header_sha = r.headers.get(SHA_HEADER)
+        header_sha = (r.history[0] if r.history else r).headers.get(SHA_HEADER)  # the farm's answer, not S3's
     ended = time.perf_counter()
     digest = h.hexdigest()
     if n != expect_size:
@@ -682,7 +683,11 @@ def main() -> int:
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument("--json", type=Path, help="write the figures (and every setting) to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs)")
+    parser.add_argument("--smoke", action="store_true", help="4 clients for 2 s per phase, small engines: checks "
+                                                             "that it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.seconds, args.warmup, args.channels, args.blocks = 4, 2.0, 0.5, 16, 1
 
     from rich.console import Console
 

@@ -13,6 +13,7 @@ timed too, per 1000 candidates.
 
     python bench/resolve.py                      # 200 and 500 engines, 30 requests each
     python bench/resolve.py --sizes 100 --requests 50
+    python bench/resolve.py --smoke              # 20 engines, 3 requests: checks that it runs
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from rich.table import Table  # noqa: E402
 
 from enginefarm.api.app import create_app  # noqa: E402
 from enginefarm.server import devservices  # noqa: E402
+from enginefarm.server.embedded import issue_token  # noqa: E402
 from enginefarm.compat import Option, choose  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
-from enginefarm.domain import Machine  # noqa: E402
+from enginefarm.machine import Machine  # noqa: E402
 from enginefarm.storage.catalog import descriptor_of  # noqa: E402
 from enginefarm.storage.db import session_scope  # noqa: E402
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow  # noqa: E402
@@ -99,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[200, 500])
     parser.add_argument("--requests", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true", help="20 engines, 3 requests: checks that it runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.sizes, args.requests = [20], 3
     console = Console(width=160)
     console.print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
     table = Table(title="resolution vs reading the same engines (median ms)")
@@ -107,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(col, justify="right")
     with devservices.scratch_postgres("enginefarm_bench") as url, tempfile.TemporaryDirectory() as data:
         settings = Settings(data_dir=Path(data), database_url=url)
-        with TestClient(create_app(settings)) as http:
+        token = issue_token(settings, "bench-resolve", ["read"])
+        with TestClient(create_app(settings), headers={"Authorization": f"Bearer {token}"}) as http:
             for size in args.sizes:
                 name = f"bench-{size}"
                 fill(settings, name, size)

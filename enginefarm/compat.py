@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, Machine, StrEnum, cc_tuple, format_dims
+from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, StrEnum, cc_tuple, format_dims
+from enginefarm.machine import Machine
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}

@@ -84,6 +84,15 @@ class Settings(BaseSettings):
     gc_interval_seconds: float = Field(default=3600.0, ge=0)
     gc_grace_seconds: float = Field(default=24 * 3600.0, ge=0)
 
+    # Downloads from an S3 store: a 307 to a presigned URL valid this long (the bytes never pass through the API),
+    # or, off, streamed through the API (for clients that cannot reach S3).
+    download_redirect: bool = True
+    download_url_ttl_s: int = Field(default=300, ge=10, le=7 * 24 * 3600)
+
+    # How long an API process trusts a token it has looked up: the delay before a token revoked or expired
+    # elsewhere is refused (0: look every token up on every request).
+    token_cache_seconds: float = Field(default=5.0, ge=0, le=5)
+
     # Reads (catalog, resolve, download) without a token. Writes always need one.
     anonymous_read: bool = False
     # Browser origins allowed to call the API (CORS); none by default.

@@ -507,32 +507,6 @@ class EngineDescriptor:
     profiles: list[dict[str, dict[str, list[int]]]] = field(default_factory=list)
 
 
-@dataclass
-class Machine:
-    """A deploy machine's fingerprint: what it runs, as sent to GET/POST /v1/resolve."""
-
-    gpu_name: str | None = None
-    compute_capability: str | None = None
-    memory_mib: int | None = None
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    trt_version: str | None = None
-    trt_rtx_version: str | None = None
-    lean_runtime: bool = False
-    platform: str | None = None
-    os: str | None = None
-    jetpack: str | None = None
-    # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
-    # Empty: shapes are not judged.
-    shapes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
-    # The precisions it accepts; empty: any.
-    precisions: list[str] = field(default_factory=list)
-
-    @property
-    def is_jetson(self) -> bool:
-        return bool(self.jetpack) or self.compute_capability in JETSON_CCS
-
-
 # --------------------------------------------------------------------------- trtexec shape syntax
 
 

@@ -41,6 +41,13 @@ class HashingWriter(io.RawIOBase):
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
 
+    def restart(self) -> None:
+        """Start again from nothing: empty the file and the hash."""
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._digest = hashlib.sha256()
+        self.size = 0
+
 
 def copy_hashed(src: BinaryIO, dst: BinaryIO) -> str:
     """Copy ``src`` to ``dst``; return the sha256 of what was written."""

@@ -21,11 +21,12 @@ import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Machine, Target, arch_of_cc
+from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
+from enginefarm.machine import Machine
 from enginefarm.nvml import NvmlUnavailable, nvml_session
 
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
@@ -441,7 +442,7 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
         name, cc, memory = j.model, j.compute_capability, j.memory_mib
     else:
         name = cc = memory = None
-    return Machine(
+    return Machine.detected(
         gpu_name=name,
         compute_capability=cc,
         memory_mib=memory,
@@ -465,12 +466,10 @@ def this_machine(**overrides: Any) -> Machine:
     try:
         machine = machine_fingerprint(probe)
     except ValueError:
-        machine = Machine(platform=probe.platform, os=probe.os, trt_version=probe.modules.get(TRT_MODULE),
-                          trt_rtx_version=probe.modules.get(RTX_MODULE))
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(machine, key, value)
-    return machine
+        machine = Machine.detected(platform=probe.platform, os=probe.os, trt_version=probe.modules.get(TRT_MODULE),
+                                   trt_rtx_version=probe.modules.get(RTX_MODULE))
+    # Through the constructor again: an override is checked by the same rules as a request's field.
+    return replace(machine, **{key: value for key, value in overrides.items() if value is not None})
 
 
 def main(argv: list[str] | None = None) -> int:

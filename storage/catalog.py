@@ -13,17 +13,8 @@ from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
-from enginefarm.domain import (
-    BACKEND_MODULES,
-    Backend,
-    BuildSpec,
-    EngineDescriptor,
-    Machine,
-    ModelInfo,
-    Target,
-    TaskState,
-    engine_profiles,
-)
+from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, EngineDescriptor, ModelInfo, Target, TaskState, engine_profiles
+from enginefarm.machine import Machine
 from enginefarm.errors import Conflict, NoCompatibleEngine, NotFound
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import (

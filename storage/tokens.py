@@ -48,6 +48,7 @@ class Principal:
     name: str
     scope: str  # the highest scope the token has
     project: str | None = None  # None: the whole farm; else the one project whose models it sees
+    expires_at: datetime | None = None  # None: until revoked
 
     def allows(self, needed: str) -> bool:
         return rank(self.scope) >= rank(needed)
@@ -122,7 +123,7 @@ def authenticate(session: Session, token: str) -> Principal | None:
         return None
     if row.last_used_at is None or as_utc(row.last_used_at) < now - LAST_USED_RESOLUTION:
         session.execute(update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now))
-    return Principal(row.id, row.name, check_scopes(row.scopes), row.project)
+    return Principal(row.id, row.name, check_scopes(row.scopes), row.project, as_utc(row.expires_at))
 
 
 def list_tokens(session: Session, project: str | None = None) -> list[ApiTokenRow]:

@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 
 from enginefarm.compat import CROSS_MAJOR, DRIVER_FLOORS, Evidence, Match, Option, Rule, Wanted, choose, judge
-from enginefarm.domain import RTX_PORTABLE_CCS, EngineDescriptor, Machine
+from enginefarm.domain import RTX_PORTABLE_CCS, EngineDescriptor
+from enginefarm.machine import Machine
 
 TRT = "10.13.3.9"
 RTX = "1.7.1.116"

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Iterator
-
-import anyio
-from fastapi import APIRouter, Depends, Query
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from enginefarm.api.auth import Tenant
+from enginefarm.api.downloads import SHA_HEADER, blob_response
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId, check_no_nul, page_offset
 from enginefarm.api.reports import engine_checks
@@ -17,12 +14,15 @@ from enginefarm.api.schemas import EngineOut, Page
 from enginefarm.config import Settings
 from enginefarm.errors import NotFound
 from enginefarm.storage import catalog
-from enginefarm.storage.blobs import get_blob_store
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
-SHA_HEADER = "X-Content-SHA256"
-# Streams read their chunks on threads of their own: on the shared pool they queued behind the routes.
-_STREAMS = anyio.CapacityLimiter(64)
+CONTENT_RESPONSES = {
+    200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} and ETag hold their sha256"},
+    206: {"content": {"application/octet-stream": {}}, "description": "the byte range asked for (Range)"},
+    304: {"description": "If-None-Match named these bytes: the client has them"},
+    307: {"description": "fetch the bytes from this short-lived URL (an S3 store)"},
+    416: {"description": "the Range asked for is past the end"},
+}
 
 
 @router.get("", response_model=Page[EngineOut])
@@ -59,35 +59,17 @@ def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: Session = Depen
              "created_at": b.created_at.isoformat()} for b in row.benchmarks]
 
 
-@router.get("/{engine_id}/content", response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} holds their sha256"}})
-def engine_content(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
-                   settings: Settings = Depends(settings_dep)) -> StreamingResponse:
-    """The engine's bytes, streamed from the blob store, with their sha256 for the client to check."""
+@router.get("/{engine_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
+def engine_content(engine_id: RowId, tenant: Tenant, request: Request,
+                   session: Session = Depends(session_dep, scope="function"),
+                   settings: Settings = Depends(settings_dep)) -> Response:
+    """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
+    S3 where the store is S3)."""
     row, model = catalog.engine_in_project(session, engine_id, tenant)
     suffix = "onnx" if row.backend == "onnxruntime" else "plan"
     filename = f"{model.name}-{model.version}-{row.target.replace('/', '-')}.{suffix}"
     try:
-        return blob_response(settings, row.blob_key, row.sha256, filename)
+        return blob_response(request, settings, row.blob_key, row.sha256, filename)
     except NotFound:
         raise NotFound(f"the bytes of engine {row.id} ({row.target}, sha256 {row.sha256}) are missing from the blob "
                        "store; the farm's operator can see every missing blob with `enginefarm gc --dry-run`") from None
-
-
-def blob_response(settings: Settings, key: str, sha256: str, filename: str) -> StreamingResponse:
-    """Stream a blob with its sha256 (header and ETag) for the client to check."""
-    store = get_blob_store(settings)
-    size = store.size(key)  # raises NotFound before any byte is sent
-    return StreamingResponse(_off_the_route_threads(store.iter_chunks(key)), media_type="application/octet-stream", headers={
-        SHA_HEADER: sha256, "ETag": f'"{sha256}"', "Content-Length": str(size),
-        "Content-Disposition": f'attachment; filename="{filename}"',
-    })
-
-
-async def _off_the_route_threads(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    try:
-        while (chunk := await anyio.to_thread.run_sync(next, chunks, None, limiter=_STREAMS)) is not None:
-            yield chunk
-    finally:
-        with anyio.CancelScope(shield=True):  # a client that hung up: still give the S3 connection back
-            await anyio.to_thread.run_sync(chunks.close, limiter=_STREAMS)

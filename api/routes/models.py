@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -11,7 +10,8 @@ from enginefarm.api import ingest, reports
 from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
-from enginefarm.api.routes.engines import blob_response
+from enginefarm.api.downloads import blob_response
+from enginefarm.api.routes.engines import CONTENT_RESPONSES
 from enginefarm.api.schemas import ModelOut, Page
 from enginefarm.api.upload import UploadLimits, receive_upload
 from enginefarm import worklock
@@ -80,14 +80,14 @@ def get_model(model_id: RowId, tenant: Tenant, session: Session = Depends(sessio
     return ModelOut.of(catalog.get_model(session, model_id, tenant))
 
 
-@router.get("/{model_id}/content", response_class=StreamingResponse,
-            responses={200: {"content": {"application/octet-stream": {}}, "description": "the model as uploaded"}})
-def model_content(model_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
-                  settings: Settings = Depends(settings_dep)) -> StreamingResponse:
+@router.get("/{model_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
+def model_content(model_id: RowId, tenant: Tenant, request: Request,
+                  session: Session = Depends(session_dep, scope="function"),
+                  settings: Settings = Depends(settings_dep)) -> Response:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id, tenant)
     try:
-        return blob_response(settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
+        return blob_response(request, settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
     except NotFound:
         raise NotFound(f"the bytes of model {row.name} version {row.version} (sha256 {row.sha256}) are missing "
                        "from the blob store; upload the same file again under this name to restore them") from None

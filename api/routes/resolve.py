@@ -19,22 +19,19 @@ from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
 from enginefarm.api.schemas import (
     BACKEND_PATTERN,
-    CC_PATTERN,
-    PLATFORM_PATTERN,
     PRECISION_PATTERN,
     SPEC_HASH_PATTERN,
-    VERSION_PATTERN,
     BuildForMachineOut,
     CandidateOut,
     CheckOut,
     EngineOut,
-    MachineIn,
     ResolveOut,
     ResolveRequest,
 )
 from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
-from enginefarm.domain import Machine, shape_request
+from enginefarm.domain import shape_request
+from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
 from enginefarm.storage import catalog
 from enginefarm.storage.tables import EngineRow, ModelRow
 from enginefarm.storage.tokens import Principal
@@ -60,7 +57,7 @@ def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow]
 
 def answer(req: ResolveRequest, session: Session, settings: Settings, principal: Principal) -> ResolveOut | JSONResponse:
     project = principal.project
-    machine = Machine(**req.machine.model_dump())
+    machine = req.machine
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
     choice, rows, owner = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted,
@@ -100,7 +97,7 @@ def resolve_get(
     trt: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT runtime version"),
     trt_rtx: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"),
     lean: bool = False, platform: str | None = Query(None, pattern=PLATFORM_PATTERN),
-    os: str | None = Query(None, max_length=200), jetpack: str | None = Query(None, pattern=r"^\d+(\.\d+){0,2}$"),
+    os: str | None = Query(None, max_length=200), jetpack: str | None = Query(None, pattern=JETPACK_PATTERN),
     precision: str | None = Query(None, pattern=PRECISION_PATTERN),
     spec_hash: str | None = Query(None, pattern=SPEC_HASH_PATTERN),
     accuracy: str | None = Query(None, pattern=r"^pass$", description="accuracy=pass keeps engines that passed"),
@@ -127,10 +124,10 @@ def resolve_get(
                                               "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
                                               "&max_shapes=images:4x3x640x640"}]) from None
     try:
-        machine = MachineIn(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
-                            cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
-                            platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes,
-                            precisions=[p for item in precisions for p in item.split(",") if p])
+        machine = Machine(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
+                          cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
+                          platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes,
+                          precisions=[p for item in precisions for p in item.split(",") if p])
         req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
                              accuracy=accuracy, max_latency_ms=max_latency_ms, backend=backend,
                              accept=[a for item in accept for a in item.split(",") if a], explain=explain, build=build)

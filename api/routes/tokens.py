@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from sqlalchemy.orm import Session
 
 from enginefarm.api.auth import Tenant
@@ -31,5 +31,10 @@ def tokens(tenant: Tenant, session: Session = Depends(session_dep, scope="functi
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke(token_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> TokenOut:
-    return TokenOut.of(revoke_token(session, token_id, tenant))
+def revoke(token_id: RowId, tenant: Tenant, request: Request,
+           session: Session = Depends(session_dep, scope="function")) -> TokenOut:
+    """Revoke a token: refused at once by this API process, by the farm's others within
+    ENGINEFARM_TOKEN_CACHE_SECONDS."""
+    row = revoke_token(session, token_id, tenant)
+    request.app.state.token_cache.forget(token_id)
+    return TokenOut.of(row)

@@ -57,6 +57,13 @@ def fail(exc: Exception) -> None:
         err.print(f"[red]error:[/red] cannot reach the farm at {url} ({exc}); it is looked for at --api or "
                   f"ENGINEFARM_API_URL; `enginefarm up` starts one")
         raise typer.Exit(1)
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):  # a fingerprint flag (--cc, --driver, ...) the rules cannot take
+        err.print(f"[red]error:[/red] {exc.error_count()} value(s) cannot be used:")
+        for e in exc.errors():
+            err.print(f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg']}", highlight=False)
+        raise typer.Exit(1)
     err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}")
     for problem in getattr(exc, "problems", None) or []:
         where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
@@ -368,12 +375,12 @@ def fetch(
         if unknown:
             raise ValueError(f"unknown value(s) {unknown}: --precisions takes {', '.join(p.value for p in Precision)}; "
                              f"--accept takes {' or '.join(ACCEPT)}")
-    except ValueError as exc:
+        machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
+                               trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
+                               platform=platform, jetpack=jetpack, shapes=wanted_shapes or None,
+                               precisions=accepted or None)
+    except ValueError as exc:  # pydantic's ValidationError is one: a flag the fingerprint's rules refuse
         fail(exc)
-    machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
-                           trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
-                           platform=platform, jetpack=jetpack, shapes=wanted_shapes or None,
-                           precisions=accepted or None)
     filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
                    max_latency_ms=max_latency_ms, accept=accept or None)
     cache = None if no_cache else EngineCache(cache_dir)

@@ -14,7 +14,8 @@ import httpx
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
 from enginefarm.compat import Evidence, Option, Wanted, choose
 from enginefarm.config import get_settings
-from enginefarm.domain import FINAL_STATES, EngineDescriptor, Machine
+from enginefarm.domain import FINAL_STATES, EngineDescriptor
+from enginefarm.machine import Machine
 from enginefarm.client.errors import api_error
 from enginefarm.client.jobs import BuildJob
 from enginefarm.hashing import sha256_file
@@ -218,17 +219,33 @@ class Client:
                                    for k, v in filters.items() if v is not None}}
         return self._json(self.http.post("/v1/resolve", json=body))
 
-    def _stream(self, url: str, out, on_bytes: Callable[[int], None] | None) -> str | None:
-        """Write a blob's bytes to ``out``; returns the sha256 the server sent in its header."""
-        with self.http.stream("GET", url, timeout=None) as r:
-            if r.status_code >= 400:
-                r.read()
-                self._json(r)
-            for chunk in r.iter_bytes(CHUNK):
-                out.write(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-            return r.headers.get(SHA_HEADER)
+    def _stream(self, url: str, out, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
+        """Write a blob's bytes to ``out`` (a HashingWriter); returns the sha256 the farm sent in its header.
+
+        Follows the farm's redirect to S3 (httpx drops the token on the way to another host). A connection that
+        breaks mid-download is resumed from the bytes already written (``Range``), up to ``attempts`` times; a
+        server that answers a resume with the whole blob is read from the start again."""
+        header = None
+        for attempt in range(attempts):
+            ranged = {"Range": f"bytes={out.size}-"} if out.size else {}
+            try:
+                with self.http.stream("GET", url, headers=ranged, timeout=None, follow_redirects=True) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self._json(r)
+                    header = r.headers.get(SHA_HEADER) or header
+                    if ranged and r.status_code != 206:
+                        out.restart()
+                    for chunk in r.iter_bytes(CHUNK):
+                        out.write(chunk)
+                        if on_bytes:
+                            on_bytes(len(chunk))
+                    return header
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ConnectError):
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(0.5 * 2 ** attempt, 5))
+        return header
 
     def _download(self, url: str, dest: Path, expected_sha256: str | None,
                   on_bytes: Callable[[int], None] | None) -> str:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import Machine, arch_of_cc, cc_tuple
+from enginefarm.domain import arch_of_cc, cc_tuple
+from enginefarm.machine import Machine
 
 ONNX_TO_TRITON: dict[str, str] = {
     "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from enginefarm.client.cache import EngineCache
 from enginefarm.client import Client
-from enginefarm.domain import Machine
+from enginefarm.machine import Machine
 from enginefarm.config import Settings
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.client.report import plot_report, report_table

@@ -23,7 +23,6 @@ from pathlib import Path
 import httpx
 
 from enginefarm.server import lifeline
-from enginefarm.config import KEEP_ALIVE_SECONDS
 from enginefarm.workerid import worker_name
 from enginefarm.storage.db import migrate
 
@@ -114,9 +113,8 @@ class Farm:
 
     def start_api(self, timeout: float = 60.0, workers: int = 1, extra_env: dict[str, str] | None = None) -> None:
         """``workers``: uvicorn worker processes (more than one spreads requests over CPU cores)."""
-        self.api = self._spawn("api", [sys.executable, "-m", "uvicorn", "enginefarm.api.main:app", "--host", self.host,
-                                       "--port", str(self.port), "--log-level", "warning",
-                                       "--timeout-keep-alive", str(KEEP_ALIVE_SECONDS), "--workers", str(workers)],
+        self.api = self._spawn("api", [sys.executable, "-m", "enginefarm", "api", "--host", self.host,
+                                       "--port", str(self.port), "--log-level", "warning", "--workers", str(workers)],
                                extra_env)
         wait_http(f"{self.url}/healthz", timeout, self.api)
 

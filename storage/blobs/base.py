@@ -63,8 +63,18 @@ class BlobStore(ABC):
         """Write the blob to ``dest`` atomically (never a half file under that name)."""
 
     @abstractmethod
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
-        """Stream the blob's bytes."""
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        """Stream the blob's bytes, from ``start`` up to and including ``end`` (default: to the last)."""
+
+    def local_path(self, key: str) -> Path | None:
+        """The blob's file, where the store keeps it on this host's disk (served without copying); else None.
+        Raises NotFound when it is missing."""
+        return None
+
+    def download_url(self, key: str, expires_seconds: int, filename: str | None = None) -> str | None:
+        """A URL a client may fetch the blob from directly for ``expires_seconds`` (S3: presigned; its answer
+        names ``filename`` in Content-Disposition), or None."""
+        return None
 
     @abstractmethod
     def exists(self, key: str) -> bool: ...

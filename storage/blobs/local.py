@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 from enginefarm.errors import IntegrityError, NotFound
-from enginefarm.hashing import copy_hashed
-from enginefarm.hashing import sha256_file
+from enginefarm.hashing import copy_hashed, sha256_file
 from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
 
 TMP_PREFIX = ".incoming-"  # a write in progress, or one a crash interrupted: never a blob
@@ -79,10 +78,22 @@ class LocalBlobStore(BlobStore):
                 if os.path.exists(tmp):
                     os.unlink(tmp)
 
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         with self._open(key) as fh:
-            while chunk := fh.read(chunk_size):
+            fh.seek(start)
+            left = None if end is None else end - start + 1
+            while left is None or left > 0:
+                chunk = fh.read(chunk_size if left is None else min(chunk_size, left))
+                if not chunk:
+                    return
+                left = None if left is None else left - len(chunk)
                 yield chunk
+
+    def local_path(self, key: str) -> Path:
+        path = self._path(key)
+        if not path.is_file():
+            raise NotFound(f"blob {key} is missing from the store")
+        return path
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

@@ -124,9 +124,10 @@ class S3BlobStore(BlobStore):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK) -> Iterator[bytes]:
+    def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+        ranged = {"Range": f"bytes={start}-{'' if end is None else end}"} if start or end is not None else {}
         with _mapped(key):
-            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            body = self.client.get_object(Bucket=self.bucket, Key=key, **ranged)["Body"]
         try:
             with _mapped(key):
                 yield from body.iter_chunks(chunk_size)
@@ -191,7 +192,12 @@ class S3BlobStore(BlobStore):
                 if str(exc.response.get("Error", {}).get("Code", "")) not in GONE_UPLOAD_CODES:
                     raise
 
-    def presigned_url(self, key: str, expires_seconds: int = 300) -> str:
+    def download_url(self, key: str, expires_seconds: int, filename: str | None = None) -> str:
+        return self.presigned_url(key, expires_seconds, filename)
+
+    def presigned_url(self, key: str, expires_seconds: int = 300, filename: str | None = None) -> str:
+        params = {"Bucket": self.bucket, "Key": key}
+        if filename:
+            params["ResponseContentDisposition"] = f'attachment; filename="{filename}"'
         with _mapped(key):
-            return self.client.generate_presigned_url("get_object", Params={"Bucket": self.bucket, "Key": key},
-                                                      ExpiresIn=expires_seconds)
+            return self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_seconds)

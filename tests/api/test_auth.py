@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from enginefarm.server.embedded import Farm
 from enginefarm.graph.samples import save_conv_net
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ApiTokenRow
+from enginefarm.storage.tokens import create_token, revoke_token
 from tests.helpers import unique_name
 
 
@@ -54,7 +56,9 @@ def test_cli_token_lifecycle_and_scopes(farm, dist_settings, tmp_path):
     listed = cli("token", "list", env=env).stdout
     assert "ci-builder" in listed and row.prefix in listed and token not in listed
     cli("token", "revoke", str(row.id), env=env)
-    r = httpx.get(f"{farm.url}/v1/models", headers=bearer(token))
+    # Revoked in the catalog by another process: the API refuses it within its stated delay
+    # (ENGINEFARM_TOKEN_CACHE_SECONDS, 5 s), not at once; see test_revocation_elsewhere_takes_effect_within_5_s.
+    r = refused_within(farm.url, token, 5.5)
     assert r.status_code == 401 and "not valid" in r.json()["detail"]
     with session_scope(dist_settings) as s:
         assert s.get(ApiTokenRow, row.id).last_used_at is not None  # the upload recorded its use
@@ -62,6 +66,30 @@ def test_cli_token_lifecycle_and_scopes(farm, dist_settings, tmp_path):
     bad = cli("token", "create", "--scope", "root", "--name", "x", env=env, expect=1)
     assert "unknown scope 'root'" in bad.stderr and "read, build, admin" in bad.stderr
     assert "no token with id 999999" in cli("token", "revoke", "999999", env=env, expect=1).stderr
+
+
+def refused_within(url: str, token: str, seconds: float) -> httpx.Response:
+    """Poll with ``token`` until it is refused; fails when that takes longer than ``seconds``."""
+    started = time.monotonic()
+    while (r := httpx.get(f"{url}/v1/models", headers=bearer(token), timeout=10)).status_code == 200:
+        assert time.monotonic() - started < seconds, f"still accepted after {seconds} s"
+        time.sleep(0.1)
+    return r
+
+
+def test_revocation_elsewhere_takes_effect_within_5_s(farm, dist_settings):
+    """The API keeps the tokens it has looked up for 5 s (a fleet's requests then skip the lookup): a token
+    revoked in the catalog by another process is accepted for at most that long, then refused."""
+    with session_scope(dist_settings) as s:
+        row, token = create_token(s, unique_name("cached"), ["read"])
+    assert httpx.get(f"{farm.url}/v1/models", headers=bearer(token)).status_code == 200  # now cached
+    with session_scope(dist_settings) as s:
+        revoke_token(s, row.id)
+    revoked = time.monotonic()
+    r = refused_within(farm.url, token, 5.5)
+    delay = time.monotonic() - revoked
+    assert r.status_code == 401 and delay <= 5.5
+    print(f"revoked in the catalog: refused by the API after {delay:.2f} s")
 
 
 def test_admin_manages_tokens_over_the_api(api):

@@ -144,7 +144,8 @@ def test_an_engine_shared_through_identical_bytes_shows_only_the_readers_own_mod
         ma, _ = a.upload(path, ours)
         seen = a.get(f"/v1/engines/{engine_id}")
         assert (seen["model_name"], seen["model_id"], seen["model_version"]) == (ours, ma["id"], ma["version"])
-        download = httpx.get(f"{farm.url}/v1/engines/{engine_id}/content", headers=bearer(projects[alpha]["read"]))
+        download = httpx.get(f"{farm.url}/v1/engines/{engine_id}/content", headers=bearer(projects[alpha]["read"]),
+                             follow_redirects=True)
         assert download.status_code == 200
         assert secret not in download.headers["content-disposition"] and ours in download.headers["content-disposition"]
         listed = a.get("/v1/engines", model=ours)["items"]

@@ -165,7 +165,7 @@ def test_uploading_the_same_bytes_again_restores_a_missing_blob(api, dist_settin
     assert api.get(f"/v1/models/{first['id']}/content").status_code >= 400
     again = api.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", data)})
     assert again.status_code == 200 and again.json()["id"] == first["id"]
-    content = api.get(f"/v1/models/{first['id']}/content")
+    content = api.get(f"/v1/models/{first['id']}/content", follow_redirects=True)
     assert content.status_code == 200 and content.content == data
 
 
@@ -188,5 +188,5 @@ def test_identical_uploads_at_once_make_one_model_whose_bytes_stay(farm, dist_se
     with session_scope(dist_settings) as s:
         assert len(catalog.find_models(s, name)) == 1
     with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as c:
-        content = c.get(f"/v1/models/{answers[0].json()['id']}/content")
+        content = c.get(f"/v1/models/{answers[0].json()['id']}/content", follow_redirects=True)
     assert content.status_code == 200 and content.content == data

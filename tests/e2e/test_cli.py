@@ -45,6 +45,10 @@ def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
     assert len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
     missing = run_cli(farm.url, "build", "no-such-model-x", "-t", ORT_TARGET, expect=1)
     assert "no model 'no-such-model-x'" in missing and "Traceback" not in missing
+    # The fingerprint's own rules, as the API applies them, refuse a bad flag before any request.
+    bad_cc = run_cli(farm.url, "fetch", "any", "--cc", "86", "--driver", "x", "-o", "e.plan", expect=1)
+    assert "compute_capability: String should match pattern" in bad_cc and "driver_version" in bad_cc
+    assert "Traceback" not in bad_cc
 
 
 def test_token_create_will_not_start_a_catalog_nobody_uses(tmp_path):

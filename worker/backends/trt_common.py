@@ -7,6 +7,8 @@ which they supply through ``TrtFamilyBackend.select_target``.
 
 from __future__ import annotations
 
+import functools
+
 import importlib
 import time
 from abc import abstractmethod
@@ -206,8 +208,11 @@ class TrtFamilyBackend(BuildBackend):
         return self.describe(target, spec, machine)
 
 
+@functools.cache
 def cuda_major_of(dist_prefix: str) -> str | None:
-    """The CUDA major a TensorRT wheel was built for, from its distribution name (``tensorrt_rtx_cu13`` → "13")."""
+    """The CUDA major a TensorRT wheel was built for, from its distribution name (``tensorrt_rtx_cu13`` → "13").
+    Once per process: it reads every installed distribution's metadata (8-15 ms), and a worker's wheels do not
+    change under it."""
     from importlib.metadata import distributions
 
     for dist in distributions():

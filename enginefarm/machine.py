@@ -1,0 +1,68 @@
+"""A deploy machine's fingerprint: the one type the probe fills, the client sends, the API validates and documents
+(GET and POST /v1/resolve) and the compatibility rules judge.
+
+Every field is optional; what is missing is reported as unchecked. The constraints hold wherever a fingerprint is
+made: a bad ``--cc`` on the command line is refused by the same rule as a bad ``compute_capability`` in a request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic.dataclasses import dataclass
+
+from enginefarm.domain import JETSON_CCS, Precision, check_shape_request
+
+CC_PATTERN = r"^\d{1,2}\.\d$"
+VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"
+PLATFORM_PATTERN = r"^(x86_64|aarch64)$"
+JETPACK_PATTERN = r"^\d+(\.\d+){0,2}$"
+
+
+@dataclass(config=ConfigDict(extra="forbid"))
+class Machine:
+    """A deploy machine's fingerprint. Every field is optional; what is missing is reported as unchecked."""
+
+    gpu_name: str | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
+    compute_capability: str | None = Field(None, pattern=CC_PATTERN, description="e.g. 8.6")
+    memory_mib: StrictInt | None = Field(None, ge=1, le=1 << 24)
+    driver_version: str | None = Field(None, pattern=VERSION_PATTERN)
+    cuda_version: str | None = Field(None, pattern=VERSION_PATTERN)
+    trt_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
+    trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
+    lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
+                                                        "version-compatible engines")
+    platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
+    os: str | None = Field(None, max_length=200)
+    jetpack: str | None = Field(None, pattern=JETPACK_PATTERN)
+    # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
+    # Empty: shapes are not judged.
+    shapes: dict[str, Any] = Field(
+        default_factory=dict, max_length=1000,
+        description="what the machine will run: per input, dims ([1, 3, 640, 640]) or {min, opt, max} dims; "
+                    "an engine whose profiles do not cover them is excluded")
+    precisions: list[Precision] = Field(default_factory=list, max_length=5,
+                                        description="the precisions the machine accepts (default: any)")
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, shapes: dict[str, Any]) -> dict[str, Any]:
+        return check_shape_request(shapes)
+
+    @property
+    def is_jetson(self) -> bool:
+        return bool(self.jetpack) or self.compute_capability in JETSON_CCS
+
+    @classmethod
+    def detected(cls, **fields: Any) -> Machine:
+        """A fingerprint from what a probe read: a value the rules cannot use (a platform other than x86_64 or
+        aarch64, a version string of another form) is left out, as unknown, instead of failing the probe."""
+        while True:
+            try:
+                return cls(**fields)
+            except ValidationError as exc:
+                bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]} & set(fields)
+                if not bad:
+                    raise
+                fields = {k: v for k, v in fields.items() if k not in bad}

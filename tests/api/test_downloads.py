@@ -1,0 +1,172 @@
+"""Downloads as registries serve content-addressed bytes: ETag = sha256 and immutable, 304 to If-None-Match,
+Range (206, 416), a 307 to a presigned URL with S3 (or streamed through the API when that is off), and a client
+that follows the redirect, verifies the sha256 and resumes a download whose connection broke."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import httpx
+import pytest
+import uvicorn
+
+from enginefarm.api.app import create_app
+from enginefarm.client import Client
+from enginefarm.config import Settings
+from enginefarm.graph.samples import conv_net
+from enginefarm.server.embedded import free_port, issue_token
+from tests.helpers import unique_name
+
+
+@contextmanager
+def serve(settings: Settings):
+    """The API in this process on a free port (uvicorn in a thread); yields (url, admin token)."""
+    token = issue_token(settings, "downloads", ["admin"])
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}", token
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+class CuttingProxy:
+    """A TCP proxy whose first ``cuts`` connections are closed once ``after`` bytes of the answer have passed."""
+
+    def __init__(self, target_port: int, after: int, cuts: int = 1):
+        self.target, self.after, self.cuts = ("127.0.0.1", target_port), after, cuts
+        self.connections = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            limit = self.after if self.connections <= self.cuts else None
+            upstream = socket.create_connection(self.target)
+            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, limit), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, limit: int | None) -> None:
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                if limit is not None and sent + len(data) >= limit:
+                    dst.sendall(data[:limit - sent])
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture(scope="module")
+def local_farm(tmp_path_factory):
+    """A farm on a local blob store (SQLite catalog), with one model of about 1.5 MB."""
+    settings = Settings(data_dir=tmp_path_factory.mktemp("local-farm"), reconcile_seconds=0, gc_interval_seconds=0)
+    data = conv_net(channels=128, blocks=6, seed=7).SerializeToString()
+    with serve(settings) as (url, token), Client(url, token=token) as c:
+        model, _ = c.upload(data, name="dl")
+        yield url, token, model, data
+
+
+def test_content_is_immutable_and_answers_if_none_match_with_304(local_farm):
+    url, token, model, data = local_farm
+    sha = hashlib.sha256(data).hexdigest()
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+        r = http.get(f"/v1/models/{model['id']}/content")
+        assert r.status_code == 200 and r.content == data
+        assert r.headers["etag"] == f'"{sha}"' and r.headers["x-content-sha256"] == sha
+        assert "immutable" in r.headers["cache-control"] and r.headers["accept-ranges"] == "bytes"
+        again = http.get(f"/v1/models/{model['id']}/content", headers={"If-None-Match": f'"{sha}"'})
+        assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == f'"{sha}"'
+        other = http.get(f"/v1/models/{model['id']}/content", headers={"If-None-Match": '"0000"'})
+        assert other.status_code == 200 and other.content == data
+
+
+@pytest.mark.parametrize("asked,first,last", [("bytes=10-19", 10, 19), ("bytes=-5", None, None),
+                                              ("bytes=100-", 100, None)])
+def test_a_range_is_answered_with_206(local_farm, asked, first, last):
+    url, token, model, data = local_farm
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+        r = http.get(f"/v1/models/{model['id']}/content", headers={"Range": asked})
+    expected = data[-5:] if first is None else data[first:None if last is None else last + 1]
+    assert r.status_code == 206 and r.content == expected
+    assert r.headers["content-range"].endswith(f"/{len(data)}")
+
+
+def test_a_range_past_the_end_is_416(local_farm):
+    url, token, model, data = local_farm
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as http:
+        r = http.get(f"/v1/models/{model['id']}/content", headers={"Range": f"bytes={len(data) + 10}-"})
+    assert r.status_code == 416
+
+
+def test_the_client_resumes_a_download_whose_connection_broke(local_farm, tmp_path):
+    url, token, model, data = local_farm
+    proxy = CuttingProxy(int(url.rsplit(":", 1)[1]), after=300_000, cuts=2)
+    written = []
+    try:
+        with Client(proxy.url, token=token) as c:
+            sha = c._download(f"/v1/models/{model['id']}/content", tmp_path / "m.onnx", model["sha256"], written.append)
+    finally:
+        proxy.close()
+    assert sha == model["sha256"] and (tmp_path / "m.onnx").read_bytes() == data
+    assert proxy.connections == 3  # cut twice, resumed twice
+    assert sum(written) == len(data)  # resumed from where each cut stopped: no byte was fetched twice
+    assert list(tmp_path.iterdir()) == [tmp_path / "m.onnx"]
+
+
+def test_s3_downloads_redirect_to_a_presigned_url_the_client_follows(farm, tmp_path):
+    data = conv_net(seed=777).SerializeToString()
+    with Client(farm.url, token=farm.token) as c:
+        model, _ = c.upload(data, name=unique_name("presigned"))
+        r = c.http.get(f"/v1/models/{model['id']}/content")
+        assert r.status_code == 307 and r.headers["x-content-sha256"] == model["sha256"]
+        assert "Signature=" in r.headers["location"] and "immutable" in r.headers["cache-control"]
+        direct = httpx.get(r.headers["location"], timeout=30)  # no token: the URL itself is the grant
+        assert direct.status_code == 200 and direct.content == data
+        assert f'filename="{model["name"]}-1.onnx"' in direct.headers.get("content-disposition", "")
+        assert c.download_model(model["id"], tmp_path / "m.onnx", model["sha256"]) == model["sha256"]
+        cut = c.http.get(f"/v1/models/{model['id']}/content", headers={"If-None-Match": f'"{model["sha256"]}"'})
+        assert cut.status_code == 304
+
+
+def test_s3_downloads_stream_through_the_api_when_redirects_are_off(seaweedfs, tmp_path):
+    settings = Settings(data_dir=tmp_path, reconcile_seconds=0, gc_interval_seconds=0, blob_store="s3",
+                        s3_endpoint_url=seaweedfs, s3_bucket=f"dl-{int(time.time() * 1000)}", s3_access_key="k",
+                        s3_secret_key="s", download_redirect=False)
+    data = conv_net(seed=778).SerializeToString()
+    with serve(settings) as (url, token), Client(url, token=token) as c:
+        model, _ = c.upload(data, name="streamed")
+        whole = c.http.get(f"/v1/models/{model['id']}/content")
+        part = c.http.get(f"/v1/models/{model['id']}/content", headers={"Range": "bytes=5-104"})
+    assert whole.status_code == 200 and whole.content == data
+    assert part.status_code == 206 and part.content == data[5:105]
+    assert part.headers["content-range"] == f"bytes 5-104/{len(data)}"
