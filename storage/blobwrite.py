@@ -103,7 +103,8 @@ def store_with_row(settings: Settings, store: BlobStore, key: str, path: Path, s
 
     def attempt() -> T:
         with locked_session(settings, key) as session:
-            store.put_file(key, path, sha256)
+            # Every caller computed sha256 over this very file: the store need not read it again.
+            store.put_file(key, path, sha256, hashed=True)
             return write(session)
 
     try:

@@ -50,8 +50,11 @@ class BlobStore(ABC):
     """Where model and engine bytes live. Writes are idempotent and verified before they return."""
 
     @abstractmethod
-    def put_file(self, key: str, path: Path, sha256: str) -> None:
+    def put_file(self, key: str, path: Path, sha256: str, *, hashed: bool = False) -> None:
         """Store ``path`` under ``key``; returns only once the stored bytes are complete and match ``sha256``.
+
+        ``hashed``: the caller computed ``sha256`` over this very file (the upload spool hashes as it writes), so
+        it is not read again to check it; a local store links the file into place instead of copying it.
 
         When the key already holds these bytes nothing is copied, but the object's modified time is
         refreshed: a new row is about to point at it, and the garbage collector's grace period must

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -34,7 +35,7 @@ class LocalBlobStore(BlobStore):
             raise ValueError(f"blob key {key!r} escapes the store")
         return path
 
-    def put_file(self, key: str, path: Path, sha256: str) -> None:
+    def put_file(self, key: str, path: Path, sha256: str, *, hashed: bool = False) -> None:
         final = self._path(key)
         if (final.exists() and final.stat().st_size == Path(path).stat().st_size
                 and sha256_file(final) == sha256):
@@ -44,6 +45,8 @@ class LocalBlobStore(BlobStore):
             except FileNotFoundError:
                 pass  # collected since the check: write it again
         final.parent.mkdir(parents=True, exist_ok=True)
+        if hashed and self._link(Path(path), final):
+            return
         # Copy to a temp file beside the final name, verify, then rename: readers never see a half blob.
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=TMP_PREFIX)
         try:
@@ -57,6 +60,26 @@ class LocalBlobStore(BlobStore):
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+
+    @staticmethod
+    def _link(path: Path, final: Path) -> bool:
+        """Put ``path``'s bytes under ``final`` with no copy: a hard link beside it, renamed into place. False
+        where the file system cannot (another device, no hard links): the caller copies instead."""
+        tmp = final.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # the bytes are on disk before any row points at them
+            finally:
+                os.close(fd)
+            os.link(path, tmp)
+        except OSError:
+            return False
+        try:
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
 
     def _open(self, key: str):
         """The blob opened for reading; NotFound, as S3 answers, when it is not there (never a FileNotFoundError)."""

@@ -312,3 +312,39 @@ def test_s3_from_settings_on_dead_endpoint_is_infrastructure_error():
     with pytest.raises(InfrastructureError):
         S3BlobStore.from_settings(s3_settings(_dead_endpoint()))
     assert time.monotonic() - started < 20
+
+
+def test_a_hashed_file_is_linked_into_a_local_store_not_copied(tmp_path):
+    """The upload spool hashed the file as it wrote it: the local store puts the very inode in place."""
+    store = LocalBlobStore(tmp_path / "blobs")
+    src = tmp_path / "spool"
+    src.write_bytes(b"engine bytes" * 1000)
+    sha = sha256_file(src)
+    store.put_file(engine_key(sha), src, sha, hashed=True)
+    stored = store.local_path(engine_key(sha))
+    assert stored.stat().st_ino == src.stat().st_ino and stored.read_bytes() == src.read_bytes()
+    src.unlink()  # the spool goes; the blob stays
+    assert sha256_file(stored) == sha
+    assert [p.name for p in stored.parent.iterdir()] == [stored.name]  # no temp file left
+
+
+def test_a_hashed_put_to_s3_reads_the_file_once(s3_store, tmp_path, monkeypatch):
+    """With the sha256 known, S3 gets the file without a hashing pass over it first, and no read-back HEAD."""
+    store = s3_store
+    src = tmp_path / "m.onnx"
+    src.write_bytes(b"model bytes" * 5000)
+    sha = sha256_file(src)
+
+    def no_rehash(_path):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(s3_module, "sha256_file", no_rehash)
+    heads = []
+    real_head = store._head
+    monkeypatch.setattr(store, "_head", lambda key: heads.append(key) or real_head(key))
+    store.put_file(model_key(sha), src, sha, hashed=True)
+    assert heads == [model_key(sha)]  # the one that asks whether the bytes are there already
+    monkeypatch.undo()
+    out = tmp_path / "back"
+    store.get_file(model_key(sha), out)
+    assert out.read_bytes() == src.read_bytes()
