@@ -24,6 +24,7 @@ from enginefarm.api.upload import UploadSlots
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
 from enginefarm.errors import CatalogUnavailable, EnginefarmError, StorageFull
+from enginefarm.hashing import SHA_HEADER
 from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=["X-Content-SHA256"])
+                           allow_headers=["Authorization", "Content-Type"], expose_headers=[SHA_HEADER])
 
     @app.exception_handler(EnginefarmError)
     async def _farm_error(_request: Request, exc: EnginefarmError) -> JSONResponse:

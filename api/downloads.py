@@ -19,9 +19,9 @@ from fastapi import Request, Response
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 
 from enginefarm.config import Settings
+from enginefarm.hashing import SHA_HEADER
 from enginefarm.storage.blobs import get_blob_store
 
-SHA_HEADER = "X-Content-SHA256"
 IMMUTABLE = "public, max-age=31536000, immutable"
 # Streams read their chunks on threads of their own: on the shared pool they queued behind the routes.
 _STREAMS = anyio.CapacityLimiter(64)

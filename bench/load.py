@@ -53,7 +53,8 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 import httpx  # noqa: E402
 
-SHA_HEADER = "X-Content-SHA256"  # api/routes/engines.py, enginefarm/client.py
+from enginefarm.hashing import CHUNK, SHA_HEADER  # noqa: E402
+
 TARGETS = ["tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "onnxruntime/cpu-x86_64"]
 WORKERS = {"load-gpu": ["tensorrt-rtx/sm86", "tensorrt-rtx/sm89"], "load-cpu": ["onnxruntime/cpu-x86_64"]}
 NO_CHECKS = {"benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
@@ -68,7 +69,6 @@ MACHINES = [
                  "platform": "x86_64"}},
 ]
 REDIS_DB = 13
-CHUNK = 1 << 20
 PHASES = ("healthz", "s3", "farm")
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from enginefarm.errors import ModelRejected, PayloadTooLarge
+from enginefarm.hashing import CHUNK
 
 if TYPE_CHECKING:
     from enginefarm.config import Settings
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 MODEL_NAME = "model.onnx"
 FORMATS = ("onnx", "zip", "tar")
 
-CHUNK = 1 << 20
 # Small entries compress far better than real weights (zero padding, text): only judge big ones.
 _RATIO_MIN_BYTES = 1 << 20
 _MAX_NAME_COMPONENT = 255

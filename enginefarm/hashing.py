@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 CHUNK = 1 << 20
+# The header a blob's bytes travel with: their sha256, for the receiver to check (also the ETag).
+SHA_HEADER = "X-Content-SHA256"
 
 
 def sha256_file(path: Path) -> str:

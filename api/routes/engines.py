@@ -6,13 +6,14 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from enginefarm.api.auth import Tenant
-from enginefarm.api.downloads import SHA_HEADER, blob_response
+from enginefarm.api.downloads import blob_response
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId, check_no_nul, page_offset
 from enginefarm.api.reports import engine_checks
 from enginefarm.api.schemas import EngineOut, Page
 from enginefarm.config import Settings
 from enginefarm.errors import NotFound
+from enginefarm.hashing import SHA_HEADER
 from enginefarm.storage import catalog
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])

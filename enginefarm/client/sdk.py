@@ -18,11 +18,9 @@ from enginefarm.domain import FINAL_STATES, EngineDescriptor
 from enginefarm.machine import Machine
 from enginefarm.client.errors import api_error
 from enginefarm.client.jobs import BuildJob
-from enginefarm.hashing import sha256_file
+from enginefarm.hashing import CHUNK, SHA_HEADER, sha256_file
 from enginefarm.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
 
-SHA_HEADER = "X-Content-SHA256"
-CHUNK = 1 << 20
 
 
 class _ProgressReader:

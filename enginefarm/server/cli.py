@@ -40,6 +40,8 @@ def _needing(extras: tuple[str, ...], fn):
 
 def register(root: typer.Typer) -> None:
     """Add the server commands to the ``enginefarm`` command; each first checks that its extras are installed."""
+    if any(group.name == "token" for group in root.registered_groups):
+        return  # already added (the entry point loaded twice in one process)
     for command in app.registered_commands + token_app.registered_commands:
         name = command.name or command.callback.__name__
         command.callback = _needing(NEEDS.get(name, ("server",)), command.callback)

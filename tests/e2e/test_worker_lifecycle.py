@@ -118,6 +118,16 @@ class Up:
         r.raise_for_status()
         return r.json()
 
+    def stop(self, procs: dict[int, int]) -> dict[int, str]:
+        """Stop it as an operator does (SIGTERM); what of ``procs`` and its own children still runs 20 s later,
+        all of which is then killed."""
+        procs |= descendants(self.proc.pid)
+        if self.proc.poll() is None:
+            stop_like_an_operator(self.proc, signal.SIGTERM)
+        left = wait_gone(procs, 20)
+        kill_leftovers(procs)
+        return left
+
     def workers_seen(self) -> bool:
         """Whether any worker has heartbeated yet (False also while the API is not answering)."""
         try:
@@ -210,11 +220,7 @@ def test_up_survives_its_worker_being_killed(tmp_path):
         assert "embedded-0" in up.output() and "SIGKILL" in up.output(), up.output()  # the supervisor says why
         procs |= descendants(up.proc.pid)
     finally:
-        procs |= descendants(up.proc.pid)
-        if up.proc.poll() is None:
-            stop_like_an_operator(up.proc, signal.SIGTERM)
-        left = wait_gone(procs, 20)
-        kill_leftovers(procs)
+        left = up.stop(procs)
     assert not left, left
 
 
@@ -237,11 +243,7 @@ def test_up_survives_its_worker_dying_before_its_first_heartbeat(tmp_path):
         assert worker and up.proc.poll() is None
         procs |= descendants(up.proc.pid)
     finally:
-        procs |= descendants(up.proc.pid)
-        if up.proc.poll() is None:
-            stop_like_an_operator(up.proc, signal.SIGTERM)
-        left = wait_gone(procs, 20)
-        kill_leftovers(procs)
+        left = up.stop(procs)
     assert not left, left
 
 
