@@ -29,6 +29,8 @@ bench: setup services
 	$(PY) bench/e2e.py --mode both
 	$(PY) bench/resolve.py
 	$(PY) bench/benchmark_overhead.py
+	$(PY) bench/serve.py
+	$(PY) bench/fleet.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

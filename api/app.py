@@ -18,6 +18,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from enginefarm.api.schemas import document_spec
+from enginefarm.api.answers import Answers
 from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
 from enginefarm.api.upload import UploadSlots
@@ -111,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
+    app.state.answers = Answers(settings.resolve_cache_entries)
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):

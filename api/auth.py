@@ -12,6 +12,7 @@ import time
 from datetime import datetime, timezone
 from typing import Annotated, Optional
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -75,8 +76,15 @@ def _challenge(message: str) -> Unauthorized:
     return exc
 
 
-def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
-    """The request's principal, or a 401/403 that says what is missing. Never echoes the token."""
+def _lookup(settings, token: str) -> Principal | None:
+    with session_scope(settings) as session:
+        return authenticate(session, token)
+
+
+async def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> Principal:
+    """The request's principal, or a 401/403 that says what is missing. Never echoes the token.
+
+    On the event loop: a token in the cache costs no thread hop; only a lookup in the catalog takes a thread."""
     settings = request.app.state.settings
     needed = needed_scope(request)
     header = request.headers.get("authorization")
@@ -91,8 +99,7 @@ def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None
     key = hash_token(credentials.credentials)
     principal = cache.get(key)
     if principal is None:
-        with session_scope(settings) as session:
-            principal = authenticate(session, credentials.credentials)
+        principal = await anyio.to_thread.run_sync(_lookup, settings, credentials.credentials)
         if principal is not None:
             cache.put(key, principal)
     if principal is None:
@@ -101,7 +108,7 @@ def authorize(request: Request, credentials: HTTPAuthorizationCredentials | None
     return principal
 
 
-def project_dep(principal: Principal = Depends(authorize)) -> str | None:
+async def project_dep(principal: Principal = Depends(authorize)) -> str | None:
     """The project a request is limited to: its token's (``None`` for a token of the whole farm)."""
     return principal.project
 

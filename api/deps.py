@@ -18,7 +18,8 @@ from enginefarm.storage.db import new_session
 _ENDINGS = anyio.CapacityLimiter(16)
 
 
-def settings_dep(request: Request) -> Settings:
+async def settings_dep(request: Request) -> Settings:
+    """Async, so that FastAPI calls it on the event loop rather than on a thread of its pool."""
     return request.app.state.settings
 
 

@@ -297,7 +297,9 @@ class ResolveOut(BaseModel):
                                                                        "ONNX Runtime FP32")
     download_url: str
     fallbacks: list[CandidateOut]
-    rejected: list[CandidateOut]
+    excluded: dict[str, int] = Field(default_factory=dict, description="how many engines each rule excluded")
+    rejected: list[CandidateOut] | None = Field(None, description="the excluded engines, each with its rule and "
+                                                                  "reason, with explain=true")
     candidates: list[CandidateOut] | None = Field(None, description="the full table, ranked then excluded, with explain=true")
 
 

@@ -41,7 +41,7 @@ from enginefarm.server.embedded import issue_token  # noqa: E402
 from enginefarm.compat import Option, choose  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.machine import Machine  # noqa: E402
-from enginefarm.storage.catalog import descriptor_of  # noqa: E402
+from enginefarm.storage.resolution import descriptor_of  # noqa: E402
 from enginefarm.storage.db import session_scope  # noqa: E402
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Keep-alive latency of the API under several worker processes: Nagle's algorithm against TCP_NODELAY.
+"""Keep-alive latency and CPU per request of the API: Nagle's algorithm against TCP_NODELAY, h11 against httptools.
 
 With ``uvicorn --workers N`` > 1, each keep-alive answer waited about 40 ms for Nagle's algorithm. ``enginefarm
 api`` listens on a socket with TCP_NODELAY (enginefarm/server/serve.py). This starts, one after the other,
@@ -6,9 +6,11 @@ api`` listens on a socket with TCP_NODELAY (enginefarm/server/serve.py). This st
   baseline   uvicorn enginefarm.api.main:app --workers 2
   ours       enginefarm api --workers 2
   one        uvicorn enginefarm.api.main:app (one worker, where Nagle never bit)
+  h11        uvicorn enginefarm.api.main:app --http h11 --loop asyncio (one worker: pure-Python HTTP parsing)
 
-on an embedded catalog, sends N sequential keep-alive GET /healthz to each, and prints p50/p95 and the ratio
-ours/baseline.
+on an embedded catalog, sends N sequential keep-alive GET /healthz to each, and prints p50/p95, the server's CPU
+per request, and the ratios ours/baseline (p50) and one/h11 (CPU per request: httptools and uvloop, which
+``enginefarm[server]`` installs and uvicorn picks by itself, against uvicorn's pure-Python fallback).
 
     python bench/serve.py            # 200 requests each
     python bench/serve.py --smoke    # 20 requests each: checks that it runs
@@ -34,8 +36,23 @@ import httpx  # noqa: E402
 from enginefarm.server.embedded import free_port  # noqa: E402
 
 
-def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, float]:
-    """p50 and p95 (ms) of ``requests`` keep-alive GET /healthz to the server ``cmd`` starts (PORT: its port)."""
+def cpu_seconds(pgrp: int) -> float:
+    """User + system CPU of every process in this process group."""
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split() if raw else []
+        if fields and int(fields[2]) == pgrp:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, float, float]:
+    """p50 and p95 (ms) of ``requests`` keep-alive GET /healthz to the server ``cmd`` starts (PORT: its port), and
+    the server's CPU ms per request."""
     port = free_port()
     proc = subprocess.Popen([c.replace("PORT", str(port)) for c in cmd], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
@@ -53,12 +70,14 @@ def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, 
             for _ in range(10):
                 client.get(url)
             times = []
+            cpu = cpu_seconds(proc.pid)
             for _ in range(requests):
                 started = time.perf_counter()
                 client.get(url).raise_for_status()
                 times.append((time.perf_counter() - started) * 1000)
+            cpu = (cpu_seconds(proc.pid) - cpu) * 1000 / requests
         times.sort()
-        return statistics.median(times), times[int(0.95 * (len(times) - 1))]
+        return statistics.median(times), times[int(0.95 * (len(times) - 1))], cpu
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
@@ -79,11 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         baseline = measure([*uvicorn, "--workers", "2"], env, requests)
         ours = measure([py, "-m", "enginefarm", "api", "--port", "PORT", "--workers", "2"], env, requests)
         one = measure(uvicorn, env, requests)
-    print(f"keep-alive GET /healthz, {requests} sequential requests each (p50 / p95 ms):")
-    print(f"  baseline uvicorn --workers 2:             {baseline[0]:6.1f} / {baseline[1]:6.1f}")
-    print(f"  enginefarm api --workers 2 (TCP_NODELAY): {ours[0]:6.1f} / {ours[1]:6.1f}")
-    print(f"  uvicorn, one worker:                      {one[0]:6.1f} / {one[1]:6.1f}")
+        h11 = measure([*uvicorn, "--http", "h11", "--loop", "asyncio"], env, requests)
+    print(f"keep-alive GET /healthz, {requests} sequential requests each (p50 / p95 ms, server CPU ms/request):")
+    for label, r in (("baseline uvicorn --workers 2:           ", baseline), ("enginefarm api --workers 2 (TCP_NODELAY):", ours),
+                     ("uvicorn, one worker (httptools, uvloop):  ", one), ("uvicorn, one worker, h11 on asyncio:     ", h11)):
+        print(f"  {label} {r[0]:6.1f} / {r[1]:6.1f}   {r[2]:5.2f}")
     print(f"ratio ours/baseline p50: {ours[0] / baseline[0]:.3f}")
+    print(f"ratio httptools+uvloop / h11+asyncio, CPU per request: {one[2] / h11[2]:.3f}")
     return 0
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from enum import IntEnum
 from typing import Any
 
@@ -102,6 +103,7 @@ class Verdict:
         return [c.rule.value for c in self.checks if c.outcome is Outcome.UNCHECKED]
 
 
+@lru_cache(maxsize=4096)
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".") if p.isdigit())
 

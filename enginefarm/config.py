@@ -92,6 +92,8 @@ class Settings(BaseSettings):
     # How long an API process trusts a token it has looked up: the delay before a token revoked or expired
     # elsewhere is refused (0: look every token up on every request).
     token_cache_seconds: float = Field(default=5.0, ge=0, le=5)
+    # Resolve answers each API process keeps by ETag (0: none). An answer is a few KB.
+    resolve_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
 
     # Reads (catalog, resolve, download) without a token. Writes always need one.
     anonymous_read: bool = False

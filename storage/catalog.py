@@ -12,13 +12,10 @@ from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
 from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, EngineDescriptor, ModelInfo, Target, TaskState, engine_profiles
-from enginefarm.machine import Machine
-from enginefarm.errors import Conflict, NoCompatibleEngine, NotFound
+from enginefarm.errors import Conflict, NotFound
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import (
-    DEFAULT_SHAPE_KEY,
     BenchmarkRow,
     BenchmarkTaskRow,
     BuildRow,
@@ -95,17 +92,18 @@ def list_models(session: Session, *, name: str | None = None, sha256: str | None
     return list(rows), total
 
 
-def find_models(session: Session, name: str, version: str | None = None, project: str | None = None) -> list[ModelRow]:
+def find_models(session: Session, name: str, version: str | None = None, project: str | None = None, *,
+                columns: tuple | None = None) -> list[ModelRow]:
     """Versions of a model, newest first, each source before the models derived from it; only the named
     version (and what was derived from it) when one is given. A name is looked up in ``project``; with
     ``None`` (a token of the whole farm) a name that several projects use is ambiguous, unless one of them
-    is the farm's own ('')."""
+    is the farm's own (''). ``columns`` (which must include ``ModelRow.project``): plain rows of only these."""
     query = in_project(select(ModelRow).where(ModelRow.name == name), project)
     if version is not None:
         named = in_project(select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version), project)
         query = query.where((ModelRow.version == version) | ModelRow.source_model_id.in_(named))
-    rows = list(session.scalars(query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None),
-                                               ModelRow.id)).all())
+    query = query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None), ModelRow.id)
+    rows = list(session.execute(query.with_only_columns(*columns)).all() if columns else session.scalars(query).all())
     if len(projects := {r.project for r in rows}) > 1:
         if "" not in projects:
             raise Conflict(f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
@@ -388,60 +386,6 @@ def engines_by_id(session: Session, engine_ids: list[int]) -> dict[int, EngineRo
     if not engine_ids:
         return {}
     return {row.id: row for row in session.scalars(select(EngineRow).where(EngineRow.id.in_(engine_ids)))}
-
-
-def descriptor_of(row: EngineRow) -> EngineDescriptor:
-    return EngineDescriptor(
-        target=row.target, backend=row.backend, backend_version=row.backend_version, precision=row.precision,
-        platform=row.platform, compute_capability=row.compute_capability,
-        compute_capabilities=list(row.compute_capabilities or []), gpu_name=row.gpu_name, trt_version=row.trt_version,
-        cuda_version=row.cuda_version, driver_version=row.driver_version, hardware_compat=row.hardware_compat,
-        version_compatible=row.version_compatible, size=row.size, sha256=row.sha256,
-        device_memory_bytes=row.device_memory_bytes, profiles=list(row.profiles or []),
-    )
-
-
-# --------------------------------------------------------------------------- resolution
-
-
-def _evidence(row: EngineRow, machine: Machine) -> Evidence:
-    """Accuracy, and the best median latency at the default shape measured on the asking GPU model."""
-    accuracy = None if row.accuracy_pass is None else ("pass" if row.accuracy_pass else "fail")
-    same_gpu = [b for b in row.benchmarks if b.shape_key == DEFAULT_SHAPE_KEY and machine.gpu_name
-                and b.gpu_name == machine.gpu_name]
-    best = min(same_gpu, key=lambda b: b.median_ms, default=None)
-    return Evidence(accuracy, best.median_ms if best else None, best.gpu_name if best else None)
-
-
-def resolve(session: Session, machine: Machine, *, model: str, version: str | None = None,
-            wanted: Wanted | None = None, project: str | None = None) -> tuple[Choice, dict[int, EngineRow], dict[str, ModelRow]]:
-    """Judge and rank every engine of this model (one version, the newest with ``version="latest"``, or all)
-    for this machine. Returns the choice, the engine rows by id, and the model version of each model sha."""
-    models = find_models(session, model, None if version == "latest" else version, project)
-    if version == "latest":
-        models = latest_of(models)
-    # Engines belong to the model's bytes: identical bytes under another name share them.
-    owner: dict[str, ModelRow] = {}
-    for m in models:
-        if m.sha256 not in owner or m.seq > owner[m.sha256].seq:
-            owner[m.sha256] = m
-    rows = session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(owner))
-                           .options(selectinload(EngineRow.benchmarks))).all()
-    options = [Option(r.id, descriptor_of(r), owner[r.model_sha256].seq, r.spec_hash, _evidence(r, machine))
-               for r in rows]
-    return choose(options, machine, wanted), {r.id: r for r in rows}, owner
-
-
-def no_fit_error(choice: Choice, rows: dict[int, EngineRow], model: str, version: str | None) -> NoCompatibleEngine:
-    what = model + (f" version {version}" if version else "")
-    if not rows:
-        return NoCompatibleEngine(f"no engines of {what} are built yet")
-    runs = f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
-    return NoCompatibleEngine(
-        f"{runs} on this machine",
-        problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
-                   "reason": j.verdict.reason} for j in choice.rejected],
-    )
 
 
 def find_open_task(session: Session, model_id: int, spec_hash: str, target: str) -> BuildTaskRow | None:

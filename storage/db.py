@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from enginefarm.config import Settings, get_settings
+from enginefarm.storage.generation import before_flush
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 T = TypeVar("T")
@@ -71,7 +72,9 @@ def get_engine(settings: Settings | None = None) -> Engine:
 
 @lru_cache
 def _sessionmaker_for(url: str) -> sessionmaker[Session]:
-    return sessionmaker(bind=_engine_for(url), expire_on_commit=False)
+    maker = sessionmaker(bind=_engine_for(url), expire_on_commit=False)
+    event.listen(maker, "before_flush", before_flush)
+    return maker
 
 
 def new_session(settings: Settings | None = None) -> Session:

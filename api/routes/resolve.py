@@ -3,19 +3,27 @@
 GET takes the fingerprint as query parameters (curl-friendly); POST takes it as JSON. Both answer
 the same: 200 with the choice, 404 with a reason per engine when nothing fits, or 202 with a build
 id when nothing fits and the caller asked for ``build``.
+
+A 200 carries an ETag (``enginefarm.api.answers``): the same question asked again with ``If-None-Match`` gets a
+304 until the model's versions, engines or their benchmarks change, and the same question from another machine
+of the fleet is answered from the process's cache without judging anything again.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from collections import Counter
+
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
+from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from enginefarm.api import services
+from enginefarm.api.answers import HEADERS, Answers, FleetRoute, Known, digest_of, etag_of, matches
 from enginefarm.api.auth import authorize, require
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.deps import session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
 from enginefarm.api.schemas import (
     BACKEND_PATTERN,
@@ -32,19 +40,20 @@ from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
 from enginefarm.domain import shape_request
 from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
-from enginefarm.storage import catalog
+from enginefarm.storage import resolution
 from enginefarm.storage.tables import EngineRow, ModelRow
 from enginefarm.storage.tokens import Principal
 
-router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=FleetRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
 RESPONSES = {
+    304: {"description": "the answer has not changed since the one whose ETag If-None-Match names"},
     202: {"model": BuildForMachineOut, "description": "nothing fits; a build for this machine was submitted (build=true)"},
     404: {"description": "no engine fits; `problems` gives the rule and reason for each"},
 }
 
 
-def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow], explain: bool) -> CandidateOut:
+def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: bool) -> CandidateOut:
     row, v, ev = rows[j.option.id], j.verdict, j.option.evidence
     return CandidateOut(
         engine_id=row.id, target=row.target, model_version=owner[row.model_sha256].version, precision=row.precision,
@@ -55,39 +64,59 @@ def _candidate(j: Judged, rows: dict[int, EngineRow], owner: dict[str, ModelRow]
     )
 
 
-def answer(req: ResolveRequest, session: Session, settings: Settings, principal: Principal) -> ResolveOut | JSONResponse:
+def answer(req: ResolveRequest, request: Request, session: Session, settings: Settings,
+           principal: Principal) -> Response:
     project = principal.project
     machine = req.machine
+    models = resolution.model_versions(session, req.model, req.version, project)
+    digest = digest_of(req)
+    tag = etag_of(digest, project, models)
+    headers = {"ETag": tag, **HEADERS}
+    if matches(request.headers.get("if-none-match"), tag):
+        return Response(status_code=304, headers=headers)
+    answers: Answers = request.app.state.answers
+    if (body := answers.get(tag)) is not None:
+        return Response(body, media_type="application/json", headers=headers)
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
-    choice, rows, owner = catalog.resolve(session, machine, model=req.model, version=req.version, wanted=wanted,
-                                          project=project)
+    owner = resolution.owners(models)
+    choice, rows = resolution.judge(session, machine, owner, wanted)
     chosen = choice.chosen
     # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
     only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
     if chosen is None or (req.build and only_cpu):
-        error = catalog.no_fit_error(choice, rows, req.model, req.version)
+        error = resolution.no_fit_error(choice, rows, req.model, req.version)
         if not req.build:
             raise error
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
-        body = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                          precision=req.precision, project=project, token_id=principal.token_id)
-        out = BuildForMachineOut(**body, reasons=error.problems, fallback=fallback)
+        built = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
+                                           precision=req.precision, project=project, token_id=principal.token_id)
+        out = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
     explain = req.explain
-    cands = [_candidate(j, rows, owner, explain) for j in choice.ranked + choice.rejected]
-    return ResolveOut(
-        model=req.model, machine=req.machine, engine=EngineOut.of(row := rows[chosen.option.id], owner[row.model_sha256]),
+    ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
+    rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
+    engine = session.get(EngineRow, chosen.option.id)
+    out = ResolveOut(
+        model=req.model, machine=req.machine,
+        engine=EngineOut.of(engine, session.get(ModelRow, owner[engine.model_sha256].id)),
         match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
         accuracy=chosen.option.evidence.accuracy or "unchecked",
-        download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=cands[1:len(choice.ranked)],
-        rejected=cands[len(choice.ranked):], candidates=cands if explain else None,
+        download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=ranked[1:],
+        excluded=dict(Counter(j.verdict.rule.value for j in choice.rejected if j.verdict.rule)),
+        rejected=rejected, candidates=ranked + rejected if explain else None,
     )
+    body = out.model_dump_json().encode()
+    answers.put(tag, body)
+    if request.method == "GET":
+        answers.remember(request.scope["query_string"], project, Known(req.model, req.version, digest))
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
 def resolve_get(
+    request: Request,
     model: str = Query(..., min_length=1, max_length=200),
     version: str | None = Query(None, max_length=100, description='a model version, or "latest"'),
     cc: str | None = Query(None, pattern=CC_PATTERN, description="compute capability, e.g. 8.6"),
@@ -135,15 +164,15 @@ def resolve_get(
         raise RequestValidationError([
             {"type": e["type"], "msg": e["msg"], "input": e.get("input"),
              "loc": ("query", next(str(x) for x in e["loc"] if x != "machine"))} for e in exc.errors()]) from None
-    return answer(req, session, settings, principal)
+    return answer(req, request, session, settings, principal)
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_post(req: ResolveRequest, session: Session = Depends(session_dep, scope="function"),
+def resolve_post(req: ResolveRequest, request: Request, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep), principal: Principal = Depends(authorize)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     check_no_nul("body", model=req.model, version=req.version)
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    return answer(req, session, settings, principal)
+    return answer(req, request, session, settings, principal)
 

@@ -12,6 +12,7 @@ which ``prune`` evicts by (oldest first); atime is not relied on.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -146,6 +147,23 @@ class EngineCache:
         data = json.dumps(doc, indent=2, sort_keys=True, default=str).encode()
         with atomic_write(self._record_path(record.get("sha256")), None) as out:
             out.write(data)
+
+    def _answer_path(self, question: str) -> Path:
+        return self.root / "answers" / f"{hashlib.sha256(question.encode()).hexdigest()}.json"
+
+    def answer(self, question: str) -> tuple[str, dict[str, Any]] | None:
+        """The farm's last answer to this question (a resolve request as JSON) and its ETag, if kept."""
+        doc = _read_json(self._answer_path(question))
+        if doc is None or doc.get("question") != question or not isinstance(doc.get("answer"), dict):
+            return None
+        return str(doc.get("etag")), doc["answer"]
+
+    def keep_answer(self, question: str, etag: str, answer: dict[str, Any]) -> None:
+        """Keep an answer to ask with If-None-Match next time: a 304 then costs the farm nearly nothing."""
+        data = json.dumps({"question": question, "etag": etag, "answer": answer}).encode()
+        with suppress(OSError):  # a read-only cache still serves
+            with atomic_write(self._answer_path(question), None) as out:
+                out.write(data)
 
     def record(self, sha256: str) -> dict[str, Any] | None:
         """The stored record for ``sha256``, or None when absent or unreadable."""

@@ -428,7 +428,7 @@ def _print_answer(answer: dict, output: Optional[Path], from_cache: bool, explai
         table = Table(title=f"candidates for {answer.get('model', eng.get('model_name'))} on this machine")
         for col in ("rank", "engine", "target", "version", "precision", "match", "rule", "reason"):
             table.add_column(col)
-        rows = answer.get("candidates") or answer["fallbacks"] + answer["rejected"]
+        rows = answer.get("candidates") or answer["fallbacks"] + (answer.get("rejected") or [])
         for r in rows:
             table.add_row(str(r["rank"] or "-"), str(r["engine_id"]), r["target"], r.get("model_version") or "",
                           r.get("precision") or "", r["match"] or "excluded", r.get("rule") or "", r["reason"])

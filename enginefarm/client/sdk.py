@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, fields
@@ -199,14 +200,16 @@ class Client:
     # ------------------------------------------------------------------ resolution and download
 
     def resolve(self, model: str, machine: Machine | None = None, *, version: str | None = None,
-                explain: bool = False, build: bool = False, **filters: Any) -> dict:
+                explain: bool = False, build: bool = False, cache: EngineCache | None = None,
+                **filters: Any) -> dict:
         """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms, backend, and
         accept (["unchecked"] for int8/fp8 engines never checked, ["failed"] for engines that failed the check).
         What the machine will run (its shapes) and the precisions it accepts travel with ``machine``.
 
         ``machine`` defaults to this machine, detected (``enginefarm.probe.this_machine``). Returns the
         resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
-        Raises ApiError (404) when nothing fits.
+        Raises ApiError (404) when nothing fits. With ``cache``, the answer is kept there and the next identical
+        question is asked with If-None-Match: a 304 reuses it.
         """
         if machine is None:
             from enginefarm.probe import this_machine
@@ -215,7 +218,18 @@ class Client:
         body = {"model": model, "version": version, "machine": asdict(machine), "explain": explain,
                 "build": build, **{k: sorted(v) if isinstance(v, (set, frozenset)) else v
                                    for k, v in filters.items() if v is not None}}
-        return self._json(self.http.post("/v1/resolve", json=body))
+        if cache is None:
+            return self._json(self.http.post("/v1/resolve", json=body))
+        # Asked before: the farm answers 304 while its answer is the one kept here.
+        question = json.dumps({"farm": str(self.http.base_url), **body}, sort_keys=True)
+        kept = cache.answer(question)
+        r = self.http.post("/v1/resolve", json=body, headers={"If-None-Match": kept[0]} if kept else {})
+        if r.status_code == 304 and kept:
+            return kept[1]
+        answer = self._json(r)
+        if r.status_code == 200 and r.headers.get("etag"):
+            cache.keep_answer(question, r.headers["etag"], answer)
+        return answer
 
     def _stream(self, url: str, out, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
         """Write a blob's bytes to ``out`` (a HashingWriter); returns the sha256 the farm sent in its header.
@@ -288,7 +302,7 @@ class Client:
         ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the engine is
         fetched once that build is done.
         """
-        answer = self.resolve(model, machine, build=build, explain=explain, **filters)
+        answer = self.resolve(model, machine, build=build, explain=explain, cache=cache, **filters)
         if "build_id" in answer:
             if not wait:
                 return Fetched(answer, None, False, answer)

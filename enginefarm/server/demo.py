@@ -76,7 +76,7 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
             again = c.fetch("convnet", dest, machine, cache=cache)
             console.print(f"   fetched again: {'from the local cache, no download' if again.from_cache else 'downloaded'}")
             hopper = replace(machine, gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_mib=81559)
-            h = c.resolve("convnet", hopper)
+            h = c.resolve("convnet", hopper, explain=True)
             console.print(f"5. resolve for an H100 (sm90, which TensorRT-RTX does not support): "
                           f"{h['engine']['target']} ({h['match']}); excluded:")
             for r in h["rejected"]:

@@ -58,7 +58,8 @@ def test_upload_build_resolve_download(farm, dist_settings, tmp_path):
                 assert store.size(row.blob_key) == e["size"]
 
         answer = c.resolve(model["name"], Machine(compute_capability="8.6", platform="x86_64",
-                                                  trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"]))
+                                                  trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"]),
+                           explain=True)
         assert answer["engine"]["target"] == "tensorrt-rtx/sm86"
         assert answer["match"] == "exact_cc"
         assert "8.6" in answer["reason"]

@@ -8,6 +8,7 @@ checked, and a second fetch must come from the local cache without a download.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import asdict, replace
 
 import httpx
@@ -71,7 +72,8 @@ KINDS = [
 def test_each_kind_of_machine_gets_the_engine_that_runs_there(farm, built, what, overrides, target, match, rejected):
     name, engines, rtx = built
     with Client(farm.url) as c:
-        answer = c.resolve(name, rtx_machine(rtx, **overrides))
+        answer = c.resolve(name, rtx_machine(rtx, **overrides), explain=True)
+        small = c.resolve(name, rtx_machine(rtx, **overrides))
     assert answer["engine"]["target"] == target, answer["reason"]
     assert answer["engine"]["id"] == engines[target]["id"]
     assert answer["match"] == match
@@ -81,6 +83,11 @@ def test_each_kind_of_machine_gets_the_engine_that_runs_there(farm, built, what,
     # Every candidate is accounted for: the choice, the ranked fallbacks, the rejections.
     assert 1 + len(answer["fallbacks"]) + len(answer["rejected"]) == len(TARGETS)
     assert [f["rank"] for f in answer["fallbacks"]] == list(range(2, 2 + len(answer["fallbacks"])))
+    # Without explain the answer is the choice, the fallbacks and a count of exclusions per rule.
+    assert small["rejected"] is None and small["candidates"] is None
+    assert small["excluded"] == dict(Counter(rejected.values())) == answer["excluded"]
+    assert small["engine"] == answer["engine"] and small["fallbacks"] == [
+        {**f, "checks": None} for f in answer["fallbacks"]]
 
 
 def test_jetson_gets_404_with_every_reason(farm, built):
@@ -143,7 +150,7 @@ def test_filters_and_measured_evidence_rank_and_exclude(farm, api, built, dist_s
     # The benchmark stage checks the CPU artifact here; the GPU engines wait for a GPU worker, unchecked.
     with Client(farm.url) as c:
         c.wait_checks(engines["onnxruntime/cpu-x86_64"]["model_id"], timeout=120)
-    unchecked = api.post("/v1/resolve", json=base | {"accuracy": "pass"}).json()
+    unchecked = api.post("/v1/resolve", json=base | {"accuracy": "pass", "explain": True}).json()
     assert unchecked["engine"]["target"] == "onnxruntime/cpu-x86_64" and unchecked["match"] == "cpu_fallback"
     rejected = {r["target"]: r for r in unchecked["rejected"]}
     assert rejected["tensorrt-rtx/sm86"]["rule"] == "filter:accuracy"
@@ -335,12 +342,32 @@ def test_same_bytes_under_another_name_share_engines(farm, api, built, tmp_path)
     assert answer["engine"]["id"] == engines["tensorrt-rtx/sm86"]["id"] and answer["engine"]["model_name"] == twin["name"]
 
 
+def test_a_machine_asking_again_gets_a_304_and_keeps_its_answer(farm, built, tmp_path):
+    """With a cache, the client keeps the farm's answer and asks again with If-None-Match: the farm answers 304 and
+    the kept answer stands. Another question, or another cache, is asked in full."""
+    name, engines, rtx = built
+    statuses: list[int] = []
+    cache = EngineCache(tmp_path / "cache")
+    with Client(farm.url) as c:
+        c.http.event_hooks["response"].append(
+            lambda r: statuses.append(r.status_code) if r.request.url.path == "/v1/resolve" else None)
+        first = c.resolve(name, rtx_machine(rtx), cache=cache)
+        again = c.resolve(name, rtx_machine(rtx), cache=cache)
+        other = c.resolve(name, rtx_machine(rtx, compute_capability="8.9"), cache=cache)
+        fetched = c.fetch(name, tmp_path / "e.plan", rtx_machine(rtx), cache=cache)
+        fresh = c.resolve(name, rtx_machine(rtx), cache=EngineCache(tmp_path / "other"))
+    assert statuses == [200, 304, 200, 304, 200], statuses
+    assert again == first == fresh and fetched.answer == first
+    assert other["engine"]["id"] == engines["tensorrt-rtx/sm89"]["id"]
+    assert hashlib.sha256((tmp_path / "e.plan").read_bytes()).hexdigest() == first["engine"]["sha256"]
+
+
 def test_client_detects_its_own_machine(farm, built):
     """With no fingerprint given, the client describes the machine it runs on: here, no GPU, x86_64,
     TensorRT-RTX importable. The CPU artifact is the answer and every GPU engine says why not."""
     name, engines, rtx = built
     with Client(farm.url) as c:
-        answer = c.resolve(name)
+        answer = c.resolve(name, explain=True)
     assert answer["machine"]["platform"] == "x86_64" and answer["machine"]["trt_rtx_version"] == rtx
     assert answer["machine"]["compute_capability"] is None
     assert answer["engine"]["id"] == engines["onnxruntime/cpu-x86_64"]["id"]

@@ -116,7 +116,7 @@ def test_an_unchecked_int8_engine_is_never_the_default_answer(farm, api, detecto
     assert int8["variant_of"] == model["version"] and int8["model_version"].startswith(f"{model['version']}-int8-")
     with Client(farm.url) as c:
         for version in (None, "latest", model["version"]):  # the derived model is a variant of version 1
-            answer = c.resolve(model["name"], sm86(rtx), version=version)
+            answer = c.resolve(model["name"], sm86(rtx), version=version, explain=True)
             assert answer["engine"]["precision"] == "fp32", (version, answer["reason"])
             out = next(r for r in answer["rejected"] if r["engine_id"] == int8["id"])
             assert out["rule"] == "accuracy-gate" and "accuracy was never checked" in out["reason"]

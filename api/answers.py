@@ -1,0 +1,152 @@
+"""Resolve answers by ETag: a fleet asking the same question gets the same bytes without the work.
+
+An answer is a function of the request (model, version, fingerprint, filters, explain), the asking token's
+project, and the catalog's state for the model's versions. That state is summed up by the rows' ids and
+generations (``enginefarm.storage.generation`` raises a row's generation with every change to its engines or
+their benchmarks), so the ETag is a hash of the three: a client holding it gets a 304 while it is current, and
+the API process keeps the body under it and answers again without judging anything.
+
+The cache is per API process and bounded (least recently used out). Nothing needs clearing: a change makes new
+tags, and old ones fall out.
+
+A fleet's GET is answered before FastAPI parses its thirty-odd query parameters (which costs more than the rest of
+a cached answer): a query string that was answered before, from a token in the token cache, needs only the
+versions' generations (one query) to be answered from the cache or with a 304 (``FleetRoute``). Anything else,
+and anything that goes wrong on the way, takes the route's full path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import anyio
+from fastapi import Request, Response
+from sqlalchemy import Row
+
+from enginefarm.api.deps import CatalogRoute
+from enginefarm.api.schemas import ResolveRequest
+from enginefarm.storage import resolution
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tokens import hash_token
+
+log = logging.getLogger(__name__)
+HEADERS = {"Cache-Control": "private, no-cache"}
+
+
+def digest_of(req: ResolveRequest) -> bytes:
+    """The question, whatever form it came in (GET or POST, parameters in any order)."""
+    return hashlib.blake2b(req.model_dump_json().encode(), digest_size=16).digest()
+
+
+def etag_of(digest: bytes, project: str | None, models: list[Row]) -> str:
+    h = hashlib.blake2b(digest, digest_size=16)
+    h.update(f"\0{project}\0".encode())
+    for m in models:
+        h.update(f"{m.id}:{m.generation},".encode())
+    return f'"{h.hexdigest()}"'
+
+
+def matches(if_none_match: str | None, etag: str) -> bool:
+    """Whether a request's If-None-Match names this ETag (weak comparison, as RFC 9110 asks for it)."""
+    if not if_none_match:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    return any(t.strip().removeprefix("W/") == etag for t in if_none_match.split(","))
+
+
+@dataclass(frozen=True)
+class Known:
+    """A GET query string answered before: what it asked."""
+
+    model: str
+    version: str | None
+    digest: bytes
+
+
+class Answers:
+    """Answer bodies by ETag, at most ``entries`` of them, and the GET query strings answered before."""
+
+    def __init__(self, entries: int = 4096):
+        self.entries = entries
+        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._queries: OrderedDict[tuple[bytes, str | None], Known] = OrderedDict()
+        self._lock = threading.Lock()  # routes run in a thread pool
+
+    def known(self, query: bytes, project: str | None) -> Known | None:
+        return self._queries.get((query, project))
+
+    def remember(self, query: bytes, project: str | None, known: Known) -> None:
+        if self.entries <= 0:
+            return
+        with self._lock:
+            self._queries[(query, project)] = known
+            while len(self._queries) > self.entries:
+                self._queries.popitem(last=False)
+
+    def get(self, etag: str) -> bytes | None:
+        with self._lock:
+            body = self._bodies.get(etag)
+            if body is not None:
+                self._bodies.move_to_end(etag)
+            return body
+
+    def put(self, etag: str, body: bytes) -> None:
+        if self.entries <= 0:
+            return
+        with self._lock:
+            self._bodies[etag] = body
+            self._bodies.move_to_end(etag)
+            while len(self._bodies) > self.entries:
+                self._bodies.popitem(last=False)
+
+
+def _versions(settings, known: Known, project: str | None) -> list[Row]:
+    with session_scope(settings) as session:
+        return resolution.model_versions(session, known.model, known.version, project)
+
+
+async def fleet_answer(request: Request) -> Response | None:
+    """The answer to a GET asked before, from the cache or as a 304; None to take the full path."""
+    app = request.app
+    answers: Answers = app.state.answers
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        return None
+    principal = app.state.token_cache.get(hash_token(token.strip()))
+    if principal is None or not principal.allows("read"):
+        return None
+    known = answers.known(request.scope["query_string"], principal.project)
+    if known is None:
+        return None
+    try:
+        models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, principal.project)
+    except Exception:  # the full path says what is wrong (a 404, a 503)
+        log.debug("fleet path: falling back", exc_info=True)
+        return None
+    tag = etag_of(known.digest, principal.project, models)
+    headers = {"ETag": tag, **HEADERS}
+    if matches(request.headers.get("if-none-match"), tag):
+        return Response(status_code=304, headers=headers)
+    if (body := answers.get(tag)) is not None:
+        return Response(body, media_type="application/json", headers=headers)
+    return None
+
+
+class FleetRoute(CatalogRoute):
+    """GET /v1/resolve: a question asked before is answered by ``fleet_answer`` before FastAPI parses it."""
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        full = super().get_route_handler()
+        if "GET" not in self.methods:
+            return full
+
+        async def handler(request: Request) -> Response:
+            return await fleet_answer(request) or await full(request)
+
+        return handler

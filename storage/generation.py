@@ -1,0 +1,52 @@
+"""Each model's generation: a number the catalog raises whenever what /v1/resolve answers about it can change.
+
+A resolve answer depends on the model's versions and on the engines of their bytes, with their benchmarks and
+accuracy checks. Engines belong to a model's sha256 (identical bytes under another name share them), so a
+change to an engine or one of its benchmarks raises the generation of every model row with those bytes. A new
+or removed version changes the set of rows itself. An answer's ETag is made from the rows' ids and generations,
+so an answer cached or held by a client is current exactly while none of them moved.
+
+The bump runs inside the same flush, so it commits or rolls back with the change it stands for. It is a session
+event rather than a call at each write, so a new write path cannot forget it; a bulk ``update``/``delete`` of
+engines or benchmarks (which skips the flush) must bump by hand with :func:`bump`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow
+
+
+def bump(session: Session, model_shas: set[str]) -> None:
+    """Raise the generation of every model row holding these bytes."""
+    if model_shas:
+        session.connection().execute(update(ModelRow).where(ModelRow.sha256.in_(sorted(model_shas)))
+                                     .values(generation=ModelRow.generation + 1))
+
+
+def _touched(session: Session) -> set[str]:
+    """The model bytes whose engines or benchmarks this flush writes."""
+    shas: set[str] = set()
+    engine_ids: set[int] = set()
+    for obj in (*session.new, *session.dirty, *session.deleted):
+        if isinstance(obj, EngineRow):
+            if obj in session.dirty and not session.is_modified(obj, include_collections=False):
+                continue  # only its benchmarks list was touched: those rows are counted themselves
+            shas.add(obj.model_sha256)
+        elif isinstance(obj, BenchmarkRow):
+            engine = obj.__dict__.get("engine")  # set when the row was made with its engine; else by id
+            if engine is not None:
+                shas.add(engine.model_sha256)
+            elif obj.engine_id is not None:
+                engine_ids.add(obj.engine_id)
+    if engine_ids:
+        shas.update(session.connection().execute(
+            select(EngineRow.model_sha256).where(EngineRow.id.in_(sorted(engine_ids)))).scalars())
+    return shas
+
+
+def before_flush(session: Session, _context, _instances) -> None:
+    with session.no_autoflush:
+        bump(session, _touched(session))

@@ -1,0 +1,96 @@
+"""Resolution's reads: the versions a request names, the facts of their engines, and the judging of them.
+
+This is /v1/resolve's hot path, so it reads plain rows of only the columns resolution uses: no ORM objects, no
+JSON it never reads (an engine's accuracy metrics, a model's graph facts), and one aggregate for the latency
+evidence instead of every benchmark row. The chosen engine's full row is read by the route, once.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Row, func, select
+from sqlalchemy.orm import Session
+
+from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
+from enginefarm.domain import DEFAULT_SHAPE_KEY, EngineDescriptor
+from enginefarm.errors import NoCompatibleEngine
+from enginefarm.machine import Machine
+from enginefarm.storage.catalog import find_models, latest_of
+from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow
+
+# What an answer says about a model version, and what its ETag is made of.
+MODEL_COLUMNS = (ModelRow.id, ModelRow.project, ModelRow.name, ModelRow.version, ModelRow.seq, ModelRow.sha256,
+                 ModelRow.source_model_id, ModelRow.generation)
+# What judging, ranking and a candidate's line need of an engine.
+ENGINE_COLUMNS = (EngineRow.id, EngineRow.model_sha256, EngineRow.spec_hash, EngineRow.target, EngineRow.backend,
+                  EngineRow.backend_version, EngineRow.precision, EngineRow.platform, EngineRow.compute_capability,
+                  EngineRow.compute_capabilities, EngineRow.gpu_name, EngineRow.trt_version, EngineRow.cuda_version,
+                  EngineRow.driver_version, EngineRow.hardware_compat, EngineRow.version_compatible, EngineRow.size,
+                  EngineRow.sha256, EngineRow.device_memory_bytes, EngineRow.profiles, EngineRow.accuracy_pass)
+
+
+def model_versions(session: Session, model: str, version: str | None, project: str | None) -> list[Row]:
+    """The model rows a request names (plain rows of MODEL_COLUMNS): one version, the newest with "latest", or
+    every version. Raises NotFound or Conflict as ``find_models`` does."""
+    rows = find_models(session, model, None if version == "latest" else version, project, columns=MODEL_COLUMNS)
+    return latest_of(rows) if version == "latest" else rows
+
+
+def owners(models: list[Row]) -> dict[str, Row]:
+    """The version each model sha's engines are listed under: identical bytes under another name share them, and
+    the newest version holding the bytes owns them."""
+    owner: dict[str, Row] = {}
+    for m in models:
+        if m.sha256 not in owner or m.seq > owner[m.sha256].seq:
+            owner[m.sha256] = m
+    return owner
+
+
+def descriptor_of(row) -> EngineDescriptor:
+    """An engine's descriptor from its row (an EngineRow or a plain row of ENGINE_COLUMNS)."""
+    return EngineDescriptor(
+        target=row.target, backend=row.backend, backend_version=row.backend_version, precision=row.precision,
+        platform=row.platform, compute_capability=row.compute_capability,
+        compute_capabilities=list(row.compute_capabilities or []), gpu_name=row.gpu_name, trt_version=row.trt_version,
+        cuda_version=row.cuda_version, driver_version=row.driver_version, hardware_compat=row.hardware_compat,
+        version_compatible=row.version_compatible, size=row.size, sha256=row.sha256,
+        device_memory_bytes=row.device_memory_bytes, profiles=list(row.profiles or []),
+    )
+
+
+def _latency_on(session: Session, model_shas: list[str], gpu_name: str | None) -> dict[int, float]:
+    """The best median latency at the default shape, measured on this GPU model, of each engine of these bytes."""
+    if not gpu_name or not model_shas:
+        return {}
+    query = (select(BenchmarkRow.engine_id, func.min(BenchmarkRow.median_ms))
+             .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
+             .where(EngineRow.model_sha256.in_(model_shas), BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY,
+                    BenchmarkRow.gpu_name == gpu_name)
+             .group_by(BenchmarkRow.engine_id))
+    return dict(session.execute(query).all())
+
+
+def judge(session: Session, machine: Machine, owner: dict[str, Row],
+          wanted: Wanted | None = None) -> tuple[Choice, dict[int, Row]]:
+    """Judge and rank every engine of these models' bytes for this machine. Returns the choice and the engine
+    rows (plain rows of ENGINE_COLUMNS) by id."""
+    rows = session.execute(select(*ENGINE_COLUMNS).where(EngineRow.model_sha256.in_(owner))).all()
+    latency = _latency_on(session, list(owner), machine.gpu_name) if rows else {}
+    options = []
+    for r in rows:
+        accuracy = None if r.accuracy_pass is None else ("pass" if r.accuracy_pass else "fail")
+        ms = latency.get(r.id)
+        evidence = Evidence(accuracy, ms, machine.gpu_name if ms is not None else None)
+        options.append(Option(r.id, descriptor_of(r), owner[r.model_sha256].seq, r.spec_hash, evidence))
+    return choose(options, machine, wanted), {r.id: r for r in rows}
+
+
+def no_fit_error(choice: Choice, rows: dict[int, Row], model: str, version: str | None) -> NoCompatibleEngine:
+    what = model + (f" version {version}" if version else "")
+    if not rows:
+        return NoCompatibleEngine(f"no engines of {what} are built yet")
+    runs = f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
+    return NoCompatibleEngine(
+        f"{runs} on this machine",
+        problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
+                   "reason": j.verdict.reason} for j in choice.rejected],
+    )

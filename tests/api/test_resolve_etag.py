@@ -1,0 +1,147 @@
+"""GET and POST /v1/resolve answer with an ETag; the same question with If-None-Match gets a 304 until the model's
+versions, engines or benchmarks change, and the same question from another machine is answered from the cache.
+
+In process (TestClient) against PostgreSQL, with engine rows written as the workers write them.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from enginefarm.api.app import create_app
+from enginefarm.api.routes import resolve as resolve_routes
+from enginefarm.config import Settings
+from enginefarm.server import devservices
+from enginefarm.server.embedded import issue_token
+from enginefarm.storage import catalog, resolution
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import EngineRow, ModelRow
+from tests.helpers import unique_name
+
+RTX = "1.7.1.116"
+GPU = "NVIDIA GeForce RTX 3090"
+QUERY = {"cc": "8.6", "trt_rtx": RTX, "gpu": GPU, "platform": "x86_64"}
+
+INFO = {"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "test"}
+
+
+def add_model(s, name: str, sha: str, version: str = "1", seq: int = 1) -> ModelRow:
+    row = ModelRow(name=name, version=version, seq=seq, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1,
+                   info=INFO)
+    s.add(row)
+    s.flush()
+    return row
+
+
+def add_engine(s, model: ModelRow, arch: str) -> int:
+    backend, version, cc = ("onnxruntime", "1.23.2", None) if arch == "cpu" else ("tensorrt-rtx", RTX, f"{arch[2]}.{arch[3]}")
+    row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash="0" * 64,
+                    target="onnxruntime/cpu-x86_64" if arch == "cpu" else f"tensorrt-rtx/{arch}", backend=backend,
+                    backend_version=version, precision="fp16", compute_capability=cc,
+                    compute_capabilities=[cc] if cc else [], platform="x86_64", trt_version=None if cc is None else RTX,
+                    sha256=uuid.uuid4().hex * 2, size=1, blob_key=f"engines/{uuid.uuid4().hex}", build_seconds=0.1)
+    s.add(row)
+    s.flush()
+    return row.id
+
+
+@pytest.fixture(scope="module")
+def own_pg(base_services):
+    """A database of its own: these engines have no bytes, and the suite's farm must never list them."""
+    with devservices.scratch_postgres("enginefarm_etag") as url:
+        yield url
+
+
+@pytest.fixture
+def farm(own_pg, tmp_path):
+    settings = Settings(data_dir=tmp_path, database_url=own_pg, reconcile_seconds=0, gc_interval_seconds=0)
+    with TestClient(create_app(settings)) as http:
+        http.headers["Authorization"] = f"Bearer {issue_token(settings, 'etag', ['read'])}"
+        yield settings, http
+
+
+def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, monkeypatch):
+    settings, http = farm
+    name, sha = unique_name("etag"), uuid.uuid4().hex * 2
+    with session_scope(settings) as s:
+        model = add_model(s, name, sha)
+        sm86, sm89, cpu = (add_engine(s, model, a) for a in ("sm86", "sm89", "cpu"))
+    params = QUERY | {"model": name}
+
+    first = http.get("/v1/resolve", params=params)
+    assert first.status_code == 200 and first.json()["engine"]["id"] == sm86
+    tag = first.headers["etag"]
+    assert first.headers["cache-control"] == "private, no-cache"
+    # The default answer is small: the choice, the fallbacks, counts of what was excluded and by which rule.
+    assert first.json()["rejected"] is None and sum(first.json()["excluded"].values()) == 1
+    assert [f["engine_id"] for f in first.json()["fallbacks"]] == [cpu]
+
+    again = http.get("/v1/resolve", params=params, headers={"If-None-Match": tag})
+    assert (again.status_code, again.content, again.headers["etag"]) == (304, b"", tag)
+    assert http.get("/v1/resolve", params=params, headers={"If-None-Match": f'"x", W/{tag}'}).status_code == 304
+
+    # Another machine asking the same question is answered from the cache: nothing is judged again.
+    def no_judging(*_a, **_k):
+        raise AssertionError("judged again")
+
+    monkeypatch.setattr(resolution, "judge", no_judging)
+    cached = http.get("/v1/resolve", params=params)
+    assert (cached.status_code, cached.content, cached.headers["etag"]) == (200, first.content, tag)
+    # POST asks the same question in another form: the same answer and tag.
+    posted = http.post("/v1/resolve", json={"model": name, "machine": {
+        "compute_capability": "8.6", "trt_rtx_version": RTX, "gpu_name": GPU, "platform": "x86_64"}})
+    assert posted.status_code == 200 and posted.json()["engine"]["id"] == sm86
+    # A GET query string answered before is answered before its parameters are parsed: the route never runs.
+    def no_route(*_a, **_k):
+        raise AssertionError("the full path ran")
+
+    monkeypatch.setattr(resolve_routes, "answer", no_route)
+    fast = http.get("/v1/resolve", params=params)
+    assert (fast.status_code, fast.content, fast.headers["etag"]) == (200, first.content, tag)
+    assert http.get("/v1/resolve", params=params, headers={"If-None-Match": tag}).status_code == 304
+    monkeypatch.undo()
+    # Another question is another tag.
+    other = http.get("/v1/resolve", params=params | {"cc": "8.9"})
+    assert other.json()["engine"]["id"] == sm89 and other.headers["etag"] != tag
+
+    changes = {
+        "a benchmark on this GPU": lambda s: catalog.record_benchmark(
+            s, sm86, shape_key="opt", shapes={}, machine={}, gpu_name=GPU, compute_capability="8.6",
+            stats={"e2e": {"median": 3.25, "p99": 4.0}}),
+        "an accuracy result": lambda s: catalog.record_accuracy(s, sm86, {"pass": True}),
+        "a new engine": lambda s: add_engine(s, s.get(ModelRow, model.id), "sm80"),
+        "a new version": lambda s: add_model(s, name, uuid.uuid4().hex * 2, version="2", seq=2),
+    }
+    seen = {tag, other.headers["etag"]}
+    for what, change in changes.items():
+        with session_scope(settings) as s:
+            change(s)
+        fresh = http.get("/v1/resolve", params=params, headers={"If-None-Match": tag})
+        assert fresh.status_code == 200, (what, fresh.text)
+        assert fresh.headers["etag"] not in seen, what
+        seen.add(tag := fresh.headers["etag"])
+        if what == "a benchmark on this GPU":
+            explained = http.get("/v1/resolve", params=params | {"explain": True}).json()
+            assert explained["candidates"][0]["latency_ms"] == 3.25
+        if what == "an accuracy result":
+            assert fresh.json()["accuracy"] == "pass"
+        if what == "a new engine":
+            assert fresh.json()["excluded"] == {k: v + 1 for k, v in first.json()["excluded"].items()}
+        if what == "a new version":  # it has no engines yet: version 1's still answer
+            assert fresh.json()["engine"]["model_version"] == "1"
+
+
+def test_a_token_of_another_project_never_gets_the_first_projects_answer(farm):
+    settings, http = farm
+    name = unique_name("etag")
+    with session_scope(settings) as s:
+        model = add_model(s, name, uuid.uuid4().hex * 2)
+        add_engine(s, model, "sm86")
+    params = QUERY | {"model": name}
+    tag = http.get("/v1/resolve", params=params).headers["etag"]
+    other = issue_token(settings, "elsewhere", ["read"], project=unique_name("p"))
+    r = http.get("/v1/resolve", params=params, headers={"Authorization": f"Bearer {other}", "If-None-Match": tag})
+    assert r.status_code == 404 and "etag" not in r.headers
