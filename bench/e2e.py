@@ -10,11 +10,16 @@ For the same model and targets, one run measures
   c  the farm: wall time from the start of the upload until every task of the build has
      succeeded (engines stored and catalogued), through the real API and Celery worker processes.
 
-and prints c / (a + b) per mode. The farm is started, and warmed with one small build, before
+and prints per mode the farm/floor ratio c / (a + b), the fixed cost per task (c - a - b) / tasks,
+and the tasks' queued→running times. The farm is started, and warmed with one small build, before
 any clock runs. Each repeat uses a new model seed, so the farm's dedup never short-circuits a build.
+Between repeats, off the clocks, it waits until the last build's benchmarks are done ("settle"), so
+that neither a nor c shares the CPU with a benchmark of the repeat before; ``--no-settle`` starts the
+next repeat at once instead (a benchmark may then still be running while a and c are measured).
 
     python bench/e2e.py --mode both            # embedded and distributed, 3 repeats each
     python bench/e2e.py --mode embedded --repeat 5 --json /tmp/e2e.json
+    python bench/e2e.py --smoke                # embedded, 1 worker, 1 small build: a quick check
 """
 
 from __future__ import annotations
@@ -123,6 +128,7 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
     done = client.wait_build(build["id"], timeout=1800, poll=poll)
     t_end = time.perf_counter()
     t_end_wall = t0_wall + (t_end - t0)
+    model_id = m["id"]
     bad = [t for t in done["tasks"] if t["state"] != "succeeded" or t["reused"]]
     if bad:
         raise RuntimeError(f"build {build['id']}: tasks not freshly built: "
@@ -140,7 +146,7 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
         first_dispatch.append(mine[0]["started"] - mine[0]["queued"])
         gaps += [b["started"] - a["finished"] for a, b in zip(mine, mine[1:])]
     return {
-        "wall_s": t_end - t0, "upload_s": t_upload - t0, "submit_s": t_submit - t_upload,
+        "model_id": model_id, "wall_s": t_end - t0, "upload_s": t_upload - t0, "submit_s": t_submit - t_upload,
         "first_dispatch_s": min(first_dispatch), "gaps": gaps, "gap_sum_s": sum(gaps),
         "run_sum_s": sum(t["run_s"] for t in tasks), "build_sum_s": sum(t["build_s"] for t in tasks),
         "task_overhead_s": sum(t["run_s"] - t["build_s"] for t in tasks),
@@ -172,8 +178,9 @@ def dump_logs(log_dir: Path) -> None:
             console.print(f"[red]--- {log} ---[/red]\n{tail}", highlight=False)
 
 
-def warm_farm(client: Client, work: Path, tag: str, seed: int, spec: dict) -> None:
-    """One small build for every target: pool children import the builders, connections open."""
+def warm_farm(client: Client, work: Path, tag: str, seed: int, spec: dict) -> int:
+    """One small build for every target: pool children import the builders, connections open. Returns the
+    model's id."""
     small = save_conv_net(work / f"warm-{tag}.onnx", channels=16, blocks=2, seed=seed)
     m, _ = client.upload(small, f"warm-{tag}")
     build = client.build(m["id"], TARGETS, spec)
@@ -181,6 +188,15 @@ def warm_farm(client: Client, work: Path, tag: str, seed: int, spec: dict) -> No
     failed = [f"{t['target']}: {t['error']}" for t in done["tasks"] if t["state"] != "succeeded"]
     if failed:
         raise RuntimeError("warm-up build failed: " + "; ".join(failed))
+    return m["id"]
+
+
+def settle(client: Client, model_id: int, enabled: bool) -> float:
+    """Wait (off the clocks) until the model's benchmarks are done; returns the seconds waited."""
+    started = time.perf_counter()
+    if enabled:
+        client.wait_checks(model_id, timeout=900, poll=0.1)
+    return time.perf_counter() - started
 
 
 # ------------------------------------------------------------------------------ one mode
@@ -229,7 +245,7 @@ def run_mode(mode: str, args, work: Path) -> dict:
             runs = []
             try:
                 with Client(farm.url, timeout=300, token=farm.token) as client:
-                    warm_farm(client, work, f"{mode}-{ci}", 10_000 + ci, spec_payload)
+                    settle(client, warm_farm(client, work, f"{mode}-{ci}", 10_000 + ci, spec_payload), args.settle)
                     for rep in range(args.repeat):
                         seed = 1000 * (ci + 1) + rep
                         model_dir = Path(tempfile.mkdtemp(dir=TMPFS, prefix="efbench-model-"))
@@ -241,17 +257,21 @@ def run_mode(mode: str, args, work: Path) -> dict:
                             b = move_bytes(store, model, model_sha, a["engines"], get_dir)
                             c = run_farm(client, model, f"bench-{mode}-{seed}-{uuid.uuid4().hex[:6]}", spec_payload,
                                          args.poll)
+                            c["settle_s"] = settle(client, c["model_id"], args.settle)
                             a_s = sum(a["wall"].values())
                             b_s = b["put_s"] + b["get_s"]
                             run = {"seed": seed, "model_bytes": model.stat().st_size,
                                    "engine_bytes": {t: e[2] for t, e in a["engines"].items()},
                                    "a": {"per_target_s": a["wall"], "builder_s": a["build"], "sum_s": a_s},
                                    "b": {"puts_s": b["puts"], "put_s": b["put_s"], "get_s": b["get_s"], "sum_s": b_s},
-                                   "c": c, "ratio": c["wall_s"] / (a_s + b_s), "load1": os.getloadavg()[0]}
+                                   "c": c, "ratio": c["wall_s"] / (a_s + b_s),
+                                   "fixed_per_task_s": (c["wall_s"] - a_s - b_s) / len(TARGETS),
+                                   "load1": os.getloadavg()[0]}
                             runs.append(run)
                             console.print(f"  repeat {rep + 1}/{args.repeat} (seed {seed}): a={a_s:.2f}s b={b_s:.2f}s "
                                           f"c={c['wall_s']:.2f}s  c/(a+b)={run['ratio']:.2f}  "
-                                          f"load={run['load1']:.2f}")
+                                          f"fixed/task={run['fixed_per_task_s']:.3f}s  "
+                                          f"settle={c['settle_s']:.2f}s  load={run['load1']:.2f}")
                         finally:
                             shutil.rmtree(model_dir, ignore_errors=True)
                             for f in get_dir.glob("*"):
@@ -285,6 +305,8 @@ def summarize(results: list[dict]) -> dict:
                 "c_runs_s": [r["c"]["wall_s"] for r in runs],
                 "ratio": med([r["ratio"] for r in runs]),
                 "ratios": [r["ratio"] for r in runs],
+                "fixed_per_task_s": med([r["fixed_per_task_s"] for r in runs]),
+                "fixed_per_task_runs_s": [r["fixed_per_task_s"] for r in runs],
                 "wait_s": {"min": min(waits), "median": med(waits), "max": max(waits)} if waits else None,
                 "gap_s": {"min": min(gaps), "median": med(gaps), "max": max(gaps)} if gaps else None,
                 "breakdown": {k: med([r["c"][k] for r in runs]) for k in
@@ -343,9 +365,13 @@ def print_report(summary: dict, meta: dict) -> None:
                         f"{p['farm_run_s']:.2f}")
     console.print(per)
     for key, s in summary.items():
-        if key.endswith(HEADLINE):
-            console.print(f"[bold]{key.split(' / ')[0]}: c/(a+b) = {s['ratio']:.2f}[/bold] (goal <= 1.2; per repeat "
-                          + ", ".join(f"{r:.2f}" for r in s["ratios"]) + ")")
+        w = s["wait_s"]
+        console.print(f"[bold]{key}: farm/floor c/(a+b) = {s['ratio']:.2f}[/bold] (goal <= 1.2; per repeat "
+                      + ", ".join(f"{r:.2f}" for r in s["ratios"]) + f"); [bold]fixed cost per task "
+                      f"(c-a-b)/{len(TARGETS)} = {s['fixed_per_task_s']:.3f} s[/bold] (goal <= 0.1; per repeat "
+                      + ", ".join(f"{r:.3f}" for r in s["fixed_per_task_runs_s"]) + "); queued→running "
+                      + (f"min/median/max {w['min']:.2f}/{w['median']:.2f}/{w['max']:.2f} s" if w else "n/a"),
+                      highlight=False)
     console.print(f"load average before {meta['load_before']}, after {meta['load_after']}; {meta['machine']}")
 
 
@@ -375,6 +401,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration")
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs, data)")
+    parser.add_argument("--no-settle", dest="settle", action="store_false",
+                        help="start each repeat at once, while the last build's benchmarks may still run")
     parser.add_argument("--smoke", action="store_true", help="embedded, one worker, one small build: checks that "
                                                              "it runs")
     args = parser.parse_args()
@@ -383,7 +411,7 @@ def main() -> None:
 
     modes = ["embedded", "distributed"] if args.mode == "both" else [args.mode]
     work = Path(tempfile.mkdtemp(prefix="efbench-"))
-    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine_info(),
+    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine_info(), "settle": args.settle,
             "model": f"conv_net(channels={args.channels}, blocks={args.blocks})", "repeat": args.repeat,
             "targets": TARGETS, "poll_s": args.poll, "load_before": [round(x, 2) for x in os.getloadavg()],
             "work_dir": str(work)}

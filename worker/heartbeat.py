@@ -36,19 +36,25 @@ def running_tasks() -> tuple[list[int], list[int]]:
 
 class Heartbeat:
     """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it. Each beat
-    also takes back this worker's running tasks that were requeued while it was silent (``reclaim_tasks``)."""
+    also takes back this worker's running tasks that were requeued while it was silent (``reclaim_tasks``).
+
+    ``row=False``: a benchmark lane (``enginefarm.worker.lanes``) under its build lane's worker id: it only takes
+    back its own running tasks; the row is the build lane's to write and remove."""
 
     def __init__(self, settings: Settings, worker_id: str, targets: list[str], probe: dict,
-                 bench_targets: list[str] | None = None):
+                 bench_targets: list[str] | None = None, row: bool = True):
         self.settings, self.worker_id, self.targets, self.probe = settings, worker_id, targets, probe
         self.bench_targets = bench_targets or []
+        self.row = row
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="enginefarm-heartbeat", daemon=True)
 
     def beat(self) -> None:
         builds, benches = running_tasks()
         with session_scope(self.settings) as s:
-            catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe, self.bench_targets)
+            if self.row:
+                catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe,
+                                  self.bench_targets)
             taken = catalog.reclaim_tasks(s, self.worker_id, builds, benches)
         if taken:
             log.warning("took back %d running task(s) requeued while this worker was silent", taken)
@@ -66,6 +72,8 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        if not self.row:
+            return
         try:
             with session_scope(self.settings) as s:
                 catalog.remove_worker(s, self.worker_id)

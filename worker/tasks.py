@@ -23,6 +23,7 @@ from enginefarm.storage import queue
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK
 from enginefarm.worker.celery_app import app
+from enginefarm.worker.lanes import wait_for_builds
 from enginefarm.worklock import Scratch
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
 from enginefarm.probe import MachineProbe, machine_fingerprint, probe_machine
@@ -150,19 +151,20 @@ def _run(task_id: int, me: str) -> None:
           soft_time_limit=_limits.bench_soft_time_limit_s, time_limit=_limits.bench_time_limit_s)
 def benchmark_engine(self, task_id: int) -> None:
     try:
-        run_benchmark_now(task_id, reraise_infra=True)
+        run_benchmark_now(task_id, reraise_infra=True, give_way=True)
     except (InfrastructureError, *UNAVAILABLE) as exc:
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
 
 
-def run_benchmark_now(task_id: int, reraise_infra: bool = False) -> None:
-    """Claim the benchmark task and run it in this process; every outcome ends in the catalog."""
+def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool = False) -> None:
+    """Claim the benchmark task and run it in this process; every outcome ends in the catalog. ``give_way``: in a
+    benchmark lane, measure once this worker's builds are done (``lanes.wait_for_builds``)."""
     me = worker_id()
     if not in_transaction(catalog.claim_benchmark, task_id, me, get_settings().max_deliveries):
         log.info("benchmark task %s is not queued any more; skipping", task_id)
         return
     try:
-        _benchmark(task_id)
+        _benchmark(task_id, me if give_way else None)
     except (InfrastructureError, *UNAVAILABLE) as exc:
         in_transaction(catalog.end_benchmark, task_id, TaskState.QUEUED, _infra_reason(exc))
         if reraise_infra:
@@ -183,7 +185,7 @@ def _gpu(probe: MachineProbe) -> dict | None:
     return {"name": gpu.name, "compute_capability": gpu.compute_capability} if gpu else None
 
 
-def _benchmark(task_id: int) -> None:
+def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
     from enginefarm.worker.evaluate import evaluate
 
     settings, store = get_settings(), blob_store()
@@ -204,6 +206,8 @@ def _benchmark(task_id: int) -> None:
     with Scratch(settings) as scratch:
         engine_path = fetch_verified(store, blob_key, sha, scratch / "engine.plan")
         samples = samples_of(store, *samples_fields, info, scratch)
+        if give_way_to:
+            wait_for_builds(give_way_to)
         result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
                           reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}

@@ -142,9 +142,12 @@ def worker(
     concurrency: int = typer.Option(None, help="parallel builds (default ENGINEFARM_WORKER_CONCURRENCY or 1)"),
     pool: str = typer.Option("prefork", help="Celery pool: prefork isolates builds in child processes"),
     loglevel: str = typer.Option("info", help="Celery's log level: debug, info, warning or error"),
+    lane: str = typer.Option("both", hidden=True, help="'benchmarks': run as the benchmark lane of the worker "
+                                                        "named by ENGINEFARM_LANE_OF (the worker starts it itself)"),
 ) -> None:
     """Probe this machine, then consume the build queues of exactly the targets it can build and the
-    benchmark queues of exactly the targets whose engines it can run."""
+    benchmark queues of exactly the targets whose engines it can run. Builds and benchmarks run in separate
+    pools (a second Celery worker process for the benchmarks), so a build never waits behind a benchmark."""
     from enginefarm.probe import benchmark_targets, buildable_targets, probe_machine, probe_report
 
     settings = get_settings()
@@ -170,19 +173,39 @@ def worker(
         fail(exc)
     if not chosen and not bench:
         fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
-    _run_worker(settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel)
+    _run_worker(settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel,
+                lane)
 
 
-def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel) -> None:
-    from celery.signals import worker_ready, worker_shutdown
+def _bench_lane(name: str, worker_id: str, targets, bench, pool: str, loglevel: str):
+    """The benchmark lane of this worker: its own process and pool, tied to this process (``lifeline``)."""
+    from enginefarm.server import lifeline
+    from enginefarm.worker.lanes import BUILD_TARGETS_ENV, LANE_OF_ENV, LANE_POLL_S, BenchmarkLane
+
+    args = [sys.executable, "-m", "enginefarm", "worker", "--lane", "benchmarks", "--name", name,
+            "--targets", ",".join(str(t) for t in targets), "--bench-targets", ",".join(str(t) for t in bench),
+            "--concurrency", "1", "--pool", pool, "--loglevel", loglevel]
+    env = {**os.environ, LANE_OF_ENV: worker_id, BUILD_TARGETS_ENV: ",".join(str(t) for t in targets),
+           # A benchmark that starts a little later costs nothing; a database broker polled less often, CPU.
+           "ENGINEFARM_BROKER_POLL_SECONDS": str(max(get_settings().broker_poll_seconds, LANE_POLL_S))}
+    return BenchmarkLane(lambda: lifeline.spawn(args, env=env))
+
+
+def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel, lane="both") -> None:
+    from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     from enginefarm.server.embedded import prepare
     from enginefarm.workerid import new_worker_id
     from enginefarm.worker.heartbeat import Heartbeat
+    from enginefarm.worker.lanes import LANE_OF_ENV
 
+    in_lane = lane == "benchmarks"
+    if in_lane and not os.environ.get(LANE_OF_ENV):
+        fail(RuntimeError(f"--lane benchmarks runs under a worker: {LANE_OF_ENV} names its worker id"))
     # New at every start: the tasks a crashed predecessor of the same name left running are requeued once its
-    # id falls silent, instead of being kept "running" by this process's heartbeats.
-    worker_id = new_worker_id(name)
+    # id falls silent, instead of being kept "running" by this process's heartbeats. A benchmark lane serves
+    # under the id of the worker that started it.
+    worker_id = os.environ[LANE_OF_ENV] if in_lane else new_worker_id(name)
     os.environ["ENGINEFARM_WORKER_ID"] = worker_id  # pool children inherit it
     for attempt in range(5):  # several processes may migrate a fresh catalog at once
         try:
@@ -196,17 +219,42 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
 
     from enginefarm.domain import QUANTIZE_QUEUE, Backend
 
-    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench])
-    worker_ready.connect(lambda **_: heartbeat.start(), weak=False)
-    worker_shutdown.connect(lambda **_: heartbeat.stop(), weak=False)
-    queues = [t.queue for t in targets] + [t.bench_queue for t in bench]
+    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench],
+                          row=not in_lane)
+    build_queues = [t.queue for t in targets]
     if any(t.backend is Backend.ONNXRUNTIME for t in targets):  # ONNX Runtime CPU workers quantize
-        queues.append(QUANTIZE_QUEUE)
-    err.print(f"worker {worker_id} builds: {', '.join(str(t) for t in targets) or 'nothing'}; "
-              f"benchmarks: {', '.join(str(t) for t in bench) or 'nothing'}")
+        build_queues.append(QUANTIZE_QUEUE)
+    bench_queues = [t.bench_queue for t in bench]
+    # A worker that builds and benchmarks serves its benchmark queues from a second pool (enginefarm.worker.lanes).
+    split = lane == "both" and bool(build_queues) and bool(bench_queues)
+    bench_lane = _bench_lane(name, worker_id, targets, bench, pool, loglevel) if split else None
+    queues = bench_queues if in_lane else build_queues if split else build_queues + bench_queues
+
+    def ready(**_) -> None:
+        heartbeat.start()
+
+    def shutting_down(**_) -> None:  # at the start of a shutdown: the lane stops too, and is not started again
+        if bench_lane is not None:
+            bench_lane.stop(wait=False)
+
+    def shutdown(**_) -> None:
+        if bench_lane is not None:
+            bench_lane.stop()
+        heartbeat.stop()
+
+    worker_ready.connect(ready, weak=False)
+    worker_shutting_down.connect(shutting_down, weak=False)
+    worker_shutdown.connect(shutdown, weak=False)
+    if not in_lane:
+        err.print(f"worker {worker_id} builds: {', '.join(str(t) for t in targets) or 'nothing'}; "
+                  f"benchmarks: {', '.join(str(t) for t in bench) or 'nothing'}"
+                  + ("; benchmarks in a pool of their own" if split else ""))
+    if bench_lane is not None:  # starts up while this one does
+        bench_lane.start()
     celery_app.worker_main([
         "worker", "-Q", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
-        "--loglevel", loglevel, "-n", worker_id, "--without-gossip", "--without-mingle", "--without-heartbeat",
+        "--loglevel", loglevel, "-n", f"bench.{worker_id}" if in_lane else worker_id,
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
     ])
 
 
