@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
+from enginefarm.api.upload import run_below
 from enginefarm.config import Settings
 from enginefarm.domain import ModelInfo
 from enginefarm.errors import Conflict, Forbidden, ModelRejected
@@ -17,7 +18,7 @@ from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.validation import check_model_name, project_problem
 from enginefarm.storage import catalog
 from enginefarm.storage.blobs import get_blob_store, model_key, samples_key
-from enginefarm.storage.blobwrite import store_with_row
+from enginefarm.storage.blobwrite import start_flush, store_with_row
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ModelRow
 
@@ -46,6 +47,10 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
     if its blob went missing, these bytes restore it. Otherwise the file is inspected, and the blob and
     the row are written together (``storage.blobwrite``): a rejected or failed upload leaves nothing
     behind, and identical uploads at the same moment make one row and never delete each other's bytes.
+
+    A bundle is inspected in place: every entry is read through and checked, but only its model.onnx is
+    written to scratch (workers unpack the bundle when they build, ``model_path_for``). The spooled file
+    itself becomes the blob: a local store links it into place, so its bytes are written once.
     """
     problems = check_model_name(name, version)
     if project and (problem := project_problem(project)):
@@ -64,8 +69,11 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
         return existing, False
     inspected = None
     if existing is None:
+        if settings.blob_store == "local":
+            start_flush(upload_path)  # the spool becomes the blob: its bytes go to disk while it is inspected
         with Scratch(settings) as scratch:
-            inspected = inspect_upload(upload_path, scratch, BundleLimits.of(settings))
+            inspected = run_below(inspect_upload, upload_path, scratch, BundleLimits.of(settings),
+                                  unpack_data=False)
 
     def write(s) -> tuple[ModelRow, bool]:
         nonlocal inspected
@@ -74,7 +82,7 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
             return found, False  # its blob was stored again (restored, if it was missing) before this ran
         if inspected is None:
             with Scratch(settings) as scratch:
-                inspected = inspect_upload(upload_path, scratch, BundleLimits.of(settings))
+                inspected = inspect_upload(upload_path, scratch, BundleLimits.of(settings), unpack_data=False)
         return catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
                                  size=upload_path.stat().st_size, info=inspected.info, blob_key=key,
                                  project=project), True

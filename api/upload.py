@@ -4,17 +4,23 @@ FastAPI's ``UploadFile`` would spool the whole body before the route runs and en
 limit; here every limit is checked while the bytes arrive and the sha256 is ready at the end. The body as a
 whole is bounded too, whatever its framing (a Content-Length or chunks), so bytes outside any part, empty
 parts and long header lines cannot make the API hold or read more than a valid upload would send.
+
+The event loop only takes the body's chunks off the connection. Parsing, hashing and writing run in a thread of
+the upload's own, at a lower priority, a batch of chunks at a time, while the loop goes on receiving into a
+bounded buffer: other requests (``/healthz`` among them) are answered while large uploads stream in, and a slow
+disk slows the sender down rather than filling the API's memory.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections import Counter
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable, TypeVar
 
 import anyio
 from fastapi import Request
@@ -27,11 +33,16 @@ from enginefarm.errors import ModelRejected, PayloadTooLarge, TooManyUploads, Up
 from enginefarm.hashing import HashingWriter
 from enginefarm.storage.tokens import Principal
 
+T = TypeVar("T")
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
 MAX_PART_HEADER_BYTES = PART_HEADERS * (PART_HEADER_LINE_BYTES + 2)
 PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) and its line breaks
+# Between the loop and the thread that parses, hashes and writes: at most this many chunks wait (each at most
+# about 64 KiB as the server hands them over), and the thread takes up to BATCH_BYTES of them per hop.
+QUEUED_CHUNKS, BATCH_BYTES = 128, 4 << 20
+BULK_NICE = 10  # how much lower than the API's other threads the one that receives an upload runs
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,7 @@ class _Receiver:
         self._buf = bytearray()
         self._fh = None
         self._out: HashingWriter | None = None
+        self._pending: list[memoryview] = []  # the file's bytes from the batch being parsed (``flush``)
 
     def callbacks(self) -> dict:
         return {
@@ -163,13 +175,13 @@ class _Receiver:
             self.result.lock = worklock.hold(self.result.path)
 
     def _part_data(self, data: bytes, start: int, end: int) -> None:
-        chunk = data[start:end]
+        chunk = memoryview(data)[start:end]  # no copy: the file part is most of the body
         if self._fh is not None:
             self.result.size += len(chunk)
             if self.result.size > self.limits.file_bytes:
                 raise PayloadTooLarge(f"upload is larger than the limit of {self.limits.file_bytes} bytes "
                                       f"({self.limits.file_setting}); send a smaller file")
-            self._out.write(chunk)
+            self._pending.append(chunk)
         else:
             self._buf += chunk
             if len(self._buf) > MAX_FIELD_BYTES:
@@ -179,8 +191,16 @@ class _Receiver:
                 raise PayloadTooLarge(f"the form fields besides the file are over {self.limits.form_bytes} bytes "
                                       "together (ENGINEFARM_MAX_FORM_BYTES); send only the form's own fields")
 
+    def flush(self) -> None:
+        """Hash and write the file's bytes parsed since the last flush, as one buffer: hashing and writing each let
+        go of the GIL once for a whole batch of chunks, not once per chunk."""
+        if self._pending:
+            self._out.write(self._pending[0] if len(self._pending) == 1 else b"".join(self._pending))
+            self._pending = []
+
     def _part_end(self) -> None:
         if self._fh is not None:
+            self.flush()
             fh, self._fh = self._fh, None
             fh.close()
             self.result.sha256 = self._out.hexdigest()
@@ -218,6 +238,105 @@ async def _chunks(request: Request, limits: UploadLimits) -> AsyncIterator[bytes
         yield chunk
 
 
+def _lower_priority() -> None:
+    """Run the calling thread below the API's other threads where the system allows (Linux: a thread's own nice
+    value): when the CPU is short, the event loop and short requests go first, and uploads take what is left.
+    Only for threads of one's own: a pool's thread would keep the lower priority for whatever it runs next."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BULK_NICE))
+    except (AttributeError, OSError):
+        pass
+
+
+def run_below(fn: Callable[..., T], *args, **kwargs) -> T:
+    """``fn(*args, **kwargs)`` in a new thread of lower priority (``_lower_priority``); waits for it and returns
+    its result or raises its exception. For bulk work on an upload's bytes, such as inspecting them."""
+    result: list = []
+
+    def run() -> None:
+        _lower_priority()
+        try:
+            result.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:
+            result.append((False, exc))
+
+    thread = threading.Thread(target=run, name="upload-bulk", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
+
+
+async def _pump(chunks: AsyncIterator[bytes], write: Callable[[list[bytes]], None]) -> None:
+    """Feed every chunk to ``write``, which runs in a thread of its own (at a lower priority, never shared with
+    other requests) a batch at a time while the loop goes on receiving; at most QUEUED_CHUNKS wait between the
+    two. Nothing is being written any more when this returns or raises.
+
+    What ``write`` raises ends the receiving at once. What the receiving raises (a body over its limit, an idle
+    client, a disconnect) comes after the chunks already queued are written: a more specific error they raise,
+    such as the file's own limit, is the one the client gets.
+    """
+    send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=QUEUED_CHUNKS)
+    token = anyio.lowlevel.current_token()
+    finished = anyio.Event()
+    failed: list[BaseException] = []
+    stopped: Exception | None = None
+
+    async def next_batch() -> list[bytes] | None:  # on the loop, for the thread: None once the body has ended
+        try:
+            batch = [await receive.receive()]
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
+        size = len(batch[0])
+        while size < BATCH_BYTES:
+            try:
+                more = receive.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream):
+                break
+            batch.append(more)
+            size += len(more)
+        return batch
+
+    def end(error: BaseException | None) -> None:  # on the loop, from the thread, last
+        if error is not None:
+            failed.append(error)
+            receive.close()
+            receiving.cancel()  # the body is refused: stop reading it
+        finished.set()
+
+    def consume() -> None:
+        _lower_priority()
+        error = None
+        try:
+            while (batch := anyio.from_thread.run(next_batch, token=token)) is not None:
+                write(batch)
+        except BaseException as exc:
+            error = exc
+        anyio.from_thread.run_sync(end, error, token=token)
+
+    with anyio.CancelScope() as receiving:
+        threading.Thread(target=consume, name="upload-receive", daemon=True).start()
+        try:
+            async with send:
+                try:
+                    async for chunk in chunks:
+                        await send.send(chunk)
+                except anyio.BrokenResourceError:
+                    pass  # the writing side failed: its error is raised below
+                except Exception as exc:
+                    stopped = exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await finished.wait()  # the thread sees the end of the body (or a closed stream) and stops
+    if failed:
+        raise failed[0]
+    if stopped is not None:
+        raise stopped
+
+
 async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits,
                          file_field: str = "file") -> ReceivedUpload:
     """Stream a multipart body to ``spool_dir``; raises 4xx errors for bad, oversized or stalled bodies.
@@ -234,13 +353,22 @@ async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits
     receiver = _Receiver(spool_dir, limits, file_field)
     parser = MultipartParser(params[b"boundary"], receiver.callbacks(), max_header_count=PART_HEADERS,
                              max_header_size=PART_HEADER_LINE_BYTES)
-    received = 0
-    try:
+
+    async def counted() -> AsyncIterator[bytes]:
+        received = 0
         async for chunk in _chunks(request, limits):
             received += len(chunk)
             if received > limits.body_bytes:
                 raise limits.body_too_large(f"{received} bytes so far")
+            yield chunk
+
+    def write(batch: list[bytes]) -> None:
+        for chunk in batch:
             parser.write(chunk)
+        receiver.flush()
+
+    try:
+        await _pump(counted(), write)
         parser.finalize()
         if receiver.in_file_part:
             # No closing boundary after the file: the bytes may be cut short, and no sha256 was taken.

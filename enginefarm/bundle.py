@@ -3,6 +3,10 @@
 A bundle holds ``model.onnx`` and its external data files. Its bytes are hostile: an archive may try to escape its
 folder or expand without bound. Every rejection raises ``ModelRejected`` (``PayloadTooLarge`` for size limits) with
 a message the uploader can act on. Nothing here parses ONNX, so the client can unpack a bundle without onnx.
+
+``unpack_bundle`` writes every file (a build reads them). ``unpack_model`` makes the same checks and reads every
+entry through (declared sizes, CRCs) but writes only ``model.onnx``; the other files become sparse stand-ins of
+their declared sizes, so an inspection sees the bundle's names and sizes without its weights being copied.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import stat
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -226,25 +230,41 @@ def _strip_single_top_dir(entries: list[_Entry]) -> list[_Entry]:
 # --------------------------------------------------------------------------- extraction
 
 
+def _read_counted(src: BinaryIO, entry: _Entry, room: int, write: Callable[[bytes], object] | None) -> int:
+    """Read one member through (its CRC is checked at its end), handing each chunk to ``write`` if given; return
+    its byte count. Refuses more than it declared or than ``room``, and fewer than it declared."""
+    read = 0
+    while chunk := src.read(CHUNK):
+        read += len(chunk)
+        if read > entry.size:
+            raise ModelRejected(f"bundle entry {entry.name!r} holds more than the {entry.size} bytes it declares")
+        if read > room:
+            raise PayloadTooLarge("bundle expands past the unpacked size limit while extracting")
+        if write is not None:
+            write(chunk)
+    if read != entry.size:
+        raise ModelRejected(f"bundle entry {entry.name!r} is truncated: {read} of {entry.size} bytes")
+    return read
+
+
 def _copy_counted(src: BinaryIO, dst_path: Path, entry: _Entry, room: int) -> int:
     """Copy one member to a new file; return its byte count. Refuses more than it declared or than room."""
-    written = 0
     # "xb": never overwrite, so no entry can replace another one's file.
     with open(dst_path, "xb") as dst:
-        while chunk := src.read(CHUNK):
-            written += len(chunk)
-            if written > entry.size:
-                raise ModelRejected(f"bundle entry {entry.name!r} holds more than the {entry.size} bytes it declares")
-            if written > room:
-                raise PayloadTooLarge("bundle expands past the unpacked size limit while extracting")
-            dst.write(chunk)
-    if written != entry.size:
-        raise ModelRejected(f"bundle entry {entry.name!r} is truncated: {written} of {entry.size} bytes")
-    return written
+        return _read_counted(src, entry, room, dst.write)
 
 
-def _extract(entries: list[_Entry], open_member, dest: Path, limits: BundleLimits) -> None:
-    """Write every entry under dest with our own loop; bytes are re-counted since headers can lie."""
+def _stand_in(src: BinaryIO, dst_path: Path, entry: _Entry, room: int) -> int:
+    """Check one member as ``_copy_counted`` does, but leave a sparse file of its size in its place."""
+    read = _read_counted(src, entry, room, None)
+    with open(dst_path, "xb") as dst:
+        dst.truncate(read)
+    return read
+
+
+def _extract(entries: list[_Entry], open_member, dest: Path, limits: BundleLimits, only: str | None = None) -> None:
+    """Write every entry under dest with our own loop; bytes are re-counted since headers can lie. With ``only``,
+    that file alone is written and every other one becomes a stand-in (``_stand_in``)."""
     used = 0
     for e in entries:
         target = dest.joinpath(*e.name.split("/"))
@@ -252,8 +272,9 @@ def _extract(entries: list[_Entry], open_member, dest: Path, limits: BundleLimit
             target.mkdir(parents=True, exist_ok=True)
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
+        put = _copy_counted if only is None or e.name == only else _stand_in
         with open_member(e.member) as src:
-            used += _copy_counted(src, target, e, limits.max_unpacked_bytes - used)
+            used += put(src, target, e, limits.max_unpacked_bytes - used)
 
 
 def _open_archive(path: Path, fmt: str) -> zipfile.ZipFile | tarfile.TarFile:
@@ -272,9 +293,8 @@ def _list_entries(archive: zipfile.ZipFile | tarfile.TarFile, limits: BundleLimi
     return list(_tar_entries(archive, limits.max_files))
 
 
-def _unpack_open(
-    archive: zipfile.ZipFile | tarfile.TarFile, fmt: str, dest: Path, limits: BundleLimits, packed: int
-) -> None:
+def _unpack_open(archive: zipfile.ZipFile | tarfile.TarFile, fmt: str, dest: Path, limits: BundleLimits,
+                 packed: int, only: str | None) -> None:
     """Vet the whole listing before writing a byte, then extract."""
     entries = _list_entries(archive, limits)
     _check_layout(entries)
@@ -283,17 +303,28 @@ def _unpack_open(
     if not any(e.name == MODEL_NAME and not e.is_dir for e in entries):
         raise ModelRejected(f"bundle has no {MODEL_NAME} at its top level")
     open_member = archive.open if isinstance(archive, zipfile.ZipFile) else archive.extractfile
-    _extract(entries, open_member, dest, limits)
+    _extract(entries, open_member, dest, limits, only)
 
 
-def unpack_bundle(path: Path, fmt: str, dest: Path, limits: BundleLimits) -> Path:
-    """Check and extract a zip or tar bundle into dest (made if absent, else empty); return its model.onnx."""
+def _unpack(path: Path, fmt: str, dest: Path, limits: BundleLimits, only: str | None) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise ValueError(f"{dest} must be empty to unpack a bundle into it")
     try:
         with _open_archive(path, fmt) as archive:
-            _unpack_open(archive, fmt, dest, limits, path.stat().st_size)
+            _unpack_open(archive, fmt, dest, limits, path.stat().st_size, only)
     except _ARCHIVE_ERRORS as exc:
         raise ModelRejected(f"not a readable {fmt} bundle: {exc}") from None
     return dest / MODEL_NAME
+
+
+def unpack_bundle(path: Path, fmt: str, dest: Path, limits: BundleLimits) -> Path:
+    """Check and extract a zip or tar bundle into dest (made if absent, else empty); return its model.onnx."""
+    return _unpack(path, fmt, dest, limits, None)
+
+
+def unpack_model(path: Path, fmt: str, dest: Path, limits: BundleLimits) -> Path:
+    """Check a bundle as ``unpack_bundle`` does, every entry's bytes read through, but write only its model.onnx;
+    every other file is a sparse stand-in of its size (no bytes written). Return the model.onnx path: it can be
+    inspected (names, sizes and layout are the bundle's), not built from."""
+    return _unpack(path, fmt, dest, limits, MODEL_NAME)

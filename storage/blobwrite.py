@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
+import threading
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
@@ -87,6 +89,28 @@ def give_up_if_unreferenced(settings: Settings, store: BlobStore, key: str) -> b
     except UNAVAILABLE:
         log.warning("the catalog is unavailable: keeping blob %s for the collector to judge", key)
         return False
+
+
+def start_flush(path: Path) -> None:
+    """Begin putting ``path``'s bytes on disk in a background thread, and return at once.
+
+    A local store links a spooled upload into place and fsyncs it first (``LocalBlobStore.put_file``). Begun
+    while the upload is inspected, the writing overlaps the inspection, and that fsync finds it done or under way.
+    A file removed meanwhile (a rejected upload) is flushed for nothing, and no harm done."""
+
+    def flush() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass  # the store's own fsync reports the trouble, on the request's path
+        finally:
+            os.close(fd)
+
+    threading.Thread(target=flush, name="flush-upload", daemon=True).start()
 
 
 def store_with_row(settings: Settings, store: BlobStore, key: str, path: Path, sha256: str,

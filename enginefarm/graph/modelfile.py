@@ -3,17 +3,16 @@
 An upload is either a single ``.onnx`` file or a ``.zip``/``.tar`` bundle holding ``model.onnx``
 and its external data files. Everything here treats the bytes as hostile: archives may try to
 escape their folder or expand without bound, and an ONNX model's external data entries may point
-anywhere on disk. Every rejection raises ``ModelRejected`` (``PayloadTooLarge`` for size limits)
-with a message the uploader can act on.
+anywhere on disk (``enginefarm.graph.external``). Every rejection raises ``ModelRejected``
+(``PayloadTooLarge`` for size limits) with a message the uploader can act on.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -21,12 +20,15 @@ from typing import BinaryIO
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
-from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
+from onnx import ModelProto, TensorProto
 
-from enginefarm.bundle import DRIVE, FORMATS, MODEL_NAME, BundleLimits, detect_format, unpack_bundle
+from enginefarm.bundle import FORMATS, MODEL_NAME, BundleLimits, detect_format, unpack_bundle, unpack_model
 from enginefarm.domain import ModelInfo, TensorInfo
+from enginefarm.graph.external import all_nodes, check_external_data, uses_external_data
 from enginefarm.graph.graphfacts import QDQ_OPS, index_ranges, op_counts
 from enginefarm.errors import ModelRejected
+
+_check_external_data = check_external_data  # the name the tests know it by
 
 # No builder takes a dimension this large; a model declaring one is broken or hostile.
 _MAX_DECLARED_DIM = (1 << 31) - 1
@@ -34,12 +36,13 @@ _MAX_DECLARED_DIM = (1 << 31) - 1
 # and written into Triton configurations; real exporters stay far below this.
 MAX_TENSOR_NAME_BYTES = 1024
 _NAME_SHOWN = 40
-_INT64_DIGITS = 19
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+
 
 @dataclass
 class InspectedModel:
-    """An accepted upload: its format, the ``.onnx`` file to build from, and what it holds."""
+    """An accepted upload: its format, its ``.onnx`` file (to build from, unless the bundle's data files were
+    left in the archive: ``inspect_upload(..., unpack_data=False)``), and what it holds."""
 
     format: str
     model_path: Path
@@ -134,148 +137,6 @@ def _check(model_path: Path) -> None:
         raise ModelRejected(f"model fails onnx.checker: {exc}") from None
 
 
-# --------------------------------------------------------------------------- walking the graph
-
-
-def _subgraphs(attr: AttributeProto) -> Iterator[GraphProto]:
-    """Yield the graphs an attribute holds (If, Loop and Scan bodies)."""
-    if attr.HasField("g"):
-        yield attr.g
-    yield from attr.graphs
-
-
-def _attr_tensors(attr: AttributeProto) -> Iterator[TensorProto]:
-    """Yield the tensors stored directly in an attribute, sparse ones included."""
-    if attr.HasField("t"):
-        yield attr.t
-    yield from attr.tensors
-    sparse = ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(attr.sparse_tensors)
-    for s in sparse:
-        yield s.values
-        yield s.indices
-
-
-def _nodes_deep(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
-    """Yield the nodes and, recursively, the nodes of their subgraphs."""
-    for node in nodes:
-        yield node
-        for attr in node.attribute:
-            for sub in _subgraphs(attr):
-                yield from _nodes_deep(sub.node)
-
-
-def _all_nodes(model: ModelProto) -> Iterator[onnx.NodeProto]:
-    """Yield every node of the main graph, of the model's local functions, and of their subgraphs."""
-    yield from _nodes_deep(model.graph.node)
-    for fn in model.functions:
-        yield from _nodes_deep(fn.node)
-
-
-def _all_tensors(model: ModelProto) -> Iterator[TensorProto]:
-    """Yield every tensor in the model: initializers of every (sub)graph and tensors in attributes."""
-    graphs = [model.graph] + [sub for n in _all_nodes(model) for a in n.attribute for sub in _subgraphs(a)]
-    for graph in graphs:
-        yield from graph.initializer
-        for s in graph.sparse_initializer:
-            yield s.values
-            yield s.indices
-    for node in _all_nodes(model):
-        for attr in node.attribute:
-            yield from _attr_tensors(attr)
-
-
-def _is_external(tensor: TensorProto) -> bool:
-    # Entries without the EXTERNAL flag are ignored by readers, but checking them costs nothing.
-    return tensor.data_location == TensorProto.EXTERNAL or len(tensor.external_data) > 0
-
-
-# --------------------------------------------------------------------------- external data
-
-
-def _external_number(tensor: TensorProto, key: str, value: str) -> int:
-    """An external-data offset or length as ONNX Runtime reads it: plain ASCII digits. Python's int() also takes
-    spaces, a sign, '_' and other scripts' digits, which would pass here and fail in every build."""
-    where = f"external data offset/length for tensor {tensor.name!r}"
-    if value.isascii() and value.isdigit():
-        if len(value) > _INT64_DIGITS:  # also keeps int() clear of its limit on very long digit strings
-            raise ModelRejected(f"{where} are over the int64 range ONNX Runtime reads: {key} has {len(value)} digits")
-        return int(value)
-    if value.startswith("-") and value[1:].isascii() and value[1:].isdigit() and int(value[1:]):
-        raise ModelRejected(f"{where} are negative: {key} {value!r}; give a byte position within the data file")
-    raise ModelRejected(f"{where} are not integers: {key} {value!r} must be plain ASCII digits, without sign, "
-                        "spaces or other characters")
-
-
-def _external_fields(tensor: TensorProto) -> tuple[str, int, int | None]:
-    """Return the tensor's (location, offset, length); length is None when it runs to the file's end."""
-    fields = {e.key: e.value for e in tensor.external_data}
-    location = fields.get("location", "")
-    offset = _external_number(tensor, "offset", fields["offset"]) if "offset" in fields else 0
-    length = _external_number(tensor, "length", fields["length"]) if "length" in fields else None
-    return location, offset, length
-
-
-def _check_location(location: str, tensor: str) -> None:
-    """Reject locations that are empty, absolute, or walk up out of the model's folder."""
-    where = f"external data location {location!r} for tensor {tensor!r}"
-    if not location or "\x00" in location:
-        raise ModelRejected(f"{where} is empty or invalid")
-    if location.startswith(("/", "\\")) or DRIVE.match(location) or os.path.isabs(location):
-        raise ModelRejected(f"{where} is absolute; give a path relative to model.onnx")
-    if "\\" in location:
-        raise ModelRejected(f"{where} contains a backslash; use '/' to separate folders")
-    if ".." in location.split("/"):
-        raise ModelRejected(f"{where} contains '..'; data files must sit beside model.onnx or below it")
-
-
-def _data_file(base: Path, location: str, tensor: str) -> Path:
-    """Return the resolved data file for a checked location: inside base, no symlink, one link."""
-    where = f"external data location {location!r} for tensor {tensor!r}"
-    resolved = Path(os.path.realpath(base / location))
-    root = Path(os.path.realpath(base))
-    if resolved != root and root not in resolved.parents:
-        raise ModelRejected(f"{where} resolves outside the bundle")
-    # Every component is checked, not just the last: a linked folder would redirect the file.
-    step = base
-    for part in location.split("/"):
-        step = step / part
-        try:
-            st = os.lstat(step)
-        except OSError:
-            raise ModelRejected(f"{where} names a file the bundle does not hold") from None
-        if stat.S_ISLNK(st.st_mode):
-            raise ModelRejected(f"{where} is a symlink or lies under one; data files must be regular files")
-    if not stat.S_ISREG(st.st_mode):
-        raise ModelRejected(f"{where} is not a regular file")
-    # A hard link could alias a file outside the bundle; files we extracted have exactly one.
-    if st.st_nlink != 1:
-        raise ModelRejected(f"{where} is a hard link; data files must be plain files")
-    return resolved
-
-
-def _check_external_data(model: ModelProto, base: Path) -> dict[Path, int]:
-    """Validate every external tensor's location and range; return {data file: size}, each once."""
-    files: dict[Path, int] = {}
-    for tensor in _all_tensors(model):
-        if not _is_external(tensor):
-            continue
-        location, offset, length = _external_fields(tensor)
-        _check_location(location, tensor.name)
-        data = _data_file(base, location, tensor.name)
-        size = files.setdefault(data, data.stat().st_size)
-        end = offset + (length or 0)
-        if end > size:
-            raise ModelRejected(
-                f"external data for tensor {tensor.name!r} spans bytes {offset}..{end} "
-                f"but {location!r} holds only {size} bytes"
-            )
-    return files
-
-
-def _uses_external_data(model: ModelProto) -> bool:
-    return any(_is_external(t) for t in _all_tensors(model))
-
-
 # --------------------------------------------------------------------------- metadata
 
 
@@ -367,9 +228,9 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
         ir_version=model.ir_version,
         producer=f"{model.producer_name} {model.producer_version}".strip(),
         size=model_path.stat().st_size + sum(data_files.values()),
-        has_qdq=any(n.op_type in QDQ_OPS for n in _all_nodes(model)),
-        external_data=_uses_external_data(model),
-        op_types=op_counts(_all_nodes(model)),
+        has_qdq=any(n.op_type in QDQ_OPS for n in all_nodes(model)),
+        external_data=uses_external_data(model),
+        op_types=op_counts(all_nodes(model)),
         index_ranges=index_ranges(model.graph),
     )
 
@@ -377,12 +238,13 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
 # --------------------------------------------------------------------------- entry points
 
 
-def _unpack_fresh(path: Path, fmt: str, workdir: Path, limits: BundleLimits) -> Path:
-    """Unpack a bundle into a new folder under workdir; return its model.onnx path."""
+def _unpack_fresh(path: Path, fmt: str, workdir: Path, limits: BundleLimits, unpack_data: bool = True) -> Path:
+    """Unpack a bundle into a new folder under workdir (only model.onnx, beside stand-ins of the other files,
+    unless ``unpack_data``); return its model.onnx path."""
     workdir.mkdir(parents=True, exist_ok=True)
     dest = Path(tempfile.mkdtemp(prefix="bundle-", dir=workdir))
     try:
-        return unpack_bundle(path, fmt, dest, limits)
+        return (unpack_bundle if unpack_data else unpack_model)(path, fmt, dest, limits)
     except BaseException:
         shutil.rmtree(dest, ignore_errors=True)
         raise
@@ -391,12 +253,12 @@ def _unpack_fresh(path: Path, fmt: str, workdir: Path, limits: BundleLimits) -> 
 def _load_checked(model_path: Path, fmt: str) -> tuple[ModelProto, dict[Path, int]]:
     """Parse the model and vet its external data; return the proto and its data files."""
     model = _load(model_path)
-    if fmt == "onnx" and _uses_external_data(model):
+    if fmt == "onnx" and uses_external_data(model):
         raise ModelRejected(
             "this model keeps tensors in external files; upload a .zip or .tar bundle "
             "with model.onnx and its data files"
         )
-    return model, _check_external_data(model, model_path.parent)
+    return model, check_external_data(model, model_path.parent)
 
 
 def _check_one_model(model_path: Path) -> None:
@@ -409,10 +271,16 @@ def _check_one_model(model_path: Path) -> None:
                             f"a bundle is one {MODEL_NAME} and its external data files")
 
 
-def inspect_upload(path: Path, workdir: Path, limits: BundleLimits = BundleLimits()) -> InspectedModel:
-    """Vet an uploaded file (plain ONNX or bundle, unpacked under workdir); return what it holds."""
+def inspect_upload(path: Path, workdir: Path, limits: BundleLimits = BundleLimits(), *,
+                   unpack_data: bool = True) -> InspectedModel:
+    """Vet an uploaded file (plain ONNX or bundle, unpacked under workdir); return what it holds.
+
+    ``unpack_data=False``: a bundle's files are checked as they would be unpacked (every entry read through,
+    names, sizes and external-data ranges against them) but only its model.onnx is written, so a large bundle is
+    not copied again; the result's ``model_path`` is then fit for inspection, not for a build.
+    """
     fmt = detect_format(path)
-    model_path = path if fmt == "onnx" else _unpack_fresh(path, fmt, workdir, limits)
+    model_path = path if fmt == "onnx" else _unpack_fresh(path, fmt, workdir, limits, unpack_data)
     try:
         if fmt != "onnx":
             _check_one_model(model_path)
@@ -433,5 +301,5 @@ def model_path_for(blob_path: Path, fmt: str, workdir: Path, limits: BundleLimit
         return blob_path
     model_path = _unpack_fresh(blob_path, fmt, workdir, limits)
     # Builders read external data from disk: re-vet the locations even though the upload passed.
-    _check_external_data(_load(model_path), model_path.parent)
+    check_external_data(_load(model_path), model_path.parent)
     return model_path
