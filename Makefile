@@ -31,6 +31,7 @@ bench: setup services
 	$(PY) bench/benchmark_overhead.py
 	$(PY) bench/serve.py
 	$(PY) bench/fleet.py
+	$(PY) bench/upload.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache *.egg-info

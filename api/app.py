@@ -18,7 +18,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from enginefarm.api.schemas import document_spec
-from enginefarm.api.answers import Answers
+from enginefarm.api.answers import Answers, FleetPath
 from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
 from enginefarm.api.upload import UploadSlots
@@ -119,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router, dependencies=[Depends(authorize)])
     app.include_router(workers.router)  # /healthz is open; /v1/workers checks its token itself
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
+    app.add_middleware(FleetPath)  # outermost of ours: a fleet's repeated question skips the rest
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
         from fastapi.middleware.cors import CORSMiddleware
 

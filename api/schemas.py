@@ -220,15 +220,19 @@ class EngineOut(BaseModel):
                                                             "state and, while pending or failed, why")
 
     @classmethod
-    def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None) -> EngineOut:
-        """``model``: the version it is listed under, when not the one it was first built for (same bytes)."""
+    def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None,
+           variant_of: Any = ...) -> EngineOut:
+        """``model``: the version it is listed under, when not the one it was first built for (same bytes).
+        ``row`` and ``model`` may be plain rows of the same columns; then ``variant_of`` is given."""
         fields = {k: getattr(row, k) for k in cls.model_fields
                   if k not in ("model_id", "model_name", "model_version", "model_seq", "checks", "profiles",
                                "variant_of")}
         fields["profiles"] = row.profiles or []
         m = model or row.model
+        if variant_of is ...:
+            variant_of = m.source.version if m.source is not None else None
         return cls(**fields, model_id=m.id, model_name=m.name, model_version=m.version, model_seq=m.seq,
-                   variant_of=m.source.version if m.source is not None else None, checks=checks)
+                   variant_of=variant_of, checks=checks)
 
 
 SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"

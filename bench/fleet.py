@@ -24,7 +24,6 @@ request; then the ratios: conditional/cold and fleet/cold CPU per request, and e
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -72,7 +71,8 @@ def proc_cpu(match) -> float:
         comm = raw[raw.index("(") + 1:raw.rindex(")")]
         fields = raw[raw.rindex(")") + 2:].split()
         if match(int(entry), int(fields[2]), comm):
-            total += (int(fields[11]) + int(fields[12])) / tick
+            # its own time, and that of its children that ended (PostgreSQL's backends, reaped by the postmaster)
+            total += sum(int(f) for f in fields[11:15]) / tick
     return total
 
 
@@ -80,7 +80,7 @@ def run_phase(name: str, coro_of, api_pid: int) -> dict:
     api = lambda: proc_cpu(lambda pid, pgrp, comm: pgrp == api_pid)  # noqa: E731
     pg = lambda: proc_cpu(lambda pid, pgrp, comm: comm == "postgres")  # noqa: E731
     a0, p0 = api(), pg()
-    res = asyncio.run(coro_of())
+    res = httpload.run(coro_of())
     out = res.summary() | {"phase": name}
     n = max(1, res.ok)
     out["api_cpu_ms"] = (api() - a0) * 1000 / n
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         results = []
         for name, coro_of in phases.items():
-            asyncio.run(httpload.closed_loop(host, port, lambda k: health[0], 4, min(1.0, args.seconds)))  # settle
+            httpload.run(httpload.closed_loop(host, port, lambda k: health[0], 4, min(1.0, args.seconds)))  # settle
             results.append(run_phase(name, coro_of, farm.api.pid))
             r = results[-1]
             print(f"{name:12s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f}  p90 {r['p90_ms']:7.2f}  "

@@ -6,9 +6,10 @@ Routes and tasks call these with a session from ``storage.db.session_scope``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
@@ -98,12 +99,9 @@ def find_models(session: Session, name: str, version: str | None = None, project
     version (and what was derived from it) when one is given. A name is looked up in ``project``; with
     ``None`` (a token of the whole farm) a name that several projects use is ambiguous, unless one of them
     is the farm's own (''). ``columns`` (which must include ``ModelRow.project``): plain rows of only these."""
-    query = in_project(select(ModelRow).where(ModelRow.name == name), project)
-    if version is not None:
-        named = in_project(select(ModelRow.id).where(ModelRow.name == name, ModelRow.version == version), project)
-        query = query.where((ModelRow.version == version) | ModelRow.source_model_id.in_(named))
-    query = query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None), ModelRow.id)
-    rows = list(session.execute(query.with_only_columns(*columns)).all() if columns else session.scalars(query).all())
+    query = _models_query(version is not None, project is not None, columns)
+    found = session.execute(query, {"name": name, "version": version, "project": project})
+    rows = list(found.all() if columns else found.scalars().all())
     if len(projects := {r.project for r in rows}) > 1:
         if "" not in projects:
             raise Conflict(f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
@@ -113,6 +111,21 @@ def find_models(session: Session, name: str, version: str | None = None, project
         what = f"model {name!r}" + (f" version {version!r}" if version else "")
         raise NotFound(f"no {what} in the catalog")
     return rows
+
+
+@lru_cache(maxsize=None)
+def _models_query(by_version: bool, by_project: bool, columns: tuple | None):
+    """find_models' statement, built once per shape (building one costs more than running it)."""
+    def scoped(query):
+        return query.where(ModelRow.project == bindparam("project")) if by_project else query
+
+    query = scoped(select(ModelRow).where(ModelRow.name == bindparam("name")))
+    if by_version:
+        named = scoped(select(ModelRow.id).where(ModelRow.name == bindparam("name"),
+                                                 ModelRow.version == bindparam("version")))
+        query = query.where((ModelRow.version == bindparam("version")) | ModelRow.source_model_id.in_(named))
+    query = query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None), ModelRow.id)
+    return query.with_only_columns(*columns) if columns else query
 
 
 def latest_of(rows: list[ModelRow]) -> list[ModelRow]:

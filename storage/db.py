@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -51,14 +53,24 @@ def lock_file(settings: Settings, name: str) -> Path:
     return folder / name
 
 
+def json_loads(data: str | bytes):
+    """JSON columns read with orjson, four times faster than the standard library: a resolve reads two per engine.
+    A value orjson refuses (NaN, which Python's json writes and SQLite keeps) is read by the standard library."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
+                               json_deserializer=json_loads)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # Up to 40 at once: the API's 40 route threads hold at most one each; a session being ended gives its
     # connection back on threads of its own (api/deps.py), so a route waiting here never waits on itself.
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30, json_deserializer=json_loads)
 
 
 @lru_cache
@@ -80,6 +92,26 @@ def _sessionmaker_for(url: str) -> sessionmaker[Session]:
 def new_session(settings: Settings | None = None) -> Session:
     """A session of the catalog; it takes a connection from the pool at its first query."""
     return _sessionmaker_for((settings or get_settings()).resolved_database_url)()
+
+
+@lru_cache
+def _quick_engine_for(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        return _engine_for(url)
+    return create_engine(url, pool_size=4, max_overflow=12, isolation_level="AUTOCOMMIT", json_deserializer=json_loads)
+
+
+@contextmanager
+def quick_read(settings: Settings) -> Iterator[Session]:
+    """A session for one short read whose caller has a full path to fall back on when it fails: no ping before
+    each checkout and no transaction around the query, so one round trip to PostgreSQL instead of four. A
+    connection that died (a database restart) fails the read once, is discarded, and the caller takes its full
+    path, whose pool pings."""
+    session = Session(bind=_quick_engine_for(settings.resolved_database_url))
+    try:
+        yield session
+    finally:
+        session.close()
 
 
 @contextmanager

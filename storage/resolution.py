@@ -7,7 +7,7 @@ evidence instead of every benchmark row. The chosen engine's full row is read by
 
 from __future__ import annotations
 
-from sqlalchemy import Row, func, select
+from sqlalchemy import Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
@@ -57,23 +57,40 @@ def descriptor_of(row) -> EngineDescriptor:
     )
 
 
+# Built once: a statement's construction costs more than its compiled form's cache lookup.
+ENGINES_OF = select(*ENGINE_COLUMNS).where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)))
+LATENCY_OF = (select(BenchmarkRow.engine_id, func.min(BenchmarkRow.median_ms))
+              .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
+              .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)),
+                     BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY, BenchmarkRow.gpu_name == bindparam("gpu"))
+              .group_by(BenchmarkRow.engine_id))
+
+
 def _latency_on(session: Session, model_shas: list[str], gpu_name: str | None) -> dict[int, float]:
     """The best median latency at the default shape, measured on this GPU model, of each engine of these bytes."""
     if not gpu_name or not model_shas:
         return {}
-    query = (select(BenchmarkRow.engine_id, func.min(BenchmarkRow.median_ms))
-             .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
-             .where(EngineRow.model_sha256.in_(model_shas), BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY,
-                    BenchmarkRow.gpu_name == gpu_name)
-             .group_by(BenchmarkRow.engine_id))
-    return dict(session.execute(query).all())
+    return dict(session.execute(LATENCY_OF, {"shas": model_shas, "gpu": gpu_name}).all())
+
+
+ENGINE = select(EngineRow.__table__).where(EngineRow.id == bindparam("id"))
+VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
+
+
+def chosen_engine(session: Session, engine_id: int, owner: dict[str, Row]) -> tuple[Row, Row, str | None]:
+    """The chosen engine's whole row, the version it is listed under, and the version that version is a variant of
+    (an int8 model derived from it), if any: plain rows, for the answer's engine."""
+    row = session.execute(ENGINE, {"id": engine_id}).one()
+    model = owner[row.model_sha256]
+    source = model.source_model_id
+    return row, model, session.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
 
 
 def judge(session: Session, machine: Machine, owner: dict[str, Row],
           wanted: Wanted | None = None) -> tuple[Choice, dict[int, Row]]:
     """Judge and rank every engine of these models' bytes for this machine. Returns the choice and the engine
     rows (plain rows of ENGINE_COLUMNS) by id."""
-    rows = session.execute(select(*ENGINE_COLUMNS).where(EngineRow.model_sha256.in_(owner))).all()
+    rows = session.execute(ENGINES_OF, {"shas": list(owner)}).all()
     latency = _latency_on(session, list(owner), machine.gpu_name) if rows else {}
     options = []
     for r in rows:

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ("benchmark_overhead.py", "ratio"),
     ("e2e.py", "c/(a+b)"),
     ("load.py", "farm / baseline"),
+    ("upload.py", "upload/cp throughput"),
+    ("fleet.py", "conditional/cold CPU per request"),
 ])
 def test_bench_smoke(script, says, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"], capture_output=True, text=True,

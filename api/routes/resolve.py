@@ -21,9 +21,9 @@ from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from enginefarm.api import services
-from enginefarm.api.answers import HEADERS, Answers, FleetRoute, Known, digest_of, etag_of, matches
+from enginefarm.api.answers import HEADERS, Answers, Known, digest_of, etag_of, matches
 from enginefarm.api.auth import authorize, require
-from enginefarm.api.deps import session_dep, settings_dep
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
 from enginefarm.api.schemas import (
     BACKEND_PATTERN,
@@ -41,10 +41,9 @@ from enginefarm.config import Settings
 from enginefarm.domain import shape_request
 from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
 from enginefarm.storage import resolution
-from enginefarm.storage.tables import EngineRow, ModelRow
 from enginefarm.storage.tokens import Principal
 
-router = APIRouter(route_class=FleetRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
+router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
 RESPONSES = {
     304: {"description": "the answer has not changed since the one whose ETag If-None-Match names"},
@@ -97,10 +96,9 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
     explain = req.explain
     ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
     rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
-    engine = session.get(EngineRow, chosen.option.id)
+    engine, version, variant_of = resolution.chosen_engine(session, chosen.option.id, owner)
     out = ResolveOut(
-        model=req.model, machine=req.machine,
-        engine=EngineOut.of(engine, session.get(ModelRow, owner[engine.model_sha256].id)),
+        model=req.model, machine=req.machine, engine=EngineOut.of(engine, version, variant_of=variant_of),
         match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
         accuracy=chosen.option.evidence.accuracy or "unchecked",
         download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=ranked[1:],
