@@ -28,6 +28,7 @@ from fastapi import Response
 from sqlalchemy import Row
 from starlette.datastructures import Headers
 
+from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
@@ -74,7 +75,7 @@ class Answers:
 
     def __init__(self, entries: int = 4096):
         self.entries = entries
-        self._bodies: OrderedDict[str, bytes] = OrderedDict()
+        self._bodies: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._queries: OrderedDict[tuple[bytes, str | None], Known] = OrderedDict()
         self._lock = threading.Lock()  # routes run in a thread pool
 
@@ -89,18 +90,19 @@ class Answers:
             while len(self._queries) > self.entries:
                 self._queries.popitem(last=False)
 
-    def get(self, etag: str) -> bytes | None:
+    def get(self, etag: str) -> tuple[bytes, str] | None:
+        """The body kept under this tag, and its outcome (the chosen engine's match tier)."""
         with self._lock:
-            body = self._bodies.get(etag)
-            if body is not None:
+            kept = self._bodies.get(etag)
+            if kept is not None:
                 self._bodies.move_to_end(etag)
-            return body
+            return kept
 
-    def put(self, etag: str, body: bytes) -> None:
+    def put(self, etag: str, body: bytes, outcome: str) -> None:
         if self.entries <= 0:
             return
         with self._lock:
-            self._bodies[etag] = body
+            self._bodies[etag] = (body, outcome)
             self._bodies.move_to_end(etag)
             while len(self._bodies) > self.entries:
                 self._bodies.popitem(last=False)
@@ -132,9 +134,11 @@ async def fleet_answer(app, scope) -> Response | None:
     tag = etag_of(known.digest, principal.project, models)
     out = {"ETag": tag, **HEADERS}
     if matches(headers.get("if-none-match"), tag):
+        RESOLVES.labels("not_modified").inc()
         return Response(status_code=304, headers=out)
-    if (body := answers.get(tag)) is not None:
-        return Response(body, media_type="application/json", headers=out)
+    if (kept := answers.get(tag)) is not None:
+        RESOLVES.labels(kept[1]).inc()
+        return Response(kept[0], media_type="application/json", headers=out)
     return None
 
 
@@ -149,6 +153,7 @@ class FleetPath:
         if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == PATH:
             response = await fleet_answer(scope["app"], scope)
             if response is not None:
+                scope["metrics_route"] = PATH
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -20,7 +20,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from enginefarm.api.schemas import document_spec
 from enginefarm.api.answers import Answers, FleetPath
 from enginefarm.api.auth import TokenCache, authorize
-from enginefarm.api.routes import builds, engines, gate, models, resolve, sweeps, tokens, workers
+from enginefarm.api.metrics import Observe
+from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
 from enginefarm.api.upload import UploadSlots
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
@@ -117,9 +118,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):
         app.include_router(module.router, dependencies=[Depends(authorize)])
-    app.include_router(workers.router)  # /healthz is open; /v1/workers checks its token itself
+    app.include_router(workers.router)  # /v1/workers checks its token itself
+    app.include_router(health.router)  # /healthz, /readyz and /metrics are open
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
-    app.add_middleware(FleetPath)  # outermost of ours: a fleet's repeated question skips the rest
+    app.add_middleware(FleetPath)  # a fleet's repeated question skips the rest
+    app.add_middleware(Observe)  # outermost of ours: every request's latency, the fleet's included
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
         from fastapi.middleware.cors import CORSMiddleware
 

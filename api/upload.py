@@ -28,6 +28,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from enginefarm import worklock
+from enginefarm.api.metrics import UPLOAD_BYTES
 from enginefarm.config import Settings
 from enginefarm.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
 from enginefarm.hashing import HashingWriter
@@ -388,4 +389,5 @@ async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits
     if receiver.result.size == 0:
         receiver.result.discard()
         raise ModelRejected("the uploaded file is empty")
+    UPLOAD_BYTES.labels(file_field).inc(receiver.result.size)
     return receiver.result

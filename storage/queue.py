@@ -47,6 +47,9 @@ def make_celery(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
         task_serializer="json",
         accept_content=["json"],
+        # Task events (sent, started, succeeded, failed) for Flower and `celery events`.
+        worker_send_task_events=True,
+        task_send_sent_event=True,
     )
     return app
 

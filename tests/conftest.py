@@ -77,7 +77,9 @@ def dist_settings(dist_env) -> Settings:
 def farm(dist_env, dist_settings, tmp_path_factory) -> Farm:
     """A distributed farm: the API under uvicorn and two Celery worker processes with different targets."""
     logs = tmp_path_factory.mktemp("farm-logs")
-    f = Farm(dist_env, log_dir=logs)
+    # One prometheus-client multiprocess folder for the API and the workers, as `enginefarm up` makes: the API's
+    # /metrics then counts the workers' builds too (tests/api/test_metrics.py).
+    f = Farm({**dist_env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path_factory.mktemp("metrics"))}, log_dir=logs)
     try:
         f.start_api()
         # The session acts as an admin; the client and the CLI read the token from the environment.

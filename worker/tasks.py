@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import asdict
 from functools import lru_cache
 
@@ -24,6 +25,7 @@ from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK
 from enginefarm.worker.celery_app import app
 from enginefarm.worker.lanes import wait_for_builds
+from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
 from enginefarm.worklock import Scratch
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
 from enginefarm.probe import MachineProbe, machine_fingerprint, probe_machine
@@ -127,6 +129,7 @@ def _run(task_id: int, me: str) -> None:
         except EnginefarmError as exc:
             exc.log_tail = log_buf.tail()
             raise
+        BUILD_SECONDS.labels(str(target)).observe(built.seconds)
         key = engine_key(built.descriptor.sha256)
 
         def record(s) -> int | None:
@@ -198,6 +201,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         spec = BuildSpec(**task.spec).model_copy(update={"precision": Precision(engine.precision)})
         info = ModelInfo.from_dict(reference.info)
         engine_fields = (engine.id, engine.blob_key, engine.sha256, engine.backend)
+        target = task.target
         ref_fields = (reference.blob_key, reference.sha256, reference.format)
         samples_fields = (reference.samples_key, reference.samples_sha256)
     engine_id, blob_key, sha, backend = engine_fields
@@ -208,8 +212,10 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         samples = samples_of(store, *samples_fields, info, scratch)
         if give_way_to:
             wait_for_builds(give_way_to)
+        started = time.monotonic()
         result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
                           reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
+        BENCHMARK_SECONDS.labels(target).observe(time.monotonic() - started)
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
     with session_scope() as s:
         for measured in result.benchmarks:

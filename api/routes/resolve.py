@@ -24,6 +24,7 @@ from enginefarm.api import services
 from enginefarm.api.answers import HEADERS, Answers, Known, digest_of, etag_of, matches
 from enginefarm.api.auth import authorize, require
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
 from enginefarm.api.schemas import (
     BACKEND_PATTERN,
@@ -72,10 +73,12 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
     tag = etag_of(digest, project, models)
     headers = {"ETag": tag, **HEADERS}
     if matches(request.headers.get("if-none-match"), tag):
+        RESOLVES.labels("not_modified").inc()
         return Response(status_code=304, headers=headers)
     answers: Answers = request.app.state.answers
-    if (body := answers.get(tag)) is not None:
-        return Response(body, media_type="application/json", headers=headers)
+    if (kept := answers.get(tag)) is not None:
+        RESOLVES.labels(kept[1]).inc()
+        return Response(kept[0], media_type="application/json", headers=headers)
     wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
                     max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
     owner = resolution.owners(models)
@@ -85,6 +88,7 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
     only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
     if chosen is None or (req.build and only_cpu):
         error = resolution.no_fit_error(choice, rows, req.model, req.version)
+        RESOLVES.labels("build" if req.build else "no_fit").inc()
         if not req.build:
             raise error
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
@@ -106,7 +110,8 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
         rejected=rejected, candidates=ranked + rejected if explain else None,
     )
     body = out.model_dump_json().encode()
-    answers.put(tag, body)
+    answers.put(tag, body, out.match)
+    RESOLVES.labels(out.match).inc()
     if request.method == "GET":
         answers.remember(request.scope["query_string"], project, Known(req.model, req.version, digest))
     return Response(body, media_type="application/json", headers=headers)

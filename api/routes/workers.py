@@ -1,15 +1,13 @@
-"""GET /v1/workers and /healthz."""
+"""GET /v1/workers."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from enginefarm.api.auth import authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.schemas import WorkerOut
-from enginefarm import __version__
 from enginefarm.config import Settings
 from enginefarm.storage import catalog
 
@@ -20,9 +18,3 @@ router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 def list_workers(session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
     """Workers that sent a heartbeat within the TTL, with the targets they build."""
     return [WorkerOut.of(r) for r in catalog.live_workers(session, settings.worker_ttl_seconds)]
-
-
-@router.get("/healthz")
-def healthz(session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> dict:
-    session.execute(text("SELECT 1"))
-    return {"status": "ok", "version": __version__, "blob_store": settings.blob_store}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -125,10 +126,23 @@ def api(host: str = typer.Option("127.0.0.1", help="address to listen on"),
         workers: int = typer.Option(1, help="uvicorn worker processes"),
         log_level: str = typer.Option("info", "--log-level", help="uvicorn's: debug, info, warning or error")) -> None:
     """Run the REST API (OpenAPI at /docs): uvicorn, its connections with TCP_NODELAY (no 40 ms Nagle waits
-    under several workers)."""
+    under several workers). /metrics sums its worker processes (prometheus-client's multiprocess mode)."""
     from enginefarm.server.serve import serve_api
 
+    _metrics_dir(get_settings().data_dir / "metrics" / f"api-{port}")
     serve_api(host, port, workers, log_level)
+
+
+def _metrics_dir(folder: Path) -> Path:
+    """Where this process and its children keep prometheus-client's multiprocess files: ``folder``, emptied (a new
+    set of processes counts from zero), unless the deployment named one (PROMETHEUS_MULTIPROC_DIR) or a parent
+    (``enginefarm up``) did. Set before anything imports prometheus-client."""
+    if given := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return Path(given)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
+    return folder
 
 
 @app.command()
@@ -144,6 +158,9 @@ def worker(
     loglevel: str = typer.Option("info", help="Celery's log level: debug, info, warning or error"),
     lane: str = typer.Option("both", hidden=True, help="'benchmarks': run as the benchmark lane of the worker "
                                                         "named by ENGINEFARM_LANE_OF (the worker starts it itself)"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
+                                               help="serve Prometheus metrics (build and benchmark seconds per "
+                                                    "target) on this port"),
 ) -> None:
     """Probe this machine, then consume the build queues of exactly the targets it can build and the
     benchmark queues of exactly the targets whose engines it can run. Builds and benchmarks run in separate
@@ -173,6 +190,11 @@ def worker(
         fail(exc)
     if not chosen and not bench:
         fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
+    if metrics_port is not None and lane == "both":
+        _metrics_dir(settings.data_dir / "metrics" / f"worker-{name}-{os.getpid()}")  # the lane inherits it
+        from enginefarm.worker import metrics  # after the folder is set: prometheus-client reads it at import
+
+        metrics.serve(metrics_port)
     _run_worker(settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel,
                 lane)
 
@@ -338,6 +360,7 @@ def up(port: int = typer.Option(8321, help="the API's port"),
         os.environ["ENGINEFARM_DATA_DIR"] = str(data_dir.resolve())
         get_settings.cache_clear()
     settings = get_settings()
+    _metrics_dir(settings.data_dir / "metrics")  # one folder: the API's /metrics counts the workers' builds too
     token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
     # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
     farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)

@@ -19,6 +19,7 @@ from enginefarm.config import Settings
 from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
 from enginefarm.hashing import sha256_file
 from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
+from enginefarm.storage.metrics import BLOB_ERRORS
 
 # Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
 STREAMS = 64  # S3 connections kept per process (botocore keeps 10)
@@ -41,10 +42,13 @@ def _mapped(key: str):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         if code in NOT_FOUND_CODES:
             raise NotFound(f"blob {key} is missing from the store") from exc
+        BLOB_ERRORS.labels("s3").inc()
         raise InfrastructureError(f"S3 error on {key}: {code or exc}") from exc
     except BotoCoreError as exc:
+        BLOB_ERRORS.labels("s3").inc()
         raise InfrastructureError(f"S3 unreachable while handling {key}: {exc}") from exc
     except Boto3Error as exc:  # upload_file/download_file wrap client errors (S3UploadFailedError, RetriesExceededError)
+        BLOB_ERRORS.labels("s3").inc()
         raise InfrastructureError(f"S3 transfer of {key} failed: {exc}") from exc
 
 
