@@ -19,7 +19,6 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from enginefarm.config import Settings
 from enginefarm.storage.db import session_scope
-from enginefarm.storage.metrics import BLOB_ERRORS  # noqa: F401  (counted by the stores, exposed here)
 from enginefarm.storage.observe import queue_state
 
 REQUEST_SECONDS = Histogram("enginefarm_http_request_duration_seconds", "API request latency, by route template",

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from bench import catalogfill, httpload  # noqa: E402
+from bench.procstat import cpu_of  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.server import devservices  # noqa: E402
 from enginefarm.server.embedded import Farm, issue_token  # noqa: E402
@@ -58,27 +59,10 @@ MACHINES = {
 }
 
 
-def proc_cpu(match) -> float:
-    """CPU seconds (user + system) of the processes ``match(pid, pgrp, comm)`` selects."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2:].split()
-        if match(int(entry), int(fields[2]), comm):
-            # its own time, and that of its children that ended (PostgreSQL's backends, reaped by the postmaster)
-            total += sum(int(f) for f in fields[11:15]) / tick
-    return total
-
-
 def run_phase(name: str, coro_of, api_pid: int) -> dict:
-    api = lambda: proc_cpu(lambda pid, pgrp, comm: pgrp == api_pid)  # noqa: E731
-    pg = lambda: proc_cpu(lambda pid, pgrp, comm: comm == "postgres")  # noqa: E731
+    api = lambda: cpu_of(lambda p: p.pgrp == api_pid)  # noqa: E731
+    # PostgreSQL's with the backends that ended in the window, which the postmaster reaped
+    pg = lambda: cpu_of(lambda p: p.comm == "postgres", reaped=True)  # noqa: E731
     a0, p0 = api(), pg()
     res = httpload.run(coro_of())
     out = res.summary() | {"phase": name}

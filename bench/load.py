@@ -53,6 +53,7 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 import httpx  # noqa: E402
 
+from bench.procstat import TICK, processes  # noqa: E402
 from enginefarm.hashing import CHUNK, SHA_HEADER  # noqa: E402
 
 TARGETS = ["tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "onnxruntime/cpu-x86_64"]
@@ -217,23 +218,9 @@ def client_process(ids: list[int], phase: str, cfg: dict, ready, go, go_at, resu
 
 # ============================================================================== CPU accounting (/proc)
 
-TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _proc_stats() -> dict[int, tuple[int, str, float]]:
     """pid -> (process group, comm, CPU seconds so far) for every process we can read."""
-    out = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry.name}/stat").read_text()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1:raw.rindex(")")]
-        fields = raw[raw.rindex(")") + 2:].split()
-        out[int(entry.name)] = (int(fields[2]), comm, (int(fields[11]) + int(fields[12])) / TICK)
-    return out
+    return {pid: (p.pgrp, p.comm, p.cpu) for pid, p in processes().items()}
 
 
 def _cmdline(pid: int) -> str:

@@ -33,21 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from bench.procstat import cpu_of  # noqa: E402
 from enginefarm.server.embedded import free_port  # noqa: E402
-
-
-def cpu_seconds(pgrp: int) -> float:
-    """User + system CPU of every process in this process group."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split() if raw else []
-        if fields and int(fields[2]) == pgrp:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, float, float]:
@@ -70,12 +57,12 @@ def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, 
             for _ in range(10):
                 client.get(url)
             times = []
-            cpu = cpu_seconds(proc.pid)
+            cpu = cpu_of(lambda p: p.pgrp == proc.pid)
             for _ in range(requests):
                 started = time.perf_counter()
                 client.get(url).raise_for_status()
                 times.append((time.perf_counter() - started) * 1000)
-            cpu = (cpu_seconds(proc.pid) - cpu) * 1000 / requests
+            cpu = (cpu_of(lambda p: p.pgrp == proc.pid) - cpu) * 1000 / requests
         times.sort()
         return statistics.median(times), times[int(0.95 * (len(times) - 1))], cpu
     finally:

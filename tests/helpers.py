@@ -48,3 +48,39 @@ def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple
         except BuildFailed as exc:
             return False, exc.message
     return True, ""
+
+
+# --------------------------------------------------------------------------- catalog rows without bytes
+
+RTX_VERSION = "1.7.1.116"
+# A complete model record (what /v1/models lists), for rows a test writes straight into a catalog of its own.
+ROW_INFO = {"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "test"}
+
+
+def catalog_model(s, name: str, sha: str, version: str = "1", seq: int = 1):
+    """A model row, as an upload writes it, in session ``s``; returns it (flushed, with its id)."""
+    from enginefarm.storage.tables import ModelRow
+
+    row = ModelRow(name=name, version=version, seq=seq, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1,
+                   info=ROW_INFO)
+    s.add(row)
+    s.flush()
+    return row
+
+
+def catalog_engine(s, model, arch: str) -> int:
+    """An engine row of ``model``'s bytes, as a worker writes it: TensorRT-RTX for ``arch`` ("sm86"), or the CPU
+    artifact for "cpu". Its blob does not exist: keep such rows out of the session farm's catalog."""
+    from enginefarm.storage.tables import EngineRow
+
+    cpu = arch == "cpu"
+    cc = None if cpu else f"{arch[2:-1]}.{arch[-1]}"
+    row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash="0" * 64,
+                    target="onnxruntime/cpu-x86_64" if cpu else f"tensorrt-rtx/{arch}",
+                    backend="onnxruntime" if cpu else "tensorrt-rtx", backend_version="1.23.2" if cpu else RTX_VERSION,
+                    precision="fp16", compute_capability=cc, compute_capabilities=[cc] if cc else [], platform="x86_64",
+                    trt_version=None if cpu else RTX_VERSION, sha256=uuid.uuid4().hex * 2, size=1,
+                    blob_key=f"engines/{uuid.uuid4().hex}", build_seconds=0.1)
+    s.add(row)
+    s.flush()
+    return row.id

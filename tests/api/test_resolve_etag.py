@@ -18,35 +18,11 @@ from enginefarm.server import devservices
 from enginefarm.server.embedded import issue_token
 from enginefarm.storage import catalog, resolution
 from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import EngineRow, ModelRow
-from tests.helpers import unique_name
+from enginefarm.storage.tables import ModelRow
+from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
-RTX = "1.7.1.116"
 GPU = "NVIDIA GeForce RTX 3090"
-QUERY = {"cc": "8.6", "trt_rtx": RTX, "gpu": GPU, "platform": "x86_64"}
-
-INFO = {"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "test"}
-
-
-def add_model(s, name: str, sha: str, version: str = "1", seq: int = 1) -> ModelRow:
-    row = ModelRow(name=name, version=version, seq=seq, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1,
-                   info=INFO)
-    s.add(row)
-    s.flush()
-    return row
-
-
-def add_engine(s, model: ModelRow, arch: str) -> int:
-    backend, version, cc = ("onnxruntime", "1.23.2", None) if arch == "cpu" else ("tensorrt-rtx", RTX, f"{arch[2]}.{arch[3]}")
-    row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash="0" * 64,
-                    target="onnxruntime/cpu-x86_64" if arch == "cpu" else f"tensorrt-rtx/{arch}", backend=backend,
-                    backend_version=version, precision="fp16", compute_capability=cc,
-                    compute_capabilities=[cc] if cc else [], platform="x86_64", trt_version=None if cc is None else RTX,
-                    sha256=uuid.uuid4().hex * 2, size=1, blob_key=f"engines/{uuid.uuid4().hex}", build_seconds=0.1)
-    s.add(row)
-    s.flush()
-    return row.id
-
+QUERY = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64"}
 
 @pytest.fixture(scope="module")
 def own_pg(base_services):
@@ -67,8 +43,8 @@ def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, mo
     settings, http = farm
     name, sha = unique_name("etag"), uuid.uuid4().hex * 2
     with session_scope(settings) as s:
-        model = add_model(s, name, sha)
-        sm86, sm89, cpu = (add_engine(s, model, a) for a in ("sm86", "sm89", "cpu"))
+        model = catalog_model(s, name, sha)
+        sm86, sm89, cpu = (catalog_engine(s, model, a) for a in ("sm86", "sm89", "cpu"))
     params = QUERY | {"model": name}
 
     first = http.get("/v1/resolve", params=params)
@@ -92,7 +68,7 @@ def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, mo
     assert (cached.status_code, cached.content, cached.headers["etag"]) == (200, first.content, tag)
     # POST asks the same question in another form: the same answer and tag.
     posted = http.post("/v1/resolve", json={"model": name, "machine": {
-        "compute_capability": "8.6", "trt_rtx_version": RTX, "gpu_name": GPU, "platform": "x86_64"}})
+        "compute_capability": "8.6", "trt_rtx_version": RTX_VERSION, "gpu_name": GPU, "platform": "x86_64"}})
     assert posted.status_code == 200 and posted.json()["engine"]["id"] == sm86
     # A GET query string answered before is answered before its parameters are parsed: the route never runs.
     def no_route(*_a, **_k):
@@ -112,8 +88,8 @@ def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, mo
             s, sm86, shape_key="opt", shapes={}, machine={}, gpu_name=GPU, compute_capability="8.6",
             stats={"e2e": {"median": 3.25, "p99": 4.0}}),
         "an accuracy result": lambda s: catalog.record_accuracy(s, sm86, {"pass": True}),
-        "a new engine": lambda s: add_engine(s, s.get(ModelRow, model.id), "sm80"),
-        "a new version": lambda s: add_model(s, name, uuid.uuid4().hex * 2, version="2", seq=2),
+        "a new engine": lambda s: catalog_engine(s, s.get(ModelRow, model.id), "sm80"),
+        "a new version": lambda s: catalog_model(s, name, uuid.uuid4().hex * 2, version="2", seq=2),
     }
     seen = {tag, other.headers["etag"]}
     for what, change in changes.items():
@@ -138,8 +114,8 @@ def test_a_token_of_another_project_never_gets_the_first_projects_answer(farm):
     settings, http = farm
     name = unique_name("etag")
     with session_scope(settings) as s:
-        model = add_model(s, name, uuid.uuid4().hex * 2)
-        add_engine(s, model, "sm86")
+        model = catalog_model(s, name, uuid.uuid4().hex * 2)
+        catalog_engine(s, model, "sm86")
     params = QUERY | {"model": name}
     tag = http.get("/v1/resolve", params=params).headers["etag"]
     other = issue_token(settings, "elsewhere", ["read"], project=unique_name("p"))

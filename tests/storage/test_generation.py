@@ -15,8 +15,8 @@ from enginefarm.config import Settings
 from enginefarm.server import devservices
 from enginefarm.storage import catalog
 from enginefarm.storage.db import migrate, session_scope
-from enginefarm.storage.tables import EngineRow, ModelRow
-from tests.helpers import unique_name
+from enginefarm.storage.tables import ModelRow
+from tests.helpers import catalog_engine, catalog_model, unique_name
 
 
 @pytest.fixture(scope="module")
@@ -33,27 +33,6 @@ def settings(request, tmp_path) -> Settings:
     migrate(s)
     return s
 
-INFO = {"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "test"}
-
-
-def add_model(s, name: str, sha: str) -> int:
-    row = ModelRow(name=name, version="1", seq=1, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1,
-                   info=INFO)
-    s.add(row)
-    s.flush()
-    return row.id
-
-
-def add_engine(s, model_id: int, sha: str, target: str) -> int:
-    row = EngineRow(model_id=model_id, model_sha256=sha, spec_hash="0" * 64, target=target, backend="tensorrt-rtx",
-                    backend_version="1.7", precision="fp16", compute_capability="8.6", compute_capabilities=["8.6"],
-                    platform="x86_64", sha256=uuid.uuid4().hex * 2, size=1, blob_key=f"engines/{uuid.uuid4().hex}",
-                    build_seconds=0.1)
-    s.add(row)
-    s.flush()
-    return row.id
-
-
 def generations(settings: Settings, *ids: int) -> list[int]:
     with session_scope(settings) as s:
         by_id = dict(s.execute(select(ModelRow.id, ModelRow.generation).where(ModelRow.id.in_(ids))).all())
@@ -66,12 +45,12 @@ STATS = {"e2e": {"median": 1.5, "p99": 2.0}}
 def test_every_engine_and_benchmark_change_bumps_each_model_row_of_those_bytes(settings):
     sha, other_sha = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
     with session_scope(settings) as s:
-        mine, twin, other = add_model(s, unique_name("gen"), sha), add_model(s, unique_name("twin"), sha), add_model(
-            s, unique_name("other"), other_sha)
+        mine, twin, other = (catalog_model(s, unique_name(n), x).id
+                             for n, x in (("gen", sha), ("twin", sha), ("other", other_sha)))
     assert generations(settings, mine, twin, other) == [0, 0, 0]
 
     with session_scope(settings) as s:
-        engine = add_engine(s, mine, sha, "tensorrt-rtx/sm86")
+        engine = catalog_engine(s, s.get(ModelRow, mine), "sm86")
     after_engine = generations(settings, mine, twin, other)
     assert after_engine[0] == after_engine[1] > 0 and after_engine[2] == 0  # the twin shares the bytes
 
@@ -95,8 +74,8 @@ def test_every_engine_and_benchmark_change_bumps_each_model_row_of_those_bytes(s
 def test_a_rolled_back_change_and_a_change_elsewhere_leave_it_alone(settings):
     sha = uuid.uuid4().hex * 2
     with session_scope(settings) as s:
-        model = add_model(s, unique_name("gen"), sha)
-        engine = add_engine(s, model, sha, "tensorrt-rtx/sm86")
+        model = catalog_model(s, unique_name("gen"), sha).id
+        engine = catalog_engine(s, s.get(ModelRow, model), "sm86")
     before = generations(settings, model)
     with pytest.raises(RuntimeError), session_scope(settings) as s:
         catalog.record_accuracy(s, engine, {"pass": False})
