@@ -7,6 +7,10 @@ the same disk, and measures
 
   cp        ``cp`` of the bundle to a new file in that directory (the baseline; also with its fsync, since an
             upload answers only once its bytes are on disk)
+  floor     what any upload of it must do at least, with no HTTP and no Python per chunk: a socket's bytes
+            read into one reused buffer, hashed (sha256), written and fsynced, then every stored entry's CRC
+            checked from the written file (mapped, not copied). One thread, as the farm's receiving thread is;
+            the sender runs beside it. The upload cannot beat this on the same machine.
   upload    POST /v1/models of the bundle, from the first byte sent until the 201: spooled, hashed, inspected
             and stored. The client sends with sendfile(2), so it takes almost no CPU from the API.
   healthz   sequential keep-alive GET /healthz, first with the farm idle, then while two uploads run at once
@@ -22,7 +26,9 @@ farm recognises.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
+import mmap
 import os
 import shutil
 import socket
@@ -34,6 +40,7 @@ import threading
 import time
 import uuid
 import zipfile
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +107,67 @@ def timed_cp(src: Path, dest: Path) -> tuple[float, float]:
     synced = time.perf_counter()
     dest.unlink()
     return copied - started, synced - started
+
+
+def check_stored_crcs(path: Path) -> int:
+    """Check every entry's CRC-32 straight from the file's pages; returns the entries checked."""
+    with zipfile.ZipFile(path) as zf, open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        view = memoryview(mm)
+        try:
+            for info in zf.infolist():
+                head = info.header_offset
+                name_len, extra_len = int.from_bytes(mm[head + 26:head + 28], "little"), \
+                    int.from_bytes(mm[head + 28:head + 30], "little")
+                start = head + 30 + name_len + extra_len
+                if zlib.crc32(view[start:start + info.compress_size]) != info.CRC:
+                    raise RuntimeError(f"{info.filename}: CRC mismatch")
+            return len(zf.infolist())
+        finally:
+            view.release()
+
+
+def timed_floor(src: Path, dest: Path) -> float:
+    """Seconds for the floor (module docstring): from the first byte sent until the receiver has the bytes
+    hashed, on disk and their CRCs checked."""
+    size = src.stat().st_size
+    listener = socket.create_server(("127.0.0.1", 0))
+    failed: list[BaseException] = []
+
+    def receive() -> None:
+        conn, _ = listener.accept()
+        buf = memoryview(bytearray(1 << 20))
+        digest = hashlib.sha256()
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            got = 0
+            while got < size and (n := conn.recv_into(buf)):
+                digest.update(buf[:n])
+                done = 0
+                while done < n:
+                    done += os.write(fd, buf[done:n])
+                got += n
+            os.fsync(fd)
+            check_stored_crcs(dest)
+            conn.sendall(b"k")
+        except BaseException as exc:
+            failed.append(exc)
+        finally:
+            os.close(fd)
+            conn.close()
+
+    receiver = threading.Thread(target=receive, daemon=True)
+    receiver.start()
+    with socket.create_connection(listener.getsockname()) as sock, open(src, "rb") as fh:
+        started = time.perf_counter()
+        sock.sendfile(fh)
+        sock.recv(1)
+        elapsed = time.perf_counter() - started
+    receiver.join()
+    listener.close()
+    dest.unlink()
+    if failed:
+        raise failed[0]
+    return elapsed
 
 
 # ------------------------------------------------------------------------------ the farm's side
@@ -191,6 +259,7 @@ def run(args, work: Path) -> int:
     cps = [timed_cp(bundles[0], settings.work_dir / "cp-baseline") for _ in range(args.repeat)]
     cp_s = statistics.median(c[0] for c in cps)
     cp_sync_s = statistics.median(c[1] for c in cps)
+    floor_s = statistics.median(timed_floor(bundles[0], settings.work_dir / "floor") for _ in range(args.repeat))
 
     farm = Farm(env, log_dir=work, token=token)
     try:
@@ -237,11 +306,13 @@ def run(args, work: Path) -> int:
         farm.stop()
 
     up_mbs, cp_mbs, cp_sync_mbs = size / MB / up_s, size / MB / cp_s, size / MB / cp_sync_s
+    floor_mbs = size / MB / floor_s
     idle_p50, idle_p99 = percentiles(idle)
     busy_p50, busy_p99 = percentiles(busy)
     print(f"\nthroughput, median of {args.repeat} ({size / MB:.0f} MB each):")
     print(f"  cp                      {cp_s:7.2f} s  {cp_mbs:8.0f} MB/s")
     print(f"  cp + fsync              {cp_sync_s:7.2f} s  {cp_sync_mbs:8.0f} MB/s")
+    print(f"  floor                   {floor_s:7.2f} s  {floor_mbs:8.0f} MB/s   (hash, write, fsync, CRCs)")
     print(f"  upload (201 answered)   {up_s:7.2f} s  {up_mbs:8.0f} MB/s   (last byte sent after {sent_s:.2f} s)")
     print(f"  two uploads at once     {both_s:7.2f} s  {2 * size / MB / both_s:8.0f} MB/s together")
     print("GET /healthz (ms):            p50      p99   requests")
@@ -249,6 +320,8 @@ def run(args, work: Path) -> int:
     print(f"  during two uploads      {busy_p50:7.1f}  {busy_p99:7.1f}   {len(busy):6d}"
           + (f"   ({probe.failures} failed)" if probe.failures else ""))
     print(f"\nupload/cp throughput: {up_mbs / cp_mbs:.2f}x  (upload/(cp + fsync): {up_mbs / cp_sync_mbs:.2f}x)")
+    print(f"floor/cp throughput: {floor_mbs / cp_mbs:.2f}x  (floor/(cp + fsync): {floor_mbs / cp_sync_mbs:.2f}x); "
+          f"upload/floor: {up_mbs / floor_mbs:.2f}x")
     print(f"healthz during/idle: p50 {busy_p50 / idle_p50:.1f}x, p99 {busy_p99 / idle_p99:.1f}x "
           f"(p99 during two uploads {busy_p99:.1f} ms)")
     return 0

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("benchmark_overhead.py", "ratio"),
     ("e2e.py", "c/(a+b)"),
     ("load.py", "farm / baseline"),
-    ("upload.py", "upload/cp throughput"),
+    ("upload.py", "upload/floor"),
     ("fleet.py", "conditional/cold CPU per request"),
 ])
 def test_bench_smoke(script, says, tmp_path):
