@@ -8,7 +8,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
-from enginefarm.domain import DEFAULT_SHAPE_KEY, TaskState, Target
+from enginefarm.domain import TaskState, Target
+from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage import catalog
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
 from enginefarm.probe import benchmark_pending_reason

@@ -7,7 +7,8 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, WithJsonSchema, field_validator
 
-from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target
+from enginefarm.domain import ModelInfo, TaskState, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.machine import Machine
 from enginefarm.validation import project_problem, target_precision
 from enginefarm.storage.db import as_utc

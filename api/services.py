@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from enginefarm.api import admission
 from enginefarm.compat import profile_covers
 from enginefarm.config import Settings
-from enginefarm.domain import ARCHES, Backend, BuildSpec, ModelInfo, Precision, TaskState, Target, arch_of_cc
+from enginefarm.domain import ARCHES, Backend, ModelInfo, TaskState, Target, arch_of_cc
+from enginefarm.spec import BuildSpec, Precision
 from enginefarm.machine import Machine
 from enginefarm.validation import parse_targets, validate_spec
 from enginefarm.errors import SpecInvalid, TargetUnavailable

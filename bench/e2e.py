@@ -48,7 +48,8 @@ from rich.table import Table  # noqa: E402
 from enginefarm.server import devservices  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
-from enginefarm.domain import BuildSpec, Target  # noqa: E402
+from enginefarm.domain import Target
+from enginefarm.spec import BuildSpec
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
 from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402

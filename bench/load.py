@@ -647,7 +647,7 @@ def print_report(res: dict, meta: dict, console) -> None:
     console.print(f"machine: nproc {m['nproc']}, {m['cpu']}, {m['mem_gib']} GiB, {m['os']}, Python {m['python']}; "
                   f"CPUs available to the client processes: {m['client_cpus']}; load average before "
                   f"{meta['load_before']}, after {meta.get('load_after')}", highlight=False)
-    console.print(f"engines: " + ", ".join(f"{e['target']} {e['size'] / 1e6:.2f} MB" for e in meta["engines"]) +
+    console.print("engines: " + ", ".join(f"{e['target']} {e['size'] / 1e6:.2f} MB" for e in meta["engines"]) +
                   f"; model {meta['model_bytes'] / 1e6:.2f} MB; auth: {meta['auth']}", highlight=False)
     if meta.get("log_problems"):
         console.print("farm logs, WARNING/ERROR lines and tracebacks (count):", highlight=False)

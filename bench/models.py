@@ -34,7 +34,8 @@ from rich.table import Table  # noqa: E402
 
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
-from enginefarm.domain import BuildSpec, Target  # noqa: E402
+from enginefarm.domain import Target
+from enginefarm.spec import BuildSpec
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 from tests.realmodels import MODELS, path  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402

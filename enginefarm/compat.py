@@ -19,7 +19,9 @@ from functools import lru_cache
 from enum import IntEnum
 from typing import Any
 
-from enginefarm.domain import Backend, EngineDescriptor, HardwareCompat, StrEnum, cc_tuple, format_dims
+from enginefarm.domain import Backend, EngineDescriptor, StrEnum, cc_tuple
+from enginefarm.domain import HardwareCompat
+from enginefarm.shapes import format_dims
 from enginefarm.machine import Machine
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).

@@ -12,7 +12,9 @@ from typing import Any
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
-from enginefarm.domain import JETSON_CCS, Precision, check_shape_request
+from enginefarm.domain import JETSON_CCS
+from enginefarm.spec import Precision
+from enginefarm.shapes import check_shape_request
 
 CC_PATTERN = r"^\d{1,2}\.\d$"
 VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"

@@ -9,21 +9,9 @@ import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-from enginefarm.domain import (
-    ANONYMOUS_DIMS,
-    JETSON_CCS,
-    MAX_DIM,
-    Backend,
-    BuildSpec,
-    HardwareCompat,
-    ModelInfo,
-    Precision,
-    ShapeRange,
-    Target,
-    TensorInfo,
-    cc_tuple,
-    nested_values,
-)
+from enginefarm.domain import ANONYMOUS_DIMS, JETSON_CCS, Backend, ModelInfo, Target, TensorInfo, cc_tuple
+from enginefarm.domain import HardwareCompat
+from enginefarm.spec import MAX_DIM, BuildSpec, Precision, ShapeRange, nested_values
 
 
 def _problem(loc: list[str | int], msg: str) -> dict[str, Any]:

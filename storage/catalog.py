@@ -13,7 +13,9 @@ from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, EngineDescriptor, ModelInfo, Target, TaskState, engine_profiles
+from enginefarm.domain import BACKEND_MODULES, Backend, EngineDescriptor, ModelInfo, Target, TaskState
+from enginefarm.spec import BuildSpec
+from enginefarm.shapes import engine_profiles
 from enginefarm.errors import Conflict, NotFound
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import (

@@ -11,7 +11,8 @@ from sqlalchemy import Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
-from enginefarm.domain import DEFAULT_SHAPE_KEY, EngineDescriptor
+from enginefarm.domain import EngineDescriptor
+from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.errors import NoCompatibleEngine
 from enginefarm.machine import Machine
 from enginefarm.storage.catalog import find_models, latest_of

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from enginefarm.domain import DEFAULT_SHAPE_KEY
+from enginefarm.spec import DEFAULT_SHAPE_KEY
 
 
 def utcnow() -> datetime:

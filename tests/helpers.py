@@ -35,7 +35,8 @@ def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple
     ahead of time without a GPU; ``shapes`` maps inputs to (min, opt, max). Returns (built, the failure's message)."""
     import tempfile
 
-    from enginefarm.domain import BuildSpec, Target
+    from enginefarm.domain import Target
+    from enginefarm.spec import BuildSpec
     from enginefarm.errors import BuildFailed
     from enginefarm.worker.backends.base import BuildLog
     from enginefarm.worker.pipeline import engine_from_model

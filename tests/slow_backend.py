@@ -9,7 +9,8 @@ import os
 import time
 from pathlib import Path
 
-from enginefarm.domain import BuildSpec, EngineDescriptor, Target
+from enginefarm.domain import EngineDescriptor, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.probe import MachineProbe
 

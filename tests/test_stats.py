@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from enginefarm.graph import accuracy
-from enginefarm.domain import AccuracySpec, BenchmarkSpec, BuildSpec, ModelInfo, TensorInfo
+from enginefarm.domain import ModelInfo, TensorInfo
+from enginefarm.spec import AccuracySpec, BenchmarkSpec, BuildSpec
 from enginefarm.graph.inputs import SamplesInvalid, benchmark_shape_problems, load_samples, random_inputs, sample_batches, shape_sets
 from enginefarm.stats import Iteration, measure, median, percentile, summarize
 from enginefarm.probe import GpuInfo, MachineProbe, benchmark_pending_reason, benchmark_targets

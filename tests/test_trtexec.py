@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from enginefarm.domain import BuildSpec
+from enginefarm.spec import BuildSpec
 from enginefarm.trtexec import memory_mib, spec_from_trtexec
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from enginefarm.domain import BuildSpec, GraphCleanup
+from enginefarm.spec import BuildSpec, GraphCleanup
 from enginefarm.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
 from enginefarm.worker.backends.base import BuildLog

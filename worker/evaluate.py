@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from enginefarm.graph import accuracy
-from enginefarm.domain import BACKEND_MODULES, Backend, BuildSpec, ModelInfo
+from enginefarm.domain import BACKEND_MODULES, Backend, ModelInfo
+from enginefarm.spec import BuildSpec
 from enginefarm.errors import BuildFailed
 from enginefarm.graph.inputs import (
     ShapeSet,

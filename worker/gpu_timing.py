@@ -33,7 +33,7 @@ from enginefarm.errors import BackendMissing, BuildFailed, EnginefarmError, Targ
 from enginefarm.nvml import NvmlUnavailable, nvml_session
 
 if TYPE_CHECKING:
-    from enginefarm.domain import BenchmarkSpec
+    from enginefarm.spec import BenchmarkSpec
 
 
 class CudaError(EnginefarmError):

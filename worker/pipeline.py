@@ -11,7 +11,8 @@ from pathlib import Path
 from filelock import FileLock
 
 from enginefarm.config import Settings
-from enginefarm.domain import BuildSpec, EngineDescriptor, ModelInfo, Target
+from enginefarm.domain import EngineDescriptor, ModelInfo, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.errors import BuildFailed, IntegrityError
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import BundleLimits, model_path_for

@@ -4,7 +4,8 @@ the build's waiting tasks queued against it. Called by the quantize task (worker
 from __future__ import annotations
 
 from enginefarm.config import Settings
-from enginefarm.domain import BuildSpec, ModelInfo, TaskState, Target
+from enginefarm.domain import ModelInfo, TaskState, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.errors import SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.storage import catalog

@@ -13,7 +13,8 @@ from functools import lru_cache
 from celery.exceptions import SoftTimeLimitExceeded
 
 from enginefarm.config import get_settings
-from enginefarm.domain import Backend, BuildSpec, ModelInfo, Precision, TaskState, Target
+from enginefarm.domain import Backend, ModelInfo, TaskState, Target
+from enginefarm.spec import BuildSpec, Precision
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from enginefarm.validation import target_precision
 from enginefarm.storage import catalog

@@ -39,7 +39,7 @@ from enginefarm.api.schemas import (
 )
 from enginefarm.compat import Judged, Match, Wanted
 from enginefarm.config import Settings
-from enginefarm.domain import shape_request
+from enginefarm.shapes import shape_request
 from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
 from enginefarm.storage import resolution
 from enginefarm.storage.tokens import Principal

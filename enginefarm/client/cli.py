@@ -16,7 +16,8 @@ from rich.table import Table
 
 from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
 from enginefarm.compat import ACCEPT
-from enginefarm.domain import Precision, parse_val_ranges, shape_request
+from enginefarm.spec import Precision
+from enginefarm.shapes import parse_val_ranges, shape_request
 from enginefarm.client.report import profiles_label
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",

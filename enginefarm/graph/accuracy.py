@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from enginefarm.domain import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
+from enginefarm.spec import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
 
 REFERENCE = "onnxruntime fp32 on the original model"
 

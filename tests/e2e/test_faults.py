@@ -279,7 +279,6 @@ def test_a_task_of_a_dead_worker_is_requeued_and_finished_by_another(farm, tmp_p
     task back in the queue and a live worker finishes it: one engine, no second row."""
     from enginefarm.storage import catalog
     from enginefarm.storage.db import session_scope
-    from enginefarm.storage.tables import BuildTaskRow
 
     target = "tensorrt-rtx/portable"
     with Client(farm.url) as c:

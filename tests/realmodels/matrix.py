@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.domain import BuildSpec, ModelInfo, Precision, Target
+from enginefarm.domain import ModelInfo, Target
+from enginefarm.spec import BuildSpec, Precision
 from enginefarm.validation import validate_spec
 from enginefarm.errors import EnginefarmError
 from enginefarm.graph.inputs import load_samples

@@ -9,7 +9,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.domain import BuildSpec, Target
+from enginefarm.domain import Target
+from enginefarm.spec import BuildSpec
 from enginefarm.errors import BuildFailed
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.diagnose import explain, first_sentence

@@ -8,7 +8,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Target
+from enginefarm.domain import Backend, EngineDescriptor, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.probe import MachineProbe, normalize_platform
 
 

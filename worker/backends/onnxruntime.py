@@ -8,7 +8,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Precision, Target
+from enginefarm.domain import Backend, EngineDescriptor, Target
+from enginefarm.spec import BuildSpec, Precision
 from enginefarm.errors import BuildFailed, TargetUnavailable
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.backends.trt_common import fp16_graph, load_module

@@ -15,7 +15,8 @@ from types import ModuleType
 from filelock import FileLock
 
 from enginefarm.config import get_settings
-from enginefarm.domain import Backend, BuildSpec, EngineDescriptor, Target
+from enginefarm.domain import Backend, EngineDescriptor, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.errors import TargetUnavailable
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from enginefarm.domain import RTX_PORTABLE_CCS, Backend, BuildSpec, EngineDescriptor, Target
+from enginefarm.domain import RTX_PORTABLE_CCS, Backend, EngineDescriptor, Target
+from enginefarm.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
 from enginefarm.probe import MachineProbe

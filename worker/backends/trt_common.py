@@ -17,7 +17,9 @@ from types import ModuleType
 
 import onnx
 
-from enginefarm.domain import ANONYMOUS_DIMS, BuildSpec, EngineDescriptor, HardwareCompat, Precision, Target
+from enginefarm.domain import ANONYMOUS_DIMS, EngineDescriptor, Target
+from enginefarm.domain import HardwareCompat
+from enginefarm.spec import BuildSpec, Precision
 from enginefarm.errors import BackendMissing, BuildFailed, SpecInvalid
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
