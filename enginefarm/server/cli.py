@@ -18,7 +18,7 @@ import typer
 
 from rich.table import Table
 
-from enginefarm.client.cli import console, err, fail, need
+from enginefarm.client.terminal import console, err, fail, need
 from enginefarm.config import get_settings
 
 app = typer.Typer()

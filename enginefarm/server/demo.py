@@ -26,7 +26,8 @@ RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "t
 def run_demo(data_dir: Path | None, console: Console) -> int:
     import platform
 
-    from enginefarm.client.cli import _print_tasks, engines_table
+    from enginefarm.client.querycli import engines_table
+    from enginefarm.client.terminal import print_tasks
 
     data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +57,7 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
             build = c.build(model["id"], targets, {**sample_spec(), "benchmark": {"batch_sizes": [1, 4, 8]}})
             console.print(f"2. build {build['id']}: {', '.join(targets)}")
             build = c.wait_build(build["id"], timeout=600)
-            _print_tasks(build)
+            print_tasks(build)
             if any(t["state"] != "succeeded" for t in build["tasks"]):
                 console.print(f"[red]some targets failed; worker log: {data_dir / 'worker-demo.log'}[/red]")
                 return 1

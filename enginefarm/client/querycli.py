@@ -1,0 +1,257 @@
+"""The deploy-side commands: ``fetch`` (resolve and download the engine that runs here), ``export triton`` and
+``ls`` (what the catalog holds). Registered on the ``enginefarm`` app by ``enginefarm.client.cli``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from enginefarm.client.report import profiles_label
+from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, farm_call, print_tasks, transfer_bar
+from enginefarm.compat import ACCEPT
+from enginefarm.shapes import shape_request
+from enginefarm.spec import Precision
+
+ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
+export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
+
+
+FILTER_HELP = "keep only engines that passed their accuracy gate"
+
+
+def fetch(
+    model: str, output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the engine"),
+    version: Optional[str] = typer.Option(None, help='a model version, or "latest" (default: every version, ranked)'),
+    cc: Optional[str] = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
+    gpu: Optional[str] = typer.Option(None, help="GPU model name (default: this machine's)"),
+    memory_mib: Optional[int] = typer.Option(None, "--memory-mib", help="GPU memory in MiB (default: this GPU's)"),
+    trt: Optional[str] = typer.Option(None, help="TensorRT runtime version (default: the importable tensorrt)"),
+    trt_rtx: Optional[str] = typer.Option(None, help="TensorRT-RTX runtime version (default: the importable tensorrt_rtx)"),
+    lean: Optional[bool] = typer.Option(None, "--lean/--no-lean", help="--trt is the lean runtime's version"),
+    driver: Optional[str] = typer.Option(None, help="NVIDIA driver version (default: this machine's)"),
+    cuda: Optional[str] = typer.Option(None, help="CUDA version the runtime uses (default: this machine's)"),
+    platform: Optional[str] = typer.Option(None, help="x86_64 or aarch64"),
+    jetpack: Optional[str] = typer.Option(None, help="JetPack release on a Jetson (default: read from the device)"),
+    precision: Optional[str] = typer.Option(None, help="only engines of this precision: fp32, fp16, bf16, int8, fp8"),
+    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines built with this spec"),
+    accuracy: Optional[str] = typer.Option(None, help="'pass': " + FILTER_HELP),
+    max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
+    shapes: Optional[str] = typer.Option(None, "--shapes", help="the shapes you will run, trtexec syntax: "
+                                         "images:1x3x640x640"),
+    min_shapes: Optional[str] = typer.Option(None, "--minShapes", help="with --maxShapes: the range you will run"),
+    opt_shapes: Optional[str] = typer.Option(None, "--optShapes", help="the shapes you will run most"),
+    max_shapes: Optional[str] = typer.Option(None, "--maxShapes", help="with --minShapes: the range you will run"),
+    precisions: Optional[str] = typer.Option(None, "--precisions", help="the precisions you accept, e.g. fp16,fp32 "
+                                             "(default: any that passed its accuracy check, or fp16/fp32 unchecked)"),
+    accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
+                                               "accuracy was never checked; 'failed': also engines that failed it"),
+    explain: bool = typer.Option(False, "--explain", help="print every candidate with the rule that decided it"),
+    build: bool = typer.Option(False, "--build", help="when nothing fits, build the engine this machine needs"),
+    wait: bool = typer.Option(False, "--wait", help="with --build: wait for the build, then fetch"),
+    timeout: float = typer.Option(3600, help="seconds --wait waits"),
+    offline: bool = typer.Option(False, "--offline", help="resolve from the local cache alone"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR",
+                                             help="local engine cache (default ~/.cache/enginefarm)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="download without keeping a copy in the cache"),
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Fetch the engine that runs on this machine (or the one the flags describe), verified by sha256.
+
+    The farm judges every engine of MODEL against this machine's fingerprint and ranks the ones
+    that run. A second fetch of the same engine copies it from the local cache.
+    """
+    from enginefarm.client.cache import EngineCache
+    from enginefarm.client import resolve_offline
+    from enginefarm.probe import this_machine
+
+    try:
+        wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)
+        accepted = [p.strip() for p in (precisions or "").split(",") if p.strip()]
+        unknown = sorted(set(accepted) - {p.value for p in Precision}) + sorted(set(accept or []) - set(ACCEPT))
+        if unknown:
+            raise ValueError(f"unknown value(s) {unknown}: --precisions takes {', '.join(p.value for p in Precision)}; "
+                             f"--accept takes {' or '.join(ACCEPT)}")
+        machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
+                               trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
+                               platform=platform, jetpack=jetpack, shapes=wanted_shapes or None,
+                               precisions=accepted or None)
+    except ValueError as exc:  # pydantic's ValidationError is one: a flag the fingerprint's rules refuse
+        fail(exc)
+    filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
+                   max_latency_ms=max_latency_ms, accept=accept or None)
+    cache = None if no_cache else EngineCache(cache_dir)
+    if (wait and not build) or (offline and (build or no_cache)):
+        fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
+    if not output and not explain:
+        fail(ValueError("give --output (or --explain alone to see the choice)"))
+    try:
+        if offline:
+            answer = resolve_offline(cache, model, machine, **filters)
+            if output:
+                cache.copy_to(answer["engine"]["sha256"], output)
+            _print_answer(answer, output, from_cache=True, explain=explain)
+            return
+        with client_for(api) as c:
+            if not output:
+                _print_answer(c.resolve(model, machine, explain=True, **filters), None, False, True)
+                return
+            with transfer_bar() as bar:
+                progress = bar.add_task("engine", total=None)
+                got = c.fetch(model, output, machine, cache=cache, build=build, wait=wait, wait_timeout=timeout,
+                              explain=explain, on_bytes=lambda n: bar.advance(progress, n),
+                              on_build=lambda b: bar.update(progress, description=_build_line(b)), **filters)
+    except Exception as exc:
+        fail(exc)
+    if got.path is None:
+        b = got.build
+        console.print(f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
+                      f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built")
+        for reason in b["reasons"]:
+            console.print(f"  - engine {reason['engine_id']} {reason['target']}: {reason['reason']}", highlight=False)
+        return
+    if got.build:
+        console.print(f"built for this machine: build {got.build['build_id']} ({got.build['target']})")
+    _print_answer(got.answer, output, from_cache=got.from_cache, explain=explain)
+
+
+def _build_line(build: dict) -> str:
+    return ", ".join(f"{t['target']} {t['status_detail'] or t['state']}" for t in build["tasks"])
+
+
+def _print_answer(answer: dict, output: Optional[Path], from_cache: bool, explain: bool) -> None:
+    eng = answer["engine"]
+    if explain:
+        table = Table(title=f"candidates for {answer.get('model', eng.get('model_name'))} on this machine")
+        for col in ("rank", "engine", "target", "version", "precision", "match", "rule", "reason"):
+            table.add_column(col)
+        rows = answer.get("candidates") or answer["fallbacks"] + (answer.get("rejected") or [])
+        for r in rows:
+            table.add_row(str(r["rank"] or "-"), str(r["engine_id"]), r["target"], r.get("model_version") or "",
+                          r.get("precision") or "", r["match"] or "excluded", r.get("rule") or "", r["reason"])
+        console.print(table)
+        # Accuracy and profiles are long; a line per engine reads better than narrow table columns.
+        for r in rows:
+            label = profiles_label(r.get("profiles")).replace("\n", "; ")
+            console.print(f"engine {r['engine_id']} ({r['target']}): accuracy {r.get('accuracy') or 'unchecked'}; "
+                          f"profiles {label}", highlight=False)
+        if answer.get("unchecked"):
+            console.print(f"not checked: {', '.join(answer['unchecked'])}")
+    if answer.get("accuracy", "unchecked") == "unchecked":
+        console.print(f"note: the accuracy of engine {eng.get('id')} ({eng.get('precision')}) has not been checked "
+                      "against ONNX Runtime FP32 yet", highlight=False)
+    where = f"{output}: " if output else ""
+    source = "from the local cache" if from_cache else "downloaded"
+    console.print(f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
+                  f"sha256 {eng['sha256'][:12]} verified" + (f", {source}" if output else ""), highlight=False)
+
+
+@export_app.command("triton")
+def export_triton(
+    model: str,
+    out: Path = typer.Option(..., "--out", help="the Triton model repository directory (created if missing)"),
+    version: Optional[str] = typer.Option(None, help="model version (default: the newest)"),
+    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines of this build spec"),
+    backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: tensorrt where built)"),
+    precision: Optional[str] = typer.Option(None, help="only engines of this precision"),
+    accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
+                                               "accuracy was never checked; 'failed': also engines that failed it"),
+    triton_version: int = typer.Option(1, "--triton-version", help="the Triton version directory to write"),
+    name: Optional[str] = typer.Option(None, help="Triton model name (default: the catalog name, made safe)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace existing model directories"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR",
+                                             help="local engine cache (default ~/.cache/enginefarm)"),
+    api: Optional[str] = API_OPT,
+) -> None:
+    """Write a Triton repository: one plan per compute capability (cc_model_filenames) and the ONNX CPU fallback.
+
+    Each plan is the engine `enginefarm fetch --cc CC` picks with the same filters, full TensorRT first."""
+    from enginefarm.client.cache import EngineCache
+    from enginefarm.client.triton import export_from_farm
+
+    try:
+        with client_for(api) as c:
+            repo = export_from_farm(c, model, out, EngineCache(cache_dir), version=version, spec_hash=spec_hash,
+                                    backend=backend, precision=precision, accept=accept,
+                                    triton_version=triton_version, name=name, overwrite=overwrite)
+    except Exception as exc:
+        fail(exc)
+    console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")
+    for f in repo.files:
+        console.print(f"  {f.relative_to(repo.root)}", highlight=False)
+    for w in repo.warnings:
+        err.print(f"[yellow]warning:[/yellow] {w}")
+
+
+@ls_app.command("models")
+def ls_models(name: Optional[str] = typer.Option(None, help="only the versions of this model"),
+              api: Optional[str] = API_OPT) -> None:
+    """Models and their versions, with their inputs."""
+    with farm_call(api) as c:
+        page = c.models(name=name, limit=500)
+    table = Table(title=f"models ({page['total']})")
+    for col in ("id", "name", "version", "sha256", "size", "opset", "inputs"):
+        table.add_column(col)
+    for m in page["items"]:
+        inputs = ", ".join(f"{i['name']}{i['dims']}" for i in m["inputs"])
+        table.add_row(str(m["id"]), m["name"], m["version"], m["sha256"][:12], str(m["size"]), str(m["opset"]), inputs)
+    console.print(table)
+
+
+def engines_table(items: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("id", "model", "target", "cc", "precision", "runtime", "platform", "size", "build s", "sha256"):
+        table.add_column(col)
+    for e in items:
+        cc = e["compute_capability"] or ",".join(e["compute_capabilities"]) or "cpu"
+        table.add_row(str(e["id"]), f"{e['model_name']} v{e['model_version']}", e["target"], cc, e["precision"],
+                      e["trt_version"] or f"ort {e['backend_version']}", e["platform"], str(e["size"]),
+                      f"{e['build_seconds']:.2f}", e["sha256"][:12])
+    return table
+
+
+@ls_app.command("engines")
+def ls_engines(model: Optional[str] = typer.Option(None, help="only this model's engines (its name)"),
+               target: Optional[str] = typer.Option(None, help="only this target, e.g. tensorrt-rtx/sm86"),
+               cc: Optional[str] = typer.Option(None, help="only engines that run on this compute capability"),
+               precision: Optional[str] = typer.Option(None, help="only this precision"),
+               api: Optional[str] = API_OPT) -> None:
+    """Engines in the catalog, with what they were built for."""
+    with farm_call(api) as c:
+        page = c.engines(model=model, target=target, cc=cc, precision=precision, limit=500)
+    console.print(engines_table(page["items"], f"engines ({page['total']})"))
+
+
+@ls_app.command("builds")
+def ls_builds(model: Optional[str] = typer.Option(None, "--model", help="only this model's builds: id, name (its "
+                                                                         "newest version) or name:version"),
+              limit: int = typer.Option(20, "--limit", min=1, max=500, help="at most this many, newest first"),
+              api: Optional[str] = API_OPT) -> None:
+    """Builds, newest first, each with its targets' states."""
+    with farm_call(api) as c:
+        builds = c.builds(model_id=c.model_id(model) if model else None, limit=limit)
+        for b in builds:
+            print_tasks(b)
+        if not builds:
+            console.print("no builds" + (f" of {model}" if model else ""))
+
+
+@ls_app.command("workers")
+def ls_workers(api: Optional[str] = API_OPT) -> None:
+    """Live workers and the targets each builds."""
+    with farm_call(api) as c:
+        live = c.workers()
+    table = Table(title=f"live workers ({len(live)})")
+    for col in ("id", "targets", "last seen"):
+        table.add_column(col)
+    for w in live:
+        table.add_row(w["id"], ", ".join(w["targets"]), w["last_seen"])
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(fetch)
+    app.add_typer(ls_app, name="ls")
+    app.add_typer(export_app, name="export")

@@ -1,0 +1,107 @@
+"""What every ``enginefarm`` command shares: its consoles, its farm client, how it fails (one line a user can act on,
+never a traceback), its common options, and the extras a command needs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+# Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def client_for(api: str | None):
+    """A client of the farm at ``api`` (else ENGINEFARM_API_URL, else the default)."""
+
+    from enginefarm.client import Client
+
+    return Client(api)
+
+
+@contextmanager
+def farm_call(api: str | None):
+    """A client whose failures end the command with one line a user can act on, never a traceback."""
+    try:
+        with client_for(api) as c:
+            yield c
+    except Exception as exc:  # noqa: BLE001 - every failure is printed, then the command exits 1
+        fail(exc)
+
+
+def fail(exc: Exception) -> None:
+    import httpx
+
+    if isinstance(exc, httpx.TransportError):
+        try:  # where the request went: --api, else ENGINEFARM_API_URL, else the default
+            url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
+        except RuntimeError:  # an error raised before any request was made
+            url = os.environ.get("ENGINEFARM_API_URL") or "http://127.0.0.1:8321"
+        err.print(f"[red]error:[/red] cannot reach the farm at {url} ({exc}); it is looked for at --api or "
+                  f"ENGINEFARM_API_URL; `enginefarm up` starts one")
+        raise typer.Exit(1)
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):  # a fingerprint flag (--cc, --driver, ...) the rules cannot take
+        err.print(f"[red]error:[/red] {exc.error_count()} value(s) cannot be used:")
+        for e in exc.errors():
+            err.print(f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg']}", highlight=False)
+        raise typer.Exit(1)
+    err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}")
+    for problem in getattr(exc, "problems", None) or []:
+        where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
+        err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")
+    raise typer.Exit(1)
+
+API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
+QUEUE_OPT = typer.Option(False, "--queue-without-worker",
+                         help="queue targets no live worker serves now, to wait for one (default: refused)")
+
+
+def transfer_bar() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err)
+
+
+# Where a command's extra is missing, the pip line that adds it.
+EXTRA_MODULES = {"server": ("fastapi", "sqlalchemy", "alembic", "boto3", "uvicorn"),
+                 "worker": ("celery", "onnx", "onnxruntime", "numpy"), "rtx": ("tensorrt_rtx",), "plot": ("matplotlib",)}
+
+
+def missing_extras(*extras: str) -> list[str]:
+    """Those of ``extras`` whose packages are not all installed here."""
+    from importlib.util import find_spec
+
+    return [extra for extra in extras if any(find_spec(module) is None for module in EXTRA_MODULES[extra])]
+
+
+def need(*extras: str) -> None:
+    """End the command with the pip line to run when any of ``extras`` is not installed."""
+    if missing := missing_extras(*extras):
+        from rich.markup import escape
+
+        names = ", ".join(repr(m) for m in missing)
+        err.print(escape(f"error: this command needs the {names} extra{'s' if len(missing) > 1 else ''}: "
+                         f"pip install 'enginefarm[{','.join(missing)}]'"))
+        raise typer.Exit(2)
+
+
+def print_tasks(build: dict) -> None:
+    table = Table(title=f"build {build['id']} of model {build['model_id']}, {build['state']}, {build['created_at'][:19]}")
+    for col in ("target", "precision", "state", "engine", "wait s", "run s", "note"):
+        table.add_column(col)
+    for t in build["tasks"]:
+        note = t["error"] or t["status_detail"] or t.get("precision_note") or \
+            ("reused an identical build" if t["reused"] else "")
+        table.add_row(t["target"], t.get("precision") or "", t["state"], str(t["engine_id"] or ""),
+                      secs(t["wait_seconds"]), secs(t["run_seconds"]), note)
+    console.print(table)
+
+
+def secs(v: float | None) -> str:
+    return "" if v is None else f"{v:.2f}"
