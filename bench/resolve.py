@@ -38,7 +38,7 @@ from rich.table import Table  # noqa: E402
 from enginefarm.api.app import create_app  # noqa: E402
 from enginefarm.server import devservices  # noqa: E402
 from enginefarm.server.embedded import issue_token  # noqa: E402
-from enginefarm.compat import Option, choose  # noqa: E402
+from enginefarm.choose import Option, choose  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.machine import Machine  # noqa: E402
 from enginefarm.storage.resolution import descriptor_of  # noqa: E402

@@ -1,9 +1,8 @@
-"""Which engine runs on which machine, and which of those to prefer: NVIDIA's rules, each with its reason.
+"""Which engine runs on which machine: NVIDIA's rules, each with its reason.
 
 ``judge(engine, machine)`` runs every rule for one engine on one machine and returns the checks
-it made, whether the engine runs, and how close a match it is. ``choose(options, machine,
-wanted)`` judges a candidate set, applies the caller's filters and ranks the survivors. Both are
-pure: the catalog, the API and the offline client all call them.
+it made, whether the engine runs, and how close a match it is. Which of the engines that run to
+prefer is ``enginefarm.choose``. Pure: the catalog, the API and the offline client all call it.
 
 A field the machine leaves unknown is not held against an engine; the check says "unchecked". Two
 exceptions: a GPU engine needs the machine's compute capability (without it there is no GPU to
@@ -17,7 +16,6 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from enum import IntEnum
-from typing import Any
 
 from enginefarm.domain import Backend, EngineDescriptor, StrEnum, cc_tuple
 from enginefarm.domain import HardwareCompat
@@ -110,19 +108,19 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split(".") if p.isdigit())
 
 
-def _ok(rule: Rule, detail: str) -> Check:
+def check_ok(rule: Rule, detail: str) -> Check:
     return Check(rule, Outcome.PASS, detail)
 
 
-def _fail(rule: Rule, detail: str) -> Check:
+def check_fail(rule: Rule, detail: str) -> Check:
     return Check(rule, Outcome.FAIL, detail)
 
 
-def _relaxed(rule: Rule, detail: str) -> Check:
+def check_relaxed(rule: Rule, detail: str) -> Check:
     return Check(rule, Outcome.RELAXED, detail)
 
 
-def _unchecked(rule: Rule, detail: str) -> Check:
+def check_unchecked(rule: Rule, detail: str) -> Check:
     return Check(rule, Outcome.UNCHECKED, detail)
 
 
@@ -136,16 +134,16 @@ def _names_runtimes(m: Machine) -> bool:
 def _runtime_missing(rule: Rule, built: str, runtime: str, other: str, m: Machine) -> Check:
     """The machine did not name this engine's runtime: absent if it named another, else unknown."""
     if _names_runtimes(m):
-        return _fail(Rule.RUNTIME, f"built with {built}; you run no {runtime} runtime (only {other})")
-    return _unchecked(rule, f"built with {built}; your {runtime} version is unknown")
+        return check_fail(Rule.RUNTIME, f"built with {built}; you run no {runtime} runtime (only {other})")
+    return check_unchecked(rule, f"built with {built}; your {runtime} version is unknown")
 
 
 def _check_platform(e: EngineDescriptor, m: Machine) -> Check:
     if not m.platform:
-        return _unchecked(Rule.PLATFORM, f"built for {e.platform}; your platform is unknown")
+        return check_unchecked(Rule.PLATFORM, f"built for {e.platform}; your platform is unknown")
     if e.platform != m.platform:
-        return _fail(Rule.PLATFORM, f"built for {e.platform}, you run {m.platform}")
-    return _ok(Rule.PLATFORM, f"built for {e.platform}")
+        return check_fail(Rule.PLATFORM, f"built for {e.platform}, you run {m.platform}")
+    return check_ok(Rule.PLATFORM, f"built for {e.platform}")
 
 
 def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
@@ -154,42 +152,42 @@ def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
     if runtime is None:
         return _runtime_missing(Rule.TRT_VERSION, f"TensorRT {built}", "TensorRT", f"TensorRT-RTX {m.trt_rtx_version}", m)
     if m.lean_runtime and not e.version_compatible:
-        return _fail(Rule.LEAN_RUNTIME, f"you run only the lean runtime {runtime}, which loads only version-compatible engines")
+        return check_fail(Rule.LEAN_RUNTIME, f"you run only the lean runtime {runtime}, which loads only version-compatible engines")
     if runtime == built:
-        return _ok(Rule.TRT_VERSION, f"built with your TensorRT {built}")
+        return check_ok(Rule.TRT_VERSION, f"built with your TensorRT {built}")
     if not e.version_compatible:
-        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}, not version-compatible")
+        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}, not version-compatible")
     got, want = _version(runtime), _version(built)
     if got[:2] < VERSION_COMPAT_FLOOR or want[:2] < VERSION_COMPAT_FLOOR:
-        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
+        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
                                        "version compatibility needs 8.6 or newer on both sides")
     if got < want:
-        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run the older {runtime}; "
+        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run the older {runtime}; "
                                        "version-compatible engines never run on older runtimes")
     if got[0] != want[0] and (want[0], got[0]) not in CROSS_MAJOR:
-        return _fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
+        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
                                        f"version compatibility does not cross from {want[0]}.x to {got[0]}.x")
-    return _relaxed(Rule.TRT_VERSION, f"version-compatible engine built with TensorRT {built} runs on your {runtime}")
+    return check_relaxed(Rule.TRT_VERSION, f"version-compatible engine built with TensorRT {built} runs on your {runtime}")
 
 
 def _check_cc_trt(e: EngineDescriptor, m: Machine) -> Check:
     cc = m.compute_capability
     if cc is None:
-        return _fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}; {NO_CC}")
+        return check_fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}; {NO_CC}")
     if e.hardware_compat == HardwareCompat.AMPERE_PLUS.value:
         if m.is_jetson:
-            return _fail(Rule.HARDWARE_COMPAT, "built Ampere+ hardware-compatible, which Jetson does not support")
+            return check_fail(Rule.HARDWARE_COMPAT, "built Ampere+ hardware-compatible, which Jetson does not support")
         if cc_tuple(cc) < (8, 0):
-            return _fail(Rule.HARDWARE_COMPAT, f"built Ampere+ hardware-compatible, which needs compute capability "
+            return check_fail(Rule.HARDWARE_COMPAT, f"built Ampere+ hardware-compatible, which needs compute capability "
                                                f"8.0 or newer; you have {cc}")
         if cc != e.compute_capability:
-            return _relaxed(Rule.HARDWARE_COMPAT, f"Ampere+ hardware-compatible engine built on "
+            return check_relaxed(Rule.HARDWARE_COMPAT, f"Ampere+ hardware-compatible engine built on "
                                                   f"{e.compute_capability} runs on your {cc}")
-        return _ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc} (Ampere+ hardware-compatible)")
+        return check_ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc} (Ampere+ hardware-compatible)")
     if cc != e.compute_capability:
-        return _fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}, you have {cc}, "
+        return check_fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}, you have {cc}, "
                                               "not hardware-compatible")
-    return _ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc}")
+    return check_ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc}")
 
 
 def _check_rtx_release(e: EngineDescriptor, m: Machine) -> Check:
@@ -198,23 +196,23 @@ def _check_rtx_release(e: EngineDescriptor, m: Machine) -> Check:
         return _runtime_missing(Rule.RTX_RELEASE, f"TensorRT-RTX {e.backend_version}", "TensorRT-RTX",
                                 f"TensorRT {m.trt_version}", m)
     if runtime != e.backend_version:
-        return _fail(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; "
+        return check_fail(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; "
                                        "TensorRT-RTX engines do not load across releases")
-    return _ok(Rule.RTX_RELEASE, f"built with your TensorRT-RTX {runtime}")
+    return check_ok(Rule.RTX_RELEASE, f"built with your TensorRT-RTX {runtime}")
 
 
 def _check_rtx_cc(e: EngineDescriptor, m: Machine) -> Check:
     cc = m.compute_capability
     ccs = ", ".join(e.compute_capabilities)
     if cc is None:
-        return _fail(Rule.RTX_CC, f"runs on compute capability {ccs}; {NO_CC}")
+        return check_fail(Rule.RTX_CC, f"runs on compute capability {ccs}; {NO_CC}")
     if e.compute_capability is None:  # portable engine
         if cc not in e.compute_capabilities:
-            return _fail(Rule.RTX_CC, f"portable TensorRT-RTX engine runs on {ccs}, you have {cc}")
-        return _relaxed(Rule.RTX_CC, f"portable TensorRT-RTX engine; runs on {ccs}")
+            return check_fail(Rule.RTX_CC, f"portable TensorRT-RTX engine runs on {ccs}, you have {cc}")
+        return check_relaxed(Rule.RTX_CC, f"portable TensorRT-RTX engine; runs on {ccs}")
     if cc != e.compute_capability:
-        return _fail(Rule.RTX_CC, f"TensorRT-RTX engine built for compute capability {e.compute_capability}, you have {cc}")
-    return _ok(Rule.RTX_CC, f"built for your compute capability {cc}")
+        return check_fail(Rule.RTX_CC, f"TensorRT-RTX engine built for compute capability {e.compute_capability}, you have {cc}")
+    return check_ok(Rule.RTX_CC, f"built for your compute capability {cc}")
 
 
 def _check_driver(e: EngineDescriptor, m: Machine) -> Check | None:
@@ -224,12 +222,12 @@ def _check_driver(e: EngineDescriptor, m: Machine) -> Check | None:
     if not floor:
         return None
     if not m.driver_version:
-        return _unchecked(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
+        return check_unchecked(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
                                        "your driver is unknown")
     if _version(m.driver_version)[0] < floor:
-        return _fail(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
+        return check_fail(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
                                   f"you have {m.driver_version}")
-    return _ok(Rule.DRIVER, f"driver {m.driver_version} meets CUDA {e.cuda_version}'s floor {floor}")
+    return check_ok(Rule.DRIVER, f"driver {m.driver_version} meets CUDA {e.cuda_version}'s floor {floor}")
 
 
 def engine_memory_bytes(e: EngineDescriptor) -> int:
@@ -241,10 +239,10 @@ def _check_memory(e: EngineDescriptor, m: Machine) -> Check:
     need = engine_memory_bytes(e)
     what = "plan and activations" if e.device_memory_bytes else "plan"
     if not m.memory_mib:
-        return _unchecked(Rule.MEMORY, f"needs {_mib(need)} MiB ({what}); your GPU memory is unknown")
+        return check_unchecked(Rule.MEMORY, f"needs {_mib(need)} MiB ({what}); your GPU memory is unknown")
     if need > m.memory_mib << 20:
-        return _fail(Rule.MEMORY, f"engine needs at least {_mib(need)} MiB ({what}), your GPU has {m.memory_mib} MiB")
-    return _ok(Rule.MEMORY, f"needs {_mib(need)} MiB of your {m.memory_mib} MiB")
+        return check_fail(Rule.MEMORY, f"engine needs at least {_mib(need)} MiB ({what}), your GPU has {m.memory_mib} MiB")
+    return check_ok(Rule.MEMORY, f"needs {_mib(need)} MiB of your {m.memory_mib} MiB")
 
 
 def _mib(n: int) -> int:
@@ -285,14 +283,14 @@ def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
     if not m.shapes:
         return None
     if not e.profiles:
-        return _unchecked(Rule.SHAPES, "the engine's optimization profiles are not recorded")
+        return check_unchecked(Rule.SHAPES, "the engine's optimization profiles are not recorded")
     gaps = [_profile_gap(i, p, m.shapes) for i, p in enumerate(e.profiles)]
     fits = [i for i, g in enumerate(gaps) if g is None]
     if not fits:
-        return _fail(Rule.SHAPES, "; ".join(gaps))
+        return check_fail(Rule.SHAPES, "; ".join(gaps))
     best = min(fits, key=lambda i: profile_fit(e.profiles[i], m.shapes))
     spans = ", ".join(f"{n} {_span(e.profiles[best][n])}" for n in m.shapes)
-    return _ok(Rule.SHAPES, f"profile {best} covers your shapes ({spans})")
+    return check_ok(Rule.SHAPES, f"profile {best} covers your shapes ({spans})")
 
 
 def profile_fit(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float]:
@@ -341,144 +339,3 @@ def judge(e: EngineDescriptor, m: Machine) -> Verdict:
     if e.gpu_name and m.gpu_name and e.hardware_compat == HardwareCompat.NONE.value:
         reason += f" (on an {e.gpu_name}, not your {m.gpu_name})"
     return Verdict(True, Match.EXACT_CC, reason, checks)
-
-
-# --------------------------------------------------------------------------- choosing among candidates
-
-
-@dataclass
-class Evidence:
-    """What the catalog measured about an engine, as far as ranking needs it."""
-
-    accuracy: str | None = None  # "pass", "fail", or None when never checked
-    latency_ms: float | None = None  # median end-to-end latency at the default shape, on the asking GPU model
-    latency_on: str | None = None  # the GPU model that latency was measured on
-
-
-@dataclass
-class Option:
-    """One candidate engine: its descriptor, which model version it belongs to, and its evidence."""
-
-    id: Any
-    engine: EngineDescriptor
-    model_seq: int = 0
-    spec_hash: str = ""
-    evidence: Evidence = field(default_factory=Evidence)
-
-
-@dataclass
-class Wanted:
-    """The caller's filters on top of the compatibility rules."""
-
-    precision: str | None = None
-    spec_hash: str | None = None
-    accuracy: str | None = None  # "pass" keeps only engines that passed their accuracy gate
-    max_latency_ms: float | None = None
-    backend: str | None = None
-    accept: frozenset[str] = frozenset()
-
-
-@dataclass
-class Judged:
-    option: Option
-    verdict: Verdict
-    rank: int | None = None  # 1 for the chosen engine, 2.. for the fallbacks; None when excluded
-
-
-@dataclass
-class Choice:
-    ranked: list[Judged]  # chosen first, then the fallbacks in order
-    rejected: list[Judged]
-
-    @property
-    def chosen(self) -> Judged | None:
-        return self.ranked[0] if self.ranked else None
-
-
-# Precisions whose error depends on calibration: picked unasked only once their accuracy check passed.
-QUANTIZED = frozenset({"int8", "fp8"})
-ACCEPT = ("unchecked", "failed")
-
-
-def _accuracy_gate(o: Option, m: Machine, wanted: Wanted) -> Check:
-    """The precision policy: a failed accuracy check excludes an engine, and so does an unchecked int8 or fp8 one,
-    unless the caller asks for that precision by name or accepts unchecked (or failed) engines."""
-    e, accuracy = o.engine, o.evidence.accuracy
-    if accuracy == "pass":
-        return _ok(Rule.ACCURACY_GATE, "passed its accuracy check against ONNX Runtime FP32")
-    if accuracy == "fail":
-        if "failed" in wanted.accept:
-            return _relaxed(Rule.ACCURACY_GATE, "failed its accuracy check; served because you accept failed engines")
-        return _fail(Rule.ACCURACY_GATE, "failed its accuracy check against ONNX Runtime FP32; "
-                                         "add accept=failed to get it anyway")
-    named = e.precision == wanted.precision or e.precision in m.precisions
-    if e.precision in QUANTIZED and not named and "unchecked" not in wanted.accept:
-        return _fail(Rule.ACCURACY_GATE, f"this {e.precision} engine's accuracy was never checked; {e.precision} is "
-                                         f"picked only once its check passed: ask for precision={e.precision} or "
-                                         "accept=unchecked to get it unchecked")
-    return _unchecked(Rule.ACCURACY_GATE, f"{e.precision} engine whose accuracy is not checked yet")
-
-
-def _filters(o: Option, m: Machine, wanted: Wanted) -> list[Check]:
-    checks = []
-    e, ev = o.engine, o.evidence
-    if m.precisions and e.precision not in m.precisions:
-        checks.append(_fail(Rule.ACCEPTED_PRECISION, f"built {e.precision}; your machine accepts "
-                                                     f"{', '.join(m.precisions)}"))
-    if wanted.precision and e.precision != wanted.precision:
-        checks.append(_fail(Rule.PRECISION, f"built {e.precision}, you asked for {wanted.precision}"))
-    if wanted.backend and e.backend != wanted.backend:
-        checks.append(_fail(Rule.BACKEND, f"built for {e.backend}, you asked for {wanted.backend}"))
-    if wanted.spec_hash and o.spec_hash != wanted.spec_hash:
-        checks.append(_fail(Rule.SPEC, f"built from spec {o.spec_hash[:12]}, you asked for {wanted.spec_hash[:12]}"))
-    if wanted.accuracy == "pass" and ev.accuracy != "pass":
-        state = "failed its accuracy gate" if ev.accuracy == "fail" else "has no accuracy result yet"
-        checks.append(_fail(Rule.ACCURACY, f"engine {state}; you asked for accuracy=pass"))
-    if wanted.max_latency_ms is not None:
-        if ev.latency_ms is None:
-            checks.append(_fail(Rule.LATENCY, f"no latency measured on your GPU model to hold against "
-                                              f"{wanted.max_latency_ms:g} ms"))
-        elif ev.latency_ms > wanted.max_latency_ms:
-            checks.append(_fail(Rule.LATENCY, f"median latency {ev.latency_ms:.3g} ms on {ev.latency_on} exceeds "
-                                              f"your maximum {wanted.max_latency_ms:g} ms"))
-    return checks
-
-
-_ACCURACY_ORDER = {"pass": 0, None: 1, "fail": 2}
-
-
-def rank_key(j: Judged, shapes: dict[str, dict[str, list[int]]] | None = None) -> tuple:
-    """Match first; then a passed accuracy gate over none over a failed one; then, when the machine names its
-    shapes, the narrowest covering profile and the opt nearest the request (``profile_fit``); then lower latency
-    on the asking GPU model; then the newer model version; then the newer engine."""
-    ev = j.option.evidence
-    latency = ev.latency_ms if ev.latency_ms is not None else math.inf
-    fit = shape_fit(j.option.engine, shapes or {}) or (math.inf, math.inf)
-    return (j.verdict.match, _ACCURACY_ORDER.get(ev.accuracy, 1), fit, latency, -j.option.model_seq,
-            _newest(j.option.id))
-
-
-def _newest(key: Any) -> Any:
-    return -key if isinstance(key, (int, float)) else key
-
-
-def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None) -> Choice:
-    """Judge every option for ``machine``, drop what the filters exclude, rank the rest best first."""
-    wanted = wanted or Wanted()
-    runnable, rejected = [], []
-    for o in options:
-        verdict = judge(o.engine, machine)
-        excluded = _filters(o, machine, wanted)
-        gate = _accuracy_gate(o, machine, wanted)
-        # An engine that does not run is excluded by its compatibility rule; the gate only speaks for one that does.
-        if gate.outcome is Outcome.FAIL and verdict.runs:
-            excluded.append(gate)
-        else:
-            verdict.checks.append(gate)
-        if excluded:
-            verdict = Verdict(False, None, excluded[0].detail, excluded + verdict.checks)
-        (runnable if verdict.runs else rejected).append(Judged(o, verdict))
-    runnable.sort(key=lambda j: rank_key(j, machine.shapes))
-    for i, j in enumerate(runnable, start=1):
-        j.rank = i
-    return Choice(runnable, rejected)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import Row, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from enginefarm.compat import Choice, Evidence, Option, Wanted, choose
+from enginefarm.choose import Choice, Evidence, Option, Wanted, choose
 from enginefarm.domain import EngineDescriptor
 from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.errors import NoCompatibleEngine

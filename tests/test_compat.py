@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from enginefarm.compat import CROSS_MAJOR, DRIVER_FLOORS, Evidence, Match, Option, Rule, Wanted, choose, judge
+from enginefarm.compat import CROSS_MAJOR, DRIVER_FLOORS, Match, Rule, judge
+from enginefarm.choose import Evidence, Option, Wanted, choose
 from enginefarm.domain import RTX_PORTABLE_CCS, EngineDescriptor
 from enginefarm.machine import Machine
 

@@ -37,7 +37,8 @@ from enginefarm.api.schemas import (
     ResolveOut,
     ResolveRequest,
 )
-from enginefarm.compat import Judged, Match, Wanted
+from enginefarm.compat import Match
+from enginefarm.choose import Judged, Wanted
 from enginefarm.config import Settings
 from enginefarm.shapes import shape_request
 from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine

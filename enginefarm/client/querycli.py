@@ -11,7 +11,7 @@ from rich.table import Table
 
 from enginefarm.client.report import profiles_label
 from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, farm_call, print_tasks, transfer_bar
-from enginefarm.compat import ACCEPT
+from enginefarm.choose import ACCEPT
 from enginefarm.shapes import shape_request
 from enginefarm.spec import Precision
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 import httpx
 
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
-from enginefarm.compat import Evidence, Option, Wanted, choose
+from enginefarm.choose import Evidence, Option, Wanted, choose
 from enginefarm.config import get_settings
 from enginefarm.domain import FINAL_STATES, EngineDescriptor
 from enginefarm.machine import Machine
