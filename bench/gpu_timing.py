@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 from enginefarm import stats  # noqa: E402
 from enginefarm.errors import BackendMissing  # noqa: E402
 from enginefarm.worker import gpu_timing as G  # noqa: E402
+from enginefarm.worker import trt_runner as R  # noqa: E402
 
 KERNEL = r"""
 extern "C" __global__ void fma_chain(const float* __restrict__ x, float* __restrict__ y,
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
         spec = SimpleNamespace(warmup_ms=args.warmup_ms, duration_s=min(args.duration, 1.0),
                                iterations=args.iterations, cuda_graph=True)
-        with G.TensorRTEngineRunner(b"stand-in", stand_in_trt(kernel, n), args.device) as runner:
+        with R.TensorRTEngineRunner(b"stand-in", stand_in_trt(kernel, n), args.device) as runner:
             got = runner.infer({"x": x_host.array})["y"]
             err = float(np.max(np.abs(got - expected)))
             rs = runner.benchmark({"x": x_host.array}, spec).summary()

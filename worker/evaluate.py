@@ -123,7 +123,7 @@ def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | No
     if backend == Backend.ONNXRUNTIME.value:
         runner = OrtRunner(engine_path, spec.benchmark.threads)
         return runner, Device(runner.label)
-    from enginefarm.worker.gpu_timing import TensorRTEngineRunner
+    from enginefarm.worker.trt_runner import TensorRTEngineRunner
 
     runner = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
     name = (gpu or {}).get("name") or runner.device.name

@@ -16,6 +16,7 @@ from cuda.bindings import nvrtc
 from enginefarm import stats
 from enginefarm.errors import BackendMissing, BuildFailed
 from enginefarm.worker import gpu_timing as G
+from enginefarm.worker import trt_runner as R
 
 NO_DRIVER = "no CUDA driver on this worker: "
 
@@ -74,7 +75,7 @@ def test_cuda_device_without_a_driver_is_backend_missing():
 def test_engine_runner_without_a_driver_fails_before_touching_tensorrt():
     untouchable = SimpleNamespace()  # any TensorRT call would raise AttributeError
     with pytest.raises(BackendMissing, match=NO_DRIVER):
-        G.TensorRTEngineRunner(b"not an engine", untouchable)
+        R.TensorRTEngineRunner(b"not an engine", untouchable)
 
 
 def test_missing_cuda_bindings_is_backend_missing(monkeypatch):
@@ -125,13 +126,13 @@ def test_pipeline_refuses_a_host_array_larger_than_its_buffer():
     (trt.DataType.UINT8, np.uint8),
 ])
 def test_numpy_dtype_maps_tensorrt_types(trt_type, np_type):
-    assert G.numpy_dtype(trt, trt_type) == np.dtype(np_type)
+    assert R.numpy_dtype(trt, trt_type) == np.dtype(np_type)
 
 
 @pytest.mark.parametrize("trt_type", [trt.DataType.BF16, trt.DataType.FP8, trt.DataType.INT4])
 def test_numpy_dtype_refuses_types_numpy_lacks(trt_type):
     with pytest.raises(BuildFailed, match=f"data type {trt_type.name}, which has no numpy equivalent"):
-        G.numpy_dtype(trt, trt_type)
+        R.numpy_dtype(trt, trt_type)
 
 
 def test_io_tensors_reads_names_directions_and_dtypes():
@@ -140,9 +141,9 @@ def test_io_tensors_reads_names_directions_and_dtypes():
     names = list(io)
     engine = SimpleNamespace(num_io_tensors=len(io), get_tensor_name=names.__getitem__,
                              get_tensor_mode=lambda n: io[n][0], get_tensor_dtype=lambda n: io[n][1])
-    assert G.io_tensors(engine, trt) == [
-        G.TensorSpec("images", True, np.dtype(np.float16)), G.TensorSpec("mask", True, np.dtype(np.bool_)),
-        G.TensorSpec("logits", False, np.dtype(np.float32))]
+    assert R.io_tensors(engine, trt) == [
+        R.TensorSpec("images", True, np.dtype(np.float16)), R.TensorSpec("mask", True, np.dtype(np.bool_)),
+        R.TensorSpec("logits", False, np.dtype(np.float32))]
 
 
 # --------------------------------------------------------------------------- clocks via NVML
@@ -218,7 +219,7 @@ def test_gpu_clocks_by_index_and_power_in_watts(monkeypatch):
 
 
 def test_error_logger_keeps_the_last_errors_for_our_messages():
-    logger = G._error_logger(trt)
+    logger = R._error_logger(trt)
     assert isinstance(logger, trt.ILogger)
     logger.log(trt.ILogger.Severity.WARNING, "a warning is not an error")
     for i in range(7):
