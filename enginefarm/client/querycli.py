@@ -252,6 +252,7 @@ def ls_workers(api: Optional[str] = API_OPT) -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``fetch``, ``ls`` and ``export`` to the ``enginefarm`` app."""
     app.command()(fetch)
     app.add_typer(ls_app, name="ls")
     app.add_typer(export_app, name="export")

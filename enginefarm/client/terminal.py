@@ -19,7 +19,6 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 def client_for(api: str | None):
     """A client of the farm at ``api`` (else ENGINEFARM_API_URL, else the default)."""
-
     from enginefarm.client import Client
 
     return Client(api)
