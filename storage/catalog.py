@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, delete, func, select, text, update
+from sqlalchemy import bindparam, case, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
@@ -84,10 +84,13 @@ def get_model(session: Session, model_id: int, project: str | None = None) -> Mo
 
 
 def list_models(session: Session, *, name: str | None = None, sha256: str | None = None, limit: int = 50,
-                offset: int = 0, project: str | None = None) -> tuple[list[ModelRow], int]:
+                offset: int = 0, project: str | None = None, contains: str | None = None) -> tuple[list[ModelRow], int]:
+    """Models (one row per version) by project, name and version; ``contains``: a part of the name (any case)."""
     query = in_project(select(ModelRow), project)
     if name:
         query = query.where(ModelRow.name == name)
+    if contains:
+        query = query.where(ModelRow.name.icontains(contains, autoescape=True))
     if sha256:
         query = query.where(ModelRow.sha256 == sha256)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
@@ -628,6 +631,37 @@ def reclaim_tasks(session: Session, worker_id: str, build_ids: list[int], bench_
                 .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), error=None)
             ).rowcount
     return taken
+
+
+def release_tasks(session: Session, worker_id: str, reason: str, build_ids: list[int] | None = None,
+                  bench_ids: list[int] | None = None) -> list[tuple[str, int, str]]:
+    """A stopping worker puts back in the queue the tasks still running under its id (only those of ``build_ids``
+    and ``bench_ids`` where given), without counting the attempt: the task did not fail, its worker left. Returns
+    ``(kind, id, target)`` of each, as ``storage.queue.publish`` takes them."""
+    released: list[tuple[str, int, str]] = []
+    for kind, table, ids in (("build", BuildTaskRow, build_ids), ("bench", BenchmarkTaskRow, bench_ids)):
+        if ids is not None and not ids:
+            continue
+        mine = (table.state == TaskState.RUNNING.value) & (table.worker_id == worker_id)
+        if ids is not None:
+            mine = mine & table.id.in_(ids)
+        rows = session.execute(select(table.id, table.target).where(mine).with_for_update()).all()
+        if rows:
+            session.execute(update(table).where(mine, table.id.in_([r.id for r in rows])).values(
+                state=TaskState.QUEUED.value, worker_id=None, started_at=None, error=reason,
+                attempts=case((table.attempts > 0, table.attempts - 1), else_=0)))
+        released += [(kind, r.id, r.target) for r in rows]
+    return released
+
+
+def release_quantize(session: Session, build_id: int, worker_id: str, reason: str) -> bool:
+    """A stopping worker puts back in the queue the quantization stage it runs; False when it is not its own."""
+    build = session.scalars(select(BuildRow).where(BuildRow.id == build_id).with_for_update()).first()
+    stage = (build.quantize or {}) if build is not None else {}
+    if stage.get("state") != TaskState.RUNNING.value or stage.get("worker_id") != worker_id:
+        return False
+    build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None, "error": reason}
+    return True
 
 
 def queued_since(session: Session, cutoff: datetime) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:

@@ -218,6 +218,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
 
     from enginefarm.server.embedded import prepare
     from enginefarm.workerid import new_worker_id
+    from enginefarm.worker.drain import LANE_EXIT_S, Drain
     from enginefarm.worker.heartbeat import Heartbeat
     from enginefarm.worker.lanes import LANE_OF_ENV
 
@@ -251,17 +252,21 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     split = lane == "both" and bool(build_queues) and bool(bench_queues)
     bench_lane = _bench_lane(name, worker_id, targets, bench, pool, loglevel) if split else None
     queues = bench_queues if in_lane else build_queues if split else build_queues + bench_queues
+    # SIGTERM: running tasks get ENGINEFARM_SHUTDOWN_GRACE_SECONDS, then go back to the queue (worker/drain.py).
+    drain = Drain(settings, worker_id, sweep=not in_lane).install()
 
     def ready(**_) -> None:
         heartbeat.start()
 
     def shutting_down(**_) -> None:  # at the start of a shutdown: the lane stops too, and is not started again
+        drain.begin()
         if bench_lane is not None:
             bench_lane.stop(wait=False)
 
     def shutdown(**_) -> None:
         if bench_lane is not None:
-            bench_lane.stop()
+            bench_lane.stop(timeout=drain.remaining() + LANE_EXIT_S)  # it drains within the same grace
+        drain.finish()  # after the lane: nothing of this worker runs any more
         heartbeat.stop()
 
     worker_ready.connect(ready, weak=False)
