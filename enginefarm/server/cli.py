@@ -281,7 +281,10 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     celery_app.worker_main([
         "worker", "-Q", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
         "--loglevel", loglevel, "-n", f"bench.{worker_id}" if in_lane else worker_id,
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        # Event heartbeats stay on (Flower and `celery inspect` see live workers by them); gossip and mingle, which
+        # keep every worker in step with every other at a cost that grows with the fleet, stay off: the farm's own
+        # heartbeats (the catalog's workers table) are what it schedules and requeues by.
+        "--without-gossip", "--without-mingle",
     ])
 
 
