@@ -14,9 +14,10 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-## Embedded farm (SQLite, local blobs, no servers): build a model for 5 targets and fetch the sm86 engine.
+## Embedded farm (SQLite, local blobs, no servers): build a model for 5 targets and fetch the sm86 engine, then
+## serve the dashboard on it (the address and a token are printed) until Ctrl-C.
 demo: setup
-	$(VENV)/bin/enginefarm demo
+	$(VENV)/bin/enginefarm demo --serve
 
 ## The full test suite against real PostgreSQL, Redis, SeaweedFS and Celery worker processes.
 test: setup services

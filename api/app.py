@@ -23,6 +23,7 @@ from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.metrics import Observe
 from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
 from enginefarm.api.upload import UploadSlots
+from enginefarm.api import ui
 from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
 from enginefarm.errors import CatalogUnavailable, EnginefarmError, StorageFull
@@ -30,6 +31,10 @@ from enginefarm.hashing import SHA_HEADER
 from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)
+
+
+# Uploads stream to disk under their own limits (api/upload.py): the API's and the dashboard's.
+UPLOAD_PATHS = ("/v1/models", "/ui/models/upload")
 
 
 class BodyTooLarge(HTTPException):
@@ -48,7 +53,7 @@ class JsonBodyLimit:
         self.app, self.limit = app, limit
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].startswith("/v1/models"):
+        if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].startswith(UPLOAD_PATHS):
             await self.app(scope, receive, send)
             return
         detail = (f"the request body is over the {self.limit} bytes {scope['path']} takes (ENGINEFARM_MAX_JSON_BYTES); "
@@ -120,6 +125,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router, dependencies=[Depends(authorize)])
     app.include_router(workers.router)  # /v1/workers checks its token itself
     app.include_router(health.router)  # /healthz, /readyz and /metrics are open
+    ui.mount(app)  # the dashboard, /ui: its pages take a session cookie instead of a bearer token
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
     app.add_middleware(FleetPath)  # a fleet's repeated question skips the rest
     app.add_middleware(Observe)  # outermost of ours: every request's latency, the fleet's included
@@ -130,7 +136,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                            allow_headers=["Authorization", "Content-Type"], expose_headers=[SHA_HEADER])
 
     @app.exception_handler(EnginefarmError)
-    async def _farm_error(_request: Request, exc: EnginefarmError) -> JSONResponse:
+    async def _farm_error(request: Request, exc: EnginefarmError) -> Response:
+        if request.url.path.startswith("/ui/"):  # the dashboard answers with a page, or a sign-in redirect
+            return ui.error_response(request, exc)
         return _answer(exc)
 
     @app.exception_handler(BodyTooLarge)

@@ -66,8 +66,10 @@ class TokenCache:
             self._entries[token_hash] = (principal, time.monotonic() + keep)
 
     def forget(self, token_id: int) -> None:
+        """Drop a revoked token, and the dashboard sessions it opened, which its revocation revoked too."""
         with self._lock:
-            self._entries = {k: v for k, v in self._entries.items() if v[0].token_id != token_id}
+            self._entries = {k: v for k, v in self._entries.items()
+                             if token_id not in (v[0].token_id, v[0].parent_id)}
 
 
 def _challenge(message: str) -> Unauthorized:

@@ -82,7 +82,7 @@ def _preparation(spec: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def _headline(engine: EngineRow) -> BenchmarkRow | None:
+def headline(engine: EngineRow) -> BenchmarkRow | None:
     """The benchmark a variant is ranked by: at the opt shapes (else the first shape), fastest device."""
     rows = engine.benchmarks
     at_opt = [b for b in rows if b.shape_key == DEFAULT_SHAPE_KEY] or [b for b in rows if b.shape_key == rows[0].shape_key]
@@ -99,7 +99,7 @@ def best_per_target(engines: list[EngineRow]) -> dict[str, int | None]:
     for target, group in by_target.items():
         if len(group) < 2:
             continue
-        passed = [(h.median_ms, e.id) for e in group if e.accuracy_pass and (h := _headline(e)) is not None]
+        passed = [(h.median_ms, e.id) for e in group if e.accuracy_pass and (h := headline(e)) is not None]
         best[target] = min(passed)[1] if passed else None
     return best
 
@@ -209,7 +209,7 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
         for task in build.tasks:
             states.add(task.state)
             engine = session.get(EngineRow, task.engine_id) if task.engine_id else None
-            head = _headline(engine) if engine else None
+            head = headline(engine) if engine else None
             is_best = engine is not None and best_engine.get(task.target) == engine.id
             if is_best:
                 best_build[task.target] = build.id

@@ -218,3 +218,5 @@ class ApiTokenRow(Base):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # A dashboard session: the token whose sign-in opened it. Revoking that token revokes its sessions.
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), index=True)

@@ -49,6 +49,7 @@ class Principal:
     scope: str  # the highest scope the token has
     project: str | None = None  # None: the whole farm; else the one project whose models it sees
     expires_at: datetime | None = None  # None: until revoked
+    parent_id: int | None = None  # a dashboard session: the token that opened it
 
     def allows(self, needed: str) -> bool:
         return rank(self.scope) >= rank(needed)
@@ -92,9 +93,10 @@ def lifetime(days: float | None) -> timedelta | None:
 
 
 def create_token(session: Session, name: str, scopes: list[str], expires_in: timedelta | None = None,
-                 project: str | None = None) -> tuple[ApiTokenRow, str]:
+                 project: str | None = None, parent_id: int | None = None) -> tuple[ApiTokenRow, str]:
     """A new token; returns its row and the token itself, which is never stored and cannot be shown again.
-    A token of a project sees and builds only that project's models; without one it acts on the whole farm."""
+    A token of a project sees and builds only that project's models; without one it acts on the whole farm.
+    ``parent_id``: the token that opened this one (a dashboard session), whose revocation revokes it too."""
     check_scopes(scopes)
     check_project(project)
     if not name or len(name) > 100:
@@ -107,7 +109,7 @@ def create_token(session: Session, name: str, scopes: list[str], expires_in: tim
                           "second, or none for a token that lasts until revoked")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiTokenRow(name=name, token_hash=hash_token(token), prefix=token[:10], scopes=sorted(set(scopes), key=rank),
-                      expires_at=expires_at, project=project)
+                      expires_at=expires_at, project=project, parent_id=parent_id)
     session.add(row)
     session.flush()
     return row, token
@@ -123,7 +125,7 @@ def authenticate(session: Session, token: str) -> Principal | None:
         return None
     if row.last_used_at is None or as_utc(row.last_used_at) < now - LAST_USED_RESOLUTION:
         session.execute(update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now))
-    return Principal(row.id, row.name, check_scopes(row.scopes), row.project, as_utc(row.expires_at))
+    return Principal(row.id, row.name, check_scopes(row.scopes), row.project, as_utc(row.expires_at), row.parent_id)
 
 
 def list_tokens(session: Session, project: str | None = None) -> list[ApiTokenRow]:
@@ -136,8 +138,12 @@ def revoke_token(session: Session, token_id: int, project: str | None = None) ->
     row = session.get(ApiTokenRow, token_id)
     if row is None or (project is not None and row.project != project):
         raise NotFound(f"no token with id {token_id}")
+    now = utcnow()
     if row.revoked_at is None:
-        row.revoked_at = utcnow()
+        row.revoked_at = now
+    # The dashboard sessions it opened end with it.
+    session.execute(update(ApiTokenRow).where(ApiTokenRow.parent_id == row.id, ApiTokenRow.revoked_at.is_(None))
+                    .values(revoked_at=now))
     return row
 
 

@@ -394,8 +394,16 @@ def up(port: int = typer.Option(8321, help="the API's port"),
 
 
 @app.command()
-def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)")) -> None:
-    """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine."""
+def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)"),
+         serve: bool = typer.Option(False, "--serve", help="after the demo, keep its farm running and print the "
+                                                           "dashboard's address and a token to sign in with"),
+         port: int = typer.Option(8321, help="with --serve: the API's port")) -> None:
+    """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine; with
+    --serve, then serve the dashboard (/ui) on that farm until Ctrl-C."""
+    if serve:
+        from enginefarm.server.demoserve import serve_demo
+
+        sys.exit(serve_demo(data_dir, console, port))
     from enginefarm.server.demo import run_demo
     from enginefarm.server.embedded import stop_on_sigterm
 

@@ -1,0 +1,90 @@
+"""The build form: fields pre-filled from a model's inputs, and the spec a submitted form asks for.
+
+Dynamic dims get min/opt/max fields; a trtexec command line (``--fp16 --minShapes=input:1x3x224x224 …``) is read
+with the CLI's own parser (``enginefarm.trtexec.spec_from_trtexec``) and wins over the fields. The spec is then
+validated by ``services.submit_build`` exactly as POST /v1/builds validates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from enginefarm.api.schemas import ModelOut
+from enginefarm.errors import SpecInvalid
+from enginefarm.trtexec import spec_from_trtexec
+
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
+MAX_FORM_TARGETS = 64
+
+
+@dataclass
+class InputField:
+    name: str
+    dims: list
+    dynamic: bool
+    min: str
+    opt: str
+    max: str
+
+
+def _fill(dims: list, axis_value: tuple[int, int, int]) -> tuple[str, str, str]:
+    out = [[], [], []]
+    for axis, d in enumerate(dims):
+        guess = axis_value if axis == 0 else (1, 64, 256)
+        for i in range(3):
+            out[i].append(str(d) if isinstance(d, int) and d > 0 else str(guess[i]))
+    return tuple("x".join(o) for o in out)  # type: ignore[return-value]
+
+
+def form_fields(model: ModelOut) -> list[InputField]:
+    """One entry per model input; a dynamic one comes with suggested min/opt/max shapes (batch 1/4/8)."""
+    fields = []
+    for spec in model.inputs:
+        dims = list(spec.get("dims") or spec.get("shape") or [])
+        dynamic = any(not (isinstance(d, int) and d > 0) for d in dims)
+        lo, opt, hi = _fill(dims, (1, 4, 8))
+        fields.append(InputField(spec["name"], dims, dynamic, lo, opt, hi))
+    return fields
+
+
+def _dims(text: str, where: str, problems: list[dict]) -> list[int] | None:
+    try:
+        dims = [int(d) for d in text.lower().replace("×", "x").split("x")]
+    except ValueError:
+        problems.append({"loc": ["form", where], "msg": f"{text!r}: write dims as 1x3x224x224"})
+        return None
+    return dims
+
+
+def spec_from_form(form: Any) -> tuple[list[str], dict[str, Any], bool]:
+    """(targets, spec, queue_without_worker) from the submitted form; SpecInvalid names every problem."""
+    problems: list[dict] = []
+    targets = [t for t in form.getlist("targets") if isinstance(t, str) and t]
+    targets += [t.strip() for t in str(form.get("other_targets") or "").split(",") if t.strip()]
+    targets = list(dict.fromkeys(targets))[:MAX_FORM_TARGETS]
+    if not targets:
+        problems.append({"loc": ["form", "targets"], "msg": "choose at least one target"})
+    precision = str(form.get("precision") or "fp32")
+    spec: dict[str, Any] = {"precision": precision}
+    profile: dict[str, dict[str, list[int]]] = {}
+    for name in form.getlist("dynamic"):
+        ranges = {k: _dims(str(form.get(f"{k}:{name}") or ""), f"{k}:{name}", problems) for k in ("min", "opt", "max")}
+        if all(ranges.values()):
+            profile[name] = ranges  # type: ignore[assignment]
+    if profile:
+        spec["profiles"] = [profile]
+    if form.get("checks") != "on":
+        spec.update(benchmark={"enabled": False}, accuracy={"enabled": False})
+    trtexec = str(form.get("trtexec") or "").strip()
+    if trtexec:
+        try:
+            given = spec_from_trtexec(trtexec)
+            if "shapes" in given or "profiles" in given:  # the command line's shapes replace the fields'
+                spec.pop("profiles", None)
+            spec.update(given)
+        except ValueError as exc:
+            problems.append({"loc": ["form", "trtexec"], "msg": str(exc)})
+    if problems:
+        raise SpecInvalid(f"the build form has {len(problems)} problem(s)", problems=problems)
+    return targets, spec, form.get("queue_without_worker") == "on"

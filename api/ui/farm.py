@@ -1,0 +1,85 @@
+"""Workers and queues (live workers, what they serve, queue depth, tasks no worker can take) and tokens (admins)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import RedirectResponse
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import RowId
+from enginefarm.api.routes import tokens as token_routes
+from enginefarm.api.routes import workers as worker_routes
+from enginefarm.api.schemas import TokenIn
+from enginefarm.api.ui import session as ui_session
+from enginefarm.api.ui.render import HEADERS, page
+from enginefarm.config import Settings
+from enginefarm.errors import SpecInvalid
+from enginefarm.storage.observe import queue_state
+from enginefarm.storage.tokens import Principal
+
+router = APIRouter(prefix="/ui", route_class=CatalogRoute)
+
+
+@router.get("/workers")
+def workers_page(request: Request, principal: Principal = Depends(ui_session.viewer),
+                 session: Session = Depends(session_dep, scope="function"),
+                 settings: Settings = Depends(settings_dep)) -> Response:
+    workers = worker_routes.list_workers(session, settings)
+    state = queue_state(session, settings.worker_ttl_seconds)
+    queues = []
+    for (kind, target), (count, oldest) in sorted(state.waiting.items()):
+        live = (state.live_workers if kind == "build" else state.live_bench_workers).get(target, 0)
+        queues.append({"kind": kind, "target": target, "count": count, "oldest_s": oldest, "workers": live})
+    targets = sorted(set(state.live_workers) | set(state.live_bench_workers))
+    served = [{"target": t, "build": state.live_workers.get(t, 0), "bench": state.live_bench_workers.get(t, 0)}
+              for t in targets]
+    return page(request, "workers.html", workers=workers, queues=queues, targets=served,
+                orphans=[q for q in queues if not q["workers"]],
+                now=datetime.now(timezone.utc), ttl=settings.worker_ttl_seconds)
+
+
+async def _admin_form(request: Request) -> Principal:
+    principal = await ui_session.admin(request)
+    await ui_session.check_csrf(request)
+    return principal
+
+
+@router.get("/tokens")
+def tokens_page(request: Request, principal: Principal = Depends(ui_session.admin),
+                session: Session = Depends(session_dep, scope="function")) -> Response:
+    return page(request, "tokens.html", tokens=token_routes.tokens(principal.project, session), made=None)
+
+
+@router.post("/tokens")
+async def make_token(request: Request, principal: Principal = Depends(_admin_form),
+                     session: Session = Depends(session_dep, scope="function")) -> Response:
+    form = await request.form()
+    days = str(form.get("expires_in_days") or "").strip()
+    try:
+        body = TokenIn(name=str(form.get("name") or ""), scopes=[str(form.get("scope") or "read")],
+                       expires_in_days=float(days) if days else None,
+                       project=str(form.get("project") or "").strip() or None)
+    except (ValidationError, ValueError) as exc:
+        raise SpecInvalid(f"the token form is not valid: {exc}") from None
+    def make() -> Response:
+        made = token_routes.new_token(body, principal.project, session)
+        session.commit()
+        return page(request, "tokens.html", tokens=token_routes.tokens(principal.project, session), made=made)
+
+    return await run_in_threadpool(make)
+
+
+@router.post("/tokens/{token_id}/revoke")
+async def revoke_token(request: Request, token_id: RowId, principal: Principal = Depends(_admin_form),
+                       session: Session = Depends(session_dep, scope="function")) -> Response:
+    def revoke() -> None:
+        token_routes.revoke(token_id, principal.project, request, session)
+        session.commit()
+
+    await run_in_threadpool(revoke)
+    return RedirectResponse("/ui/tokens", status_code=303, headers=HEADERS)

@@ -1,0 +1,85 @@
+"""The models list (searchable), a model's page with its build matrix, uploads and builds from the browser."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from enginefarm.api import services
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import RowId, page_offset
+from enginefarm.api.routes import models as model_routes
+from enginefarm.api.schemas import ModelOut
+from enginefarm.api.ui import session as ui_session
+from enginefarm.api.ui.buildform import form_fields, spec_from_form
+from enginefarm.api.ui.matrix import model_matrix
+from enginefarm.api.ui.render import is_fragment, page
+from enginefarm.config import Settings
+from enginefarm.storage import catalog
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tokens import Principal
+
+router = APIRouter(prefix="/ui", route_class=CatalogRoute)
+PAGE = 50
+
+
+@router.get("/models")
+def models_page(request: Request, q: str = "", offset: int = 0, principal: Principal = Depends(ui_session.viewer),
+                session: Session = Depends(session_dep, scope="function")) -> Response:
+    q = q.replace("\x00", "")[:200]
+    offset = page_offset(offset)
+    rows, total = catalog.list_models(session, contains=q or None, limit=PAGE, offset=offset,
+                                      project=principal.project)
+    context = {"models": [ModelOut.of(r) for r in rows], "total": total, "q": q, "offset": offset, "page_size": PAGE}
+    return page(request, "fragments/model_rows.html" if is_fragment(request) else "models.html", **context)
+
+
+@router.post("/models/upload")
+async def upload(request: Request, principal: Principal = Depends(ui_session.builder),
+                 settings: Settings = Depends(settings_dep)) -> Response:
+    """The browser's upload (multipart, sent by a script with the CSRF header): the API's own upload route."""
+    response = Response()
+    model = await model_routes.upload_model(request, response, principal.project, principal, settings)
+    return JSONResponse({"id": model.id, "name": model.name, "version": model.version,
+                         "url": f"/ui/models/{model.id}"}, status_code=response.status_code or 201)
+
+
+def _model_context(session: Session, settings: Settings, model_id: int, principal: Principal) -> dict:
+    row = catalog.get_model(session, model_id, principal.project)
+    return {"model": ModelOut.of(row), "matrix": model_matrix(session, settings, row, principal.project)}
+
+
+@router.get("/models/{model_id}")
+def model_page(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.viewer),
+               session: Session = Depends(session_dep, scope="function"),
+               settings: Settings = Depends(settings_dep)) -> Response:
+    context = _model_context(session, settings, model_id, principal)
+    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    context.update(form=form_fields(context["model"]), served=sorted(served))
+    return page(request, "model.html", **context)
+
+
+@router.get("/models/{model_id}/matrix")
+def matrix_fragment(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.viewer),
+                    session: Session = Depends(session_dep, scope="function"),
+                    settings: Settings = Depends(settings_dep)) -> Response:
+    return page(request, "fragments/matrix.html", **_model_context(session, settings, model_id, principal))
+
+
+@router.post("/models/{model_id}/builds")
+async def submit_build(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.builder),
+                       settings: Settings = Depends(settings_dep)) -> Response:
+    """The build form: the same submission as POST /v1/builds; answers the matrix, which then updates itself."""
+    form = await request.form()
+    targets, spec, queue_anyway = spec_from_form(form)
+
+    def submit_and_render() -> Response:
+        build_id = services.submit_build(settings, model_id, targets, spec, principal.project,
+                                         token_id=principal.token_id, queue_without_worker=queue_anyway or None)
+        with session_scope(settings) as s:  # the template renders here, while the rows are loaded
+            return page(request, "fragments/matrix.html", submitted=build_id,
+                        **_model_context(s, settings, model_id, principal))
+
+    return await run_in_threadpool(submit_and_render)

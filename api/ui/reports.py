@@ -1,0 +1,37 @@
+"""A model's report: the latency chart is drawn in the browser from the same JSON as GET /v1/models/{id}/report."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+from sqlalchemy.orm import Session
+
+from enginefarm.api import reports
+from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.routes import RowId
+from enginefarm.api.ui import session as ui_session
+from enginefarm.api.ui.render import page
+from enginefarm.config import Settings
+from enginefarm.storage import catalog
+from enginefarm.storage.tokens import Principal
+
+router = APIRouter(prefix="/ui", route_class=CatalogRoute)
+
+
+@router.get("/models/{model_id}/report")
+def report_page(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.viewer),
+                session: Session = Depends(session_dep, scope="function"),
+                settings: Settings = Depends(settings_dep)) -> Response:
+    report = reports.model_report(session, settings, model_id, principal.project)
+    model = catalog.get_model(session, report["model"]["id"], principal.project)
+    return page(request, "report.html", model=model, report=report)
+
+
+@router.get("/models/{model_id}/report.json")
+def report_json(model_id: RowId, principal: Principal = Depends(ui_session.viewer),
+                session: Session = Depends(session_dep, scope="function"),
+                settings: Settings = Depends(settings_dep)) -> Response:
+    body = reports.model_report(session, settings, model_id, principal.project)
+    return JSONResponse(jsonable_encoder(body),
+                        headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})

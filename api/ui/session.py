@@ -1,0 +1,175 @@
+"""Browser sessions for the dashboard: sign-in, the session cookie, and CSRF tokens.
+
+A session is an API token of its own, made at sign-in (``storage.tokens.create_token``) with the signing-in
+token's scope and project, for at most ``SESSION_HOURS`` and never past that token's own expiry. The cookie
+holds it, HttpOnly (page scripts cannot read it), SameSite=Strict (no other site's page sends it), Secure on
+https, and scoped to ``/ui``. So:
+
+- the token the user typed is never stored in the browser: only a session credential that can do no more than it;
+- the server keeps only its sha256, as for every token (a copy of the catalog gives nobody a session);
+- it is checked by the same lookup, cache and revocation as the API's tokens, across all API processes, with no
+  secret to share between them and no table of its own;
+- signing out revokes it on the server, revoking the token that opened it revokes it too, and an admin sees and
+  revokes sessions on the tokens page.
+
+CSRF: every form that changes anything carries ``csrf_token(session)``, an HMAC of a fixed label keyed by the
+session credential (nothing to store; another site can neither read the cookie nor compute it), checked on POST.
+The sign-in form, which has no session yet, uses a double-submit value: a random cookie the form repeats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+
+import anyio
+from fastapi import Request, Response
+
+from enginefarm.api.auth import TokenCache, require
+from enginefarm.errors import EnginefarmError, Forbidden
+from enginefarm.storage.db import session_scope
+from enginefarm.storage.tables import utcnow
+from enginefarm.storage.tokens import Principal, authenticate, create_token, hash_token, revoke_token
+
+COOKIE = "ef_session"
+SIGNIN_COOKIE = "ef_signin"
+CSRF_FIELD = "csrf"
+CSRF_HEADER = "x-csrf-token"
+SESSION_HOURS = 12
+PATH = "/ui"
+SESSION_PREFIX = "browser session of "
+
+
+class SignInNeeded(EnginefarmError):
+    """No valid session: a page redirects to the sign-in form, a fragment or an upload gets a 401."""
+
+    status_code = 401
+
+
+class CsrfRefused(Forbidden):
+    """A form post without the session's CSRF token."""
+
+
+def csrf_token(credential: str) -> str:
+    return hmac.new(credential.encode(), b"enginefarm-ui-csrf", hashlib.sha256).hexdigest()
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int, path: str = PATH) -> None:
+    response.set_cookie(name, value, max_age=max_age, path=path, httponly=True, samesite="strict",
+                        secure=_secure(request))
+
+
+def clear_cookie(response: Response, request: Request, name: str, path: str = PATH) -> None:
+    response.delete_cookie(name, path=path, httponly=True, samesite="strict", secure=_secure(request))
+
+
+def new_signin_value() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def check_signin_csrf(request: Request, submitted: str | None) -> None:
+    expected = request.cookies.get(SIGNIN_COOKIE)
+    if not expected or not submitted or not hmac.compare_digest(expected, submitted):
+        raise CsrfRefused("the sign-in form is stale or did not come from this site: reload the sign-in page")
+
+
+def _open(settings, token: str) -> tuple[Principal, str] | None:
+    """Check the typed token and make the session credential; None when the token is not valid."""
+    with session_scope(settings) as s:
+        principal = authenticate(s, token.strip())
+        if principal is None:
+            return None
+        lifetime = timedelta(hours=SESSION_HOURS)
+        if principal.expires_at is not None:
+            lifetime = min(lifetime, principal.expires_at - utcnow())
+        # A session opened with a session belongs to the same token: revoking that one ends them all.
+        parent = principal.parent_id or principal.token_id
+        _row, credential = create_token(s, (SESSION_PREFIX + principal.name)[:100], [principal.scope], lifetime,
+                                        principal.project, parent_id=parent)
+        return principal, credential
+
+
+async def sign_in(request: Request, token: str) -> tuple[Principal, str] | None:
+    """The principal and a new session credential for a typed API token, or None for a token that is not valid."""
+    if not token or len(token) > 400:
+        return None
+    return await anyio.to_thread.run_sync(_open, request.app.state.settings, token)
+
+
+def _close(settings, credential: str) -> int | None:
+    with session_scope(settings) as s:
+        principal = authenticate(s, credential)
+        if principal is None or principal.token_id is None:
+            return None
+        revoke_token(s, principal.token_id)
+        return principal.token_id
+
+
+async def sign_out(request: Request) -> None:
+    credential = request.cookies.get(COOKIE)
+    if credential:
+        token_id = await anyio.to_thread.run_sync(_close, request.app.state.settings, credential)
+        if token_id is not None:
+            request.app.state.token_cache.forget(token_id)
+
+
+def _lookup(settings, credential: str) -> Principal | None:
+    with session_scope(settings) as s:
+        return authenticate(s, credential)
+
+
+async def current(request: Request) -> Principal | None:
+    """The signed-in principal of this request, or None. Uses the API's token cache (5 s at most)."""
+    credential = request.cookies.get(COOKIE)
+    if not credential:
+        return None
+    cache: TokenCache = request.app.state.token_cache
+    key = hash_token(credential)
+    principal = cache.get(key)
+    if principal is None:
+        principal = await anyio.to_thread.run_sync(_lookup, request.app.state.settings, credential)
+        if principal is not None:
+            cache.put(key, principal)
+    if principal is not None:
+        request.state.csrf = csrf_token(credential)
+        request.state.principal = principal
+    return principal
+
+
+async def viewer(request: Request) -> Principal:
+    """Dependency of every page: the signed-in principal with at least ``read``."""
+    principal = await current(request)
+    if principal is None:
+        raise SignInNeeded("sign in with an API token to see this page")
+    require(principal, "read", f"{request.method} {request.url.path}")
+    return principal
+
+
+async def builder(request: Request) -> Principal:
+    """Dependency of every form that changes something: a principal with ``build`` and the CSRF token."""
+    principal = await viewer(request)
+    await check_csrf(request)
+    require(principal, "build", f"{request.method} {request.url.path}")
+    return principal
+
+
+async def admin(request: Request) -> Principal:
+    principal = await viewer(request)
+    require(principal, "admin", "managing tokens")
+    return principal
+
+
+async def check_csrf(request: Request) -> None:
+    """The CSRF token from the X-CSRF-Token header (htmx, uploads) or the form's hidden field."""
+    submitted = request.headers.get(CSRF_HEADER)
+    if submitted is None and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        submitted = (await request.form()).get(CSRF_FIELD)
+    expected = getattr(request.state, "csrf", None)
+    if not expected or not isinstance(submitted, str) or not hmac.compare_digest(expected, submitted):
+        raise CsrfRefused("this form did not carry the page's CSRF token: reload the page and submit it again")

@@ -1,0 +1,61 @@
+"""Sign-in and sign-out: an API token typed into a form becomes a session cookie (see ``session``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import RedirectResponse, Response
+
+from enginefarm.api.ui import session
+from enginefarm.api.ui.render import HEADERS, page
+
+router = APIRouter(prefix="/ui")
+SIGNIN_MAX_AGE = 3600
+
+
+def _local(next_path: str | None) -> str:
+    """Where to go after signing in: a dashboard path only (never another site)."""
+    if next_path and next_path.startswith("/ui/") and not next_path.startswith("//") and "\\" not in next_path:
+        return next_path
+    return "/ui/models"
+
+
+@router.get("")
+@router.get("/")
+async def home() -> Response:
+    return RedirectResponse("/ui/models", status_code=303, headers=HEADERS)
+
+
+@router.get("/signin")
+async def signin_form(request: Request, next: str | None = None) -> Response:
+    value = session.new_signin_value()
+    response = page(request, "signin.html", next=_local(next), signin_csrf=value, problem=None)
+    session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
+    return response
+
+
+@router.post("/signin")
+async def signin(request: Request, token: str = Form(""), next: str = Form("/ui/models"),
+                 csrf: str = Form("")) -> Response:
+    session.check_signin_csrf(request, csrf)
+    opened = await session.sign_in(request, token)
+    if opened is None:
+        value = session.new_signin_value()
+        response = page(request, "signin.html", status_code=401, next=_local(next), signin_csrf=value,
+                        problem="That token is not valid: it is unknown, revoked or expired.")
+        session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
+        return response
+    _principal, credential = opened
+    response = RedirectResponse(_local(next), status_code=303, headers=HEADERS)
+    session.set_cookie(response, request, session.COOKIE, credential, session.SESSION_HOURS * 3600)
+    session.clear_cookie(response, request, session.SIGNIN_COOKIE, path="/ui/signin")
+    return response
+
+
+@router.post("/signout")
+async def signout(request: Request) -> Response:
+    await session.viewer(request)
+    await session.check_csrf(request)
+    await session.sign_out(request)
+    response = RedirectResponse("/ui/signin", status_code=303, headers=HEADERS)
+    session.clear_cookie(response, request, session.COOKIE)
+    return response

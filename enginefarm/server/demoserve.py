@@ -1,0 +1,75 @@
+"""``enginefarm demo --serve``: the demo, then its farm kept running for the dashboard.
+
+``enginefarm demo`` builds, benchmarks and resolves, then stops its farm and exits (CI and the tests run it). With
+``--serve`` the same demo runs first; then the farm starts again on the demo's data (its SQLite catalog and blob
+directory are kept in the data folder) on a fixed port, and the command prints the dashboard's address and an
+admin token to sign in with, and serves until Ctrl-C: the demo's model, its build matrix, its report chart and
+the resolver are one click away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from enginefarm.config import Settings
+from enginefarm.server.demo import run_demo
+from enginefarm.server.embedded import Farm, embedded_env, issue_token, stop_on_sigterm
+
+DEFAULT_PORT = 8321
+
+
+def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready=None) -> int:
+    """Run the embedded farm of ``data_dir`` (API + one worker) until Ctrl-C or SIGTERM, printing the dashboard's
+    address and a new admin token. ``ready(url, token)``: called once the farm is up (tests)."""
+    token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo dashboard", ["admin"])
+    farm = Farm(embedded_env(data_dir), port=port, log_dir=data_dir, token=token, stop_timeout=8)
+    try:
+        with stop_on_sigterm(), farm:
+            farm.start_api()
+            farm.start_worker("demo", concurrency=2)
+            farm.wait_workers(["demo"], restart=True)
+            console.rule("the dashboard")
+            console.print(f"open {farm.url}/ui and sign in with this token (Ctrl-C stops the farm):", highlight=False)
+            print(f"ENGINEFARM_UI={farm.url}/ui\nENGINEFARM_TOKEN={token}", flush=True)
+            if ready is not None:
+                ready(farm.url, token)
+            while True:
+                farm.supervise()
+                time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def serve_demo(data_dir: Path | None, console: Console, port: int = DEFAULT_PORT) -> int:
+    """The demo, then its farm served (``serve_farm``); the demo's exit code if it failed."""
+    data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))
+    with stop_on_sigterm():
+        code = run_demo(data_dir, console)
+    if code != 0:
+        return code
+    return serve_farm(data_dir, console, port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m enginefarm.server.demoserve", description=__doc__.split("\n")[0])
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--skip-demo", action="store_true", help="serve the data folder of a demo that already ran")
+    args = parser.parse_args(argv)
+    console = Console()
+    if args.skip_demo:
+        if args.data_dir is None:
+            parser.error("--skip-demo needs --data-dir")
+        return serve_farm(args.data_dir, console, args.port)
+    return serve_demo(args.data_dir, console, args.port)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
