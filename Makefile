@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test setup services bench clean
+.PHONY: demo test setup services bench clean compose-test
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "enginefarm needs Python 3.11 or newer")'
@@ -25,6 +25,10 @@ test: setup services
 
 services:
 	bash deploy/services.sh
+
+## deploy/compose.yaml under podman: images built, the stack up, upload/build/fetch, queued tasks across a Redis crash.
+compose-test: setup
+	$(PY) -m pytest -q tests/deploy/test_compose.py
 
 bench: setup services
 	$(PY) bench/e2e.py --mode both
