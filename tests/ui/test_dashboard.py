@@ -272,8 +272,9 @@ def test_workers_page_lists_live_workers_and_queues(built, farm, tmp_path):
     assert "worker-a" in text and "worker-b" in text and SM86 in text
     assert re.search(rf"\d+ build task\(s\) for {lonely}, the oldest for \d+ s: no live worker builds it",
                      page.inner_text("#orphans"))
-    row = page.locator("#queues tr.orphan th", has_text=lonely)
-    assert row.count() == 1 and page.locator("#queues tr", has_text=f"build {CPU}").count() == 0  # served: idle
+    # Other tests of the session may leave tasks of their own (a benchmark for sm75, say): only these rows count.
+    row = page.locator("#queues tr.orphan th", has_text=f"build {lonely}")
+    assert row.count() == 1 and page.locator("#queues tr.orphan", has_text=f"build {CPU}").count() == 0  # served
     shot(page, "workers")
     page.goto(f"{farm.url}/ui/tokens")
     assert "test-session" in page.inner_text("#tokens")
