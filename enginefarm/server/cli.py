@@ -129,11 +129,11 @@ def api(host: str = typer.Option("127.0.0.1", help="address to listen on"),
     under several workers). /metrics sums its worker processes (prometheus-client's multiprocess mode)."""
     from enginefarm.server.serve import serve_api
 
-    _metrics_dir(get_settings().data_dir / "metrics" / f"api-{port}")
+    metrics_dir(get_settings().data_dir / "metrics" / f"api-{port}")
     serve_api(host, port, workers, log_level)
 
 
-def _metrics_dir(folder: Path) -> Path:
+def metrics_dir(folder: Path) -> Path:
     """Where this process and its children keep prometheus-client's multiprocess files: ``folder``, emptied (a new
     set of processes counts from zero), unless the deployment named one (PROMETHEUS_MULTIPROC_DIR) or a parent
     (``enginefarm up``) did. Set before anything imports prometheus-client."""
@@ -191,7 +191,7 @@ def worker(
     if not chosen and not bench:
         fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
     if metrics_port is not None and lane == "both":
-        _metrics_dir(settings.data_dir / "metrics" / f"worker-{name}-{os.getpid()}")  # the lane inherits it
+        metrics_dir(settings.data_dir / "metrics" / f"worker-{name}-{os.getpid()}")  # the lane inherits it
         from enginefarm.worker import metrics  # after the folder is set: prometheus-client reads it at import
 
         metrics.serve(metrics_port)
@@ -368,7 +368,7 @@ def up(port: int = typer.Option(8321, help="the API's port"),
         os.environ["ENGINEFARM_DATA_DIR"] = str(data_dir.resolve())
         get_settings.cache_clear()
     settings = get_settings()
-    _metrics_dir(settings.data_dir / "metrics")  # one folder: the API's /metrics counts the workers' builds too
+    metrics_dir(settings.data_dir / "metrics")  # one folder: the API's /metrics counts the workers' builds too
     token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
     # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
     farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)

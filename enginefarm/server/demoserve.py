@@ -18,6 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from enginefarm.config import Settings
+from enginefarm.server.cli import metrics_dir
 from enginefarm.server.demo import run_demo
 from enginefarm.server.embedded import Farm, embedded_env, issue_token, stop_on_sigterm
 
@@ -28,6 +29,7 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
     """Run the embedded farm of ``data_dir`` (API + one worker) until Ctrl-C or SIGTERM, printing the dashboard's
     address and a new admin token. ``ready(url, token)``: called once the farm is up (tests)."""
     token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo dashboard", ["admin"])
+    metrics_dir(data_dir / "metrics")  # one folder, as `enginefarm up` has: /metrics counts the worker's builds too
     farm = Farm(embedded_env(data_dir), port=port, log_dir=data_dir, token=token, stop_timeout=8)
     try:
         with stop_on_sigterm(), farm:
