@@ -17,6 +17,7 @@ from enginefarm.api import reports, services
 from enginefarm.config import Settings
 from enginefarm.domain import TaskState, Target
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 Verdict = Literal["pass", "fail", "pending"]
@@ -120,7 +121,7 @@ def evaluate(session: Session, settings: Settings, model_id: int, project: str |
                                              f"{', '.join(tasks)}")
     engines = catalog.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
     checks = reports.engine_checks(session, settings, list(engines.values()))
-    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    served = liveness.served_targets(session, settings.worker_ttl_seconds)
     previous, baseline = reports.previous_measurements(session, model)
     judge = _Judge(max_regression_pct, previous, baseline)
     out = []

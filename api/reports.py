@@ -11,6 +11,7 @@ from enginefarm.config import Settings
 from enginefarm.domain import TaskState, Target
 from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
 from enginefarm.probe import benchmark_pending_reason
 
@@ -20,7 +21,7 @@ LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]) -> dict[int, dict[str, Any]]:
     """Engine id → the state of its benchmark and accuracy check, with the pending reason."""
     tasks = catalog.benchmark_tasks_of(session, [e.id for e in engines])
-    served = catalog.served_bench_targets(session, settings.worker_ttl_seconds)
+    served = liveness.served_bench_targets(session, settings.worker_ttl_seconds)
     return {e.id: check_status(e, tasks.get(e.id, []), served) for e in engines}
 
 

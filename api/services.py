@@ -20,6 +20,7 @@ from enginefarm.validation import parse_targets, validate_spec
 from enginefarm.errors import SpecInvalid, TargetUnavailable
 from enginefarm.graph.inputs import benchmark_shape_problems
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import BuildRow, ModelRow
 from enginefarm.storage import queue
@@ -93,7 +94,7 @@ def submit_build(settings: Settings, model_id: int, target_texts: list[str], spe
         model, targets, spec, problems = _validated(settings, s, model_id, target_texts, spec_payload, project=project)
         if problems:
             raise SpecInvalid(f"the build request has {len(problems)} problem(s)", problems=problems)
-        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        served = liveness.served_targets(s, settings.worker_ttl_seconds)
         catalog.hold_admission(s)
         build, publish = _create_build(s, model, targets, spec, served, token_id=token_id)
         admission.admit(settings, s, [build], served, token_id=token_id, queue_without_worker=queue_without_worker)
@@ -156,7 +157,7 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
             raise SpecInvalid("two variants of the sweep are the same spec",
                               problems=[{"loc": ["axes"], "msg": "the axes repeat a value"}])
         model, targets = checked[0][1][0], checked[0][1][1]
-        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        served = liveness.served_targets(s, settings.worker_ttl_seconds)
         catalog.hold_admission(s)
         sweep = catalog.add_sweep(s, model, axes, [str(t) for t in targets])
         builds = []
@@ -257,7 +258,7 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
     with session_scope(settings) as s:
         rows = catalog.find_models(s, model, project=project)  # every version, newest first
         row = catalog.find_models(s, model, version, project)[0] if version and version != "latest" else rows[0]
-        served = catalog.served_targets(s, settings.worker_ttl_seconds)
+        served = liveness.served_targets(s, settings.worker_ttl_seconds)
         target, note = pick_target(machine, served)
         every = [r.id for r in rows]
         if spec_hash:

@@ -5,19 +5,17 @@ Routes and tasks call these with a session from ``storage.db.session_scope``.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, case, delete, func, select, text, update
+from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from enginefarm.domain import BACKEND_MODULES, Backend, EngineDescriptor, ModelInfo, Target, TaskState
+from enginefarm.domain import Backend, EngineDescriptor, ModelInfo, Target, TaskState
 from enginefarm.spec import BuildSpec
 from enginefarm.shapes import engine_profiles
 from enginefarm.errors import Conflict, NotFound
-from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import (
     BenchmarkRow,
     BenchmarkTaskRow,
@@ -26,7 +24,6 @@ from enginefarm.storage.tables import (
     EngineRow,
     ModelRow,
     SweepRow,
-    WorkerRow,
     utcnow,
 )
 
@@ -429,58 +426,6 @@ def latest_build(session: Session, model_ids: list[int], *, spec_hash: str | Non
     return None
 
 
-# --------------------------------------------------------------------------- workers
-
-
-def heartbeat(session: Session, worker_id: str, hostname: str, targets: list[str], probe: dict,
-              bench_targets: list[str] | None = None) -> None:
-    row = session.get(WorkerRow, worker_id)
-    if row is None:
-        session.add(WorkerRow(id=worker_id, hostname=hostname, targets=targets, probe=probe,
-                              bench_targets=bench_targets or []))
-    else:
-        row.targets, row.probe, row.last_seen = targets, probe, utcnow()
-        row.bench_targets = bench_targets or []
-
-
-def remove_worker(session: Session, worker_id: str) -> None:
-    row = session.get(WorkerRow, worker_id)
-    if row is not None:
-        session.delete(row)
-
-
-def prune_workers(session: Session, older_than_seconds: float) -> int:
-    """Forget workers silent for this long; returns how many. Every process start is a new worker id, so a
-    killed worker's row is never removed by its own shutdown. One that was only stalled writes its row again
-    at its next heartbeat."""
-    cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than_seconds)
-    return session.execute(delete(WorkerRow).where(WorkerRow.last_seen < cutoff)).rowcount or 0
-
-
-def live_workers(session: Session, ttl_seconds: float) -> list[WorkerRow]:
-    cutoff = datetime.now(timezone.utc) - timedelta(seconds=ttl_seconds)
-    rows = session.scalars(select(WorkerRow).order_by(WorkerRow.id)).all()
-    return [r for r in rows if as_utc(r.last_seen) >= cutoff]
-
-
-def served_targets(session: Session, ttl_seconds: float) -> dict[str, set[str]]:
-    """Target → backend versions that live workers build it with."""
-    served: dict[str, set[str]] = {}
-    for row in live_workers(session, ttl_seconds):
-        modules = (row.probe or {}).get("modules", {})
-        for target in row.targets:
-            module = BACKEND_MODULES[Target.parse(target).backend]
-            served.setdefault(target, set())
-            if modules.get(module):
-                served[target].add(modules[module])
-    return served
-
-
-def served_bench_targets(session: Session, ttl_seconds: float) -> set[str]:
-    """Targets whose engines some live worker can run, so benchmark."""
-    return {t for row in live_workers(session, ttl_seconds) for t in (row.bench_targets or [])}
-
-
 # --------------------------------------------------------------------------- benchmark stage
 
 
@@ -597,80 +542,3 @@ def builds_by_spec(session: Session, model_ids: list[int]) -> dict[str, BuildRow
     for row in session.scalars(select(BuildRow).where(BuildRow.model_id.in_(model_ids)).order_by(BuildRow.id)):
         out[row.spec_hash] = row
     return out
-
-
-# --------------------------------------------------------------------------- reconciliation
-
-
-def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow]]:
-    """Running tasks whose worker stopped sending heartbeats go back to the queue (to be published again)."""
-    builds = [t for t in session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.RUNNING.value))
-              if t.worker_id not in live_worker_ids]
-    benches = [t for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
-               if t.worker_id not in live_worker_ids]
-    for t in [*builds, *benches]:
-        t.error = abandoned_reason(t.worker_id)
-        t.state, t.worker_id, t.started_at = TaskState.QUEUED.value, None, None
-    return builds, benches
-
-
-def abandoned_reason(worker_id: str) -> str:
-    return f"requeued: worker {worker_id} stopped sending heartbeats"
-
-
-def reclaim_tasks(session: Session, worker_id: str, build_ids: list[int], bench_ids: list[int]) -> int:
-    """A worker that was only late (starved of CPU, paused) takes back the tasks it is still running that the
-    reconciler requeued for its silence, unless another worker claimed them meanwhile. Only tasks requeued
-    for this worker's silence: one put back in the queue for a retry must stay there for its new message."""
-    taken = 0
-    for table, ids in ((BuildTaskRow, build_ids), (BenchmarkTaskRow, bench_ids)):
-        if ids:
-            taken += session.execute(
-                update(table).where(table.id.in_(ids), table.state == TaskState.QUEUED.value, table.worker_id.is_(None),
-                                    table.error == abandoned_reason(worker_id))
-                .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), error=None)
-            ).rowcount
-    return taken
-
-
-def release_tasks(session: Session, worker_id: str, reason: str, build_ids: list[int] | None = None,
-                  bench_ids: list[int] | None = None) -> list[tuple[str, int, str]]:
-    """A stopping worker puts back in the queue the tasks still running under its id (only those of ``build_ids``
-    and ``bench_ids`` where given), without counting the attempt: the task did not fail, its worker left. Returns
-    ``(kind, id, target)`` of each, as ``storage.queue.publish`` takes them."""
-    released: list[tuple[str, int, str]] = []
-    for kind, table, ids in (("build", BuildTaskRow, build_ids), ("bench", BenchmarkTaskRow, bench_ids)):
-        if ids is not None and not ids:
-            continue
-        mine = (table.state == TaskState.RUNNING.value) & (table.worker_id == worker_id)
-        if ids is not None:
-            mine = mine & table.id.in_(ids)
-        rows = session.execute(select(table.id, table.target).where(mine).with_for_update()).all()
-        if rows:
-            session.execute(update(table).where(mine, table.id.in_([r.id for r in rows])).values(
-                state=TaskState.QUEUED.value, worker_id=None, started_at=None, error=reason,
-                attempts=case((table.attempts > 0, table.attempts - 1), else_=0)))
-        released += [(kind, r.id, r.target) for r in rows]
-    return released
-
-
-def release_quantize(session: Session, build_id: int, worker_id: str, reason: str) -> bool:
-    """A stopping worker puts back in the queue the quantization stage it runs; False when it is not its own."""
-    build = session.scalars(select(BuildRow).where(BuildRow.id == build_id).with_for_update()).first()
-    stage = (build.quantize or {}) if build is not None else {}
-    if stage.get("state") != TaskState.RUNNING.value or stage.get("worker_id") != worker_id:
-        return False
-    build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None, "error": reason}
-    return True
-
-
-def queued_since(session: Session, cutoff: datetime) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:
-    """Build and benchmark tasks queued before ``cutoff``, and builds whose quantization is queued."""
-    builds = list(session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.QUEUED.value,
-                                                             BuildTaskRow.queued_at < cutoff)))
-    benches = list(session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.QUEUED.value,
-                                                                  BenchmarkTaskRow.queued_at < cutoff)))
-    ids = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
-    waiting = [b for b in session.scalars(select(BuildRow).where(BuildRow.id.in_(ids), BuildRow.created_at < cutoff))
-               if (b.quantize or {}).get("state") == TaskState.QUEUED.value]
-    return builds, benches, waiting

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
 from enginefarm.domain import QUANTIZE_QUEUE, Target
-from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.leader import Leadership
 from enginefarm.storage.queue import publish, queue_size
@@ -30,11 +30,11 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
     """One pass; returns how many tasks it requeued and republished."""
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=settings.republish_after_seconds)
     with session_scope(settings) as s:
-        catalog.prune_workers(s, max(FORGET_WORKERS_AFTER_S, 10 * settings.worker_ttl_seconds))
-        live = {w.id for w in catalog.live_workers(s, settings.worker_ttl_seconds)}
-        lost_builds, lost_benches = catalog.requeue_abandoned(s, live)
+        liveness.prune_workers(s, max(FORGET_WORKERS_AFTER_S, 10 * settings.worker_ttl_seconds))
+        live = {w.id for w in liveness.live_workers(s, settings.worker_ttl_seconds)}
+        lost_builds, lost_benches = liveness.requeue_abandoned(s, live)
         requeued = [("build", t.id, t.target) for t in lost_builds] + [("bench", t.id, t.target) for t in lost_benches]
-        builds, benches, waiting = catalog.queued_since(s, cutoff)
+        builds, benches, waiting = liveness.queued_since(s, cutoff)
         stale = [("build", t.id, t.target) for t in builds] + [("bench", t.id, t.target) for t in benches]
         stale += [("quantize", b.id, None) for b in waiting]
     sizes: dict[str, int] = {}

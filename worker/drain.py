@@ -27,7 +27,7 @@ import threading
 import time
 
 from enginefarm.config import Settings
-from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import in_transaction
 from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, publish
 
@@ -109,10 +109,10 @@ class Drain:
         ids = {kind: [i for k, i in requests if k == kind] for kind in KINDS.values()}
         reason = requeue_reason(self.worker_id, self.grace)
         try:
-            released = in_transaction(catalog.release_tasks, self.worker_id, reason, build_ids=ids["build"],
+            released = in_transaction(liveness.release_tasks, self.worker_id, reason, build_ids=ids["build"],
                                       bench_ids=ids["bench"], settings=self.settings, patience_s=DB_PATIENCE_S)
             released += [("quantize", i, None) for i in ids["quantize"]
-                         if in_transaction(catalog.release_quantize, i, self.worker_id, reason, settings=self.settings,
+                         if in_transaction(liveness.release_quantize, i, self.worker_id, reason, settings=self.settings,
                                            patience_s=DB_PATIENCE_S)]
         except Exception:  # the catalog is down: the reconciler requeues them once this worker's row falls silent
             log.warning("could not put the running tasks back in the catalog", exc_info=True)
@@ -144,7 +144,7 @@ class Drain:
             return
         self._finished = True
         try:
-            left = in_transaction(catalog.release_tasks, self.worker_id, requeue_reason(self.worker_id),
+            left = in_transaction(liveness.release_tasks, self.worker_id, requeue_reason(self.worker_id),
                                   settings=self.settings, patience_s=DB_PATIENCE_S)
         except Exception:
             log.warning("could not put the tasks left running back in the catalog", exc_info=True)

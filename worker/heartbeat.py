@@ -7,7 +7,7 @@ import socket
 import threading
 
 from enginefarm.config import Settings
-from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,9 @@ class Heartbeat:
         builds, benches = running_tasks()
         with session_scope(self.settings) as s:
             if self.row:
-                catalog.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe,
+                liveness.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe,
                                   self.bench_targets)
-            taken = catalog.reclaim_tasks(s, self.worker_id, builds, benches)
+            taken = liveness.reclaim_tasks(s, self.worker_id, builds, benches)
         if taken:
             log.warning("took back %d running task(s) requeued while this worker was silent", taken)
 
@@ -76,6 +76,6 @@ class Heartbeat:
             return
         try:
             with session_scope(self.settings) as s:
-                catalog.remove_worker(s, self.worker_id)
+                liveness.remove_worker(s, self.worker_id)
         except Exception:
             log.warning("could not remove worker row on shutdown", exc_info=True)

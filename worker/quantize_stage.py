@@ -9,6 +9,7 @@ from enginefarm.spec import BuildSpec
 from enginefarm.errors import SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.hashing import sha256_file
 from enginefarm.storage.blobwrite import store_with_row
@@ -57,7 +58,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 s, name=name, version=f"{version}-int8-{sha[:8]}", sha256=sha, fmt=inspected.format,
                 size=out.stat().st_size, info=inspected.info, blob_key=key, source=source, derivation=derivation)
             build = catalog.get_build(s, build_id)
-            served = catalog.served_targets(s, settings.worker_ttl_seconds)
+            served = liveness.served_targets(s, settings.worker_ttl_seconds)
             queued, checks = catalog.release_waiting(s, build, derived, served)
             catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=derived.id,
                                  derived_version=derived.version, report=report.to_dict())

@@ -12,6 +12,7 @@ from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, p
 from enginefarm.api.schemas import BuildOut, BuildRequest, build_out
 from enginefarm.config import Settings
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.tables import BuildRow
 from enginefarm.storage.tokens import Principal
 
@@ -19,7 +20,7 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"
 
 
 def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
-    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    served = liveness.served_targets(session, settings.worker_ttl_seconds)
     return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
                      reports.build_checks(session, settings, row))
 

@@ -9,7 +9,7 @@ from enginefarm.api.auth import authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.schemas import WorkerOut
 from enginefarm.config import Settings
-from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 
 router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 
@@ -17,4 +17,4 @@ router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 @router.get("/v1/workers", response_model=list[WorkerOut], dependencies=[Depends(authorize)])
 def list_workers(session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
     """Workers that sent a heartbeat within the TTL, with the targets they build."""
-    return [WorkerOut.of(r) for r in catalog.live_workers(session, settings.worker_ttl_seconds)]
+    return [WorkerOut.of(r) for r in liveness.live_workers(session, settings.worker_ttl_seconds)]

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from enginefarm.api import reports, services
 from enginefarm.config import Settings
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import BuildTaskRow, ModelRow
 
@@ -68,7 +69,7 @@ def _cell(task: BuildTaskRow, served: dict[str, set[str]]) -> Cell:
 def model_matrix(session: Session, settings: Settings, model: ModelRow, project: str | None) -> Matrix:
     """The matrix of ``model``'s name: its newest versions (MAX_VERSIONS), each version's newest task per target."""
     versions = catalog.find_models(session, model.name, project=model.project)[:MAX_VERSIONS]
-    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    served = liveness.served_targets(session, settings.worker_ttl_seconds)
     matrix = Matrix(versions=versions, targets=[])
     targets: set[str] = set()
     for version in versions:

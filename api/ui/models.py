@@ -18,6 +18,7 @@ from enginefarm.api.ui.matrix import model_matrix
 from enginefarm.api.ui.render import is_fragment, page
 from enginefarm.config import Settings
 from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import Principal
 
@@ -56,7 +57,7 @@ def model_page(request: Request, model_id: RowId, principal: Principal = Depends
                session: Session = Depends(session_dep, scope="function"),
                settings: Settings = Depends(settings_dep)) -> Response:
     context = _model_context(session, settings, model_id, principal)
-    served = catalog.served_targets(session, settings.worker_ttl_seconds)
+    served = liveness.served_targets(session, settings.worker_ttl_seconds)
     context.update(form=form_fields(context["model"]), served=sorted(served))
     return page(request, "model.html", **context)
 

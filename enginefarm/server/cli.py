@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -20,6 +19,7 @@ from rich.table import Table
 
 from enginefarm.client.terminal import console, err, fail, need
 from enginefarm.config import get_settings
+from enginefarm.server.metricsdir import metrics_dir
 
 app = typer.Typer()
 token_app = typer.Typer(help="API tokens (works on the catalog database directly: run it where the farm's settings are).",
@@ -131,18 +131,6 @@ def api(host: str = typer.Option("127.0.0.1", help="address to listen on"),
 
     metrics_dir(get_settings().data_dir / "metrics" / f"api-{port}")
     serve_api(host, port, workers, log_level)
-
-
-def metrics_dir(folder: Path) -> Path:
-    """Where this process and its children keep prometheus-client's multiprocess files: ``folder``, emptied (a new
-    set of processes counts from zero), unless the deployment named one (PROMETHEUS_MULTIPROC_DIR) or a parent
-    (``enginefarm up``) did. Set before anything imports prometheus-client."""
-    if given := os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        return Path(given)
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
-    return folder
 
 
 @app.command()
@@ -390,7 +378,6 @@ def up(port: int = typer.Option(8321, help="the API's port"),
 
 
 # ------------------------------------------------------------------------------ client commands
-
 
 
 @app.command()

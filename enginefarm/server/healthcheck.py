@@ -58,7 +58,7 @@ def check_worker(args: list[str]) -> str:
     from sqlalchemy import select
 
     from enginefarm.config import get_settings
-    from enginefarm.storage.catalog import live_workers
+    from enginefarm.storage.liveness import live_workers
     from enginefarm.storage.db import quick_read
     from enginefarm.storage.tables import WorkerRow
 

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from enginefarm.client import Client
 from enginefarm.domain import TaskState
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
 from enginefarm.storage.blobs.base import PartialUpload
 from enginefarm.storage.blobs.s3 import S3BlobStore
@@ -60,7 +60,7 @@ def wait_until_no_blob_writes(settings, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while True:
         with session_scope(settings) as s:
-            served = catalog.served_targets(s, settings.worker_ttl_seconds)
+            served = liveness.served_targets(s, settings.worker_ttl_seconds)
             busy = [t.id for t in s.scalars(select(BuildTaskRow).where(BuildTaskRow.state.in_(BUSY)))
                     if t.state == TaskState.RUNNING.value or t.target in served]
             busy += [b.id for b in s.scalars(select(BuildRow).where(BuildRow.quantize.is_not(None)))

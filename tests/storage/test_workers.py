@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
-from enginefarm.storage import catalog
+from enginefarm.storage import liveness
 from enginefarm.storage.db import migrate, session_scope
 from enginefarm.storage.tables import WorkerRow
 
@@ -14,11 +14,11 @@ def test_workers_silent_past_the_limit_are_forgotten_and_live_ones_kept(tmp_path
     settings = Settings(data_dir=tmp_path / "farm")
     migrate(settings)
     with session_scope(settings) as s:
-        catalog.heartbeat(s, "w@host/dead0001", "host", ["onnxruntime/cpu-x86_64"], {})
-        catalog.heartbeat(s, "w@host/live0002", "host", ["onnxruntime/cpu-x86_64"], {})
+        liveness.heartbeat(s, "w@host/dead0001", "host", ["onnxruntime/cpu-x86_64"], {})
+        liveness.heartbeat(s, "w@host/live0002", "host", ["onnxruntime/cpu-x86_64"], {})
     with session_scope(settings) as s:
         s.get(WorkerRow, "w@host/dead0001").last_seen = datetime.now(timezone.utc) - timedelta(hours=2)
     with session_scope(settings) as s:
-        assert catalog.prune_workers(s, 3600) == 1
+        assert liveness.prune_workers(s, 3600) == 1
     with session_scope(settings) as s:
         assert [w.id for w in s.query(WorkerRow)] == ["w@host/live0002"]
