@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                      ("uvicorn, one worker (httptools, uvloop):  ", one), ("uvicorn, one worker, h11 on asyncio:     ", h11)):
         print(f"  {label} {r[0]:6.1f} / {r[1]:6.1f}   {r[2]:5.2f}")
     print(f"ratio ours/baseline p50: {ours[0] / baseline[0]:.3f}")
-    print(f"ratio httptools+uvloop / h11+asyncio, CPU per request: {one[2] / h11[2]:.3f}")
+    if h11[2] > 0:
+        print(f"ratio httptools+uvloop / h11+asyncio, CPU per request: {one[2] / h11[2]:.3f}")
+    else:  # CPU is read in clock ticks (10 ms): a few requests may not add up to one
+        print("ratio httptools+uvloop / h11+asyncio, CPU per request: too little CPU to measure; use more --requests")
     return 0
 
 
