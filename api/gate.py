@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 from enginefarm.api import reports, services
 from enginefarm.config import Settings
 from enginefarm.domain import TaskState, Target
-from enginefarm.storage import catalog
+from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
+from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 Verdict = Literal["pass", "fail", "pending"]
@@ -120,10 +121,12 @@ def evaluate(session: Session, settings: Settings, model_id: int, project: str |
         raise _bad_query("targets", missing, f"build {build_id} has no task for {', '.join(missing)}; its targets: "
                                              f"{', '.join(tasks)}")
     engines = catalog.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
-    checks = reports.engine_checks(session, settings, list(engines.values()))
+    # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
+    view = project_checks.project_view(session, list(engines.values()), model.project)
+    checks = reports.engine_checks(session, settings, list(engines.values()), view)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
-    previous, baseline = reports.previous_measurements(session, model)
-    judge = _Judge(max_regression_pct, previous, baseline)
+    previous, baseline, _ = reports.previous_measurements(session, model)
+    judge = _Judge(max_regression_pct, previous, baseline, view)
     out = []
     for name in names:
         task = tasks.get(name)
@@ -170,8 +173,8 @@ def _reason(verdict: Verdict, checks: list[GateCheck], pending: str, any_target:
 
 
 class _Judge:
-    def __init__(self, max_regression_pct: float, previous: ModelRow | None, baseline: dict):
-        self.limit, self.previous, self.baseline = max_regression_pct, previous, baseline
+    def __init__(self, max_regression_pct: float, previous: ModelRow | None, baseline: dict, view: ProjectView):
+        self.limit, self.previous, self.baseline, self.view = max_regression_pct, previous, baseline, view
 
     def target(self, name: str, task: BuildTaskRow | None, engine: EngineRow | None,
                check: dict[str, Any] | None, served: dict[str, set[str]]) -> list[GateCheck]:
@@ -205,10 +208,9 @@ class _Judge:
                          in_progress=not (task.state == TaskState.QUEUED.value and task.target not in served),
                          reason=detail or f"build {task.state}")
 
-    @staticmethod
-    def _benchmark(name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
+    def _benchmark(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
         shapes = [{"shape_key": b.shape_key, "device": b.stats.get("device") or b.gpu_name, "median_ms": b.median_ms,
-                   "p99_ms": b.p99_ms, "throughput_qps": b.throughput_qps} for b in engine.benchmarks]
+                   "p99_ms": b.p99_ms, "throughput_qps": b.throughput_qps} for b in self.view.benchmarks(engine)]
         state, detail = check["state"], check["detail"]
         if state == "succeeded" and shapes:
             where = ", ".join(f"{s['shape_key']} {s['median_ms']:.3f} ms" for s in shapes)
@@ -219,21 +221,21 @@ class _Judge:
         return GateCheck(target=name, check="benchmark", verdict="pending", in_progress=check["in_progress"],
                          reason=detail or f"benchmark {state}", numbers={"shapes": shapes})
 
-    @staticmethod
-    def _accuracy(name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
-        result = engine.accuracy or {}
+    def _accuracy(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
+        result = self.view.accuracy(engine) or {}
+        passed = self.view.accuracy_pass(engine)
         numbers = {"metrics": result.get("worst", {}), "limits": result.get("limits", {}),
                    "reference": result.get("reference")}
         if check["in_progress"]:  # a new check of this engine is under way: its verdict is the one that counts
             return GateCheck(target=name, check="accuracy", verdict="pending", in_progress=True,
                              reason=check["detail"] or "accuracy check under way", numbers=numbers)
-        if engine.accuracy_pass is True:
+        if passed is True:
             cosine = numbers["metrics"].get("cosine")
             shown = f" (cosine {cosine:.6f})" if isinstance(cosine, float) else ""
             return GateCheck(target=name, check="accuracy", verdict="pass", numbers=numbers,
                              reason=f"outputs match {numbers['reference'] or 'the reference'} within the limits{shown}")
-        if engine.accuracy_pass is False:
-            broken = "; ".join(result.get("failures") or []) or "outside the limits"
+        if passed is False:
+            broken = "; ".join(result.get("failures") or []) or result.get("error") or "outside the limits"
             return GateCheck(target=name, check="accuracy", verdict="fail", numbers=numbers,
                              reason=f"accuracy check failed: {broken}")
         if check["state"] == "failed":
@@ -245,18 +247,19 @@ class _Judge:
     def _latency(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
         numbers: dict[str, Any] = {"limit_pct": self.limit,
                                    "previous_version": self.previous.version if self.previous else None}
-        if check["in_progress"] or (not engine.benchmarks and check["state"] != "failed"):
+        measured = self.view.benchmarks(engine)
+        if check["in_progress"] or (not measured and check["state"] != "failed"):
             return GateCheck(target=name, check="latency_regression", verdict="pending",
                              in_progress=check["in_progress"], numbers=numbers,
                              reason=f"no latency to compare yet: {check['detail'] or check['state']}")
-        if not engine.benchmarks:
+        if not measured:
             return GateCheck(target=name, check="latency_regression", verdict="fail", numbers=numbers,
                              reason=f"no latency measured: {check['detail']}")
         if self.previous is None:
             return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
                              reason="first version of the model: nothing to compare against")
         compared = []
-        for b in engine.benchmarks:
+        for b in measured:
             match = self.baseline.get(reports.measurement_key(engine, b))
             if match is None:
                 continue

@@ -10,37 +10,41 @@ from sqlalchemy.orm import Session
 from enginefarm.config import Settings
 from enginefarm.domain import TaskState, Target
 from enginefarm.spec import DEFAULT_SHAPE_KEY
-from enginefarm.storage import catalog
+from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
+from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
 from enginefarm.probe import benchmark_pending_reason
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
 
-def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]) -> dict[int, dict[str, Any]]:
-    """Engine id → the state of its benchmark and accuracy check, with the pending reason."""
-    tasks = catalog.benchmark_tasks_of(session, [e.id for e in engines])
+def engine_checks(session: Session, settings: Settings, engines: list[EngineRow],
+                  view: ProjectView) -> dict[int, dict[str, Any]]:
+    """Engine id → the state of the project's benchmark and accuracy check of it, with the pending reason."""
+    tasks = project_checks.benchmark_tasks_of(session, [e.id for e in engines], view.project)
     served = liveness.served_bench_targets(session, settings.worker_ttl_seconds)
-    return {e.id: check_status(e, tasks.get(e.id, []), served) for e in engines}
+    return {e.id: check_status(e, tasks.get(e.id, []), served, view) for e in engines}
 
 
 def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
-    """Build task id → the check of the engine it made (or reused), with the accuracy verdict."""
+    """Build task id → the check of the engine it made (or reused), with the build's project's accuracy verdict."""
     engines = catalog.engines_by_id(session, [t.engine_id for t in build.tasks if t.engine_id])
-    checks = engine_checks(session, settings, list(engines.values()))
+    view = project_checks.project_view(session, list(engines.values()), build.model.project)
+    checks = engine_checks(session, settings, list(engines.values()), view)
     out = {}
     for task in build.tasks:
         if task.engine_id in checks:
             engine = engines[task.engine_id]
-            out[task.id] = {**checks[task.engine_id], "accuracy_pass": engine.accuracy_pass}
+            out[task.id] = {**checks[task.engine_id], "accuracy_pass": view.accuracy_pass(engine)}
     return out
 
 
-def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str]) -> dict[str, Any]:
+def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str],
+                 view: ProjectView) -> dict[str, Any]:
     """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
     latest = tasks[-1] if tasks else None
-    status = _check_status(engine, latest, bench_served)
+    status = _check_status(engine, latest, bench_served, view)
     # A check a live worker will finish (queued where one serves it, or running): worth waiting for.
     status["in_progress"] = latest is not None and (
         latest.state == TaskState.RUNNING.value or (latest.state == TaskState.QUEUED.value and latest.target in bench_served))
@@ -49,9 +53,10 @@ def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served:
     return status
 
 
-def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str]) -> dict[str, Any]:
+def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str],
+                  view: ProjectView) -> dict[str, Any]:
     if latest is None:
-        done = bool(engine.benchmarks) or engine.accuracy is not None
+        done = bool(view.benchmarks(engine)) or view.verdict(engine) is not None
         return {"state": "succeeded" if done else "none",
                 "detail": None if done else "never benchmarked: built before the benchmark stage, or with checks turned "
                                            "off; build it again with checks on to queue them (the engine is reused)"}
@@ -83,14 +88,16 @@ def _preparation(spec: dict[str, Any]) -> str | None:
     return "; ".join(parts) or None
 
 
-def headline(engine: EngineRow) -> BenchmarkRow | None:
+def headline(engine: EngineRow, view: ProjectView) -> BenchmarkRow | None:
     """The benchmark a variant is ranked by: at the opt shapes (else the first shape), fastest device."""
-    rows = engine.benchmarks
+    rows = view.benchmarks(engine)
+    if not rows:
+        return None
     at_opt = [b for b in rows if b.shape_key == DEFAULT_SHAPE_KEY] or [b for b in rows if b.shape_key == rows[0].shape_key]
     return min(at_opt, key=lambda b: b.median_ms, default=None)
 
 
-def best_per_target(engines: list[EngineRow]) -> dict[str, int | None]:
+def best_per_target(engines: list[EngineRow], view: ProjectView) -> dict[str, int | None]:
     """Target → the fastest engine among those that passed the accuracy gate, where the target has several
     variants; None while no variant has both a measurement and a passed check."""
     by_target: dict[str, list[EngineRow]] = {}
@@ -100,17 +107,18 @@ def best_per_target(engines: list[EngineRow]) -> dict[str, int | None]:
     for target, group in by_target.items():
         if len(group) < 2:
             continue
-        passed = [(h.median_ms, e.id) for e in group if e.accuracy_pass and (h := headline(e)) is not None]
+        passed = [(h.median_ms, e.id) for e in group if view.accuracy_pass(e) and (h := headline(e, view)) is not None]
         best[target] = min(passed)[1] if passed else None
     return best
 
 
-def _accuracy_of(engine: EngineRow) -> dict[str, Any] | None:
-    if engine.accuracy is None:
+def _accuracy_of(engine: EngineRow, view: ProjectView) -> dict[str, Any] | None:
+    result = view.accuracy(engine)
+    if result is None:
         return None
-    return {"pass": engine.accuracy_pass, "metrics": engine.accuracy.get("worst", {}),
-            "limits": engine.accuracy.get("limits", {}), "reference": engine.accuracy.get("reference"),
-            "inputs": engine.accuracy.get("inputs")}
+    return {"pass": view.accuracy_pass(engine), "metrics": result.get("worst", {}),
+            "limits": result.get("limits", {}), "reference": result.get("reference"), "inputs": result.get("inputs"),
+            "error": result.get("error")}
 
 
 def _phase(stats: dict, name: str) -> dict | None:
@@ -118,12 +126,13 @@ def _phase(stats: dict, name: str) -> dict | None:
     return {k: phase[k] for k in LATENCY_KEYS if k in phase} if phase else None
 
 
-def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, previous: EngineRow) -> dict[str, Any]:
+def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, previous: EngineRow,
+                view: ProjectView) -> dict[str, Any]:
     def delta(a, b):
         return None if a is None or b is None else a - b
 
-    cos_now = (engine.accuracy or {}).get("worst", {}).get("cosine")
-    cos_before = (previous.accuracy or {}).get("worst", {}).get("cosine")
+    cos_now = (view.accuracy(engine) or {}).get("worst", {}).get("cosine")
+    cos_before = (view.accuracy(previous) or {}).get("worst", {}).get("cosine")
     return {"previous_engine_id": previous.id, "median_ms": before.median_ms,
             "median_ms_delta": now.median_ms - before.median_ms,
             "median_ratio": now.median_ms / before.median_ms if before.median_ms else None,
@@ -140,16 +149,19 @@ def measurement_key(engine: EngineRow, bench: BenchmarkRow) -> tuple:
 
 
 def previous_measurements(session: Session, model: ModelRow
-                          ) -> tuple[ModelRow | None, dict[tuple, tuple[EngineRow, BenchmarkRow]]]:
-    """Version N-1 of an uploaded model (derived models are variants, never versions) and its measurements by
-    ``measurement_key``: the baseline of the report's deltas and of the regression gate."""
+                          ) -> tuple[ModelRow | None, dict[tuple, tuple[EngineRow, BenchmarkRow]], ProjectView]:
+    """Version N-1 of an uploaded model (derived models are variants, never versions) and the model's project's
+    measurements of it by ``measurement_key``: the baseline of the report's deltas and of the regression gate; and
+    that project's view of N-1's engines."""
     previous = catalog.previous_version(session, model)
     before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
-    if previous is not None:
-        for e in catalog.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]):
-            for b in e.benchmarks:
-                before.setdefault(measurement_key(e, b), (e, b))
-    return previous, before
+    engines = catalog.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]) \
+        if previous is not None else []
+    view = project_checks.project_view(session, engines, model.project)
+    for e in engines:
+        for b in view.benchmarks(e):
+            before.setdefault(measurement_key(e, b), (e, b))
+    return previous, before, view
 
 
 def model_report(session: Session, settings: Settings, model_id: int, project: str | None = None) -> dict[str, Any]:
@@ -160,10 +172,13 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
         model = catalog.get_model(session, model.source_model_id)
     family = [model, *catalog.derived_models(session, model)]
     engines = catalog.engines_of_models(session, family)
-    checks = engine_checks(session, settings, engines)
+    # The model's project's evidence only: another project's checks of the same bytes are not this report's.
+    view = project_checks.project_view(session, engines, model.project)
+    checks = engine_checks(session, settings, engines, view)
     builds = catalog.builds_by_spec(session, [m.id for m in family])
-    best = best_per_target(engines)
-    previous, before = previous_measurements(session, model)
+    best = best_per_target(engines, view)
+    previous, before, before_view = previous_measurements(session, model)
+    view.verdicts.update(before_view.verdicts)
     rows = []
     for e in engines:
         build = builds.get(e.spec_hash)
@@ -172,24 +187,25 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
                                                       _label(build.spec if build else {"precision": e.precision})),
                 "best": (best[e.target] == e.id) if e.target in best else None, "size": e.size,
                 "profiles": e.profiles or [],
-                "accuracy": _accuracy_of(e), "derived_from": model.id if e.model_sha256 != model.sha256 else None,
+                "accuracy": _accuracy_of(e, view), "derived_from": model.id if e.model_sha256 != model.sha256 else None,
                 "preparation": _preparation(build.spec) if build else None,
                 "check": {"state": checks[e.id]["state"], "detail": checks[e.id]["detail"]}}
-        if not e.benchmarks:
+        measured = view.benchmarks(e)
+        if not measured:
             status = checks[e.id]
             rows.append({**base, "shape_key": None, "batch": None, "device": None,
                          "status": "failed" if status["state"] == "failed" else "pending", "detail": status["detail"],
                          "latency_ms": None, "compute_ms": None, "h2d_ms": None, "d2h_ms": None,
                          "throughput_qps": None, "regression": None})
             continue
-        for b in e.benchmarks:
+        for b in measured:
             match = before.get(measurement_key(e, b))
             rows.append({**base, "shape_key": b.shape_key, "shapes": b.shapes, "batch": b.stats.get("batch"),
                          "device": b.stats.get("device") or b.gpu_name, "status": "measured", "detail": None,
                          "latency_ms": _phase(b.stats, "e2e"), "compute_ms": _phase(b.stats, "compute"),
                          "h2d_ms": _phase(b.stats, "h2d"), "d2h_ms": _phase(b.stats, "d2h"),
                          "throughput_qps": b.throughput_qps, "stats": b.stats, "measured_at": b.created_at.isoformat(),
-                         "regression": _regression(b, match[1], e, match[0]) if match else None})
+                         "regression": _regression(b, match[1], e, match[0], view) if match else None})
     ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
     # Engines measured before whose new check (other settings) is still under way count too.
     in_progress = sorted(e.id for e in engines if checks[e.id]["in_progress"])
@@ -201,8 +217,9 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
     """A sweep's variants, each with its engine per target, its headline latency and accuracy, and the best."""
     sweep: SweepRow = catalog.get_sweep(session, sweep_id, project)
     engines = [session.get(EngineRow, t.engine_id) for b in sweep.builds for t in b.tasks if t.engine_id]
-    checks = engine_checks(session, settings, engines)
-    best_engine = best_per_target(engines)
+    view = project_checks.project_view(session, engines, catalog.get_model(session, sweep.model_id).project)
+    checks = engine_checks(session, settings, engines, view)
+    best_engine = best_per_target(engines, view)
     variants, best_build = [], {t: None for t in sweep.targets}
     states = set()
     for build in sweep.builds:
@@ -210,14 +227,14 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
         for task in build.tasks:
             states.add(task.state)
             engine = session.get(EngineRow, task.engine_id) if task.engine_id else None
-            head = headline(engine) if engine else None
+            head = headline(engine, view) if engine else None
             is_best = engine is not None and best_engine.get(task.target) == engine.id
             if is_best:
                 best_build[task.target] = build.id
             items.append({"target": task.target, "task_state": task.state, "engine_id": task.engine_id,
                           "median_ms": head.median_ms if head else None, "p99_ms": head.p99_ms if head else None,
                           "device": (head.stats.get("device") if head else None),
-                          "accuracy_pass": engine.accuracy_pass if engine else None,
+                          "accuracy_pass": view.accuracy_pass(engine) if engine else None,
                           "checks": checks.get(engine.id) if engine else None, "best": is_best})
         variants.append({"build_id": build.id, "variant": build.variant, "spec_hash": build.spec_hash,
                          "overrides": {k: build.spec.get(k) for k in sweep.axes}, "state": _state(build),

@@ -215,32 +215,35 @@ class EngineOut(BaseModel):
     profiles: list[dict[str, dict[str, list[int]]]] = Field(
         default_factory=list, description="the optimization profiles it was built with: per input, min/opt/max dims "
                                           "(min = opt = max for a static input); empty when not known")
-    accuracy_pass: bool | None = None
-    accuracy: dict[str, Any] | None = None
+    accuracy_pass: bool | None = Field(None, description="whether it passed the accuracy check of the project "
+                                                         "asking (null: that project never checked it)")
+    accuracy: dict[str, Any] | None = Field(None, description="that check's per-output metrics")
     checks: dict[str, Any] | None = Field(None, description="where the benchmark and accuracy check stand: "
                                                             "state and, while pending or failed, why")
 
     @classmethod
     def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None,
-           variant_of: Any = ...) -> EngineOut:
+           variant_of: Any = ..., verdict: Any = None) -> EngineOut:
         """``model``: the version it is listed under, when not the one it was first built for (same bytes).
-        ``row`` and ``model`` may be plain rows of the same columns; then ``variant_of`` is given."""
+        ``row`` and ``model`` may be plain rows of the same columns; then ``variant_of`` is given. ``verdict``: the
+        asking project's verdict on it (a VerdictRow), if any."""
         fields = {k: getattr(row, k) for k in cls.model_fields
                   if k not in ("model_id", "model_name", "model_version", "model_seq", "checks", "profiles",
-                               "variant_of")}
+                               "variant_of", "accuracy", "accuracy_pass")}
         fields["profiles"] = row.profiles or []
         m = model or row.model
         if variant_of is ...:
             variant_of = m.source.version if m.source is not None else None
         return cls(**fields, model_id=m.id, model_name=m.name, model_version=m.version, model_seq=m.seq,
-                   variant_of=variant_of, checks=checks)
+                   variant_of=variant_of, checks=checks, accuracy=verdict.accuracy if verdict else None,
+                   accuracy_pass=verdict.accuracy_pass if verdict else None)
 
 
 SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
 PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
 BACKEND_PATTERN = r"^(tensorrt|tensorrt-rtx|onnxruntime)$"
 Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
-Accept = Literal["unchecked", "failed"]
+Accept = Literal["unchecked", "failed", "cpu"]
 
 
 class ResolveRequest(BaseModel):
@@ -257,9 +260,11 @@ class ResolveRequest(BaseModel):
     max_latency_ms: StrictFloat | None = Field(None, gt=0, le=1e7,
                                                description="measured median latency on your GPU model")
     backend: str | None = Field(None, pattern=BACKEND_PATTERN, description="keep only engines of this backend")
-    accept: list[Accept] = Field(default_factory=list, max_length=2,
+    accept: list[Accept] = Field(default_factory=list, max_length=3,
                                  description="'unchecked': also int8/fp8 engines whose accuracy was never checked; "
-                                             "'failed': also engines whose accuracy check failed (ranked last)")
+                                             "'failed': also engines whose accuracy check failed (ranked last); "
+                                             "'cpu': also the ONNX Runtime CPU artifact on a machine that names a "
+                                             "GPU runtime")
     explain: StrictBool = Field(False, description="return every candidate with every check")
     build: StrictBool = Field(False, description="when nothing fits, build the target this machine needs (202)")
 
@@ -306,6 +311,8 @@ class ResolveOut(BaseModel):
     rejected: list[CandidateOut] | None = Field(None, description="the excluded engines, each with its rule and "
                                                                   "reason, with explain=true")
     candidates: list[CandidateOut] | None = Field(None, description="the full table, ranked then excluded, with explain=true")
+    ranked_by: str = Field("", description="how the chosen engine won over the others that run: the latencies "
+                                           "compared, and on which device")
 
 
 class BuildForMachineOut(BaseModel):

@@ -206,6 +206,30 @@ def targets_for_machine(machine: Machine) -> list[Target]:
     return out
 
 
+def _dims(dims: list[int]) -> str:
+    return "x".join(str(d) for d in dims)
+
+
+def what_would_fit(req: Any) -> dict[str, Any]:
+    """For a 404 from /v1/resolve: the targets, precision and profile an engine for this machine would need, and
+    the command (or query parameter) that builds it. ``req`` is a ResolveRequest."""
+    m = req.machine
+    targets = [str(t) for t in targets_for_machine(m)]
+    flags = [f"--version {req.version}"] if req.version else []
+    flags += [f"--{name} '{value}'" if " " in str(value) else f"--{name} {value}" for name, value in (
+        ("cc", m.compute_capability), ("gpu", m.gpu_name), ("trt", m.trt_version), ("trt-rtx", m.trt_rtx_version),
+        ("platform", m.platform), ("jetpack", m.jetpack), ("precision", req.precision)) if value]
+    shapes = m.shapes or {}
+    if shapes and all(r["min"] == r["max"] for r in shapes.values()):
+        flags.append("--shapes " + ",".join(f"{n}:{_dims(r['opt'])}" for n, r in shapes.items()))
+    elif shapes:
+        for flag, key in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
+            flags.append(f"{flag} " + ",".join(f"{n}:{_dims(r[key])}" for n, r in shapes.items()))
+    return {"targets": targets, "precision": req.precision, "shapes": shapes or None,
+            "command": " ".join(["enginefarm fetch", req.model, *flags, "--build"]) if targets else None,
+            "query": "build=true" if targets else None}
+
+
 def _runtime_of(machine: Machine, target: Target) -> str | None:
     return {Backend.TENSORRT_RTX: machine.trt_rtx_version, Backend.TENSORRT: machine.trt_version}.get(target.backend)
 

@@ -24,7 +24,8 @@ PRECISIONS = ["fp16", "fp16", "fp32", "int8", "bf16"]
 ENGINE_COLS = ("id", "model_id", "model_sha256", "spec_hash", "target", "backend", "backend_version", "precision",
                "compute_capability", "compute_capabilities", "gpu_name", "platform", "trt_version", "cuda_version",
                "driver_version", "hardware_compat", "version_compatible", "sha256", "size", "blob_key",
-               "build_seconds", "built_by", "created_at", "accuracy_pass", "profiles")
+               "build_seconds", "built_by", "created_at", "profiles")
+VERDICT_COLS = ("engine_id", "project", "accuracy", "accuracy_pass", "checked_at")
 MODEL_COLS = ("id", "project", "name", "version", "seq", "sha256", "format", "blob_key", "size", "info", "created_at",
               "generation")
 BENCH_COLS = ("engine_id", "shape_key", "shapes", "gpu_name", "compute_capability", "machine", "median_ms", "p99_ms",
@@ -76,6 +77,7 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                     copy.write_row((m, "", model_name(m), "1", 1, f"{m:064x}", "onnx", f"models/{m:064x}", 1 << 20,
                                     INFO, now, 0))
             eid = 0
+            verdicts = []
             with cur.copy(f"COPY engines ({', '.join(ENGINE_COLS)}) FROM STDIN") as copy:
                 for m in range(1, models + 1):
                     for i in range(engines):
@@ -89,7 +91,12 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                             PRECISIONS[(i // len(all_kinds)) % len(PRECISIONS)], cc, json.dumps([cc] if cc else []),
                             None, plat, trt, "13.0" if cc else None, "580.82.07" if cc else None, "none", False,
                             f"{eid:064x}", 40 << 20, f"engines/{eid:064x}", 30.0, "fill", now,
-                            accuracy(rng, cc), json.dumps([profile])))
+                            json.dumps([profile])))
+                        if (passed := accuracy(rng, cc)) is not None:
+                            verdicts.append((eid, "", json.dumps({"pass": passed}), passed, now))
+            with cur.copy(f"COPY engine_verdicts ({', '.join(VERDICT_COLS)}) FROM STDIN") as copy:
+                for row in verdicts:
+                    copy.write_row(row)
             with cur.copy(f"COPY benchmarks ({', '.join(BENCH_COLS)}) FROM STDIN") as copy:
                 eid = 0
                 for m in range(1, models + 1):
@@ -101,12 +108,13 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                             median = round(rng.uniform(0.5, 20), 3)
                             copy.write_row((eid, "opt", "{}", GPU_OF[target.rsplit("/", 1)[1]], cc, "{}", median,
                                             median * 1.3, 1000 / median, "{}", now))
-            for table in ("models", "engines", "benchmarks"):
+            for table in ("models", "engines", "benchmarks", "engine_verdicts"):
                 cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
         conn.commit()
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE models")
         conn.execute("VACUUM ANALYZE engines")
         conn.execute("VACUUM ANALYZE benchmarks")
+        conn.execute("VACUUM ANALYZE engine_verdicts")
     return {"models": models, "engines": models * engines, "benchmarks": benchmarks,
             "seconds": time.perf_counter() - started}

@@ -43,7 +43,7 @@ from enginefarm.config import Settings  # noqa: E402
 from enginefarm.machine import Machine  # noqa: E402
 from enginefarm.storage.resolution import descriptor_of  # noqa: E402
 from enginefarm.storage.db import session_scope  # noqa: E402
-from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow  # noqa: E402
+from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow  # noqa: E402
 
 RTX = "1.7.1.116"
 MACHINE = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576, driver_version="580.82.07",
@@ -79,9 +79,11 @@ def fill(settings: Settings, name: str, engines: int) -> None:
                                 trt_version=trt, cuda_version="13.0", driver_version="580.82.07",
                                 hardware_compat="ampere_plus" if kind == 7 else "none", version_compatible=kind == 8,
                                 sha256=f"{engines:016x}{v:016x}{i:032x}", size=40 << 20, blob_key=f"engines/{engines}-{v}-{i}",
-                                build_seconds=0.2, built_by="bench", accuracy_pass=(i % 3 == 0) or None)
+                                build_seconds=0.2, built_by="bench")
                 s.add(row)
                 s.flush()
+                if i % 3 == 0:
+                    s.add(VerdictRow(engine_id=row.id, project="", accuracy={"pass": True}, accuracy_pass=True))
                 if cc:
                     s.add(BenchmarkRow(engine_id=row.id, shape_key="opt", gpu_name=MACHINE.gpu_name, compute_capability=cc,
                                        median_ms=1 + (i % 7) / 10, machine={}, stats={}, shapes={}))

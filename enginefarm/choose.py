@@ -20,8 +20,12 @@ class Evidence:
     """What the catalog measured about an engine, as far as ranking needs it."""
 
     accuracy: str | None = None  # "pass", "fail", or None when never checked
-    latency_ms: float | None = None  # median end-to-end latency at the default shape, on the asking GPU model
-    latency_on: str | None = None  # the GPU model that latency was measured on
+    # Median end-to-end latency at the default shape by the device class it was measured on: "gpu:<GPU model>",
+    # "cc:<compute capability>" (both for a GPU measurement) or "cpu:<CPU model>".
+    latencies: dict[str, float] = field(default_factory=dict)
+    # Set by ``choose``: the latency on the device class the ranking compared, and that class.
+    latency_ms: float | None = None
+    latency_on: str | None = None
 
 
 @dataclass
@@ -44,7 +48,7 @@ class Wanted:
     accuracy: str | None = None  # "pass" keeps only engines that passed their accuracy gate
     max_latency_ms: float | None = None
     backend: str | None = None
-    accept: frozenset[str] = frozenset()
+    accept: frozenset[str] = frozenset()  # "unchecked", "failed", "cpu"
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Judged:
 class Choice:
     ranked: list[Judged]  # chosen first, then the fallbacks in order
     rejected: list[Judged]
+    ranked_by: str = ""  # how the chosen engine won over the others that run, with the latencies compared
 
     @property
     def chosen(self) -> Judged | None:
@@ -104,27 +109,97 @@ def _filters(o: Option, m: Machine, wanted: Wanted) -> list[Check]:
         state = "failed its accuracy gate" if ev.accuracy == "fail" else "has no accuracy result yet"
         checks.append(check_fail(Rule.ACCURACY, f"engine {state}; you asked for accuracy=pass"))
     if wanted.max_latency_ms is not None:
-        if ev.latency_ms is None:
-            checks.append(check_fail(Rule.LATENCY, f"no latency measured on your GPU model to hold against "
+        own = next(((c, ev.latencies[c]) for c in device_classes(m) if c in ev.latencies), None)
+        if own is None:
+            checks.append(check_fail(Rule.LATENCY, f"no latency measured on your "
+                                              f"{'GPU model' if m.gpu_name else 'machine'} to hold against "
                                               f"{wanted.max_latency_ms:g} ms"))
-        elif ev.latency_ms > wanted.max_latency_ms:
-            checks.append(check_fail(Rule.LATENCY, f"median latency {ev.latency_ms:.3g} ms on {ev.latency_on} exceeds "
-                                              f"your maximum {wanted.max_latency_ms:g} ms"))
+        elif own[1] > wanted.max_latency_ms:
+            checks.append(check_fail(Rule.LATENCY, f"median latency {own[1]:.3g} ms on {_on(own[0])} exceeds your "
+                                              f"maximum {wanted.max_latency_ms:g} ms"))
     return checks
+
+
+def _named_runtime(o: Option, m: Machine, wanted: Wanted) -> Check | None:
+    """A machine that names its GPU runtime is handed that runtime's engines: a CPU artifact only when it asks."""
+    runtimes, e = m.gpu_runtimes, o.engine
+    if runtimes and is_cpu_artifact(e) and "cpu" not in wanted.accept and wanted.backend != e.backend:
+        return check_fail(Rule.NAMED_RUNTIME, f"an ONNX Runtime CPU artifact, and your machine names "
+                                         f"{' and '.join(runtimes)}: add accept=cpu (fetch --allow-cpu) to be "
+                                         "handed it")
+    return None
+
+
+def is_cpu_artifact(e: EngineDescriptor) -> bool:
+    return e.target.startswith("onnxruntime/cpu-")
+
+
+def device_classes(m: Machine) -> list[str]:
+    """The device classes a latency may have been measured on that stand for this machine, nearest first."""
+    return [c for c in (m.gpu_name and f"gpu:{m.gpu_name}", m.compute_capability and f"cc:{m.compute_capability}",
+                        m.cpu_name and f"cpu:{m.cpu_name}") if c]
+
+
+def _on(device_class: str) -> str:
+    kind, _, name = device_class.partition(":")
+    return {"gpu": name, "cc": f"compute capability {name}", "cpu": f"the CPU {name}"}.get(kind, device_class)
 
 
 _ACCURACY_ORDER = {"pass": 0, None: 1, "fail": 2}
 
 
-def rank_key(j: Judged, shapes: dict[str, dict[str, list[int]]] | None = None) -> tuple:
-    """Match first; then a passed accuracy gate over none over a failed one; then, when the machine names its
-    shapes, the narrowest covering profile and the opt nearest the request (``profile_fit``); then lower latency
-    on the asking GPU model; then the newer model version; then the newer engine."""
-    ev = j.option.evidence
-    latency = ev.latency_ms if ev.latency_ms is not None else math.inf
-    fit = shape_fit(j.option.engine, shapes or {}) or (math.inf, math.inf)
-    return (j.verdict.match, _ACCURACY_ORDER.get(ev.accuracy, 1), fit, latency, -j.option.model_seq,
-            _newest(j.option.id))
+def _tier(e: EngineDescriptor) -> int:
+    """Without a measurement that says otherwise, fp32/fp16/bf16 before a calibrated precision."""
+    return 1 if e.precision in QUANTIZED else 0
+
+
+def reference_class(group: list[Judged], m: Machine) -> str | None:
+    """The one device class a match group's latencies are compared on: of the asking machine's own classes (its GPU
+    model, its compute capability, its CPU) or, for CPU artifacts, any CPU the farm measured on, the one that
+    measured the most of the group; a tie goes to the machine's nearest class."""
+    own = device_classes(m)
+    counts: dict[str, int] = {}
+    for j in group:
+        for c in j.option.evidence.latencies:
+            if c in own or (c.startswith("cpu:") and is_cpu_artifact(j.option.engine)):
+                counts[c] = counts.get(c, 0) + 1
+    if not counts:
+        return None
+    return max(counts, key=lambda c: (counts[c], -own.index(c) if c in own else -len(own), c))
+
+
+def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
+    """One match group ranked, and how: by measured latency on the reference class when every engine of the group
+    was measured there; else fp32/fp16 before int8/fp8, then measured latency. So an int8 engine wins only by a
+    measurement made beside its competitors, never by being newer."""
+    ref = reference_class(group, m)
+    for j in group:
+        ev = j.option.evidence
+        ev.latency_ms = ev.latencies.get(ref) if ref else None
+        ev.latency_on = _on(ref) if ev.latency_ms is not None else None
+    measured = ref is not None and all(j.option.evidence.latency_ms is not None for j in group)
+
+    def key(j: Judged) -> tuple:
+        ev, o = j.option.evidence, j.option
+        fit = shape_fit(o.engine, m.shapes or {}) or (math.inf, math.inf)
+        latency = ev.latency_ms if ev.latency_ms is not None else math.inf
+        by_speed = (latency, _tier(o.engine)) if measured else (_tier(o.engine), latency)
+        return (_ACCURACY_ORDER.get(ev.accuracy, 1), fit, *by_speed, -o.model_seq, _newest(o.id))
+
+    group = sorted(group, key=key)
+    if len(group) < 2:
+        return group, ""
+    figures = ", ".join(f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms" if j.option.evidence.latency_ms is not None
+                        else f"{_label(j)} not measured" for j in group[:6])
+    if measured:
+        return group, f"fastest measured on {_on(ref)}: {figures}"
+    where = f" on {_on(ref)}" if ref else ""
+    return group, (f"not every engine was measured{where}, so fp32/fp16 rank before int8/fp8, then measured latency: "
+                   f"{figures}")
+
+
+def _label(j: Judged) -> str:
+    return f"engine {j.option.id} ({j.option.engine.target} {j.option.engine.precision})"
 
 
 def _newest(key: Any) -> Any:
@@ -139,7 +214,10 @@ def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None
         verdict = judge(o.engine, machine)
         excluded = _filters(o, machine, wanted)
         gate = _accuracy_gate(o, machine, wanted)
-        # An engine that does not run is excluded by its compatibility rule; the gate only speaks for one that does.
+        # An engine that does not run is excluded by its compatibility rule; the gate and the runtime the machine
+        # named only speak for one that does.
+        if verdict.runs and (named := _named_runtime(o, machine, wanted)) is not None:
+            excluded.append(named)
         if gate.outcome is Outcome.FAIL and verdict.runs:
             excluded.append(gate)
         else:
@@ -147,7 +225,13 @@ def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None
         if excluded:
             verdict = Verdict(False, None, excluded[0].detail, excluded + verdict.checks)
         (runnable if verdict.runs else rejected).append(Judged(o, verdict))
-    runnable.sort(key=lambda j: rank_key(j, machine.shapes))
-    for i, j in enumerate(runnable, start=1):
+    # Closeness of match first (exact GPU, compute capability, Ampere+, version-compatible, CPU); within a match,
+    # a passed accuracy gate, the narrowest covering profile, then speed as measured (``_ranked``).
+    ranked, ranked_by = [], ""
+    for match in sorted({j.verdict.match for j in runnable}):
+        group, how = _ranked([j for j in runnable if j.verdict.match == match], machine)
+        ranked += group
+        ranked_by = ranked_by or how
+    for i, j in enumerate(ranked, start=1):
         j.rank = i
-    return Choice(runnable, rejected)
+    return Choice(ranked, rejected, ranked_by)

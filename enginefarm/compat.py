@@ -61,6 +61,7 @@ class Rule(StrEnum):
     SHAPES = "shapes"
     ACCEPTED_PRECISION = "precision"
     ACCURACY_GATE = "accuracy-gate"
+    NAMED_RUNTIME = "named-runtime"  # a machine that names its GPU runtime is not handed another's file unasked
     # the caller's filters
     PRECISION = "filter:precision"
     SPEC = "filter:spec-hash"

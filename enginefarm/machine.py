@@ -37,6 +37,8 @@ class Machine:
                                                         "version-compatible engines")
     platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
     os: str | None = Field(None, max_length=200)
+    cpu_name: str | None = Field(None, max_length=200, description="the CPU model (/proc/cpuinfo's model name): "
+                                                                  "CPU artifacts are ranked by latency measured on it")
     jetpack: str | None = Field(None, pattern=JETPACK_PATTERN)
     # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
     # Empty: shapes are not judged.
@@ -51,6 +53,15 @@ class Machine:
     @classmethod
     def _shapes(cls, shapes: dict[str, Any]) -> dict[str, Any]:
         return check_shape_request(shapes)
+
+    @property
+    def gpu_runtimes(self) -> list[str]:
+        """The GPU runtimes a machine with a GPU names: it is handed engines of these, never a CPU artifact unasked.
+        A runtime installed on a machine without a GPU (a CPU box with tensorrt_rtx for building) names none."""
+        if not (self.compute_capability or self.gpu_name):
+            return []
+        return [name for name, version in (("TensorRT", self.trt_version), ("TensorRT-RTX", self.trt_rtx_version))
+                if version]
 
     @property
     def is_jetson(self) -> bool:

@@ -94,6 +94,7 @@ class MachineProbe:
     module_errors: dict[str, str] = field(default_factory=dict)
     nvml_error: str | None = None
     gpu_source: str | None = None  # "nvml", or "nvidia-smi" where NVML could not be used
+    cpu_name: str | None = None  # the CPU model, which CPU benchmarks are compared by
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as JSON-ready plain data."""
@@ -313,7 +314,23 @@ def probe_machine(root: Path = Path("/")) -> MachineProbe:
         module_errors=module_errors,
         nvml_error=nvml_error,
         gpu_source=source,
+        cpu_name=cpu_name(root),
     )
+
+
+def cpu_name(root: Path | str = "/") -> str | None:
+    """The CPU model as /proc/cpuinfo names it (x86 ``model name``; Arm ``Hardware`` or ``CPU part``), else what
+    the platform module says; None when nothing names it."""
+    try:
+        text = (Path(root) / "proc" / "cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for key in ("model name", "Hardware", "Model"):
+        for line in text.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key and value.strip():
+                return " ".join(value.split())[:200]
+    return _platform.processor() or None
 
 
 def _devices(probe: MachineProbe) -> list[tuple[str, str | None]]:
@@ -454,6 +471,7 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
         platform=probe.platform,
         os=probe.os,
         jetpack=j.jetpack if j else None,
+        cpu_name=probe.cpu_name,
     )
 
 

@@ -176,7 +176,7 @@ def add_build(session: Session, model: ModelRow, spec: BuildSpec, targets: list[
             task.state, task.engine_id, task.reused = TaskState.SUCCEEDED.value, existing.id, True
             task.started_at = task.finished_at = now
             task.log_tail = f"identical build already in the catalog: engine {existing.id}"
-            if (check := ensure_benchmark_task(session, existing, spec)) is not None:
+            if (check := ensure_benchmark_task(session, existing, spec, model.project)) is not None:
                 checks.append(check)
         session.add(task)
     session.flush()
@@ -243,7 +243,7 @@ def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_
         if existing is not None:
             finish_task_reused(session, task, existing)
             task.started_at = utcnow()
-            if (check := ensure_benchmark_task(session, existing, spec)) is not None:
+            if (check := ensure_benchmark_task(session, existing, spec, model.project)) is not None:
                 checks.append(check)
         else:
             task.state = TaskState.QUEUED.value
@@ -429,72 +429,29 @@ def latest_build(session: Session, model_ids: list[int], *, spec_hash: str | Non
 # --------------------------------------------------------------------------- benchmark stage
 
 
-def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec) -> BenchmarkTaskRow | None:
-    """Queue the benchmark and accuracy check of this engine with these settings, once; returns the new
-    task (to publish after the commit), or None when it exists already or the spec turns both off."""
+def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec,
+                          project: str) -> BenchmarkTaskRow | None:
+    """Queue the benchmark and accuracy check of this engine with these settings for this project, once; returns
+    the new task (to publish after the commit), or None when it exists already or the spec turns both off.
+
+    A check belongs to the project whose build asked for it (its samples, its settings, its verdict): two
+    projects sharing an engine through identical bytes each get their own, even with identical settings."""
     if not (spec.benchmark.enabled or spec.accuracy.enabled):
         return None
     checks = spec.checks_hash()
     found = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id == engine.id,
-                                                           BenchmarkTaskRow.checks_hash == checks)).first()
+                                                           BenchmarkTaskRow.checks_hash == checks,
+                                                           BenchmarkTaskRow.project == project)).first()
     if found is not None:
         return None
     task = BenchmarkTaskRow(engine_id=engine.id, target=engine.target, checks_hash=checks, spec=spec.stored(),
-                            state=TaskState.QUEUED.value)
+                            state=TaskState.QUEUED.value, project=project)
     try:
         with session.begin_nested():
             session.add(task)
     except SAIntegrityError:  # another build queued the same check at the same moment
         return None
     return task
-
-
-def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
-    return _get(session, BenchmarkTaskRow, task_id, "benchmark task")
-
-
-def claim_benchmark(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
-    return _claim(session, BenchmarkTaskRow, task_id, worker_id, max_deliveries)
-
-
-def end_benchmark(session: Session, task_id: int, state: TaskState, error: str | None = None) -> None:
-    values: dict[str, Any] = {"state": state.value, "error": error}
-    if state is TaskState.QUEUED:  # back to the queue after an infrastructure error
-        values.update(worker_id=None, started_at=None)
-    else:
-        values["finished_at"] = utcnow()
-    session.execute(update(BenchmarkTaskRow).where(BenchmarkTaskRow.id == task_id).values(**values))
-
-
-def record_benchmark(session: Session, engine_id: int, *, shape_key: str, shapes: dict, machine: dict,
-                     gpu_name: str | None, compute_capability: str | None, stats: dict) -> BenchmarkRow:
-    """Store one measurement, replacing an earlier one of the same engine, shape and device."""
-    session.execute(delete(BenchmarkRow).where(BenchmarkRow.engine_id == engine_id, BenchmarkRow.shape_key == shape_key,
-                                               BenchmarkRow.gpu_name.is_(None) if gpu_name is None
-                                               else BenchmarkRow.gpu_name == gpu_name))
-    e2e = stats["e2e"]
-    row = BenchmarkRow(engine_id=engine_id, shape_key=shape_key, shapes=shapes, gpu_name=gpu_name,
-                       compute_capability=compute_capability, machine=machine, median_ms=e2e["median"],
-                       p99_ms=e2e["p99"], throughput_qps=stats.get("throughput_qps"), stats=stats)
-    session.add(row)
-    return row
-
-
-def record_accuracy(session: Session, engine_id: int, result: dict, device_memory_bytes: int | None = None) -> None:
-    engine = get_engine(session, engine_id)
-    engine.accuracy, engine.accuracy_pass = result, result.get("pass")
-    if device_memory_bytes is not None:
-        engine.device_memory_bytes = device_memory_bytes
-
-
-def benchmark_tasks_of(session: Session, engine_ids: list[int]) -> dict[int, list[BenchmarkTaskRow]]:
-    by_engine: dict[int, list[BenchmarkTaskRow]] = {}
-    if engine_ids:
-        rows = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id.in_(engine_ids))
-                               .order_by(BenchmarkTaskRow.id)).all()
-        for row in rows:
-            by_engine.setdefault(row.engine_id, []).append(row)
-    return by_engine
 
 
 # --------------------------------------------------------------------------- sweeps and reports

@@ -1,8 +1,8 @@
 """Each model's generation: a number the catalog raises whenever what /v1/resolve answers about it can change.
 
 A resolve answer depends on the model's versions and on the engines of their bytes, with their benchmarks and
-accuracy checks. Engines belong to a model's sha256 (identical bytes under another name share them), so a
-change to an engine or one of its benchmarks raises the generation of every model row with those bytes. A new
+accuracy verdicts. Engines belong to a model's sha256 (identical bytes under another name share them), so a
+change to an engine, one of its benchmarks or a verdict on it raises the generation of every model row with those bytes. A new
 or removed version changes the set of rows itself. An answer's ETag is made from the rows' ids and generations,
 so an answer cached or held by a client is current exactly while none of them moved.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow
+from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 
 def bump(session: Session, model_shas: set[str]) -> None:
@@ -27,7 +27,7 @@ def bump(session: Session, model_shas: set[str]) -> None:
 
 
 def _touched(session: Session) -> set[str]:
-    """The model bytes whose engines or benchmarks this flush writes."""
+    """The model bytes whose engines, benchmarks or verdicts this flush writes."""
     shas: set[str] = set()
     engine_ids: set[int] = set()
     for obj in (*session.new, *session.dirty, *session.deleted):
@@ -35,7 +35,7 @@ def _touched(session: Session) -> set[str]:
             if obj in session.dirty and not session.is_modified(obj, include_collections=False):
                 continue  # only its benchmarks list was touched: those rows are counted themselves
             shas.add(obj.model_sha256)
-        elif isinstance(obj, BenchmarkRow):
+        elif isinstance(obj, (BenchmarkRow, VerdictRow)):
             engine = obj.__dict__.get("engine")  # set when the row was made with its engine; else by id
             if engine is not None:
                 shas.add(engine.model_sha256)

@@ -7,7 +7,7 @@ evidence instead of every benchmark row. The chosen engine's full row is read by
 
 from __future__ import annotations
 
-from sqlalchemy import Row, bindparam, func, select
+from sqlalchemy import Row, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.choose import Choice, Evidence, Option, Wanted, choose
@@ -16,7 +16,7 @@ from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.errors import NoCompatibleEngine
 from enginefarm.machine import Machine
 from enginefarm.storage.catalog import find_models, latest_of
-from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow
+from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 # What an answer says about a model version, and what its ETag is made of.
 MODEL_COLUMNS = (ModelRow.id, ModelRow.project, ModelRow.name, ModelRow.version, ModelRow.seq, ModelRow.sha256,
@@ -26,7 +26,7 @@ ENGINE_COLUMNS = (EngineRow.id, EngineRow.model_sha256, EngineRow.spec_hash, Eng
                   EngineRow.backend_version, EngineRow.precision, EngineRow.platform, EngineRow.compute_capability,
                   EngineRow.compute_capabilities, EngineRow.gpu_name, EngineRow.trt_version, EngineRow.cuda_version,
                   EngineRow.driver_version, EngineRow.hardware_compat, EngineRow.version_compatible, EngineRow.size,
-                  EngineRow.sha256, EngineRow.device_memory_bytes, EngineRow.profiles, EngineRow.accuracy_pass)
+                  EngineRow.sha256, EngineRow.device_memory_bytes, EngineRow.profiles, VerdictRow.accuracy_pass)
 
 
 def model_versions(session: Session, model: str, version: str | None, project: str | None) -> list[Row]:
@@ -58,46 +58,69 @@ def descriptor_of(row) -> EngineDescriptor:
     )
 
 
-# Built once: a statement's construction costs more than its compiled form's cache lookup.
-ENGINES_OF = select(*ENGINE_COLUMNS).where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)))
-LATENCY_OF = (select(BenchmarkRow.engine_id, func.min(BenchmarkRow.median_ms))
+# Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is
+# the asking project's own: another project's check of the same bytes never decides what this one is handed.
+ENGINES_OF = (select(*ENGINE_COLUMNS)
+              .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id,
+                                          VerdictRow.project == bindparam("project")))
+              .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True))))
+LATENCY_OF = (select(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability,
+                     BenchmarkRow.cpu_name, func.min(BenchmarkRow.median_ms))
               .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
               .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)),
-                     BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY, BenchmarkRow.gpu_name == bindparam("gpu"))
-              .group_by(BenchmarkRow.engine_id))
+                     BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY, BenchmarkRow.project == bindparam("project"))
+              .group_by(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability,
+                        BenchmarkRow.cpu_name))
 
 
-def _latency_on(session: Session, model_shas: list[str], gpu_name: str | None) -> dict[int, float]:
-    """The best median latency at the default shape, measured on this GPU model, of each engine of these bytes."""
-    if not gpu_name or not model_shas:
-        return {}
-    return dict(session.execute(LATENCY_OF, {"shas": model_shas, "gpu": gpu_name}).all())
+def _latencies(session: Session, model_shas: list[str], project: str) -> dict[int, dict[str, float]]:
+    """The project's best median latency at the default shape of each engine of these bytes, by the device class
+    it was measured on: "gpu:<model>" and "cc:<x.y>" for a GPU measurement, "cpu:<model>" for a CPU one."""
+    out: dict[int, dict[str, float]] = {}
+    for engine_id, gpu, cc, cpu, ms in session.execute(LATENCY_OF, {"shas": model_shas, "project": project}):
+        classes = [f"gpu:{gpu}", f"cc:{cc}" if cc else None] if gpu else [f"cpu:{cpu or 'unknown'}"]
+        mine = out.setdefault(engine_id, {})
+        for c in filter(None, classes):
+            mine[c] = min(ms, mine.get(c, ms))
+    return out
 
 
 ENGINE = select(EngineRow.__table__).where(EngineRow.id == bindparam("id"))
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
 
 
-def chosen_engine(session: Session, engine_id: int, owner: dict[str, Row]) -> tuple[Row, Row, str | None]:
-    """The chosen engine's whole row, the version it is listed under, and the version that version is a variant of
-    (an int8 model derived from it), if any: plain rows, for the answer's engine."""
+VERDICT_OF = select(VerdictRow).where(VerdictRow.engine_id == bindparam("id"),
+                                      VerdictRow.project == bindparam("project"))
+
+
+def chosen_engine(session: Session, engine_id: int, owner: dict[str, Row]
+                  ) -> tuple[Row, Row, str | None, VerdictRow | None]:
+    """The chosen engine's whole row, the version it is listed under, the version that version is a variant of
+    (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine."""
     row = session.execute(ENGINE, {"id": engine_id}).one()
     model = owner[row.model_sha256]
     source = model.source_model_id
-    return row, model, session.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
+    variant_of = session.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
+    verdict = session.scalars(VERDICT_OF, {"id": engine_id, "project": model.project}).first()
+    return row, model, variant_of, verdict
+
+
+def project_of(owner: dict[str, Row]) -> str:
+    """The one project whose models a resolve reads (``find_models`` never mixes projects)."""
+    return next(iter(owner.values())).project if owner else ""
 
 
 def judge(session: Session, machine: Machine, owner: dict[str, Row],
           wanted: Wanted | None = None) -> tuple[Choice, dict[int, Row]]:
-    """Judge and rank every engine of these models' bytes for this machine. Returns the choice and the engine
-    rows (plain rows of ENGINE_COLUMNS) by id."""
-    rows = session.execute(ENGINES_OF, {"shas": list(owner)}).all()
-    latency = _latency_on(session, list(owner), machine.gpu_name) if rows else {}
+    """Judge and rank every engine of these models' bytes for this machine, by the evidence of the models' project.
+    Returns the choice and the engine rows (plain rows of ENGINE_COLUMNS) by id."""
+    project = project_of(owner)
+    rows = session.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
+    latency = _latencies(session, list(owner), project) if rows else {}
     options = []
     for r in rows:
         accuracy = None if r.accuracy_pass is None else ("pass" if r.accuracy_pass else "fail")
-        ms = latency.get(r.id)
-        evidence = Evidence(accuracy, ms, machine.gpu_name if ms is not None else None)
+        evidence = Evidence(accuracy, latency.get(r.id, {}))
         options.append(Option(r.id, descriptor_of(r), owner[r.model_sha256].seq, r.spec_hash, evidence))
     return choose(options, machine, wanted), {r.id: r for r in rows}
 

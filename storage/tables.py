@@ -121,9 +121,8 @@ class EngineRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # GPU activation memory the engine asks for when it is loaded, once a GPU worker has seen it.
     device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
-    # The accuracy gate against ONNX Runtime FP32: per-output metrics, and whether it passed.
-    accuracy: Mapped[dict | None] = mapped_column(JSON)
-    accuracy_pass: Mapped[bool | None] = mapped_column(Boolean)
+    # An engine's accuracy verdicts and benchmarks belong to the project that asked for them (VerdictRow,
+    # BenchmarkRow.project): the engine row holds only what its bytes are, which projects share.
     # The optimization profiles it was built with, per input min/opt/max (enginefarm.domain.engine_profiles);
     # empty when not known. Resolution judges a machine's shapes against them.
     profiles: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
@@ -135,15 +134,18 @@ class EngineRow(Base):
 
 
 class BenchmarkRow(Base):
-    """One benchmark of one engine at one shape, on one machine: the summary of the raw samples."""
+    """One benchmark of one engine at one shape, on one machine, for one project: the summary of the raw samples."""
 
     __tablename__ = "benchmarks"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)
+    # The project whose check measured it: its settings chose the shapes, so only its own reads see it.
+    project: Mapped[str] = mapped_column(String(64), default="", server_default="")
     shape_key: Mapped[str] = mapped_column(String(200), default=DEFAULT_SHAPE_KEY)
     shapes: Mapped[dict] = mapped_column(JSON, default=dict)  # input name -> dims measured at
     gpu_name: Mapped[str | None] = mapped_column(String(200), index=True)  # None for CPU benchmarks
+    cpu_name: Mapped[str | None] = mapped_column(String(200))  # the CPU model a CPU benchmark ran on
     compute_capability: Mapped[str | None] = mapped_column(String(8))
     machine: Mapped[dict] = mapped_column(JSON, default=dict)  # the fingerprint it was measured on
     median_ms: Mapped[float] = mapped_column(Float)  # end-to-end latency, the figure ranking uses
@@ -159,10 +161,13 @@ class BenchmarkTaskRow(Base):
     """The benchmark and accuracy check of one engine with one set of check settings, on a capable worker."""
 
     __tablename__ = "benchmark_tasks"
-    __table_args__ = (UniqueConstraint("engine_id", "checks_hash", name="uq_benchmark_tasks_engine_checks"),)
+    __table_args__ = (UniqueConstraint("engine_id", "checks_hash", "project",
+                                       name="uq_benchmark_tasks_engine_checks_project"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)
+    # The project whose build asked for the check: its samples and settings, its verdict.
+    project: Mapped[str] = mapped_column(String(64), default="", server_default="")
     target: Mapped[str] = mapped_column(String(64), index=True)
     checks_hash: Mapped[str] = mapped_column(String(64))
     spec: Mapped[dict] = mapped_column(JSON)  # the build spec it was asked with (BuildSpec.stored())
@@ -173,6 +178,27 @@ class BenchmarkTaskRow(Base):
     queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    engine: Mapped[EngineRow] = relationship()
+
+
+class VerdictRow(Base):
+    """A project's accuracy verdict on one engine: the last finished check of that project's settings and samples.
+
+    Engines are shared between projects through identical bytes; verdicts are not. One project's check settings
+    can never change what another project's resolve, gate or report reads."""
+
+    __tablename__ = "engine_verdicts"
+    __table_args__ = (UniqueConstraint("engine_id", "project", name="uq_engine_verdicts_engine_project"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)
+    project: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    # The accuracy gate against ONNX Runtime FP32: per-output metrics, and whether it passed.
+    accuracy: Mapped[dict] = mapped_column(JSON)
+    accuracy_pass: Mapped[bool | None] = mapped_column(Boolean)
+    benchmark_task_id: Mapped[int | None] = mapped_column(ForeignKey("benchmark_tasks.id", ondelete="SET NULL"))
+    checked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     engine: Mapped[EngineRow] = relationship()
 

@@ -86,7 +86,7 @@ VC8 = dict(version_compatible=True, trt_version="8.6.1.6", backend_version="8.6.
 
 def opt(name: str, engine: EngineDescriptor, *, seq: int = 1, accuracy: str | None = None,
         latency: float | None = None, spec: str = "s" * 64) -> Option:
-    return Option(name, engine, seq, spec, Evidence(accuracy, latency, "NVIDIA RTX A6000" if latency else None))
+    return Option(name, engine, seq, spec, Evidence(accuracy, {"gpu:NVIDIA RTX A6000": latency} if latency else {}))
 
 
 def runs(rule: str, what: str, mach: Machine, engine: EngineDescriptor, match: Match, words: str):
@@ -100,9 +100,9 @@ def rejected(rule: Rule, what: str, mach: Machine, engine: EngineDescriptor, wor
 
 
 def falls_back(rule: Rule, what: str, mach: Machine, engine: EngineDescriptor, words: str):
-    """A GPU engine excluded by ``rule`` next to a CPU artifact that is then chosen."""
+    """A GPU engine excluded by ``rule`` next to a CPU artifact that is then chosen (the machine accepts one)."""
     return pytest.param(mach, [opt("e", engine), opt("cpu", ort_engine(platform=mach.platform or "x86_64"))], "cpu",
-                        CPU, words, rule, None, id=f"{rule.value}: {what}")
+                        CPU, words, rule, Wanted(accept=frozenset({"cpu"})), id=f"{rule.value}: {what}")
 
 
 R = Rule
@@ -234,7 +234,8 @@ CASES = [
     # --- ONNX Runtime CPU artifact
     runs("platform", "CPU artifact on a machine without GPU", Machine(platform="x86_64"), ort_engine(), CPU,
          "ONNX Runtime CPU artifact for x86_64"),
-    runs("platform", "CPU artifact on a GPU machine when it is all there is", machine(), ort_engine(), CPU, "ONNX Runtime"),
+    runs("platform", "CPU artifact on a GPU machine that names no runtime, when it is all there is",
+         machine(trt_version=None), ort_engine(), CPU, "ONNX Runtime"),
     # --- the caller's filters
     pytest.param(machine(), [opt("e", trt_engine())], None, None, "built fp16, you asked for fp32", R.PRECISION, Wanted(precision="fp32"),
                  id="filter:precision: wrong precision excluded"),
@@ -276,6 +277,15 @@ CASES = [
     pytest.param(machine(precisions=["fp16"]), [opt("e", trt_engine(precision="fp32"))], None, None,
                  "built fp32; your machine accepts fp16", R.ACCEPTED_PRECISION, None,
                  id="precision: a precision the machine does not accept"),
+    # --- a machine that names its GPU runtime is handed that runtime's engines, a CPU artifact only when it asks
+    rejected(R.NAMED_RUNTIME, "an ONNX Runtime file to a TensorRT machine", machine(), ort_engine(),
+             "your machine names TensorRT: add accept=cpu"),
+    rejected(R.NAMED_RUNTIME, "an ONNX Runtime file to a TensorRT-RTX machine", rtx_machine(), ort_engine(),
+             "your machine names TensorRT-RTX: add accept=cpu"),
+    pytest.param(rtx_machine(), [opt("e", ort_engine())], "e", CPU, "ONNX Runtime CPU artifact", None,
+                 Wanted(backend="onnxruntime"), id="named-runtime: naming the backend is asking for it"),
+    runs("named-runtime", "a machine that names no GPU runtime may get it", Machine(compute_capability="8.6",
+         platform="x86_64"), ort_engine(), CPU, "ONNX Runtime CPU artifact"),
 ]
 
 
@@ -308,7 +318,7 @@ def test_table_covers_every_rule_and_compute_capability():
 
 # --- ranking among engines that all run: (machine, candidates, expected order)
 RANKING = [
-    pytest.param(machine(gpu_name="NVIDIA GeForce RTX 3090"),
+    pytest.param(machine(gpu_name="NVIDIA GeForce RTX 3090", trt_version=None),
                  [opt("cc", trt_engine(gpu_name="NVIDIA RTX A6000")), opt("gpu", trt_engine()), opt("cpu", ort_engine())],
                  ["gpu", "cc", "cpu"], id="exact GPU model beats exact cc beats the CPU artifact"),
     pytest.param(machine(compute_capability="8.9", gpu_name="NVIDIA L40S", trt_version="10.14.1.48"),
@@ -402,3 +412,51 @@ def test_match_order_and_labels():
 def test_rule_tables():
     assert DRIVER_FLOORS == {11: 450, 12: 525, 13: 580}
     assert (8, 10) in CROSS_MAJOR and (10, 11) in CROSS_MAJOR and (8, 11) not in CROSS_MAJOR and (10, 12) not in CROSS_MAJOR
+
+
+# --- ranking by what was measured: CPU artifacts of one model, int8 beside fp32
+XEON, EPYC = "cpu:Intel(R) Xeon(R) Platinum 8480+", "cpu:AMD EPYC 9654"
+
+
+def cpu_opt(name: str, precision: str, latencies: dict[str, float] | None = None, **kw) -> Option:
+    return Option(name, ort_engine(precision=precision), kw.pop("seq", 1), "s" * 64,
+                  Evidence(kw.pop("accuracy", "pass"), latencies or {}))
+
+
+CPU_BOX = Machine(platform="x86_64", cpu_name=XEON.removeprefix("cpu:"))
+MEASURED = [
+    pytest.param(CPU_BOX, [cpu_opt(8, "int8", {XEON: 9.0}), cpu_opt(1, "fp32", {XEON: 6.0})], [1, 8],
+                 "fastest measured on the CPU Intel", id="an int8 artifact measured slower than fp32 loses, newer or not"),
+    pytest.param(CPU_BOX, [cpu_opt(1, "fp32", {XEON: 6.0}), cpu_opt(8, "int8", {XEON: 2.5})], [8, 1],
+                 "engine 8 (onnxruntime/cpu-x86_64 int8) 2.5 ms", id="an int8 artifact measured faster wins"),
+    pytest.param(CPU_BOX, [cpu_opt(8, "int8", {XEON: 2.5}), cpu_opt(1, "fp32")], [1, 8],
+                 "not every engine was measured", id="int8 measured, fp32 not: no comparison, fp32 first"),
+    pytest.param(CPU_BOX, [cpu_opt(8, "int8", seq=2), cpu_opt(1, "fp32")], [1, 8],
+                 "fp32/fp16 rank before int8/fp8", id="nothing measured: fp32 before a newer int8"),
+    pytest.param(CPU_BOX, [cpu_opt(8, "int8", {EPYC: 2.0, XEON: 2.0}), cpu_opt(1, "fp32", {EPYC: 4.0, XEON: 1.0}),
+                           cpu_opt(2, "fp16", {EPYC: 3.0})], [8, 2, 1],
+                 "on the CPU AMD EPYC", id="compared on the CPU that measured them all, not a mix of CPUs"),
+    pytest.param(Machine(platform="x86_64"), [cpu_opt(8, "int8", {EPYC: 2.0}), cpu_opt(1, "fp32", {EPYC: 4.0})],
+                 [8, 1], "on the CPU AMD EPYC", id="a machine that names no CPU: the farm's CPU measurements"),
+]
+
+
+@pytest.mark.parametrize("mach, options, order, words", MEASURED)
+def test_ranking_by_measurement(mach, options, order, words):
+    choice = choose(options, mach)
+    assert [j.option.id for j in choice.ranked] == order
+    assert words in choice.ranked_by, choice.ranked_by
+
+
+def test_gpu_latency_counts_only_on_the_asking_gpu_model_or_its_compute_capability():
+    h100 = {"gpu:NVIDIA H100 80GB HBM3": 0.5, "cc:9.0": 0.5}
+    a6000 = {"gpu:NVIDIA RTX A6000": 3.0, "cc:8.6": 3.0}
+    slow_here = Option("measured-elsewhere", trt_engine(), 1, "s" * 64, Evidence(None, h100))
+    measured_here = Option("measured-here", trt_engine(), 1, "s" * 64, Evidence(None, a6000))
+    choice = choose([slow_here, measured_here], machine())
+    assert [j.option.id for j in choice.ranked] == ["measured-here", "measured-elsewhere"]
+    assert choice.ranked[0].option.evidence.latency_on == "NVIDIA RTX A6000"
+    assert choice.ranked[1].option.evidence.latency_ms is None  # an H100 figure says nothing about an A6000
+    # Another GPU model of the same compute capability counts, under its cc.
+    other = choose([measured_here], machine(gpu_name="NVIDIA RTX A40"))
+    assert other.chosen.option.evidence.latency_on == "compute capability 8.6"

@@ -17,7 +17,7 @@ from enginefarm.domain import Backend, ModelInfo, TaskState, Target
 from enginefarm.spec import BuildSpec, Precision
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from enginefarm.validation import target_precision
-from enginefarm.storage import catalog
+from enginefarm.storage import catalog, checks
 from enginefarm.storage.blobs import engine_key, get_blob_store
 from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, in_transaction, session_scope
@@ -115,7 +115,7 @@ def _run(task_id: int, me: str) -> None:
         existing = catalog.find_engine(s, model.sha256, spec_hash, str(target), backend_version)
         if existing is not None:  # identical work never runs twice
             catalog.finish_task_reused(s, task, existing)
-            check = catalog.ensure_benchmark_task(s, existing, spec)
+            check = catalog.ensure_benchmark_task(s, existing, spec, model.project)
             check_id = check.id if check else None
     if existing is not None:
         _after_build(check_id, target)
@@ -138,7 +138,7 @@ def _run(task_id: int, me: str) -> None:
             engine = catalog.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
                                            blob_key=key, build_seconds=built.seconds, worker_id=me,
                                            log_tail=log_buf.tail())
-            check = catalog.ensure_benchmark_task(s, engine, spec)
+            check = catalog.ensure_benchmark_task(s, engine, spec, task.build.model.project)
             return check.id if check else None
 
         # The blob is complete and verified before the row points at it. If another task catalogued the same
@@ -164,23 +164,23 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool 
     """Claim the benchmark task and run it in this process; every outcome ends in the catalog. ``give_way``: in a
     benchmark lane, measure once this worker's builds are done (``lanes.wait_for_builds``)."""
     me = worker_id()
-    if not in_transaction(catalog.claim_benchmark, task_id, me, get_settings().max_deliveries):
+    if not in_transaction(checks.claim_benchmark, task_id, me, get_settings().max_deliveries):
         log.info("benchmark task %s is not queued any more; skipping", task_id)
         return
     try:
         _benchmark(task_id, me if give_way else None)
     except (InfrastructureError, *UNAVAILABLE) as exc:
-        in_transaction(catalog.end_benchmark, task_id, TaskState.QUEUED, _infra_reason(exc))
+        in_transaction(checks.end_benchmark, task_id, TaskState.QUEUED, _infra_reason(exc))
         if reraise_infra:
             raise
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
-        in_transaction(catalog.end_benchmark, task_id, TaskState.FAILED, exc.message)
+        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, exc.message)
     except SoftTimeLimitExceeded:
-        in_transaction(catalog.end_benchmark, task_id, TaskState.FAILED,
+        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED,
                        f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s")
     except Exception as exc:
         log.exception("benchmark task %s crashed", task_id)
-        in_transaction(catalog.end_benchmark, task_id, TaskState.FAILED,
+        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED,
                        f"internal error in the worker: {type(exc).__name__}: {exc}")
 
 
@@ -194,8 +194,10 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
 
     settings, store = get_settings(), blob_store()
     with session_scope() as s:
-        task = catalog.get_benchmark_task(s, task_id)
-        engine, model = task.engine, task.engine.model
+        task = checks.get_benchmark_task(s, task_id)
+        project = task.project
+        # The project's own model of these bytes: its samples and its reference, never another project's.
+        engine, model = catalog.engine_in_project(s, task.engine_id, project)
         # Accuracy is judged against the original: a derived int8 model's source, else the model itself.
         reference = catalog.get_model(s, model.source_model_id) if model.source_model_id else model
         # Judged by the precision the engine has: a target may have built another than the spec asked for.
@@ -214,22 +216,34 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         if give_way_to:
             wait_for_builds(give_way_to)
         started = time.monotonic()
-        result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
-                          reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
+        try:
+            result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
+                              reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
+        except BuildFailed as exc:  # the engine does not load here: it must never be handed out as unchecked
+            in_transaction(checks.record_verdict, engine_id, project,
+                           {"pass": False, "error": f"the engine did not load: {exc.message}"}, task_id=task_id)
+            raise
         BENCHMARK_SECONDS.labels(target).observe(time.monotonic() - started)
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
     with session_scope() as s:
         for measured in result.benchmarks:
-            catalog.record_benchmark(s, engine_id, shape_key=measured.shape.key, shapes=measured.shape.shapes,
-                                     machine=fingerprint, gpu_name=result.gpu_name,
-                                     compute_capability=result.compute_capability, stats=measured.stats)
+            checks.record_benchmark(s, engine_id, project=project, shape_key=measured.shape.key,
+                                    shapes=measured.shape.shapes, machine=fingerprint, gpu_name=result.gpu_name,
+                                    cpu_name=probe.cpu_name, compute_capability=result.compute_capability,
+                                    stats=measured.stats)
         if result.accuracy is not None:
-            catalog.record_accuracy(s, engine_id, result.accuracy, result.device_memory_bytes)
+            checks.record_verdict(s, engine_id, project, result.accuracy, task_id=task_id,
+                                  device_memory_bytes=result.device_memory_bytes)
+        elif result.errors and (spec.accuracy.enabled or not result.benchmarks):
+            # The check was asked for and could not run on the engine, or nothing ran at all: a failed verdict,
+            # so resolve never hands it out as merely unchecked.
+            checks.record_verdict(s, engine_id, project, {"pass": False, "error": "; ".join(result.errors)},
+                                  task_id=task_id)
         # Whatever was measured is kept; a part that did not run makes the check fail with the reason.
         if result.errors:
-            catalog.end_benchmark(s, task_id, TaskState.FAILED, "; ".join(result.errors))
+            checks.end_benchmark(s, task_id, TaskState.FAILED, "; ".join(result.errors))
         else:
-            catalog.end_benchmark(s, task_id, TaskState.SUCCEEDED)
+            checks.end_benchmark(s, task_id, TaskState.SUCCEEDED)
 
 
 # --------------------------------------------------------------------------- int8 quantization

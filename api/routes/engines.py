@@ -14,7 +14,8 @@ from enginefarm.api.schemas import EngineOut, Page
 from enginefarm.config import Settings
 from enginefarm.errors import NotFound
 from enginefarm.hashing import SHA_HEADER
-from enginefarm.storage import catalog
+from enginefarm.storage import catalog, checks as project_checks
+from enginefarm.storage.tables import EngineRow, ModelRow
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 CONTENT_RESPONSES = {
@@ -39,25 +40,35 @@ def list_engines(
     rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
                                        compute_capability=cc, trt_version=trt, precision=precision,
                                        spec_hash=spec_hash, limit=limit, offset=offset, project=tenant)
-    checks = engine_checks(session, settings, [e for e, _ in rows])
-    return Page(items=[EngineOut.of(e, m, checks[e.id]) for e, m in rows], total=total, limit=limit, offset=offset)
+    return Page(items=_answers(session, settings, rows), total=total, limit=limit, offset=offset)
+
+
+def _answers(session: Session, settings: Settings, rows: list[tuple[EngineRow, ModelRow]]) -> list[EngineOut]:
+    """Each engine as the project of the model it is seen through sees it: that project's checks and verdict."""
+    by_project: dict[str, list[EngineRow]] = {}
+    for e, m in rows:
+        by_project.setdefault(m.project, []).append(e)
+    views = {p: project_checks.project_view(session, es, p) for p, es in by_project.items()}
+    checks = {p: engine_checks(session, settings, es, views[p]) for p, es in by_project.items()}
+    return [EngineOut.of(e, m, checks[m.project][e.id], verdict=views[m.project].verdict(e)) for e, m in rows]
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
 def get_engine(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                settings: Settings = Depends(settings_dep)) -> EngineOut:
     row, model = catalog.engine_in_project(session, engine_id, tenant)
-    return EngineOut.of(row, model, checks=engine_checks(session, settings, [row])[row.id])
+    return _answers(session, settings, [(row, model)])[0]
 
 
 @router.get("/{engine_id}/benchmarks")
 def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> list[dict]:
-    """Every measurement of the engine: per shape and device, all statistics and the machine fingerprint."""
-    row = catalog.get_engine(session, engine_id, tenant)
-    return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name,
+    """Every measurement of the engine its project made: per shape and device, all statistics and the machine
+    fingerprint."""
+    row, model = catalog.engine_in_project(session, engine_id, tenant)
+    return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name, "cpu_name": b.cpu_name,
              "compute_capability": b.compute_capability, "median_ms": b.median_ms, "p99_ms": b.p99_ms,
              "throughput_qps": b.throughput_qps, "stats": b.stats, "machine": b.machine,
-             "created_at": b.created_at.isoformat()} for b in row.benchmarks]
+             "created_at": b.created_at.isoformat()} for b in row.benchmarks if b.project == model.project]
 
 
 @router.get("/{engine_id}/content", response_class=Response, responses=CONTENT_RESPONSES)

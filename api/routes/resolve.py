@@ -91,6 +91,9 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
         error = resolution.no_fit_error(choice, rows, req.model, req.version)
         RESOLVES.labels("build" if req.build else "no_fit").inc()
         if not req.build:
+            error.context["build"] = fit = services.what_would_fit(req)
+            if fit["command"]:
+                error.message += f"; an engine for it would be {' or '.join(fit['targets'])}: {fit['command']}"
             raise error
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
@@ -101,9 +104,10 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
     explain = req.explain
     ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
     rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
-    engine, version, variant_of = resolution.chosen_engine(session, chosen.option.id, owner)
+    engine, version, variant_of, verdict = resolution.chosen_engine(session, chosen.option.id, owner)
     out = ResolveOut(
-        model=req.model, machine=req.machine, engine=EngineOut.of(engine, version, variant_of=variant_of),
+        model=req.model, machine=req.machine,
+        engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict), ranked_by=choice.ranked_by,
         match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
         accuracy=chosen.option.evidence.accuracy or "unchecked",
         download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=ranked[1:],
@@ -140,7 +144,9 @@ def resolve_get(
     opt_shapes: str | None = Query(None, max_length=10_000), max_shapes: str | None = Query(None, max_length=10_000),
     precisions: list[str] = Query([], max_length=5, description="the precisions the machine accepts (repeatable)"),
     backend: str | None = Query(None, pattern=BACKEND_PATTERN),
-    accept: list[str] = Query([], max_length=2, description="unchecked and/or failed (repeatable)"),
+    cpu: str | None = Query(None, max_length=200, description="CPU model name (/proc/cpuinfo): CPU artifacts are "
+                                                              "ranked by latency measured on it"),
+    accept: list[str] = Query([], max_length=3, description="unchecked, failed and/or cpu (repeatable)"),
     explain: bool = False, build: bool = False,
     session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
@@ -159,7 +165,7 @@ def resolve_get(
     try:
         machine = Machine(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
                           cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
-                          platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes,
+                          platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes, cpu_name=cpu,
                           precisions=[p for item in precisions for p in item.split(",") if p])
         req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
                              accuracy=accuracy, max_latency_ms=max_latency_ms, backend=backend,

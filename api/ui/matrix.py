@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from enginefarm.api import reports, services
 from enginefarm.config import Settings
-from enginefarm.storage import catalog
+from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import BuildTaskRow, ModelRow
@@ -79,14 +79,16 @@ def model_matrix(session: Session, settings: Settings, model: ModelRow, project:
                 matrix.cells.setdefault((version.id, task.target), _cell(task, served))
     matrix.targets = sorted(targets)
     engines = catalog.engines_by_id(session, [c.engine_id for c in matrix.cells.values() if c.engine_id])
-    checks = reports.engine_checks(session, settings, list(engines.values()))
+    view = project_checks.project_view(session, list(engines.values()), model.project)
+    checks = reports.engine_checks(session, settings, list(engines.values()), view)
     for cell in matrix.cells.values():
         engine = engines.get(cell.engine_id) if cell.engine_id else None
         if engine is None:
             continue
-        head = reports.headline(engine)
+        head = reports.headline(engine, view)
         cell.p50_ms = head.median_ms if head is not None else None
-        cell.accuracy = None if engine.accuracy_pass is None else ("pass" if engine.accuracy_pass else "fail")
+        passed = view.accuracy_pass(engine)
+        cell.accuracy = None if passed is None else ("pass" if passed else "fail")
         check = checks[engine.id]
         cell.check, cell.check_detail, cell.checking = check["state"], check["detail"], check["in_progress"]
     return matrix

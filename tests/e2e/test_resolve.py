@@ -19,6 +19,7 @@ from enginefarm.client import ApiError, Client, resolve_offline
 from enginefarm.machine import Machine
 from enginefarm.errors import NoCompatibleEngine
 from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.storage import checks
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import BenchmarkRow, EngineRow
 from tests.helpers import run_cli, unique_name
@@ -71,13 +72,24 @@ KINDS = [
 @pytest.mark.parametrize("what, overrides, target, match, rejected", KINDS, ids=[k[0] for k in KINDS])
 def test_each_kind_of_machine_gets_the_engine_that_runs_there(farm, built, what, overrides, target, match, rejected):
     name, engines, rtx = built
+    machine = rtx_machine(rtx, **overrides)
+    # A GPU machine that names its runtime gets the CPU artifact only when it says it accepts one.
+    accept = ["cpu"] if match == "cpu_fallback" and machine.gpu_runtimes else None
     with Client(farm.url) as c:
-        answer = c.resolve(name, rtx_machine(rtx, **overrides), explain=True)
-        small = c.resolve(name, rtx_machine(rtx, **overrides))
+        answer = c.resolve(name, machine, explain=True, accept=accept)
+        small = c.resolve(name, machine, accept=accept)
+        if accept:
+            with pytest.raises(ApiError) as unasked:
+                c.resolve(name, machine)
+            assert unasked.value.status_code == 404
+            cpu = next(p for p in unasked.value.problems if p["target"] == "onnxruntime/cpu-x86_64")
+            assert cpu["rule"] == "named-runtime"
     assert answer["engine"]["target"] == target, answer["reason"]
     assert answer["engine"]["id"] == engines[target]["id"]
     assert answer["match"] == match
     assert answer["download_url"] == f"/v1/engines/{engines[target]['id']}/content"
+    if machine.gpu_runtimes and not accept:  # a GPU engine runs here: the CPU file was not asked for
+        rejected = rejected | {"onnxruntime/cpu-x86_64": "named-runtime"}
     got = {r["target"]: r["rule"] for r in answer["rejected"]}
     assert got == rejected, answer["rejected"]
     # Every candidate is accounted for: the choice, the ranked fallbacks, the rejections.
@@ -117,7 +129,8 @@ def test_get_and_post_agree_and_explain_lists_every_check(farm, api, built):
     assert [c["engine_id"] for c in a["candidates"]] == [c["engine_id"] for c in b["candidates"]]
     table = {c["target"]: c for c in b["candidates"]}
     assert set(table) == set(TARGETS)
-    assert table["tensorrt-rtx/sm86"]["rank"] == 1 and table["onnxruntime/cpu-x86_64"]["rank"] == 2
+    assert table["tensorrt-rtx/sm86"]["rank"] == 1 and table["onnxruntime/cpu-x86_64"]["rank"] is None
+    assert table["onnxruntime/cpu-x86_64"]["rule"] == "named-runtime"  # a TensorRT-RTX machine did not ask for it
     assert table["tensorrt-rtx/sm89"]["rank"] is None
     rules = {c["rule"]: c["outcome"] for c in table["tensorrt-rtx/sm86"]["checks"]}
     assert rules == {"platform": "pass", "rtx-release": "pass", "rtx-cc": "pass", "driver-floor": "pass", "memory": "pass",
@@ -150,7 +163,13 @@ def test_filters_and_measured_evidence_rank_and_exclude(farm, api, built, dist_s
     # The benchmark stage checks the CPU artifact here; the GPU engines wait for a GPU worker, unchecked.
     with Client(farm.url) as c:
         c.wait_checks(engines["onnxruntime/cpu-x86_64"]["model_id"], timeout=120)
-    unchecked = api.post("/v1/resolve", json=base | {"accuracy": "pass", "explain": True}).json()
+    gpu_only = api.post("/v1/resolve", json=base | {"accuracy": "pass", "explain": True})
+    assert gpu_only.status_code == 404  # a TensorRT-RTX machine is never handed the ONNX Runtime file unasked
+    cpu_rule = next(p for p in gpu_only.json()["problems"] if p["target"] == "onnxruntime/cpu-x86_64")
+    assert cpu_rule["rule"] == "named-runtime" and "accept=cpu" in cpu_rule["reason"]
+    assert "tensorrt-rtx/sm86" in gpu_only.json()["build"]["targets"]
+    assert gpu_only.json()["build"]["command"].startswith(f"enginefarm fetch {name} ")
+    unchecked = api.post("/v1/resolve", json=base | {"accuracy": "pass", "explain": True, "accept": ["cpu"]}).json()
     assert unchecked["engine"]["target"] == "onnxruntime/cpu-x86_64" and unchecked["match"] == "cpu_fallback"
     rejected = {r["target"]: r for r in unchecked["rejected"]}
     assert rejected["tensorrt-rtx/sm86"]["rule"] == "filter:accuracy"
@@ -159,11 +178,12 @@ def test_filters_and_measured_evidence_rank_and_exclude(farm, api, built, dist_s
     # Evidence as the benchmark stage records it: accuracy on the engine, latency per GPU model and shape.
     sm86 = engines["tensorrt-rtx/sm86"]["id"]
     with session_scope(dist_settings) as s:
-        s.get(EngineRow, sm86).accuracy_pass = True
-        s.add(BenchmarkRow(engine_id=sm86, shape_key="opt", gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6",
-                           median_ms=1.25, p99_ms=1.5, machine={}, stats={}, shapes={}))
-        s.add(BenchmarkRow(engine_id=sm86, shape_key="opt", gpu_name="NVIDIA RTX A6000", compute_capability="8.6",
-                           median_ms=0.5, machine={}, stats={}, shapes={}))
+        project = s.get(EngineRow, sm86).model.project
+        checks.record_verdict(s, sm86, project, {"pass": True})
+        s.add(BenchmarkRow(engine_id=sm86, project=project, shape_key="opt", gpu_name="NVIDIA GeForce RTX 3090",
+                           compute_capability="8.6", median_ms=1.25, p99_ms=1.5, machine={}, stats={}, shapes={}))
+        s.add(BenchmarkRow(engine_id=sm86, project=project, shape_key="opt", gpu_name="NVIDIA RTX A6000",
+                           compute_capability="8.6", median_ms=0.5, machine={}, stats={}, shapes={}))
     passed = api.post("/v1/resolve", json=base | {"accuracy": "pass", "max_latency_ms": 2, "explain": True}).json()
     assert passed["engine"]["id"] == sm86
     row = next(c for c in passed["candidates"] if c["engine_id"] == sm86)
@@ -237,8 +257,12 @@ def test_build_for_the_asking_machine(farm, api, built, tmp_path):
     # An RTX 5090 (sm120): only the CPU artifact runs, so build=true builds tensorrt-rtx/sm120 (worker B serves it).
     blackwell = asdict(rtx_machine(rtx, gpu_name="NVIDIA GeForce RTX 5090", compute_capability="12.0"))
     plain = api.post("/v1/resolve", json={"model": name, "machine": blackwell})
-    assert plain.status_code == 200 and plain.json()["match"] == "cpu_fallback"
-    r = api.post("/v1/resolve", json={"model": name, "machine": blackwell, "build": True})
+    assert plain.status_code == 404  # no TensorRT-RTX engine for sm120 yet, and the CPU file was not asked for
+    assert plain.json()["build"]["targets"] == ["tensorrt-rtx/sm120"]
+    assert "--cc 12.0" in plain.json()["build"]["command"] and plain.json()["build"]["command"].endswith("--build")
+    assert api.post("/v1/resolve", json={"model": name, "machine": blackwell, "accept": ["cpu"]}).json()["match"] \
+        == "cpu_fallback"
+    r = api.post("/v1/resolve", json={"model": name, "machine": blackwell, "build": True, "accept": ["cpu"]})
     assert r.status_code == 202, r.text
     body = r.json()
     assert body["target"] == "tensorrt-rtx/sm120" and body["fallback"]["target"] == "onnxruntime/cpu-x86_64"

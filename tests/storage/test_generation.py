@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from enginefarm.config import Settings
 from enginefarm.server import devservices
-from enginefarm.storage import catalog
+from enginefarm.storage import catalog, checks
 from enginefarm.storage.db import migrate, session_scope
 from enginefarm.storage.tables import ModelRow
 from tests.helpers import catalog_engine, catalog_model, unique_name
@@ -55,12 +55,14 @@ def test_every_engine_and_benchmark_change_bumps_each_model_row_of_those_bytes(s
     assert after_engine[0] == after_engine[1] > 0 and after_engine[2] == 0  # the twin shares the bytes
 
     steps = [
-        lambda s: catalog.record_benchmark(s, engine, shape_key="opt", shapes={}, machine={}, gpu_name="RTX",
-                                           compute_capability="8.6", stats=STATS),
+        lambda s: checks.record_benchmark(s, engine, project="", shape_key="opt", shapes={}, machine={},
+                                          gpu_name="RTX", compute_capability="8.6", stats=STATS),
         # the same measurement again replaces the first (a bulk delete, then an insert)
-        lambda s: catalog.record_benchmark(s, engine, shape_key="opt", shapes={}, machine={}, gpu_name="RTX",
-                                           compute_capability="8.6", stats=STATS),
-        lambda s: catalog.record_accuracy(s, engine, {"pass": True}),
+        lambda s: checks.record_benchmark(s, engine, project="", shape_key="opt", shapes={}, machine={},
+                                          gpu_name="RTX", compute_capability="8.6", stats=STATS),
+        lambda s: checks.record_verdict(s, engine, "", {"pass": True}),
+        # a later verdict of the same project replaces the first
+        lambda s: checks.record_verdict(s, engine, "", {"pass": False}),
     ]
     last = after_engine
     for step in steps:
@@ -78,7 +80,7 @@ def test_a_rolled_back_change_and_a_change_elsewhere_leave_it_alone(settings):
         engine = catalog_engine(s, s.get(ModelRow, model), "sm86")
     before = generations(settings, model)
     with pytest.raises(RuntimeError), session_scope(settings) as s:
-        catalog.record_accuracy(s, engine, {"pass": False})
+        checks.record_verdict(s, engine, "", {"pass": False})
         s.flush()
         raise RuntimeError("the worker died before its commit")
     with session_scope(settings) as s:  # samples are not part of a resolve answer

@@ -53,8 +53,9 @@ def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_pa
                 "'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
         command.upgrade(cfg, "head")
         with engine.connect() as conn:
-            row = conn.execute(text("SELECT accuracy_pass, device_memory_bytes FROM engines WHERE id = 1")).one()
-            assert tuple(row) == (None, None)
+            row = conn.execute(text("SELECT device_memory_bytes FROM engines WHERE id = 1")).one()
+            assert tuple(row) == (None,)
+            assert conn.execute(text("SELECT count(*) FROM engine_verdicts")).scalar() == 0
             assert conn.execute(text("SELECT count(*) FROM benchmarks")).scalar() == 0
         command.downgrade(cfg, "0001")
         with engine.connect() as conn:
@@ -127,5 +128,43 @@ def test_profile_migration_fills_engines_from_their_build_spec(database_url, tmp
         command.downgrade(cfg, "0006")
         with engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM engines")).scalar() == 2
+    finally:
+        engine.dispose()
+
+
+def test_verdict_migration_gives_each_check_to_the_project_of_the_model_it_was_built_for(database_url, tmp_path):
+    """Before 0010 an engine held one verdict and its benchmarks were everyone's; after it, they are the project's
+    whose model the engine was built for, and another project that shares the bytes starts with none."""
+    cfg = alembic_config(database_url)
+    command.upgrade(cfg, "0009")
+    engine = create_engine(database_url)
+    sha = "a" * 64
+    try:
+        with engine.begin() as conn:
+            for mid, project in ((1, "team-a"), (2, "team-b")):
+                conn.execute(text("INSERT INTO models (id, project, name, version, seq, sha256, format, blob_key, size, "
+                                  "info, created_at) VALUES (:id, :p, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', "
+                                  "CURRENT_TIMESTAMP)"), {"id": mid, "p": project, "sha": sha})
+            conn.execute(text(
+                "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
+                "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
+                "build_seconds, created_at, accuracy, accuracy_pass, profiles) VALUES (1, 1, :sha, :sha, "
+                "'onnxruntime/cpu-x86_64', 'onnxruntime', '1.23', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', "
+                "0.1, CURRENT_TIMESTAMP, :acc, false, '[]')"), {"sha": sha, "acc": '{"pass": false, "worst": {}}'})
+            conn.execute(text("INSERT INTO benchmarks (engine_id, shape_key, shapes, machine, median_ms, stats, "
+                              "created_at) VALUES (1, 'opt', '{}', '{}', 2.5, '{}', CURRENT_TIMESTAMP)"))
+            conn.execute(text("INSERT INTO benchmark_tasks (engine_id, target, checks_hash, spec, state, attempts, "
+                              "queued_at) VALUES (1, 'onnxruntime/cpu-x86_64', :sha, '{}', 'succeeded', 1, "
+                              "CURRENT_TIMESTAMP)"), {"sha": sha})
+        command.upgrade(cfg, "0010")
+        with engine.connect() as conn:
+            verdicts = conn.execute(text("SELECT engine_id, project, accuracy_pass FROM engine_verdicts")).all()
+            assert [tuple(v) for v in verdicts] == [(1, "team-a", False)]
+            assert conn.execute(text("SELECT project FROM benchmarks")).scalar() == "team-a"
+            assert conn.execute(text("SELECT project FROM benchmark_tasks")).scalar() == "team-a"
+        command.downgrade(cfg, "0009")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT accuracy_pass FROM engines WHERE id = 1")).one()
+            assert row[0] in (False, 0)
     finally:
         engine.dispose()

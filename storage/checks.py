@@ -1,0 +1,125 @@
+"""A project's checks of an engine: the benchmark tasks, what they measured and the verdicts they reached.
+
+An engine is shared by every project that uploads its model's bytes; what is checked about it is not. A check
+runs with one project's settings and samples, and its benchmarks and accuracy verdict are stored under that
+project. Every read here takes the project whose view it builds, so one project's check can never change what
+another project is handed, gated on or shown (docs/architecture.md, "What projects share").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from enginefarm.domain import TaskState
+from enginefarm.storage.catalog import _claim, _get
+from enginefarm.storage.generation import bump
+from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, ModelRow, VerdictRow, utcnow
+
+
+def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
+    return _get(session, BenchmarkTaskRow, task_id, "benchmark task")
+
+
+def claim_benchmark(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
+    return _claim(session, BenchmarkTaskRow, task_id, worker_id, max_deliveries)
+
+
+def end_benchmark(session: Session, task_id: int, state: TaskState, error: str | None = None) -> None:
+    values: dict[str, Any] = {"state": state.value, "error": error}
+    if state is TaskState.QUEUED:  # back to the queue after an infrastructure error
+        values.update(worker_id=None, started_at=None)
+    else:
+        values["finished_at"] = utcnow()
+    session.execute(update(BenchmarkTaskRow).where(BenchmarkTaskRow.id == task_id).values(**values))
+
+
+def record_benchmark(session: Session, engine_id: int, *, project: str, shape_key: str, shapes: dict, machine: dict,
+                     gpu_name: str | None, compute_capability: str | None, stats: dict,
+                     cpu_name: str | None = None) -> BenchmarkRow:
+    """Store one measurement for a project, replacing that project's earlier one of the same engine, shape and
+    device."""
+    same_device = BenchmarkRow.gpu_name.is_(None) if gpu_name is None else BenchmarkRow.gpu_name == gpu_name
+    session.execute(delete(BenchmarkRow).where(BenchmarkRow.engine_id == engine_id, BenchmarkRow.project == project,
+                                               BenchmarkRow.shape_key == shape_key, same_device))
+    e2e = stats["e2e"]
+    row = BenchmarkRow(engine_id=engine_id, project=project, shape_key=shape_key, shapes=shapes, gpu_name=gpu_name,
+                       cpu_name=cpu_name if gpu_name is None else None, compute_capability=compute_capability,
+                       machine=machine, median_ms=e2e["median"], p99_ms=e2e["p99"],
+                       throughput_qps=stats.get("throughput_qps"), stats=stats)
+    session.add(row)
+    return row
+
+
+def record_verdict(session: Session, engine_id: int, project: str, result: dict, *, task_id: int | None = None,
+                   device_memory_bytes: int | None = None) -> None:
+    """Store a project's accuracy verdict on an engine: its last finished check replaces its earlier one (one
+    upsert, so two checks of one project finishing together cannot both insert). The engine's device memory is a
+    fact of its bytes on a GPU, not a verdict, so it stays on the engine."""
+    engine = _get(session, EngineRow, engine_id, "engine")
+    if device_memory_bytes is not None:
+        engine.device_memory_bytes = device_memory_bytes
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    values = {"accuracy": result, "accuracy_pass": result.get("pass"), "benchmark_task_id": task_id,
+              "checked_at": utcnow()}
+    session.execute(insert(VerdictRow).values(engine_id=engine_id, project=project, **values)
+                    .on_conflict_do_update(index_elements=["engine_id", "project"], set_=values))
+    # A statement, not a flush: raise the generation of the engine's model bytes by hand (storage.generation).
+    bump(session, {engine.model_sha256})
+
+
+def verdicts_of(session: Session, engine_ids: list[int], project: str | None) -> dict[int, VerdictRow]:
+    """This project's verdicts on these engines, by engine id (an engine it never checked has none). ``None`` (a
+    token of the whole farm) reads each engine's verdict of the project of the model it was built for."""
+    if not engine_ids:
+        return {}
+    query = select(VerdictRow).where(VerdictRow.engine_id.in_(sorted(set(engine_ids))))
+    if project is None:
+        query = (query.join(EngineRow, EngineRow.id == VerdictRow.engine_id)
+                 .join(ModelRow, ModelRow.id == EngineRow.model_id).where(VerdictRow.project == ModelRow.project))
+    else:
+        query = query.where(VerdictRow.project == project)
+    return {row.engine_id: row for row in session.scalars(query)}
+
+
+def benchmark_tasks_of(session: Session, engine_ids: list[int], project: str | None) -> dict[int, list[BenchmarkTaskRow]]:
+    """This project's checks of these engines, oldest first, by engine id (``None``: every project's)."""
+    by_engine: dict[int, list[BenchmarkTaskRow]] = {}
+    if engine_ids:
+        query = select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id.in_(engine_ids))
+        if project is not None:
+            query = query.where(BenchmarkTaskRow.project == project)
+        for row in session.scalars(query.order_by(BenchmarkTaskRow.id)).all():
+            by_engine.setdefault(row.engine_id, []).append(row)
+    return by_engine
+
+
+class ProjectView:
+    """One project's evidence on a set of engines: its verdicts and its benchmarks, nothing another project
+    measured. Reports, the release gate and the dashboard read engines through one."""
+
+    def __init__(self, project: str, verdicts: dict[int, VerdictRow]):
+        self.project, self.verdicts = project, verdicts
+
+    def benchmarks(self, engine: EngineRow) -> list[BenchmarkRow]:
+        return [b for b in engine.benchmarks if b.project == self.project]
+
+    def verdict(self, engine: EngineRow) -> VerdictRow | None:
+        return self.verdicts.get(engine.id)
+
+    def accuracy(self, engine: EngineRow) -> dict | None:
+        v = self.verdicts.get(engine.id)
+        return v.accuracy if v is not None else None
+
+    def accuracy_pass(self, engine: EngineRow) -> bool | None:
+        v = self.verdicts.get(engine.id)
+        return v.accuracy_pass if v is not None else None
+
+
+def project_view(session: Session, engines: list[EngineRow], project: str) -> ProjectView:
+    """The view of ``project`` (a model's own project: what its owner and its readers are shown) on these engines."""
+    return ProjectView(project, verdicts_of(session, [e.id for e in engines], project))
