@@ -46,7 +46,9 @@ from enginefarm.server import devservices  # noqa: E402
 from enginefarm.server.embedded import Farm, issue_token  # noqa: E402
 
 REDIS_DB = 15
-DRIVER = {"driver": "580.82.07", "cuda": "13.0", "platform": "x86_64"}
+# A fleet's GPU machines accept the CPU artifact where no GPU engine of theirs is built (accept=cpu), so every kind
+# of machine gets an answer, as it did before a machine that names its runtime had to ask for one.
+DRIVER = {"driver": "580.82.07", "cuda": "13.0", "platform": "x86_64", "accept": "cpu"}
 MACHINES = {
     "RTX 3090": {"gpu": "NVIDIA GeForce RTX 3090", "cc": "8.6", "trt_rtx": "1.7.1.116", **DRIVER},
     "L4": {"gpu": "NVIDIA L4", "cc": "8.9", "trt_rtx": "1.7.1.116", **DRIVER},
@@ -54,7 +56,7 @@ MACHINES = {
     "A100": {"gpu": "NVIDIA A100-SXM4-80GB", "cc": "8.0", "trt": "10.14.1.48", **DRIVER},
     "H100": {"gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0", "trt": "10.13.3.9", **DRIVER},
     "Jetson Orin": {"gpu": "Orin", "cc": "8.7", "trt": "10.3.0.30", "driver": "540.4.0", "cuda": "12.6",
-                    "platform": "aarch64", "jetpack": "6.2"},
+                    "platform": "aarch64", "jetpack": "6.2", "accept": "cpu"},
     "CPU server": {"platform": "x86_64"},
 }
 
