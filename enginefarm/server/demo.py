@@ -14,6 +14,7 @@ from enginefarm.client.cache import EngineCache
 from enginefarm.client import Client
 from enginefarm.machine import Machine
 from enginefarm.config import Settings
+from enginefarm.errors import NoCompatibleEngine
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.client.report import plot_report, report_table
 from enginefarm.graph.samples import sample_spec, save_conv_net
@@ -77,9 +78,13 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
             again = c.fetch("convnet", dest, machine, cache=cache)
             console.print(f"   fetched again: {'from the local cache, no download' if again.from_cache else 'downloaded'}")
             hopper = replace(machine, gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_mib=81559)
-            h = c.resolve("convnet", hopper, explain=True)
-            console.print(f"5. resolve for an H100 (sm90, which TensorRT-RTX does not support): "
-                          f"{h['engine']['target']} ({h['match']}); excluded:")
+            try:
+                c.resolve("convnet", hopper)
+            except NoCompatibleEngine as exc:  # no TensorRT-RTX engine runs on sm90, and the CPU file was not asked for
+                console.print(f"5. resolve for an H100 (sm90, which TensorRT-RTX does not support): 404, {exc.message}",
+                              highlight=False)
+            h = c.resolve("convnet", hopper, explain=True, accept=["cpu"])
+            console.print(f"   with accept=cpu (fetch --allow-cpu): {h['engine']['target']} ({h['match']}); excluded:")
             for r in h["rejected"]:
                 console.print(f"   - {r['target']} (rule {r['rule']}): {r['reason']}", highlight=False)
             repo = export_from_farm(c, "convnet", data_dir / "triton", cache)

@@ -241,10 +241,12 @@ def test_which_engine_for_an_sm86_machine(built, farm):
     page.wait_for_selector("#answer-engine")
     assert SM86 in page.inner_text("#answer-engine")
     rows = [page.locator("#explain-table tbody tr").nth(i).locator("td, th").all_inner_texts() for i in range(3)]
-    # Every engine of both versions, ranked: the sm86 engine, then the CPU artifacts as fallbacks, newer first.
+    # Every engine of both versions: the sm86 engine ranked; the CPU artifacts excluded, since a machine that names
+    # TensorRT-RTX is not handed an ONNX Runtime file it did not ask for.
     assert page.locator("#explain-table tbody tr").count() == 3
-    assert [r[0] for r in rows] == ["1", "2", "3"]
-    assert SM86 in rows[0][1] and CPU in rows[1][1] and CPU in rows[2][1] and [r[2] for r in rows[1:]] == ["2", "1"]
+    assert [r[0] for r in rows] == ["1", "excluded", "excluded"]
+    assert SM86 in rows[0][1] and CPU in rows[1][1] and CPU in rows[2][1]
+    assert [r[4] for r in rows[1:]] == ["named-runtime", "named-runtime"]
     assert re.fullmatch(r"\d+ checks", rows[0][-1])
     shot(page, "resolve")
     # The same machine as a pasted probe: `enginefarm worker --probe --json`.
