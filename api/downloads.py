@@ -11,6 +11,7 @@
 - An S3 store answers with a 307 to a short-lived presigned URL by default, as OCI registries do, so the bytes
   never pass through the API; ``ENGINEFARM_DOWNLOAD_REDIRECT=false`` streams them through the API instead, for
   deployments whose clients cannot reach S3. The redirect may be kept only by the client, for half the URL's life.
+  A range to serve is redirected too; a range to ignore or refuse, or one with ``If-Range``, is answered here.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ IMMUTABLE = "private, max-age=31536000, immutable"
 # Streams read their chunks on threads of their own: on the shared pool they queued behind the routes.
 _STREAMS = anyio.CapacityLimiter(64)
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$", re.IGNORECASE)
+_S3_RANGE = re.compile(r"bytes=\d*-\d*")
 
 
 def redirect_cache_control(url_ttl_s: int) -> str:
@@ -51,11 +53,17 @@ def blob_response(request: Request, settings: Settings, key: str, sha256: str, f
         return Response(status_code=304, headers=headers)
     store = get_blob_store(settings)
     size = store.size(key)  # raises NotFound before any byte is sent, or any client is sent elsewhere
-    if settings.download_redirect and (url := store.download_url(key, settings.download_url_ttl_s, filename)):
+    asked, if_range = request.headers.get("range"), request.headers.get("if-range")
+    # If-Range (RFC 9110 13.1.5): the range only while the client's copy is this blob; a date never matches.
+    span = _span(asked, size) if if_range in (None, etag) else None
+    # Sent to S3 are the whole blob and a range to serve, as S3 reads it; anything else is answered here, as S3
+    # servers differ where RFC 9110 leaves a choice (SeaweedFS: 416 to bytes=5-2, and to BYTES=10-19) and judge
+    # If-Range by their own ETag.
+    plain_range = isinstance(span, tuple) and if_range is None and _S3_RANGE.fullmatch(asked or "") is not None
+    if (settings.download_redirect and (asked is None or plain_range)
+            and (url := store.download_url(key, settings.download_url_ttl_s, filename))):
         return RedirectResponse(url, status_code=307,
                                 headers={**headers, "Cache-Control": redirect_cache_control(settings.download_url_ttl_s)})
-    # If-Range (RFC 9110 13.1.5): the range only while the client's copy is this blob; a date never matches.
-    span = _span(request.headers.get("range"), size) if request.headers.get("if-range", etag) == etag else None
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if span is False:
         return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
