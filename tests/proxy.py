@@ -1,7 +1,8 @@
 """A real shared cache for tests: nginx with ``proxy_cache`` in front of one upstream, set up as a caching reverse
-proxy usually is. Its cache key is the URL alone (nginx's default, ``$scheme$proxy_host$request_uri``: no token),
-it keeps what the upstream's Cache-Control (or Expires) lets it keep and nothing else, and it does not store an
-answer that is ``private``, ``no-store`` or ``no-cache``, sets a cookie or says ``Vary: *``.
+proxy usually is. Its cache key is the URL alone (nginx's default, ``$scheme$proxy_host$request_uri``: no token).
+It keeps what the upstream's Cache-Control (or Expires) lets it keep, for as long as it says, and a 200 that says
+nothing for 10 minutes (``proxy_cache_valid 200``); it does not store an answer that is ``private``,
+``no-store`` or ``no-cache``, sets a cookie or says ``Vary: *``.
 
 Each answer carries ``X-Cache-Status`` (nginx's ``$upstream_cache_status``: MISS, HIT, EXPIRED, ...; empty when
 the request did not go through the cache). deploy/services.sh installs nginx (Debian's ``nginx-light``).
@@ -44,6 +45,7 @@ http {{
             proxy_set_header Connection "";
             proxy_set_header Host $http_host;
             proxy_cache shared;
+            proxy_cache_valid 200 10m;
             add_header X-Cache-Status $upstream_cache_status always;
         }}
     }}

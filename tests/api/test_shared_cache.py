@@ -1,9 +1,10 @@
-"""Downloads behind a real shared cache (nginx with proxy_cache, tests/proxy.py) in front of the real farm.
+"""The API behind a real shared cache (nginx with proxy_cache, tests/proxy.py) in front of the real farm.
 
-A shared cache keys what it keeps by URL, not by token. A download answer that it may keep would be handed to the
-next client asking for that URL: another project's token, or none, would get the first project's bytes (or its
-redirect to them) where the API itself answers 404 or 401. Downloads are ``private``, so every request reaches
-the API. A control upstream shows the same proxy does keep what it is allowed to."""
+A shared cache keys what it keeps by URL, not by token. An answer that it may keep would be handed to the next
+client asking for that URL: another project's token, or none, would get the first project's bytes (or its
+redirect to them), or its model records, where the API itself answers 404 or 401. Downloads are ``private``, and
+/v1 answers that say nothing else ``no-store``, so every request reaches the API. A control upstream shows the same
+proxy does keep what it is allowed to, and a 200 that says nothing."""
 
 from __future__ import annotations
 
@@ -41,15 +42,18 @@ def tenants(farm):
         assert made.status_code == 201, made.text
         tokens[f"{who}-{scope}"] = made.json()["token"]
     data = conv_net(seed=4242).SerializeToString()
+    name = unique_name("cached")
     with Client(farm.url, token=tokens["a-build"]) as a:
-        model, _ = a.upload(data, unique_name("cached"))
+        model, _ = a.upload(data, name)
         build = a.build(model["id"], [CPU], {**sample_spec(), **NO_CHECKS})
         task = a.wait_build(build["id"], timeout=300)["tasks"][0]
         assert task["state"] == "succeeded", task
         engine = a.get(f"/v1/engines/{task['engine_id']}")
     return {"a": tokens["a-read"], "b": tokens["b-read"],
             "model": (f"/v1/models/{model['id']}/content", model["sha256"]),
-            "engine": (f"/v1/engines/{engine['id']}/content", engine["sha256"])}
+            "engine": (f"/v1/engines/{engine['id']}/content", engine["sha256"]),
+            "records": [f"/v1/models/{model['id']}", f"/v1/engines/{engine['id']}", f"/v1/builds/{build['id']}",
+                        f"/v1/models/{model['id']}/report", f"/v1/models?name={name}"]}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +78,8 @@ def proxies(farm, streaming_api, tmp_path_factory):
 
 
 class _Public(BaseHTTPRequestHandler):
-    """Answers every GET with the number of requests it has had, marked as a shared cache may keep it."""
+    """Answers every GET with the number of requests it has had: /public marked as a shared cache may keep it,
+    anything else with nothing said about caching."""
 
     seen = 0
 
@@ -82,8 +87,9 @@ class _Public(BaseHTTPRequestHandler):
         type(self).seen += 1
         body = f"answer {self.seen} for {self.headers.get('Authorization')}".encode()
         self.send_response(200)
-        for name, value in (("Cache-Control", "public, max-age=600"), ("Content-Length", str(len(body)))):
-            self.send_header(name, value)
+        if self.path == "/public":
+            self.send_header("Cache-Control", "public, max-age=600")
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
@@ -92,19 +98,22 @@ class _Public(BaseHTTPRequestHandler):
 
 
 def test_the_proxy_is_a_shared_cache_that_keys_by_url_alone(tmp_path):
-    """The control: what an upstream marks public is kept and handed to the next client, whatever its token."""
+    """The control: what an upstream marks public, or leaves unmarked, is kept and handed to the next client,
+    whatever its token."""
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Public)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     try:
         with CachingProxy(f"http://127.0.0.1:{upstream.server_port}", tmp_path / "nginx") as proxy:
-            first = httpx.get(f"{proxy.url}/x", headers=bearer("alice"), timeout=30)
-            second = httpx.get(f"{proxy.url}/x", headers=bearer("bob"), timeout=30)
-            anonymous = httpx.get(f"{proxy.url}/x", timeout=30)
+            answers = {path: [httpx.get(f"{proxy.url}{path}", headers=headers, timeout=30)
+                              for headers in (bearer("alice"), bearer("bob"), {})]
+                       for path in ("/public", "/unmarked")}
     finally:
         upstream.shutdown()
-    assert first.headers[CACHE_STATUS] == "MISS" and first.text == "answer 1 for Bearer alice"
-    assert second.headers[CACHE_STATUS] == "HIT" and second.text == "answer 1 for Bearer alice"
-    assert anonymous.headers[CACHE_STATUS] == "HIT" and _Public.seen == 1
+    for path, (first, second, anonymous) in answers.items():
+        assert first.headers[CACHE_STATUS] == "MISS" and first.text.endswith("for Bearer alice"), path
+        assert [second.headers[CACHE_STATUS], anonymous.headers[CACHE_STATUS]] == ["HIT", "HIT"], path
+        assert second.text == anonymous.text == first.text, path
+    assert _Public.seen == 2
 
 
 @pytest.mark.parametrize("mode", ["streamed", "redirect"])
@@ -137,3 +146,19 @@ def test_another_project_or_no_token_never_gets_a_projects_download_from_a_share
     assert "location" not in nobody.headers and "x-content-sha256" not in nobody.headers
     # Nor was A's own answer kept: the next one comes from the API too.
     assert mine_again.status_code == mine.status_code and mine_again.headers[CACHE_STATUS] == "MISS"
+
+
+def test_another_project_or_no_token_never_gets_a_projects_records_from_a_shared_cache(tenants, proxies):
+    """/v1 answers that say nothing about caching say no-store: a cache that keeps unmarked 200s keeps none."""
+    with httpx.Client(base_url=proxies["redirect"], timeout=60) as http:
+        for path in tenants["records"]:
+            mine = http.get(path, headers=bearer(tenants["a"]))
+            theirs = http.get(path, headers=bearer(tenants["b"]))
+            nobody = http.get(path)
+            assert nobody.status_code == 401, (path, nobody.status_code, nobody.headers[CACHE_STATUS])
+            if "?" in path:  # a listing: B's own, empty
+                assert theirs.status_code == 200 and theirs.json()["total"] == 0, (path, theirs.text[:200])
+            else:
+                assert theirs.status_code == 404, (path, theirs.status_code, theirs.headers[CACHE_STATUS])
+            assert theirs.headers[CACHE_STATUS] == nobody.headers[CACHE_STATUS] == "MISS", path
+            assert mine.status_code == 200 and mine.headers["cache-control"] == "no-store", (path, mine.headers)
