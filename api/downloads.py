@@ -1,12 +1,17 @@
 """Serving a blob as registries serve content-addressed, immutable bytes.
 
-- ``ETag`` is the sha256 (also in ``X-Content-SHA256``), with ``Cache-Control: immutable``: a client or a proxy
-  that holds the bytes asks with ``If-None-Match`` and gets a 304 with no body and no read of the store.
-- ``Range`` requests are answered with 206, so an interrupted download resumes where it stopped.
-- A local store's file is served as a file (``FileResponse``: sendfile where the server offers it).
+- ``ETag`` is the sha256 (also in ``X-Content-SHA256``), with ``Cache-Control: private, immutable``: a client that
+  holds the bytes asks with ``If-None-Match`` and gets a 304 with no body and no read of the store. ``private``,
+  because the answer depends on the token: a shared cache keyed by URL alone (a reverse proxy) would hand one
+  project's bytes to another project's token, or to none, where the API answers 404 or 401.
+- ``Range`` as RFC 9110 says, the same for every store: one satisfiable range is a 206, a range that starts past
+  the end a 416, and a range the server may ignore (invalid, several, another unit, an ``If-Range`` that does not
+  match) the whole blob.
+- A local store's whole file is served as a file (``FileResponse``: sendfile where the server offers it).
 - An S3 store answers with a 307 to a short-lived presigned URL by default, as OCI registries do, so the bytes
   never pass through the API; ``ENGINEFARM_DOWNLOAD_REDIRECT=false`` streams them through the API instead, for
-  deployments whose clients cannot reach S3.
+  deployments whose clients cannot reach S3. The redirect may be kept only by the client, for half the URL's life.
+  A range to serve is redirected too; a range to ignore or refuse, or one with ``If-Range``, is answered here.
 """
 
 from __future__ import annotations
@@ -17,38 +22,56 @@ from typing import AsyncIterator, Iterator
 import anyio
 from fastapi import Request, Response
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from enginefarm.config import Settings
 from enginefarm.hashing import SHA_HEADER
 from enginefarm.storage.blobs import get_blob_store
 
-IMMUTABLE = "public, max-age=31536000, immutable"
+IMMUTABLE = "private, max-age=31536000, immutable"
 # Streams read their chunks on threads of their own: on the shared pool they queued behind the routes.
 _STREAMS = anyio.CapacityLimiter(64)
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$", re.IGNORECASE)
+_S3_RANGE = re.compile(r"bytes=\d*-\d*")
+
+
+def redirect_cache_control(url_ttl_s: int) -> str:
+    """A presigned URL's redirect is fresh for half the URL's life: a client following it from its cache still
+    finds the URL valid."""
+    return f"private, max-age={url_ttl_s // 2}"
 
 
 def blob_response(request: Request, settings: Settings, key: str, sha256: str, filename: str) -> Response:
-    """The blob's bytes (or a 304, a 206, a 307) with its sha256 for the client to check. Raises NotFound
+    """The blob's bytes (or a 304, a 206, a 416, a 307) with its sha256 for the client to check. Raises NotFound
     (before any byte is sent) when the store has lost it."""
     etag = f'"{sha256}"'
-    headers = {SHA_HEADER: sha256, "ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
+    # Vary as well as private: a cache that ignores private still keeps one token's answer from another.
+    headers = {SHA_HEADER: sha256, "ETag": etag, "Cache-Control": IMMUTABLE, "Vary": "Authorization",
+               "Accept-Ranges": "bytes"}
     held = {t.strip() for t in request.headers.get("if-none-match", "").split(",")}
     if held & {etag, f"W/{etag}", "*"}:
         return Response(status_code=304, headers=headers)
     store = get_blob_store(settings)
-    disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
-    if (path := store.local_path(key)) is not None:
-        return FileResponse(path, media_type="application/octet-stream", headers={**headers, **disposition})
     size = store.size(key)  # raises NotFound before any byte is sent, or any client is sent elsewhere
-    if settings.download_redirect and (url := store.download_url(key, settings.download_url_ttl_s, filename)):
-        return RedirectResponse(url, status_code=307, headers=headers)
-    span = _span(request.headers.get("range"), size)
-    if span is None:
-        return StreamingResponse(_off_the_route_threads(store.iter_chunks(key)), media_type="application/octet-stream",
-                                 headers={**headers, **disposition, "Content-Length": str(size)})
+    asked, if_range = request.headers.get("range"), request.headers.get("if-range")
+    # If-Range (RFC 9110 13.1.5): the range only while the client's copy is this blob; a date never matches.
+    span = _span(asked, size) if if_range in (None, etag) else None
+    # Sent to S3 are the whole blob and a range to serve, as S3 reads it; anything else is answered here, as S3
+    # servers differ where RFC 9110 leaves a choice (SeaweedFS: 416 to bytes=5-2, and to BYTES=10-19) and judge
+    # If-Range by their own ETag.
+    plain_range = isinstance(span, tuple) and if_range is None and _S3_RANGE.fullmatch(asked or "") is not None
+    if (settings.download_redirect and (asked is None or plain_range)
+            and (url := store.download_url(key, settings.download_url_ttl_s, filename))):
+        return RedirectResponse(url, status_code=307,
+                                headers={**headers, "Cache-Control": redirect_cache_control(settings.download_url_ttl_s)})
+    disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if span is False:
         return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
+    if span is None:
+        if (path := store.local_path(key)) is not None:
+            return _WholeFile(path, media_type="application/octet-stream", headers={**headers, **disposition})
+        return StreamingResponse(_off_the_route_threads(store.iter_chunks(key)), media_type="application/octet-stream",
+                                 headers={**headers, **disposition, "Content-Length": str(size)})
     start, end = span
     return StreamingResponse(_off_the_route_threads(store.iter_chunks(key, start=start, end=end)), status_code=206,
                              media_type="application/octet-stream",
@@ -57,16 +80,32 @@ def blob_response(request: Request, settings: Settings, key: str, sha256: str, f
 
 
 def _span(header: str | None, size: int) -> tuple[int, int] | None | bool:
-    """The one byte range a Range header asks for; None for the whole blob (no header, or one we do not
-    take: several ranges); False when it cannot be satisfied."""
+    """The one byte range a Range header asks for (first and last byte); None for the whole blob; False when
+    it cannot be satisfied (RFC 9110 14.1.1: it starts past the end, or asks for the last 0 bytes).
+
+    None where RFC 9110 14.2 lets a server ignore the header: no header, another unit, several ranges, and
+    an invalid range (bad syntax, or a last byte before the first, as ``bytes=5-2``)."""
     match = _RANGE.match((header or "").strip())
     if not match or not (match[1] or match[2]):
         return None
     if not match[1]:  # bytes=-N: the last N
-        start, end = max(0, size - int(match[2])), size - 1
-    else:
-        start, end = int(match[1]), min(int(match[2]), size - 1) if match[2] else size - 1
-    return (start, end) if start <= end and start < size else False
+        suffix = int(match[2])
+        return (max(0, size - suffix), size - 1) if suffix > 0 and size > 0 else False
+    start = int(match[1])
+    if match[2] and int(match[2]) < start:
+        return None
+    if start >= size:
+        return False
+    return start, min(int(match[2]), size - 1) if match[2] else size - 1
+
+
+class _WholeFile(FileResponse):
+    """A local blob's whole file. The Range header was judged above and ignored, so FileResponse must not judge
+    it again (it answers 400 to a range RFC 9110 says to ignore, and several ranges as multipart)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"range", b"if-range")]
+        await super().__call__({**scope, "headers": headers}, receive, send)
 
 
 async def _off_the_route_threads(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:

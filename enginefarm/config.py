@@ -50,6 +50,9 @@ class Settings(BaseSettings):
     # Admission control. An upload that sends nothing for this long is dropped; each token may have this many
     # uploads in flight; each token, and the farm as a whole, may have this many build tasks waiting to run.
     upload_idle_timeout_s: float = Field(default=60.0, gt=0)
+    # How long a request's line and headers may take to arrive, from the connection's opening or the request's
+    # first byte (a client dribbling headers holds a connection only this long); past it a 408 and a close.
+    header_timeout_s: float = Field(default=30.0, gt=0)
     max_uploads_per_token: int = Field(default=4, ge=1)
     max_queued_tasks_per_token: int = Field(default=500, ge=1)
     max_queued_tasks: int = Field(default=5000, ge=1)
