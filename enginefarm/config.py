@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     # Comma-separated targets whose engines this worker benchmarks, "none" for none; default: probed.
     worker_bench_targets: str | None = None
     max_samples_bytes: int = Field(default=256 << 20, ge=1)
+    # The input tensors the farm allocates for a build (benchmark and accuracy inputs, the profiles' shapes): each
+    # at most this many elements and bytes, and one set of inputs at most this many bytes together. Checked when a
+    # spec is accepted (a 422 naming the input), so a worker never tries to allocate what it cannot.
+    max_tensor_elements: int = Field(default=1 << 30, ge=1)
+    max_tensor_bytes: int = Field(default=GIB, ge=1)
+    max_inputs_bytes: int = Field(default=4 * GIB, ge=1)
     worker_concurrency: int = Field(default=1, ge=1)
     log_tail_lines: int = Field(default=400, ge=1)
 
