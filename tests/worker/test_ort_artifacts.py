@@ -43,13 +43,14 @@ def run(path: Path, x: np.ndarray) -> np.ndarray:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_external_data_model_builds_one_self_contained_file(tmp_path, precision):
+@pytest.mark.parametrize(("precision", "cleanup"), [("fp32", "none"), ("fp16", "none"), ("fp32", "onnxslim")])
+def test_external_data_model_builds_one_self_contained_file(tmp_path, precision, cleanup):
+    """As the bundle's model.onnx (fp32), through the fp16 graph, and through onnxslim's prepared graph."""
     model = external_model(tmp_path / "bundle")
     log = BuildLog()
     (tmp_path / "scratch").mkdir()
-    built = engine_from_model(model, BuildSpec(**sample_spec(), precision=precision), ORT, None,
-                              tmp_path / "scratch", log)
+    spec = BuildSpec(**sample_spec(), precision=precision, graph_cleanup=cleanup)
+    built = engine_from_model(model, spec, ORT, None, tmp_path / "scratch", log)
     optimized = onnx.load(str(built.path), load_external_data=False)
     assert not [t.name for t in optimized.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
     x = np.random.default_rng(3).standard_normal((2, 3, 32, 32)).astype(np.float32)
