@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path.home() / ".enginefarm"
@@ -39,7 +39,10 @@ class Settings(BaseSettings):
     api_url: str = DEFAULT_API_URL
     max_upload_bytes: int = Field(default=8 * GIB, ge=1)
     max_bundle_files: int = Field(default=10_000, ge=1)
-    max_unpacked_bytes: int = Field(default=16 * GIB, ge=1)
+    # What a bundle may expand to, in all and against its packed size, judged from its directory before a byte is
+    # written (at upload, and again in the worker). 0: twice max_upload_bytes, ample for weights (they compress
+    # little) and bounded whatever the archive claims.
+    max_unpacked_bytes: int = Field(default=0, ge=0)
     max_compression_ratio: float = Field(default=200.0, gt=1)
     max_targets_per_build: int = Field(default=64, ge=1)
     max_json_bytes: int = Field(default=1 << 20, ge=1024)  # a build spec, a sweep, a resolve query
@@ -68,6 +71,12 @@ class Settings(BaseSettings):
     # Comma-separated targets whose engines this worker benchmarks, "none" for none; default: probed.
     worker_bench_targets: str | None = None
     max_samples_bytes: int = Field(default=256 << 20, ge=1)
+    # The input tensors the farm allocates for a build (benchmark and accuracy inputs, the profiles' shapes): each
+    # at most this many elements and bytes, and one set of inputs at most this many bytes together. Checked when a
+    # spec is accepted (a 422 naming the input), so a worker never tries to allocate what it cannot.
+    max_tensor_elements: int = Field(default=1 << 30, ge=1)
+    max_tensor_bytes: int = Field(default=GIB, ge=1)
+    max_inputs_bytes: int = Field(default=4 * GIB, ge=1)
     worker_concurrency: int = Field(default=1, ge=1)
     log_tail_lines: int = Field(default=400, ge=1)
 
@@ -114,6 +123,12 @@ class Settings(BaseSettings):
     # A class, as "module:Name", that every build backend is wrapped in: it is constructed with the real backend and
     # must offer the same methods (instrumentation, or a test's controllable build). None: the backends as they are.
     backend_wrapper: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+    @model_validator(mode="after")
+    def _unpacked_limit(self) -> Settings:
+        if not self.max_unpacked_bytes:
+            self.max_unpacked_bytes = 2 * self.max_upload_bytes
+        return self
 
     @property
     def resolved_database_url(self) -> str:

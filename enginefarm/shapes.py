@@ -84,6 +84,40 @@ def format_dims(dims: list[int]) -> str:
     return "x".join(str(d) for d in dims)
 
 
+# Bytes per element of each ONNX element type, by its TensorProto name (the sub-byte types take a byte each, as a
+# buffer of them is allocated). Types not named here (STRING, new ones) count as 8: a pointer at least.
+DTYPE_BYTES = {
+    "BOOL": 1, "INT8": 1, "UINT8": 1, "INT4": 1, "UINT4": 1, "INT2": 1, "UINT2": 1, "FLOAT4E2M1": 1,
+    "FLOAT8E4M3FN": 1, "FLOAT8E4M3FNUZ": 1, "FLOAT8E5M2": 1, "FLOAT8E5M2FNUZ": 1, "FLOAT8E8M0": 1,
+    "INT16": 2, "UINT16": 2, "FLOAT16": 2, "BFLOAT16": 2,
+    "INT32": 4, "UINT32": 4, "FLOAT": 4,
+    "INT64": 8, "UINT64": 8, "DOUBLE": 8, "COMPLEX64": 8,
+    "COMPLEX128": 16,
+}
+UNKNOWN_DTYPE_BYTES = 8
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of an ONNX element type name such as ``FLOAT``."""
+    return DTYPE_BYTES.get(dtype.upper(), UNKNOWN_DTYPE_BYTES)
+
+
+def volume(dims: list[int]) -> int:
+    """The number of elements of a tensor of these dims (1 for a scalar)."""
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def format_bytes(size: int) -> str:
+    """1073741824 → '1 GiB', 805306368 → '768 MiB' (binary units, at most one decimal)."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f}".removesuffix(".0") + f" {unit}"
+    return f"{size} bytes"
+
+
 def engine_profiles(spec: dict[str, Any] | None, info: dict[str, Any] | None) -> list[dict[str, dict[str, list[int]]]]:
     """The optimization profiles an engine was built with, from its build's stored spec (whose ``profiles`` already
     fold in the spec's static ``shapes``) and its model's inputs: an input the spec leaves out that the model gives

@@ -81,6 +81,32 @@ def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list
     return builds, benches
 
 
+def requeue_abandoned_quantize(session: Session, live_worker_ids: set[str], max_attempts: int
+                               ) -> tuple[list[int], list[int]]:
+    """Quantization stages running on a worker whose heartbeats stopped go back to the queue, as build tasks do;
+    one whose worker was lost ``max_attempts`` times is failed with the reason, and the build's waiting tasks with it
+    (a model whose calibration kills its worker must not loop forever). Returns the build ids requeued and failed."""
+    from enginefarm.storage.catalog import fail_quantize
+
+    waiting = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
+    requeued, failed = [], []
+    for build in session.scalars(select(BuildRow).where(BuildRow.id.in_(waiting)).with_for_update()):
+        stage = build.quantize or {}
+        if stage.get("state") != TaskState.RUNNING.value or stage.get("worker_id") in live_worker_ids:
+            continue
+        attempts = int(stage.get("attempts") or 0) + 1
+        if attempts >= max_attempts:
+            build.quantize = {**stage, "attempts": attempts}
+            fail_quantize(session, build.id, f"gave up after {attempts} attempts: each ended with its worker gone "
+                                             f"(the last, {stage.get('worker_id')}, stopped sending heartbeats)")
+            failed.append(build.id)
+        else:
+            build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None,
+                              "error": abandoned_reason(stage.get("worker_id")), "attempts": attempts}
+            requeued.append(build.id)
+    return requeued, failed
+
+
 def abandoned_reason(worker_id: str) -> str:
     return f"requeued: worker {worker_id} stopped sending heartbeats"
 

@@ -1,8 +1,9 @@
 """The reconciler: the catalog is the source of truth, the broker only a way to wake workers.
 
-Every few seconds it (1) puts back in the queue the running tasks whose worker stopped sending
-heartbeats, and (2) publishes again the tasks that have been queued a while when their queue holds no
-message at all: their message was lost (Redis restarted empty, a publish failed after the commit).
+Every few seconds it (1) puts back in the queue the running tasks (builds, benchmarks, int8 quantization
+stages) whose worker stopped sending heartbeats, and (2) publishes again the tasks that have been queued a
+while when their queue holds no message at all: their message was lost (Redis restarted empty, a publish
+failed after the commit).
 A duplicate message is harmless: a task is claimed with a conditional update, so only one delivery runs.
 It runs in the API process (``start_reconciler``) and as ``enginefarm reconcile``.
 """
@@ -33,7 +34,9 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
         liveness.prune_workers(s, max(FORGET_WORKERS_AFTER_S, 10 * settings.worker_ttl_seconds))
         live = {w.id for w in liveness.live_workers(s, settings.worker_ttl_seconds)}
         lost_builds, lost_benches = liveness.requeue_abandoned(s, live)
+        lost_stages, _ = liveness.requeue_abandoned_quantize(s, live, settings.max_deliveries)
         requeued = [("build", t.id, t.target) for t in lost_builds] + [("bench", t.id, t.target) for t in lost_benches]
+        requeued += [("quantize", build_id, None) for build_id in lost_stages]
         builds, benches, waiting = liveness.queued_since(s, cutoff)
         stale = [("build", t.id, t.target) for t in builds] + [("bench", t.id, t.target) for t in benches]
         stale += [("quantize", b.id, None) for b in waiting]

@@ -11,7 +11,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from enginefarm.config import Settings
-from enginefarm.domain import EngineDescriptor, ModelInfo, Target
+from enginefarm.domain import Backend, EngineDescriptor, ModelInfo, Target
 from enginefarm.spec import BuildSpec
 from enginefarm.errors import BuildFailed, IntegrityError
 from enginefarm.graph.inputs import load_samples
@@ -81,6 +81,10 @@ def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine
         desc = backend.build(prepared_model(model_path, spec, scratch, log), spec, target, out, log, machine)
     except BuildFailed as exc:  # name the node and the next step; the builder's full text stays in the log
         raise BuildFailed(explain(exc.message, model_path)) from exc
+    if target.backend is Backend.ONNXRUNTIME:  # whatever built it, an artifact that does not load is never stored
+        from enginefarm.worker.backends.onnxruntime import check_loadable
+
+        check_loadable(out)
     seconds = time.perf_counter() - started
     desc.sha256, desc.size = sha256_file(out), out.stat().st_size
     return BuiltEngine(desc, out, seconds, log)

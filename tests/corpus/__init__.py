@@ -235,6 +235,12 @@ BUNDLES = [
     E("zip-encrypted", "bundle", upload(f.zip_encrypted_flag, "b.zip"), 422, "is encrypted"),
     E("zip-bomb-ratio", "bundle", upload(f.zip_bomb, "b.zip"), 413, "compression ratio"),
     E("tgz-bomb-ratio", "bundle", upload(f.tgz_bomb, "b.tgz"), 413, "compression ratio"),
+    # The test farm's uploads are limited to 32 MiB, so bundles may expand to 64 MiB: 300 MiB is over that, and 40 MiB
+    # is under it but over the whole archive's ratio.
+    E("zip-bomb-300-small-entries", "bundle", upload(f.zip_bomb_of_small_entries, "b.zip"), 413,
+      "over the limit of 67108864 bytes unpacked"),
+    E("zip-bomb-40-small-entries", "bundle", upload(lambda: f.zip_bomb_of_small_entries(40), "b.zip"), 413,
+      "the bundle expands to 41"),
     E("zip-10001-files", "bundle", upload(f.zip_many_files, "b.zip"), 422, "over the limit of 10000"),
     E("tgz-10001-files", "bundle", upload(f.tgz_many_files, "b.tgz"), 422, "files and folders, over the limit of 10000"),
     E("zip-duplicate-model", "bundle", upload(lambda: f.zip_duplicate("model.onnx", f.valid_onnx(), f.valid_onnx(7)),

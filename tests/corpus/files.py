@@ -215,6 +215,12 @@ def zip_bomb(size: int = 16 << 20) -> bytes:
     return zip_bytes({"model.onnx": valid_onnx(), "weights.bin": bytes(size)})
 
 
+def zip_bomb_of_small_entries(count: int = 300, size: int = 1 << 20) -> bytes:
+    """``count`` entries of ``size`` zeros each: none is over the 1 MiB judged entry by entry, the whole is a bomb
+    (300 of 1 MiB: 300 MiB from 0.34 MB, ratio 924)."""
+    return zip_bytes({"model.onnx": valid_onnx(), **{f"shards/{i:04d}.bin": bytes(size) for i in range(count)}})
+
+
 def zip_many_files(count: int = 10_001) -> bytes:
     files = {"model.onnx": valid_onnx(), **{f"shards/{i:05d}.bin": b"" for i in range(count)}}
     return zip_bytes(files, compression=zipfile.ZIP_STORED)

@@ -103,6 +103,11 @@ SPECS = [
     E("fixed-input-true-for-float", "validation", build({"fixed_inputs": {"input": True}}), 422,
       "input 'input' is FLOAT: give numbers, not true or false"),
     E("queue-without-worker-as-number", "validation", build(queue_without_worker=1), 422, "valid boolean"),
+    # Every dim within bounds, the tensor not: 2**20 x 3 x 32 x 32 float32 is 12 GiB for a worker to allocate.
+    E("profile-max-12-gib", "validation",
+      build({"profiles": [{"input": {**PROFILE[0]["input"], "max": [1 << 20, 3, 32, 32]}}]}), 422,
+      "input 'input' at 1048576x3x32x32 (profile 0's max shapes) is 3221225472 FLOAT elements, 12 GiB: over the "
+      "limit of 1 GiB a tensor (ENGINEFARM_MAX_TENSOR_BYTES)"),
     E("resolve-memory-true", "validation", resolve_post(model="m", machine={"memory_mib": True}), 422, "valid integer"),
     E("resolve-explain-as-number", "validation", resolve_post(model="m", explain=1), 422, "valid boolean"),
 ]

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from enginefarm.config import Settings
 from enginefarm.domain import TensorInfo
 from enginefarm.errors import ModelRejected, PayloadTooLarge
 from enginefarm.graph.modelfile import (
@@ -367,6 +368,28 @@ def test_zip_bomb_by_ratio(tmp_path, work):
     bundle = make_zip(tmp_path / "b.zip", {"model.onnx": valid_model_bytes(), "zeros.bin": bytes(2 << 20)})
     match = r"'zeros.bin' expands to 2097152 bytes .*compression ratio \d+ over 200"
     rejected(bundle, work, match, exc=PayloadTooLarge)
+
+
+def test_zip_bomb_of_small_entries_is_refused_before_anything_is_written(tmp_path, work):
+    """300 entries of 1 MiB of zeros (each at the per-entry threshold, so none is judged on its own): 300 MiB from
+    a third of a megabyte. The whole archive's ratio refuses it at upload, and in the worker before unpacking."""
+    files = {"model.onnx": valid_model_bytes(), **{f"shard{i:03d}.bin": bytes(1 << 20) for i in range(300)}}
+    bundle = make_zip(tmp_path / "b.zip", files)
+    assert bundle.stat().st_size < 400_000
+    match = r"the bundle expands to 314\d{6} bytes from \d+: compression ratio \d+ over 200"
+    rejected(bundle, work, match, exc=PayloadTooLarge)
+    assert list(work.iterdir()) == []
+    dest = tmp_path / "unpacked"
+    with pytest.raises(PayloadTooLarge, match=match):
+        unpack_bundle(bundle, "zip", dest, BundleLimits())
+    assert list(dest.iterdir()) == []
+
+
+def test_unpacked_size_limit_defaults_to_twice_the_upload_limit():
+    assert Settings(max_upload_bytes=32 << 20).max_unpacked_bytes == 64 << 20
+    assert Settings().max_unpacked_bytes == 16 << 30
+    assert Settings(max_upload_bytes=32 << 20, max_unpacked_bytes=5000).max_unpacked_bytes == 5000
+    assert BundleLimits.of(Settings(max_upload_bytes=1000)).max_unpacked_bytes == 2000
 
 
 def test_small_files_may_compress_well(tmp_path, work):
