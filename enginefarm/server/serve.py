@@ -12,7 +12,7 @@ import socket
 import uvicorn
 from uvicorn.supervisors import Multiprocess
 
-from enginefarm.config import KEEP_ALIVE_SECONDS
+from enginefarm.config import KEEP_ALIVE_SECONDS, get_settings
 
 APP = "enginefarm.api.main:app"
 
@@ -26,7 +26,8 @@ def listening_socket(config: uvicorn.Config) -> socket.socket:
 def serve_api(host: str, port: int, workers: int = 1, log_level: str = "info") -> None:
     """Serve the API until interrupted: ``workers`` processes sharing one TCP_NODELAY listening socket."""
     config = uvicorn.Config(APP, host=host, port=port, workers=workers, log_level=log_level,
-                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                            timeout_keep_alive=KEEP_ALIVE_SECONDS, proxy_headers=True,
+                            forwarded_allow_ips=get_settings().forwarded_allow_ips)
     sock = listening_socket(config)
     try:
         if workers > 1:
