@@ -75,3 +75,11 @@ def test_the_cli_says_what_is_wrong_with_a_pool_size_in_one_line(tmp_path):
     assert out.returncode == 1, out.stdout + out.stderr
     said = " ".join(out.stderr.split())
     assert "Traceback" not in said and said.startswith("error: --memPoolSize=workspace:") and "not a size" in said, said
+
+
+@pytest.mark.parametrize("item", ["x:[0,1e999]", "x:[-1e400,0]", "x:[nan,1]"])
+def test_a_value_range_past_float_is_refused_on_the_command_line(item):
+    from enginefarm.shapes import parse_val_ranges
+
+    with pytest.raises(ValueError, match="must be finite numbers"):
+        parse_val_ranges([item])

@@ -52,10 +52,10 @@ def probe(**changes: Any) -> str:
     return json.dumps({**PROBE, **changes})
 
 
-def ui_build(trtexec: str) -> Callable[[Context], Request]:
+def ui_build(trtexec: str = "", **fields: str) -> Callable[[Context], Request]:
     def make(ctx: Context) -> Request:
         data = {"csrf": csrf_token(ctx.tokens["build"]), "targets": "tensorrt-rtx/sm86", "precision": "fp32",
-                "trtexec": trtexec}
+                "trtexec": trtexec, **fields}
         return Request("POST", f"/ui/models/{ctx.model_id}/builds", {"data": data, "headers": _dashboard(ctx, "build")})
 
     return make
@@ -116,6 +116,15 @@ ENTRIES: list[Entry] = [
       "give a level from 0 to 5"),
     E("ui-build-opt-level-superscript", "text", ui_build("--builderOptimizationLevel=\u00b2"), 422,
       "give a level from 0 to 5"),
+    E("ui-build-dims-400-digits", "text", ui_build(dynamic="input", **{"min:input": "1x3x32x32", "opt:input": "1x3x32x32",
+                                                                      "max:input": "9" * 400 + "x3x32x32"}), 422,
+      "has a dim outside 1..1048576"),
+    E("ui-build-dims-5000-digits", "text", ui_build(dynamic="input", **{"min:input": "1x3x32x32", "opt:input": "1x3x32x32",
+                                                                       "max:input": "9" * 5000 + "x3x32x32"}), 422,
+      "write dims as 1x3x224x224"),
+    E("ui-build-trtexec-shapes-400-digits", "text",
+      ui_build("--minShapes=input:1x3x32x32 --optShapes=input:1x3x32x32 --maxShapes=input:" + "9" * 400 + "x3x32x32"),
+      422, "outside 1..1048576"),
     # names that reach the catalog
     E("token-name-nul", "text", token_named("corpus\\u0000"), 422, NUL),
     E("token-name-surrogate", "text", token_named("corpus\\ud800"), 422, "valid string"),
