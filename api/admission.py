@@ -2,6 +2,10 @@
 
 Checked in the transaction that records them, after ``catalog.hold_admission`` and the inserts, so a refusal
 rolls every row back and two submissions at a limit cannot both get in.
+
+The token a limit counts is a credential family's (``Principal.family_id``): a dashboard session's builds are
+recorded and counted as those of the token that opened it, so signing in again never buys a fresh allowance, and
+removing an ended session takes nothing off the count.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ RESPONSES: dict[int | str, dict] = {
 
 def admit(settings: Settings, session: Session, builds: list[BuildRow], served: dict[str, set[str]], *,
           token_id: int | None, queue_without_worker: bool | None) -> None:
-    """Raise unless these just-recorded builds may stay: every task that will wait for a worker has a live
+    """``token_id``: the requesting credential family's (``Principal.family_id``). Raise unless these just-recorded builds may stay: every task that will wait for a worker has a live
     one, unless the request (or, when it says nothing, the farm) allows waiting; and neither the token's nor
     the farm's queue goes past its limit. Tasks answered from the catalog neither wait nor count."""
     pending = [t for b in builds for t in b.tasks if t.state in catalog.PENDING_STATES]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from enginefarm.domain import ModelInfo, TaskState, Target
 from enginefarm.spec import BuildSpec
 from enginefarm.machine import Machine
+from enginefarm.text import CatalogText
 from enginefarm.validation import project_problem, target_precision
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, EngineRow, ModelRow, WorkerRow
@@ -251,8 +252,8 @@ class ResolveRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1, max_length=200)
-    version: str | None = Field(None, max_length=100, description='a model version, or "latest"')
+    model: CatalogText = Field(min_length=1, max_length=200)
+    version: CatalogText | None = Field(None, max_length=100, description='a model version, or "latest"')
     machine: Machine = Field(default_factory=Machine)
     precision: str | None = Field(None, pattern=PRECISION_PATTERN)
     spec_hash: str | None = Field(None, pattern=SPEC_HASH_PATTERN)
@@ -396,7 +397,7 @@ def build_out(row: BuildRow, details: dict[int, str | None], checks: dict[int, d
 
 
 class TokenIn(BaseModel):
-    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00]*$")
+    name: CatalogText = Field(min_length=1, max_length=100)
     scopes: list[str] = Field(min_length=1, max_length=3, description="read, build and/or admin")
     expires_in_days: StrictFloat | None = Field(default=None, description="1 second (1.16e-05 days) to 3650 days; "
                                                                         "none: until revoked")

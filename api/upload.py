@@ -89,10 +89,12 @@ class UploadSlots:
 
     @asynccontextmanager
     async def hold(self, principal: Principal, limit: int) -> AsyncIterator[None]:
-        key = principal.token_id if principal.token_id is not None else principal.name
+        # A dashboard session's uploads count with those of the token that opened it.
+        key = principal.family_id if principal.family_id is not None else principal.name
         if self._in_flight[key] >= limit:
-            raise TooManyUploads(f"token '{principal.name}' already has {limit} uploads in flight, the most one token "
-                                 "may have (ENGINEFARM_MAX_UPLOADS_PER_TOKEN); retry once one of them has finished")
+            raise TooManyUploads(f"token '{principal.name}' already has {limit} uploads in flight (its dashboard "
+                                 "sessions' included), the most one token may have (ENGINEFARM_MAX_UPLOADS_PER_TOKEN); "
+                                 "retry once one of them has finished")
         self._in_flight[key] += 1
         try:
             yield

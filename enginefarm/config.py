@@ -115,6 +115,15 @@ class Settings(BaseSettings):
     # Resolve answers each API process keeps by ETag (0: none). An answer is a few KB.
     resolve_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
 
+    # Dashboard sign-ins: sessions one token may open a minute (in the catalog, across API processes), and attempts
+    # one client address may make a minute (in each API process). Past either, a 429 with Retry-After.
+    signin_per_minute_per_token: int = Field(default=10, ge=1)
+    signin_per_minute_per_address: int = Field(default=30, ge=1)
+    # The proxies whose X-Forwarded-Proto and X-Forwarded-For the API believes (uvicorn's forwarded_allow_ips):
+    # comma-separated addresses or CIDR ranges, or "*" where nothing but the proxy can reach the API. A TLS-terminating
+    # proxy must be listed, or the API takes its requests for plain http (no Secure session cookie).
+    forwarded_allow_ips: str = "127.0.0.1"
+
     # Reads (catalog, resolve, download) without a token. Writes always need one.
     anonymous_read: bool = False
     # Browser origins allowed to call the API (CORS); none by default.

@@ -113,6 +113,17 @@ class QueueFull(TooBusy):
     retry_after = 60
 
 
+class SignInsTooFast(TooBusy):
+    """A token, or a client address, signing in to the dashboard faster than the farm allows."""
+
+    retry_after = 60
+
+    def __init__(self, message: str, *, retry_after: int | None = None, **context: Any):
+        super().__init__(message, **context)
+        if retry_after is not None:  # when the window frees a place, where that is known
+            self.retry_after = retry_after
+
+
 class IntegrityError(EnginefarmError):
     """Bytes whose sha256 does not match what the catalog recorded."""
 

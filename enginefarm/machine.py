@@ -2,7 +2,9 @@
 (GET and POST /v1/resolve) and the compatibility rules judge.
 
 Every field is optional; what is missing is reported as unchecked. The constraints hold wherever a fingerprint is
-made: a bad ``--cc`` on the command line is refused by the same rule as a bad ``compute_capability`` in a request.
+made: a bad ``--cc`` on the command line is refused by the same rule as a bad ``compute_capability`` in a request,
+and free text (the GPU's name, the OS), which resolution looks up in the catalog, is text the catalog can store
+(``enginefarm.text.CatalogText``) in the query string, the JSON body and the dashboard's form alike.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic.dataclasses import dataclass
 from enginefarm.domain import JETSON_CCS
 from enginefarm.spec import Precision
 from enginefarm.shapes import check_shape_request
+from enginefarm.text import CatalogText
 
 CC_PATTERN = r"^\d{1,2}\.\d$"
 VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"
@@ -26,7 +29,7 @@ JETPACK_PATTERN = r"^\d+(\.\d+){0,2}$"
 class Machine:
     """A deploy machine's fingerprint. Every field is optional; what is missing is reported as unchecked."""
 
-    gpu_name: str | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
+    gpu_name: CatalogText | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
     compute_capability: str | None = Field(None, pattern=CC_PATTERN, description="e.g. 8.6")
     memory_mib: StrictInt | None = Field(None, ge=1, le=1 << 24)
     driver_version: str | None = Field(None, pattern=VERSION_PATTERN)
@@ -36,9 +39,10 @@ class Machine:
     lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
                                                         "version-compatible engines")
     platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
-    os: str | None = Field(None, max_length=200)
-    cpu_name: str | None = Field(None, max_length=200, description="the CPU model (/proc/cpuinfo's model name): "
-                                                                  "CPU artifacts are ranked by latency measured on it")
+    os: CatalogText | None = Field(None, max_length=200)
+    cpu_name: CatalogText | None = Field(None, max_length=200, description="the CPU model (/proc/cpuinfo's model "
+                                                                          "name): CPU artifacts are ranked by "
+                                                                          "latency measured on it")
     jetpack: str | None = Field(None, pattern=JETPACK_PATTERN)
     # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
     # Empty: shapes are not judged.

@@ -3,6 +3,7 @@ the profiles an engine was built with, and Polygraphy's --val-range."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from enginefarm.spec import MAX_DIM
@@ -157,5 +158,7 @@ def parse_val_ranges(items: list[str]) -> dict[str, tuple[float, float]]:
             low, high = (float(v) for v in text[1:-1].split(","))
         except ValueError:
             raise ValueError(f"value range {item!r}: give two numbers, LOW and HIGH") from None
+        if not (math.isfinite(low) and math.isfinite(high)):  # float('1e999') is inf, not an error
+            raise ValueError(f"value range {item!r}: LOW and HIGH must be finite numbers")
         out[name] = (low, high)
     return out

@@ -19,6 +19,7 @@ HARDWARE_LEVELS = {"none": "none", "ampere+": "ampere_plus", "ampere_plus": "amp
                    "samecomputecapability": "same_compute_capability",
                    "same_compute_capability": "same_compute_capability"}
 _UNITS = {"B": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024}
+MAX_WORKSPACE_MIB = 1 << 20  # 1 TiB: BuildSpec.workspace_mib's own bound
 VALUE_FLAGS = ("--shapes", "--minShapes", "--optShapes", "--maxShapes", "--memPoolSize", "--builderOptimizationLevel",
                "--hardwareCompatibilityLevel", "--timingCacheFile")
 # Flags the farm sets itself, and why they are not taken.
@@ -34,13 +35,17 @@ NOT_TAKEN = {
 
 
 def memory_mib(text: str) -> int:
-    """``4096``, ``4096M``, ``4G``, ``512K``: trtexec's pool size syntax (no suffix: MiB) in MiB."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([BKMG]?)", text.strip())
+    """``4096``, ``4096M``, ``4G``, ``512K``: trtexec's pool size syntax (no suffix: MiB) in MiB, at most
+    ``MAX_WORKSPACE_MIB``."""
+    match = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)([BKMG]?)", text.strip())
     if not match:
-        raise ValueError(f"not a size: {text!r}; give e.g. 4096M or 4G")
+        raise ValueError(f"not a size: {text[:40]!r}{'...' if len(text) > 40 else ''}; give e.g. 4096M or 4G, "
+                         f"at most {MAX_WORKSPACE_MIB >> 10}G")
     mib = float(match[1]) * _UNITS[match[2] or "M"]
     if mib < 1:
         raise ValueError(f"{text!r} is under 1 MiB")
+    if mib > MAX_WORKSPACE_MIB:
+        raise ValueError(f"{text!r} is over {MAX_WORKSPACE_MIB >> 10}G, the largest workspace a build may ask for")
     return int(mib)
 
 
@@ -66,15 +71,16 @@ def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
         elif flag == "--memPoolSize" and value:
             for pool in value.split(","):
                 name, _, size = pool.partition(":")
+                shown = pool if len(pool) <= 60 else pool[:40] + "..."
                 if name != "workspace":
-                    problems.append(f"--memPoolSize={pool}: only the workspace pool can be set")
+                    problems.append(f"--memPoolSize={shown}: only the workspace pool can be set")
                     continue
                 try:
                     spec["workspace_mib"] = memory_mib(size)
                 except ValueError as exc:
-                    problems.append(f"--memPoolSize={pool}: {exc}")
+                    problems.append(f"--memPoolSize={shown}: {exc}")
         elif flag == "--builderOptimizationLevel" and value:
-            if not value.isdigit() or int(value) > 5:
+            if not re.fullmatch(r"0*[0-5]", value):  # not str.isdigit(): it takes '²' and 5000-digit numbers
                 problems.append(f"{token}: give a level from 0 to 5")
             else:
                 spec["optimization_level"] = int(value)

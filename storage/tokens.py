@@ -13,10 +13,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.errors import NotFound, SpecInvalid
+from enginefarm.errors import NotFound, SignInsTooFast, SpecInvalid
 from enginefarm.validation import project_problem
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow, utcnow
@@ -30,6 +30,10 @@ MIN_LIFETIME = timedelta(seconds=1)
 MAX_LIFETIME_DAYS = 3650
 # Recording every use would be a write per request; once a minute is enough to tell stale tokens.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+SIGN_IN_WINDOW = timedelta(minutes=1)
+# Live sessions one token may hold at once; signing in past it ends the oldest. With the sign-in rate and the
+# removal of ended sessions, this bounds the rows sessions take: at most this many per token.
+MAX_SESSIONS_PER_TOKEN = 50
 
 
 def hash_token(token: str) -> str:
@@ -53,6 +57,12 @@ class Principal:
 
     def allows(self, needed: str) -> bool:
         return rank(self.scope) >= rank(needed)
+
+    @property
+    def family_id(self) -> int | None:
+        """The token whose quotas this one counts against: for a dashboard session, the token that opened it, so
+        signing in again never buys a fresh allowance; for any other token, itself."""
+        return self.parent_id or self.token_id
 
 
 ANONYMOUS = Principal(None, "anonymous", "read")
@@ -126,6 +136,47 @@ def authenticate(session: Session, token: str) -> Principal | None:
     if row.last_used_at is None or as_utc(row.last_used_at) < now - LAST_USED_RESOLUTION:
         session.execute(update(ApiTokenRow).where(ApiTokenRow.id == row.id).values(last_used_at=now))
     return Principal(row.id, row.name, check_scopes(row.scopes), row.project, as_utc(row.expires_at), row.parent_id)
+
+
+def open_session(session: Session, principal: Principal, name: str, lifetime: timedelta,
+                 per_minute: int) -> tuple[ApiTokenRow, str]:
+    """A dashboard session for ``principal``'s token family: a token of its own with the same scope and project,
+    counted against the family's quotas. Raises SignInsTooFast (with the seconds to wait) once the family opened
+    ``per_minute`` sessions in the last minute (signed out or not). Ended sessions older than that minute are
+    removed first, and past ``MAX_SESSIONS_PER_TOKEN`` sessions the oldest are ended."""
+    root = principal.family_id
+    now = utcnow()
+    # Sign-ins of one token take turns (a row lock on PostgreSQL; SQLite has one writer anyway), so two at once
+    # cannot both pass the count.
+    session.scalars(select(ApiTokenRow.id).where(ApiTokenRow.id == root).with_for_update()).first()
+    # Sessions of the last minute stay, ended or not: signing out and in again must not reset the count.
+    remove_ended_sessions(session, now, opened_before=now - SIGN_IN_WINDOW)
+    opened = sorted(as_utc(t) for t in session.scalars(
+        select(ApiTokenRow.created_at).where(ApiTokenRow.parent_id == root,
+                                             ApiTokenRow.created_at > now - SIGN_IN_WINDOW)))
+    if len(opened) >= per_minute:
+        wait = opened[len(opened) - per_minute] + SIGN_IN_WINDOW - now
+        raise SignInsTooFast(f"token '{principal.name}' opened {len(opened)} sessions in the last minute, the most one "
+                             f"token may (ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN): sign in again later",
+                             retry_after=max(1, math.ceil(wait.total_seconds())))
+    live = list(session.scalars(select(ApiTokenRow.id).where(ApiTokenRow.parent_id == root)
+                                .order_by(ApiTokenRow.id.desc()).offset(MAX_SESSIONS_PER_TOKEN - 1)))
+    if live:
+        session.execute(delete(ApiTokenRow).where(ApiTokenRow.id.in_(live)))
+    return create_token(session, name, [principal.scope], lifetime, principal.project, parent_id=root)
+
+
+def remove_ended_sessions(session: Session, now: datetime | None = None,
+                          opened_before: datetime | None = None) -> int:
+    """Delete dashboard sessions that were revoked or have expired (they can never be used again), only those
+    opened before ``opened_before`` if given; returns how many. Tokens made by hand stay, listed as revoked or
+    expired. Sign-in calls it; a periodic sweep may too."""
+    now = now or utcnow()
+    ended = delete(ApiTokenRow).where(ApiTokenRow.parent_id.is_not(None),
+                                      or_(ApiTokenRow.revoked_at.is_not(None), ApiTokenRow.expires_at <= now))
+    if opened_before is not None:
+        ended = ended.where(ApiTokenRow.created_at < opened_before)
+    return session.execute(ended).rowcount or 0
 
 
 def list_tokens(session: Session, project: str | None = None) -> list[ApiTokenRow]:

@@ -62,6 +62,8 @@ def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
                 "ENGINEFARM_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT),
                 # Tests send up to 8 uploads at once with the session's one token (identical-upload races).
                 "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": "16",
+                # The dashboard tests sign in with the session's one token many times a minute.
+                "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN": "1000", "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": "1000",
                 # The reconciler runs every second and takes a message as lost after 3 s in an empty queue.
                 "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
     return env

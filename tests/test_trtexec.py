@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from enginefarm.spec import BuildSpec
@@ -47,3 +51,35 @@ def test_every_flag_it_cannot_take_is_named_with_the_reason():
                      "give a level from 0 to 5", "give none, ampere+ or sameComputeCapability",
                      "--noSuchFlag: not a trtexec build flag"):
         assert expected in text, text
+
+
+@pytest.mark.parametrize("size", ["9" * 400, "9" * 300 + "G", "2048G", "1e9", "\u0669\u0669"])
+def test_a_pool_size_past_any_workspace_is_refused_naming_the_flag(size):
+    """400 digits once overflowed a float into an OverflowError: a 500 on the dashboard, a traceback in the CLI."""
+    with pytest.raises(ValueError) as exc:
+        spec_from_trtexec(f"--memPoolSize=workspace:{size}")
+    assert str(exc.value).startswith("--memPoolSize=workspace:") and len(str(exc.value)) < 200, str(exc.value)
+
+
+@pytest.mark.parametrize("level", ["3" * 5000, "\u00b2", "6", "-1"])
+def test_an_optimization_level_outside_0_to_5_is_refused(level):
+    with pytest.raises(ValueError, match="give a level from 0 to 5"):
+        spec_from_trtexec(f"--builderOptimizationLevel={level}")
+
+
+def test_the_cli_says_what_is_wrong_with_a_pool_size_in_one_line(tmp_path):
+    """`enginefarm build --trtexec-args` with 400 digits: exit 1 and an error naming the flag, no traceback."""
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "build", "1", "--target", "onnxruntime/cpu-x86_64",
+                          "--api", "http://127.0.0.1:9", "--trtexec-args", "--memPoolSize=workspace:" + "9" * 400],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    said = " ".join(out.stderr.split())
+    assert "Traceback" not in said and said.startswith("error: --memPoolSize=workspace:") and "not a size" in said, said
+
+
+@pytest.mark.parametrize("item", ["x:[0,1e999]", "x:[-1e400,0]", "x:[nan,1]"])
+def test_a_value_range_past_float_is_refused_on_the_command_line(item):
+    from enginefarm.shapes import parse_val_ranges
+
+    with pytest.raises(ValueError, match="must be finite numbers"):
+        parse_val_ranges([item])

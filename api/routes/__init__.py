@@ -8,6 +8,7 @@ from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 
 from enginefarm.api.schemas import ErrorOut
+from enginefarm.text import text_problem
 
 # A 422 is either FastAPI's request validation or the farm's own (ModelRejected, SpecInvalid): ErrorOut is both.
 UNPROCESSABLE: dict[int | str, dict[str, Any]] = {422: {"model": ErrorOut, "description": "the request is invalid"}}
@@ -30,8 +31,9 @@ def check_body_id(name: str, value: int) -> None:
 
 
 def check_no_nul(where: str, **values: Any) -> None:
-    """Reject text holding a NUL character: no stored name has one, and PostgreSQL text cannot hold it."""
-    errors = [{"type": "string_nul", "loc": (where, name), "msg": "Value must not contain a NUL character"}
-              for name, value in values.items() if isinstance(value, str) and "\x00" in value]
+    """Reject text the catalog cannot store (a NUL, a lone surrogate) in query parameters, with the same 422 a
+    ``CatalogText`` field of a body gets: no stored name has one, and PostgreSQL text cannot hold it."""
+    errors = [{"type": "string_unstorable", "loc": (where, name), "msg": f"Value {problem}"}
+              for name, value in values.items() if isinstance(value, str) and (problem := text_problem(value))]
     if errors:
         raise RequestValidationError(errors)

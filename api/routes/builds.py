@@ -34,7 +34,7 @@ def submit_build(body: BuildRequest, tenant: Tenant, principal: Principal = Depe
     def describe(row: BuildRow, served: dict[str, set[str]]) -> BuildOut:
         return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks})
 
-    return services.submit_build(settings, body.model_id, body.targets, body.spec, tenant, token_id=principal.token_id,
+    return services.submit_build(settings, body.model_id, body.targets, body.spec, tenant, token_id=principal.family_id,
                                  queue_without_worker=body.queue_without_worker, describe=describe)
 
 

@@ -98,7 +98,7 @@ def answer(req: ResolveRequest, request: Request, session: Session, settings: Se
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
         built = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                           precision=req.precision, project=project, token_id=principal.token_id)
+                                           precision=req.precision, project=project, token_id=principal.family_id)
         out = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
         return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
     explain = req.explain
@@ -181,7 +181,6 @@ def resolve_get(
 def resolve_post(req: ResolveRequest, request: Request, session: Session = Depends(session_dep, scope="function"),
                  settings: Settings = Depends(settings_dep), principal: Principal = Depends(authorize)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
-    check_no_nul("body", model=req.model, version=req.version)
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
     return answer(req, request, session, settings, principal)

@@ -25,7 +25,7 @@ def submit_sweep(body: SweepRequest, tenant: Tenant, principal: Principal = Depe
     admitted whole or not at all, as one build is."""
     check_body_id("model_id", body.model_id)
     sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes, tenant,
-                                     token_id=principal.token_id, queue_without_worker=body.queue_without_worker)
+                                     token_id=principal.family_id, queue_without_worker=body.queue_without_worker)
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))
 
 

@@ -51,8 +51,9 @@ def form_fields(model: ModelOut) -> list[InputField]:
 def _dims(text: str, where: str, problems: list[dict]) -> list[int] | None:
     try:
         dims = [int(d) for d in text.lower().replace("×", "x").split("x")]
-    except ValueError:
-        problems.append({"loc": ["form", where], "msg": f"{text!r}: write dims as 1x3x224x224"})
+    except ValueError:  # int() refuses more than 4300 digits too; a value that long is cut in the message
+        shown = repr(text) if len(text) <= 60 else repr(text[:40]) + "..."
+        problems.append({"loc": ["form", where], "msg": f"{shown}: write dims as 1x3x224x224"})
         return None
     return dims
 

@@ -78,7 +78,7 @@ async def submit_build(request: Request, model_id: RowId, principal: Principal =
 
     def submit_and_render() -> Response:
         build_id = services.submit_build(settings, model_id, targets, spec, principal.project,
-                                         token_id=principal.token_id, queue_without_worker=queue_anyway or None)
+                                         token_id=principal.family_id, queue_without_worker=queue_anyway or None)
         with session_scope(settings) as s:  # the template renders here, while the rows are loaded
             return page(request, "fragments/matrix.html", submitted=build_id,
                         **_model_context(s, settings, model_id, principal))

@@ -1,13 +1,20 @@
-""""Which engine runs on my machine?": a form whose answer is /v1/resolve's own, with the explanation table."""
+""""Which engine runs on my machine?": a form whose answer is /v1/resolve's own, with the explanation table.
+
+The page's URL takes the form's fields, and GET /v1/resolve's names for them (``cc``, ``gpu``, ``trt_rtx``, ...), as
+its query: ``/ui/resolve?model=yolo&cc=8.6`` opens with the form filled and the answer shown, so an answer can be
+linked. A machine the form cannot take (a malformed probe, text the catalog cannot store) is a 422 page that says
+what is wrong; an unknown model is a 404 page.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request, Response
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from enginefarm.api.routes import resolve as resolve_routes
@@ -16,32 +23,68 @@ from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.errors import EnginefarmError, NoCompatibleEngine
 from enginefarm.machine import Machine
-from enginefarm.probe import GpuInfo, JetsonInfo, MachineProbe, machine_fingerprint
+from enginefarm.probe import MachineProbe, machine_fingerprint
 from enginefarm.shapes import shape_request
 from enginefarm.storage import catalog
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import Principal
+from enginefarm.text import text_problem
 
 router = APIRouter(prefix="/ui")
 FIELDS = ("model", "version", "gpu_name", "compute_capability", "memory_mib", "driver_version", "cuda_version",
           "trt_version", "trt_rtx_version", "platform", "jetpack", "shapes", "probe")
+# GET /v1/resolve's query names for the form's fields.
+QUERY_NAMES = {"gpu": "gpu_name", "cc": "compute_capability", "driver": "driver_version", "cuda": "cuda_version",
+               "trt": "trt_version", "trt_rtx": "trt_rtx_version"}
 CCS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "12.0", "12.1")
 MAX_PROBE_CHARS = 100_000
+# A probe is a flat object with two levels under it (gpus → a GPU → its fields); anything deeper is not one.
+MAX_PROBE_DEPTH = 8
+PROBE = TypeAdapter(MachineProbe)
+
+
+class ProbeInvalid(ValueError):
+    """A pasted probe that is not what ``enginefarm worker --probe --json`` prints."""
+
+
+def _check_probe_values(data: Any) -> None:
+    """Refuse a probe nested deeper than any probe is, or holding text the catalog cannot store (named by path)."""
+    stack: list[tuple[Any, str, int]] = [(data, "probe", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_PROBE_DEPTH:
+            raise ProbeInvalid(f"the probe is nested more than {MAX_PROBE_DEPTH} levels deep at {path}: "
+                               "paste what `enginefarm worker --probe --json` prints")
+        if isinstance(value, str) and (problem := text_problem(value)):
+            raise ProbeInvalid(f"{path}: {problem}")
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(key, str) and (problem := text_problem(key)):
+                raise ProbeInvalid(f"a key of {path}: {problem}")
+            stack.append((item, f"{path}[{key!r}]" if isinstance(key, str) else f"{path}[{key}]", depth + 1))
 
 
 def machine_from_probe(text: str) -> Machine:
-    """The fingerprint in a pasted ``enginefarm worker --probe --json`` (or a ``Machine`` as JSON)."""
-    data = json.loads(text)
+    """The fingerprint in a pasted ``enginefarm worker --probe --json`` (or a ``Machine`` as JSON). Raises
+    ProbeInvalid, or pydantic's ValidationError naming the field, for anything else."""
+    try:
+        data = json.loads(text)
+    except RecursionError:  # json's parser recurses per level: thousands of brackets exhaust the stack
+        raise ProbeInvalid(f"the probe is nested more than {MAX_PROBE_DEPTH} levels deep: paste what "
+                           "`enginefarm worker --probe --json` prints") from None
+    except ValueError as exc:
+        raise ProbeInvalid(f"the probe is not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError("the probe must be a JSON object")
+        raise ProbeInvalid(f"the probe must be a JSON object, not {type(data).__name__}")
+    _check_probe_values(data)
     if "gpus" not in data:  # a fingerprint as /v1/resolve takes it
-        return Machine(**data)
+        return Machine(**{str(k): v for k, v in data.items()})
     fields = {k: v for k, v in data.items() if k in MachineProbe.__dataclass_fields__}
-    fields["gpus"] = [GpuInfo(**g) for g in data.get("gpus") or []]
-    fields["jetson"] = JetsonInfo(**data["jetson"]) if data.get("jetson") else None
     fields.setdefault("modules", {})
+    # Typed as the probe writes it: `modules` an object of versions, `gpus` a list of GPU objects, and so on.
+    probe = PROBE.validate_python(fields)
     # The lean runtime is read from the probing machine only through the module list it reported.
-    return replace(machine_fingerprint(MachineProbe(**fields)), lean_runtime=False)
+    return replace(machine_fingerprint(probe), lean_runtime=False)
 
 
 def machine_from_form(form: dict[str, str]) -> Machine:
@@ -59,21 +102,30 @@ def machine_from_form(form: dict[str, str]) -> Machine:
 
 
 def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[str, Any]:
-    """The answer (or why there is none) and the explanation table, from the resolve route's ``answer``."""
+    """The answer (or why there is none) and the explanation table, from the resolve route's ``answer``; with the
+    page's status under ``status``."""
     settings = request.app.state.settings
     try:
         machine = machine_from_form(form)
         req = ResolveRequest(model=form["model"], version=form.get("version") or None, machine=machine, explain=True)
     except (ValidationError, ValueError, TypeError) as exc:
-        return {"problem": f"the machine as given is not valid: {exc}"}
+        return {"problem": f"the machine as given is not valid: {exc}", "status": 422}
     with session_scope(settings) as s:
         try:
             response = resolve_routes.answer(req, request, s, settings, principal)
         except NoCompatibleEngine as exc:
-            return {"none": exc.message, "problems": exc.problems}
+            return {"none": exc.message, "problems": exc.problems, "status": 200}
         except EnginefarmError as exc:  # an unknown model, a name in several projects
-            return {"problem": exc.message}
-    return {"answer": json.loads(response.body)}
+            return {"problem": exc.message, "status": exc.status_code}
+    return {"answer": json.loads(response.body), "status": 200}
+
+
+def _result(request: Request, principal: Principal, form: dict[str, str]) -> Awaitable[dict[str, Any]]:
+    if not form["model"].strip():
+        async def unnamed() -> dict[str, Any]:
+            return {"problem": "name the model", "status": 422}
+        return unnamed()
+    return run_in_threadpool(_ask, request, principal, form)
 
 
 def _model_names(principal: Principal, settings) -> list[str]:
@@ -82,21 +134,32 @@ def _model_names(principal: Principal, settings) -> list[str]:
         return sorted({r.name for r in rows})
 
 
-@router.get("/resolve")
-async def resolve_form(request: Request, model: str = "",
-                       principal: Principal = Depends(ui_session.viewer)) -> Response:
+def form_from_query(query: Mapping[str, str]) -> dict[str, str]:
+    """The form's fields from the page's query string, in the form's names or GET /v1/resolve's."""
+    form = {k: "" for k in FIELDS}
+    for key, value in query.items():
+        field = QUERY_NAMES.get(key, key)
+        if field in form and not form[field]:
+            form[field] = value
+    return form
+
+
+async def _page(request: Request, principal: Principal, form: dict[str, str], asked: bool) -> Response:
+    result = await _result(request, principal, form) if asked else None
     names = await run_in_threadpool(_model_names, principal, request.app.state.settings)
-    return page(request, "resolve.html", form={"model": model}, names=names, ccs=CCS, result=None)
+    return page(request, "resolve.html", status_code=result["status"] if result else 200, form=form, names=names,
+                ccs=CCS, result=result)
+
+
+@router.get("/resolve")
+async def resolve_form(request: Request, principal: Principal = Depends(ui_session.viewer)) -> Response:
+    """The form; with a model in the query, filled from it and answered (a link to an answer)."""
+    form = form_from_query(request.query_params)
+    return await _page(request, principal, form, asked=bool(form["model"].strip()))
 
 
 @router.post("/resolve")
 async def resolve_answer(request: Request, principal: Principal = Depends(ui_session.viewer)) -> Response:
     await ui_session.check_csrf(request)  # a read, but a form like the others
     raw = await request.form()
-    form = {k: str(raw.get(k) or "") for k in FIELDS}
-    if not form["model"].strip():
-        result: dict[str, Any] = {"problem": "name the model"}
-    else:
-        result = await run_in_threadpool(_ask, request, principal, form)
-    names = await run_in_threadpool(_model_names, principal, request.app.state.settings)
-    return page(request, "resolve.html", form=form, names=names, ccs=CCS, result=result)
+    return await _page(request, principal, {k: str(raw.get(k) or "") for k in FIELDS}, asked=True)

@@ -12,6 +12,16 @@ https, and scoped to ``/ui``. So:
 - signing out revokes it on the server, revoking the token that opened it revokes it too, and an admin sees and
   revokes sessions on the tokens page.
 
+Sign-in is rate-limited: a token opens at most ``ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN`` sessions a minute (counted
+in the catalog, so across API processes) and a client address tries at most
+``ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS`` sign-ins a minute (counted by each API process); past either, a 429
+with Retry-After. A session counts against the quotas of the token that opened it (``Principal.family_id``), and
+ended sessions are removed at each sign-in.
+
+The cookie is Secure when the client reached the farm over https: the request's own scheme, which uvicorn takes from
+``X-Forwarded-Proto`` only when the proxy's address is in ``ENGINEFARM_FORWARDED_ALLOW_IPS``, or an
+``ENGINEFARM_API_URL`` that says https.
+
 CSRF: every form that changes anything carries ``csrf_token(session)``, an HMAC of a fixed label keyed by the
 session credential (nothing to store; another site can neither read the cookie nor compute it), checked on POST.
 The sign-in form, which has no session yet, uses a double-submit value: a random cookie the form repeats.
@@ -21,17 +31,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
+import threading
+import time
+from collections import deque
 from datetime import timedelta
 
 import anyio
 from fastapi import Request, Response
 
 from enginefarm.api.auth import TokenCache, require
-from enginefarm.errors import EnginefarmError, Forbidden
+from enginefarm.errors import EnginefarmError, Forbidden, SignInsTooFast
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import utcnow
-from enginefarm.storage.tokens import Principal, authenticate, create_token, hash_token, revoke_token
+from enginefarm.storage.tokens import Principal, authenticate, hash_token, open_session, revoke_token
 
 COOKIE = "ef_session"
 SIGNIN_COOKIE = "ef_signin"
@@ -57,7 +71,8 @@ def csrf_token(credential: str) -> str:
 
 
 def _secure(request: Request) -> bool:
-    return request.url.scheme == "https"
+    """Whether the browser reached the farm over https (directly, or through a trusted TLS-terminating proxy)."""
+    return request.url.scheme == "https" or request.app.state.settings.api_url.lower().startswith("https://")
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int, path: str = PATH) -> None:
@@ -79,6 +94,32 @@ def check_signin_csrf(request: Request, submitted: str | None) -> None:
         raise CsrfRefused("the sign-in form is stale or did not come from this site: reload the sign-in page")
 
 
+class AddressLimiter:
+    """Sign-in attempts per client address over the last minute, in this API process."""
+
+    WINDOW = 60.0
+
+    def __init__(self) -> None:
+        self._seen: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def attempt(self, address: str, per_minute: int) -> None:
+        """Count one attempt from ``address``; SignInsTooFast if it already made ``per_minute`` this minute."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._seen) > 10_000:  # addresses come and go: drop those quiet for a minute
+                self._seen = {a: q for a, q in self._seen.items() if q and q[-1] > now - self.WINDOW}
+            seen = self._seen.setdefault(address, deque())
+            while seen and seen[0] <= now - self.WINDOW:
+                seen.popleft()
+            if len(seen) >= per_minute:
+                raise SignInsTooFast(
+                    f"{len(seen)} sign-ins from {address} in the last minute, the most one address may "
+                    "(ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS): try again later",
+                    retry_after=max(1, math.ceil(seen[0] + self.WINDOW - now)))
+            seen.append(now)
+
+
 def _open(settings, token: str) -> tuple[Principal, str] | None:
     """Check the typed token and make the session credential; None when the token is not valid."""
     with session_scope(settings) as s:
@@ -88,18 +129,24 @@ def _open(settings, token: str) -> tuple[Principal, str] | None:
         lifetime = timedelta(hours=SESSION_HOURS)
         if principal.expires_at is not None:
             lifetime = min(lifetime, principal.expires_at - utcnow())
-        # A session opened with a session belongs to the same token: revoking that one ends them all.
-        parent = principal.parent_id or principal.token_id
-        _row, credential = create_token(s, (SESSION_PREFIX + principal.name)[:100], [principal.scope], lifetime,
-                                        principal.project, parent_id=parent)
+        # A session opened with a session belongs to the same token: revoking that one ends them all, and all
+        # count against its quotas.
+        _row, credential = open_session(s, principal, (SESSION_PREFIX + principal.name)[:100], lifetime,
+                                        settings.signin_per_minute_per_token)
         return principal, credential
 
 
 async def sign_in(request: Request, token: str) -> tuple[Principal, str] | None:
-    """The principal and a new session credential for a typed API token, or None for a token that is not valid."""
+    """The principal and a new session credential for a typed API token, or None for a token that is not valid.
+    Raises SignInsTooFast past the sign-in rate of the client's address or of the token."""
+    settings = request.app.state.settings
+    limiter = getattr(request.app.state, "signin_addresses", None)
+    if limiter is None:
+        limiter = request.app.state.signin_addresses = AddressLimiter()
+    limiter.attempt(request.client.host if request.client else "unknown", settings.signin_per_minute_per_address)
     if not token or len(token) > 400:
         return None
-    return await anyio.to_thread.run_sync(_open, request.app.state.settings, token)
+    return await anyio.to_thread.run_sync(_open, settings, token)
 
 
 def _close(settings, credential: str) -> int | None:

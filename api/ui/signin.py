@@ -7,6 +7,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from enginefarm.api.ui import session
 from enginefarm.api.ui.render import HEADERS, page
+from enginefarm.errors import SignInsTooFast
 
 router = APIRouter(prefix="/ui")
 SIGNIN_MAX_AGE = 3600
@@ -37,17 +38,27 @@ async def signin_form(request: Request, next: str | None = None) -> Response:
 async def signin(request: Request, token: str = Form(""), next: str = Form("/ui/models"),
                  csrf: str = Form("")) -> Response:
     session.check_signin_csrf(request, csrf)
-    opened = await session.sign_in(request, token)
-    if opened is None:
-        value = session.new_signin_value()
-        response = page(request, "signin.html", status_code=401, next=_local(next), signin_csrf=value,
-                        problem="That token is not valid: it is unknown, revoked or expired.")
-        session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
+    try:
+        opened = await session.sign_in(request, token)
+    except SignInsTooFast as exc:
+        response = _form_again(request, next, 429, exc.message)
+        response.headers["Retry-After"] = str(exc.retry_after)
         return response
+    if opened is None:
+        return _form_again(request, next, 401, "That token is not valid: it is unknown, revoked or expired.")
     _principal, credential = opened
     response = RedirectResponse(_local(next), status_code=303, headers=HEADERS)
     session.set_cookie(response, request, session.COOKIE, credential, session.SESSION_HOURS * 3600)
     session.clear_cookie(response, request, session.SIGNIN_COOKIE, path="/ui/signin")
+    return response
+
+
+def _form_again(request: Request, next_path: str, status_code: int, problem: str) -> Response:
+    """The sign-in form again, with what went wrong and a fresh CSRF value."""
+    value = session.new_signin_value()
+    response = page(request, "signin.html", status_code=status_code, next=_local(next_path), signin_csrf=value,
+                    problem=problem)
+    session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
     return response
 
 

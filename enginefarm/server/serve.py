@@ -84,13 +84,16 @@ def listening_socket(config: uvicorn.Config) -> socket.socket:
 def serve_api(host: str, port: int, workers: int = 1, log_level: str = "info",
               header_timeout_s: float | None = None) -> None:
     """Serve the API until interrupted: ``workers`` processes sharing one TCP_NODELAY listening socket.
-    ``header_timeout_s``: how long a request's headers may take (None: the settings' ``header_timeout_s``)."""
+    ``header_timeout_s``: how long a request's headers may take (None: the settings' ``header_timeout_s``).
+    Forwarded headers (X-Forwarded-Proto, -For) are trusted only from ``forwarded_allow_ips``."""
+    settings = Settings()
     if header_timeout_s is None:
-        header_timeout_s = Settings().header_timeout_s
+        header_timeout_s = settings.header_timeout_s
     # A partial of a module-level class: it crosses to the worker processes (pickled) with the config.
     protocol = functools.partial(HeaderTimeoutProtocol, header_timeout=header_timeout_s)
     config = uvicorn.Config(APP, host=host, port=port, workers=workers, log_level=log_level, http=protocol,
-                            timeout_keep_alive=KEEP_ALIVE_SECONDS)
+                            timeout_keep_alive=KEEP_ALIVE_SECONDS, proxy_headers=True,
+                            forwarded_allow_ips=settings.forwarded_allow_ips)
     sock = listening_socket(config)
     try:
         if workers > 1:

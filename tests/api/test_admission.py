@@ -1,15 +1,18 @@
 """Admission control for builds and sweeps, against real farms: a build for a target no live worker serves is
 refused unless the request (or the farm) says to queue it; each token, and the farm, may have only so many build
-tasks queued or waiting; a refusal writes nothing; two submissions at the limit at once never both get in."""
+tasks queued or waiting; a refusal writes nothing; two submissions at the limit at once never both get in.
+A token's dashboard sessions share its allowances (queued tasks, uploads in flight), and sign-in is rate-limited."""
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
+from datetime import timedelta
 
 import httpx
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from enginefarm.server import devservices
 from enginefarm.client import ApiError, Client
@@ -17,8 +20,9 @@ from enginefarm.config import Settings
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow
+from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow, utcnow
 from enginefarm.storage.tokens import hash_token
+from tests.api.test_body_limits import Drip, spool_files, wait_for
 from tests.conftest import PG_DB
 from tests.helpers import WORKER_A, WORKER_B, unique_name
 
@@ -29,6 +33,8 @@ UNSERVED = "tensorrt/sm90"  # neither of the session farm's workers builds it
 # The private farm has no worker building these: its tasks stay queued.
 GPU = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 PER_TOKEN, PER_FARM = 3, 5
+UPLOADS_PER_TOKEN, SIGNINS_PER_TOKEN, SIGNINS_PER_ADDRESS = 2, 4, 6
+CSRF_FIELD = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 def _counts(settings: Settings) -> tuple[int, int, int]:
@@ -93,7 +99,10 @@ def small_farm(request, base_services, tmp_path_factory):
     env = embedded_env(data) | {
         "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN": str(PER_TOKEN), "ENGINEFARM_MAX_QUEUED_TASKS": str(PER_FARM),
         "ENGINEFARM_QUEUE_WITHOUT_WORKER": "true", "ENGINEFARM_RECONCILE_SECONDS": "0",
-        "ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10"}
+        "ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
+        "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": str(UPLOADS_PER_TOKEN),
+        "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN": str(SIGNINS_PER_TOKEN),
+        "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": str(SIGNINS_PER_ADDRESS)}
     with (devservices.scratch_postgres(f"{PG_DB}_admission") if request.param == "postgresql"
           else _nothing()) as url:
         if url:
@@ -224,3 +233,116 @@ def test_tasks_answered_from_the_catalog_do_not_count(small_farm):
             assert refused.value.status_code == 429
     finally:
         small_farm.stop_process(small_farm.workers.pop("cpu"))
+
+
+# --------------------------------------------------------------------------- dashboard sessions and sign-in
+
+
+def _browser(farm: Farm, address: str = "127.0.0.1") -> httpx.Client:
+    """A client without a token, connecting from ``address`` (any of 127.0.0.0/8 reaches the farm)."""
+    return httpx.Client(base_url=farm.url, timeout=60, follow_redirects=False,
+                        transport=httpx.HTTPTransport(local_address=address))
+
+
+def _sign_in(client: httpx.Client, token: str) -> httpx.Response:
+    form = client.get("/ui/signin")
+    assert form.status_code == 200, form.text
+    return client.post("/ui/signin", data={"token": token, "csrf": CSRF_FIELD.search(form.text).group(1),
+                                           "next": "/ui/models"})
+
+
+def _session(farm: Farm, token: str, address: str = "127.0.0.1") -> str:
+    """A dashboard session opened with ``token``: the cookie's credential, which also works as a bearer token."""
+    with _browser(farm, address) as browser:
+        answer = _sign_in(browser, token)
+        assert answer.status_code == 303, answer.text
+        return browser.cookies["ef_session"]
+
+
+def _sessions_of(farm: Farm, token: str) -> list[ApiTokenRow]:
+    with session_scope(farm.settings) as s:
+        root = s.scalar(select(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(token)))
+        rows = list(s.scalars(select(ApiTokenRow).where(ApiTokenRow.parent_id == root.id)))
+        s.expunge_all()
+        return rows
+
+
+def test_sessions_a_token_opens_share_its_queue_allowance(small_farm):
+    """At its limit, a token's sessions cannot queue more: before, each sign-in brought a fresh allowance."""
+    token = _token(small_farm)
+    assert _build(small_farm, token, GPU[:2]).status_code == 202
+    sessions = [_session(small_farm, token, "127.0.0.11") for _ in range(3)]
+    before = _counts(small_farm.settings)
+    _refused_for_limit(_build(small_farm, sessions[0], GPU[2:]), PER_TOKEN, 2, "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN")
+    assert _counts(small_farm.settings) == before
+    assert _build(small_farm, sessions[1], GPU[2:3]).status_code == 202  # the token's last place, taken by a session
+    for credential in [token, *sessions]:
+        _refused_for_limit(_build(small_farm, credential, GPU[3:]), PER_TOKEN, 3,
+                           "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN")
+    # Sessions removed once ended give nothing back: their builds count as the token's.
+    with session_scope(small_farm.settings) as s:
+        s.execute(delete(ApiTokenRow).where(ApiTokenRow.token_hash.in_([hash_token(c) for c in sessions])))
+    _refused_for_limit(_build(small_farm, token, GPU[3:]), PER_TOKEN, 3, "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN")
+
+
+def test_sessions_a_token_opens_share_its_uploads_in_flight(small_farm):
+    token = _token(small_farm)
+    sessions = [_session(small_farm, token, "127.0.0.12") for _ in range(2)]
+    before = spool_files(small_farm.settings)
+    drips = [Drip(small_farm.url, token)] + [Drip(small_farm.url, s) for s in sessions[:UPLOADS_PER_TOKEN - 1]]
+    try:
+        wait_for(lambda: len(spool_files(small_farm.settings) - before) >= UPLOADS_PER_TOKEN, 20, "uploads spooling")
+        r = httpx.post(f"{small_farm.url}/v1/models", headers={"Authorization": f"Bearer {sessions[-1]}"}, timeout=60,
+                       data={"name": unique_name("third")}, files={"file": ("m.onnx", conv_net(seed=3133).SerializeToString())})
+        assert r.status_code == 429, r.text
+        assert f"{UPLOADS_PER_TOKEN} uploads in flight" in r.json()["detail"], r.text
+        assert "ENGINEFARM_MAX_UPLOADS_PER_TOKEN" in r.json()["detail"]
+    finally:
+        for drip in drips:
+            drip.close()
+
+
+def test_a_token_opens_only_so_many_sessions_a_minute(small_farm):
+    token = _token(small_farm)
+    with _browser(small_farm, "127.0.0.2") as browser:
+        for _ in range(SIGNINS_PER_TOKEN):
+            assert _sign_in(browser, token).status_code == 303
+        refused = _sign_in(browser, token)
+        assert refused.status_code == 429, refused.text
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN" in refused.text
+        assert "ef_session" not in refused.headers.get("set-cookie", "")
+        assert len(_sessions_of(small_farm, token)) == SIGNINS_PER_TOKEN
+        assert _sign_in(browser, _token(small_farm)).status_code == 303  # another token is not held back
+
+
+def test_an_address_tries_only_so_many_sign_ins_a_minute(small_farm):
+    with _browser(small_farm, "127.0.0.3") as browser:
+        for _ in range(SIGNINS_PER_ADDRESS):
+            assert _sign_in(browser, "ef_not-a-token").status_code == 401
+        refused = _sign_in(browser, _token(small_farm))  # a valid token too, once the address is past its rate
+    assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1, refused.text
+    assert "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS" in refused.text
+    with _browser(small_farm, "127.0.0.4") as elsewhere:
+        assert _sign_in(elsewhere, _token(small_farm)).status_code == 303
+
+
+def test_ended_sessions_are_removed_at_sign_in(small_farm):
+    """Sessions signed out, revoked or expired are deleted once they no longer count for the sign-in rate."""
+    token = _token(small_farm)
+    kept, signed_out, expired = (_session(small_farm, token, "127.0.0.13") for _ in range(3))
+    with _browser(small_farm, "127.0.0.13") as browser:
+        browser.cookies.set("ef_session", signed_out, path="/ui")
+        csrf = CSRF_FIELD.search(browser.get("/ui/models").text).group(1)
+        assert browser.post("/ui/signout", data={"csrf": csrf}).status_code == 303
+    earlier = utcnow() - timedelta(minutes=2)
+    with session_scope(small_farm.settings) as s:
+        for credential in (kept, signed_out, expired):
+            s.execute(update(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(credential))
+                      .values(created_at=earlier, expires_at=earlier + timedelta(seconds=90) if credential == expired
+                              else utcnow() + timedelta(hours=1)))
+    assert len(_sessions_of(small_farm, token)) == 3
+    newest = _session(small_farm, token, "127.0.0.13")
+    assert {r.token_hash for r in _sessions_of(small_farm, token)} == {hash_token(kept), hash_token(newest)}
+    assert httpx.get(f"{small_farm.url}/v1/workers", headers={"Authorization": f"Bearer {kept}"},
+                     timeout=30).status_code == 200

@@ -7,9 +7,11 @@ import hashlib
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import httpx
 import pytest
+from sqlalchemy import select
 
 from enginefarm.server import devservices
 from enginefarm.client import ApiError, Client
@@ -17,7 +19,8 @@ from enginefarm.server.embedded import Farm
 from enginefarm.graph.samples import save_conv_net
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import create_token, revoke_token
+from enginefarm.storage.tokens import (MAX_SESSIONS_PER_TOKEN, authenticate, create_token, hash_token, open_session,
+                                       revoke_token)
 from tests.helpers import unique_name
 
 
@@ -181,3 +184,15 @@ def test_resolve_that_queues_a_build_needs_build_scope(api):
     assert r.status_code == 403
     assert httpx.post(f"{api.base_url}/v1/resolve", json={**body, "build": False},
                       headers=bearer(made["token"])).status_code == 404
+
+
+def test_a_token_holds_at_most_so_many_sessions_the_oldest_end_first(farm, dist_settings):
+    """Past MAX_SESSIONS_PER_TOKEN, a sign-in ends the token's oldest session: its sessions cannot fill the table."""
+    with session_scope(dist_settings) as s:
+        root, token = create_token(s, "many-sessions", ["read"])
+        principal = authenticate(s, token)
+        credentials = [open_session(s, principal, "browser session of many-sessions", timedelta(hours=1), 1000)[1]
+                       for _ in range(MAX_SESSIONS_PER_TOKEN + 2)]
+        left = set(s.scalars(select(ApiTokenRow.token_hash).where(ApiTokenRow.parent_id == root.id)))
+    assert len(left) == MAX_SESSIONS_PER_TOKEN
+    assert left == {hash_token(c) for c in credentials[2:]}

@@ -54,8 +54,8 @@ def corpus_ctx(farm, dist_settings, tmp_path_factory):
 
 def _said(response: httpx.Response) -> str:
     """What the answer says: the error's detail and problems, or validation messages; the raw body for 2xx."""
-    if response.is_success:
-        return response.text
+    if response.is_success or not response.headers.get("content-type", "").startswith("application/json"):
+        return response.text  # a dashboard page says it in its HTML
     body = response.json()
     detail = body.get("detail")
     parts = [detail] if isinstance(detail, str) else [f"{e.get('loc')}: {e.get('msg')}" for e in detail or []]

@@ -520,10 +520,10 @@ AUTH += [  # request size: a JSON body is refused once it streams past the limit
 ]
 
 # Attacks kept in modules of their own, each with an ENTRIES list; imported here, after the builders they use.
-from tests.corpus import admission, bodies, resolution, validation  # noqa: E402
+from tests.corpus import admission, bodies, resolution, text, validation  # noqa: E402
 
 CORPUS: list[Entry] = (ONNX + BUNDLES + EXTERNAL + SPECS + SAMPLES + QUERIES + NAMES + MULTIPART + AUTH
-                       + bodies.ENTRIES + validation.ENTRIES + admission.ENTRIES + resolution.ENTRIES)
+                       + bodies.ENTRIES + validation.ENTRIES + admission.ENTRIES + resolution.ENTRIES + text.ENTRIES)
 
 
 def by_category() -> dict[str, int]:

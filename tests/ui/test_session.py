@@ -1,5 +1,6 @@
-"""The dashboard's session and CSRF rules over plain HTTP (httpx) against the session farm: cookie flags, the
-sign-in form's own CSRF value, refusals without the page's token, and where a sign-in may send the browser."""
+"""The dashboard's session and CSRF rules over plain HTTP (httpx) against the session farm: cookie flags (Secure
+behind a trusted TLS-terminating proxy), the sign-in form's own CSRF value, refusals without the page's token, and
+where a sign-in may send the browser."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import re
 
 import httpx
 import pytest
+
+from enginefarm.server.embedded import Farm
 
 FIELD = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -130,3 +133,47 @@ def test_revoking_the_token_that_signed_in_ends_its_sessions(farm, browserless):
     assert after.status_code == 303 and after.headers["location"].startswith("/ui/signin"), after.text
     tokens = httpx.get(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30).json()
     assert [t["state"] for t in tokens if t["name"] == "browser session of signs-in-then-revoked"] == ["revoked"]
+
+
+def _session_cookie_flags(url: str, token: str, address: str, headers: dict[str, str]) -> set[str]:
+    """Sign in from ``address`` with ``headers`` on every request; the flags of the session cookie set."""
+    with httpx.Client(base_url=url, timeout=30, follow_redirects=False, headers=headers,
+                      transport=httpx.HTTPTransport(local_address=address)) as client:
+        form = client.get("/ui/signin")
+        # Sent by hand: a client keeps a Secure cookie from being sent over plain http, as a browser would.
+        signin_cookie = form.headers["set-cookie"].split(";", 1)[0]
+        answer = client.post("/ui/signin", headers={"Cookie": signin_cookie},
+                             data={"token": token, "csrf": FIELD.search(form.text).group(1), "next": "/ui/models"})
+        assert answer.status_code == 303, answer.text
+        cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith("ef_session="))
+        return {part.strip().lower() for part in cookie.split(";")[1:]}
+
+
+@pytest.fixture(scope="module")
+def behind_proxy(dist_env, tmp_path_factory):
+    """Another API process on the session farm's catalog whose one trusted proxy is 127.0.0.2."""
+    f = Farm({**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_FORWARDED_ALLOW_IPS": "127.0.0.2"},
+             log_dir=tmp_path_factory.mktemp("proxied-api"))
+    try:
+        f.start_api()
+        yield f
+    finally:
+        f.stop()
+
+
+def test_the_session_cookie_is_secure_behind_a_trusted_tls_proxy_only(farm, behind_proxy):
+    https = {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.7"}
+    assert "secure" in _session_cookie_flags(behind_proxy.url, farm.token, "127.0.0.2", https)
+    # Anyone else saying https is not believed: the connection it came over is plain http.
+    assert "secure" not in _session_cookie_flags(behind_proxy.url, farm.token, "127.0.0.1", https)
+    assert "secure" not in _session_cookie_flags(behind_proxy.url, farm.token, "127.0.0.2", {})
+
+
+def test_the_session_cookie_is_secure_where_the_farm_is_served_over_https(farm, dist_env, tmp_path):
+    f = Farm({**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_API_URL": "https://farm.example.com"},
+             log_dir=tmp_path)
+    try:
+        f.start_api()
+        assert "secure" in _session_cookie_flags(f.url, farm.token, "127.0.0.1", {})
+    finally:
+        f.stop()
