@@ -213,6 +213,28 @@ def _default_opset(model: ModelProto) -> int:
     raise ModelRejected("model imports no opset for the default ONNX domain")
 
 
+def _static_outputs(model: ModelProto, outputs: list[TensorInfo]) -> list[TensorInfo]:
+    """``outputs`` with each dim declared as a name or unknown, but static by ONNX's shape inference with value
+    propagation, as that number. The TorchScript exporter names a Reshape's output dims (``Reshapehidden_dim_2``)
+    even where they are fixed (a decoder's hidden size 128); Triton's config wants the number."""
+    if all(isinstance(d, int) and d > 0 for t in outputs for d in t.dims):
+        return outputs
+    try:
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model, data_prop=True).graph.output}
+    except Exception:  # noqa: BLE001 - an op inference does not know, a model over 2 GB: keep what is declared
+        return outputs
+    out = []
+    for t in outputs:
+        value = inferred.get(t.name)
+        dims = list(value.type.tensor_type.shape.dim) if value is not None and value.type.HasField("tensor_type") else []
+        if len(dims) == len(t.dims):
+            t = TensorInfo(t.name, t.dtype, [d if isinstance(d, int) and d > 0 else
+                                             (n.dim_value if n.WhichOneof("value") == "dim_value" and n.dim_value > 0 else d)
+                                             for d, n in zip(t.dims, dims)])
+        out.append(t)
+    return out
+
+
 def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]) -> ModelInfo:
     """Collect the metadata of an accepted model."""
     graph = model.graph
@@ -223,7 +245,7 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
     _check_inputs(inputs)
     return ModelInfo(
         inputs=[_tensor_info(v) for v in inputs],
-        outputs=[_tensor_info(v) for v in graph.output],
+        outputs=_static_outputs(model, [_tensor_info(v) for v in graph.output]),
         opset=_default_opset(model),
         ir_version=model.ir_version,
         producer=f"{model.producer_name} {model.producer_version}".strip(),
