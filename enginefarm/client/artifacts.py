@@ -3,9 +3,10 @@
 
 The farm hands out two kinds: TensorRT and TensorRT-RTX plans (``.plan``) and ONNX Runtime artifacts (``.onnx``).
 An ONNX file is a serialized ``onnx.ModelProto``; it is recognised here by walking the protobuf's top-level fields,
-which needs no onnx package (the client installs without it): every field must be one ModelProto declares, with
-its wire type, every length must fit the file, and ``ir_version`` and ``graph`` must be there. A TensorRT plan is
-not protobuf and fails the walk at once (it does not open with a valid field key).
+which needs no onnx package (the client installs without it): the walk must end exactly at the end of the file,
+every field ModelProto declares must have its wire type (a field a later onnx adds is stepped over), and
+``ir_version`` and ``graph`` must be there. A TensorRT plan is not protobuf and fails the walk at once: it opens
+with ``vtrt``/``ftrt``, which read as a field of wire type 6, which protobuf does not have.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ WHAT = {ONNX: "an ONNX Runtime model", PLAN: "a TensorRT engine"}
 # onnx.proto's ModelProto: field number -> wire type (0 varint, 2 length-delimited).
 MODEL_PROTO_FIELDS = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
 IR_VERSION, GRAPH = 1, 7
+FIXED_WIDTH = {1: 8, 5: 4}  # wire types 1 (64-bit) and 5 (32-bit): bytes to step over
 # ONNX's IR versions are small integers (11 in onnx 1.18); a larger value is no ONNX file's.
 MAX_IR_VERSION = 1000
 # A hostile file with millions of tiny fields is judged after this many: real models have a few dozen.
@@ -78,16 +80,18 @@ def is_onnx_model(path: Path | str) -> bool:
             if key is None:
                 return False
             number, wire = key >> 3, key & 7
-            if MODEL_PROTO_FIELDS.get(number) != wire:
+            if number == 0 or wire not in (0, 1, 2, 5) or MODEL_PROTO_FIELDS.get(number, wire) != wire:
                 return False
-            value = _varint(fh)
-            if value is None:
+            value = None
+            if wire == 0 and (value := _varint(fh)) is None:
                 return False
-            if wire == 2:
-                if fh.tell() + value > size:
-                    return False
-                fh.seek(value, 1)
-            elif number == IR_VERSION:
+            if wire == 2 and (length := _varint(fh)) is None:
+                return False
+            step = FIXED_WIDTH.get(wire) or (length if wire == 2 else 0)
+            if fh.tell() + step > size:
+                return False
+            fh.seek(step, 1)
+            if number == IR_VERSION:
                 ir_version = value
             seen.add(number)
         else:

@@ -159,6 +159,12 @@ def test_the_bytes_of_each_kind_are_told_apart_without_onnx(client, two_kinds, t
     cut.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
     empty.write_bytes(b"")
     assert not is_onnx_model(cut) and not is_onnx_model(empty)
+    # A field a later onnx adds (number 40, a varint) is stepped over; the same bytes with a byte more are not ONNX.
+    later, extra = tmp_path / "later.onnx", tmp_path / "extra.onnx"
+    key = bytes([(40 << 3) & 0x7F | 0x80, 40 << 3 >> 7])  # field 40, wire type 0, as a varint
+    later.write_bytes(model.read_bytes() + key + b"\x01")
+    extra.write_bytes(model.read_bytes() + key)
+    assert is_onnx_model(later) and not is_onnx_model(extra)
     # The field table is onnx's own ModelProto (varints for the two integers, length-delimited for the rest).
     import onnx
 
