@@ -213,6 +213,28 @@ def _default_opset(model: ModelProto) -> int:
     raise ModelRejected("model imports no opset for the default ONNX domain")
 
 
+# Initializers up to this size keep their values for shape inference (the shape tensors a Reshape reads); larger
+# ones, the weights, become inputs of their type and dims, so inference never copies the weights.
+_SHAPE_TENSOR_BYTES = 4096
+
+
+def _weightless(model: ModelProto) -> ModelProto:
+    """``model`` without its large initializers' bytes: each becomes a graph input of its type and dims."""
+    light = ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    graph, source = light.graph, model.graph
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    inputs = {v.name for v in source.input}
+    for init in source.initializer:
+        if init.ByteSize() <= _SHAPE_TENSOR_BYTES:
+            graph.initializer.append(init)
+        elif init.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
 def _static_outputs(model: ModelProto, outputs: list[TensorInfo]) -> list[TensorInfo]:
     """``outputs`` with each dim declared as a name or unknown, but static by ONNX's shape inference with value
     propagation, as that number. The TorchScript exporter names a Reshape's output dims (``Reshapehidden_dim_2``)
@@ -220,8 +242,8 @@ def _static_outputs(model: ModelProto, outputs: list[TensorInfo]) -> list[Tensor
     if all(isinstance(d, int) and d > 0 for t in outputs for d in t.dims):
         return outputs
     try:
-        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(model, data_prop=True).graph.output}
-    except Exception:  # noqa: BLE001 - an op inference does not know, a model over 2 GB: keep what is declared
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(_weightless(model), data_prop=True).graph.output}
+    except Exception:  # noqa: BLE001 - an op inference does not know: keep what is declared
         return outputs
     out = []
     for t in outputs:
