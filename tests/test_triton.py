@@ -498,15 +498,18 @@ def test_a_portable_engine_is_the_default_and_serves_the_ccs_it_covers(tmp_path:
     assert sorted(p.name for p in vdir.iterdir()) == ["model_portable.plan", "model_sm120.plan", "model_sm86.plan"]
     assert (vdir / "model_portable.plan").read_bytes() == b"portable plan"
     assert not [w for w in result.warnings if w.startswith("no default_model_filename")]
+    assert "default_model_filename is model_portable.plan, the portable TensorRT-RTX plan" in result.warnings[0]
+    assert "compute capability 8.0, 8.6, 8.9, 12.0, 12.1" in result.warnings[0]
 
 
 def test_an_ampere_plus_engine_is_the_default(tmp_path: Path) -> None:
     model, onnx_path = model_of(conv_net(), tmp_path)
     engines = plans(tmp_path, "8.0", "8.6")
     engines["8.0"][0]["hardware_compat"] = "ampere_plus"
-    write_repository(tmp_path / "repo", model, sample_spec(), engines, onnx_path)
+    result = write_repository(tmp_path / "repo", model, sample_spec(), engines, onnx_path)
     cfg = load_config(tmp_path / "repo" / "net")
     assert cfg.default_model_filename == "model_sm80_ampere_plus.plan"
+    assert "8.0 and newer (Ampere+" in result.warnings[0]
     assert dict(cfg.cc_model_filenames) == {"8.0": "model_sm80_ampere_plus.plan", "8.6": "model_sm86.plan"}
 
 

@@ -52,8 +52,8 @@ def plan_layout(engines: Mapping[str, tuple[Mapping[str, Any], Any]]) -> tuple[d
     Triton hands ``default_model_filename`` to every GPU missing from ``cc_model_filenames``: an A100 (8.0) or a T4
     (7.5) would get a plan built for another GPU, which cannot load there. So the default is only a plan that runs
     beyond the compute capability it was built on: an Ampere+ hardware-compatible TensorRT engine, else the portable
-    TensorRT-RTX engine that covers the most. Without one there is no default, and the warning lists the compute
-    capabilities the model loads on."""
+    TensorRT-RTX engine that covers the most, and the warning says which compute capabilities it covers. Without
+    one there is no default, and the warning lists the compute capabilities the model loads on."""
     by_engine: dict[Any, str] = {}
     files: dict[str, str] = {}
     for cc in sorted(engines, key=cc_tuple):
@@ -66,7 +66,10 @@ def plan_layout(engines: Mapping[str, tuple[Mapping[str, Any], Any]]) -> tuple[d
     if wide:
         best = max(wide, key=lambda e: (ampere_plus(e), len(e.get("compute_capabilities") or [])))
         default = next(files[cc] for cc, (e, _) in engines.items() if e is best)
-        return files, default, []
+        kind = "Ampere+ TensorRT" if ampere_plus(best) else "portable TensorRT-RTX"
+        return files, default, [
+            f"default_model_filename is {default}, the {kind} plan, for GPUs missing from cc_model_filenames; it runs "
+            f"on compute capability {covers(best)}, and a GPU outside those cannot load this model"]
     listed = ", ".join(sorted(files, key=cc_tuple))
     return files, None, [
         f"no default_model_filename: every plan runs only on the compute capability it was built for, so Triton "
