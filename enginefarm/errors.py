@@ -54,6 +54,10 @@ class Conflict(EnginefarmError):
     status_code = 409
 
 
+class WrongArtifact(Conflict):
+    """An artifact of another kind than the file it was to be written as says (an ONNX model under ``.plan``)."""
+
+
 class NoCompatibleEngine(NotFound):
     """Resolution found no engine that runs on the asking machine; ``problems`` says why for each."""
 

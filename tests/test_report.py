@@ -226,10 +226,12 @@ def test_plot_report_png_changes_with_data(tmp_path: Path) -> None:
     assert first.read_bytes() != second.read_bytes()
 
 
-def test_plotted_groups_pick_best_variant_or_label_all() -> None:
+def test_plotted_groups_draw_every_variant_and_star_the_best() -> None:
+    """The int8 variant the web report shows is drawn too, beside its fp16 sibling; the chosen one has the star."""
     groups = rep._plotted_groups(make_report()["rows"])
-    assert [label for label, _ in groups] == ["tensorrt/sm86", "tensorrt/sm89"]
-    assert {row["variant"] for row in groups[1][1]} == {"int8 opt5"}
+    assert [label for label, _ in groups] == ["tensorrt/sm86", "tensorrt/sm89 · fp16 opt3",
+                                              f"tensorrt/sm89 · int8 opt5 {rep.BEST_MARK}"]
+    assert [{row["variant"] for row in rows} for _, rows in groups[1:]] == [{"fp16 opt3"}, {"int8 opt5"}]
 
     report = make_report()
     for row in report["rows"]:
@@ -237,6 +239,20 @@ def test_plotted_groups_pick_best_variant_or_label_all() -> None:
     labels = [label for label, _ in rep._plotted_groups(report["rows"])]
     assert labels == ["tensorrt/sm86", "tensorrt/sm89 · fp16 opt3", "tensorrt/sm89 · int8 opt5"]
     assert rep._shape_order(rep._plotted_groups(report["rows"])) == ["batch 1", "batch 8", "batch 32"]
+
+
+def test_plot_draws_a_bar_for_every_variant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn: list[list[str]] = []
+    original = Figure.savefig
+
+    def spy(self: Figure, *args: Any, **kwargs: Any) -> None:
+        drawn.append([t.get_text() for t in self.axes[0].get_xticklabels()])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    plot_report(make_report(), tmp_path / "variants.png")
+    (ticks,) = drawn
+    assert len(ticks) == 3 and any("int8 opt5" in t for t in ticks) and any("fp16 opt3" in t for t in ticks)
 
 
 def test_plot_report_log_axis_for_wide_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

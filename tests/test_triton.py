@@ -90,6 +90,11 @@ def plans(tmp_path: Path, *ccs: str, backend: str = "tensorrt", precision: str =
     return out
 
 
+def others(warnings: list[str]) -> list[str]:
+    """The warnings besides the one that says there is no default plan."""
+    return [w for w in warnings if not w.startswith("no default_model_filename")]
+
+
 def profile(**ranges: tuple[list[int], list[int], list[int]]) -> dict[str, dict[str, list[int]]]:
     return {name: {"min": lo, "opt": opt, "max": hi} for name, (lo, opt, hi) in ranges.items()}
 
@@ -113,7 +118,8 @@ def test_static_model_layout_and_config(tmp_path: Path) -> None:
     assert not cfg.HasField("dynamic_batching")
     assert [(g.kind, g.count) for g in cfg.instance_group] == [(GPU, 1)]
     assert dict(cfg.cc_model_filenames) == {"7.5": "model_sm75.plan", "8.6": "model_sm86.plan", "12.0": "model_sm120.plan"}
-    assert cfg.default_model_filename == "model_sm120.plan"
+    # No plan here runs beyond its own compute capability: no default, which Triton would hand to any other GPU.
+    assert not cfg.default_model_filename
     vdir = repo / "resnet" / "1"
     for cc, filename in cfg.cc_model_filenames.items():
         assert (vdir / filename).read_bytes() == engines[cc][1].read_bytes()
@@ -127,7 +133,8 @@ def test_static_model_layout_and_config(tmp_path: Path) -> None:
 
     on_disk = sorted(p for p in repo.rglob("*") if p.is_file())
     assert sorted(result.files) == on_disk
-    assert result.warnings == []
+    (warning,) = result.warnings
+    assert warning.startswith("no default_model_filename") and "compute capability 7.5, 8.6, 12.0 and on no other" in warning
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo.staging-")]
 
 
@@ -228,13 +235,13 @@ def test_several_profiles(tmp_path: Path) -> None:
         cfg = load_config(tmp_path / "repo" / name)
         assert cfg.max_batch_size == 32
         assert list(cfg.dynamic_batching.preferred_batch_size) == [2, 16]
-    (warning,) = result.warnings
+    (warning,) = others(result.warnings)
     assert "profile 0 batches only up to 8" in warning and "max_batch_size is 32" in warning
 
     result = write_repository(tmp_path / "repo", model, {"profiles": [large, small, tiny]}, plans(tmp_path, "8.9"),
                               onnx_path, overwrite=True)
     assert load_config(tmp_path / "repo" / "net").max_batch_size == 32
-    assert result.warnings == []
+    assert others(result.warnings) == []
 
     onnx_only = write_repository(tmp_path / "cpu", model, {"profiles": [small, large]}, {}, onnx_path)
     assert onnx_only.warnings == []
@@ -400,10 +407,10 @@ def test_names_round_trip_through_text_format(name: str) -> None:
 def test_tensorrt_rtx_warning(tmp_path: Path) -> None:
     model, onnx_path = model_of(conv_net(), tmp_path)
     rtx = write_repository(tmp_path / "a", model, sample_spec(), plans(tmp_path, "8.6", "8.9", backend="tensorrt-rtx"), onnx_path)
-    assert rtx.warnings == [RTX_WARNING]
+    assert others(rtx.warnings) == [RTX_WARNING]
     assert "TensorRT-RTX" in RTX_WARNING and "tensorrt_plan" in RTX_WARNING
     plain = write_repository(tmp_path / "b", model, sample_spec(), plans(tmp_path, "8.6"), onnx_path)
-    assert plain.warnings == []
+    assert others(plain.warnings) == []
 
     mixed = plans(tmp_path, "8.6", "8.9")
     mixed["8.9"][0]["backend"] = "tensorrt-rtx"
@@ -417,7 +424,7 @@ def test_mixed_precision_warning(tmp_path: Path) -> None:
     engines["12.0"][0]["precision"] = "int8"
     result = write_repository(tmp_path / "repo", model, sample_spec(), engines, onnx_path)
     assert isinstance(result, TritonRepository)
-    (warning,) = result.warnings
+    (warning,) = others(result.warnings)
     assert warning.startswith("engines mix precisions (fp16 on 8.6, int8 on 12.0)")
 
 
@@ -453,3 +460,95 @@ def test_definition_numbers_and_map() -> None:
     cfg = ModelConfig()
     cfg.cc_model_filenames["8.6"] = "model_sm86.plan"
     assert dict(cfg.cc_model_filenames) == {"8.6": "model_sm86.plan"}
+
+
+# --------------------------------------------------------------------------- the default plan
+
+
+def portable_engine(eid: int = 9) -> dict[str, Any]:
+    return {"id": eid, "target": "tensorrt-rtx/portable", "backend": "tensorrt-rtx", "compute_capability": None,
+            "compute_capabilities": ["8.0", "8.6", "8.9", "12.0", "12.1"], "sha256": "d" * 64, "precision": "fp16"}
+
+
+def test_plans_of_sm86_and_sm120_only_have_no_default(tmp_path: Path) -> None:
+    """Triton hands default_model_filename to every GPU missing from cc_model_filenames: an sm120 plan there would
+    reach an A100 (8.0) or a T4 (7.5), where it cannot load."""
+    model, onnx_path = model_of(conv_net(), tmp_path)
+    result = write_repository(tmp_path / "repo", model, sample_spec(), plans(tmp_path, "8.6", "12.0"), onnx_path)
+    cfg = load_config(tmp_path / "repo" / "net")
+    assert not cfg.default_model_filename
+    assert "default_model_filename" not in (tmp_path / "repo" / "net" / "config.pbtxt").read_text()
+    assert dict(cfg.cc_model_filenames) == {"8.6": "model_sm86.plan", "12.0": "model_sm120.plan"}
+    (warning,) = result.warnings
+    assert "compute capability 8.6, 12.0 and on no other" in warning and "portable" in warning
+
+
+def test_a_portable_engine_is_the_default_and_serves_the_ccs_it_covers(tmp_path: Path) -> None:
+    model, onnx_path = model_of(conv_net(), tmp_path)
+    engines = plans(tmp_path, "8.6", "12.0", backend="tensorrt-rtx")
+    wide = tmp_path / "downloads" / "portable.bin"
+    wide.write_bytes(b"portable plan")
+    engines["8.9"] = engines["8.0"] = (portable_engine(), wide)  # resolution picked it where nothing narrower runs
+    result = write_repository(tmp_path / "repo", model, sample_spec(), engines, onnx_path)
+    cfg = load_config(tmp_path / "repo" / "net")
+    assert cfg.default_model_filename == "model_portable.plan"
+    assert dict(cfg.cc_model_filenames) == {"8.0": "model_portable.plan", "8.6": "model_sm86.plan",
+                                            "8.9": "model_portable.plan", "12.0": "model_sm120.plan"}
+    vdir = tmp_path / "repo" / "net" / "1"
+    assert sorted(p.name for p in vdir.iterdir()) == ["model_portable.plan", "model_sm120.plan", "model_sm86.plan"]
+    assert (vdir / "model_portable.plan").read_bytes() == b"portable plan"
+    assert not [w for w in result.warnings if w.startswith("no default_model_filename")]
+    assert "default_model_filename is model_portable.plan, the portable TensorRT-RTX plan" in result.warnings[0]
+    assert "compute capability 8.0, 8.6, 8.9, 12.0, 12.1" in result.warnings[0]
+
+
+def test_an_ampere_plus_engine_is_the_default(tmp_path: Path) -> None:
+    model, onnx_path = model_of(conv_net(), tmp_path)
+    engines = plans(tmp_path, "8.0", "8.6")
+    engines["8.0"][0]["hardware_compat"] = "ampere_plus"
+    result = write_repository(tmp_path / "repo", model, sample_spec(), engines, onnx_path)
+    cfg = load_config(tmp_path / "repo" / "net")
+    assert cfg.default_model_filename == "model_sm80_ampere_plus.plan"
+    assert "8.0 and newer (Ampere+" in result.warnings[0]
+    assert dict(cfg.cc_model_filenames) == {"8.0": "model_sm80_ampere_plus.plan", "8.6": "model_sm86.plan"}
+
+
+# --------------------------------------------------------------------------- output dims
+
+
+def reshaped_decoder(hidden: int = 8) -> onnx.ModelProto:
+    """x [batch, seq, hidden] → Reshape to [batch*seq, hidden] with the shape computed from Shape and Concat, as the
+    TorchScript exporter writes it: the output's declared dims are names ("Reshapey_dim_1"), its hidden size fixed."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Constant", [], ["last"], value=helper.make_tensor("last", TensorProto.INT64, [1], [2])),
+        helper.make_node("Gather", ["shape", "last"], ["h"], axis=0),
+        helper.make_node("Constant", [], ["minus1"], value=helper.make_tensor("m", TensorProto.INT64, [1], [-1])),
+        helper.make_node("Concat", ["minus1", "h"], ["target"], axis=0),
+        helper.make_node("Reshape", ["x", "target"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["Reshapey_dim_0", "Reshapey_dim_1"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_output_dims_come_from_the_models_static_dims(tmp_path: Path) -> None:
+    """The catalog records the hidden size the exporter left as a name, and the config carries it, not -1."""
+    model, path = model_of(reshaped_decoder(hidden=8), tmp_path, "decoder")
+    assert model["outputs"][0]["dims"] == ["Reshapey_dim_0", 8]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.zeros((2, 3, 8), np.float32)})[0].shape == (6, 8)
+    cfg = parse(render_config(model, {"profiles": []}, name="m", platform="tensorrt_plan"))
+    assert list(cfg.output[0].dims) == [-1, 8]
+
+
+def test_output_dims_a_profile_fixes_by_name(tmp_path: Path) -> None:
+    """An output dim named as an input dim every profile holds at one size has that size (a fixed sequence)."""
+    model, _ = model_of(elementwise([("x", ["N", "seq", 4])], ["N", "seq", 4]), tmp_path)
+    fixed = {"profiles": [profile(x=([1, 16, 4], [4, 16, 4], [8, 16, 4]))]}
+    cfg = parse(render_config(model, fixed, name="m", platform="tensorrt_plan"))
+    assert cfg.max_batch_size == 8 and list(cfg.output[0].dims) == [16, 4] and list(cfg.input[0].dims) == [16, 4]
+    ranged = {"profiles": [profile(x=([1, 8, 4], [4, 16, 4], [8, 32, 4]))]}
+    assert list(parse(render_config(model, ranged, name="m", platform="tensorrt_plan")).output[0].dims) == [-1, 4]

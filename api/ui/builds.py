@@ -60,6 +60,16 @@ def fetch_command(engine: EngineOut, base_url: str) -> str:
     return shlex.join(args)
 
 
+# The runtime each backend's engines load in, as its makers name it.
+RUNTIMES = {"tensorrt": "TensorRT", "tensorrt-rtx": "TensorRT-RTX", "onnxruntime": "ONNX Runtime"}
+
+
+def runtime_label(engine: EngineOut) -> str:
+    """The runtime the engine was built with and loads in: "TensorRT-RTX 1.7.1.116", "ONNX Runtime 1.23.2"."""
+    version = engine.backend_version if engine.backend != "tensorrt" else (engine.trt_version or engine.backend_version)
+    return f"{RUNTIMES.get(engine.backend, engine.backend)} {version}"
+
+
 @router.get("/engines/{engine_id}")
 def engine_page(request: Request, engine_id: RowId, principal: Principal = Depends(ui_session.viewer),
                 session: Session = Depends(session_dep, scope="function"),
@@ -67,7 +77,8 @@ def engine_page(request: Request, engine_id: RowId, principal: Principal = Depen
     engine = engine_routes.get_engine(engine_id, principal.project, session, settings)
     benchmarks = engine_routes.engine_benchmarks(engine_id, principal.project, session)
     base = str(request.base_url).rstrip("/")
-    return page(request, "engine.html", engine=engine, benchmarks=benchmarks, fetch=fetch_command(engine, base))
+    return page(request, "engine.html", engine=engine, benchmarks=benchmarks, fetch=fetch_command(engine, base),
+                runtime=runtime_label(engine))
 
 
 @router.get("/engines/{engine_id}/content")

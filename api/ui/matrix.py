@@ -1,5 +1,6 @@
-"""The build matrix of a model: its versions × the targets they were built for, one cell per pair, assembled from
-the same catalog reads the API's build and report routes use (``catalog.list_builds``, ``reports.engine_checks``)."""
+"""The build matrix of a model: its versions × the targets they were built for, one column per target and precision
+(and build spec, where one version has several of a target and precision), assembled from the same catalog reads
+the API's build and report routes use (``catalog.list_builds``, ``reports.engine_checks``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from enginefarm.config import Settings
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import BuildTaskRow, ModelRow
+from enginefarm.domain import ModelInfo, Target
+from enginefarm.spec import BuildSpec
+from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
+from enginefarm.validation import target_precision
 
 MAX_VERSIONS = 8
 LIVE = {"queued", "running", "waiting"}
@@ -45,19 +49,43 @@ class Cell:
         return "succeeded"
 
 
+@dataclass(frozen=True, order=True)
+class Column:
+    """A target in one precision; ``spec`` (a build's spec hash) only where a version has several builds of them."""
+
+    target: str
+    precision: str
+    spec: str = ""
+    label: str = ""  # the spec's variant name or short hash, shown under the precision
+
+
 @dataclass
 class Matrix:
     versions: list[ModelRow]
-    targets: list[str]
-    cells: dict[tuple[int, str], Cell] = field(default_factory=dict)
+    columns: list[Column]
+    cells: dict[tuple[int, Column], Cell] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> list[str]:
+        return sorted({c.target for c in self.columns})
 
     @property
     def live(self) -> bool:
         """Something in it is still changing: worth polling."""
         return any(c.state in LIVE or c.checking for c in self.cells.values())
 
-    def cell(self, version_id: int, target: str) -> Cell | None:
-        return self.cells.get((version_id, target))
+    def cell(self, version_id: int, column: Column) -> Cell | None:
+        return self.cells.get((version_id, column))
+
+
+def _precisions(build: BuildRow) -> dict[int, str]:
+    """Per task, the precision its target builds for the build's spec (a CPU builds fp32 for an fp16 spec)."""
+    spec = build.spec or {}
+    try:
+        parsed, info = BuildSpec(**spec), ModelInfo.from_dict(build.model.info)
+        return {t.id: target_precision(parsed, Target.parse(t.target), info)[0].value for t in build.tasks}
+    except (ValueError, TypeError, KeyError):  # a spec older rules no longer read: its own word
+        return {t.id: str(spec.get("precision") or "fp32") for t in build.tasks}
 
 
 def _cell(task: BuildTaskRow, served: dict[str, set[str]]) -> Cell:
@@ -70,14 +98,26 @@ def model_matrix(session: Session, settings: Settings, model: ModelRow, project:
     """The matrix of ``model``'s name: its newest versions (MAX_VERSIONS), each version's newest task per target."""
     versions = catalog.find_models(session, model.name, project=model.project)[:MAX_VERSIONS]
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
-    matrix = Matrix(versions=versions, targets=[])
-    targets: set[str] = set()
+    matrix = Matrix(versions=versions, columns=[])
+    # (version, target, precision) -> spec hash -> newest task of that spec, and each spec's label.
+    found: dict[tuple[int, str, str], dict[str, BuildTaskRow]] = {}
+    labels: dict[str, str] = {}
     for version in versions:
         for build in catalog.list_builds(session, model_id=version.id, limit=200, project=project):  # newest first
+            precisions = _precisions(build)
+            labels.setdefault(build.spec_hash, build.variant or build.spec_hash[:8])
             for task in build.tasks:
-                targets.add(task.target)
-                matrix.cells.setdefault((version.id, task.target), _cell(task, served))
-    matrix.targets = sorted(targets)
+                specs = found.setdefault((version.id, task.target, precisions[task.id]), {})
+                specs.setdefault(build.spec_hash, task)
+    # A target and precision splits by spec only where some version was built more than one way.
+    split = {(target, precision) for (_, target, precision), specs in found.items() if len(specs) > 1}
+    for (version_id, target, precision), specs in found.items():
+        for spec_hash, task in specs.items():
+            column = Column(target, precision, spec_hash, labels[spec_hash]) if (target, precision) in split \
+                else Column(target, precision)
+            if (version_id, column) not in matrix.cells or task.id > matrix.cells[(version_id, column)].task_id:
+                matrix.cells[(version_id, column)] = _cell(task, served)
+    matrix.columns = sorted({column for _, column in matrix.cells})
     engines = catalog.engines_by_id(session, [c.engine_id for c in matrix.cells.values() if c.engine_id])
     view = project_checks.project_view(session, list(engines.values()), model.project)
     checks = reports.engine_checks(session, settings, list(engines.values()), view)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.progress import Progress
 from rich.table import Table
 
 from enginefarm.client.report import profiles_label
@@ -23,7 +24,9 @@ FILTER_HELP = "keep only engines that passed their accuracy gate"
 
 
 def fetch(
-    model: str, output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the engine"),
+    model: str, output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the engine "
+                                                      "(default: <model>-<target>.plan, or .onnx for an ONNX "
+                                                      "Runtime model, here or in the folder given)"),
     version: Optional[str] = typer.Option(None, help='a model version, or "latest" (default: every version, ranked)'),
     cc: Optional[str] = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
     gpu: Optional[str] = typer.Option(None, help="GPU model name (default: this machine's)"),
@@ -37,6 +40,8 @@ def fetch(
     jetpack: Optional[str] = typer.Option(None, help="JetPack release on a Jetson (default: read from the device)"),
     precision: Optional[str] = typer.Option(None, help="only engines of this precision: fp32, fp16, bf16, int8, fp8"),
     spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines built with this spec"),
+    backend: Optional[str] = typer.Option(None, help="only engines of this backend: tensorrt, tensorrt-rtx or "
+                                          "onnxruntime (naming onnxruntime asks for the CPU model)"),
     accuracy: Optional[str] = typer.Option(None, help="'pass': " + FILTER_HELP),
     max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
     shapes: Optional[str] = typer.Option(None, "--shapes", help="the shapes you will run, trtexec syntax: "
@@ -48,6 +53,8 @@ def fetch(
                                              "(default: any that passed its accuracy check, or fp16/fp32 unchecked)"),
     accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
                                                "accuracy was never checked; 'failed': also engines that failed it"),
+    allow_cpu: bool = typer.Option(False, "--allow-cpu", help="also take an ONNX Runtime model (CPU) when no "
+                                   "engine of this machine's GPU runtime fits (sends accept=cpu)"),
     explain: bool = typer.Option(False, "--explain", help="print every candidate with the rule that decided it"),
     build: bool = typer.Option(False, "--build", help="when nothing fits, build the engine this machine needs"),
     wait: bool = typer.Option(False, "--wait", help="with --build: wait for the build, then fetch"),
@@ -61,8 +68,11 @@ def fetch(
     """Fetch the engine that runs on this machine (or the one the flags describe), verified by sha256.
 
     The farm judges every engine of MODEL against this machine's fingerprint and ranks the ones
-    that run. A second fetch of the same engine copies it from the local cache.
+    that run. A second fetch of the same engine copies it from the local cache. An engine of another
+    kind than the --output name says (an ONNX model for x.plan) is refused, and nothing is written.
+    With --explain and no --output, only the choice is printed.
     """
+    from enginefarm.client.artifacts import place_cached
     from enginefarm.client.cache import EngineCache
     from enginefarm.client import resolve_offline
     from enginefarm.probe import this_machine
@@ -81,28 +91,38 @@ def fetch(
     except ValueError as exc:  # pydantic's ValidationError is one: a flag the fingerprint's rules refuse
         fail(exc)
     filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
-                   max_latency_ms=max_latency_ms, accept=accept or None)
+                   max_latency_ms=max_latency_ms, backend=backend, accept=accept or None)
     cache = None if no_cache else EngineCache(cache_dir)
     if (wait and not build) or (offline and (build or no_cache)):
         fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
-    if not output and not explain:
-        fail(ValueError("give --output (or --explain alone to see the choice)"))
+    only_explain = explain and not output
     try:
         if offline:
-            answer = resolve_offline(cache, model, machine, **filters)
-            if output:
-                cache.copy_to(answer["engine"]["sha256"], output)
-            _print_answer(answer, output, from_cache=True, explain=explain)
+            answer = resolve_offline(cache, model, machine, allow_cpu=allow_cpu, **filters)
+            written = None if only_explain else place_cached(cache, answer["engine"], output)
+            _print_answer(answer, written, from_cache=True, explain=explain)
             return
         with client_for(api) as c:
-            if not output:
-                _print_answer(c.resolve(model, machine, explain=True, **filters), None, False, True)
+            if only_explain:
+                _print_answer(c.resolve(model, machine, explain=True, allow_cpu=allow_cpu, **filters), None, False,
+                              True)
                 return
-            with transfer_bar() as bar:
-                progress = bar.add_task("engine", total=None)
+            bar = transfer_bar()
+            progress = bar.add_task("engine", total=None)
+
+            def shown() -> Progress:  # the bar starts once there is something to show: a refusal is its line alone
+                if not bar.live.is_started:
+                    bar.start()
+                return bar
+
+            try:
                 got = c.fetch(model, output, machine, cache=cache, build=build, wait=wait, wait_timeout=timeout,
-                              explain=explain, on_bytes=lambda n: bar.advance(progress, n),
-                              on_build=lambda b: bar.update(progress, description=_build_line(b)), **filters)
+                              explain=explain, allow_cpu=allow_cpu,
+                              on_bytes=lambda n: shown().advance(progress, n),
+                              on_build=lambda b: shown().update(progress, description=_build_line(b)), **filters)
+            finally:
+                if bar.live.is_started:
+                    bar.stop()
     except Exception as exc:
         fail(exc)
     if got.path is None:
@@ -114,7 +134,7 @@ def fetch(
         return
     if got.build:
         console.print(f"built for this machine: build {got.build['build_id']} ({got.build['target']})")
-    _print_answer(got.answer, output, from_cache=got.from_cache, explain=explain)
+    _print_answer(got.answer, got.path, from_cache=got.from_cache, explain=explain)
 
 
 def _build_line(build: dict) -> str:

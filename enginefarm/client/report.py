@@ -259,31 +259,26 @@ def regression_table(report: Report) -> Table | None:
 
 
 def _plotted_groups(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
-    """Measured rows grouped for the x axis: one group per target, or per variant of an undecided sweep.
-
-    A sweep with a chosen variant shows only that one, since it is the engine clients will fetch;
-    without a choice every variant is drawn, so none is hidden.
-    """
-    by_target: dict[str, list[Row]] = {}
+    """Measured rows grouped for the x axis: one group per target and engine, so every variant is drawn (the web
+    report draws them all too). A target with several variants labels each one; the sweep's chosen variant, the
+    engine clients fetch, carries the star."""
+    by_target: dict[str, dict[Any, list[Row]]] = {}
     for row in rows:
         if row.get("status") == "measured" and _stat(row, "median") is not None:
-            by_target.setdefault(str(row.get("target") or DASH), []).append(row)
-    groups: list[tuple[str, list[Row]]] = []
-    for target, target_rows in by_target.items():
-        if any(row.get("best") is True for row in target_rows):
-            groups.append((target, [row for row in target_rows if row.get("best") is True]))
-            continue
-        engines: dict[Any, list[Row]] = {}
-        for row in target_rows:
+            engines = by_target.setdefault(str(row.get("target") or DASH), {})
             engines.setdefault(row.get("engine_id", row.get("spec_hash")), []).append(row)
-        if len(engines) == 1:
-            groups.append((target, target_rows))
-            continue
+    groups: list[tuple[str, list[Row]]] = []
+    for target, engines in by_target.items():
         for engine_rows in engines.values():
             first = engine_rows[0]
-            variant = (first.get("variant") or str(first.get("spec_hash") or "")[:8]
-                       or f"engine {first.get('engine_id')}")
-            groups.append((f"{target} · {variant}", engine_rows))
+            label = target
+            if len(engines) > 1:
+                variant = (first.get("variant") or str(first.get("spec_hash") or "")[:8]
+                           or f"engine {first.get('engine_id')}")
+                label = f"{target} · {variant}"
+            if first.get("best") is True:
+                label += f" {BEST_MARK}"
+            groups.append((label, engine_rows))
     return groups
 
 

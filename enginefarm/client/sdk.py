@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
+from enginefarm.client.artifacts import check_bytes, destination, place_cached
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
 from enginefarm.choose import Evidence, Option, Wanted, choose
 from enginefarm.config import get_settings
@@ -201,10 +203,12 @@ class Client:
 
     def resolve(self, model: str, machine: Machine | None = None, *, version: str | None = None,
                 explain: bool = False, build: bool = False, cache: EngineCache | None = None,
-                **filters: Any) -> dict:
+                allow_cpu: bool = False, **filters: Any) -> dict:
         """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms, backend, and
         accept (["unchecked"] for int8/fp8 engines never checked, ["failed"] for engines that failed the check).
         What the machine will run (its shapes) and the precisions it accepts travel with ``machine``.
+        ``allow_cpu``: a machine that names a GPU runtime also takes an ONNX Runtime artifact when no engine of
+        its runtime fits (``accept: ["cpu"]``); without it the farm answers 404 with what would fit.
 
         ``machine`` defaults to this machine, detected (``enginefarm.probe.this_machine``). Returns the
         resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
@@ -215,6 +219,7 @@ class Client:
             from enginefarm.probe import this_machine
 
             machine = this_machine()
+        filters = with_cpu(filters) if allow_cpu else filters
         body = {"model": model, "version": version, "machine": asdict(machine), "explain": explain,
                 "build": build, **{k: sorted(v) if isinstance(v, (set, frozenset)) else v
                                    for k, v in filters.items() if v is not None}}
@@ -292,17 +297,22 @@ class Client:
         cache.remember(engine, self.base_url)
         return cache.path(sha), hit
 
-    def fetch(self, model: str, dest: Path, machine: Machine | None = None, *, cache: EngineCache | None = None,
-              build: bool = False, wait: bool = False, wait_timeout: float = 3600, explain: bool = False,
-              on_bytes: Callable[[int], None] | None = None, on_build: Callable[[dict], None] | None = None,
-              **filters: Any) -> Fetched:
+    def fetch(self, model: str, dest: Path | str | None = None, machine: Machine | None = None, *,
+              cache: EngineCache | None = None, build: bool = False, wait: bool = False, wait_timeout: float = 3600,
+              explain: bool = False, allow_cpu: bool = False, on_bytes: Callable[[int], None] | None = None,
+              on_build: Callable[[dict], None] | None = None, **filters: Any) -> Fetched:
         """Resolve the engine for ``machine`` and put it at ``dest``, verified.
 
-        With a cache, an engine already cached (by sha256) is copied from it and not downloaded. With
-        ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the engine is
-        fetched once that build is done.
+        ``dest`` None (or a folder) writes the file named by what it is: ``<model>-<target>.plan`` for a TensorRT
+        or TensorRT-RTX engine, ``.onnx`` for an ONNX Runtime artifact. A ``dest`` whose name says another kind
+        (``x.plan`` for an ONNX model, ``x.onnx`` for a plan) raises WrongArtifact before anything is downloaded;
+        bytes that are not the kind the catalog records raise IntegrityError. Either way nothing is written there.
+        ``allow_cpu``: see ``resolve``. With a cache, an engine already cached (by sha256) is copied from it and
+        not downloaded. With ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the
+        engine is fetched once that build is done.
         """
-        answer = self.resolve(model, machine, build=build, explain=explain, cache=cache, **filters)
+        answer = self.resolve(model, machine, build=build, explain=explain, cache=cache, allow_cpu=allow_cpu,
+                              **filters)
         if "build_id" in answer:
             if not wait:
                 return Fetched(answer, None, False, answer)
@@ -311,16 +321,28 @@ class Client:
             if failed:
                 raise BuildFailed(f"build {done['id']} for {answer['target']} did not succeed: "
                                   f"{failed[0]['error'] or failed[0]['state']}")
-            submitted, answer = answer, self.resolve(model, machine, explain=explain, **filters)
+            submitted, answer = answer, self.resolve(model, machine, explain=explain, allow_cpu=allow_cpu, **filters)
         else:
             submitted = None
         eng = answer["engine"]
+        dest = destination(eng, dest)
         if cache is None:
-            self.download(eng["id"], dest, eng["sha256"], on_bytes)
-            return Fetched(answer, Path(dest), False, submitted)
+            # Staged beside the destination and checked there: a file of the wrong kind never takes its name.
+            staged = dest.parent / f".{dest.name}{TMP_PREFIX}{secrets.token_hex(8)}"
+            try:
+                self.download(eng["id"], staged, eng["sha256"], on_bytes)
+                check_bytes(eng, staged)
+                os.replace(staged, dest)
+            finally:
+                staged.unlink(missing_ok=True)
+            return Fetched(answer, dest, False, submitted)
         _, hit = self.cached(eng, cache, on_bytes)
-        cache.copy_to(eng["sha256"], dest)
-        return Fetched(answer, Path(dest), hit, submitted)
+        return Fetched(answer, place_cached(cache, eng, dest), hit, submitted)
+
+
+def with_cpu(filters: dict[str, Any]) -> dict[str, Any]:
+    """``filters`` whose ``accept`` also takes an ONNX Runtime artifact on a GPU machine (``accept: cpu``)."""
+    return {**filters, "accept": sorted(set(filters.get("accept") or ()) | {"cpu"})}
 
 
 @dataclass
@@ -340,7 +362,7 @@ def _queueing(queue_without_worker: bool | None) -> dict:
 
 
 def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version: str | None = None,
-                    **filters: Any) -> dict:
+                    allow_cpu: bool = False, **filters: Any) -> dict:
     """Resolve from the engines in the local cache alone, with the farm's own rules; the answer has the
     shape of /v1/resolve's (engine, match, reason, fallbacks, rejected). Raises NoCompatibleEngine."""
     records = {r["sha256"]: r for r in cache.records(model, None if version == "latest" else version)
@@ -351,6 +373,7 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
     options = [Option(sha, _descriptor(r), r.get("model_seq", 0), r.get("spec_hash", ""),
                       Evidence(accuracy={True: "pass", False: "fail"}.get(r.get("accuracy_pass"))))
                for sha, r in records.items()]
+    filters = with_cpu(filters) if allow_cpu else filters
     wanted = {k: v for k, v in filters.items() if v is not None}
     if "accept" in wanted:
         wanted["accept"] = frozenset(wanted["accept"])

@@ -52,7 +52,7 @@ def fail(exc: Exception) -> None:
         for e in exc.errors():
             err.print(f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg']}", highlight=False)
         raise typer.Exit(1)
-    err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}")
+    err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}", soft_wrap=True)  # one line, however long
     for problem in getattr(exc, "problems", None) or []:
         where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
         err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")

@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import arch_of_cc, cc_tuple
+from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
+from enginefarm.domain import cc_tuple
 from enginefarm.machine import Machine
+
+__all__ = ["ONNX_TO_TRITON", "PLAN_PREFERENCE", "RTX_WARNING", "TritonRepository", "batching", "config_spec",
+           "export_from_farm", "fixed_dims", "plan_layout", "render_config", "sanitize_model_name", "triton_dtype",
+           "triton_machine", "write_repository"]
 
 ONNX_TO_TRITON: dict[str, str] = {
     "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
@@ -26,15 +31,9 @@ ONNX_TO_TRITON: dict[str, str] = {
 }
 _KIND_OF_PLATFORM = {"tensorrt_plan": "KIND_GPU", "onnxruntime_onnx": "KIND_CPU"}
 _PLAN_BACKENDS = ("tensorrt", "tensorrt-rtx")
+QUANTIZED = ("int8", "fp8")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 _CC = re.compile(r"^[1-9][0-9]*\.[0-9]$")
-
-RTX_WARNING = (
-    "TensorRT-RTX engines: Triton's stock TensorRT backend (platform tensorrt_plan) links full TensorRT "
-    "and will not deserialize TensorRT-RTX plans; serve this repository with a Triton whose TensorRT "
-    "backend is built against TensorRT-RTX."
-)
-
 
 @dataclass
 class TritonRepository:
@@ -119,11 +118,33 @@ def batching(model: Mapping[str, Any], spec: Mapping[str, Any]) -> tuple[int, li
     return max_batch, sorted({o for o in opts if 1 <= o <= max_batch}), limits
 
 
-def _tensor_block(kind: str, tensors: Sequence[Mapping[str, Any]], drop_batch: bool) -> list[str]:
-    """An ``input [...]``/``output [...]`` block; a tensor left with no dims gets ``dims: [1]`` reshaped to a scalar."""
+def fixed_dims(model: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, int]:
+    """Named input dims that every profile fixes to one size (min = max, the same in each): an output dim of the
+    same name has that size too."""
+    sizes: dict[str, set[int]] = {}
+    profiles = spec.get("profiles") or []
+    for t in model.get("inputs") or []:
+        for axis, dim in enumerate(t["dims"]):
+            if not isinstance(dim, str) or not profiles:
+                continue
+            for profile in profiles:
+                rng = profile.get(t["name"])
+                if rng is None or len(rng["min"]) <= axis or rng["min"][axis] != rng["max"][axis]:
+                    sizes.setdefault(dim, set()).add(-1)
+                else:
+                    sizes.setdefault(dim, set()).add(int(rng["min"][axis]))
+    return {name: next(iter(v)) for name, v in sizes.items() if len(v) == 1 and next(iter(v)) > 0}
+
+
+def _tensor_block(kind: str, tensors: Sequence[Mapping[str, Any]], drop_batch: bool,
+                  fixed: Mapping[str, int] | None = None) -> list[str]:
+    """An ``input [...]``/``output [...]`` block; a tensor left with no dims gets ``dims: [1]`` reshaped to a scalar.
+    A dim is the model's static size, or the size every profile fixes for its name (``fixed``), else -1."""
     entries = []
+    fixed = fixed or {}
     for t in tensors:
-        dims = [-1 if _dynamic(d) else int(d) for d in t["dims"][1 if drop_batch else 0:]]
+        dims = [fixed.get(d, -1) if isinstance(d, str) else -1 if _dynamic(d) else int(d)
+                for d in t["dims"][1 if drop_batch else 0:]]
         lines = [f"    name: {_quote(t['name'])}", f"    data_type: {triton_dtype(t['dtype'], t['name'])}"]
         if dims:
             lines.append(f"    dims: [ {', '.join(map(str, dims))} ]")
@@ -147,9 +168,10 @@ def render_config(
         raise ValueError(f"platform {platform!r} is not one of {sorted(_KIND_OF_PLATFORM)}")
     max_batch, preferred, _ = batching(model, spec)
     lines = [f"name: {_quote(name)}", f"platform: {_quote(platform)}", f"max_batch_size: {max_batch}"]
+    fixed = fixed_dims(model, spec)
     for kind in ("input", "output"):
         if model.get(f"{kind}s"):
-            lines += _tensor_block(kind, model[f"{kind}s"], drop_batch=max_batch > 0)
+            lines += _tensor_block(kind, model[f"{kind}s"], drop_batch=max_batch > 0, fixed=fixed)
     if preferred:
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {', '.join(map(str, preferred))} ] }}")
     lines.append(f"instance_group [ {{ kind: {_KIND_OF_PLATFORM[platform]} count: 1 }} ]")
@@ -164,29 +186,6 @@ def _check_onnx_member(root: Path, member: str) -> None:
     path = (root / member).resolve()
     if Path(member).is_absolute() or not path.is_relative_to(root.resolve()) or not path.is_file():
         raise ValueError(f"{member!r} is not a file inside {root}")
-
-
-def _engine_warnings(
-    engines: Mapping[str, tuple[Mapping[str, Any], Path]], limits: list[int], max_batch: int
-) -> list[str]:
-    if not engines:
-        return []
-    warnings = []
-    backends = {e["backend"] for e, _ in engines.values()}
-    if "tensorrt-rtx" in backends:
-        warnings.append(RTX_WARNING)
-    if len(backends) > 1:
-        warnings.append("engines mix TensorRT and TensorRT-RTX plans; one Triton TensorRT backend loads only one kind")
-    precisions = {cc: e.get("precision") for cc, (e, _) in engines.items()}
-    if len(set(precisions.values())) > 1:
-        listed = ", ".join(f"{p} on {cc}" for cc, p in sorted(precisions.items(), key=lambda kv: cc_tuple(kv[0])))
-        warnings.append(f"engines mix precisions ({listed}): results and speed depend on the GPU that serves them")
-    if len(limits) > 1 and limits[0] < max_batch:
-        warnings.append(
-            f"the engines have {len(limits)} optimization profiles; Triton's TensorRT backend uses profile 0 unless "
-            f"instance_group lists profiles, and profile 0 batches only up to {limits[0]} while max_batch_size is "
-            f"{max_batch}: Triton's config auto-complete rejects that")
-    return warnings
 
 
 def _remove(path: Path) -> None:
@@ -211,9 +210,10 @@ def write_repository(
     """Write ``<out>/<name>`` (TensorRT plans) and ``<out>/<name>_onnx`` (ONNX Runtime on CPU).
 
     ``engines`` maps a compute capability (``"8.6"``) to the chosen engine and its downloaded file,
-    copied to ``<version>/model_sm86.plan``. ``default_model_filename`` is the plan of the highest
-    compute capability: Triton loads it on a GPU missing from ``cc_model_filenames``. The newest is
-    the likeliest to load there (an Ampere+ compatible build, say), but usually it will not.
+    copied to ``<version>/model_sm86.plan`` (``model_portable.plan`` for a portable TensorRT-RTX engine, written
+    once however many compute capabilities it serves). ``default_model_filename``, which Triton loads on a GPU
+    missing from ``cc_model_filenames``, is set only to a plan that runs beyond the compute capability it was
+    built on (``plan_layout``); otherwise there is none, and a warning says which GPUs the model loads on.
     ``onnx_source`` is the ``.onnx`` file, or with ``onnx_member`` the unpacked bundle directory and
     the ``.onnx`` path inside it (the whole tree is copied, keeping external data beside the graph).
     An empty ``engines`` or a None ``onnx_source`` leaves that model out. Models are staged in a
@@ -244,12 +244,13 @@ def write_repository(
 
     max_batch, _, limits = batching(model, spec)
     staged: dict[str, tuple[str, list[tuple[Path, str]]]] = {}
+    coverage: list[str] = []
     if engines:
-        files = {cc: f"model_{arch_of_cc(cc)}.plan" for cc in engines}
-        newest = max(engines, key=cc_tuple)
+        files, default, coverage = plan_layout(engines)
         text = render_config(model, spec, name=base, platform="tensorrt_plan", cc_model_filenames=files,
-                             default_model_filename=files[newest])
-        staged[base] = (text, [(Path(engines[cc][1]), files[cc]) for cc in engines])
+                             default_model_filename=default)
+        copies = {files[cc]: Path(path) for cc, (_, path) in engines.items()}
+        staged[base] = (text, [(path, filename) for filename, path in copies.items()])
     if onnx_source is not None:
         member = onnx_member if onnx_member is not None else "model.onnx"
         text = render_config(model, spec, name=f"{base}_onnx", platform="onnxruntime_onnx",
@@ -262,7 +263,8 @@ def write_repository(
         raise FileExistsError(
             f"{', '.join(str(out / m) for m in taken)} already exists; pass overwrite=True to replace it")
     out.mkdir(parents=True, exist_ok=True)
-    result = TritonRepository(root=out, models=list(staged), warnings=_engine_warnings(engines, limits, max_batch))
+    result = TritonRepository(root=out, models=list(staged),
+                              warnings=coverage + engine_warnings(engines, limits, max_batch))
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
     except OSError:
@@ -348,9 +350,11 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
         raise NotFound(f"no model {model_name!r}" + (f" version {version!r}" if version else "") + " in the catalog")
     model = max(versions, key=lambda m: m["id"])
     listed = client.engines(model=model_name, limit=500)["items"]
-    ccs = sorted({e["compute_capability"] for e in listed
-                  if e["compute_capability"] and e["backend"] in _PLAN_BACKENDS
-                  and model["version"] in (e["model_version"], e.get("variant_of"))}, key=cc_tuple)
+    # A portable engine serves every compute capability it lists: each is asked for, and may get it.
+    ccs = sorted({cc for e in listed if e["backend"] in _PLAN_BACKENDS
+                  and model["version"] in (e["model_version"], e.get("variant_of"))
+                  for cc in ([e["compute_capability"]] if e["compute_capability"] else e["compute_capabilities"])},
+                 key=cc_tuple)
     chosen: dict[str, Mapping[str, Any]] = {}
     for cc in ccs:
         for b in [backend] if backend else PLAN_PREFERENCE:
@@ -359,6 +363,8 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
             if answer is not None:
                 chosen[cc] = answer["engine"]
                 break
+    for engine in chosen.values():
+        _check_quantized(client, engine, accept or [])
     spec, warnings = config_spec(model, list(chosen.values()))
     files = {cc: (e, client.cached(e, cache)[0]) for cc, e in chosen.items()}
     with tempfile.TemporaryDirectory(prefix="enginefarm-export-") as tmp:
@@ -373,6 +379,26 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
                                 version=triton_version, name=name, overwrite=overwrite)
     repo.warnings += warnings
     return repo
+
+
+def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[str]) -> None:
+    """Raise Conflict for an int8/fp8 engine whose accuracy check has not passed, naming where the check stands,
+    unless ``accept`` takes it ("unchecked" for one never checked, "failed" for one that failed)."""
+    from enginefarm.errors import Conflict
+
+    passed = engine.get("accuracy_pass")
+    if engine.get("precision") not in QUANTIZED or passed is True:
+        return
+    state = "failed" if passed is False else "unchecked"
+    if state in accept:
+        return
+    checks = client.get(f"/v1/engines/{engine['id']}").get("checks") or {}
+    where = checks.get("state") or "none"
+    raise Conflict(
+        f"not exporting engine {engine['id']} ({engine['target']}, {engine['precision']}): its accuracy check "
+        f"{'failed' if passed is False else 'has not passed'} (check {where}"
+        + (f": {checks['detail']}" if checks.get("detail") else "") + "); export it once the check passes, or pass "
+        f"--accept {state} to export it anyway", engine_id=engine["id"], check=where)
 
 
 def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) -> dict | None:

@@ -213,6 +213,50 @@ def _default_opset(model: ModelProto) -> int:
     raise ModelRejected("model imports no opset for the default ONNX domain")
 
 
+# Initializers up to this size keep their values for shape inference (the shape tensors a Reshape reads); larger
+# ones, the weights, become inputs of their type and dims, so inference never copies the weights.
+_SHAPE_TENSOR_BYTES = 4096
+
+
+def _weightless(model: ModelProto) -> ModelProto:
+    """``model`` without its large initializers' bytes: each becomes a graph input of its type and dims."""
+    light = ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    graph, source = light.graph, model.graph
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    inputs = {v.name for v in source.input}
+    for init in source.initializer:
+        if init.ByteSize() <= _SHAPE_TENSOR_BYTES:
+            graph.initializer.append(init)
+        elif init.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
+def _static_outputs(model: ModelProto, outputs: list[TensorInfo]) -> list[TensorInfo]:
+    """``outputs`` with each dim declared as a name or unknown, but static by ONNX's shape inference with value
+    propagation, as that number. The TorchScript exporter names a Reshape's output dims (``Reshapehidden_dim_2``)
+    even where they are fixed (a decoder's hidden size 128); Triton's config wants the number."""
+    if all(isinstance(d, int) and d > 0 for t in outputs for d in t.dims):
+        return outputs
+    try:
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(_weightless(model), data_prop=True).graph.output}
+    except Exception:  # noqa: BLE001 - an op inference does not know: keep what is declared
+        return outputs
+    out = []
+    for t in outputs:
+        value = inferred.get(t.name)
+        dims = list(value.type.tensor_type.shape.dim) if value is not None and value.type.HasField("tensor_type") else []
+        if len(dims) == len(t.dims):
+            t = TensorInfo(t.name, t.dtype, [d if isinstance(d, int) and d > 0 else
+                                             (n.dim_value if n.WhichOneof("value") == "dim_value" and n.dim_value > 0 else d)
+                                             for d, n in zip(t.dims, dims)])
+        out.append(t)
+    return out
+
+
 def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]) -> ModelInfo:
     """Collect the metadata of an accepted model."""
     graph = model.graph
@@ -223,7 +267,7 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
     _check_inputs(inputs)
     return ModelInfo(
         inputs=[_tensor_info(v) for v in inputs],
-        outputs=[_tensor_info(v) for v in graph.output],
+        outputs=_static_outputs(model, [_tensor_info(v) for v in graph.output]),
         opset=_default_opset(model),
         ir_version=model.ir_version,
         producer=f"{model.producer_name} {model.producer_version}".strip(),

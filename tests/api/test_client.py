@@ -1,14 +1,20 @@
 """The Python client against a real farm: errors come back as the classes the server raised, builds are job
-objects, uploads are idempotent by sha256 and take a path or bytes, models are named by id, name or name:version."""
+objects, uploads are idempotent by sha256 and take a path or bytes, models are named by id, name or name:version,
+and fetch writes a file only under a name that says what it is."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import replace
 
 import pytest
 
 from enginefarm.client import ApiError, BuildJob, Client
-from enginefarm.errors import NotFound, SpecInvalid, TooBusy, Unauthorized
+from enginefarm.client.artifacts import MODEL_PROTO_FIELDS, is_onnx_model, place_cached
+from enginefarm.client.cache import EngineCache
+from enginefarm.errors import IntegrityError, NotFound, SpecInvalid, TooBusy, Unauthorized, WrongArtifact
+from enginefarm.machine import Machine
 from enginefarm.graph.samples import conv_net, sample_spec
 from tests.helpers import unique_name
 
@@ -86,3 +92,94 @@ def test_a_job_still_running_is_not_downloaded(client, tmp_path):
     with pytest.raises(RuntimeError, match="wait"):
         job.download_all(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ fetch: what the file is, and accept=cpu
+
+SM86 = "tensorrt-rtx/sm86"
+
+
+@pytest.fixture(scope="module")
+def two_kinds(farm):
+    """A model built for tensorrt-rtx/sm86 and ONNX Runtime on the CPU: (name, engines by target, an sm86 machine
+    with the workers' TensorRT-RTX)."""
+    with Client(farm.url, token=farm.token) as c:
+        model, _ = c.upload(conv_net(seed=404).SerializeToString(), name=unique_name("kinds"))
+        assert c.build(model["id"], [SM86, CPU], sample_spec()).wait(timeout=300).state == "succeeded"
+        engines = {e["target"]: e for e in c.engines(model=model["name"])["items"]}
+    machine = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576,
+                      driver_version="580.82.07", cuda_version="13.0", platform="x86_64",
+                      trt_rtx_version=engines[SM86]["backend_version"])
+    return model["name"], engines, machine
+
+
+def test_fetch_names_the_file_by_what_it_is_and_refuses_another_name(client, two_kinds, tmp_path):
+    name, engines, machine = two_kinds
+    got = client.fetch(name, tmp_path, machine)  # a folder: the file is named there
+    assert got.path == tmp_path / f"{name}-tensorrt-rtx-sm86.plan"
+    assert hashlib.sha256(got.path.read_bytes()).hexdigest() == engines[SM86]["sha256"]
+    cache = EngineCache(tmp_path / "cache")
+    for dest, backend in (("x.plan", "onnxruntime"), ("x.onnx", "tensorrt-rtx")):
+        with pytest.raises(WrongArtifact, match=f"not writing {dest}"):
+            client.fetch(name, tmp_path / "out" / dest, machine, backend=backend)
+        with pytest.raises(WrongArtifact):
+            client.fetch(name, tmp_path / "out" / dest, machine, backend=backend, cache=cache)
+    assert not (tmp_path / "out").exists() and cache.records() == []  # refused before any byte came
+
+
+def test_allow_cpu_sends_accept_cpu(client, two_kinds):
+    """``allow_cpu`` puts ``cpu`` in the request's ``accept``, beside what the caller accepts. A farm that takes it
+    answers the ONNX Runtime model to a GPU machine nothing of its runtime fits; one that does not know the value
+    yet refuses the request by naming the field."""
+    name, engines, machine = two_kinds
+    sent: list[dict] = []
+    client.http.event_hooks["request"] = [lambda request: sent.append(json.loads(request.content))]
+    batch64 = replace(machine, shapes={"input": {"min": [64, 3, 32, 32], "opt": [64, 3, 32, 32],
+                                                 "max": [64, 3, 32, 32]}})
+    try:
+        answer = client.resolve(name, batch64, allow_cpu=True, accept=["unchecked"])
+    except SpecInvalid as exc:
+        assert any("accept" in p["loc"] for p in exc.problems), exc.problems
+    else:
+        assert answer["engine"]["id"] == engines[CPU]["id"]
+    assert sent[-1]["accept"] == ["cpu", "unchecked"]
+    client.resolve(name, machine)
+    assert "accept" not in sent[-1]  # not asked, not sent
+
+
+def test_the_bytes_of_each_kind_are_told_apart_without_onnx(client, two_kinds, tmp_path):
+    """An ONNX model is a ModelProto (its top-level fields, walked); a TensorRT-RTX plan is not; nor is a cut or
+    empty file."""
+    _, engines, _ = two_kinds
+    model, plan = tmp_path / "m.onnx", tmp_path / "e.plan"
+    client.download(engines[CPU]["id"], model, engines[CPU]["sha256"])
+    client.download(engines[SM86]["id"], plan, engines[SM86]["sha256"])
+    assert is_onnx_model(model) and not is_onnx_model(plan)
+    cut, empty = tmp_path / "cut.onnx", tmp_path / "empty.onnx"
+    cut.write_bytes(model.read_bytes()[: model.stat().st_size // 2])
+    empty.write_bytes(b"")
+    assert not is_onnx_model(cut) and not is_onnx_model(empty)
+    # A field a later onnx adds (number 40, a varint) is stepped over; the same bytes with a byte more are not ONNX.
+    later, extra = tmp_path / "later.onnx", tmp_path / "extra.onnx"
+    key = bytes([(40 << 3) & 0x7F | 0x80, 40 << 3 >> 7])  # field 40, wire type 0, as a varint
+    later.write_bytes(model.read_bytes() + key + b"\x01")
+    extra.write_bytes(model.read_bytes() + key)
+    assert is_onnx_model(later) and not is_onnx_model(extra)
+    # The field table is onnx's own ModelProto (varints for the two integers, length-delimited for the rest).
+    import onnx
+
+    assert MODEL_PROTO_FIELDS == {f.number: 0 if f.type == f.TYPE_INT64 else 2
+                                  for f in onnx.ModelProto.DESCRIPTOR.fields}
+
+
+def test_a_cached_blob_not_of_its_records_kind_is_evicted_and_not_written(client, two_kinds, tmp_path):
+    """A record that says plan over bytes that are an ONNX model: refused, the blob evicted, nothing at the
+    destination (a farm's record and bytes that disagree never reach a deploy script)."""
+    _, engines, _ = two_kinds
+    cache = EngineCache(tmp_path / "cache")
+    client.cached(engines[CPU], cache)
+    lying = {**engines[CPU], "backend": "tensorrt-rtx", "target": SM86}
+    with pytest.raises(IntegrityError, match="its bytes are an ONNX model"):
+        place_cached(cache, lying, tmp_path / "x.plan")
+    assert not cache.has(engines[CPU]["sha256"]) and not (tmp_path / "x.plan").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]

@@ -1,5 +1,6 @@
 """The CLI as a user meets it: models by name, trtexec's own flags, `ls builds`, one-line errors, `token create`
-that will not make a catalog nobody uses, and `up --data-dir` printing the lines to export."""
+that will not make a catalog nobody uses, `up --data-dir` printing the lines to export, and `fetch` writing a file
+only under a name that says what it is."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ import subprocess
 import sys
 import time
 
+import hashlib
+
 import httpx
+import onnx
+import pytest
 
 from enginefarm.client import Client
-from enginefarm.graph.samples import save_conv_net
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.e2e.test_worker_lifecycle import ORT_TARGET, descendants, embedded_env, kill_leftovers, wait_gone
 from tests.helpers import run_cli, unique_name
+
+SM86 = "tensorrt-rtx/sm86"
 
 
 def test_build_by_name_with_trtexec_flags_then_ls_builds(farm, tmp_path):
@@ -92,3 +99,80 @@ def test_up_takes_a_data_dir_and_prints_the_lines_to_export(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+# ------------------------------------------------------------------ fetch writes only what the file name says
+
+
+@pytest.fixture(scope="module")
+def two_kinds(farm, tmp_path_factory):
+    """A model built for tensorrt-rtx/sm86 (batch 1..8) and ONNX Runtime on the CPU: (name, engines by target,
+    the fingerprint flags of an sm86 machine with the workers' TensorRT-RTX)."""
+    path = save_conv_net(tmp_path_factory.mktemp("kinds") / "m.onnx", seed=612)
+    with Client(farm.url) as c:
+        model, _ = c.upload(path, unique_name("kinds"))
+        done = c.wait_build(c.build(model["id"], [SM86, ORT_TARGET], sample_spec())["id"], timeout=300, poll=0.2)
+        assert {t["state"] for t in done["tasks"]} == {"succeeded"}, done["tasks"]
+        engines = {e["target"]: e for e in c.engines(model=model["name"])["items"]}
+    flags = ["--cc", "8.6", "--trt-rtx", engines[SM86]["backend_version"], "--driver", "580.82.07",
+             "--platform", "x86_64"]
+    return model["name"], engines, flags
+
+
+def fetch_in(folder, url: str, *args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    """``enginefarm fetch ARGS`` run in ``folder`` (its own cache there too), as a user would."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = os.environ | {"ENGINEFARM_CACHE_DIR": str(folder.parent / f"{folder.name}-cache")}
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", *args, "--api", url], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=folder)
+    assert out.returncode == expect, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    return out
+
+
+def test_an_onnx_model_is_never_written_under_a_plan_name(farm, two_kinds, tmp_path):
+    name, engines, flags = two_kinds
+    # Naming the backend asks for the ONNX Runtime model; the .plan name says a TensorRT engine: refused.
+    out = fetch_in(tmp_path / "a", farm.url, name, *flags, "--backend", "onnxruntime", "-o", "x.plan", expect=1)
+    assert out.stderr.strip().count("\n") == 0, out.stderr  # one line
+    assert "not writing x.plan" in out.stderr and "x.onnx" in out.stderr and "onnxruntime/cpu-x86_64" in out.stderr
+    assert list((tmp_path / "a").iterdir()) == []
+    # The issue's case: batch 64, outside every profile, from an sm86 machine. Whatever the farm answers (the CPU
+    # model, or a 404 that says what would fit), nothing lands under the .plan name and the exit is not 0.
+    fetch_in(tmp_path / "b", farm.url, name, *flags, "--shapes", "input:64x3x32x32", "-o", "x.plan", expect=1)
+    assert list((tmp_path / "b").iterdir()) == []
+    # A plan under a .onnx name is refused the same way.
+    out = fetch_in(tmp_path / "c", farm.url, name, *flags, "--backend", "tensorrt-rtx", "-o", "x.onnx", expect=1)
+    assert out.stderr.strip().count("\n") == 0 and "not writing x.onnx" in out.stderr and "x.plan" in out.stderr
+    assert list((tmp_path / "c").iterdir()) == []
+
+
+def test_fetch_names_the_file_by_what_it_is(farm, two_kinds, tmp_path):
+    name, engines, flags = two_kinds
+    fetch_in(tmp_path / "gpu", farm.url, name, *flags)  # no -o: named here, by what it is
+    plan = tmp_path / "gpu" / f"{name}-tensorrt-rtx-sm86.plan"
+    assert [p.name for p in (tmp_path / "gpu").iterdir()] == [plan.name]
+    assert hashlib.sha256(plan.read_bytes()).hexdigest() == engines[SM86]["sha256"]
+    (tmp_path / "cpu" / "into").mkdir(parents=True)
+    fetch_in(tmp_path / "cpu", farm.url, name, *flags, "--backend", "onnxruntime", "-o", "into")  # a folder
+    model = tmp_path / "cpu" / "into" / f"{name}-onnxruntime-cpu-x86_64.onnx"
+    assert hashlib.sha256(model.read_bytes()).hexdigest() == engines[ORT_TARGET]["sha256"]
+    assert onnx.load(str(model)).graph.node  # an ONNX model, as its name says
+    # A name that claims no kind takes what the farm chose.
+    fetch_in(tmp_path / "bin", farm.url, name, *flags, "-o", "engine.bin")
+    assert (tmp_path / "bin" / "engine.bin").read_bytes() == plan.read_bytes()
+
+
+def test_allow_cpu_sends_accept_cpu(farm, two_kinds, tmp_path):
+    """--allow-cpu asks for the CPU model on a GPU machine nothing of its runtime fits (batch 64): accept=cpu. A
+    farm that takes it answers the ONNX Runtime model, which lands under its .onnx name; one that does not know the
+    value yet refuses the request by naming it."""
+    name, engines, flags = two_kinds
+    out = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", name, *flags, "--shapes", "input:64x3x32x32",
+                          "--allow-cpu", "--api", farm.url], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache")})
+    written = tmp_path / f"{name}-onnxruntime-cpu-x86_64.onnx"
+    if out.returncode == 0:
+        assert hashlib.sha256(written.read_bytes()).hexdigest() == engines[ORT_TARGET]["sha256"]
+    else:
+        assert "HTTP 422" in out.stderr and "accept" in out.stderr and not written.exists(), out.stderr
