@@ -71,7 +71,7 @@ class Choice:
 
 # Precisions whose error depends on calibration: picked unasked only once their accuracy check passed.
 QUANTIZED = frozenset({"int8", "fp8"})
-ACCEPT = ("unchecked", "failed")
+ACCEPT = ("unchecked", "failed", "cpu")
 
 
 def _accuracy_gate(o: Option, m: Machine, wanted: Wanted) -> Check:

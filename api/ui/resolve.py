@@ -32,7 +32,7 @@ from enginefarm.text import text_problem
 
 router = APIRouter(prefix="/ui")
 FIELDS = ("model", "version", "gpu_name", "compute_capability", "memory_mib", "driver_version", "cuda_version",
-          "trt_version", "trt_rtx_version", "platform", "jetpack", "shapes", "probe")
+          "trt_version", "trt_rtx_version", "platform", "jetpack", "shapes", "probe", "accept")
 # GET /v1/resolve's query names for the form's fields.
 QUERY_NAMES = {"gpu": "gpu_name", "cc": "compute_capability", "driver": "driver_version", "cuda": "cuda_version",
                "trt": "trt_version", "trt_rtx": "trt_rtx_version"}
@@ -107,7 +107,10 @@ def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[s
     settings = request.app.state.settings
     try:
         machine = machine_from_form(form)
-        req = ResolveRequest(model=form["model"], version=form.get("version") or None, machine=machine, explain=True)
+        # "cpu": a machine that names its GPU runtime is handed the ONNX Runtime CPU artifact only when it asks.
+        accept = ["cpu"] if form.get("accept", "").strip() == "cpu" else []
+        req = ResolveRequest(model=form["model"], version=form.get("version") or None, machine=machine, explain=True,
+                             accept=accept)
     except (ValidationError, ValueError, TypeError) as exc:
         return {"problem": f"the machine as given is not valid: {exc}", "status": 422}
     with session_scope(settings) as s:

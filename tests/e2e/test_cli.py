@@ -164,15 +164,21 @@ def test_fetch_names_the_file_by_what_it_is(farm, two_kinds, tmp_path):
 
 
 def test_allow_cpu_sends_accept_cpu(farm, two_kinds, tmp_path):
-    """--allow-cpu asks for the CPU model on a GPU machine nothing of its runtime fits (batch 64): accept=cpu. A
-    farm that takes it answers the ONNX Runtime model, which lands under its .onnx name; one that does not know the
-    value yet refuses the request by naming it."""
+    """--allow-cpu asks for the CPU model on a GPU machine nothing of its runtime fits (batch 64): accept=cpu. The
+    farm answers the ONNX Runtime model, which lands under its .onnx name; without it, a one-line 404 that says
+    how to build what would fit, and no file."""
     name, engines, flags = two_kinds
     out = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", name, *flags, "--shapes", "input:64x3x32x32",
                           "--allow-cpu", "--api", farm.url], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path, env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache")})
     written = tmp_path / f"{name}-onnxruntime-cpu-x86_64.onnx"
-    if out.returncode == 0:
-        assert hashlib.sha256(written.read_bytes()).hexdigest() == engines[ORT_TARGET]["sha256"]
-    else:
-        assert "HTTP 422" in out.stderr and "accept" in out.stderr and not written.exists(), out.stderr
+    assert out.returncode == 0, out.stderr
+    assert hashlib.sha256(written.read_bytes()).hexdigest() == engines[ORT_TARGET]["sha256"]
+    # Without it, the same machine is told no engine of its runtime fits, and what would.
+    refused = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", name, *flags, "--shapes", "input:64x3x32x32",
+                              "-o", "x.plan", "--api", farm.url], capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path, env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache2")})
+    assert refused.returncode != 0 and not (tmp_path / "x.plan").exists()
+    first, *reasons = refused.stderr.strip().splitlines()
+    assert first.startswith("error: HTTP 404") and first.endswith("--shapes input:64x3x32x32 --build"), first
+    assert any("accept=cpu (fetch --allow-cpu)" in r for r in reasons), reasons  # each engine's reason below it

@@ -60,12 +60,16 @@ def test_the_query_fills_the_form_and_shows_the_answer(farm, api, browser, cpu_m
 
 
 def test_the_query_takes_get_v1_resolves_names(browser, cpu_model):
-    page = browser.get("/ui/resolve", params={"model": cpu_model, "cc": "8.6", "gpu": "NVIDIA GeForce RTX 3090",
-                                              "trt_rtx": "1.7.1.116", "driver": "580.65"})
+    query = {"model": cpu_model, "cc": "8.6", "gpu": "NVIDIA GeForce RTX 3090", "trt_rtx": "1.7.1.116",
+             "driver": "580.65"}
+    page = browser.get("/ui/resolve", params=query)
     assert page.status_code == 200, page.text
     assert [_value(page.text, f) for f in ("r-cc", "r-gpu", "r-rtx", "r-driver")] == [
         "8.6", "NVIDIA GeForce RTX 3090", "1.7.1.116", "580.65"]
-    assert 'id="answer-engine"' in page.text  # the CPU artifact, as a fallback for this GPU machine
+    # A machine that names TensorRT-RTX is not handed the ONNX Runtime file unasked; the page says which rule.
+    assert 'id="answer-engine"' not in page.text and "named-runtime" in page.text
+    asked = browser.get("/ui/resolve", params=query | {"accept": "cpu"})
+    assert 'id="answer-engine"' in asked.text and 'name="accept" value="cpu" checked' in asked.text
 
 
 def test_a_query_the_resolver_cannot_answer_says_why(browser, cpu_model):
