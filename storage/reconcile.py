@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
 from enginefarm.domain import QUANTIZE_QUEUE, Target
-from enginefarm.storage import liveness
+from enginefarm.storage import liveness, tokens
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.leader import Leadership
 from enginefarm.storage.queue import publish, queue_size
@@ -28,7 +28,7 @@ FORGET_WORKERS_AFTER_S = 3600.0
 
 
 def reconcile_once(settings: Settings) -> dict[str, int]:
-    """One pass; returns how many tasks it requeued and republished."""
+    """One pass; returns how many tasks it requeued and republished, and how many ended sessions it removed."""
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=settings.republish_after_seconds)
     with session_scope(settings) as s:
         liveness.prune_workers(s, max(FORGET_WORKERS_AFTER_S, 10 * settings.worker_ttl_seconds))
@@ -37,6 +37,9 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
         lost_stages, _ = liveness.requeue_abandoned_quantize(s, live, settings.max_deliveries)
         requeued = [("build", t.id, t.target) for t in lost_builds] + [("bench", t.id, t.target) for t in lost_benches]
         requeued += [("quantize", build_id, None) for build_id in lost_stages]
+        # Dashboard sessions that ended (signed out, revoked, expired) can never be used again; a minute's grace,
+        # as at sign-in, so that signing out and in again does not hand back a sign-in the rate limit counted.
+        sessions = tokens.remove_ended_sessions(s, opened_before=datetime.now(timezone.utc) - timedelta(minutes=1))
         builds, benches, waiting = liveness.queued_since(s, cutoff)
         stale = [("build", t.id, t.target) for t in builds] + [("bench", t.id, t.target) for t in benches]
         stale += [("quantize", b.id, None) for b in waiting]
@@ -54,7 +57,7 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
     if requeued or again:
         log.warning("reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)",
                     len(requeued), len(again))
-    return {"requeued": len(requeued), "republished": len(again)}
+    return {"requeued": len(requeued), "republished": len(again), "sessions_removed": sessions}
 
 
 class Reconciler:
