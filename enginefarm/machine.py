@@ -35,6 +35,9 @@ class Machine:
     trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
     lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
                                                         "version-compatible engines")
+    ort_version: str | None = Field(None, pattern=VERSION_PATTERN, description="ONNX Runtime version")
+    ort_cuda: StrictBool = Field(False, description="ONNX Runtime runs here with its CUDA execution provider on the "
+                                                    "GPU: onnxruntime/cuda-smXY artifacts are served only then")
     platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
     os: str | None = Field(None, max_length=200)
     jetpack: str | None = Field(None, pattern=JETPACK_PATTERN)

@@ -11,7 +11,10 @@ the probe records why and carries on. pynvml and the backend modules are importe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import ctypes
+import functools
 import importlib
 import io
 import json
@@ -25,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
+from enginefarm.domain import ARCHES, BACKEND_MODULES, ORT_CUDA_PREFIX, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
 from enginefarm.machine import Machine
 from enginefarm.nvml import NvmlUnavailable, nvml_session
 
@@ -94,6 +97,10 @@ class MachineProbe:
     module_errors: dict[str, str] = field(default_factory=dict)
     nvml_error: str | None = None
     gpu_source: str | None = None  # "nvml", or "nvidia-smi" where NVML could not be used
+    # ONNX Runtime's CUDA execution provider: the CUDA version its build targets when it loads here, else why not.
+    ort_cuda: str | None = None
+    ort_cuda_error: str | None = None
+    cudnn_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as JSON-ready plain data."""
@@ -279,6 +286,69 @@ def probe_modules() -> tuple[dict[str, str | None], dict[str, str]]:
     return versions, errors
 
 
+# --------------------------------------------------------------------------- ONNX Runtime's CUDA provider
+
+ORT_CUDA_PROVIDER = "CUDAExecutionProvider"
+
+
+def _cudnn_version() -> str | None:
+    """The cuDNN that this process loads (91900 -> "9.19.0"), or None without one."""
+    for name in ("libcudnn.so.9", "libcudnn.so"):
+        try:
+            v = int(ctypes.CDLL(name).cudnnGetVersion())
+        except (OSError, AttributeError):
+            continue
+        return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def probe_ort_cuda() -> tuple[str | None, str | None, str | None]:
+    """(CUDA version of ONNX Runtime's build, cuDNN version, why not) for ONNX Runtime's CUDA execution provider.
+
+    Listing the provider is not enough: onnxruntime-gpu lists it even where CUDA's libraries are missing, and then
+    falls back to the CPU at session creation with only a warning. So the provider's library is loaded here, after
+    ``preload_dlls`` found CUDA and cuDNN in the ``nvidia-*`` wheels; a missing library is named in the reason.
+    Cached per process: it loads several hundred MB of libraries once."""
+    try:
+        ort = importlib.import_module(ORT_MODULE)
+    except Exception as exc:
+        return None, None, _error(exc)
+    if ORT_CUDA_PROVIDER not in ort.get_available_providers():
+        return None, None, f"onnxruntime {ort.__version__} has no {ORT_CUDA_PROVIDER} (that is the onnxruntime-gpu package)"
+    info = importlib.import_module(f"{ORT_MODULE}.capi.build_and_package_info")
+    cuda = getattr(info, "cuda_version", None) or None
+    if preload := getattr(ort, "preload_dlls", None):
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints its warnings
+            try:
+                preload()
+            except Exception:  # noqa: BLE001 - the load below says what is missing
+                pass
+    library = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        return None, None, f"{ORT_CUDA_PROVIDER} does not load: {exc}"
+    return cuda or "unknown", _cudnn_version(), None
+
+
+def _ort_cuda_fields(gpus: list[GpuInfo], modules: dict[str, str | None]) -> dict[str, str | None]:
+    if not modules.get(ORT_MODULE):
+        return {}
+    if not gpus:
+        return {"ort_cuda_error": "no NVIDIA GPU"}
+    cuda, cudnn, error = probe_ort_cuda()
+    return {"ort_cuda": cuda, "cudnn_version": cudnn, "ort_cuda_error": error}
+
+
+def ort_cuda_targets(probe: MachineProbe) -> list[Target]:
+    """``onnxruntime/cuda-smXY`` for each GPU's compute capability, where ONNX Runtime's CUDA provider loads."""
+    if not (probe.modules.get(ORT_MODULE) and probe.ort_cuda):
+        return []
+    archs = {f"{ORT_CUDA_PREFIX}{arch_of_cc(g.compute_capability)}" for g in probe.gpus}
+    return [Target(Backend.ONNXRUNTIME, a) for a in sorted(archs) if a in ARCHES[Backend.ONNXRUNTIME]]
+
+
 # --------------------------------------------------------------------------- the machine
 
 
@@ -313,6 +383,7 @@ def probe_machine(root: Path = Path("/")) -> MachineProbe:
         module_errors=module_errors,
         nvml_error=nvml_error,
         gpu_source=source,
+        **_ort_cuda_fields(gpus, modules),
     )
 
 
@@ -330,6 +401,7 @@ def buildable_targets(probe: MachineProbe) -> list[Target]:
     targets: set[Target] = set()
     if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
         targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
+    targets.update(ort_cuda_targets(probe))
     # TensorRT-RTX compiles ahead of time without a GPU, but only ships x86_64 wheels.
     if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64":
         targets.update(Target(Backend.TENSORRT_RTX, a) for a in ARCHES[Backend.TENSORRT_RTX])
@@ -348,6 +420,7 @@ def benchmark_targets(probe: MachineProbe) -> list[Target]:
     targets: set[Target] = set()
     if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
         targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
+    targets.update(ort_cuda_targets(probe))
     for _, cc in _devices(probe):
         if not cc:
             continue
@@ -364,6 +437,9 @@ def benchmark_targets(probe: MachineProbe) -> list[Target]:
 
 def benchmark_pending_reason(target: Target) -> str:
     """What the catalog says about an engine no live worker can benchmark."""
+    if target.is_ort_cuda:
+        return (f"benchmark pending: no worker with a GPU of compute capability {target.compute_capability} "
+                "and ONNX Runtime's CUDA execution provider")
     if target.backend is Backend.ONNXRUNTIME:
         return f"benchmark pending: no worker with ONNX Runtime on a {target.arch.removeprefix('cpu-')} CPU"
     if target.arch == "portable":
@@ -424,6 +500,15 @@ def probe_report(probe: MachineProbe) -> list[str]:
         lines.append(f"onnxruntime {ort}: platform {probe.platform} is not one onnxruntime targets: not served")
     else:
         lines.append(f"onnxruntime {ort}: serves onnxruntime/{arch}")
+    if ort and (probe.ort_cuda or probe.ort_cuda_error):
+        served = ", ".join(map(str, ort_cuda_targets(probe)))
+        if probe.ort_cuda and served:
+            lines.append(f"onnxruntime {ort} CUDA (built for CUDA {probe.ort_cuda}, cuDNN "
+                         f"{probe.cudnn_version or 'not found'}): serves {served}")
+        elif probe.ort_cuda:
+            lines.append(f"onnxruntime {ort} CUDA: no GPU of a compute capability it has a target for: not served")
+        else:
+            lines.append(f"onnxruntime {ort} CUDA: {probe.ort_cuda_error}: no onnxruntime/cuda target served")
 
     targets = buildable_targets(probe)
     lines.append(f"buildable targets: {', '.join(map(str, targets)) if targets else 'none'}")
@@ -451,6 +536,8 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
         trt_version=probe.modules.get(TRT_MODULE),
         trt_rtx_version=probe.modules.get(RTX_MODULE),
         lean_runtime=_import_version(LEAN_MODULE)[0] is not None,
+        ort_version=probe.modules.get(ORT_MODULE),
+        ort_cuda=bool(probe.ort_cuda and gpu),
         platform=probe.platform,
         os=probe.os,
         jetpack=j.jetpack if j else None,
@@ -467,7 +554,8 @@ def this_machine(**overrides: Any) -> Machine:
         machine = machine_fingerprint(probe)
     except ValueError:
         machine = Machine.detected(platform=probe.platform, os=probe.os, trt_version=probe.modules.get(TRT_MODULE),
-                                   trt_rtx_version=probe.modules.get(RTX_MODULE))
+                                   trt_rtx_version=probe.modules.get(RTX_MODULE),
+                                   ort_version=probe.modules.get(ORT_MODULE))
     # Through the constructor again: an override is checked by the same rules as a request's field.
     return replace(machine, **{key: value for key, value in overrides.items() if value is not None})
 

@@ -214,7 +214,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         if give_way_to:
             wait_for_builds(give_way_to)
         started = time.monotonic()
-        result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
+        result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe), target=target,
                           reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
         BENCHMARK_SECONDS.labels(target).observe(time.monotonic() - started)
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
