@@ -162,7 +162,7 @@ def _cpu_target() -> str:
 
 
 def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: float, port: int,
-        given_targets: list[str] | None = None) -> int:
+        given_targets: list[str] | None = None, fetch: bool = True) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logfile = open(out / "log.txt", "a")
 
@@ -175,9 +175,12 @@ def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: 
     work = Path(os.environ.get("GPU_MATRIX_WORK", "/tmp/gpu-matrix"))
     work.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"models": {}, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    results_path = out / "results.json"
-    if results_path.exists():  # a second call on the same machine adds to the first one's results
+    # Kept beside the farm's data, so that a second run on the same machine adds to the first one's results.
+    results_path = work / "results.json"
+    if results_path.exists():
         results = json.loads(results_path.read_text())
+    results.setdefault("runs", []).append({"precisions": precisions, "models": names, "seconds": seconds,
+                                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     probe = subprocess.run([PY, "-m", "enginefarm", "worker", "--probe"], capture_output=True, text=True, timeout=300)
     log(probe.stdout[-4000:] + probe.stderr[-2000:])
     results["probe"] = probe.stdout
@@ -220,33 +223,51 @@ def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: 
                 started = time.monotonic()
                 cli(*args, check=False)
                 done["precisions"][precision] = {"seconds": round(time.monotonic() - started, 1)}
-                _save(results_path, results)
+                _save(results_path, results, out)
             report = json.loads(cli("report", name, "--json", "--wait"))
             done["report"] = report
-            done["choice"] = fetch_and_verify(cli, name, report, work, log)
-            _save(results_path, results)
+            done["engines"] = engines_of(env, report)
+            if fetch:
+                done["choice"] = fetch_and_verify(cli, name, report, work, log)
+            _save(results_path, results, out)
     finally:
         farm.terminate()
         try:
             farm.wait(timeout=30)
         except subprocess.TimeoutExpired:
             farm.kill()
-        _save(results_path, results)
+        _save(results_path, results, out)
     (out / "matrix.md").write_text(matrix_markdown(results, targets))
     log((out / "matrix.md").read_text())
     return 0
 
 
-def _save(path: Path, results: dict) -> None:
+def _save(path: Path, results: dict, out: Path | None = None) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=1, default=str))
     os.replace(tmp, path)
+    if out is not None:
+        shutil.copyfile(path, out / path.name)
+
+
+def _api_get(env: dict[str, str], path: str) -> Any:
+    import httpx
+
+    return httpx.get(f"{env['ENGINEFARM_API_URL']}{path}", timeout=30,
+                     headers={"Authorization": f"Bearer {env['ENGINEFARM_TOKEN']}"}).json()
+
+
+def engines_of(env: dict[str, str], report: dict) -> dict[str, Any]:
+    """Each engine of the report as the catalog has it: the whole accuracy verdict (the TF32 note included), the
+    versions and the GPU it was built on, the memory figure the resolver's memory rule uses."""
+    keep = ("id", "target", "precision", "backend_version", "gpu_name", "compute_capability", "cuda_version",
+            "driver_version", "size", "sha256", "device_memory_bytes", "accuracy_pass", "accuracy")
+    ids = sorted({r["engine_id"] for r in report.get("rows", []) if r.get("engine_id")})
+    return {str(i): {k: v for k, v in _api_get(env, f"/v1/engines/{i}").items() if k in keep} for i in ids}
 
 
 def fetch_and_verify(cli: Cli, name: str, report: dict, work: Path, log) -> dict[str, Any]:
     """Resolve for this machine's own fingerprint, fetch, check the sha256 against the catalog, run it on the GPU."""
-    import httpx
-
     dest = work / f"{name}.fetched.onnx"
     dest.unlink(missing_ok=True)
     text = cli("fetch", name, "-o", str(dest), "--explain", "--no-cache", check=False)
@@ -256,9 +277,7 @@ def fetch_and_verify(cli: Cli, name: str, report: dict, work: Path, log) -> dict
         out["error"] = "nothing fetched"
         return out
     engine_id, target, match, short = chosen[-1]
-    env = cli.env
-    row = httpx.get(f"{env['ENGINEFARM_API_URL']}/v1/engines/{engine_id}", timeout=30,
-                    headers={"Authorization": f"Bearer {env['ENGINEFARM_TOKEN']}"}).json()
+    row = _api_get(cli.env, f"/v1/engines/{engine_id}")
     sha = _sha256(dest)
     out.update(engine_id=int(engine_id), target=target, match=match, precision=row.get("precision"),
                sha256=sha, catalog_sha256=row.get("sha256"), sha256_matches=sha == row.get("sha256"),
@@ -313,14 +332,15 @@ def _ratio(a: float | None, b: float | None) -> str:
     return "—" if not a or not b else f"{a / b:.2f}×"
 
 
-def _accuracy(row: dict | None) -> str:
+def _accuracy(row: dict | None, engines: dict[str, Any]) -> str:
     acc = (row or {}).get("accuracy") or {}
     if not acc:
         return "—"
+    full = (engines.get(str((row or {}).get("engine_id"))) or {}).get("accuracy") or {}
     worst = acc.get("metrics") or {}
     verdict = "pass" if acc.get("pass") else "FAIL"
-    if acc.get("explained_by"):
-        verdict += f" ({acc['explained_by']})"
+    if full.get("explained_by"):
+        verdict += f" ({full['explained_by']}: {_f(full['tf32']['worst_without_tf32'].get('max_abs'), 2)} without)"
     figures = f"max abs {_f(worst.get('max_abs'), 2)}, cos {_f(worst.get('cosine'), 6)}"
     return f"{verdict}: {figures}"
 
@@ -343,7 +363,7 @@ def matrix_rows(results: dict, targets: list[str]) -> list[dict[str, Any]]:
                 "model": name, "precision": precision,
                 "opt": g_opt, "largest": g_max, "cpu_opt": c_opt, "cpu_largest": c_max,
                 "memory": stats.get("gpu_memory_in_use_bytes"),
-                "accuracy": _accuracy(g_opt or any_row),
+                "accuracy": _accuracy(g_opt or any_row, done.get("engines") or {}),
                 "detail": None if g_opt else (any_row or {}).get("detail"),
                 "fp16_over_fp32": None,
             })
@@ -400,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seconds", type=float, default=3.0, help="minimum measured time per benchmark (trtexec: 3)")
     r.add_argument("--port", type=int, default=8321)
     r.add_argument("--targets", help="MEASURED,BASELINE instead of the probed CUDA target and this CPU's")
+    r.add_argument("--no-fetch", action="store_true", help="skip resolving and fetching for this machine")
     t = sub.add_parser("table", help="matrix.md again from a results.json")
     t.add_argument("results", type=Path)
     args = parser.parse_args(argv)
@@ -414,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         print(matrix_markdown(results, [cuda, next(t for t in targets if t.startswith("onnxruntime/cpu-"))]))
         return 0
     return run(args.dir, args.out, args.models.split(","), args.precisions.split(","), args.seconds, args.port,
-               args.targets.split(",") if args.targets else None)
+               args.targets.split(",") if args.targets else None, not args.no_fetch)
 
 
 if __name__ == "__main__":
