@@ -83,7 +83,7 @@ def _matmul(path, weight: np.ndarray) -> None:
 
 
 def _info(k: int, n: int) -> ModelInfo:
-    return ModelInfo(inputs=[TensorInfo("x", "float32", ["batch", k])], outputs=[TensorInfo("y", "float32", ["batch", n])],
+    return ModelInfo(inputs=[TensorInfo("x", "FLOAT", ["batch", k])], outputs=[TensorInfo("y", "FLOAT", ["batch", n])],
                      opset=17, ir_version=8, producer="test", size=0)
 
 
