@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from enginefarm.errors import BuildFailed, TargetUnavailable
-from enginefarm.probe import ORT_CUDA_PROVIDER, probe_machine
+from enginefarm.ortcuda import ORT_CUDA_PROVIDER
+from enginefarm.probe import probe_machine
 from enginefarm.stats import Measurement
 from enginefarm.worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
 from enginefarm.worker.backends.trt_common import load_module
