@@ -8,7 +8,7 @@
 #   bench/gpu_matrix.sh run OUT [ARGS...]  # there: the matrix through an embedded farm (gpu_matrix.py run ARGS)
 #
 # What one transfer may carry is limited (64 MiB here), so onnxruntime-gpu (a 256 MB wheel) travels as an xz tar of
-# its unpacked files (about a fifth of that) cut into pieces of PIECE_MB; each transfer stashes what it brought.
+# its unpacked files (195 MiB) cut into pieces of PIECE_MB; each transfer stashes what it brought.
 # The GPU machine is expected to have Python 3.12, numpy, onnx, torch and torchvision (for exporting the models
 # with random weights) and an NVIDIA driver; everything else of the farm's comes as wheels.
 set -euo pipefail
@@ -16,11 +16,11 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 STASH="${STASH:-/tmp/gpu-carry}"
 PY="${PYTHON:-python3}"
 ORT_GPU="${ORT_GPU:-onnxruntime-gpu==1.31.1}"
-PIECE_MB="${PIECE_MB:-40}"
+PIECE_MB="${PIECE_MB:-54}"
 # The farm's own dependencies (pyproject.toml: base, server and worker extras) and pytest for the gpu tests.
 FARM_DEPS=(pydantic pydantic-settings typer rich fastapi fastapi-offline uvicorn httptools uvloop python-multipart
            "celery[sqlalchemy]" kombu sqlalchemy alembic orjson prometheus-client jinja2 tenacity filelock onnxslim
-           httpx nvidia-ml-py pytest pytest-timeout)
+           httpx nvidia-ml-py boto3 pytest pytest-timeout)
 # Large packages a CUDA machine with torch already has: carrying them would only cost transfers.
 SKIP='^(numpy|onnx|sympy|mpmath|protobuf|ml_dtypes)-'
 
@@ -33,7 +33,7 @@ wheels_for_gpu_machine() {  # DEST: cp312 manylinux wheels of the farm's depende
         -d "$all" "${FARM_DEPS[@]}"
     mkdir -p "$dest"
     for w in "$all"/*.whl; do basename "$w" | grep -Eq "$SKIP" || cp "$w" "$dest/"; done
-    "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$dest" "$here"
+    "$PY" -m pip wheel -q --no-deps -w "$dest" "$here"
     rm -rf "$all"
 }
 
