@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from enum import IntEnum
 
-from enginefarm.domain import Backend, EngineDescriptor, StrEnum, cc_tuple
+from enginefarm.domain import ORT_CUDA_PREFIX, Backend, EngineDescriptor, StrEnum, cc_tuple
 from enginefarm.domain import HardwareCompat
 from enginefarm.shapes import format_dims
 from enginefarm.machine import Machine
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
+
+# The lowest compute capability ONNX Runtime's CUDA execution provider runs on, per CUDA major of its build
+# (CUDA 13 dropped Maxwell, Pascal and Volta; onnxruntime-gpu's CUDA 12 wheels start at 6.0).
+ORT_CUDA_MIN_CC: dict[int, tuple[int, int]] = {12: (6, 0), 13: (7, 5)}
 
 # Version-compatible engines also run on later runtimes across these major pairs (support matrix).
 CROSS_MAJOR: frozenset[tuple[int, int]] = frozenset({(8, 9), (8, 10), (10, 11)})
@@ -56,6 +60,8 @@ class Rule(StrEnum):
     HARDWARE_COMPAT = "hardware-compat"
     RTX_RELEASE = "rtx-release"
     RTX_CC = "rtx-cc"
+    ORT_CUDA = "ort-cuda"
+    ORT_VERSION = "ort-version"
     DRIVER = "driver-floor"
     MEMORY = "memory"
     SHAPES = "shapes"
@@ -314,9 +320,70 @@ def shape_fit(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> t
     return min(fits) if fits else None
 
 
+def is_ort_cuda(e: EngineDescriptor) -> bool:
+    """An ONNX Runtime artifact for its CUDA execution provider (target ``onnxruntime/cuda-smXY``)."""
+    return e.backend == Backend.ONNXRUNTIME.value and e.target.partition("/")[2].startswith(ORT_CUDA_PREFIX)
+
+
+def _check_ort_cuda(e: EngineDescriptor, m: Machine) -> Check:
+    """An ONNX Runtime CUDA artifact is a prepared graph, not GPU code: it runs on any GPU that the CUDA build of
+    ONNX Runtime supports. Its own compute capability is a match; another supported one runs, relaxed."""
+    cc, built = m.compute_capability, e.compute_capability
+    if not m.ort_cuda:
+        said = f"you run ONNX Runtime {m.ort_version} without CUDA" if m.ort_version else \
+            "you did not say you run ONNX Runtime with CUDA (ort_cuda)"
+        return check_fail(Rule.ORT_CUDA, f"prepared for ONNX Runtime's CUDA execution provider; {said}")
+    if cc is None:
+        return check_fail(Rule.COMPUTE_CAPABILITY, f"prepared on compute capability {built}; {NO_CC}")
+    if cc == built:
+        return check_ok(Rule.COMPUTE_CAPABILITY, f"prepared and measured on your compute capability {cc}")
+    major = _version(e.cuda_version or "")[:1]
+    floor = ORT_CUDA_MIN_CC.get(major[0]) if major else None
+    if floor and cc_tuple(cc) < floor:
+        return check_fail(Rule.COMPUTE_CAPABILITY, f"ONNX Runtime built for CUDA {e.cuda_version} runs on compute "
+                                                   f"capability {floor[0]}.{floor[1]} or newer; you have {cc}")
+    return check_relaxed(Rule.ORT_CUDA, f"a graph for ONNX Runtime CUDA prepared on {built} runs on your {cc} "
+                                        "(no GPU code in it; its figures were measured on another GPU)")
+
+
+def _check_ort_version(e: EngineDescriptor, m: Machine) -> Check:
+    """A graph saved by ONNX Runtime after its optimizations may hold its contrib operators, which a later
+    release still runs and an earlier one may not."""
+    if not m.ort_version:
+        return check_unchecked(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}; "
+                                                 "your ONNX Runtime version is unknown")
+    got, want = _version(m.ort_version), _version(e.backend_version)
+    if got[:2] == want[:2]:
+        return check_ok(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, you run {m.ort_version}")
+    if got < want:
+        return check_fail(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, you run the older "
+                                            f"{m.ort_version}, which may lack its fused operators")
+    return check_relaxed(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, runs on your later "
+                                           f"{m.ort_version}")
+
+
+def _judge_ort_cuda(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Verdict:
+    checks += [_check_ort_cuda(e, m), _check_ort_version(e, m)]
+    checks += [c for c in (_check_driver(e, m), _check_memory(e, m)) if c is not None]
+    failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
+    if failed:
+        return Verdict(False, None, failed.detail, checks)
+    relaxed = [c for c in checks if c.outcome is Outcome.RELAXED]
+    if any(c.rule is Rule.ORT_CUDA for c in relaxed):
+        return Verdict(True, Match.HARDWARE_COMPAT, "; ".join(c.detail for c in relaxed), checks)
+    if relaxed:
+        return Verdict(True, Match.VERSION_COMPAT, "; ".join(c.detail for c in relaxed), checks)
+    if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
+        return Verdict(True, Match.EXACT_GPU, f"ONNX Runtime CUDA graph prepared on your GPU model, {e.gpu_name}", checks)
+    return Verdict(True, Match.EXACT_CC, f"ONNX Runtime CUDA graph prepared for your compute capability "
+                                         f"{e.compute_capability}", checks)
+
+
 def judge(e: EngineDescriptor, m: Machine) -> Verdict:
     """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that."""
     checks = [_check_platform(e, m)]
+    if is_ort_cuda(e):
+        return _judge_ort_cuda(e, m, checks)
     if e.backend == Backend.ONNXRUNTIME.value:
         runs = checks[0].outcome is not Outcome.FAIL
         reason = f"ONNX Runtime CPU artifact for {e.platform}" if runs else checks[0].detail

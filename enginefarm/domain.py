@@ -37,12 +37,18 @@ BACKEND_MODULES: dict[Backend, str] = {
     Backend.ONNXRUNTIME: "onnxruntime",
 }
 
+# An ONNX Runtime target for its CUDA execution provider is written onnxruntime/cuda-smXY.
+ORT_CUDA_PREFIX = "cuda-"
+
 # Architectures each backend can build for. Full TensorRT builds only for the GPU it runs on;
 # TensorRT-RTX compiles ahead of time for any of its compute capabilities, or "portable".
 ARCHES: dict[Backend, tuple[str, ...]] = {
     Backend.TENSORRT: ("sm75", "sm80", "sm86", "sm87", "sm89", "sm90", "sm100", "sm120"),
     Backend.TENSORRT_RTX: ("sm75", "sm80", "sm86", "sm89", "sm120", "sm121", "portable"),
-    Backend.ONNXRUNTIME: ("cpu-x86_64", "cpu-aarch64"),
+    # ONNX Runtime's CPU artifact per CPU architecture, and its CUDA execution provider per compute capability
+    # (onnxruntime-gpu ships x86_64 wheels for CUDA 12 and 13; CUDA 13 builds start at sm75).
+    Backend.ONNXRUNTIME: ("cpu-x86_64", "cpu-aarch64", *(f"{ORT_CUDA_PREFIX}{a}" for a in (
+        "sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm120"))),
 }
 
 # Compute capabilities a portable TensorRT-RTX engine runs on (the 1.7.1 runtime's own list).
@@ -52,7 +58,8 @@ JETSON_CCS = frozenset({"7.2", "8.7", "10.1", "11.0"})
 
 
 def cc_of_arch(arch: str) -> str | None:
-    """``sm86`` → ``8.6``, ``sm120`` → ``12.0``; None for CPU and portable architectures."""
+    """``sm86`` → ``8.6``, ``sm120`` → ``12.0``, ``cuda-sm90`` → ``9.0``; None for CPU and portable architectures."""
+    arch = arch.removeprefix(ORT_CUDA_PREFIX)
     if not arch.startswith("sm") or not arch[2:].isdigit():
         return None
     digits = arch[2:]
@@ -112,7 +119,12 @@ class Target:
 
     @property
     def is_gpu(self) -> bool:
-        return self.backend is not Backend.ONNXRUNTIME
+        return self.backend is not Backend.ONNXRUNTIME or self.is_ort_cuda
+
+    @property
+    def is_ort_cuda(self) -> bool:
+        """An ONNX Runtime target for its CUDA execution provider (``onnxruntime/cuda-sm90``)."""
+        return self.backend is Backend.ONNXRUNTIME and self.arch.startswith(ORT_CUDA_PREFIX)
 
 
 # Int8 quantization from samples runs on a CPU worker with ONNX Runtime.

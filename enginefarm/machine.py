@@ -38,6 +38,9 @@ class Machine:
     trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
     lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
                                                         "version-compatible engines")
+    ort_version: str | None = Field(None, pattern=VERSION_PATTERN, description="ONNX Runtime version")
+    ort_cuda: StrictBool = Field(False, description="ONNX Runtime runs here with its CUDA execution provider on the "
+                                                    "GPU: onnxruntime/cuda-smXY artifacts are served only then")
     platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
     os: CatalogText | None = Field(None, max_length=200)
     cpu_name: CatalogText | None = Field(None, max_length=200, description="the CPU model (/proc/cpuinfo's model "
@@ -64,8 +67,9 @@ class Machine:
         A runtime installed on a machine without a GPU (a CPU box with tensorrt_rtx for building) names none."""
         if not (self.compute_capability or self.gpu_name):
             return []
-        return [name for name, version in (("TensorRT", self.trt_version), ("TensorRT-RTX", self.trt_rtx_version))
-                if version]
+        named = [name for name, version in (("TensorRT", self.trt_version), ("TensorRT-RTX", self.trt_rtx_version))
+                 if version]
+        return named + (["ONNX Runtime CUDA"] if self.ort_cuda else [])
 
     @property
     def is_jetson(self) -> bool:

@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import ARCHES, BACKEND_MODULES, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
+from enginefarm.domain import ARCHES, BACKEND_MODULES, ORT_CUDA_PREFIX, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
 from enginefarm.machine import Machine
 from enginefarm.nvml import NvmlUnavailable, nvml_session
+from enginefarm.ortcuda import ORT_CUDA_PROVIDER, probe_ort_cuda
 
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
 RTX_MODULE = BACKEND_MODULES[Backend.TENSORRT_RTX]
@@ -95,6 +96,10 @@ class MachineProbe:
     nvml_error: str | None = None
     gpu_source: str | None = None  # "nvml", or "nvidia-smi" where NVML could not be used
     cpu_name: str | None = None  # the CPU model, which CPU benchmarks are compared by
+    # ONNX Runtime's CUDA execution provider: the CUDA version its build targets when it loads here, else why not.
+    ort_cuda: str | None = None
+    ort_cuda_error: str | None = None
+    cudnn_version: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The probe as JSON-ready plain data."""
@@ -280,6 +285,26 @@ def probe_modules() -> tuple[dict[str, str | None], dict[str, str]]:
     return versions, errors
 
 
+# --------------------------------------------------------------------------- ONNX Runtime's CUDA provider
+
+
+def _ort_cuda_fields(gpus: list[GpuInfo], modules: dict[str, str | None]) -> dict[str, str | None]:
+    if not modules.get(ORT_MODULE):
+        return {}
+    if not gpus:
+        return {"ort_cuda_error": "no NVIDIA GPU"}
+    cuda, cudnn, error = probe_ort_cuda()
+    return {"ort_cuda": cuda, "cudnn_version": cudnn, "ort_cuda_error": error}
+
+
+def ort_cuda_targets(probe: MachineProbe) -> list[Target]:
+    """``onnxruntime/cuda-smXY`` for each GPU's compute capability, where ONNX Runtime's CUDA provider loads."""
+    if not (probe.modules.get(ORT_MODULE) and probe.ort_cuda):
+        return []
+    archs = {f"{ORT_CUDA_PREFIX}{arch_of_cc(g.compute_capability)}" for g in probe.gpus}
+    return [Target(Backend.ONNXRUNTIME, a) for a in sorted(archs) if a in ARCHES[Backend.ONNXRUNTIME]]
+
+
 # --------------------------------------------------------------------------- the machine
 
 
@@ -315,6 +340,7 @@ def probe_machine(root: Path = Path("/")) -> MachineProbe:
         nvml_error=nvml_error,
         gpu_source=source,
         cpu_name=cpu_name(root),
+        **_ort_cuda_fields(gpus, modules),
     )
 
 
@@ -347,6 +373,7 @@ def buildable_targets(probe: MachineProbe) -> list[Target]:
     targets: set[Target] = set()
     if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
         targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
+    targets.update(ort_cuda_targets(probe))
     # TensorRT-RTX compiles ahead of time without a GPU, but only ships x86_64 wheels.
     if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64":
         targets.update(Target(Backend.TENSORRT_RTX, a) for a in ARCHES[Backend.TENSORRT_RTX])
@@ -365,6 +392,7 @@ def benchmark_targets(probe: MachineProbe) -> list[Target]:
     targets: set[Target] = set()
     if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
         targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
+    targets.update(ort_cuda_targets(probe))
     for _, cc in _devices(probe):
         if not cc:
             continue
@@ -381,6 +409,9 @@ def benchmark_targets(probe: MachineProbe) -> list[Target]:
 
 def benchmark_pending_reason(target: Target) -> str:
     """What the catalog says about an engine no live worker can benchmark."""
+    if target.is_ort_cuda:
+        return (f"benchmark pending: no worker with a GPU of compute capability {target.compute_capability} "
+                "and ONNX Runtime's CUDA execution provider")
     if target.backend is Backend.ONNXRUNTIME:
         return f"benchmark pending: no worker with ONNX Runtime on a {target.arch.removeprefix('cpu-')} CPU"
     if target.arch == "portable":
@@ -441,6 +472,15 @@ def probe_report(probe: MachineProbe) -> list[str]:
         lines.append(f"onnxruntime {ort}: platform {probe.platform} is not one onnxruntime targets: not served")
     else:
         lines.append(f"onnxruntime {ort}: serves onnxruntime/{arch}")
+    if ort and (probe.ort_cuda or probe.ort_cuda_error):
+        served = ", ".join(map(str, ort_cuda_targets(probe)))
+        if probe.ort_cuda and served:
+            lines.append(f"onnxruntime {ort} CUDA (built for CUDA {probe.ort_cuda}, cuDNN "
+                         f"{probe.cudnn_version or 'not found'}): serves {served}")
+        elif probe.ort_cuda:
+            lines.append(f"onnxruntime {ort} CUDA: no GPU of a compute capability it has a target for: not served")
+        else:
+            lines.append(f"onnxruntime {ort} CUDA: {probe.ort_cuda_error}: no onnxruntime/cuda target served")
 
     targets = buildable_targets(probe)
     lines.append(f"buildable targets: {', '.join(map(str, targets)) if targets else 'none'}")
@@ -468,6 +508,8 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
         trt_version=probe.modules.get(TRT_MODULE),
         trt_rtx_version=probe.modules.get(RTX_MODULE),
         lean_runtime=_import_version(LEAN_MODULE)[0] is not None,
+        ort_version=probe.modules.get(ORT_MODULE),
+        ort_cuda=bool(probe.ort_cuda and gpu),
         platform=probe.platform,
         os=probe.os,
         jetpack=j.jetpack if j else None,
@@ -485,7 +527,8 @@ def this_machine(**overrides: Any) -> Machine:
         machine = machine_fingerprint(probe)
     except ValueError:
         machine = Machine.detected(platform=probe.platform, os=probe.os, trt_version=probe.modules.get(TRT_MODULE),
-                                   trt_rtx_version=probe.modules.get(RTX_MODULE))
+                                   trt_rtx_version=probe.modules.get(RTX_MODULE),
+                                   ort_version=probe.modules.get(ORT_MODULE))
     # Through the constructor again: an override is checked by the same rules as a request's field.
     return replace(machine, **{key: value for key, value in overrides.items() if value is not None})
 

@@ -22,6 +22,7 @@ from enginefarm.graph.samples import save_conv_net
 from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]
+pytest_plugins = ["tests.gpumark"]
 # Another checkout's suite may run on this machine at the same time: each names its own scratch database.
 REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_REDIS_DB", "11"))
 PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test")

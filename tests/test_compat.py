@@ -46,6 +46,25 @@ def ort_engine(**kw) -> EngineDescriptor:
     return replace(base, **kw)
 
 
+ORT = "1.31.1"
+
+
+def ort_cuda_engine(**kw) -> EngineDescriptor:
+    """An onnxruntime/cuda-sm90 artifact prepared on an H100 with onnxruntime-gpu built for CUDA 13."""
+    base = EngineDescriptor(target="onnxruntime/cuda-sm90", backend="onnxruntime", backend_version=ORT,
+                            precision="fp16", platform="x86_64", compute_capability="9.0", compute_capabilities=["9.0"],
+                            gpu_name="NVIDIA H100 80GB HBM3", cuda_version="13.0", driver_version="580.159.04",
+                            size=50 * MIB, sha256="d" * 64, device_memory_bytes=200 * MIB)
+    return replace(base, **kw)
+
+
+def hopper(**kw) -> Machine:
+    """A Hopper machine that runs onnxruntime-gpu."""
+    base = Machine(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_mib=81559,
+                   driver_version="580.159.04", cuda_version="13.0", ort_version=ORT, ort_cuda=True, platform="x86_64")
+    return replace(base, **kw)
+
+
 def machine(**kw) -> Machine:
     base = Machine(gpu_name="NVIDIA RTX A6000", compute_capability="8.6", memory_mib=49140, driver_version="575.57.08",
                    cuda_version="12.9", trt_version=TRT, platform="x86_64", os="Linux 6.8 (Ubuntu 24.04.1 LTS)")
@@ -266,6 +285,28 @@ CASES = [
     falls_back(R.SHAPES, "no profile of two covers it; the CPU artifact runs any shape",
                machine(shapes=need("images", "8x3x640x640")), trt_engine(profiles=[STATIC, DYNAMIC]),
                "profile 1 of input 'images' covers 1x3x64x64..4x3x1024x1024; you need 8x3x640x640"),
+    # --- ONNX Runtime with its CUDA provider: a prepared graph, no GPU code
+    runs("ort-cuda", "the GPU model it was prepared on", hopper(), ort_cuda_engine(), G,
+         "ONNX Runtime CUDA graph prepared on your GPU model, NVIDIA H100 80GB HBM3"),
+    runs("ort-cuda", "another GPU of the same compute capability", hopper(gpu_name="NVIDIA H200"), ort_cuda_engine(), E,
+         "prepared for your compute capability 9.0"),
+    runs("ort-cuda", "another compute capability the CUDA 13 build supports", hopper(compute_capability="8.6"),
+         ort_cuda_engine(), HW, "prepared on 9.0 runs on your 8.6"),
+    runs("ort-version", "a later ONNX Runtime", hopper(ort_version="1.32.0"), ort_cuda_engine(), VC,
+         "runs on your later 1.32.0"),
+    rejected(R.ORT_CUDA, "a GPU machine that did not say it runs ONNX Runtime with CUDA", machine(), ort_cuda_engine(),
+             "you did not say you run ONNX Runtime with CUDA"),
+    rejected(R.ORT_CUDA, "ONNX Runtime without CUDA", hopper(ort_cuda=False), ort_cuda_engine(),
+             f"you run ONNX Runtime {ORT} without CUDA"),
+    rejected(R.COMPUTE_CAPABILITY, "below what CUDA 13 runs on", hopper(compute_capability="7.0"), ort_cuda_engine(),
+             "runs on compute capability 7.5 or newer; you have 7.0"),
+    rejected(R.ORT_VERSION, "an older ONNX Runtime", hopper(ort_version="1.30.0"), ort_cuda_engine(),
+             "you run the older 1.30.0"),
+    rejected(R.DRIVER, "a driver below CUDA 13's floor", hopper(driver_version="575.57.08"), ort_cuda_engine(),
+             "needs driver 580 or newer"),
+    rejected(R.MEMORY, "more than the GPU has", hopper(memory_mib=100), ort_cuda_engine(), "your GPU has 100 MiB"),
+    falls_back(R.COMPUTE_CAPABILITY, "ort-cuda: no GPU said, the CPU artifact", hopper(compute_capability=None, gpu_name=None),
+               ort_cuda_engine(), "a GPU engine needs it"),
     # --- the precision policy: failed and unchecked int8/fp8 engines are not picked by default
     pytest.param(machine(), [opt("e", trt_engine(), accuracy="fail")], None, None, "failed its accuracy check",
                  R.ACCURACY_GATE, None, id="accuracy-gate: a failed engine is never the default answer"),

@@ -70,6 +70,16 @@ def test_target_queue():
     assert len({t.queue for t in all_targets()}) == len(all_targets()) == sum(len(a) for a in ARCHES.values())
 
 
+def test_onnxruntime_cuda_targets():
+    t = T("onnxruntime/cuda-sm90")
+    assert (t.compute_capability, t.is_gpu, t.is_ort_cuda) == ("9.0", True, True)
+    assert (t.queue, t.bench_queue) == ("build.onnxruntime.cuda-sm90", "bench.onnxruntime.cuda-sm90")
+    cpu = T("onnxruntime/cpu-x86_64")
+    assert (cpu.compute_capability, cpu.is_gpu, cpu.is_ort_cuda) == (None, False, False)
+    with pytest.raises(ValueError, match="onnxruntime cannot build for 'cuda-sm61'"):
+        T("onnxruntime/cuda-sm61")
+
+
 def test_parse_targets_collects_every_problem():
     targets, problems = parse_targets(["tensorrt-rtx/sm86", "nope/sm86", "tensorrt/sm61"])
     assert targets == [T("tensorrt-rtx/sm86")]

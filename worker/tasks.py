@@ -217,7 +217,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
             wait_for_builds(give_way_to)
         started = time.monotonic()
         try:
-            result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe),
+            result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe), target=target,
                               reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
         except BuildFailed as exc:  # the engine does not load here: it must never be handed out as unchecked
             in_transaction(checks.record_verdict, engine_id, project,

@@ -289,3 +289,34 @@ def test_this_machine_fingerprint_and_overrides():
     assert here.compute_capability is None  # no GPU on this machine
     told = P.this_machine(compute_capability="8.6", gpu_name="NVIDIA A10", platform=None)
     assert (told.compute_capability, told.gpu_name, told.platform) == ("8.6", "NVIDIA A10", here.platform)
+
+
+# --------------------------------------------------------------------------- ONNX Runtime's CUDA provider
+
+
+def test_the_cpu_onnxruntime_here_has_no_cuda_provider():
+    P.probe_ort_cuda.cache_clear()
+    cuda, cudnn, why = P.probe_ort_cuda()
+    assert cuda is None and cudnn is None and "has no CUDAExecutionProvider (that is the onnxruntime-gpu package)" in why
+
+
+def test_h100_with_onnxruntime_gpu_serves_the_cuda_target():
+    p = machine(gpus=[H100], modules={"tensorrt": None, "tensorrt_rtx": None, "onnxruntime": "1.31.1"},
+                errors={"tensorrt": TRT_MISSING})
+    p.ort_cuda, p.cudnn_version = "13.0", "9.19.0"
+    cuda, cpu = T("onnxruntime/cuda-sm90"), T("onnxruntime/cpu-x86_64")
+    assert P.buildable_targets(p) == [cpu, cuda] and P.benchmark_targets(p) == [cpu, cuda]
+    assert ("onnxruntime 1.31.1 CUDA (built for CUDA 13.0, cuDNN 9.19.0): serves onnxruntime/cuda-sm90"
+            in P.probe_report(p))
+    m = P.machine_fingerprint(p)
+    assert m.ort_cuda and m.ort_version == "1.31.1" and m.compute_capability == "9.0"
+    assert "compute capability 9.0 and ONNX Runtime's CUDA execution provider" in P.benchmark_pending_reason(cuda)
+
+
+def test_a_cuda_provider_that_does_not_load_serves_no_cuda_target():
+    p = machine(gpus=[H100], modules={"onnxruntime": "1.31.1"})
+    p.ort_cuda_error = "CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared object file"
+    assert P.buildable_targets(p) == [T("onnxruntime/cpu-x86_64")]
+    assert ("onnxruntime 1.31.1 CUDA: CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared "
+            "object file: no onnxruntime/cuda target served") in P.probe_report(p)
+    assert not P.machine_fingerprint(p).ort_cuda

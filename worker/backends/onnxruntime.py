@@ -113,6 +113,10 @@ class OnnxRuntimeBackend(BuildBackend):
 
     def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
               machine: MachineProbe | None) -> EngineDescriptor:
+        if target.is_ort_cuda:  # the CUDA provider's graph: worker/backends/onnxruntime_cuda.py
+            from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
+
+            return build_cuda(model_path, spec, target, out_path, log, machine)
         ort = load_module("onnxruntime")
         if target.arch != f"cpu-{self.host_platform()}":
             # ORT_ENABLE_ALL applies layout transforms for the CPU it runs on: build on the target's arch.

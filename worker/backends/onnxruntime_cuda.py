@@ -1,0 +1,102 @@
+"""ONNX Runtime with its CUDA execution provider: the prepared graph for ``onnxruntime/cuda-smXY``.
+
+The artifact is an ONNX graph, not GPU code: the farm's own fp16 stage (worker/fp16) or int8 stage (the Q/DQ model
+quantize_stage made) gives the precision, and ONNX Runtime's graph optimizations up to the extended level, run with
+the CUDA provider, are saved into it, so a deploy machine loads it without redoing them. The extended level fuses
+operators the CUDA provider has kernels for and applies no layout change for one CPU (the ``all`` level's NCHWc),
+so the graph stays portable across GPUs; the build still runs on a GPU of the target's compute capability, because
+that is where its benchmark and accuracy figures are measured and where the provider proves it can run the graph.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from enginefarm.domain import Backend, EngineDescriptor, Target
+from enginefarm.errors import BuildFailed, TargetUnavailable
+from enginefarm.ortcuda import ORT_CUDA_PROVIDER
+from enginefarm.probe import GpuInfo, MachineProbe, probe_machine
+from enginefarm.spec import BuildSpec, Precision
+from enginefarm.worker.backends.base import BuildLog
+from enginefarm.worker.backends.trt_common import fp16_graph, load_module
+
+# What the saved graph was optimized at (see the module's docstring).
+SAVED_LEVEL = "ORT_ENABLE_EXTENDED"
+
+
+def cuda_provider_options(tf32: bool, device_id: int = 0, stream: int | None = None) -> dict[str, str]:
+    """The CUDA provider's options, as strings (the form ONNX Runtime takes and the catalog records).
+
+    ``use_tf32``: TF32 tensor-core math in fp32 convolutions and matrix products, on by default as in the
+    runtime itself. ``cudnn_conv_algo_search`` EXHAUSTIVE: cuDNN times every convolution algorithm once per
+    shape and keeps the fastest (the runtime's default too). ``stream``: a caller's CUDA stream that the
+    provider enqueues all its work on, so that events on that stream bracket exactly one inference."""
+    options = {"device_id": str(device_id), "use_tf32": "1" if tf32 else "0",
+               "cudnn_conv_algo_search": "EXHAUSTIVE", "arena_extend_strategy": "kNextPowerOfTwo"}
+    if stream is not None:
+        options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
+    return options
+
+
+def runtime_facts(probe: MachineProbe, gpu: GpuInfo | None, session_options: dict[str, Any]) -> dict[str, Any]:
+    """GPU model, compute capability, driver, CUDA, cuDNN and ONNX Runtime versions and the session options: what
+    the catalog keeps with each ONNX Runtime CUDA artifact and each of its measurements."""
+    return {
+        "gpu": gpu.name if gpu else None,
+        "compute_capability": gpu.compute_capability if gpu else None,
+        "driver": probe.driver_version,
+        "driver_cuda": probe.cuda_version,
+        "cuda": probe.ort_cuda,
+        "cudnn": probe.cudnn_version,
+        "onnxruntime": probe.modules.get("onnxruntime"),
+        "session": session_options,
+    }
+
+
+def gpu_for(target: Target, probe: MachineProbe) -> GpuInfo:
+    """The local GPU of the target's compute capability; TargetUnavailable saying why there is none."""
+    if not probe.ort_cuda:
+        raise TargetUnavailable(f"{target}: ONNX Runtime's CUDA provider is not usable on this worker: "
+                                f"{probe.ort_cuda_error or 'not probed'}")
+    gpu = next((g for g in probe.gpus if g.compute_capability == target.compute_capability), None)
+    if gpu is None:
+        have = ", ".join(f"{g.name} ({g.compute_capability})" for g in probe.gpus) or "none"
+        raise TargetUnavailable(f"{target}: this worker has no GPU of compute capability {target.compute_capability} "
+                                f"(it has {have})")
+    return gpu
+
+
+def build_cuda(model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
+               machine: MachineProbe | None) -> EngineDescriptor:
+    """Save the graph for ``target`` into ``out_path``, optimized by ONNX Runtime with the CUDA provider."""
+    ort = load_module("onnxruntime")
+    probe = machine if machine is not None and machine.ort_cuda else probe_machine()
+    gpu = gpu_for(target, probe)
+    if spec.precision is Precision.FP16:
+        model_path = fp16_graph(model_path, spec, out_path.parent, log)
+    elif spec.precision is Precision.INT8:
+        log.add("int8: the Q/DQ graph runs as quantize, dequantize and float kernels on the CUDA provider")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, SAVED_LEVEL)
+    options.optimized_model_filepath = str(out_path)
+    provider = cuda_provider_options(spec.tf32, gpu.index)
+    try:
+        session = ort.InferenceSession(str(model_path), options, providers=[(ORT_CUDA_PROVIDER, provider)])
+    except Exception as exc:  # ORT's own Fail/InvalidGraph/RuntimeException types: the model does not load
+        raise BuildFailed(f"ONNX Runtime (CUDA) could not load the model: {exc}") from exc
+    if ORT_CUDA_PROVIDER not in session.get_providers():
+        raise TargetUnavailable(f"{target}: ONNX Runtime fell back to the CPU ({', '.join(session.get_providers())})")
+    del session
+    facts = runtime_facts(probe, gpu, {"graph_optimization_level": SAVED_LEVEL, "providers": [ORT_CUDA_PROVIDER],
+                                       "provider_options": provider})
+    log.add(f"onnxruntime {ort.__version__} CUDA: graph optimized ({SAVED_LEVEL}) on {gpu.name} "
+            f"(compute capability {gpu.compute_capability}), CUDA {facts['cuda']}, cuDNN {facts['cudnn']}, "
+            f"driver {facts['driver']}")
+    log.add(f"session options: {facts['session']}")
+    return EngineDescriptor(
+        target=str(target), backend=Backend.ONNXRUNTIME.value, backend_version=ort.__version__,
+        precision=spec.precision.value, platform=probe.platform, compute_capability=gpu.compute_capability,
+        compute_capabilities=[gpu.compute_capability], gpu_name=gpu.name,
+        cuda_version=None if facts["cuda"] == "unknown" else facts["cuda"], driver_version=probe.driver_version,
+    )

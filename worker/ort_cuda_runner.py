@@ -1,0 +1,169 @@
+"""Runs an ``onnxruntime/cuda-smXY`` artifact on the GPU for the benchmark and accuracy stage.
+
+The benchmark is the farm's CUDA timing (worker/gpu_timing.py), not ONNX Runtime's profiler: inputs and outputs are
+bound to device buffers of our own (I/O binding), the CUDA provider enqueues its kernels on our stream
+(``user_compute_stream``), and ``TimedPipeline`` brackets the host-to-device copies, ``run_with_iobinding`` and the
+device-to-host copies with CUDA events on that stream, at trtexec's warm-up, duration and percentiles
+(enginefarm/stats.py). GPU memory in use is the driver's free memory before the session was made minus the lowest
+seen during the run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from enginefarm.errors import BuildFailed, TargetUnavailable
+from enginefarm.ortcuda import ORT_CUDA_PROVIDER
+from enginefarm.probe import probe_machine
+from enginefarm.stats import Measurement
+from enginefarm.worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
+from enginefarm.worker.backends.trt_common import load_module
+from enginefarm.worker.gpu_timing import (
+    CudaDevice,
+    DeviceBuffer,
+    PinnedArray,
+    Stream,
+    TimedPipeline,
+    benchmark_pipeline,
+    cu,
+)
+
+# ONNX Runtime's tensor type names → numpy.
+ORT_DTYPES: dict[str, Any] = {
+    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+}
+# What the benchmark session adds to the saved graph: every optimization, for this GPU, as the CPU runner does.
+RUN_LEVEL = "ORT_ENABLE_ALL"
+
+
+def numpy_dtype(ort_type: str) -> np.dtype:
+    try:
+        return np.dtype(ORT_DTYPES[ort_type])
+    except KeyError:
+        raise BuildFailed(f"an output of type {ort_type} has no numpy type to copy it into") from None
+
+
+class OrtCudaRunner:
+    """An ONNX Runtime CUDA session on GPU ``device_index``, on a stream of ours. ``tf32`` as the spec says."""
+
+    def __init__(self, model_path: Path, tf32: bool = True, device_index: int = 0):
+        self.ort = load_module("onnxruntime")
+        self.probe = probe_machine()  # preloads CUDA and cuDNN from the nvidia-* wheels where ORT needs them
+        if not self.probe.ort_cuda:
+            raise TargetUnavailable(f"ONNX Runtime's CUDA provider is not usable here: {self.probe.ort_cuda_error}")
+        self.model_path, self.tf32, self.device_index = model_path, tf32, device_index
+        self.device = CudaDevice(device_index)
+        self._buffers: list[Any] = []
+        try:
+            self.free_before = self.device.mem_info()[0]
+            self.stream = Stream()
+            self.session, self.provider_options = self._session(tf32, self.stream.handle)
+        except BaseException:
+            self.close()
+            raise
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        gpu = next((g for g in self.probe.gpus if g.index == device_index), None)
+        self.gpu_name = gpu.name if gpu else self.device.name
+        self.compute_capability = self.device.compute_capability
+        self.label = f"{self.gpu_name} (ONNX Runtime {self.ort.__version__} CUDA, TF32 {'on' if tf32 else 'off'})"
+        self.facts = runtime_facts(self.probe, gpu, {"graph_optimization_level": RUN_LEVEL,
+                                                     "providers": [ORT_CUDA_PROVIDER],
+                                                     "provider_options": self._recorded(self.provider_options)})
+
+    @staticmethod
+    def _recorded(options: dict[str, str]) -> dict[str, str]:
+        # The stream's address means nothing outside this process.
+        return {k: v for k, v in options.items() if k != "user_compute_stream"}
+
+    def _session(self, tf32: bool, stream: int | None):
+        ort = self.ort
+        options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, RUN_LEVEL)
+        provider = cuda_provider_options(tf32, self.device_index, stream)
+        try:
+            session = ort.InferenceSession(str(self.model_path), options, providers=[(ORT_CUDA_PROVIDER, provider)])
+        except Exception as exc:
+            raise BuildFailed(f"ONNX Runtime (CUDA) could not load the artifact: {exc}") from exc
+        if ORT_CUDA_PROVIDER not in session.get_providers():
+            raise TargetUnavailable(f"ONNX Runtime fell back to the CPU ({', '.join(session.get_providers())})")
+        return session, provider
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(self.outputs, self.session.run(self.outputs, inputs)))
+
+    def without_tf32(self) -> OrtCudaRunner | None:
+        """The same artifact with TF32 off, to tell TF32's differences from real ones; None when TF32 is off."""
+        return OrtCudaRunner(self.model_path, tf32=False, device_index=self.device_index) if self.tf32 else None
+
+    def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement:
+        """The farm's CUDA timing of one inference at these inputs' shapes (``spec``: a BenchmarkSpec)."""
+        binding = self.session.io_binding()
+        idx = self.device_index
+        pairs_in: list[tuple[DeviceBuffer, PinnedArray]] = []
+        pairs_out: list[tuple[PinnedArray, DeviceBuffer]] = []
+        pipeline = None
+        try:
+            for name, value in inputs.items():
+                value = np.ascontiguousarray(value)
+                host, dev = self._keep(PinnedArray(value.shape, value.dtype)), self._keep(DeviceBuffer(value.nbytes))
+                host.array[...] = value
+                binding.bind_input(name, "cuda", idx, value.dtype, list(value.shape), dev.ptr)
+                pairs_in.append((dev, host))
+            # One run with outputs on the device, allocated by ONNX Runtime, tells their shapes; then they are bound
+            # to buffers of ours, so every timed run writes to the same addresses the copies read from.
+            for dev, host in pairs_in:
+                cu("cuMemcpyHtoD", dev.ptr, host.ptr, host.nbytes)
+            for name in self.outputs:
+                binding.bind_output(name, "cuda", idx)
+            self.session.run_with_iobinding(binding)
+            shapes = [(v.shape(), numpy_dtype(v.data_type())) for v in binding.get_outputs()]
+            binding.clear_binding_outputs()
+            for name, (shape, dtype) in zip(self.outputs, shapes):
+                host = self._keep(PinnedArray(shape, dtype))
+                dev = self._keep(DeviceBuffer(host.nbytes))
+                binding.bind_output(name, "cuda", idx, dtype, list(shape), dev.ptr)
+                pairs_out.append((host, dev))
+            pipeline = TimedPipeline(pairs_in, lambda _stream: self.session.run_with_iobinding(binding), pairs_out)
+            m = benchmark_pipeline(pipeline, self.device, warmup_ms=spec.warmup_ms, duration_s=spec.duration_s,
+                                   min_iterations=spec.iterations, free_before=self.free_before)
+        except (BuildFailed, TargetUnavailable):
+            raise
+        except Exception as exc:  # ORT's run errors (a shape the graph refuses, out of memory) are the model's
+            raise BuildFailed(f"ONNX Runtime (CUDA) failed to run: {type(exc).__name__}: {exc}") from exc
+        finally:
+            if pipeline is not None:
+                pipeline.close()
+            self._free()
+        peak = m.extra.get("peak_device_memory_bytes")
+        size = self.model_path.stat().st_size
+        # The memory rule adds the artifact's size to this (compat.engine_memory_bytes): store what comes on top,
+        # so that the sum is the memory this inference was measured to take.
+        m.extra.update(device_memory_bytes=max(peak - size, 0) if peak is not None else None,
+                       gpu_memory_in_use_bytes=peak, runtime=self.facts, cuda_graph=False,
+                       onnxruntime=self.ort.__version__, tf32=self.tf32)
+        return m
+
+    def _keep(self, buffer):
+        self._buffers.append(buffer)
+        return buffer
+
+    def _free(self) -> None:
+        while self._buffers:
+            self._buffers.pop().close()
+
+    def close(self) -> None:
+        self.session = None
+        self._free()
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            stream.close()
+            self.stream = None
+        if self.device is not None:
+            self.device.close()
+            self.device = None
