@@ -118,7 +118,8 @@ def _accuracy_of(engine: EngineRow, view: ProjectView) -> dict[str, Any] | None:
         return None
     return {"pass": view.accuracy_pass(engine), "metrics": result.get("worst", {}),
             "limits": result.get("limits", {}), "reference": result.get("reference"), "inputs": result.get("inputs"),
-            "error": result.get("error")}
+            "error": result.get("error"), "explained_by": result.get("explained_by"),
+            "note": (result.get("tf32") or {}).get("note")}
 
 
 def _phase(stats: dict, name: str) -> dict | None:

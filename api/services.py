@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from enginefarm.api import admission
 from enginefarm.compat import profile_covers
 from enginefarm.config import Settings
-from enginefarm.domain import ARCHES, Backend, ModelInfo, TaskState, Target, arch_of_cc
+from enginefarm.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, TaskState, Target, arch_of_cc
 from enginefarm.spec import BuildSpec, Precision
 from enginefarm.machine import Machine
 from enginefarm.validation import parse_targets, validate_spec
@@ -196,13 +196,15 @@ def targets_for_machine(machine: Machine) -> list[Target]:
     if not cc:
         return [Target(Backend.ONNXRUNTIME, f"cpu-{platform}")]
     arch = arch_of_cc(cc)
-    said_nothing = not (machine.trt_version or machine.trt_rtx_version)
+    said_nothing = not (machine.trt_version or machine.trt_rtx_version or machine.ort_cuda)
     out = []
     if (machine.trt_rtx_version or said_nothing) and platform == "x86_64" and not machine.is_jetson \
             and arch in ARCHES[Backend.TENSORRT_RTX]:
         out.append(Target(Backend.TENSORRT_RTX, arch))
     if (machine.trt_version or said_nothing) and arch in ARCHES[Backend.TENSORRT]:
         out.append(Target(Backend.TENSORRT, arch))
+    if machine.ort_cuda and f"{ORT_CUDA_PREFIX}{arch}" in ARCHES[Backend.ONNXRUNTIME]:
+        out.append(Target(Backend.ONNXRUNTIME, f"{ORT_CUDA_PREFIX}{arch}"))
     return out
 
 

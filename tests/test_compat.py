@@ -323,6 +323,8 @@ CASES = [
              "your machine names TensorRT: add accept=cpu"),
     rejected(R.NAMED_RUNTIME, "an ONNX Runtime file to a TensorRT-RTX machine", rtx_machine(), ort_engine(),
              "your machine names TensorRT-RTX: add accept=cpu"),
+    rejected(R.NAMED_RUNTIME, "the CPU file to a machine that runs ONNX Runtime with CUDA",
+             machine(trt_version=None, ort_cuda=True), ort_engine(), "your machine names ONNX Runtime CUDA"),
     pytest.param(rtx_machine(), [opt("e", ort_engine())], "e", CPU, "ONNX Runtime CPU artifact", None,
                  Wanted(backend="onnxruntime"), id="named-runtime: naming the backend is asking for it"),
     runs("named-runtime", "a machine that names no GPU runtime may get it", Machine(compute_capability="8.6",
@@ -501,3 +503,11 @@ def test_gpu_latency_counts_only_on_the_asking_gpu_model_or_its_compute_capabili
     # Another GPU model of the same compute capability counts, under its cc.
     other = choose([measured_here], machine(gpu_name="NVIDIA RTX A40"))
     assert other.chosen.option.evidence.latency_on == "compute capability 8.6"
+
+
+def test_a_machine_that_runs_onnxruntime_cuda_is_offered_that_target_to_build():
+    from enginefarm.api.services import targets_for_machine
+
+    hopper = Machine(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", platform="x86_64", ort_cuda=True)
+    assert [str(t) for t in targets_for_machine(hopper)] == ["onnxruntime/cuda-sm90"]
+    assert "onnxruntime/cuda-sm90" not in [str(t) for t in targets_for_machine(replace(hopper, ort_cuda=False))]

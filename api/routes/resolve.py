@@ -134,6 +134,8 @@ def resolve_get(
     trt: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT runtime version"),
     trt_rtx: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"),
     lean: bool = False, platform: str | None = Query(None, pattern=PLATFORM_PATTERN),
+    ort: str | None = Query(None, pattern=VERSION_PATTERN, description="ONNX Runtime version"),
+    ort_cuda: bool = Query(False, description="ONNX Runtime runs here with its CUDA execution provider"),
     os: str | None = Query(None, max_length=200), jetpack: str | None = Query(None, pattern=JETPACK_PATTERN),
     precision: str | None = Query(None, pattern=PRECISION_PATTERN),
     spec_hash: str | None = Query(None, pattern=SPEC_HASH_PATTERN),
@@ -166,6 +168,7 @@ def resolve_get(
         machine = Machine(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
                           cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
                           platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes, cpu_name=cpu,
+                          ort_version=ort, ort_cuda=ort_cuda,
                           precisions=[p for item in precisions for p in item.split(",") if p])
         req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
                              accuracy=accuracy, max_latency_ms=max_latency_ms, backend=backend,

@@ -396,3 +396,15 @@ def test_client_detects_its_own_machine(farm, built):
     assert answer["machine"]["compute_capability"] is None
     assert answer["engine"]["id"] == engines["onnxruntime/cpu-x86_64"]["id"]
     assert {r["rule"] for r in answer["rejected"]} == {"rtx-cc"}
+
+
+def test_get_names_onnxruntime_cuda_and_hears_what_would_fit(api, built):
+    """GET takes the ONNX Runtime fields POST takes: a Hopper machine that runs ONNX Runtime with CUDA, for a
+    model with no CUDA artifact yet, is told that onnxruntime/cuda-sm90 would fit, and not handed the CPU file."""
+    name, _, _ = built
+    r = api.get("/v1/resolve", params={"model": name, "cc": "9.0", "gpu": "NVIDIA H100 80GB HBM3", "platform": "x86_64",
+                                       "ort": "1.31.1", "ort_cuda": "true"})
+    assert r.status_code == 404, r.text
+    assert r.json()["build"]["targets"] == ["onnxruntime/cuda-sm90"]
+    cpu = next(p for p in r.json()["problems"] if p["target"] == "onnxruntime/cpu-x86_64")
+    assert cpu["rule"] == "named-runtime" and "ONNX Runtime CUDA" in cpu["reason"]
