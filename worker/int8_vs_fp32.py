@@ -64,13 +64,13 @@ def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -
     return a, b
 
 
-def verdict(int8_ms: list[float], fp32_ms: list[float]) -> dict[str, Any]:
+def verdict(int8_ms: list[float], fp32_ms: list[float], rounds: int = ROUNDS) -> dict[str, Any]:
     """The figure stored on the int8 engine's benchmark: both medians, the speed-up, and whether it is faster."""
     int8, fp32 = statistics.median(int8_ms), statistics.median(fp32_ms)
     speedup = fp32 / int8 if int8 > 0 else float("inf")
     out = {"fp32_median_ms": round(fp32, 4), "int8_median_ms": round(int8, 4), "speedup": round(speedup, 3),
            "faster": speedup > FASTER_THAN, "int8_calls": len(int8_ms), "fp32_calls": len(fp32_ms),
-           "method": f"interleaved, {ROUNDS} rounds, same runner and threads, fp32 built from the source model"}
+           "method": f"interleaved, {rounds} rounds, same runner and threads, fp32 built from the source model"}
     if not out["faster"]:
         out["note"] = f"int8 is not faster than fp32 here: {int8:.2f} ms against {fp32:.2f} ms ({speedup:.2f}x)"
     return out

@@ -617,3 +617,37 @@ def test_samples_that_are_all_zeros_leave_nothing_to_quantize(fp32: Path, tmp_pa
     with pytest.raises(SpecInvalid, match="calibration samples are all zeros"):
         quantize_qdq(fp32, {"input": np.zeros((4, 3, 32, 32), np.float32)}, tmp_path / "q.onnx")
     assert not (tmp_path / "q.onnx").exists()
+
+
+# --------------------------------------------------------------------------- the CPU recipe on a real conv net
+
+
+def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path) -> None:
+    """PP-OCR's text-direction classifier (a real MobileNet-style net, opset 11) through the onnxruntime recipe and
+    the CPU build stage: the graph ONNX Runtime actually runs (its optimized model, at the level the runner uses)
+    computes every convolution in an integer kernel, and stays close to fp32."""
+    from enginefarm.domain import Target
+    from enginefarm.spec import BuildSpec
+    from enginefarm.worker.backends import BuildLog
+    from enginefarm.worker.backends.onnxruntime import optimization_level
+    from enginefarm.worker.pipeline import engine_from_model
+    from tests.realmodels import MODELS, path, samples
+
+    source = path("ppocr-cls")
+    convs = sum(1 for n in onnx.load(str(source)).graph.node if n.op_type == "Conv")
+    q = tmp_path / "int8.onnx"
+    report = quantize_qdq(source, samples("ppocr-cls", 8, seed=1), q, family="onnxruntime", method="percentile")
+    assert report.family == "onnxruntime" and report.options["quant_format"] == "QOperator"
+    spec = BuildSpec(**{**MODELS["ppocr-cls"].shapes, "precision": "int8"})
+    (tmp_path / "build").mkdir()
+    built = engine_from_model(q, spec, Target.parse("onnxruntime/cpu-x86_64"), None, tmp_path / "build", BuildLog())
+    options = ort.SessionOptions()
+    options.graph_optimization_level = optimization_level(ort, built.path)[0]  # as worker/evaluate.py's runner
+    options.optimized_model_filepath = str(tmp_path / "runs.onnx")
+    session = ort.InferenceSession(str(built.path), options, providers=["CPUExecutionProvider"])
+    ran = [n.op_type for n in onnx.load(str(tmp_path / "runs.onnx")).graph.node]
+    assert ran.count("QLinearConv") == convs > 0 and "Conv" not in ran and "FusedConv" not in ran, sorted(set(ran))
+    feed = samples("ppocr-cls", 4, seed=9)
+    got = session.run(None, feed)[0]
+    want = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert _metrics(want, got)["cosine"] > 0.99

@@ -5,9 +5,10 @@ should look like depends on who runs it, so there is one recipe per target famil
 
 - ``onnxruntime``: the format ONNX Runtime's CPU kernels run fastest, chosen by measurement (docs/models.md,
   ``bench/models.py``): operator-format integer kernels (QLinearConv, QLinearMatMul, ...) with per-channel
-  uint8 weights and uint8 activations. The operator format needs no fusion pass, so the integer kernels run
-  at whatever optimization level the CPU gets (the basic one for quantized models on x86 without VNNI), and
-  u8·u8 products do not saturate the way AVX2's u8·s8 ones do.
+  int8 weights reduced to 7 bits and uint8 activations. The operator format needs no fusion pass, so the
+  integer kernels run at whatever optimization level the CPU gets (the basic one for quantized models on x86
+  without VNNI); the reduced range keeps AVX2's u8·s8 products from saturating. uint8 weights ran faster on
+  ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower at the basic level.
 - ``tensorrt`` (TensorRT and TensorRT-RTX): explicit QuantizeLinear/DequantizeLinear as TensorRT documents
   it: symmetric int8 activations and weights (zero points 0), per-channel weights stored int8 behind a
   DequantizeLinear, float bias, Q/DQ only on the inputs of the operations TensorRT runs in int8 (Conv,

@@ -53,8 +53,8 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     # Measured on the real-model corpus against QDQ (u8s8, s8s8, u8u8) and the other operator-format variants:
     # docs/models.md has the figures and bench/models.py reproduces them.
-    "onnxruntime": Recipe("operator format (QLinear kernels), per-channel uint8 weights, uint8 activations",
-                          QuantFormat.QOperator, QuantType.QUInt8, QuantType.QUInt8, reduce_range=False),
+    "onnxruntime": Recipe("operator format (QLinear kernels), per-channel int8 weights in 7 bits, uint8 activations",
+                          QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8, reduce_range=True),
     "tensorrt": Recipe("TensorRT Q/DQ, per-channel, symmetric int8 activations and weights",
                        QuantFormat.QDQ, QuantType.QInt8, QuantType.QInt8, reduce_range=False, op_types=_TENSORRT_OPS,
                        weighted_only=True,
