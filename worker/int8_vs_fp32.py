@@ -115,3 +115,26 @@ def _compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: 
             return notes
         finally:
             fp32_runner.close()
+
+
+def models_compared(float_model: Path, int8_model: Path, spec: BuildSpec, feed: dict[str, np.ndarray],
+                    rounds: int = 4) -> dict[str, Any]:
+    """The quantize stage's first look: both models built as CPU artifacts and timed interleaved on one sample
+    batch, so the build's quantize report says at once whether int8 pays here. The benchmark stage's figure, at
+    the spec's shapes, is the one the engine keeps."""
+    from enginefarm.worker.evaluate import OrtRunner  # evaluate imports this module
+
+    backend = get_backend(Backend.ONNXRUNTIME)
+    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
+    with tempfile.TemporaryDirectory(prefix="int8-vs-fp32-") as work:
+        paths = []
+        for precision, model in ((Precision.FP32, float_model), (Precision.INT8, int8_model)):
+            out = Path(work) / f"{precision.value}.onnx"
+            backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
+            paths.append(out)
+        fp32, int8 = OrtRunner(paths[0], spec.benchmark.threads), OrtRunner(paths[1], spec.benchmark.threads)
+        try:
+            int8_ms, fp32_ms = interleaved(lambda: int8.infer(feed), lambda: fp32.infer(feed), rounds=rounds)
+        finally:
+            int8.close(), fp32.close()
+    return {**verdict(int8_ms, fp32_ms, rounds), "inputs": "the first calibration sample batch"}

@@ -60,7 +60,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
         for family in families:
-            report, model_id = _derive(family, float_model, samples, spec, scratch, store, settings,
+            report, model_id = _derive(family, float_model, samples, spec, info, scratch, store, settings,
                                        name=name, version=version, source_id=source_id,
                                        samples_sha256=samples_fields[1], cleanup=log.tail() or None)
             derived[family], reports[family] = model_id, report
@@ -102,8 +102,8 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     return queued
 
 
-def _derive(family: str, float_model: Path, samples, spec: BuildSpec, scratch: Path, store: BlobStore,
-            settings: Settings, *, name: str, version: str, source_id: int, samples_sha256: str | None,
+def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path,
+            store: BlobStore, settings: Settings, *, name: str, version: str, source_id: int, samples_sha256: str | None,
             cleanup: str | None) -> tuple[dict, int]:
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
     report and the derived model's id."""
@@ -113,6 +113,8 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, scratch: P
     out.parent.mkdir()
     report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
                           calibration_batch=spec.calibration.batch, family=family, scratch=scratch)
+    if family == "onnxruntime":
+        report.vs_fp32 = _first_look(float_model, out, spec, samples, info)
     sha = sha256_file(out)
     (scratch / family / "inspect").mkdir()
     inspected = inspect_upload(out, scratch / family / "inspect", BundleLimits.of(settings))
@@ -130,3 +132,15 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, scratch: P
         return derived.id
 
     return report.to_dict(), store_with_row(settings, store, key, out, sha, write)
+
+
+def _first_look(float_model: Path, int8_model: Path, spec: BuildSpec, samples, info: ModelInfo) -> dict:
+    """int8 against fp32 on this worker's CPU, for the quantize report; its failure is recorded, never fatal."""
+    from enginefarm.graph.inputs import sample_batches
+    from enginefarm.worker.int8_vs_fp32 import models_compared
+
+    try:
+        feed = sample_batches(samples, info, 1)[0]
+        return models_compared(float_model, int8_model, spec, {n: a for n, a in feed.items() if n in samples})
+    except Exception as exc:  # noqa: BLE001 - the figure is extra; the derived model stands without it
+        return {"error": f"{type(exc).__name__}: {exc}"}

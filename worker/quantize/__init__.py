@@ -70,6 +70,7 @@ class QuantizeReport:
     preprocess_error: str | None = None  # why pre-processing was skipped, when it failed
     opset: int = 0  # the output's default-domain opset
     opset_converted_from: int | None = None  # the upload's opset, when it had to be raised
+    vs_fp32: dict[str, Any] | None = None  # the quantize stage's int8-against-fp32 timing (onnxruntime family)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
