@@ -118,12 +118,10 @@ def _compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: 
 
 
 def models_compared(float_model: Path, int8_model: Path, spec: BuildSpec, feed: dict[str, np.ndarray],
-                    rounds: int = 4) -> dict[str, Any]:
+                    make_runner, rounds: int = 4) -> dict[str, Any]:
     """The quantize stage's first look: both models built as CPU artifacts and timed interleaved on one sample
     batch, so the build's quantize report says at once whether int8 pays here. The benchmark stage's figure, at
-    the spec's shapes, is the one the engine keeps."""
-    from enginefarm.worker.evaluate import OrtRunner  # evaluate imports this module
-
+    the spec's shapes, is the one the engine keeps. ``make_runner(path)`` opens an artifact as the stage does."""
     backend = get_backend(Backend.ONNXRUNTIME)
     target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
     with tempfile.TemporaryDirectory(prefix="int8-vs-fp32-") as work:
@@ -132,7 +130,7 @@ def models_compared(float_model: Path, int8_model: Path, spec: BuildSpec, feed: 
             out = Path(work) / f"{precision.value}.onnx"
             backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
             paths.append(out)
-        fp32, int8 = OrtRunner(paths[0], spec.benchmark.threads), OrtRunner(paths[1], spec.benchmark.threads)
+        fp32, int8 = make_runner(paths[0]), make_runner(paths[1])
         try:
             int8_ms, fp32_ms = interleaved(lambda: int8.infer(feed), lambda: fp32.infer(feed), rounds=rounds)
         finally:

@@ -137,10 +137,12 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: Mode
 def _first_look(float_model: Path, int8_model: Path, spec: BuildSpec, samples, info: ModelInfo) -> dict:
     """int8 against fp32 on this worker's CPU, for the quantize report; its failure is recorded, never fatal."""
     from enginefarm.graph.inputs import sample_batches
+    from enginefarm.worker.evaluate import OrtRunner
     from enginefarm.worker.int8_vs_fp32 import models_compared
 
     try:
         feed = sample_batches(samples, info, 1)[0]
-        return models_compared(float_model, int8_model, spec, {n: a for n, a in feed.items() if n in samples})
+        return models_compared(float_model, int8_model, spec, {n: a for n, a in feed.items() if n in samples},
+                               lambda path: OrtRunner(path, spec.benchmark.threads))
     except Exception as exc:  # noqa: BLE001 - the figure is extra; the derived model stands without it
         return {"error": f"{type(exc).__name__}: {exc}"}

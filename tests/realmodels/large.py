@@ -37,7 +37,7 @@ LARGE: dict[str, RealModel] = {m.name: m for m in [
               value_ranges={"input": [-2.5, 2.5]}, sampler=_image("input", 0.45, 0.25)),
     RealModel(name="gpt2", kind="transformer-decoder",
               source="transformers GPT2Config(vocab_size=8192, n_embd=128, n_layer=4, n_head=4) random weights, "
-                     "torch dynamo export, opset 17, dynamic batch and sequence",
+                     "torch dynamo export, opset 18, dynamic batch and sequence",
               inputs={"input_ids": "int64"},
               shapes=_profile(input_ids=([1, 1], [1, 64], [8, 256])),
               value_ranges={"input_ids": [0, GPT2_VOCAB - 1]}, sampler=_tokens),
