@@ -492,16 +492,15 @@ def test_only_the_inputs_of_weighted_ops_get_qdq_for_tensorrt(tmp_path: Path) ->
     fp32 = _residual_net(tmp_path / "res.onnx")
     out = tmp_path / "q.onnx"
     report = quantize_qdq(fp32, {"input": _images(CALIBRATION, seed=1)}, out)
-    # The skip branch feeds a Conv and the residual Add: both take its Q/DQ, which lets TensorRT fuse the Add
-    # into the int8 Conv (NVIDIA's "quantize the residual input").
-    assert report.op_types == {"Add": 1, "Conv": 4, "Gemm": 1}
+    # The skip branch feeds a Conv and the residual Add: only the Conv takes its Q/DQ (DedicatedQDQPair).
+    assert report.op_types == {"Conv": 4, "Gemm": 1}
     model = onnx.load(str(out))
     _assert_tensorrt_placement(model)
     by_name = {n.name: n for n in model.graph.node}
     producer = {o: n for n in model.graph.node for o in n.output}
     # MaxPool, Mul by a constant, Sigmoid, pooling, Softmax, the activations and the residual Add take no Q/DQ,
     # and the outputs of weighted ops are not quantized (OpTypesToExcludeOutputQuantization).
-    for name in ("pool", "scale", "sigmoid", "gap", "flatten", "softmax", "stem_relu", "res_relu"):
+    for name in ("pool", "scale", "sigmoid", "gap", "flatten", "softmax", "stem_relu", "res_relu", "residual_add"):
         assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear"
                    for i in by_name[name].input), name
     weighted_outputs = {o for n in model.graph.node if n.op_type in ("Conv", "Gemm") for o in n.output}

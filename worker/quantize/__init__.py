@@ -39,11 +39,11 @@ import onnxruntime as ort
 
 from enginefarm.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.graphfacts import QDQ_OPS
-from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset
+from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
 from enginefarm.worker.quantize.files import load_graph, remove_model_files, stored_bytes, verify
 from enginefarm.worker.quantize.opset import raise_opset
 from enginefarm.worker.quantize.preprocess import preprocessed_model, stage_raw
-from enginefarm.worker.quantize.qdq import check_for_tensorrt
+from enginefarm.worker.quantize.qdq import check_for_tensorrt, float_for_other_readers
 from enginefarm.worker.quantize.recipes import FAMILIES, METHODS, RECIPES, check_options, family_of, quantize_with
 from enginefarm.worker.quantize.samples import model_inputs, validate
 
@@ -118,6 +118,17 @@ def quantize_qdq(
             raise BuildFailed(f"int8 quantization failed: {type(exc).__name__}: {exc}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if family == "tensorrt":
+        try:
+            full = onnx.load(str(out_path))
+            if float_for_other_readers(full):
+                remove_model_files(out_path)
+                save_model(full, out_path, external=large)
+            check_for_tensorrt(full)
+            del full
+        except BuildFailed:
+            remove_model_files(out_path)
+            raise
     qmodel = onnx.load(str(out_path), load_external_data=False)
     op_types = _int8_ops(qmodel)
     if not op_types:
@@ -125,12 +136,6 @@ def quantize_qdq(
         raise BuildFailed("cannot quantize: ONNX Runtime's quantizer found no operation to run in int8 (no Conv, "
                           "ConvTranspose, MatMul or Gemm with a constant weight outside control flow, or every "
                           "such input was all zeros on the samples); build fp16 for this model instead")
-    if family == "tensorrt":
-        try:
-            check_for_tensorrt(onnx.load(str(out_path)))
-        except BuildFailed:
-            remove_model_files(out_path)
-            raise
     qdq = sum(1 for n in all_nodes(qmodel.graph) if n.op_type in QDQ_OPS)
     opset = default_opset(qmodel, missing=0)
     del qmodel

@@ -16,6 +16,32 @@ WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 QUANTIZED_OPS = frozenset({*WEIGHTED_OPS, "Add"})
 
 
+def float_for_other_readers(model: ModelProto) -> bool:
+    """Give the readers of a dequantized activation that are not weighted ops (Resize, Concat, a residual Add)
+    the float tensor back: the quantizer hands its DequantizeLinear to every reader, and Q/DQ belongs on the
+    inputs of weighted ops only. Returns whether anything changed."""
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    original = {n.output[0]: quantized[n.input[0]] for n in graph.node
+                if n.op_type == "DequantizeLinear" and n.input[0] not in inits and n.input[0] in quantized}
+    changed = False
+    for node in graph.node:
+        if node.op_type in WEIGHTED_OPS or node.op_type in QDQ_OPS:
+            continue
+        for slot, name in enumerate(node.input):
+            if name in original:
+                node.input[slot] = original[name]
+                changed = True
+    while True:  # Q/DQ pairs nothing reads any more go
+        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if n.op_type in QDQ_OPS and n.output[0] not in read]
+        if not dead:
+            return changed
+        for node in dead:
+            graph.node.remove(node)
+
+
 def check_for_tensorrt(model: ModelProto) -> None:
     """Guarantee what TensorRT requires of the Q/DQ graph, naming the node that breaks a rule."""
     graph = model.graph
