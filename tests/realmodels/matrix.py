@@ -303,7 +303,9 @@ quantization: it folds constants and gives the quantizer the shapes it needs.
 
 TensorRT targets get their own int8 model (symmetric int8 Q/DQ on the inputs of Conv, ConvTranspose, Gemm and
 MatMul with a constant weight; `worker/quantize/recipes.py`). No GPU here runs TensorRT engines, so there is no
-int8-against-fp32 figure for them; they build with TensorRT-RTX (the matrix above).
+int8-against-fp32 figure for them; they build with TensorRT-RTX (the matrix above). NVIDIA Model Optimizer's ONNX
+PTQ was not used: nvidia-modelopt 0.47 needs torch, and its `[onnx]` extra pins `onnxruntime-gpu~=1.24.2`,
+`cupy-cuda12x` and `onnx~=1.21.0` on Linux x86_64, which would replace the CPU worker's ONNX Runtime 1.32.
 """
 
 BEFORE_AFTER = """
