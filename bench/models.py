@@ -8,8 +8,16 @@ Celery worker process, SQLite, local blobs) from upload to every task catalogued
 against the builder alone measured in the same run, and per task the worker's run time minus the builder's.
 Benchmarks and accuracy checks are switched off in part 2: it measures the build path only.
 
+Part 3 times, per model, the CPU int8 artifact against the fp32 one, both made by the farm's own stages in this
+process: the quantize stage's ONNX Runtime recipe (``worker.quantize``, calibrated on 16 of the model's samples, one for a streaming model),
+the ONNX Runtime build stage, and the benchmark stage's runner, timed interleaved (``worker.int8_vs_fp32``, the
+code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as speed-ups from one run, with
+the int8 output's cosine against fp32. The corpus plus ResNet-50, ConvNeXt-Tiny and a GPT-2 style decoder
+(``tests/realmodels/large.py``).
+
     .venv/bin/python bench/models.py                 # every model, 5 targets, then the farm on the largest
     .venv/bin/python bench/models.py --smoke         # one small model, one target: the test command runs this
+    .venv/bin/python bench/models.py --int8-only     # part 3 alone: int8 against fp32 per model
     .venv/bin/python bench/models.py --json out.json
 """
 
@@ -37,7 +45,8 @@ from enginefarm.config import Settings  # noqa: E402
 from enginefarm.domain import Target
 from enginefarm.spec import BuildSpec
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
-from tests.realmodels import MODELS, path  # noqa: E402
+from tests.realmodels import MODELS, path, samples  # noqa: E402
+from tests.realmodels import large  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
 from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 
@@ -93,17 +102,99 @@ def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
         farm.stop()
 
 
+def _model(name: str):
+    """The corpus entry, file and sampler of a model of either list."""
+    if name in large.LARGE:
+        return large.LARGE[name], large.path(name), large.samples
+    return MODELS[name], path(name), samples
+
+
+def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
+    """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved."""
+    import numpy as np
+
+    from enginefarm.worker import int8_vs_fp32 as compare
+    from enginefarm.worker.backends.base import BuildBackend
+    from enginefarm.worker.cleanup import prepared_model
+    from enginefarm.worker.evaluate import OrtRunner
+    from enginefarm.worker.quantize import quantize_qdq
+
+    model, source, sampler = _model(name)
+    spec = BuildSpec(**{**model.shapes, **model.spec, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}})
+    target = Target.parse(f"onnxruntime/cpu-{BuildBackend.host_platform()}")
+    work.mkdir(parents=True)
+    fixed = set(spec.fixed_inputs)
+    # A model whose state batches on another axis than its input (Silero's [2, batch, 128]) streams one chunk.
+    calibration = {k: v for k, v in sampler(name, 1 if model.batch_axes else 16, seed=1).items() if k not in fixed}
+    started = time.perf_counter()
+    float_model = prepared_model(source, spec, work, BuildLog())
+    report = quantize_qdq(float_model, calibration, work / "int8.onnx", method=spec.calibration.method.value,
+                          family="onnxruntime", scratch=work)
+    quantize_s = time.perf_counter() - started
+    int8_spec = BuildSpec(**{**spec.model_dump(mode="json"), "precision": "int8"})
+    (work / "a").mkdir(), (work / "b").mkdir()
+    fp32 = engine_from_model(source, spec, target, None, work / "a", BuildLog())
+    int8 = engine_from_model(work / "int8.onnx", int8_spec, target, None, work / "b", BuildLog())
+    batch = next(iter(model.opt_shapes().values()))[0] or 1
+    feed = {k: v for k, v in sampler(name, batch, seed=9).items() if k not in fixed}
+    a, b = OrtRunner(int8.path), OrtRunner(fp32.path)
+    try:
+        got, want = next(iter(a.infer(feed).values())), next(iter(b.infer(feed).values()))
+        got, want = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+        cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want) or 1.0))
+        int8_ms, fp32_ms = compare.interleaved(lambda: a.infer(feed), lambda: b.infer(feed), rounds=rounds)
+    finally:
+        a.close(), b.close()
+    return {**compare.verdict(int8_ms, fp32_ms, rounds), "cosine": cosine, "quantize_s": quantize_s,
+            "int8_ops": report.op_types, "threads": a.threads}
+
+
+def print_int8(results: dict) -> None:
+    table = Table(title="CPU int8 against fp32, same process, interleaved (speed-up = fp32 median / int8 median)")
+    for col in ("model", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s"):
+        table.add_column(col)
+    for n, r in results.items():
+        if "error" in r:
+            table.add_row(n, "-", "-", "-", "-", "-", "-")
+            continue
+        table.add_row(n, f"{r['fp32_median_ms']:.2f}", f"{r['int8_median_ms']:.2f}", f"{r['speedup']:.2f}x",
+                      "yes" if r["faster"] else "NO", f"{r['cosine']:.4f}", f"{r['quantize_s']:.1f}")
+    console.print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="one small model, one target, one repeat")
     parser.add_argument("--repeat", type=int, default=3, help="builder-alone repeats per model and target")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--int8-only", action="store_true", help="part 3 alone: int8 against fp32 per model")
+    parser.add_argument("--models", nargs="*", help="part 3's models (default: the corpus and the larger networks)")
+    parser.add_argument("--all-optimizations", action="store_true",
+                        help="part 3 with ORT_ENABLE_ALL for int8 artifacts on CPUs without VNNI too (the CPU backend "
+                             "keeps the basic level there for models with Q/DQ): what that rule costs")
     args = parser.parse_args()
     names = ["ppocr-cls"] if args.smoke else list(MODELS)
     targets = ["tensorrt-rtx/sm86"] if args.smoke else TARGETS
     repeat = 1 if args.smoke else args.repeat
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
     try:
+        if args.all_optimizations:
+            from enginefarm.worker.backends import onnxruntime as ort_backend
+
+            ort_backend.cpu_has_vnni = lambda: True
+        int8_names = args.models or (["ppocr-cls"] if args.smoke else [*MODELS, *large.LARGE])
+        int8 = {}
+        for n in int8_names:
+            try:
+                int8[n] = int8_vs_fp32(n, work / "int8" / n, 2 if args.smoke else 10)
+            except Exception as exc:  # noqa: BLE001 - one model that cannot be quantized says why; the others go on
+                int8[n] = {"error": f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"}
+            console.print(n, json.dumps(int8[n]))
+        print_int8(int8)
+        if args.int8_only:
+            if args.json:
+                args.json.write_text(json.dumps({"int8_vs_fp32": int8}, indent=2))
+            return
         per_model = {n: builder_alone(n, targets, work / "alone", repeat) for n in names}
         table = Table(title=f"builder alone, fp32, median of {repeat} (s)")
         table.add_column("model")
@@ -120,7 +211,7 @@ def main() -> None:
         overhead = [t["run_s"] - t["build_s"] for t in farm["tasks"].values()]
         result = {"models": per_model, "largest": largest, "size_mb": path(largest).stat().st_size / 1e6,
                   "builder_alone_s": alone, "farm": farm, "farm_over_builders": farm["wall_s"] / builder_sum,
-                  "per_task_overhead_s": statistics.median(overhead)}
+                  "per_task_overhead_s": statistics.median(overhead), "int8_vs_fp32": int8}
         console.print(f"{largest} ({result['size_mb']:.1f} MB), {len(targets)} target(s): farm {farm['wall_s']:.2f} s "
                       f"upload to catalogued, builders alone {builder_sum:.2f} s: ratio "
                       f"{result['farm_over_builders']:.2f}; per task the worker adds {result['per_task_overhead_s']:.3f} s "

@@ -31,6 +31,7 @@ from enginefarm.graph.inputs import (
     timing_inputs,
 )
 from enginefarm.stats import Iteration, Measurement, measure
+from enginefarm.worker import int8_vs_fp32
 from enginefarm.worker.backends.onnxruntime import optimization_level
 from enginefarm.worker.backends.trt_common import load_module
 
@@ -242,6 +243,9 @@ def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, 
         if spec.benchmark.enabled:
             for shape in shape_sets(spec, info):
                 _benchmark_shape(runner, device, backend, spec, info, shape, samples, out, reraise)
+            if int8_vs_fp32.applies(backend, spec):  # an int8 CPU artifact is timed against its fp32 sibling
+                int8_vs_fp32.compare(runner, lambda p: OrtRunner(p, spec.benchmark.threads), reference_model, spec,
+                                     info, samples, out.benchmarks, reraise)
         if spec.accuracy.enabled:
             try:
                 out.accuracy = check_accuracy(runner, reference_model, spec, info, samples)

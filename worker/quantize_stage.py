@@ -1,31 +1,43 @@
-"""The int8 stage before a build: source model + samples → Q/DQ model → derived model in the catalog →
-the build's waiting tasks queued against it. Called by the quantize task (worker/tasks.py)."""
+"""The int8 stage before a build: source model + samples → one int8 model per target family the build needs
+(ONNX Runtime's fastest CPU format, TensorRT's Q/DQ) → derived models in the catalog → the build's waiting
+tasks queued, each against its family's model. Called by the quantize task (worker/tasks.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from enginefarm.bundle import BundleLimits
 from enginefarm.config import Settings
 from enginefarm.domain import ModelInfo, TaskState, Target
-from enginefarm.spec import BuildSpec
 from enginefarm.errors import SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.storage import catalog
-from enginefarm.storage import liveness
-from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.hashing import sha256_file
+from enginefarm.spec import BuildSpec
+from enginefarm.storage import catalog, liveness
+from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import session_scope
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.cleanup import prepared_model
-from enginefarm.bundle import BundleLimits
 from enginefarm.worker.pipeline import model_file_from_store, samples_of
 from enginefarm.worklock import Scratch
 
 
-def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
-    """Quantize the build's model from its samples; returns the build tasks to publish."""
-    from enginefarm.storage import queue
-    from enginefarm.worker.quantize import quantize_qdq
+def family_of_target(target: str) -> str:
+    from enginefarm.worker.quantize import family_of
 
+    return family_of(Target.parse(target).backend.value)
+
+
+def model_of_task(session, task):
+    """The model a build task builds from: its family's derived int8 model where the quantize stage made one
+    per family, else the build's model."""
+    derived = ((task.build.quantize or {}).get("derived_models") or {}).get(family_of_target(task.target))
+    return catalog.get_model(session, derived) if derived else task.build.model
+
+
+def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
+    """Quantize the build's model from its samples, once per target family; returns the build tasks to publish."""
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
         spec = BuildSpec(**build.spec)
@@ -34,37 +46,103 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         samples_fields = (source.samples_key, source.samples_sha256)
         info = ModelInfo.from_dict(source.info)
         name, version, source_id = source.name, source.version, source.id
+        # TensorRT first: the build's model_id points at the first family's model, as it did with one model.
+        families = sorted({family_of_target(t.target) for t in build.tasks if t.state == TaskState.WAITING.value},
+                          key=lambda f: f != "tensorrt") or ["tensorrt"]
     if not samples_fields[0]:
         raise SpecInvalid(f"model {name} version {version} has no samples to calibrate int8 with")
     model_path = model_file_from_store(store, *fields, settings)
+    derived: dict[str, int] = {}
+    reports: dict[str, dict] = {}
     with Scratch(settings) as scratch:
         samples = samples_of(store, *samples_fields, info, scratch)
         samples = {n: a for n, a in samples.items() if n not in spec.fixed_inputs}  # constants in the Q/DQ model
-        out = scratch / "model.int8.onnx"
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
-        report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
-                              calibration_batch=spec.calibration.batch, scratch=scratch)
-        sha = sha256_file(out)
-        (scratch / "inspect").mkdir()
-        inspected = inspect_upload(out, scratch / "inspect", BundleLimits.of(settings))
-        key = model_key(sha)
-        derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_fields[1],
-                      "graph_cleanup": log.tail() or None, **report.to_dict()}
+        for family in families:
+            report, model_id = _derive(family, float_model, samples, spec, info, scratch, store, settings,
+                                       name=name, version=version, source_id=source_id,
+                                       samples_sha256=samples_fields[1], cleanup=log.tail() or None)
+            derived[family], reports[family] = model_id, report
 
-        def write(s) -> tuple[int, list[tuple[int, str]]]:
-            source = catalog.get_model(s, source_id)
-            derived = catalog.find_model_by_content(s, name, sha, source.project) or catalog.add_model(
-                s, name=name, version=f"{version}-int8-{sha[:8]}", sha256=sha, fmt=inspected.format,
-                size=out.stat().st_size, info=inspected.info, blob_key=key, source=source, derivation=derivation)
-            build = catalog.get_build(s, build_id)
-            served = liveness.served_targets(s, settings.worker_ttl_seconds)
-            queued, checks = catalog.release_waiting(s, build, derived, served)
-            catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=derived.id,
-                                 derived_version=derived.version, report=report.to_dict())
-            return queued, [(c.id, c.target) for c in checks]
+    def release(s) -> tuple[list[tuple[int, Target]], list]:
+        build = catalog.get_build(s, build_id)
+        first = catalog.get_model(s, derived[families[0]])
+        build.model_id = first.id
+        catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=first.id,
+                             derived_version=first.version, report=reports[families[0]],
+                             reports=reports, derived_models=derived)
+        served = liveness.served_targets(s, settings.worker_ttl_seconds)
+        models = {f: catalog.get_model(s, i) for f, i in derived.items()}
+        queued, checks = [], []
+        for task in build.tasks:
+            if task.state != TaskState.WAITING.value:
+                continue
+            model = models[family_of_target(task.target)]
+            versions = served.get(task.target) or {None}
+            existing = next((e for v in versions
+                             if (e := catalog.find_engine(s, model.sha256, build.spec_hash, task.target, v))), None)
+            if existing is None:
+                task.state = TaskState.QUEUED.value
+                queued.append((task.id, Target.parse(task.target)))
+                continue
+            catalog.finish_task_reused(s, task, existing)
+            task.started_at = task.finished_at
+            if (check := catalog.ensure_benchmark_task(s, existing, spec)) is not None:
+                checks.append(check)
+        s.flush()
+        return queued, [(c.id, c.target) for c in checks]
 
-        queued, check_ids = store_with_row(settings, store, key, out, sha, write)
+    from enginefarm.storage import queue
+
+    with session_scope(settings) as s:
+        queued, check_ids = release(s)
     for check_id, target in check_ids:
         queue.publish_benchmark(check_id, target)
     return queued
+
+
+def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path,
+            store: BlobStore, settings: Settings, *, name: str, version: str, source_id: int, samples_sha256: str | None,
+            cleanup: str | None) -> tuple[dict, int]:
+    """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
+    report and the derived model's id."""
+    from enginefarm.worker.quantize import quantize_qdq
+
+    out = scratch / family / "model.int8.onnx"
+    out.parent.mkdir()
+    report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
+                          calibration_batch=spec.calibration.batch, family=family, scratch=scratch)
+    if family == "onnxruntime":
+        report.vs_fp32 = _first_look(float_model, out, spec, samples, info)
+    sha = sha256_file(out)
+    (scratch / family / "inspect").mkdir()
+    inspected = inspect_upload(out, scratch / family / "inspect", BundleLimits.of(settings))
+    key = model_key(sha)
+    derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_sha256,
+                  "graph_cleanup": cleanup, **report.to_dict()}
+    # The family's suffix keeps the two int8 models of one source apart; TensorRT's keeps the old name.
+    suffix = "int8" if family == "tensorrt" else "int8-cpu"
+
+    def write(s) -> int:
+        source = catalog.get_model(s, source_id)
+        derived = catalog.find_model_by_content(s, name, sha, source.project) or catalog.add_model(
+            s, name=name, version=f"{version}-{suffix}-{sha[:8]}", sha256=sha, fmt=inspected.format,
+            size=out.stat().st_size, info=inspected.info, blob_key=key, source=source, derivation=derivation)
+        return derived.id
+
+    return report.to_dict(), store_with_row(settings, store, key, out, sha, write)
+
+
+def _first_look(float_model: Path, int8_model: Path, spec: BuildSpec, samples, info: ModelInfo) -> dict:
+    """int8 against fp32 on this worker's CPU, for the quantize report; its failure is recorded, never fatal."""
+    from enginefarm.graph.inputs import sample_batches
+    from enginefarm.worker.evaluate import OrtRunner
+    from enginefarm.worker.int8_vs_fp32 import models_compared
+
+    try:
+        feed = sample_batches(samples, info, 1)[0]
+        return models_compared(float_model, int8_model, spec, {n: a for n, a in feed.items() if n in samples},
+                               lambda path: OrtRunner(path, spec.benchmark.threads))
+    except Exception as exc:  # noqa: BLE001 - the figure is extra; the derived model stands without it
+        return {"error": f"{type(exc).__name__}: {exc}"}

@@ -28,6 +28,7 @@ from enginefarm.worker.celery_app import app
 from enginefarm.worker.lanes import wait_for_builds
 from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
 from enginefarm.worklock import Scratch
+from enginefarm.worker.quantize_stage import model_of_task
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
 from enginefarm.probe import MachineProbe, machine_fingerprint, probe_machine
 
@@ -104,7 +105,8 @@ def _run(task_id: int, me: str) -> None:
     store = blob_store()
     with session_scope() as s:
         task = catalog.get_task(s, task_id)
-        build, model = task.build, task.build.model
+        # An int8 build may have one derived model per target family (worker/quantize_stage.py).
+        build, model = task.build, model_of_task(s, task)
         target, spec = Target.parse(task.target), BuildSpec(**build.spec)
         # A target that cannot build the spec's precision builds the nearest it can (enginefarm.validation);
         # the engine records the precision it has, under the spec hash that was asked for.

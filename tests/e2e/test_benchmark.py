@@ -144,6 +144,15 @@ def test_int8_from_samples_builds_from_a_derived_qdq_model(farm, api, tmp_path):
 
     (row,) = _rows(report, CPU)
     assert row["precision"] == "int8" and row["status"] == "measured" and row["derived_from"] == model["id"]
+    # One derived model per target family: the CPU engine comes from ONNX Runtime's own format.
+    assert set(q["derived_models"]) == {"onnxruntime", "tensorrt"} and q["reports"]["onnxruntime"]["op_types"]
+    assert q["derived_model_id"] == q["derived_models"]["tensorrt"]
+    first = q["reports"]["onnxruntime"]["vs_fp32"]  # the quantize stage's own look, in the build's report
+    assert first["fp32_median_ms"] > 0 and first["faster"] == (first["speedup"] > 1.0), first
+    # The benchmark stage timed the int8 CPU artifact against its fp32 sibling, interleaved, and kept both.
+    vs = row["stats"]["vs_fp32"]
+    assert vs["fp32_median_ms"] > 0 and vs["int8_median_ms"] > 0 and vs["faster"] == (vs["speedup"] > 1.0), vs
+    assert vs["faster"] or vs["note"].startswith("int8 is not faster than fp32 here"), vs
     (gpu,) = _rows(report, "tensorrt-rtx/sm86")
     assert gpu["precision"] == "int8" and gpu["status"] == "pending"
     acc = row["accuracy"]

@@ -1,4 +1,5 @@
-"""bench/models.py keeps running: its smoke mode builds one corpus model alone and through an embedded farm."""
+"""bench/models.py keeps running: its smoke mode builds one corpus model alone and through an embedded farm, and
+times its CPU int8 artifact against the fp32 one."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_models_bench_smoke(tmp_path):
     out = tmp_path / "models.json"
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "models.py"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["models"]["ppocr-cls"]["tensorrt-rtx/sm86"] > 0
     task = result["farm"]["tasks"]["tensorrt-rtx/sm86"]
     assert task["run_s"] >= task["build_s"] > 0  # the worker's time includes the builder's
     assert result["farm_over_builders"] > 1 and "ratio" in done.stdout
+    int8 = result["int8_vs_fp32"]["ppocr-cls"]
+    assert int8["fp32_median_ms"] > 0 and int8["int8_median_ms"] > 0 and int8["int8_calls"] >= 2
+    assert int8["faster"] == (int8["speedup"] > 1.0) and "int8 against fp32" in done.stdout
+    assert int8["int8_ops"].get("QLinearConv", 0) > 0  # the CPU recipe's integer kernels

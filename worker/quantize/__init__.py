@@ -1,41 +1,35 @@
-"""Int8 Q/DQ quantization of a float ONNX model from calibration samples, placed the way TensorRT wants it.
+"""Int8 Q/DQ quantization of a float ONNX model from calibration samples, by ONNX Runtime's quantization tool.
 
-TensorRT and TensorRT-RTX build int8 engines only from explicit QuantizeLinear/DequantizeLinear
-nodes, so a float upload asked to build int8 is first turned into a Q/DQ model here and stored as a
-derived model. The placement follows NVIDIA's Q/DQ recommendations for TensorRT rather than ONNX
-Runtime's own quantizer, whose output TensorRT rejects on real models:
+A float upload asked to build int8 is first quantized here and stored as a derived model. What the model
+should look like depends on who runs it, so there is one recipe per target family (``RECIPES``):
 
-- Only the inputs of weighted operations get Q/DQ: Conv, ConvTranspose, and MatMul/Gemm with a
-  constant weight. Activations are quantized per tensor (QuantizeLinear -> DequantizeLinear),
-  weights are stored as int8 and dequantized per output channel. A MatMul of two computed tensors
-  (attention) is not a weighted operation and stays in float: per-tensor ranges of attention
-  probabilities cost accuracy, for a speed-up that depends on TensorRT's int8 attention kernels.
-- The residual input of an Add that follows a quantized Conv is quantized too, so TensorRT can fuse
-  the addition into the int8 convolution (NVIDIA's "quantize the residual input" recommendation).
-  Outputs of weighted operations are not quantized, and nothing else is: elementwise ops, pooling,
-  resizes and reshapes stay as they are, and TensorRT propagates Q/DQ across the ops that commute
-  with quantization (max pooling, reshapes, transposes) by itself.
-- An int8 constant only ever feeds a DequantizeLinear (TensorRT: "Quantized constant ... is only
-  allowed before DQ"); a weight shared with an operation that is not quantized keeps its float copy.
-- Symmetric int8 (zero points 0), float scales, float bias (no int32 bias DequantizeLinear).
-- Per-channel DequantizeLinear takes an axis from ONNX opset 13 on, so an older model is converted
-  to opset 13 first (ONNX Runtime's quantizer leaves it at its opset and writes the axis anyway), and
-  the conversion is checked to give the same outputs.
+- ``onnxruntime``: the format ONNX Runtime's CPU kernels run fastest, chosen by measurement (docs/models.md,
+  ``bench/models.py``): operator-format integer kernels (QLinearConv, QLinearMatMul, ...) with per-channel
+  int8 weights reduced to 7 bits and uint8 activations. The operator format needs no fusion pass, so the
+  integer kernels run at whatever optimization level the CPU gets (the basic one for quantized models on x86
+  without VNNI); the reduced range keeps AVX2's u8·s8 products from saturating. uint8 weights ran faster on
+  ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower at the basic level.
+- ``tensorrt`` (TensorRT and TensorRT-RTX): explicit QuantizeLinear/DequantizeLinear as TensorRT documents
+  it: symmetric int8 activations and weights (zero points 0), per-channel weights stored int8 behind a
+  DequantizeLinear, float bias, Q/DQ only on the inputs of the operations TensorRT runs in int8 (Conv,
+  ConvTranspose, Gemm, MatMul with a constant weight; attention MatMuls stay float), removable activations
+  kept so TensorRT sees the graph it fuses.
 
-ONNX Runtime does the pre-processing (shape inference, constant folding) and the calibration
-(MinMax, entropy or percentile ranges on the user's samples); the result also runs on its CPU provider.
+Before the tool runs, a model older than opset 13 is raised to 13 (per-channel DequantizeLinear takes an
+axis from there on) and ONNX Runtime's pre-processing (shape inference, constant folding) is applied.
+Calibration uses the tool's calibrators (MinMax, entropy, percentile) on the user's samples.
 
 The package: ``samples`` checks and feeds the calibration samples, ``opset`` raises old models to opset 13,
-``preprocess`` runs ONNX Runtime's pre-processing, ``placement`` plans where Q/DQ goes, ``calibrate``
-collects the ranges, ``qdq`` writes the Q/DQ nodes and checks them against TensorRT's rules, ``files``
-loads the upload and verifies the output.
+``preprocess`` runs ONNX Runtime's pre-processing, ``recipes`` holds each family's options and runs the tool,
+``qdq`` checks a TensorRT model against TensorRT's rules, ``files`` loads the upload and verifies the output.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,20 +39,20 @@ import onnxruntime as ort
 
 from enginefarm.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.graphfacts import QDQ_OPS
-from enginefarm.worker.onnxgraph import INLINE_LIMIT, default_opset, save_model
-from enginefarm.worker.quantize.calibrate import METHODS, calibrated_amax, check_options
-from enginefarm.worker.quantize.files import load_graph, remove_model_files, stored_bytes, tensor_bytes, verify
+from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
+from enginefarm.worker.quantize.files import load_graph, remove_model_files, stored_bytes, verify
 from enginefarm.worker.quantize.opset import raise_opset
-from enginefarm.worker.quantize.placement import constants_to_initializers, nothing_to_quantize, plan_qdq, prune
 from enginefarm.worker.quantize.preprocess import preprocessed_model, stage_raw
-from enginefarm.worker.quantize.qdq import check_for_tensorrt, insert_qdq
+from enginefarm.worker.quantize.qdq import check_for_tensorrt, float_for_other_readers
+from enginefarm.worker.quantize.recipes import FAMILIES, METHODS, RECIPES, check_options, family_of, quantize_with
 from enginefarm.worker.quantize.samples import model_inputs, validate
 
-__all__ = ["METHODS", "QuantizeReport", "quantize_qdq"]
+__all__ = ["FAMILIES", "METHODS", "QuantizeReport", "family_of", "quantize_qdq"]
 
-# A protobuf message cannot exceed 2 GiB; leave room for the graph itself beside the weights.
-# How many skipped nodes the report names one by one.
-_REPORT_SKIPPED = 100
+# Integer kernels of ONNX Runtime's operator format, and the ops that dequantized tensors feed in a Q/DQ model.
+_INTEGER_OPS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd",
+                          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat",
+                          "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QAttention", "DynamicQuantizeMatMul"})
 
 
 @dataclass
@@ -66,15 +60,17 @@ class QuantizeReport:
     """What the quantizer did, stored with the derived model so its provenance is visible."""
 
     method: str
+    family: str  # the target family the model is for: onnxruntime or tensorrt
     calibration_samples: int
     quantized_nodes: int  # QuantizeLinear + DequantizeLinear nodes in the output
-    op_types: dict[str, int]  # op type -> count of nodes that compute on dequantized inputs
+    op_types: dict[str, int]  # op type -> count of nodes that compute in int8 (or on dequantized inputs)
     preprocessed: bool
     onnxruntime_version: str
+    options: dict[str, Any]  # the tool's options, as passed
     preprocess_error: str | None = None  # why pre-processing was skipped, when it failed
     opset: int = 0  # the output's default-domain opset
     opset_converted_from: int | None = None  # the upload's opset, when it had to be raised
-    skipped: dict[str, str] = field(default_factory=dict)  # weighted node left in float -> why
+    vs_fp32: dict[str, Any] | None = None  # the quantize stage's int8-against-fp32 timing (onnxruntime family)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,17 +83,17 @@ def quantize_qdq(
     *,
     method: str = "minmax",
     calibration_batch: int = 1,
-    per_channel: bool = True,
+    family: str = "tensorrt",
     scratch: Path | None = None,
 ) -> QuantizeReport:
-    """Write a symmetric int8 Q/DQ version of ``model_path`` calibrated on ``samples`` to ``out_path``.
+    """Write an int8 version of ``model_path`` for ``family``, calibrated on ``samples``, to ``out_path``.
 
     ``samples`` maps each model input to an array stacking samples along axis 0; inputs whose first
     dim is fixed to something other than 1 take one whole array. Bad samples or options raise
     ``SpecInvalid``; a model that does not load or quantize raises ``BuildFailed``.
     """
     model_path, out_path = Path(model_path), Path(out_path)
-    calibrate = check_options(method, calibration_batch)
+    calibrate = check_options(method, calibration_batch, family)
     model = load_graph(model_path)
     reader, count = validate(model_inputs(model), samples, calibration_batch)
     large = stored_bytes(model_path, model) >= INLINE_LIMIT
@@ -111,49 +107,52 @@ def quantize_qdq(
         source, pre_error = preprocessed_model(current, work, large)
         if source is None:
             source = current if current != model_path else stage_raw(model_path, work, large)
+        remove_model_files(out_path)  # no stale data file stays beside an output that needs none
         try:
-            qmodel = onnx.load(str(source))
-        except Exception as exc:  # noqa: BLE001
-            raise BuildFailed(f"cannot quantize: the model's weights do not load ({exc})") from None
-        constants_to_initializers(qmodel)
-        plan = plan_qdq(qmodel, per_channel)
-        amax: dict[str, float] = {}
-        if plan.nodes:
-            try:
-                amax = calibrated_amax(source, plan.activations(), reader, calibrate, work, large)
-            except (SpecInvalid, BuildFailed):
-                raise
-            except Exception as exc:  # noqa: BLE001 - ORT raises many types; all mean this model cannot be done
-                raise BuildFailed(f"int8 calibration failed: {type(exc).__name__}: {exc}") from None
-            prune(qmodel, plan, amax)
-        if not plan.nodes:
-            raise nothing_to_quantize(qmodel, plan)
-        op_types = insert_qdq(qmodel, plan, amax)
-        check_for_tensorrt(qmodel)
-        qdq = sum(1 for n in qmodel.graph.node if n.op_type in QDQ_OPS)
-        opset = default_opset(qmodel, missing=0)
-        try:
-            remove_model_files(out_path)  # no stale data file stays beside an output that needs none
-            save_model(qmodel, out_path, external=tensor_bytes(qmodel) >= INLINE_LIMIT)
-        except BaseException:
+            options = quantize_with(RECIPES[family], source, out_path, reader, calibrate, large)
+        except (SpecInvalid, BuildFailed):
             remove_model_files(out_path)
             raise
-        del qmodel
+        except Exception as exc:  # noqa: BLE001 - ORT raises many types; all mean this model cannot be done
+            remove_model_files(out_path)
+            raise BuildFailed(f"int8 quantization failed: {type(exc).__name__}: {exc}") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if family == "tensorrt":
+        try:
+            full = onnx.load(str(out_path))
+            if float_for_other_readers(full):
+                remove_model_files(out_path)
+                save_model(full, out_path, external=large)
+            check_for_tensorrt(full)
+            del full
+        except BuildFailed:
+            remove_model_files(out_path)
+            raise
+    qmodel = onnx.load(str(out_path), load_external_data=False)
+    op_types = _int8_ops(qmodel)
+    if not op_types:
+        remove_model_files(out_path)
+        raise BuildFailed("cannot quantize: ONNX Runtime's quantizer found no operation to run in int8 (no Conv, "
+                          "ConvTranspose, MatMul or Gemm with a constant weight outside control flow, or every "
+                          "such input was all zeros on the samples); build fp16 for this model instead")
+    qdq = sum(1 for n in all_nodes(qmodel.graph) if n.op_type in QDQ_OPS)
+    opset = default_opset(qmodel, missing=0)
+    del qmodel
     verify(out_path)
-
-    granularity = "per-channel" if per_channel else "per-tensor"
-    skipped = dict(list(plan.skipped.items())[:_REPORT_SKIPPED])
     return QuantizeReport(
-        method=f"TensorRT Q/DQ placement, {calibrate.name}, {granularity}, symmetric int8",
-        calibration_samples=count,
-        quantized_nodes=qdq,
-        op_types=op_types,
-        preprocessed=pre_error is None,
-        onnxruntime_version=ort.__version__,
-        preprocess_error=pre_error,
-        opset=opset,
-        opset_converted_from=converted_from,
-        skipped=skipped,
+        method=f"onnxruntime.quantization.quantize_static, {RECIPES[family].label}, {calibrate.name}",
+        family=family, calibration_samples=count, quantized_nodes=qdq, op_types=op_types,
+        preprocessed=pre_error is None, onnxruntime_version=ort.__version__, options=options,
+        preprocess_error=pre_error, opset=opset, opset_converted_from=converted_from,
     )
+
+
+def _int8_ops(model: onnx.ModelProto) -> dict[str, int]:
+    """Op type -> how many nodes compute in int8: integer kernels, and the consumers of DequantizeLinear outputs."""
+    counts: Counter[str] = Counter()
+    dequantized = {o for n in all_nodes(model.graph) if n.op_type == "DequantizeLinear" for o in n.output}
+    for node in all_nodes(model.graph):
+        if node.op_type in _INTEGER_OPS or (node.op_type not in QDQ_OPS and dequantized.intersection(node.input)):
+            counts[node.op_type] += 1
+    return dict(sorted(counts.items()))

@@ -41,11 +41,6 @@ def stored_bytes(model_path: Path, model: ModelProto) -> int:
                                            if (model_path.parent / f).is_file())
 
 
-def tensor_bytes(model: ModelProto) -> int:
-    """The bytes the main graph's initializers take in the proto."""
-    return sum(t.ByteSize() for t in model.graph.initializer)
-
-
 def verify(out_path: Path) -> None:
     """The written file must pass the checker and open in ORT CPU; else remove it, so nothing stores it."""
     try:

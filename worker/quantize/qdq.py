@@ -1,128 +1,45 @@
-"""Writing the planned Q/DQ into the graph (symmetric int8: activations through QuantizeLinear and
-DequantizeLinear, weights stored int8 behind a DequantizeLinear), and checking the result against the rules
-TensorRT holds a Q/DQ graph to."""
+"""Checking a Q/DQ model against the rules TensorRT holds it to: symmetric int8 zero points, a dequantized
+constant only into a weighted operation, a quantized constant only into DequantizeLinear."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
-from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, numpy_helper
 
 from enginefarm.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
-from enginefarm.worker.onnxgraph import all_nodes, consumers
-from enginefarm.worker.quantize.placement import QUANTIZED_OPS, WEIGHTED_OPS, Plan
+from enginefarm.worker.onnxgraph import consumers
 
-# Symmetric int8: amax maps to 127, zero point 0 (TensorRT's scheme).
-_QMAX = 127
-
-
-class _Names:
-    """Fresh tensor and node names, never clashing with the model's own."""
-
-    def __init__(self, model: ModelProto):
-        self._used = {t.name for t in model.graph.initializer}
-        for node in all_nodes(model.graph):
-            self._used.update(node.input)
-            self._used.update(node.output)
-            self._used.add(node.name)
-        self._used.update(v.name for v in (*model.graph.input, *model.graph.output, *model.graph.value_info))
-
-    def __call__(self, base: str) -> str:
-        name, n = base, 0
-        while name in self._used:
-            n += 1
-            name = f"{base}_{n}"
-        self._used.add(name)
-        return name
+# The weighted operations TensorRT runs in int8 when their inputs come through Q/DQ.
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+# The operations a dequantized activation may feed: the weighted ones, and residual Adds TensorRT fuses.
+QUANTIZED_OPS = frozenset({*WEIGHTED_OPS, "Add"})
 
 
-def _scale_of(amax: np.ndarray) -> np.ndarray:
-    """Symmetric int8 scales; a channel that is all zeros gets scale 1 (any positive scale represents it)."""
-    amax = np.asarray(amax, dtype=np.float64)
-    return np.where(amax > 0, amax / _QMAX, 1.0).astype(np.float32)
-
-
-def _quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel (or per-tensor) symmetric int8 weights and their scales."""
-    w = w.astype(np.float32)
-    if axis is None:
-        scale = _scale_of(np.max(np.abs(w)) if w.size else 0.0)
-        return np.clip(np.rint(w / scale), -_QMAX, _QMAX).astype(np.int8), scale
-    reduce = tuple(i for i in range(w.ndim) if i != axis)
-    scale = _scale_of(np.max(np.abs(w), axis=reduce) if w.size else np.zeros(w.shape[axis]))
-    shape = [1] * w.ndim
-    shape[axis] = -1
-    q = np.clip(np.rint(w / scale.reshape(shape)), -_QMAX, _QMAX).astype(np.int8)
-    return q, scale
-
-
-def insert_qdq(model: ModelProto, plan: Plan, amax: dict[str, float]) -> dict[str, int]:
-    """Rewrite the graph with the planned Q/DQ; return op type -> number of nodes now taking int8."""
+def float_for_other_readers(model: ModelProto) -> bool:
+    """Give the readers of a dequantized activation that are not weighted ops (Resize, Concat, a residual Add)
+    the float tensor back: the quantizer hands its DequantizeLinear to every reader, and Q/DQ belongs on the
+    inputs of weighted ops only. Returns whether anything changed."""
     graph = model.graph
-    names = _Names(model)
-    inits = {t.name: t for t in graph.initializer}
-    zero = np.zeros((), np.int8)
-    dequantized: dict[str, str] = {}  # activation -> its DequantizeLinear output
-    weights: dict[tuple[str, int | None], str] = {}  # (weight, axis) -> its DequantizeLinear output
-    new_inits: list[TensorProto] = []
-    replaced: set[str] = set()
-    nodes: list[NodeProto] = []
-    counts: Counter[str] = Counter()
-
-    def const(base: str, value: np.ndarray) -> str:
-        name = names(base)
-        new_inits.append(numpy_helper.from_array(value, name))
-        return name
-
-    for index, original in enumerate(graph.node):
-        node = NodeProto()
-        node.CopyFrom(original)
-        slots = plan.nodes.get(index, {})
-        for slot, tensor in sorted(slots.items()):
-            if isinstance(tensor, str):
-                if tensor not in dequantized:
-                    scale = const(f"{tensor}_scale", _scale_of(amax[tensor]))
-                    zp = const(f"{tensor}_zero_point", zero)
-                    q, dq = names(f"{tensor}_quantized"), names(f"{tensor}_dequantized")
-                    nodes.append(helper.make_node("QuantizeLinear", [tensor, scale, zp], [q],
-                                                  name=names(f"{tensor}_QuantizeLinear")))
-                    nodes.append(helper.make_node("DequantizeLinear", [q, scale, zp], [dq],
-                                                  name=names(f"{tensor}_DequantizeLinear")))
-                    dequantized[tensor] = dq
-                node.input[slot] = dequantized[tensor]
-            else:
-                weight = tensor
-                key = (weight.name, weight.axis)
-                if key not in weights:
-                    q, scale = _quantize_weight(numpy_helper.to_array(inits[weight.name]), weight.axis)
-                    zeros = zero if weight.axis is None else np.zeros(scale.shape, np.int8)
-                    inputs = [const(f"{weight.name}_quantized", q), const(f"{weight.name}_scale", scale),
-                              const(f"{weight.name}_zero_point", zeros)]
-                    dq = names(f"{weight.name}_dequantized")
-                    axis = {} if weight.axis is None else {"axis": weight.axis}
-                    nodes.append(helper.make_node("DequantizeLinear", inputs, [dq],
-                                                  name=names(f"{weight.name}_DequantizeLinear"), **axis))
-                    weights[key] = dq
-                    replaced.add(weight.name)
-                node.input[slot] = weights[key]
-        if slots:
-            counts[node.op_type] += 1
-        nodes.append(node)
-
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(new_inits)
-    # A float weight stays only where something else still reads it (a shared or tied weight).
-    still = {name for n in all_nodes(graph) for name in n.input} | {o.name for o in graph.output}
-    drop = replaced - still
-    if drop:
-        for field_ in (graph.initializer, graph.input):  # an initializer listed as input goes with it
-            kept = [v for v in field_ if v.name not in drop]
-            del field_[:]
-            field_.extend(kept)
-    return dict(sorted(counts.items()))
+    inits = {t.name for t in graph.initializer}
+    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    original = {n.output[0]: quantized[n.input[0]] for n in graph.node
+                if n.op_type == "DequantizeLinear" and n.input[0] not in inits and n.input[0] in quantized}
+    changed = False
+    for node in graph.node:
+        if node.op_type in WEIGHTED_OPS or node.op_type in QDQ_OPS:
+            continue
+        for slot, name in enumerate(node.input):
+            if name in original:
+                node.input[slot] = original[name]
+                changed = True
+    while True:  # Q/DQ pairs nothing reads any more go
+        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if n.op_type in QDQ_OPS and n.output[0] not in read]
+        if not dead:
+            return changed
+        for node in dead:
+            graph.node.remove(node)
 
 
 def check_for_tensorrt(model: ModelProto) -> None:

@@ -49,6 +49,10 @@ class SampleReader(CalibrationDataReader):
     def rewind(self) -> None:
         self._starts = iter(range(0, self._count, self._batch))
 
+    def set_range(self, start_index: int, end_index: int) -> None:
+        """Feed only batches ``start_index`` to ``end_index`` (ONNX Runtime's strided calibration calls this)."""
+        self._starts = iter(range(start_index * self._batch, min(end_index * self._batch, self._count), self._batch))
+
     def __len__(self) -> int:
         return -(-self._count // self._batch)
 
@@ -193,6 +197,10 @@ def validate(
     if problems:
         detail = "; ".join(p["msg"] for p in problems)
         raise SpecInvalid(f"calibration samples do not fit the model: {detail}", problems=problems)
+    floats = [a for a in arrays.values() if a.dtype.kind == "f"]
+    if floats and not any(a.any() for a in floats):
+        raise SpecInvalid("calibration samples are all zeros: every range would be empty; give real inputs",
+                          problems=[problem(["samples"], "every float input is all zeros")])
     whole = {name: a for name, a in arrays.items() if name not in split}
     count = next(iter(counts.values()), 1)
     # A size-1 first dim pins the model's batch, so every input is fed one sample at a time.

@@ -1,0 +1,138 @@
+"""An int8 ONNX Runtime artifact timed against its fp32 sibling on the same worker, in the same run, interleaved.
+
+The fp32 sibling is the artifact the ONNX Runtime backend builds from the source model with the same spec at
+fp32 (built here on the fly, in seconds). Both are run by the benchmark stage's own runner, alternating in
+rounds, so that whatever else the machine is doing falls on both alike. The ratio is stored on each of the
+int8 engine's benchmark rows as ``stats["vs_fp32"]``; an int8 artifact that is not faster says so there, with
+the figure (``faster: false`` and a ``note``). Called from worker/evaluate.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from enginefarm.domain import Backend, ModelInfo, Target
+from enginefarm.graph.inputs import timing_inputs
+from enginefarm.spec import BuildSpec, Precision
+from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.worker.backends.onnxruntime import has_qdq
+from enginefarm.worker.cleanup import prepared_model
+
+# Rounds of int8 then fp32 (then fp32 then int8: the order alternates); each block runs for about this long.
+ROUNDS = 8
+_BLOCK_S = 0.1
+# Below this int8/fp32 speed-up an int8 artifact counts as not faster (timing noise on a busy CPU is a few %).
+FASTER_THAN = 1.0
+
+
+def applies(backend: str, spec: BuildSpec) -> bool:
+    """Whether an engine gets the comparison: an int8 artifact of ONNX Runtime."""
+    return backend == Backend.ONNXRUNTIME.value and spec.precision is Precision.INT8
+
+
+def fp32_sibling(reference_model: Path, spec: BuildSpec, work: Path) -> Path:
+    """Build the fp32 artifact of the source model with the ONNX Runtime backend, as a build task would."""
+    fp32 = spec.model_copy(update={"precision": Precision.FP32})
+    backend = get_backend(Backend.ONNXRUNTIME)
+    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
+    out = work / "fp32.onnx"
+    backend.build(prepared_model(reference_model, fp32, work, BuildLog()), fp32, target, out, BuildLog(), None)
+    return out
+
+
+def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> tuple[list[float], list[float]]:
+    """Per-call milliseconds of ``run_a`` and ``run_b``, timed in alternating blocks; one warm-up call each."""
+    run_a(), run_b()
+    a: list[float] = []
+    b: list[float] = []
+    for r in range(rounds):
+        order = ((run_a, a), (run_b, b)) if r % 2 == 0 else ((run_b, b), (run_a, a))
+        for run, into in order:
+            begin = time.perf_counter()
+            while True:
+                t = time.perf_counter()
+                run()
+                into.append((time.perf_counter() - t) * 1e3)
+                if time.perf_counter() - begin >= block_s:
+                    break
+    return a, b
+
+
+def verdict(int8_ms: list[float], fp32_ms: list[float], rounds: int = ROUNDS) -> dict[str, Any]:
+    """The figure stored on the int8 engine's benchmark: both medians, the speed-up, and whether it is faster."""
+    int8, fp32 = statistics.median(int8_ms), statistics.median(fp32_ms)
+    speedup = fp32 / int8 if int8 > 0 else float("inf")
+    out = {"fp32_median_ms": round(fp32, 4), "int8_median_ms": round(int8, 4), "speedup": round(speedup, 3),
+           "faster": speedup > FASTER_THAN, "int8_calls": len(int8_ms), "fp32_calls": len(fp32_ms),
+           "method": f"interleaved, {rounds} rounds, same runner and threads, fp32 built from the source model"}
+    if not out["faster"]:
+        out["note"] = f"int8 is not faster than fp32 here: {int8:.2f} ms against {fp32:.2f} ms ({speedup:.2f}x)"
+    return out
+
+
+def compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: ModelInfo,
+            samples: dict[str, np.ndarray] | None, shape_results: list,
+            reraise: tuple[type[BaseException], ...] = ()) -> list[str]:
+    """Time the int8 ``runner`` against its fp32 sibling at every measured shape and put ``vs_fp32`` on each
+    shape's stats; returns the notes of shapes where int8 is not faster. ``make_runner(path)`` opens the fp32
+    artifact the way the stage opens an engine; ``reraise``: exceptions that must end the stage (time limits)."""
+    if not shape_results:
+        return []
+    if has_qdq(reference_model):
+        for result in shape_results:
+            result.stats["vs_fp32"] = {"skipped": "the uploaded model holds Q/DQ itself: it has no fp32 sibling"}
+        return []
+    try:
+        return _compare(runner, make_runner, reference_model, spec, info, samples, shape_results)
+    except reraise:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the figure is extra: its failure is recorded, the benchmark stands
+        for result in shape_results:
+            result.stats["vs_fp32"] = {"error": f"the fp32 sibling did not build or run: {type(exc).__name__}: {exc}"}
+        return []
+
+
+def _compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: ModelInfo,
+             samples: dict[str, np.ndarray] | None, shape_results: list) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="fp32-sibling-") as work:
+        fp32_runner = make_runner(fp32_sibling(reference_model, spec, Path(work)))
+        try:
+            notes = []
+            for result in shape_results:
+                inputs, _ = timing_inputs(info, result.shape, samples if spec.benchmark.use_samples else None,
+                                          spec.accuracy.seed, spec.benchmark.value_ranges)
+                inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}
+                int8_ms, fp32_ms = interleaved(lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs))
+                result.stats["vs_fp32"] = figure = verdict(int8_ms, fp32_ms)
+                if "note" in figure:
+                    notes.append(f"{result.shape.key}: {figure['note']}")
+            return notes
+        finally:
+            fp32_runner.close()
+
+
+def models_compared(float_model: Path, int8_model: Path, spec: BuildSpec, feed: dict[str, np.ndarray],
+                    make_runner, rounds: int = 4) -> dict[str, Any]:
+    """The quantize stage's first look: both models built as CPU artifacts and timed interleaved on one sample
+    batch, so the build's quantize report says at once whether int8 pays here. The benchmark stage's figure, at
+    the spec's shapes, is the one the engine keeps. ``make_runner(path)`` opens an artifact as the stage does."""
+    backend = get_backend(Backend.ONNXRUNTIME)
+    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
+    with tempfile.TemporaryDirectory(prefix="int8-vs-fp32-") as work:
+        paths = []
+        for precision, model in ((Precision.FP32, float_model), (Precision.INT8, int8_model)):
+            out = Path(work) / f"{precision.value}.onnx"
+            backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
+            paths.append(out)
+        fp32, int8 = make_runner(paths[0]), make_runner(paths[1])
+        try:
+            int8_ms, fp32_ms = interleaved(lambda: int8.infer(feed), lambda: fp32.infer(feed), rounds=rounds)
+        finally:
+            int8.close(), fp32.close()
+    return {**verdict(int8_ms, fp32_ms, rounds), "inputs": "the first calibration sample batch"}
