@@ -63,8 +63,15 @@ def test_upload_build_resolve_download(farm, dist_settings, tmp_path):
         assert answer["engine"]["target"] == "tensorrt-rtx/sm86"
         assert answer["match"] == "exact_cc"
         assert "8.6" in answer["reason"]
-        # The other GPU engines are rejected with their rule; the CPU artifact remains a fallback.
-        assert [f["target"] for f in answer["fallbacks"]] == ["onnxruntime/cpu-x86_64"]
+        # The other GPU engines are rejected with their rule, and so is the CPU artifact: a machine that names
+        # TensorRT-RTX is not handed another runtime's file unless it asks (accept=cpu), then only as a fallback.
+        assert answer["fallbacks"] == []
+        assert {r["target"]: r["rule"] for r in answer["rejected"]}["onnxruntime/cpu-x86_64"] == "named-runtime"
+        asked = c.resolve(model["name"], Machine(compute_capability="8.6", platform="x86_64",
+                                                 trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"]),
+                          allow_cpu=True)
+        assert asked["engine"]["target"] == "tensorrt-rtx/sm86"
+        assert [f["target"] for f in asked["fallbacks"]] == ["onnxruntime/cpu-x86_64"]
         reasons = {r["target"]: r["reason"] for r in answer["rejected"]}
         assert "built for compute capability 8.9" in reasons["tensorrt-rtx/sm89"]
 
