@@ -19,6 +19,8 @@ the int8 output's cosine against fp32. The corpus plus ResNet-50, ConvNeXt-Tiny 
     .venv/bin/python bench/models.py --smoke         # one small model, one target: the test command runs this
     .venv/bin/python bench/models.py --int8-only     # part 3 alone: int8 against fp32 per model
     .venv/bin/python bench/models.py --json out.json
+    .venv/bin/python bench/models.py --save-models DIR --models a b   # files and samples for another machine
+    python bench/models.py --int8-only --models-dir DIR               # there: part 3 on the files brought
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
@@ -40,11 +44,8 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from enginefarm.client import Client  # noqa: E402
-from enginefarm.config import Settings  # noqa: E402
-from enginefarm.domain import Target
-from enginefarm.spec import BuildSpec
-from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from enginefarm.domain import Target  # noqa: E402
+from enginefarm.spec import BuildSpec  # noqa: E402
 from tests.realmodels import MODELS, path, samples  # noqa: E402
 from tests.realmodels import large  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
@@ -76,6 +77,11 @@ def builder_alone(name: str, targets: list[str], work: Path, repeat: int) -> dic
 
 def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
     """Upload → build → every task final on an embedded farm; the catalog's per-task times."""
+    # Imported here so that part 3 alone (--int8-only) needs only the worker's packages, not the server's.
+    from enginefarm.client import Client
+    from enginefarm.config import Settings
+    from enginefarm.server.embedded import Farm, embedded_env, issue_token
+
     data = work / "farm"
     env = embedded_env(data)
     token = issue_token(Settings(data_dir=data, blob_store="local"), "bench", ["admin"])
@@ -102,17 +108,43 @@ def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
         farm.stop()
 
 
+# --models-dir: ONNX files and samples brought from another machine (one without the network or the exporters'
+# versions): DIR/NAME.onnx replaces the cached file, DIR/NAME-COUNT-SEED.npz the sampler's output for that call.
+MODELS_DIR: Path | None = None
+
+
 def _model(name: str):
     """The corpus entry, file and sampler of a model of either list."""
-    if name in large.LARGE:
-        return large.LARGE[name], large.path(name), large.samples
-    return MODELS[name], path(name), samples
+    model, source, sampler = ((large.LARGE[name], large.path, large.samples) if name in large.LARGE
+                              else (MODELS[name], path, samples))
+    given = MODELS_DIR / f"{name}.onnx" if MODELS_DIR else None
+    if not given or not given.exists():
+        return model, source(name), sampler
+
+    def brought(name: str, count: int, seed: int):
+        saved = MODELS_DIR / f"{name}-{count}-{seed}.npz"
+        if not saved.exists():
+            return sampler(name, count, seed=seed)
+        with np.load(saved) as data:
+            return {k: data[k] for k in data.files}
+
+    return model, given, brought
+
+
+def save_models(names: list[str], out: Path) -> None:
+    """Write what --models-dir reads for part 3: each model's ONNX file and the samples part 3 draws."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        model, source, sampler = _model(name)
+        shutil.copyfile(source, out / f"{name}.onnx")
+        batch = next(iter(model.opt_shapes().values()))[0] or 1
+        for count, seed in ((1 if model.batch_axes else 16, 1), (batch, 9)):
+            np.savez(out / f"{name}-{count}-{seed}.npz", **sampler(name, count, seed=seed))
+        console.print(f"{name}: {source.stat().st_size / 1e6:.1f} MB")
 
 
 def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
     """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved."""
-    import numpy as np
-
     from enginefarm.worker import int8_vs_fp32 as compare
     from enginefarm.worker.backends.base import BuildBackend
     from enginefarm.worker.cleanup import prepared_model
@@ -151,14 +183,15 @@ def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
 
 def print_int8(results: dict) -> None:
     table = Table(title="CPU int8 against fp32, same process, interleaved (speed-up = fp32 median / int8 median)")
-    for col in ("model", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s"):
+    for col in ("model", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s", "threads"):
         table.add_column(col)
     for n, r in results.items():
         if "error" in r:
-            table.add_row(n, "-", "-", "-", "-", "-", "-")
+            table.add_row(n, "-", "-", "-", "-", "-", "-", "-")
             continue
         table.add_row(n, f"{r['fp32_median_ms']:.2f}", f"{r['int8_median_ms']:.2f}", f"{r['speedup']:.2f}x",
-                      "yes" if r["faster"] else "NO", f"{r['cosine']:.4f}", f"{r['quantize_s']:.1f}")
+                      "yes" if r["faster"] else "NO", f"{r['cosine']:.4f}", f"{r['quantize_s']:.1f}",
+                      str(r["threads"]))
     console.print(table)
 
 
@@ -172,7 +205,16 @@ def main() -> None:
     parser.add_argument("--all-optimizations", action="store_true",
                         help="part 3 with ORT_ENABLE_ALL for int8 artifacts on CPUs without VNNI too (the CPU backend "
                              "keeps the basic level there for models with Q/DQ): what that rule costs")
+    parser.add_argument("--models-dir", type=Path,
+                        help="part 3 reads NAME.onnx and NAME-COUNT-SEED.npz from here where present (see --save-models)")
+    parser.add_argument("--save-models", type=Path, metavar="DIR",
+                        help="write part 3's models (--models) and their samples to DIR for --models-dir, then stop")
     args = parser.parse_args()
+    global MODELS_DIR
+    MODELS_DIR = args.models_dir
+    if args.save_models:
+        save_models(args.models or [*MODELS, *large.LARGE], args.save_models)
+        return
     names = ["ppocr-cls"] if args.smoke else list(MODELS)
     targets = ["tensorrt-rtx/sm86"] if args.smoke else TARGETS
     repeat = 1 if args.smoke else args.repeat

@@ -4,6 +4,7 @@ times its CPU int8 artifact against the fp32 one."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,3 +26,23 @@ def test_models_bench_smoke(tmp_path):
     assert int8["fp32_median_ms"] > 0 and int8["int8_median_ms"] > 0 and int8["int8_calls"] >= 2
     assert int8["faster"] == (int8["speedup"] > 1.0) and "int8 against fp32" in done.stdout
     assert int8["int8_ops"].get("QLinearConv", 0) > 0  # the CPU recipe's integer kernels
+
+
+def test_models_dir_carries_files_and_samples(tmp_path):
+    """--save-models writes what --models-dir reads; a run from it never touches the model cache (here a file, so
+    that any use of the cache fails)."""
+    brought = tmp_path / "brought"
+    saved = subprocess.run([sys.executable, str(ROOT / "bench" / "models.py"), "--save-models", str(brought),
+                            "--models", "ppocr-cls"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert saved.returncode == 0, saved.stdout[-3000:] + saved.stderr[-3000:]
+    assert sorted(p.name for p in brought.iterdir()) == ["ppocr-cls-16-1.npz", "ppocr-cls-4-9.npz", "ppocr-cls.onnx"]
+    blocked = tmp_path / "no-cache"
+    blocked.write_text("")
+    out = tmp_path / "int8.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "models.py"), "--int8-only", "--models-dir",
+                           str(brought), "--models", "ppocr-cls", "--json", str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path, env={**os.environ, "ENGINEFARM_MODEL_CACHE": str(blocked)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    int8 = json.loads(out.read_text())["int8_vs_fp32"]["ppocr-cls"]
+    assert "error" not in int8, int8
+    assert int8["fp32_median_ms"] > 0 and int8["int8_median_ms"] > 0 and int8["cosine"] > 0.9
