@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from enginefarm.domain import TaskState
 from enginefarm.storage.catalog import _claim, _get
 from enginefarm.storage.generation import bump
-from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, ModelRow, VerdictRow, utcnow
+from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, VerdictRow, utcnow
 
 
 def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
@@ -72,27 +72,20 @@ def record_verdict(session: Session, engine_id: int, project: str, result: dict,
     bump(session, {engine.model_sha256})
 
 
-def verdicts_of(session: Session, engine_ids: list[int], project: str | None) -> dict[int, VerdictRow]:
-    """This project's verdicts on these engines, by engine id (an engine it never checked has none). ``None`` (a
-    token of the whole farm) reads each engine's verdict of the project of the model it was built for."""
+def verdicts_of(session: Session, engine_ids: list[int], project: str) -> dict[int, VerdictRow]:
+    """This project's verdicts on these engines, by engine id (an engine it never checked has none)."""
     if not engine_ids:
         return {}
-    query = select(VerdictRow).where(VerdictRow.engine_id.in_(sorted(set(engine_ids))))
-    if project is None:
-        query = (query.join(EngineRow, EngineRow.id == VerdictRow.engine_id)
-                 .join(ModelRow, ModelRow.id == EngineRow.model_id).where(VerdictRow.project == ModelRow.project))
-    else:
-        query = query.where(VerdictRow.project == project)
+    query = select(VerdictRow).where(VerdictRow.engine_id.in_(sorted(set(engine_ids))), VerdictRow.project == project)
     return {row.engine_id: row for row in session.scalars(query)}
 
 
-def benchmark_tasks_of(session: Session, engine_ids: list[int], project: str | None) -> dict[int, list[BenchmarkTaskRow]]:
-    """This project's checks of these engines, oldest first, by engine id (``None``: every project's)."""
+def benchmark_tasks_of(session: Session, engine_ids: list[int], project: str) -> dict[int, list[BenchmarkTaskRow]]:
+    """This project's checks of these engines, oldest first, by engine id."""
     by_engine: dict[int, list[BenchmarkTaskRow]] = {}
     if engine_ids:
-        query = select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id.in_(engine_ids))
-        if project is not None:
-            query = query.where(BenchmarkTaskRow.project == project)
+        query = select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id.in_(engine_ids),
+                                               BenchmarkTaskRow.project == project)
         for row in session.scalars(query.order_by(BenchmarkTaskRow.id)).all():
             by_engine.setdefault(row.engine_id, []).append(row)
     return by_engine
