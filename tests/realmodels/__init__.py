@@ -317,11 +317,9 @@ def _produce(model: RealModel, tmp: Path, root: Path) -> None:
             raise RuntimeError(f"exporting {model.name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 
 
-def path(name: str) -> Path:
-    """The model's cached ONNX file, fetched or exported on first use."""
-    model = MODELS[name]
-    root = cache_dir()
-    target = root / f"{name}-{model.recipe_key()}" / f"{name}.onnx"
+def cached(target: Path, produce) -> Path:
+    """``target``, made by ``produce(tmp)`` on first use: under a lock, written beside it and renamed into place, so
+    a concurrent or interrupted run never sees half a file."""
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -330,11 +328,18 @@ def path(name: str) -> Path:
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".onnx")
             os.close(fd)
             try:
-                _produce(model, Path(tmp), root)
+                produce(Path(tmp))
                 os.replace(tmp, target)
             finally:
                 Path(tmp).unlink(missing_ok=True)
     return target
+
+
+def path(name: str) -> Path:
+    """The model's cached ONNX file, fetched or exported on first use."""
+    model = MODELS[name]
+    root = cache_dir()
+    return cached(root / f"{name}-{model.recipe_key()}" / f"{name}.onnx", lambda tmp: _produce(model, tmp, root))
 
 
 def samples(name: str, count: int = 4, seed: int = 0) -> dict[str, np.ndarray]:

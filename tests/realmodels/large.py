@@ -5,16 +5,13 @@ corpus model for every target would spend minutes on them. ``path`` and ``sample
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
-from filelock import FileLock
 
-from tests.realmodels import RealModel, _image, _profile, _version, cache_dir
+from tests.realmodels import RealModel, _image, _profile, _version, cache_dir, cached
 
 EXPORT_SCRIPT = Path(__file__).resolve().parent / "export_large.py"
 GPT2_VOCAB = 8192
@@ -48,23 +45,14 @@ def path(name: str) -> Path:
     """The network's cached ONNX file, exported on first use."""
     versions = [_version(p) for p in ("torch", "transformers", "onnxscript", "onnx")]
     key = hashlib.sha256(f"{name}|{EXPORT_SCRIPT.read_text()}|{versions}".encode()).hexdigest()[:12]
-    target = cache_dir() / f"{name}-{key}" / f"{name}.onnx"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.parent / "lock")):
-        if not target.exists():
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".onnx")
-            os.close(fd)
-            try:
-                done = subprocess.run([sys.executable, str(EXPORT_SCRIPT), name, tmp], capture_output=True, text=True,
-                                      timeout=900)
-                if done.returncode != 0:
-                    raise RuntimeError(f"exporting {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-                os.replace(tmp, target)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-    return target
+
+    def export(tmp: Path) -> None:
+        done = subprocess.run([sys.executable, str(EXPORT_SCRIPT), name, str(tmp)], capture_output=True, text=True,
+                              timeout=900)
+        if done.returncode != 0:
+            raise RuntimeError(f"exporting {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+
+    return cached(cache_dir() / f"{name}-{key}" / f"{name}.onnx", export)
 
 
 def samples(name: str, count: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
