@@ -149,7 +149,8 @@ def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
     from enginefarm.worker.backends.base import BuildBackend
     from enginefarm.worker.cleanup import prepared_model
     from enginefarm.worker.evaluate import OrtRunner
-    from enginefarm.worker.quantize import quantize_qdq
+    from enginefarm.graph.modelfile import inspect_upload
+    from enginefarm.worker.int8_choice import quantize_for_cpu
 
     model, source, sampler = _model(name)
     spec = BuildSpec(**{**model.shapes, **model.spec, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}})
@@ -160,8 +161,8 @@ def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
     calibration = {k: v for k, v in sampler(name, 1 if model.batch_axes else 16, seed=1).items() if k not in fixed}
     started = time.perf_counter()
     float_model = prepared_model(source, spec, work, BuildLog())
-    report = quantize_qdq(float_model, calibration, work / "int8.onnx", method=spec.calibration.method.value,
-                          family="onnxruntime", scratch=work)
+    report = quantize_for_cpu(float_model, calibration, work / "int8.onnx", spec, inspect_upload(source, work / "inspect").info, work,
+                              lambda p: OrtRunner(p))
     quantize_s = time.perf_counter() - started
     int8_spec = BuildSpec(**{**spec.model_dump(mode="json"), "precision": "int8"})
     (work / "a").mkdir(), (work / "b").mkdir()
@@ -178,20 +179,33 @@ def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
     finally:
         a.close(), b.close()
     return {**compare.verdict(int8_ms, fp32_ms, rounds), "cosine": cosine, "quantize_s": quantize_s,
-            "int8_ops": report.op_types, "threads": a.threads}
+            "int8_ops": report.op_types, "threads": a.threads, "candidates": report.candidates,
+            "kept": next(c["name"] for c in report.candidates or [] if c.get("kept"))}
+
+
+def _candidates_text(candidates: list[dict]) -> str:
+    """Each CPU candidate's speed-up on the quantize stage's own timing, and a cross where it failed the gate."""
+    words = []
+    for c in candidates:
+        if "error" in c:
+            words.append(f"{c['name']} error")
+        else:
+            words.append(f"{c['name']} {c['speedup']:.2f}x" + ("" if c["pass"] else f" FAIL cos {c['cosine']:.3f}"))
+    return ", ".join(words)
 
 
 def print_int8(results: dict) -> None:
     table = Table(title="CPU int8 against fp32, same process, interleaved (speed-up = fp32 median / int8 median)")
-    for col in ("model", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s", "threads"):
+    for col in ("model", "kept", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s", "threads",
+                "candidates (quantize stage)"):
         table.add_column(col)
     for n, r in results.items():
         if "error" in r:
-            table.add_row(n, "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(n, *["-"] * 9)
             continue
-        table.add_row(n, f"{r['fp32_median_ms']:.2f}", f"{r['int8_median_ms']:.2f}", f"{r['speedup']:.2f}x",
+        table.add_row(n, r["kept"], f"{r['fp32_median_ms']:.2f}", f"{r['int8_median_ms']:.2f}", f"{r['speedup']:.2f}x",
                       "yes" if r["faster"] else "NO", f"{r['cosine']:.4f}", f"{r['quantize_s']:.1f}",
-                      str(r["threads"]))
+                      str(r["threads"]), _candidates_text(r["candidates"]))
     console.print(table)
 
 

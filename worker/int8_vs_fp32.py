@@ -48,12 +48,19 @@ def fp32_sibling(reference_model: Path, spec: BuildSpec, work: Path) -> Path:
 
 def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> tuple[list[float], list[float]]:
     """Per-call milliseconds of ``run_a`` and ``run_b``, timed in alternating blocks; one warm-up call each."""
-    run_a(), run_b()
-    a: list[float] = []
-    b: list[float] = []
+    a, b = interleaved_all([run_a, run_b], rounds, block_s)
+    return a, b
+
+
+def interleaved_all(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> list[list[float]]:
+    """Per-call milliseconds of each of ``runs``, timed in blocks taken in turn, the order reversed every other
+    round so that none always follows the same one; one warm-up call each."""
+    for run in runs:
+        run()
+    times: list[list[float]] = [[] for _ in runs]
     for r in range(rounds):
-        order = ((run_a, a), (run_b, b)) if r % 2 == 0 else ((run_b, b), (run_a, a))
-        for run, into in order:
+        order = list(zip(runs, times))
+        for run, into in (order if r % 2 == 0 else order[::-1]):
             begin = time.perf_counter()
             while True:
                 t = time.perf_counter()
@@ -61,7 +68,7 @@ def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -
                 into.append((time.perf_counter() - t) * 1e3)
                 if time.perf_counter() - begin >= block_s:
                     break
-    return a, b
+    return times
 
 
 def verdict(int8_ms: list[float], fp32_ms: list[float], rounds: int = ROUNDS) -> dict[str, Any]:
@@ -115,24 +122,3 @@ def _compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: 
             return notes
         finally:
             fp32_runner.close()
-
-
-def models_compared(float_model: Path, int8_model: Path, spec: BuildSpec, feed: dict[str, np.ndarray],
-                    make_runner, rounds: int = 4) -> dict[str, Any]:
-    """The quantize stage's first look: both models built as CPU artifacts and timed interleaved on one sample
-    batch, so the build's quantize report says at once whether int8 pays here. The benchmark stage's figure, at
-    the spec's shapes, is the one the engine keeps. ``make_runner(path)`` opens an artifact as the stage does."""
-    backend = get_backend(Backend.ONNXRUNTIME)
-    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
-    with tempfile.TemporaryDirectory(prefix="int8-vs-fp32-") as work:
-        paths = []
-        for precision, model in ((Precision.FP32, float_model), (Precision.INT8, int8_model)):
-            out = Path(work) / f"{precision.value}.onnx"
-            backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
-            paths.append(out)
-        fp32, int8 = make_runner(paths[0]), make_runner(paths[1])
-        try:
-            int8_ms, fp32_ms = interleaved(lambda: int8.infer(feed), lambda: fp32.infer(feed), rounds=rounds)
-        finally:
-            int8.close(), fp32.close()
-    return {**verdict(int8_ms, fp32_ms, rounds), "inputs": "the first calibration sample batch"}

@@ -111,10 +111,15 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: Mode
 
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
-    report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
-                          calibration_batch=spec.calibration.batch, family=family, scratch=scratch)
-    if family == "onnxruntime":
-        report.vs_fp32 = _first_look(float_model, out, spec, samples, info)
+    if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
+        from enginefarm.worker.evaluate import OrtRunner
+        from enginefarm.worker.int8_choice import quantize_for_cpu
+
+        report = quantize_for_cpu(float_model, samples, out, spec, info, scratch,
+                                  lambda path: OrtRunner(path, spec.benchmark.threads))
+    else:
+        report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
+                              calibration_batch=spec.calibration.batch, family=family, scratch=scratch)
     sha = sha256_file(out)
     (scratch / family / "inspect").mkdir()
     inspected = inspect_upload(out, scratch / family / "inspect", BundleLimits.of(settings))
@@ -132,17 +137,3 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: Mode
         return derived.id
 
     return report.to_dict(), store_with_row(settings, store, key, out, sha, write)
-
-
-def _first_look(float_model: Path, int8_model: Path, spec: BuildSpec, samples, info: ModelInfo) -> dict:
-    """int8 against fp32 on this worker's CPU, for the quantize report; its failure is recorded, never fatal."""
-    from enginefarm.graph.inputs import sample_batches
-    from enginefarm.worker.evaluate import OrtRunner
-    from enginefarm.worker.int8_vs_fp32 import models_compared
-
-    try:
-        feed = sample_batches(samples, info, 1)[0]
-        return models_compared(float_model, int8_model, spec, {n: a for n, a in feed.items() if n in samples},
-                               lambda path: OrtRunner(path, spec.benchmark.threads))
-    except Exception as exc:  # noqa: BLE001 - the figure is extra; the derived model stands without it
-        return {"error": f"{type(exc).__name__}: {exc}"}

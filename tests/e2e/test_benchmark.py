@@ -149,6 +149,12 @@ def test_int8_from_samples_builds_from_a_derived_qdq_model(farm, api, tmp_path):
     assert q["derived_model_id"] == q["derived_models"]["tensorrt"]
     first = q["reports"]["onnxruntime"]["vs_fp32"]  # the quantize stage's own look, in the build's report
     assert first["fp32_median_ms"] > 0 and first["faster"] == (first["speedup"] > 1.0), first
+    # Each CPU candidate that applies was measured on the worker, and the kept one is the model catalogued.
+    candidates = q["reports"]["onnxruntime"]["candidates"]
+    assert [c["name"] for c in candidates] == ["operator", "convolutions"], candidates  # a conv net, one MatMul
+    (kept,) = [c for c in candidates if c["kept"]]
+    assert kept["speedup"] == first["speedup"] and kept["why"], candidates
+    assert q["reports"]["onnxruntime"]["options"]["recipe"] == kept["name"]
     # The benchmark stage timed the int8 CPU artifact against its fp32 sibling, interleaved, and kept both.
     vs = row["stats"]["vs_fp32"]
     assert vs["fp32_median_ms"] > 0 and vs["int8_median_ms"] > 0 and vs["faster"] == (vs["speedup"] > 1.0), vs

@@ -70,6 +70,7 @@ class Prepared:
     samples: dict[str, np.ndarray]
     int8_path: dict[str, Path] = field(default_factory=dict)  # target family -> its int8 model
     int8_error: dict[str, str] = field(default_factory=dict)  # target family -> why it has none
+    int8_candidates: list[dict[str, Any]] = field(default_factory=list)  # the CPU candidates measured, one kept
     ops: int = 0
 
 
@@ -92,6 +93,8 @@ def prepare(name: str, work: Path) -> Prepared:
 
 def _quantized(prep: Prepared, work: Path, family: str) -> None:
     """The int8 stage once per model and target family, as worker/quantize_stage.py runs it."""
+    from enginefarm.worker.evaluate import OrtRunner
+    from enginefarm.worker.int8_choice import quantize_for_cpu
     from enginefarm.worker.quantize import quantize_qdq
 
     if family in prep.int8_path or family in prep.int8_error:
@@ -101,8 +104,14 @@ def _quantized(prep: Prepared, work: Path, family: str) -> None:
     try:
         float_model = prepared_model(prep.path, spec, work, BuildLog())
         feed = {n: a for n, a in prep.samples.items() if n not in spec.fixed_inputs}
-        quantize_qdq(float_model, feed, out, method=spec.calibration.method.value,
-                     calibration_batch=spec.calibration.batch, family=family, scratch=work / "quantize")
+        if family == "onnxruntime":
+            (work / "quantize").mkdir(exist_ok=True)
+            report = quantize_for_cpu(float_model, feed, out, spec, prep.info, work / "quantize",
+                                      lambda p: OrtRunner(p, spec.benchmark.threads))
+            prep.int8_candidates = report.candidates or []
+        else:
+            quantize_qdq(float_model, feed, out, method=spec.calibration.method.value,
+                         calibration_batch=spec.calibration.batch, family=family, scratch=work / "quantize")
         prep.int8_path[family] = out
     except EnginefarmError as exc:
         prep.int8_error[family] = f"int8 quantization failed: {exc.message}"

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.graph.samples import save_conv_net
 from enginefarm.spec import BuildSpec
 from enginefarm.worker import int8_vs_fp32 as V
 from enginefarm.worker.evaluate import OrtRunner
-from enginefarm.worker.quantize import quantize_qdq
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.worker import int8_choice as C
+from enginefarm.worker.quantize import cpu_candidates
 
 
 def test_interleaved_alternates_the_order_and_times_both():
@@ -32,20 +35,128 @@ def test_verdict_marks_an_int8_that_is_not_faster_with_the_figure():
     assert faster["faster"] is True and faster["speedup"] == round(10 / 4.5, 3) and "note" not in faster
 
 
-def test_the_quantize_stage_first_look_builds_both_artifacts_and_records_the_figure(tmp_path: Path):
-    source = save_conv_net(tmp_path / "m.onnx", seed=3)
-    x = np.random.default_rng(3).standard_normal((8, 3, 32, 32)).astype(np.float32)
-    q = tmp_path / "q.onnx"
-    quantize_qdq(source, {"input": x}, q, family="onnxruntime")
-    assert any(n.op_type == "QLinearConv" for n in onnx.load(str(q)).graph.node)
-    spec = BuildSpec(shapes={"input": [1, 3, 32, 32]})
-    opened: list[Path] = []
+def test_interleaved_all_takes_every_run_in_turn_and_reverses_the_order_every_other_round():
+    calls: list[str] = []
+    times = V.interleaved_all([lambda k=k: calls.append(k) for k in "abc"], rounds=2, block_s=0.0)
+    assert calls == ["a", "b", "c", "a", "b", "c", "c", "b", "a"]
+    assert [len(t) for t in times] == [2, 2, 2]
 
+
+def _figure(name: str, speedup: float, ok: bool = True, cosine: float = 0.999) -> dict:
+    return {"name": name, "pass": ok, "speedup": speedup, "cosine": cosine}
+
+
+def test_pick_keeps_the_fastest_candidate_that_passed_the_gate():
+    name, why = C.pick([_figure("operator", 0.6), _figure("convolutions", 2.0, ok=False), _figure("dynamic", 1.3)])
+    assert name == "dynamic"  # the faster convolutions candidate failed the gate
+    assert why == "fastest that passed the int8 gate: 1.30x fp32 (operator 0.60x)"
+
+
+def test_pick_prefers_the_earlier_candidate_when_two_measure_alike():
+    assert C.pick([_figure("operator", 1.50), _figure("dynamic", 1.52)])[0] == "operator"  # within SAME_SPEED
+    assert C.pick([_figure("operator", 1.40), _figure("dynamic", 1.52)])[0] == "dynamic"
+
+
+def test_pick_says_when_no_candidate_is_faster_or_none_passes():
+    name, why = C.pick([_figure("operator", 0.7), _figure("convolutions", 0.8)])
+    assert name == "convolutions" and why.endswith("no candidate is faster than fp32 on this CPU")
+    name, why = C.pick([_figure("operator", 1.5, ok=False, cosine=0.93), _figure("dynamic", 1.1, ok=False, cosine=0.95),
+                        {"name": "convolutions", "error": "did not quantize"}])
+    assert name == "dynamic" and why == "no candidate passed the int8 gate; kept the most accurate (cosine 0.9500)"
+    assert C.pick([{"name": "operator", "error": "x"}]) == (None, "no candidate quantized")
+
+
+def _mlp(path: Path, width: int = 64, seed: int = 0) -> Path:
+    """Three matrix products with constant weights and no convolution: what dynamic quantization is for."""
+    rng = np.random.default_rng(seed)
+    inits, nodes, prev = [], [], "input"
+    for i in range(3):
+        w = (rng.standard_normal((width, width)) / width ** 0.5).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"fc{i}"),
+                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]
+        prev = f"r{i}"
+    nodes[-1] = helper.make_node("Identity", ["m2"], ["output"], name="out")
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", width])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", width])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_cpu_candidates_are_the_recipes_that_differ_on_the_model(tmp_path: Path):
+    assert cpu_candidates(save_conv_net(tmp_path / "conv.onnx")) == ["operator", "convolutions"]  # one MatMul head
+    assert cpu_candidates(_mlp(tmp_path / "mlp.onnx")) == ["operator", "dynamic"]
+
+
+def _opened(paths: list[Path]):
     def runner(path: Path) -> OrtRunner:
-        opened.append(path)
+        paths.append(path)
         return OrtRunner(path, threads=1)
+    return runner
 
-    figure = V.models_compared(source, q, spec, {"input": x[:1]}, runner, rounds=2)
-    assert [p.name for p in opened] == ["fp32.onnx", "int8.onnx"]
-    assert figure["fp32_median_ms"] > 0 and figure["int8_median_ms"] > 0 and figure["int8_calls"] >= 2
-    assert figure["faster"] == (figure["speedup"] > 1.0) and ("note" in figure) == (not figure["faster"])
+
+def test_quantize_for_cpu_measures_each_candidate_and_keeps_the_one_pick_chooses(tmp_path: Path):
+    source = _mlp(tmp_path / "mlp.onnx", seed=4)
+    x = np.random.default_rng(4).standard_normal((8, 64)).astype(np.float32)
+    spec = BuildSpec(precision="int8", shapes={"input": [1, 64]})
+    info = inspect_upload(source, tmp_path / "inspect").info
+    opened: list[Path] = []
+    out = tmp_path / "out" / "model.int8.onnx"
+    out.parent.mkdir()
+    report = C.quantize_for_cpu(source, {"input": x}, out, spec, info, tmp_path, _opened(opened))
+    assert [p.name for p in opened] == ["fp32.onnx", "operator.onnx", "dynamic.onnx"]
+    names = [c["name"] for c in report.candidates]
+    assert names == ["operator", "dynamic"]
+    for c in report.candidates:
+        assert c["speedup"] > 0 and c["int8_median_ms"] > 0 and 0.9 < c["cosine"] <= 1.0 and c["pass"] is True
+    kept = [c for c in report.candidates if c["kept"]]
+    assert len(kept) == 1 and kept[0]["name"] == C.pick(report.candidates)[0] and kept[0]["why"]
+    # The file written is the kept candidate's: integer matrix kernels of its own kind, and its report.
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    if kept[0]["name"] == "dynamic":
+        assert "MatMulInteger" in ops and report.options["tool"] == "quantize_dynamic"
+    else:
+        assert "QLinearMatMul" in ops and report.options["tool"] == "quantize_static"
+    assert report.vs_fp32["speedup"] == kept[0]["speedup"] and report.vs_fp32["faster"] == (kept[0]["speedup"] > 1)
+    assert list(tmp_path.glob("int8-candidates-*")) == []  # the candidates' work folder is gone
+
+
+def _wide_add(path: Path, seed: int = 0) -> Path:
+    """A convolution whose output is shifted by 10,000 on one channel and back: the Add's output spans a range
+    that one int8 scale cannot hold (a step of ~40 against features of ~1), so quantizing it wrecks the output,
+    while the convolution alone quantizes fine."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
+    big = np.zeros((1, 8, 1, 1), np.float32)
+    big[0, 0] = 1e4
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(big, "big")]
+    nodes = [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "big"], ["shifted"], name="shift"),
+             helper.make_node("Sub", ["shifted", "big"], ["back"], name="unshift"),
+             helper.make_node("GlobalAveragePool", ["back"], ["pooled"], name="pool"),
+             helper.make_node("Flatten", ["pooled"], ["output"], name="flatten")]
+    graph = helper.make_graph(nodes, "wide_add",
+                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_quantize_for_cpu_keeps_the_candidate_that_passes_when_a_faster_one_fails_the_gate(tmp_path: Path):
+    source = _wide_add(tmp_path / "m.onnx")
+    x = np.random.default_rng(3).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    spec = BuildSpec(precision="int8", shapes={"input": [1, 3, 16, 16]})
+    info = inspect_upload(source, tmp_path / "inspect").info
+    out = tmp_path / "model.int8.onnx"
+    report = C.quantize_for_cpu(source, {"input": x}, out, spec, info, tmp_path, _opened([]))
+    by_name = {c["name"]: c for c in report.candidates}
+    assert list(by_name) == ["operator", "convolutions"]
+    assert by_name["operator"]["pass"] is False and by_name["operator"]["cosine"] < 0.98  # the Add in int8
+    assert by_name["convolutions"]["pass"] is True and by_name["convolutions"]["kept"] is True
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "QLinearConv" in ops and "QLinearAdd" not in ops and "Add" in ops

@@ -3,12 +3,14 @@
 A float upload asked to build int8 is first quantized here and stored as a derived model. What the model
 should look like depends on who runs it, so there is one recipe per target family (``RECIPES``):
 
-- ``onnxruntime``: the format ONNX Runtime's CPU kernels run fastest, chosen by measurement (docs/models.md,
-  ``bench/models.py``): operator-format integer kernels (QLinearConv, QLinearMatMul, ...) with per-channel
-  int8 weights reduced to 7 bits and uint8 activations. The operator format needs no fusion pass, so the
-  integer kernels run at whatever optimization level the CPU gets (the basic one for quantized models on x86
-  without VNNI); the reduced range keeps AVX2's u8·s8 products from saturating. uint8 weights ran faster on
-  ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower at the basic level.
+- ``onnxruntime``: candidates (``CPU_CANDIDATES``), since the int8 form ONNX Runtime's CPU kernels run fastest
+  depends on the network and the CPU: operator-format integer kernels (QLinearConv, QLinearMatMul, ...) on every
+  layer; the same on convolutions alone; dynamic quantization of the matrix products (MatMulInteger, activations
+  quantized at run time, ONNX Runtime's recipe for transformers). Weights are per-channel int8 in 7 bits
+  (``reduce_range`` keeps AVX2's u8*s8 products from saturating), activations uint8. ``cpu_candidates`` says which
+  differ on a model; worker/int8_choice.py measures them on the worker and keeps the fastest that passes the gate.
+  uint8 weights ran faster on ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower
+  at the basic level that CPUs without VNNI get (docs/models.md).
 - ``tensorrt`` (TensorRT and TensorRT-RTX): explicit QuantizeLinear/DequantizeLinear as TensorRT documents
   it: symmetric int8 activations and weights (zero points 0), per-channel weights stored int8 behind a
   DequantizeLinear, float bias, Q/DQ only on the inputs of the operations TensorRT runs in int8 (Conv,
@@ -26,6 +28,7 @@ The package: ``samples`` checks and feeds the calibration samples, ``opset`` rai
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from collections import Counter
@@ -44,10 +47,21 @@ from enginefarm.worker.quantize.files import load_graph, remove_model_files, sto
 from enginefarm.worker.quantize.opset import raise_opset
 from enginefarm.worker.quantize.preprocess import preprocessed_model, stage_raw
 from enginefarm.worker.quantize.qdq import check_for_tensorrt, float_for_other_readers
-from enginefarm.worker.quantize.recipes import FAMILIES, METHODS, RECIPES, check_options, family_of, quantize_with
+from enginefarm.worker.quantize.recipes import (
+    CPU_CANDIDATES,
+    FAMILIES,
+    METHODS,
+    check_options,
+    cpu_candidates,
+    family_of,
+    quantize_with,
+    recipe_of,
+)
 from enginefarm.worker.quantize.samples import model_inputs, validate
 
-__all__ = ["FAMILIES", "METHODS", "QuantizeReport", "family_of", "quantize_qdq"]
+__all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "family_of", "quantize_qdq"]
+
+log = logging.getLogger(__name__)
 
 # Integer kernels of ONNX Runtime's operator format, and the ops that dequantized tensors feed in a Q/DQ model.
 _INTEGER_OPS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd",
@@ -71,6 +85,7 @@ class QuantizeReport:
     opset: int = 0  # the output's default-domain opset
     opset_converted_from: int | None = None  # the upload's opset, when it had to be raised
     vs_fp32: dict[str, Any] | None = None  # the quantize stage's int8-against-fp32 timing (onnxruntime family)
+    candidates: list[dict[str, Any]] | None = None  # every CPU candidate measured, and why this one was kept
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,15 +100,18 @@ def quantize_qdq(
     calibration_batch: int = 1,
     family: str = "tensorrt",
     scratch: Path | None = None,
+    recipe: str | None = None,
 ) -> QuantizeReport:
     """Write an int8 version of ``model_path`` for ``family``, calibrated on ``samples``, to ``out_path``.
 
     ``samples`` maps each model input to an array stacking samples along axis 0; inputs whose first
-    dim is fixed to something other than 1 take one whole array. Bad samples or options raise
+    dim is fixed to something other than 1 take one whole array. ``recipe`` names one of ONNX Runtime's CPU
+    candidates (``CPU_CANDIDATES``); None is the family's default. Bad samples or options raise
     ``SpecInvalid``; a model that does not load or quantize raises ``BuildFailed``.
     """
     model_path, out_path = Path(model_path), Path(out_path)
     calibrate = check_options(method, calibration_batch, family)
+    chosen = recipe_of(family, recipe)
     model = load_graph(model_path)
     reader, count = validate(model_inputs(model), samples, calibration_batch)
     large = stored_bytes(model_path, model) >= INLINE_LIMIT
@@ -109,13 +127,14 @@ def quantize_qdq(
             source = current if current != model_path else stage_raw(model_path, work, large)
         remove_model_files(out_path)  # no stale data file stays beside an output that needs none
         try:
-            options = quantize_with(RECIPES[family], source, out_path, reader, calibrate, large)
+            options = quantize_with(chosen, source, out_path, reader, calibrate, large)
         except (SpecInvalid, BuildFailed):
             remove_model_files(out_path)
             raise
         except Exception as exc:  # noqa: BLE001 - ORT raises many types; all mean this model cannot be done
             remove_model_files(out_path)
-            raise BuildFailed(f"int8 quantization failed: {type(exc).__name__}: {exc}") from None
+            log.warning("int8 quantization (%s) of %s failed", chosen.name, model_path, exc_info=True)
+            raise BuildFailed(f"int8 quantization failed: {type(exc).__name__}: {exc}") from exc
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if family == "tensorrt":
@@ -140,8 +159,9 @@ def quantize_qdq(
     opset = default_opset(qmodel, missing=0)
     del qmodel
     verify(out_path)
+    tool = "quantize_dynamic" if chosen.dynamic else "quantize_static"
     return QuantizeReport(
-        method=f"onnxruntime.quantization.quantize_static, {RECIPES[family].label}, {calibrate.name}",
+        method=f"onnxruntime.quantization.{tool}, {chosen.label}" + ("" if chosen.dynamic else f", {calibrate.name}"),
         family=family, calibration_samples=count, quantized_nodes=qdq, op_types=op_types,
         preprocessed=pre_error is None, onnxruntime_version=ort.__version__, options=options,
         preprocess_error=pre_error, opset=opset, opset_converted_from=converted_from,

@@ -1,4 +1,10 @@
-"""One recipe per target family: the options ONNX Runtime's ``quantize_static`` gets, and the call itself."""
+"""The recipes: the options ONNX Runtime's quantization tool gets, and the call itself.
+
+TensorRT targets get one recipe. ONNX Runtime's CPU targets get candidates (``CPU_CANDIDATES``), since which int8
+form runs fastest depends on the network and the CPU: integer kernels for every layer suit a CNN on a CPU with
+VNNI, and lose to fp32 on attention, LayerNorm-heavy or tiny networks, where int8 matrix products with activations
+quantized at run time (ONNX Runtime's dynamic quantization, its recipe for transformers) or int8 convolutions alone
+do better. worker/int8_choice.py measures the candidates that apply to a model and keeps the fastest that passes."""
 
 from __future__ import annotations
 
@@ -10,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import onnx
-from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from enginefarm.errors import SpecInvalid
 from enginefarm.worker.onnxgraph import save_model
@@ -42,27 +49,84 @@ class Recipe:
     op_types: list[str] | None = None  # None: every op type the tool can quantize
     weighted_only: bool = False  # leave MatMuls of two computed tensors (attention) in float
     extra: dict[str, Any] = field(default_factory=dict)
+    dynamic: bool = False  # quantize_dynamic: int8 weights, activations quantized at run time (no calibration)
+    name: str = ""  # the candidate's name where a family has several
+
+    @property
+    def per_channel(self) -> bool:
+        return not self.dynamic  # ONNX Runtime's dynamic MatMul kernels take one scale per weight
 
     def options(self) -> dict[str, Any]:
         """The options as the report records them."""
-        return {"quant_format": self.quant_format.name, "activation_type": self.activation_type.name,
-                "weight_type": self.weight_type.name, "per_channel": True, "reduce_range": self.reduce_range,
-                "op_types_to_quantize": self.op_types, "extra_options": dict(self.extra)}
+        return {"tool": "quantize_dynamic" if self.dynamic else "quantize_static", "recipe": self.name,
+                "quant_format": self.quant_format.name, "activation_type": self.activation_type.name,
+                "weight_type": self.weight_type.name, "per_channel": self.per_channel,
+                "reduce_range": self.reduce_range, "op_types_to_quantize": self.op_types,
+                "extra_options": dict(self.extra)}
 
+
+# The products whose weights are constants: what dynamic quantization turns into integer kernels
+# (MatMulInteger / DynamicQuantizeMatMul, DynamicQuantizeLSTM, QAttention).
+_MATRIX_OPS = ["MatMul", "Gemm"]
+_DYNAMIC_OPS = ["MatMul", "LSTM", "Attention"]
+_CONV_OPS = ["Conv", "ConvTranspose"]
+# What the operator format quantizes besides convolutions (and the activations it folds into them).
+_OPERATOR_OTHERS = frozenset(QLinearOpsRegistry) - {"Conv", "Relu", "Clip"}
+
+# ONNX Runtime's CPU candidates, in order of preference when they measure alike. Each was measured on the
+# real-model corpus (docs/models.md; bench/models.py --int8-only --candidates reproduces it). The operator format
+# won over QDQ (u8s8, s8s8, u8u8) where every layer is quantized; 7-bit weights (reduce_range) keep the u8*s8
+# products of CPUs without VNNI from saturating.
+CPU_CANDIDATES: dict[str, Recipe] = {
+    "operator": Recipe("operator format (QLinear kernels) on every layer, per-channel int8 weights in 7 bits, "
+                       "uint8 activations", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
+                       reduce_range=True, name="operator"),
+    "convolutions": Recipe("operator format on convolutions only (matrix products stay float), per-channel int8 "
+                           "weights in 7 bits, uint8 activations", QuantFormat.QOperator, QuantType.QUInt8,
+                           QuantType.QInt8, reduce_range=True, op_types=_CONV_OPS, name="convolutions"),
+    "dynamic": Recipe("dynamic: int8 weights of the matrix products with a constant weight (MatMul, LSTM, "
+                      "Attention), activations quantized at run time, convolutions float", QuantFormat.QOperator,
+                      QuantType.QUInt8, QuantType.QInt8, reduce_range=True, op_types=_DYNAMIC_OPS, dynamic=True,
+                      extra={"MatMulConstBOnly": True}, name="dynamic"),
+}
 
 RECIPES: dict[str, Recipe] = {
-    # Measured on the real-model corpus against QDQ (u8s8, s8s8, u8u8) and the other operator-format variants:
-    # docs/models.md has the figures and bench/models.py reproduces them.
-    "onnxruntime": Recipe("operator format (QLinear kernels), per-channel int8 weights in 7 bits, uint8 activations",
-                          QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8, reduce_range=True),
+    "onnxruntime": CPU_CANDIDATES["operator"],
     "tensorrt": Recipe("TensorRT Q/DQ, per-channel, symmetric int8 activations and weights",
                        QuantFormat.QDQ, QuantType.QInt8, QuantType.QInt8, reduce_range=False, op_types=_TENSORRT_OPS,
                        weighted_only=True,
                        extra={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
                               "QDQKeepRemovableActivations": True,
                               "OpTypesToExcludeOutputQuantization": _TENSORRT_OPS,
-                              "AddQDQPairToWeight": False, "DedicatedQDQPair": False}),
+                              "AddQDQPairToWeight": False, "DedicatedQDQPair": False}, name="tensorrt"),
 }
+
+
+def cpu_candidates(source: Path) -> list[str]:
+    """The CPU candidates that differ on this model: the operator format everywhere; convolutions alone where the
+    operator format would also quantize other operations (matrix products, Add, pooling, ...); dynamic where
+    there are matrix products with a constant weight beyond a classifier's last one, or an LSTM."""
+    model = onnx.load(str(source), load_external_data=False)
+    constants = {t.name for t in model.graph.initializer}
+    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    ops = {n.op_type for n in model.graph.node}
+    convs = sum(1 for n in model.graph.node if n.op_type in _CONV_OPS)
+    matrices = sum(1 for n in model.graph.node if n.op_type in _MATRIX_OPS and constants.intersection(n.input[1:2]))
+    names = ["operator"]
+    if convs and ops & _OPERATOR_OTHERS:
+        names.append("convolutions")
+    if matrices > 1 or (matrices and not convs) or "LSTM" in ops:
+        names.append("dynamic")
+    return names
+
+
+def recipe_of(family: str, candidate: str | None) -> Recipe:
+    """The family's recipe, or for ONNX Runtime's CPU family one of its candidates by name."""
+    if candidate is None:
+        return RECIPES[family]
+    if family != "onnxruntime" or candidate not in CPU_CANDIDATES:
+        raise ValueError(f"no int8 recipe {candidate!r} for the {family} family")
+    return CPU_CANDIDATES[candidate]
 
 
 def family_of(backend: str) -> str:
@@ -89,7 +153,12 @@ def check_options(method: str, calibration_batch: int, family: str = "tensorrt")
 
 def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader, calibrate: CalibrationMethod,
                   large: bool) -> dict[str, Any]:
-    """Run ``quantize_static`` with the recipe's options on ``source``; returns the options as recorded."""
+    """Run the recipe's tool with its options on ``source``; returns the options as recorded."""
+    if recipe.dynamic:
+        quantize_dynamic(str(source), str(out), op_types_to_quantize=recipe.op_types, per_channel=False,
+                         reduce_range=recipe.reduce_range, weight_type=recipe.weight_type,
+                         use_external_data_format=large, extra_options=dict(recipe.extra))
+        return recipe.options()
     # Calibrators hold every batch's intermediate tensors until they compute ranges: feed them in strides of at
     # most _CHUNK_BATCHES batches (ORT's CalibMaxIntermediateOutputs drops the data it holds instead of merging it).
     batches = len(reader)
@@ -104,7 +173,8 @@ def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader,
     chatter = io.StringIO()  # the histogram calibrators print their progress
     with contextlib.redirect_stdout(chatter):
         quantize_static(str(source), str(out), reader, quant_format=recipe.quant_format,
-                        op_types_to_quantize=recipe.op_types, per_channel=True, reduce_range=recipe.reduce_range,
+                        op_types_to_quantize=recipe.op_types, per_channel=recipe.per_channel,
+                        reduce_range=recipe.reduce_range,
                         activation_type=recipe.activation_type, weight_type=recipe.weight_type,
                         calibrate_method=calibrate, use_external_data_format=large, extra_options=extra,
                         nodes_to_exclude=exclude)

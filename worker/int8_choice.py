@@ -1,0 +1,148 @@
+"""ONNX Runtime's CPU int8, chosen by measurement: each candidate recipe that applies to the model is quantized,
+built as a CPU artifact, checked against the fp32 artifact on a calibration batch and timed against it,
+interleaved, on this worker; the fastest that passes the int8 gate is kept.
+
+Which int8 form pays depends on the network and on the CPU (docs/models.md): every layer in integer kernels
+suits a CNN on a CPU with VNNI; attention, LayerNorm-heavy and tiny networks run faster with int8 matrix
+products whose activations are quantized at run time, or with only their convolutions in int8. The figures of
+every candidate go into the quantize report (``candidates``), so a build shows what was tried and why one was
+kept. Called by the quantize stage (worker/quantize_stage.py) for the ``onnxruntime`` family.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from enginefarm.domain import Backend, ModelInfo, Target
+from enginefarm.errors import BuildFailed
+from enginefarm.graph import accuracy
+from enginefarm.graph.inputs import sample_batches
+from enginefarm.spec import BuildSpec, Precision
+from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.worker.int8_vs_fp32 import ROUNDS, interleaved_all, verdict
+from enginefarm.worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
+from enginefarm.worker.quantize.files import remove_model_files
+
+log = logging.getLogger(__name__)
+
+# Candidates whose speed-ups differ by less than this fraction count as equally fast: the earlier one in
+# CPU_CANDIDATES' order is kept (timing on a shared CPU moves by a few percent from run to run).
+SAME_SPEED = 0.03
+
+
+def pick(candidates: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """The candidate to keep, and why, from the measured figures (``name``, ``pass``, ``speedup``, ``cosine``;
+    ``error`` where one failed). The fastest that passed the gate; among those within ``SAME_SPEED`` of it, the
+    first in the list. If none passed, the most accurate, so that the engine's own check says it fails."""
+    measured = [c for c in candidates if "error" not in c]
+    if not measured:
+        return None, "no candidate quantized"
+    passed = [c for c in measured if c["pass"]]
+    if passed:
+        best = max(c["speedup"] for c in passed)
+        keep = next(c for c in passed if c["speedup"] >= best * (1 - SAME_SPEED))
+        why = f"fastest that passed the int8 gate: {keep['speedup']:.2f}x fp32"
+        if len(passed) > 1:
+            why += " (" + ", ".join(f"{c['name']} {c['speedup']:.2f}x" for c in passed if c is not keep) + ")"
+        if keep["speedup"] <= 1.0:
+            why += "; no candidate is faster than fp32 on this CPU"
+        return keep["name"], why
+    keep = max(measured, key=lambda c: c["cosine"])
+    return keep["name"], f"no candidate passed the int8 gate; kept the most accurate (cosine {keep['cosine']:.4f})"
+
+
+def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Path, spec: BuildSpec,
+                     info: ModelInfo, scratch: Path, make_runner) -> QuantizeReport:
+    """Quantize ``float_model`` for ONNX Runtime's CPU into ``out`` with the candidate that measured best here.
+    ``make_runner(path)`` opens an artifact as the benchmark stage does. A bad spec or bad samples raise as the
+    quantizer raises them; BuildFailed only when every candidate failed to quantize."""
+    names = cpu_candidates(float_model)
+    work = Path(tempfile.mkdtemp(prefix="int8-candidates-", dir=scratch))
+    reports: dict[str, QuantizeReport] = {}
+    figures: list[dict[str, Any]] = []
+    first_error: BuildFailed | None = None
+    for name in names:
+        path = work / name / out.name
+        path.parent.mkdir()
+        try:
+            reports[name] = quantize_qdq(float_model, samples, path, method=spec.calibration.method.value,
+                                         calibration_batch=spec.calibration.batch, family="onnxruntime",
+                                         scratch=work, recipe=name)
+        except BuildFailed as exc:
+            first_error = first_error or exc
+            figures.append({"name": name, "error": str(exc)})
+    if not reports:
+        assert first_error is not None
+        raise first_error
+    try:
+        figures += _measure({n: work / n / out.name for n in reports}, float_model, samples, spec, info,
+                            work, make_runner)
+    except Exception as exc:  # noqa: BLE001 - measuring is how to choose, not a reason to fail the build
+        log.warning("int8 candidates could not be measured: %s", exc, exc_info=True)
+        figures += [{"name": n, "error": f"not measured: {type(exc).__name__}: {exc}"} for n in reports]
+    order = {n: i for i, n in enumerate(names)}
+    figures.sort(key=lambda c: order[c["name"]])
+    chosen, why = pick(figures)
+    chosen = chosen or next(iter(reports))  # measurement failed: the first that quantized, as before choosing
+    remove_model_files(out)
+    for kept in (work / chosen / out.name, work / chosen / f"{out.name}.data"):
+        if kept.exists():  # the data file keeps its name, which the model refers to
+            kept.replace(out.parent / kept.name)
+    report = reports[chosen]
+    keep = next(c for c in figures if c["name"] == chosen)
+    report.vs_fp32 = keep.get("vs_fp32") or {"error": keep.get("error", "not measured")}
+    report.candidates = [{**{k: v for k, v in c.items() if k != "vs_fp32"}, "kept": c["name"] == chosen,
+                          **({"why": why} if c["name"] == chosen else {})} for c in figures]
+    shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec,
+             info: ModelInfo, work: Path, make_runner) -> list[dict[str, Any]]:
+    """Each int8 model built as a CPU artifact, judged against the fp32 artifact on the first calibration
+    batches and timed against it, interleaved on the first."""
+    backend = get_backend(Backend.ONNXRUNTIME)
+    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
+    built: dict[str, Path] = {}
+    for name, model in {"fp32": float_model, **models}.items():
+        precision = Precision.FP32 if name == "fp32" else Precision.INT8
+        out = work / "artifacts" / f"{name}.onnx"
+        out.parent.mkdir(exist_ok=True)
+        backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
+        built[name] = out
+    feeds = [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
+    runners = {name: make_runner(path) for name, path in built.items()}
+    try:
+        reference = [runners["fp32"].infer(feed) for feed in feeds]
+        limits = spec.accuracy.limits(Precision.INT8.value)
+        out: list[dict[str, Any]] = []
+        for name in models:
+            per_output: dict[str, list[dict[str, float]]] = {}
+            for feed, want in zip(feeds, reference):
+                got = runners[name].infer(feed)
+                for output, value in want.items():
+                    per_output.setdefault(output, []).append(accuracy.metrics(value, got[output]))
+            judged = accuracy.judge({o: accuracy.merge(m) for o, m in per_output.items()}, limits)
+            worst = judged["worst"]
+            out.append({"name": name, "pass": judged["pass"], "cosine": round(worst.get("cosine", 1.0), 6),
+                        **({"failures": judged["failures"]} if not judged["pass"] else {})})
+        names = ["fp32", *models]
+        times = interleaved_all([lambda r=runners[n]: r.infer(feeds[0]) for n in names], rounds=ROUNDS // 2)
+        fp32_ms = times[0]
+        for figure, int8_ms in zip(out, times[1:]):
+            figure["vs_fp32"] = {**verdict(int8_ms, fp32_ms, ROUNDS // 2),
+                                 "inputs": "the first calibration sample batch",
+                                 "method": "interleaved with the other candidates, same runner and threads"}
+            figure["speedup"] = figure["vs_fp32"]["speedup"]
+            figure["int8_median_ms"] = round(statistics.median(int8_ms), 4)
+        return out
+    finally:
+        for runner in runners.values():
+            runner.close()
