@@ -23,10 +23,10 @@ import numpy as np
 from enginefarm.domain import Backend, ModelInfo, Target
 from enginefarm.errors import BuildFailed
 from enginefarm.graph import accuracy
-from enginefarm.graph.inputs import sample_batches
+from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
 from enginefarm.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.int8_vs_fp32 import ROUNDS, interleaved_all, verdict
+from enginefarm.worker.int8_vs_fp32 import interleaved_all, verdict
 from enginefarm.worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
 from enginefarm.worker.quantize.files import remove_model_files
 
@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 # Candidates whose speed-ups differ by less than this fraction count as equally fast: the earlier one in
 # CPU_CANDIDATES' order is kept (timing on a shared CPU moves by a few percent from run to run).
 SAME_SPEED = 0.03
+# Rounds of timing blocks per candidate (each block at least one call): enough that a busy CPU falls on all alike.
+TIMING_ROUNDS = 6
+TIMING_BLOCK_S = 0.2
 
 
 def pick(candidates: list[dict[str, Any]]) -> tuple[str | None, str]:
@@ -106,8 +109,8 @@ def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Pat
 
 def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec,
              info: ModelInfo, work: Path, make_runner) -> list[dict[str, Any]]:
-    """Each int8 model built as a CPU artifact, judged against the fp32 artifact on the first calibration
-    batches and timed against it, interleaved on the first."""
+    """Each int8 model built as a CPU artifact, judged against the fp32 artifact on the first two calibration
+    batches, and timed against it, interleaved, at the spec's opt shapes."""
     backend = get_backend(Backend.ONNXRUNTIME)
     target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
     built: dict[str, Path] = {}
@@ -133,12 +136,17 @@ def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.n
             worst = judged["worst"]
             out.append({"name": name, "pass": judged["pass"], "cosine": round(worst.get("cosine", 1.0), 6),
                         **({"failures": judged["failures"]} if not judged["pass"] else {})})
+        # Timed at the shape the benchmark stage times first (the spec's opt shapes), on the same inputs.
+        timed, _ = timing_inputs(info, opt_shape_set(spec, info), samples if spec.benchmark.use_samples else None,
+                                 spec.accuracy.seed, spec.benchmark.value_ranges)
+        timed = {n: a for n, a in timed.items() if n not in spec.fixed_inputs}
         names = ["fp32", *models]
-        times = interleaved_all([lambda r=runners[n]: r.infer(feeds[0]) for n in names], rounds=ROUNDS // 2)
+        times = interleaved_all([lambda r=runners[n]: r.infer(timed) for n in names], rounds=TIMING_ROUNDS,
+                                block_s=TIMING_BLOCK_S)
         fp32_ms = times[0]
         for figure, int8_ms in zip(out, times[1:]):
-            figure["vs_fp32"] = {**verdict(int8_ms, fp32_ms, ROUNDS // 2),
-                                 "inputs": "the first calibration sample batch",
+            figure["vs_fp32"] = {**verdict(int8_ms, fp32_ms, TIMING_ROUNDS),
+                                 "inputs": "the spec's opt shapes, inputs as the benchmark stage makes them",
                                  "method": "interleaved with the other candidates, same runner and threads"}
             figure["speedup"] = figure["vs_fp32"]["speedup"]
             figure["int8_median_ms"] = round(statistics.median(int8_ms), 4)

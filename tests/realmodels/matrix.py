@@ -262,6 +262,8 @@ by agreement (the share of equal elements).
 INT8_VS_FP32 = """
 ## int8 against fp32 on the CPU
 
+The CPU int8 form is now chosen per model by measurement among several candidates; [int8.md](int8.md) has how, and the figures on a CPU with VNNI and on this one. The table below is the measurement with the operator format alone, before that choice.
+
     .venv/bin/python bench/models.py --int8-only                       # every model below, about 30 minutes here
     .venv/bin/python bench/models.py --int8-only --models resnet50 convnext
 

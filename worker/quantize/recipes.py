@@ -45,23 +45,30 @@ class Recipe:
     quant_format: QuantFormat
     activation_type: QuantType
     weight_type: QuantType
-    reduce_range: bool
+    reduce_range: bool | None  # None: only on CPUs without VNNI (ONNX Runtime's advice for u8*s8 products)
     op_types: list[str] | None = None  # None: every op type the tool can quantize
     weighted_only: bool = False  # leave MatMuls of two computed tensors (attention) in float
     extra: dict[str, Any] = field(default_factory=dict)
     dynamic: bool = False  # quantize_dynamic: int8 weights, activations quantized at run time (no calibration)
+    dense_only: bool = False  # leave grouped (depthwise) convolutions in float
     name: str = ""  # the candidate's name where a family has several
 
-    @property
-    def per_channel(self) -> bool:
-        return not self.dynamic  # ONNX Runtime's dynamic MatMul kernels take one scale per weight
+    per_channel: bool = True
+
+    def reduced(self) -> bool:
+        """Whether weights are stored in 7 bits on this worker."""
+        if self.reduce_range is not None:
+            return self.reduce_range
+        from enginefarm.worker.backends.onnxruntime import cpu_has_vnni
+
+        return not cpu_has_vnni()
 
     def options(self) -> dict[str, Any]:
         """The options as the report records them."""
         return {"tool": "quantize_dynamic" if self.dynamic else "quantize_static", "recipe": self.name,
                 "quant_format": self.quant_format.name, "activation_type": self.activation_type.name,
                 "weight_type": self.weight_type.name, "per_channel": self.per_channel,
-                "reduce_range": self.reduce_range, "op_types_to_quantize": self.op_types,
+                "reduce_range": self.reduced(), "op_types_to_quantize": self.op_types,
                 "extra_options": dict(self.extra)}
 
 
@@ -80,13 +87,18 @@ _OPERATOR_OTHERS = frozenset(QLinearOpsRegistry) - {"Conv", "Relu", "Clip"}
 CPU_CANDIDATES: dict[str, Recipe] = {
     "operator": Recipe("operator format (QLinear kernels) on every layer, per-channel int8 weights in 7 bits, "
                        "uint8 activations", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
-                       reduce_range=True, name="operator"),
+                       reduce_range=None, name="operator"),
     "convolutions": Recipe("operator format on convolutions only (matrix products stay float), per-channel int8 "
                            "weights in 7 bits, uint8 activations", QuantFormat.QOperator, QuantType.QUInt8,
-                           QuantType.QInt8, reduce_range=True, op_types=_CONV_OPS, name="convolutions"),
-    "dynamic": Recipe("dynamic: int8 weights of the matrix products with a constant weight (MatMul, LSTM, "
-                      "Attention), activations quantized at run time, convolutions float", QuantFormat.QOperator,
-                      QuantType.QUInt8, QuantType.QInt8, reduce_range=True, op_types=_DYNAMIC_OPS, dynamic=True,
+                           QuantType.QInt8, reduce_range=None, op_types=_CONV_OPS, name="convolutions"),
+    "dense-convolutions": Recipe("operator format on dense convolutions only (depthwise and other grouped "
+                                 "convolutions and the matrix products stay float), per-channel int8 weights in 7 "
+                                 "bits, uint8 activations", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
+                                 reduce_range=None, op_types=_CONV_OPS, dense_only=True, name="dense-convolutions"),
+    "dynamic": Recipe("dynamic: per-channel int8 weights of the matrix products with a constant weight (MatMul, "
+                      "LSTM, Attention), in 7 bits on CPUs without VNNI, activations quantized at run time, "
+                      "convolutions float", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
+                      reduce_range=None, op_types=_DYNAMIC_OPS, dynamic=True,
                       extra={"MatMulConstBOnly": True}, name="dynamic"),
 }
 
@@ -104,17 +116,21 @@ RECIPES: dict[str, Recipe] = {
 
 def cpu_candidates(source: Path) -> list[str]:
     """The CPU candidates that differ on this model: the operator format everywhere; convolutions alone where the
-    operator format would also quantize other operations (matrix products, Add, pooling, ...); dynamic where
-    there are matrix products with a constant weight beyond a classifier's last one, or an LSTM."""
+    operator format would also quantize other operations (matrix products, Add, pooling, ...); dense convolutions
+    alone where some are grouped (depthwise: ONNX Runtime's int8 kernels for them lose to its float ones);
+    dynamic where there are matrix products with a constant weight beyond a classifier's last one, or an LSTM."""
     model = onnx.load(str(source), load_external_data=False)
     constants = {t.name for t in model.graph.initializer}
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     ops = {n.op_type for n in model.graph.node}
     convs = sum(1 for n in model.graph.node if n.op_type in _CONV_OPS)
     matrices = sum(1 for n in model.graph.node if n.op_type in _MATRIX_OPS and constants.intersection(n.input[1:2]))
+    grouped = sum(1 for n in model.graph.node if n.op_type in _CONV_OPS and _group(n) > 1)
     names = ["operator"]
     if convs and ops & _OPERATOR_OTHERS:
         names.append("convolutions")
+    if grouped and convs > grouped:
+        names.append("dense-convolutions")
     if matrices > 1 or (matrices and not convs) or "LSTM" in ops:
         names.append("dynamic")
     return names
@@ -155,8 +171,8 @@ def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader,
                   large: bool) -> dict[str, Any]:
     """Run the recipe's tool with its options on ``source``; returns the options as recorded."""
     if recipe.dynamic:
-        quantize_dynamic(str(source), str(out), op_types_to_quantize=recipe.op_types, per_channel=False,
-                         reduce_range=recipe.reduce_range, weight_type=recipe.weight_type,
+        quantize_dynamic(str(source), str(out), op_types_to_quantize=recipe.op_types, per_channel=recipe.per_channel,
+                         reduce_range=recipe.reduced(), weight_type=recipe.weight_type,
                          use_external_data_format=large, extra_options=dict(recipe.extra))
         return recipe.options()
     # Calibrators hold every batch's intermediate tensors until they compute ranges: feed them in strides of at
@@ -169,12 +185,14 @@ def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader,
     if recipe.weighted_only:
         source = _untied(source, large)
     exclude = _activation_matmuls(source) if recipe.weighted_only else []
+    if recipe.dense_only:
+        exclude += _grouped_convs(source)
     reader.rewind()
     chatter = io.StringIO()  # the histogram calibrators print their progress
     with contextlib.redirect_stdout(chatter):
         quantize_static(str(source), str(out), reader, quant_format=recipe.quant_format,
                         op_types_to_quantize=recipe.op_types, per_channel=recipe.per_channel,
-                        reduce_range=recipe.reduce_range,
+                        reduce_range=recipe.reduced(),
                         activation_type=recipe.activation_type, weight_type=recipe.weight_type,
                         calibrate_method=calibrate, use_external_data_format=large, extra_options=extra,
                         nodes_to_exclude=exclude)
@@ -191,6 +209,16 @@ def _activation_matmuls(source: Path) -> list[str]:
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
     return [n.name for n in model.graph.node
             if n.op_type == "MatMul" and n.name and not constants.intersection(n.input)]
+
+
+def _grouped_convs(source: Path) -> list[str]:
+    """Names of the convolutions with more than one group (depthwise ones among them)."""
+    model = onnx.load(str(source), load_external_data=False)
+    return [n.name for n in model.graph.node if n.op_type in _CONV_OPS and _group(n) > 1 and n.name]
+
+
+def _group(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "group"), 1)
 
 
 def _untied(source: Path, large: bool) -> Path:
