@@ -180,9 +180,9 @@ class BuildSpec(BaseModel):
     strongly_typed: StrictBool = False
     # Mixed precision: what stays fp32 when the graph is converted for an fp16/bf16 strongly typed build.
     keep_fp32_ops: list[str] = Field(default_factory=list, max_length=1000,
-                                     description="op types kept in fp32 in an fp16 build, e.g. Softmax")
+                                     description="op types kept in fp32 in an fp16 or int8 build, e.g. Softmax")
     keep_fp32_layers: list[str] = Field(default_factory=list, max_length=10_000,
-                                        description="node names kept in fp32 in an fp16 build")
+                                        description="node names kept in fp32 in an fp16 or int8 build")
     keep_io_types: StrictBool = Field(default=True, description="fp16 builds keep fp32 inputs and outputs")
     precision_fallback: StrictBool = Field(default=True, description="a target that cannot build the precision "
                                            "builds the nearest float one it can (GPU: fp16, then fp32; CPU: fp32) "

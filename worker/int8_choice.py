@@ -77,7 +77,8 @@ def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Pat
         try:
             reports[name] = quantize_qdq(float_model, samples, path, method=spec.calibration.method.value,
                                          calibration_batch=spec.calibration.batch, family="onnxruntime",
-                                         scratch=work, recipe=name)
+                                         scratch=work, recipe=name, keep_fp32_layers=spec.keep_fp32_layers,
+                                         keep_fp32_ops=spec.keep_fp32_ops)
         except BuildFailed as exc:
             first_error = first_error or exc
             figures.append({"name": name, "error": str(exc)})

@@ -119,7 +119,8 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: Mode
                                   lambda path: OrtRunner(path, spec.benchmark.threads))
     else:
         report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
-                              calibration_batch=spec.calibration.batch, family=family, scratch=scratch)
+                              calibration_batch=spec.calibration.batch, family=family, scratch=scratch,
+                              keep_fp32_layers=spec.keep_fp32_layers, keep_fp32_ops=spec.keep_fp32_ops)
     sha = sha256_file(out)
     (scratch / family / "inspect").mkdir()
     inspected = inspect_upload(out, scratch / family / "inspect", BundleLimits.of(settings))

@@ -650,3 +650,29 @@ def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path
     got = session.run(None, feed)[0]
     want = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, feed)[0]
     assert _metrics(want, got)["cosine"] > 0.99
+
+
+@pytest.mark.parametrize("family", ["onnxruntime", "tensorrt"])
+def test_int8_keeps_the_named_layers_and_op_types_in_float(fp32: Path, tmp_path: Path, family: str) -> None:
+    out = tmp_path / "q.onnx"
+    report = quantize_qdq(fp32, {"input": _images(4, seed=1)}, out, family=family, keep_fp32_layers=["conv1"],
+                          keep_fp32_ops=["MatMul"])
+    graph = onnx.load(str(out)).graph
+    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    floats = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}
+    conv1 = next(n for n in graph.node if n.name == "conv1")
+    fc = next(n for n in graph.node if n.name == "fc")
+    for node in (conv1, fc):  # float kernels with their float weights
+        assert node.op_type in ("Conv", "MatMul") and node.input[1] in floats, node
+    if family == "tensorrt":  # and no Q/DQ in front of them for TensorRT to fuse into int8
+        assert not dequantized.intersection([*conv1.input, *fc.input])
+    # The other convolution is still int8: an integer kernel (ONNX Runtime) or fed by DequantizeLinear (TensorRT).
+    conv0 = next(n for n in graph.node if n.name in ("conv0", "conv0_quant"))
+    assert conv0.op_type == "QLinearConv" or dequantized.intersection(conv0.input), conv0
+    assert report.options["kept_float"] == ["conv1", "fc"]
+
+
+def test_int8_refuses_a_kept_layer_the_model_does_not_have(fp32: Path, tmp_path: Path) -> None:
+    with pytest.raises(SpecInvalid, match="keep_fp32_layers names nodes the model does not have: \\['nope'\\]"):
+        quantize_qdq(fp32, {"input": _images(4, seed=1)}, tmp_path / "q.onnx", keep_fp32_layers=["nope"])
+    assert not (tmp_path / "q.onnx").exists()

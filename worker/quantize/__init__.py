@@ -32,6 +32,7 @@ import logging
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -101,18 +102,22 @@ def quantize_qdq(
     family: str = "tensorrt",
     scratch: Path | None = None,
     recipe: str | None = None,
+    keep_fp32_layers: Sequence[str] = (),
+    keep_fp32_ops: Sequence[str] = (),
 ) -> QuantizeReport:
     """Write an int8 version of ``model_path`` for ``family``, calibrated on ``samples``, to ``out_path``.
 
     ``samples`` maps each model input to an array stacking samples along axis 0; inputs whose first
     dim is fixed to something other than 1 take one whole array. ``recipe`` names one of ONNX Runtime's CPU
-    candidates (``CPU_CANDIDATES``); None is the family's default. Bad samples or options raise
+    candidates (``CPU_CANDIDATES``); None is the family's default. ``keep_fp32_layers`` (node names) and
+    ``keep_fp32_ops`` (op types) stay in float, as the spec's fields of those names ask. Bad samples or options raise
     ``SpecInvalid``; a model that does not load or quantize raises ``BuildFailed``.
     """
     model_path, out_path = Path(model_path), Path(out_path)
     calibrate = check_options(method, calibration_batch, family)
     chosen = recipe_of(family, recipe)
     model = load_graph(model_path)
+    _check_kept(model, keep_fp32_layers)
     reader, count = validate(model_inputs(model), samples, calibration_batch)
     large = stored_bytes(model_path, model) >= INLINE_LIMIT
     del model
@@ -127,7 +132,10 @@ def quantize_qdq(
             source = current if current != model_path else stage_raw(model_path, work, large)
         remove_model_files(out_path)  # no stale data file stays beside an output that needs none
         try:
-            options = quantize_with(chosen, source, out_path, reader, calibrate, large)
+            keep = _kept_nodes(source, keep_fp32_layers, keep_fp32_ops)
+            options = quantize_with(chosen, source, out_path, reader, calibrate, large, keep)
+            if keep:
+                options["kept_float"] = keep
         except (SpecInvalid, BuildFailed):
             remove_model_files(out_path)
             raise
@@ -166,6 +174,25 @@ def quantize_qdq(
         preprocessed=pre_error is None, onnxruntime_version=ort.__version__, options=options,
         preprocess_error=pre_error, opset=opset, opset_converted_from=converted_from,
     )
+
+
+def _check_kept(model: onnx.ModelProto, layers: Sequence[str]) -> None:
+    """A node name the model does not have is the user's to fix, as in an fp16 build."""
+    missing = set(layers) - {n.name for n in all_nodes(model.graph)}
+    if missing:
+        raise SpecInvalid(f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
+                          "are the ONNX graph's (Netron or onnx.load show them)",
+                          problems=[{"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
+                                    for name in sorted(missing)])
+
+
+def _kept_nodes(source: Path, layers: Sequence[str], ops: Sequence[str]) -> list[str]:
+    """The names of the nodes left in float: those named, and those of the kept op types in the model quantized."""
+    if not layers and not ops:
+        return []
+    model = onnx.load(str(source), load_external_data=False)
+    by_type = [n.name for n in model.graph.node if n.op_type in set(ops) and n.name]
+    return sorted(set(layers) | set(by_type))
 
 
 def _int8_ops(model: onnx.ModelProto) -> dict[str, int]:

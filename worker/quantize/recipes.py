@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,12 +169,14 @@ def check_options(method: str, calibration_batch: int, family: str = "tensorrt")
 
 
 def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader, calibrate: CalibrationMethod,
-                  large: bool) -> dict[str, Any]:
-    """Run the recipe's tool with its options on ``source``; returns the options as recorded."""
+                  large: bool, keep_float: Sequence[str] = ()) -> dict[str, Any]:
+    """Run the recipe's tool with its options on ``source``; ``keep_float``: node names left in float. Returns
+    the options as recorded."""
     if recipe.dynamic:
         quantize_dynamic(str(source), str(out), op_types_to_quantize=recipe.op_types, per_channel=recipe.per_channel,
                          reduce_range=recipe.reduced(), weight_type=recipe.weight_type,
-                         use_external_data_format=large, extra_options=dict(recipe.extra))
+                         nodes_to_exclude=list(keep_float), use_external_data_format=large,
+                         extra_options=dict(recipe.extra))
         return recipe.options()
     # Calibrators hold every batch's intermediate tensors until they compute ranges: feed them in strides of at
     # most _CHUNK_BATCHES batches (ORT's CalibMaxIntermediateOutputs drops the data it holds instead of merging it).
@@ -184,7 +187,7 @@ def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader,
         extra["CalibTensorRangeSymmetric"] = True
     if recipe.weighted_only:
         source = _untied(source, large)
-    exclude = _activation_matmuls(source) if recipe.weighted_only else []
+    exclude = [*keep_float, *(_activation_matmuls(source) if recipe.weighted_only else [])]
     if recipe.dense_only:
         exclude += _grouped_convs(source)
     reader.rewind()
