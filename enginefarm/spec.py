@@ -63,7 +63,7 @@ MAX_PROFILES = 32
 CHECK_FIELDS = ("benchmark", "accuracy")
 # Spec fields that change the engine but came after the first catalogs: hashed only when not at their default.
 LATER_FIELDS = ("keep_fp32_ops", "keep_fp32_layers", "keep_io_types", "graph_cleanup", "calibration", "fixed_inputs",
-                "precision_fallback", "tf32")
+                "precision_fallback", "tf32", "accuracy_repair")
 MAX_FIXED_ELEMENTS = 4096
 # The shape key of a benchmark at the first optimization profile's opt shapes (the default measurement).
 DEFAULT_SHAPE_KEY = "opt"
@@ -187,6 +187,11 @@ class BuildSpec(BaseModel):
     precision_fallback: StrictBool = Field(default=True, description="a target that cannot build the precision "
                                            "builds the nearest float one it can (GPU: fp16, then fp32; CPU: fp32) "
                                            "and says so; false refuses the build instead")
+    accuracy_repair: StrictBool = Field(
+        default=False, description="int8: when the int8 artifact fails its accuracy gate, find the layers that break "
+                                   "it (by measured sensitivity) and keep the fewest of them in fp32 that let it pass; "
+                                   "every target's int8 model is quantized with that set, and the quantize report "
+                                   "records the ranking, what was kept, and the accuracy before and after")
     tf32: StrictBool = Field(default=True, description="TF32 tensor-core math for fp32 convolutions and matrix products "
                              "on GPUs that have it (ONNX Runtime CUDA's use_tf32, on by default as in the runtime); "
                              "the accuracy verdict says when differences are what TF32 explains")

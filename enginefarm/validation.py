@@ -53,6 +53,10 @@ def _precision_problems(spec: BuildSpec, info: ModelInfo, targets: list[Target],
     elif p is Precision.FP8 and not info.has_qdq:
         problems.append(_problem(["spec", "precision"],
             "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none"))
+    if spec.accuracy_repair and (p is not Precision.INT8 or info.has_qdq):
+        problems.append(_problem(["spec", "accuracy_repair"],
+            "accuracy_repair applies to int8 built from calibration samples (the farm's own quantization), not to "
+            + ("a model that holds Q/DQ already" if p is Precision.INT8 else f"{p.value}")))
     for t in targets:
         cc = t.compute_capability
         built, why = target_precision(spec, t, info)

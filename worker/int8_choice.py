@@ -108,6 +108,25 @@ def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Pat
     return report
 
 
+def gate_figure(runner, feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
+                limits: dict[str, float]) -> dict[str, Any]:
+    """An int8 artifact's outputs on ``feeds`` against the fp32 artifact's (``reference``), under ``limits``:
+    pass, the worst cosine, and the limits it broke."""
+    per_output: dict[str, list[dict[str, float]]] = {}
+    for feed, want in zip(feeds, reference):
+        got = runner.infer(feed)
+        for output, value in want.items():
+            per_output.setdefault(output, []).append(accuracy.metrics(value, got[output]))
+    judged = accuracy.judge({o: accuracy.merge(m) for o, m in per_output.items()}, limits)
+    return {"pass": judged["pass"], "cosine": round(judged["worst"].get("cosine", 1.0), 6),
+            **({"failures": judged["failures"]} if not judged["pass"] else {})}
+
+
+def calibration_feeds(samples: dict[str, np.ndarray], info: ModelInfo) -> list[dict[str, np.ndarray]]:
+    """The feeds a candidate is judged on: the first two calibration batches."""
+    return [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
+
+
 def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec,
              info: ModelInfo, work: Path, make_runner) -> list[dict[str, Any]]:
     """Each int8 model built as a CPU artifact, judged against the fp32 artifact on the first two calibration
@@ -121,22 +140,14 @@ def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.n
         out.parent.mkdir(exist_ok=True)
         backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
         built[name] = out
-    feeds = [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
+    feeds = calibration_feeds(samples, info)
     runners = {name: make_runner(path) for name, path in built.items()}
     try:
         reference = [runners["fp32"].infer(feed) for feed in feeds]
         limits = spec.accuracy.limits(Precision.INT8.value)
         out: list[dict[str, Any]] = []
         for name in models:
-            per_output: dict[str, list[dict[str, float]]] = {}
-            for feed, want in zip(feeds, reference):
-                got = runners[name].infer(feed)
-                for output, value in want.items():
-                    per_output.setdefault(output, []).append(accuracy.metrics(value, got[output]))
-            judged = accuracy.judge({o: accuracy.merge(m) for o, m in per_output.items()}, limits)
-            worst = judged["worst"]
-            out.append({"name": name, "pass": judged["pass"], "cosine": round(worst.get("cosine", 1.0), 6),
-                        **({"failures": judged["failures"]} if not judged["pass"] else {})})
+            out.append({"name": name, **gate_figure(runners[name], feeds, reference, limits)})
         # Timed at the shape the benchmark stage times first (the spec's opt shapes), on the same inputs.
         timed, _ = timing_inputs(info, opt_shape_set(spec, info), samples if spec.benchmark.use_samples else None,
                                  spec.accuracy.seed, spec.benchmark.value_ranges)

@@ -59,10 +59,17 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         samples = {n: a for n, a in samples.items() if n not in spec.fixed_inputs}  # constants in the Q/DQ model
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
+        repaired = _repair(float_model, samples, spec, info, scratch) if spec.accuracy_repair else None
+        quantized = spec
+        if repaired and repaired["kept"]:  # every family's int8 model keeps the same layers in float
+            kept = sorted({*spec.keep_fp32_layers, *repaired["kept"]})
+            quantized = spec.model_copy(update={"keep_fp32_layers": kept})
         for family in families:
-            report, model_id = _derive(family, float_model, samples, spec, info, scratch, store, settings,
+            report, model_id = _derive(family, float_model, samples, quantized, info, scratch, store, settings,
                                        name=name, version=version, source_id=source_id,
                                        samples_sha256=samples_fields[1], cleanup=log.tail() or None)
+            if repaired is not None:
+                report["repair"] = repaired
             derived[family], reports[family] = model_id, report
 
     def release(s) -> tuple[list[tuple[int, Target]], list]:
@@ -138,3 +145,11 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: Mode
         return derived.id
 
     return report.to_dict(), store_with_row(settings, store, key, out, sha, write)
+
+
+def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path) -> dict:
+    """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU (worker/int8_repair.py)."""
+    from enginefarm.worker.evaluate import OrtRunner
+    from enginefarm.worker.int8_repair import repair
+
+    return repair(float_model, samples, spec, info, scratch, lambda path: OrtRunner(path, spec.benchmark.threads))

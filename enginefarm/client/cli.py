@@ -78,8 +78,11 @@ def build(
     no_bench: bool = typer.Option(False, "--no-bench", help="build only: no benchmark, no accuracy check"),
     val_range: Optional[list[str]] = typer.Option(None, "--val-range", help="generated input values, Polygraphy "
                                                   "syntax: input_ids:[0,30521] (repeatable)"),
-    keep_fp32_ops: Optional[str] = typer.Option(None, "--keep-fp32-ops", help="fp16: op types kept fp32, e.g. Softmax,Pow"),
-    keep_fp32_layers: Optional[str] = typer.Option(None, "--keep-fp32-layers", help="fp16: node names kept fp32"),
+    keep_fp32_ops: Optional[str] = typer.Option(None, "--keep-fp32-ops", help="fp16/int8: op types kept fp32, e.g. "
+                                                "Softmax,Pow"),
+    keep_fp32_layers: Optional[str] = typer.Option(None, "--keep-fp32-layers", help="fp16/int8: node names kept fp32"),
+    repair: bool = typer.Option(False, "--repair", help="int8: if it fails its accuracy gate, keep the fewest "
+                                "layers that break it in fp32 (found by measured sensitivity)"),
     cleanup: Optional[str] = typer.Option(None, "--cleanup", help="graph clean-up before building: onnxslim or none"),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="int8: minmax, entropy or percentile"),
     queue_without_worker: bool = QUEUE_OPT,
@@ -93,6 +96,8 @@ def build(
         spec = build_spec(spec_file, precision, trtexec_flags(ctx, trtexec_args))
         _bench_flags(spec, batch_sizes, bench_seconds, cuda_graph, no_bench)
         _precision_flags(spec, val_range, keep_fp32_ops, keep_fp32_layers, cleanup, calibration)
+        if repair:
+            spec["accuracy_repair"] = True
         with client_for(api) as c:
             result = c.build(model, target, spec, queue_without_worker=queue_without_worker or None)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")

@@ -51,6 +51,7 @@ from enginefarm.worker.quantize.qdq import check_for_tensorrt, float_for_other_r
 from enginefarm.worker.quantize.recipes import (
     CPU_CANDIDATES,
     FAMILIES,
+    Recipe,
     METHODS,
     check_options,
     cpu_candidates,
@@ -101,7 +102,7 @@ def quantize_qdq(
     calibration_batch: int = 1,
     family: str = "tensorrt",
     scratch: Path | None = None,
-    recipe: str | None = None,
+    recipe: str | Recipe | None = None,
     keep_fp32_layers: Sequence[str] = (),
     keep_fp32_ops: Sequence[str] = (),
 ) -> QuantizeReport:

@@ -137,10 +137,12 @@ def cpu_candidates(source: Path) -> list[str]:
     return names
 
 
-def recipe_of(family: str, candidate: str | None) -> Recipe:
-    """The family's recipe, or for ONNX Runtime's CPU family one of its candidates by name."""
+def recipe_of(family: str, candidate: str | Recipe | None) -> Recipe:
+    """The family's recipe, or for ONNX Runtime's CPU family one of its candidates by name (or a recipe given)."""
     if candidate is None:
         return RECIPES[family]
+    if isinstance(candidate, Recipe):
+        return candidate
     if family != "onnxruntime" or candidate not in CPU_CANDIDATES:
         raise ValueError(f"no int8 recipe {candidate!r} for the {family} family")
     return CPU_CANDIDATES[candidate]

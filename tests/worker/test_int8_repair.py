@@ -1,0 +1,66 @@
+"""int8 accuracy repair: the sensitivity ranking by ONNX node name, the search for the layers kept in float, the
+budget stop, and that the same inputs give the same answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import save_conv_net
+from enginefarm.spec import BuildSpec
+from enginefarm.worker import int8_repair as R
+from enginefarm.worker.evaluate import OrtRunner
+from tests.worker.test_int8_vs_fp32 import _wide_add
+
+
+def _runner(path: Path) -> OrtRunner:
+    return OrtRunner(path, threads=1)
+
+
+def _inputs(tmp_path: Path):
+    source = _wide_add(tmp_path / "m.onnx")
+    x = np.random.default_rng(3).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    spec = BuildSpec(precision="int8", shapes={"input": [1, 3, 16, 16]}, accuracy_repair=True)
+    return source, {"input": x}, spec, inspect_upload(source, tmp_path / "inspect").info
+
+
+def test_sensitivity_ranks_the_layer_whose_range_int8_cannot_hold_first(tmp_path: Path):
+    source, samples, spec, info = _inputs(tmp_path)
+    ranking = R.sensitivity(source, samples, spec, info, tmp_path)
+    assert ranking[0]["node"] == "shift" and ranking[0]["tensor"] == "shifted", ranking
+    assert ranking[0]["cosine_int8"] < 0.98 < ranking[0]["cosine_alone_float"], ranking  # it alone fixes the output
+    others = [r for r in ranking if r["node"] != "shift"]
+    assert others and all(r["cosine_alone_float"] < 0.98 for r in others), ranking
+
+
+def test_repair_keeps_exactly_the_sensitive_layer_and_the_artifact_passes(tmp_path: Path):
+    source, samples, spec, info = _inputs(tmp_path)
+    report = R.repair(source, samples, spec, info, tmp_path, _runner)
+    assert report["needed"] is True and report["before"]["pass"] is False and report["before"]["cosine"] < 0.98
+    assert report["passed"] is True and report["kept"] == ["shift"], report
+    assert report["after"]["pass"] is True and report["after"]["cosine"] > 0.99
+    assert report["ranking"][0]["node"] == "shift" and report["evaluations"] >= 2
+    assert list(tmp_path.glob("int8-repair-*")) == []
+    again = R.repair(source, samples, spec, info, tmp_path, _runner)  # the same samples and spec: the same answer
+    assert again["kept"] == report["kept"] and again["ranking"] == report["ranking"]
+
+
+def test_repair_is_not_needed_when_the_gate_already_passes(tmp_path: Path):
+    source = save_conv_net(tmp_path / "conv.onnx", seed=2)
+    x = np.random.default_rng(2).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    spec = BuildSpec(precision="int8", shapes={"input": [1, 3, 32, 32]}, accuracy_repair=True)
+    report = R.repair(source, {"input": x}, spec, inspect_upload(source, tmp_path / "i").info, tmp_path, _runner)
+    assert report["needed"] is False and report["passed"] is True and report["kept"] == []
+    assert report["evaluations"] == 1 and "ranking" not in report
+
+
+def test_repair_stops_honestly_when_no_set_within_the_budget_passes(tmp_path: Path):
+    source, samples, spec, info = _inputs(tmp_path)
+    # A cosine no int8 artifact of this model reaches while any layer stays int8, and a budget of one layer.
+    strict = spec.model_copy(update={"accuracy": spec.accuracy.model_copy(update={"tolerances": {"cosine": 1.0}})})
+    report = R.repair(source, samples, strict, info, tmp_path, _runner)
+    assert report["passed"] is False and report["kept"] == [] and report["budget"] >= 1
+    assert report["note"].startswith(f"no set of up to {report['budget']} of the ")
+    assert "build fp16 for this model" in report["note"]
