@@ -143,8 +143,9 @@ def save_models(names: list[str], out: Path) -> None:
         console.print(f"{name}: {source.stat().st_size / 1e6:.1f} MB")
 
 
-def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
-    """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved."""
+def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> dict:
+    """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved. With ``repair``,
+    the quantize stage's accuracy repair runs first and its kept layers stay float in the artifact timed."""
     from enginefarm.worker import int8_vs_fp32 as compare
     from enginefarm.worker.backends.base import BuildBackend
     from enginefarm.worker.cleanup import prepared_model
@@ -161,8 +162,15 @@ def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
     calibration = {k: v for k, v in sampler(name, 1 if model.batch_axes else 16, seed=1).items() if k not in fixed}
     started = time.perf_counter()
     float_model = prepared_model(source, spec, work, BuildLog())
-    report = quantize_for_cpu(float_model, calibration, work / "int8.onnx", spec, inspect_upload(source, work / "inspect").info, work,
-                              lambda p: OrtRunner(p))
+    info = inspect_upload(source, work / "inspect").info
+    repaired = None
+    if repair:
+        from enginefarm.worker.int8_repair import repair as find_layers
+
+        int8_check = spec.model_copy(update={"accuracy": spec.accuracy.model_copy(update={"enabled": True})})
+        repaired = find_layers(float_model, calibration, int8_check, info, work, lambda p: OrtRunner(p))
+        spec = spec.model_copy(update={"keep_fp32_layers": repaired["kept"]})
+    report = quantize_for_cpu(float_model, calibration, work / "int8.onnx", spec, info, work, lambda p: OrtRunner(p))
     quantize_s = time.perf_counter() - started
     int8_spec = BuildSpec(**{**spec.model_dump(mode="json"), "precision": "int8"})
     (work / "a").mkdir(), (work / "b").mkdir()
@@ -179,7 +187,7 @@ def int8_vs_fp32(name: str, work: Path, rounds: int) -> dict:
     finally:
         a.close(), b.close()
     return {**compare.verdict(int8_ms, fp32_ms, rounds), "cosine": cosine, "quantize_s": quantize_s,
-            "int8_ops": report.op_types, "threads": a.threads, "candidates": report.candidates,
+            "int8_ops": report.op_types, "threads": a.threads, "candidates": report.candidates, "repair": repaired,
             "kept": next(c["name"] for c in report.candidates or [] if c.get("kept"))}
 
 
@@ -194,18 +202,28 @@ def _candidates_text(candidates: list[dict]) -> str:
     return ", ".join(words)
 
 
+def _repair_text(repair: dict | None) -> str:
+    if not repair:
+        return ""
+    if not repair["needed"]:
+        return "not needed"
+    kept = f"{len(repair['kept'])} kept" if repair["passed"] else f"none of {repair['budget']} passes"
+    return (f"{kept}, cos {repair['before']['cosine']:.3f} -> {repair['after']['cosine']:.3f}, "
+            f"{repair['evaluations']} checks, {repair['seconds']:.0f} s")
+
+
 def print_int8(results: dict) -> None:
     table = Table(title="CPU int8 against fp32, same process, interleaved (speed-up = fp32 median / int8 median)")
     for col in ("model", "kept", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s", "threads",
-                "candidates (quantize stage)"):
+                "candidates (quantize stage)", "repair"):
         table.add_column(col)
     for n, r in results.items():
         if "error" in r:
-            table.add_row(n, *["-"] * 9)
+            table.add_row(n, *["-"] * 10)
             continue
         table.add_row(n, r["kept"], f"{r['fp32_median_ms']:.2f}", f"{r['int8_median_ms']:.2f}", f"{r['speedup']:.2f}x",
                       "yes" if r["faster"] else "NO", f"{r['cosine']:.4f}", f"{r['quantize_s']:.1f}",
-                      str(r["threads"]), _candidates_text(r["candidates"]))
+                      str(r["threads"]), _candidates_text(r["candidates"]), _repair_text(r.get("repair")))
     console.print(table)
 
 
@@ -215,6 +233,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="builder-alone repeats per model and target")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--int8-only", action="store_true", help="part 3 alone: int8 against fp32 per model")
+    parser.add_argument("--repair", action="store_true", help="part 3 with the quantize stage's accuracy repair first")
     parser.add_argument("--models", nargs="*", help="part 3's models (default: the corpus and the larger networks)")
     parser.add_argument("--all-optimizations", action="store_true",
                         help="part 3 with ORT_ENABLE_ALL for int8 artifacts on CPUs without VNNI too (the CPU backend "
@@ -242,7 +261,7 @@ def main() -> None:
         int8 = {}
         for n in int8_names:
             try:
-                int8[n] = int8_vs_fp32(n, work / "int8" / n, 2 if args.smoke else 10)
+                int8[n] = int8_vs_fp32(n, work / "int8" / n, 2 if args.smoke else 10, repair=args.repair)
             except Exception as exc:  # noqa: BLE001 - one model that cannot be quantized says why; the others go on
                 int8[n] = {"error": f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"}
             console.print(n, json.dumps(int8[n]))
