@@ -8,9 +8,12 @@
    else the quantized layers reading it. The most improving first is the ranking, by ONNX node name. A tensor-level
    signal-to-noise ratio was tried first and misranks: a tensor whose one huge channel dominates its power hides
    the small channels that int8's step wipes out.
-2. **Search.** The top 1, 2, 4, ... layers of the ranking are kept in float (``keep_fp32_layers``) until the
-   artifact passes the int8 gate against fp32 on the calibration batches, within a budget of a quarter of the
-   quantized layers; then each kept layer that the gate does not need is dropped again, least sensitive first.
+2. **Search.** The top 1, 2, 4, ... layers of the ranking are kept in float until the int8 gate against fp32
+   on the calibration batches passes, within a budget of a quarter of the quantized layers; then each kept layer
+   that the gate does not need is dropped again, least sensitive first. The search judges on the same Q/DQ model
+   with those layers' tensors put back in float (cheap: no quantizing); the set it finds is then quantized for real
+   (``keep_fp32_layers``) and judged as the artifact, and only if that fails does the search run again with real
+   quantization at each step.
 3. **An honest stop.** If the budget passes nothing, the report says so with the figures and recommends fp16.
 
 The same samples and spec give the same ranking and the same kept set: nothing here is timed. Called by the
@@ -47,43 +50,81 @@ def sensitivity(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSp
                 work: Path) -> list[dict[str, Any]]:
     """Each quantized layer's share of the error, worst first: the output's cosine against fp32 with that layer's
     int8 tensor alone put back in float (``cosine_alone_float``), against all of them int8 (``cosine_int8``)."""
-    import onnxruntime as ort
+    return _Probe(float_model, samples, spec, info, work).ranking()
 
-    qdq = work / "sensitivity.onnx"
-    recipe = replace(CPU_CANDIDATES["operator"], quant_format=_qdq_format(), name="sensitivity")
-    quantize_qdq(float_model, samples, qdq, method=spec.calibration.method.value,
-                 calibration_batch=spec.calibration.batch, family="onnxruntime", scratch=work, recipe=recipe,
-                 keep_fp32_layers=spec.keep_fp32_layers, keep_fp32_ops=spec.keep_fp32_ops)
-    model = onnx.load(str(qdq))
-    feeds = calibration_feeds(samples, info)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # each Q/DQ pair as written
 
-    def outputs(source) -> list[list[np.ndarray]]:
-        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        return [session.run(None, feed) for feed in feeds]
+class _Probe:
+    """The model quantized once in Q/DQ form, where putting a layer back in float is a graph edit (its readers
+    take the tensor before its QuantizeLinear), judged at the output against fp32 without quantizing again."""
 
-    reference = outputs(str(float_model))
+    def __init__(self, float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo,
+                 work: Path):
+        import onnxruntime as ort
 
-    def cosine(got: list[list[np.ndarray]]) -> float:
-        return min(_cosine(r, g) for ref, out in zip(reference, got) for r, g in zip(ref, out))
+        self.ort = ort
+        qdq = work / "sensitivity.onnx"
+        recipe = replace(CPU_CANDIDATES["operator"], quant_format=_qdq_format(), name="sensitivity")
+        quantize_qdq(float_model, samples, qdq, method=spec.calibration.method.value,
+                     calibration_batch=spec.calibration.batch, family="onnxruntime", scratch=work, recipe=recipe,
+                     keep_fp32_layers=spec.keep_fp32_layers, keep_fp32_ops=spec.keep_fp32_ops)
+        self.model = onnx.load(str(qdq))
+        self.feeds = calibration_feeds(samples, info)
+        self.limits = spec.accuracy.limits(Precision.INT8.value)
+        self.options = ort.SessionOptions()
+        self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # pairs as written
+        self.reference = self._outputs(str(float_model))
+        self.pairs = _qdq_pairs(self.model.graph)
+        self.owners = _owners(self.model.graph)
+        self.readers = {after: [(n, i) for n in self.model.graph.node for i, x in enumerate(n.input) if x == after]
+                        for _, after in self.pairs}
+        self.base = self._judged(set())
+        self.calls = 0
 
-    base = cosine(outputs(str(qdq)))
-    owners = _owners(model.graph)
-    scores: dict[str, tuple[float, str]] = {}
-    for before, after in _qdq_pairs(model.graph):
-        readers = [(n, i) for n in model.graph.node for i, name in enumerate(n.input) if name == after]
-        for node, slot in readers:
+    def _outputs(self, source) -> list[dict[str, np.ndarray]]:
+        session = self.ort.InferenceSession(source, self.options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        return [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
+
+    def _judged(self, floats: set[str]) -> dict[str, Any]:
+        """The gate figure with the pairs of these pre-quantization tensors put back in float."""
+        edits = [(node, slot, before) for before, after in self.pairs if before in floats
+                 for node, slot in self.readers[after]]
+        originals = [node.input[slot] for node, slot, _ in edits]
+        for node, slot, before in edits:
             node.input[slot] = before
-        alone = cosine(outputs(model.SerializeToString()))
-        for node, slot in readers:
-            node.input[slot] = after
-        for owner in owners.get(before, []):
-            if owner not in scores or alone > scores[owner][0]:
-                scores[owner] = (alone, before)
-    ranked = sorted(scores.items(), key=lambda item: (-item[1][0], item[0]))
-    return [{"node": name, "cosine_alone_float": round(value, 6), "cosine_int8": round(base, 6), "tensor": tensor}
-            for name, (value, tensor) in ranked]
+        try:
+            got = self._outputs(self.model.SerializeToString())
+        finally:
+            for (node, slot, _), name in zip(edits, originals):
+                node.input[slot] = name
+        return gate_figure(_Given(got), [{}] * len(got), self.reference, self.limits)
+
+    def ranking(self) -> list[dict[str, Any]]:
+        scores: dict[str, tuple[float, str]] = {}
+        for before, _ in self.pairs:
+            alone = self._judged({before})["cosine"]
+            for owner in self.owners.get(before, []):
+                if owner not in scores or alone > scores[owner][0]:
+                    scores[owner] = (alone, before)
+        ranked = sorted(scores.items(), key=lambda item: (-item[1][0], item[0]))
+        return [{"node": name, "cosine_alone_float": round(value, 6), "cosine_int8": self.base["cosine"],
+                 "tensor": tensor} for name, (value, tensor) in ranked]
+
+    def __call__(self, layers: list[str]) -> dict[str, Any]:
+        """The gate figure with these layers' int8 tensors in float (weights stay int8: an estimate)."""
+        self.calls += 1
+        kept = set(layers)
+        return self._judged({before for before, owners in self.owners.items() if kept.intersection(owners)})
+
+
+class _Given:
+    """Outputs already computed, handed out in order as a runner would compute them."""
+
+    def __init__(self, outputs: list[dict[str, np.ndarray]]):
+        self.outputs = iter(outputs)
+
+    def infer(self, feed) -> dict[str, np.ndarray]:
+        return next(self.outputs)
 
 
 def _cosine(reference: np.ndarray, got: np.ndarray) -> float:
@@ -127,14 +168,25 @@ def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, i
         if before["pass"]:
             return {**report, "needed": False, "passed": True, "kept": [], "after": before,
                     "evaluations": judge.calls, "seconds": round(time.perf_counter() - started, 2)}
-        ranking = sensitivity(float_model, samples, spec, info, work)
+        probe = _Probe(float_model, samples, spec, info, work)
+        ranking = probe.ranking()
+        names = [r["node"] for r in ranking]
         report["ranking"] = ranking[:RANKING_SHOWN]
         budget = max(1, int(len(ranking) * BUDGET))
         report["budget"] = budget
-        kept, after = _search([r["node"] for r in ranking], budget, judge, list(spec.keep_fp32_layers))
+        base = list(spec.keep_fp32_layers)
+        # The search runs on the probe (graph edits, no quantizing); the set it finds is then quantized for real.
+        kept, after = _search(names, budget, probe, [])
+        if kept is not None:
+            after = judge([*base, *kept])
+        else:  # the probe found nothing: the whole budget, quantized for real, says whether that holds
+            after = judge([*base, *names[:budget]])
+            kept = names[:budget] if after["pass"] else None
+        if kept is not None and not after["pass"]:  # the estimate was too kind: search with real quantization
+            kept, after = _search(names, budget, judge, base)
         passed = kept is not None
         report.update(needed=True, passed=passed, kept=kept or [], after=after, evaluations=judge.calls,
-                      seconds=round(time.perf_counter() - started, 2))
+                      probe_evaluations=len(ranking) + probe.calls, seconds=round(time.perf_counter() - started, 2))
         if not passed:
             report["note"] = (f"no set of up to {budget} of the {len(ranking)} quantized layers kept in float passes "
                               f"the int8 gate (best cosine {after['cosine']:.4f} against fp32): build fp16 for this "

@@ -95,7 +95,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 continue
             catalog.finish_task_reused(s, task, existing)
             task.started_at = task.finished_at
-            if (check := catalog.ensure_benchmark_task(s, existing, spec)) is not None:
+            if (check := catalog.ensure_benchmark_task(s, existing, spec, build.model.project)) is not None:
                 checks.append(check)
         s.flush()
         return queued, [(c.id, c.target) for c in checks]
