@@ -73,10 +73,21 @@ class _Probe:
         self.options = ort.SessionOptions()
         self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # pairs as written
         self.reference = self._outputs(str(float_model))
-        self.pairs = _qdq_pairs(self.model.graph)
-        self.owners = _owners(self.model.graph)
-        self.readers = {after: [(n, i) for n in self.model.graph.node for i, x in enumerate(n.input) if x == after]
+        from onnxruntime.quantization.registry import QLinearOpsRegistry
+
+        graph = self.model.graph
+        self.quantizable = {n.name for n in graph.node if n.op_type in QLinearOpsRegistry and n.name}
+        produced = {o: n.name for n in graph.node for o in n.output}
+        self.pairs = _qdq_pairs(graph)
+        self.producer = {before: produced.get(before) for before, _ in self.pairs}
+        self.readers = {after: [(n, i) for n in graph.node for i, x in enumerate(n.input) if x == after]
                         for _, after in self.pairs}
+        # The layers to exclude from quantization for a tensor to stay float: its producer where that is
+        # quantized, and every quantized layer reading it (each quantizes its own inputs).
+        self.layers_of = {before: sorted({*([self.producer[before]] if self.producer[before] in self.quantizable
+                                                else []),
+                                          *(n.name for n, _ in self.readers[after] if n.name in self.quantizable)})
+                          for before, after in self.pairs}
         self.base = self._judged(set())
         self.calls = 0
 
@@ -85,10 +96,11 @@ class _Probe:
         names = [o.name for o in session.get_outputs()]
         return [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
 
-    def _judged(self, floats: set[str]) -> dict[str, Any]:
-        """The gate figure with the pairs of these pre-quantization tensors put back in float."""
-        edits = [(node, slot, before) for before, after in self.pairs if before in floats
-                 for node, slot in self.readers[after]]
+    def _judged(self, layers: set[str]) -> dict[str, Any]:
+        """The gate figure with these layers excluded from quantization, as the quantizer excludes them: each
+        reads its inputs in float; a layer that is not quantized itself reads the float output of an excluded one."""
+        edits = [(node, slot, before) for before, after in self.pairs for node, slot in self.readers[after]
+                 if node.name in layers or (node.name not in self.quantizable and self.producer[before] in layers)]
         originals = [node.input[slot] for node, slot, _ in edits]
         for node, slot, before in edits:
             node.input[slot] = before
@@ -100,21 +112,19 @@ class _Probe:
         return gate_figure(_Given(got), [{}] * len(got), self.reference, self.limits)
 
     def ranking(self) -> list[dict[str, Any]]:
-        scores: dict[str, tuple[float, str]] = {}
-        for before, _ in self.pairs:
-            alone = self._judged({before})["cosine"]
-            for owner in self.owners.get(before, []):
-                if owner not in scores or alone > scores[owner][0]:
-                    scores[owner] = (alone, before)
-        ranked = sorted(scores.items(), key=lambda item: (-item[1][0], item[0]))
-        return [{"node": name, "cosine_alone_float": round(value, 6), "cosine_int8": self.base["cosine"],
-                 "tensor": tensor} for name, (value, tensor) in ranked]
+        """Each int8 tensor, by the output's cosine with it alone in float (its layers excluded), best first."""
+        rows = []
+        for before, layers in self.layers_of.items():
+            if layers:
+                rows.append((self._judged(set(layers))["cosine"], before, layers))
+        rows.sort(key=lambda r: (-r[0], len(r[2]), r[1]))  # on a tie, the fewer layers
+        return [{"tensor": t, "layers": layers, "cosine_alone_float": round(c, 6), "cosine_int8": self.base["cosine"]}
+                for c, t, layers in rows]
 
     def __call__(self, layers: list[str]) -> dict[str, Any]:
-        """The gate figure with these layers' int8 tensors in float (weights stay int8: an estimate)."""
+        """The gate figure with these layers in float (their weights stay int8 here: an estimate)."""
         self.calls += 1
-        kept = set(layers)
-        return self._judged({before for before, owners in self.owners.items() if kept.intersection(owners)})
+        return self._judged(set(layers))
 
 
 class _Given:
@@ -125,32 +135,6 @@ class _Given:
 
     def infer(self, feed) -> dict[str, np.ndarray]:
         return next(self.outputs)
-
-
-def _cosine(reference: np.ndarray, got: np.ndarray) -> float:
-    r, g = np.asarray(reference, np.float64).ravel(), np.asarray(got, np.float64).ravel()
-    norms = float(np.linalg.norm(r) * np.linalg.norm(g))
-    return float(r @ g / norms) if norms > 0 else float(np.array_equal(r, g))
-
-
-def _owners(graph: onnx.GraphProto) -> dict[str, list[str]]:
-    """For each float tensor that gets a Q/DQ pair, the layers whose quantization put it there: its producer
-    where the operator format quantizes that op type (an Add's output), else the quantized layers reading it."""
-    from onnxruntime.quantization.registry import QLinearOpsRegistry
-
-    produced = {o: n for n in graph.node for o in n.output}
-    dequantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"}
-    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    owners: dict[str, list[str]] = {}
-    for q_out, before in quantized.items():
-        producer = produced.get(before)
-        if producer is not None and producer.op_type in QLinearOpsRegistry and producer.name:
-            owners[before] = [producer.name]
-            continue
-        readers = {dq for dq, q in dequantized.items() if q == q_out}
-        owners[before] = sorted({n.name for n in graph.node if n.name and readers.intersection(n.input)
-                                 and n.op_type in QLinearOpsRegistry})
-    return owners
 
 
 def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo, scratch: Path,
@@ -170,25 +154,26 @@ def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, i
                     "evaluations": judge.calls, "seconds": round(time.perf_counter() - started, 2)}
         probe = _Probe(float_model, samples, spec, info, work)
         ranking = probe.ranking()
-        names = [r["node"] for r in ranking]
+        groups = [r["layers"] for r in ranking]
         report["ranking"] = ranking[:RANKING_SHOWN]
-        budget = max(1, int(len(ranking) * BUDGET))
+        budget = max(1, int(len(probe.quantizable) * BUDGET))
         report["budget"] = budget
         base = list(spec.keep_fp32_layers)
         # The search runs on the probe (graph edits, no quantizing); the set it finds is then quantized for real.
-        kept, after = _search(names, budget, probe, [])
+        kept, after = _search(groups, budget, probe, [])
         if kept is not None:
             after = judge([*base, *kept])
         else:  # the probe found nothing: the whole budget, quantized for real, says whether that holds
-            after = judge([*base, *names[:budget]])
-            kept = names[:budget] if after["pass"] else None
+            whole = _within(groups, budget)
+            after = judge([*base, *whole])
+            kept = whole if after["pass"] else None
         if kept is not None and not after["pass"]:  # the estimate was too kind: search with real quantization
-            kept, after = _search(names, budget, judge, base)
+            kept, after = _search(groups, budget, judge, base)
         passed = kept is not None
         report.update(needed=True, passed=passed, kept=kept or [], after=after, evaluations=judge.calls,
                       probe_evaluations=len(ranking) + probe.calls, seconds=round(time.perf_counter() - started, 2))
         if not passed:
-            report["note"] = (f"no set of up to {budget} of the {len(ranking)} quantized layers kept in float passes "
+            report["note"] = (f"no set of up to {budget} of the {len(probe.quantizable)} quantized layers kept in float passes "
                               f"the int8 gate (best cosine {after['cosine']:.4f} against fp32): build fp16 for this "
                               "model, or give more representative calibration samples")
         return report
@@ -196,31 +181,51 @@ def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, i
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _search(ranking: list[str], budget: int, judge, base: list[str]) -> tuple[list[str] | None, dict]:
-    """Grow the kept set along the ranking (1, 2, 4, ... then the whole budget), then drop what is not needed."""
-    sizes, k = [], 1
-    while k < budget:
-        sizes.append(k)
-        k *= 2
-    sizes.append(budget)
+def _within(groups: list[list[str]], budget: int, count: int | None = None) -> list[str]:
+    """The layers of the first ``count`` groups (all when None), in ranking order, the groups that fit the budget."""
+    out: list[str] = []
+    for group in groups[:count]:
+        grown = out + [n for n in group if n not in out]
+        if len(grown) <= budget:  # a group that does not fit is passed over
+            out = grown
+    return out
+
+
+def _search(groups: list[list[str]], budget: int, judge, base: list[str]) -> tuple[list[str] | None, dict]:
+    """Grow the kept set along the ranking (the layers of the top 1, 2, 4, ... tensors, at most ``budget`` layers),
+    then drop each tensor's layers that the gate does not need, least sensitive first."""
     best: dict = {}
     found: list[str] | None = None
-    for size in sizes:
-        figure = judge([*base, *ranking[:size]])
-        if not best or figure["cosine"] > best["cosine"]:
-            best = figure
-        if figure["pass"]:
-            found, best = ranking[:size], figure
+    tried: list[list[str]] = []
+    count = 1
+    while True:
+        keep = _within(groups, budget, count)
+        if keep and keep not in tried:
+            tried.append(keep)
+            figure = judge([*base, *keep])
+            if not best or figure["cosine"] > best["cosine"]:
+                best = figure
+            if figure["pass"]:
+                found, best = keep, figure
+                break
+        if count >= len(groups) or len(keep) >= budget or _within(groups, budget, count * 2) == keep:
             break
+        count *= 2
     if found is None:
         return None, best
-    for name in list(reversed(found))[:TRIM_TRIES]:  # least sensitive first
-        if len(found) == 1:
+    chosen = [g for g in groups if set(g) <= set(found)]
+    tries = 0
+    for group in list(reversed(chosen)):  # least sensitive first
+        rest = [g for g in chosen if g is not group]
+        trial = _within(rest, budget)
+        if not trial or len(trial) == len(found):
+            continue
+        if tries >= TRIM_TRIES:
             break
-        trial = [n for n in found if n != name]
+        tries += 1
         figure = judge([*base, *trial])
         if figure["pass"]:
-            found, best = trial, figure
+            found, best, chosen = trial, figure, rest
     return found, best
 
 
