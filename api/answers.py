@@ -113,6 +113,18 @@ def _versions(settings, known: Known, project: str | None) -> list[Row]:
         return resolution.model_versions(session, known.model, known.version, project)
 
 
+async def versions_of(app, known: Known, project: str | None) -> list[Row]:
+    """The versions a known question names: kept (``api.versions``, on the event loop), else read on a thread."""
+    versions = app.state.versions
+    key = (known.model, known.version, project)
+    models = versions.get(key)
+    if models is None:
+        stamp = versions.stamp()
+        models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, project)
+        versions.put(key, models, stamp)
+    return models
+
+
 async def fleet_answer(app, scope) -> Response | None:
     """The answer to a GET asked before, from the cache or as a 304; None to take the full path."""
     answers: Answers = app.state.answers
@@ -127,7 +139,7 @@ async def fleet_answer(app, scope) -> Response | None:
     if known is None:
         return None
     try:
-        models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, principal.project)
+        models = await versions_of(app, known, principal.project)
     except Exception:  # the full path says what is wrong (a 404, a 503)
         log.debug("fleet path: falling back", exc_info=True)
         return None

@@ -20,6 +20,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from enginefarm.api.schemas import document_spec
 from enginefarm.api.answers import Answers, FleetPath
 from enginefarm.api.auth import TokenCache, authorize
+from enginefarm.api.resolver import Tables
+from enginefarm.api.versions import Versions
 from enginefarm.api.cachecontrol import NoStoreByDefault
 from enginefarm.api.metrics import Observe
 from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
@@ -120,6 +122,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.answers = Answers(settings.resolve_cache_entries)
+    app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)
+    app.state.tables = Tables()
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):

@@ -9,9 +9,15 @@ so an answer cached or held by a client is current exactly while none of them mo
 The bump runs inside the same flush, so it commits or rolls back with the change it stands for. It is a session
 event rather than a call at each write, so a new write path cannot forget it; a bulk ``update``/``delete`` of
 engines or benchmarks (which skips the flush) must bump by hand with :func:`bump`.
+
+Each process also counts the commits it made that changed a model row or a generation (:func:`local_changes`):
+what an API process keeps of the versions' generations is dropped at once when the process itself changed them,
+and is trusted for a stated time otherwise (``enginefarm.api.versions``).
 """
 
 from __future__ import annotations
+
+import itertools
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -19,9 +25,20 @@ from sqlalchemy.orm import Session
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 
+_changes = itertools.count(1)
+_committed = 0  # the number of this process's commits that changed what a resolve answers
+
+
+def local_changes() -> int:
+    """How many commits of this process changed model rows or their generations so far. Read it before a read of
+    generations: a kept read is current only while this number has not moved (and the stated time has not passed)."""
+    return _committed
+
+
 def bump(session: Session, model_shas: set[str]) -> None:
     """Raise the generation of every model row holding these bytes."""
     if model_shas:
+        session.info["resolve_changed"] = True
         session.connection().execute(update(ModelRow).where(ModelRow.sha256.in_(sorted(model_shas)))
                                      .values(generation=ModelRow.generation + 1))
 
@@ -50,3 +67,13 @@ def _touched(session: Session) -> set[str]:
 def before_flush(session: Session, _context, _instances) -> None:
     with session.no_autoflush:
         bump(session, _touched(session))
+    if any(isinstance(obj, ModelRow) for obj in (*session.new, *session.dirty, *session.deleted)):
+        session.info["resolve_changed"] = True  # a version added or removed changes the set of rows itself
+
+
+def after_commit(session: Session) -> None:
+    """Count a commit that changed model rows or generations. (A flag left by a rolled-back flush only counts one
+    change too many, which drops kept reads early: never wrong.)"""
+    global _committed
+    if session.info.pop("resolve_changed", False):
+        _committed = next(_changes)

@@ -1,0 +1,59 @@
+"""The model versions a resolve names, with their generations, kept for a stated time.
+
+Every resolve answer, a 304 included, starts from the rows of the versions it names and their generations (what
+its ETag is made of). Reading them is one query, and on the way a thread hop; a fleet asking the same questions
+hundreds of times a second needs them only as often as they can change. So each API process keeps what it read,
+by (model, version, project), and trusts it:
+
+- until this process itself commits a change to a model row or a generation (``storage.generation.local_changes``):
+  a change made through this process is answered at once;
+- for at most ``ENGINEFARM_RESOLVE_FRESH_SECONDS`` (default 1 s, 0: read every time) otherwise: a new engine,
+  benchmark or verdict written by a worker or another API process, a new version, reaches the answers within it.
+
+What is kept is the plain rows ``storage.resolution.model_versions`` returned; errors (no such model) are never
+kept. Lookups run on the event loop: no lock, no thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from sqlalchemy import Row
+
+from enginefarm.storage.generation import local_changes
+
+Key = tuple[str, "str | None", "str | None"]
+
+
+class Versions:
+    """Version rows by (model, version, project), at most ``entries`` of them, each trusted for ``seconds``."""
+
+    def __init__(self, seconds: float, entries: int = 4096):
+        self.seconds = seconds
+        self.entries = entries
+        self._kept: OrderedDict[Key, tuple[list[Row], float, int]] = OrderedDict()
+        self._lock = threading.Lock()  # puts come from route threads
+
+    def get(self, key: Key) -> list[Row] | None:
+        kept = self._kept.get(key)
+        if kept is None:
+            return None
+        rows, until, changes = kept
+        if until <= time.monotonic() or changes != local_changes():
+            return None
+        return rows
+
+    def stamp(self) -> tuple[float, int]:
+        """Taken before the read whose rows will be kept: the read is trusted from then on, not from its end."""
+        return time.monotonic() + self.seconds, local_changes()
+
+    def put(self, key: Key, rows: list[Row], stamp: tuple[float, int]) -> None:
+        if self.seconds <= 0 or self.entries <= 0:
+            return
+        with self._lock:
+            self._kept[key] = (rows, *stamp)
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.entries:
+                self._kept.popitem(last=False)
