@@ -4,8 +4,8 @@
 into a ``ResolveRequest`` and turn the ``Outcome`` into a response; storage (``storage.resolution``) only reads
 rows. In order, and each step only when the one before could not answer:
 
-1. the versions the question names, with their generations (``api.versions``: kept for a stated time) make the
-   ETag; a client holding it gets a 304 (nothing else is read or built);
+1. the versions the question names, with their generations, read (and kept for the fleet's path,
+   ``api.versions``), make the ETag; a client holding it gets a 304 (nothing else is read or built);
 2. the answer kept under the tag (``api.answers``) is sent as it is;
 3. the engines of those versions, compiled for judging (``Tables``: one per versions-and-generations, shared by
    every machine that asks about the model, so a model's engines are read and compiled once per change), are
@@ -73,17 +73,6 @@ class Tables:
                 self._tables.popitem(last=False)
 
 
-def versions_of(session: Session, versions: Versions, req: ResolveRequest, project: str | None) -> list[Row]:
-    """The version rows the question names, kept or read (and kept)."""
-    key = (req.model, req.version, project)
-    models = versions.get(key)
-    if models is None:
-        stamp = versions.stamp()
-        models = resolution.model_versions(session, req.model, req.version, project)
-        versions.put(key, models, stamp)
-    return models
-
-
 def table_of(session: Session, tables: Tables, owner: dict[str, Row]) -> EngineTable:
     key = resolution.table_key(owner)
     table = tables.get(key)
@@ -137,7 +126,9 @@ def resolve(req: ResolveRequest, session: Session, settings: Settings, principal
     NotFound or Conflict for the model."""
     project = principal.project
     machine = req.machine
-    models = versions_of(session, versions, req, project)
+    stamp = versions.stamp()  # the full path always reads the versions; the fleet's path may use what it keeps
+    models = resolution.model_versions(session, req.model, req.version, project)
+    versions.put((req.model, req.version, project), models, stamp)
     digest = digest_of(req)
     tag = etag_of(digest, project, models)
     if matches(if_none_match, tag):

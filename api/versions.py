@@ -3,15 +3,18 @@
 Every resolve answer, a 304 included, starts from the rows of the versions it names and their generations (what
 its ETag is made of). Reading them is one query, and on the way a thread hop; a fleet asking the same questions
 hundreds of times a second needs them only as often as they can change. So each API process keeps what it read,
-by (model, version, project), and trusts it:
+by (model, version, project), and the fleet's path (``api.answers.FleetPath``) trusts it while both hold:
 
-- until this process itself commits a change to a model row or a generation (``storage.generation.local_changes``):
-  a change made through this process is answered at once;
-- for at most ``ENGINEFARM_RESOLVE_FRESH_SECONDS`` (default 1 s, 0: read every time) otherwise: a new engine,
-  benchmark or verdict written by a worker or another API process, a new version, reaches the answers within it.
+- the catalog's change feed (``storage.changes``) has not moved since the read began: any commit, by any process,
+  that adds or removes a version or raises a generation (a new engine, benchmark or verdict) moves it; on
+  PostgreSQL within the milliseconds a NOTIFY takes to arrive, on SQLite at once; a feed that is down trusts
+  nothing;
+- at most ``ENGINEFARM_RESOLVE_FRESH_SECONDS`` (default 1 s; 0: read every time) have passed: the bound on what a
+  lost notification could cost.
 
-What is kept is the plain rows ``storage.resolution.model_versions`` returned; errors (no such model) are never
-kept. Lookups run on the event loop: no lock, no thread.
+The full path (``api.resolver``) always reads, and refreshes what is kept. What is kept is the plain rows
+``storage.resolution.model_versions`` returned; errors (no such model) are never kept. Lookups run on the event
+loop: no thread.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections import OrderedDict
 
 from sqlalchemy import Row
 
-from enginefarm.storage.generation import local_changes
+from enginefarm.storage.changes import Changes
 
 Key = tuple[str, "str | None", "str | None"]
 
@@ -30,10 +33,11 @@ Key = tuple[str, "str | None", "str | None"]
 class Versions:
     """Version rows by (model, version, project), at most ``entries`` of them, each trusted for ``seconds``."""
 
-    def __init__(self, seconds: float, entries: int = 4096):
+    def __init__(self, seconds: float, entries: int = 4096, changes: Changes | None = None):
         self.seconds = seconds
         self.entries = entries
-        self._kept: OrderedDict[Key, tuple[list[Row], float, int]] = OrderedDict()
+        self.changes = changes or Changes()
+        self._kept: OrderedDict[Key, tuple[list[Row], float, tuple | None]] = OrderedDict()
         self._lock = threading.Lock()  # puts come from route threads
 
     def get(self, key: Key) -> list[Row] | None:
@@ -41,16 +45,16 @@ class Versions:
         if kept is None:
             return None
         rows, until, changes = kept
-        if until <= time.monotonic() or changes != local_changes():
+        if until <= time.monotonic() or changes != self.changes.current():
             return None
         return rows
 
-    def stamp(self) -> tuple[float, int]:
+    def stamp(self) -> tuple[float, tuple | None]:
         """Taken before the read whose rows will be kept: the read is trusted from then on, not from its end."""
-        return time.monotonic() + self.seconds, local_changes()
+        return time.monotonic() + self.seconds, self.changes.current()
 
-    def put(self, key: Key, rows: list[Row], stamp: tuple[float, int]) -> None:
-        if self.seconds <= 0 or self.entries <= 0:
+    def put(self, key: Key, rows: list[Row], stamp: tuple[float, tuple | None]) -> None:
+        if self.seconds <= 0 or self.entries <= 0 or stamp[1] is None:
             return
         with self._lock:
             self._kept[key] = (rows, *stamp)

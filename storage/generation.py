@@ -10,9 +10,9 @@ The bump runs inside the same flush, so it commits or rolls back with the change
 event rather than a call at each write, so a new write path cannot forget it; a bulk ``update``/``delete`` of
 engines or benchmarks (which skips the flush) must bump by hand with :func:`bump`.
 
-Each process also counts the commits it made that changed a model row or a generation (:func:`local_changes`):
-what an API process keeps of the versions' generations is dropped at once when the process itself changed them,
-and is trusted for a stated time otherwise (``enginefarm.api.versions``).
+Each process also counts the commits it made that changed a model row or a generation (:func:`local_changes`), and
+on PostgreSQL such a commit notifies every API process (``storage.changes``): what an API process keeps of the
+versions' generations (``enginefarm.api.versions``) is dropped when either moves.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 
+CHANNEL = "enginefarm_resolve"  # PostgreSQL's NOTIFY channel for such commits (storage/changes.py)
 _changes = itertools.count(1)
 _committed = 0  # the number of this process's commits that changed what a resolve answers
 
@@ -38,7 +39,7 @@ def local_changes() -> int:
 def bump(session: Session, model_shas: set[str]) -> None:
     """Raise the generation of every model row holding these bytes."""
     if model_shas:
-        session.info["resolve_changed"] = True
+        _announce(session)
         session.connection().execute(update(ModelRow).where(ModelRow.sha256.in_(sorted(model_shas)))
                                      .values(generation=ModelRow.generation + 1))
 
@@ -68,7 +69,16 @@ def before_flush(session: Session, _context, _instances) -> None:
     with session.no_autoflush:
         bump(session, _touched(session))
     if any(isinstance(obj, ModelRow) for obj in (*session.new, *session.dirty, *session.deleted)):
-        session.info["resolve_changed"] = True  # a version added or removed changes the set of rows itself
+        _announce(session)  # a version added or removed changes the set of rows itself
+
+
+def _announce(session: Session) -> None:
+    """Mark this transaction as one that changes resolve answers: counted here at commit, and on PostgreSQL
+    notified to every API process at commit (a NOTIFY is delivered only if its transaction commits)."""
+    session.info["resolve_changed"] = True
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":  # several in one transaction are delivered as one
+        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
 
 
 def after_commit(session: Session) -> None:
