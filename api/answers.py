@@ -32,6 +32,7 @@ from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
+from enginefarm.api.auth import refresh_soon
 from enginefarm.storage.tokens import hash_token
 
 log = logging.getLogger(__name__)
@@ -132,9 +133,12 @@ async def fleet_answer(app, scope) -> Response | None:
     scheme, _, token = (headers.get("authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
-    principal = app.state.token_cache.get(hash_token(token.strip()))
+    cache = app.state.token_cache
+    key = hash_token(token := token.strip())
+    principal = cache.get(key)
     if principal is None or not principal.allows("read"):
         return None
+    refresh_soon(cache, app.state.settings, key, token)
     known = answers.known(scope["query_string"], principal.project)
     if known is None:
         return None
