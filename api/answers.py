@@ -17,6 +17,7 @@ only the versions' generations (one query, one round trip) to be answered from t
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
@@ -115,15 +116,45 @@ def _versions(settings, known: Known, project: str | None) -> list[Row]:
 
 
 async def versions_of(app, known: Known, project: str | None) -> list[Row]:
-    """The versions a known question names: kept (``api.versions``, on the event loop), else read on a thread."""
+    """The versions a known question names: kept (``api.versions``, on the event loop), else read on a thread,
+    one read per question at a time: the requests that miss while it runs wait for it, rather than each taking a
+    thread and a connection at the moment a change drops what was kept. An entry near the end of its stated time
+    is read again in the background while it still answers."""
     versions = app.state.versions
     key = (known.model, known.version, project)
     models = versions.get(key)
-    if models is None:
-        stamp = versions.stamp()
-        models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, project)
-        versions.put(key, models, stamp)
-    return models
+    if models is not None:
+        if key not in versions.reading and versions.due(key):
+            _start_read(app, known, project, key)
+        return models
+    reading = versions.reading.get(key) or _start_read(app, known, project, key)
+    return await asyncio.shield(reading)
+
+
+_READS: set[asyncio.Task] = set()  # a task nobody holds may be collected before it ends
+
+
+def _start_read(app, known: Known, project: str | None, key) -> asyncio.Future:
+    versions = app.state.versions
+    loop = asyncio.get_running_loop()
+    reading = versions.reading[key] = loop.create_future()
+    reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure no one waited for is not logged
+
+    async def read() -> None:
+        try:
+            stamp = versions.stamp()
+            models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, project)
+            versions.put(key, models, stamp)
+            reading.set_result(models)
+        except BaseException as exc:  # the waiters take the full path, which says what is wrong
+            reading.set_exception(exc if isinstance(exc, Exception) else RuntimeError("read cancelled"))
+        finally:
+            del versions.reading[key]
+
+    task = loop.create_task(read())
+    _READS.add(task)
+    task.add_done_callback(_READS.discard)
+    return reading
 
 
 async def fleet_answer(app, scope) -> Response | None:

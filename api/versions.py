@@ -19,6 +19,7 @@ loop: no thread.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +40,7 @@ class Versions:
         self.changes = changes or Changes()
         self._kept: OrderedDict[Key, tuple[list[Row], float, tuple | None]] = OrderedDict()
         self._lock = threading.Lock()  # puts come from route threads
+        self.reading: dict[Key, asyncio.Future] = {}  # the fleet's path's reads in flight, on the event loop
 
     def get(self, key: Key) -> list[Row] | None:
         kept = self._kept.get(key)
@@ -48,6 +50,12 @@ class Versions:
         if until <= time.monotonic() or changes != self.changes.current():
             return None
         return rows
+
+    def due(self, key: Key) -> bool:
+        """Whether a kept entry is in the last quarter of its stated time: the fleet's path then reads it again in
+        the background, so a steady question never waits for that read."""
+        kept = self._kept.get(key)
+        return kept is not None and kept[1] - time.monotonic() < self.seconds / 4
 
     def stamp(self) -> tuple[float, tuple | None]:
         """Taken before the read whose rows will be kept: the read is trusted from then on, not from its end."""
