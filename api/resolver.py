@@ -161,7 +161,9 @@ def resolve(req: ResolveRequest, session: Session, settings: Settings, principal
     explain = req.explain
     ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
     rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
-    engine, version, variant_of, verdict = resolution.chosen_engine(session, chosen.option.id, owner)
+    if (full := table.chosen.get(chosen.option.id)) is None:
+        full = table.chosen[chosen.option.id] = resolution.chosen_engine(session, chosen.option.id, owner)
+    engine, version, variant_of, verdict = full
     out = ResolveOut(
         model=req.model, machine=req.machine,
         engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict), ranked_by=choice.ranked_by,

@@ -86,24 +86,33 @@ def _latencies(conn, model_shas: list[str], project: str) -> dict[int, dict[str,
     return out
 
 
-ENGINE = select(EngineRow.__table__).where(EngineRow.id == bindparam("id"))
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
+# The chosen engine's whole row and the asking project's verdict on it, in one statement.
+CHOSEN = (select(EngineRow.__table__, VerdictRow.id.label("verdict_id"), VerdictRow.accuracy.label("verdict_accuracy"),
+                 VerdictRow.accuracy_pass.label("verdict_pass"))
+          .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
+          .where(EngineRow.id == bindparam("id")))
 
 
-VERDICT_OF = select(VerdictRow.accuracy, VerdictRow.accuracy_pass).where(VerdictRow.engine_id == bindparam("id"),
-                                      VerdictRow.project == bindparam("project"))
+@dataclass(frozen=True)
+class Verdict:
+    """The asking project's accuracy verdict on an engine, as an answer's engine shows it."""
+
+    accuracy: dict | None
+    accuracy_pass: bool | None
 
 
 def chosen_engine(session: Session, engine_id: int, owner: dict[str, Row]
-                  ) -> tuple[Row, Row, str | None, Row | None]:
+                  ) -> tuple[Row, Row, str | None, Verdict | None]:
     """The chosen engine's whole row, the version it is listed under, the version that version is a variant of
-    (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine."""
+    (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine.
+    Two statements at most (the variant's only for a derived model)."""
     conn = session.connection()
-    row = conn.execute(ENGINE, {"id": engine_id}).one()
+    row = conn.execute(CHOSEN, {"id": engine_id, "project": project_of(owner)}).one()
     model = owner[row.model_sha256]
     source = model.source_model_id
     variant_of = conn.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
-    verdict = conn.execute(VERDICT_OF, {"id": engine_id, "project": model.project}).first()
+    verdict = Verdict(row.verdict_accuracy, row.verdict_pass) if row.verdict_id is not None else None
     return row, model, variant_of, verdict
 
 
@@ -134,6 +143,8 @@ class EngineTable:
     key: tuple
     facts: tuple[Facts, ...]
     rows: dict[int, Row] = field(default_factory=dict)
+    # ``chosen_engine``'s answers for engines of this table, kept by whoever keeps the table (the same state).
+    chosen: dict[int, tuple] = field(default_factory=dict)
 
 
 def table_key(owner: dict[str, Row]) -> tuple:

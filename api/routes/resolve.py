@@ -16,12 +16,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from enginefarm.api import resolver
 from enginefarm.api.answers import HEADERS
 from enginefarm.api.auth import authorize, require
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.deps import CatalogRoute, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
 from enginefarm.api.schemas import (
     BACKEND_PATTERN,
@@ -32,6 +33,7 @@ from enginefarm.api.schemas import (
     ResolveRequest,
 )
 from enginefarm.config import Settings
+from enginefarm.storage.db import quick_read
 from enginefarm.shapes import shape_request
 from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
 from enginefarm.storage.tokens import Principal
@@ -45,13 +47,27 @@ RESPONSES = {
 }
 
 
-def answer(req: ResolveRequest, request: Request, session: Session, settings: Settings,
+def answer(req: ResolveRequest, request: Request, session: Session | None, settings: Settings,
            principal: Principal) -> Response:
-    """The outcome of ``resolver.resolve`` as a response."""
+    """The outcome of ``resolver.resolve`` as a response. Its reads run on an autocommit connection without a ping
+    (``quick_read``: no BEGIN, COMMIT or SELECT 1 around them, three round trips of about eight); a connection
+    that died under it (a database restart) is discarded and the question asked once more on a fresh one. The
+    ``session`` is not used (the dashboard passes the one it holds)."""
     state = request.app.state
-    out = resolver.resolve(req, session, settings, principal, answers=state.answers, versions=state.versions,
-                           tables=state.tables, if_none_match=request.headers.get("if-none-match"),
-                           query=request.scope["query_string"] if request.method == "GET" else None)
+
+    def ask(reads: Session) -> resolver.Outcome:
+        return resolver.resolve(req, reads, settings, principal, answers=state.answers, versions=state.versions,
+                                tables=state.tables, if_none_match=request.headers.get("if-none-match"),
+                                query=request.scope["query_string"] if request.method == "GET" else None)
+
+    try:
+        with quick_read(settings) as reads:
+            out = ask(reads)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        with quick_read(settings) as reads:
+            out = ask(reads)
     if out.status == 202:
         return Response(out.body, status_code=202, media_type="application/json")
     headers = {"ETag": out.tag, **HEADERS}
@@ -88,7 +104,7 @@ def resolve_get(
                                                               "ranked by latency measured on it"),
     accept: list[str] = Query([], max_length=3, description="unchecked, failed and/or cpu (repeatable)"),
     explain: bool = False, build: bool = False,
-    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
+    settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
 ):
     """Resolve with the fingerprint in the query string."""
@@ -115,14 +131,14 @@ def resolve_get(
         raise RequestValidationError([
             {"type": e["type"], "msg": e["msg"], "input": e.get("input"),
              "loc": ("query", next(str(x) for x in e["loc"] if x != "machine"))} for e in exc.errors()]) from None
-    return answer(req, request, session, settings, principal)
+    return answer(req, request, None, settings, principal)
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_post(req: ResolveRequest, request: Request, session: Session = Depends(session_dep, scope="function"),
-                 settings: Settings = Depends(settings_dep), principal: Principal = Depends(authorize)):
+def resolve_post(req: ResolveRequest, request: Request, settings: Settings = Depends(settings_dep),
+                 principal: Principal = Depends(authorize)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    return answer(req, request, session, settings, principal)
+    return answer(req, request, None, settings, principal)
 
