@@ -50,9 +50,11 @@ class Outcome:
 class Tables:
     """Compiled engine tables by ``EngineTable.key`` (project, version ids and generations), at most ``entries``
     of them (least recently used out). A key names one state of the catalog, so nothing needs clearing: a change
-    makes a new key, and the old table falls out."""
+    makes a new key, and the old table falls out. Few: they serve the machines that ask about one model at about
+    the same time (a fleet after new engines land), and every object kept is one more for each full collection of
+    the garbage collector to walk."""
 
-    def __init__(self, entries: int = 512):
+    def __init__(self, entries: int = 64):
         self.entries = entries
         self._tables: OrderedDict[tuple, EngineTable] = OrderedDict()
         self._lock = threading.Lock()

@@ -1,6 +1,6 @@
 """Resolve's tail on the embedded farm (`enginefarm up`: SQLite, API and workers), against /healthz in the same run.
 
-A C load generator (wrk, Debian's `apt-get install wrk`; a Python generator on a small machine measures itself)
+A C load generator (wrk, Debian's package, installed by deploy/wrk.sh when missing; a Python generator on a small machine measures itself)
 sends two paced streams at once, each about --rate requests/s over --connections connections: GET /healthz (the
 floor) and the same GET /v1/resolve over and over (a fleet asking about the model it runs: the fleet's path, a
 cached answer). Two pacings:
@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.smoke:
         args.seconds, args.rate, args.connections, args.models = 2, 50, 8, 2
-    if shutil.which("wrk") is None:
-        print("bench/tail.py needs wrk (Debian: apt-get install wrk)", file=sys.stderr)
-        return 2
+    if shutil.which("wrk") is None:  # Debian's package, as deploy/services.sh installs the services
+        subprocess.run(["bash", str(ROOT / "deploy" / "wrk.sh")], check=True)
     wait_ms = round(args.connections * 1000 / args.rate)
     with tempfile.TemporaryDirectory(prefix="tail-") as work:
         data = Path(work) / "farm"
