@@ -11,8 +11,10 @@ tags, and old ones fall out.
 
 A fleet's GET is answered before FastAPI routes it and parses its thirty-odd query parameters (which costs more
 than the rest of a cached answer): a query string that was answered before, from a token in the token cache, needs
-only the versions' generations (one query, one round trip) to be answered from the cache or with a 304
-(``FleetPath``). Anything else, and anything that goes wrong on the way, takes the route's full path.
+only the versions' generations to be answered from the cache or with a 304 (``FleetPath``), and those are kept
+while the catalog's change feed stands still (``enginefarm.api.versions``), so a steady fleet's request reads
+nothing. Anything else, and anything that goes wrong on the way, takes the route's full path
+(``enginefarm.api.resolver``).
 """
 
 from __future__ import annotations
