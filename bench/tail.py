@@ -1,9 +1,9 @@
 """Resolve's tail on the embedded farm (`enginefarm up`: SQLite, API and workers), against /healthz in the same run.
 
-A C load generator (wrk, Debian's package, installed by deploy/wrk.sh when missing; a Python generator on a small machine measures itself)
-sends two paced streams at once, each about --rate requests/s over --connections connections: GET /healthz (the
-floor) and the same GET /v1/resolve over and over (a fleet asking about the model it runs: the fleet's path, a
-cached answer). Two pacings:
+A C load generator (wrk, Debian's package, installed by deploy/wrk.sh when missing; a Python generator on a small
+machine measures itself) sends two paced streams at once, each about --rate requests/s over --connections
+connections: GET /healthz (the floor) and the same GET /v1/resolve over and over (a fleet asking about the model
+it runs: the fleet's path, a cached answer). Two pacings:
 
   lockstep   every connection waits 1/(rate/connections) s after each answer: the connections fire in bursts
   spread     each wait is random, uniform on [0, 2/(rate/connections)] s (same mean): arrivals spread out
@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         fill(settings, args.models)
         token = issue_token(settings, "tail", ["read"])
         port = free_port()
-        farm = subprocess.Popen([sys.executable, "-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(data)],
-                                env=env, stdout=open(Path(work) / "farm.log", "wb"), stderr=subprocess.STDOUT,
+        up = [sys.executable, "-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(data)]
+        farm = subprocess.Popen(up, env=env, stdout=open(Path(work) / "farm.log", "wb"), stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             base = f"http://127.0.0.1:{port}"
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = wrk(resolve, args.seconds, args.connections, script, auth)
                 hs, rs = parse(h.communicate()[0]), parse(r.communicate()[0])
                 ok = ok and hs["non2xx"] == 0 and rs["non2xx"] == 0
-                print(f"{pacing:9s} healthz p50 {hs['p50_ms']:6.2f} p99 {hs['p99_ms']:7.2f} ms {hs['rps']:6.0f} req/s | "
+                print(f"{pacing:9s} healthz p50 {hs['p50_ms']:6.2f} p99 {hs['p99_ms']:7.2f} ms {hs['rps']:6.0f} req/s "
+                      f"| "
                       f"resolve p50 {rs['p50_ms']:6.2f} p99 {rs['p99_ms']:7.2f} ms {rs['rps']:6.0f} req/s "
                       f"non-2xx {rs['non2xx']} | resolve/healthz p99 {rs['p99_ms'] / hs['p99_ms']:5.2f} "
                       f"(load {os.getloadavg()[0]:.2f})", flush=True)

@@ -147,6 +147,10 @@ class EngineTable:
     chosen: dict[int, tuple] = field(default_factory=dict)
 
 
+def _accuracy(passed: bool | None) -> str | None:
+    return None if passed is None else ("pass" if passed else "fail")
+
+
 def table_key(owner: dict[str, Row]) -> tuple:
     return (project_of(owner), *sorted((m.id, m.generation) for m in owner.values()))
 
@@ -158,6 +162,6 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
     conn = session.connection()
     rows = conn.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
     latency = _latencies(conn, list(owner), project) if rows else {}
-    facts = tuple(Facts(r, descriptor_of(r), None if r.accuracy_pass is None else ("pass" if r.accuracy_pass else "fail"),
-                        latency.get(r.id, {}), owner[r.model_sha256].seq) for r in rows)
+    facts = tuple(Facts(r, descriptor_of(r), _accuracy(r.accuracy_pass), latency.get(r.id, {}),
+                        owner[r.model_sha256].seq) for r in rows)
     return EngineTable(table_key(owner), facts, {r.id: r for r in rows})

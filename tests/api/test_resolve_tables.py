@@ -101,7 +101,8 @@ def test_a_change_by_another_process_reaches_the_fleets_path_and_rebuilds_the_ta
 
     changes = {
         "a benchmark on this GPU": f"""checks.record_benchmark(s, {sm86}, project="", shape_key="opt", shapes={{}},
-            machine={{}}, gpu_name={GPU!r}, compute_capability="8.6", stats={{"e2e": {{"median": 3.25, "p99": 4.0}}}})""",
+            machine={{}}, gpu_name={GPU!r}, compute_capability="8.6",
+            stats={{"e2e": {{"median": 3.25, "p99": 4.0}}}})""",
         "an accuracy result": f"""checks.record_verdict(s, {sm86}, "", {{"pass": True}})""",
         "a new engine": f"""catalog_engine(s, s.get(ModelRow, {model_id}), "sm80")""",
         "a new version": f"""catalog_model(s, {name!r}, uuid.uuid4().hex * 2, version="2", seq=2)""",
