@@ -11,12 +11,15 @@ tags, and old ones fall out.
 
 A fleet's GET is answered before FastAPI routes it and parses its thirty-odd query parameters (which costs more
 than the rest of a cached answer): a query string that was answered before, from a token in the token cache, needs
-only the versions' generations (one query, one round trip) to be answered from the cache or with a 304
-(``FleetPath``). Anything else, and anything that goes wrong on the way, takes the route's full path.
+only the versions' generations to be answered from the cache or with a 304 (``FleetPath``), and those are kept
+while the catalog's change feed stands still (``enginefarm.api.versions``), so a steady fleet's request reads
+nothing. Anything else, and anything that goes wrong on the way, takes the route's full path
+(``enginefarm.api.resolver``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import threading
@@ -32,6 +35,7 @@ from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
+from enginefarm.api.auth import refresh_soon
 from enginefarm.storage.tokens import hash_token
 
 log = logging.getLogger(__name__)
@@ -113,6 +117,48 @@ def _versions(settings, known: Known, project: str | None) -> list[Row]:
         return resolution.model_versions(session, known.model, known.version, project)
 
 
+async def versions_of(app, known: Known, project: str | None) -> list[Row]:
+    """The versions a known question names: kept (``api.versions``, on the event loop), else read on a thread,
+    one read per question at a time: the requests that miss while it runs wait for it, rather than each taking a
+    thread and a connection at the moment a change drops what was kept. An entry near the end of its stated time
+    is read again in the background while it still answers."""
+    versions = app.state.versions
+    key = (known.model, known.version, project)
+    models = versions.get(key)
+    if models is not None:
+        if key not in versions.reading and versions.due(key):
+            _start_read(app, known, project, key)
+        return models
+    reading = versions.reading.get(key) or _start_read(app, known, project, key)
+    return await asyncio.shield(reading)
+
+
+_READS: set[asyncio.Task] = set()  # a task nobody holds may be collected before it ends
+
+
+def _start_read(app, known: Known, project: str | None, key) -> asyncio.Future:
+    versions = app.state.versions
+    loop = asyncio.get_running_loop()
+    reading = versions.reading[key] = loop.create_future()
+    reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failure no one waited for is not logged
+
+    async def read() -> None:
+        try:
+            stamp = versions.stamp()
+            models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, project)
+            versions.put(key, models, stamp)
+            reading.set_result(models)
+        except BaseException as exc:  # the waiters take the full path, which says what is wrong
+            reading.set_exception(exc if isinstance(exc, Exception) else RuntimeError("read cancelled"))
+        finally:
+            del versions.reading[key]
+
+    task = loop.create_task(read())
+    _READS.add(task)
+    task.add_done_callback(_READS.discard)
+    return reading
+
+
 async def fleet_answer(app, scope) -> Response | None:
     """The answer to a GET asked before, from the cache or as a 304; None to take the full path."""
     answers: Answers = app.state.answers
@@ -120,14 +166,17 @@ async def fleet_answer(app, scope) -> Response | None:
     scheme, _, token = (headers.get("authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
-    principal = app.state.token_cache.get(hash_token(token.strip()))
+    cache = app.state.token_cache
+    key = hash_token(token := token.strip())
+    principal = cache.get(key)
     if principal is None or not principal.allows("read"):
         return None
+    refresh_soon(cache, app.state.settings, key, token)
     known = answers.known(scope["query_string"], principal.project)
     if known is None:
         return None
     try:
-        models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, principal.project)
+        models = await versions_of(app, known, principal.project)
     except Exception:  # the full path says what is wrong (a 404, a 503)
         log.debug("fleet path: falling back", exc_info=True)
         return None

@@ -20,6 +20,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from enginefarm.api.schemas import document_spec
 from enginefarm.api.answers import Answers, FleetPath
 from enginefarm.api.auth import TokenCache, authorize
+from enginefarm.api.resolver import Tables
+from enginefarm.api.versions import Versions
 from enginefarm.api.cachecontrol import NoStoreByDefault
 from enginefarm.api.metrics import Observe
 from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
@@ -29,6 +31,7 @@ from enginefarm import __version__
 from enginefarm.config import Settings, get_settings
 from enginefarm.errors import CatalogUnavailable, EnginefarmError, StorageFull
 from enginefarm.hashing import SHA_HEADER
+from enginefarm.storage.changes import changes_for
 from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             from enginefarm.storage.reconcile import Reconciler
 
             reconciler = Reconciler(settings).start()
+        changes = app.state.versions.changes = changes_for(settings.resolved_database_url)
         # What is alive after start-up (modules, the app, the ORM's mappers) lives as long as the process: frozen
         # out of the collector's generations, a full collection no longer walks it. Those collections made the
         # p99 of a resolve (in process: 47-71 ms, 11-12 ms with the freeze).
@@ -103,6 +107,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            changes.stop()
             if reconciler is not None:
                 reconciler.stop()
 
@@ -120,6 +125,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.answers = Answers(settings.resolve_cache_entries)
+    app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
+    app.state.tables = Tables()
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):

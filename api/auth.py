@@ -7,6 +7,8 @@ upload is refused before a byte of it is stored.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 from datetime import datetime, timezone
@@ -20,6 +22,7 @@ from enginefarm.errors import Forbidden, Unauthorized
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate, hash_token
 
+log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
 READ_METHODS = {"GET", "HEAD", "OPTIONS"}
 READ_POSTS = {"/v1/resolve"}  # a query sent as a body: still a read
@@ -40,11 +43,20 @@ class TokenCache:
     The price is the stated revocation delay: a token revoked or expired in another process (another API worker,
     `enginefarm token revoke`) is refused here within ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5).
     A revocation through this process's own API takes effect at once. Unknown tokens are never cached, so a
-    token just made works at once."""
+    token just made works at once.
+
+    A token in use is looked up again in the background in the last ``REFRESH_S`` of its entry's life
+    (``refresh_soon``), one lookup at a time, so its entry never lapses under a steady stream of requests: when
+    it did, every request in flight at that moment took the slow path at once, a token lookup each (the resolve
+    tail on the embedded farm, every 5 s). A lookup that finds the token revoked drops it."""
+
+    REFRESH_S = 1.0
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self._entries: dict[str, tuple[Principal, float]] = {}
+        self._refreshing: dict[str, int] = {}  # token hash → the number of forgets when its refresh began
+        self._forgets = 0
         self._lock = threading.Lock()
 
     def get(self, token_hash: str) -> Principal | None:
@@ -65,11 +77,58 @@ class TokenCache:
                 self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
             self._entries[token_hash] = (principal, time.monotonic() + keep)
 
+    def due(self, token_hash: str) -> bool:
+        """Whether this token's entry is in its last ``REFRESH_S`` and no refresh of it runs: then the caller
+        refreshes it (and must call ``refreshed``)."""
+        entry = self._entries.get(token_hash)
+        if entry is None or entry[1] - time.monotonic() > min(self.REFRESH_S, self.seconds / 2):
+            return False
+        with self._lock:
+            if token_hash in self._refreshing:
+                return False
+            self._refreshing[token_hash] = self._forgets
+            return True
+
+    def refreshed(self, token_hash: str, principal: Principal | None, looked_up: bool = True) -> None:
+        """The outcome of a refresh: the principal as the catalog has it now, or None (revoked, expired); with
+        ``looked_up`` false the lookup failed, and the entry is left to lapse."""
+        with self._lock:
+            began = self._refreshing.pop(token_hash, None)
+            if principal is None and looked_up:
+                self._entries.pop(token_hash, None)
+        # A revocation through this process while the lookup ran is not undone by what the lookup read before it.
+        if principal is not None and began == self._forgets:
+            self.put(token_hash, principal)
+
     def forget(self, token_id: int) -> None:
         """Drop a revoked token, and the dashboard sessions it opened, which its revocation revoked too."""
         with self._lock:
+            self._forgets += 1
             self._entries = {k: v for k, v in self._entries.items()
                              if token_id not in (v[0].token_id, v[0].parent_id)}
+
+
+def refresh_soon(cache: TokenCache, settings, token_hash: str, token: str) -> None:
+    """Look the token up again in the background if its entry is about to lapse (``TokenCache.due``); on the
+    event loop."""
+    if not cache.due(token_hash):
+        return
+
+    async def refresh() -> None:
+        try:
+            principal = await anyio.to_thread.run_sync(_lookup, settings, token)
+        except Exception:  # the catalog unavailable: the entry lapses as it would have
+            log.debug("token refresh failed", exc_info=True)
+            cache.refreshed(token_hash, None, looked_up=False)
+        else:
+            cache.refreshed(token_hash, principal)
+
+    task = asyncio.get_running_loop().create_task(refresh())
+    _REFRESHES.add(task)  # a task nobody holds may be collected before it ends
+    task.add_done_callback(_REFRESHES.discard)
+
+
+_REFRESHES: set[asyncio.Task] = set()
 
 
 def _challenge(message: str) -> Unauthorized:
@@ -104,6 +163,8 @@ async def authorize(request: Request, credentials: HTTPAuthorizationCredentials 
         principal = await anyio.to_thread.run_sync(_lookup, settings, credentials.credentials)
         if principal is not None:
             cache.put(key, principal)
+    else:
+        refresh_soon(cache, settings, key, credentials.credentials)
     if principal is None:
         raise _challenge("the API token is not valid: it is unknown, revoked or expired")
     require(principal, needed, f"{request.method} {request.url.path}")

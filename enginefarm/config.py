@@ -114,6 +114,10 @@ class Settings(BaseSettings):
     token_cache_seconds: float = Field(default=5.0, ge=0, le=5)
     # Resolve answers each API process keeps by ETag (0: none). An answer is a few KB.
     resolve_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
+    # How long an API process trusts the model versions and generations it read for a resolve (api/versions.py):
+    # the delay before an engine, benchmark, verdict or version written by another process changes an answer or a
+    # 304 (0: read them on every request). A change made through the process itself counts at once.
+    resolve_fresh_seconds: float = Field(default=1.0, ge=0, le=5)
 
     # Dashboard sign-ins: sessions one token may open a minute (in the catalog, across API processes), and attempts
     # one client address may make a minute (in each API process). Past either, a 429 with Retry-After.

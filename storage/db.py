@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from enginefarm.config import Settings, get_settings
-from enginefarm.storage.generation import before_flush
+from enginefarm.storage.generation import after_commit, before_flush
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 T = TypeVar("T")
@@ -86,6 +86,7 @@ def get_engine(settings: Settings | None = None) -> Engine:
 def _sessionmaker_for(url: str) -> sessionmaker[Session]:
     maker = sessionmaker(bind=_engine_for(url), expire_on_commit=False)
     event.listen(maker, "before_flush", before_flush)
+    event.listen(maker, "after_commit", after_commit)
     return maker
 
 

@@ -9,9 +9,15 @@ so an answer cached or held by a client is current exactly while none of them mo
 The bump runs inside the same flush, so it commits or rolls back with the change it stands for. It is a session
 event rather than a call at each write, so a new write path cannot forget it; a bulk ``update``/``delete`` of
 engines or benchmarks (which skips the flush) must bump by hand with :func:`bump`.
+
+Each process also counts the commits it made that changed a model row or a generation (:func:`local_changes`), and
+on PostgreSQL such a commit notifies every API process (``storage.changes``): what an API process keeps of the
+versions' generations (``enginefarm.api.versions``) is dropped when either moves.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -19,9 +25,21 @@ from sqlalchemy.orm import Session
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 
+CHANNEL = "enginefarm_resolve"  # PostgreSQL's NOTIFY channel for such commits (storage/changes.py)
+_changes = itertools.count(1)
+_committed = 0  # the number of this process's commits that changed what a resolve answers
+
+
+def local_changes() -> int:
+    """How many commits of this process changed model rows or their generations so far. Read it before a read of
+    generations: a kept read is current only while this number has not moved (and the stated time has not passed)."""
+    return _committed
+
+
 def bump(session: Session, model_shas: set[str]) -> None:
     """Raise the generation of every model row holding these bytes."""
     if model_shas:
+        _announce(session)
         session.connection().execute(update(ModelRow).where(ModelRow.sha256.in_(sorted(model_shas)))
                                      .values(generation=ModelRow.generation + 1))
 
@@ -50,3 +68,22 @@ def _touched(session: Session) -> set[str]:
 def before_flush(session: Session, _context, _instances) -> None:
     with session.no_autoflush:
         bump(session, _touched(session))
+    if any(isinstance(obj, ModelRow) for obj in (*session.new, *session.dirty, *session.deleted)):
+        _announce(session)  # a version added or removed changes the set of rows itself
+
+
+def _announce(session: Session) -> None:
+    """Mark this transaction as one that changes resolve answers: counted here at commit, and on PostgreSQL
+    notified to every API process at commit (a NOTIFY is delivered only if its transaction commits)."""
+    session.info["resolve_changed"] = True
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":  # several in one transaction are delivered as one
+        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+
+def after_commit(session: Session) -> None:
+    """Count a commit that changed model rows or generations. (A flag left by a rolled-back flush only counts one
+    change too many, which drops kept reads early: never wrong.)"""
+    global _committed
+    if session.info.pop("resolve_changed", False):
+        _committed = next(_changes)

@@ -1,20 +1,21 @@
-"""Resolution's reads: the versions a request names, the facts of their engines, and the judging of them.
+"""Resolution's reads: the versions a request names, the facts of their engines, and the chosen engine's row.
 
 This is /v1/resolve's hot path, so it reads plain rows of only the columns resolution uses: no ORM objects, no
 JSON it never reads (an engine's accuracy metrics, a model's graph facts), and one aggregate for the latency
-evidence instead of every benchmark row. The chosen engine's full row is read by the route, once.
+evidence instead of every benchmark row, on the session's connection (Core statements built once). The engines
+come back compiled (``EngineTable``: descriptors and evidence, ready to judge), keyed by what they are a function
+of, so the API may keep them. Judging and answering are ``enginefarm.api.resolver``'s; this module only reads.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from sqlalchemy import Row, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from enginefarm.choose import Choice, Evidence, Option, Wanted, choose
 from enginefarm.domain import EngineDescriptor
 from enginefarm.spec import DEFAULT_SHAPE_KEY
-from enginefarm.errors import NoCompatibleEngine
-from enginefarm.machine import Machine
 from enginefarm.storage.catalog import find_models, latest_of
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
@@ -73,11 +74,11 @@ LATENCY_OF = (select(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow
                         BenchmarkRow.cpu_name))
 
 
-def _latencies(session: Session, model_shas: list[str], project: str) -> dict[int, dict[str, float]]:
+def _latencies(conn, model_shas: list[str], project: str) -> dict[int, dict[str, float]]:
     """The project's best median latency at the default shape of each engine of these bytes, by the device class
     it was measured on: "gpu:<model>" and "cc:<x.y>" for a GPU measurement, "cpu:<model>" for a CPU one."""
     out: dict[int, dict[str, float]] = {}
-    for engine_id, gpu, cc, cpu, ms in session.execute(LATENCY_OF, {"shas": model_shas, "project": project}):
+    for engine_id, gpu, cc, cpu, ms in conn.execute(LATENCY_OF, {"shas": model_shas, "project": project}):
         classes = [f"gpu:{gpu}", f"cc:{cc}" if cc else None] if gpu else [f"cpu:{cpu or 'unknown'}"]
         mine = out.setdefault(engine_id, {})
         for c in filter(None, classes):
@@ -85,23 +86,33 @@ def _latencies(session: Session, model_shas: list[str], project: str) -> dict[in
     return out
 
 
-ENGINE = select(EngineRow.__table__).where(EngineRow.id == bindparam("id"))
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
+# The chosen engine's whole row and the asking project's verdict on it, in one statement.
+CHOSEN = (select(EngineRow.__table__, VerdictRow.id.label("verdict_id"), VerdictRow.accuracy.label("verdict_accuracy"),
+                 VerdictRow.accuracy_pass.label("verdict_pass"))
+          .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
+          .where(EngineRow.id == bindparam("id")))
 
 
-VERDICT_OF = select(VerdictRow).where(VerdictRow.engine_id == bindparam("id"),
-                                      VerdictRow.project == bindparam("project"))
+@dataclass(frozen=True)
+class Verdict:
+    """The asking project's accuracy verdict on an engine, as an answer's engine shows it."""
+
+    accuracy: dict | None
+    accuracy_pass: bool | None
 
 
 def chosen_engine(session: Session, engine_id: int, owner: dict[str, Row]
-                  ) -> tuple[Row, Row, str | None, VerdictRow | None]:
+                  ) -> tuple[Row, Row, str | None, Verdict | None]:
     """The chosen engine's whole row, the version it is listed under, the version that version is a variant of
-    (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine."""
-    row = session.execute(ENGINE, {"id": engine_id}).one()
+    (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine.
+    Two statements at most (the variant's only for a derived model)."""
+    conn = session.connection()
+    row = conn.execute(CHOSEN, {"id": engine_id, "project": project_of(owner)}).one()
     model = owner[row.model_sha256]
     source = model.source_model_id
-    variant_of = session.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
-    verdict = session.scalars(VERDICT_OF, {"id": engine_id, "project": model.project}).first()
+    variant_of = conn.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
+    verdict = Verdict(row.verdict_accuracy, row.verdict_pass) if row.verdict_id is not None else None
     return row, model, variant_of, verdict
 
 
@@ -110,28 +121,47 @@ def project_of(owner: dict[str, Row]) -> str:
     return next(iter(owner.values())).project if owner else ""
 
 
-def judge(session: Session, machine: Machine, owner: dict[str, Row],
-          wanted: Wanted | None = None) -> tuple[Choice, dict[int, Row]]:
-    """Judge and rank every engine of these models' bytes for this machine, by the evidence of the models' project.
-    Returns the choice and the engine rows (plain rows of ENGINE_COLUMNS) by id."""
+@dataclass(frozen=True)
+class Facts:
+    """One engine as judging and ranking need it, compiled once per table: its plain row (ENGINE_COLUMNS), its
+    descriptor, the asking project's accuracy verdict ("pass", "fail" or None), its latencies by device class, and
+    the seq of the version it is listed under."""
+
+    row: Row
+    descriptor: EngineDescriptor
+    accuracy: str | None
+    latencies: dict[str, float]
+    model_seq: int
+
+
+@dataclass(frozen=True)
+class EngineTable:
+    """Every engine of a set of model versions' bytes, compiled for judging. A function of the versions' ids and
+    generations and the project (the generation moves with any change to the engines, their benchmarks or the
+    project's verdicts), so it may be kept under ``key`` and shared by every machine that asks."""
+
+    key: tuple
+    facts: tuple[Facts, ...]
+    rows: dict[int, Row] = field(default_factory=dict)
+    # ``chosen_engine``'s answers for engines of this table, kept by whoever keeps the table (the same state).
+    chosen: dict[int, tuple] = field(default_factory=dict)
+
+
+def _accuracy(passed: bool | None) -> str | None:
+    return None if passed is None else ("pass" if passed else "fail")
+
+
+def table_key(owner: dict[str, Row]) -> tuple:
+    return (project_of(owner), *sorted((m.id, m.generation) for m in owner.values()))
+
+
+def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
+    """Read and compile the engines of these models' bytes with the evidence of the models' project: two queries,
+    on the session's connection (Core, no ORM)."""
     project = project_of(owner)
-    rows = session.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
-    latency = _latencies(session, list(owner), project) if rows else {}
-    options = []
-    for r in rows:
-        accuracy = None if r.accuracy_pass is None else ("pass" if r.accuracy_pass else "fail")
-        evidence = Evidence(accuracy, latency.get(r.id, {}))
-        options.append(Option(r.id, descriptor_of(r), owner[r.model_sha256].seq, r.spec_hash, evidence))
-    return choose(options, machine, wanted), {r.id: r for r in rows}
-
-
-def no_fit_error(choice: Choice, rows: dict[int, Row], model: str, version: str | None) -> NoCompatibleEngine:
-    what = model + (f" version {version}" if version else "")
-    if not rows:
-        return NoCompatibleEngine(f"no engines of {what} are built yet")
-    runs = f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
-    return NoCompatibleEngine(
-        f"{runs} on this machine",
-        problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
-                   "reason": j.verdict.reason} for j in choice.rejected],
-    )
+    conn = session.connection()
+    rows = conn.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
+    latency = _latencies(conn, list(owner), project) if rows else {}
+    facts = tuple(Facts(r, descriptor_of(r), _accuracy(r.accuracy_pass), latency.get(r.id, {}),
+                        owner[r.model_sha256].seq) for r in rows)
+    return EngineTable(table_key(owner), facts, {r.id: r for r in rows})

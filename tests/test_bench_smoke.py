@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("load.py", "farm / baseline"),
     ("upload.py", "upload/floor"),
     ("fleet.py", "conditional/cold CPU per request"),
+    ("tail.py", "resolve/healthz p99"),
 ])
 def test_bench_smoke(script, says, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"], capture_output=True, text=True,

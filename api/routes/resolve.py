@@ -2,7 +2,8 @@
 
 GET takes the fingerprint as query parameters (curl-friendly); POST takes it as JSON. Both answer
 the same: 200 with the choice, 404 with a reason per engine when nothing fits, or 202 with a build
-id when nothing fits and the caller asked for ``build``.
+id when nothing fits and the caller asked for ``build``. The routes parse the question and answer;
+``enginefarm.api.resolver.resolve`` decides what.
 
 A 200 carries an ETag (``enginefarm.api.answers``): the same question asked again with ``If-None-Match`` gets a
 304 until the model's versions, engines or their benchmarks change, and the same question from another machine
@@ -11,38 +12,30 @@ of the fleet is answered from the process's cache without judging anything again
 
 from __future__ import annotations
 
-from collections import Counter
-
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import ValidationError
-from sqlalchemy import Row
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from enginefarm.api import services
-from enginefarm.api.answers import HEADERS, Answers, Known, digest_of, etag_of, matches
+from enginefarm.api import resolver
+from enginefarm.api.answers import HEADERS
 from enginefarm.api.auth import authorize, require
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.metrics import RESOLVES
+from enginefarm.api.deps import CatalogRoute, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
 from enginefarm.api.schemas import (
     BACKEND_PATTERN,
     PRECISION_PATTERN,
     SPEC_HASH_PATTERN,
     BuildForMachineOut,
-    CandidateOut,
-    CheckOut,
-    EngineOut,
     ResolveOut,
     ResolveRequest,
 )
-from enginefarm.compat import Match
-from enginefarm.choose import Judged, Wanted
 from enginefarm.config import Settings
+from enginefarm.storage.db import quick_read
 from enginefarm.shapes import shape_request
 from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
-from enginefarm.storage import resolution
 from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
@@ -54,72 +47,33 @@ RESPONSES = {
 }
 
 
-def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: bool) -> CandidateOut:
-    row, v, ev = rows[j.option.id], j.verdict, j.option.evidence
-    return CandidateOut(
-        engine_id=row.id, target=row.target, model_version=owner[row.model_sha256].version, precision=row.precision,
-        spec_hash=row.spec_hash, rank=j.rank, match=v.match.label if v.match is not None else None,
-        rule=v.rule.value if v.rule else None, reason=v.reason, unchecked=v.unchecked, accuracy=ev.accuracy,
-        latency_ms=ev.latency_ms, latency_on=ev.latency_on, profiles=row.profiles or [],
-        checks=[CheckOut(**c.to_dict()) for c in v.checks] if explain else None,
-    )
-
-
-def answer(req: ResolveRequest, request: Request, session: Session, settings: Settings,
+def answer(req: ResolveRequest, request: Request, session: Session | None, settings: Settings,
            principal: Principal) -> Response:
-    project = principal.project
-    machine = req.machine
-    models = resolution.model_versions(session, req.model, req.version, project)
-    digest = digest_of(req)
-    tag = etag_of(digest, project, models)
-    headers = {"ETag": tag, **HEADERS}
-    if matches(request.headers.get("if-none-match"), tag):
-        RESOLVES.labels("not_modified").inc()
+    """The outcome of ``resolver.resolve`` as a response. Its reads run on an autocommit connection without a ping
+    (``quick_read``: no BEGIN, COMMIT or SELECT 1 around them, three round trips of about eight); a connection
+    that died under it (a database restart) is discarded and the question asked once more on a fresh one. The
+    ``session`` is not used (the dashboard passes the one it holds)."""
+    state = request.app.state
+
+    def ask(reads: Session) -> resolver.Outcome:
+        return resolver.resolve(req, reads, settings, principal, answers=state.answers, versions=state.versions,
+                                tables=state.tables, if_none_match=request.headers.get("if-none-match"),
+                                query=request.scope["query_string"] if request.method == "GET" else None)
+
+    try:
+        with quick_read(settings) as reads:
+            out = ask(reads)
+    except DBAPIError as exc:
+        if not exc.connection_invalidated:
+            raise
+        with quick_read(settings) as reads:
+            out = ask(reads)
+    if out.status == 202:
+        return Response(out.body, status_code=202, media_type="application/json")
+    headers = {"ETag": out.tag, **HEADERS}
+    if out.status == 304:
         return Response(status_code=304, headers=headers)
-    answers: Answers = request.app.state.answers
-    if (kept := answers.get(tag)) is not None:
-        RESOLVES.labels(kept[1]).inc()
-        return Response(kept[0], media_type="application/json", headers=headers)
-    wanted = Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
-                    max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
-    owner = resolution.owners(models)
-    choice, rows = resolution.judge(session, machine, owner, wanted)
-    chosen = choice.chosen
-    # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
-    only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
-    if chosen is None or (req.build and only_cpu):
-        error = resolution.no_fit_error(choice, rows, req.model, req.version)
-        RESOLVES.labels("build" if req.build else "no_fit").inc()
-        if not req.build:
-            error.context["build"] = fit = services.what_would_fit(req)
-            if fit["command"]:
-                error.message += f"; an engine for it would be {' or '.join(fit['targets'])}: {fit['command']}"
-            raise error
-        fallback = _candidate(chosen, rows, owner, False) if chosen else None
-        session.rollback()  # release the read transaction before the build writes
-        built = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                           precision=req.precision, project=project, token_id=principal.family_id)
-        out = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
-        return JSONResponse(status_code=202, content=out.model_dump(mode="json"))
-    explain = req.explain
-    ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
-    rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
-    engine, version, variant_of, verdict = resolution.chosen_engine(session, chosen.option.id, owner)
-    out = ResolveOut(
-        model=req.model, machine=req.machine,
-        engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict), ranked_by=choice.ranked_by,
-        match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
-        accuracy=chosen.option.evidence.accuracy or "unchecked",
-        download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=ranked[1:],
-        excluded=dict(Counter(j.verdict.rule.value for j in choice.rejected if j.verdict.rule)),
-        rejected=rejected, candidates=ranked + rejected if explain else None,
-    )
-    body = out.model_dump_json().encode()
-    answers.put(tag, body, out.match)
-    RESOLVES.labels(out.match).inc()
-    if request.method == "GET":
-        answers.remember(request.scope["query_string"], project, Known(req.model, req.version, digest))
-    return Response(body, media_type="application/json", headers=headers)
+    return Response(out.body, media_type="application/json", headers=headers)
 
 
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
@@ -150,7 +104,7 @@ def resolve_get(
                                                               "ranked by latency measured on it"),
     accept: list[str] = Query([], max_length=3, description="unchecked, failed and/or cpu (repeatable)"),
     explain: bool = False, build: bool = False,
-    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
+    settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
 ):
     """Resolve with the fingerprint in the query string."""
@@ -177,14 +131,14 @@ def resolve_get(
         raise RequestValidationError([
             {"type": e["type"], "msg": e["msg"], "input": e.get("input"),
              "loc": ("query", next(str(x) for x in e["loc"] if x != "machine"))} for e in exc.errors()]) from None
-    return answer(req, request, session, settings, principal)
+    return answer(req, request, None, settings, principal)
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_post(req: ResolveRequest, request: Request, session: Session = Depends(session_dep, scope="function"),
-                 settings: Settings = Depends(settings_dep), principal: Principal = Depends(authorize)):
+def resolve_post(req: ResolveRequest, request: Request, settings: Settings = Depends(settings_dep),
+                 principal: Principal = Depends(authorize)):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    return answer(req, request, session, settings, principal)
+    return answer(req, request, None, settings, principal)
 

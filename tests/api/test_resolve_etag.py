@@ -16,7 +16,8 @@ from enginefarm.api.routes import resolve as resolve_routes
 from enginefarm.config import Settings
 from enginefarm.server import devservices
 from enginefarm.server.embedded import issue_token
-from enginefarm.storage import catalog, checks, resolution
+from enginefarm.api import resolver
+from enginefarm.storage import catalog, checks
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ModelRow
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
@@ -63,7 +64,7 @@ def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, mo
     def no_judging(*_a, **_k):
         raise AssertionError("judged again")
 
-    monkeypatch.setattr(resolution, "judge", no_judging)
+    monkeypatch.setattr(resolver, "judge", no_judging)
     cached = http.get("/v1/resolve", params=params)
     assert (cached.status_code, cached.content, cached.headers["etag"]) == (200, first.content, tag)
     # POST asks the same question in another form: the same answer and tag.

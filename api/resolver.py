@@ -1,0 +1,183 @@
+"""Resolve, orchestrated: the question's tag, the kept answer or 304, the engines judged, the answer, a build.
+
+``resolve(req, ...)`` is the one service function behind GET and POST /v1/resolve: the routes parse the question
+into a ``ResolveRequest`` and turn the ``Outcome`` into a response; storage (``storage.resolution``) only reads
+rows. In order, and each step only when the one before could not answer:
+
+1. the versions the question names, with their generations, read (and kept for the fleet's path,
+   ``api.versions``), make the ETag; a client holding it gets a 304 (nothing else is read or built);
+2. the answer kept under the tag (``api.answers``) is sent as it is;
+3. the engines of those versions, compiled for judging (``Tables``: one per versions-and-generations, shared by
+   every machine that asks about the model, so a model's engines are read and compiled once per change), are
+   judged and ranked for the machine (``enginefarm.choose``), and the answer is built and kept;
+4. when nothing fits: a 404 that says why per engine and what would fit, or with ``build`` the build (202).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from sqlalchemy import Row
+from sqlalchemy.orm import Session
+
+from enginefarm.api import services
+from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
+from enginefarm.api.metrics import RESOLVES
+from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
+from enginefarm.api.versions import Versions
+from enginefarm.choose import Choice, Evidence, Judged, Option, Wanted, choose
+from enginefarm.compat import Match
+from enginefarm.config import Settings
+from enginefarm.errors import NoCompatibleEngine
+from enginefarm.machine import Machine
+from enginefarm.storage import resolution
+from enginefarm.storage.resolution import EngineTable
+from enginefarm.storage.tokens import Principal
+
+
+@dataclass
+class Outcome:
+    """What to answer: ``status`` 200 with ``body`` (JSON bytes), 304 with none, or 202 with ``body``; ``tag``
+    is the ETag of a 200 or 304."""
+
+    status: int
+    body: bytes = b""
+    tag: str | None = None
+
+
+class Tables:
+    """Compiled engine tables by ``EngineTable.key`` (project, version ids and generations), at most ``entries``
+    of them (least recently used out). A key names one state of the catalog, so nothing needs clearing: a change
+    makes a new key, and the old table falls out. Few: they serve the machines that ask about one model at about
+    the same time (a fleet after new engines land), and every object kept is one more for each full collection of
+    the garbage collector to walk."""
+
+    def __init__(self, entries: int = 64):
+        self.entries = entries
+        self._tables: OrderedDict[tuple, EngineTable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple) -> EngineTable | None:
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+            return table
+
+    def put(self, table: EngineTable) -> None:
+        if self.entries <= 0:
+            return
+        with self._lock:
+            self._tables[table.key] = table
+            while len(self._tables) > self.entries:
+                self._tables.popitem(last=False)
+
+
+def table_of(session: Session, tables: Tables, owner: dict[str, Row]) -> EngineTable:
+    key = resolution.table_key(owner)
+    table = tables.get(key)
+    if table is None:
+        table = resolution.engine_table(session, owner)
+        tables.put(table)
+    return table
+
+
+def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
+    """Judge and rank the table's engines for this machine and these filters. The compiled facts are shared; the
+    options and their evidence are this request's (ranking writes the latency it compared into the evidence)."""
+    options = [Option(f.row.id, f.descriptor, f.model_seq, f.row.spec_hash, Evidence(f.accuracy, f.latencies))
+               for f in table.facts]
+    return choose(options, machine, wanted_of(req))
+
+
+def wanted_of(req: ResolveRequest) -> Wanted:
+    return Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
+                  max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
+
+
+def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: bool) -> CandidateOut:
+    row, v, ev = rows[j.option.id], j.verdict, j.option.evidence
+    return CandidateOut(
+        engine_id=row.id, target=row.target, model_version=owner[row.model_sha256].version, precision=row.precision,
+        spec_hash=row.spec_hash, rank=j.rank, match=v.match.label if v.match is not None else None,
+        rule=v.rule.value if v.rule else None, reason=v.reason, unchecked=v.unchecked, accuracy=ev.accuracy,
+        latency_ms=ev.latency_ms, latency_on=ev.latency_on, profiles=row.profiles or [],
+        checks=[CheckOut(**c.to_dict()) for c in v.checks] if explain else None,
+    )
+
+
+def no_fit_error(choice: Choice, rows: dict[int, Row], model: str, version: str | None) -> NoCompatibleEngine:
+    what = model + (f" version {version}" if version else "")
+    if not rows:
+        return NoCompatibleEngine(f"no engines of {what} are built yet")
+    runs = f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
+    return NoCompatibleEngine(
+        f"{runs} on this machine",
+        problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
+                   "reason": j.verdict.reason} for j in choice.rejected],
+    )
+
+
+def resolve(req: ResolveRequest, session: Session, settings: Settings, principal: Principal, *, answers: Answers,
+            versions: Versions, tables: Tables, if_none_match: str | None = None,
+            query: bytes | None = None) -> Outcome:
+    """Answer one resolve question (see the module's docstring). ``query``: a GET's query string, remembered so the
+    fleet's path (``api.answers.FleetPath``) answers it next time before routing. Raises NoCompatibleEngine (404),
+    NotFound or Conflict for the model."""
+    project = principal.project
+    machine = req.machine
+    stamp = versions.stamp()  # the full path always reads the versions; the fleet's path may use what it keeps
+    models = resolution.model_versions(session, req.model, req.version, project)
+    versions.put((req.model, req.version, project), models, stamp)
+    digest = digest_of(req)
+    tag = etag_of(digest, project, models)
+    if matches(if_none_match, tag):
+        RESOLVES.labels("not_modified").inc()
+        return Outcome(304, tag=tag)
+    if (kept := answers.get(tag)) is not None:
+        RESOLVES.labels(kept[1]).inc()
+        return Outcome(200, kept[0], tag)
+    owner = resolution.owners(models)
+    table = table_of(session, tables, owner)
+    rows = table.rows
+    choice = judge(table, machine, req)
+    chosen = choice.chosen
+    # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
+    only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
+    if chosen is None or (req.build and only_cpu):
+        error = no_fit_error(choice, rows, req.model, req.version)
+        RESOLVES.labels("build" if req.build else "no_fit").inc()
+        if not req.build:
+            error.context["build"] = fit = services.what_would_fit(req)
+            if fit["command"]:
+                error.message += f"; an engine for it would be {' or '.join(fit['targets'])}: {fit['command']}"
+            raise error
+        fallback = _candidate(chosen, rows, owner, False) if chosen else None
+        session.rollback()  # release the read transaction before the build writes
+        built = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
+                                           precision=req.precision, project=project, token_id=principal.family_id)
+        out = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
+        return Outcome(202, out.model_dump_json().encode())
+    explain = req.explain
+    ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
+    rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
+    if (full := table.chosen.get(chosen.option.id)) is None:
+        full = table.chosen[chosen.option.id] = resolution.chosen_engine(session, chosen.option.id, owner)
+    engine, version, variant_of, verdict = full
+    out = ResolveOut(
+        model=req.model, machine=req.machine,
+        engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict), ranked_by=choice.ranked_by,
+        match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
+        accuracy=chosen.option.evidence.accuracy or "unchecked",
+        download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=ranked[1:],
+        excluded=dict(Counter(j.verdict.rule.value for j in choice.rejected if j.verdict.rule)),
+        rejected=rejected, candidates=ranked + rejected if explain else None,
+    )
+    body = out.model_dump_json().encode()
+    answers.put(tag, body, out.match)
+    RESOLVES.labels(out.match).inc()
+    if query is not None:
+        answers.remember(query, project, Known(req.model, req.version, digest))
+    return Outcome(200, body, tag)

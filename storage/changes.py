@@ -1,0 +1,107 @@
+"""A number that moves whenever any process commits a change to what /v1/resolve answers.
+
+An API process keeps the version rows and generations it read (``enginefarm.api.versions``) while this number
+stands still, so a fleet's repeated question is answered without a query:
+
+- **PostgreSQL**: a commit that changes a model row or raises a generation sends ``NOTIFY enginefarm_resolve``
+  (``storage.generation``); a thread of each API process listens and counts the notifications. A notification
+  arrives within milliseconds of its commit. While the listening connection is down the number is unknown
+  (``None``), and nothing kept is trusted; on reconnecting it moves, since anything may have changed meanwhile.
+- **SQLite** (the embedded farm): ``PRAGMA data_version`` on a connection of its own, which moves with every
+  commit of any other connection, in any process; exact, and a read of shared memory, not of the file.
+
+Either way the number also counts this process's own commits (``storage.generation.local_changes``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+
+from sqlalchemy.engine import make_url
+
+from enginefarm.storage.generation import CHANNEL, local_changes
+
+log = logging.getLogger(__name__)
+
+
+class Changes:
+    """``current()``: a token that is equal between two calls only if nothing changed in between; None: unknown
+    (this base, for a database with no feed: nothing kept is ever trusted)."""
+
+    def current(self) -> tuple | None:
+        return None
+
+    def stop(self) -> None:
+        pass
+
+
+class SqliteChanges(Changes):
+    def __init__(self, path: str):
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+
+    def current(self) -> tuple | None:
+        try:
+            with self._lock:
+                version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        except sqlite3.Error:
+            return None
+        return (local_changes(), version)
+
+    def stop(self) -> None:
+        self._conn.close()
+
+
+class PostgresChanges(Changes):
+    """Counts ``NOTIFY enginefarm_resolve`` on a connection of its own, in a daemon thread that reconnects."""
+
+    def __init__(self, url: str, retry_s: float = 1.0):
+        self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        self._retry_s = retry_s
+        self._count = 0
+        self._listening = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="resolve-changes", daemon=True)
+        self._thread.start()
+
+    def current(self) -> tuple | None:
+        return (local_changes(), self._count) if self._listening else None
+
+    def wait_listening(self, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self._listening and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self._listening
+
+    def _run(self) -> None:
+        import psycopg
+
+        while not self._stopped.is_set():
+            try:
+                with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._count += 1  # anything may have changed while nobody listened
+                    self._listening = True
+                    while not self._stopped.is_set():
+                        for _ in conn.notifies(timeout=0.5):
+                            self._count += 1
+            except Exception:  # the database restarting: nothing kept is trusted until listening again
+                log.debug("resolve change feed: reconnecting", exc_info=True)
+            self._listening = False
+            self._stopped.wait(self._retry_s)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def changes_for(url: str) -> Changes:
+    """The change feed of the catalog at this SQLAlchemy URL."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        return SqliteChanges(parsed.database)
+    if parsed.get_backend_name() == "postgresql":
+        return PostgresChanges(url)
+    return Changes()
