@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from enginefarm.api.schemas import document_spec
 from enginefarm.api.answers import Answers, FleetPath
 from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.resolver import Tables
@@ -113,14 +112,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPIOffline(title="enginefarm", version=__version__, lifespan=lifespan,
                          description="Upload ONNX once; get the right TensorRT engine for every GPU.")
-    openapi = app.openapi
-
-    def documented() -> dict:
-        if app.openapi_schema is None:
-            app.openapi_schema = document_spec(openapi())
-        return app.openapi_schema
-
-    app.openapi = documented
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)

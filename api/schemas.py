@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
 from enginefarm.domain import ModelInfo, TaskState, Target
 from enginefarm.spec import BuildSpec
@@ -70,32 +70,10 @@ class ModelOut(BaseModel):
 
 # JSON bodies take ids, numbers and flags only as JSON numbers and booleans (Strict*): lax parsing would read true
 # as 1 (model 1) and "1" as 1, hiding a client's mistake behind a request that looks valid.
-# A build spec as the OpenAPI document shows it: BuildSpec's own schema (every field, its default, its limits). The
-# request takes it as a JSON object and validates it against the model and the targets itself, so every problem,
-# of the spec's fields or of how they fit the model, comes back in one 422.
-_SPEC_MARK = "x-build-spec"
-SpecIn = Annotated[dict[str, Any], WithJsonSchema({"type": "object", _SPEC_MARK: True})]
-
-
-def document_spec(openapi: dict[str, Any]) -> dict[str, Any]:
-    """Add BuildSpec and the schemas it uses to the document's components, and point each spec field at it."""
-    spec = BuildSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    components = openapi.setdefault("components", {}).setdefault("schemas", {})
-    for name, schema in spec.pop("$defs", {}).items():
-        components.setdefault(name, schema)
-    for schema in components.values():
-        for name, prop in schema.get("properties", {}).items():
-            if prop.get(_SPEC_MARK):
-                schema["properties"][name] = {"$ref": "#/components/schemas/BuildSpec",
-                                              **({"description": prop["description"]} if "description" in prop else {})}
-    components["BuildSpec"] = spec
-    return openapi
-
-
 class BuildRequest(BaseModel):
     model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
-    spec: SpecIn = Field(default_factory=dict)
+    spec: BuildSpec = Field(default_factory=BuildSpec)
     queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
                                                                    "their tasks wait in the queue (default: the "
                                                                    "farm's setting)")
@@ -154,7 +132,7 @@ class BuildOut(BaseModel):
 class SweepRequest(BaseModel):
     model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
-    spec: SpecIn = Field(default_factory=dict, description="the base spec every variant starts from")
+    spec: BuildSpec = Field(default_factory=BuildSpec, description="the base spec every variant starts from")
     axes: dict[str, list[Any]] = Field(description="spec field -> values to try, e.g. "
                                                    "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}")
     queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
@@ -377,7 +355,7 @@ def build_summary(tasks: list[BuildTaskRow], checks: dict[int, dict[str, Any]]) 
 
 def _built_precisions(build: BuildRow) -> dict[int, tuple[str, str | None]]:
     """Per task, the precision its target builds for the build's spec, and why when it is not the spec's."""
-    spec, info = BuildSpec(**build.spec), ModelInfo.from_dict(build.model.info)
+    spec, info = build.build_spec, ModelInfo.from_dict(build.model.info)
     out = {}
     for task in build.tasks:
         precision, note = target_precision(spec, Target.parse(task.target), info)

@@ -27,24 +27,23 @@ from enginefarm.storage import queue
 
 log = logging.getLogger(__name__)
 
-def _spec_from(payload: dict) -> tuple[BuildSpec | None, list[dict]]:
+def spec_from(payload: dict[str, Any]) -> tuple[BuildSpec | None, list[dict]]:
+    """A spec given as plain data (a form, a sweep variant, a stored build), or every problem with its fields."""
     try:
-        return BuildSpec(**(payload or {})), []
+        return BuildSpec.model_validate(payload), []
     except ValidationError as exc:
         return None, [{"loc": ["spec", *err["loc"]], "msg": err["msg"]} for err in exc.errors()]
-    except TypeError:
-        return None, [{"loc": ["spec"], "msg": "spec must be a JSON object"}]
 
 
-def _validated(settings: Settings, s, model_id: int, target_texts: list[str], spec_payload: dict,
-               prefix: list | None = None, project: str | None = None
+def _validated(settings: Settings, s, model_id: int, target_texts: list[str], spec: BuildSpec | None,
+               prefix: list | None = None, project: str | None = None, spec_problems: list[dict] | None = None
                ) -> tuple[ModelRow, list[Target], BuildSpec | None, list[dict]]:
-    """The model, parsed targets and spec, and every problem with them (locations under ``prefix``)."""
+    """The model and parsed targets, and every problem with them and the spec (locations under ``prefix``).
+    ``spec`` is None when its own fields were invalid (``spec_problems`` says why)."""
     targets, problems = parse_targets(target_texts)
     if len(target_texts) > settings.max_targets_per_build:
         problems.append({"loc": ["targets"], "msg": f"at most {settings.max_targets_per_build} targets per build"})
-    spec, spec_problems = _spec_from(spec_payload)
-    problems += spec_problems
+    problems += spec_problems or []
     model = catalog.get_model(s, model_id, project)
     if spec is not None:
         info = ModelInfo.from_dict(model.info)
@@ -74,7 +73,7 @@ def _create_build(s, model: ModelRow, targets: list[Target], spec: BuildSpec, se
     return build, out
 
 
-def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec_payload: dict,
+def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec: BuildSpec,
                  project: str | None = None, *, token_id: int | None = None,
                  queue_without_worker: bool | None = None,
                  describe: Callable[[BuildRow, dict[str, set[str]]], Any] | None = None) -> Any:
@@ -91,7 +90,7 @@ def submit_build(settings: Settings, model_id: int, target_texts: list[str], spe
     queues the quantization stage; its tasks wait for it.
     """
     with session_scope(settings) as s:
-        model, targets, spec, problems = _validated(settings, s, model_id, target_texts, spec_payload, project=project)
+        model, targets, _, problems = _validated(settings, s, model_id, target_texts, spec, project=project)
         if problems:
             raise SpecInvalid(f"the build request has {len(problems)} problem(s)", problems=problems)
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
@@ -124,7 +123,7 @@ def _variant_label(overrides: dict[str, Any], axes: dict[str, list]) -> str:
     return " ".join(parts)
 
 
-def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: dict, axes: dict[str, list],
+def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: BuildSpec, axes: dict[str, list],
                  project: str | None = None, *, token_id: int | None = None,
                  queue_without_worker: bool | None = None) -> int:
     """One build per combination of the axes' values, all validated before any is recorded and admitted as one
@@ -143,12 +142,15 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
         raise SpecInvalid(f"the sweep has {count} variants; at most {MAX_SWEEP_VARIANTS}",
                           problems=[{"loc": ["axes"], "msg": f"{count} combinations, at most {MAX_SWEEP_VARIANTS}"}])
     combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    given = base.model_dump(mode="json", exclude_unset=True)  # each variant is the base as given, overridden
     publish: list = []
     with session_scope(settings) as s:
-        checked = [(label := _variant_label(o, axes),
-                    _validated(settings, s, model_id, target_texts, {**base, **o}, prefix=[f"variant {label}"],
-                               project=project))
-                   for o in combos]
+        checked = []
+        for overrides in combos:
+            label = _variant_label(overrides, axes)
+            spec, spec_problems = spec_from({**given, **overrides})
+            checked.append((label, _validated(settings, s, model_id, target_texts, spec, prefix=[f"variant {label}"],
+                                              project=project, spec_problems=spec_problems)))
         problems = [p for _, (*_, found) in checked for p in found]
         if problems:
             raise SpecInvalid(f"the sweep has {len(problems)} problem(s)", problems=problems)
@@ -298,7 +300,8 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
         spec = dict(source.spec) if source else {"precision": precision or "fp32"}
         if machine.shapes:
             spec = covering_spec(spec, machine.shapes)
-        hashed = BuildSpec(**spec).spec_hash()
+        spec = BuildSpec.model_validate(spec)
+        hashed = spec.spec_hash()
         open_task = catalog.find_open_task(s, row.id, hashed, str(target))
         model_id = row.id
         if open_task is not None:

@@ -233,7 +233,7 @@ def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_
     """Point a build whose quantization finished at the derived model and queue its waiting tasks (or
     answer them from the catalog); returns the tasks to publish and the benchmark checks queued."""
     build.model_id = model.id
-    spec = BuildSpec(**build.spec)
+    spec = build.build_spec
     queued, checks = [], []
     for task in build.tasks:
         if task.state != TaskState.WAITING.value:

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from enginefarm.spec import DEFAULT_SHAPE_KEY
+from enginefarm.spec import DEFAULT_SHAPE_KEY, BuildSpec
 
 
 def utcnow() -> datetime:
@@ -67,6 +67,11 @@ class BuildRow(Base):
 
     model: Mapped[ModelRow] = relationship()
     tasks: Mapped[list[BuildTaskRow]] = relationship(back_populates="build", order_by="BuildTaskRow.id")
+
+    @property
+    def build_spec(self) -> BuildSpec:
+        """The stored spec (``BuildSpec.stored()``) as the type every layer works with."""
+        return BuildSpec.model_validate(self.spec)
 
 
 class BuildTaskRow(Base):
@@ -180,6 +185,11 @@ class BenchmarkTaskRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     engine: Mapped[EngineRow] = relationship()
+
+    @property
+    def build_spec(self) -> BuildSpec:
+        """The stored spec (``BuildSpec.stored()``) as the type every layer works with."""
+        return BuildSpec.model_validate(self.spec)
 
 
 class VerdictRow(Base):

@@ -40,7 +40,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     """Quantize the build's model from its samples, once per target family; returns the build tasks to publish."""
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
-        spec = BuildSpec(**build.spec)
+        spec = build.build_spec
         source = build.model
         fields = (source.blob_key, source.sha256, source.format)
         samples_fields = (source.samples_key, source.samples_sha256)

@@ -14,7 +14,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 
 from enginefarm.config import get_settings
 from enginefarm.domain import Backend, ModelInfo, TaskState, Target
-from enginefarm.spec import BuildSpec, Precision
+from enginefarm.spec import Precision
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from enginefarm.validation import target_precision
 from enginefarm.storage import catalog, checks
@@ -107,7 +107,7 @@ def _run(task_id: int, me: str) -> None:
         task = catalog.get_task(s, task_id)
         # An int8 build may have one derived model per target family (worker/quantize_stage.py).
         build, model = task.build, model_of_task(s, task)
-        target, spec = Target.parse(task.target), BuildSpec(**build.spec)
+        target, spec = Target.parse(task.target), build.build_spec
         # A target that cannot build the spec's precision builds the nearest it can (enginefarm.validation);
         # the engine records the precision it has, under the spec hash that was asked for.
         precision, precision_note = target_precision(spec, target, ModelInfo.from_dict(model.info))
@@ -203,7 +203,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         # Accuracy is judged against the original: a derived int8 model's source, else the model itself.
         reference = catalog.get_model(s, model.source_model_id) if model.source_model_id else model
         # Judged by the precision the engine has: a target may have built another than the spec asked for.
-        spec = BuildSpec(**task.spec).model_copy(update={"precision": Precision(engine.precision)})
+        spec = task.build_spec.model_copy(update={"precision": Precision(engine.precision)})
         info = ModelInfo.from_dict(reference.info)
         engine_fields = (engine.id, engine.blob_key, engine.sha256, engine.backend)
         target = task.target

@@ -1,8 +1,8 @@
 """The build form: fields pre-filled from a model's inputs, and the spec a submitted form asks for.
 
 Dynamic dims get min/opt/max fields; a trtexec command line (``--fp16 --minShapes=input:1x3x224x224 …``) is read
-with the CLI's own parser (``enginefarm.trtexec.spec_from_trtexec``) and wins over the fields. The spec is then
-validated by ``services.submit_build`` exactly as POST /v1/builds validates it.
+with the CLI's own parser (``enginefarm.trtexec.spec_from_trtexec``) and wins over the fields. The spec's fields are
+parsed as POST /v1/builds parses them, and ``services.submit_build`` validates it against the model as it does there.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from enginefarm.api.schemas import ModelOut
+from enginefarm.api.services import spec_from
+from enginefarm.spec import BuildSpec
 from enginefarm.errors import SpecInvalid
 from enginefarm.trtexec import spec_from_trtexec
 
@@ -58,7 +60,7 @@ def _dims(text: str, where: str, problems: list[dict]) -> list[int] | None:
     return dims
 
 
-def spec_from_form(form: Any) -> tuple[list[str], dict[str, Any], bool]:
+def spec_from_form(form: Any) -> tuple[list[str], BuildSpec, bool]:
     """(targets, spec, queue_without_worker) from the submitted form; SpecInvalid names every problem."""
     problems: list[dict] = []
     targets = [t for t in form.getlist("targets") if isinstance(t, str) and t]
@@ -86,6 +88,8 @@ def spec_from_form(form: Any) -> tuple[list[str], dict[str, Any], bool]:
             spec.update(given)
         except ValueError as exc:
             problems.append({"loc": ["form", "trtexec"], "msg": str(exc)})
-    if problems:
+    parsed, spec_problems = spec_from(spec)
+    problems += spec_problems
+    if problems or parsed is None:
         raise SpecInvalid(f"the build form has {len(problems)} problem(s)", problems=problems)
-    return targets, spec, form.get("queue_without_worker") == "on"
+    return targets, parsed, form.get("queue_without_worker") == "on"

@@ -15,7 +15,6 @@ from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
 from enginefarm.domain import ModelInfo, Target
-from enginefarm.spec import BuildSpec
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
 from enginefarm.validation import target_precision
 
@@ -82,7 +81,7 @@ def _precisions(build: BuildRow) -> dict[int, str]:
     """Per task, the precision its target builds for the build's spec (a CPU builds fp32 for an fp16 spec)."""
     spec = build.spec or {}
     try:
-        parsed, info = BuildSpec(**spec), ModelInfo.from_dict(build.model.info)
+        parsed, info = build.build_spec, ModelInfo.from_dict(build.model.info)
         return {t.id: target_precision(parsed, Target.parse(t.target), info)[0].value for t in build.tasks}
     except (ValueError, TypeError, KeyError):  # a spec older rules no longer read: its own word
         return {t.id: str(spec.get("precision") or "fp32") for t in build.tasks}

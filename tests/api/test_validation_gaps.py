@@ -128,14 +128,14 @@ def test_allowed_names_still_upload(api):
     ("/v1/builds", {"model_id": "MID"}, ["body", "model_id"], "valid integer"),
     ("/v1/sweeps", {"model_id": True, "axes": {"precision": ["fp32"]}}, ["body", "model_id"], "valid integer"),
     ("/v1/builds", {"queue_without_worker": 1}, ["body", "queue_without_worker"], "valid boolean"),
-    ("/v1/builds", {"spec": {"profiles": PROFILE, "optimization_level": True}}, ["spec", "optimization_level"],
+    ("/v1/builds", {"spec": {"profiles": PROFILE, "optimization_level": True}}, ["body", "spec", "optimization_level"],
      "valid integer"),
     ("/v1/builds", {"spec": {"profiles": PROFILE, "benchmark": {"iterations": True}}},
-     ["spec", "benchmark", "iterations"], "valid integer"),
+     ["body", "spec", "benchmark", "iterations"], "valid integer"),
     ("/v1/builds", {"spec": {"profiles": PROFILE, "accuracy": {"tolerances": {"rtol": True}}}},
-     ["spec", "accuracy", "tolerances", "rtol"], "valid number"),
+     ["body", "spec", "accuracy", "tolerances", "rtol"], "valid number"),
     ("/v1/builds", {"spec": {"profiles": [{"input": {**PROFILE[0]["input"], "max": [True, 3, 32, 32]}}]}},
-     ["spec", "profiles", 0, "input", "max", 0], "valid integer"),
+     ["body", "spec", "profiles", 0, "input", "max", 0], "valid integer"),
 ])
 def test_booleans_and_strings_are_not_numbers(api, model_id, url, body, where, says):
     payload = {"model_id": model_id, "targets": ["onnxruntime/cpu-x86_64"], "spec": {"profiles": PROFILE}, **body}
@@ -164,12 +164,12 @@ def _build(api, model_id, spec):
 
 def test_repeated_and_too_many_profiles_are_refused(api, model_id):
     loc, msg = only_problem(_build(api, model_id, {"profiles": PROFILE * 2000}))
-    assert loc == ["spec", "profiles"] and "profiles repeat" in msg and "profile 1 repeats profile 0" in msg, msg
+    assert loc == ["body", "spec", "profiles"] and "profiles repeat" in msg and "profile 1 repeats profile 0" in msg, msg
 
     (rng,) = PROFILE[0].values()
     distinct = [{"input": {**rng, "max": [rng["max"][0] + i, *rng["max"][1:]]}} for i in range(33)]
     loc, msg = only_problem(_build(api, model_id, {"profiles": distinct}))
-    assert loc == ["spec", "profiles"] and "at most 32 optimization profiles" in msg and "33" in msg, msg
+    assert loc == ["body", "spec", "profiles"] and "at most 32 optimization profiles" in msg and "33" in msg, msg
 
     assert _build(api, model_id, {"profiles": distinct[:2], **NO_CHECKS}).status_code == 202
 
@@ -183,4 +183,4 @@ def test_repeated_and_too_many_profiles_are_refused(api, model_id):
 ])
 def test_tolerances_outside_their_range_are_refused(api, model_id, tolerances, says):
     loc, msg = only_problem(_build(api, model_id, {"profiles": PROFILE, "accuracy": {"tolerances": tolerances}}))
-    assert loc == ["spec", "accuracy", "tolerances"] and says in msg, (loc, msg)
+    assert loc == ["body", "spec", "accuracy", "tolerances"] and says in msg, (loc, msg)
