@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from enginefarm.config import Settings
-from enginefarm.domain import TaskState, Target
+from enginefarm.domain import TaskState
 from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
@@ -61,7 +61,7 @@ def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_serv
                 "detail": None if done else "never benchmarked: built before the benchmark stage, or with checks turned "
                                            "off; build it again with checks on to queue them (the engine is reused)"}
     if latest.state == TaskState.QUEUED.value:
-        detail = (benchmark_pending_reason(Target.parse(latest.target)) if latest.target not in bench_served
+        detail = (benchmark_pending_reason(latest.parsed_target) if latest.target not in bench_served
                   else "benchmark queued: a worker that can run it will take it")
         return {"state": "pending", "detail": detail}
     if latest.state == TaskState.RUNNING.value:

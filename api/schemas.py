@@ -7,7 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
 
-from enginefarm.domain import ModelInfo, TaskState, Target
+from enginefarm.domain import ModelInfo, TaskState
 from enginefarm.spec import BuildSpec
 from enginefarm.machine import Machine
 from enginefarm.text import CatalogText
@@ -358,7 +358,7 @@ def _built_precisions(build: BuildRow) -> dict[int, tuple[str, str | None]]:
     spec, info = build.build_spec, ModelInfo.from_dict(build.model.info)
     out = {}
     for task in build.tasks:
-        precision, note = target_precision(spec, Target.parse(task.target), info)
+        precision, note = target_precision(spec, task.parsed_target, info)
         out[task.id] = (precision.value, note if precision is not spec.precision else None)
     return out
 

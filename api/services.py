@@ -59,7 +59,7 @@ def _needs_quantizing(model: ModelRow, spec: BuildSpec) -> bool:
 
 
 def _create_build(s, model: ModelRow, targets: list[Target], spec: BuildSpec, served: dict[str, set[str]],
-                  **extra: Any) -> tuple[BuildRow, list]:
+                  **extra: Any) -> tuple[BuildRow, list[queue.Message]]:
     """Record one validated build; returns it and what to publish once committed."""
     quantize = _needs_quantizing(model, spec)
     build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize, **extra)
@@ -67,9 +67,9 @@ def _create_build(s, model: ModelRow, targets: list[Target], spec: BuildSpec, se
         build.quantize = {"state": TaskState.QUEUED.value, "source_model_id": model.id,
                           "samples_sha256": model.samples_sha256,
                           "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime"}
-    out = [("build", t.id, Target.parse(t.target)) for t in build.tasks if t.state == TaskState.QUEUED.value]
-    out += [("bench", c.id, c.target) for c in checks]
-    out += [("quantize", build.id, None)] if quantize else []
+    out = [queue.Message.build(t.id, t.parsed_target) for t in build.tasks if t.state == TaskState.QUEUED.value]
+    out += [queue.Message.bench(c.id, c.parsed_target) for c in checks]
+    out += [queue.Message.quantize(build.id)] if quantize else []
     return build, out
 
 
@@ -143,7 +143,7 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
                           problems=[{"loc": ["axes"], "msg": f"{count} combinations, at most {MAX_SWEEP_VARIANTS}"}])
     combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
     given = base.model_dump(mode="json", exclude_unset=True)  # each variant is the base as given, overridden
-    publish: list = []
+    publish: list[queue.Message] = []
     with session_scope(settings) as s:
         checked = []
         for overrides in combos:

@@ -247,7 +247,7 @@ def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_
                 checks.append(check)
         else:
             task.state = TaskState.QUEUED.value
-            queued.append((task.id, Target.parse(task.target)))
+            queued.append((task.id, task.parsed_target))
     session.flush()
     return queued, checks
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from enginefarm.domain import BACKEND_MODULES, Target, TaskState
 from enginefarm.storage.db import as_utc
+from enginefarm.storage.queue import Message
 from enginefarm.storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, WorkerRow, utcnow
 
 # --------------------------------------------------------------------------- workers
@@ -127,12 +128,12 @@ def reclaim_tasks(session: Session, worker_id: str, build_ids: list[int], bench_
 
 
 def release_tasks(session: Session, worker_id: str, reason: str, build_ids: list[int] | None = None,
-                  bench_ids: list[int] | None = None) -> list[tuple[str, int, str]]:
+                  bench_ids: list[int] | None = None) -> list[Message]:
     """A stopping worker puts back in the queue the tasks still running under its id (only those of ``build_ids``
     and ``bench_ids`` where given), without counting the attempt: the task did not fail, its worker left. Returns
-    ``(kind, id, target)`` of each, as ``storage.queue.publish`` takes them."""
-    released: list[tuple[str, int, str]] = []
-    for kind, table, ids in (("build", BuildTaskRow, build_ids), ("bench", BenchmarkTaskRow, bench_ids)):
+    the message of each, to publish again."""
+    released: list[Message] = []
+    for message, table, ids in ((Message.build, BuildTaskRow, build_ids), (Message.bench, BenchmarkTaskRow, bench_ids)):
         if ids is not None and not ids:
             continue
         mine = (table.state == TaskState.RUNNING.value) & (table.worker_id == worker_id)
@@ -143,7 +144,7 @@ def release_tasks(session: Session, worker_id: str, reason: str, build_ids: list
             session.execute(update(table).where(mine, table.id.in_([r.id for r in rows])).values(
                 state=TaskState.QUEUED.value, worker_id=None, started_at=None, error=reason,
                 attempts=case((table.attempts > 0, table.attempts - 1), else_=0)))
-        released += [(kind, r.id, r.target) for r in rows]
+        released += [message(r.id, Target.parse(r.target)) for r in rows]
     return released
 
 

@@ -9,6 +9,8 @@ reconciler publishes it again.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 
 from celery import Celery
@@ -69,31 +71,45 @@ def queue_size(queue: str) -> int:
             return 0
 
 
-def _send(name: str, arg: int, queue: str) -> None:
-    try:
-        celery_app().send_task(name, args=[arg], queue=queue)
-    except Exception:
-        log.warning("could not publish %s(%s) to %s", name, arg, queue, exc_info=True)
+KINDS = {BUILD_TASK: "build", BENCHMARK_TASK: "bench", QUANTIZE_TASK: "quantize"}
+TASKS = {kind: name for name, kind in KINDS.items()}
+
+
+@dataclass(frozen=True)
+class Message:
+    """One task message, published once the row it names is committed. Its payload is the row's id alone (JSON, as
+    kombu carries it): the worker reads the target, the spec and the rest from the catalog, as ``Target`` and
+    ``BuildSpec``. The target only chooses the queue, so a worker gets only what it can build or run."""
+
+    kind: str  # "build", "bench" or "quantize"
+    ident: int
+    queue: str
+
+    @classmethod
+    def build(cls, task_id: int, target: Target) -> Message:
+        return cls("build", task_id, target.queue)
+
+    @classmethod
+    def bench(cls, task_id: int, target: Target) -> Message:
+        return cls("bench", task_id, target.bench_queue)
+
+    @classmethod
+    def quantize(cls, build_id: int) -> Message:
+        return cls("quantize", build_id, QUANTIZE_QUEUE)
+
+
+def publish(messages: Iterable[Message]) -> None:
+    """Send each message. A failed send is logged, not raised: the row is committed, the reconciler sends it again."""
+    for m in messages:
+        try:
+            celery_app().send_task(TASKS[m.kind], args=[m.ident], queue=m.queue)
+        except Exception:
+            log.warning("could not publish %s %s to %s", m.kind, m.ident, m.queue, exc_info=True)
 
 
 def publish_build(task_id: int, target: Target) -> None:
-    _send(BUILD_TASK, task_id, target.queue)
+    publish([Message.build(task_id, target)])
 
 
-def publish_benchmark(task_id: int, target: str) -> None:
-    _send(BENCHMARK_TASK, task_id, Target.parse(target).bench_queue)
-
-
-def publish_quantize(build_id: int) -> None:
-    _send(QUANTIZE_TASK, build_id, QUANTIZE_QUEUE)
-
-
-def publish(items: list[tuple[str, int, Target | str | None]]) -> None:
-    """Publish ``(kind, id, target)`` items: kind "build" or "bench" with the target, "quantize" with none."""
-    for kind, ident, target in items:
-        if kind == "build":
-            publish_build(ident, Target.parse(str(target)))
-        elif kind == "bench":
-            publish_benchmark(ident, str(target))
-        else:
-            publish_quantize(ident)
+def publish_benchmark(task_id: int, target: Target) -> None:
+    publish([Message.bench(task_id, target)])

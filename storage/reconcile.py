@@ -16,11 +16,10 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from enginefarm.config import Settings
-from enginefarm.domain import QUANTIZE_QUEUE, Target
 from enginefarm.storage import liveness, tokens
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.leader import Leadership
-from enginefarm.storage.queue import publish, queue_size
+from enginefarm.storage.queue import Message, publish, queue_size
 
 log = logging.getLogger(__name__)
 # A dead worker stays listed (as not live) this long, so an operator can still see which one went silent.
@@ -35,24 +34,24 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
         live = {w.id for w in liveness.live_workers(s, settings.worker_ttl_seconds)}
         lost_builds, lost_benches = liveness.requeue_abandoned(s, live)
         lost_stages, _ = liveness.requeue_abandoned_quantize(s, live, settings.max_deliveries)
-        requeued = [("build", t.id, t.target) for t in lost_builds] + [("bench", t.id, t.target) for t in lost_benches]
-        requeued += [("quantize", build_id, None) for build_id in lost_stages]
+        requeued = [Message.build(t.id, t.parsed_target) for t in lost_builds]
+        requeued += [Message.bench(t.id, t.parsed_target) for t in lost_benches]
+        requeued += [Message.quantize(build_id) for build_id in lost_stages]
         # Dashboard sessions that ended (signed out, revoked, expired) can never be used again; a minute's grace,
         # as at sign-in, so that signing out and in again does not hand back a sign-in the rate limit counted.
         sessions = tokens.remove_ended_sessions(s, opened_before=datetime.now(timezone.utc) - timedelta(minutes=1))
         builds, benches, waiting = liveness.queued_since(s, cutoff)
-        stale = [("build", t.id, t.target) for t in builds] + [("bench", t.id, t.target) for t in benches]
-        stale += [("quantize", b.id, None) for b in waiting]
+        stale = [Message.build(t.id, t.parsed_target) for t in builds]
+        stale += [Message.bench(t.id, t.parsed_target) for t in benches]
+        stale += [Message.quantize(b.id) for b in waiting]
     sizes: dict[str, int] = {}
 
-    def empty(kind: str, target: str | None) -> bool:
-        name = QUANTIZE_QUEUE if kind == "quantize" else \
-            Target.parse(target).queue if kind == "build" else Target.parse(target).bench_queue
+    def empty(name: str) -> bool:
         if name not in sizes:
             sizes[name] = queue_size(name)
         return sizes[name] == 0
 
-    again = [item for item in stale if item not in requeued and empty(item[0], item[2])]
+    again = [m for m in stale if m not in requeued and empty(m.queue)]
     publish(requeued + again)
     if requeued or again:
         log.warning("reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)",

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from enginefarm.domain import Target
 from enginefarm.spec import DEFAULT_SHAPE_KEY, BuildSpec
 
 
@@ -92,6 +93,11 @@ class BuildTaskRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     build: Mapped[BuildRow] = relationship(back_populates="tasks")
+
+    @property
+    def parsed_target(self) -> Target:
+        """The stored target as the type every layer works with."""
+        return Target.parse(self.target)
 
 
 class EngineRow(Base):
@@ -190,6 +196,11 @@ class BenchmarkTaskRow(Base):
     def build_spec(self) -> BuildSpec:
         """The stored spec (``BuildSpec.stored()``) as the type every layer works with."""
         return BuildSpec.model_validate(self.spec)
+
+    @property
+    def parsed_target(self) -> Target:
+        """The stored target as the type every layer works with."""
+        return Target.parse(self.target)
 
 
 class VerdictRow(Base):

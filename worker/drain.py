@@ -29,7 +29,7 @@ import time
 from enginefarm.config import Settings
 from enginefarm.storage import liveness
 from enginefarm.storage.db import in_transaction
-from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, publish
+from enginefarm.storage.queue import KINDS, Message, publish
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
@@ -38,7 +38,6 @@ POLL_S = 0.2
 DB_PATIENCE_S = 3.0
 # How long a worker waits for its benchmark lane past the grace (the lane drains within the same grace).
 LANE_EXIT_S = 5.0
-KINDS = {BUILD_TASK: "build", BENCHMARK_TASK: "bench", QUANTIZE_TASK: "quantize"}
 
 
 def running_requests() -> list:
@@ -111,7 +110,7 @@ class Drain:
         try:
             released = in_transaction(liveness.release_tasks, self.worker_id, reason, build_ids=ids["build"],
                                       bench_ids=ids["bench"], settings=self.settings, patience_s=DB_PATIENCE_S)
-            released += [("quantize", i, None) for i in ids["quantize"]
+            released += [Message.quantize(i) for i in ids["quantize"]
                          if in_transaction(liveness.release_quantize, i, self.worker_id, reason, settings=self.settings,
                                            patience_s=DB_PATIENCE_S)]
         except Exception:  # the catalog is down: the reconciler requeues them once this worker's row falls silent
@@ -122,7 +121,7 @@ class Drain:
         released = released or []
         publish(released)
         log.warning("shutdown grace of %g s over: put %d running task(s) back in the queue: %s", self.grace,
-                    len(released), ", ".join(f"{kind} {ident}" for kind, ident, _ in released) or "none")
+                    len(released), ", ".join(f"{m.kind} {m.ident}" for m in released) or "none")
 
     def _stop_task(self, request, acknowledge: bool) -> None:
         """Kill the pool process running ``request``. ``acknowledge``: its row was put back (or is no longer this
@@ -152,7 +151,7 @@ class Drain:
         if left:
             publish(left)
             log.warning("put %d task(s) left running back in the queue: %s", len(left),
-                        ", ".join(f"{kind} {ident}" for kind, ident, _ in left))
+                        ", ".join(f"{m.kind} {m.ident}" for m in left))
 
     def _ready(self, sender=None, **_) -> None:
         self._pool = getattr(sender, "pool", None)  # the consumer's: what stops a task's process

@@ -119,10 +119,10 @@ class Device:
 
 
 def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None,
-                target: str | None = None) -> tuple[Runner, Device]:
+                target: Target | None = None) -> tuple[Runner, Device]:
     """The runner for an engine of this backend (and target) on this worker, and the device it runs on. ``gpu``:
     the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer."""
-    if target and Target.parse(target).is_ort_cuda:
+    if target and target.is_ort_cuda:
         from enginefarm.worker.ort_cuda_runner import OrtCudaRunner
 
         cuda = OrtCudaRunner(engine_path, tf32=spec.tf32)
@@ -233,7 +233,7 @@ def _tf32_verdict(result: dict, runner, feeds: list[dict], wanted: list[dict], n
 
 def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, reference_model: Path,
              samples: dict[str, np.ndarray] | None, gpu: dict | None = None,
-             reraise: tuple[type[BaseException], ...] = (), target: str | None = None) -> Evaluation:
+             reraise: tuple[type[BaseException], ...] = (), target: Target | None = None) -> Evaluation:
     """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result.
     A shape that fails to run is recorded in ``errors`` with the reason, and the accuracy check still runs:
     one failure never hides the other figures. ``reraise``: exceptions that must end the stage (time limits)."""

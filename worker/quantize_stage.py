@@ -23,16 +23,16 @@ from enginefarm.worker.pipeline import model_file_from_store, samples_of
 from enginefarm.worklock import Scratch
 
 
-def family_of_target(target: str) -> str:
+def family_of_target(target: Target) -> str:
     from enginefarm.worker.quantize import family_of
 
-    return family_of(Target.parse(target).backend.value)
+    return family_of(target.backend.value)
 
 
 def model_of_task(session, task):
     """The model a build task builds from: its family's derived int8 model where the quantize stage made one
     per family, else the build's model."""
-    derived = ((task.build.quantize or {}).get("derived_models") or {}).get(family_of_target(task.target))
+    derived = ((task.build.quantize or {}).get("derived_models") or {}).get(family_of_target(task.parsed_target))
     return catalog.get_model(session, derived) if derived else task.build.model
 
 
@@ -47,7 +47,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         info = ModelInfo.from_dict(source.info)
         name, version, source_id = source.name, source.version, source.id
         # TensorRT first: the build's model_id points at the first family's model, as it did with one model.
-        families = sorted({family_of_target(t.target) for t in build.tasks if t.state == TaskState.WAITING.value},
+        families = sorted({family_of_target(t.parsed_target) for t in build.tasks if t.state == TaskState.WAITING.value},
                           key=lambda f: f != "tensorrt") or ["tensorrt"]
     if not samples_fields[0]:
         raise SpecInvalid(f"model {name} version {version} has no samples to calibrate int8 with")
@@ -85,20 +85,20 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         for task in build.tasks:
             if task.state != TaskState.WAITING.value:
                 continue
-            model = models[family_of_target(task.target)]
+            model = models[family_of_target(task.parsed_target)]
             versions = served.get(task.target) or {None}
             existing = next((e for v in versions
                              if (e := catalog.find_engine(s, model.sha256, build.spec_hash, task.target, v))), None)
             if existing is None:
                 task.state = TaskState.QUEUED.value
-                queued.append((task.id, Target.parse(task.target)))
+                queued.append((task.id, task.parsed_target))
                 continue
             catalog.finish_task_reused(s, task, existing)
             task.started_at = task.finished_at
             if (check := catalog.ensure_benchmark_task(s, existing, spec, build.model.project)) is not None:
                 checks.append(check)
         s.flush()
-        return queued, [(c.id, c.target) for c in checks]
+        return queued, [(c.id, c.parsed_target) for c in checks]
 
     from enginefarm.storage import queue
 

@@ -97,7 +97,7 @@ def _after_build(check_id: int | None, target: Target) -> None:
     if target.backend is Backend.TENSORRT:
         run_benchmark_now(check_id)
     else:
-        queue.publish_benchmark(check_id, str(target))
+        queue.publish_benchmark(check_id, target)
 
 
 def _run(task_id: int, me: str) -> None:
@@ -107,7 +107,7 @@ def _run(task_id: int, me: str) -> None:
         task = catalog.get_task(s, task_id)
         # An int8 build may have one derived model per target family (worker/quantize_stage.py).
         build, model = task.build, model_of_task(s, task)
-        target, spec = Target.parse(task.target), build.build_spec
+        target, spec = task.parsed_target, build.build_spec
         # A target that cannot build the spec's precision builds the nearest it can (enginefarm.validation);
         # the engine records the precision it has, under the spec hash that was asked for.
         precision, precision_note = target_precision(spec, target, ModelInfo.from_dict(model.info))
@@ -206,7 +206,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         spec = task.build_spec.model_copy(update={"precision": Precision(engine.precision)})
         info = ModelInfo.from_dict(reference.info)
         engine_fields = (engine.id, engine.blob_key, engine.sha256, engine.backend)
-        target = task.target
+        target = task.parsed_target
         ref_fields = (reference.blob_key, reference.sha256, reference.format)
         samples_fields = (reference.samples_key, reference.samples_sha256)
     engine_id, blob_key, sha, backend = engine_fields
@@ -225,7 +225,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
             in_transaction(checks.record_verdict, engine_id, project,
                            {"pass": False, "error": f"the engine did not load: {exc.message}"}, task_id=task_id)
             raise
-        BENCHMARK_SECONDS.labels(target).observe(time.monotonic() - started)
+        BENCHMARK_SECONDS.labels(str(target)).observe(time.monotonic() - started)
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
     with session_scope() as s:
         for measured in result.benchmarks:

@@ -14,7 +14,7 @@ from enginefarm.config import Settings
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
-from enginefarm.domain import ModelInfo, Target
+from enginefarm.domain import ModelInfo
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
 from enginefarm.validation import target_precision
 
@@ -82,7 +82,7 @@ def _precisions(build: BuildRow) -> dict[int, str]:
     spec = build.spec or {}
     try:
         parsed, info = build.build_spec, ModelInfo.from_dict(build.model.info)
-        return {t.id: target_precision(parsed, Target.parse(t.target), info)[0].value for t in build.tasks}
+        return {t.id: target_precision(parsed, t.parsed_target, info)[0].value for t in build.tasks}
     except (ValueError, TypeError, KeyError):  # a spec older rules no longer read: its own word
         return {t.id: str(spec.get("precision") or "fp32") for t in build.tasks}
 
