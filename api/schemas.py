@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, create_model, field_validator
 
-from enginefarm.domain import ModelInfo, TaskState
+from enginefarm.domain import EngineDescriptor, ModelInfo, TaskState
 from enginefarm.spec import BuildSpec
 from enginefarm.machine import Machine
 from enginefarm.text import CatalogText
@@ -160,7 +161,7 @@ class SweepOut(BaseModel):
     best: dict[str, int | None] = Field(description="target -> build id of the fastest variant that passed accuracy")
 
 
-class EngineOut(BaseModel):
+class _EngineListing(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
     id: int
@@ -172,28 +173,34 @@ class EngineOut(BaseModel):
                                                      "is a variant of; it is not a newer version")
     model_sha256: str
     spec_hash: str
-    target: str
-    backend: str
-    backend_version: str
-    precision: str
-    compute_capability: str | None
-    compute_capabilities: list[str]
-    gpu_name: str | None
-    platform: str
-    trt_version: str | None
-    cuda_version: str | None
-    driver_version: str | None
-    hardware_compat: str
-    version_compatible: bool
-    sha256: str
-    size: int
+
+
+def _fact_fields() -> dict[str, Any]:
+    """EngineDescriptor's fields as an answer's: each required, but for those that may be unknown (their default)."""
+    hints = get_type_hints(EngineDescriptor)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(EngineDescriptor):
+        doc = f.metadata.get("doc")
+        if not f.metadata.get("optional"):
+            out[f.name] = (hints[f.name], Field(description=doc))
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = (hints[f.name], Field(default_factory=f.default_factory, description=doc))
+        else:
+            out[f.name] = (hints[f.name], Field(f.default, description=doc))
+    return out
+
+
+# The engine's facts come from EngineDescriptor, the one list of them; typed Any, as a class made at run time is.
+_EngineFacts: Any = create_model("_EngineFacts", __base__=_EngineListing, **_fact_fields())
+
+
+class EngineOut(_EngineFacts):
+    """An engine as the API answers it: the version it is listed under, its facts (the fields of the farm's engine
+    descriptor), how it was built, and the asking project's check of it."""
+
     build_seconds: float
     built_by: str | None
     created_at: datetime
-    device_memory_bytes: int | None = None
-    profiles: list[dict[str, dict[str, list[int]]]] = Field(
-        default_factory=list, description="the optimization profiles it was built with: per input, min/opt/max dims "
-                                          "(min = opt = max for a static input); empty when not known")
     accuracy_pass: bool | None = Field(None, description="whether it passed the accuracy check of the project "
                                                          "asking (null: that project never checked it)")
     accuracy: dict[str, Any] | None = Field(None, description="that check's per-output metrics")

@@ -7,7 +7,8 @@ typed objects: SQLAlchemy tables (storage/tables.py) and public API schemas (api
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -209,7 +210,12 @@ FINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCE
 
 @dataclass
 class EngineDescriptor:
-    """Everything needed to decide whether an engine runs on a machine, as built by a worker."""
+    """Everything needed to decide whether an engine runs on a machine, as built by a worker.
+
+    The one list of an engine's facts: the catalog's engine row stores each as a column of the same name, resolution
+    reads those columns (``storage.resolution.ENGINE_COLUMNS``), and the API's engine answer (``EngineOut``) and the
+    client's cached records carry them under the same names. Add a fact here, as a column (with its migration) and
+    nowhere else. ``metadata["doc"]`` is what the API's schema says of a fact."""
 
     target: str
     backend: str
@@ -226,7 +232,31 @@ class EngineDescriptor:
     version_compatible: bool = False
     size: int = 0
     sha256: str = ""
-    device_memory_bytes: int | None = None
-    # The optimization profiles the engine was built with, each input's min/opt/max (a static input has
-    # min = opt = max); empty when unknown. See ``engine_profiles``.
-    profiles: list[dict[str, dict[str, list[int]]]] = field(default_factory=list)
+    # Facts that may be unknown (``optional``): an answer may leave them out, and their default says so.
+    device_memory_bytes: int | None = field(default=None, metadata={"optional": True,
+        "doc": "GPU activation memory the engine asks for when it is loaded, once a GPU worker has seen it"})
+    # See ``engine_profiles``.
+    profiles: list[dict[str, dict[str, list[int]]]] = field(default_factory=list, metadata={"optional": True,
+        "doc": "the optimization profiles it was built with: per input, min/opt/max dims (min = opt = max for a "
+               "static input); empty when not known"})
+
+    @classmethod
+    def of(cls, source: Any) -> EngineDescriptor:
+        """The facts of whatever carries them under their names: a catalog row, a plain row of its columns, or a
+        mapping (an API answer, a cached record; a fact it lacks takes its default)."""
+        if isinstance(source, Mapping):
+            given = {name: source[name] for name in ENGINE_FACTS if name in source}
+        else:
+            given = {name: getattr(source, name) for name in ENGINE_FACTS}
+        for name in ("compute_capabilities", "profiles"):  # JSON columns: a row may hold null
+            if name in given:
+                given[name] = list(given[name] or [])
+        return cls(**given)
+
+    def facts(self) -> dict[str, Any]:
+        """Each fact by its name: what an engine row is made of."""
+        return asdict(self)
+
+
+# The names of an engine's facts, in EngineDescriptor's order.
+ENGINE_FACTS: tuple[str, ...] = tuple(f.name for f in fields(EngineDescriptor))

@@ -303,16 +303,9 @@ def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: E
     row = find_engine(session, model.sha256, spec_hash, desc.target, desc.backend_version)
     task.reused = row is not None  # another task built the same engine while this one did
     if row is None:
-        row = EngineRow(
-            model_id=model.id, model_sha256=model.sha256, spec_hash=spec_hash, target=desc.target,
-            backend=desc.backend, backend_version=desc.backend_version, precision=desc.precision,
-            compute_capability=desc.compute_capability, compute_capabilities=desc.compute_capabilities,
-            gpu_name=desc.gpu_name, platform=desc.platform, trt_version=desc.trt_version,
-            cuda_version=desc.cuda_version, driver_version=desc.driver_version,
-            hardware_compat=desc.hardware_compat, version_compatible=desc.version_compatible,
-            sha256=desc.sha256, size=desc.size, blob_key=blob_key, build_seconds=build_seconds, built_by=worker_id,
-            profiles=desc.profiles or _gpu_profiles(desc, task.build.spec, model.info),
-        )
+        facts = {**desc.facts(), "profiles": desc.profiles or _gpu_profiles(desc, task.build.spec, model.info)}
+        row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash=spec_hash, **facts,
+                        blob_key=blob_key, build_seconds=build_seconds, built_by=worker_id)
         try:
             with session.begin_nested():  # a savepoint: losing the race must not undo the whole transaction
                 session.add(row)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Row, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from enginefarm.domain import EngineDescriptor
+from enginefarm.domain import ENGINE_FACTS, EngineDescriptor
 from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage.catalog import find_models, latest_of
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
@@ -22,12 +22,9 @@ from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, Verdict
 # What an answer says about a model version, and what its ETag is made of.
 MODEL_COLUMNS = (ModelRow.id, ModelRow.project, ModelRow.name, ModelRow.version, ModelRow.seq, ModelRow.sha256,
                  ModelRow.source_model_id, ModelRow.generation)
-# What judging, ranking and a candidate's line need of an engine.
-ENGINE_COLUMNS = (EngineRow.id, EngineRow.model_sha256, EngineRow.spec_hash, EngineRow.target, EngineRow.backend,
-                  EngineRow.backend_version, EngineRow.precision, EngineRow.platform, EngineRow.compute_capability,
-                  EngineRow.compute_capabilities, EngineRow.gpu_name, EngineRow.trt_version, EngineRow.cuda_version,
-                  EngineRow.driver_version, EngineRow.hardware_compat, EngineRow.version_compatible, EngineRow.size,
-                  EngineRow.sha256, EngineRow.device_memory_bytes, EngineRow.profiles, VerdictRow.accuracy_pass)
+# What judging, ranking and a candidate's line need of an engine: its facts, and the project's verdict.
+ENGINE_COLUMNS = (EngineRow.id, EngineRow.model_sha256, EngineRow.spec_hash,
+                  *(getattr(EngineRow, name) for name in ENGINE_FACTS), VerdictRow.accuracy_pass)
 
 
 def model_versions(session: Session, model: str, version: str | None, project: str | None) -> list[Row]:
@@ -49,14 +46,7 @@ def owners(models: list[Row]) -> dict[str, Row]:
 
 def descriptor_of(row) -> EngineDescriptor:
     """An engine's descriptor from its row (an EngineRow or a plain row of ENGINE_COLUMNS)."""
-    return EngineDescriptor(
-        target=row.target, backend=row.backend, backend_version=row.backend_version, precision=row.precision,
-        platform=row.platform, compute_capability=row.compute_capability,
-        compute_capabilities=list(row.compute_capabilities or []), gpu_name=row.gpu_name, trt_version=row.trt_version,
-        cuda_version=row.cuda_version, driver_version=row.driver_version, hardware_compat=row.hardware_compat,
-        version_compatible=row.version_compatible, size=row.size, sha256=row.sha256,
-        device_memory_bytes=row.device_memory_bytes, profiles=list(row.profiles or []),
-    )
+    return EngineDescriptor.of(row)
 
 
 # Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is

@@ -7,7 +7,7 @@ import json
 import os
 import secrets
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -370,7 +370,7 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
     if version == "latest" and records:
         newest = max(r.get("model_seq", 0) for r in records.values())
         records = {k: r for k, r in records.items() if r.get("model_seq", 0) == newest}
-    options = [Option(sha, _descriptor(r), r.get("model_seq", 0), r.get("spec_hash", ""),
+    options = [Option(sha, EngineDescriptor.of(r), r.get("model_seq", 0), r.get("spec_hash", ""),
                       Evidence(accuracy={True: "pass", False: "fail"}.get(r.get("accuracy_pass"))))
                for sha, r in records.items()]
     filters = with_cpu(filters) if allow_cpu else filters
@@ -399,7 +399,3 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
             "rejected": [row(j) for j in choice.rejected],
             "candidates": [row(j) for j in choice.ranked + choice.rejected], "offline": True}
 
-
-def _descriptor(record: dict) -> EngineDescriptor:
-    names = {f.name for f in fields(EngineDescriptor)}
-    return EngineDescriptor(**{k: v for k, v in record.items() if k in names})
