@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from enginefarm.api import reports, services
@@ -19,7 +18,7 @@ from enginefarm.domain import TaskState, Target
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import liveness
 from enginefarm.storage.checks import ProjectView
-from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow
 
 Verdict = Literal["pass", "fail", "pending"]
 CheckName = Literal["build", "benchmark", "accuracy", "latency_regression"]
@@ -93,19 +92,12 @@ def _latest_tasks(session: Session, model_ids: list[int], build_id: int | None,
                   spec_hash: str | None) -> dict[str, BuildTaskRow]:
     """Target → the task that answers for it: of the build asked for, else of the newest build that has one."""
     if build_id is not None:
-        build = session.get(BuildRow, build_id)
-        if build is None or build.model_id not in model_ids:
+        build = catalog.build_of_models(session, build_id, model_ids)
+        if build is None:
             raise _bad_query("build_id", build_id, f"build {build_id} is not a build of this model; see "
                                                    "GET /v1/builds?model_id=… for its builds")
         return {t.target: t for t in build.tasks}
-    query = select(BuildRow).where(BuildRow.model_id.in_(model_ids))
-    if spec_hash:
-        query = query.where(BuildRow.spec_hash == spec_hash)
-    tasks: dict[str, BuildTaskRow] = {}
-    for build in session.scalars(query.order_by(BuildRow.id.desc())):
-        for task in build.tasks:
-            tasks.setdefault(task.target, task)
-    return tasks
+    return catalog.latest_task_per_target(session, model_ids, spec_hash)
 
 
 def evaluate(session: Session, settings: Settings, model_id: int, project: str | None, *,

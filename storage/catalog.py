@@ -273,6 +273,25 @@ def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str
     return list(session.scalars(query.order_by(BuildRow.id.desc()).limit(limit).offset(offset)).all())
 
 
+def build_of_models(session: Session, build_id: int, model_ids: list[int]) -> BuildRow | None:
+    """The build, if it is a build of one of these models."""
+    build = session.get(BuildRow, build_id)
+    return build if build is not None and build.model_id in model_ids else None
+
+
+def latest_task_per_target(session: Session, model_ids: list[int], spec_hash: str | None = None
+                           ) -> dict[str, BuildTaskRow]:
+    """Target → its task in the newest build of these models (with this spec, where given) that has one."""
+    query = select(BuildRow).where(BuildRow.model_id.in_(model_ids))
+    if spec_hash:
+        query = query.where(BuildRow.spec_hash == spec_hash)
+    tasks: dict[str, BuildTaskRow] = {}
+    for build in session.scalars(query.order_by(BuildRow.id.desc())):
+        for task in build.tasks:
+            tasks.setdefault(task.target, task)
+    return tasks
+
+
 def get_task(session: Session, task_id: int) -> BuildTaskRow:
     return _get(session, BuildTaskRow, task_id, "build task")
 

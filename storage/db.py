@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 import orjson
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -180,6 +180,12 @@ def migrate(settings: Settings | None = None) -> None:
             command.upgrade(alembic_config(url), "head")
         finally:
             conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": MIGRATION_LOCK})
+
+
+def ping(settings: Settings) -> None:
+    """One round trip to the catalog's database; raises what the driver raises when it is not there."""
+    with session_scope(settings) as s:
+        s.execute(text("SELECT 1"))
 
 
 def has_catalog(settings: Settings) -> bool:

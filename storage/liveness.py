@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.domain import BACKEND_MODULES, Target, TaskState
@@ -156,6 +156,14 @@ def release_quantize(session: Session, build_id: int, worker_id: str, reason: st
         return False
     build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None, "error": reason}
     return True
+
+
+def builds_pending(session: Session, worker_id: str, targets: list[str]) -> int:
+    """Build tasks this worker is running, plus those queued for one of ``targets``."""
+    clauses = [(BuildTaskRow.state == TaskState.RUNNING.value) & (BuildTaskRow.worker_id == worker_id)]
+    if targets:
+        clauses.append((BuildTaskRow.state == TaskState.QUEUED.value) & BuildTaskRow.target.in_(targets))
+    return session.scalar(select(func.count()).select_from(BuildTaskRow).where(or_(*clauses))) or 0
 
 
 def queued_since(session: Session, cutoff: datetime) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:

@@ -22,11 +22,8 @@ import threading
 import time
 from typing import Callable
 
-from sqlalchemy import func, or_, select
-
-from enginefarm.domain import TaskState
+from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BuildTaskRow
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +40,8 @@ RESTART_DELAY_S = 1.0
 
 def builds_pending(worker_id: str, targets: list[str]) -> int:
     """Build tasks this worker is running, plus those queued for one of ``targets``."""
-    busy = BuildTaskRow.state == TaskState.RUNNING.value
-    mine = busy & (BuildTaskRow.worker_id == worker_id)
-    clauses = [mine]
-    if targets:
-        clauses.append((BuildTaskRow.state == TaskState.QUEUED.value) & BuildTaskRow.target.in_(targets))
     with session_scope() as s:
-        return s.scalar(select(func.count()).select_from(BuildTaskRow).where(or_(*clauses))) or 0
+        return liveness.builds_pending(s, worker_id, targets)
 
 
 def wait_for_builds(worker_id: str, max_s: float = GIVE_WAY_MAX_S) -> float:

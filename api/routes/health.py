@@ -12,14 +12,13 @@ import time
 import anyio
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy import text
 
 from enginefarm import __version__
 from enginefarm.api.deps import settings_dep
 from enginefarm.api.metrics import exposition
 from enginefarm.config import Settings
 from enginefarm.storage.blobs import get_blob_store
-from enginefarm.storage.db import session_scope
+from enginefarm.storage.db import ping
 
 router = APIRouter(tags=["health"])
 READY_TIMEOUT_S = 3.0
@@ -33,8 +32,7 @@ async def healthz(settings: Settings = Depends(settings_dep)) -> dict:
 
 
 def _catalog(settings: Settings) -> None:
-    with session_scope(settings) as s:
-        s.execute(text("SELECT 1"))
+    ping(settings)
 
 
 def _broker(settings: Settings) -> None:
