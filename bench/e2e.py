@@ -45,7 +45,7 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from enginefarm.server import devservices  # noqa: E402
+from enginefarm.server import localservers  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
 from enginefarm.domain import Target
@@ -220,15 +220,15 @@ def run_mode(mode: str, args, work: Path) -> dict:
 
             from enginefarm.storage.blobs.s3 import S3BlobStore
 
-            endpoint = stack.enter_context(devservices.seaweedfs(work / mode / "seaweedfs"))
-            pg_url = stack.enter_context(devservices.scratch_postgres("enginefarm_bench"))
+            endpoint = stack.enter_context(localservers.seaweedfs(work / mode / "seaweedfs"))
+            pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_bench"))
             redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB).flushdb()
-            env = devservices.distributed_env(data, pg_url, f"redis://127.0.0.1:6379/{REDIS_DB}", endpoint)
+            env = localservers.distributed_env(data, pg_url, f"redis://127.0.0.1:6379/{REDIS_DB}", endpoint)
             # b's own client and its own bucket: content-addressed puts must not find the farm's blobs.
             store = S3BlobStore.from_settings(Settings(
                 data_dir=work / mode / "bench", blob_store="s3", s3_endpoint_url=endpoint,
-                s3_bucket=f"efbench-b-{uuid.uuid4().hex[:8]}", s3_access_key=devservices.S3_KEY,
-                s3_secret_key=devservices.S3_SECRET))
+                s3_bucket=f"efbench-b-{uuid.uuid4().hex[:8]}", s3_access_key=localservers.S3_KEY,
+                s3_secret_key=localservers.S3_SECRET))
         get_dir = work / mode / "bench-get"
         get_dir.mkdir(parents=True, exist_ok=True)
         # Warm the in-process builders and the bench store client too (imports, connections).

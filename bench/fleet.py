@@ -42,7 +42,7 @@ import httpx  # noqa: E402
 from bench import catalogfill, httpload  # noqa: E402
 from bench.procstat import cpu_of  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
-from enginefarm.server import devservices  # noqa: E402
+from enginefarm.server import localservers  # noqa: E402
 from enginefarm.server.embedded import Farm, issue_token  # noqa: E402
 
 REDIS_DB = 15
@@ -108,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.models, args.engines, args.seconds, args.rate = 50, 25, 1.0, 50
         args.connections, args.open_connections = 4, 8
-    if not (devservices.port_open(5432) and devservices.port_open(6379)):
+    if not (localservers.port_open(5432) and localservers.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-")))
-        pg_url = stack.enter_context(devservices.scratch_postgres("enginefarm_fleet"))
+        pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_fleet"))
         env = {"ENGINEFARM_DATA_DIR": str(work / "data"), "ENGINEFARM_DATABASE_URL": pg_url,
                "ENGINEFARM_BROKER_URL": f"redis://127.0.0.1:6379/{REDIS_DB}", "ENGINEFARM_RECONCILE_SECONDS": "0",
                "ENGINEFARM_GC_INTERVAL_SECONDS": "0"}

@@ -139,22 +139,22 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
     """Servers, farm, token, one model built for TARGETS; returns what the clients need."""
     import redis
 
-    from enginefarm.server import devservices
+    from enginefarm.server import localservers
     from enginefarm.config import Settings
     from enginefarm.server.embedded import Farm
     from enginefarm.graph.samples import sample_spec, save_conv_net
     from enginefarm.storage.blobs import engine_key
     from enginefarm.storage.blobs.s3 import S3BlobStore
 
-    if not (devservices.port_open(5432) and devservices.port_open(6379)):
+    if not (localservers.port_open(5432) and localservers.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
     weed_dir = work / "seaweedfs"
-    endpoint = stack.enter_context(devservices.seaweedfs(weed_dir))
-    pg_url = stack.enter_context(devservices.scratch_postgres("enginefarm_load"))
+    endpoint = stack.enter_context(localservers.seaweedfs(weed_dir))
+    pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_load"))
     broker = redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB)
     broker.flushdb()
     stack.callback(broker.flushdb)
-    env = devservices.distributed_env(work / "farm-data", pg_url, f"redis://127.0.0.1:6379/{REDIS_DB}", endpoint)
+    env = localservers.distributed_env(work / "farm-data", pg_url, f"redis://127.0.0.1:6379/{REDIS_DB}", endpoint)
     log_dir = work / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     farm = Farm(env, log_dir=log_dir)

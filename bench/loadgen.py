@@ -203,7 +203,7 @@ class CpuMeter:
         misses its health check) and the scratch database's connections by state (pg_stat_activity)."""
         import psycopg
 
-        from enginefarm.server.devservices import PG_ADMIN
+        from enginefarm.server.localservers import PG_ADMIN
 
         seen: set[int] = set()
         conns: Counter = Counter()
@@ -240,7 +240,7 @@ class CpuMeter:
     def _pg_stats(self) -> dict[str, float]:
         import psycopg
 
-        from enginefarm.server.devservices import PG_ADMIN
+        from enginefarm.server.localservers import PG_ADMIN
 
         try:
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

@@ -36,7 +36,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from enginefarm.api.app import create_app  # noqa: E402
-from enginefarm.server import devservices  # noqa: E402
+from enginefarm.server import localservers  # noqa: E402
 from enginefarm.server.embedded import issue_token  # noqa: E402
 from enginefarm.choose import Option, choose  # noqa: E402
 from enginefarm.config import Settings  # noqa: E402
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title="resolution vs reading the same engines (median ms)")
     for col in ("engines", "base: list", "resolve", "explain", "resolve/base", "explain/base", "choose per 1000"):
         table.add_column(col, justify="right")
-    with devservices.scratch_postgres("enginefarm_bench") as url, tempfile.TemporaryDirectory() as data:
+    with localservers.scratch_postgres("enginefarm_bench") as url, tempfile.TemporaryDirectory() as data:
         settings = Settings(data_dir=Path(data), database_url=url)
         token = issue_token(settings, "bench-resolve", ["read"])
         with TestClient(create_app(settings), headers={"Authorization": f"Bearer {token}"}) as http:

@@ -4,8 +4,15 @@ never keep the dead one's running tasks alive, and the reconciler requeues them 
 
 from __future__ import annotations
 
+import os
 import secrets
 import socket
+
+# A worker's id, set by ``enginefarm worker`` for its processes (pool children inherit it).
+WORKER_ID_ENV = "ENGINEFARM_WORKER_ID"
+# The name of a worker started without one (a Celery worker started by hand).
+UNNAMED = "worker"
+_own: tuple[int, str] | None = None
 
 # The catalog keeps worker ids in columns of 200 characters: a host name is at most 64, the instance part 9.
 MAX_NAME_LENGTH = 100
@@ -22,6 +29,17 @@ def check_worker_name(name: str) -> str:
 def new_worker_id(name: str, hostname: str | None = None) -> str:
     """A fresh id for one start of the worker ``name``."""
     return f"{check_worker_name(name)}@{hostname or socket.gethostname()}/{secrets.token_hex(4)}"
+
+
+def current_worker_id() -> str:
+    """This process's worker id: the one ``enginefarm worker`` set, else one of its own, new in every process."""
+    global _own
+    given = os.environ.get(WORKER_ID_ENV)
+    if given:
+        return given
+    if _own is None or _own[0] != os.getpid():  # a forked pool process is a worker of its own
+        _own = (os.getpid(), new_worker_id(UNNAMED))
+    return _own[1]
 
 
 def worker_name(worker_id: str) -> str:

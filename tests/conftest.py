@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.config import Settings
 from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import save_conv_net
@@ -30,13 +30,13 @@ PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test")
 
 @pytest.fixture(scope="session")
 def base_services() -> None:
-    if not (devservices.port_open(5432) and devservices.port_open(6379)):
+    if not (localservers.port_open(5432) and localservers.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
 
 
 @pytest.fixture(scope="session")
 def pg_url(base_services) -> str:
-    with devservices.scratch_postgres(PG_DB) as url:
+    with localservers.scratch_postgres(PG_DB) as url:
         yield url
 
 
@@ -49,14 +49,14 @@ def redis_url(base_services) -> str:
 @pytest.fixture(scope="session")
 def seaweedfs(tmp_path_factory) -> str:
     """A real SeaweedFS server with S3 on free ports; yields its endpoint URL."""
-    with devservices.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as endpoint:
+    with localservers.seaweedfs(tmp_path_factory.mktemp("seaweedfs")) as endpoint:
         yield endpoint
 
 
 @pytest.fixture(scope="session")
 def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
     """ENGINEFARM_* settings for the distributed mode: PostgreSQL, Redis, S3."""
-    env = devservices.distributed_env(tmp_path_factory.mktemp("farm-data"), pg_url, redis_url, seaweedfs)
+    env = localservers.distributed_env(tmp_path_factory.mktemp("farm-data"), pg_url, redis_url, seaweedfs)
     # A worker counts as dead after 10 s without a heartbeat: shorter, and a worker starved of CPU by the
     # suite's own load (two cores) was taken for dead and its running check requeued.
     env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",

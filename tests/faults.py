@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.gc import referenced_keys
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
@@ -24,7 +24,7 @@ class TcpProxy:
 
     def __init__(self, target: tuple[str, int]):
         self.target = target
-        self.port = devservices.free_port_pair()
+        self.port = localservers.free_port_pair()
         self._listener: socket.socket | None = None
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()

@@ -4,13 +4,12 @@ catalog first, so a redelivered message never runs work twice. No TensorRT logic
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from dataclasses import asdict
 from functools import lru_cache
 
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import worker_process_init
 
 from enginefarm.config import get_settings
 from enginefarm.domain import Backend, ModelInfo, TaskState, Target
@@ -20,13 +19,13 @@ from enginefarm.validation import target_precision
 from enginefarm.storage import catalog, checks
 from enginefarm.storage.blobs import engine_key, get_blob_store
 from enginefarm.storage.blobwrite import store_with_row
-from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, in_transaction, session_scope
+from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
 from enginefarm.storage import queue
 from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK
-from enginefarm.worker.celery_app import app
+from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
 from enginefarm.worker.lanes import wait_for_builds
 from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
+from enginefarm.workerid import current_worker_id
 from enginefarm.worklock import Scratch
 from enginefarm.worker.quantize_stage import model_of_task
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
@@ -34,10 +33,13 @@ from enginefarm.probe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
+app = celery_app()  # the queue's app (storage.queue): the tasks below are registered on it
 
 
-def worker_id() -> str:
-    return os.environ.get("ENGINEFARM_WORKER_ID") or f"{socket.gethostname()}:{os.getpid()}"
+@worker_process_init.connect
+def _fresh_connections(**_kwargs) -> None:
+    # A forked pool process must not share the parent's database sockets.
+    get_engine().dispose(close=False)
 
 
 @lru_cache
@@ -70,7 +72,7 @@ _limits = get_settings()
 def build_engine(self, task_id: int) -> None:
     """Every catalog write here outlasts a database restart (``in_transaction`` retries it), so a task never
     stays "running" because its final state could not be written."""
-    me = worker_id()
+    me = current_worker_id()
     if not in_transaction(catalog.claim_task, task_id, me, get_settings().max_deliveries):
         log.info("task %s is not queued any more (taken or finished); skipping", task_id)
         return
@@ -165,7 +167,7 @@ def benchmark_engine(self, task_id: int) -> None:
 def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool = False) -> None:
     """Claim the benchmark task and run it in this process; every outcome ends in the catalog. ``give_way``: in a
     benchmark lane, measure once this worker's builds are done (``lanes.wait_for_builds``)."""
-    me = worker_id()
+    me = current_worker_id()
     if not in_transaction(checks.claim_benchmark, task_id, me, get_settings().max_deliveries):
         log.info("benchmark task %s is not queued any more; skipping", task_id)
         return
@@ -226,7 +228,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
                            {"pass": False, "error": f"the engine did not load: {exc.message}"}, task_id=task_id)
             raise
         BENCHMARK_SECONDS.labels(str(target)).observe(time.monotonic() - started)
-    fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": worker_id()}
+    fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": current_worker_id()}
     with session_scope() as s:
         for measured in result.benchmarks:
             checks.record_benchmark(s, engine_id, project=project, shape_key=measured.shape.key,
@@ -255,7 +257,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
 def quantize_model(self, build_id: int) -> None:
     from enginefarm.worker import quantize_stage
 
-    me = worker_id()
+    me = current_worker_id()
     if not in_transaction(catalog.claim_quantize, build_id, me):
         log.info("build %s has no queued quantization; skipping", build_id)
         return

@@ -12,7 +12,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
-from enginefarm.client import querycli
+from enginefarm.client import fetchcli, lscli
 from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
 from enginefarm.client.terminal import API_OPT, QUEUE_OPT, client_for, console, err, fail, need, print_tasks, transfer_bar
 from enginefarm.shapes import parse_val_ranges
@@ -253,7 +253,8 @@ def _wait_with_progress(c, build: dict, timeout: float) -> dict:
 
 
 app.command("ci", context_settings=TRTEXEC_CONTEXT)(ci_command)
-querycli.register(app)
+fetchcli.register(app)  # fetch, export
+lscli.register(app)
 
 def main() -> None:
     """``enginefarm``: the client commands, and the farm's own (``enginefarm.commands`` entry points)."""

@@ -205,7 +205,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     from enginefarm.server.embedded import prepare
-    from enginefarm.workerid import new_worker_id
+    from enginefarm.workerid import WORKER_ID_ENV, new_worker_id
     from enginefarm.worker.drain import LANE_EXIT_S, Drain
     from enginefarm.worker.heartbeat import Heartbeat
     from enginefarm.worker.lanes import LANE_OF_ENV
@@ -217,7 +217,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     # id falls silent, instead of being kept "running" by this process's heartbeats. A benchmark lane serves
     # under the id of the worker that started it.
     worker_id = os.environ[LANE_OF_ENV] if in_lane else new_worker_id(name)
-    os.environ["ENGINEFARM_WORKER_ID"] = worker_id  # pool children inherit it
+    os.environ[WORKER_ID_ENV] = worker_id  # pool children inherit it
     for attempt in range(5):  # several processes may migrate a fresh catalog at once
         try:
             prepare(settings)
@@ -226,7 +226,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             if attempt == 4:
                 raise
             time.sleep(1 + attempt)
-    from enginefarm.worker.celery_app import app as celery_app
+    from enginefarm.worker.tasks import app as celery_app
 
     from enginefarm.domain import QUANTIZE_QUEUE, Backend
 

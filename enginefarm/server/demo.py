@@ -27,7 +27,7 @@ RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "t
 def run_demo(data_dir: Path | None, console: Console) -> int:
     import platform
 
-    from enginefarm.client.querycli import engines_table
+    from enginefarm.client.lscli import engines_table
     from enginefarm.client.terminal import print_tasks
 
     data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))

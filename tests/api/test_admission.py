@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import delete, func, select, update
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.client import ApiError, Client
 from enginefarm.config import Settings
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
@@ -103,7 +103,7 @@ def small_farm(request, base_services, tmp_path_factory):
         "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": str(UPLOADS_PER_TOKEN),
         "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN": str(SIGNINS_PER_TOKEN),
         "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": str(SIGNINS_PER_ADDRESS)}
-    with (devservices.scratch_postgres(f"{PG_DB}_admission") if request.param == "postgresql"
+    with (localservers.scratch_postgres(f"{PG_DB}_admission") if request.param == "postgresql"
           else _nothing()) as url:
         if url:
             env["ENGINEFARM_DATABASE_URL"] = url

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.client import ApiError, Client
 from enginefarm.server.embedded import Farm
 from enginefarm.graph.samples import save_conv_net
@@ -163,7 +163,7 @@ def test_no_secret_in_logs_or_errors(farm, dist_settings, api):
         with Client(farm.url, token="ef_" + "s3cr3t" * 8) as c:
             c.get("/v1/models")
     assert "s3cr3t" not in str(exc.value)
-    secrets = [farm.token, devservices.S3_SECRET, dist_settings.s3_secret_key or devservices.S3_SECRET]
+    secrets = [farm.token, localservers.S3_SECRET, dist_settings.s3_secret_key or localservers.S3_SECRET]
     logs = list(farm.log_dir.glob("*.log"))
     assert logs
     for log in logs:
@@ -171,7 +171,7 @@ def test_no_secret_in_logs_or_errors(farm, dist_settings, api):
         for secret in secrets:
             assert secret not in text, f"{log.name} holds a secret"
     for path in ("/v1/workers", "/healthz", "/v1/models?limit=1"):
-        assert devservices.S3_SECRET not in api.get(path).text
+        assert localservers.S3_SECRET not in api.get(path).text
 
 
 def test_resolve_that_queues_a_build_needs_build_scope(api):

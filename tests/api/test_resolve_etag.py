@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from enginefarm.api.app import create_app
 from enginefarm.api.routes import resolve as resolve_routes
 from enginefarm.config import Settings
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.server.embedded import issue_token
 from enginefarm.api import resolver
 from enginefarm.storage import catalog, checks
@@ -28,7 +28,7 @@ QUERY = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64", 
 @pytest.fixture(scope="module")
 def own_pg(base_services):
     """A database of its own: these engines have no bytes, and the suite's farm must never list them."""
-    with devservices.scratch_postgres("enginefarm_etag") as url:
+    with localservers.scratch_postgres("enginefarm_etag") as url:
         yield url
 
 

@@ -18,7 +18,7 @@ import redis
 from enginefarm.client import Client
 from enginefarm.config import Settings
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import BenchmarkTaskRow, BuildTaskRow, EngineRow
@@ -37,8 +37,8 @@ def farm_env(mode: str, tmp_path, seaweedfs: str):
         yield embedded_env(tmp_path / "data")
         return
     redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB).flushdb()
-    with devservices.scratch_postgres(PG_DB) as url:
-        yield devservices.distributed_env(tmp_path / "data", url, f"redis://127.0.0.1:6379/{REDIS_DB}", seaweedfs)
+    with localservers.scratch_postgres(PG_DB) as url:
+        yield localservers.distributed_env(tmp_path / "data", url, f"redis://127.0.0.1:6379/{REDIS_DB}", seaweedfs)
 
 
 @pytest.fixture(params=["embedded", "distributed"])

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 import httpx
 import redis
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.client import Client
 from enginefarm.config import Settings
 from enginefarm.server.embedded import Farm, issue_token
@@ -181,8 +181,8 @@ def test_postgres_restart_gives_503_and_the_farm_recovers(tmp_path, seaweedfs):
     redis_url = f"redis://127.0.0.1:6379/{FAULT_REDIS_DB}"
     redis.Redis.from_url(redis_url).flushdb()
     target = "onnxruntime/cpu-x86_64"
-    with devservices.private_postgres() as pg:
-        env = devservices.distributed_env(tmp_path / "data", pg.url, redis_url, seaweedfs)
+    with localservers.private_postgres() as pg:
+        env = localservers.distributed_env(tmp_path / "data", pg.url, redis_url, seaweedfs)
         env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
                     "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
         settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})

@@ -29,7 +29,7 @@ import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.config import Settings
 from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
@@ -150,8 +150,8 @@ class RaceFarm:
 @pytest.fixture(scope="module")
 def race(base_services, seaweedfs, tmp_path_factory):
     redis.Redis(host="127.0.0.1", port=6379, db=RACE_REDIS_DB).flushdb()
-    with devservices.scratch_postgres("enginefarm_race") as url:
-        env = devservices.distributed_env(tmp_path_factory.mktemp("race-data"), url,
+    with localservers.scratch_postgres("enginefarm_race") as url:
+        env = localservers.distributed_env(tmp_path_factory.mktemp("race-data"), url,
                                           f"redis://127.0.0.1:6379/{RACE_REDIS_DB}", seaweedfs)
         # Dead workers are noticed within seconds, and a lost message is published again soon.
         env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "0.5", "ENGINEFARM_WORKER_TTL_SECONDS": "5",

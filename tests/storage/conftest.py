@@ -6,7 +6,7 @@ from typing import Iterator
 
 import pytest
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.config import Settings
 from enginefarm.storage.db import migrate
 
@@ -23,7 +23,7 @@ def settings(request, tmp_path) -> Iterator[Settings]:
         yield settings
         return
     request.getfixturevalue("base_services")
-    with devservices.scratch_postgres("enginefarm_storage") as url:
+    with localservers.scratch_postgres("enginefarm_storage") as url:
         settings = Settings(data_dir=tmp_path / "farm", database_url=url)
         settings.ensure_dirs()
         migrate(settings)

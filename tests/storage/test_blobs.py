@@ -13,7 +13,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.config import Settings
 from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
 from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
@@ -25,7 +25,7 @@ from enginefarm.storage.blobs.s3 import S3BlobStore
 
 def s3_settings(endpoint: str, bucket: str | None = None) -> Settings:
     return Settings(blob_store="s3", s3_endpoint_url=endpoint, s3_bucket=bucket or f"blobs-{uuid.uuid4().hex[:10]}",
-                    s3_access_key=devservices.S3_KEY, s3_secret_key=devservices.S3_SECRET)
+                    s3_access_key=localservers.S3_KEY, s3_secret_key=localservers.S3_SECRET)
 
 
 @pytest.fixture(scope="module")
@@ -270,8 +270,8 @@ def test_s3_presigned_url_serves_the_bytes(s3_store, tmp_path):
 
 
 def test_s3_missing_bucket_is_infrastructure_error(seaweedfs, tmp_path):
-    client = boto3.client("s3", endpoint_url=seaweedfs, region_name="us-east-1", aws_access_key_id=devservices.S3_KEY,
-                          aws_secret_access_key=devservices.S3_SECRET,
+    client = boto3.client("s3", endpoint_url=seaweedfs, region_name="us-east-1", aws_access_key_id=localservers.S3_KEY,
+                          aws_secret_access_key=localservers.S3_SECRET,
                           config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}))
     store = S3BlobStore(client, f"no-such-bucket-{uuid.uuid4().hex[:8]}")
     src, sha = blob(tmp_path, b"nowhere to go")

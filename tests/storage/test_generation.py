@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from enginefarm.config import Settings
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.storage import catalog, checks
 from enginefarm.storage.db import migrate, session_scope
 from enginefarm.storage.tables import ModelRow
@@ -22,7 +22,7 @@ from tests.helpers import catalog_engine, catalog_model, unique_name
 @pytest.fixture(scope="module")
 def own_pg(base_services):
     """A database of its own: these engines have no bytes, and the suite's farm must never list them."""
-    with devservices.scratch_postgres("enginefarm_generation") as url:
+    with localservers.scratch_postgres("enginefarm_generation") as url:
         yield url
 
 

@@ -9,7 +9,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.config import Settings
 from enginefarm.storage.db import alembic_config, migrate
 from enginefarm.storage.tables import Base
@@ -29,7 +29,7 @@ def database_url(request, tmp_path, base_services):
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'catalog.db'}"
     else:
-        with devservices.scratch_postgres("enginefarm_migrations") as url:
+        with localservers.scratch_postgres("enginefarm_migrations") as url:
             yield url
 
 

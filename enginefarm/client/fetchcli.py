@@ -1,5 +1,6 @@
-"""The deploy-side commands: ``fetch`` (resolve and download the engine that runs here), ``export triton`` and
-``ls`` (what the catalog holds). Registered on the ``enginefarm`` app by ``enginefarm.client.cli``."""
+"""The deploy-side commands: ``fetch`` (resolve and download the engine that runs here) and ``export triton`` (the
+engines of every compute capability as a Triton model repository). Registered on the ``enginefarm`` app by
+``enginefarm.client.cli``."""
 
 from __future__ import annotations
 
@@ -11,12 +12,11 @@ from rich.progress import Progress
 from rich.table import Table
 
 from enginefarm.client.report import profiles_label
-from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, farm_call, print_tasks, transfer_bar
+from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
 from enginefarm.choose import ACCEPT
 from enginefarm.shapes import shape_request
 from enginefarm.spec import Precision
 
-ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
 export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
 
 
@@ -205,74 +205,7 @@ def export_triton(
         err.print(f"[yellow]warning:[/yellow] {w}")
 
 
-@ls_app.command("models")
-def ls_models(name: Optional[str] = typer.Option(None, help="only the versions of this model"),
-              api: Optional[str] = API_OPT) -> None:
-    """Models and their versions, with their inputs."""
-    with farm_call(api) as c:
-        page = c.models(name=name, limit=500)
-    table = Table(title=f"models ({page['total']})")
-    for col in ("id", "name", "version", "sha256", "size", "opset", "inputs"):
-        table.add_column(col)
-    for m in page["items"]:
-        inputs = ", ".join(f"{i['name']}{i['dims']}" for i in m["inputs"])
-        table.add_row(str(m["id"]), m["name"], m["version"], m["sha256"][:12], str(m["size"]), str(m["opset"]), inputs)
-    console.print(table)
-
-
-def engines_table(items: list[dict], title: str) -> Table:
-    table = Table(title=title)
-    for col in ("id", "model", "target", "cc", "precision", "runtime", "platform", "size", "build s", "sha256"):
-        table.add_column(col)
-    for e in items:
-        cc = e["compute_capability"] or ",".join(e["compute_capabilities"]) or "cpu"
-        table.add_row(str(e["id"]), f"{e['model_name']} v{e['model_version']}", e["target"], cc, e["precision"],
-                      e["trt_version"] or f"ort {e['backend_version']}", e["platform"], str(e["size"]),
-                      f"{e['build_seconds']:.2f}", e["sha256"][:12])
-    return table
-
-
-@ls_app.command("engines")
-def ls_engines(model: Optional[str] = typer.Option(None, help="only this model's engines (its name)"),
-               target: Optional[str] = typer.Option(None, help="only this target, e.g. tensorrt-rtx/sm86"),
-               cc: Optional[str] = typer.Option(None, help="only engines that run on this compute capability"),
-               precision: Optional[str] = typer.Option(None, help="only this precision"),
-               api: Optional[str] = API_OPT) -> None:
-    """Engines in the catalog, with what they were built for."""
-    with farm_call(api) as c:
-        page = c.engines(model=model, target=target, cc=cc, precision=precision, limit=500)
-    console.print(engines_table(page["items"], f"engines ({page['total']})"))
-
-
-@ls_app.command("builds")
-def ls_builds(model: Optional[str] = typer.Option(None, "--model", help="only this model's builds: id, name (its "
-                                                                         "newest version) or name:version"),
-              limit: int = typer.Option(20, "--limit", min=1, max=500, help="at most this many, newest first"),
-              api: Optional[str] = API_OPT) -> None:
-    """Builds, newest first, each with its targets' states."""
-    with farm_call(api) as c:
-        builds = c.builds(model_id=c.model_id(model) if model else None, limit=limit)
-        for b in builds:
-            print_tasks(b)
-        if not builds:
-            console.print("no builds" + (f" of {model}" if model else ""))
-
-
-@ls_app.command("workers")
-def ls_workers(api: Optional[str] = API_OPT) -> None:
-    """Live workers and the targets each builds."""
-    with farm_call(api) as c:
-        live = c.workers()
-    table = Table(title=f"live workers ({len(live)})")
-    for col in ("id", "targets", "last seen"):
-        table.add_column(col)
-    for w in live:
-        table.add_row(w["id"], ", ".join(w["targets"]), w["last_seen"])
-    console.print(table)
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``fetch``, ``ls`` and ``export`` to the ``enginefarm`` app."""
+    """Add ``fetch`` and ``export`` to the ``enginefarm`` app."""
     app.command()(fetch)
-    app.add_typer(ls_app, name="ls")
     app.add_typer(export_app, name="export")
