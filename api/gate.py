@@ -16,6 +16,7 @@ from enginefarm.api import reports, services
 from enginefarm.config import Settings
 from enginefarm.domain import TaskState, Target
 from enginefarm.storage import catalog, checks as project_checks
+from enginefarm.storage import builtengines
 from enginefarm.storage import liveness
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow
@@ -112,7 +113,7 @@ def evaluate(session: Session, settings: Settings, model_id: int, project: str |
     if build_id is not None and (missing := [t for t in names if t not in tasks]):
         raise _bad_query("targets", missing, f"build {build_id} has no task for {', '.join(missing)}; its targets: "
                                              f"{', '.join(tasks)}")
-    engines = catalog.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
+    engines = builtengines.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
     # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
     view = project_checks.project_view(session, list(engines.values()), model.project)
     checks = reports.engine_checks(session, settings, list(engines.values()), view)

@@ -11,6 +11,7 @@ from enginefarm.config import Settings
 from enginefarm.domain import TaskState
 from enginefarm.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage import catalog, checks as project_checks
+from enginefarm.storage import builtengines
 from enginefarm.storage import liveness
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
@@ -29,7 +30,7 @@ def engine_checks(session: Session, settings: Settings, engines: list[EngineRow]
 
 def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
     """Build task id → the check of the engine it made (or reused), with the build's project's accuracy verdict."""
-    engines = catalog.engines_by_id(session, [t.engine_id for t in build.tasks if t.engine_id])
+    engines = builtengines.engines_by_id(session, [t.engine_id for t in build.tasks if t.engine_id])
     view = project_checks.project_view(session, list(engines.values()), build.model.project)
     checks = engine_checks(session, settings, list(engines.values()), view)
     out = {}
@@ -156,7 +157,7 @@ def previous_measurements(session: Session, model: ModelRow
     that project's view of N-1's engines."""
     previous = catalog.previous_version(session, model)
     before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
-    engines = catalog.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]) \
+    engines = builtengines.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]) \
         if previous is not None else []
     view = project_checks.project_view(session, engines, model.project)
     for e in engines:
@@ -172,7 +173,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     if model.source_model_id:  # a derived model reports under its source, where its engines are listed
         model = catalog.get_model(session, model.source_model_id)
     family = [model, *catalog.derived_models(session, model)]
-    engines = catalog.engines_of_models(session, family)
+    engines = builtengines.engines_of_models(session, family)
     # The model's project's evidence only: another project's checks of the same bytes are not this report's.
     view = project_checks.project_view(session, engines, model.project)
     checks = engine_checks(session, settings, engines, view)

@@ -1,23 +1,26 @@
-"""Catalog service functions: the only place that queries the tables.
+"""The catalog's models and builds: model versions (upload, lookup, samples, derived and previous versions), builds
+and sweeps, and the life cycle of a build's tasks (admission, claim, reuse, failure, requeue).
 
-Routes and tasks call these with a session from ``storage.db.session_scope``.
+Routes and tasks call these with a session from ``storage.db.session_scope``. The other tables have modules of their
+own under ``enginefarm.storage`` (built engines, a project's checks, the quantization stage, workers and the tasks
+that change hands, resolution's reads, tokens); only ``enginefarm.storage`` queries the tables.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, TypeVar
 
-from sqlalchemy import bindparam, delete, func, select, text, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from enginefarm.domain import Backend, EngineDescriptor, ModelInfo, Target, TaskState
+from enginefarm.domain import ModelInfo, Target, TaskState
 from enginefarm.spec import BuildSpec
-from enginefarm.shapes import engine_profiles
 from enginefarm.errors import Conflict, NotFound
+from enginefarm.storage.builtengines import find_engine
+from enginefarm.storage.checks import ensure_benchmark_task
+from enginefarm.storage.rows import claim_row, get_row, in_project
 from enginefarm.storage.tables import (
-    BenchmarkRow,
     BenchmarkTaskRow,
     BuildRow,
     BuildTaskRow,
@@ -27,21 +30,8 @@ from enginefarm.storage.tables import (
     utcnow,
 )
 
-T = TypeVar("T")
-
-def _get(session: Session, table: type[T], ident: int, what: str) -> T:
-    row = session.get(table, ident)
-    if row is None:
-        raise NotFound(f"no {what} with id {ident}")
-    return row
-
 
 # --------------------------------------------------------------------------- models
-
-
-def in_project(query, project: str | None):
-    """``query`` (over ModelRow) limited to one project; ``None``: every project (a token of the whole farm)."""
-    return query if project is None else query.where(ModelRow.project == project)
 
 
 def find_model_by_content(session: Session, name: str, sha256: str, project: str = "") -> ModelRow | None:
@@ -74,7 +64,7 @@ def add_model(session: Session, *, name: str, version: str | None, sha256: str, 
 
 def get_model(session: Session, model_id: int, project: str | None = None) -> ModelRow:
     """The model; NotFound, as for one that does not exist, when it is outside ``project``."""
-    row = _get(session, ModelRow, model_id, "model")
+    row = get_row(session, ModelRow, model_id, "model")
     if project is not None and row.project != project:
         raise NotFound(f"no model with id {model_id}")
     return row
@@ -139,16 +129,19 @@ def set_samples(session: Session, model: ModelRow, *, sha256: str, key: str, inf
     model.samples_sha256, model.samples_key, model.samples_info = sha256, key, info
 
 
-# --------------------------------------------------------------------------- builds
+def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
+    return list(session.scalars(select(ModelRow).where(ModelRow.source_model_id == model.id).order_by(ModelRow.id)))
 
 
-def find_engine(session: Session, model_sha: str, spec_hash: str, target: str, backend_version: str | None) -> EngineRow | None:
-    """The engine already built for this content address, if any (newest backend version when unknown)."""
-    query = select(EngineRow).where(EngineRow.model_sha256 == model_sha, EngineRow.spec_hash == spec_hash,
-                                    EngineRow.target == target)
-    if backend_version is not None:
-        query = query.where(EngineRow.backend_version == backend_version)
-    return session.scalars(query.order_by(EngineRow.id.desc())).first()
+def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
+    """Version N-1 under the same name (an uploaded version, not a derived one)."""
+    return session.scalars(select(ModelRow).where(ModelRow.project == model.project, ModelRow.name == model.name,
+                                                  ModelRow.seq < model.seq,
+                                                  ModelRow.source_model_id.is_(None))
+                           .order_by(ModelRow.seq.desc())).first()
+
+
+# --------------------------------------------------------------------------- builds and their tasks
 
 
 def add_build(session: Session, model: ModelRow, spec: BuildSpec, targets: list[Target],
@@ -204,56 +197,8 @@ def pending_tasks(session: Session, token_id: int | None = None) -> int:
     return session.scalar(query) or 0
 
 
-def claim_quantize(session: Session, build_id: int, worker_id: str) -> bool:
-    """Take a build's queued quantization stage (row-locked where the database can)."""
-    build = session.scalars(select(BuildRow).where(BuildRow.id == build_id).with_for_update()).first()
-    if build is None or not build.quantize or build.quantize.get("state") != TaskState.QUEUED.value:
-        return False
-    build.quantize = {**build.quantize, "state": TaskState.RUNNING.value, "worker_id": worker_id,
-                      "started_at": utcnow().isoformat(), "error": None}
-    return True
-
-
-def set_quantize(session: Session, build_id: int, state: str, **fields: Any) -> None:
-    build = get_build(session, build_id)
-    build.quantize = {**(build.quantize or {}), "state": state, **fields}
-
-
-def fail_quantize(session: Session, build_id: int, error: str) -> None:
-    """End the quantization stage and every task waiting on it with the reason."""
-    set_quantize(session, build_id, TaskState.FAILED.value, error=error, finished_at=utcnow().isoformat())
-    session.execute(update(BuildTaskRow).where(BuildTaskRow.build_id == build_id,
-                                               BuildTaskRow.state == TaskState.WAITING.value)
-                    .values(state=TaskState.FAILED.value, error=f"int8 quantization failed: {error}",
-                            finished_at=utcnow()))
-
-
-def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_versions: dict[str, set[str]]
-                    ) -> tuple[list[tuple[int, Target]], list[BenchmarkTaskRow]]:
-    """Point a build whose quantization finished at the derived model and queue its waiting tasks (or
-    answer them from the catalog); returns the tasks to publish and the benchmark checks queued."""
-    build.model_id = model.id
-    spec = build.build_spec
-    queued, checks = [], []
-    for task in build.tasks:
-        if task.state != TaskState.WAITING.value:
-            continue
-        versions = backend_versions.get(task.target) or {None}
-        existing = next((e for v in versions if (e := find_engine(session, model.sha256, build.spec_hash, task.target, v))), None)
-        if existing is not None:
-            finish_task_reused(session, task, existing)
-            task.started_at = utcnow()
-            if (check := ensure_benchmark_task(session, existing, spec, model.project)) is not None:
-                checks.append(check)
-        else:
-            task.state = TaskState.QUEUED.value
-            queued.append((task.id, task.parsed_target))
-    session.flush()
-    return queued, checks
-
-
 def get_build(session: Session, build_id: int, project: str | None = None) -> BuildRow:
-    row = _get(session, BuildRow, build_id, "build")
+    row = get_row(session, BuildRow, build_id, "build")
     if project is not None and row.model.project != project:
         raise NotFound(f"no build with id {build_id}")
     return row
@@ -293,54 +238,11 @@ def latest_task_per_target(session: Session, model_ids: list[int], spec_hash: st
 
 
 def get_task(session: Session, task_id: int) -> BuildTaskRow:
-    return _get(session, BuildTaskRow, task_id, "build task")
-
-
-def _claim(session: Session, table, task_id: int, worker_id: str, max_deliveries: int | None) -> bool:
-    """Move a queued task to running for this worker (a conditional update: one claim wins). False if another
-    worker has it or it is done, or when it was already delivered ``max_deliveries`` times: then it is
-    failed with that reason, so a task that kills its worker cannot loop forever."""
-    queued = (table.id == task_id) & (table.state == TaskState.QUEUED.value)
-    if max_deliveries is not None and session.execute(
-            update(table).where(queued, table.attempts >= max_deliveries)
-            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
-                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
-                          f"(its worker died or it hit the hard time limit)")).rowcount:
-        return False
-    result = session.execute(update(table).where(queued).values(
-        state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), attempts=table.attempts + 1))
-    return result.rowcount == 1
+    return get_row(session, BuildTaskRow, task_id, "build task")
 
 
 def claim_task(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
-    return _claim(session, BuildTaskRow, task_id, worker_id, max_deliveries)
-
-
-def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: EngineDescriptor, *,
-                  spec_hash: str, blob_key: str, build_seconds: float, worker_id: str, log_tail: str) -> EngineRow:
-    """Catalogue a built engine (its blob is already stored and verified) and finish the task."""
-    row = find_engine(session, model.sha256, spec_hash, desc.target, desc.backend_version)
-    task.reused = row is not None  # another task built the same engine while this one did
-    if row is None:
-        facts = {**desc.facts(), "profiles": desc.profiles or _gpu_profiles(desc, task.build.spec, model.info)}
-        row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash=spec_hash, **facts,
-                        blob_key=blob_key, build_seconds=build_seconds, built_by=worker_id)
-        try:
-            with session.begin_nested():  # a savepoint: losing the race must not undo the whole transaction
-                session.add(row)
-        except SAIntegrityError:  # another task committed the same engine (the unique build key) first
-            row = find_engine(session, model.sha256, spec_hash, desc.target, desc.backend_version)
-            if row is None:
-                raise
-            task.reused = True
-    task.state, task.engine_id, task.finished_at = TaskState.SUCCEEDED.value, row.id, utcnow()
-    task.log_tail, task.error = log_tail, None
-    return row
-
-
-def _gpu_profiles(desc: EngineDescriptor, spec: dict, info: dict) -> list:
-    """A GPU engine's optimization profiles; the ONNX Runtime artifact has none, as it runs any shape the model takes."""
-    return [] if desc.backend == Backend.ONNXRUNTIME.value else engine_profiles(spec, info)
+    return claim_row(session, BuildTaskRow, task_id, worker_id, max_deliveries)
 
 
 def finish_task_reused(session: Session, task: BuildTaskRow, engine: EngineRow) -> None:
@@ -360,59 +262,6 @@ def requeue_task(session: Session, task_id: int, reason: str) -> None:
         update(BuildTaskRow).where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.RUNNING.value)
         .values(state=TaskState.QUEUED.value, worker_id=None, started_at=None, error=reason)
     )
-
-
-# --------------------------------------------------------------------------- engines
-
-
-ENGINE_FILTERS = ("target", "backend", "compute_capability", "trt_version", "precision", "spec_hash")
-
-
-def list_engines(session: Session, *, model: str | None = None, version: str | None = None, limit: int = 50,
-                 offset: int = 0, project: str | None = None, **filters: Any) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
-    """Engines with the model version they are listed under. An engine belongs to the model's bytes, so a
-    model uploaded again under another name (or in another project) lists the engines its identical bytes
-    already have."""
-    if model or version or project is not None:
-        query = in_project(select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256),
-                           project)
-        query = query.where(ModelRow.name == model) if model else query
-        query = query.where(ModelRow.version == version) if version else query
-    else:
-        query = select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_id == ModelRow.id)
-    for name in ENGINE_FILTERS:
-        if filters.get(name) is not None:
-            query = query.where(getattr(EngineRow, name) == filters[name])
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.execute(query.order_by(EngineRow.id, ModelRow.id).limit(limit).offset(offset)).all()
-    return [(e, m) for e, m in rows], total
-
-
-def get_engine(session: Session, engine_id: int, project: str | None = None) -> EngineRow:
-    """The engine; NotFound when no model of ``project`` has the bytes it was built from."""
-    return engine_in_project(session, engine_id, project)[0]
-
-
-def engine_in_project(session: Session, engine_id: int, project: str | None = None) -> tuple[EngineRow, ModelRow]:
-    """The engine and the model it is seen through: the one it was built for, unless that model is in another
-    project; then the model of ``project`` last uploaded with the same bytes. An engine belongs to the bytes, so two
-    projects can share one, but neither may learn the other's model names, versions or ids through it.
-    NotFound when no model of ``project`` has those bytes."""
-    row = _get(session, EngineRow, engine_id, "engine")
-    if project is None or row.model.project == project:
-        return row, row.model
-    model = session.scalars(select(ModelRow).where(ModelRow.project == project, ModelRow.sha256 == row.model_sha256)
-                            .order_by(ModelRow.id.desc())).first()
-    if model is None:
-        raise NotFound(f"no engine with id {engine_id}")
-    return row, model
-
-
-def engines_by_id(session: Session, engine_ids: list[int]) -> dict[int, EngineRow]:
-    """The engines with these ids, in one query (a build's tasks, for instance)."""
-    if not engine_ids:
-        return {}
-    return {row.id: row for row in session.scalars(select(EngineRow).where(EngineRow.id.in_(engine_ids)))}
 
 
 def find_open_task(session: Session, model_id: int, spec_hash: str, target: str) -> BuildTaskRow | None:
@@ -438,35 +287,7 @@ def latest_build(session: Session, model_ids: list[int], *, spec_hash: str | Non
     return None
 
 
-# --------------------------------------------------------------------------- benchmark stage
-
-
-def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec,
-                          project: str) -> BenchmarkTaskRow | None:
-    """Queue the benchmark and accuracy check of this engine with these settings for this project, once; returns
-    the new task (to publish after the commit), or None when it exists already or the spec turns both off.
-
-    A check belongs to the project whose build asked for it (its samples, its settings, its verdict): two
-    projects sharing an engine through identical bytes each get their own, even with identical settings."""
-    if not (spec.benchmark.enabled or spec.accuracy.enabled):
-        return None
-    checks = spec.checks_hash()
-    found = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id == engine.id,
-                                                           BenchmarkTaskRow.checks_hash == checks,
-                                                           BenchmarkTaskRow.project == project)).first()
-    if found is not None:
-        return None
-    task = BenchmarkTaskRow(engine_id=engine.id, target=engine.target, checks_hash=checks, spec=spec.stored(),
-                            state=TaskState.QUEUED.value, project=project)
-    try:
-        with session.begin_nested():
-            session.add(task)
-    except SAIntegrityError:  # another build queued the same check at the same moment
-        return None
-    return task
-
-
-# --------------------------------------------------------------------------- sweeps and reports
+# --------------------------------------------------------------------------- sweeps
 
 
 def add_sweep(session: Session, model: ModelRow, axes: dict, targets: list[str]) -> SweepRow:
@@ -477,32 +298,10 @@ def add_sweep(session: Session, model: ModelRow, axes: dict, targets: list[str])
 
 
 def get_sweep(session: Session, sweep_id: int, project: str | None = None) -> SweepRow:
-    row = _get(session, SweepRow, sweep_id, "sweep")
+    row = get_row(session, SweepRow, sweep_id, "sweep")
     if project is not None and get_model(session, row.model_id).project != project:
         raise NotFound(f"no sweep with id {sweep_id}")
     return row
-
-
-def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
-    return list(session.scalars(select(ModelRow).where(ModelRow.source_model_id == model.id).order_by(ModelRow.id)))
-
-
-def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
-    """Version N-1 under the same name (an uploaded version, not a derived one)."""
-    return session.scalars(select(ModelRow).where(ModelRow.project == model.project, ModelRow.name == model.name,
-                                                  ModelRow.seq < model.seq,
-                                                  ModelRow.source_model_id.is_(None))
-                           .order_by(ModelRow.seq.desc())).first()
-
-
-def engines_of_models(session: Session, models: list[ModelRow]) -> list[EngineRow]:
-    """The engines of these models' bytes (a model and those derived from it), with their benchmarks."""
-    shas = {m.sha256 for m in models}
-    # One statement (a join, not a second SELECT): an engine's benchmarks and accuracy are committed together,
-    # and two statements could see one without the other.
-    return list(session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(shas))
-                                .options(joinedload(EngineRow.benchmarks)).order_by(EngineRow.target, EngineRow.id))
-                .unique())
 
 
 def builds_by_spec(session: Session, model_ids: list[int]) -> dict[str, BuildRow]:

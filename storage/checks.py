@@ -14,19 +14,46 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.exc import IntegrityError as SAIntegrityError
 
 from enginefarm.domain import TaskState
-from enginefarm.storage.catalog import _claim, _get
+from enginefarm.spec import BuildSpec
+from enginefarm.storage.rows import claim_row, get_row
 from enginefarm.storage.generation import bump
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, VerdictRow, utcnow
 
 
+def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec,
+                          project: str) -> BenchmarkTaskRow | None:
+    """Queue the benchmark and accuracy check of this engine with these settings for this project, once; returns
+    the new task (to publish after the commit), or None when it exists already or the spec turns both off.
+
+    A check belongs to the project whose build asked for it (its samples, its settings, its verdict): two
+    projects sharing an engine through identical bytes each get their own, even with identical settings."""
+    if not (spec.benchmark.enabled or spec.accuracy.enabled):
+        return None
+    checks = spec.checks_hash()
+    found = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id == engine.id,
+                                                           BenchmarkTaskRow.checks_hash == checks,
+                                                           BenchmarkTaskRow.project == project)).first()
+    if found is not None:
+        return None
+    task = BenchmarkTaskRow(engine_id=engine.id, target=engine.target, checks_hash=checks, spec=spec.stored(),
+                            state=TaskState.QUEUED.value, project=project)
+    try:
+        with session.begin_nested():
+            session.add(task)
+    except SAIntegrityError:  # another build queued the same check at the same moment
+        return None
+    return task
+
+
 def get_benchmark_task(session: Session, task_id: int) -> BenchmarkTaskRow:
-    return _get(session, BenchmarkTaskRow, task_id, "benchmark task")
+    return get_row(session, BenchmarkTaskRow, task_id, "benchmark task")
 
 
 def claim_benchmark(session: Session, task_id: int, worker_id: str, max_deliveries: int | None = None) -> bool:
-    return _claim(session, BenchmarkTaskRow, task_id, worker_id, max_deliveries)
+    return claim_row(session, BenchmarkTaskRow, task_id, worker_id, max_deliveries)
 
 
 def end_benchmark(session: Session, task_id: int, state: TaskState, error: str | None = None) -> None:
@@ -60,7 +87,7 @@ def record_verdict(session: Session, engine_id: int, project: str, result: dict,
     """Store a project's accuracy verdict on an engine: its last finished check replaces its earlier one (one
     upsert, so two checks of one project finishing together cannot both insert). The engine's device memory is a
     fact of its bytes on a GPU, not a verdict, so it stays on the engine."""
-    engine = _get(session, EngineRow, engine_id, "engine")
+    engine = get_row(session, EngineRow, engine_id, "engine")
     if device_memory_bytes is not None:
         engine.device_memory_bytes = device_memory_bytes
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert

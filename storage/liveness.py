@@ -87,7 +87,7 @@ def requeue_abandoned_quantize(session: Session, live_worker_ids: set[str], max_
     """Quantization stages running on a worker whose heartbeats stopped go back to the queue, as build tasks do;
     one whose worker was lost ``max_attempts`` times is failed with the reason, and the build's waiting tasks with it
     (a model whose calibration kills its worker must not loop forever). Returns the build ids requeued and failed."""
-    from enginefarm.storage.catalog import fail_quantize
+    from enginefarm.storage.quantizing import fail_quantize
 
     waiting = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
     requeued, failed = [], []

@@ -13,7 +13,7 @@ from enginefarm.errors import SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.hashing import sha256_file
 from enginefarm.spec import BuildSpec
-from enginefarm.storage import catalog, liveness
+from enginefarm.storage import builtengines, catalog, checks, liveness, quantizing
 from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import session_scope
@@ -76,29 +76,29 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         build = catalog.get_build(s, build_id)
         first = catalog.get_model(s, derived[families[0]])
         build.model_id = first.id
-        catalog.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=first.id,
-                             derived_version=first.version, report=reports[families[0]],
-                             reports=reports, derived_models=derived)
+        quantizing.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=first.id,
+                                derived_version=first.version, report=reports[families[0]],
+                                reports=reports, derived_models=derived)
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
         models = {f: catalog.get_model(s, i) for f, i in derived.items()}
-        queued, checks = [], []
+        queued, queued_checks = [], []
         for task in build.tasks:
             if task.state != TaskState.WAITING.value:
                 continue
             model = models[family_of_target(task.parsed_target)]
             versions = served.get(task.target) or {None}
             existing = next((e for v in versions
-                             if (e := catalog.find_engine(s, model.sha256, build.spec_hash, task.target, v))), None)
+                             if (e := builtengines.find_engine(s, model.sha256, build.spec_hash, task.target, v))), None)
             if existing is None:
                 task.state = TaskState.QUEUED.value
                 queued.append((task.id, task.parsed_target))
                 continue
             catalog.finish_task_reused(s, task, existing)
             task.started_at = task.finished_at
-            if (check := catalog.ensure_benchmark_task(s, existing, spec, build.model.project)) is not None:
-                checks.append(check)
+            if (check := checks.ensure_benchmark_task(s, existing, spec, build.model.project)) is not None:
+                queued_checks.append(check)
         s.flush()
-        return queued, [(c.id, c.parsed_target) for c in checks]
+        return queued, [(c.id, c.parsed_target) for c in queued_checks]
 
     from enginefarm.storage import queue
 

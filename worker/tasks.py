@@ -16,7 +16,7 @@ from enginefarm.domain import Backend, ModelInfo, TaskState, Target
 from enginefarm.spec import Precision
 from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
 from enginefarm.validation import target_precision
-from enginefarm.storage import catalog, checks
+from enginefarm.storage import builtengines, catalog, checks, quantizing
 from enginefarm.storage.blobs import engine_key, get_blob_store
 from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
@@ -116,10 +116,10 @@ def _run(task_id: int, me: str) -> None:
         spec = spec.model_copy(update={"precision": precision})
         spec_hash, model_fields = build.spec_hash, (model.blob_key, model.sha256, model.format)
         backend_version = get_backend(target.backend).version()
-        existing = catalog.find_engine(s, model.sha256, spec_hash, str(target), backend_version)
+        existing = builtengines.find_engine(s, model.sha256, spec_hash, str(target), backend_version)
         if existing is not None:  # identical work never runs twice
             catalog.finish_task_reused(s, task, existing)
-            check = catalog.ensure_benchmark_task(s, existing, spec, model.project)
+            check = checks.ensure_benchmark_task(s, existing, spec, model.project)
             check_id = check.id if check else None
     if existing is not None:
         _after_build(check_id, target)
@@ -139,10 +139,10 @@ def _run(task_id: int, me: str) -> None:
 
         def record(s) -> int | None:
             task = catalog.get_task(s, task_id)
-            engine = catalog.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
+            engine = builtengines.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
                                            blob_key=key, build_seconds=built.seconds, worker_id=me,
                                            log_tail=log_buf.tail())
-            check = catalog.ensure_benchmark_task(s, engine, spec, task.build.model.project)
+            check = checks.ensure_benchmark_task(s, engine, spec, task.build.model.project)
             return check.id if check else None
 
         # The blob is complete and verified before the row points at it. If another task catalogued the same
@@ -201,7 +201,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         task = checks.get_benchmark_task(s, task_id)
         project = task.project
         # The project's own model of these bytes: its samples and its reference, never another project's.
-        engine, model = catalog.engine_in_project(s, task.engine_id, project)
+        engine, model = builtengines.engine_in_project(s, task.engine_id, project)
         # Accuracy is judged against the original: a derived int8 model's source, else the model itself.
         reference = catalog.get_model(s, model.source_model_id) if model.source_model_id else model
         # Judged by the precision the engine has: a target may have built another than the spec asked for.
@@ -258,19 +258,19 @@ def quantize_model(self, build_id: int) -> None:
     from enginefarm.worker import quantize_stage
 
     me = current_worker_id()
-    if not in_transaction(catalog.claim_quantize, build_id, me):
+    if not in_transaction(quantizing.claim_quantize, build_id, me):
         log.info("build %s has no queued quantization; skipping", build_id)
         return
     try:
         queued = quantize_stage.run(build_id, blob_store(), get_settings())
     except (InfrastructureError, *UNAVAILABLE) as exc:
-        in_transaction(catalog.set_quantize, build_id, "queued", error=_infra_reason(exc))
+        in_transaction(quantizing.set_quantize, build_id, "queued", error=_infra_reason(exc))
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
     except Exception as exc:
         if not isinstance(exc, EnginefarmError):
             log.exception("quantization of build %s crashed", build_id)
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
-        in_transaction(catalog.fail_quantize, build_id, message)
+        in_transaction(quantizing.fail_quantize, build_id, message)
         return
     for task_id, target in queued:
         queue.publish_build(task_id, target)

@@ -14,7 +14,7 @@ from enginefarm.api.schemas import EngineOut, Page
 from enginefarm.config import Settings
 from enginefarm.errors import NotFound
 from enginefarm.hashing import SHA_HEADER
-from enginefarm.storage import catalog, checks as project_checks
+from enginefarm.storage import builtengines, checks as project_checks
 from enginefarm.storage.tables import EngineRow, ModelRow
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
@@ -37,7 +37,7 @@ def list_engines(
     check_no_nul("query", model=model, version=version, target=target, backend=backend, cc=cc, trt=trt,
                  precision=precision, spec_hash=spec_hash)
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
-    rows, total = catalog.list_engines(session, model=model, version=version, target=target, backend=backend,
+    rows, total = builtengines.list_engines(session, model=model, version=version, target=target, backend=backend,
                                        compute_capability=cc, trt_version=trt, precision=precision,
                                        spec_hash=spec_hash, limit=limit, offset=offset, project=tenant)
     return Page(items=_answers(session, settings, rows), total=total, limit=limit, offset=offset)
@@ -56,7 +56,7 @@ def _answers(session: Session, settings: Settings, rows: list[tuple[EngineRow, M
 @router.get("/{engine_id}", response_model=EngineOut)
 def get_engine(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
                settings: Settings = Depends(settings_dep)) -> EngineOut:
-    row, model = catalog.engine_in_project(session, engine_id, tenant)
+    row, model = builtengines.engine_in_project(session, engine_id, tenant)
     return _answers(session, settings, [(row, model)])[0]
 
 
@@ -64,7 +64,7 @@ def get_engine(engine_id: RowId, tenant: Tenant, session: Session = Depends(sess
 def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> list[dict]:
     """Every measurement of the engine its project made: per shape and device, all statistics and the machine
     fingerprint."""
-    row, model = catalog.engine_in_project(session, engine_id, tenant)
+    row, model = builtengines.engine_in_project(session, engine_id, tenant)
     return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name, "cpu_name": b.cpu_name,
              "compute_capability": b.compute_capability, "median_ms": b.median_ms, "p99_ms": b.p99_ms,
              "throughput_qps": b.throughput_qps, "stats": b.stats, "machine": b.machine,
@@ -77,7 +77,7 @@ def engine_content(engine_id: RowId, tenant: Tenant, request: Request,
                    settings: Settings = Depends(settings_dep)) -> Response:
     """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
     S3 where the store is S3)."""
-    row, model = catalog.engine_in_project(session, engine_id, tenant)
+    row, model = builtengines.engine_in_project(session, engine_id, tenant)
     suffix = "onnx" if row.backend == "onnxruntime" else "plan"
     filename = f"{model.name}-{model.version}-{row.target.replace('/', '-')}.{suffix}"
     try:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from enginefarm.api import reports, services
 from enginefarm.config import Settings
 from enginefarm.storage import catalog, checks as project_checks
+from enginefarm.storage import builtengines
 from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
 from enginefarm.domain import ModelInfo
@@ -117,7 +118,7 @@ def model_matrix(session: Session, settings: Settings, model: ModelRow, project:
             if (version_id, column) not in matrix.cells or task.id > matrix.cells[(version_id, column)].task_id:
                 matrix.cells[(version_id, column)] = _cell(task, served)
     matrix.columns = sorted({column for _, column in matrix.cells})
-    engines = catalog.engines_by_id(session, [c.engine_id for c in matrix.cells.values() if c.engine_id])
+    engines = builtengines.engines_by_id(session, [c.engine_id for c in matrix.cells.values() if c.engine_id])
     view = project_checks.project_view(session, list(engines.values()), model.project)
     checks = reports.engine_checks(session, settings, list(engines.values()), view)
     for cell in matrix.cells.values():

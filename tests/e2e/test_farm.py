@@ -9,7 +9,7 @@ import time
 from enginefarm.client import Client
 from enginefarm.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.storage import catalog
+from enginefarm.storage import builtengines
 from enginefarm.storage.blobs import get_blob_store
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.gc import referenced_keys
@@ -54,7 +54,7 @@ def test_upload_build_resolve_download(farm, dist_settings, tmp_path):
         store = get_blob_store(dist_settings)
         for e in engines["items"]:
             with session_scope(dist_settings) as s:
-                row = catalog.get_engine(s, e["id"])
+                row = builtengines.get_engine(s, e["id"])
                 assert store.size(row.blob_key) == e["size"]
 
         answer = c.resolve(model["name"], Machine(compute_capability="8.6", platform="x86_64",

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 from enginefarm.domain import ModelInfo, Target, TaskState, TensorInfo
 from enginefarm.spec import BuildSpec, Precision
 from enginefarm.storage import catalog, liveness
+from enginefarm.storage import quantizing
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import WorkerRow
 
@@ -43,7 +44,7 @@ def live(settings) -> set[str]:
 def lose(settings, build_id: int, worker_id: str) -> tuple[list[int], list[int]]:
     """``worker_id`` claims the stage, then falls silent past the TTL; one reconciler pass."""
     with session_scope(settings) as s:
-        assert catalog.claim_quantize(s, build_id, worker_id)
+        assert quantizing.claim_quantize(s, build_id, worker_id)
     beat(settings, worker_id, age_s=settings.worker_ttl_seconds + 5)
     with session_scope(settings) as s:
         return liveness.requeue_abandoned_quantize(s, live(settings), max_attempts=3)
@@ -52,7 +53,7 @@ def lose(settings, build_id: int, worker_id: str) -> tuple[list[int], list[int]]
 def test_a_stage_running_on_a_live_worker_stays_put(settings):
     build_id = int8_build(settings)
     with session_scope(settings) as s:
-        assert catalog.claim_quantize(s, build_id, "q@host/live")
+        assert quantizing.claim_quantize(s, build_id, "q@host/live")
     beat(settings, "q@host/live")
     with session_scope(settings) as s:
         assert liveness.requeue_abandoned_quantize(s, live(settings), max_attempts=3) == ([], [])
@@ -77,4 +78,4 @@ def test_a_stage_of_a_dead_worker_is_requeued_then_failed_after_the_most_attempt
         (task,) = build.tasks
         assert task.state == "failed" and "int8 quantization failed: gave up after 3 attempts" in task.error
         assert catalog.pending_tasks(s) == 0
-        assert not catalog.claim_quantize(s, build_id, "q@host/late")
+        assert not quantizing.claim_quantize(s, build_id, "q@host/late")
