@@ -15,7 +15,7 @@ from enginefarm.storage import builtengines
 from enginefarm.storage import liveness
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
-from enginefarm.probe import benchmark_pending_reason
+from enginefarm.probe.policy import benchmark_pending_reason
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 

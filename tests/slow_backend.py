@@ -12,7 +12,7 @@ from pathlib import Path
 from enginefarm.domain import EngineDescriptor, Target
 from enginefarm.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 
 
 class SlowBackend(BuildBackend):

@@ -13,7 +13,9 @@ from enginefarm.domain import ModelInfo, TensorInfo
 from enginefarm.spec import AccuracySpec, BenchmarkSpec, BuildSpec
 from enginefarm.graph.inputs import SamplesInvalid, benchmark_shape_problems, load_samples, random_inputs, sample_batches, shape_sets
 from enginefarm.stats import Iteration, measure, median, percentile, summarize
-from enginefarm.probe import GpuInfo, MachineProbe, benchmark_pending_reason, benchmark_targets
+from enginefarm.probe.gpus import GpuInfo
+from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.probe.policy import benchmark_pending_reason, benchmark_targets
 from enginefarm.domain import Target
 
 # ------------------------------------------------------------------ statistics (trtexec's definitions)

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 
 from enginefarm.domain import EngineDescriptor, Target
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 from enginefarm.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 

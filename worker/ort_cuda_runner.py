@@ -17,7 +17,7 @@ import numpy as np
 
 from enginefarm.errors import BuildFailed, TargetUnavailable
 from enginefarm.ortcuda import ORT_CUDA_PROVIDER
-from enginefarm.probe import probe_machine
+from enginefarm.probe.machineprobe import probe_machine
 from enginefarm.stats import Measurement
 from enginefarm.worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
 from enginefarm.worker.backends.trt_common import load_module

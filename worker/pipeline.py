@@ -21,7 +21,7 @@ from enginefarm.hashing import sha256_file
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.diagnose import explain
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 
 
 def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str, settings: Settings) -> Path:

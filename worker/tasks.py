@@ -29,7 +29,7 @@ from enginefarm.workerid import current_worker_id
 from enginefarm.worklock import Scratch
 from enginefarm.worker.quantize_stage import model_of_task
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
-from enginefarm.probe import MachineProbe, machine_fingerprint, probe_machine
+from enginefarm.probe.machineprobe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5

@@ -23,7 +23,7 @@ from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.errors import EnginefarmError, NoCompatibleEngine
 from enginefarm.machine import Machine
-from enginefarm.probe import MachineProbe, machine_fingerprint
+from enginefarm.probe.machineprobe import MachineProbe, machine_fingerprint
 from enginefarm.shapes import shape_request
 from enginefarm.storage import catalog
 from enginefarm.storage.db import session_scope

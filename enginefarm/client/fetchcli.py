@@ -75,7 +75,7 @@ def fetch(
     from enginefarm.client.artifacts import place_cached
     from enginefarm.client.cache import EngineCache
     from enginefarm.client import resolve_offline
-    from enginefarm.probe import this_machine
+    from enginefarm.probe.machineprobe import this_machine
 
     try:
         wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)

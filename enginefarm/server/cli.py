@@ -153,7 +153,9 @@ def worker(
     """Probe this machine, then consume the build queues of exactly the targets it can build and the
     benchmark queues of exactly the targets whose engines it can run. Builds and benchmarks run in separate
     pools (a second Celery worker process for the benchmarks), so a build never waits behind a benchmark."""
-    from enginefarm.probe import benchmark_targets, buildable_targets, probe_machine, probe_report
+    from enginefarm.probe.machineprobe import probe_machine
+    from enginefarm.probe.policy import benchmark_targets, buildable_targets
+    from enginefarm.probe.report import probe_report
 
     settings = get_settings()
     machine = probe_machine()

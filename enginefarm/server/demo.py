@@ -19,7 +19,8 @@ from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.client.report import plot_report, report_table
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.client.triton import export_from_farm
-from enginefarm.probe import normalize_platform, probe_modules
+from enginefarm.probe.machineprobe import normalize_platform
+from enginefarm.probe.modules import probe_modules
 
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 

@@ -22,7 +22,7 @@ from enginefarm.workerid import worker_name
 from tests.e2e.test_faults import NO_CHECKS, PORTABLE, wait_task
 from tests.faults import audit, slow
 from tests.helpers import unique_name
-from enginefarm.probe import normalize_platform
+from enginefarm.probe.machineprobe import normalize_platform
 
 ORT_TARGET = f"onnxruntime/cpu-{normalize_platform(platform.machine())}"
 

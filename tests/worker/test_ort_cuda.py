@@ -10,7 +10,7 @@ from enginefarm.domain import Target
 from enginefarm.errors import TargetUnavailable
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.probe import probe_machine
+from enginefarm.probe.machineprobe import probe_machine
 from enginefarm.spec import BuildSpec
 from enginefarm.worker import evaluate as stage
 from enginefarm.worker.backends.base import BuildLog

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from enginefarm.domain import Backend, Target
-from enginefarm import probe as P
-from enginefarm.probe import GpuInfo, JetsonInfo, MachineProbe
+from enginefarm.probe import gpus as gpu_probe, jetson as jetson_probe, machineprobe, policy
+from enginefarm.probe import modules as module_probe, report as probe_text
+from enginefarm.probe.gpus import GpuInfo
+from enginefarm.probe.jetson import JetsonInfo
+from enginefarm.probe.machineprobe import MachineProbe
 
 DATA = Path(__file__).parent / "data"
 JETSON_ROOT = DATA / "jetson_orin"
@@ -40,7 +43,7 @@ def T(text: str) -> Target:
 
 @pytest.fixture(scope="module")
 def real() -> MachineProbe:
-    return P.probe_machine(X86_ROOT)
+    return machineprobe.probe_machine(X86_ROOT)
 
 
 def test_real_probe_without_gpu(real):
@@ -56,22 +59,22 @@ def test_real_probe_without_gpu(real):
 
 
 def test_real_buildable_targets(real):
-    targets = P.buildable_targets(real)
+    targets = policy.buildable_targets(real)
     assert T("tensorrt-rtx/sm86") in targets and T("onnxruntime/cpu-x86_64") in targets
     assert not [t for t in targets if t.backend is Backend.TENSORRT]
     assert targets == sorted(set(targets))
-    report = P.probe_report(real)
+    report = probe_text.probe_report(real)
     assert any(line.startswith("no GPU found via NVML or nvidia-smi: ") for line in report)
     assert any(line.startswith("tensorrt: not importable (") and "no tensorrt target" in line for line in report)
 
 
 def test_real_probe_gpus_reports_nvml_error():
-    gpus, driver, cuda, err = P.probe_gpus()
+    gpus, driver, cuda, err = gpu_probe.probe_gpus()
     assert (gpus, driver, cuda) == ([], None, None) and err
 
 
 def test_main_prints_json_then_report(capsys):
-    assert P.main(["--root", str(JETSON_ROOT)]) == 0
+    assert probe_text.main(["--root", str(JETSON_ROOT)]) == 0
     out = capsys.readouterr().out
     data, end = json.JSONDecoder().raw_decode(out)
     assert data["jetson"]["jetpack"] == "6.2" and "modules" in data
@@ -82,19 +85,19 @@ def test_main_prints_json_then_report(capsys):
 
 
 def test_recorded_jetson_orin():
-    j = P.probe_jetson(JETSON_ROOT)
+    j = jetson_probe.probe_jetson(JETSON_ROOT)
     assert j == JetsonInfo("NVIDIA Jetson AGX Orin Developer Kit", "36.4.3", "6.2", "8.7", 62827)
 
 
 def test_non_jetson_roots(tmp_path):
-    assert P.probe_jetson(X86_ROOT) is None
-    assert P.probe_jetson(tmp_path) is None
+    assert jetson_probe.probe_jetson(X86_ROOT) is None
+    assert jetson_probe.probe_jetson(tmp_path) is None
 
 
 def test_jetson_without_release_file(tmp_path):
     (tmp_path / "proc/device-tree").mkdir(parents=True)
     (tmp_path / "proc/device-tree/compatible").write_bytes(b"nvidia,p3668-0001\0nvidia,tegra194\0")
-    j = P.probe_jetson(tmp_path)
+    j = jetson_probe.probe_jetson(tmp_path)
     assert j and j.compute_capability == "7.2" and j.l4t_release == "" and j.jetpack is None
 
 
@@ -103,13 +106,13 @@ def test_jetson_without_release_file(tmp_path):
     ("35.4.1", "5.1.2"), ("35.9.9", "5.1"), ("38.2.0", "7.0"), ("32.7.4", None), ("garbage", None),
 ])
 def test_l4t_to_jetpack(l4t, jetpack):
-    assert P.l4t_to_jetpack(l4t) == jetpack
+    assert jetson_probe.l4t_to_jetpack(l4t) == jetpack
 
 
 def test_jetson_machine_probe_os(monkeypatch):
-    monkeypatch.setattr(P, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
-    monkeypatch.setattr(P._platform, "machine", lambda: "arm64")
-    p = P.probe_machine(JETSON_ROOT)
+    monkeypatch.setattr(gpu_probe, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
+    monkeypatch.setattr(machineprobe._platform, "machine", lambda: "arm64")
+    p = machineprobe.probe_machine(JETSON_ROOT)
     assert p.platform == "aarch64" and p.os.endswith("(Ubuntu 22.04.5 LTS)") and p.jetson.compute_capability == "8.7"
 
 
@@ -119,61 +122,61 @@ def test_jetson_machine_probe_os(monkeypatch):
 def test_h100_with_tensorrt():
     p = machine(gpus=[H100], modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None},
                 errors={"tensorrt_rtx": "No module named 'tensorrt_rtx'", "onnxruntime": "No module named 'onnxruntime'"})
-    assert P.buildable_targets(p) == [T("tensorrt/sm90")]
-    assert any("tensorrt 10.13.3.9: serves tensorrt/sm90" in line for line in P.probe_report(p))
+    assert policy.buildable_targets(p) == [T("tensorrt/sm90")]
+    assert any("tensorrt 10.13.3.9: serves tensorrt/sm90" in line for line in probe_text.probe_report(p))
 
 
 def test_h100_without_tensorrt_serves_no_tensorrt_target():
     p = machine(gpus=[H100], modules={"tensorrt": None, "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"},
                 errors={"tensorrt": TRT_MISSING})
-    targets = P.buildable_targets(p)
+    targets = policy.buildable_targets(p)
     assert not [t for t in targets if t.backend is Backend.TENSORRT]
     assert T("tensorrt-rtx/sm120") in targets and T("onnxruntime/cpu-x86_64") in targets
-    assert f"tensorrt: not importable ({TRT_MISSING}): tensorrt/sm90 not served (GPU 0 {H100.name})" in P.probe_report(p)
+    assert f"tensorrt: not importable ({TRT_MISSING}): tensorrt/sm90 not served (GPU 0 {H100.name})" in probe_text.probe_report(p)
 
 
 def test_jetson_with_tensorrt_on_aarch64():
     jetson = JetsonInfo("NVIDIA Jetson AGX Orin Developer Kit", "36.4.3", "6.2", "8.7")
     p = machine(platform="aarch64", jetson=jetson,
                 modules={"tensorrt": "10.3.0", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.0"})
-    targets = P.buildable_targets(p)
+    targets = policy.buildable_targets(p)
     assert targets == [T("onnxruntime/cpu-aarch64"), T("tensorrt/sm87")]
-    assert any("only on x86_64" in line for line in P.probe_report(p))
+    assert any("only on x86_64" in line for line in probe_text.probe_report(p))
 
 
 def test_unknown_compute_capability_gives_no_target():
     pascal = GpuInfo(0, "NVIDIA GeForce GTX 1080", "6.1", 8192)
     p = machine(gpus=[pascal, H100.__class__(1, H100.name, "9.0", H100.memory_mib)],
                 modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None})
-    assert P.buildable_targets(p) == [T("tensorrt/sm90")]
-    assert any("GTX 1080" in line and "6.1" in line and "no target" in line for line in P.probe_report(p))
+    assert policy.buildable_targets(p) == [T("tensorrt/sm90")]
+    assert any("GTX 1080" in line and "6.1" in line and "no target" in line for line in probe_text.probe_report(p))
 
 
 def test_same_arch_twice_is_one_target():
     p = machine(gpus=[H100, GpuInfo(1, H100.name, "9.0", 81559)], modules={"tensorrt": "10.13.3.9"})
-    assert P.buildable_targets(p) == [T("tensorrt/sm90")]
+    assert policy.buildable_targets(p) == [T("tensorrt/sm90")]
 
 
 # --------------------------------------------------------------------------- fingerprint
 
 
 def test_machine_fingerprint_gpu(monkeypatch):
-    monkeypatch.setattr(P, "_import_version", lambda name: ("10.13.3.9", None) if name == "tensorrt_lean" else (None, "x"))
+    monkeypatch.setattr(machineprobe, "import_version", lambda name: ("10.13.3.9", None) if name == "tensorrt_lean" else (None, "x"))
     p = machine(gpus=[H100], modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"})
-    m = P.machine_fingerprint(p)
+    m = machineprobe.machine_fingerprint(p)
     assert (m.gpu_name, m.compute_capability, m.memory_mib) == (H100.name, "9.0", 81559)
     assert (m.driver_version, m.cuda_version, m.trt_version, m.trt_rtx_version) == ("580.82.07", "13.0", "10.13.3.9", "1.7.1.116")
     assert m.lean_runtime and m.platform == "x86_64" and m.os == p.os and m.jetpack is None and not m.is_jetson
     with pytest.raises(ValueError, match="no GPU 3"):
-        P.machine_fingerprint(p, gpu_index=3)
+        machineprobe.machine_fingerprint(p, gpu_index=3)
 
 
 def test_machine_fingerprint_jetson_and_cpu_only(real):
-    jetson = P.probe_jetson(JETSON_ROOT)
-    m = P.machine_fingerprint(machine(platform="aarch64", jetson=jetson, modules={"tensorrt": "10.3.0"}))
+    jetson = jetson_probe.probe_jetson(JETSON_ROOT)
+    m = machineprobe.machine_fingerprint(machine(platform="aarch64", jetson=jetson, modules={"tensorrt": "10.3.0"}))
     assert (m.gpu_name, m.compute_capability, m.memory_mib, m.jetpack) == (jetson.model, "8.7", 62827, "6.2")
     assert m.is_jetson and m.trt_version == "10.3.0" and m.trt_rtx_version is None and not m.lean_runtime
-    m = P.machine_fingerprint(real)
+    m = machineprobe.machine_fingerprint(real)
     assert m.gpu_name is None and m.compute_capability is None and m.trt_rtx_version == real.modules["tensorrt_rtx"]
 
 
@@ -191,7 +194,7 @@ def test_probe_modules_reports_native_library_failure(monkeypatch):
         return real_import(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
-    versions, errors = P.probe_modules()
+    versions, errors = module_probe.probe_modules()
     assert versions["tensorrt"] is None and errors["tensorrt"].startswith("OSError: libnvinfer.so.10")
     assert versions["onnxruntime"] == "unknown" and versions["tensorrt_rtx"]
     assert set(versions) == {"tensorrt", "tensorrt_rtx", "onnxruntime"} and set(errors) == {"tensorrt"}
@@ -225,7 +228,7 @@ class FakeNvml(types.ModuleType):
 def test_probe_gpus_with_fake_nvml(monkeypatch):
     fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    gpus, driver, cuda, err = P.probe_gpus()
+    gpus, driver, cuda, err = gpu_probe.probe_gpus()
     assert gpus == [GpuInfo(0, "NVIDIA H100 80GB HBM3", "9.0", 81559, "GPU-6f1e2b2a")]
     assert (driver, cuda) == ("580.82.07", "13.0")
     assert err == "GPU 1: GPU is lost" and fake.shutdowns == 1
@@ -233,7 +236,7 @@ def test_probe_gpus_with_fake_nvml(monkeypatch):
 
 def test_probe_gpus_init_failure(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(fail_init=True))
-    assert P.probe_gpus() == ([], None, None, "Driver Not Loaded")
+    assert gpu_probe.probe_gpus() == ([], None, None, "Driver Not Loaded")
 
 
 # --- nvidia-smi, where NVML cannot be used: recorded on an H200 together with NVML's answers
@@ -242,7 +245,7 @@ SMI = DATA / "nvidia_smi_h200"
 
 
 def test_nvidia_smi_parse_matches_nvml_on_a_real_h200():
-    gpus, driver, cuda = P.parse_nvidia_smi((SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text())
+    gpus, driver, cuda = gpu_probe.parse_nvidia_smi((SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text())
     # nvml.txt: name, (major, minor), total MiB, driver, CUDA driver version, uuid as NVML gave them.
     found = re.fullmatch(r"(.+) \((\d+), (\d+)\) (\d+) (\S+) (\d+) (\S+)\n?", (SMI / "nvml.txt").read_text())
     name, major, minor, memory, nvml_driver, cuda_int, uuid = found.groups()
@@ -260,34 +263,34 @@ def test_nvidia_smi_parse_matches_nvml_on_a_real_h200():
     ("Failed to initialize NVML: Driver/library version mismatch\n", []),
 ])
 def test_nvidia_smi_parse_edge_cases(csv_text, expected):
-    gpus, _, cuda = P.parse_nvidia_smi(csv_text, "no banner")
+    gpus, _, cuda = gpu_probe.parse_nvidia_smi(csv_text, "no banner")
     assert [(g.index, g.compute_capability, g.memory_mib) for g in gpus] == expected
     assert cuda is None
 
 
 def test_nvidia_smi_is_the_fallback_when_nvml_fails(monkeypatch):
-    monkeypatch.setattr(P, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
-    monkeypatch.setattr(P, "probe_gpus_smi", lambda: P.parse_nvidia_smi(
+    monkeypatch.setattr(gpu_probe, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
+    monkeypatch.setattr(gpu_probe, "probe_gpus_smi", lambda: gpu_probe.parse_nvidia_smi(
         (SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text()) + (None,))
-    probe = P.probe_machine(X86_ROOT)
+    probe = machineprobe.probe_machine(X86_ROOT)
     assert probe.gpu_source == "nvidia-smi" and probe.gpus[0].compute_capability == "9.0"
     assert probe.nvml_error == "NVML Shared Library Not Found"
     assert any(line.startswith("GPUs read with nvidia-smi (NVML: NVML Shared Library Not Found)")
-               for line in P.probe_report(probe))
-    assert P.machine_fingerprint(probe).compute_capability == "9.0"
+               for line in probe_text.probe_report(probe))
+    assert machineprobe.machine_fingerprint(probe).compute_capability == "9.0"
 
 
 def test_real_nvidia_smi_absent_here_is_reported():
-    gpus, _, _, err = P.probe_gpus_smi()
+    gpus, _, _, err = gpu_probe.probe_gpus_smi()
     assert gpus == [] and err
 
 
 def test_this_machine_fingerprint_and_overrides():
-    here = P.this_machine()
-    assert here.platform == P.normalize_platform(__import__("platform").machine())
-    assert here.trt_rtx_version == P.probe_modules()[0]["tensorrt_rtx"]  # importable here
+    here = machineprobe.this_machine()
+    assert here.platform == machineprobe.normalize_platform(__import__("platform").machine())
+    assert here.trt_rtx_version == module_probe.probe_modules()[0]["tensorrt_rtx"]  # importable here
     assert here.compute_capability is None  # no GPU on this machine
-    told = P.this_machine(compute_capability="8.6", gpu_name="NVIDIA A10", platform=None)
+    told = machineprobe.this_machine(compute_capability="8.6", gpu_name="NVIDIA A10", platform=None)
     assert (told.compute_capability, told.gpu_name, told.platform) == ("8.6", "NVIDIA A10", here.platform)
 
 
@@ -295,8 +298,8 @@ def test_this_machine_fingerprint_and_overrides():
 
 
 def test_the_cpu_onnxruntime_here_has_no_cuda_provider():
-    P.probe_ort_cuda.cache_clear()
-    cuda, cudnn, why = P.probe_ort_cuda()
+    machineprobe.probe_ort_cuda.cache_clear()
+    cuda, cudnn, why = machineprobe.probe_ort_cuda()
     assert cuda is None and cudnn is None and "has no CUDAExecutionProvider (that is the onnxruntime-gpu package)" in why
 
 
@@ -305,18 +308,18 @@ def test_h100_with_onnxruntime_gpu_serves_the_cuda_target():
                 errors={"tensorrt": TRT_MISSING})
     p.ort_cuda, p.cudnn_version = "13.0", "9.19.0"
     cuda, cpu = T("onnxruntime/cuda-sm90"), T("onnxruntime/cpu-x86_64")
-    assert P.buildable_targets(p) == [cpu, cuda] and P.benchmark_targets(p) == [cpu, cuda]
+    assert policy.buildable_targets(p) == [cpu, cuda] and policy.benchmark_targets(p) == [cpu, cuda]
     assert ("onnxruntime 1.31.1 CUDA (built for CUDA 13.0, cuDNN 9.19.0): serves onnxruntime/cuda-sm90"
-            in P.probe_report(p))
-    m = P.machine_fingerprint(p)
+            in probe_text.probe_report(p))
+    m = machineprobe.machine_fingerprint(p)
     assert m.ort_cuda and m.ort_version == "1.31.1" and m.compute_capability == "9.0"
-    assert "compute capability 9.0 and ONNX Runtime's CUDA execution provider" in P.benchmark_pending_reason(cuda)
+    assert "compute capability 9.0 and ONNX Runtime's CUDA execution provider" in policy.benchmark_pending_reason(cuda)
 
 
 def test_a_cuda_provider_that_does_not_load_serves_no_cuda_target():
     p = machine(gpus=[H100], modules={"onnxruntime": "1.31.1"})
     p.ort_cuda_error = "CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared object file"
-    assert P.buildable_targets(p) == [T("onnxruntime/cpu-x86_64")]
+    assert policy.buildable_targets(p) == [T("onnxruntime/cpu-x86_64")]
     assert ("onnxruntime 1.31.1 CUDA: CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared "
-            "object file: no onnxruntime/cuda target served") in P.probe_report(p)
-    assert not P.machine_fingerprint(p).ort_cuda
+            "object file: no onnxruntime/cuda target served") in probe_text.probe_report(p)
+    assert not machineprobe.machine_fingerprint(p).ort_cuda

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from enginefarm.domain import Backend, EngineDescriptor, Target
 from enginefarm.spec import BuildSpec
-from enginefarm.probe import MachineProbe, normalize_platform
+from enginefarm.probe.machineprobe import MachineProbe, normalize_platform
 
 
 @dataclass

@@ -23,7 +23,7 @@ from enginefarm.errors import BuildFailed, TargetUnavailable
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.backends.trt_common import fp16_graph, load_module
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_tensors, save_model
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 
 
 @lru_cache

@@ -16,7 +16,8 @@ from typing import Any
 from enginefarm.domain import Backend, EngineDescriptor, Target
 from enginefarm.errors import BuildFailed, TargetUnavailable
 from enginefarm.ortcuda import ORT_CUDA_PROVIDER
-from enginefarm.probe import GpuInfo, MachineProbe, probe_machine
+from enginefarm.probe.gpus import GpuInfo
+from enginefarm.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.spec import BuildSpec, Precision
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import fp16_graph, load_module

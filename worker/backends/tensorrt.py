@@ -20,7 +20,7 @@ from enginefarm.spec import BuildSpec
 from enginefarm.errors import TargetUnavailable
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 
 
 def _gpu_for(target: Target, machine: MachineProbe | None):

@@ -8,7 +8,7 @@ from enginefarm.domain import RTX_PORTABLE_CCS, Backend, EngineDescriptor, Targe
 from enginefarm.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 
 
 class TensorRTRTXBackend(TrtFamilyBackend):

@@ -23,7 +23,7 @@ from enginefarm.spec import BuildSpec, Precision
 from enginefarm.errors import BackendMissing, BuildFailed, SpecInvalid
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
-from enginefarm.probe import MachineProbe
+from enginefarm.probe.machineprobe import MachineProbe
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
 PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
