@@ -249,6 +249,6 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
 
 
 def _state(build: BuildRow) -> str:
-    from enginefarm.api.schemas import build_state
+    from enginefarm.api.buildschemas import build_state
 
     return build_state(build.tasks)

@@ -9,7 +9,7 @@ from enginefarm.api import admission, reports, services
 from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId, check_body_id
-from enginefarm.api.schemas import SweepOut, SweepRequest
+from enginefarm.api.buildschemas import SweepOut, SweepRequest
 from enginefarm.config import Settings
 from enginefarm.storage.tokens import Principal
 

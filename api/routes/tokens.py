@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from enginefarm.api.auth import Tenant
 from enginefarm.api.deps import CatalogRoute, session_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId
-from enginefarm.api.schemas import NewTokenOut, TokenIn, TokenOut
+from enginefarm.api.tokenschemas import NewTokenOut, TokenIn, TokenOut
 from enginefarm.errors import Forbidden
 from enginefarm.storage.tokens import create_token, lifetime, list_tokens, revoke_token
 

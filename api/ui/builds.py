@@ -12,7 +12,8 @@ from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId
 from enginefarm.api.routes import builds as build_routes
 from enginefarm.api.routes import engines as engine_routes
-from enginefarm.api.schemas import BuildOut, EngineOut
+from enginefarm.api.buildschemas import BuildOut
+from enginefarm.api.schemas import EngineOut
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.config import Settings

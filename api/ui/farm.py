@@ -14,7 +14,7 @@ from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId
 from enginefarm.api.routes import tokens as token_routes
 from enginefarm.api.routes import workers as worker_routes
-from enginefarm.api.schemas import TokenIn
+from enginefarm.api.tokenschemas import TokenIn
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import HEADERS, page
 from enginefarm.config import Settings

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from enginefarm.api.schemas import build_summary
+from enginefarm.api.buildschemas import build_summary
 from enginefarm.domain import Target
 from enginefarm.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
