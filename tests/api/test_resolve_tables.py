@@ -21,7 +21,7 @@ from enginefarm.api import answers as answers_module
 from enginefarm.api.app import create_app
 from enginefarm.api.versions import Versions
 from enginefarm.config import Settings
-from enginefarm.server import devservices
+from enginefarm.server import localservers
 from enginefarm.server.embedded import issue_token
 from enginefarm.storage import resolution
 from enginefarm.storage.changes import changes_for
@@ -35,7 +35,7 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def own_pg(base_services):
-    with devservices.scratch_postgres("enginefarm_tables") as url:
+    with localservers.scratch_postgres("enginefarm_tables") as url:
         yield url
 
 
