@@ -13,8 +13,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from enginefarm.api.schemas import ErrorOut
-from enginefarm.config import Settings
-from enginefarm.errors import QueueFull, TargetUnavailable
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import QueueFull, TargetUnavailable
 from enginefarm.storage import catalog
 from enginefarm.storage.tables import BuildRow
 

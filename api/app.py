@@ -27,9 +27,9 @@ from enginefarm.api.routes import builds, engines, gate, health, models, resolve
 from enginefarm.api.upload import UploadSlots
 from enginefarm.api import ui
 from enginefarm import __version__
-from enginefarm.config import Settings, get_settings
-from enginefarm.errors import CatalogUnavailable, EnginefarmError, StorageFull
-from enginefarm.hashing import SHA_HEADER
+from enginefarm.core.config import Settings, get_settings
+from enginefarm.core.errors import CatalogUnavailable, EnginefarmError, StorageFull
+from enginefarm.core.hashing import SHA_HEADER
 from enginefarm.storage.changes import changes_for
 from enginefarm.storage.db import migrate
 

@@ -18,7 +18,7 @@ import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from enginefarm.errors import Forbidden, Unauthorized
+from enginefarm.core.errors import Forbidden, Unauthorized
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate, hash_token
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt
 
-from enginefarm.domain import ModelInfo, TaskState
-from enginefarm.spec import BuildSpec
-from enginefarm.validation import target_precision
+from enginefarm.core.domain import ModelInfo, TaskState
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.validation import target_precision
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import BuildRow, BuildTaskRow
 

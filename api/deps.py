@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.db import new_session
 
 # Ending a session (rollback after an error, close) runs on threads of its own, never queued behind routes.

@@ -24,8 +24,8 @@ from fastapi import Request, Response
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from enginefarm.config import Settings
-from enginefarm.hashing import SHA_HEADER
+from enginefarm.core.config import Settings
+from enginefarm.core.hashing import SHA_HEADER
 from enginefarm.storage.blobs import get_blob_store
 
 IMMUTABLE = "private, max-age=31536000, immutable"

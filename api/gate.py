@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
 from enginefarm.api import reports, services
-from enginefarm.config import Settings
-from enginefarm.domain import TaskState, Target
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import TaskState, Target
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import builtengines
 from enginefarm.storage import liveness

@@ -8,14 +8,14 @@ from pathlib import Path
 from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
 from enginefarm.api.upload import run_below
-from enginefarm.config import Settings
-from enginefarm.domain import ModelInfo
-from enginefarm.errors import Conflict, Forbidden, ModelRejected
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import ModelInfo
+from enginefarm.core.errors import Conflict, Forbidden, ModelRejected
 from enginefarm.graph.inputs import SamplesInvalid, load_samples
-from enginefarm.bundle import BundleLimits
-from enginefarm.worklock import Scratch
+from enginefarm.core.bundle import BundleLimits
+from enginefarm.core.worklock import Scratch
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.validation import check_model_name, project_problem
+from enginefarm.core.validation import check_model_name, project_problem
 from enginefarm.storage import catalog
 from enginefarm.storage.blobs import get_blob_store, model_key, samples_key
 from enginefarm.storage.blobwrite import start_flush, store_with_row

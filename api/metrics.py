@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.observe import queue_state
 

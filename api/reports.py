@@ -7,15 +7,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from enginefarm.config import Settings
-from enginefarm.domain import TaskState
-from enginefarm.spec import DEFAULT_SHAPE_KEY
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import TaskState
+from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import builtengines
 from enginefarm.storage import liveness
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
-from enginefarm.probe.policy import benchmark_pending_reason
+from enginefarm.core.probe.policy import benchmark_pending_reason
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 

@@ -9,7 +9,7 @@ rows. In order, and each step only when the one before could not answer:
 2. the answer kept under the tag (``api.answers``) is sent as it is;
 3. the engines of those versions, compiled for judging (``Tables``: one per versions-and-generations, shared by
    every machine that asks about the model, so a model's engines are read and compiled once per change), are
-   judged and ranked for the machine (``enginefarm.choose``), and the answer is built and kept;
+   judged and ranked for the machine (``enginefarm.core.choose``), and the answer is built and kept;
 4. when nothing fits: a 404 that says why per engine and what would fit, or with ``build`` the build (202).
 """
 
@@ -27,11 +27,11 @@ from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
 from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
 from enginefarm.api.versions import Versions
-from enginefarm.choose import Choice, Evidence, Judged, Option, Wanted, choose
-from enginefarm.compat import Match
-from enginefarm.config import Settings
-from enginefarm.errors import NoCompatibleEngine
-from enginefarm.machine import Machine
+from enginefarm.core.choose import Choice, Evidence, Judged, Option, Wanted, choose
+from enginefarm.core.compat import Match
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import NoCompatibleEngine
+from enginefarm.core.machine import Machine
 from enginefarm.storage import resolution
 from enginefarm.storage.resolution import EngineTable
 from enginefarm.storage.tokens import Principal

@@ -11,9 +11,9 @@ from typing import Any, Generic, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, create_model
 
-from enginefarm.domain import EngineDescriptor
-from enginefarm.machine import Machine
-from enginefarm.text import CatalogText
+from enginefarm.core.domain import EngineDescriptor
+from enginefarm.core.machine import Machine
+from enginefarm.core.text import CatalogText
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import EngineRow, ModelRow, WorkerRow
 

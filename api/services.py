@@ -11,13 +11,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from enginefarm.api import admission
-from enginefarm.compat import profile_covers
-from enginefarm.config import Settings
-from enginefarm.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, TaskState, Target, arch_of_cc
-from enginefarm.spec import BuildSpec, Precision
-from enginefarm.machine import Machine
-from enginefarm.validation import parse_targets, validate_spec
-from enginefarm.errors import SpecInvalid, TargetUnavailable
+from enginefarm.core.compat import profile_covers
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, TaskState, Target, arch_of_cc
+from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.core.machine import Machine
+from enginefarm.core.validation import parse_targets, validate_spec
+from enginefarm.core.errors import SpecInvalid, TargetUnavailable
 from enginefarm.graph.inputs import benchmark_shape_problems
 from enginefarm.storage import catalog
 from enginefarm.storage import liveness

@@ -27,11 +27,11 @@ from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from enginefarm import worklock
+from enginefarm.core import worklock
 from enginefarm.api.metrics import UPLOAD_BYTES
-from enginefarm.config import Settings
-from enginefarm.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
-from enginefarm.hashing import HashingWriter
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
+from enginefarm.core.hashing import HashingWriter
 from enginefarm.storage.tokens import Principal
 
 T = TypeVar("T")
@@ -106,7 +106,7 @@ class UploadSlots:
 
 @dataclass
 class ReceivedUpload:
-    """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.worklock``) until ``discard``, so the
+    """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.core.worklock``) until ``discard``, so the
     garbage collector never takes it for the leftover of a crashed API."""
 
     fields: dict[str, str] = field(default_factory=dict)

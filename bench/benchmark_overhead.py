@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from enginefarm.domain import ModelInfo, Target
-from enginefarm.spec import BenchmarkSpec, BuildSpec
+from enginefarm.core.domain import ModelInfo, Target
+from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.graph.inputs import random_inputs  # noqa: E402
 from enginefarm.graph.modelfile import inspect_upload  # noqa: E402
 from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402

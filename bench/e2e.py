@@ -47,13 +47,13 @@ from rich.table import Table  # noqa: E402
 
 from enginefarm.server import localservers  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
-from enginefarm.config import Settings  # noqa: E402
-from enginefarm.domain import Target
-from enginefarm.spec import BuildSpec
+from enginefarm.core.config import Settings  # noqa: E402
+from enginefarm.core.domain import Target
+from enginefarm.core.spec import BuildSpec
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
 from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
-from enginefarm.hashing import sha256_file
+from enginefarm.core.hashing import sha256_file
 from enginefarm.storage.blobs.base import BlobStore  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
 from enginefarm.worker.pipeline import engine_from_model  # noqa: E402

@@ -41,7 +41,7 @@ import httpx  # noqa: E402
 
 from bench import catalogfill, httpload  # noqa: E402
 from bench.procstat import cpu_of  # noqa: E402
-from enginefarm.config import Settings  # noqa: E402
+from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.server import localservers  # noqa: E402
 from enginefarm.server.embedded import Farm, issue_token  # noqa: E402
 

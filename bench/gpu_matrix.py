@@ -288,7 +288,7 @@ def fetch_and_verify(cli: Cli, name: str, opt: dict[str, list[int]], work: Path,
     sha = _sha256(dest)
     out.update(engine_id=int(engine_id), target=target, match=match, precision=row.get("precision"),
                sha256=sha, catalog_sha256=row.get("sha256"), sha256_matches=sha == row.get("sha256"),
-               fingerprint=subprocess.run([PY, "-c", "from enginefarm.probe.machineprobe import this_machine; print(this_machine())"],
+               fingerprint=subprocess.run([PY, "-c", "from enginefarm.core.probe.machineprobe import this_machine; print(this_machine())"],
                                           capture_output=True, text=True).stdout.strip())
     try:
         import numpy as np

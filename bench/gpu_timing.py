@@ -34,8 +34,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from enginefarm import stats  # noqa: E402
-from enginefarm.errors import BackendMissing  # noqa: E402
+from enginefarm.core import stats  # noqa: E402
+from enginefarm.core.errors import BackendMissing  # noqa: E402
 from enginefarm.worker import gpu_timing as G  # noqa: E402
 from enginefarm.worker import trt_runner as R  # noqa: E402
 

@@ -140,7 +140,7 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
     import redis
 
     from enginefarm.server import localservers
-    from enginefarm.config import Settings
+    from enginefarm.core.config import Settings
     from enginefarm.server.embedded import Farm
     from enginefarm.graph.samples import sample_spec, save_conv_net
     from enginefarm.storage.blobs import engine_key

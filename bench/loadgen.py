@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from bench.procstat import TICK, processes
-from enginefarm.hashing import CHUNK, SHA_HEADER
+from enginefarm.core.hashing import CHUNK, SHA_HEADER
 
 # ============================================================================== the clients (child processes)
 

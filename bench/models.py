@@ -44,8 +44,8 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from enginefarm.domain import Target  # noqa: E402
-from enginefarm.spec import BuildSpec  # noqa: E402
+from enginefarm.core.domain import Target  # noqa: E402
+from enginefarm.core.spec import BuildSpec  # noqa: E402
 from tests.realmodels import MODELS, path, samples  # noqa: E402
 from tests.realmodels import large  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
@@ -79,7 +79,7 @@ def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
     """Upload → build → every task final on an embedded farm; the catalog's per-task times."""
     # Imported here so that part 3 alone (--int8-only) needs only the worker's packages, not the server's.
     from enginefarm.client import Client
-    from enginefarm.config import Settings
+    from enginefarm.core.config import Settings
     from enginefarm.server.embedded import Farm, embedded_env, issue_token
 
     data = work / "farm"

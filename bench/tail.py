@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from enginefarm.config import Settings  # noqa: E402
+from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.server.embedded import free_port, issue_token  # noqa: E402
 
 MACHINE = {"cc": "8.6", "trt_rtx": "1.7.1.116", "platform": "x86_64", "accept": "cpu"}

@@ -50,7 +50,7 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 import numpy as np  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
-from enginefarm.config import Settings  # noqa: E402
+from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 
 BOUNDARY = "benchUpl0adB0undary"

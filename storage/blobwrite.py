@@ -27,7 +27,7 @@ from typing import Callable, Iterator, TypeVar
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.blobs.base import BlobStore
 from enginefarm.storage.db import UNAVAILABLE, advisory_key, lock_file, session_scope, uses_sqlite, with_patience
 from enginefarm.storage.tables import EngineRow, ModelRow

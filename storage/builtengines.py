@@ -9,9 +9,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload
 
-from enginefarm.domain import Backend, EngineDescriptor, TaskState
-from enginefarm.errors import NotFound
-from enginefarm.shapes import engine_profiles
+from enginefarm.core.domain import Backend, EngineDescriptor, TaskState
+from enginefarm.core.errors import NotFound
+from enginefarm.core.shapes import engine_profiles
 from enginefarm.storage.rows import get_row, in_project
 from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow, utcnow
 

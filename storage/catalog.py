@@ -14,9 +14,9 @@ from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
-from enginefarm.domain import ModelInfo, Target, TaskState
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import Conflict, NotFound
+from enginefarm.core.domain import ModelInfo, Target, TaskState
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import Conflict, NotFound
 from enginefarm.storage.builtengines import find_engine
 from enginefarm.storage.checks import ensure_benchmark_task
 from enginefarm.storage.rows import claim_row, get_row, in_project

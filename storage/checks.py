@@ -16,8 +16,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 
-from enginefarm.domain import TaskState
-from enginefarm.spec import BuildSpec
+from enginefarm.core.domain import TaskState
+from enginefarm.core.spec import BuildSpec
 from enginefarm.storage.rows import claim_row, get_row
 from enginefarm.storage.generation import bump
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, VerdictRow, utcnow

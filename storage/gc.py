@@ -23,7 +23,7 @@ that points at it (``storage.blobwrite``):
 The same sweep clears this host's work dir (``Settings.work_dir``; each API and worker host has its own, so a sweep
 cleans only the host it runs on): spool files of uploads an API crash cut off (``uploads/upload-*``) and scratch
 folders of builds whose process was killed (``build-*``). A process holds a lock on each one it uses
-(``enginefarm.worklock``), and the kernel drops it when the process dies, so one that is held is never removed.
+(``enginefarm.core.worklock``), and the kernel drops it when the process dies, so one that is held is never removed.
 An unheld one goes once it is also older than the grace period or, sooner, than a live one can be without being
 touched: a spool file past ``upload_idle_timeout_s`` (an upload that paused that long was dropped), a scratch
 folder past ``build_time_limit_s`` (a build that ran that long was killed). The ages only matter for the moment
@@ -39,9 +39,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from enginefarm import worklock
-from enginefarm.config import Settings
-from enginefarm.errors import EnginefarmError
+from enginefarm.core import worklock
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import EnginefarmError
 from enginefarm.storage.blobs import get_blob_store
 from enginefarm.storage.blobs.base import BlobObject, BlobStore
 from enginefarm.storage.blobwrite import is_referenced, locked_session, referenced_keys

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.domain import BACKEND_MODULES, Target, TaskState
+from enginefarm.core.domain import BACKEND_MODULES, Target, TaskState
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.queue import Message
 from enginefarm.storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, WorkerRow, utcnow

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from enginefarm.domain import TaskState
+from enginefarm.core.domain import TaskState
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import BenchmarkTaskRow, BuildTaskRow, WorkerRow
 

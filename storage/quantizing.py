@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.domain import Target, TaskState
+from enginefarm.core.domain import Target, TaskState
 from enginefarm.storage.builtengines import find_engine
 from enginefarm.storage.catalog import finish_task_reused, get_build
 from enginefarm.storage.checks import ensure_benchmark_task

@@ -15,8 +15,8 @@ from functools import cache
 
 from celery import Celery
 
-from enginefarm.config import Settings, get_settings
-from enginefarm.domain import QUANTIZE_QUEUE, Target
+from enginefarm.core.config import Settings, get_settings
+from enginefarm.core.domain import QUANTIZE_QUEUE, Target
 
 log = logging.getLogger(__name__)
 

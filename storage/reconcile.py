@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import liveness, tokens
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.leader import Leadership

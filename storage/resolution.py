@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import Row, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from enginefarm.domain import ENGINE_FACTS, EngineDescriptor
-from enginefarm.spec import DEFAULT_SHAPE_KEY
+from enginefarm.core.domain import ENGINE_FACTS, EngineDescriptor
+from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage.catalog import find_models, latest_of
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 

@@ -8,8 +8,8 @@ from typing import TypeVar
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from enginefarm.domain import TaskState
-from enginefarm.errors import NotFound
+from enginefarm.core.domain import TaskState
+from enginefarm.core.errors import NotFound
 from enginefarm.storage.tables import ModelRow, utcnow
 
 T = TypeVar("T")

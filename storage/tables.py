@@ -1,4 +1,4 @@
-"""SQLAlchemy tables of the catalog. The domain types live in enginefarm.domain."""
+"""SQLAlchemy tables of the catalog. The domain types live in enginefarm.core.domain."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from enginefarm.domain import Target
-from enginefarm.spec import DEFAULT_SHAPE_KEY, BuildSpec
+from enginefarm.core.domain import Target
+from enginefarm.core.spec import DEFAULT_SHAPE_KEY, BuildSpec
 
 
 def utcnow() -> datetime:
@@ -33,7 +33,7 @@ class ModelRow(Base):
     format: Mapped[str] = mapped_column(String(8))  # onnx, zip or tar
     blob_key: Mapped[str] = mapped_column(String(200))
     size: Mapped[int] = mapped_column(BigInteger)  # bytes as uploaded
-    info: Mapped[dict] = mapped_column(JSON)  # enginefarm.domain.ModelInfo
+    info: Mapped[dict] = mapped_column(JSON)  # enginefarm.core.domain.ModelInfo
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     # A model the farm made from another (an int8 Q/DQ model from its FP32 source), and how.
     source_model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id"), index=True)
@@ -137,7 +137,7 @@ class EngineRow(Base):
     device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # An engine's accuracy verdicts and benchmarks belong to the project that asked for them (VerdictRow,
     # BenchmarkRow.project): the engine row holds only what its bytes are, which projects share.
-    # The optimization profiles it was built with, per input min/opt/max (enginefarm.domain.engine_profiles);
+    # The optimization profiles it was built with, per input min/opt/max (enginefarm.core.domain.engine_profiles);
     # empty when not known. Resolution judges a machine's shapes against them.
     profiles: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
 

@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.errors import NotFound, SignInsTooFast, SpecInvalid
-from enginefarm.validation import project_problem
+from enginefarm.core.errors import NotFound, SignInsTooFast, SpecInvalid
+from enginefarm.core.validation import project_problem
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow, utcnow
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from enginefarm.server import localservers
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import save_conv_net
 from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B

@@ -22,7 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _why_not() -> str | None:
     """None where this machine runs the GPU tests, else why it does not."""
-    from enginefarm.probe.machineprobe import probe_machine
+    from enginefarm.core.probe.machineprobe import probe_machine
 
     probe = probe_machine()
     if not probe.gpus:

@@ -35,9 +35,9 @@ def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple
     ahead of time without a GPU; ``shapes`` maps inputs to (min, opt, max). Returns (built, the failure's message)."""
     import tempfile
 
-    from enginefarm.domain import Target
-    from enginefarm.spec import BuildSpec
-    from enginefarm.errors import BuildFailed
+    from enginefarm.core.domain import Target
+    from enginefarm.core.spec import BuildSpec
+    from enginefarm.core.errors import BuildFailed
     from enginefarm.worker.backends.base import BuildLog
     from enginefarm.worker.pipeline import engine_from_model
 

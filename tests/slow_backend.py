@@ -9,10 +9,10 @@ import os
 import time
 from pathlib import Path
 
-from enginefarm.domain import EngineDescriptor, Target
-from enginefarm.spec import BuildSpec
+from enginefarm.core.domain import EngineDescriptor, Target
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 class SlowBackend(BuildBackend):

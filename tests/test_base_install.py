@@ -62,7 +62,7 @@ def test_base_install_is_the_client_only(tmp_path, wheel, version):
     fetch = run(venv / "bin" / "enginefarm", "fetch", "--help")
     assert fetch.returncode == 0 and "Fetch the engine" in fetch.stdout, fetch.stdout + fetch.stderr
     # The client, the probe and the offline resolver import and run without a server package.
-    probe = run(py, "-c", "from enginefarm.probe.machineprobe import this_machine; from enginefarm.client import Client, "
+    probe = run(py, "-c", "from enginefarm.core.probe.machineprobe import this_machine; from enginefarm.client import Client, "
                           "resolve_offline; m = this_machine(); print(m.platform)")
     assert probe.returncode == 0 and probe.stdout.strip(), probe.stderr[-2000:]
     # A farm command says which extra it needs, without a traceback.

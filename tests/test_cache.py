@@ -15,7 +15,7 @@ import pytest
 
 from enginefarm.client import cache as cache_mod
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, default_cache_dir
-from enginefarm.errors import IntegrityError, NotFound
+from enginefarm.core.errors import IntegrityError, NotFound
 
 PAYLOAD = os.urandom(3 * 1024 + 17)
 SHA = hashlib.sha256(PAYLOAD).hexdigest()

@@ -12,10 +12,10 @@ from dataclasses import replace
 
 import pytest
 
-from enginefarm.compat import CROSS_MAJOR, DRIVER_FLOORS, Match, Rule, judge
-from enginefarm.choose import Evidence, Option, Wanted, choose
-from enginefarm.domain import RTX_PORTABLE_CCS, EngineDescriptor
-from enginefarm.machine import Machine
+from enginefarm.core.compat import CROSS_MAJOR, DRIVER_FLOORS, Match, Rule, judge
+from enginefarm.core.choose import Evidence, Option, Wanted, choose
+from enginefarm.core.domain import RTX_PORTABLE_CCS, EngineDescriptor
+from enginefarm.core.machine import Machine
 
 TRT = "10.13.3.9"
 RTX = "1.7.1.116"

@@ -7,10 +7,10 @@ import json
 import pydantic
 import pytest
 
-from enginefarm.domain import ARCHES, Backend, ModelInfo, TensorInfo, Target, all_targets, arch_of_cc, cc_of_arch
-from enginefarm.spec import MAX_PROFILES, Precision, BuildSpec
-from enginefarm.shapes import parse_trtexec_shapes, spec_shapes_from_trtexec
-from enginefarm.validation import check_model_name, parse_targets, project_problem, target_precision, validate_spec
+from enginefarm.core.domain import ARCHES, Backend, ModelInfo, TensorInfo, Target, all_targets, arch_of_cc, cc_of_arch
+from enginefarm.core.spec import MAX_PROFILES, Precision, BuildSpec
+from enginefarm.core.shapes import parse_trtexec_shapes, spec_shapes_from_trtexec
+from enginefarm.core.validation import check_model_name, parse_targets, project_problem, target_precision, validate_spec
 
 
 def T(text: str) -> Target:
@@ -407,7 +407,7 @@ def test_validate_value_ranges_and_keep_lists_name_real_things():
 
 
 def test_parse_val_ranges_polygraphy_syntax():
-    from enginefarm.shapes import parse_val_ranges
+    from enginefarm.core.shapes import parse_val_ranges
 
     assert parse_val_ranges(["input_ids:[0,30521]", "x:[-1.5, 2]"]) == {"input_ids": (0.0, 30521.0), "x": (-1.5, 2.0)}
     with pytest.raises(ValueError, match="NAME:\\[LOW,HIGH\\]"):

@@ -7,7 +7,7 @@ from dataclasses import fields
 from datetime import datetime, timezone
 
 from enginefarm.api.schemas import EngineOut
-from enginefarm.domain import ENGINE_FACTS, EngineDescriptor
+from enginefarm.core.domain import ENGINE_FACTS, EngineDescriptor
 from enginefarm.storage.resolution import ENGINE_COLUMNS, descriptor_of
 from enginefarm.storage.tables import EngineRow, ModelRow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.domain import ModelInfo, TensorInfo
+from enginefarm.core.domain import ModelInfo, TensorInfo
 from enginefarm.graph.graphfacts import index_ranges, op_counts
 from enginefarm.graph.inputs import ShapeSet, random_inputs, timing_inputs
 

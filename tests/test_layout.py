@@ -12,7 +12,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BIN = Path(sys.executable).parent
-KERNEL_PACKAGES = ("probe",)  # the kernel's modules that are packages of their own
 
 
 def installed_layout(dest: Path) -> Path:
@@ -38,21 +37,24 @@ def test_imports_point_down(tmp_path):
 
 def test_the_contracts_catch_an_import_that_points_up(tmp_path):
     layout = installed_layout(tmp_path)
-    with open(layout / "enginefarm" / "domain.py", "a") as f:
+    with open(layout / "enginefarm" / "core" / "domain.py", "a") as f:
         f.write("\nfrom enginefarm.storage import db  # noqa\n")
     with open(layout / "enginefarm" / "api" / "services.py", "a") as f:
         f.write("\nfrom enginefarm.worker import pipeline  # noqa\n")
     out = lint_imports(layout)
     assert out.returncode == 1
-    assert "enginefarm.domain -> enginefarm.storage.db" in out.stdout
+    assert "enginefarm.core.domain -> enginefarm.storage.db" in out.stdout
     assert "enginefarm.api.services -> enginefarm.worker.pipeline" in out.stdout
 
 
 def test_every_kernel_module_is_under_the_kernel_contract():
+    """The kernel is enginefarm.core, whole; the package root holds only its own __init__ and __main__, beside the
+    kernel, the client, graph and server folders."""
     contract = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"].startswith("The kernel"))
-    modules = {f"enginefarm.{p.stem}" for p in (ROOT / "enginefarm").glob("*.py")} - {"enginefarm.__init__",
-                                                                                    "enginefarm.__main__"}
-    assert set(contract["source_modules"]) == modules | {f"enginefarm.{p}" for p in KERNEL_PACKAGES}
+    assert contract["source_modules"] == ["enginefarm.core"]
+    assert {p.name for p in (ROOT / "enginefarm").glob("*.py")} == {"__init__.py", "__main__.py"}
+    assert {p.name for p in (ROOT / "enginefarm").iterdir() if p.is_dir() and p.name != "__pycache__"} == \
+        {"core", "client", "graph", "server"}
 
 
 def test_no_top_level_package_but_enginefarm():
@@ -62,8 +64,8 @@ def test_no_top_level_package_but_enginefarm():
 
 
 def test_client_and_kernel_run_on_python_3_10():
-    files = [str(p) for p in (ROOT / "enginefarm").glob("*.py")] + [str(ROOT / "enginefarm" / "client")]
-    files += [str(ROOT / "enginefarm" / p) for p in KERNEL_PACKAGES]
+    files = [str(ROOT / "enginefarm" / "__init__.py"), str(ROOT / "enginefarm" / "__main__.py"),
+             str(ROOT / "enginefarm" / "core"), str(ROOT / "enginefarm" / "client")]
     out = subprocess.run([str(BIN / "vermin"), "--no-tips", "--eval-annotations", "--target=3.10-", "--violations",
                           *files], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from enginefarm.graph import accuracy
-from enginefarm.domain import ModelInfo, TensorInfo
-from enginefarm.spec import AccuracySpec, BenchmarkSpec, BuildSpec
+from enginefarm.core.domain import ModelInfo, TensorInfo
+from enginefarm.core.spec import AccuracySpec, BenchmarkSpec, BuildSpec
 from enginefarm.graph.inputs import SamplesInvalid, benchmark_shape_problems, load_samples, random_inputs, sample_batches, shape_sets
-from enginefarm.stats import Iteration, measure, median, percentile, summarize
-from enginefarm.probe.gpus import GpuInfo
-from enginefarm.probe.machineprobe import MachineProbe
-from enginefarm.probe.policy import benchmark_pending_reason, benchmark_targets
-from enginefarm.domain import Target
+from enginefarm.core.stats import Iteration, measure, median, percentile, summarize
+from enginefarm.core.probe.gpus import GpuInfo
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.policy import benchmark_pending_reason, benchmark_targets
+from enginefarm.core.domain import Target
 
 # ------------------------------------------------------------------ statistics (trtexec's definitions)
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from enginefarm.spec import BuildSpec
-from enginefarm.trtexec import memory_mib, spec_from_trtexec
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.trtexec import memory_mib, spec_from_trtexec
 
 
 def test_a_trtexec_command_line_becomes_a_valid_spec():
@@ -79,7 +79,7 @@ def test_the_cli_says_what_is_wrong_with_a_pool_size_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("item", ["x:[0,1e999]", "x:[-1e400,0]", "x:[nan,1]"])
 def test_a_value_range_past_float_is_refused_on_the_command_line(item):
-    from enginefarm.shapes import parse_val_ranges
+    from enginefarm.core.shapes import parse_val_ranges
 
     with pytest.raises(ValueError, match="must be finite numbers"):
         parse_val_ranges([item])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from enginefarm.workerid import WORKER_ID_ENV, current_worker_id, worker_name
+from enginefarm.core.workerid import WORKER_ID_ENV, current_worker_id, worker_name
 
 ID = re.compile(r"^[^@/]+@[^@/]+/[0-9a-f]{8}$")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import onnx
 
-from enginefarm.domain import EngineDescriptor, Target
-from enginefarm.probe.machineprobe import MachineProbe
-from enginefarm.spec import BuildSpec
+from enginefarm.core.domain import EngineDescriptor, Target
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 
 MISSING = "weights.bin"

@@ -14,8 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from enginefarm.spec import BuildSpec, GraphCleanup
-from enginefarm.errors import BuildFailed
+from enginefarm.core.spec import BuildSpec, GraphCleanup
+from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model

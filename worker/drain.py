@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import liveness
 from enginefarm.storage.db import in_transaction
 from enginefarm.storage.queue import KINDS, Message, publish

@@ -18,9 +18,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from enginefarm.graph import accuracy
-from enginefarm.domain import BACKEND_MODULES, Backend, ModelInfo, Target
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import BuildFailed
+from enginefarm.core.domain import BACKEND_MODULES, Backend, ModelInfo, Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.inputs import (
     ShapeSet,
     fixed_arrays,
@@ -30,7 +30,7 @@ from enginefarm.graph.inputs import (
     shape_sets,
     timing_inputs,
 )
-from enginefarm.stats import Iteration, Measurement, measure
+from enginefarm.core.stats import Iteration, Measurement, measure
 from enginefarm.worker import int8_vs_fp32
 from enginefarm.worker.backends.onnxruntime import optimization_level
 from enginefarm.worker.backends.trt_common import load_module

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from enginefarm import stats
-from enginefarm.errors import BackendMissing, EnginefarmError
-from enginefarm.nvml import NvmlUnavailable, nvml_session
+from enginefarm.core import stats
+from enginefarm.core.errors import BackendMissing, EnginefarmError
+from enginefarm.core.nvml import NvmlUnavailable, nvml_session
 
 
 class CudaError(EnginefarmError):

@@ -6,7 +6,7 @@ import logging
 import socket
 import threading
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope
 

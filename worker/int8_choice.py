@@ -20,11 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.domain import Backend, ModelInfo, Target
-from enginefarm.errors import BuildFailed
+from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.errors import BuildFailed
 from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
-from enginefarm.spec import BuildSpec, Precision
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_vs_fp32 import interleaved_all, verdict
 from enginefarm.worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from enginefarm.domain import Backend, ModelInfo, Target
-from enginefarm.spec import BuildSpec, Precision
+from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure
 from enginefarm.worker.quantize import CPU_CANDIDATES, quantize_qdq

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.graph.inputs import timing_inputs
-from enginefarm.spec import BuildSpec, Precision
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.backends.onnxruntime import has_qdq
 from enginefarm.worker.cleanup import prepared_model

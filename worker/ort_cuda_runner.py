@@ -4,7 +4,7 @@ The benchmark is the farm's CUDA timing (worker/gpu_timing.py), not ONNX Runtime
 bound to device buffers of our own (I/O binding), the CUDA provider enqueues its kernels on our stream
 (``user_compute_stream``), and ``TimedPipeline`` brackets the host-to-device copies, ``run_with_iobinding`` and the
 device-to-host copies with CUDA events on that stream, at trtexec's warm-up, duration and percentiles
-(enginefarm/stats.py). GPU memory in use is the driver's free memory before the session was made minus the lowest
+(enginefarm/core/stats.py). GPU memory in use is the driver's free memory before the session was made minus the lowest
 seen during the run.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.errors import BuildFailed, TargetUnavailable
-from enginefarm.ortcuda import ORT_CUDA_PROVIDER
-from enginefarm.probe.machineprobe import probe_machine
-from enginefarm.stats import Measurement
+from enginefarm.core.errors import BuildFailed, TargetUnavailable
+from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
+from enginefarm.core.probe.machineprobe import probe_machine
+from enginefarm.core.stats import Measurement
 from enginefarm.worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
 from enginefarm.worker.backends.trt_common import load_module
 from enginefarm.worker.gpu_timing import (

@@ -10,18 +10,18 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from enginefarm.config import Settings
-from enginefarm.domain import Backend, EngineDescriptor, ModelInfo, Target
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import BuildFailed, IntegrityError
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import Backend, EngineDescriptor, ModelInfo, Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import BuildFailed, IntegrityError
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import BundleLimits, model_path_for
 from enginefarm.storage.blobs import BlobStore
-from enginefarm.hashing import sha256_file
+from enginefarm.core.hashing import sha256_file
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.diagnose import explain
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str, settings: Settings) -> Path:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from enginefarm.bundle import BundleLimits
-from enginefarm.config import Settings
-from enginefarm.domain import ModelInfo, TaskState, Target
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.bundle import BundleLimits
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import ModelInfo, TaskState, Target
+from enginefarm.core.errors import SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.hashing import sha256_file
-from enginefarm.spec import BuildSpec
+from enginefarm.core.hashing import sha256_file
+from enginefarm.core.spec import BuildSpec
 from enginefarm.storage import builtengines, catalog, checks, liveness, quantizing
 from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.storage.blobwrite import store_with_row
@@ -20,7 +20,7 @@ from enginefarm.storage.db import session_scope
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.pipeline import model_file_from_store, samples_of
-from enginefarm.worklock import Scratch
+from enginefarm.core.worklock import Scratch
 
 
 def family_of_target(target: Target) -> str:

@@ -11,11 +11,11 @@ from functools import lru_cache
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
-from enginefarm.config import get_settings
-from enginefarm.domain import Backend, ModelInfo, TaskState, Target
-from enginefarm.spec import Precision
-from enginefarm.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
-from enginefarm.validation import target_precision
+from enginefarm.core.config import get_settings
+from enginefarm.core.domain import Backend, ModelInfo, TaskState, Target
+from enginefarm.core.spec import Precision
+from enginefarm.core.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
+from enginefarm.core.validation import target_precision
 from enginefarm.storage import builtengines, catalog, checks, quantizing
 from enginefarm.storage.blobs import engine_key, get_blob_store
 from enginefarm.storage.blobwrite import store_with_row
@@ -25,11 +25,11 @@ from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
 from enginefarm.worker.lanes import wait_for_builds
 from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
-from enginefarm.workerid import current_worker_id
-from enginefarm.worklock import Scratch
+from enginefarm.core.workerid import current_worker_id
+from enginefarm.core.worklock import Scratch
 from enginefarm.worker.quantize_stage import model_of_task
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
-from enginefarm.probe.machineprobe import MachineProbe, machine_fingerprint, probe_machine
+from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint, probe_machine
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
@@ -110,7 +110,7 @@ def _run(task_id: int, me: str) -> None:
         # An int8 build may have one derived model per target family (worker/quantize_stage.py).
         build, model = task.build, model_of_task(s, task)
         target, spec = task.parsed_target, build.build_spec
-        # A target that cannot build the spec's precision builds the nearest it can (enginefarm.validation);
+        # A target that cannot build the spec's precision builds the nearest it can (enginefarm.core.validation);
         # the engine records the precision it has, under the spec hash that was asked for.
         precision, precision_note = target_precision(spec, target, ModelInfo.from_dict(model.info))
         spec = spec.model_copy(update={"precision": precision})

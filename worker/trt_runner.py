@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from enginefarm import stats
-from enginefarm.errors import BuildFailed, TargetUnavailable
+from enginefarm.core import stats
+from enginefarm.core.errors import BuildFailed, TargetUnavailable
 from enginefarm.worker.gpu_timing import CudaDevice, DeviceBuffer, PinnedArray, TimedPipeline, benchmark_pipeline
 
 if TYPE_CHECKING:
-    from enginefarm.spec import BenchmarkSpec
+    from enginefarm.core.spec import BenchmarkSpec
 
 
 def numpy_dtype(trt_module: ModuleType, trt_dtype: Any) -> np.dtype:

@@ -8,7 +8,7 @@ from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 
 from enginefarm.api.schemas import ErrorOut
-from enginefarm.text import text_problem
+from enginefarm.core.text import text_problem
 
 # A 422 is either FastAPI's request validation or the farm's own (ModelRejected, SpecInvalid): ErrorOut is both.
 UNPROCESSABLE: dict[int | str, dict[str, Any]] = {422: {"model": ErrorOut, "description": "the request is invalid"}}

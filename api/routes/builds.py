@@ -10,7 +10,7 @@ from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from enginefarm.api.buildschemas import BuildOut, BuildRequest, build_out
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import catalog
 from enginefarm.storage import liveness
 from enginefarm.storage.tables import BuildRow

@@ -11,9 +11,9 @@ from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId, check_no_nul, page_offset
 from enginefarm.api.reports import engine_checks
 from enginefarm.api.schemas import EngineOut, Page
-from enginefarm.config import Settings
-from enginefarm.errors import NotFound
-from enginefarm.hashing import SHA_HEADER
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import NotFound
+from enginefarm.core.hashing import SHA_HEADER
 from enginefarm.storage import builtengines, checks as project_checks
 from enginefarm.storage.tables import EngineRow, ModelRow
 

@@ -11,7 +11,7 @@ from enginefarm.api import gate
 from enginefarm.api.auth import Tenant
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, ID_MAX, RowId
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from enginefarm import __version__
 from enginefarm.api.deps import settings_dep
 from enginefarm.api.metrics import exposition
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.blobs import get_blob_store
 from enginefarm.storage.db import ping
 

@@ -14,9 +14,9 @@ from enginefarm.api.downloads import blob_response
 from enginefarm.api.routes.engines import CONTENT_RESPONSES
 from enginefarm.api.schemas import ModelOut, Page
 from enginefarm.api.upload import UploadLimits, receive_upload
-from enginefarm import worklock
-from enginefarm.config import Settings
-from enginefarm.errors import NotFound
+from enginefarm.core import worklock
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import NotFound
 from enginefarm.storage import catalog
 from enginefarm.storage.tokens import Principal
 

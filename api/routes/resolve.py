@@ -32,10 +32,10 @@ from enginefarm.api.schemas import (
     ResolveOut,
     ResolveRequest,
 )
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.db import quick_read
-from enginefarm.shapes import shape_request
-from enginefarm.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
+from enginefarm.core.shapes import shape_request
+from enginefarm.core.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
 from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)

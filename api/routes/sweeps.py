@@ -10,7 +10,7 @@ from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId, check_body_id
 from enginefarm.api.buildschemas import SweepOut, SweepRequest
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)

@@ -9,7 +9,7 @@ from enginefarm.api.auth import Tenant
 from enginefarm.api.deps import CatalogRoute, session_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId
 from enginefarm.api.tokenschemas import NewTokenOut, TokenIn, TokenOut
-from enginefarm.errors import Forbidden
+from enginefarm.core.errors import Forbidden
 from enginefarm.storage.tokens import create_token, lifetime, list_tokens, revoke_token
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)

@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 from enginefarm.api.auth import authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.schemas import WorkerOut
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import liveness
 
 router = APIRouter(route_class=CatalogRoute, tags=["workers"])

@@ -1,7 +1,7 @@
 """The build form: fields pre-filled from a model's inputs, and the spec a submitted form asks for.
 
 Dynamic dims get min/opt/max fields; a trtexec command line (``--fp16 --minShapes=input:1x3x224x224 …``) is read
-with the CLI's own parser (``enginefarm.trtexec.spec_from_trtexec``) and wins over the fields. The spec's fields are
+with the CLI's own parser (``enginefarm.core.trtexec.spec_from_trtexec``) and wins over the fields. The spec's fields are
 parsed as POST /v1/builds parses them, and ``services.submit_build`` validates it against the model as it does there.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 
 from enginefarm.api.schemas import ModelOut
 from enginefarm.api.services import spec_from
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import SpecInvalid
-from enginefarm.trtexec import spec_from_trtexec
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import SpecInvalid
+from enginefarm.core.trtexec import spec_from_trtexec
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 MAX_FORM_TARGETS = 64

@@ -16,7 +16,7 @@ from enginefarm.api.buildschemas import BuildOut
 from enginefarm.api.schemas import EngineOut
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import catalog
 from enginefarm.storage.tokens import Principal
 

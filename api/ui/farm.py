@@ -17,8 +17,8 @@ from enginefarm.api.routes import workers as worker_routes
 from enginefarm.api.tokenschemas import TokenIn
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import HEADERS, page
-from enginefarm.config import Settings
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import SpecInvalid
 from enginefarm.storage.observe import queue_state
 from enginefarm.storage.tokens import Principal
 

@@ -10,14 +10,14 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from enginefarm.api import reports, services
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import catalog, checks as project_checks
 from enginefarm.storage import builtengines
 from enginefarm.storage import liveness
 from enginefarm.storage.db import as_utc
-from enginefarm.domain import ModelInfo
+from enginefarm.core.domain import ModelInfo
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
-from enginefarm.validation import target_precision
+from enginefarm.core.validation import target_precision
 
 MAX_VERSIONS = 8
 LIVE = {"queued", "running", "waiting"}

@@ -16,7 +16,7 @@ from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.buildform import form_fields, spec_from_form
 from enginefarm.api.ui.matrix import model_matrix
 from enginefarm.api.ui.render import is_fragment, page
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import catalog
 from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope

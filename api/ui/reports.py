@@ -12,7 +12,7 @@ from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import catalog
 from enginefarm.storage.tokens import Principal
 

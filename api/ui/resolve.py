@@ -21,14 +21,14 @@ from enginefarm.api.routes import resolve as resolve_routes
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
-from enginefarm.errors import EnginefarmError, NoCompatibleEngine
-from enginefarm.machine import Machine
-from enginefarm.probe.machineprobe import MachineProbe, machine_fingerprint
-from enginefarm.shapes import shape_request
+from enginefarm.core.errors import EnginefarmError, NoCompatibleEngine
+from enginefarm.core.machine import Machine
+from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint
+from enginefarm.core.shapes import shape_request
 from enginefarm.storage import catalog
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import Principal
-from enginefarm.text import text_problem
+from enginefarm.core.text import text_problem
 
 router = APIRouter(prefix="/ui")
 FIELDS = ("model", "version", "gpu_name", "compute_capability", "memory_mib", "driver_version", "cuda_version",

@@ -42,7 +42,7 @@ import anyio
 from fastapi import Request, Response
 
 from enginefarm.api.auth import TokenCache, require
-from enginefarm.errors import EnginefarmError, Forbidden, SignInsTooFast
+from enginefarm.core.errors import EnginefarmError, Forbidden, SignInsTooFast
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import utcnow
 from enginefarm.storage.tokens import Principal, authenticate, hash_token, open_session, revoke_token

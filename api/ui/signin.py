@@ -7,7 +7,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from enginefarm.api.ui import session
 from enginefarm.api.ui.render import HEADERS, page
-from enginefarm.errors import SignInsTooFast
+from enginefarm.core.errors import SignInsTooFast
 
 router = APIRouter(prefix="/ui")
 SIGNIN_MAX_AGE = 3600

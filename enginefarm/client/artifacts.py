@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from enginefarm.client.cache import EngineCache
-from enginefarm.errors import IntegrityError, WrongArtifact
+from enginefarm.core.errors import IntegrityError, WrongArtifact
 
 ONNX, PLAN = "onnx", "plan"
 # What each backend's artifact is.

@@ -25,8 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from enginefarm.errors import IntegrityError, NotFound
-from enginefarm.hashing import CHUNK, HashingWriter, sha256_file
+from enginefarm.core.errors import IntegrityError, NotFound
+from enginefarm.core.hashing import CHUNK, HashingWriter, sha256_file
 
 TMP_PREFIX = ".tmp-"
 STALE_TMP_SECONDS = 24 * 3600

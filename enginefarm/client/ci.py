@@ -20,8 +20,8 @@ import httpx
 import typer
 
 from enginefarm.client import ApiError, Client
-from enginefarm.domain import FINAL_STATES
-from enginefarm.trtexec import spec_from_trtexec
+from enginefarm.core.domain import FINAL_STATES
+from enginefarm.core.trtexec import spec_from_trtexec
 
 CHECKS = ("build", "benchmark", "accuracy", "latency_regression")
 # Answers worth asking again before the deadline: the farm restarting or briefly overloaded.

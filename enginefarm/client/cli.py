@@ -15,7 +15,7 @@ from rich.table import Table
 from enginefarm.client import fetchcli, lscli
 from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
 from enginefarm.client.terminal import API_OPT, QUEUE_OPT, client_for, console, err, fail, need, print_tasks, transfer_bar
-from enginefarm.shapes import parse_val_ranges
+from enginefarm.core.shapes import parse_val_ranges
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from enginefarm import errors
-from enginefarm.errors import EnginefarmError
+from enginefarm.core import errors
+from enginefarm.core.errors import EnginefarmError
 
 
 class ApiError(EnginefarmError):

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from enginefarm.client.report import profiles_label
 from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
-from enginefarm.choose import ACCEPT
-from enginefarm.shapes import shape_request
-from enginefarm.spec import Precision
+from enginefarm.core.choose import ACCEPT
+from enginefarm.core.shapes import shape_request
+from enginefarm.core.spec import Precision
 
 export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
 
@@ -75,7 +75,7 @@ def fetch(
     from enginefarm.client.artifacts import place_cached
     from enginefarm.client.cache import EngineCache
     from enginefarm.client import resolve_offline
-    from enginefarm.probe.machineprobe import this_machine
+    from enginefarm.core.probe.machineprobe import this_machine
 
     try:
         wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)

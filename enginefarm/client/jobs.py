@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from enginefarm.domain import FINAL_STATES
-from enginefarm.errors import BuildFailed
+from enginefarm.core.domain import FINAL_STATES
+from enginefarm.core.errors import BuildFailed
 
 if TYPE_CHECKING:
     from enginefarm.client.sdk import Client

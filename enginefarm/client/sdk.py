@@ -15,14 +15,14 @@ import httpx
 
 from enginefarm.client.artifacts import check_bytes, destination, place_cached
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
-from enginefarm.choose import Evidence, Option, Wanted, choose
-from enginefarm.config import get_settings
-from enginefarm.domain import FINAL_STATES, EngineDescriptor
-from enginefarm.machine import Machine
+from enginefarm.core.choose import Evidence, Option, Wanted, choose
+from enginefarm.core.config import get_settings
+from enginefarm.core.domain import FINAL_STATES, EngineDescriptor
+from enginefarm.core.machine import Machine
 from enginefarm.client.errors import api_error
 from enginefarm.client.jobs import BuildJob
-from enginefarm.hashing import CHUNK, SHA_HEADER, sha256_file
-from enginefarm.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
+from enginefarm.core.hashing import CHUNK, SHA_HEADER, sha256_file
+from enginefarm.core.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
 
 
 
@@ -210,13 +210,13 @@ class Client:
         ``allow_cpu``: a machine that names a GPU runtime also takes an ONNX Runtime artifact when no engine of
         its runtime fits (``accept: ["cpu"]``); without it the farm answers 404 with what would fit.
 
-        ``machine`` defaults to this machine, detected (``enginefarm.probe.machineprobe.this_machine``). Returns the
+        ``machine`` defaults to this machine, detected (``enginefarm.core.probe.machineprobe.this_machine``). Returns the
         resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
         Raises ApiError (404) when nothing fits. With ``cache``, the answer is kept there and the next identical
         question is asked with If-None-Match: a 304 reuses it.
         """
         if machine is None:
-            from enginefarm.probe.machineprobe import this_machine
+            from enginefarm.core.probe.machineprobe import this_machine
 
             machine = this_machine()
         filters = with_cpu(filters) if allow_cpu else filters

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
-from enginefarm.domain import cc_tuple
-from enginefarm.machine import Machine
+from enginefarm.core.domain import cc_tuple
+from enginefarm.core.machine import Machine
 
 __all__ = ["ONNX_TO_TRITON", "PLAN_PREFERENCE", "RTX_WARNING", "TritonRepository", "batching", "config_spec",
            "export_from_farm", "fixed_dims", "plan_layout", "render_config", "sanitize_model_name", "triton_dtype",
@@ -340,8 +340,8 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
     from it (int8 Q/DQ) are its variants and compete in the same resolution. Raises NotFound when there is nothing
     to export.
     """
-    from enginefarm.errors import NotFound
-    from enginefarm.bundle import BundleLimits, unpack_bundle
+    from enginefarm.core.errors import NotFound
+    from enginefarm.core.bundle import BundleLimits, unpack_bundle
 
     versions = [m for m in client.models(name=model_name, limit=500)["items"] if m.get("source_model_id") is None]
     if version:
@@ -384,7 +384,7 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
 def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[str]) -> None:
     """Raise Conflict for an int8/fp8 engine whose accuracy check has not passed, naming where the check stands,
     unless ``accept`` takes it ("unchecked" for one never checked, "failed" for one that failed)."""
-    from enginefarm.errors import Conflict
+    from enginefarm.core.errors import Conflict
 
     passed = engine.get("accuracy_pass")
     if engine.get("precision") not in QUANTIZED or passed is True:

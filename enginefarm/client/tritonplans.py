@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from enginefarm.domain import arch_of_cc, cc_tuple
+from enginefarm.core.domain import arch_of_cc, cc_tuple
 
 RTX_WARNING = (
     "TensorRT-RTX engines: Triton's stock TensorRT backend (platform tensorrt_plan) links full TensorRT "

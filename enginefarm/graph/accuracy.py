@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from enginefarm.spec import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
+from enginefarm.core.spec import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
 
 REFERENCE = "onnxruntime fp32 on the original model"
 

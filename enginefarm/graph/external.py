@@ -15,8 +15,8 @@ from pathlib import Path
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, TensorProto
 
-from enginefarm.bundle import DRIVE
-from enginefarm.errors import ModelRejected
+from enginefarm.core.bundle import DRIVE
+from enginefarm.core.errors import ModelRejected
 
 _INT64_DIGITS = 19
 

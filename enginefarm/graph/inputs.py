@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from onnx import TensorProto, helper
 
-from enginefarm.domain import ModelInfo, TensorInfo
-from enginefarm.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, fixed_input_shape
+from enginefarm.core.domain import ModelInfo, TensorInfo
+from enginefarm.core.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, fixed_input_shape
 
 MAX_SAMPLE_ARRAYS = 64
 

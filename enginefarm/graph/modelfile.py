@@ -1,4 +1,4 @@
-"""Uploaded model files: inspect the ONNX model of a plain file or a bundle (``enginefarm.bundle`` unpacks those).
+"""Uploaded model files: inspect the ONNX model of a plain file or a bundle (``enginefarm.core.bundle`` unpacks those).
 
 An upload is either a single ``.onnx`` file or a ``.zip``/``.tar`` bundle holding ``model.onnx``
 and its external data files. Everything here treats the bytes as hostile: archives may try to
@@ -22,11 +22,11 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 from onnx import ModelProto, TensorProto
 
-from enginefarm.bundle import FORMATS, MODEL_NAME, BundleLimits, detect_format, unpack_bundle, unpack_model
-from enginefarm.domain import ModelInfo, TensorInfo
+from enginefarm.core.bundle import FORMATS, MODEL_NAME, BundleLimits, detect_format, unpack_bundle, unpack_model
+from enginefarm.core.domain import ModelInfo, TensorInfo
 from enginefarm.graph.external import all_nodes, check_external_data, uses_external_data
 from enginefarm.graph.graphfacts import QDQ_OPS, index_ranges, op_counts
-from enginefarm.errors import ModelRejected
+from enginefarm.core.errors import ModelRejected
 
 _check_external_data = check_external_data  # the name the tests know it by
 

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from enginefarm.client.terminal import console, err, fail, need
-from enginefarm.config import get_settings
+from enginefarm.core.config import get_settings
 from enginefarm.server.metricsdir import metrics_dir
 from enginefarm.server.tokencli import token_create, token_list, token_revoke
 from enginefarm.server.workercli import worker

@@ -12,15 +12,15 @@ from rich.console import Console
 
 from enginefarm.client.cache import EngineCache
 from enginefarm.client import Client
-from enginefarm.machine import Machine
-from enginefarm.config import Settings
-from enginefarm.errors import NoCompatibleEngine
+from enginefarm.core.machine import Machine
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import NoCompatibleEngine
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.client.report import plot_report, report_table
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.client.triton import export_from_farm
-from enginefarm.probe.machineprobe import normalize_platform
-from enginefarm.probe.modules import probe_modules
+from enginefarm.core.probe.machineprobe import normalize_platform
+from enginefarm.core.probe.modules import probe_modules
 
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 

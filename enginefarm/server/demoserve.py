@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.demo import run_demo
 from enginefarm.server.embedded import Farm, embedded_env, issue_token, stop_on_sigterm
 from enginefarm.server.metricsdir import metrics_dir

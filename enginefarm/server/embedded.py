@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from enginefarm.server import lifeline
-from enginefarm.workerid import worker_name
+from enginefarm.core.workerid import worker_name
 from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)

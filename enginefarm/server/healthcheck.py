@@ -57,7 +57,7 @@ def check_api(args: list[str], timeout: float = 5.0) -> str:
 def check_worker(args: list[str]) -> str:
     from sqlalchemy import select
 
-    from enginefarm.config import get_settings
+    from enginefarm.core.config import get_settings
     from enginefarm.storage.liveness import live_workers
     from enginefarm.storage.db import quick_read
     from enginefarm.storage.tables import WorkerRow

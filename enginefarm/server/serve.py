@@ -22,7 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.supervisors import Multiprocess
 
-from enginefarm.config import KEEP_ALIVE_SECONDS, Settings
+from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
 
 APP = "enginefarm.api.main:app"
 log = logging.getLogger(__name__)

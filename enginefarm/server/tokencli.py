@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from enginefarm.client.terminal import console, err, fail
-from enginefarm.config import get_settings
+from enginefarm.core.config import get_settings
 
 
 def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
@@ -20,7 +20,7 @@ def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, bui
                  init: bool = typer.Option(False, "--init", help="make the catalog first if none is there yet")) -> None:
     """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
     from enginefarm.server.embedded import prepare
-    from enginefarm.errors import EnginefarmError
+    from enginefarm.core.errors import EnginefarmError
     from enginefarm.storage.db import has_catalog, session_scope
     from enginefarm.storage.tokens import create_token, lifetime
 
@@ -61,7 +61,7 @@ def token_list() -> None:
 
 def token_revoke(token_id: int) -> None:
     """Revoke a token: requests with it get 401 from now on."""
-    from enginefarm.errors import EnginefarmError
+    from enginefarm.core.errors import EnginefarmError
     from enginefarm.storage.db import session_scope
     from enginefarm.storage.tokens import revoke_token
 

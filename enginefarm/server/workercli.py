@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from enginefarm.client.terminal import console, err, fail
-from enginefarm.config import get_settings
+from enginefarm.core.config import get_settings
 from enginefarm.server.metricsdir import metrics_dir
 
 
@@ -37,9 +37,9 @@ def worker(
     """Probe this machine, then consume the build queues of exactly the targets it can build and the
     benchmark queues of exactly the targets whose engines it can run. Builds and benchmarks run in separate
     pools (a second Celery worker process for the benchmarks), so a build never waits behind a benchmark."""
-    from enginefarm.probe.machineprobe import probe_machine
-    from enginefarm.probe.policy import benchmark_targets, buildable_targets
-    from enginefarm.probe.report import probe_report
+    from enginefarm.core.probe.machineprobe import probe_machine
+    from enginefarm.core.probe.policy import benchmark_targets, buildable_targets
+    from enginefarm.core.probe.report import probe_report
 
     settings = get_settings()
     machine = probe_machine()
@@ -48,8 +48,8 @@ def worker(
         for line in probe_report(machine):
             console.print(line, highlight=False)
         return
-    from enginefarm.domain import Target
-    from enginefarm.workerid import check_worker_name
+    from enginefarm.core.domain import Target
+    from enginefarm.core.workerid import check_worker_name
 
     def parse(text: str) -> list[Target]:
         return [] if text.strip() == "none" else [Target.parse(t) for t in text.split(",") if t.strip()]
@@ -91,7 +91,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     from enginefarm.server.embedded import prepare
-    from enginefarm.workerid import WORKER_ID_ENV, new_worker_id
+    from enginefarm.core.workerid import WORKER_ID_ENV, new_worker_id
     from enginefarm.worker.drain import LANE_EXIT_S, Drain
     from enginefarm.worker.heartbeat import Heartbeat
     from enginefarm.worker.lanes import LANE_OF_ENV
@@ -114,7 +114,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             time.sleep(1 + attempt)
     from enginefarm.worker.tasks import app as celery_app
 
-    from enginefarm.domain import QUANTIZE_QUEUE, Backend
+    from enginefarm.core.domain import QUANTIZE_QUEUE, Backend
 
     heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench],
                           row=not in_lane)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from enginefarm.config import Settings, get_settings
+from enginefarm.core.config import Settings, get_settings
 from enginefarm.storage.blobs.base import BlobStore, engine_key, model_key, samples_key
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
-from enginefarm.hashing import CHUNK
+from enginefarm.core.hashing import CHUNK
 
 
 def model_key(sha256: str) -> str:

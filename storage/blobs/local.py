@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterator
 
-from enginefarm.errors import IntegrityError, NotFound
-from enginefarm.hashing import copy_hashed, sha256_file
+from enginefarm.core.errors import IntegrityError, NotFound
+from enginefarm.core.hashing import copy_hashed, sha256_file
 from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
 
 TMP_PREFIX = ".incoming-"  # a write in progress, or one a crash interrupted: never a blob

@@ -15,9 +15,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from enginefarm.config import Settings
-from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
-from enginefarm.hashing import sha256_file
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import InfrastructureError, IntegrityError, NotFound
+from enginefarm.core.hashing import sha256_file
 from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
 from enginefarm.storage.metrics import BLOB_ERRORS
 

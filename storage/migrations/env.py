@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from enginefarm.config import get_settings
+from enginefarm.core.config import get_settings
 from enginefarm.storage.db import make_engine
 from enginefarm.storage.tables import Base
 

@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select, update
 
 from enginefarm.server import localservers
 from enginefarm.client import ApiError, Client
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.storage.db import session_scope

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.graph.samples import conv_net
 from enginefarm.storage import catalog

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
 from enginefarm.api.app import create_app
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.storage import catalog

@@ -13,8 +13,8 @@ import pytest
 from enginefarm.client import ApiError, BuildJob, Client
 from enginefarm.client.artifacts import MODEL_PROTO_FIELDS, is_onnx_model, place_cached
 from enginefarm.client.cache import EngineCache
-from enginefarm.errors import IntegrityError, NoCompatibleEngine, NotFound, SpecInvalid, TooBusy, Unauthorized, WrongArtifact
-from enginefarm.machine import Machine
+from enginefarm.core.errors import IntegrityError, NoCompatibleEngine, NotFound, SpecInvalid, TooBusy, Unauthorized, WrongArtifact
+from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import conv_net, sample_spec
 from tests.helpers import unique_name
 

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from enginefarm.api.app import create_app
 from enginefarm.client import Client
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.machine import Machine
+from enginefarm.core.machine import Machine
 from tests.helpers import unique_name
 
 

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from enginefarm.api.app import create_app
 from enginefarm.api.routes import resolve as resolve_routes
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server import localservers
 from enginefarm.server.embedded import issue_token
 from enginefarm.api import resolver

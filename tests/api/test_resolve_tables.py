@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from enginefarm.api import answers as answers_module
 from enginefarm.api.app import create_app
 from enginefarm.api.versions import Versions
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server import localservers
 from enginefarm.server.embedded import issue_token
 from enginefarm.storage import resolution
@@ -54,7 +54,7 @@ def elsewhere(settings: Settings, code: str) -> None:
     """Run ``code`` (with ``s``, a session of the catalog) in another process, committed when it returns."""
     script = textwrap.dedent(f"""
         import uuid
-        from enginefarm.config import Settings
+        from enginefarm.core.config import Settings
         from enginefarm.storage import checks
         from enginefarm.storage.db import session_scope
         from enginefarm.storage.tables import ModelRow

@@ -17,8 +17,8 @@ import pytest
 from starlette.requests import Request
 
 from enginefarm.api.upload import UploadLimits, receive_upload
-from enginefarm.bundle import BundleLimits
-from enginefarm.config import Settings
+from enginefarm.core.bundle import BundleLimits
+from enginefarm.core.config import Settings
 from enginefarm.graph.modelfile import model_path_for
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.storage.blobs import model_key

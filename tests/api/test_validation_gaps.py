@@ -10,7 +10,7 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.errors import SpecInvalid
 from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ApiTokenRow

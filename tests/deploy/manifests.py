@@ -1,5 +1,5 @@
 """deploy/k8s rendered once, and what the tests read from it: objects by kind, worker groups and their targets and
-queues (from the workers' own command lines, parsed by enginefarm.domain), the vendored KEDA schemas."""
+queues (from the workers' own command lines, parsed by enginefarm.core.domain), the vendored KEDA schemas."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from enginefarm.domain import QUANTIZE_QUEUE, Backend, Target
+from enginefarm.core.domain import QUANTIZE_QUEUE, Backend, Target
 from tests.deploy.kustomize import pod_template, render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from enginefarm.api import metrics as api_metrics
 from enginefarm.api.metrics import CatalogCollector
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import prepare
 from enginefarm.storage import metrics as storage_metrics
 from enginefarm.worker import metrics as worker_metrics

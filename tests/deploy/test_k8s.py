@@ -11,7 +11,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from tests.deploy import manifests as m
 from tests.deploy.kustomize import Unsupported, render
 

@@ -11,8 +11,8 @@ import time
 import pytest
 import redis
 
-from enginefarm.config import Settings
-from enginefarm.domain import RTX_PORTABLE_CCS, Backend, Target, all_targets
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import RTX_PORTABLE_CCS, Backend, Target, all_targets
 from enginefarm.server.embedded import free_port
 from enginefarm.storage.queue import BUILD_TASK, make_celery
 from tests.deploy import manifests as m

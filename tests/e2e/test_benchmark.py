@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from enginefarm.client import Client
-from enginefarm.machine import Machine
+from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.helpers import run_cli, unique_name
 

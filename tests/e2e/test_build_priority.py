@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from enginefarm.client import Client
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.server import localservers
 from enginefarm.server.embedded import Farm, embedded_env, issue_token

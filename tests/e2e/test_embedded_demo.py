@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import builtengines
-from enginefarm.hashing import sha256_file
+from enginefarm.core.hashing import sha256_file
 from enginefarm.storage.db import session_scope
 
 

@@ -7,7 +7,7 @@ import time
 
 
 from enginefarm.client import Client
-from enginefarm.machine import Machine
+from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.storage import builtengines
 from enginefarm.storage.blobs import get_blob_store

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from enginefarm.client import Client
-from enginefarm.domain import TaskState
+from enginefarm.core.domain import TaskState
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.storage import liveness
 from enginefarm.storage.blobs import engine_key, get_blob_store, model_key

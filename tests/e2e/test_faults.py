@@ -13,7 +13,7 @@ import redis
 
 from enginefarm.server import localservers
 from enginefarm.client import Client
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
 from enginefarm.storage.gc import collect_garbage

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from sqlalchemy import func, select
 
 from enginefarm.server import localservers
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.storage.blobs import get_blob_store

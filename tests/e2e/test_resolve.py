@@ -16,8 +16,8 @@ import pytest
 
 from enginefarm.client.cache import EngineCache
 from enginefarm.client import ApiError, Client, resolve_offline
-from enginefarm.machine import Machine
-from enginefarm.errors import NoCompatibleEngine
+from enginefarm.core.machine import Machine
+from enginefarm.core.errors import NoCompatibleEngine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.storage import checks
 from enginefarm.storage.db import session_scope

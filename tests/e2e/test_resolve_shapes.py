@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from enginefarm.client import ApiError, Client
-from enginefarm.machine import Machine
+from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.client.triton import PLAN_PREFERENCE, triton_machine
 from tests.helpers import run_cli, unique_name

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import select
 
 from enginefarm.client import Client
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.storage.blobs import get_blob_store

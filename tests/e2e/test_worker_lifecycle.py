@@ -15,14 +15,14 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import free_port, issue_token
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.workerid import worker_name
+from enginefarm.core.workerid import worker_name
 from tests.e2e.test_faults import NO_CHECKS, PORTABLE, wait_task
 from tests.faults import audit, slow
 from tests.helpers import unique_name
-from enginefarm.probe.machineprobe import normalize_platform
+from enginefarm.core.probe.machineprobe import normalize_platform
 
 ORT_TARGET = f"onnxruntime/cpu-{normalize_platform(platform.machine())}"
 

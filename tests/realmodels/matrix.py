@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.domain import ModelInfo, Target
-from enginefarm.spec import BuildSpec, Precision
-from enginefarm.validation import validate_spec
-from enginefarm.errors import EnginefarmError
+from enginefarm.core.domain import ModelInfo, Target
+from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.core.validation import validate_spec
+from enginefarm.core.errors import EnginefarmError
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import inspect_upload
 from tests.realmodels import MODELS, RealModel, path, samples

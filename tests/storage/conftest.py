@@ -7,7 +7,7 @@ from typing import Iterator
 import pytest
 
 from enginefarm.server import localservers
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.db import migrate
 
 

@@ -14,11 +14,11 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from enginefarm.server import localservers
-from enginefarm.config import Settings
-from enginefarm.errors import InfrastructureError, IntegrityError, NotFound
+from enginefarm.core.config import Settings
+from enginefarm.core.errors import InfrastructureError, IntegrityError, NotFound
 from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
 from enginefarm.storage.blobs import s3 as s3_module
-from enginefarm.hashing import sha256_file
+from enginefarm.core.hashing import sha256_file
 from enginefarm.storage.blobs.local import LocalBlobStore
 from enginefarm.storage.blobs.s3 import S3BlobStore
 

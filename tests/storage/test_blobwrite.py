@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefarm.errors import Conflict
+from enginefarm.core.errors import Conflict
 from enginefarm.storage.blobs import get_blob_store, model_key
 from enginefarm.storage.blobwrite import give_up_if_unreferenced, store_with_row
 from enginefarm.storage.db import session_scope

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import blobwrite, gc
 from enginefarm.storage.blobs import engine_key, get_blob_store, model_key, samples_key
 from enginefarm.storage.blobs.local import TMP_PREFIX, LocalBlobStore

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from enginefarm import worklock
-from enginefarm.config import Settings
+from enginefarm.core import worklock
+from enginefarm.core.config import Settings
 from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.storage.db import migrate
 from enginefarm.storage.gc import collect_garbage
@@ -61,9 +61,9 @@ def holder(settings: Settings, code: str) -> subprocess.Popen:
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from enginefarm.config import Settings
-        from enginefarm.worklock import Scratch
-        from enginefarm import worklock
+        from enginefarm.core.config import Settings
+        from enginefarm.core.worklock import Scratch
+        from enginefarm.core import worklock
         s = Settings(data_dir={str(settings.data_dir)!r})
     """) + textwrap.dedent(code) + "\nprint(path, flush=True)\ntime.sleep(600)\n"
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)

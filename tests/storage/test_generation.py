@@ -11,7 +11,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.server import localservers
 from enginefarm.storage import catalog, checks
 from enginefarm.storage.db import migrate, session_scope

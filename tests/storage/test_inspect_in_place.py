@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from enginefarm.bundle import BundleLimits
-from enginefarm.errors import EnginefarmError
+from enginefarm.core.bundle import BundleLimits
+from enginefarm.core.errors import EnginefarmError
 from enginefarm.graph.modelfile import inspect_upload, model_path_for
 from tests.corpus import CORPUS, Context
 from tests.corpus import files as f

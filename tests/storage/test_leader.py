@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import text
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.db import get_engine
 from enginefarm.storage.leader import Leadership
 

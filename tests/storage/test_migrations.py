@@ -10,7 +10,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 from enginefarm.server import localservers
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage.db import alembic_config, migrate
 from enginefarm.storage.tables import Base
 

@@ -14,9 +14,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.config import Settings
-from enginefarm.domain import TensorInfo
-from enginefarm.errors import ModelRejected, PayloadTooLarge
+from enginefarm.core.config import Settings
+from enginefarm.core.domain import TensorInfo
+from enginefarm.core.errors import ModelRejected, PayloadTooLarge
 from enginefarm.graph.modelfile import (
     MAX_TENSOR_NAME_BYTES,
     BundleLimits,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from enginefarm.domain import ModelInfo, Target, TaskState, TensorInfo
-from enginefarm.spec import BuildSpec, Precision
+from enginefarm.core.domain import ModelInfo, Target, TaskState, TensorInfo
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.storage import catalog, liveness
 from enginefarm.storage import quantizing
 from enginefarm.storage.db import session_scope

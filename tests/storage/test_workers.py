@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.storage import liveness
 from enginefarm.storage.db import migrate, session_scope
 from enginefarm.storage.tables import WorkerRow

@@ -21,7 +21,7 @@ import pytest
 
 from enginefarm.client import Client
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.probe.modules import probe_modules
+from enginefarm.core.probe.modules import probe_modules
 from tests.helpers import unique_name
 from tests.ui.browser import launch_chromium
 

@@ -17,9 +17,9 @@ import pytest
 import tensorrt_rtx as trt_rtx
 from onnx import TensorProto, helper
 
-from enginefarm.domain import Backend, Target
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import BackendMissing, BuildFailed, TargetUnavailable
+from enginefarm.core.domain import Backend, Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import BackendMissing, BuildFailed, TargetUnavailable
 from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.pipeline import engine_from_model

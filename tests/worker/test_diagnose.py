@@ -9,9 +9,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.domain import Target
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import BuildFailed
+from enginefarm.core.domain import Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import BuildFailed
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.diagnose import explain, first_sentence
 from enginefarm.worker.pipeline import engine_from_model

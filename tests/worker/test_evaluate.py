@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from enginefarm.api.buildschemas import build_summary
-from enginefarm.domain import Target
-from enginefarm.spec import BuildSpec
+from enginefarm.core.domain import Target
+from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.worker import evaluate as stage

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.errors import SpecInvalid
 from tests.helpers import rtx_build
 from enginefarm.worker import fp16 as F
 from enginefarm.worker import onnxgraph as G
@@ -472,7 +472,7 @@ def test_external_data_is_streamed_to_a_new_file(tmp_path):
 
 def test_invalid_result_is_a_build_failure(tmp_path, monkeypatch):
     """A conversion that yields a graph ONNX rejects is reported, not written silently."""
-    from enginefarm.errors import BuildFailed
+    from enginefarm.core.errors import BuildFailed
 
     src = _save(anchor_head(), tmp_path / "anchors.onnx")
     def break_graph(model, added, opset):

@@ -13,8 +13,8 @@ import tensorrt_rtx as trt
 from cuda.bindings import driver as drv
 from cuda.bindings import nvrtc
 
-from enginefarm import stats
-from enginefarm.errors import BackendMissing, BuildFailed
+from enginefarm.core import stats
+from enginefarm.core.errors import BackendMissing, BuildFailed
 from enginefarm.worker import gpu_timing as G
 from enginefarm.worker import trt_runner as R
 

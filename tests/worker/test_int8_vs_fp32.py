@@ -10,7 +10,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.graph.samples import save_conv_net
-from enginefarm.spec import BuildSpec
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker import int8_vs_fp32 as V
 from enginefarm.worker.evaluate import OrtRunner
 from enginefarm.graph.modelfile import inspect_upload

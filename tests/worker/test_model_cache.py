@@ -6,7 +6,7 @@ import hashlib
 
 import onnx
 
-from enginefarm.config import Settings
+from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net
 from enginefarm.storage.blobs import get_blob_store, model_key
 from enginefarm.worker.pipeline import model_file_from_store

@@ -12,10 +12,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from enginefarm.domain import Target
-from enginefarm.errors import BuildFailed
+from enginefarm.core.domain import Target
+from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.spec import BuildSpec
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker.backends import BuildLog
 from enginefarm.worker.backends import onnxruntime as ort_backend
 from enginefarm.worker.pipeline import engine_from_model

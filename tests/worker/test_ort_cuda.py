@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from enginefarm.domain import Target
-from enginefarm.errors import TargetUnavailable
+from enginefarm.core.domain import Target
+from enginefarm.core.errors import TargetUnavailable
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.probe.machineprobe import probe_machine
-from enginefarm.spec import BuildSpec
+from enginefarm.core.probe.machineprobe import probe_machine
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker import evaluate as stage
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.pipeline import engine_from_model

@@ -11,12 +11,12 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.compat import Match, judge
-from enginefarm.domain import ModelInfo, TensorInfo, Target, arch_of_cc
+from enginefarm.core.compat import Match, judge
+from enginefarm.core.domain import ModelInfo, TensorInfo, Target, arch_of_cc
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.probe.machineprobe import machine_fingerprint, probe_machine
-from enginefarm.probe.policy import buildable_targets
-from enginefarm.spec import BenchmarkSpec, BuildSpec
+from enginefarm.core.probe.machineprobe import machine_fingerprint, probe_machine
+from enginefarm.core.probe.policy import buildable_targets
+from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
 from enginefarm.worker.evaluate import OrtRunner, check_accuracy, evaluate

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from enginefarm.domain import Backend, Target
-from enginefarm.probe import gpus as gpu_probe, jetson as jetson_probe, machineprobe, policy
-from enginefarm.probe import modules as module_probe, report as probe_text
-from enginefarm.probe.gpus import GpuInfo
-from enginefarm.probe.jetson import JetsonInfo
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.domain import Backend, Target
+from enginefarm.core.probe import gpus as gpu_probe, jetson as jetson_probe, machineprobe, policy
+from enginefarm.core.probe import modules as module_probe, report as probe_text
+from enginefarm.core.probe.gpus import GpuInfo
+from enginefarm.core.probe.jetson import JetsonInfo
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 DATA = Path(__file__).parent / "data"
 JETSON_ROOT = DATA / "jetson_orin"

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from enginefarm.errors import BuildFailed, SpecInvalid
+from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import conv_net, save_conv_net
 from tests.helpers import rtx_build
@@ -625,8 +625,8 @@ def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path
     """PP-OCR's text-direction classifier (a real MobileNet-style net, opset 11) through the onnxruntime recipe and
     the CPU build stage: the graph ONNX Runtime actually runs (its optimized model, at the level the runner uses)
     computes every convolution in an integer kernel, and stays close to fp32."""
-    from enginefarm.domain import Target
-    from enginefarm.spec import BuildSpec
+    from enginefarm.core.domain import Target
+    from enginefarm.core.spec import BuildSpec
     from enginefarm.worker.backends import BuildLog
     from enginefarm.worker.backends.onnxruntime import optimization_level
     from enginefarm.worker.pipeline import engine_from_model

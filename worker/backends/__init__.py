@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import importlib
 
-from enginefarm.domain import Backend
+from enginefarm.core.domain import Backend
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 
 
 def get_backend(backend: Backend) -> BuildBackend:
-    from enginefarm.config import get_settings
+    from enginefarm.core.config import get_settings
 
     impl = _backend(backend)
     if wrapper := get_settings().backend_wrapper:  # ENGINEFARM_BACKEND_WRAPPER="module:Class"

@@ -8,9 +8,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from enginefarm.domain import Backend, EngineDescriptor, Target
-from enginefarm.spec import BuildSpec
-from enginefarm.probe.machineprobe import MachineProbe, normalize_platform
+from enginefarm.core.domain import Backend, EngineDescriptor, Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.probe.machineprobe import MachineProbe, normalize_platform
 
 
 @dataclass

@@ -17,13 +17,13 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from enginefarm.domain import Backend, EngineDescriptor, Target
-from enginefarm.spec import BuildSpec, Precision
-from enginefarm.errors import BuildFailed, TargetUnavailable
+from enginefarm.core.domain import Backend, EngineDescriptor, Target
+from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.core.errors import BuildFailed, TargetUnavailable
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.backends.trt_common import fp16_graph, load_module
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_tensors, save_model
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 @lru_cache

@@ -13,12 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from enginefarm.domain import Backend, EngineDescriptor, Target
-from enginefarm.errors import BuildFailed, TargetUnavailable
-from enginefarm.ortcuda import ORT_CUDA_PROVIDER
-from enginefarm.probe.gpus import GpuInfo
-from enginefarm.probe.machineprobe import MachineProbe, probe_machine
-from enginefarm.spec import BuildSpec, Precision
+from enginefarm.core.domain import Backend, EngineDescriptor, Target
+from enginefarm.core.errors import BuildFailed, TargetUnavailable
+from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
+from enginefarm.core.probe.gpus import GpuInfo
+from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import fp16_graph, load_module
 

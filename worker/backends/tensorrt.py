@@ -14,13 +14,13 @@ from types import ModuleType
 
 from filelock import FileLock
 
-from enginefarm.config import get_settings
-from enginefarm.domain import Backend, EngineDescriptor, Target
-from enginefarm.spec import BuildSpec
-from enginefarm.errors import TargetUnavailable
+from enginefarm.core.config import get_settings
+from enginefarm.core.domain import Backend, EngineDescriptor, Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.errors import TargetUnavailable
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 def _gpu_for(target: Target, machine: MachineProbe | None):

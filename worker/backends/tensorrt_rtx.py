@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from enginefarm.domain import RTX_PORTABLE_CCS, Backend, EngineDescriptor, Target
-from enginefarm.spec import BuildSpec
+from enginefarm.core.domain import RTX_PORTABLE_CCS, Backend, EngineDescriptor, Target
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 class TensorRTRTXBackend(TrtFamilyBackend):

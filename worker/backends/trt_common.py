@@ -17,13 +17,13 @@ from types import ModuleType
 
 import onnx
 
-from enginefarm.domain import ANONYMOUS_DIMS, EngineDescriptor, Target
-from enginefarm.domain import HardwareCompat
-from enginefarm.spec import BuildSpec, Precision
-from enginefarm.errors import BackendMissing, BuildFailed, SpecInvalid
+from enginefarm.core.domain import ANONYMOUS_DIMS, EngineDescriptor, Target
+from enginefarm.core.domain import HardwareCompat
+from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.core.errors import BackendMissing, BuildFailed, SpecInvalid
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
-from enginefarm.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.machineprobe import MachineProbe
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
 PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {

@@ -57,7 +57,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import uses_external_data
 
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.errors import SpecInvalid
 from enginefarm.worker.fp16.convert import Options, check, convert_graph
 from enginefarm.worker.fp16.keep_fp32 import (
     CHAIN,

@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 from onnx import GraphProto, ModelProto
 
-from enginefarm.errors import BuildFailed
+from enginefarm.core.errors import BuildFailed
 from enginefarm.worker.fp16.keep_fp32 import SHAPE_READERS, classify, float_only_inputs, is_float_node
 from enginefarm.worker.fp16.prepare import cast_outer_scope_inputs, fp16_initializers, split_shared_constants
 from enginefarm.worker.fp16.report import Tally

@@ -13,7 +13,7 @@ import numpy as np
 from onnx import AttributeProto, ModelProto, TensorProto, helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-from enginefarm.errors import BuildFailed
+from enginefarm.core.errors import BuildFailed
 from enginefarm.worker.onnxgraph import all_graphs
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16

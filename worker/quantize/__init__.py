@@ -41,7 +41,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from enginefarm.errors import BuildFailed, SpecInvalid
+from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.graphfacts import QDQ_OPS
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
 from enginefarm.worker.quantize.files import load_graph, remove_model_files, stored_bytes, verify

@@ -10,7 +10,7 @@ import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import ModelProto
 
-from enginefarm.errors import BuildFailed
+from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
 from enginefarm.worker.onnxgraph import all_nodes
 

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from enginefarm.errors import BuildFailed
+from enginefarm.core.errors import BuildFailed
 from enginefarm.worker.onnxgraph import default_opset, save_model
 from enginefarm.worker.quantize.samples import SampleReader
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import onnx
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from enginefarm.errors import BuildFailed
+from enginefarm.core.errors import BuildFailed
 from enginefarm.worker.onnxgraph import save_model
 from enginefarm.worker.quantize.files import remove_model_files
 

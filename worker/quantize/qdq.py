@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import ModelProto, TensorProto, numpy_helper
 
-from enginefarm.errors import BuildFailed
+from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
 from enginefarm.worker.onnxgraph import consumers
 

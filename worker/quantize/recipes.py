@@ -20,7 +20,7 @@ import onnx
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.errors import SpecInvalid
 from enginefarm.worker.onnxgraph import save_model
 from enginefarm.worker.quantize.samples import SampleReader, problem
 

@@ -11,7 +11,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper
 from onnxruntime.quantization import CalibrationDataReader
 
-from enginefarm.errors import SpecInvalid
+from enginefarm.core.errors import SpecInvalid
 
 _FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16})
 

@@ -4,7 +4,7 @@ Revision ID: 0007
 Revises: 0006
 
 Existing engines get theirs from the spec of a build with the same spec hash (its profiles already hold the
-static shapes) and the fixed dims of their model's inputs, as enginefarm.domain.engine_profiles does for new ones.
+static shapes) and the fixed dims of their model's inputs, as enginefarm.core.domain.engine_profiles does for new ones.
 """
 import json
 
@@ -23,7 +23,7 @@ def _json(value):
 
 
 def _profiles(spec: dict | None, info: dict | None) -> list:
-    """A copy of enginefarm.domain.engine_profiles as of this revision: a migration must not change with the code."""
+    """A copy of enginefarm.core.domain.engine_profiles as of this revision: a migration must not change with the code."""
     fixed = set((spec or {}).get("fixed_inputs") or {})
     static = {}
     for t in (info or {}).get("inputs", []):

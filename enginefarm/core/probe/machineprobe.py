@@ -10,11 +10,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from enginefarm.machine import Machine
-from enginefarm.ortcuda import probe_ort_cuda
-from enginefarm.probe.gpus import GpuInfo, probe_any_gpus
-from enginefarm.probe.jetson import JetsonInfo, read_file, probe_jetson
-from enginefarm.probe.modules import LEAN_MODULE, ORT_MODULE, RTX_MODULE, TRT_MODULE, import_version, probe_modules
+from enginefarm.core.machine import Machine
+from enginefarm.core.ortcuda import probe_ort_cuda
+from enginefarm.core.probe.gpus import GpuInfo, probe_any_gpus
+from enginefarm.core.probe.jetson import JetsonInfo, read_file, probe_jetson
+from enginefarm.core.probe.modules import LEAN_MODULE, ORT_MODULE, RTX_MODULE, TRT_MODULE, import_version, probe_modules
 
 
 _PLATFORMS = {"amd64": "x86_64", "x64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}

@@ -1,7 +1,7 @@
 """Domain types shared by the API, the worker and the catalog.
 
 Targets, tensor and model descriptions, task states, engine descriptors and the compatibility levels they are
-judged by. Build specs are in ``enginefarm.spec``, shapes as users write them in ``enginefarm.shapes``. Plain
+judged by. Build specs are in ``enginefarm.core.spec``, shapes as users write them in ``enginefarm.core.shapes``. Plain
 typed objects: SQLAlchemy tables (storage/tables.py) and public API schemas (api/schemas.py) wrap them.
 """
 

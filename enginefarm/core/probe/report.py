@@ -1,4 +1,4 @@
-"""The probe in words: what was found and why each backend is or is not served; ``python -m enginefarm.probe``."""
+"""The probe in words: what was found and why each backend is or is not served; ``python -m enginefarm.core.probe``."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
-from enginefarm.domain import ARCHES, Backend, arch_of_cc
-from enginefarm.probe.machineprobe import MachineProbe, probe_machine
-from enginefarm.probe.modules import ORT_MODULE, RTX_MODULE, TRT_MODULE
-from enginefarm.probe.policy import buildable_targets, gpu_devices, ort_cuda_targets
+from enginefarm.core.domain import ARCHES, Backend, arch_of_cc
+from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
+from enginefarm.core.probe.modules import ORT_MODULE, RTX_MODULE, TRT_MODULE
+from enginefarm.core.probe.policy import buildable_targets, gpu_devices, ort_cuda_targets
 
 
 def probe_report(probe: MachineProbe) -> list[str]:
@@ -81,7 +81,7 @@ def probe_report(probe: MachineProbe) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the probe as JSON, then the report (which ends with the buildable targets)."""
-    parser = argparse.ArgumentParser(prog="python -m enginefarm.probe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m enginefarm.core.probe", description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=Path("/"), help="read /etc and /proc under this directory")
     args = parser.parse_args(argv)
     probe = probe_machine(args.root)

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from enginefarm.domain import HardwareCompat, StrEnum
+from enginefarm.core.domain import HardwareCompat, StrEnum
 
 class Precision(StrEnum):
     FP32 = "fp32"

@@ -4,7 +4,7 @@
 Every field is optional; what is missing is reported as unchecked. The constraints hold wherever a fingerprint is
 made: a bad ``--cc`` on the command line is refused by the same rule as a bad ``compute_capability`` in a request,
 and free text (the GPU's name, the OS), which resolution looks up in the catalog, is text the catalog can store
-(``enginefarm.text.CatalogText``) in the query string, the JSON body and the dashboard's form alike.
+(``enginefarm.core.text.CatalogText``) in the query string, the JSON body and the dashboard's form alike.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
-from enginefarm.domain import JETSON_CCS
-from enginefarm.spec import Precision
-from enginefarm.shapes import check_shape_request
-from enginefarm.text import CatalogText
+from enginefarm.core.domain import JETSON_CCS
+from enginefarm.core.spec import Precision
+from enginefarm.core.shapes import check_shape_request
+from enginefarm.core.text import CatalogText
 
 CC_PATTERN = r"^\d{1,2}\.\d$"
 VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"

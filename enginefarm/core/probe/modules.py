@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib
 
-from enginefarm.domain import BACKEND_MODULES, Backend
-from enginefarm.probe.gpus import error_text
+from enginefarm.core.domain import BACKEND_MODULES, Backend
+from enginefarm.core.probe.gpus import error_text
 
 
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]

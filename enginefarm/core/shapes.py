@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from enginefarm.spec import MAX_DIM
+from enginefarm.core.spec import MAX_DIM
 
 def parse_trtexec_shapes(text: str) -> dict[str, list[int]]:
     """``input:1x3x224x224,mask:1x128`` → {"input": [1, 3, 224, 224], "mask": [1, 128]} (trtexec's syntax)."""

@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from enginefarm.nvml import NvmlUnavailable, nvml_session
+from enginefarm.core.nvml import NvmlUnavailable, nvml_session
 
 
 @dataclass

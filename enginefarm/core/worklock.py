@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
-    from enginefarm.config import Settings
+    from enginefarm.core.config import Settings
 
 SPOOL_FOLDER, SPOOL_PREFIX = "uploads", "upload-"  # <work_dir>/uploads/upload-*: uploads the API is receiving
 SCRATCH_PREFIX = "build-"  # <work_dir>/build-*: one build's, benchmark's or upload inspection's scratch folder

@@ -11,7 +11,7 @@ import re
 import shlex
 from typing import Any
 
-from enginefarm.shapes import spec_shapes_from_trtexec
+from enginefarm.core.shapes import spec_shapes_from_trtexec
 
 # Lowest first: with several precision flags, the build may use the lowest (as trtexec enables them all).
 PRECISION_FLAGS = {"--fp8": "fp8", "--best": "int8", "--int8": "int8", "--bf16": "bf16", "--fp16": "fp16"}

@@ -4,9 +4,9 @@ benchmarks, and what the catalog says while no worker can benchmark one."""
 from __future__ import annotations
 
 
-from enginefarm.domain import ARCHES, BACKEND_MODULES, ORT_CUDA_PREFIX, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
-from enginefarm.probe.machineprobe import MachineProbe
-from enginefarm.probe.modules import ORT_MODULE, RTX_MODULE, TRT_MODULE
+from enginefarm.core.domain import ARCHES, BACKEND_MODULES, ORT_CUDA_PREFIX, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.probe.modules import ORT_MODULE, RTX_MODULE, TRT_MODULE
 
 
 def ort_cuda_targets(probe: MachineProbe) -> list[Target]:

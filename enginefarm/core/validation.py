@@ -10,13 +10,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from enginefarm.domain import ANONYMOUS_DIMS, JETSON_CCS, Backend, ModelInfo, Target, TensorInfo, cc_tuple
-from enginefarm.domain import HardwareCompat
-from enginefarm.shapes import dtype_bytes, format_bytes, format_dims, volume
-from enginefarm.spec import MAX_DIM, BuildSpec, Precision, ShapeRange, nested_values
+from enginefarm.core.domain import ANONYMOUS_DIMS, JETSON_CCS, Backend, ModelInfo, Target, TensorInfo, cc_tuple
+from enginefarm.core.domain import HardwareCompat
+from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims, volume
+from enginefarm.core.spec import MAX_DIM, BuildSpec, Precision, ShapeRange, nested_values
 
 if TYPE_CHECKING:
-    from enginefarm.config import Settings
+    from enginefarm.core.config import Settings
 
 
 def _problem(loc: list[str | int], msg: str) -> dict[str, Any]:
@@ -237,7 +237,7 @@ class TensorLimits:
     @classmethod
     def of(cls, settings: Settings | None = None) -> TensorLimits:
         """The limits the farm's settings give (ENGINEFARM_MAX_TENSOR_ELEMENTS, ...)."""
-        from enginefarm.config import get_settings
+        from enginefarm.core.config import get_settings
 
         settings = settings or get_settings()
         return cls(max_elements=settings.max_tensor_elements, max_bytes=settings.max_tensor_bytes,

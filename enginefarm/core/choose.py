@@ -1,5 +1,5 @@
 """Which of the engines that run on a machine to prefer: ``choose(options, machine, wanted)`` judges a candidate
-set by NVIDIA's rules (``enginefarm.compat.judge``), applies the caller's filters (precision, spec, accuracy,
+set by NVIDIA's rules (``enginefarm.core.compat.judge``), applies the caller's filters (precision, spec, accuracy,
 latency, backend) and ranks the survivors, each exclusion with its rule and reason. Pure: the catalog, the API
 and the offline client all call it."""
 
@@ -9,11 +9,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from enginefarm.compat import (
+from enginefarm.core.compat import (
     Check, Outcome, Rule, Verdict, check_fail, check_ok, check_relaxed, check_unchecked, judge, shape_fit,
 )
-from enginefarm.domain import EngineDescriptor
-from enginefarm.machine import Machine
+from enginefarm.core.domain import EngineDescriptor
+from enginefarm.core.machine import Machine
 
 @dataclass
 class Evidence:

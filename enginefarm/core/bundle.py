@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from enginefarm.errors import ModelRejected, PayloadTooLarge
-from enginefarm.hashing import CHUNK
+from enginefarm.core.errors import ModelRejected, PayloadTooLarge
+from enginefarm.core.hashing import CHUNK
 
 if TYPE_CHECKING:
-    from enginefarm.config import Settings
+    from enginefarm.core.config import Settings
 
 MODEL_NAME = "model.onnx"
 FORMATS = ("onnx", "zip", "tar")

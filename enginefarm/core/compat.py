@@ -2,7 +2,7 @@
 
 ``judge(engine, machine)`` runs every rule for one engine on one machine and returns the checks
 it made, whether the engine runs, and how close a match it is. Which of the engines that run to
-prefer is ``enginefarm.choose``. Pure: the catalog, the API and the offline client all call it.
+prefer is ``enginefarm.core.choose``. Pure: the catalog, the API and the offline client all call it.
 
 A field the machine leaves unknown is not held against an engine; the check says "unchecked". Two
 exceptions: a GPU engine needs the machine's compute capability (without it there is no GPU to
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from enum import IntEnum
 
-from enginefarm.domain import ORT_CUDA_PREFIX, Backend, EngineDescriptor, StrEnum, cc_tuple
-from enginefarm.domain import HardwareCompat
-from enginefarm.shapes import format_dims
-from enginefarm.machine import Machine
+from enginefarm.core.domain import ORT_CUDA_PREFIX, Backend, EngineDescriptor, StrEnum, cc_tuple
+from enginefarm.core.domain import HardwareCompat
+from enginefarm.core.shapes import format_dims
+from enginefarm.core.machine import Machine
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
