@@ -2,11 +2,18 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The demo's own environment: what the farm runs ([all]), none of the test tooling.
+DEMO_VENV ?= .venv-demo
+PORT ?= 8321
+NEED_PYTHON := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "enginefarm needs Python 3.11 or newer")'
+# The demo installs the package itself (not editable: an editable install of this layout makes setuptools warn),
+# so it installs again when one of the package's files changes.
+PACKAGE_FILES := $(shell find enginefarm api worker storage -type f ! -name '*.pyc' 2>/dev/null)
 
-.PHONY: demo test setup services bench clean compose-test
+.PHONY: demo test setup demo-setup lint services bench clean compose-test
 
 $(VENV)/.installed: pyproject.toml
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "enginefarm needs Python 3.11 or newer")'
+	@$(NEED_PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
@@ -14,10 +21,24 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+$(DEMO_VENV)/.installed: pyproject.toml $(PACKAGE_FILES)
+	@$(NEED_PYTHON)
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install -q '.[all]'
+	@touch $@
+
+demo-setup: $(DEMO_VENV)/.installed
+
 ## Embedded farm (SQLite, local blobs, no servers): build a model for 5 targets and fetch the sm86 engine, then
-## serve the dashboard on it (the address and a token are printed) until Ctrl-C.
-demo: setup
-	$(VENV)/bin/enginefarm demo --serve
+## serve the dashboard on it at http://127.0.0.1:$(PORT)/ui (the address and a token are printed) until Ctrl-C.
+## The port is checked first: a taken one is one line and exit code 2 before anything is installed or built.
+demo:
+	@$(PYTHON) -m enginefarm.server.port $(PORT)
+	@$(MAKE) --no-print-directory demo-setup
+	@# Run from the venv's folder: from the checkout, `python -m enginefarm` (how the farm starts its processes)
+	@# would import the checkout's enginefarm/ folder rather than the installed package.
+	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT)
 
 ## The full test suite against real PostgreSQL, Redis, SeaweedFS and Celery worker processes.
 test: setup services
@@ -39,4 +60,4 @@ bench: setup services
 	$(PY) bench/upload.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache *.egg-info
+	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache *.egg-info build

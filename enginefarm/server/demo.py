@@ -25,7 +25,10 @@ from enginefarm.core.probe.modules import probe_modules
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 
 
-def run_demo(data_dir: Path | None, console: Console) -> int:
+def run_demo(data_dir: Path | None, console: Console, token: str | None = None) -> int:
+    """Build, check, resolve and export a small model on an embedded farm, then stop it; 0 if every step gave what
+    it should. ``token``: the admin token to use (``demo --serve`` prints it with the dashboard's address at the
+    end); by default one is made and printed here."""
     import platform
 
     from enginefarm.client.lscli import engines_table
@@ -42,14 +45,16 @@ def run_demo(data_dir: Path | None, console: Console) -> int:
         console.print("[yellow]TensorRT-RTX is not installed here, so this demo builds no GPU engine: it builds, "
                       "benchmarks and resolves the ONNX Runtime CPU engine only. For the GPU targets: "
                       "pip install 'enginefarm\\[rtx]'[/yellow]")
-    token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo", ["admin"])
+    show_token = token is None
+    token = token or issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo", ["admin"])
     with Farm(embedded_env(data_dir), log_dir=data_dir, token=token) as farm:
         started = time.monotonic()
         farm.start_api()
         farm.start_worker("demo", concurrency=2)
         farm.wait_workers(["demo"])
         console.print(f"farm up at {farm.url} in {time.monotonic() - started:.1f} s: API + 1 Celery worker (2 processes)")
-        console.print(f"an admin API token for this farm (writes need one): {token}", highlight=False)
+        if show_token:
+            console.print(f"an admin API token for this farm (writes need one): {token}", highlight=False)
         with Client(farm.url, token=token) as c:
             model_path = save_conv_net(data_dir / "inputs" / "convnet.onnx", channels=32, blocks=3)
             model, _ = c.upload(model_path, "convnet")

@@ -2,9 +2,10 @@
 
 ``enginefarm demo`` builds, benchmarks and resolves, then stops its farm and exits (CI and the tests run it). With
 ``--serve`` the same demo runs first; then the farm starts again on the demo's data (its SQLite catalog and blob
-directory are kept in the data folder) on a fixed port, and the command prints the dashboard's address and an
-admin token to sign in with, and serves until Ctrl-C: the demo's model, its build matrix, its report chart and
-the resolver are one click away.
+directory are kept in the data folder) on a fixed port, and the command prints the dashboard's address and the
+demo's admin token to sign in with, and serves until Ctrl-C: the demo's model, its build matrix, its report chart
+and the resolver are one click away. One token serves the whole demo. The port is checked before the demo starts:
+a taken one is a line on stderr and exit code 2 at once.
 """
 
 from __future__ import annotations
@@ -21,14 +22,31 @@ from enginefarm.core.config import Settings
 from enginefarm.server.demo import run_demo
 from enginefarm.server.embedded import Farm, embedded_env, issue_token, stop_on_sigterm
 from enginefarm.server.metricsdir import metrics_dir
+from enginefarm.server.port import HOST, taken_message
 
 DEFAULT_PORT = 8321
 
 
-def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready=None) -> int:
+def port_refused(port: int) -> bool:
+    """Whether ``port`` is taken; if it is, says so in one line on stderr."""
+    message = taken_message(port, HOST)
+    if message:
+        Console(stderr=True).print(f"enginefarm demo: {message}", highlight=False, soft_wrap=True)
+    return message is not None
+
+
+def demo_token(data_dir: Path) -> str:
+    """The demo's one admin token, made in its catalog."""
+    return issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo", ["admin"])
+
+
+def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready=None, token: str | None = None) -> int:
     """Run the embedded farm of ``data_dir`` (API + one worker) until Ctrl-C or SIGTERM, printing the dashboard's
-    address and a new admin token. ``ready(url, token)``: called once the farm is up (tests)."""
-    token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo dashboard", ["admin"])
+    address and ``token`` (default: a new admin token). ``ready(url, token)``: called once the farm is up (tests).
+    Exit code 2 at once if ``port`` is taken."""
+    if port_refused(port):
+        return 2
+    token = token or demo_token(data_dir)
     metrics_dir(data_dir / "metrics")  # one folder, as `enginefarm up` has: /metrics counts the worker's builds too
     farm = Farm(embedded_env(data_dir), port=port, log_dir=data_dir, token=token, stop_timeout=8)
     try:
@@ -50,13 +68,18 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
 
 
 def serve_demo(data_dir: Path | None, console: Console, port: int = DEFAULT_PORT) -> int:
-    """The demo, then its farm served (``serve_farm``); the demo's exit code if it failed."""
+    """The demo, then its farm served (``serve_farm``) with the same token; the demo's exit code if it failed, 2 at
+    once if ``port`` is taken."""
+    if port_refused(port):
+        return 2
     data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    token = demo_token(data_dir)
     with stop_on_sigterm():
-        code = run_demo(data_dir, console)
+        code = run_demo(data_dir, console, token=token)
     if code != 0:
         return code
-    return serve_farm(data_dir, console, port)
+    return serve_farm(data_dir, console, port, token=token)
 
 
 def main(argv: list[str] | None = None) -> int:
