@@ -261,7 +261,7 @@ def run_below(fn: Callable[..., T], *args, **kwargs) -> T:
         _lower_priority()
         try:
             result.append((True, fn(*args, **kwargs)))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread, which raises it
             result.append((False, exc))
 
     thread = threading.Thread(target=run, name="upload-bulk", daemon=True)
@@ -316,7 +316,7 @@ async def _pump(chunks: AsyncIterator[bytes], write: Callable[[list[bytes]], Non
         try:
             while (batch := anyio.from_thread.run(next_batch, token=token)) is not None:
                 write(batch)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to end(), which raises it on the event loop
             error = exc
         anyio.from_thread.run_sync(end, error, token=token)
 
@@ -329,7 +329,7 @@ async def _pump(chunks: AsyncIterator[bytes], write: Callable[[list[bytes]], Non
                         await send.send(chunk)
                 except anyio.BrokenResourceError:
                     pass  # the writing side failed: its error is raised below
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - raised below, after the stream is closed
                     stopped = exc
         finally:
             with anyio.CancelScope(shield=True):

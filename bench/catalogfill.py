@@ -99,7 +99,7 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                     copy.write_row(row)
             with cur.copy(f"COPY benchmarks ({', '.join(BENCH_COLS)}) FROM STDIN") as copy:
                 eid = 0
-                for m in range(1, models + 1):
+                for _model in range(1, models + 1):
                     for i in range(engines):
                         eid += 1
                         target, _b, _v, _t, _p, cc = all_kinds[i % len(all_kinds)]

@@ -164,7 +164,7 @@ def _cpu_target() -> str:
 def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: float, port: int,
         given_targets: list[str] | None = None, fetch: bool = True) -> int:
     out.mkdir(parents=True, exist_ok=True)
-    logfile = open(out / "log.txt", "a")
+    logfile = open(out / "log.txt", "a")  # noqa: SIM115 - the run's log, open until it ends
 
     def log(text: str) -> None:
         print(text, flush=True)

@@ -149,7 +149,7 @@ def timed_floor(src: Path, dest: Path) -> float:
             os.fsync(fd)
             check_stored_crcs(dest)
             conn.sendall(b"k")
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
             failed.append(exc)
         finally:
             os.close(fd)
@@ -286,7 +286,7 @@ def run(args, work: Path) -> int:
         def one(i: int) -> None:
             try:
                 results[i] = upload(host, port, token, bundles[i], f"bench-upload-{tag}-both-{i}")
-            except BaseException as exc:  # reported below
+            except BaseException as exc:  # noqa: BLE001 - reported below
                 results[i] = exc
 
         probe = HealthProbe(host, port)

@@ -106,7 +106,7 @@ class Transport(_Transport):
                 return
             except Empty:
                 if timeout is not None and monotonic() - started >= timeout:
-                    raise socket.timeout()
+                    raise socket.timeout() from None
                 if interval is not None:
                     self.wake.wait(interval)
 

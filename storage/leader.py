@@ -36,7 +36,7 @@ class Leadership:
     def _held_file(self) -> bool:
         if self._file is not None:
             return True
-        fh = open(lock_file(self.settings, f"job-{self.job}.lock"), "a+b")
+        fh = open(lock_file(self.settings, f"job-{self.job}.lock"), "a+b")  # noqa: SIM115 - held open as the lock, closed below
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

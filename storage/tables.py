@@ -46,7 +46,7 @@ class ModelRow(Base):
     # resolve answers are cached and tagged by it.
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
-    source: Mapped[ModelRow | None] = relationship(remote_side=[id])
+    source: Mapped[ModelRow | None] = relationship(remote_side=[id])  # noqa: A003 - the column above
 
 
 class BuildRow(Base):

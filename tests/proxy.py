@@ -83,7 +83,7 @@ class CachingProxy:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_http(f"{self.url}/proxy-healthz", 30, self.proc)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure to start is reported with nginx's log
             self.stop()
             raise RuntimeError(f"nginx did not start: {self.log()}") from None
         return self

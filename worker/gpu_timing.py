@@ -65,7 +65,7 @@ def _describe(err: Any) -> str:
         return ""
     try:
         got, text = _driver().cuGetErrorString(err)
-    except Exception:  # no driver library to ask
+    except Exception:  # noqa: BLE001 - no driver library to ask
         return ""
     return text.decode(errors="replace") if int(got) == 0 and text else ""
 
@@ -173,11 +173,11 @@ def gpu_clocks(index: int = 0, *, pci_bus_id: str | None = None) -> dict[str, An
             for key, read in readings.items():
                 try:
                     out[key] = read()
-                except Exception as exc:  # NVMLError_NotSupported on some boards and in some VMs
+                except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported on some boards and in some VMs
                     errors.append(f"{key}: {exc or type(exc).__name__}")
     except NvmlUnavailable as exc:  # NVMLError_LibraryNotFound where there is no driver
         return {"error": f"NVML: {exc}" if exc.during_init else str(exc)}
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - one failed NVML query is reported, the rest goes on
         errors.append(str(exc) or type(exc).__name__)
     if errors:
         out["error"] = "; ".join(errors)

@@ -115,7 +115,7 @@ def _compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: 
                 inputs, _ = timing_inputs(info, result.shape, samples if spec.benchmark.use_samples else None,
                                           spec.accuracy.seed, spec.benchmark.value_ranges)
                 inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}
-                int8_ms, fp32_ms = interleaved(lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs))
+                int8_ms, fp32_ms = interleaved(lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs))  # noqa: B023 - called in this iteration
                 result.stats["vs_fp32"] = figure = verdict(int8_ms, fp32_ms)
                 if "note" in figure:
                     notes.append(f"{result.shape.key}: {figure['note']}")

@@ -80,7 +80,7 @@ def build_engine(self, task_id: int) -> None:
         _run(task_id, me)
     except (InfrastructureError, *UNAVAILABLE) as exc:  # S3, the broker or the database: retried with backoff
         in_transaction(catalog.requeue_task, task_id, _infra_reason(exc))
-        raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
+        raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
     except (BuildFailed, TargetUnavailable) as exc:
         in_transaction(catalog.fail_task, task_id, exc.message, getattr(exc, "log_tail", None))
     except SoftTimeLimitExceeded:
@@ -161,7 +161,7 @@ def benchmark_engine(self, task_id: int) -> None:
     try:
         run_benchmark_now(task_id, reraise_infra=True, give_way=True)
     except (InfrastructureError, *UNAVAILABLE) as exc:
-        raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
+        raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
 
 
 def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool = False) -> None:
@@ -265,7 +265,7 @@ def quantize_model(self, build_id: int) -> None:
         queued = quantize_stage.run(build_id, blob_store(), get_settings())
     except (InfrastructureError, *UNAVAILABLE) as exc:
         in_transaction(quantizing.set_quantize, build_id, "queued", error=_infra_reason(exc))
-        raise self.retry(exc=exc, countdown=_backoff(self.request.retries))
+        raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
     except Exception as exc:
         if not isinstance(exc, EnginefarmError):
             log.exception("quantization of build %s crashed", build_id)

@@ -54,7 +54,7 @@ def _error_logger(trt_module: ModuleType) -> Any:
             trt_module.ILogger.__init__(self)
             self.errors: list[str] = []
 
-        def log(self, severity: Any, msg: str) -> None:  # noqa: A003 - TensorRT's method name
+        def log(self, severity: Any, msg: str) -> None:
             if severity <= trt_module.ILogger.Severity.ERROR:
                 self.errors = [*self.errors[-4:], str(msg)]
 

@@ -56,7 +56,7 @@ async def _check(fn, settings: Settings) -> tuple[bool, str, float]:
             await anyio.to_thread.run_sync(fn, settings, abandon_on_cancel=True)
     except TimeoutError:
         return False, f"no answer within {READY_TIMEOUT_S:g} s", time.perf_counter() - started
-    except Exception as exc:  # what is wrong, without a traceback or a secret (URLs are not echoed)
+    except Exception as exc:  # noqa: BLE001 - what is wrong, without a traceback or a secret (URLs are not echoed)
         return False, type(exc).__name__, time.perf_counter() - started
     return True, "ok", time.perf_counter() - started
 

@@ -27,7 +27,7 @@ async def home() -> Response:
 
 
 @router.get("/signin")
-async def signin_form(request: Request, next: str | None = None) -> Response:
+async def signin_form(request: Request, next: str | None = None) -> Response:  # noqa: A002 - the query's name
     value = session.new_signin_value()
     response = page(request, "signin.html", next=_local(next), signin_csrf=value, problem=None)
     session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
@@ -35,7 +35,7 @@ async def signin_form(request: Request, next: str | None = None) -> Response:
 
 
 @router.post("/signin")
-async def signin(request: Request, token: str = Form(""), next: str = Form("/ui/models"),
+async def signin(request: Request, token: str = Form(""), next: str = Form("/ui/models"),  # noqa: A002 - the form's
                  csrf: str = Form("")) -> Response:
     session.check_signin_csrf(request, csrf)
     try:

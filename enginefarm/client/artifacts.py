@@ -55,7 +55,7 @@ def default_name(engine: dict[str, Any]) -> str:
 def _varint(fh: BinaryIO) -> int | None:
     """A protobuf base-128 varint from ``fh``; None at a clean end of file or on a malformed one."""
     value = shift = 0
-    for i in range(10):
+    for _ in range(10):
         byte = fh.read(1)
         if not byte:
             return None

@@ -128,7 +128,7 @@ class EngineCache:
         """Copy the cached blob to ``dest`` atomically, verifying the copy; a corrupt blob is evicted."""
         src, dest = self.path(sha256), Path(dest)
         try:
-            fh = open(src, "rb")
+            fh = open(src, "rb")  # noqa: SIM115 - closed by the code below, which hands it on
         except FileNotFoundError:
             raise NotFound(f"engine {sha256} is not in the cache at {self.root}", sha256=sha256) from None
         try:

@@ -55,7 +55,7 @@ def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".
                 model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n), project=project)
             if samples:
                 model = c.upload_samples(model["id"], samples)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     console.print(f"{'uploaded' if created else 'already present'}: model {model['id']} "
                   f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}")
@@ -107,7 +107,7 @@ def build(
                 from enginefarm.client.ci import wait_or_fail
 
                 result, _ = wait_or_fail(c, result, timeout)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     print_tasks(result)
     if result.get("summary"):
@@ -140,7 +140,7 @@ def logs(build_id: int, target: Optional[str] = typer.Option(None, "--target", "
     try:
         with client_for(api) as c:
             build = c.get(f"/v1/builds/{build_id}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     tasks = [t for t in build["tasks"] if target in (None, t["target"])]
     if not tasks:
@@ -195,7 +195,7 @@ def sweep(
                     c.wait_build(v["build_id"])
                 c.wait_checks(result["model_id"])
                 result = c.get(f"/v1/sweeps/{result['id']}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     table = Table(title=f"sweep {result['id']}")
     for col in ("variant", "target", "state", "p50 ms", "p99 ms", "accuracy", "best"):
@@ -236,7 +236,7 @@ def report(
             console.print(regression)
         if plot:
             console.print(f"plot: {plot_report(data, plot)}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
 
 

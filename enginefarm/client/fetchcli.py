@@ -123,7 +123,7 @@ def fetch(
             finally:
                 if bar.live.is_started:
                     bar.stop()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     if got.path is None:
         b = got.build
@@ -196,7 +196,7 @@ def export_triton(
             repo = export_from_farm(c, model, out, EngineCache(cache_dir), version=version, spec_hash=spec_hash,
                                     backend=backend, precision=precision, accept=accept,
                                     triton_version=triton_version, name=name, overwrite=overwrite)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")
     for f in repo.files:

@@ -30,7 +30,7 @@ class _ProgressReader:
     """A file wrapper that reports bytes read, so uploads can drive a progress bar."""
 
     def __init__(self, path: Path, on_bytes: Callable[[int], None] | None):
-        self._fh = open(path, "rb")
+        self._fh = open(path, "rb")  # noqa: SIM115 - closed by close()
         self._on_bytes = on_bytes
 
     def read(self, size: int = -1) -> bytes:

@@ -4,6 +4,7 @@ the export must warn about: the choices ``enginefarm.client.triton`` writes into
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from enginefarm.core.domain import arch_of_cc, cc_tuple

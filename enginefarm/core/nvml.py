@@ -32,5 +32,5 @@ def nvml_session() -> Iterator[Any]:
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except Exception:  # noqa: BLE001 - shutting down is best effort
             pass

@@ -39,7 +39,7 @@ def probe_ort_cuda() -> tuple[str | None, str | None, str | None]:
     Cached per process: it loads several hundred MB of libraries once."""
     try:
         ort = importlib.import_module(ORT_MODULE)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - an import that fails in any way means no ONNX Runtime to use
         return None, None, str(exc) or type(exc).__name__
     if ORT_CUDA_PROVIDER not in ort.get_available_providers():
         return None, None, f"onnxruntime {ort.__version__} has no {ORT_CUDA_PROVIDER} (that is the onnxruntime-gpu package)"

@@ -121,7 +121,7 @@ def gc(grace_hours: Optional[float] = typer.Option(None, help="keep unreferenced
     grace = grace_hours * 3600 if grace_hours is not None else settings.gc_grace_seconds
     try:
         report = collect_garbage(settings, grace_seconds=grace, dry_run=dry_run, allow_empty_catalog=allow_empty_catalog)
-    except Exception as exc:  # GcRefused, or the store or catalog unreachable
+    except Exception as exc:  # noqa: BLE001 - GcRefused, or the store or catalog unreachable
         fail(exc)
     if as_json:
         print(json.dumps(report.to_dict(), default=str))

@@ -102,7 +102,7 @@ class Farm:
         """``child``: the record of an earlier start of the same command (its restart history)."""
         child = self._children[name] = child or _Child(args, extra_env)
         child.started, child.restart_at = time.monotonic(), None
-        out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL
+        out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115 - closed below, once the child has its own
         try:
             # Own process group, so stopping the farm also stops Celery's pool children.
             return lifeline.spawn(args, env={**self.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,

@@ -47,7 +47,7 @@ def seaweedfs(data_dir: Path, timeout: float = 90.0) -> Iterator[str]:
     weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
     data_dir.mkdir(parents=True, exist_ok=True)
     s3, master, volume, filer = (free_port_pair() for _ in range(4))
-    log = open(data_dir / "weed.log", "wb")
+    log = open(data_dir / "weed.log", "wb")  # noqa: SIM115 - the server's log, closed when it stops
     proc = subprocess.Popen(
         [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={s3}",
          f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",

@@ -103,6 +103,6 @@ class BlobStore(ABC):
         """What interrupted writes left behind (temp files, unfinished multipart uploads); none by default."""
         return iter(())
 
-    def discard_partial(self, partial: PartialUpload) -> None:
+    def discard_partial(self, partial: PartialUpload) -> None:  # noqa: B027 - a store with no partial uploads
         """Remove one of ``partial_uploads()``; one already gone is fine. A write still in progress
         on it then fails instead of storing anything."""

@@ -83,7 +83,7 @@ class _Public(BaseHTTPRequestHandler):
 
     seen = 0
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         type(self).seen += 1
         body = f"answer {self.seen} for {self.headers.get('Authorization')}".encode()
         self.send_response(200)

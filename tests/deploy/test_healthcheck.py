@@ -33,7 +33,7 @@ def test_jobs_and_the_reconciler_are_healthy_while_they_run():
 
 
 class _Health(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802 (the handler's name is http.server's)
+    def do_GET(self):
         self.send_response(200 if self.path == "/healthz" else 404)
         self.end_headers()
         self.wfile.write(b'{"status":"ok"}')

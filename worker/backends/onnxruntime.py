@@ -100,7 +100,7 @@ def check_loadable(path: Path) -> None:
             options = ort.SessionOptions()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # loading is the test
             ort.InferenceSession(str(alone), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # ORT's own error types, onnx's DecodeError: all mean the artifact is unusable
+        except Exception as exc:  # noqa: BLE001 - ORT's own error types, onnx's DecodeError: all mean the artifact is unusable
             raise BuildFailed(f"the built ONNX Runtime model does not load from its own bytes: {exc}; it was not "
                               "stored") from None
 

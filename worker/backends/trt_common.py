@@ -54,7 +54,7 @@ def make_logger(trt: ModuleType, log: BuildLog):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
 
-        def log(self, severity, msg) -> None:  # noqa: A003 - TensorRT's method name
+        def log(self, severity, msg) -> None:
             if severity <= trt.ILogger.Severity.INFO:
                 log.add(f"[{getattr(severity, 'name', severity)}] {msg}")
 

@@ -1,7 +1,7 @@
 """initial catalog
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-11-21 09:54:10.040224
 """
 from alembic import op
