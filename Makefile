@@ -10,7 +10,7 @@ NEED_PYTHON := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 1
 # so it installs again when one of the package's files changes.
 PACKAGE_FILES := $(shell find enginefarm api worker storage -type f ! -name '*.pyc' 2>/dev/null)
 
-.PHONY: demo test setup demo-setup lint services bench clean compose-test
+.PHONY: demo test setup demo-setup lint typecheck services bench clean compose-test
 
 $(VENV)/.installed: pyproject.toml
 	@$(NEED_PYTHON)
@@ -43,6 +43,23 @@ demo:
 ## The full test suite against real PostgreSQL, Redis, SeaweedFS and Celery worker processes.
 test: setup services
 	$(PY) -m pytest -q
+
+## ruff (lint, then the formatter's check) and mypy. .ci/run runs it before the tests; .pre-commit-config.yaml
+## runs the same.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@$(MAKE) --no-print-directory typecheck
+
+## mypy over the package as it installs (pyproject's package-dir: api/ is enginefarm.api, ...), laid out with links
+## under build/typecheck: strict for the kernel and the client, plain elsewhere ([tool.mypy] in pyproject.toml).
+TYPECHECK := build/typecheck
+typecheck: setup
+	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/enginefarm
+	@for f in enginefarm/*; do [ "$${f##*/}" = __pycache__ ] || ln -s "$(CURDIR)/$$f" $(TYPECHECK)/enginefarm/; done
+	@for d in api worker storage; do ln -s "$(CURDIR)/$$d" $(TYPECHECK)/enginefarm/$$d; done
+	cd $(TYPECHECK) && "$(abspath $(VENV))/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" --cache-dir ../mypy-cache \
+		-p enginefarm
 
 services:
 	bash deploy/services.sh

@@ -129,7 +129,7 @@ def check_bytes(engine: dict[str, Any], path: Path | str) -> None:
             sha256=engine.get("sha256"))
 
 
-def destination(engine: dict, dest: Path | str | None) -> Path:
+def destination(engine: dict[str, Any], dest: Path | str | None) -> Path:
     """Where ``fetch`` writes ``engine``: ``dest``, or in the folder ``dest`` (default: here) the file named by
     what it is. Raises WrongArtifact when ``dest``'s name says another kind of file."""
     if dest is None or Path(dest).is_dir():
@@ -138,7 +138,7 @@ def destination(engine: dict, dest: Path | str | None) -> Path:
     return Path(dest)
 
 
-def place_cached(cache: EngineCache, engine: dict, dest: Path | str | None) -> Path:
+def place_cached(cache: EngineCache, engine: dict[str, Any], dest: Path | str | None) -> Path:
     """Copy a cached engine to ``dest`` (see ``destination``) once its bytes are the kind its record says; a blob
     that is not is evicted, and nothing is written. Returns the path written."""
     dest = destination(engine, dest)

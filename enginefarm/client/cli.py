@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn
@@ -119,7 +119,7 @@ def build(
 build.__doc__ += TRTEXEC_HELP
 
 
-def _precision_flags(spec: dict, val_range: list[str] | None, ops: str | None, layers: str | None,
+def _precision_flags(spec: dict[str, Any], val_range: list[str] | None, ops: str | None, layers: str | None,
                      cleanup: str | None, calibration: str | None) -> None:
     if val_range:
         spec.setdefault("benchmark", {}).setdefault("value_ranges", {}).update(parse_val_ranges(val_range))
@@ -153,7 +153,7 @@ def logs(build_id: int, target: Optional[str] = typer.Option(None, "--target", "
             console.print(f"error: {t['error']}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _bench_flags(spec: dict, batch_sizes: str | None, seconds: float | None, cuda_graph: bool, off: bool) -> None:
+def _bench_flags(spec: dict[str, Any], batch_sizes: str | None, seconds: float | None, cuda_graph: bool, off: bool) -> None:
     bench = spec.setdefault("benchmark", {})
     if batch_sizes:
         bench["batch_sizes"] = [int(b) for b in batch_sizes.split(",") if b.strip()]
@@ -240,11 +240,11 @@ def report(
         fail(exc)
 
 
-def _wait_with_progress(c, build: dict, timeout: float) -> dict:
+def _wait_with_progress(c, build: dict[str, Any], timeout: float) -> dict[str, Any]:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), console=err) as bar:
         ids = {t["id"]: bar.add_task(t["target"], total=1, state=t["state"]) for t in build["tasks"]}
 
-        def update(b: dict) -> None:
+        def update(b: dict[str, Any]) -> None:
             for t in b["tasks"]:
                 done = t["state"] in ("succeeded", "failed", "cancelled")
                 bar.update(ids[t["id"]], completed=1 if done else 0, state=t["status_detail"] or t["state"])

@@ -26,7 +26,7 @@ class ApiError(EnginefarmError):
         self.retry_after = retry_after
 
 
-def _detail(body: Any) -> tuple[str, list[dict] | None]:
+def _detail(body: Any) -> tuple[str, list[dict[str, Any]] | None]:
     if not isinstance(body, dict):
         return str(body), None
     detail = body.get("detail")

@@ -5,7 +5,7 @@ engines of every compute capability as a Triton model repository). Registered on
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.progress import Progress
@@ -137,11 +137,11 @@ def fetch(
     _print_answer(got.answer, got.path, from_cache=got.from_cache, explain=explain)
 
 
-def _build_line(build: dict) -> str:
+def _build_line(build: dict[str, Any]) -> str:
     return ", ".join(f"{t['target']} {t['status_detail'] or t['state']}" for t in build["tasks"])
 
 
-def _print_answer(answer: dict, output: Optional[Path], from_cache: bool, explain: bool) -> None:
+def _print_answer(answer: dict[str, Any], output: Optional[Path], from_cache: bool, explain: bool) -> None:
     eng = answer["engine"]
     if explain:
         table = Table(title=f"candidates for {answer.get('model', eng.get('model_name'))} on this machine")

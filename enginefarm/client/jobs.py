@@ -50,7 +50,7 @@ class BuildJob(dict):
         return self._update(self._client.get(f"/v1/builds/{self.id}"))
 
     def wait(self, timeout: float = 3600, poll: float = 0.5,
-             on_update: Callable[[dict], None] | None = None) -> BuildJob:
+             on_update: Callable[[dict[str, Any]], None] | None = None) -> BuildJob:
         """Wait until every task is final (TimeoutError after ``timeout`` seconds); returns the job."""
         return self._update(self._client.wait_build(self.id, timeout=timeout, poll=poll, on_update=on_update))
 

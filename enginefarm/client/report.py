@@ -114,7 +114,7 @@ def _variant_cell(row: Row) -> Text:
     return Text(variant, style="dim" if row.get("best") is False else "")
 
 
-def profiles_label(profiles: Sequence[dict] | None) -> str:
+def profiles_label(profiles: Sequence[dict[str, Any]] | None) -> str:
     """Each optimization profile on a line, its inputs as trtexec writes ranges: ``images 1x3x64x64..4x3x1024x1024``;
     a static input shows its one shape."""
     lines = []

@@ -78,11 +78,11 @@ class Client:
 
     # ------------------------------------------------------------------ models and builds
 
-    def health(self) -> dict:
+    def health(self) -> dict[str, Any]:
         return self.get("/healthz")
 
     def upload(self, model: Path | str | bytes, name: str | None = None, version: str | None = None,
-               on_bytes: Callable[[int], None] | None = None, project: str | None = None) -> tuple[dict, bool]:
+               on_bytes: Callable[[int], None] | None = None, project: str | None = None) -> tuple[dict[str, Any], bool]:
         """Upload a model (a path to an .onnx file or bundle, or its bytes); returns (model, created).
 
         Idempotent by sha256: when the farm already holds these bytes under this name (and version, when given),
@@ -109,14 +109,14 @@ class Client:
                 body.close()
         return self._json(response), response.status_code == 201
 
-    def upload_samples(self, model_id: int, path: Path) -> dict:
+    def upload_samples(self, model_id: int, path: Path) -> dict[str, Any]:
         """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""
         path = Path(path)
         with path.open("rb") as f:
             return self._json(self.http.post(f"/v1/models/{model_id}/samples",
                                              files={"file": (path.name, f, "application/octet-stream")}, timeout=None))
 
-    def build(self, model: int | str, targets: list[str], spec: dict | None = None,
+    def build(self, model: int | str, targets: list[str], spec: dict[str, Any] | None = None,
               queue_without_worker: bool | None = None) -> BuildJob:
         """Submit a build of ``model`` (an id, ``name`` for its latest version, or ``name:version``); returns the
         job (``job.wait()``, ``job.download_all(folder)``). ``queue_without_worker``: queue targets no live worker
@@ -147,17 +147,17 @@ class Client:
                            + ", ".join(m["version"] for m in sorted(uploaded, key=lambda m: m["id"])))
         return match[0]["id"]
 
-    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict | None = None,
-              queue_without_worker: bool | None = None) -> dict:
+    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict[str, Any] | None = None,
+              queue_without_worker: bool | None = None) -> dict[str, Any]:
         return self._json(self.http.post("/v1/sweeps", json={"model_id": model_id, "targets": targets,
                                                              "spec": spec or {}, "axes": axes,
                                                              **_queueing(queue_without_worker)}))
 
-    def report(self, model_id: int) -> dict:
+    def report(self, model_id: int) -> dict[str, Any]:
         return self.get(f"/v1/models/{model_id}/report")
 
     def wait_checks(self, model_id: int, timeout: float = 600, poll: float = 0.5,
-                    on_update: Callable[[dict], None] | None = None) -> dict:
+                    on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Poll a model's report until no engine's benchmark is queued or running; returns the report. Engines
         that no live worker can benchmark stay pending with their reason and do not hold this up."""
         deadline = time.monotonic() + timeout
@@ -173,7 +173,7 @@ class Client:
             time.sleep(poll)
 
     def wait_build(self, build_id: int, timeout: float = 3600, poll: float = 0.5,
-                   on_update: Callable[[dict], None] | None = None) -> dict:
+                   on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Poll a build until every task is final; returns the build."""
         deadline = time.monotonic() + timeout
         while True:
@@ -186,24 +186,24 @@ class Client:
                 raise TimeoutError(f"build {build_id} not finished after {timeout} s")
             time.sleep(poll)
 
-    def models(self, **filters: Any) -> dict:
+    def models(self, **filters: Any) -> dict[str, Any]:
         return self.get("/v1/models", **filters)
 
-    def engines(self, **filters: Any) -> dict:
+    def engines(self, **filters: Any) -> dict[str, Any]:
         return self.get("/v1/engines", **filters)
 
-    def builds(self, **filters: Any) -> list[dict]:
+    def builds(self, **filters: Any) -> list[dict[str, Any]]:
         """Builds, newest first; filters: model_id, spec_hash, limit, offset."""
         return self.get("/v1/builds", **filters)
 
-    def workers(self) -> list[dict]:
+    def workers(self) -> list[dict[str, Any]]:
         return self.get("/v1/workers")
 
     # ------------------------------------------------------------------ resolution and download
 
     def resolve(self, model: str, machine: Machine | None = None, *, version: str | None = None,
                 explain: bool = False, build: bool = False, cache: EngineCache | None = None,
-                allow_cpu: bool = False, **filters: Any) -> dict:
+                allow_cpu: bool = False, **filters: Any) -> dict[str, Any]:
         """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms, backend, and
         accept (["unchecked"] for int8/fp8 engines never checked, ["failed"] for engines that failed the check).
         What the machine will run (its shapes) and the precisions it accepts travel with ``machine``.
@@ -286,7 +286,7 @@ class Client:
         """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
         return self._download(f"/v1/models/{model_id}/content", dest, expected_sha256, None)
 
-    def cached(self, engine: dict, cache: EngineCache, on_bytes: Callable[[int], None] | None = None) -> tuple[Path, bool]:
+    def cached(self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None) -> tuple[Path, bool]:
         """Make sure ``engine`` (a catalog record) is in the cache; returns (its path there, whether it already was)."""
         sha = engine["sha256"]
         hit = cache.has(sha)
@@ -300,7 +300,7 @@ class Client:
     def fetch(self, model: str, dest: Path | str | None = None, machine: Machine | None = None, *,
               cache: EngineCache | None = None, build: bool = False, wait: bool = False, wait_timeout: float = 3600,
               explain: bool = False, allow_cpu: bool = False, on_bytes: Callable[[int], None] | None = None,
-              on_build: Callable[[dict], None] | None = None, **filters: Any) -> Fetched:
+              on_build: Callable[[dict[str, Any]], None] | None = None, **filters: Any) -> Fetched:
         """Resolve the engine for ``machine`` and put it at ``dest``, verified.
 
         ``dest`` None (or a folder) writes the file named by what it is: ``<model>-<target>.plan`` for a TensorRT
@@ -350,19 +350,19 @@ class Fetched:
     """What ``fetch`` did: the resolution, where the engine is, whether it came from the cache, and the
     build submitted for this machine (if any)."""
 
-    answer: dict
+    answer: dict[str, Any]
     path: Path | None
     from_cache: bool
-    build: dict | None = None
+    build: dict[str, Any] | None = None
 
 
-def _queueing(queue_without_worker: bool | None) -> dict:
+def _queueing(queue_without_worker: bool | None) -> dict[str, Any]:
     """The request field, only when the caller chose: left out, the farm's own default applies."""
     return {} if queue_without_worker is None else {"queue_without_worker": queue_without_worker}
 
 
 def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version: str | None = None,
-                    allow_cpu: bool = False, **filters: Any) -> dict:
+                    allow_cpu: bool = False, **filters: Any) -> dict[str, Any]:
     """Resolve from the engines in the local cache alone, with the farm's own rules; the answer has the
     shape of /v1/resolve's (engine, match, reason, fallbacks, rejected). Raises NoCompatibleEngine."""
     records = {r["sha256"]: r for r in cache.records(model, None if version == "latest" else version)
@@ -379,7 +379,7 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
         wanted["accept"] = frozenset(wanted["accept"])
     choice = choose(options, machine, Wanted(**wanted))
 
-    def row(j) -> dict:
+    def row(j) -> dict[str, Any]:
         r, v = records[j.option.id], j.verdict
         return {"engine_id": r.get("id"), "target": r["target"], "model_version": r.get("model_version"),
                 "precision": r.get("precision"), "rank": j.rank, "match": v.match.label if v.match is not None else None,

@@ -3,6 +3,8 @@ never a traceback), its common options, and the extras a command needs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 import sys
 from contextlib import contextmanager
@@ -90,7 +92,7 @@ def need(*extras: str) -> None:
         raise typer.Exit(2)
 
 
-def print_tasks(build: dict) -> None:
+def print_tasks(build: dict[str, Any]) -> None:
     table = Table(title=f"build {build['id']} of model {build['model_id']}, {build['state']}, {build['created_at'][:19]}")
     for col in ("target", "precision", "state", "engine", "wait s", "run s", "note"):
         table.add_column(col)

@@ -401,7 +401,7 @@ def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[st
         f"--accept {state} to export it anyway", engine_id=engine["id"], check=where)
 
 
-def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) -> dict | None:
+def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) -> dict[str, Any] | None:
     """The resolution's answer, or None when no engine runs there (404)."""
     from enginefarm.client import ApiError
 

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge
 from enginefarm.core.hashing import CHUNK
@@ -268,7 +268,7 @@ def _stand_in(src: BinaryIO, dst_path: Path, entry: _Entry, room: int) -> int:
     return read
 
 
-def _extract(entries: list[_Entry], open_member, dest: Path, limits: BundleLimits, only: str | None = None) -> None:
+def _extract(entries: list[_Entry], open_member: Callable[[Any], Any], dest: Path, limits: BundleLimits, only: str | None = None) -> None:
     """Write every entry under dest with our own loop; bytes are re-counted since headers can lie. With ``only``,
     that file alone is written and every other one becomes a stand-in (``_stand_in``)."""
     used = 0

@@ -176,10 +176,10 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
     for j in group:
         ev = j.option.evidence
         ev.latency_ms = ev.latencies.get(ref) if ref else None
-        ev.latency_on = _on(ref) if ev.latency_ms is not None else None
+        ev.latency_on = _on(ref) if ref and ev.latency_ms is not None else None
     measured = ref is not None and all(j.option.evidence.latency_ms is not None for j in group)
 
-    def key(j: Judged) -> tuple:
+    def key(j: Judged) -> tuple[Any, ...]:
         ev, o = j.option.evidence, j.option
         fit = shape_fit(o.engine, m.shapes or {}) or (math.inf, math.inf)
         latency = ev.latency_ms if ev.latency_ms is not None else math.inf
@@ -191,7 +191,7 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
         return group, ""
     figures = ", ".join(f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms" if j.option.evidence.latency_ms is not None
                         else f"{_label(j)} not measured" for j in group[:6])
-    if measured:
+    if measured and ref:
         return group, f"fastest measured on {_on(ref)}: {figures}"
     where = f" on {_on(ref)}" if ref else ""
     return group, (f"not every engine was measured{where}, so fp32/fp16 rank before int8/fp8, then measured latency: "
@@ -209,7 +209,8 @@ def _newest(key: Any) -> Any:
 def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None) -> Choice:
     """Judge every option for ``machine``, drop what the filters exclude, rank the rest best first."""
     wanted = wanted or Wanted()
-    runnable, rejected = [], []
+    runnable: list[Judged] = []
+    rejected: list[Judged] = []
     for o in options:
         verdict = judge(o.engine, machine)
         excluded = _filters(o, machine, wanted)
@@ -228,7 +229,7 @@ def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None
     # Closeness of match first (exact GPU, compute capability, Ampere+, version-compatible, CPU); within a match,
     # a passed accuracy gate, the narrowest covering profile, then speed as measured (``_ranked``).
     ranked, ranked_by = [], ""
-    for match in sorted({j.verdict.match for j in runnable}):
+    for match in sorted({j.verdict.match for j in runnable if j.verdict.match is not None}):  # a run has a match
         group, how = _ranked([j for j in runnable if j.verdict.match == match], machine)
         ranked += group
         ranked_by = ranked_by or how

@@ -294,7 +294,7 @@ def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
     gaps = [_profile_gap(i, p, m.shapes) for i, p in enumerate(e.profiles)]
     fits = [i for i, g in enumerate(gaps) if g is None]
     if not fits:
-        return check_fail(Rule.SHAPES, "; ".join(gaps))
+        return check_fail(Rule.SHAPES, "; ".join(g for g in gaps if g))
     best = min(fits, key=lambda i: profile_fit(e.profiles[i], m.shapes))
     spans = ", ".join(f"{n} {_span(e.profiles[best][n])}" for n in m.shapes)
     return check_ok(Rule.SHAPES, f"profile {best} covers your shapes ({spans})")

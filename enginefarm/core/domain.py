@@ -19,10 +19,10 @@ class StrEnum(str, Enum):
     """An enum whose members are their string values (``enum.StrEnum`` is Python 3.11+; the client runs on 3.10)."""
 
     def __str__(self) -> str:
-        return self.value
+        return str(self.value)
 
     def __format__(self, spec: str) -> str:
-        return self.value.__format__(spec)
+        return format(str(self.value), spec)
 
 
 class Backend(StrEnum):

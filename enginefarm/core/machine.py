@@ -29,24 +29,24 @@ JETPACK_PATTERN = r"^\d+(\.\d+){0,2}$"
 class Machine:
     """A deploy machine's fingerprint. Every field is optional; what is missing is reported as unchecked."""
 
-    gpu_name: CatalogText | None = Field(None, max_length=200, description="GPU model name as NVML reports it")
-    compute_capability: str | None = Field(None, pattern=CC_PATTERN, description="e.g. 8.6")
-    memory_mib: StrictInt | None = Field(None, ge=1, le=1 << 24)
-    driver_version: str | None = Field(None, pattern=VERSION_PATTERN)
-    cuda_version: str | None = Field(None, pattern=VERSION_PATTERN)
-    trt_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
-    trt_rtx_version: str | None = Field(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
-    lean_runtime: StrictBool = Field(False, description="trt_version is the lean runtime's: it loads only "
+    gpu_name: CatalogText | None = Field(default=None, max_length=200, description="GPU model name as NVML reports it")
+    compute_capability: str | None = Field(default=None, pattern=CC_PATTERN, description="e.g. 8.6")
+    memory_mib: StrictInt | None = Field(default=None, ge=1, le=1 << 24)
+    driver_version: str | None = Field(default=None, pattern=VERSION_PATTERN)
+    cuda_version: str | None = Field(default=None, pattern=VERSION_PATTERN)
+    trt_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
+    trt_rtx_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
+    lean_runtime: StrictBool = Field(default=False, description="trt_version is the lean runtime's: it loads only "
                                                         "version-compatible engines")
-    ort_version: str | None = Field(None, pattern=VERSION_PATTERN, description="ONNX Runtime version")
-    ort_cuda: StrictBool = Field(False, description="ONNX Runtime runs here with its CUDA execution provider on the "
+    ort_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="ONNX Runtime version")
+    ort_cuda: StrictBool = Field(default=False, description="ONNX Runtime runs here with its CUDA execution provider on the "
                                                     "GPU: onnxruntime/cuda-smXY artifacts are served only then")
-    platform: str | None = Field(None, pattern=PLATFORM_PATTERN)
-    os: CatalogText | None = Field(None, max_length=200)
-    cpu_name: CatalogText | None = Field(None, max_length=200, description="the CPU model (/proc/cpuinfo's model "
+    platform: str | None = Field(default=None, pattern=PLATFORM_PATTERN)
+    os: CatalogText | None = Field(default=None, max_length=200)
+    cpu_name: CatalogText | None = Field(default=None, max_length=200, description="the CPU model (/proc/cpuinfo's model "
                                                                           "name): CPU artifacts are ranked by "
                                                                           "latency measured on it")
-    jetpack: str | None = Field(None, pattern=JETPACK_PATTERN)
+    jetpack: str | None = Field(default=None, pattern=JETPACK_PATTERN)
     # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
     # Empty: shapes are not judged.
     shapes: dict[str, Any] = Field(

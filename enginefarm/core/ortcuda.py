@@ -51,7 +51,7 @@ def probe_ort_cuda() -> tuple[str | None, str | None, str | None]:
                 preload()
             except Exception:  # noqa: BLE001 - the load below says what is missing
                 pass
-    library = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    library = Path(str(ort.__file__)).parent / "capi" / "libonnxruntime_providers_cuda.so"
     try:
         ctypes.CDLL(str(library))
     except OSError as exc:

@@ -124,7 +124,7 @@ def engine_profiles(spec: dict[str, Any] | None, info: dict[str, Any] | None) ->
     fold in the spec's static ``shapes``) and its model's inputs: an input the spec leaves out that the model gives
     fixed dims runs only at those. Empty when a dynamic input's range is not known."""
     fixed = set((spec or {}).get("fixed_inputs") or {})
-    static = {}
+    static: dict[str, dict[str, list[int]] | None] = {}
     for t in (info or {}).get("inputs", []):
         dims = t.get("dims") or []
         if t["name"] in fixed:

@@ -18,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 PERCENTILES = (90, 95, 99)
 # The phases of one inference: host→device copy, compute, device→host copy, and all of it end to end.
@@ -98,12 +99,12 @@ class Measurement:
     wall_s: float  # the measured phase, warm-up excluded
     warmup_iterations: int
     warmup_s: float
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def summary(self, batch: int = 1) -> dict:
+    def summary(self, batch: int = 1) -> dict[str, Any]:
         """Every statistic the catalog stores: a Summary per phase, throughput, counts."""
         n = len(self.iterations)
-        out: dict = {"iterations": n, "wall_s": self.wall_s, "warmup_iterations": self.warmup_iterations,
+        out: dict[str, Any] = {"iterations": n, "wall_s": self.wall_s, "warmup_iterations": self.warmup_iterations,
                      "warmup_s": self.warmup_s, "batch": batch,
                      "throughput_qps": n / self.wall_s if self.wall_s > 0 else None}
         out["throughput_items_s"] = out["throughput_qps"] * batch if out["throughput_qps"] else None

@@ -56,11 +56,12 @@ def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
     shapes: dict[str, str] = {}
     precisions: list[str] = []
     problems: list[str] = []
-    tokens = iter(tokens)
-    for token in tokens:
-        flag, has_value, value = token.partition("=")
+    rest = iter(tokens)
+    for token in rest:
+        flag, sep, value = token.partition("=")
+        has_value = bool(sep)
         if flag in VALUE_FLAGS and not has_value:  # "--shapes x:1x3" as a shell splits "--shapes=x:1x3" apart
-            value = next(tokens, "")
+            value = next(rest, "")
             has_value, token = bool(value), f"{flag}={value}"
         if flag in PRECISION_FLAGS and not has_value:
             precisions.append(PRECISION_FLAGS[flag])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import string
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from enginefarm.core.config import Settings
 
 
-def _problem(loc: list[str | int], msg: str) -> dict[str, Any]:
+def _problem(loc: Sequence[str | int], msg: str) -> dict[str, Any]:
     return {"loc": loc, "msg": msg}
 
 
@@ -192,7 +192,7 @@ def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known
             problems.append(_problem(loc, f"input {name!r} is {tensor.dtype}: give whole numbers, not {value!r}"))
         elif tensor.dynamic_axes and shape != [] and len(shape) != len(tensor.dims):
             problems.append(_problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the value has shape {shape}"))
-        elif not tensor.dynamic_axes and shape not in ([], [int(d) for d in tensor.dims]):
+        elif not tensor.dynamic_axes and shape not in ([], [int(d) for d in tensor.dims if d is not None]):
             problems.append(_problem(loc, f"input {name!r} has shape {tensor.dims}; give a number or a value of that "
                                           f"shape, not one of shape {shape}"))
         elif tensor.dynamic_axes and shape == [] and tensor.dims:
@@ -248,7 +248,7 @@ def _allocated_shapes(spec: BuildSpec, info: ModelInfo) -> Iterator[tuple[list[s
     """``(loc, what, input → dims)`` for every set of input shapes the farm allocates tensors at for this spec: each
     profile's max, opt and min (the builder times its tactics there; the benchmark and the accuracy check run at the
     opt shapes), and each benchmark shape set or batch size. Inputs the model fixes keep their dims throughout."""
-    static = {t.name: [int(d) for d in t.dims] for t in info.inputs if not t.dynamic_axes}
+    static = {t.name: [int(d) for d in t.dims if d is not None] for t in info.inputs if not t.dynamic_axes}
     profiles = spec.normalized_profiles()
     for i, profile in enumerate(profiles):
         for kind in ("max", "opt", "min"):
@@ -270,7 +270,7 @@ def _tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits
     by_name = {t.name: t for t in info.inputs}
     problems: list[dict[str, Any]] = []
     seen: set[tuple[str, tuple[int, ...]]] = set()
-    seen_sets: set[tuple] = set()
+    seen_sets: set[tuple[Any, ...]] = set()
     for loc, what, shapes in _allocated_shapes(spec, info):
         sizes: dict[str, int] = {}
         too_big = False
@@ -380,7 +380,7 @@ def project_problem(project: str) -> str | None:
     return name_problem("project", project, PROJECT_MAX)
 
 
-def check_model_name(name: str | None, version: str | None) -> list[dict]:
+def check_model_name(name: str | None, version: str | None) -> list[dict[str, Any]]:
     """Problems with an upload's model name and version, as validation problems (none when both are fine)."""
     problems = []
     if not name or not name.strip():

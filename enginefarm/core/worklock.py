@@ -66,12 +66,12 @@ class Scratch:
     def __init__(self, settings: Settings):
         settings.work_dir.mkdir(parents=True, exist_ok=True)
         self.path = Path(tempfile.mkdtemp(dir=settings.work_dir, prefix=SCRATCH_PREFIX))
-        self._lock = hold(self.path)
+        self._lock: int | None = hold(self.path)
 
     def __enter__(self) -> Path:
         return self.path
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             shutil.rmtree(self.path, ignore_errors=True)
         finally:
