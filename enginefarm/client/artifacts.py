@@ -87,7 +87,7 @@ def is_onnx_model(path: Path | str) -> bool:
                 return False
             if wire == 2 and (length := _varint(fh)) is None:
                 return False
-            step = FIXED_WIDTH.get(wire) or (length if wire == 2 else 0)
+            step = FIXED_WIDTH.get(wire) or ((length or 0) if wire == 2 else 0)
             if fh.tell() + step > size:
                 return False
             fh.seek(step, 1)

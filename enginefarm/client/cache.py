@@ -145,7 +145,7 @@ class EngineCache:
         """Store the engine's catalog record, with the farm URL it came from and the time."""
         doc = {**record, "cached_from": source, "cached_at": datetime.now(timezone.utc).isoformat()}
         data = json.dumps(doc, indent=2, sort_keys=True, default=str).encode()
-        with atomic_write(self._record_path(record.get("sha256")), None) as out:
+        with atomic_write(self._record_path(str(record.get("sha256"))), None) as out:
             out.write(data)
 
     def _answer_path(self, question: str) -> Path:

@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import httpx
 import typer
@@ -185,7 +185,7 @@ def _wait_gate(client: Client, options: CiOptions, model_id: int, build_id: int,
                         seen[(c["target"], c["check"])] = now
                         log(f"{c['target']} {c['check']}: {c['verdict']}: {c['reason']}")
             if gate["verdict"] != "pending":
-                return gate
+                return cast("dict[str, Any]", gate)
         if time.monotonic() > deadline and gate is not None:
             return _past_deadline(gate, options.timeout)
         time.sleep(options.poll)
@@ -267,8 +267,8 @@ def junit_xml(gate: dict[str, Any], pending: str) -> str:
             cases.append(case)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
     counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped)}
-    root = ET.Element("testsuites", name="enginefarm ci", **counts)
-    suite = ET.SubElement(root, "testsuite", name=suite_name, timestamp=stamp, time="0", **counts)
+    root = ET.Element("testsuites", {"name": "enginefarm ci", **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": suite_name, "timestamp": stamp, "time": "0", **counts})
     props = ET.SubElement(suite, "properties")
     for key, value in (("model_id", model["id"]), ("verdict", gate["verdict"]),
                        ("max_regression_pct", gate["max_regression_pct"]), ("pending", pending),
@@ -369,4 +369,4 @@ def ci_command(
     raise typer.Exit(result.exit_code)
 
 
-ci_command.__doc__ += TRTEXEC_HELP
+ci_command.__doc__ = (ci_command.__doc__ or "") + TRTEXEC_HELP

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn
@@ -16,6 +16,9 @@ from enginefarm.client import fetchcli, lscli
 from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
 from enginefarm.client.terminal import API_OPT, QUEUE_OPT, client_for, console, err, fail, need, print_tasks, transfer_bar
 from enginefarm.core.shapes import parse_val_ranges
+
+if TYPE_CHECKING:
+    from enginefarm.client import Client
 
 app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
                   no_args_is_help=True, pretty_exceptions_show_locals=False)
@@ -99,7 +102,7 @@ def build(
         if repair:
             spec["accuracy_repair"] = True
         with client_for(api) as c:
-            result = c.build(model, target, spec, queue_without_worker=queue_without_worker or None)
+            result: dict[str, Any] = c.build(model, target, spec, queue_without_worker=queue_without_worker or None)
             console.print(f"build {result['id']} queued: {len(result['tasks'])} target(s)")
             if wait and sys.stderr.isatty():
                 result = _wait_with_progress(c, result, timeout)
@@ -116,7 +119,7 @@ def build(
         raise typer.Exit(1)
 
 
-build.__doc__ += TRTEXEC_HELP
+build.__doc__ = (build.__doc__ or "") + TRTEXEC_HELP
 
 
 def _precision_flags(spec: dict[str, Any], val_range: list[str] | None, ops: str | None, layers: str | None,
@@ -180,7 +183,7 @@ def sweep(
     passes the accuracy gate."""
     try:
         base = json.loads(spec_file.read_text()) if spec_file else {}
-        axes: dict[str, list] = {}
+        axes: dict[str, list[Any]] = {}
         for item in axis:
             field, sep, values = item.partition("=")
             if not sep or not values:
@@ -240,7 +243,7 @@ def report(
         fail(exc)
 
 
-def _wait_with_progress(c, build: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _wait_with_progress(c: Client, build: dict[str, Any], timeout: float) -> dict[str, Any]:
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), console=err) as bar:
         ids = {t["id"]: bar.add_task(t["target"], total=1, state=t["state"]) for t in build["tasks"]}
 

@@ -62,4 +62,4 @@ def api_error(status_code: int, body: Any, retry_after: str | None = None) -> Ap
     cls = ERRORS.get(name) if isinstance(name, str) else None
     cls = cls or BY_STATUS.get(status_code, EnginefarmError)
     seconds = int(retry_after) if retry_after and retry_after.isdigit() else None
-    return _typed(cls)(status_code, body, seconds)
+    return _typed(cls)(status_code, body, seconds)  # type: ignore[arg-type]  # a class is hashable

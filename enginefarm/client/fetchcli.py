@@ -90,7 +90,7 @@ def fetch(
                                precisions=accepted or None)
     except ValueError as exc:  # pydantic's ValidationError is one: a flag the fingerprint's rules refuse
         fail(exc)
-    filters = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
+    filters: dict[str, Any] = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
                    max_latency_ms=max_latency_ms, backend=backend, accept=accept or None)
     cache = None if no_cache else EngineCache(cache_dir)
     if (wait and not build) or (offline and (build or no_cache)):
@@ -98,6 +98,7 @@ def fetch(
     only_explain = explain and not output
     try:
         if offline:
+            assert cache is not None  # --offline without the cache was refused above
             answer = resolve_offline(cache, model, machine, allow_cpu=allow_cpu, **filters)
             written = None if only_explain else place_cached(cache, answer["engine"], output)
             _print_answer(answer, written, from_cache=True, explain=explain)
@@ -127,6 +128,7 @@ def fetch(
         fail(exc)
     if got.path is None:
         b = got.build
+        assert b is not None  # no file: the build queued for this machine
         console.print(f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
                       f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built")
         for reason in b["reasons"]:

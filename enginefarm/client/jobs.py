@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.errors import BuildFailed
@@ -19,22 +19,22 @@ if TYPE_CHECKING:
 SUFFIX = {"onnxruntime": ".onnx"}
 
 
-class BuildJob(dict):
+class BuildJob(dict[str, Any]):
     def __init__(self, client: Client, build: dict[str, Any]):
         super().__init__(build)
         self._client = client
 
     @property
     def id(self) -> int:
-        return self["id"]
+        return cast("int", self["id"])
 
     @property
     def state(self) -> str:
-        return self["state"]
+        return cast("str", self["state"])
 
     @property
     def tasks(self) -> list[dict[str, Any]]:
-        return self["tasks"]
+        return cast("list[dict[str, Any]]", self["tasks"])
 
     @property
     def done(self) -> bool:

@@ -118,7 +118,8 @@ def profiles_label(profiles: Sequence[dict[str, Any]] | None) -> str:
     """Each optimization profile on a line, its inputs as trtexec writes ranges: ``images 1x3x64x64..4x3x1024x1024``;
     a static input shows its one shape."""
     lines = []
-    for i, profile in enumerate(profiles or []):
+    profiles = profiles or []
+    for i, profile in enumerate(profiles):
         parts = []
         for name, rng in sorted(profile.items()):
             lo, hi = ("x".join(map(str, rng[k])) for k in ("min", "max"))
@@ -336,7 +337,8 @@ def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
             row = next((r for r in rows if shape_label(r) == shape), None)
             if row is None:
                 continue
-            median = float(_stat(row, "median"))
+            median = _stat(row, "median")
+            assert median is not None  # a measured row has its median
             p99 = _stat(row, "p99")
             xs.append(x - 0.4 + bar_width * (i + 0.5))
             heights.append(median)

@@ -9,13 +9,13 @@ import secrets
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import httpx
 
 from enginefarm.client.artifacts import check_bytes, destination, place_cached
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
-from enginefarm.core.choose import Evidence, Option, Wanted, choose
+from enginefarm.core.choose import Evidence, Judged, Option, Wanted, choose
 from enginefarm.core.config import get_settings
 from enginefarm.core.domain import FINAL_STATES, EngineDescriptor
 from enginefarm.core.machine import Machine
@@ -24,6 +24,10 @@ from enginefarm.client.jobs import BuildJob
 from enginefarm.core.hashing import CHUNK, SHA_HEADER, sha256_file
 from enginefarm.core.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
 
+
+
+# An engine record's accuracy_pass (true, false or absent) as a verdict.
+_ACCURACY_OF: dict[Any, str] = {True: "pass", False: "fail"}
 
 
 class _ProgressReader:
@@ -61,7 +65,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _json(self, response: httpx.Response) -> Any:
@@ -79,7 +83,7 @@ class Client:
     # ------------------------------------------------------------------ models and builds
 
     def health(self) -> dict[str, Any]:
-        return self.get("/healthz")
+        return cast("dict[str, Any]", self.get("/healthz"))
 
     def upload(self, model: Path | str | bytes, name: str | None = None, version: str | None = None,
                on_bytes: Callable[[int], None] | None = None, project: str | None = None) -> tuple[dict[str, Any], bool]:
@@ -100,7 +104,7 @@ class Client:
         if held:
             return held[0], False
         data = {"name": name} | ({"version": version} if version else {}) | ({"project": project} if project else {})
-        body = model if isinstance(model, bytes) else _ProgressReader(path, on_bytes)
+        body: Any = model if isinstance(model, bytes) else _ProgressReader(path, on_bytes)  # httpx reads it as a file
         try:
             response = self.http.post("/v1/models", data=data, timeout=None,
                                       files={"file": (filename, body, "application/octet-stream")})
@@ -113,8 +117,10 @@ class Client:
         """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""
         path = Path(path)
         with path.open("rb") as f:
-            return self._json(self.http.post(f"/v1/models/{model_id}/samples",
-                                             files={"file": (path.name, f, "application/octet-stream")}, timeout=None))
+            model: dict[str, Any] = self._json(self.http.post(
+                f"/v1/models/{model_id}/samples", files={"file": (path.name, f, "application/octet-stream")},
+                timeout=None))
+            return model
 
     def build(self, model: int | str, targets: list[str], spec: dict[str, Any] | None = None,
               queue_without_worker: bool | None = None) -> BuildJob:
@@ -140,21 +146,22 @@ class Client:
         if not uploaded:
             raise NotFound(f"no model {name!r} in the catalog (see `enginefarm ls models`)")
         if not version:
-            return max(uploaded, key=lambda m: m["id"])["id"]
+            return cast("int", max(uploaded, key=lambda m: m["id"])["id"])
         match = [m for m in uploaded if m["version"] == version]
         if not match:
             raise NotFound(f"no model {name!r} version {version!r}; it has "
                            + ", ".join(m["version"] for m in sorted(uploaded, key=lambda m: m["id"])))
-        return match[0]["id"]
+        return cast("int", match[0]["id"])
 
-    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list], spec: dict[str, Any] | None = None,
+    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list[Any]], spec: dict[str, Any] | None = None,
               queue_without_worker: bool | None = None) -> dict[str, Any]:
-        return self._json(self.http.post("/v1/sweeps", json={"model_id": model_id, "targets": targets,
-                                                             "spec": spec or {}, "axes": axes,
-                                                             **_queueing(queue_without_worker)}))
+        sweep: dict[str, Any] = self._json(self.http.post("/v1/sweeps", json={
+            "model_id": model_id, "targets": targets, "spec": spec or {}, "axes": axes,
+            **_queueing(queue_without_worker)}))
+        return sweep
 
     def report(self, model_id: int) -> dict[str, Any]:
-        return self.get(f"/v1/models/{model_id}/report")
+        return cast("dict[str, Any]", self.get(f"/v1/models/{model_id}/report"))
 
     def wait_checks(self, model_id: int, timeout: float = 600, poll: float = 0.5,
                     on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -181,23 +188,23 @@ class Client:
             if on_update:
                 on_update(build)
             if all(t["state"] in FINAL_STATES for t in build["tasks"]):
-                return build
+                return cast("dict[str, Any]", build)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"build {build_id} not finished after {timeout} s")
             time.sleep(poll)
 
     def models(self, **filters: Any) -> dict[str, Any]:
-        return self.get("/v1/models", **filters)
+        return cast("dict[str, Any]", self.get("/v1/models", **filters))
 
     def engines(self, **filters: Any) -> dict[str, Any]:
-        return self.get("/v1/engines", **filters)
+        return cast("dict[str, Any]", self.get("/v1/engines", **filters))
 
     def builds(self, **filters: Any) -> list[dict[str, Any]]:
         """Builds, newest first; filters: model_id, spec_hash, limit, offset."""
-        return self.get("/v1/builds", **filters)
+        return cast("list[dict[str, Any]]", self.get("/v1/builds", **filters))
 
     def workers(self) -> list[dict[str, Any]]:
-        return self.get("/v1/workers")
+        return cast("list[dict[str, Any]]", self.get("/v1/workers"))
 
     # ------------------------------------------------------------------ resolution and download
 
@@ -224,7 +231,7 @@ class Client:
                 "build": build, **{k: sorted(v) if isinstance(v, (set, frozenset)) else v
                                    for k, v in filters.items() if v is not None}}
         if cache is None:
-            return self._json(self.http.post("/v1/resolve", json=body))
+            return cast("dict[str, Any]", self._json(self.http.post("/v1/resolve", json=body)))
         # Asked before: the farm answers 304 while its answer is the one kept here.
         question = json.dumps({"farm": str(self.http.base_url), **body}, sort_keys=True)
         kept = cache.answer(question)
@@ -234,9 +241,9 @@ class Client:
         answer = self._json(r)
         if r.status_code == 200 and r.headers.get("etag"):
             cache.keep_answer(question, r.headers["etag"], answer)
-        return answer
+        return cast("dict[str, Any]", answer)
 
-    def _stream(self, url: str, out, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
+    def _stream(self, url: str, out: Any, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
         """Write a blob's bytes to ``out`` (a HashingWriter); returns the sha256 the farm sent in its header.
 
         Follows the farm's redirect to S3 (httpx drops the token on the way to another host). A connection that
@@ -273,7 +280,7 @@ class Client:
         return out.hexdigest()
 
     @staticmethod
-    def _check_header(url: str, out, header_sha: str | None) -> None:
+    def _check_header(url: str, out: Any, header_sha: str | None) -> None:
         if header_sha and out.hexdigest() != header_sha:
             raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header_sha}")
 
@@ -371,7 +378,7 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
         newest = max(r.get("model_seq", 0) for r in records.values())
         records = {k: r for k, r in records.items() if r.get("model_seq", 0) == newest}
     options = [Option(sha, EngineDescriptor.of(r), r.get("model_seq", 0), r.get("spec_hash", ""),
-                      Evidence(accuracy={True: "pass", False: "fail"}.get(r.get("accuracy_pass"))))
+                      Evidence(accuracy=_ACCURACY_OF.get(r.get("accuracy_pass"))))
                for sha, r in records.items()]
     filters = with_cpu(filters) if allow_cpu else filters
     wanted = {k: v for k, v in filters.items() if v is not None}
@@ -379,7 +386,7 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
         wanted["accept"] = frozenset(wanted["accept"])
     choice = choose(options, machine, Wanted(**wanted))
 
-    def row(j) -> dict[str, Any]:
+    def row(j: Judged) -> dict[str, Any]:
         r, v = records[j.option.id], j.verdict
         return {"engine_id": r.get("id"), "target": r["target"], "model_version": r.get("model_version"),
                 "precision": r.get("precision"), "rank": j.rank, "match": v.match.label if v.match is not None else None,
@@ -393,7 +400,8 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
                                  if records else f"no engines of {what} in the cache at {cache.root}",
                                  problems=[row(j) for j in choice.rejected])
     best = choice.chosen
-    return {"engine": records[best.option.id], "match": best.verdict.match.label, "reason": best.verdict.reason,
+    match = best.verdict.match.label if best.verdict.match is not None else None  # a chosen engine has one
+    return {"engine": records[best.option.id], "match": match, "reason": best.verdict.reason,
             "unchecked": best.verdict.unchecked, "accuracy": best.option.evidence.accuracy or "unchecked",
             "fallbacks": [row(j) for j in choice.ranked[1:]],
             "rejected": [row(j) for j in choice.rejected],

@@ -3,7 +3,8 @@ never a traceback), its common options, and the extras a command needs."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import os
 import sys
@@ -14,12 +15,15 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from enginefarm.client import Client
+
 # Wide tables when piped (CI logs, the demo's output), the terminal's width otherwise.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
-def client_for(api: str | None):
+def client_for(api: str | None) -> Client:
     """A client of the farm at ``api`` (else ENGINEFARM_API_URL, else the default)."""
     from enginefarm.client import Client
 
@@ -27,7 +31,7 @@ def client_for(api: str | None):
 
 
 @contextmanager
-def farm_call(api: str | None):
+def farm_call(api: str | None) -> Iterator[Client]:
     """A client whose failures end the command with one line a user can act on, never a traceback."""
     try:
         with client_for(api) as c:

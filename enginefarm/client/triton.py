@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
 from enginefarm.core.domain import cc_tuple
@@ -177,8 +177,9 @@ def render_config(
     lines.append(f"instance_group [ {{ kind: {_KIND_OF_PLATFORM[platform]} count: 1 }} ]")
     if default_model_filename:
         lines.append(f"default_model_filename: {_quote(default_model_filename)}")
-    for cc in sorted(cc_model_filenames or {}, key=cc_tuple):
-        lines.append(f"cc_model_filenames {{ key: {_quote(cc)} value: {_quote(cc_model_filenames[cc])} }}")
+    filenames = cc_model_filenames or {}
+    for cc in sorted(filenames, key=cc_tuple):
+        lines.append(f"cc_model_filenames {{ key: {_quote(cc)} value: {_quote(filenames[cc])} }}")
     return "\n".join(lines) + "\n"
 
 
@@ -270,11 +271,11 @@ def write_repository(
     except OSError:
         tmp = Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
     try:
-        for model_name, (text, copies) in staged.items():
+        for model_name, (text, members) in staged.items():
             vdir = tmp / "new" / model_name / str(version)
             vdir.mkdir(parents=True)
             (vdir.parent / "config.pbtxt").write_text(text, encoding="utf-8")
-            for src, rel in copies:
+            for src, rel in members:
                 if src.is_dir():
                     shutil.copytree(src, vdir, dirs_exist_ok=True)
                 else:
@@ -406,7 +407,7 @@ def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) 
     from enginefarm.client import ApiError
 
     try:
-        return client.resolve(model, machine, **filters)
+        return cast("dict[str, Any] | None", client.resolve(model, machine, **filters))
     except ApiError as exc:
         if exc.status_code == 404:
             return None
