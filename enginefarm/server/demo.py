@@ -7,6 +7,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -61,7 +62,7 @@ def run_demo(data_dir: Path | None, console: Console, token: str | None = None) 
             console.print(f"1. uploaded {model_path.name}: model {model['id']}, sha256 {model['sha256'][:12]}, "
                           f"inputs {[(i['name'], i['dims']) for i in model['inputs']]}")
             # Benchmarked with trtexec's defaults at batch 1, 4 and 8 (the profile allows 1..8).
-            build = c.build(model["id"], targets, {**sample_spec(), "benchmark": {"batch_sizes": [1, 4, 8]}})
+            build: dict[str, Any] = c.build(model["id"], targets, {**sample_spec(), "benchmark": {"batch_sizes": [1, 4, 8]}})
             console.print(f"2. build {build['id']}: {', '.join(targets)}")
             build = c.wait_build(build["id"], timeout=600)
             print_tasks(build)

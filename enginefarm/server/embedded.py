@@ -108,7 +108,7 @@ class Farm:
             return lifeline.spawn(args, env={**self.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         finally:
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):  # not DEVNULL
                 out.close()  # the child has its own descriptor
 
     def start_api(self, timeout: float = 60.0, workers: int = 1, extra_env: dict[str, str] | None = None) -> None:

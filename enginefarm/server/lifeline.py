@@ -34,7 +34,8 @@ def _starter() -> ThreadPoolExecutor:
 
 def spawn(args: list[str], **popen_kwargs) -> subprocess.Popen:
     """``subprocess.Popen(args, **popen_kwargs)`` for a process that gets SIGKILL when this process dies."""
-    return _starter().submit(subprocess.Popen, tied(args), **popen_kwargs).result()
+    proc: subprocess.Popen = _starter().submit(subprocess.Popen, tied(args), **popen_kwargs).result()  # type: ignore[arg-type]
+    return proc
 
 
 def main(argv: list[str]) -> None:
