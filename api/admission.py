@@ -21,14 +21,24 @@ from enginefarm.storage.tables import BuildRow
 # What the build and sweep routes declare they may answer besides 202 and 422.
 RESPONSES: dict[int | str, dict] = {
     409: {"model": ErrorOut, "description": "a target no live worker serves, without queue_without_worker"},
-    429: {"model": ErrorOut, "description": "the token's or the farm's queued build tasks would pass their limit; "
-                                            "retry after Retry-After seconds"},
+    429: {
+        "model": ErrorOut,
+        "description": "the token's or the farm's queued build tasks would pass their limit; "
+        "retry after Retry-After seconds",
+    },
 }
 # Queued builds drain at the pace of builds, minutes each: asking again sooner would only be refused again.
 
 
-def admit(settings: Settings, session: Session, builds: list[BuildRow], served: dict[str, set[str]], *,
-          token_id: int | None, queue_without_worker: bool | None) -> None:
+def admit(
+    settings: Settings,
+    session: Session,
+    builds: list[BuildRow],
+    served: dict[str, set[str]],
+    *,
+    token_id: int | None,
+    queue_without_worker: bool | None,
+) -> None:
     """``token_id``: the requesting credential family's (``Principal.family_id``). Raise unless these just-recorded builds may stay: every task that will wait for a worker has a live
     one, unless the request (or, when it says nothing, the farm) allows waiting; and neither the token's nor
     the farm's queue goes past its limit. Tasks answered from the catalog neither wait nor count."""
@@ -42,13 +52,28 @@ def admit(settings: Settings, session: Session, builds: list[BuildRow], served: 
         raise TargetUnavailable(
             f"no live worker serves {', '.join(unserved)}; live workers serve {live}. Choose a target they serve, "
             f'start a worker for it, or send "queue_without_worker": true (CLI: --queue-without-worker) to queue '
-            f"the build until one starts", unserved=unserved, served=sorted(served))
+            f"the build until one starts",
+            unserved=unserved,
+            served=sorted(served),
+        )
     adding = len(pending)
     if token_id is not None:
-        _check(catalog.pending_tasks(session, token_id) - adding, adding, settings.max_queued_tasks_per_token,
-               "this token", "per token", "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN")
-    _check(catalog.pending_tasks(session) - adding, adding, settings.max_queued_tasks, "the farm", "for the farm",
-           "ENGINEFARM_MAX_QUEUED_TASKS")
+        _check(
+            catalog.pending_tasks(session, token_id) - adding,
+            adding,
+            settings.max_queued_tasks_per_token,
+            "this token",
+            "per token",
+            "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN",
+        )
+    _check(
+        catalog.pending_tasks(session) - adding,
+        adding,
+        settings.max_queued_tasks,
+        "the farm",
+        "for the farm",
+        "ENGINEFARM_MAX_QUEUED_TASKS",
+    )
 
 
 def _check(queued: int, adding: int, limit: int, whose: str, scope: str, setting: str) -> None:
@@ -56,4 +81,8 @@ def _check(queued: int, adding: int, limit: int, whose: str, scope: str, setting
         raise QueueFull(
             f"{whose} has {queued} build tasks queued or waiting now and this request adds {adding}: at most {limit} "
             f"{scope}. Retry once some have run, or ask the farm's operator to raise {setting}",
-            limit=limit, queued=queued, adding=adding, setting=setting)
+            limit=limit,
+            queued=queued,
+            adding=adding,
+            setting=setting,
+        )

@@ -31,11 +31,11 @@ from fastapi import Response
 from sqlalchemy import Row
 from starlette.datastructures import Headers
 
+from enginefarm.api.auth import refresh_soon
 from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
-from enginefarm.api.auth import refresh_soon
 from enginefarm.storage.tokens import hash_token
 
 log = logging.getLogger(__name__)

@@ -10,23 +10,23 @@ import os
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi_offline import FastAPIOffline
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from enginefarm import __version__
+from enginefarm.api import ui
 from enginefarm.api.answers import Answers, FleetPath
 from enginefarm.api.auth import TokenCache, authorize
-from enginefarm.api.resolver import Tables
-from enginefarm.api.versions import Versions
 from enginefarm.api.cachecontrol import NoStoreByDefault
 from enginefarm.api.metrics import Observe
+from enginefarm.api.resolver import Tables
 from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
 from enginefarm.api.upload import UploadSlots
-from enginefarm.api import ui
-from enginefarm import __version__
+from enginefarm.api.versions import Versions
 from enginefarm.core.config import Settings, get_settings
 from enginefarm.core.errors import CatalogUnavailable, EnginefarmError, StorageFull
 from enginefarm.core.hashing import SHA_HEADER
@@ -59,8 +59,10 @@ class JsonBodyLimit:
         if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].startswith(UPLOAD_PATHS):
             await self.app(scope, receive, send)
             return
-        detail = (f"the request body is over the {self.limit} bytes {scope['path']} takes (ENGINEFARM_MAX_JSON_BYTES); "
-                  "send a smaller body")
+        detail = (
+            f"the request body is over the {self.limit} bytes {scope['path']} takes (ENGINEFARM_MAX_JSON_BYTES); "
+            "send a smaller body"
+        )
         length = dict(scope["headers"]).get(b"content-length", b"0")
         if length.isdigit() and int(length) > self.limit:
             await JSONResponse({"error": "PayloadTooLarge", "detail": detail}, status_code=413)(scope, receive, send)
@@ -110,8 +112,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if reconciler is not None:
                 reconciler.stop()
 
-    app = FastAPIOffline(title="enginefarm", version=__version__, lifespan=lifespan,
-                         description="Upload ONNX once; get the right TensorRT engine for every GPU.")
+    app = FastAPIOffline(
+        title="enginefarm",
+        version=__version__,
+        lifespan=lifespan,
+        description="Upload ONNX once; get the right TensorRT engine for every GPU.",
+    )
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
@@ -132,8 +138,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
-                           allow_headers=["Authorization", "Content-Type"], expose_headers=[SHA_HEADER])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type"],
+            expose_headers=[SHA_HEADER],
+        )
 
     @app.exception_handler(EnginefarmError)
     async def _farm_error(request: Request, exc: EnginefarmError) -> Response:
@@ -152,8 +163,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise exc
         log.warning("storage full: %s", exc)
-        return _answer(StorageFull(f"the farm's storage is full ({os.strerror(exc.errno)}); nothing was stored: "
-                                   "retry later, or ask an operator to free space"))
+        return _answer(
+            StorageFull(
+                f"the farm's storage is full ({os.strerror(exc.errno)}); nothing was stored: "
+                "retry later, or ask an operator to free space"
+            )
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> Response:

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Annotated, Optional
+from typing import Annotated
 
 import anyio
 from fastapi import Depends, Request
@@ -104,8 +104,7 @@ class TokenCache:
         """Drop a revoked token, and the dashboard sessions it opened, which its revocation revoked too."""
         with self._lock:
             self._forgets += 1
-            self._entries = {k: v for k, v in self._entries.items()
-                             if token_id not in (v[0].token_id, v[0].parent_id)}
+            self._entries = {k: v for k, v in self._entries.items() if token_id not in (v[0].token_id, v[0].parent_id)}
 
 
 def refresh_soon(cache: TokenCache, settings, token_hash: str, token: str) -> None:
@@ -154,8 +153,10 @@ async def authorize(request: Request, credentials: HTTPAuthorizationCredentials 
             raise _challenge("the Authorization header must be 'Bearer <token>'")
         if needed == "read" and settings.anonymous_read:
             return ANONYMOUS
-        raise _challenge(f"this request needs an API token with scope '{needed}': send 'Authorization: Bearer "
-                         f"<token>' (an admin makes one with `enginefarm token create --scope {needed}`)")
+        raise _challenge(
+            f"this request needs an API token with scope '{needed}': send 'Authorization: Bearer "
+            f"<token>' (an admin makes one with `enginefarm token create --scope {needed}`)"
+        )
     cache: TokenCache = request.app.state.token_cache
     key = hash_token(credentials.credentials)
     principal = cache.get(key)
@@ -177,7 +178,7 @@ async def project_dep(principal: Principal = Depends(authorize)) -> str | None:
 
 
 # A route's ``tenant``: pass it to every catalog lookup, which then sees only that project's models.
-Tenant = Annotated[Optional[str], Depends(project_dep)]
+Tenant = Annotated[str | None, Depends(project_dep)]
 
 
 def require(principal: Principal, needed: str, what: str) -> None:

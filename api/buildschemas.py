@@ -21,9 +21,12 @@ class BuildRequest(BaseModel):
     model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
     spec: BuildSpec = Field(default_factory=BuildSpec)
-    queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
-                                                                   "their tasks wait in the queue (default: the "
-                                                                   "farm's setting)")
+    queue_without_worker: StrictBool | None = Field(
+        None,
+        description="accept targets no live worker serves now; "
+        "their tasks wait in the queue (default: the "
+        "farm's setting)",
+    )
 
 
 class TaskOut(BaseModel):
@@ -42,22 +45,43 @@ class TaskOut(BaseModel):
     finished_at: datetime | None
     wait_seconds: float | None
     run_seconds: float | None
-    check: dict[str, Any] | None = Field(None, description="the engine's benchmark and accuracy check: state, detail, "
-                                                           "accuracy_pass")
-    precision: str | None = Field(None, description="the precision this target builds: the spec's, or the nearest "
-                                                    "one it can (see precision_note)")
+    check: dict[str, Any] | None = Field(
+        None, description="the engine's benchmark and accuracy check: state, detail, accuracy_pass"
+    )
+    precision: str | None = Field(
+        None, description="the precision this target builds: the spec's, or the nearest one it can (see precision_note)"
+    )
     precision_note: str | None = Field(None, description="why this target builds another precision than the spec's")
 
     @classmethod
-    def of(cls, row: BuildTaskRow, detail: str | None, check: dict[str, Any] | None = None,
-           precision: tuple[str, str | None] | None = None) -> TaskOut:
+    def of(
+        cls,
+        row: BuildTaskRow,
+        detail: str | None,
+        check: dict[str, Any] | None = None,
+        precision: tuple[str, str | None] | None = None,
+    ) -> TaskOut:
         q, s, f = as_utc(row.queued_at), as_utc(row.started_at), as_utc(row.finished_at)
-        return cls(id=row.id, target=row.target, state=row.state, engine_id=row.engine_id, reused=row.reused,
-                   worker_id=row.worker_id, attempts=row.attempts, error=row.error, status_detail=detail,
-                   log_tail=row.log_tail, queued_at=q, started_at=s, finished_at=f,
-                   wait_seconds=(s - q).total_seconds() if s else None,
-                   run_seconds=(f - s).total_seconds() if f and s else None, check=check,
-                   precision=precision[0] if precision else None, precision_note=precision[1] if precision else None)
+        return cls(
+            id=row.id,
+            target=row.target,
+            state=row.state,
+            engine_id=row.engine_id,
+            reused=row.reused,
+            worker_id=row.worker_id,
+            attempts=row.attempts,
+            error=row.error,
+            status_detail=detail,
+            log_tail=row.log_tail,
+            queued_at=q,
+            started_at=s,
+            finished_at=f,
+            wait_seconds=(s - q).total_seconds() if s else None,
+            run_seconds=(f - s).total_seconds() if f and s else None,
+            check=check,
+            precision=precision[0] if precision else None,
+            precision_note=precision[1] if precision else None,
+        )
 
 
 class BuildOut(BaseModel):
@@ -67,8 +91,9 @@ class BuildOut(BaseModel):
     spec_hash: str
     targets: list[str]
     state: str
-    summary: str = Field("", description="the build and its checks in one line: built, failed, checks passed, "
-                                         "failed or pending")
+    summary: str = Field(
+        "", description="the build and its checks in one line: built, failed, checks passed, failed or pending"
+    )
     created_at: datetime
     tasks: list[TaskOut]
     sweep_id: int | None = None
@@ -80,11 +105,16 @@ class SweepRequest(BaseModel):
     model_id: StrictInt
     targets: list[str] = Field(min_length=1, max_length=1000)
     spec: BuildSpec = Field(default_factory=BuildSpec, description="the base spec every variant starts from")
-    axes: dict[str, list[Any]] = Field(description="spec field -> values to try, e.g. "
-                                                   "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}")
-    queue_without_worker: StrictBool | None = Field(None, description="accept targets no live worker serves now; "
-                                                                   "their tasks wait in the queue (default: the "
-                                                                   "farm's setting)")
+    axes: dict[str, list[Any]] = Field(
+        description="spec field -> values to try, e.g. "
+        "{\"precision\": [\"fp32\", \"fp16\"], \"optimization_level\": [3, 5]}"
+    )
+    queue_without_worker: StrictBool | None = Field(
+        None,
+        description="accept targets no live worker serves now; "
+        "their tasks wait in the queue (default: the "
+        "farm's setting)",
+    )
 
 
 class VariantOut(BaseModel):
@@ -116,7 +146,7 @@ def build_state(tasks: list[BuildTaskRow]) -> str:
 
 
 def build_summary(tasks: list[BuildTaskRow], checks: dict[int, dict[str, Any]]) -> str:
-    """"3 of 5 targets built, 2 failed; checks: 1 passed, 1 accuracy failed, 1 failed, 0 pending"."""
+    """ "3 of 5 targets built, 2 failed; checks: 1 passed, 1 accuracy failed, 1 failed, 0 pending"."""
     built = sum(t.state == TaskState.SUCCEEDED.value for t in tasks)
     failed = sum(t.state == TaskState.FAILED.value for t in tasks)
     parts = [f"{built} of {len(tasks)} targets built" + (f", {failed} failed" if failed else "")]
@@ -147,12 +177,22 @@ def _built_precisions(build: BuildRow) -> dict[int, tuple[str, str | None]]:
     return out
 
 
-def build_out(row: BuildRow, details: dict[int, str | None], checks: dict[int, dict[str, Any]] | None = None) -> BuildOut:
+def build_out(
+    row: BuildRow, details: dict[int, str | None], checks: dict[int, dict[str, Any]] | None = None
+) -> BuildOut:
     checks = checks or {}
     built = _built_precisions(row)
-    return BuildOut(id=row.id, model_id=row.model_id, spec=row.spec, spec_hash=row.spec_hash, targets=row.targets,
-                    state=build_state(row.tasks), summary=build_summary(row.tasks, checks),
-                    created_at=as_utc(row.created_at),
-                    tasks=[TaskOut.of(t, details.get(t.id), checks.get(t.id), built[t.id])
-                           for t in row.tasks],
-                    sweep_id=row.sweep_id, variant=row.variant, quantize=row.quantize)
+    return BuildOut(
+        id=row.id,
+        model_id=row.model_id,
+        spec=row.spec,
+        spec_hash=row.spec_hash,
+        targets=row.targets,
+        state=build_state(row.tasks),
+        summary=build_summary(row.tasks, checks),
+        created_at=as_utc(row.created_at),
+        tasks=[TaskOut.of(t, details.get(t.id), checks.get(t.id), built[t.id]) for t in row.tasks],
+        sweep_id=row.sweep_id,
+        variant=row.variant,
+        quantize=row.quantize,
+    )

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from fastapi import Request
@@ -62,8 +63,11 @@ class CatalogRoute(APIRoute):
 
 
 def _committing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    names = [name for name, p in inspect.signature(endpoint).parameters.items()
-             if getattr(p.default, "dependency", None) is session_dep]
+    names = [
+        name
+        for name, p in inspect.signature(endpoint).parameters.items()
+        if getattr(p.default, "dependency", None) is session_dep
+    ]
     if not names or inspect.iscoroutinefunction(endpoint):
         return endpoint
 

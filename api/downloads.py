@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import re
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 from fastapi import Request, Response
@@ -46,8 +46,13 @@ def blob_response(request: Request, settings: Settings, key: str, sha256: str, f
     (before any byte is sent) when the store has lost it."""
     etag = f'"{sha256}"'
     # Vary as well as private: a cache that ignores private still keeps one token's answer from another.
-    headers = {SHA_HEADER: sha256, "ETag": etag, "Cache-Control": IMMUTABLE, "Vary": "Authorization",
-               "Accept-Ranges": "bytes"}
+    headers = {
+        SHA_HEADER: sha256,
+        "ETag": etag,
+        "Cache-Control": IMMUTABLE,
+        "Vary": "Authorization",
+        "Accept-Ranges": "bytes",
+    }
     held = {t.strip() for t in request.headers.get("if-none-match", "").split(",")}
     if held & {etag, f"W/{etag}", "*"}:
         return Response(status_code=304, headers=headers)
@@ -60,23 +65,39 @@ def blob_response(request: Request, settings: Settings, key: str, sha256: str, f
     # servers differ where RFC 9110 leaves a choice (SeaweedFS: 416 to bytes=5-2, and to BYTES=10-19) and judge
     # If-Range by their own ETag.
     plain_range = isinstance(span, tuple) and if_range is None and _S3_RANGE.fullmatch(asked or "") is not None
-    if (settings.download_redirect and (asked is None or plain_range)
-            and (url := store.download_url(key, settings.download_url_ttl_s, filename))):
-        return RedirectResponse(url, status_code=307,
-                                headers={**headers, "Cache-Control": redirect_cache_control(settings.download_url_ttl_s)})
+    if (
+        settings.download_redirect
+        and (asked is None or plain_range)
+        and (url := store.download_url(key, settings.download_url_ttl_s, filename))
+    ):
+        return RedirectResponse(
+            url,
+            status_code=307,
+            headers={**headers, "Cache-Control": redirect_cache_control(settings.download_url_ttl_s)},
+        )
     disposition = {"Content-Disposition": f'attachment; filename="{filename}"'}
     if span is False:
         return Response(status_code=416, headers={**headers, "Content-Range": f"bytes */{size}"})
     if span is None:
         if (path := store.local_path(key)) is not None:
             return _WholeFile(path, media_type="application/octet-stream", headers={**headers, **disposition})
-        return StreamingResponse(_off_the_route_threads(store.iter_chunks(key)), media_type="application/octet-stream",
-                                 headers={**headers, **disposition, "Content-Length": str(size)})
+        return StreamingResponse(
+            _off_the_route_threads(store.iter_chunks(key)),
+            media_type="application/octet-stream",
+            headers={**headers, **disposition, "Content-Length": str(size)},
+        )
     start, end = span
-    return StreamingResponse(_off_the_route_threads(store.iter_chunks(key, start=start, end=end)), status_code=206,
-                             media_type="application/octet-stream",
-                             headers={**headers, **disposition, "Content-Length": str(end - start + 1),
-                                      "Content-Range": f"bytes {start}-{end}/{size}"})
+    return StreamingResponse(
+        _off_the_route_threads(store.iter_chunks(key, start=start, end=end)),
+        status_code=206,
+        media_type="application/octet-stream",
+        headers={
+            **headers,
+            **disposition,
+            "Content-Length": str(end - start + 1),
+            "Content-Range": f"bytes {start}-{end}/{size}",
+        },
+    )
 
 
 def _span(header: str | None, size: int) -> tuple[int, int] | None | bool:

@@ -14,10 +14,9 @@ from sqlalchemy.orm import Session
 
 from enginefarm.api import reports, services
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import TaskState, Target
-from enginefarm.storage import catalog, checks as project_checks
-from enginefarm.storage import builtengines
-from enginefarm.storage import liveness
+from enginefarm.core.domain import Target, TaskState
+from enginefarm.storage import builtengines, catalog, liveness
+from enginefarm.storage import checks as project_checks
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow
 
@@ -53,12 +52,15 @@ class GateModel(BaseModel):
 
 class GateOut(BaseModel):
     model: GateModel
-    previous: GateModel | None = Field(description="version N-1, the latency baseline (derived int8 models are "
-                                                   "variants of a version, never versions)")
+    previous: GateModel | None = Field(
+        description="version N-1, the latency baseline (derived int8 models are variants of a version, never versions)"
+    )
     max_regression_pct: float
     pending: Literal["pass", "fail"] = Field(description="how a check waiting for hardware the farm lacks counts")
-    verdict: Verdict = Field(description="fail if any check fails; pending while a build or a check is under way "
-                                         "or a target is not built; else pass")
+    verdict: Verdict = Field(
+        description="fail if any check fails; pending while a build or a check is under way "
+        "or a target is not built; else pass"
+    )
     reason: str
     counts: dict[str, int] = Field(description="checks per verdict")
     targets: list[GateTarget]
@@ -89,21 +91,34 @@ def parse_targets(values: list[str] | None) -> list[str] | None:
     return out or None
 
 
-def _latest_tasks(session: Session, model_ids: list[int], build_id: int | None,
-                  spec_hash: str | None) -> dict[str, BuildTaskRow]:
+def _latest_tasks(
+    session: Session, model_ids: list[int], build_id: int | None, spec_hash: str | None
+) -> dict[str, BuildTaskRow]:
     """Target → the task that answers for it: of the build asked for, else of the newest build that has one."""
     if build_id is not None:
         build = catalog.build_of_models(session, build_id, model_ids)
         if build is None:
-            raise _bad_query("build_id", build_id, f"build {build_id} is not a build of this model; see "
-                                                   "GET /v1/builds?model_id=… for its builds")
+            raise _bad_query(
+                "build_id",
+                build_id,
+                f"build {build_id} is not a build of this model; see GET /v1/builds?model_id=… for its builds",
+            )
         return {t.target: t for t in build.tasks}
     return catalog.latest_task_per_target(session, model_ids, spec_hash)
 
 
-def evaluate(session: Session, settings: Settings, model_id: int, project: str | None, *,
-             max_regression_pct: float = 10.0, pending: Literal["pass", "fail"] = "pass",
-             targets: list[str] | None = None, build_id: int | None = None, spec_hash: str | None = None) -> GateOut:
+def evaluate(
+    session: Session,
+    settings: Settings,
+    model_id: int,
+    project: str | None,
+    *,
+    max_regression_pct: float = 10.0,
+    pending: Literal["pass", "fail"] = "pass",
+    targets: list[str] | None = None,
+    build_id: int | None = None,
+    spec_hash: str | None = None,
+) -> GateOut:
     model = catalog.get_model(session, model_id, project)
     if model.source_model_id:  # a derived model is gated with its source version, where its builds start
         model = catalog.get_model(session, model.source_model_id)
@@ -111,8 +126,11 @@ def evaluate(session: Session, settings: Settings, model_id: int, project: str |
     tasks = _latest_tasks(session, family, build_id, spec_hash)
     names = targets or sorted(tasks)
     if build_id is not None and (missing := [t for t in names if t not in tasks]):
-        raise _bad_query("targets", missing, f"build {build_id} has no task for {', '.join(missing)}; its targets: "
-                                             f"{', '.join(tasks)}")
+        raise _bad_query(
+            "targets",
+            missing,
+            f"build {build_id} has no task for {', '.join(missing)}; its targets: {', '.join(tasks)}",
+        )
     engines = builtengines.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
     # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
     view = project_checks.project_view(session, list(engines.values()), model.project)
@@ -125,15 +143,30 @@ def evaluate(session: Session, settings: Settings, model_id: int, project: str |
         task = tasks.get(name)
         engine = engines.get(task.engine_id) if task is not None and task.engine_id else None
         items = judge.target(name, task, engine, checks.get(engine.id) if engine else None, served)
-        out.append(GateTarget(target=name, verdict=_overall(items, pending), build_id=task.build_id if task else None,
-                              task_id=task.id if task else None, engine_id=engine.id if engine else None,
-                              spec_hash=engine.spec_hash if engine else None, checks=items))
+        out.append(
+            GateTarget(
+                target=name,
+                verdict=_overall(items, pending),
+                build_id=task.build_id if task else None,
+                task_id=task.id if task else None,
+                engine_id=engine.id if engine else None,
+                spec_hash=engine.spec_hash if engine else None,
+                checks=items,
+            )
+        )
     every = [c for t in out for c in t.checks]
     verdict = _overall(every, pending)
     counts = {v: sum(c.verdict == v for c in every) for v in ("pass", "fail", "pending")}
-    return GateOut(model=_ident(model), previous=_ident(previous), max_regression_pct=max_regression_pct,
-                   pending=pending, verdict=verdict, reason=_reason(verdict, every, pending, bool(names)),
-                   counts=counts, targets=out)
+    return GateOut(
+        model=_ident(model),
+        previous=_ident(previous),
+        max_regression_pct=max_regression_pct,
+        pending=pending,
+        verdict=verdict,
+        reason=_reason(verdict, every, pending, bool(names)),
+        counts=counts,
+        targets=out,
+    )
 
 
 def _overall(checks: list[GateCheck], pending: str) -> Verdict:
@@ -169,112 +202,236 @@ class _Judge:
     def __init__(self, max_regression_pct: float, previous: ModelRow | None, baseline: dict, view: ProjectView):
         self.limit, self.previous, self.baseline, self.view = max_regression_pct, previous, baseline, view
 
-    def target(self, name: str, task: BuildTaskRow | None, engine: EngineRow | None,
-               check: dict[str, Any] | None, served: dict[str, set[str]]) -> list[GateCheck]:
+    def target(
+        self,
+        name: str,
+        task: BuildTaskRow | None,
+        engine: EngineRow | None,
+        check: dict[str, Any] | None,
+        served: dict[str, set[str]],
+    ) -> list[GateCheck]:
         build = self._build(name, task, served)
         if engine is None:  # nothing to measure: every later check follows the build
             if build.verdict == "pending":
                 verdict, busy, reason = "pending", build.in_progress, f"waits for the build: {build.reason}"
             else:
                 verdict, busy, reason = "fail", False, "no engine: the build did not succeed"
-            return [build, *(GateCheck(target=name, check=c, verdict=verdict, in_progress=busy, reason=reason)
-                             for c in CHECKS[1:])]
-        return [build, self._benchmark(name, engine, check), self._accuracy(name, engine, check),
-                self._latency(name, engine, check)]
+            return [
+                build,
+                *(
+                    GateCheck(target=name, check=c, verdict=verdict, in_progress=busy, reason=reason)
+                    for c in CHECKS[1:]
+                ),
+            ]
+        return [
+            build,
+            self._benchmark(name, engine, check),
+            self._accuracy(name, engine, check),
+            self._latency(name, engine, check),
+        ]
 
     @staticmethod
     def _build(name: str, task: BuildTaskRow | None, served: dict[str, set[str]]) -> GateCheck:
         if task is None:
-            return GateCheck(target=name, check="build", verdict="fail",
-                             reason=f"the model has no build for {name}; submit one (POST /v1/builds)")
-        numbers = {"build_id": task.build_id, "task_id": task.id, "state": task.state, "engine_id": task.engine_id,
-                   "reused": task.reused}
+            return GateCheck(
+                target=name,
+                check="build",
+                verdict="fail",
+                reason=f"the model has no build for {name}; submit one (POST /v1/builds)",
+            )
+        numbers = {
+            "build_id": task.build_id,
+            "task_id": task.id,
+            "state": task.state,
+            "engine_id": task.engine_id,
+            "reused": task.reused,
+        }
         if task.state == TaskState.SUCCEEDED.value:
             how = "reused an identical engine" if task.reused else "built"
-            return GateCheck(target=name, check="build", verdict="pass", reason=f"{how}: engine {task.engine_id}",
-                             numbers=numbers)
+            return GateCheck(
+                target=name, check="build", verdict="pass", reason=f"{how}: engine {task.engine_id}", numbers=numbers
+            )
         if task.state in (TaskState.FAILED.value, TaskState.CANCELLED.value):
-            return GateCheck(target=name, check="build", verdict="fail", numbers=numbers,
-                             reason=f"build {task.state}: {task.error or 'no reason recorded'}")
+            return GateCheck(
+                target=name,
+                check="build",
+                verdict="fail",
+                numbers=numbers,
+                reason=f"build {task.state}: {task.error or 'no reason recorded'}",
+            )
         detail = services.wait_reason(task.target, task.state, served)
-        return GateCheck(target=name, check="build", verdict="pending", numbers=numbers,
-                         in_progress=not (task.state == TaskState.QUEUED.value and task.target not in served),
-                         reason=detail or f"build {task.state}")
+        return GateCheck(
+            target=name,
+            check="build",
+            verdict="pending",
+            numbers=numbers,
+            in_progress=not (task.state == TaskState.QUEUED.value and task.target not in served),
+            reason=detail or f"build {task.state}",
+        )
 
     def _benchmark(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
-        shapes = [{"shape_key": b.shape_key, "device": b.stats.get("device") or b.gpu_name, "median_ms": b.median_ms,
-                   "p99_ms": b.p99_ms, "throughput_qps": b.throughput_qps} for b in self.view.benchmarks(engine)]
+        shapes = [
+            {
+                "shape_key": b.shape_key,
+                "device": b.stats.get("device") or b.gpu_name,
+                "median_ms": b.median_ms,
+                "p99_ms": b.p99_ms,
+                "throughput_qps": b.throughput_qps,
+            }
+            for b in self.view.benchmarks(engine)
+        ]
         state, detail = check["state"], check["detail"]
         if state == "succeeded" and shapes:
             where = ", ".join(f"{s['shape_key']} {s['median_ms']:.3f} ms" for s in shapes)
-            return GateCheck(target=name, check="benchmark", verdict="pass", reason=f"measured: median {where}",
-                             numbers={"shapes": shapes})
+            return GateCheck(
+                target=name,
+                check="benchmark",
+                verdict="pass",
+                reason=f"measured: median {where}",
+                numbers={"shapes": shapes},
+            )
         if state == "failed":
             return GateCheck(target=name, check="benchmark", verdict="fail", reason=detail, numbers={"shapes": shapes})
-        return GateCheck(target=name, check="benchmark", verdict="pending", in_progress=check["in_progress"],
-                         reason=detail or f"benchmark {state}", numbers={"shapes": shapes})
+        return GateCheck(
+            target=name,
+            check="benchmark",
+            verdict="pending",
+            in_progress=check["in_progress"],
+            reason=detail or f"benchmark {state}",
+            numbers={"shapes": shapes},
+        )
 
     def _accuracy(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
         result = self.view.accuracy(engine) or {}
         passed = self.view.accuracy_pass(engine)
-        numbers = {"metrics": result.get("worst", {}), "limits": result.get("limits", {}),
-                   "reference": result.get("reference")}
+        numbers = {
+            "metrics": result.get("worst", {}),
+            "limits": result.get("limits", {}),
+            "reference": result.get("reference"),
+        }
         if check["in_progress"]:  # a new check of this engine is under way: its verdict is the one that counts
-            return GateCheck(target=name, check="accuracy", verdict="pending", in_progress=True,
-                             reason=check["detail"] or "accuracy check under way", numbers=numbers)
+            return GateCheck(
+                target=name,
+                check="accuracy",
+                verdict="pending",
+                in_progress=True,
+                reason=check["detail"] or "accuracy check under way",
+                numbers=numbers,
+            )
         if passed is True:
             cosine = numbers["metrics"].get("cosine")
             shown = f" (cosine {cosine:.6f})" if isinstance(cosine, float) else ""
-            return GateCheck(target=name, check="accuracy", verdict="pass", numbers=numbers,
-                             reason=f"outputs match {numbers['reference'] or 'the reference'} within the limits{shown}")
+            return GateCheck(
+                target=name,
+                check="accuracy",
+                verdict="pass",
+                numbers=numbers,
+                reason=f"outputs match {numbers['reference'] or 'the reference'} within the limits{shown}",
+            )
         if passed is False:
             broken = "; ".join(result.get("failures") or []) or result.get("error") or "outside the limits"
-            return GateCheck(target=name, check="accuracy", verdict="fail", numbers=numbers,
-                             reason=f"accuracy check failed: {broken}")
+            return GateCheck(
+                target=name,
+                check="accuracy",
+                verdict="fail",
+                numbers=numbers,
+                reason=f"accuracy check failed: {broken}",
+            )
         if check["state"] == "failed":
-            return GateCheck(target=name, check="accuracy", verdict="fail", numbers=numbers,
-                             reason=f"the accuracy check did not run: {check['detail']}")
-        return GateCheck(target=name, check="accuracy", verdict="pending", numbers=numbers,
-                         reason=check["detail"] or "no accuracy result yet")
+            return GateCheck(
+                target=name,
+                check="accuracy",
+                verdict="fail",
+                numbers=numbers,
+                reason=f"the accuracy check did not run: {check['detail']}",
+            )
+        return GateCheck(
+            target=name,
+            check="accuracy",
+            verdict="pending",
+            numbers=numbers,
+            reason=check["detail"] or "no accuracy result yet",
+        )
 
     def _latency(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
-        numbers: dict[str, Any] = {"limit_pct": self.limit,
-                                   "previous_version": self.previous.version if self.previous else None}
+        numbers: dict[str, Any] = {
+            "limit_pct": self.limit,
+            "previous_version": self.previous.version if self.previous else None,
+        }
         measured = self.view.benchmarks(engine)
         if check["in_progress"] or (not measured and check["state"] != "failed"):
-            return GateCheck(target=name, check="latency_regression", verdict="pending",
-                             in_progress=check["in_progress"], numbers=numbers,
-                             reason=f"no latency to compare yet: {check['detail'] or check['state']}")
+            return GateCheck(
+                target=name,
+                check="latency_regression",
+                verdict="pending",
+                in_progress=check["in_progress"],
+                numbers=numbers,
+                reason=f"no latency to compare yet: {check['detail'] or check['state']}",
+            )
         if not measured:
-            return GateCheck(target=name, check="latency_regression", verdict="fail", numbers=numbers,
-                             reason=f"no latency measured: {check['detail']}")
+            return GateCheck(
+                target=name,
+                check="latency_regression",
+                verdict="fail",
+                numbers=numbers,
+                reason=f"no latency measured: {check['detail']}",
+            )
         if self.previous is None:
-            return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
-                             reason="first version of the model: nothing to compare against")
+            return GateCheck(
+                target=name,
+                check="latency_regression",
+                verdict="pass",
+                numbers=numbers,
+                reason="first version of the model: nothing to compare against",
+            )
         compared = []
         for b in measured:
             match = self.baseline.get(reports.measurement_key(engine, b))
             if match is None:
                 continue
             before_engine, before = match
-            compared.append({"shape_key": b.shape_key, "device": b.stats.get("device") or b.gpu_name,
-                             "median_ms": b.median_ms, "previous_median_ms": before.median_ms,
-                             "previous_engine_id": before_engine.id,
-                             "change_pct": (b.median_ms / before.median_ms - 1) * 100 if before.median_ms else None})
+            compared.append(
+                {
+                    "shape_key": b.shape_key,
+                    "device": b.stats.get("device") or b.gpu_name,
+                    "median_ms": b.median_ms,
+                    "previous_median_ms": before.median_ms,
+                    "previous_engine_id": before_engine.id,
+                    "change_pct": (b.median_ms / before.median_ms - 1) * 100 if before.median_ms else None,
+                }
+            )
         numbers["shapes"] = compared
         version = f"version {self.previous.version}"
         if not compared:
-            return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
-                             reason=f"{version} has no measurement on {name} with the same spec, shape and device "
-                                    "to compare against")
+            return GateCheck(
+                target=name,
+                check="latency_regression",
+                verdict="pass",
+                numbers=numbers,
+                reason=f"{version} has no measurement on {name} with the same spec, shape and device "
+                "to compare against",
+            )
         worst = max(compared, key=lambda c: c["change_pct"] if c["change_pct"] is not None else float("-inf"))
         if worst["change_pct"] is None:  # a baseline of 0 ms: no ratio to judge
-            return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
-                             reason=f"{version} measured 0 ms: no ratio to compare")
-        line = (f"median {worst['median_ms']:.3f} ms vs {worst['previous_median_ms']:.3f} ms in {version} "
-                f"({worst['change_pct']:+.1f}%, limit +{self.limit:g}%) at {worst['shape_key']} on {worst['device']}")
+            return GateCheck(
+                target=name,
+                check="latency_regression",
+                verdict="pass",
+                numbers=numbers,
+                reason=f"{version} measured 0 ms: no ratio to compare",
+            )
+        line = (
+            f"median {worst['median_ms']:.3f} ms vs {worst['previous_median_ms']:.3f} ms in {version} "
+            f"({worst['change_pct']:+.1f}%, limit +{self.limit:g}%) at {worst['shape_key']} on {worst['device']}"
+        )
         if worst["change_pct"] > self.limit:
-            return GateCheck(target=name, check="latency_regression", verdict="fail", numbers=numbers,
-                             reason=f"latency regressed: {line}")
-        return GateCheck(target=name, check="latency_regression", verdict="pass", numbers=numbers,
-                         reason=f"within the limit: {line}")
+            return GateCheck(
+                target=name,
+                check="latency_regression",
+                verdict="fail",
+                numbers=numbers,
+                reason=f"latency regressed: {line}",
+            )
+        return GateCheck(
+            target=name, check="latency_regression", verdict="pass", numbers=numbers, reason=f"within the limit: {line}"
+        )

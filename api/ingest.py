@@ -8,14 +8,14 @@ from pathlib import Path
 from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
 from enginefarm.api.upload import run_below
+from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import Conflict, Forbidden, ModelRejected
-from enginefarm.graph.inputs import SamplesInvalid, load_samples
-from enginefarm.core.bundle import BundleLimits
-from enginefarm.core.worklock import Scratch
-from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.core.validation import check_model_name, project_problem
+from enginefarm.core.worklock import Scratch
+from enginefarm.graph.inputs import SamplesInvalid, load_samples
+from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.storage import catalog
 from enginefarm.storage.blobs import get_blob_store, model_key, samples_key
 from enginefarm.storage.blobwrite import start_flush, store_with_row
@@ -39,8 +39,9 @@ def upload_project(tenant: str | None, asked: str | None) -> str:
 AUTO_VERSION_ATTEMPTS = 3
 
 
-def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str | None,
-                 version: str | None, project: str = "") -> tuple[ModelRow, bool]:
+def ingest_model(
+    settings: Settings, upload_path: Path, sha256: str, name: str | None, version: str | None, project: str = ""
+) -> tuple[ModelRow, bool]:
     """Validate an uploaded file and catalogue it; returns (model, created).
 
     The same bytes under the same name (and version, if one is given) are the model already catalogued;
@@ -72,8 +73,7 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
         if settings.blob_store == "local":
             start_flush(upload_path)  # the spool becomes the blob: its bytes go to disk while it is inspected
         with Scratch(settings) as scratch:
-            inspected = run_below(inspect_upload, upload_path, scratch, BundleLimits.of(settings),
-                                  unpack_data=False)
+            inspected = run_below(inspect_upload, upload_path, scratch, BundleLimits.of(settings), unpack_data=False)
 
     def write(s) -> tuple[ModelRow, bool]:
         nonlocal inspected
@@ -83,17 +83,27 @@ def ingest_model(settings: Settings, upload_path: Path, sha256: str, name: str |
         if inspected is None:
             with Scratch(settings) as scratch:
                 inspected = inspect_upload(upload_path, scratch, BundleLimits.of(settings), unpack_data=False)
-        return catalog.add_model(s, name=name, version=version, sha256=sha256, fmt=inspected.format,
-                                 size=upload_path.stat().st_size, info=inspected.info, blob_key=key,
-                                 project=project), True
+        return catalog.add_model(
+            s,
+            name=name,
+            version=version,
+            sha256=sha256,
+            fmt=inspected.format,
+            size=upload_path.stat().st_size,
+            info=inspected.info,
+            blob_key=key,
+            project=project,
+        ), True
 
     attempts = AUTO_VERSION_ATTEMPTS if version is None else 1
     return retry(retry=retry_if_exception_type(Conflict), stop=stop_after_attempt(attempts), reraise=True)(
-        store_with_row)(settings, store, key, upload_path, sha256, write)
+        store_with_row
+    )(settings, store, key, upload_path, sha256, write)
 
 
-def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256: str,
-                   project: str | None = None) -> ModelRow:
+def attach_samples(
+    settings: Settings, model_id: int, upload_path: Path, sha256: str, project: str | None = None
+) -> ModelRow:
     """Check an .npz of sample inputs against the model and store it with the model (content-addressed)."""
     with session_scope(settings) as s:
         info = ModelInfo.from_dict(catalog.get_model(s, model_id, project).info)
@@ -101,8 +111,10 @@ def attach_samples(settings: Settings, model_id: int, upload_path: Path, sha256:
         arrays = load_samples(upload_path, info, max_bytes=settings.max_samples_bytes * 4)
     except SamplesInvalid as exc:
         raise ModelRejected("the samples do not fit the model", problems=exc.problems) from None
-    described = {"count": next((a.shape[0] for a in arrays.values() if a.ndim), 1),
-                 "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in arrays.items()}}
+    described = {
+        "count": next((a.shape[0] for a in arrays.values() if a.ndim), 1),
+        "arrays": {n: {"shape": list(a.shape), "dtype": str(a.dtype)} for n, a in arrays.items()},
+    }
     key = samples_key(sha256)
 
     def write(s) -> ModelRow:

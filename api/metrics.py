@@ -21,13 +21,22 @@ from enginefarm.core.config import Settings
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.observe import queue_state
 
-REQUEST_SECONDS = Histogram("enginefarm_http_request_duration_seconds", "API request latency, by route template",
-                            ["method", "route", "status"],
-                            buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60))
-RESOLVES = Counter("enginefarm_resolve_total", "Resolve answers by outcome: the chosen engine's match tier, "
-                   "not_modified (304), no_fit (404) or build (202)", ["outcome"])
-UPLOAD_BYTES = Counter("enginefarm_upload_bytes_total", "Bytes of files received, by form field (file: models, "
-                       "samples: sample inputs)", ["field"])
+REQUEST_SECONDS = Histogram(
+    "enginefarm_http_request_duration_seconds",
+    "API request latency, by route template",
+    ["method", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+RESOLVES = Counter(
+    "enginefarm_resolve_total",
+    "Resolve answers by outcome: the chosen engine's match tier, not_modified (304), no_fit (404) or build (202)",
+    ["outcome"],
+)
+UPLOAD_BYTES = Counter(
+    "enginefarm_upload_bytes_total",
+    "Bytes of files received, by form field (file: models, samples: sample inputs)",
+    ["field"],
+)
 
 
 class Observe:
@@ -64,17 +73,23 @@ class CatalogCollector:
     def collect(self):
         with session_scope(self.settings) as s:
             state = queue_state(s, self.settings.worker_ttl_seconds)
-        depth = GaugeMetricFamily("enginefarm_queue_depth", "Tasks queued, by kind and target", labels=["kind", "target"])
-        age = GaugeMetricFamily("enginefarm_queue_oldest_age_seconds", "Age of the oldest queued task",
-                                labels=["kind", "target"])
+        depth = GaugeMetricFamily(
+            "enginefarm_queue_depth", "Tasks queued, by kind and target", labels=["kind", "target"]
+        )
+        age = GaugeMetricFamily(
+            "enginefarm_queue_oldest_age_seconds", "Age of the oldest queued task", labels=["kind", "target"]
+        )
         for (kind, target), (count, oldest) in sorted(state.waiting.items()):
             depth.add_metric([kind, target], count)
             age.add_metric([kind, target], oldest)
-        tasks = GaugeMetricFamily("enginefarm_tasks", "Tasks in the catalog, by kind and state", labels=["kind", "state"])
+        tasks = GaugeMetricFamily(
+            "enginefarm_tasks", "Tasks in the catalog, by kind and state", labels=["kind", "state"]
+        )
         for (kind, task_state), count in sorted(state.by_state.items()):
             tasks.add_metric([kind, task_state], count)
-        live = GaugeMetricFamily("enginefarm_workers_live", "Live workers, by the targets they build or benchmark",
-                                 labels=["role", "target"])
+        live = GaugeMetricFamily(
+            "enginefarm_workers_live", "Live workers, by the targets they build or benchmark", labels=["role", "target"]
+        )
         for role, counts in (("build", state.live_workers), ("benchmark", state.live_bench_workers)):
             for target, count in sorted(counts.items()):
                 live.add_metric([role, target], count)

@@ -9,19 +9,19 @@ from sqlalchemy.orm import Session
 
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
+from enginefarm.core.probe.policy import benchmark_pending_reason
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
-from enginefarm.storage import catalog, checks as project_checks
-from enginefarm.storage import builtengines
-from enginefarm.storage import liveness
+from enginefarm.storage import builtengines, catalog, liveness
+from enginefarm.storage import checks as project_checks
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
-from enginefarm.core.probe.policy import benchmark_pending_reason
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
 
-def engine_checks(session: Session, settings: Settings, engines: list[EngineRow],
-                  view: ProjectView) -> dict[int, dict[str, Any]]:
+def engine_checks(
+    session: Session, settings: Settings, engines: list[EngineRow], view: ProjectView
+) -> dict[int, dict[str, Any]]:
     """Engine id → the state of the project's benchmark and accuracy check of it, with the pending reason."""
     tasks = project_checks.benchmark_tasks_of(session, [e.id for e in engines], view.project)
     served = liveness.served_bench_targets(session, settings.worker_ttl_seconds)
@@ -41,29 +41,40 @@ def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[
     return out
 
 
-def check_status(engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str],
-                 view: ProjectView) -> dict[str, Any]:
+def check_status(
+    engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str], view: ProjectView
+) -> dict[str, Any]:
     """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
     latest = tasks[-1] if tasks else None
     status = _check_status(engine, latest, bench_served, view)
     # A check a live worker will finish (queued where one serves it, or running): worth waiting for.
     status["in_progress"] = latest is not None and (
-        latest.state == TaskState.RUNNING.value or (latest.state == TaskState.QUEUED.value and latest.target in bench_served))
+        latest.state == TaskState.RUNNING.value
+        or (latest.state == TaskState.QUEUED.value and latest.target in bench_served)
+    )
     if latest is not None:
         status.update(task_id=latest.id, worker_id=latest.worker_id, attempts=latest.attempts)
     return status
 
 
-def _check_status(engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str],
-                  view: ProjectView) -> dict[str, Any]:
+def _check_status(
+    engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str], view: ProjectView
+) -> dict[str, Any]:
     if latest is None:
         done = bool(view.benchmarks(engine)) or view.verdict(engine) is not None
-        return {"state": "succeeded" if done else "none",
-                "detail": None if done else "never benchmarked: built before the benchmark stage, or with checks turned "
-                                           "off; build it again with checks on to queue them (the engine is reused)"}
+        return {
+            "state": "succeeded" if done else "none",
+            "detail": None
+            if done
+            else "never benchmarked: built before the benchmark stage, or with checks turned "
+            "off; build it again with checks on to queue them (the engine is reused)",
+        }
     if latest.state == TaskState.QUEUED.value:
-        detail = (benchmark_pending_reason(latest.parsed_target) if latest.target not in bench_served
-                  else "benchmark queued: a worker that can run it will take it")
+        detail = (
+            benchmark_pending_reason(latest.parsed_target)
+            if latest.target not in bench_served
+            else "benchmark queued: a worker that can run it will take it"
+        )
         return {"state": "pending", "detail": detail}
     if latest.state == TaskState.RUNNING.value:
         return {"state": "running", "detail": f"benchmark running on {latest.worker_id}"}
@@ -94,7 +105,9 @@ def headline(engine: EngineRow, view: ProjectView) -> BenchmarkRow | None:
     rows = view.benchmarks(engine)
     if not rows:
         return None
-    at_opt = [b for b in rows if b.shape_key == DEFAULT_SHAPE_KEY] or [b for b in rows if b.shape_key == rows[0].shape_key]
+    at_opt = [b for b in rows if b.shape_key == DEFAULT_SHAPE_KEY] or [
+        b for b in rows if b.shape_key == rows[0].shape_key
+    ]
     return min(at_opt, key=lambda b: b.median_ms, default=None)
 
 
@@ -117,10 +130,16 @@ def _accuracy_of(engine: EngineRow, view: ProjectView) -> dict[str, Any] | None:
     result = view.accuracy(engine)
     if result is None:
         return None
-    return {"pass": view.accuracy_pass(engine), "metrics": result.get("worst", {}),
-            "limits": result.get("limits", {}), "reference": result.get("reference"), "inputs": result.get("inputs"),
-            "error": result.get("error"), "explained_by": result.get("explained_by"),
-            "note": (result.get("tf32") or {}).get("note")}
+    return {
+        "pass": view.accuracy_pass(engine),
+        "metrics": result.get("worst", {}),
+        "limits": result.get("limits", {}),
+        "reference": result.get("reference"),
+        "inputs": result.get("inputs"),
+        "error": result.get("error"),
+        "explained_by": result.get("explained_by"),
+        "note": (result.get("tf32") or {}).get("note"),
+    }
 
 
 def _phase(stats: dict, name: str) -> dict | None:
@@ -128,21 +147,26 @@ def _phase(stats: dict, name: str) -> dict | None:
     return {k: phase[k] for k in LATENCY_KEYS if k in phase} if phase else None
 
 
-def _regression(now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, previous: EngineRow,
-                view: ProjectView) -> dict[str, Any]:
+def _regression(
+    now: BenchmarkRow, before: BenchmarkRow, engine: EngineRow, previous: EngineRow, view: ProjectView
+) -> dict[str, Any]:
     def delta(a, b):
         return None if a is None or b is None else a - b
 
     cos_now = (view.accuracy(engine) or {}).get("worst", {}).get("cosine")
     cos_before = (view.accuracy(previous) or {}).get("worst", {}).get("cosine")
-    return {"previous_engine_id": previous.id, "median_ms": before.median_ms,
-            "median_ms_delta": now.median_ms - before.median_ms,
-            "median_ratio": now.median_ms / before.median_ms if before.median_ms else None,
-            "p99_ms_delta": delta(now.p99_ms, before.p99_ms),
-            "throughput_delta": delta(now.throughput_qps, before.throughput_qps),
-            "size_delta": engine.size - previous.size,
-            "cosine_delta": delta(cos_now if isinstance(cos_now, float) else None,
-                                  cos_before if isinstance(cos_before, float) else None)}
+    return {
+        "previous_engine_id": previous.id,
+        "median_ms": before.median_ms,
+        "median_ms_delta": now.median_ms - before.median_ms,
+        "median_ratio": now.median_ms / before.median_ms if before.median_ms else None,
+        "p99_ms_delta": delta(now.p99_ms, before.p99_ms),
+        "throughput_delta": delta(now.throughput_qps, before.throughput_qps),
+        "size_delta": engine.size - previous.size,
+        "cosine_delta": delta(
+            cos_now if isinstance(cos_now, float) else None, cos_before if isinstance(cos_before, float) else None
+        ),
+    }
 
 
 def measurement_key(engine: EngineRow, bench: BenchmarkRow) -> tuple:
@@ -150,15 +174,19 @@ def measurement_key(engine: EngineRow, bench: BenchmarkRow) -> tuple:
     return engine.target, engine.spec_hash, bench.shape_key, bench.gpu_name
 
 
-def previous_measurements(session: Session, model: ModelRow
-                          ) -> tuple[ModelRow | None, dict[tuple, tuple[EngineRow, BenchmarkRow]], ProjectView]:
+def previous_measurements(
+    session: Session, model: ModelRow
+) -> tuple[ModelRow | None, dict[tuple, tuple[EngineRow, BenchmarkRow]], ProjectView]:
     """Version N-1 of an uploaded model (derived models are variants, never versions) and the model's project's
     measurements of it by ``measurement_key``: the baseline of the report's deltas and of the regression gate; and
     that project's view of N-1's engines."""
     previous = catalog.previous_version(session, model)
     before: dict[tuple, tuple[EngineRow, BenchmarkRow]] = {}
-    engines = builtengines.engines_of_models(session, [previous, *catalog.derived_models(session, previous)]) \
-        if previous is not None else []
+    engines = (
+        builtengines.engines_of_models(session, [previous, *catalog.derived_models(session, previous)])
+        if previous is not None
+        else []
+    )
     view = project_checks.project_view(session, engines, model.project)
     for e in engines:
         for b in view.benchmarks(e):
@@ -184,35 +212,75 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     rows = []
     for e in engines:
         build = builds.get(e.spec_hash)
-        base = {"engine_id": e.id, "target": e.target, "backend": e.backend, "precision": e.precision,
-                "spec_hash": e.spec_hash, "variant": (build.variant if build and build.variant else
-                                                      _label(build.spec if build else {"precision": e.precision})),
-                "best": (best[e.target] == e.id) if e.target in best else None, "size": e.size,
-                "profiles": e.profiles or [],
-                "accuracy": _accuracy_of(e, view), "derived_from": model.id if e.model_sha256 != model.sha256 else None,
-                "preparation": _preparation(build.spec) if build else None,
-                "check": {"state": checks[e.id]["state"], "detail": checks[e.id]["detail"]}}
+        base = {
+            "engine_id": e.id,
+            "target": e.target,
+            "backend": e.backend,
+            "precision": e.precision,
+            "spec_hash": e.spec_hash,
+            "variant": (
+                build.variant
+                if build and build.variant
+                else _label(build.spec if build else {"precision": e.precision})
+            ),
+            "best": (best[e.target] == e.id) if e.target in best else None,
+            "size": e.size,
+            "profiles": e.profiles or [],
+            "accuracy": _accuracy_of(e, view),
+            "derived_from": model.id if e.model_sha256 != model.sha256 else None,
+            "preparation": _preparation(build.spec) if build else None,
+            "check": {"state": checks[e.id]["state"], "detail": checks[e.id]["detail"]},
+        }
         measured = view.benchmarks(e)
         if not measured:
             status = checks[e.id]
-            rows.append({**base, "shape_key": None, "batch": None, "device": None,
-                         "status": "failed" if status["state"] == "failed" else "pending", "detail": status["detail"],
-                         "latency_ms": None, "compute_ms": None, "h2d_ms": None, "d2h_ms": None,
-                         "throughput_qps": None, "regression": None})
+            rows.append(
+                {
+                    **base,
+                    "shape_key": None,
+                    "batch": None,
+                    "device": None,
+                    "status": "failed" if status["state"] == "failed" else "pending",
+                    "detail": status["detail"],
+                    "latency_ms": None,
+                    "compute_ms": None,
+                    "h2d_ms": None,
+                    "d2h_ms": None,
+                    "throughput_qps": None,
+                    "regression": None,
+                }
+            )
             continue
         for b in measured:
             match = before.get(measurement_key(e, b))
-            rows.append({**base, "shape_key": b.shape_key, "shapes": b.shapes, "batch": b.stats.get("batch"),
-                         "device": b.stats.get("device") or b.gpu_name, "status": "measured", "detail": None,
-                         "latency_ms": _phase(b.stats, "e2e"), "compute_ms": _phase(b.stats, "compute"),
-                         "h2d_ms": _phase(b.stats, "h2d"), "d2h_ms": _phase(b.stats, "d2h"),
-                         "throughput_qps": b.throughput_qps, "stats": b.stats, "measured_at": b.created_at.isoformat(),
-                         "regression": _regression(b, match[1], e, match[0], view) if match else None})
+            rows.append(
+                {
+                    **base,
+                    "shape_key": b.shape_key,
+                    "shapes": b.shapes,
+                    "batch": b.stats.get("batch"),
+                    "device": b.stats.get("device") or b.gpu_name,
+                    "status": "measured",
+                    "detail": None,
+                    "latency_ms": _phase(b.stats, "e2e"),
+                    "compute_ms": _phase(b.stats, "compute"),
+                    "h2d_ms": _phase(b.stats, "h2d"),
+                    "d2h_ms": _phase(b.stats, "d2h"),
+                    "throughput_qps": b.throughput_qps,
+                    "stats": b.stats,
+                    "measured_at": b.created_at.isoformat(),
+                    "regression": _regression(b, match[1], e, match[0], view) if match else None,
+                }
+            )
     ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
     # Engines measured before whose new check (other settings) is still under way count too.
     in_progress = sorted(e.id for e in engines if checks[e.id]["in_progress"])
-    return {"model": ident(model), "previous": ident(previous) if previous else None, "rows": rows,
-            "checks_in_progress": in_progress}
+    return {
+        "model": ident(model),
+        "previous": ident(previous) if previous else None,
+        "rows": rows,
+        "checks_in_progress": in_progress,
+    }
 
 
 def sweep_report(session: Session, settings: Settings, sweep_id: int, project: str | None = None) -> dict[str, Any]:
@@ -233,19 +301,41 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
             is_best = engine is not None and best_engine.get(task.target) == engine.id
             if is_best:
                 best_build[task.target] = build.id
-            items.append({"target": task.target, "task_state": task.state, "engine_id": task.engine_id,
-                          "median_ms": head.median_ms if head else None, "p99_ms": head.p99_ms if head else None,
-                          "device": (head.stats.get("device") if head else None),
-                          "accuracy_pass": view.accuracy_pass(engine) if engine else None,
-                          "checks": checks.get(engine.id) if engine else None, "best": is_best})
-        variants.append({"build_id": build.id, "variant": build.variant, "spec_hash": build.spec_hash,
-                         "overrides": {k: build.spec.get(k) for k in sweep.axes}, "state": _state(build),
-                         "engines": items})
+            items.append(
+                {
+                    "target": task.target,
+                    "task_state": task.state,
+                    "engine_id": task.engine_id,
+                    "median_ms": head.median_ms if head else None,
+                    "p99_ms": head.p99_ms if head else None,
+                    "device": (head.stats.get("device") if head else None),
+                    "accuracy_pass": view.accuracy_pass(engine) if engine else None,
+                    "checks": checks.get(engine.id) if engine else None,
+                    "best": is_best,
+                }
+            )
+        variants.append(
+            {
+                "build_id": build.id,
+                "variant": build.variant,
+                "spec_hash": build.spec_hash,
+                "overrides": {k: build.spec.get(k) for k in sweep.axes},
+                "state": _state(build),
+                "engines": items,
+            }
+        )
         states.update(i["checks"]["state"] for i in items if i["checks"])
     done = not states & {"queued", "running", "waiting", "pending"}
-    return {"id": sweep.id, "model_id": sweep.model_id, "axes": sweep.axes, "targets": sweep.targets,
-            "created_at": sweep.created_at, "state": "done" if done else "running", "variants": variants,
-            "best": best_build}
+    return {
+        "id": sweep.id,
+        "model_id": sweep.model_id,
+        "axes": sweep.axes,
+        "targets": sweep.targets,
+        "created_at": sweep.created_at,
+        "state": "done" if done else "running",
+        "variants": variants,
+        "best": best_build,
+    }
 
 
 def _state(build: BuildRow) -> str:

@@ -87,23 +87,41 @@ def table_of(session: Session, tables: Tables, owner: dict[str, Row]) -> EngineT
 def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
     """Judge and rank the table's engines for this machine and these filters. The compiled facts are shared; the
     options and their evidence are this request's (ranking writes the latency it compared into the evidence)."""
-    options = [Option(f.row.id, f.descriptor, f.model_seq, f.row.spec_hash, Evidence(f.accuracy, f.latencies))
-               for f in table.facts]
+    options = [
+        Option(f.row.id, f.descriptor, f.model_seq, f.row.spec_hash, Evidence(f.accuracy, f.latencies))
+        for f in table.facts
+    ]
     return choose(options, machine, wanted_of(req))
 
 
 def wanted_of(req: ResolveRequest) -> Wanted:
-    return Wanted(precision=req.precision, spec_hash=req.spec_hash, accuracy=req.accuracy,
-                  max_latency_ms=req.max_latency_ms, backend=req.backend, accept=frozenset(req.accept))
+    return Wanted(
+        precision=req.precision,
+        spec_hash=req.spec_hash,
+        accuracy=req.accuracy,
+        max_latency_ms=req.max_latency_ms,
+        backend=req.backend,
+        accept=frozenset(req.accept),
+    )
 
 
 def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: bool) -> CandidateOut:
     row, v, ev = rows[j.option.id], j.verdict, j.option.evidence
     return CandidateOut(
-        engine_id=row.id, target=row.target, model_version=owner[row.model_sha256].version, precision=row.precision,
-        spec_hash=row.spec_hash, rank=j.rank, match=v.match.label if v.match is not None else None,
-        rule=v.rule.value if v.rule else None, reason=v.reason, unchecked=v.unchecked, accuracy=ev.accuracy,
-        latency_ms=ev.latency_ms, latency_on=ev.latency_on, profiles=row.profiles or [],
+        engine_id=row.id,
+        target=row.target,
+        model_version=owner[row.model_sha256].version,
+        precision=row.precision,
+        spec_hash=row.spec_hash,
+        rank=j.rank,
+        match=v.match.label if v.match is not None else None,
+        rule=v.rule.value if v.rule else None,
+        reason=v.reason,
+        unchecked=v.unchecked,
+        accuracy=ev.accuracy,
+        latency_ms=ev.latency_ms,
+        latency_on=ev.latency_on,
+        profiles=row.profiles or [],
         checks=[CheckOut(**c.to_dict()) for c in v.checks] if explain else None,
     )
 
@@ -112,17 +130,35 @@ def no_fit_error(choice: Choice, rows: dict[int, Row], model: str, version: str 
     what = model + (f" version {version}" if version else "")
     if not rows:
         return NoCompatibleEngine(f"no engines of {what} are built yet")
-    runs = f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
+    runs = (
+        f"only the CPU artifact of {what} runs" if choice.ranked else f"none of the {len(rows)} engines of {what} runs"
+    )
     return NoCompatibleEngine(
         f"{runs} on this machine",
-        problems=[{"engine_id": j.option.id, "target": rows[j.option.id].target, "rule": j.verdict.rule,
-                   "reason": j.verdict.reason} for j in choice.rejected],
+        problems=[
+            {
+                "engine_id": j.option.id,
+                "target": rows[j.option.id].target,
+                "rule": j.verdict.rule,
+                "reason": j.verdict.reason,
+            }
+            for j in choice.rejected
+        ],
     )
 
 
-def resolve(req: ResolveRequest, session: Session, settings: Settings, principal: Principal, *, answers: Answers,
-            versions: Versions, tables: Tables, if_none_match: str | None = None,
-            query: bytes | None = None) -> Outcome:
+def resolve(
+    req: ResolveRequest,
+    session: Session,
+    settings: Settings,
+    principal: Principal,
+    *,
+    answers: Answers,
+    versions: Versions,
+    tables: Tables,
+    if_none_match: str | None = None,
+    query: bytes | None = None,
+) -> Outcome:
     """Answer one resolve question (see the module's docstring). ``query``: a GET's query string, remembered so the
     fleet's path (``api.answers.FleetPath``) answers it next time before routing. Raises NoCompatibleEngine (404),
     NotFound or Conflict for the model."""
@@ -156,8 +192,16 @@ def resolve(req: ResolveRequest, session: Session, settings: Settings, principal
             raise error
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
-        built = services.build_for_machine(settings, req.model, req.version, machine, spec_hash=req.spec_hash,
-                                           precision=req.precision, project=project, token_id=principal.family_id)
+        built = services.build_for_machine(
+            settings,
+            req.model,
+            req.version,
+            machine,
+            spec_hash=req.spec_hash,
+            precision=req.precision,
+            project=project,
+            token_id=principal.family_id,
+        )
         out = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
         return Outcome(202, out.model_dump_json().encode())
     explain = req.explain
@@ -167,13 +211,19 @@ def resolve(req: ResolveRequest, session: Session, settings: Settings, principal
         full = table.chosen[chosen.option.id] = resolution.chosen_engine(session, chosen.option.id, owner)
     engine, version, variant_of, verdict = full
     out = ResolveOut(
-        model=req.model, machine=req.machine,
-        engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict), ranked_by=choice.ranked_by,
-        match=chosen.verdict.match.label, reason=chosen.verdict.reason, unchecked=chosen.verdict.unchecked,
+        model=req.model,
+        machine=req.machine,
+        engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict),
+        ranked_by=choice.ranked_by,
+        match=chosen.verdict.match.label,
+        reason=chosen.verdict.reason,
+        unchecked=chosen.verdict.unchecked,
         accuracy=chosen.option.evidence.accuracy or "unchecked",
-        download_url=f"/v1/engines/{chosen.option.id}/content", fallbacks=ranked[1:],
+        download_url=f"/v1/engines/{chosen.option.id}/content",
+        fallbacks=ranked[1:],
         excluded=dict(Counter(j.verdict.rule.value for j in choice.rejected if j.verdict.rule)),
-        rejected=rejected, candidates=ranked + rejected if explain else None,
+        rejected=rejected,
+        candidates=ranked + rejected if explain else None,
     )
     body = out.model_dump_json().encode()
     answers.put(tag, body, out.match)

@@ -61,12 +61,26 @@ class ModelOut(BaseModel):
     def of(cls, row: ModelRow) -> ModelOut:
         info = row.info
         samples = {"sha256": row.samples_sha256, **(row.samples_info or {})} if row.samples_sha256 else None
-        return cls(id=row.id, project=row.project or None, name=row.name, version=row.version, sha256=row.sha256,
-                   format=row.format, size=row.size,
-                   opset=info["opset"], ir_version=info["ir_version"], producer=info["producer"],
-                   inputs=info["inputs"], outputs=info["outputs"], has_qdq=info.get("has_qdq", False),
-                   external_data=info.get("external_data", False), created_at=as_utc(row.created_at),
-                   source_model_id=row.source_model_id, derivation=row.derivation, samples=samples)
+        return cls(
+            id=row.id,
+            project=row.project or None,
+            name=row.name,
+            version=row.version,
+            sha256=row.sha256,
+            format=row.format,
+            size=row.size,
+            opset=info["opset"],
+            ir_version=info["ir_version"],
+            producer=info["producer"],
+            inputs=info["inputs"],
+            outputs=info["outputs"],
+            has_qdq=info.get("has_qdq", False),
+            external_data=info.get("external_data", False),
+            created_at=as_utc(row.created_at),
+            source_model_id=row.source_model_id,
+            derivation=row.derivation,
+            samples=samples,
+        )
 
 
 class _EngineListing(BaseModel):
@@ -77,8 +91,11 @@ class _EngineListing(BaseModel):
     model_name: str
     model_version: str
     model_seq: int = Field(description="order of the model's versions: newer is larger")
-    variant_of: str | None = Field(None, description="for an engine of a derived model (int8 Q/DQ): the version it "
-                                                     "is a variant of; it is not a newer version")
+    variant_of: str | None = Field(
+        None,
+        description="for an engine of a derived model (int8 Q/DQ): the version it "
+        "is a variant of; it is not a newer version",
+    )
     model_sha256: str
     spec_hash: str
 
@@ -109,28 +126,58 @@ class EngineOut(_EngineFacts):
     build_seconds: float
     built_by: str | None
     created_at: datetime
-    accuracy_pass: bool | None = Field(None, description="whether it passed the accuracy check of the project "
-                                                         "asking (null: that project never checked it)")
+    accuracy_pass: bool | None = Field(
+        None,
+        description="whether it passed the accuracy check of the project asking (null: that project never checked it)",
+    )
     accuracy: dict[str, Any] | None = Field(None, description="that check's per-output metrics")
-    checks: dict[str, Any] | None = Field(None, description="where the benchmark and accuracy check stand: "
-                                                            "state and, while pending or failed, why")
+    checks: dict[str, Any] | None = Field(
+        None, description="where the benchmark and accuracy check stand: state and, while pending or failed, why"
+    )
 
     @classmethod
-    def of(cls, row: EngineRow, model: ModelRow | None = None, checks: dict[str, Any] | None = None,
-           variant_of: Any = ..., verdict: Any = None) -> EngineOut:
+    def of(
+        cls,
+        row: EngineRow,
+        model: ModelRow | None = None,
+        checks: dict[str, Any] | None = None,
+        variant_of: Any = ...,
+        verdict: Any = None,
+    ) -> EngineOut:
         """``model``: the version it is listed under, when not the one it was first built for (same bytes).
         ``row`` and ``model`` may be plain rows of the same columns; then ``variant_of`` is given. ``verdict``: the
         asking project's verdict on it (a VerdictRow), if any."""
-        fields = {k: getattr(row, k) for k in cls.model_fields
-                  if k not in ("model_id", "model_name", "model_version", "model_seq", "checks", "profiles",
-                               "variant_of", "accuracy", "accuracy_pass")}
+        fields = {
+            k: getattr(row, k)
+            for k in cls.model_fields
+            if k
+            not in (
+                "model_id",
+                "model_name",
+                "model_version",
+                "model_seq",
+                "checks",
+                "profiles",
+                "variant_of",
+                "accuracy",
+                "accuracy_pass",
+            )
+        }
         fields["profiles"] = row.profiles or []
         m = model or row.model
         if variant_of is ...:
             variant_of = m.source.version if m.source is not None else None
-        return cls(**fields, model_id=m.id, model_name=m.name, model_version=m.version, model_seq=m.seq,
-                   variant_of=variant_of, checks=checks, accuracy=verdict.accuracy if verdict else None,
-                   accuracy_pass=verdict.accuracy_pass if verdict else None)
+        return cls(
+            **fields,
+            model_id=m.id,
+            model_name=m.name,
+            model_version=m.version,
+            model_seq=m.seq,
+            variant_of=variant_of,
+            checks=checks,
+            accuracy=verdict.accuracy if verdict else None,
+            accuracy_pass=verdict.accuracy_pass if verdict else None,
+        )
 
 
 SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
@@ -151,14 +198,18 @@ class ResolveRequest(BaseModel):
     precision: str | None = Field(None, pattern=PRECISION_PATTERN)
     spec_hash: str | None = Field(None, pattern=SPEC_HASH_PATTERN)
     accuracy: Literal["pass"] | None = Field(None, description="keep only engines that passed their accuracy gate")
-    max_latency_ms: StrictFloat | None = Field(None, gt=0, le=1e7,
-                                               description="measured median latency on your GPU model")
+    max_latency_ms: StrictFloat | None = Field(
+        None, gt=0, le=1e7, description="measured median latency on your GPU model"
+    )
     backend: str | None = Field(None, pattern=BACKEND_PATTERN, description="keep only engines of this backend")
-    accept: list[Accept] = Field(default_factory=list, max_length=3,
-                                 description="'unchecked': also int8/fp8 engines whose accuracy was never checked; "
-                                             "'failed': also engines whose accuracy check failed (ranked last); "
-                                             "'cpu': also the ONNX Runtime CPU artifact on a machine that names a "
-                                             "GPU runtime")
+    accept: list[Accept] = Field(
+        default_factory=list,
+        max_length=3,
+        description="'unchecked': also int8/fp8 engines whose accuracy was never checked; "
+        "'failed': also engines whose accuracy check failed (ranked last); "
+        "'cpu': also the ONNX Runtime CPU artifact on a machine that names a "
+        "GPU runtime",
+    )
     explain: StrictBool = Field(False, description="return every candidate with every check")
     build: StrictBool = Field(False, description="when nothing fits, build the target this machine needs (202)")
 
@@ -185,8 +236,9 @@ class CandidateOut(BaseModel):
     accuracy: str | None = None
     latency_ms: float | None = None
     latency_on: str | None = None
-    profiles: list[dict[str, dict[str, list[int]]]] = Field(default_factory=list,
-                                                            description="its optimization profiles")
+    profiles: list[dict[str, dict[str, list[int]]]] = Field(
+        default_factory=list, description="its optimization profiles"
+    )
     checks: list[CheckOut] | None = Field(None, description="every check, with explain=true")
 
 
@@ -197,16 +249,22 @@ class ResolveOut(BaseModel):
     match: str
     reason: str
     unchecked: list[str]
-    accuracy: Literal["pass", "fail", "unchecked"] = Field(description="the chosen engine's accuracy check against "
-                                                                       "ONNX Runtime FP32")
+    accuracy: Literal["pass", "fail", "unchecked"] = Field(
+        description="the chosen engine's accuracy check against ONNX Runtime FP32"
+    )
     download_url: str
     fallbacks: list[CandidateOut]
     excluded: dict[str, int] = Field(default_factory=dict, description="how many engines each rule excluded")
-    rejected: list[CandidateOut] | None = Field(None, description="the excluded engines, each with its rule and "
-                                                                  "reason, with explain=true")
-    candidates: list[CandidateOut] | None = Field(None, description="the full table, ranked then excluded, with explain=true")
-    ranked_by: str = Field("", description="how the chosen engine won over the others that run: the latencies "
-                                           "compared, and on which device")
+    rejected: list[CandidateOut] | None = Field(
+        None, description="the excluded engines, each with its rule and reason, with explain=true"
+    )
+    candidates: list[CandidateOut] | None = Field(
+        None, description="the full table, ranked then excluded, with explain=true"
+    )
+    ranked_by: str = Field(
+        "",
+        description="how the chosen engine won over the others that run: the latencies compared, and on which device",
+    )
 
 
 class BuildForMachineOut(BaseModel):
@@ -234,7 +292,12 @@ class WorkerOut(BaseModel):
 
     @classmethod
     def of(cls, row: WorkerRow) -> WorkerOut:
-        return cls(id=row.id, hostname=row.hostname, targets=row.targets, bench_targets=row.bench_targets or [],
-                   started_at=as_utc(row.started_at), last_seen=as_utc(row.last_seen), probe=row.probe)
-
-
+        return cls(
+            id=row.id,
+            hostname=row.hostname,
+            targets=row.targets,
+            bench_targets=row.bench_targets or [],
+            started_at=as_utc(row.started_at),
+            last_seen=as_utc(row.last_seen),
+            probe=row.probe,
+        )

@@ -13,19 +13,18 @@ from pydantic import ValidationError
 from enginefarm.api import admission
 from enginefarm.core.compat import profile_covers
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, TaskState, Target, arch_of_cc
-from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.core.machine import Machine
-from enginefarm.core.validation import parse_targets, validate_spec
+from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, Target, TaskState, arch_of_cc
 from enginefarm.core.errors import SpecInvalid, TargetUnavailable
+from enginefarm.core.machine import Machine
+from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.core.validation import parse_targets, validate_spec
 from enginefarm.graph.inputs import benchmark_shape_problems
-from enginefarm.storage import catalog
-from enginefarm.storage import liveness
+from enginefarm.storage import catalog, liveness, queue
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import BuildRow, ModelRow
-from enginefarm.storage import queue
 
 log = logging.getLogger(__name__)
+
 
 def spec_from(payload: dict[str, Any]) -> tuple[BuildSpec | None, list[dict]]:
     """A spec given as plain data (a form, a sweep variant, a stored build), or every problem with its fields."""
@@ -35,9 +34,16 @@ def spec_from(payload: dict[str, Any]) -> tuple[BuildSpec | None, list[dict]]:
         return None, [{"loc": ["spec", *err["loc"]], "msg": err["msg"]} for err in exc.errors()]
 
 
-def _validated(settings: Settings, s, model_id: int, target_texts: list[str], spec: BuildSpec | None,
-               prefix: list | None = None, project: str | None = None, spec_problems: list[dict] | None = None
-               ) -> tuple[ModelRow, list[Target], BuildSpec | None, list[dict]]:
+def _validated(
+    settings: Settings,
+    s,
+    model_id: int,
+    target_texts: list[str],
+    spec: BuildSpec | None,
+    prefix: list | None = None,
+    project: str | None = None,
+    spec_problems: list[dict] | None = None,
+) -> tuple[ModelRow, list[Target], BuildSpec | None, list[dict]]:
     """The model and parsed targets, and every problem with them and the spec (locations under ``prefix``).
     ``spec`` is None when its own fields were invalid (``spec_problems`` says why)."""
     targets, problems = parse_targets(target_texts)
@@ -58,25 +64,36 @@ def _needs_quantizing(model: ModelRow, spec: BuildSpec) -> bool:
     return spec.precision is Precision.INT8 and not model.info.get("has_qdq", False)
 
 
-def _create_build(s, model: ModelRow, targets: list[Target], spec: BuildSpec, served: dict[str, set[str]],
-                  **extra: Any) -> tuple[BuildRow, list[queue.Message]]:
+def _create_build(
+    s, model: ModelRow, targets: list[Target], spec: BuildSpec, served: dict[str, set[str]], **extra: Any
+) -> tuple[BuildRow, list[queue.Message]]:
     """Record one validated build; returns it and what to publish once committed."""
     quantize = _needs_quantizing(model, spec)
     build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize, **extra)
     if quantize:
-        build.quantize = {"state": TaskState.QUEUED.value, "source_model_id": model.id,
-                          "samples_sha256": model.samples_sha256,
-                          "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime"}
+        build.quantize = {
+            "state": TaskState.QUEUED.value,
+            "source_model_id": model.id,
+            "samples_sha256": model.samples_sha256,
+            "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime",
+        }
     out = [queue.Message.build(t.id, t.parsed_target) for t in build.tasks if t.state == TaskState.QUEUED.value]
     out += [queue.Message.bench(c.id, c.parsed_target) for c in checks]
     out += [queue.Message.quantize(build.id)] if quantize else []
     return build, out
 
 
-def submit_build(settings: Settings, model_id: int, target_texts: list[str], spec: BuildSpec,
-                 project: str | None = None, *, token_id: int | None = None,
-                 queue_without_worker: bool | None = None,
-                 describe: Callable[[BuildRow, dict[str, set[str]]], Any] | None = None) -> Any:
+def submit_build(
+    settings: Settings,
+    model_id: int,
+    target_texts: list[str],
+    spec: BuildSpec,
+    project: str | None = None,
+    *,
+    token_id: int | None = None,
+    queue_without_worker: bool | None = None,
+    describe: Callable[[BuildRow, dict[str, set[str]]], Any] | None = None,
+) -> Any:
     """Validate the spec against the model and every target, record the build, queue its tasks;
     returns the build's id, or what ``describe(build, served)`` makes of it.
 
@@ -123,15 +140,29 @@ def _variant_label(overrides: dict[str, Any], axes: dict[str, list]) -> str:
     return " ".join(parts)
 
 
-def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], base: BuildSpec, axes: dict[str, list],
-                 project: str | None = None, *, token_id: int | None = None,
-                 queue_without_worker: bool | None = None) -> int:
+def submit_sweep(
+    settings: Settings,
+    model_id: int,
+    target_texts: list[str],
+    base: BuildSpec,
+    axes: dict[str, list],
+    project: str | None = None,
+    *,
+    token_id: int | None = None,
+    queue_without_worker: bool | None = None,
+) -> int:
     """One build per combination of the axes' values, all validated before any is recorded and admitted as one
     submission; returns the sweep id."""
-    problems = [{"loc": ["axes", k], "msg": f"cannot sweep {k!r}; sweepable: {', '.join(SWEEP_AXES)}"}
-                for k in axes if k not in SWEEP_AXES]
-    problems += [{"loc": ["axes", k], "msg": f"give {k!r} a non-empty list of values"}
-                 for k, v in axes.items() if not isinstance(v, list) or not v]
+    problems = [
+        {"loc": ["axes", k], "msg": f"cannot sweep {k!r}; sweepable: {', '.join(SWEEP_AXES)}"}
+        for k in axes
+        if k not in SWEEP_AXES
+    ]
+    problems += [
+        {"loc": ["axes", k], "msg": f"give {k!r} a non-empty list of values"}
+        for k, v in axes.items()
+        if not isinstance(v, list) or not v
+    ]
     if not axes:
         problems.append({"loc": ["axes"], "msg": 'name at least one axis, e.g. {"precision": ["fp32", "fp16"]}'})
     if problems:
@@ -139,8 +170,10 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
     # Counted before any is made: five long axes multiply to more combinations than memory holds.
     count = math.prod(len(v) for v in axes.values())
     if count > MAX_SWEEP_VARIANTS:
-        raise SpecInvalid(f"the sweep has {count} variants; at most {MAX_SWEEP_VARIANTS}",
-                          problems=[{"loc": ["axes"], "msg": f"{count} combinations, at most {MAX_SWEEP_VARIANTS}"}])
+        raise SpecInvalid(
+            f"the sweep has {count} variants; at most {MAX_SWEEP_VARIANTS}",
+            problems=[{"loc": ["axes"], "msg": f"{count} combinations, at most {MAX_SWEEP_VARIANTS}"}],
+        )
     combos = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
     given = base.model_dump(mode="json", exclude_unset=True)  # each variant is the base as given, overridden
     publish: list[queue.Message] = []
@@ -149,23 +182,39 @@ def submit_sweep(settings: Settings, model_id: int, target_texts: list[str], bas
         for overrides in combos:
             label = _variant_label(overrides, axes)
             spec, spec_problems = spec_from({**given, **overrides})
-            checked.append((label, _validated(settings, s, model_id, target_texts, spec, prefix=[f"variant {label}"],
-                                              project=project, spec_problems=spec_problems)))
+            checked.append(
+                (
+                    label,
+                    _validated(
+                        settings,
+                        s,
+                        model_id,
+                        target_texts,
+                        spec,
+                        prefix=[f"variant {label}"],
+                        project=project,
+                        spec_problems=spec_problems,
+                    ),
+                )
+            )
         problems = [p for _, (*_, found) in checked for p in found]
         if problems:
             raise SpecInvalid(f"the sweep has {len(problems)} problem(s)", problems=problems)
         hashes = {spec.spec_hash() for _, (_, _, spec, _) in checked}
         if len(hashes) < len(checked):
-            raise SpecInvalid("two variants of the sweep are the same spec",
-                              problems=[{"loc": ["axes"], "msg": "the axes repeat a value"}])
+            raise SpecInvalid(
+                "two variants of the sweep are the same spec",
+                problems=[{"loc": ["axes"], "msg": "the axes repeat a value"}],
+            )
         model, targets = checked[0][1][0], checked[0][1][1]
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
         catalog.hold_admission(s)
         sweep = catalog.add_sweep(s, model, axes, [str(t) for t in targets])
         builds = []
         for label, (_, _, spec, _) in checked:
-            build, items = _create_build(s, model, targets, spec, served, sweep_id=sweep.id, variant=label,
-                                         token_id=token_id)
+            build, items = _create_build(
+                s, model, targets, spec, served, sweep_id=sweep.id, variant=label, token_id=token_id
+            )
             builds.append(build)
             publish += items
         admission.admit(settings, s, builds, served, token_id=token_id, queue_without_worker=queue_without_worker)
@@ -200,8 +249,12 @@ def targets_for_machine(machine: Machine) -> list[Target]:
     arch = arch_of_cc(cc)
     said_nothing = not (machine.trt_version or machine.trt_rtx_version or machine.ort_cuda)
     out = []
-    if (machine.trt_rtx_version or said_nothing) and platform == "x86_64" and not machine.is_jetson \
-            and arch in ARCHES[Backend.TENSORRT_RTX]:
+    if (
+        (machine.trt_rtx_version or said_nothing)
+        and platform == "x86_64"
+        and not machine.is_jetson
+        and arch in ARCHES[Backend.TENSORRT_RTX]
+    ):
         out.append(Target(Backend.TENSORRT_RTX, arch))
     if (machine.trt_version or said_nothing) and arch in ARCHES[Backend.TENSORRT]:
         out.append(Target(Backend.TENSORRT, arch))
@@ -220,18 +273,32 @@ def what_would_fit(req: Any) -> dict[str, Any]:
     m = req.machine
     targets = [str(t) for t in targets_for_machine(m)]
     flags = [f"--version {req.version}"] if req.version else []
-    flags += [f"--{name} '{value}'" if " " in str(value) else f"--{name} {value}" for name, value in (
-        ("cc", m.compute_capability), ("gpu", m.gpu_name), ("trt", m.trt_version), ("trt-rtx", m.trt_rtx_version),
-        ("platform", m.platform), ("jetpack", m.jetpack), ("precision", req.precision)) if value]
+    flags += [
+        f"--{name} '{value}'" if " " in str(value) else f"--{name} {value}"
+        for name, value in (
+            ("cc", m.compute_capability),
+            ("gpu", m.gpu_name),
+            ("trt", m.trt_version),
+            ("trt-rtx", m.trt_rtx_version),
+            ("platform", m.platform),
+            ("jetpack", m.jetpack),
+            ("precision", req.precision),
+        )
+        if value
+    ]
     shapes = m.shapes or {}
     if shapes and all(r["min"] == r["max"] for r in shapes.values()):
         flags.append("--shapes " + ",".join(f"{n}:{_dims(r['opt'])}" for n, r in shapes.items()))
     elif shapes:
         for flag, key in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
             flags.append(f"{flag} " + ",".join(f"{n}:{_dims(r[key])}" for n, r in shapes.items()))
-    return {"targets": targets, "precision": req.precision, "shapes": shapes or None,
-            "command": " ".join(["enginefarm fetch", req.model, *flags, "--build"]) if targets else None,
-            "query": "build=true" if targets else None}
+    return {
+        "targets": targets,
+        "precision": req.precision,
+        "shapes": shapes or None,
+        "command": " ".join(["enginefarm fetch", req.model, *flags, "--build"]) if targets else None,
+        "query": "build=true" if targets else None,
+    }
 
 
 def _runtime_of(machine: Machine, target: Target) -> str | None:
@@ -248,7 +315,8 @@ def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, 
     if not targets:
         raise TargetUnavailable(
             f"the farm builds no target for compute capability {machine.compute_capability} on "
-            f"{machine.platform or 'x86_64'} with the runtimes you named")
+            f"{machine.platform or 'x86_64'} with the runtimes you named"
+        )
     for t in targets:
         versions, runtime = served.get(str(t)), _runtime_of(machine, t)
         if versions is not None and (runtime is None or runtime in versions):
@@ -259,7 +327,9 @@ def pick_target(machine: Machine, served: dict[str, set[str]]) -> tuple[Target, 
         raise TargetUnavailable(
             f"live workers build {t} with {t.backend.value} {', '.join(sorted(versions)) or 'an unknown version'}; "
             f"you run {_runtime_of(machine, t)}, so an engine built now would not load here. Install that "
-            f"runtime, or start a worker with yours", target=str(t))
+            f"runtime, or start a worker with yours",
+            target=str(t),
+        )
     t = targets[0]
     return t, f"no live worker serves {t}; the build waits in the queue until one starts"
 
@@ -275,9 +345,17 @@ def covering_spec(spec: dict[str, Any], shapes: dict[str, dict[str, list[int]]])
     return {**{k: v for k, v in spec.items() if k != "shapes"}, "profiles": [*profiles, added]}
 
 
-def build_for_machine(settings: Settings, model: str, version: str | None, machine: Machine, *,
-                      spec_hash: str | None, precision: str | None, project: str | None = None,
-                      token_id: int | None = None) -> dict[str, Any]:
+def build_for_machine(
+    settings: Settings,
+    model: str,
+    version: str | None,
+    machine: Machine,
+    *,
+    spec_hash: str | None,
+    precision: str | None,
+    project: str | None = None,
+    token_id: int | None = None,
+) -> dict[str, Any]:
     """Submit (or find already running) the build that would give this machine an engine; the 202 body.
 
     The target is the machine's own, so there is no other to choose: where no live worker serves it the build
@@ -292,11 +370,14 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
         if spec_hash:
             source = catalog.latest_build(s, every, spec_hash=spec_hash)
             if source is None:
-                raise SpecInvalid(f"no build of {model} used spec {spec_hash}; see `enginefarm ls builds`",
-                                  problems=[{"loc": ["spec_hash"], "msg": "no build of this model used this spec"}])
+                raise SpecInvalid(
+                    f"no build of {model} used spec {spec_hash}; see `enginefarm ls builds`",
+                    problems=[{"loc": ["spec_hash"], "msg": "no build of this model used this spec"}],
+                )
         else:
-            source = catalog.latest_build(s, [row.id], precision=precision) or \
-                catalog.latest_build(s, every, precision=precision)
+            source = catalog.latest_build(s, [row.id], precision=precision) or catalog.latest_build(
+                s, every, precision=precision
+            )
         spec = dict(source.spec) if source else {"precision": precision or "fp32"}
         if machine.shapes:
             spec = covering_spec(spec, machine.shapes)
@@ -307,13 +388,21 @@ def build_for_machine(settings: Settings, model: str, version: str | None, machi
         if open_task is not None:
             build_id, already = open_task.build_id, True
     if open_task is None:
-        build_id, already = submit_build(settings, model_id, [str(target)], spec, token_id=token_id,
-                                         queue_without_worker=True), False
+        build_id, already = (
+            submit_build(settings, model_id, [str(target)], spec, token_id=token_id, queue_without_worker=True),
+            False,
+        )
     with session_scope(settings) as s:
         state = next(t.state for t in catalog.get_build(s, build_id).tasks if t.target == str(target))
     detail = wait_reason(str(target), state, served)
     verb = "is already building" if already else "submitted"
-    return {"detail": f"no engine of {model} runs on this machine; build {build_id} {verb} {target}"
-                      + (f" ({note})" if note else ""),
-            "build_id": build_id, "target": str(target), "spec_hash": hashed, "state": state,
-            "status_detail": detail or note, "already_building": already}
+    return {
+        "detail": f"no engine of {model} runs on this machine; build {build_id} {verb} {target}"
+        + (f" ({note})" if note else ""),
+        "build_id": build_id,
+        "target": str(target),
+        "spec_hash": hashed,
+        "state": state,
+        "status_detail": detail or note,
+        "already_building": already,
+    }

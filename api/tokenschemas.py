@@ -17,10 +17,14 @@ from enginefarm.storage.tokens import lifetime_problem, token_state
 class TokenIn(BaseModel):
     name: CatalogText = Field(min_length=1, max_length=100)
     scopes: list[str] = Field(min_length=1, max_length=3, description="read, build and/or admin")
-    expires_in_days: StrictFloat | None = Field(default=None, description="1 second (1.16e-05 days) to 3650 days; "
-                                                                        "none: until revoked")
-    project: str | None = Field(default=None, description="limit the token to one project's models (none: the whole "
-                                                          "farm); ASCII letters, digits, '-', '_' or '.'")
+    expires_in_days: StrictFloat | None = Field(
+        default=None, description="1 second (1.16e-05 days) to 3650 days; none: until revoked"
+    )
+    project: str | None = Field(
+        default=None,
+        description="limit the token to one project's models (none: the whole "
+        "farm); ASCII letters, digits, '-', '_' or '.'",
+    )
 
     @field_validator("expires_in_days")
     @classmethod
@@ -50,9 +54,17 @@ class TokenOut(BaseModel):
 
     @classmethod
     def of(cls, row: ApiTokenRow) -> TokenOut:
-        return cls(id=row.id, name=row.name, prefix=row.prefix, scopes=row.scopes, project=row.project, state=token_state(row),
-                   created_at=as_utc(row.created_at), expires_at=as_utc(row.expires_at),
-                   last_used_at=as_utc(row.last_used_at))
+        return cls(
+            id=row.id,
+            name=row.name,
+            prefix=row.prefix,
+            scopes=row.scopes,
+            project=row.project,
+            state=token_state(row),
+            created_at=as_utc(row.created_at),
+            expires_at=as_utc(row.expires_at),
+            last_used_at=as_utc(row.last_used_at),
+        )
 
 
 class NewTokenOut(TokenOut):

@@ -17,18 +17,19 @@ import os
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Callable, TypeVar
+from typing import TypeVar
 
 import anyio
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from enginefarm.core import worklock
 from enginefarm.api.metrics import UPLOAD_BYTES
+from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
 from enginefarm.core.hashing import HashingWriter
@@ -59,8 +60,9 @@ class UploadLimits:
 
     @classmethod
     def of(cls, settings: Settings, file_bytes: int, file_setting: str) -> UploadLimits:
-        return cls(file_bytes, file_setting, settings.max_form_fields, settings.max_form_bytes,
-                   settings.upload_idle_timeout_s)
+        return cls(
+            file_bytes, file_setting, settings.max_form_fields, settings.max_form_bytes, settings.upload_idle_timeout_s
+        )
 
     @property
     def body_bytes(self) -> int:
@@ -72,7 +74,8 @@ class UploadLimits:
         return PayloadTooLarge(
             f"the request body is over the {self.body_bytes} bytes an upload may take ({size}): a file of up to "
             f"{self.file_bytes} bytes ({self.file_setting}) and form fields of up to {self.form_bytes} bytes "
-            "(ENGINEFARM_MAX_FORM_BYTES); send a smaller file and only the form's own fields")
+            "(ENGINEFARM_MAX_FORM_BYTES); send a smaller file and only the form's own fields"
+        )
 
 
 class UploadSlots:
@@ -92,9 +95,11 @@ class UploadSlots:
         # A dashboard session's uploads count with those of the token that opened it.
         key = principal.family_id if principal.family_id is not None else principal.name
         if self._in_flight[key] >= limit:
-            raise TooManyUploads(f"token '{principal.name}' already has {limit} uploads in flight (its dashboard "
-                                 "sessions' included), the most one token may have (ENGINEFARM_MAX_UPLOADS_PER_TOKEN); "
-                                 "retry once one of them has finished")
+            raise TooManyUploads(
+                f"token '{principal.name}' already has {limit} uploads in flight (its dashboard "
+                "sessions' included), the most one token may have (ENGINEFARM_MAX_UPLOADS_PER_TOKEN); "
+                "retry once one of them has finished"
+            )
         self._in_flight[key] += 1
         try:
             yield
@@ -142,16 +147,22 @@ class _Receiver:
 
     def callbacks(self) -> dict:
         return {
-            "on_part_begin": self._part_begin, "on_part_data": self._part_data, "on_part_end": self._part_end,
-            "on_header_field": self._header_field, "on_header_value": self._header_val,
-            "on_header_end": self._header_end, "on_headers_finished": self._headers_done,
+            "on_part_begin": self._part_begin,
+            "on_part_data": self._part_data,
+            "on_part_end": self._part_end,
+            "on_header_field": self._header_field,
+            "on_header_value": self._header_val,
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_done,
         }
 
     def _part_begin(self) -> None:
         self._parts += 1
         if self._parts > self.limits.form_fields + 1:
-            raise PayloadTooLarge(f"the form has more than {self.limits.form_fields} fields besides the file "
-                                  "(ENGINEFARM_MAX_FORM_FIELDS); send only the file and the form's own fields")
+            raise PayloadTooLarge(
+                f"the form has more than {self.limits.form_fields} fields besides the file "
+                "(ENGINEFARM_MAX_FORM_FIELDS); send only the file and the form's own fields"
+            )
         self._headers, self._name, self._buf = {}, None, bytearray()
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
@@ -182,8 +193,10 @@ class _Receiver:
         if self._fh is not None:
             self.result.size += len(chunk)
             if self.result.size > self.limits.file_bytes:
-                raise PayloadTooLarge(f"upload is larger than the limit of {self.limits.file_bytes} bytes "
-                                      f"({self.limits.file_setting}); send a smaller file")
+                raise PayloadTooLarge(
+                    f"upload is larger than the limit of {self.limits.file_bytes} bytes "
+                    f"({self.limits.file_setting}); send a smaller file"
+                )
             self._pending.append(chunk)
         else:
             self._buf += chunk
@@ -191,8 +204,10 @@ class _Receiver:
                 raise ModelRejected(f"form field {self._name!r} is longer than {MAX_FIELD_BYTES} bytes")
             self._form_bytes += len(chunk)
             if self._form_bytes > self.limits.form_bytes:
-                raise PayloadTooLarge(f"the form fields besides the file are over {self.limits.form_bytes} bytes "
-                                      "together (ENGINEFARM_MAX_FORM_BYTES); send only the form's own fields")
+                raise PayloadTooLarge(
+                    f"the form fields besides the file are over {self.limits.form_bytes} bytes "
+                    "together (ENGINEFARM_MAX_FORM_BYTES); send only the form's own fields"
+                )
 
     def flush(self) -> None:
         """Hash and write the file's bytes parsed since the last flush, as one buffer: hashing and writing each let
@@ -234,8 +249,10 @@ async def _chunks(request: Request, limits: UploadLimits) -> AsyncIterator[bytes
         with anyio.move_on_after(limits.idle_timeout_s) as waited:
             chunk = await anext(stream, None)
         if waited.cancelled_caught:
-            raise UploadTimedOut(f"the upload sent nothing for {limits.idle_timeout_s:g} s "
-                                 "(ENGINEFARM_UPLOAD_IDLE_TIMEOUT_S) and was dropped; send the body without pauses")
+            raise UploadTimedOut(
+                f"the upload sent nothing for {limits.idle_timeout_s:g} s "
+                "(ENGINEFARM_UPLOAD_IDLE_TIMEOUT_S) and was dropped; send the body without pauses"
+            )
         if chunk is None:
             return
         yield chunk
@@ -340,8 +357,9 @@ async def _pump(chunks: AsyncIterator[bytes], write: Callable[[list[bytes]], Non
         raise stopped
 
 
-async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits,
-                         file_field: str = "file") -> ReceivedUpload:
+async def receive_upload(
+    request: Request, spool_dir: Path, limits: UploadLimits, file_field: str = "file"
+) -> ReceivedUpload:
     """Stream a multipart body to ``spool_dir``; raises 4xx errors for bad, oversized or stalled bodies.
 
     On any error the partial file is removed, so an interrupted upload leaves nothing behind.
@@ -354,8 +372,9 @@ async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits
         raise limits.body_too_large(f"it declares {declared}")
     spool_dir.mkdir(parents=True, exist_ok=True)
     receiver = _Receiver(spool_dir, limits, file_field)
-    parser = MultipartParser(params[b"boundary"], receiver.callbacks(), max_header_count=PART_HEADERS,
-                             max_header_size=PART_HEADER_LINE_BYTES)
+    parser = MultipartParser(
+        params[b"boundary"], receiver.callbacks(), max_header_count=PART_HEADERS, max_header_size=PART_HEADER_LINE_BYTES
+    )
 
     async def counted() -> AsyncIterator[bytes]:
         received = 0
@@ -375,14 +394,18 @@ async def receive_upload(request: Request, spool_dir: Path, limits: UploadLimits
         parser.finalize()
         if receiver.in_file_part:
             # No closing boundary after the file: the bytes may be cut short, and no sha256 was taken.
-            raise ModelRejected(f"malformed multipart body: it ends inside the '{file_field}' part, "
-                                "before the closing boundary; send the whole body")
+            raise ModelRejected(
+                f"malformed multipart body: it ends inside the '{file_field}' part, "
+                "before the closing boundary; send the whole body"
+            )
     except BaseException as exc:
         receiver.abandon()
         if isinstance(exc, MultipartParseError) and str(exc).startswith("Maximum header"):
-            raise PayloadTooLarge(f"a part's headers are over the limit of {PART_HEADERS} lines of at most "
-                                  f"{PART_HEADER_LINE_BYTES} bytes each; send each part with only its "
-                                  "Content-Disposition and Content-Type headers") from exc
+            raise PayloadTooLarge(
+                f"a part's headers are over the limit of {PART_HEADERS} lines of at most "
+                f"{PART_HEADER_LINE_BYTES} bytes each; send each part with only its "
+                "Content-Disposition and Content-Type headers"
+            ) from exc
         if isinstance(exc, Exception) and type(exc).__module__.startswith("python_multipart"):
             raise ModelRejected(f"malformed multipart body: {exc}") from exc
         raise

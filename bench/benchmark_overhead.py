@@ -22,12 +22,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from enginefarm.core.domain import ModelInfo, Target
 from enginefarm.core.spec import BenchmarkSpec, BuildSpec
-from enginefarm.graph.inputs import random_inputs  # noqa: E402
-from enginefarm.graph.modelfile import inspect_upload  # noqa: E402
-from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
-from enginefarm.worker.backends import BuildLog  # noqa: E402
-from enginefarm.worker.evaluate import OrtRunner  # noqa: E402
-from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
+from enginefarm.graph.inputs import random_inputs
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.worker.backends import BuildLog
+from enginefarm.worker.evaluate import OrtRunner
+from enginefarm.worker.pipeline import engine_from_model
 
 
 def bare_loop(runner: OrtRunner, inputs: dict, iterations: int) -> list[float]:
@@ -54,8 +54,14 @@ def one_size(channels: int, seconds: float, work: Path) -> dict:
     base2 = bare_loop(runner, inputs, n)
     measured = statistics.median([it.e2e for it in first.iterations + second.iterations])
     baseline = statistics.median(base + base2)
-    return {"channels": channels, "iterations": n, "measured_ms": measured, "baseline_ms": baseline,
-            "ratio": measured / baseline, "threads": runner.threads}
+    return {
+        "channels": channels,
+        "iterations": n,
+        "measured_ms": measured,
+        "baseline_ms": baseline,
+        "ratio": measured / baseline,
+        "threads": runner.threads,
+    }
 
 
 def main() -> int:
@@ -70,8 +76,10 @@ def main() -> int:
         print(f"{'channels':>8} {'iters':>6} {'threads':>7} {'bare run ms':>12} {'harness ms':>11} {'ratio':>6}")
         for size in args.sizes:
             r = one_size(size, args.seconds, Path(tmp))
-            print(f"{r['channels']:>8} {r['iterations']:>6} {r['threads']:>7} {r['baseline_ms']:>12.4f} "
-                  f"{r['measured_ms']:>11.4f} {r['ratio']:>6.3f}")
+            print(
+                f"{r['channels']:>8} {r['iterations']:>6} {r['threads']:>7} {r['baseline_ms']:>12.4f} "
+                f"{r['measured_ms']:>11.4f} {r['ratio']:>6.3f}"
+            )
     return 0
 
 

@@ -16,23 +16,81 @@ RTX_VERSIONS = ["1.7.1.116", "1.6.0.41"]
 RTX_ARCHES = ["sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm120"]
 TRT = [("10.14.1.48", "x86_64"), ("10.13.3.9", "x86_64"), ("10.3.0.30", "aarch64")]
 TRT_ARCHES = {"x86_64": ["sm80", "sm86", "sm89", "sm90"], "aarch64": ["sm87"]}
-GPU_OF = {"sm75": "Tesla T4", "sm80": "NVIDIA A100-SXM4-80GB", "sm86": "NVIDIA GeForce RTX 3090",
-          "sm87": "Orin", "sm89": "NVIDIA L4", "sm90": "NVIDIA H100 80GB HBM3", "sm100": "NVIDIA B200",
-          "sm120": "NVIDIA GeForce RTX 5090"}
+GPU_OF = {
+    "sm75": "Tesla T4",
+    "sm80": "NVIDIA A100-SXM4-80GB",
+    "sm86": "NVIDIA GeForce RTX 3090",
+    "sm87": "Orin",
+    "sm89": "NVIDIA L4",
+    "sm90": "NVIDIA H100 80GB HBM3",
+    "sm100": "NVIDIA B200",
+    "sm120": "NVIDIA GeForce RTX 5090",
+}
 PRECISIONS = ["fp16", "fp16", "fp32", "int8", "bf16"]
 
-ENGINE_COLS = ("id", "model_id", "model_sha256", "spec_hash", "target", "backend", "backend_version", "precision",
-               "compute_capability", "compute_capabilities", "gpu_name", "platform", "trt_version", "cuda_version",
-               "driver_version", "hardware_compat", "version_compatible", "sha256", "size", "blob_key",
-               "build_seconds", "built_by", "created_at", "profiles")
+ENGINE_COLS = (
+    "id",
+    "model_id",
+    "model_sha256",
+    "spec_hash",
+    "target",
+    "backend",
+    "backend_version",
+    "precision",
+    "compute_capability",
+    "compute_capabilities",
+    "gpu_name",
+    "platform",
+    "trt_version",
+    "cuda_version",
+    "driver_version",
+    "hardware_compat",
+    "version_compatible",
+    "sha256",
+    "size",
+    "blob_key",
+    "build_seconds",
+    "built_by",
+    "created_at",
+    "profiles",
+)
 VERDICT_COLS = ("engine_id", "project", "accuracy", "accuracy_pass", "checked_at")
-MODEL_COLS = ("id", "project", "name", "version", "seq", "sha256", "format", "blob_key", "size", "info", "created_at",
-              "generation")
-BENCH_COLS = ("engine_id", "shape_key", "shapes", "gpu_name", "compute_capability", "machine", "median_ms", "p99_ms",
-              "throughput_qps", "stats", "created_at")
-INFO = json.dumps({"inputs": [{"name": "images", "dtype": "float32", "dims": ["batch", 3, 640, 640]}],
-                   "outputs": [{"name": "output0", "dtype": "float32", "dims": ["batch", 84, 8400]}],
-                   "opset": 17, "ir_version": 8, "producer": "pytorch"})
+MODEL_COLS = (
+    "id",
+    "project",
+    "name",
+    "version",
+    "seq",
+    "sha256",
+    "format",
+    "blob_key",
+    "size",
+    "info",
+    "created_at",
+    "generation",
+)
+BENCH_COLS = (
+    "engine_id",
+    "shape_key",
+    "shapes",
+    "gpu_name",
+    "compute_capability",
+    "machine",
+    "median_ms",
+    "p99_ms",
+    "throughput_qps",
+    "stats",
+    "created_at",
+)
+INFO = json.dumps(
+    {
+        "inputs": [{"name": "images", "dtype": "float32", "dims": ["batch", 3, 640, 640]}],
+        "outputs": [{"name": "output0", "dtype": "float32", "dims": ["batch", 84, 8400]}],
+        "opset": 17,
+        "ir_version": 8,
+        "producer": "pytorch",
+    }
+)
 
 
 def kinds() -> list[tuple]:
@@ -74,8 +132,9 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
         with conn.cursor() as cur:
             with cur.copy(f"COPY models ({', '.join(MODEL_COLS)}) FROM STDIN") as copy:
                 for m in range(1, models + 1):
-                    copy.write_row((m, "", model_name(m), "1", 1, f"{m:064x}", "onnx", f"models/{m:064x}", 1 << 20,
-                                    INFO, now, 0))
+                    copy.write_row(
+                        (m, "", model_name(m), "1", 1, f"{m:064x}", "onnx", f"models/{m:064x}", 1 << 20, INFO, now, 0)
+                    )
             eid = 0
             verdicts = []
             with cur.copy(f"COPY engines ({', '.join(ENGINE_COLS)}) FROM STDIN") as copy:
@@ -84,14 +143,41 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                         eid += 1
                         target, backend, version, trt, plat, cc = all_kinds[i % len(all_kinds)]
                         batch_max = rng.choice([1, 8, 16, 32])
-                        profile = {"images": {"min": [1, 3, 640, 640], "opt": [max(1, batch_max // 2), 3, 640, 640],
-                                              "max": [batch_max, 3, 640, 640]}}
-                        copy.write_row((
-                            eid, m, f"{m:064x}", f"{i // len(all_kinds):064x}", target, backend, version,
-                            PRECISIONS[(i // len(all_kinds)) % len(PRECISIONS)], cc, json.dumps([cc] if cc else []),
-                            None, plat, trt, "13.0" if cc else None, "580.82.07" if cc else None, "none", False,
-                            f"{eid:064x}", 40 << 20, f"engines/{eid:064x}", 30.0, "fill", now,
-                            json.dumps([profile])))
+                        profile = {
+                            "images": {
+                                "min": [1, 3, 640, 640],
+                                "opt": [max(1, batch_max // 2), 3, 640, 640],
+                                "max": [batch_max, 3, 640, 640],
+                            }
+                        }
+                        copy.write_row(
+                            (
+                                eid,
+                                m,
+                                f"{m:064x}",
+                                f"{i // len(all_kinds):064x}",
+                                target,
+                                backend,
+                                version,
+                                PRECISIONS[(i // len(all_kinds)) % len(PRECISIONS)],
+                                cc,
+                                json.dumps([cc] if cc else []),
+                                None,
+                                plat,
+                                trt,
+                                "13.0" if cc else None,
+                                "580.82.07" if cc else None,
+                                "none",
+                                False,
+                                f"{eid:064x}",
+                                40 << 20,
+                                f"engines/{eid:064x}",
+                                30.0,
+                                "fill",
+                                now,
+                                json.dumps([profile]),
+                            )
+                        )
                         if (passed := accuracy(rng, cc)) is not None:
                             verdicts.append((eid, "", json.dumps({"pass": passed}), passed, now))
             with cur.copy(f"COPY engine_verdicts ({', '.join(VERDICT_COLS)}) FROM STDIN") as copy:
@@ -106,8 +192,21 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                         if cc and rng.random() < 0.33:
                             benchmarks += 1
                             median = round(rng.uniform(0.5, 20), 3)
-                            copy.write_row((eid, "opt", "{}", GPU_OF[target.rsplit("/", 1)[1]], cc, "{}", median,
-                                            median * 1.3, 1000 / median, "{}", now))
+                            copy.write_row(
+                                (
+                                    eid,
+                                    "opt",
+                                    "{}",
+                                    GPU_OF[target.rsplit("/", 1)[1]],
+                                    cc,
+                                    "{}",
+                                    median,
+                                    median * 1.3,
+                                    1000 / median,
+                                    "{}",
+                                    now,
+                                )
+                            )
             for table in ("models", "engines", "benchmarks", "engine_verdicts"):
                 cur.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))")
         conn.commit()
@@ -116,5 +215,9 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
         conn.execute("VACUUM ANALYZE engines")
         conn.execute("VACUUM ANALYZE benchmarks")
         conn.execute("VACUUM ANALYZE engine_verdicts")
-    return {"models": models, "engines": models * engines, "benchmarks": benchmarks,
-            "seconds": time.perf_counter() - started}
+    return {
+        "models": models,
+        "engines": models * engines,
+        "benchmarks": benchmarks,
+        "seconds": time.perf_counter() - started,
+    }

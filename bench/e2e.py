@@ -45,20 +45,26 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from enginefarm.server import localservers  # noqa: E402
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.core.domain import Target
-from enginefarm.core.spec import BuildSpec
-from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
-from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
-from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
 from enginefarm.core.hashing import sha256_file
+from enginefarm.core.spec import BuildSpec
+from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
+from enginefarm.server import localservers  # noqa: E402
+from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
 from enginefarm.storage.blobs.base import BlobStore  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
 from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 
-TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
+TARGETS = [
+    "tensorrt-rtx/sm80",
+    "tensorrt-rtx/sm86",
+    "tensorrt-rtx/sm89",
+    "tensorrt-rtx/sm120",
+    "onnxruntime/cpu-x86_64",
+]
 # The two-worker configuration splits the targets as the test suite does.
 WORKER_A = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86"]
 WORKER_B = ["tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
@@ -132,14 +138,25 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
     model_id = m["id"]
     bad = [t for t in done["tasks"] if t["state"] != "succeeded" or t["reused"]]
     if bad:
-        raise RuntimeError(f"build {build['id']}: tasks not freshly built: "
-                           + "; ".join(f"{t['target']} {t['state']} reused={t['reused']} {t['error']}" for t in bad))
+        raise RuntimeError(
+            f"build {build['id']}: tasks not freshly built: "
+            + "; ".join(f"{t['target']} {t['state']} reused={t['reused']} {t['error']}" for t in bad)
+        )
     tasks = []
     for t in done["tasks"]:
         engine = client.get(f"/v1/engines/{t['engine_id']}")
-        tasks.append({"target": t["target"], "worker": t["worker_id"], "queued": ts(t["queued_at"]),
-                      "started": ts(t["started_at"]), "finished": ts(t["finished_at"]),
-                      "wait_s": t["wait_seconds"], "run_s": t["run_seconds"], "build_s": engine["build_seconds"]})
+        tasks.append(
+            {
+                "target": t["target"],
+                "worker": t["worker_id"],
+                "queued": ts(t["queued_at"]),
+                "started": ts(t["started_at"]),
+                "finished": ts(t["finished_at"]),
+                "wait_s": t["wait_seconds"],
+                "run_s": t["run_seconds"],
+                "build_s": engine["build_seconds"],
+            }
+        )
     # Per worker, the idle time between one task's finish and its next task's start: pure dispatch latency.
     gaps, first_dispatch = [], []
     for worker in {t["worker"] for t in tasks}:
@@ -147,9 +164,15 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
         first_dispatch.append(mine[0]["started"] - mine[0]["queued"])
         gaps += [b["started"] - a["finished"] for a, b in zip(mine, mine[1:])]
     return {
-        "model_id": model_id, "wall_s": t_end - t0, "upload_s": t_upload - t0, "submit_s": t_submit - t_upload,
-        "first_dispatch_s": min(first_dispatch), "gaps": gaps, "gap_sum_s": sum(gaps),
-        "run_sum_s": sum(t["run_s"] for t in tasks), "build_sum_s": sum(t["build_s"] for t in tasks),
+        "model_id": model_id,
+        "wall_s": t_end - t0,
+        "upload_s": t_upload - t0,
+        "submit_s": t_submit - t_upload,
+        "first_dispatch_s": min(first_dispatch),
+        "gaps": gaps,
+        "gap_sum_s": sum(gaps),
+        "run_sum_s": sum(t["run_s"] for t in tasks),
+        "build_sum_s": sum(t["build_s"] for t in tasks),
         "task_overhead_s": sum(t["run_s"] - t["build_s"] for t in tasks),
         "tail_s": t_end_wall - max(t["finished"] for t in tasks),
         "tasks": tasks,
@@ -157,8 +180,9 @@ def run_farm(client: Client, model: Path, name: str, spec: dict, poll: float) ->
 
 
 def start_farm(env: dict, workers: dict[str, list[str]], log_dir: Path) -> Farm:
-    settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()
-                           if k.startswith("ENGINEFARM_")})
+    settings = Settings(
+        **{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items() if k.startswith("ENGINEFARM_")}
+    )
     farm = Farm(env, log_dir=log_dir, token=issue_token(settings, "bench-e2e", ["admin"]))
     try:
         farm.start_api()
@@ -225,10 +249,16 @@ def run_mode(mode: str, args, work: Path) -> dict:
             redis.Redis(host="127.0.0.1", port=6379, db=REDIS_DB).flushdb()
             env = localservers.distributed_env(data, pg_url, f"redis://127.0.0.1:6379/{REDIS_DB}", endpoint)
             # b's own client and its own bucket: content-addressed puts must not find the farm's blobs.
-            store = S3BlobStore.from_settings(Settings(
-                data_dir=work / mode / "bench", blob_store="s3", s3_endpoint_url=endpoint,
-                s3_bucket=f"efbench-b-{uuid.uuid4().hex[:8]}", s3_access_key=localservers.S3_KEY,
-                s3_secret_key=localservers.S3_SECRET))
+            store = S3BlobStore.from_settings(
+                Settings(
+                    data_dir=work / mode / "bench",
+                    blob_store="s3",
+                    s3_endpoint_url=endpoint,
+                    s3_bucket=f"efbench-b-{uuid.uuid4().hex[:8]}",
+                    s3_access_key=localservers.S3_KEY,
+                    s3_secret_key=localservers.S3_SECRET,
+                )
+            )
         get_dir = work / mode / "bench-get"
         get_dir.mkdir(parents=True, exist_ok=True)
         # Warm the in-process builders and the bench store client too (imports, connections).
@@ -251,28 +281,36 @@ def run_mode(mode: str, args, work: Path) -> dict:
                         seed = 1000 * (ci + 1) + rep
                         model_dir = Path(tempfile.mkdtemp(dir=TMPFS, prefix="efbench-model-"))
                         try:
-                            model = save_conv_net(model_dir / "model.onnx", channels=args.channels, blocks=args.blocks,
-                                                  seed=seed)
+                            model = save_conv_net(
+                                model_dir / "model.onnx", channels=args.channels, blocks=args.blocks, seed=seed
+                            )
                             model_sha = sha256_file(model)
                             a = run_builders(model, spec, model_dir / "scratch")
                             b = move_bytes(store, model, model_sha, a["engines"], get_dir)
-                            c = run_farm(client, model, f"bench-{mode}-{seed}-{uuid.uuid4().hex[:6]}", spec_payload,
-                                         args.poll)
+                            c = run_farm(
+                                client, model, f"bench-{mode}-{seed}-{uuid.uuid4().hex[:6]}", spec_payload, args.poll
+                            )
                             c["settle_s"] = settle(client, c["model_id"], args.settle)
                             a_s = sum(a["wall"].values())
                             b_s = b["put_s"] + b["get_s"]
-                            run = {"seed": seed, "model_bytes": model.stat().st_size,
-                                   "engine_bytes": {t: e[2] for t, e in a["engines"].items()},
-                                   "a": {"per_target_s": a["wall"], "builder_s": a["build"], "sum_s": a_s},
-                                   "b": {"puts_s": b["puts"], "put_s": b["put_s"], "get_s": b["get_s"], "sum_s": b_s},
-                                   "c": c, "ratio": c["wall_s"] / (a_s + b_s),
-                                   "fixed_per_task_s": (c["wall_s"] - a_s - b_s) / len(TARGETS),
-                                   "load1": os.getloadavg()[0]}
+                            run = {
+                                "seed": seed,
+                                "model_bytes": model.stat().st_size,
+                                "engine_bytes": {t: e[2] for t, e in a["engines"].items()},
+                                "a": {"per_target_s": a["wall"], "builder_s": a["build"], "sum_s": a_s},
+                                "b": {"puts_s": b["puts"], "put_s": b["put_s"], "get_s": b["get_s"], "sum_s": b_s},
+                                "c": c,
+                                "ratio": c["wall_s"] / (a_s + b_s),
+                                "fixed_per_task_s": (c["wall_s"] - a_s - b_s) / len(TARGETS),
+                                "load1": os.getloadavg()[0],
+                            }
                             runs.append(run)
-                            console.print(f"  repeat {rep + 1}/{args.repeat} (seed {seed}): a={a_s:.2f}s b={b_s:.2f}s "
-                                          f"c={c['wall_s']:.2f}s  c/(a+b)={run['ratio']:.2f}  "
-                                          f"fixed/task={run['fixed_per_task_s']:.3f}s  "
-                                          f"settle={c['settle_s']:.2f}s  load={run['load1']:.2f}")
+                            console.print(
+                                f"  repeat {rep + 1}/{args.repeat} (seed {seed}): a={a_s:.2f}s b={b_s:.2f}s "
+                                f"c={c['wall_s']:.2f}s  c/(a+b)={run['ratio']:.2f}  "
+                                f"fixed/task={run['fixed_per_task_s']:.3f}s  "
+                                f"settle={c['settle_s']:.2f}s  load={run['load1']:.2f}"
+                            )
                         finally:
                             shutil.rmtree(model_dir, ignore_errors=True)
                             for f in get_dir.glob("*"):
@@ -310,39 +348,78 @@ def summarize(results: list[dict]) -> dict:
                 "fixed_per_task_runs_s": [r["fixed_per_task_s"] for r in runs],
                 "wait_s": {"min": min(waits), "median": med(waits), "max": max(waits)} if waits else None,
                 "gap_s": {"min": min(gaps), "median": med(gaps), "max": max(gaps)} if gaps else None,
-                "breakdown": {k: med([r["c"][k] for r in runs]) for k in
-                              ("upload_s", "submit_s", "first_dispatch_s", "build_sum_s", "task_overhead_s",
-                               "gap_sum_s", "tail_s")},
-                "per_target": {t: {"alone_s": med([r["a"]["per_target_s"][t] for r in runs]),
-                                   "alone_builder_s": med([r["a"]["builder_s"][t] for r in runs]),
-                                   "farm_build_s": med([next(x["build_s"] for x in r["c"]["tasks"] if x["target"] == t)
-                                                        for r in runs]),
-                                   "farm_run_s": med([next(x["run_s"] for x in r["c"]["tasks"] if x["target"] == t)
-                                                      for r in runs])}
-                               for t in TARGETS},
+                "breakdown": {
+                    k: med([r["c"][k] for r in runs])
+                    for k in (
+                        "upload_s",
+                        "submit_s",
+                        "first_dispatch_s",
+                        "build_sum_s",
+                        "task_overhead_s",
+                        "gap_sum_s",
+                        "tail_s",
+                    )
+                },
+                "per_target": {
+                    t: {
+                        "alone_s": med([r["a"]["per_target_s"][t] for r in runs]),
+                        "alone_builder_s": med([r["a"]["builder_s"][t] for r in runs]),
+                        "farm_build_s": med(
+                            [next(x["build_s"] for x in r["c"]["tasks"] if x["target"] == t) for r in runs]
+                        ),
+                        "farm_run_s": med(
+                            [next(x["run_s"] for x in r["c"]["tasks"] if x["target"] == t) for r in runs]
+                        ),
+                    }
+                    for t in TARGETS
+                },
             }
     return summary
 
 
 def print_report(summary: dict, meta: dict) -> None:
-    main = Table(title=f"enginefarm end to end: {meta['model']}, {len(TARGETS)} targets, "
-                       f"median of {meta['repeat']} (seconds)")
-    for col in ("mode / config", "a builders", "b bytes (put+get)", "a+b", "c farm", "c-(a+b)", "c/(a+b)",
-                "c per repeat", "speed-up"):
+    main = Table(
+        title=f"enginefarm end to end: {meta['model']}, {len(TARGETS)} targets, median of {meta['repeat']} (seconds)"
+    )
+    for col in (
+        "mode / config",
+        "a builders",
+        "b bytes (put+get)",
+        "a+b",
+        "c farm",
+        "c-(a+b)",
+        "c/(a+b)",
+        "c per repeat",
+        "speed-up",
+    ):
         main.add_column(col, justify="right" if col != "mode / config" else "left")
     for key, s in summary.items():
         mode = key.split(" / ")[0]
         solo = summary.get(f"{mode} / {HEADLINE}")
         speedup = f"{solo['c_s'] / s['c_s']:.2f}x" if solo else ""
-        main.add_row(key, f"{s['a_s']:.2f}", f"{s['b_s']:.2f} ({s['b_put_s']:.2f}+{s['b_get_s']:.2f})",
-                     f"{s['a_plus_b_s']:.2f}", f"{s['c_s']:.2f}", f"{s['c_s'] - s['a_plus_b_s']:.2f}", f"{s['ratio']:.2f}",
-                     " ".join(f"{x:.2f}" for x in s["c_runs_s"]), speedup)
+        main.add_row(
+            key,
+            f"{s['a_s']:.2f}",
+            f"{s['b_s']:.2f} ({s['b_put_s']:.2f}+{s['b_get_s']:.2f})",
+            f"{s['a_plus_b_s']:.2f}",
+            f"{s['c_s']:.2f}",
+            f"{s['c_s'] - s['a_plus_b_s']:.2f}",
+            f"{s['ratio']:.2f}",
+            " ".join(f"{x:.2f}" for x in s["c_runs_s"]),
+            speedup,
+        )
     console.print(main)
 
     where = Table(title="where c goes (median per build, seconds; for 2 workers the sums overlap in time)")
-    cols = [("upload", "upload_s"), ("submit", "submit_s"), ("1st dispatch", "first_dispatch_s"),
-            ("Σ builder", "build_sum_s"), ("Σ in-task overhead", "task_overhead_s"), ("Σ idle gaps", "gap_sum_s"),
-            ("poll tail", "tail_s")]
+    cols = [
+        ("upload", "upload_s"),
+        ("submit", "submit_s"),
+        ("1st dispatch", "first_dispatch_s"),
+        ("Σ builder", "build_sum_s"),
+        ("Σ in-task overhead", "task_overhead_s"),
+        ("Σ idle gaps", "gap_sum_s"),
+        ("poll tail", "tail_s"),
+    ]
     where.add_column("mode / config")
     for label, _ in cols:
         where.add_column(label, justify="right")
@@ -350,9 +427,12 @@ def print_report(summary: dict, meta: dict) -> None:
     where.add_column("idle gap min/med/max", justify="right")
     for key, s in summary.items():
         w, g = s["wait_s"], s["gap_s"]
-        where.add_row(key, *(f"{s['breakdown'][k]:.2f}" for _, k in cols),
-                      f"{w['min']:.2f}/{w['median']:.2f}/{w['max']:.2f}" if w else "",
-                      f"{g['min']:.2f}/{g['median']:.2f}/{g['max']:.2f}" if g else "")
+        where.add_row(
+            key,
+            *(f"{s['breakdown'][k]:.2f}" for _, k in cols),
+            f"{w['min']:.2f}/{w['median']:.2f}/{w['max']:.2f}" if w else "",
+            f"{g['min']:.2f}/{g['median']:.2f}/{g['max']:.2f}" if g else "",
+        )
     console.print(where)
 
     per = Table(title="per target (median, seconds): builder alone vs the farm's task")
@@ -362,17 +442,27 @@ def print_report(summary: dict, meta: dict) -> None:
         per.add_column(col, justify="right")
     for key, s in summary.items():
         for t, p in s["per_target"].items():
-            per.add_row(key, t, f"{p['alone_s']:.2f}", f"{p['alone_builder_s']:.2f}", f"{p['farm_build_s']:.2f}",
-                        f"{p['farm_run_s']:.2f}")
+            per.add_row(
+                key,
+                t,
+                f"{p['alone_s']:.2f}",
+                f"{p['alone_builder_s']:.2f}",
+                f"{p['farm_build_s']:.2f}",
+                f"{p['farm_run_s']:.2f}",
+            )
     console.print(per)
     for key, s in summary.items():
         w = s["wait_s"]
-        console.print(f"[bold]{key}: farm/floor c/(a+b) = {s['ratio']:.2f}[/bold] (goal <= 1.2; per repeat "
-                      + ", ".join(f"{r:.2f}" for r in s["ratios"]) + f"); [bold]fixed cost per task "
-                      f"(c-a-b)/{len(TARGETS)} = {s['fixed_per_task_s']:.3f} s[/bold] (goal <= 0.1; per repeat "
-                      + ", ".join(f"{r:.3f}" for r in s["fixed_per_task_runs_s"]) + "); queued→running "
-                      + (f"min/median/max {w['min']:.2f}/{w['median']:.2f}/{w['max']:.2f} s" if w else "n/a"),
-                      highlight=False)
+        console.print(
+            f"[bold]{key}: farm/floor c/(a+b) = {s['ratio']:.2f}[/bold] (goal <= 1.2; per repeat "
+            + ", ".join(f"{r:.2f}" for r in s["ratios"])
+            + f"); [bold]fixed cost per task "
+            f"(c-a-b)/{len(TARGETS)} = {s['fixed_per_task_s']:.3f} s[/bold] (goal <= 0.1; per repeat "
+            + ", ".join(f"{r:.3f}" for r in s["fixed_per_task_runs_s"])
+            + "); queued→running "
+            + (f"min/median/max {w['min']:.2f}/{w['median']:.2f}/{w['max']:.2f} s" if w else "n/a"),
+            highlight=False,
+        )
     console.print(f"load average before {meta['load_before']}, after {meta['load_after']}; {meta['machine']}")
 
 
@@ -383,8 +473,11 @@ def machine_info() -> str:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal"))
+        mem_kb = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
         mem = f"{mem_kb / (1 << 20):.1f} GiB RAM"
     except (OSError, StopIteration):
         mem = "unknown RAM"
@@ -392,30 +485,45 @@ def machine_info() -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mode", choices=["embedded", "distributed", "both"], default="both")
     parser.add_argument("--repeat", type=int, default=3, help="builds per configuration, each with a new model seed")
     parser.add_argument("--channels", type=int, default=384, help="conv_net channels (384 x 6 blocks: ~27 MB)")
     parser.add_argument("--blocks", type=int, default=6, help="conv_net blocks")
     parser.add_argument("--poll", type=float, default=0.05, help="the client's wait_build poll interval")
-    parser.add_argument("--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration")
+    parser.add_argument(
+        "--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration"
+    )
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs, data)")
-    parser.add_argument("--no-settle", dest="settle", action="store_false",
-                        help="start each repeat at once, while the last build's benchmarks may still run")
-    parser.add_argument("--smoke", action="store_true", help="embedded, one worker, one small build: checks that "
-                                                             "it runs")
+    parser.add_argument(
+        "--no-settle",
+        dest="settle",
+        action="store_false",
+        help="start each repeat at once, while the last build's benchmarks may still run",
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="embedded, one worker, one small build: checks that it runs"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.mode, args.repeat, args.channels, args.blocks, args.workers = "embedded", 1, 16, 1, 1
 
     modes = ["embedded", "distributed"] if args.mode == "both" else [args.mode]
     work = Path(tempfile.mkdtemp(prefix="efbench-"))
-    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine_info(), "settle": args.settle,
-            "model": f"conv_net(channels={args.channels}, blocks={args.blocks})", "repeat": args.repeat,
-            "targets": TARGETS, "poll_s": args.poll, "load_before": [round(x, 2) for x in os.getloadavg()],
-            "work_dir": str(work)}
+    meta = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine_info(),
+        "settle": args.settle,
+        "model": f"conv_net(channels={args.channels}, blocks={args.blocks})",
+        "repeat": args.repeat,
+        "targets": TARGETS,
+        "poll_s": args.poll,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "work_dir": str(work),
+    }
     console.print(f"work dir {work}; {meta['machine']}; load average {meta['load_before']}")
     try:
         results = [run_mode(mode, args, work) for mode in modes]

@@ -55,8 +55,16 @@ MACHINES = {
     "RTX 5090": {"gpu": "NVIDIA GeForce RTX 5090", "cc": "12.0", "trt_rtx": "1.6.0.41", **DRIVER},
     "A100": {"gpu": "NVIDIA A100-SXM4-80GB", "cc": "8.0", "trt": "10.14.1.48", **DRIVER},
     "H100": {"gpu": "NVIDIA H100 80GB HBM3", "cc": "9.0", "trt": "10.13.3.9", **DRIVER},
-    "Jetson Orin": {"gpu": "Orin", "cc": "8.7", "trt": "10.3.0.30", "driver": "540.4.0", "cuda": "12.6",
-                    "platform": "aarch64", "jetpack": "6.2", "accept": "cpu"},
+    "Jetson Orin": {
+        "gpu": "Orin",
+        "cc": "8.7",
+        "trt": "10.3.0.30",
+        "driver": "540.4.0",
+        "cuda": "12.6",
+        "platform": "aarch64",
+        "jetpack": "6.2",
+        "accept": "cpu",
+    },
     "CPU server": {"platform": "x86_64"},
 }
 
@@ -76,8 +84,11 @@ def run_phase(name: str, coro_of, api_pid: int) -> dict:
 
 def questions(models: list[str], token: str, host: str) -> list[httpload.Request]:
     auth = {"Authorization": f"Bearer {token}"}
-    return [(httpload.request_bytes("/v1/resolve?" + urlencode({"model": m, **fp}), host, auth), 200)
-            for m in models for fp in MACHINES.values()]
+    return [
+        (httpload.request_bytes("/v1/resolve?" + urlencode({"model": m, **fp}), host, auth), 200)
+        for m in models
+        for fp in MACHINES.values()
+    ]
 
 
 def conditional(farm: Farm, fleet: list[httpload.Request], token: str) -> list[httpload.Request]:
@@ -93,8 +104,9 @@ def conditional(farm: Farm, fleet: list[httpload.Request], token: str) -> list[h
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--models", type=int, default=10_000)
     parser.add_argument("--engines", type=int, default=100, help="engines per model")
     parser.add_argument("--api-workers", type=int, default=2)
@@ -113,15 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-")))
         pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_fleet"))
-        env = {"ENGINEFARM_DATA_DIR": str(work / "data"), "ENGINEFARM_DATABASE_URL": pg_url,
-               "ENGINEFARM_BROKER_URL": f"redis://127.0.0.1:6379/{REDIS_DB}", "ENGINEFARM_RECONCILE_SECONDS": "0",
-               "ENGINEFARM_GC_INTERVAL_SECONDS": "0"}
+        env = {
+            "ENGINEFARM_DATA_DIR": str(work / "data"),
+            "ENGINEFARM_DATABASE_URL": pg_url,
+            "ENGINEFARM_BROKER_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
+            "ENGINEFARM_RECONCILE_SECONDS": "0",
+            "ENGINEFARM_GC_INTERVAL_SECONDS": "0",
+        }
         settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
-        subprocess.run([sys.executable, "-m", "enginefarm", "migrate"], env={**os.environ, **env}, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "enginefarm", "migrate"],
+            env={**os.environ, **env},
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         filled = catalogfill.fill(pg_url, args.models, args.engines)
-        print(f"catalog: {filled['models']} models, {filled['engines']} engines, {filled['benchmarks']} benchmarks "
-              f"by COPY in {filled['seconds']:.1f} s", flush=True)
+        print(
+            f"catalog: {filled['models']} models, {filled['engines']} engines, {filled['benchmarks']} benchmarks "
+            f"by COPY in {filled['seconds']:.1f} s",
+            flush=True,
+        )
         token = issue_token(settings, "fleet", ["read"])
         farm = Farm(env, log_dir=work)
         stack.callback(farm.stop)
@@ -141,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
 
         def cold(_k: int) -> httpload.Request:
             q = urlencode({"model": cold_rng.choice(names), **cold_rng.choice(fps)})
-            return (httpload.request_bytes("/v1/resolve?" + q, f"{host}:{port}",
-                                           {"Authorization": f"Bearer {token}"}), 200)
+            return (
+                httpload.request_bytes("/v1/resolve?" + q, f"{host}:{port}", {"Authorization": f"Bearer {token}"}),
+                200,
+            )
 
         def closed(pick):
             return lambda: httpload.closed_loop(host, port, pick, args.connections, args.seconds)
@@ -163,9 +188,12 @@ def main(argv: list[str] | None = None) -> int:
             httpload.run(httpload.closed_loop(host, port, lambda k: health[0], 4, min(1.0, args.seconds)))  # settle
             results.append(run_phase(name, coro_of, farm.api.pid))
             r = results[-1]
-            print(f"{name:12s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f}  p90 {r['p90_ms']:7.2f}  "
-                  f"p99 {r['p99_ms']:7.2f}  max {r['max_ms']:7.1f} ms  errors {r['errors']}  "
-                  f"API {r['api_cpu_ms']:.2f} + PostgreSQL {r['pg_cpu_ms']:.2f} CPU ms/request", flush=True)
+            print(
+                f"{name:12s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f}  p90 {r['p90_ms']:7.2f}  "
+                f"p99 {r['p99_ms']:7.2f}  max {r['max_ms']:7.1f} ms  errors {r['errors']}  "
+                f"API {r['api_cpu_ms']:.2f} + PostgreSQL {r['pg_cpu_ms']:.2f} CPU ms/request",
+                flush=True,
+            )
     by = {r["phase"]: r for r in results}
 
     def cost(p: str) -> float:
@@ -179,13 +207,24 @@ def main(argv: list[str] | None = None) -> int:
         "fleet/healthz throughput": by["fleet"]["rps"] / by["healthz"]["rps"],
         "conditional/healthz throughput": by["conditional"]["rps"] / by["healthz"]["rps"],
     }
-    print(f"{filled['engines']} engines, {args.api_workers} API workers, {os.cpu_count()} CPUs; open loop "
-          f"{args.rate:.0f} req/s over {args.open_connections} connections; closed loop {args.connections}")
+    print(
+        f"{filled['engines']} engines, {args.api_workers} API workers, {os.cpu_count()} CPUs; open loop "
+        f"{args.rate:.0f} req/s over {args.open_connections} connections; closed loop {args.connections}"
+    )
     for k, v in ratios.items():
         print(f"  {k:36s} {v:6.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"fill": filled, "phases": results, "ratios": ratios, "args": {
-            k: str(v) for k, v in vars(args).items()}}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "fill": filled,
+                    "phases": results,
+                    "ratios": ratios,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                },
+                indent=2,
+            )
+        )
     return 0 if all(r["ok"] for r in results) else 1
 
 

@@ -126,18 +126,25 @@ class Cli:
 
     def __call__(self, *args: str, timeout: float = 900, check: bool = True) -> str:
         started = time.monotonic()
-        done = subprocess.run([PY, "-m", "enginefarm", *args], capture_output=True, text=True, env=self.env,
-                              timeout=timeout)
-        self.log(f"$ enginefarm {' '.join(args)}  ({time.monotonic() - started:.1f} s, exit {done.returncode})\n"
-                 f"{done.stdout[-6000:]}{done.stderr[-3000:]}")
+        done = subprocess.run(
+            [PY, "-m", "enginefarm", *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
+        self.log(
+            f"$ enginefarm {' '.join(args)}  ({time.monotonic() - started:.1f} s, exit {done.returncode})\n"
+            f"{done.stdout[-6000:]}{done.stderr[-3000:]}"
+        )
         if check and done.returncode != 0:
             raise RuntimeError(f"enginefarm {args[0]} failed: {done.stderr[-2000:] or done.stdout[-2000:]}")
         return done.stdout
 
 
 def start_farm(data: Path, port: int, log) -> tuple[subprocess.Popen, dict[str, str]]:
-    proc = subprocess.Popen([PY, "-m", "enginefarm", "up", "--data-dir", str(data), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PY, "-m", "enginefarm", "up", "--data-dir", str(data), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     env, deadline = {**os.environ, "COLUMNS": "250"}, time.monotonic() + 180
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
@@ -161,8 +168,16 @@ def _cpu_target() -> str:
     return f"onnxruntime/cpu-{platform.machine()}"
 
 
-def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: float, port: int,
-        given_targets: list[str] | None = None, fetch: bool = True) -> int:
+def run(
+    src: Path,
+    out: Path,
+    names: list[str],
+    precisions: list[str],
+    seconds: float,
+    port: int,
+    given_targets: list[str] | None = None,
+    fetch: bool = True,
+) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logfile = open(out / "log.txt", "a")  # noqa: SIM115 - the run's log, open until it ends
 
@@ -179,8 +194,14 @@ def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: 
     results_path = work / "results.json"
     if results_path.exists():
         results = json.loads(results_path.read_text())
-    results.setdefault("runs", []).append({"precisions": precisions, "models": names, "seconds": seconds,
-                                           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    results.setdefault("runs", []).append(
+        {
+            "precisions": precisions,
+            "models": names,
+            "seconds": seconds,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+    )
     probe = subprocess.run([PY, "-m", "enginefarm", "worker", "--probe"], capture_output=True, text=True, timeout=300)
     log(probe.stdout[-4000:] + probe.stderr[-2000:])
     results["probe"] = probe.stdout
@@ -193,8 +214,11 @@ def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: 
     else:
         targets = [cuda_targets[0], _cpu_target()]
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm",
-                              "--format=csv"], capture_output=True, text=True)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,compute_cap,driver_version,memory.total,clocks.max.sm", "--format=csv"],
+            capture_output=True,
+            text=True,
+        )
         results["nvidia_smi"] = smi.stdout
         log(smi.stdout)
     farm, env = start_farm(work / "farm", port, log)
@@ -220,8 +244,17 @@ def run(src: Path, out: Path, names: list[str], precisions: list[str], seconds: 
                     spec.setdefault("benchmark", {}).update(shapes=shapes, duration_s=seconds)
                     spec_file = work / f"{name}-{precision}-{which}.json"
                     spec_file.write_text(json.dumps(spec))
-                    args = ["build", name, "--precision", precision, "--spec-file", str(spec_file), "--wait",
-                            "--timeout", "900"]
+                    args = [
+                        "build",
+                        name,
+                        "--precision",
+                        precision,
+                        "--spec-file",
+                        str(spec_file),
+                        "--wait",
+                        "--timeout",
+                        "900",
+                    ]
                     for t in dict.fromkeys(targets):
                         args += ["-t", t]
                     cli(*args, check=False)
@@ -259,15 +292,29 @@ def _save(path: Path, results: dict, out: Path | None = None) -> None:
 def _api_get(env: dict[str, str], path: str) -> Any:
     import httpx
 
-    return httpx.get(f"{env['ENGINEFARM_API_URL']}{path}", timeout=30,
-                     headers={"Authorization": f"Bearer {env['ENGINEFARM_TOKEN']}"}).json()
+    return httpx.get(
+        f"{env['ENGINEFARM_API_URL']}{path}", timeout=30, headers={"Authorization": f"Bearer {env['ENGINEFARM_TOKEN']}"}
+    ).json()
 
 
 def engines_of(env: dict[str, str], report: dict) -> dict[str, Any]:
     """Each engine of the report as the catalog has it: the whole accuracy verdict (the TF32 note included), the
     versions and the GPU it was built on, the memory figure the resolver's memory rule uses."""
-    keep = ("id", "target", "precision", "backend_version", "gpu_name", "compute_capability", "cuda_version",
-            "driver_version", "size", "sha256", "device_memory_bytes", "accuracy_pass", "accuracy")
+    keep = (
+        "id",
+        "target",
+        "precision",
+        "backend_version",
+        "gpu_name",
+        "compute_capability",
+        "cuda_version",
+        "driver_version",
+        "size",
+        "sha256",
+        "device_memory_bytes",
+        "accuracy_pass",
+        "accuracy",
+    )
     ids = sorted({r["engine_id"] for r in report.get("rows", []) if r.get("engine_id")})
     return {str(i): {k: v for k, v in _api_get(env, f"/v1/engines/{i}").items() if k in keep} for i in ids}
 
@@ -286,10 +333,20 @@ def fetch_and_verify(cli: Cli, name: str, opt: dict[str, list[int]], work: Path,
     engine_id, target, match, short = chosen[-1]
     row = _api_get(cli.env, f"/v1/engines/{engine_id}")
     sha = _sha256(dest)
-    out.update(engine_id=int(engine_id), target=target, match=match, precision=row.get("precision"),
-               sha256=sha, catalog_sha256=row.get("sha256"), sha256_matches=sha == row.get("sha256"),
-               fingerprint=subprocess.run([PY, "-c", "from enginefarm.core.probe.machineprobe import this_machine; print(this_machine())"],
-                                          capture_output=True, text=True).stdout.strip())
+    out.update(
+        engine_id=int(engine_id),
+        target=target,
+        match=match,
+        precision=row.get("precision"),
+        sha256=sha,
+        catalog_sha256=row.get("sha256"),
+        sha256_matches=sha == row.get("sha256"),
+        fingerprint=subprocess.run(
+            [PY, "-c", "from enginefarm.core.probe.machineprobe import this_machine; print(this_machine())"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip(),
+    )
     try:
         import numpy as np
         import onnxruntime as ort
@@ -305,9 +362,11 @@ def fetch_and_verify(cli: Cli, name: str, opt: dict[str, list[int]], work: Path,
         out.update(runs_on=session.get_providers()[0], outputs=[list(g.shape) for g in got])
     except Exception as exc:  # noqa: BLE001 - recorded, not fatal: the matrix goes on
         out["run_error"] = f"{type(exc).__name__}: {exc}"
-    log(f"fetched for this machine: engine {engine_id} {target} {out['precision']} ({match}), sha256 {sha[:12]} "
+    log(
+        f"fetched for this machine: engine {engine_id} {target} {out['precision']} ({match}), sha256 {sha[:12]} "
         f"{'matches' if out['sha256_matches'] else 'DIFFERS FROM'} the catalog's, runs on "
-        f"{out.get('runs_on') or out.get('run_error')}")
+        f"{out.get('runs_on') or out.get('run_error')}"
+    )
     return out
 
 
@@ -364,14 +423,20 @@ def matrix_rows(results: dict, targets: list[str]) -> list[dict[str, Any]]:
                 continue
             medians[precision] = _ms(g_opt, "latency_ms", "median")
             stats = (g_max or g_opt or {}).get("stats") or {}
-            rows.append({
-                "model": name, "precision": precision,
-                "opt": g_opt, "largest": g_max, "cpu_opt": c_opt, "cpu_largest": c_max,
-                "memory": stats.get("gpu_memory_in_use_bytes"),
-                "accuracy": _accuracy(g_opt or any_row, done.get("engines") or {}),
-                "detail": None if g_opt else (any_row or {}).get("detail"),
-                "fp16_over_fp32": None,
-            })
+            rows.append(
+                {
+                    "model": name,
+                    "precision": precision,
+                    "opt": g_opt,
+                    "largest": g_max,
+                    "cpu_opt": c_opt,
+                    "cpu_largest": c_max,
+                    "memory": stats.get("gpu_memory_in_use_bytes"),
+                    "accuracy": _accuracy(g_opt or any_row, done.get("engines") or {}),
+                    "detail": None if g_opt else (any_row or {}).get("detail"),
+                    "fp16_over_fp32": None,
+                }
+            )
         for r in rows:
             if r["model"] == name and r["precision"] == "fp16":
                 r["fp16_over_fp32"] = _ratio(medians.get("fp32"), medians.get("fp16"))
@@ -387,11 +452,14 @@ def _shape(row: dict | None) -> str:
 
 def matrix_markdown(results: dict, targets: list[str]) -> str:
     cuda, cpu = targets
-    lines = [f"Targets: `{cuda}` (measured on the GPU) against `{cpu}` (the same machine's CPU).", "",
-             "| model | prec | opt shape | p50 ms | p99 ms | qps | largest | p50 ms | p99 ms | items/s | "
-             "H2D / compute / D2H ms (opt) | GPU memory MiB (largest) | accuracy vs CPU fp32 | × CPU opt | × CPU largest | "
-             "fp16 / fp32 |",
-             "|" + "---|" * 16]
+    lines = [
+        f"Targets: `{cuda}` (measured on the GPU) against `{cpu}` (the same machine's CPU).",
+        "",
+        "| model | prec | opt shape | p50 ms | p99 ms | qps | largest | p50 ms | p99 ms | items/s | "
+        "H2D / compute / D2H ms (opt) | GPU memory MiB (largest) | accuracy vs CPU fp32 | × CPU opt | × CPU largest | "
+        "fp16 / fp32 |",
+        "|" + "---|" * 16,
+    ]
     for r in matrix_rows(results, targets):
         o, m = r["opt"], r["largest"]
         if o is None:
@@ -407,15 +475,22 @@ def matrix_markdown(results: dict, targets: list[str]) -> str:
             f"{memory} | {r['accuracy']} | "
             f"{_ratio(_ms(r['cpu_opt'], 'latency_ms', 'median'), _ms(o, 'latency_ms', 'median'))} | "
             f"{_ratio(_ms(r['cpu_largest'], 'latency_ms', 'median'), _ms(m, 'latency_ms', 'median'))} | "
-            f"{r['fp16_over_fp32'] or '—'} |")
-    lines += ["", f"The CPU artifacts (`{cpu}`) they are compared with, same farm and machine:", "",
-              "| model | prec | p50 ms opt | p99 ms opt | p50 ms largest | threads | accuracy vs CPU fp32 |",
-              "|---|---|---|---|---|---|---|"]
+            f"{r['fp16_over_fp32'] or '—'} |"
+        )
+    lines += [
+        "",
+        f"The CPU artifacts (`{cpu}`) they are compared with, same farm and machine:",
+        "",
+        "| model | prec | p50 ms opt | p99 ms opt | p50 ms largest | threads | accuracy vs CPU fp32 |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in matrix_rows(results, targets):
         c, cm = r["cpu_opt"], r["cpu_largest"]
-        lines.append(f"| {r['model']} | {r['precision']} | {_f(_ms(c, 'latency_ms', 'median'))} | "
-                     f"{_f(_ms(c, 'latency_ms', 'p99'))} | {_f(_ms(cm, 'latency_ms', 'median'))} | "
-                     f"{((c or {}).get('stats') or {}).get('threads', '—')} | {_accuracy(c, {})} |")
+        lines.append(
+            f"| {r['model']} | {r['precision']} | {_f(_ms(c, 'latency_ms', 'median'))} | "
+            f"{_f(_ms(c, 'latency_ms', 'p99'))} | {_f(_ms(cm, 'latency_ms', 'median'))} | "
+            f"{((c or {}).get('stats') or {}).get('threads', '—')} | {_accuracy(c, {})} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -443,12 +518,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "table":
         results = json.loads(args.results.read_text())
-        targets = sorted({r["target"] for d in results["models"].values() for r in (d.get("report") or {}).get("rows", [])})
+        targets = sorted(
+            {r["target"] for d in results["models"].values() for r in (d.get("report") or {}).get("rows", [])}
+        )
         cuda = next(t for t in targets if CUDA_TARGET_RE.fullmatch(t))
         print(matrix_markdown(results, [cuda, next(t for t in targets if t.startswith("onnxruntime/cpu-"))]))
         return 0
-    return run(args.dir, args.out, args.models.split(","), args.precisions.split(","), args.seconds, args.port,
-               args.targets.split(",") if args.targets else None, not args.no_fetch)
+    return run(
+        args.dir,
+        args.out,
+        args.models.split(","),
+        args.precisions.split(","),
+        args.seconds,
+        args.port,
+        args.targets.split(",") if args.targets else None,
+        not args.no_fetch,
+    )
 
 
 if __name__ == "__main__":

@@ -100,20 +100,38 @@ class FmaKernel:
     def bind(self, x_ptr: int, y_ptr: int, n: int) -> None:
         """Set the buffers; the argument arrays are kept alive here, as cuLaunchKernel reads them by address."""
         self.n = n
-        self._args = [np.array([x_ptr], np.uint64), np.array([y_ptr], np.uint64), np.array([n], np.uint64),
-                      np.array([self.steps], np.int32), np.array([A], np.float32), np.array([B], np.float32)]
+        self._args = [
+            np.array([x_ptr], np.uint64),
+            np.array([y_ptr], np.uint64),
+            np.array([n], np.uint64),
+            np.array([self.steps], np.int32),
+            np.array([A], np.float32),
+            np.array([B], np.float32),
+        ]
         self._arg_ptrs = np.array([a.ctypes.data for a in self._args], dtype=np.uint64)
 
     def launch(self, stream_handle: int) -> None:
         blocks = (self.n + THREADS - 1) // THREADS
-        G.cu("cuLaunchKernel", self.function, blocks, 1, 1, THREADS, 1, 1, 0, stream_handle,
-             self._arg_ptrs.ctypes.data, 0)
+        G.cu(
+            "cuLaunchKernel",
+            self.function,
+            blocks,
+            1,
+            1,
+            THREADS,
+            1,
+            1,
+            0,
+            stream_handle,
+            self._arg_ptrs.ctypes.data,
+            0,
+        )
 
     def expected(self, x: np.ndarray) -> np.ndarray:
         """Closed form of ``steps`` times v ← a·v + b: 1 + aⁿ·(x − 1) (the fixed point is b / (1 − a) = 1)."""
         a, b = float(np.float32(A)), float(np.float32(B))
         fixed = b / (1 - a)
-        return fixed + a ** self.steps * (x.astype(np.float64) - fixed)
+        return fixed + a**self.steps * (x.astype(np.float64) - fixed)
 
     def flops(self) -> float:
         return 2.0 * self.n * self.steps
@@ -195,8 +213,9 @@ def stand_in_trt(kernel: FmaKernel, n: int) -> SimpleNamespace:
             return np.float32
         raise TypeError("Could not resolve TensorRT datatype to an equivalent numpy datatype.")
 
-    return SimpleNamespace(ILogger=ILogger, Runtime=Runtime, DataType=DataType, TensorIOMode=TensorIOMode,
-                           nptype=nptype)
+    return SimpleNamespace(
+        ILogger=ILogger, Runtime=Runtime, DataType=DataType, TensorIOMode=TensorIOMode, nptype=nptype
+    )
 
 
 # --------------------------------------------------------------------------- reporting
@@ -209,18 +228,24 @@ def phase_table(title: str, summary: dict) -> list[str]:
         s = summary.get(phase)
         if s:
             lines.append(f"  {phase:<12}" + "".join(f"{s[c]:9.4f}" for c in cols))
-    lines.append(f"  {summary['iterations']} iterations in {summary['wall_s']:.2f} s after "
-                 f"{summary['warmup_iterations']} warm-up ({summary['warmup_s'] * 1000:.0f} ms): "
-                 f"{summary['throughput_qps']:.1f} inferences/s")
+    lines.append(
+        f"  {summary['iterations']} iterations in {summary['wall_s']:.2f} s after "
+        f"{summary['warmup_iterations']} warm-up ({summary['warmup_s'] * 1000:.0f} ms): "
+        f"{summary['throughput_qps']:.1f} inferences/s"
+    )
     return lines
 
 
 def clocks_line(c: dict) -> str:
     if set(c) == {"error"}:
         return f"unavailable ({c['error']})"
-    parts = [f"SM {c.get('sm_mhz')}/{c.get('sm_max_mhz')} MHz", f"memory {c.get('memory_mhz')}/{c.get('memory_max_mhz')} MHz",
-             f"graphics {c.get('graphics_mhz')}/{c.get('graphics_max_mhz')} MHz",
-             f"{c.get('temperature_c')} °C", f"{c.get('power_w', 0):.0f} W"]
+    parts = [
+        f"SM {c.get('sm_mhz')}/{c.get('sm_max_mhz')} MHz",
+        f"memory {c.get('memory_mhz')}/{c.get('memory_max_mhz')} MHz",
+        f"graphics {c.get('graphics_mhz')}/{c.get('graphics_max_mhz')} MHz",
+        f"{c.get('temperature_c')} °C",
+        f"{c.get('power_w', 0):.0f} W",
+    ]
     return ", ".join(parts) + (f" [{c['error']}]" if "error" in c else "")
 
 
@@ -276,15 +301,27 @@ def main(argv: list[str] | None = None) -> int:
     with G.CudaDevice(args.device) as dev:
         free0, total = dev.mem_info()
         cc = dev.compute_capability
-        out["device"] = {"name": dev.name, "compute_capability": cc, "pci_bus_id": dev.pci_bus_id,
-                         "multiprocessors": dev.attribute("MULTIPROCESSOR_COUNT"), "memory_total_bytes": total,
-                         "driver": nvml_driver_version(), "driver_cuda": G.CudaDevice.driver_cuda_version(),
-                         "nvrtc": nvrtc_version(), "python": platform.python_version(), "numpy": np.__version__}
+        out["device"] = {
+            "name": dev.name,
+            "compute_capability": cc,
+            "pci_bus_id": dev.pci_bus_id,
+            "multiprocessors": dev.attribute("MULTIPROCESSOR_COUNT"),
+            "memory_total_bytes": total,
+            "driver": nvml_driver_version(),
+            "driver_cuda": G.CudaDevice.driver_cuda_version(),
+            "nvrtc": nvrtc_version(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+        }
         d = out["device"]
-        print(f"device {args.device}: {d['name']}, compute capability {cc}, {d['multiprocessors']} SMs, "
-              f"{total / 2**30:.1f} GiB, PCI {d['pci_bus_id']}")
-        print(f"driver {d['driver']} (CUDA {d['driver_cuda']}), NVRTC {d['nvrtc']}, Python {d['python']}, "
-              f"numpy {d['numpy']}")
+        print(
+            f"device {args.device}: {d['name']}, compute capability {cc}, {d['multiprocessors']} SMs, "
+            f"{total / 2**30:.1f} GiB, PCI {d['pci_bus_id']}"
+        )
+        print(
+            f"driver {d['driver']} (CUDA {d['driver_cuda']}), NVRTC {d['nvrtc']}, Python {d['python']}, "
+            f"numpy {d['numpy']}"
+        )
         print(f"clocks before: {clocks_line(G.gpu_clocks(pci_bus_id=dev.pci_bus_id))}")
 
         nbytes = args.mib << 20
@@ -295,8 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         x_host.array[:] = np.random.default_rng(0).random(n, dtype=np.float32)
         expected = kernel.expected(x_host.array)
         kernel.bind(x_dev.ptr, y_dev.ptr, n)
-        print(f"workload: {args.mib} MiB in, fma chain of {args.fma} steps on {n} floats, {args.mib} MiB out; "
-              f"trtexec defaults: {args.warmup_ms:.0f} ms warm-up, ≥{args.duration:g} s, ≥{args.iterations} iterations\n")
+        print(
+            f"workload: {args.mib} MiB in, fma chain of {args.fma} steps on {n} floats, {args.mib} MiB out; "
+            f"trtexec defaults: {args.warmup_ms:.0f} ms warm-up, ≥{args.duration:g} s, ≥{args.iterations} iterations\n"
+        )
 
         results: dict[str, dict] = {}
         for graph in (False, True):
@@ -304,8 +343,14 @@ def main(argv: list[str] | None = None) -> int:
             y_host.array[:] = np.nan
             pipe = G.TimedPipeline([(x_dev, x_host)], kernel.launch, [(y_host, y_dev)], cuda_graph=graph)
             try:
-                m = G.benchmark_pipeline(pipe, dev, warmup_ms=args.warmup_ms, duration_s=args.duration,
-                                         min_iterations=args.iterations, free_before=free0)
+                m = G.benchmark_pipeline(
+                    pipe,
+                    dev,
+                    warmup_ms=args.warmup_ms,
+                    duration_s=args.duration,
+                    min_iterations=args.iterations,
+                    free_before=free0,
+                )
             finally:
                 pipe.close()
             s = results[mode] = m.summary()
@@ -316,12 +361,16 @@ def main(argv: list[str] | None = None) -> int:
             err = float(np.max(np.abs(y_host.array - expected)))  # NaN where a value was not copied back
             ok = err <= TOLERANCE
             checks[f"output_{mode}"] = {"max_abs_error": err, "tolerance": TOLERANCE, "ok": ok}
-            print(f"  (a) output vs numpy closed form: max |error| {err:.2e} (≤ {TOLERANCE:g}): {'OK' if ok else 'FAIL'}")
+            print(
+                f"  (a) output vs numpy closed form: max |error| {err:.2e} (≤ {TOLERANCE:g}): {'OK' if ok else 'FAIL'}"
+            )
             peak = s["peak_device_memory_bytes"]
             ok = peak >= 2 * nbytes
             checks[f"peak_memory_{mode}"] = {"bytes": peak, "buffers_bytes": 2 * nbytes, "ok": ok}
-            print(f"  peak device memory over the start: {peak / 2**20:.1f} MiB (buffers {2 * nbytes / 2**20:.0f} MiB): "
-                  f"{'OK' if ok else 'FAIL'}\n")
+            print(
+                f"  peak device memory over the start: {peak / 2**20:.1f} MiB (buffers {2 * nbytes / 2**20:.0f} MiB): "
+                f"{'OK' if ok else 'FAIL'}\n"
+            )
         out["results"] = results
 
         base, cg = results["no_graph"], results["graph"]
@@ -331,9 +380,11 @@ def main(argv: list[str] | None = None) -> int:
             ok = BANDWIDTH_GBS[0] <= gbs <= BANDWIDTH_GBS[1]
             bw[phase] = gbs
             checks[f"bandwidth_{phase}"] = {"gb_s": gbs, "range": BANDWIDTH_GBS, "ok": ok}
-        print(f"(b) bandwidth from median copy times: H2D {bw['h2d']:.1f} GB/s, D2H {bw['d2h']:.1f} GB/s "
-              f"(plausible {BANDWIDTH_GBS[0]:g}-{BANDWIDTH_GBS[1]:g}): "
-              f"{'OK' if checks['bandwidth_h2d']['ok'] and checks['bandwidth_d2h']['ok'] else 'FAIL'}")
+        print(
+            f"(b) bandwidth from median copy times: H2D {bw['h2d']:.1f} GB/s, D2H {bw['d2h']:.1f} GB/s "
+            f"(plausible {BANDWIDTH_GBS[0]:g}-{BANDWIDTH_GBS[1]:g}): "
+            f"{'OK' if checks['bandwidth_h2d']['ok'] and checks['bandwidth_d2h']['ok'] else 'FAIL'}"
+        )
         tflops = kernel.flops() / (base["compute"]["median"] / 1000) / 1e12
         out["kernel_tflops_fp32"] = tflops
         print(f"    kernel: {tflops:.1f} TFLOP/s FP32 at the median compute time")
@@ -345,24 +396,39 @@ def main(argv: list[str] | None = None) -> int:
             t = stats.summarize(torch_ms)
             ratio = t.median / base["compute"]["median"]
             ok = 0.95 <= ratio <= 1.05
-            checks["torch_events"] = {"torch_median_ms": t.median, "ours_median_ms": base["compute"]["median"],
-                                      "ratio": ratio, "samples": t.count, "ok": ok}
-            print(f"(c) torch.cuda.Event, same kernel launch: median {t.median:.4f} ms over {t.count} launches, "
-                  f"ours {base['compute']['median']:.4f} ms: ratio {ratio:.3f} (0.95-1.05): {'OK' if ok else 'FAIL'}")
+            checks["torch_events"] = {
+                "torch_median_ms": t.median,
+                "ours_median_ms": base["compute"]["median"],
+                "ratio": ratio,
+                "samples": t.count,
+                "ok": ok,
+            }
+            print(
+                f"(c) torch.cuda.Event, same kernel launch: median {t.median:.4f} ms over {t.count} launches, "
+                f"ours {base['compute']['median']:.4f} ms: ratio {ratio:.3f} (0.95-1.05): {'OK' if ok else 'FAIL'}"
+            )
 
-        spec = SimpleNamespace(warmup_ms=args.warmup_ms, duration_s=min(args.duration, 1.0),
-                               iterations=args.iterations, cuda_graph=True)
+        spec = SimpleNamespace(
+            warmup_ms=args.warmup_ms, duration_s=min(args.duration, 1.0), iterations=args.iterations, cuda_graph=True
+        )
         with R.TensorRTEngineRunner(b"stand-in", stand_in_trt(kernel, n), args.device) as runner:
             got = runner.infer({"x": x_host.array})["y"]
             err = float(np.max(np.abs(got - expected)))
             rs = runner.benchmark({"x": x_host.array}, spec).summary()
         ratio = rs["compute"]["median"] / cg["compute"]["median"]
         ok = err <= TOLERANCE and 0.95 <= ratio <= 1.05
-        checks["runner_stand_in"] = {"max_abs_error": err, "compute_median_ms": rs["compute"]["median"],
-                                     "ratio_to_pipeline_graph": ratio, "iterations": rs["iterations"], "ok": ok}
-        print(f"(d) TensorRTEngineRunner with a stand-in engine launching the kernel: output max |error| {err:.2e}, "
-              f"graph compute median {rs['compute']['median']:.4f} ms = {ratio:.3f} × the pipeline's: "
-              f"{'OK' if ok else 'FAIL'}")
+        checks["runner_stand_in"] = {
+            "max_abs_error": err,
+            "compute_median_ms": rs["compute"]["median"],
+            "ratio_to_pipeline_graph": ratio,
+            "iterations": rs["iterations"],
+            "ok": ok,
+        }
+        print(
+            f"(d) TensorRTEngineRunner with a stand-in engine launching the kernel: output max |error| {err:.2e}, "
+            f"graph compute median {rs['compute']['median']:.4f} ms = {ratio:.3f} × the pipeline's: "
+            f"{'OK' if ok else 'FAIL'}"
+        )
 
         ratios = {
             "graph_vs_no_graph_compute": cg["compute"]["median"] / base["compute"]["median"],

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 Request = tuple[bytes, int]  # the request's bytes, and the status it must get
 
@@ -37,10 +37,17 @@ class Result:
         return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
     def summary(self) -> dict:
-        return {"ok": self.ok, "errors": sum(self.errors.values()), "error_kinds": dict(self.errors),
-                "statuses": dict(self.statuses), "rps": self.ok / self.seconds if self.seconds else 0.0,
-                "p50_ms": self.pct(0.50), "p90_ms": self.pct(0.90), "p99_ms": self.pct(0.99),
-                "max_ms": max(self.latencies_ms, default=float("nan"))}
+        return {
+            "ok": self.ok,
+            "errors": sum(self.errors.values()),
+            "error_kinds": dict(self.errors),
+            "statuses": dict(self.statuses),
+            "rps": self.ok / self.seconds if self.seconds else 0.0,
+            "p50_ms": self.pct(0.50),
+            "p90_ms": self.pct(0.90),
+            "p99_ms": self.pct(0.99),
+            "max_ms": max(self.latencies_ms, default=float("nan")),
+        }
 
 
 def request_bytes(path: str, host: str, headers: dict[str, str]) -> bytes:
@@ -98,8 +105,15 @@ async def _one(conn: _Conn, req: Request, res: Result, since: float, timeout: fl
         res.error(f"HTTP {status}")
 
 
-async def open_loop(host: str, port: int, pick: Callable[[int], Request], rate: float, connections: int,
-                    seconds: float, timeout: float = 10.0) -> Result:
+async def open_loop(
+    host: str,
+    port: int,
+    pick: Callable[[int], Request],
+    rate: float,
+    connections: int,
+    seconds: float,
+    timeout: float = 10.0,
+) -> Result:
     """``rate`` requests/s for ``seconds``, request k on connection k % connections, scheduled at start + k/rate."""
     res, total = Result(), int(rate * seconds)
     conns = [_Conn(host, port) for _ in range(connections)]
@@ -120,8 +134,9 @@ async def open_loop(host: str, port: int, pick: Callable[[int], Request], rate: 
     return res
 
 
-async def closed_loop(host: str, port: int, pick: Callable[[int], Request], connections: int, seconds: float,
-                      timeout: float = 10.0) -> Result:
+async def closed_loop(
+    host: str, port: int, pick: Callable[[int], Request], connections: int, seconds: float, timeout: float = 10.0
+) -> Result:
     """``connections`` clients, each sending its next request when the last is answered, for ``seconds``."""
     res = Result()
     conns = [_Conn(host, port) for _ in range(connections)]

@@ -55,12 +55,26 @@ NO_CHECKS = {"benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
 # The clients' machines: the GPU name and compute capability pick the engine; the runtime versions
 # are filled in from the engines the farm built.
 MACHINES = [
-    {"name": "sm86", "target": "tensorrt-rtx/sm86",
-     "machine": {"gpu_name": "NVIDIA GeForce RTX 3090", "compute_capability": "8.6", "memory_mib": 24576,
-                 "platform": "x86_64"}},
-    {"name": "sm89", "target": "tensorrt-rtx/sm89",
-     "machine": {"gpu_name": "NVIDIA GeForce RTX 4090", "compute_capability": "8.9", "memory_mib": 24564,
-                 "platform": "x86_64"}},
+    {
+        "name": "sm86",
+        "target": "tensorrt-rtx/sm86",
+        "machine": {
+            "gpu_name": "NVIDIA GeForce RTX 3090",
+            "compute_capability": "8.6",
+            "memory_mib": 24576,
+            "platform": "x86_64",
+        },
+    },
+    {
+        "name": "sm89",
+        "target": "tensorrt-rtx/sm89",
+        "machine": {
+            "gpu_name": "NVIDIA GeForce RTX 4090",
+            "compute_capability": "8.9",
+            "memory_mib": 24564,
+            "platform": "x86_64",
+        },
+    },
 ]
 REDIS_DB = 13
 PHASES = ("healthz", "s3", "farm")
@@ -73,11 +87,22 @@ def machine_info() -> dict:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    mem_kb = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal")), 0)
-    return {"nproc": os.cpu_count(), "client_cpus": len(os.sched_getaffinity(0)), "cpu": cpu,
-            "mem_gib": round(mem_kb / (1 << 20), 1), "os": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version()}
+    mem_kb = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        ),
+        0,
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "client_cpus": len(os.sched_getaffinity(0)),
+        "cpu": cpu,
+        "mem_gib": round(mem_kb / (1 << 20), 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
 
 
 def create_token(env: dict, console) -> str | None:
@@ -92,10 +117,15 @@ def create_token(env: dict, console) -> str | None:
         return lines[-1].strip()
     if done is not None:
         lines = [ln.strip() for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith("(Background")]
-        err = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else
-                   f"exit code {done.returncode}")
-    console.print(f"[yellow]warning: `enginefarm token create` failed ({err[:200]}); "
-                  "running without an Authorization header[/yellow]", highlight=False)
+        err = next(
+            (ln for ln in reversed(lines) if "Error" in ln or "error" in ln),
+            lines[-1] if lines else f"exit code {done.returncode}",
+        )
+    console.print(
+        f"[yellow]warning: `enginefarm token create` failed ({err[:200]}); "
+        "running without an Authorization header[/yellow]",
+        highlight=False,
+    )
     return None
 
 
@@ -139,10 +169,10 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
     """Servers, farm, token, one model built for TARGETS; returns what the clients need."""
     import redis
 
-    from enginefarm.server import localservers
     from enginefarm.core.config import Settings
-    from enginefarm.server.embedded import Farm
     from enginefarm.graph.samples import sample_spec, save_conv_net
+    from enginefarm.server import localservers
+    from enginefarm.server.embedded import Farm
     from enginefarm.storage.blobs import engine_key
     from enginefarm.storage.blobs.s3 import S3BlobStore
 
@@ -159,13 +189,21 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     farm = Farm(env, log_dir=log_dir)
     stack.callback(farm.stop)
-    console.print(f"starting the farm: API with {args.api_workers} uvicorn workers, Celery workers "
-                  f"{', '.join(WORKERS)}; SeaweedFS {endpoint}")
+    console.print(
+        f"starting the farm: API with {args.api_workers} uvicorn workers, Celery workers "
+        f"{', '.join(WORKERS)}; SeaweedFS {endpoint}"
+    )
     try:
         # Migrate once, first: every uvicorn worker migrates at start-up, and on an empty database several
         # doing it at once collide (CREATE TABLE alembic_version) and take the API down.
-        subprocess.run([sys.executable, "-m", "enginefarm", "migrate"], env=farm.env, cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL, timeout=120)
+        subprocess.run(
+            [sys.executable, "-m", "enginefarm", "migrate"],
+            env=farm.env,
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            timeout=120,
+        )
         farm.start_api(timeout=120, workers=args.api_workers)
         token = create_token(farm.env, console)
         farm.token = token  # Farm watches the workers' heartbeats with it
@@ -196,15 +234,28 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
         machines = []
         for spec in MACHINES:
             engine = by_target[spec["target"]]
-            machine = dict(spec["machine"], trt_rtx_version=engine["backend_version"],
-                           cuda_version=engine["cuda_version"], driver_version=engine["driver_version"])
+            machine = dict(
+                spec["machine"],
+                trt_rtx_version=engine["backend_version"],
+                cuda_version=engine["cuda_version"],
+                driver_version=engine["driver_version"],
+            )
             body = {"model": model_name, "version": model["version"], "machine": machine}
             answer = client._json(client.http.post("/v1/resolve", json=body))
             if answer["engine"]["id"] != engine["id"]:
-                raise RuntimeError(f"a {spec['name']} machine resolves to {answer['engine']['target']}, "
-                                   f"not {spec['target']}")
-            machines.append({"name": spec["name"], "target": spec["target"], "machine": machine,
-                             "engine_id": engine["id"], "sha256": engine["sha256"], "size": engine["size"]})
+                raise RuntimeError(
+                    f"a {spec['name']} machine resolves to {answer['engine']['target']}, not {spec['target']}"
+                )
+            machines.append(
+                {
+                    "name": spec["name"],
+                    "target": spec["target"],
+                    "machine": machine,
+                    "engine_id": engine["id"],
+                    "sha256": engine["sha256"],
+                    "size": engine["size"],
+                }
+            )
 
     # The download baseline: the same objects, presigned, straight from SeaweedFS.
     settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
@@ -213,15 +264,27 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
         m["presigned_url"] = store.presigned_url(engine_key(m["sha256"]), expires_seconds=24 * 3600)
         r = httpx.get(m["presigned_url"], timeout=60, trust_env=False)
         if r.status_code != 200 or hashlib.sha256(r.content).hexdigest() != m["sha256"]:
-            raise RuntimeError(f"presigned GET of {m['target']}'s engine: HTTP {r.status_code}, "
-                               f"{len(r.content)} bytes, sha256 mismatch or error")
+            raise RuntimeError(
+                f"presigned GET of {m['target']}'s engine: HTTP {r.status_code}, "
+                f"{len(r.content)} bytes, sha256 mismatch or error"
+            )
 
-    weed = [pid for pid, (pgrp, _c, _cpu) in proc_stats().items()
-            if pid == pgrp and f"-dir={weed_dir}" in cmdline(pid)]
-    meter = CpuMeter({"API (uvicorn)": [farm.api.pid], "Celery workers": [p.pid for p in farm.workers.values()],
-                      "SeaweedFS": weed}, pg_url.rsplit("/", 1)[1], farm.api.pid)
-    return {"farm": farm, "token": token, "model": model, "machines": machines, "meter": meter, "log_dir": log_dir,
-            "model_bytes": model_path.stat().st_size, "catalog": catalog}
+    weed = [pid for pid, (pgrp, _c, _cpu) in proc_stats().items() if pid == pgrp and f"-dir={weed_dir}" in cmdline(pid)]
+    meter = CpuMeter(
+        {"API (uvicorn)": [farm.api.pid], "Celery workers": [p.pid for p in farm.workers.values()], "SeaweedFS": weed},
+        pg_url.rsplit("/", 1)[1],
+        farm.api.pid,
+    )
+    return {
+        "farm": farm,
+        "token": token,
+        "model": model,
+        "machines": machines,
+        "meter": meter,
+        "log_dir": log_dir,
+        "model_bytes": model_path.stat().st_size,
+        "catalog": catalog,
+    }
 
 
 def fmt_ms(x: float) -> str:
@@ -233,12 +296,17 @@ def print_report(res: dict, meta: dict, console) -> None:
 
     s = {p: res[p] for p in PHASES if p in res}
     farm, hz, s3 = s.get("farm"), s.get("healthz"), s.get("s3")
-    t = Table(title=f"{meta['clients']} clients, {meta['seconds']:g} s per phase after {meta['warmup']:g} s warm-up, "
-                    f"{meta['api_workers']} API workers, {meta['client_procs']} client process(es) — latency in ms")
+    t = Table(
+        title=f"{meta['clients']} clients, {meta['seconds']:g} s per phase after {meta['warmup']:g} s warm-up, "
+        f"{meta['api_workers']} API workers, {meta['client_procs']} client process(es) — latency in ms"
+    )
     for col in ("phase", "operation", "count", "per s", "MB/s", "p50", "p90", "p99", "max", "mean"):
         t.add_column(col, justify="left" if col in ("phase", "operation") else "right")
-    for phase, ops in (("healthz", ["healthz"]), ("s3", ["s3"]),
-                       ("farm", ["resolve", "download", "download headers", "cycle"])):
+    for phase, ops in (
+        ("healthz", ["healthz"]),
+        ("s3", ["s3"]),
+        ("farm", ["resolve", "download", "download headers", "cycle"]),
+    ):
         if phase not in s:
             continue
         for op in ops:
@@ -248,15 +316,27 @@ def print_report(res: dict, meta: dict, console) -> None:
                 continue
             mb = f"{o['mb_s']:.1f}" if op in ("s3", "download") else ""
             rate = "" if op == "download headers" else f"{o['per_s']:.1f}"
-            t.add_row(phase, op, str(o["n"]), rate, mb, fmt_ms(o["p50"]), fmt_ms(o["p90"]), fmt_ms(o["p99"]),
-                      fmt_ms(o["max"]), fmt_ms(o["mean"]))
+            t.add_row(
+                phase,
+                op,
+                str(o["n"]),
+                rate,
+                mb,
+                fmt_ms(o["p50"]),
+                fmt_ms(o["p90"]),
+                fmt_ms(o["p99"]),
+                fmt_ms(o["max"]),
+                fmt_ms(o["mean"]),
+            )
     console.print(t)
     if farm:
         ops = farm["ops"]
         reqs = ops.get("resolve", {}).get("n", 0) + ops.get("download", {}).get("n", 0)
-        console.print(f"farm: {reqs / meta['seconds']:.1f} requests/s (resolve + download), "
-                      f"{ops.get('cycle', {}).get('per_s', 0):.1f} cycles/s, {farm['mb_s']:.1f} MB/s; "
-                      f"sha256 verified for {farm['verified']} downloads (header, resolve answer and catalog)")
+        console.print(
+            f"farm: {reqs / meta['seconds']:.1f} requests/s (resolve + download), "
+            f"{ops.get('cycle', {}).get('per_s', 0):.1f} cycles/s, {farm['mb_s']:.1f} MB/s; "
+            f"sha256 verified for {farm['verified']} downloads (header, resolve answer and catalog)"
+        )
 
     err = Table(title="errors (any non-2xx, exception or failed check), by kind")
     err.add_column("phase")
@@ -291,15 +371,17 @@ def print_report(res: dict, meta: dict, console) -> None:
             base = ho["mean"] + so["mean"]
             r.add_row("cycle / (healthz + S3 GET), means", "", "", "", "", f"{cyc['mean'] / base:.2f} (time)")
         console.print(r)
-        console.print("throughput ratios compare the farm phase's resolves (or downloads) with a phase doing only "
-                      "healthz (or only S3 GETs): the farm's clients split their time between the two.",
-                      highlight=False)
+        console.print(
+            "throughput ratios compare the farm phase's resolves (or downloads) with a phase doing only "
+            "healthz (or only S3 GETs): the farm's clients split their time between the two.",
+            highlight=False,
+        )
 
-    cpu = Table(title="CPU over each measured window (CPU-seconds per second; the machine has "
-                      f"{meta['machine']['nproc']})")
+    cpu = Table(
+        title=f"CPU over each measured window (CPU-seconds per second; the machine has {meta['machine']['nproc']})"
+    )
     cpu.add_column("phase")
-    names = ["API (uvicorn)", "SeaweedFS", "PostgreSQL", "Celery workers", "clients", "rest of machine",
-             "machine busy"]
+    names = ["API (uvicorn)", "SeaweedFS", "PostgreSQL", "Celery workers", "clients", "rest of machine", "machine busy"]
     for n in names:
         cpu.add_column(n, justify="right")
     for col in ("DB sessions opened", "DB commits", "DB active s"):
@@ -308,26 +390,41 @@ def print_report(res: dict, meta: dict, console) -> None:
         c = dict(data["cpu"], clients=data["client_cpu_s"])
         c["rest of machine"] = c["machine busy"] - sum(c[n] for n in names[:5])
         pg = c.get("pg", {})
-        cpu.add_row(phase, *(f"{c[n] / meta['seconds']:.2f}" for n in names),
-                    *(f"{pg[k]:.0f}" if k in pg else "-" for k in ("sessions", "xact_commit")),
-                    f"{pg['active_time'] / 1e3:.1f}" if "active_time" in pg else "-")
+        cpu.add_row(
+            phase,
+            *(f"{c[n] / meta['seconds']:.2f}" for n in names),
+            *(f"{pg[k]:.0f}" if k in pg else "-" for k in ("sessions", "xact_commit")),
+            f"{pg['active_time'] / 1e3:.1f}" if "active_time" in pg else "-",
+        )
     console.print(cpu)
     for phase, data in s.items():
         w = data["server"]
         c = w.get("db_connections_max", {})
-        console.print(f"{phase}: API worker processes seen {w.get('api_processes')} (of {meta['api_workers']}; more "
-                      f"means uvicorn replaced a worker); scratch-DB connections at most {c.get('all', 0)} (idle in "
-                      f"transaction {c.get('idle in transaction', 0)}, active {c.get('active', 0)}, idle "
-                      f"{c.get('idle', 0)}), sampled {w.get('samples')} times", highlight=False)
-    console.print("rest of machine: busy CPU of every process not listed (other PostgreSQL databases, other "
-                  "programs, the kernel); DB columns: pg_stat_database of the scratch database over the window.",
-                  highlight=False)
+        console.print(
+            f"{phase}: API worker processes seen {w.get('api_processes')} (of {meta['api_workers']}; more "
+            f"means uvicorn replaced a worker); scratch-DB connections at most {c.get('all', 0)} (idle in "
+            f"transaction {c.get('idle in transaction', 0)}, active {c.get('active', 0)}, idle "
+            f"{c.get('idle', 0)}), sampled {w.get('samples')} times",
+            highlight=False,
+        )
+    console.print(
+        "rest of machine: busy CPU of every process not listed (other PostgreSQL databases, other "
+        "programs, the kernel); DB columns: pg_stat_database of the scratch database over the window.",
+        highlight=False,
+    )
     m = meta["machine"]
-    console.print(f"machine: nproc {m['nproc']}, {m['cpu']}, {m['mem_gib']} GiB, {m['os']}, Python {m['python']}; "
-                  f"CPUs available to the client processes: {m['client_cpus']}; load average before "
-                  f"{meta['load_before']}, after {meta.get('load_after')}", highlight=False)
-    console.print("engines: " + ", ".join(f"{e['target']} {e['size'] / 1e6:.2f} MB" for e in meta["engines"]) +
-                  f"; model {meta['model_bytes'] / 1e6:.2f} MB; auth: {meta['auth']}", highlight=False)
+    console.print(
+        f"machine: nproc {m['nproc']}, {m['cpu']}, {m['mem_gib']} GiB, {m['os']}, Python {m['python']}; "
+        f"CPUs available to the client processes: {m['client_cpus']}; load average before "
+        f"{meta['load_before']}, after {meta.get('load_after')}",
+        highlight=False,
+    )
+    console.print(
+        "engines: "
+        + ", ".join(f"{e['target']} {e['size'] / 1e6:.2f} MB" for e in meta["engines"])
+        + f"; model {meta['model_bytes'] / 1e6:.2f} MB; auth: {meta['auth']}",
+        highlight=False,
+    )
     if meta.get("log_problems"):
         console.print("farm logs, WARNING/ERROR lines and tracebacks (count):", highlight=False)
         for name, kinds in meta["log_problems"].items():
@@ -336,8 +433,9 @@ def print_report(res: dict, meta: dict, console) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=200, help="concurrent clients")
     parser.add_argument("--seconds", type=float, default=60, help="measured seconds per phase")
     parser.add_argument("--warmup", type=float, default=5, help="seconds per phase run before the clock starts")
@@ -349,8 +447,9 @@ def main() -> int:
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument("--json", type=Path, help="write the figures (and every setting) to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs)")
-    parser.add_argument("--smoke", action="store_true", help="4 clients for 2 s per phase, small engines: checks "
-                                                             "that it runs")
+    parser.add_argument(
+        "--smoke", action="store_true", help="4 clients for 2 s per phase, small engines: checks that it runs"
+    )
     args = parser.parse_args()
     if args.smoke:
         args.clients, args.seconds, args.warmup, args.channels, args.blocks = 4, 2.0, 0.5, 16, 1
@@ -365,30 +464,50 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGHUP, _terminate)
 
-    meta = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "clients": args.clients,
-            "seconds": args.seconds, "warmup": args.warmup, "api_workers": args.api_workers,
-            "client_procs": args.client_procs, "machine": machine_info(),
-            "load_before": [round(x, 2) for x in os.getloadavg()]}
+    meta = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "warmup": args.warmup,
+        "api_workers": args.api_workers,
+        "client_procs": args.client_procs,
+        "machine": machine_info(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
     m = meta["machine"]
-    console.print(f"nproc {m['nproc']} ({m['cpu']}); CPUs for the client processes: {m['client_cpus']}; "
-                  f"load average {meta['load_before']}", highlight=False)
+    console.print(
+        f"nproc {m['nproc']} ({m['cpu']}); CPUs for the client processes: {m['client_cpus']}; "
+        f"load average {meta['load_before']}",
+        highlight=False,
+    )
     work = Path(tempfile.mkdtemp(prefix="efload-"))
     results: dict = {}
     try:
         with ExitStack() as stack:
             env = setup_farm(args, work, stack, console)
             meta["auth"] = "Bearer token (scope build)" if env["token"] else "none (token create failed)"
-            meta["engines"] = [{"target": e["target"], "size": e["size"], "sha256": e["sha256"]}
-                               for e in env["catalog"].values()]
+            meta["engines"] = [
+                {"target": e["target"], "size": e["size"], "sha256": e["sha256"]} for e in env["catalog"].values()
+            ]
             meta["model_bytes"] = env["model_bytes"]
             auth = {"Authorization": f"Bearer {env['token']}"} if env["token"] else {}
-            cfg = {"url": env["farm"].url, "headers": auth,
-                   "model": env["model"]["name"], "version": env["model"]["version"], "machines": env["machines"],
-                   "clients": args.clients, "seconds": args.seconds, "warmup": args.warmup, "timeout": args.timeout}
+            cfg = {
+                "url": env["farm"].url,
+                "headers": auth,
+                "model": env["model"]["name"],
+                "version": env["model"]["version"],
+                "machines": env["machines"],
+                "clients": args.clients,
+                "seconds": args.seconds,
+                "warmup": args.warmup,
+                "timeout": args.timeout,
+            }
             try:
                 for phase in [p for p in PHASES if p in args.phases]:
-                    console.print(f"phase {phase}: {args.clients} clients, {args.warmup:g} s warm-up + "
-                                  f"{args.seconds:g} s", highlight=False)
+                    console.print(
+                        f"phase {phase}: {args.clients} clients, {args.warmup:g} s warm-up + {args.seconds:g} s",
+                        highlight=False,
+                    )
                     results[phase] = summarize(run_phase(phase, cfg, args.client_procs, env["meter"]))
                     o = results[phase]
                     rates = ", ".join(f"{k} {v['per_s']:.1f}/s" for k, v in o["ops"].items() if k != "download headers")
@@ -412,6 +531,8 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        print("interrupted: the farm, SeaweedFS, the client processes and the scratch database are stopped",
-              file=sys.stderr)
+        print(
+            "interrupted: the farm, SeaweedFS, the client processes and the scratch database are stopped",
+            file=sys.stderr,
+        )
         sys.exit(130)

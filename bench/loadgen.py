@@ -52,8 +52,15 @@ def _exc_kind(op: str, exc: BaseException) -> str:
     return f"{op}: {type(exc).__name__}"
 
 
-async def _get_verified(http: httpx.AsyncClient, url: str, op: str, expect_sha: str, expect_size: int,
-                        rec: Recorder, headers: dict | None = None) -> tuple[bool, float | None]:
+async def _get_verified(
+    http: httpx.AsyncClient,
+    url: str,
+    op: str,
+    expect_sha: str,
+    expect_size: int,
+    rec: Recorder,
+    headers: dict | None = None,
+) -> tuple[bool, float | None]:
     """Stream ``url`` (following the farm's redirect to S3, as the client does), hash it, check it. Returns (ok,
     seconds to the response headers)."""
     started = time.perf_counter()
@@ -111,13 +118,16 @@ async def _client(i: int, phase: str, http: httpx.AsyncClient, cfg: dict, rec: R
                 answer = r.json()
                 engine = answer["engine"]
                 if engine["id"] != m["engine_id"] or engine["sha256"] != m["sha256"]:
-                    rec.error(f"resolve: chose engine {engine['id']} ({engine['target']}), expected {m['engine_id']}",
-                              t_resolved)
+                    rec.error(
+                        f"resolve: chose engine {engine['id']} ({engine['target']}), expected {m['engine_id']}",
+                        t_resolved,
+                    )
                     continue
                 rec.ok("resolve", started, t_resolved)
                 op = "download"
-                ok, t_headers = await _get_verified(http, answer["download_url"], "download", m["sha256"], m["size"],
-                                                    rec, headers=auth)
+                ok, t_headers = await _get_verified(
+                    http, answer["download_url"], "download", m["sha256"], m["size"], rec, headers=auth
+                )
                 ended = time.perf_counter()
                 if t_headers is not None and rec.counts(ended):
                     rec.lat.setdefault("download headers", []).append(t_headers)
@@ -158,13 +168,23 @@ def client_process(ids: list[int], phase: str, cfg: dict, ready, go, go_at, resu
         ready.put(os.getpid())
         go.wait()
         rec = asyncio.run(_run_clients(ids, phase, cfg, go_at.value))
-        results.put({"pid": os.getpid(), "lat": rec.lat, "bytes": dict(rec.bytes), "errors": dict(rec.errors),
-                     "errors_outside": dict(rec.errors_outside), "verified": rec.verified, "cpu_s": rec.cpu_s})
+        results.put(
+            {
+                "pid": os.getpid(),
+                "lat": rec.lat,
+                "bytes": dict(rec.bytes),
+                "errors": dict(rec.errors),
+                "errors_outside": dict(rec.errors_outside),
+                "verified": rec.verified,
+                "cpu_s": rec.cpu_s,
+            }
+        )
     except BaseException as exc:  # noqa: BLE001 - report anything to the parent
         results.put({"pid": os.getpid(), "fatal": "".join(traceback.format_exception(exc))})
 
 
 # ============================================================================== CPU accounting (/proc)
+
 
 def proc_stats() -> dict[int, tuple[int, str, float]]:
     """pid -> (process group, comm, CPU seconds so far) for every process we can read."""
@@ -210,10 +230,15 @@ class CpuMeter:
         samples = 0
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             while True:
-                seen |= {pid for pid, (pgrp, _c, _cpu) in proc_stats().items()
-                         if pgrp == self.api_pid and "spawn_main" in cmdline(pid)}  # not the resource tracker
-                rows = conn.execute("SELECT coalesce(state, '?'), count(*) FROM pg_stat_activity WHERE datname = %s "
-                                    "GROUP BY 1", (self.pg_db,)).fetchall()
+                seen |= {
+                    pid
+                    for pid, (pgrp, _c, _cpu) in proc_stats().items()
+                    if pgrp == self.api_pid and "spawn_main" in cmdline(pid)
+                }  # not the resource tracker
+                rows = conn.execute(
+                    "SELECT coalesce(state, '?'), count(*) FROM pg_stat_activity WHERE datname = %s GROUP BY 1",
+                    (self.pg_db,),
+                ).fetchall()
                 now = {state: n for state, n in rows}
                 now["all"] = sum(now.values())
                 for state, n in now.items():
@@ -244,16 +269,19 @@ class CpuMeter:
 
         try:
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-                row = conn.execute(f"SELECT {', '.join(self.PG_STATS)} FROM pg_stat_database WHERE datname = %s",
-                                   (self.pg_db,)).fetchone()
+                row = conn.execute(
+                    f"SELECT {', '.join(self.PG_STATS)} FROM pg_stat_database WHERE datname = %s", (self.pg_db,)
+                ).fetchone()
         except Exception:  # noqa: BLE001 - statistics are extra; never fail the run for them
             return {}
         return dict(zip(self.PG_STATS, (float(x or 0) for x in row))) if row else {}
 
     @staticmethod
     def delta(a: dict, b: dict) -> dict:
-        out = {name: sum(cpu - a["per"][name].get(pid, 0.0) for pid, cpu in pids.items())
-               for name, pids in b["per"].items()}
+        out = {
+            name: sum(cpu - a["per"][name].get(pid, 0.0) for pid, cpu in pids.items())
+            for name, pids in b["per"].items()
+        }
         out["machine busy"] = b["busy"] - a["busy"]
         out["machine total"] = b["total"] - a["total"]
         out["pg"] = {k: b["pg"][k] - a["pg"][k] for k in b["pg"] if k in a["pg"]}
@@ -261,8 +289,6 @@ class CpuMeter:
 
 
 # ============================================================================== a phase
-
-
 
 
 def pct(values: list[float], q: float) -> float:
@@ -277,8 +303,11 @@ def run_phase(phase: str, cfg: dict, procs: int, meter: CpuMeter) -> dict:
     ctx = mp.get_context("spawn")
     ready, results, go, go_at = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     shares = [list(range(cfg["clients"]))[k::procs] for k in range(procs)]
-    children = [ctx.Process(target=client_process, args=(ids, phase, cfg, ready, go, go_at, results), daemon=True)
-                for ids in shares if ids]
+    children = [
+        ctx.Process(target=client_process, args=(ids, phase, cfg, ready, go, go_at, results), daemon=True)
+        for ids in shares
+        if ids
+    ]
     try:
         for p in children:
             p.start()
@@ -309,8 +338,15 @@ def run_phase(phase: str, cfg: dict, procs: int, meter: CpuMeter) -> dict:
     fatal = [p["fatal"] for p in parts if "fatal" in p]
     if fatal:
         raise RuntimeError(f"a client process of phase {phase} failed:\n" + fatal[0])
-    merged: dict = {"lat": {}, "bytes": Counter(), "errors": Counter(), "errors_outside": Counter(), "verified": 0,
-                    "client_cpu_s": 0.0, "seconds": cfg["seconds"]}
+    merged: dict = {
+        "lat": {},
+        "bytes": Counter(),
+        "errors": Counter(),
+        "errors_outside": Counter(),
+        "verified": 0,
+        "client_cpu_s": 0.0,
+        "seconds": cfg["seconds"],
+    }
     for p in parts:
         for op, lats in p["lat"].items():
             merged["lat"].setdefault(op, []).extend(lats)
@@ -328,11 +364,22 @@ def summarize(phase: dict) -> dict:
     secs = phase["seconds"]
     ops = {}
     for op, lats in phase["lat"].items():
-        ops[op] = {"n": len(lats), "per_s": len(lats) / secs, "mb_s": phase["bytes"].get(op, 0) / secs / 1e6,
-                   "mean": statistics.fmean(lats) if lats else float("nan"),
-                   **{f"p{q}": pct(lats, q) for q in (50, 90, 99)}, "max": max(lats) if lats else float("nan")}
-    return {"ops": ops, "errors": dict(phase["errors"]), "error_total": sum(phase["errors"].values()),
-            "errors_outside": dict(phase["errors_outside"]),
-            "verified": phase["verified"], "cpu": phase["cpu"], "client_cpu_s": phase["client_cpu_s"],
-            "server": phase["server"],
-            "mb_s": sum(phase["bytes"].values()) / secs / 1e6}
+        ops[op] = {
+            "n": len(lats),
+            "per_s": len(lats) / secs,
+            "mb_s": phase["bytes"].get(op, 0) / secs / 1e6,
+            "mean": statistics.fmean(lats) if lats else float("nan"),
+            **{f"p{q}": pct(lats, q) for q in (50, 90, 99)},
+            "max": max(lats) if lats else float("nan"),
+        }
+    return {
+        "ops": ops,
+        "errors": dict(phase["errors"]),
+        "error_total": sum(phase["errors"].values()),
+        "errors_outside": dict(phase["errors_outside"]),
+        "verified": phase["verified"],
+        "cpu": phase["cpu"],
+        "client_cpu_s": phase["client_cpu_s"],
+        "server": phase["server"],
+        "mb_s": sum(phase["bytes"].values()) / secs / 1e6,
+    }

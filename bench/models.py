@@ -46,12 +46,22 @@ from rich.table import Table  # noqa: E402
 
 from enginefarm.core.domain import Target  # noqa: E402
 from enginefarm.core.spec import BuildSpec  # noqa: E402
-from tests.realmodels import MODELS, path, samples  # noqa: E402
-from tests.realmodels import large  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
 from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
+from tests.realmodels import (  # noqa: E402
+    MODELS,
+    large,
+    path,
+    samples,
+)
 
-TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64"]
+TARGETS = [
+    "tensorrt-rtx/sm80",
+    "tensorrt-rtx/sm86",
+    "tensorrt-rtx/sm89",
+    "tensorrt-rtx/sm120",
+    "onnxruntime/cpu-x86_64",
+]
 console = Console(width=150)
 
 
@@ -101,8 +111,11 @@ def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
                 if t["state"] != "succeeded":
                     raise RuntimeError(f"{t['target']}: {t['state']} {t['error']}")
                 engine = c.get(f"/v1/engines/{t['engine_id']}")
-                tasks[t["target"]] = {"run_s": t["run_seconds"], "build_s": engine["build_seconds"],
-                                      "wait_s": t["wait_seconds"]}
+                tasks[t["target"]] = {
+                    "run_s": t["run_seconds"],
+                    "build_s": engine["build_seconds"],
+                    "wait_s": t["wait_seconds"],
+                }
         return {"wall_s": wall, "tasks": tasks}
     finally:
         farm.stop()
@@ -115,8 +128,9 @@ MODELS_DIR: Path | None = None
 
 def _model(name: str):
     """The corpus entry, file and sampler of a model of either list."""
-    model, source, sampler = ((large.LARGE[name], large.path, large.samples) if name in large.LARGE
-                              else (MODELS[name], path, samples))
+    model, source, sampler = (
+        (large.LARGE[name], large.path, large.samples) if name in large.LARGE else (MODELS[name], path, samples)
+    )
     given = MODELS_DIR / f"{name}.onnx" if MODELS_DIR else None
     if not given or not given.exists():
         return model, source(name), sampler
@@ -146,11 +160,11 @@ def save_models(names: list[str], out: Path) -> None:
 def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> dict:
     """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved. With ``repair``,
     the quantize stage's accuracy repair runs first and its kept layers stay float in the artifact timed."""
+    from enginefarm.graph.modelfile import inspect_upload
     from enginefarm.worker import int8_vs_fp32 as compare
     from enginefarm.worker.backends.base import BuildBackend
     from enginefarm.worker.cleanup import prepared_model
     from enginefarm.worker.evaluate import OrtRunner
-    from enginefarm.graph.modelfile import inspect_upload
     from enginefarm.worker.int8_choice import quantize_for_cpu
 
     model, source, sampler = _model(name)
@@ -186,9 +200,16 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
         int8_ms, fp32_ms = compare.interleaved(lambda: a.infer(feed), lambda: b.infer(feed), rounds=rounds)
     finally:
         a.close(), b.close()
-    return {**compare.verdict(int8_ms, fp32_ms, rounds), "cosine": cosine, "quantize_s": quantize_s,
-            "int8_ops": report.op_types, "threads": a.threads, "candidates": report.candidates, "repair": repaired,
-            "kept": next(c["name"] for c in report.candidates or [] if c.get("kept"))}
+    return {
+        **compare.verdict(int8_ms, fp32_ms, rounds),
+        "cosine": cosine,
+        "quantize_s": quantize_s,
+        "int8_ops": report.op_types,
+        "threads": a.threads,
+        "candidates": report.candidates,
+        "repair": repaired,
+        "kept": next(c["name"] for c in report.candidates or [] if c.get("kept")),
+    }
 
 
 def _candidates_text(candidates: list[dict]) -> str:
@@ -208,22 +229,45 @@ def _repair_text(repair: dict | None) -> str:
     if not repair["needed"]:
         return "not needed"
     kept = f"{len(repair['kept'])} kept" if repair["passed"] else f"none of {repair['budget']} passes"
-    return (f"{kept}, cos {repair['before']['cosine']:.3f} -> {repair['after']['cosine']:.3f}, "
-            f"{repair['evaluations']} checks, {repair['seconds']:.0f} s")
+    return (
+        f"{kept}, cos {repair['before']['cosine']:.3f} -> {repair['after']['cosine']:.3f}, "
+        f"{repair['evaluations']} checks, {repair['seconds']:.0f} s"
+    )
 
 
 def print_int8(results: dict) -> None:
     table = Table(title="CPU int8 against fp32, same process, interleaved (speed-up = fp32 median / int8 median)")
-    for col in ("model", "kept", "fp32 ms", "int8 ms", "speed-up", "faster", "cosine", "quantize s", "threads",
-                "candidates (quantize stage)", "repair"):
+    for col in (
+        "model",
+        "kept",
+        "fp32 ms",
+        "int8 ms",
+        "speed-up",
+        "faster",
+        "cosine",
+        "quantize s",
+        "threads",
+        "candidates (quantize stage)",
+        "repair",
+    ):
         table.add_column(col)
     for n, r in results.items():
         if "error" in r:
             table.add_row(n, *["-"] * 10)
             continue
-        table.add_row(n, r["kept"], f"{r['fp32_median_ms']:.2f}", f"{r['int8_median_ms']:.2f}", f"{r['speedup']:.2f}x",
-                      "yes" if r["faster"] else "NO", f"{r['cosine']:.4f}", f"{r['quantize_s']:.1f}",
-                      str(r["threads"]), _candidates_text(r["candidates"]), _repair_text(r.get("repair")))
+        table.add_row(
+            n,
+            r["kept"],
+            f"{r['fp32_median_ms']:.2f}",
+            f"{r['int8_median_ms']:.2f}",
+            f"{r['speedup']:.2f}x",
+            "yes" if r["faster"] else "NO",
+            f"{r['cosine']:.4f}",
+            f"{r['quantize_s']:.1f}",
+            str(r["threads"]),
+            _candidates_text(r["candidates"]),
+            _repair_text(r.get("repair")),
+        )
     console.print(table)
 
 
@@ -235,13 +279,23 @@ def main() -> None:
     parser.add_argument("--int8-only", action="store_true", help="part 3 alone: int8 against fp32 per model")
     parser.add_argument("--repair", action="store_true", help="part 3 with the quantize stage's accuracy repair first")
     parser.add_argument("--models", nargs="*", help="part 3's models (default: the corpus and the larger networks)")
-    parser.add_argument("--all-optimizations", action="store_true",
-                        help="part 3 with ORT_ENABLE_ALL for int8 artifacts on CPUs without VNNI too (the CPU backend "
-                             "keeps the basic level there for models with Q/DQ): what that rule costs")
-    parser.add_argument("--models-dir", type=Path,
-                        help="part 3 reads NAME.onnx and NAME-COUNT-SEED.npz from here where present (see --save-models)")
-    parser.add_argument("--save-models", type=Path, metavar="DIR",
-                        help="write part 3's models (--models) and their samples to DIR for --models-dir, then stop")
+    parser.add_argument(
+        "--all-optimizations",
+        action="store_true",
+        help="part 3 with ORT_ENABLE_ALL for int8 artifacts on CPUs without VNNI too (the CPU backend "
+        "keeps the basic level there for models with Q/DQ): what that rule costs",
+    )
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        help="part 3 reads NAME.onnx and NAME-COUNT-SEED.npz from here where present (see --save-models)",
+    )
+    parser.add_argument(
+        "--save-models",
+        type=Path,
+        metavar="DIR",
+        help="write part 3's models (--models) and their samples to DIR for --models-dir, then stop",
+    )
     args = parser.parse_args()
     global MODELS_DIR
     MODELS_DIR = args.models_dir
@@ -284,13 +338,22 @@ def main() -> None:
         farm = through_the_farm(largest, targets, work)
         builder_sum = sum(alone.values())
         overhead = [t["run_s"] - t["build_s"] for t in farm["tasks"].values()]
-        result = {"models": per_model, "largest": largest, "size_mb": path(largest).stat().st_size / 1e6,
-                  "builder_alone_s": alone, "farm": farm, "farm_over_builders": farm["wall_s"] / builder_sum,
-                  "per_task_overhead_s": statistics.median(overhead), "int8_vs_fp32": int8}
-        console.print(f"{largest} ({result['size_mb']:.1f} MB), {len(targets)} target(s): farm {farm['wall_s']:.2f} s "
-                      f"upload to catalogued, builders alone {builder_sum:.2f} s: ratio "
-                      f"{result['farm_over_builders']:.2f}; per task the worker adds {result['per_task_overhead_s']:.3f} s "
-                      "(median of run time minus builder time)")
+        result = {
+            "models": per_model,
+            "largest": largest,
+            "size_mb": path(largest).stat().st_size / 1e6,
+            "builder_alone_s": alone,
+            "farm": farm,
+            "farm_over_builders": farm["wall_s"] / builder_sum,
+            "per_task_overhead_s": statistics.median(overhead),
+            "int8_vs_fp32": int8,
+        }
+        console.print(
+            f"{largest} ({result['size_mb']:.1f} MB), {len(targets)} target(s): farm {farm['wall_s']:.2f} s "
+            f"upload to catalogued, builders alone {builder_sum:.2f} s: ratio "
+            f"{result['farm_over_builders']:.2f}; per task the worker adds {result['per_task_overhead_s']:.3f} s "
+            "(median of run time minus builder time)"
+        )
         if args.json:
             args.json.write_text(json.dumps(result, indent=2))
     finally:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -29,10 +29,15 @@ def processes() -> dict[int, Proc]:
             raw = Path(f"/proc/{entry.name}/stat").read_text()
         except OSError:
             continue
-        fields = raw[raw.rindex(")") + 2:].split()
+        fields = raw[raw.rindex(")") + 2 :].split()
         pid = int(entry.name)
-        out[pid] = Proc(pid, int(fields[2]), raw[raw.index("(") + 1:raw.rindex(")")],
-                        (int(fields[11]) + int(fields[12])) / TICK, (int(fields[13]) + int(fields[14])) / TICK)
+        out[pid] = Proc(
+            pid,
+            int(fields[2]),
+            raw[raw.index("(") + 1 : raw.rindex(")")],
+            (int(fields[11]) + int(fields[12])) / TICK,
+            (int(fields[13]) + int(fields[14])) / TICK,
+        )
     return out
 
 

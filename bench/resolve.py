@@ -36,18 +36,25 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from enginefarm.api.app import create_app  # noqa: E402
-from enginefarm.server import localservers  # noqa: E402
-from enginefarm.server.embedded import issue_token  # noqa: E402
 from enginefarm.core.choose import Option, choose  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.core.machine import Machine  # noqa: E402
-from enginefarm.storage.resolution import descriptor_of  # noqa: E402
+from enginefarm.server import localservers  # noqa: E402
+from enginefarm.server.embedded import issue_token  # noqa: E402
 from enginefarm.storage.db import session_scope  # noqa: E402
+from enginefarm.storage.resolution import descriptor_of  # noqa: E402
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow  # noqa: E402
 
 RTX = "1.7.1.116"
-MACHINE = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576, driver_version="580.82.07",
-                  cuda_version="13.0", trt_rtx_version=RTX, platform="x86_64")
+MACHINE = Machine(
+    gpu_name="NVIDIA GeForce RTX 3090",
+    compute_capability="8.6",
+    memory_mib=24576,
+    driver_version="580.82.07",
+    cuda_version="13.0",
+    trt_rtx_version=RTX,
+    platform="x86_64",
+)
 ARCHES = ["sm75", "sm80", "sm86", "sm89", "sm120"]
 
 
@@ -57,8 +64,16 @@ def fill(settings: Settings, name: str, engines: int) -> None:
     with session_scope(settings) as s:
         for v in range(1, versions + 1):
             sha = f"{engines:032x}{v:032x}"
-            model = ModelRow(name=name, version=str(v), seq=v, sha256=sha, format="onnx", blob_key=f"models/{sha}",
-                             size=1, info={"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "x"})
+            model = ModelRow(
+                name=name,
+                version=str(v),
+                seq=v,
+                sha256=sha,
+                format="onnx",
+                blob_key=f"models/{sha}",
+                size=1,
+                info={"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "x"},
+            )
             s.add(model)
             s.flush()
             for i in range(engines // versions):
@@ -73,20 +88,46 @@ def fill(settings: Settings, name: str, engines: int) -> None:
                 else:
                     backend, version, trt, target, cc = "onnxruntime", "1.23.2", None, "onnxruntime/cpu-x86_64", None
                 spec = f"{i:064x}"
-                row = EngineRow(model_id=model.id, model_sha256=sha, spec_hash=spec, target=target, backend=backend,
-                                backend_version=version, precision="fp16", compute_capability=cc,
-                                compute_capabilities=[cc] if cc else [], gpu_name=None, platform="x86_64",
-                                trt_version=trt, cuda_version="13.0", driver_version="580.82.07",
-                                hardware_compat="ampere_plus" if kind == 7 else "none", version_compatible=kind == 8,
-                                sha256=f"{engines:016x}{v:016x}{i:032x}", size=40 << 20, blob_key=f"engines/{engines}-{v}-{i}",
-                                build_seconds=0.2, built_by="bench")
+                row = EngineRow(
+                    model_id=model.id,
+                    model_sha256=sha,
+                    spec_hash=spec,
+                    target=target,
+                    backend=backend,
+                    backend_version=version,
+                    precision="fp16",
+                    compute_capability=cc,
+                    compute_capabilities=[cc] if cc else [],
+                    gpu_name=None,
+                    platform="x86_64",
+                    trt_version=trt,
+                    cuda_version="13.0",
+                    driver_version="580.82.07",
+                    hardware_compat="ampere_plus" if kind == 7 else "none",
+                    version_compatible=kind == 8,
+                    sha256=f"{engines:016x}{v:016x}{i:032x}",
+                    size=40 << 20,
+                    blob_key=f"engines/{engines}-{v}-{i}",
+                    build_seconds=0.2,
+                    built_by="bench",
+                )
                 s.add(row)
                 s.flush()
                 if i % 3 == 0:
                     s.add(VerdictRow(engine_id=row.id, project="", accuracy={"pass": True}, accuracy_pass=True))
                 if cc:
-                    s.add(BenchmarkRow(engine_id=row.id, shape_key="opt", gpu_name=MACHINE.gpu_name, compute_capability=cc,
-                                       median_ms=1 + (i % 7) / 10, machine={}, stats={}, shapes={}))
+                    s.add(
+                        BenchmarkRow(
+                            engine_id=row.id,
+                            shape_key="opt",
+                            gpu_name=MACHINE.gpu_name,
+                            compute_capability=cc,
+                            median_ms=1 + (i % 7) / 10,
+                            machine={},
+                            stats={},
+                            shapes={},
+                        )
+                    )
 
 
 def timed(fn, n: int) -> list[float]:
@@ -108,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.sizes, args.requests = [20], 3
     console = Console(width=160)
-    console.print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}")
+    console.print(
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    )
     table = Table(title="resolution vs reading the same engines (median ms)")
     for col in ("engines", "base: list", "resolve", "explain", "resolve/base", "explain/base", "choose per 1000"):
         table.add_column(col, justify="right")
@@ -124,16 +167,31 @@ def main(argv: list[str] | None = None) -> int:
                 body = {"model": name, "machine": asdict(MACHINE)}
                 answer = http.post("/v1/resolve", json=body).json()
                 assert answer["engine"]["compute_capability"] == "8.6", answer
-                base = statistics.median(timed(lambda: http.get("/v1/engines", params={"model": name, "limit": 500}),  # noqa: B023 - called in this iteration
-                                               args.requests))
+                base = statistics.median(
+                    timed(
+                        lambda: http.get("/v1/engines", params={"model": name, "limit": 500}),  # noqa: B023 - called in this iteration
+                        args.requests,
+                    )
+                )
                 res = statistics.median(timed(lambda: http.post("/v1/resolve", json=body), args.requests))  # noqa: B023 - called in this iteration
-                exp = statistics.median(timed(lambda: http.post("/v1/resolve", json=body | {"explain": True}),  # noqa: B023 - called in this iteration
-                                              args.requests))
+                exp = statistics.median(
+                    timed(
+                        lambda: http.post("/v1/resolve", json=body | {"explain": True}),  # noqa: B023 - called in this iteration
+                        args.requests,
+                    )
+                )
                 with session_scope(settings) as s:
                     options = [Option(r.id, descriptor_of(r), 1) for r in s.query(EngineRow).limit(1000)]
                 per = statistics.median(timed(lambda: choose(options, MACHINE), 20)) * 1000 / len(options)  # noqa: B023 - called in this iteration
-                table.add_row(str(size), f"{base * 1e3:.1f}", f"{res * 1e3:.1f}", f"{exp * 1e3:.1f}",
-                              f"{res / base:.2f}", f"{exp / base:.2f}", f"{per * 1e3:.1f}")
+                table.add_row(
+                    str(size),
+                    f"{base * 1e3:.1f}",
+                    f"{res * 1e3:.1f}",
+                    f"{exp * 1e3:.1f}",
+                    f"{res / base:.2f}",
+                    f"{exp / base:.2f}",
+                    f"{per * 1e3:.1f}",
+                )
     console.print(table)
     return 0
 

@@ -41,8 +41,13 @@ def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, 
     """p50 and p95 (ms) of ``requests`` keep-alive GET /healthz to the server ``cmd`` starts (PORT: its port), and
     the server's CPU ms per request."""
     port = free_port()
-    proc = subprocess.Popen([c.replace("PORT", str(port)) for c in cmd], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [c.replace("PORT", str(port)) for c in cmd],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}/healthz"
     try:
         answered, deadline = 0, time.monotonic() + 120
@@ -79,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     py = sys.executable
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | {
-            "ENGINEFARM_DATA_DIR": data, "ENGINEFARM_RECONCILE_SECONDS": "0", "PYTHONPATH": str(ROOT)}
+            "ENGINEFARM_DATA_DIR": data,
+            "ENGINEFARM_RECONCILE_SECONDS": "0",
+            "PYTHONPATH": str(ROOT),
+        }
         subprocess.run([py, "-m", "enginefarm", "migrate"], env=env, check=True, capture_output=True)
         uvicorn = [py, "-m", "uvicorn", "enginefarm.api.main:app", "--port", "PORT", "--log-level", "warning"]
         baseline = measure([*uvicorn, "--workers", "2"], env, requests)
@@ -87,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         one = measure(uvicorn, env, requests)
         h11 = measure([*uvicorn, "--http", "h11", "--loop", "asyncio"], env, requests)
     print(f"keep-alive GET /healthz, {requests} sequential requests each (p50 / p95 ms, server CPU ms/request):")
-    for label, r in (("baseline uvicorn --workers 2:           ", baseline), ("enginefarm api --workers 2 (TCP_NODELAY):", ours),
-                     ("uvicorn, one worker (httptools, uvloop):  ", one), ("uvicorn, one worker, h11 on asyncio:     ", h11)):
+    for label, r in (
+        ("baseline uvicorn --workers 2:           ", baseline),
+        ("enginefarm api --workers 2 (TCP_NODELAY):", ours),
+        ("uvicorn, one worker (httptools, uvloop):  ", one),
+        ("uvicorn, one worker, h11 on asyncio:     ", h11),
+    ):
         print(f"  {label} {r[0]:6.1f} / {r[1]:6.1f}   {r[2]:5.2f}")
     print(f"ratio ours/baseline p50: {ours[0] / baseline[0]:.3f}")
     if h11[2] > 0:

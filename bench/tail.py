@@ -41,7 +41,7 @@ ARCHES = ("sm75", "sm80", "sm86", "sm89", "sm120", "cpu")
 LUA = {
     "lockstep": "function delay() return {wait} end\n",
     "spread": "math.randomseed(os.time() + math.floor(os.clock() * 1e6))\n"
-              "function delay() return math.random(0, {twice}) end\n",
+    "function delay() return math.random(0, {twice}) end\n",
 }
 
 
@@ -53,20 +53,40 @@ def fill(settings: Settings, models: int) -> None:
     with session_scope(settings) as s:
         for i in range(models):
             sha = uuid.uuid4().hex * 2
-            model = ModelRow(name=f"m{i}", version="1", seq=1, sha256=sha, format="onnx", blob_key=f"models/{sha}",
-                             size=1, info={"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "b"})
+            model = ModelRow(
+                name=f"m{i}",
+                version="1",
+                seq=1,
+                sha256=sha,
+                format="onnx",
+                blob_key=f"models/{sha}",
+                size=1,
+                info={"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer": "b"},
+            )
             s.add(model)
             s.flush()
             for arch in ARCHES:
                 cpu = arch == "cpu"
                 cc = None if cpu else f"{arch[2:-1]}.{arch[-1]}"
-                s.add(EngineRow(model_id=model.id, model_sha256=sha, spec_hash="0" * 64,
-                                target="onnxruntime/cpu-x86_64" if cpu else f"tensorrt-rtx/{arch}",
-                                backend="onnxruntime" if cpu else "tensorrt-rtx",
-                                backend_version="1.23.2" if cpu else MACHINE["trt_rtx"], precision="fp16",
-                                compute_capability=cc, compute_capabilities=[cc] if cc else [], platform="x86_64",
-                                trt_version=None if cpu else MACHINE["trt_rtx"], sha256=uuid.uuid4().hex * 2, size=1,
-                                blob_key=f"engines/{uuid.uuid4().hex}", build_seconds=0.1))
+                s.add(
+                    EngineRow(
+                        model_id=model.id,
+                        model_sha256=sha,
+                        spec_hash="0" * 64,
+                        target="onnxruntime/cpu-x86_64" if cpu else f"tensorrt-rtx/{arch}",
+                        backend="onnxruntime" if cpu else "tensorrt-rtx",
+                        backend_version="1.23.2" if cpu else MACHINE["trt_rtx"],
+                        precision="fp16",
+                        compute_capability=cc,
+                        compute_capabilities=[cc] if cc else [],
+                        platform="x86_64",
+                        trt_version=None if cpu else MACHINE["trt_rtx"],
+                        sha256=uuid.uuid4().hex * 2,
+                        size=1,
+                        blob_key=f"engines/{uuid.uuid4().hex}",
+                        build_seconds=0.1,
+                    )
+                )
 
 
 def wrk(url: str, seconds: float, connections: int, script: Path, headers: dict[str, str]) -> subprocess.Popen:
@@ -86,13 +106,19 @@ def parse(out: str) -> dict:
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors:.*", out)
-    return {"p50_ms": ms("50"), "p99_ms": ms("99"), "rps": rps, "non2xx": int(bad.group(1)) if bad else 0,
-            "socket_errors": errors.group(0) if errors else ""}
+    return {
+        "p50_ms": ms("50"),
+        "p99_ms": ms("99"),
+        "rps": rps,
+        "non2xx": int(bad.group(1)) if bad else 0,
+        "socket_errors": errors.group(0) if errors else "",
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--rate", type=float, default=300, help="requests/s of each stream")
     parser.add_argument("--connections", type=int, default=64, help="connections of each stream")
@@ -113,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         token = issue_token(settings, "tail", ["read"])
         port = free_port()
         up = [sys.executable, "-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(data)]
-        farm = subprocess.Popen(up, env=env, stdout=open(Path(work) / "farm.log", "wb"), stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        farm = subprocess.Popen(
+            up, env=env, stdout=open(Path(work) / "farm.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             auth = {"Authorization": f"Bearer {token}"}
@@ -131,9 +158,12 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(0.5)
             first = httpx.get(resolve, headers=auth, timeout=30)
             assert first.status_code == 200, first.text[:300]
-            print(f"embedded farm, {args.models} models x {len(ARCHES)} engines; each stream ~{args.rate:.0f} req/s "
-                  f"over {args.connections} connections, {args.seconds:.0f} s; {os.cpu_count()} CPUs; "
-                  f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+            print(
+                f"embedded farm, {args.models} models x {len(ARCHES)} engines; each stream ~{args.rate:.0f} req/s "
+                f"over {args.connections} connections, {args.seconds:.0f} s; {os.cpu_count()} CPUs; "
+                f"load average before: {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
             ok = True
             for pacing, lua in LUA.items():
                 script = Path(work) / f"{pacing}.lua"
@@ -142,11 +172,14 @@ def main(argv: list[str] | None = None) -> int:
                 r = wrk(resolve, args.seconds, args.connections, script, auth)
                 hs, rs = parse(h.communicate()[0]), parse(r.communicate()[0])
                 ok = ok and hs["non2xx"] == 0 and rs["non2xx"] == 0
-                print(f"{pacing:9s} healthz p50 {hs['p50_ms']:6.2f} p99 {hs['p99_ms']:7.2f} ms {hs['rps']:6.0f} req/s "
-                      f"| "
-                      f"resolve p50 {rs['p50_ms']:6.2f} p99 {rs['p99_ms']:7.2f} ms {rs['rps']:6.0f} req/s "
-                      f"non-2xx {rs['non2xx']} | resolve/healthz p99 {rs['p99_ms'] / hs['p99_ms']:5.2f} "
-                      f"(load {os.getloadavg()[0]:.2f})", flush=True)
+                print(
+                    f"{pacing:9s} healthz p50 {hs['p50_ms']:6.2f} p99 {hs['p99_ms']:7.2f} ms {hs['rps']:6.0f} req/s "
+                    f"| "
+                    f"resolve p50 {rs['p50_ms']:6.2f} p99 {rs['p99_ms']:7.2f} ms {rs['rps']:6.0f} req/s "
+                    f"non-2xx {rs['non2xx']} | resolve/healthz p99 {rs['p99_ms'] / hs['p99_ms']:5.2f} "
+                    f"(load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
         finally:
             os.killpg(farm.pid, signal.SIGTERM)
             try:

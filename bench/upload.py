@@ -116,10 +116,12 @@ def check_stored_crcs(path: Path) -> int:
         try:
             for info in zf.infolist():
                 head = info.header_offset
-                name_len, extra_len = int.from_bytes(mm[head + 26:head + 28], "little"), \
-                    int.from_bytes(mm[head + 28:head + 30], "little")
+                name_len, extra_len = (
+                    int.from_bytes(mm[head + 26 : head + 28], "little"),
+                    int.from_bytes(mm[head + 28 : head + 30], "little"),
+                )
                 start = head + 30 + name_len + extra_len
-                if zlib.crc32(view[start:start + info.compress_size]) != info.CRC:
+                if zlib.crc32(view[start : start + info.compress_size]) != info.CRC:
                     raise RuntimeError(f"{info.filename}: CRC mismatch")
             return len(zf.infolist())
         finally:
@@ -176,14 +178,18 @@ def timed_floor(src: Path, dest: Path) -> float:
 def upload(host: str, port: int, token: str, path: Path, name: str) -> tuple[float, float]:
     """POST the bundle as multipart (sendfile for the file part); returns (seconds until the last byte was sent,
     seconds until the answer). Raises unless the farm answers 201."""
-    head = (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\n\r\n{name}\r\n'
-            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
-            "Content-Type: application/octet-stream\r\n\r\n").encode()
+    head = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\n\r\n{name}\r\n'
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
     tail = f"\r\n--{BOUNDARY}--\r\n".encode()
     length = len(head) + path.stat().st_size + len(tail)
-    request = (f"POST /v1/models HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-               f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {length}\r\n"
-               "Connection: close\r\n\r\n").encode()
+    request = (
+        f"POST /v1/models HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\nContent-Length: {length}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection((host, port), timeout=600) as sock, open(path, "rb") as fh:
         started = time.perf_counter()
         sock.sendall(request + head)
@@ -252,8 +258,10 @@ def run(args, work: Path) -> int:
     make_bundle(bundles[0], args.size_mb)
     shutil.copyfile(bundles[0], bundles[1])
     size = bundles[0].stat().st_size
-    print(f"bundle: {size / MB:.0f} MB (model.onnx + weights.bin, stored), made in "
-          f"{time.perf_counter() - started:.1f} s; work dir {work}")
+    print(
+        f"bundle: {size / MB:.0f} MB (model.onnx + weights.bin, stored), made in "
+        f"{time.perf_counter() - started:.1f} s; work dir {work}"
+    )
 
     settings.work_dir.mkdir(parents=True, exist_ok=True)
     cps = [timed_cp(bundles[0], settings.work_dir / "cp-baseline") for _ in range(args.repeat)]
@@ -317,13 +325,19 @@ def run(args, work: Path) -> int:
     print(f"  two uploads at once     {both_s:7.2f} s  {2 * size / MB / both_s:8.0f} MB/s together")
     print("GET /healthz (ms):            p50      p99   requests")
     print(f"  idle                    {idle_p50:7.1f}  {idle_p99:7.1f}   {len(idle):6d}")
-    print(f"  during two uploads      {busy_p50:7.1f}  {busy_p99:7.1f}   {len(busy):6d}"
-          + (f"   ({probe.failures} failed)" if probe.failures else ""))
+    print(
+        f"  during two uploads      {busy_p50:7.1f}  {busy_p99:7.1f}   {len(busy):6d}"
+        + (f"   ({probe.failures} failed)" if probe.failures else "")
+    )
     print(f"\nupload/cp throughput: {up_mbs / cp_mbs:.2f}x  (upload/(cp + fsync): {up_mbs / cp_sync_mbs:.2f}x)")
-    print(f"floor/cp throughput: {floor_mbs / cp_mbs:.2f}x  (floor/(cp + fsync): {floor_mbs / cp_sync_mbs:.2f}x); "
-          f"upload/floor: {up_mbs / floor_mbs:.2f}x")
-    print(f"healthz during/idle: p50 {busy_p50 / idle_p50:.1f}x, p99 {busy_p99 / idle_p99:.1f}x "
-          f"(p99 during two uploads {busy_p99:.1f} ms)")
+    print(
+        f"floor/cp throughput: {floor_mbs / cp_mbs:.2f}x  (floor/(cp + fsync): {floor_mbs / cp_sync_mbs:.2f}x); "
+        f"upload/floor: {up_mbs / floor_mbs:.2f}x"
+    )
+    print(
+        f"healthz during/idle: p50 {busy_p50 / idle_p50:.1f}x, p99 {busy_p99 / idle_p99:.1f}x "
+        f"(p99 during two uploads {busy_p99:.1f} ms)"
+    )
     return 0
 
 
@@ -332,8 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size-mb", type=int, default=1600, help="the bundle's weights, in MB")
     parser.add_argument("--repeat", type=int, default=3, help="uploads (and cps) to take the median of")
     parser.add_argument("--idle-s", type=float, default=3.0, help="how long to probe /healthz with the farm idle")
-    parser.add_argument("--work-dir", type=Path, default=None,
-                        help="where the bundle and the farm's data go (default: a temporary folder)")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=None,
+        help="where the bundle and the farm's data go (default: a temporary folder)",
+    )
     parser.add_argument("--smoke", action="store_true", help="a few MB, one upload: checks that it runs")
     args = parser.parse_args(argv)
     if args.smoke:

@@ -9,6 +9,7 @@ extras (``enginefarm[server]``) is expanded. Python 3.11+ (tomllib).
 
 import re
 import sys
+
 import tomllib
 
 

@@ -20,9 +20,10 @@ import fcntl
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
@@ -52,8 +53,7 @@ def referenced_keys(session: Session) -> set[str]:
 
 
 def is_referenced(session: Session, key: str) -> bool:
-    return any(session.scalar(select(column).where(column == key).limit(1)) is not None
-               for column in REFERENCE_COLUMNS)
+    return any(session.scalar(select(column).where(column == key).limit(1)) is not None for column in REFERENCE_COLUMNS)
 
 
 @contextmanager
@@ -113,8 +113,16 @@ def start_flush(path: Path) -> None:
     threading.Thread(target=flush, name="flush-upload", daemon=True).start()
 
 
-def store_with_row(settings: Settings, store: BlobStore, key: str, path: Path, sha256: str,
-                   write: Callable[[Session], T], *, patience_s: float = 0.0) -> T:
+def store_with_row(
+    settings: Settings,
+    store: BlobStore,
+    key: str,
+    path: Path,
+    sha256: str,
+    write: Callable[[Session], T],
+    *,
+    patience_s: float = 0.0,
+) -> T:
     """Store ``path`` under ``key`` and run ``write(session)``, which writes the row pointing at it, in one
     transaction that holds the key's lock; returns what ``write`` returns.
 

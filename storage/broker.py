@@ -19,8 +19,8 @@ rejected, so a worker that finishes a task asks for the next one at once rather 
 
 from __future__ import annotations
 
-import socket
 import threading
+from queue import Empty
 from time import monotonic
 
 from kombu.transport import TRANSPORT_ALIASES
@@ -28,7 +28,6 @@ from kombu.transport.sqlalchemy import Channel as _Channel
 from kombu.transport.sqlalchemy import Transport as _Transport
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
-from queue import Empty
 from sqlalchemy import select, text
 
 from enginefarm.storage.db import make_engine
@@ -42,9 +41,13 @@ class Channel(_Channel):
     def _waiting(self, queues: list[str]):
         """The oldest visible message in any of ``queues`` and its queue's name (a select, not yet taken)."""
         message, queue = self.message_cls, self.queue_cls
-        return (select(message, queue.name).join(queue, message.queue_id == queue.id)
-                .where(queue.name.in_(queues), message.visible != False)  # noqa: E712 (SQL, not Python)
-                .order_by(message.sent_at, message.id).limit(1))
+        return (
+            select(message, queue.name)
+            .join(queue, message.queue_id == queue.id)
+            .where(queue.name.in_(queues), message.visible != False)  # noqa: E712 (SQL, not Python)
+            .order_by(message.sent_at, message.id)
+            .limit(1)
+        )
 
     def _take(self, queues: list[str]) -> tuple[dict, str] | None:
         session = self.session
@@ -106,7 +109,7 @@ class Transport(_Transport):
                 return
             except Empty:
                 if timeout is not None and monotonic() - started >= timeout:
-                    raise socket.timeout() from None
+                    raise TimeoutError() from None
                 if interval is not None:
                     self.wake.wait(interval)
 

@@ -15,24 +15,45 @@ from enginefarm.core.shapes import engine_profiles
 from enginefarm.storage.rows import get_row, in_project
 from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow, utcnow
 
-def find_engine(session: Session, model_sha: str, spec_hash: str, target: str, backend_version: str | None) -> EngineRow | None:
+
+def find_engine(
+    session: Session, model_sha: str, spec_hash: str, target: str, backend_version: str | None
+) -> EngineRow | None:
     """The engine already built for this content address, if any (newest backend version when unknown)."""
-    query = select(EngineRow).where(EngineRow.model_sha256 == model_sha, EngineRow.spec_hash == spec_hash,
-                                    EngineRow.target == target)
+    query = select(EngineRow).where(
+        EngineRow.model_sha256 == model_sha, EngineRow.spec_hash == spec_hash, EngineRow.target == target
+    )
     if backend_version is not None:
         query = query.where(EngineRow.backend_version == backend_version)
     return session.scalars(query.order_by(EngineRow.id.desc())).first()
 
 
-def record_engine(session: Session, task: BuildTaskRow, model: ModelRow, desc: EngineDescriptor, *,
-                  spec_hash: str, blob_key: str, build_seconds: float, worker_id: str, log_tail: str) -> EngineRow:
+def record_engine(
+    session: Session,
+    task: BuildTaskRow,
+    model: ModelRow,
+    desc: EngineDescriptor,
+    *,
+    spec_hash: str,
+    blob_key: str,
+    build_seconds: float,
+    worker_id: str,
+    log_tail: str,
+) -> EngineRow:
     """Catalogue a built engine (its blob is already stored and verified) and finish the task."""
     row = find_engine(session, model.sha256, spec_hash, desc.target, desc.backend_version)
     task.reused = row is not None  # another task built the same engine while this one did
     if row is None:
         facts = {**desc.facts(), "profiles": desc.profiles or _gpu_profiles(desc, task.build.spec, model.info)}
-        row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash=spec_hash, **facts,
-                        blob_key=blob_key, build_seconds=build_seconds, built_by=worker_id)
+        row = EngineRow(
+            model_id=model.id,
+            model_sha256=model.sha256,
+            spec_hash=spec_hash,
+            **facts,
+            blob_key=blob_key,
+            build_seconds=build_seconds,
+            built_by=worker_id,
+        )
         try:
             with session.begin_nested():  # a savepoint: losing the race must not undo the whole transaction
                 session.add(row)
@@ -54,14 +75,23 @@ def _gpu_profiles(desc: EngineDescriptor, spec: dict, info: dict) -> list:
 ENGINE_FILTERS = ("target", "backend", "compute_capability", "trt_version", "precision", "spec_hash")
 
 
-def list_engines(session: Session, *, model: str | None = None, version: str | None = None, limit: int = 50,
-                 offset: int = 0, project: str | None = None, **filters: Any) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
+def list_engines(
+    session: Session,
+    *,
+    model: str | None = None,
+    version: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    project: str | None = None,
+    **filters: Any,
+) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
     """Engines with the model version they are listed under. An engine belongs to the model's bytes, so a
     model uploaded again under another name (or in another project) lists the engines its identical bytes
     already have."""
     if model or version or project is not None:
-        query = in_project(select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256),
-                           project)
+        query = in_project(
+            select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256), project
+        )
         query = query.where(ModelRow.name == model) if model else query
         query = query.where(ModelRow.version == version) if version else query
     else:
@@ -87,8 +117,11 @@ def engine_in_project(session: Session, engine_id: int, project: str | None = No
     row = get_row(session, EngineRow, engine_id, "engine")
     if project is None or row.model.project == project:
         return row, row.model
-    model = session.scalars(select(ModelRow).where(ModelRow.project == project, ModelRow.sha256 == row.model_sha256)
-                            .order_by(ModelRow.id.desc())).first()
+    model = session.scalars(
+        select(ModelRow)
+        .where(ModelRow.project == project, ModelRow.sha256 == row.model_sha256)
+        .order_by(ModelRow.id.desc())
+    ).first()
     if model is None:
         raise NotFound(f"no engine with id {engine_id}")
     return row, model
@@ -106,6 +139,11 @@ def engines_of_models(session: Session, models: list[ModelRow]) -> list[EngineRo
     shas = {m.sha256 for m in models}
     # One statement (a join, not a second SELECT): an engine's benchmarks and accuracy are committed together,
     # and two statements could see one without the other.
-    return list(session.scalars(select(EngineRow).where(EngineRow.model_sha256.in_(shas))
-                                .options(joinedload(EngineRow.benchmarks)).order_by(EngineRow.target, EngineRow.id))
-                .unique())
+    return list(
+        session.scalars(
+            select(EngineRow)
+            .where(EngineRow.model_sha256.in_(shas))
+            .options(joinedload(EngineRow.benchmarks))
+            .order_by(EngineRow.target, EngineRow.id)
+        ).unique()
+    )

@@ -8,15 +8,15 @@ that change hands, resolution's reads, tokens); only ``enginefarm.storage`` quer
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from enginefarm.core.domain import ModelInfo, Target, TaskState
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.errors import Conflict, NotFound
+from enginefarm.core.spec import BuildSpec
 from enginefarm.storage.builtengines import find_engine
 from enginefarm.storage.checks import ensure_benchmark_task
 from enginefarm.storage.rows import claim_row, get_row, in_project
@@ -30,18 +30,29 @@ from enginefarm.storage.tables import (
     utcnow,
 )
 
-
 # --------------------------------------------------------------------------- models
 
 
 def find_model_by_content(session: Session, name: str, sha256: str, project: str = "") -> ModelRow | None:
-    return session.scalars(select(ModelRow).where(ModelRow.project == project, ModelRow.name == name,
-                                                  ModelRow.sha256 == sha256)).first()
+    return session.scalars(
+        select(ModelRow).where(ModelRow.project == project, ModelRow.name == name, ModelRow.sha256 == sha256)
+    ).first()
 
 
-def add_model(session: Session, *, name: str, version: str | None, sha256: str, fmt: str, size: int,
-              info: ModelInfo, blob_key: str, source: ModelRow | None = None, derivation: dict | None = None,
-              project: str = "") -> ModelRow:
+def add_model(
+    session: Session,
+    *,
+    name: str,
+    version: str | None,
+    sha256: str,
+    fmt: str,
+    size: int,
+    info: ModelInfo,
+    blob_key: str,
+    source: ModelRow | None = None,
+    derivation: dict | None = None,
+    project: str = "",
+) -> ModelRow:
     """Insert a model version into a project ('' where the farm has none); the version defaults to the next
     integer under that name in the project. A derived model (``source``) shares its source's project and
     place in the version order."""
@@ -50,10 +61,22 @@ def add_model(session: Session, *, name: str, version: str | None, sha256: str, 
     seq = source.seq if source else (session.scalar(select(func.max(ModelRow.seq)).where(*same_name)) or 0) + 1
     version = version or str(seq)
     if session.scalars(select(ModelRow.id).where(*same_name, ModelRow.version == version)).first():
-        raise Conflict(f"model {name!r} version {version!r} already exists with different bytes", name=name, version=version)
-    row = ModelRow(project=project, name=name, version=version, seq=seq, sha256=sha256, format=fmt, size=size,
-                   info=info.to_dict(), blob_key=blob_key, source_model_id=source.id if source else None,
-                   derivation=derivation)
+        raise Conflict(
+            f"model {name!r} version {version!r} already exists with different bytes", name=name, version=version
+        )
+    row = ModelRow(
+        project=project,
+        name=name,
+        version=version,
+        seq=seq,
+        sha256=sha256,
+        format=fmt,
+        size=size,
+        info=info.to_dict(),
+        blob_key=blob_key,
+        source_model_id=source.id if source else None,
+        derivation=derivation,
+    )
     session.add(row)
     try:
         session.flush()
@@ -70,8 +93,16 @@ def get_model(session: Session, model_id: int, project: str | None = None) -> Mo
     return row
 
 
-def list_models(session: Session, *, name: str | None = None, sha256: str | None = None, limit: int = 50,
-                offset: int = 0, project: str | None = None, contains: str | None = None) -> tuple[list[ModelRow], int]:
+def list_models(
+    session: Session,
+    *,
+    name: str | None = None,
+    sha256: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    project: str | None = None,
+    contains: str | None = None,
+) -> tuple[list[ModelRow], int]:
     """Models (one row per version) by project, name and version; ``contains``: a part of the name (any case)."""
     query = in_project(select(ModelRow), project)
     if name:
@@ -81,12 +112,15 @@ def list_models(session: Session, *, name: str | None = None, sha256: str | None
     if sha256:
         query = query.where(ModelRow.sha256 == sha256)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(ModelRow.project, ModelRow.name, ModelRow.seq).limit(limit).offset(offset)).all()
+    rows = session.scalars(
+        query.order_by(ModelRow.project, ModelRow.name, ModelRow.seq).limit(limit).offset(offset)
+    ).all()
     return list(rows), total
 
 
-def find_models(session: Session, name: str, version: str | None = None, project: str | None = None, *,
-                columns: tuple | None = None) -> list[ModelRow]:
+def find_models(
+    session: Session, name: str, version: str | None = None, project: str | None = None, *, columns: tuple | None = None
+) -> list[ModelRow]:
     """Versions of a model, newest first, each source before the models derived from it; only the named
     version (and what was derived from it) when one is given. A name is looked up in ``project``; with
     ``None`` (a token of the whole farm) a name that several projects use is ambiguous, unless one of them
@@ -96,8 +130,11 @@ def find_models(session: Session, name: str, version: str | None = None, project
     rows = list(found.all() if columns else found.scalars().all())
     if len(projects := {r.project for r in rows}) > 1:
         if "" not in projects:
-            raise Conflict(f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
-                           f"token of one project", name=name)
+            raise Conflict(
+                f"model {name!r} exists in several projects ({', '.join(sorted(projects))}): use a "
+                f"token of one project",
+                name=name,
+            )
         rows = [r for r in rows if r.project == ""]
     if not rows:
         what = f"model {name!r}" + (f" version {version!r}" if version else "")
@@ -105,16 +142,18 @@ def find_models(session: Session, name: str, version: str | None = None, project
     return rows
 
 
-@lru_cache(maxsize=None)
+@cache
 def _models_query(by_version: bool, by_project: bool, columns: tuple | None):
     """find_models' statement, built once per shape (building one costs more than running it)."""
+
     def scoped(query):
         return query.where(ModelRow.project == bindparam("project")) if by_project else query
 
     query = scoped(select(ModelRow).where(ModelRow.name == bindparam("name")))
     if by_version:
-        named = scoped(select(ModelRow.id).where(ModelRow.name == bindparam("name"),
-                                                 ModelRow.version == bindparam("version")))
+        named = scoped(
+            select(ModelRow.id).where(ModelRow.name == bindparam("name"), ModelRow.version == bindparam("version"))
+        )
         query = query.where((ModelRow.version == bindparam("version")) | ModelRow.source_model_id.in_(named))
     query = query.order_by(ModelRow.seq.desc(), ModelRow.source_model_id.is_not(None), ModelRow.id)
     return query.with_only_columns(*columns) if columns else query
@@ -135,35 +174,63 @@ def derived_models(session: Session, model: ModelRow) -> list[ModelRow]:
 
 def previous_version(session: Session, model: ModelRow) -> ModelRow | None:
     """Version N-1 under the same name (an uploaded version, not a derived one)."""
-    return session.scalars(select(ModelRow).where(ModelRow.project == model.project, ModelRow.name == model.name,
-                                                  ModelRow.seq < model.seq,
-                                                  ModelRow.source_model_id.is_(None))
-                           .order_by(ModelRow.seq.desc())).first()
+    return session.scalars(
+        select(ModelRow)
+        .where(
+            ModelRow.project == model.project,
+            ModelRow.name == model.name,
+            ModelRow.seq < model.seq,
+            ModelRow.source_model_id.is_(None),
+        )
+        .order_by(ModelRow.seq.desc())
+    ).first()
 
 
 # --------------------------------------------------------------------------- builds and their tasks
 
 
-def add_build(session: Session, model: ModelRow, spec: BuildSpec, targets: list[Target],
-              backend_versions: dict[str, set[str]], *, waiting: bool = False, sweep_id: int | None = None,
-              variant: str | None = None, token_id: int | None = None) -> tuple[BuildRow, list[BenchmarkTaskRow]]:
+def add_build(
+    session: Session,
+    model: ModelRow,
+    spec: BuildSpec,
+    targets: list[Target],
+    backend_versions: dict[str, set[str]],
+    *,
+    waiting: bool = False,
+    sweep_id: int | None = None,
+    variant: str | None = None,
+    token_id: int | None = None,
+) -> tuple[BuildRow, list[BenchmarkTaskRow]]:
     """Record a build with one task per target. A target whose engine already exists for the backend
     version the live workers run is answered from the catalog: its task is born succeeded, and the engine
     is checked with this build's benchmark settings if it never was. ``waiting`` holds the tasks back for
     an earlier stage; ``token_id`` is the API token that asked. Returns the build and the benchmark tasks it
     queued (to publish after the commit)."""
     spec_hash = spec.spec_hash()
-    build = BuildRow(model_id=model.id, spec=spec.stored(), spec_hash=spec_hash, targets=[str(t) for t in targets],
-                     sweep_id=sweep_id, variant=variant, token_id=token_id)
+    build = BuildRow(
+        model_id=model.id,
+        spec=spec.stored(),
+        spec_hash=spec_hash,
+        targets=[str(t) for t in targets],
+        sweep_id=sweep_id,
+        variant=variant,
+        token_id=token_id,
+    )
     session.add(build)
     session.flush()
     checks: list[BenchmarkTaskRow] = []
     for target in targets:
-        task = BuildTaskRow(build_id=build.id, target=str(target),
-                            state=(TaskState.WAITING if waiting else TaskState.QUEUED).value)
+        task = BuildTaskRow(
+            build_id=build.id, target=str(target), state=(TaskState.WAITING if waiting else TaskState.QUEUED).value
+        )
         versions = backend_versions.get(str(target)) or {None}
-        existing = None if waiting else next(
-            (e for v in versions if (e := find_engine(session, model.sha256, spec_hash, str(target), v))), None)
+        existing = (
+            None
+            if waiting
+            else next(
+                (e for v in versions if (e := find_engine(session, model.sha256, spec_hash, str(target), v))), None
+            )
+        )
         if existing is not None:
             now = utcnow()
             task.state, task.engine_id, task.reused = TaskState.SUCCEEDED.value, existing.id, True
@@ -204,8 +271,15 @@ def get_build(session: Session, build_id: int, project: str | None = None) -> Bu
     return row
 
 
-def list_builds(session: Session, *, model_id: int | None = None, spec_hash: str | None = None, limit: int = 50,
-                offset: int = 0, project: str | None = None) -> list[BuildRow]:
+def list_builds(
+    session: Session,
+    *,
+    model_id: int | None = None,
+    spec_hash: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    project: str | None = None,
+) -> list[BuildRow]:
     query = select(BuildRow)
     if project is not None:
         query = query.join(ModelRow, BuildRow.model_id == ModelRow.id).where(ModelRow.project == project)
@@ -224,8 +298,9 @@ def build_of_models(session: Session, build_id: int, model_ids: list[int]) -> Bu
     return build if build is not None and build.model_id in model_ids else None
 
 
-def latest_task_per_target(session: Session, model_ids: list[int], spec_hash: str | None = None
-                           ) -> dict[str, BuildTaskRow]:
+def latest_task_per_target(
+    session: Session, model_ids: list[int], spec_hash: str | None = None
+) -> dict[str, BuildTaskRow]:
     """Target → its task in the newest build of these models (with this spec, where given) that has one."""
     query = select(BuildRow).where(BuildRow.model_id.in_(model_ids))
     if spec_hash:
@@ -252,14 +327,16 @@ def finish_task_reused(session: Session, task: BuildTaskRow, engine: EngineRow) 
 
 def fail_task(session: Session, task_id: int, error: str, log_tail: str | None = None) -> None:
     session.execute(
-        update(BuildTaskRow).where(BuildTaskRow.id == task_id)
+        update(BuildTaskRow)
+        .where(BuildTaskRow.id == task_id)
         .values(state=TaskState.FAILED.value, error=error, log_tail=log_tail, finished_at=utcnow())
     )
 
 
 def requeue_task(session: Session, task_id: int, reason: str) -> None:
     session.execute(
-        update(BuildTaskRow).where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.RUNNING.value)
+        update(BuildTaskRow)
+        .where(BuildTaskRow.id == task_id, BuildTaskRow.state == TaskState.RUNNING.value)
         .values(state=TaskState.QUEUED.value, worker_id=None, started_at=None, error=reason)
     )
 
@@ -267,15 +344,21 @@ def requeue_task(session: Session, task_id: int, reason: str) -> None:
 def find_open_task(session: Session, model_id: int, spec_hash: str, target: str) -> BuildTaskRow | None:
     """A queued or running task already building this model, spec and target."""
     return session.scalars(
-        select(BuildTaskRow).join(BuildRow, BuildTaskRow.build_id == BuildRow.id)
-        .where(BuildRow.model_id == model_id, BuildRow.spec_hash == spec_hash, BuildTaskRow.target == target,
-               BuildTaskRow.state.in_([TaskState.QUEUED.value, TaskState.RUNNING.value]))
+        select(BuildTaskRow)
+        .join(BuildRow, BuildTaskRow.build_id == BuildRow.id)
+        .where(
+            BuildRow.model_id == model_id,
+            BuildRow.spec_hash == spec_hash,
+            BuildTaskRow.target == target,
+            BuildTaskRow.state.in_([TaskState.QUEUED.value, TaskState.RUNNING.value]),
+        )
         .order_by(BuildTaskRow.id.desc())
     ).first()
 
 
-def latest_build(session: Session, model_ids: list[int], *, spec_hash: str | None = None,
-                 precision: str | None = None) -> BuildRow | None:
+def latest_build(
+    session: Session, model_ids: list[int], *, spec_hash: str | None = None, precision: str | None = None
+) -> BuildRow | None:
     """The newest build of these model versions, optionally of one spec or one precision: where a build
     for a newly asking machine takes its spec from."""
     query = select(BuildRow).where(BuildRow.model_id.in_(model_ids)).order_by(BuildRow.id.desc())

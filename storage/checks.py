@@ -13,18 +13,19 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
+from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import TaskState
 from enginefarm.core.spec import BuildSpec
-from enginefarm.storage.rows import claim_row, get_row
 from enginefarm.storage.generation import bump
+from enginefarm.storage.rows import claim_row, get_row
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, VerdictRow, utcnow
 
 
-def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec,
-                          project: str) -> BenchmarkTaskRow | None:
+def ensure_benchmark_task(
+    session: Session, engine: EngineRow, spec: BuildSpec, project: str
+) -> BenchmarkTaskRow | None:
     """Queue the benchmark and accuracy check of this engine with these settings for this project, once; returns
     the new task (to publish after the commit), or None when it exists already or the spec turns both off.
 
@@ -33,13 +34,23 @@ def ensure_benchmark_task(session: Session, engine: EngineRow, spec: BuildSpec,
     if not (spec.benchmark.enabled or spec.accuracy.enabled):
         return None
     checks = spec.checks_hash()
-    found = session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id == engine.id,
-                                                           BenchmarkTaskRow.checks_hash == checks,
-                                                           BenchmarkTaskRow.project == project)).first()
+    found = session.scalars(
+        select(BenchmarkTaskRow).where(
+            BenchmarkTaskRow.engine_id == engine.id,
+            BenchmarkTaskRow.checks_hash == checks,
+            BenchmarkTaskRow.project == project,
+        )
+    ).first()
     if found is not None:
         return None
-    task = BenchmarkTaskRow(engine_id=engine.id, target=engine.target, checks_hash=checks, spec=spec.stored(),
-                            state=TaskState.QUEUED.value, project=project)
+    task = BenchmarkTaskRow(
+        engine_id=engine.id,
+        target=engine.target,
+        checks_hash=checks,
+        spec=spec.stored(),
+        state=TaskState.QUEUED.value,
+        project=project,
+    )
     try:
         with session.begin_nested():
             session.add(task)
@@ -65,25 +76,58 @@ def end_benchmark(session: Session, task_id: int, state: TaskState, error: str |
     session.execute(update(BenchmarkTaskRow).where(BenchmarkTaskRow.id == task_id).values(**values))
 
 
-def record_benchmark(session: Session, engine_id: int, *, project: str, shape_key: str, shapes: dict, machine: dict,
-                     gpu_name: str | None, compute_capability: str | None, stats: dict,
-                     cpu_name: str | None = None) -> BenchmarkRow:
+def record_benchmark(
+    session: Session,
+    engine_id: int,
+    *,
+    project: str,
+    shape_key: str,
+    shapes: dict,
+    machine: dict,
+    gpu_name: str | None,
+    compute_capability: str | None,
+    stats: dict,
+    cpu_name: str | None = None,
+) -> BenchmarkRow:
     """Store one measurement for a project, replacing that project's earlier one of the same engine, shape and
     device."""
     same_device = BenchmarkRow.gpu_name.is_(None) if gpu_name is None else BenchmarkRow.gpu_name == gpu_name
-    session.execute(delete(BenchmarkRow).where(BenchmarkRow.engine_id == engine_id, BenchmarkRow.project == project,
-                                               BenchmarkRow.shape_key == shape_key, same_device))
+    session.execute(
+        delete(BenchmarkRow).where(
+            BenchmarkRow.engine_id == engine_id,
+            BenchmarkRow.project == project,
+            BenchmarkRow.shape_key == shape_key,
+            same_device,
+        )
+    )
     e2e = stats["e2e"]
-    row = BenchmarkRow(engine_id=engine_id, project=project, shape_key=shape_key, shapes=shapes, gpu_name=gpu_name,
-                       cpu_name=cpu_name if gpu_name is None else None, compute_capability=compute_capability,
-                       machine=machine, median_ms=e2e["median"], p99_ms=e2e["p99"],
-                       throughput_qps=stats.get("throughput_qps"), stats=stats)
+    row = BenchmarkRow(
+        engine_id=engine_id,
+        project=project,
+        shape_key=shape_key,
+        shapes=shapes,
+        gpu_name=gpu_name,
+        cpu_name=cpu_name if gpu_name is None else None,
+        compute_capability=compute_capability,
+        machine=machine,
+        median_ms=e2e["median"],
+        p99_ms=e2e["p99"],
+        throughput_qps=stats.get("throughput_qps"),
+        stats=stats,
+    )
     session.add(row)
     return row
 
 
-def record_verdict(session: Session, engine_id: int, project: str, result: dict, *, task_id: int | None = None,
-                   device_memory_bytes: int | None = None) -> None:
+def record_verdict(
+    session: Session,
+    engine_id: int,
+    project: str,
+    result: dict,
+    *,
+    task_id: int | None = None,
+    device_memory_bytes: int | None = None,
+) -> None:
     """Store a project's accuracy verdict on an engine: its last finished check replaces its earlier one (one
     upsert, so two checks of one project finishing together cannot both insert). The engine's device memory is a
     fact of its bytes on a GPU, not a verdict, so it stays on the engine."""
@@ -91,10 +135,17 @@ def record_verdict(session: Session, engine_id: int, project: str, result: dict,
     if device_memory_bytes is not None:
         engine.device_memory_bytes = device_memory_bytes
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    values = {"accuracy": result, "accuracy_pass": result.get("pass"), "benchmark_task_id": task_id,
-              "checked_at": utcnow()}
-    session.execute(insert(VerdictRow).values(engine_id=engine_id, project=project, **values)
-                    .on_conflict_do_update(index_elements=["engine_id", "project"], set_=values))
+    values = {
+        "accuracy": result,
+        "accuracy_pass": result.get("pass"),
+        "benchmark_task_id": task_id,
+        "checked_at": utcnow(),
+    }
+    session.execute(
+        insert(VerdictRow)
+        .values(engine_id=engine_id, project=project, **values)
+        .on_conflict_do_update(index_elements=["engine_id", "project"], set_=values)
+    )
     # A statement, not a flush: raise the generation of the engine's model bytes by hand (storage.generation).
     bump(session, {engine.model_sha256})
 
@@ -111,8 +162,9 @@ def benchmark_tasks_of(session: Session, engine_ids: list[int], project: str) ->
     """This project's checks of these engines, oldest first, by engine id."""
     by_engine: dict[int, list[BenchmarkTaskRow]] = {}
     if engine_ids:
-        query = select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id.in_(engine_ids),
-                                               BenchmarkTaskRow.project == project)
+        query = select(BenchmarkTaskRow).where(
+            BenchmarkTaskRow.engine_id.in_(engine_ids), BenchmarkTaskRow.project == project
+        )
         for row in session.scalars(query.order_by(BenchmarkTaskRow.id)).all():
             by_engine.setdefault(row.engine_id, []).append(row)
     return by_engine

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
@@ -64,8 +65,9 @@ def json_loads(data: str | bytes):
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30},
-                               json_deserializer=json_loads)
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, json_deserializer=json_loads
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # Up to 40 at once: the API's 40 route threads hold at most one each; a session being ended gives its
@@ -135,12 +137,17 @@ UNAVAILABLE = (OperationalError, InterfaceError)
 
 def with_patience(fn: Callable[[], T], patience_s: float = PATIENCE_S) -> T:
     """Run ``fn()`` again and again with backoff while the database is unavailable (up to ``patience_s``)."""
-    return retry(retry=retry_if_exception_type(UNAVAILABLE), wait=wait_exponential(multiplier=0.5, max=15),
-                 stop=stop_after_delay(patience_s), reraise=True)(fn)()
+    return retry(
+        retry=retry_if_exception_type(UNAVAILABLE),
+        wait=wait_exponential(multiplier=0.5, max=15),
+        stop=stop_after_delay(patience_s),
+        reraise=True,
+    )(fn)()
 
 
-def in_transaction(fn: Callable[..., T], *args: Any, settings: Settings | None = None, patience_s: float = PATIENCE_S,
-                   **kwargs: Any) -> T:
+def in_transaction(
+    fn: Callable[..., T], *args: Any, settings: Settings | None = None, patience_s: float = PATIENCE_S, **kwargs: Any
+) -> T:
     """Run ``fn(session, *args, **kwargs)`` in its own transaction, again and again with backoff while the
     database is unavailable (up to ``patience_s``). For the worker, whose writes must land once the database
     is back: a task's final state lost to a restart would leave its row running forever."""

@@ -92,16 +92,24 @@ class GcReport:
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
-        return (f"gc: scanned {self.scanned}, referenced {self.referenced}, {verb} {len(self.deleted)} "
-                f"({self.deleted_bytes} bytes) and {len(self.partials_deleted)} partial upload(s) "
-                f"({self.partials_bytes} bytes), kept {len(self.kept_young)} young, {len(self.missing)} missing, "
-                f"{len(self.errors)} error(s); work dir: {verb} {len(self.stale_uploads)} upload spool file(s) and "
-                f"{len(self.stale_scratch)} scratch folder(s) ({self.stale_bytes} bytes)")
+        return (
+            f"gc: scanned {self.scanned}, referenced {self.referenced}, {verb} {len(self.deleted)} "
+            f"({self.deleted_bytes} bytes) and {len(self.partials_deleted)} partial upload(s) "
+            f"({self.partials_bytes} bytes), kept {len(self.kept_young)} young, {len(self.missing)} missing, "
+            f"{len(self.errors)} error(s); work dir: {verb} {len(self.stale_uploads)} upload spool file(s) and "
+            f"{len(self.stale_scratch)} scratch folder(s) ({self.stale_bytes} bytes)"
+        )
 
 
-def collect_garbage(settings: Settings, *, grace_seconds: float, dry_run: bool = False,
-                    now: datetime | None = None, store: BlobStore | None = None,
-                    allow_empty_catalog: bool = False) -> GcReport:
+def collect_garbage(
+    settings: Settings,
+    *,
+    grace_seconds: float,
+    dry_run: bool = False,
+    now: datetime | None = None,
+    store: BlobStore | None = None,
+    allow_empty_catalog: bool = False,
+) -> GcReport:
     """Delete the blobs no catalog row references and last written more than ``grace_seconds`` before ``now``,
     and the leftovers of writes interrupted as long ago; see the module docstring for why the order matters.
 
@@ -134,8 +142,10 @@ def collect_garbage(settings: Settings, *, grace_seconds: float, dry_run: bool =
             candidates.append(obj)
     report.missing = sorted(referenced - {obj.key for obj in listed})
     if candidates and not referenced and not allow_empty_catalog:
-        raise GcRefused(f"the catalog references no blob, yet the store holds {len(candidates)} old one(s): "
-                        f"refusing to delete them (is this the farm's database?)")
+        raise GcRefused(
+            f"the catalog references no blob, yet the store holds {len(candidates)} old one(s): "
+            f"refusing to delete them (is this the farm's database?)"
+        )
 
     for obj in candidates:
         try:
@@ -161,10 +171,18 @@ def collect_garbage(settings: Settings, *, grace_seconds: float, dry_run: bool =
 def sweep_work_dir(settings: Settings, report: GcReport, now: datetime) -> None:
     """Remove this host's dead spool files and scratch folders (see the module docstring), recording them."""
     work, grace = settings.work_dir, report.grace_seconds
-    kinds = ((sorted((work / worklock.SPOOL_FOLDER).glob(f"{worklock.SPOOL_PREFIX}*")),
-              max(WORK_MIN_AGE_S, min(grace, settings.upload_idle_timeout_s)), report.stale_uploads),
-             (sorted(work.glob(f"{worklock.SCRATCH_PREFIX}*")),
-              max(WORK_MIN_AGE_S, min(grace, settings.build_time_limit_s)), report.stale_scratch))
+    kinds = (
+        (
+            sorted((work / worklock.SPOOL_FOLDER).glob(f"{worklock.SPOOL_PREFIX}*")),
+            max(WORK_MIN_AGE_S, min(grace, settings.upload_idle_timeout_s)),
+            report.stale_uploads,
+        ),
+        (
+            sorted(work.glob(f"{worklock.SCRATCH_PREFIX}*")),
+            max(WORK_MIN_AGE_S, min(grace, settings.build_time_limit_s)),
+            report.stale_scratch,
+        ),
+    )
     for paths, dead_after, found in kinds:
         cutoff = now.timestamp() - dead_after
         for path in paths:

@@ -24,7 +24,6 @@ from sqlalchemy.orm import Session
 
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
-
 CHANNEL = "enginefarm_resolve"  # PostgreSQL's NOTIFY channel for such commits (storage/changes.py)
 _changes = itertools.count(1)
 _committed = 0  # the number of this process's commits that changed what a resolve answers
@@ -40,8 +39,9 @@ def bump(session: Session, model_shas: set[str]) -> None:
     """Raise the generation of every model row holding these bytes."""
     if model_shas:
         _announce(session)
-        session.connection().execute(update(ModelRow).where(ModelRow.sha256.in_(sorted(model_shas)))
-                                     .values(generation=ModelRow.generation + 1))
+        session.connection().execute(
+            update(ModelRow).where(ModelRow.sha256.in_(sorted(model_shas))).values(generation=ModelRow.generation + 1)
+        )
 
 
 def _touched(session: Session) -> set[str]:
@@ -60,8 +60,11 @@ def _touched(session: Session) -> set[str]:
             elif obj.engine_id is not None:
                 engine_ids.add(obj.engine_id)
     if engine_ids:
-        shas.update(session.connection().execute(
-            select(EngineRow.model_sha256).where(EngineRow.id.in_(sorted(engine_ids)))).scalars())
+        shas.update(
+            session.connection()
+            .execute(select(EngineRow.model_sha256).where(EngineRow.id.in_(sorted(engine_ids))))
+            .scalars()
+        )
     return shas
 
 

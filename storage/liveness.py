@@ -18,12 +18,19 @@ from enginefarm.storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, 
 # --------------------------------------------------------------------------- workers
 
 
-def heartbeat(session: Session, worker_id: str, hostname: str, targets: list[str], probe: dict,
-              bench_targets: list[str] | None = None) -> None:
+def heartbeat(
+    session: Session,
+    worker_id: str,
+    hostname: str,
+    targets: list[str],
+    probe: dict,
+    bench_targets: list[str] | None = None,
+) -> None:
     row = session.get(WorkerRow, worker_id)
     if row is None:
-        session.add(WorkerRow(id=worker_id, hostname=hostname, targets=targets, probe=probe,
-                              bench_targets=bench_targets or []))
+        session.add(
+            WorkerRow(id=worker_id, hostname=hostname, targets=targets, probe=probe, bench_targets=bench_targets or [])
+        )
     else:
         row.targets, row.probe, row.last_seen = targets, probe, utcnow()
         row.bench_targets = bench_targets or []
@@ -72,18 +79,25 @@ def served_bench_targets(session: Session, ttl_seconds: float) -> set[str]:
 
 def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow]]:
     """Running tasks whose worker stopped sending heartbeats go back to the queue (to be published again)."""
-    builds = [t for t in session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.RUNNING.value))
-              if t.worker_id not in live_worker_ids]
-    benches = [t for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
-               if t.worker_id not in live_worker_ids]
+    builds = [
+        t
+        for t in session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.RUNNING.value))
+        if t.worker_id not in live_worker_ids
+    ]
+    benches = [
+        t
+        for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
+        if t.worker_id not in live_worker_ids
+    ]
     for t in [*builds, *benches]:
         t.error = abandoned_reason(t.worker_id)
         t.state, t.worker_id, t.started_at = TaskState.QUEUED.value, None, None
     return builds, benches
 
 
-def requeue_abandoned_quantize(session: Session, live_worker_ids: set[str], max_attempts: int
-                               ) -> tuple[list[int], list[int]]:
+def requeue_abandoned_quantize(
+    session: Session, live_worker_ids: set[str], max_attempts: int
+) -> tuple[list[int], list[int]]:
     """Quantization stages running on a worker whose heartbeats stopped go back to the queue, as build tasks do;
     one whose worker was lost ``max_attempts`` times is failed with the reason, and the build's waiting tasks with it
     (a model whose calibration kills its worker must not loop forever). Returns the build ids requeued and failed."""
@@ -98,12 +112,22 @@ def requeue_abandoned_quantize(session: Session, live_worker_ids: set[str], max_
         attempts = int(stage.get("attempts") or 0) + 1
         if attempts >= max_attempts:
             build.quantize = {**stage, "attempts": attempts}
-            fail_quantize(session, build.id, f"gave up after {attempts} attempts: each ended with its worker gone "
-                                             f"(the last, {stage.get('worker_id')}, stopped sending heartbeats)")
+            fail_quantize(
+                session,
+                build.id,
+                f"gave up after {attempts} attempts: each ended with its worker gone "
+                f"(the last, {stage.get('worker_id')}, stopped sending heartbeats)",
+            )
             failed.append(build.id)
         else:
-            build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None,
-                              "error": abandoned_reason(stage.get("worker_id")), "attempts": attempts}
+            build.quantize = {
+                **stage,
+                "state": TaskState.QUEUED.value,
+                "worker_id": None,
+                "started_at": None,
+                "error": abandoned_reason(stage.get("worker_id")),
+                "attempts": attempts,
+            }
             requeued.append(build.id)
     return requeued, failed
 
@@ -120,15 +144,25 @@ def reclaim_tasks(session: Session, worker_id: str, build_ids: list[int], bench_
     for table, ids in ((BuildTaskRow, build_ids), (BenchmarkTaskRow, bench_ids)):
         if ids:
             taken += session.execute(
-                update(table).where(table.id.in_(ids), table.state == TaskState.QUEUED.value, table.worker_id.is_(None),
-                                    table.error == abandoned_reason(worker_id))
+                update(table)
+                .where(
+                    table.id.in_(ids),
+                    table.state == TaskState.QUEUED.value,
+                    table.worker_id.is_(None),
+                    table.error == abandoned_reason(worker_id),
+                )
                 .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), error=None)
             ).rowcount
     return taken
 
 
-def release_tasks(session: Session, worker_id: str, reason: str, build_ids: list[int] | None = None,
-                  bench_ids: list[int] | None = None) -> list[Message]:
+def release_tasks(
+    session: Session,
+    worker_id: str,
+    reason: str,
+    build_ids: list[int] | None = None,
+    bench_ids: list[int] | None = None,
+) -> list[Message]:
     """A stopping worker puts back in the queue the tasks still running under its id (only those of ``build_ids``
     and ``bench_ids`` where given), without counting the attempt: the task did not fail, its worker left. Returns
     the message of each, to publish again."""
@@ -141,9 +175,17 @@ def release_tasks(session: Session, worker_id: str, reason: str, build_ids: list
             mine = mine & table.id.in_(ids)
         rows = session.execute(select(table.id, table.target).where(mine).with_for_update()).all()
         if rows:
-            session.execute(update(table).where(mine, table.id.in_([r.id for r in rows])).values(
-                state=TaskState.QUEUED.value, worker_id=None, started_at=None, error=reason,
-                attempts=case((table.attempts > 0, table.attempts - 1), else_=0)))
+            session.execute(
+                update(table)
+                .where(mine, table.id.in_([r.id for r in rows]))
+                .values(
+                    state=TaskState.QUEUED.value,
+                    worker_id=None,
+                    started_at=None,
+                    error=reason,
+                    attempts=case((table.attempts > 0, table.attempts - 1), else_=0),
+                )
+            )
         released += [message(r.id, Target.parse(r.target)) for r in rows]
     return released
 
@@ -166,13 +208,26 @@ def builds_pending(session: Session, worker_id: str, targets: list[str]) -> int:
     return session.scalar(select(func.count()).select_from(BuildTaskRow).where(or_(*clauses))) or 0
 
 
-def queued_since(session: Session, cutoff: datetime) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:
+def queued_since(
+    session: Session, cutoff: datetime
+) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:
     """Build and benchmark tasks queued before ``cutoff``, and builds whose quantization is queued."""
-    builds = list(session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.QUEUED.value,
-                                                             BuildTaskRow.queued_at < cutoff)))
-    benches = list(session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.QUEUED.value,
-                                                                  BenchmarkTaskRow.queued_at < cutoff)))
+    builds = list(
+        session.scalars(
+            select(BuildTaskRow).where(BuildTaskRow.state == TaskState.QUEUED.value, BuildTaskRow.queued_at < cutoff)
+        )
+    )
+    benches = list(
+        session.scalars(
+            select(BenchmarkTaskRow).where(
+                BenchmarkTaskRow.state == TaskState.QUEUED.value, BenchmarkTaskRow.queued_at < cutoff
+            )
+        )
+    )
     ids = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
-    waiting = [b for b in session.scalars(select(BuildRow).where(BuildRow.id.in_(ids), BuildRow.created_at < cutoff))
-               if (b.quantize or {}).get("state") == TaskState.QUEUED.value]
+    waiting = [
+        b
+        for b in session.scalars(select(BuildRow).where(BuildRow.id.in_(ids), BuildRow.created_at < cutoff))
+        if (b.quantize or {}).get("state") == TaskState.QUEUED.value
+    ]
     return builds, benches, waiting

@@ -5,5 +5,6 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-BLOB_ERRORS = Counter("enginefarm_blob_store_errors_total", "Blob store operations that failed, other than a "
-                      "missing key", ["store"])
+BLOB_ERRORS = Counter(
+    "enginefarm_blob_store_errors_total", "Blob store operations that failed, other than a missing key", ["store"]
+)

@@ -32,16 +32,20 @@ def queue_state(session: Session, worker_ttl_s: float) -> QueueState:
     now = datetime.now(timezone.utc)
     waiting, by_state = {}, {}
     for kind, table in KINDS.items():
-        rows = session.execute(select(table.target, func.count(), func.min(table.queued_at))
-                               .where(table.state == TaskState.QUEUED.value).group_by(table.target)).all()
+        rows = session.execute(
+            select(table.target, func.count(), func.min(table.queued_at))
+            .where(table.state == TaskState.QUEUED.value)
+            .group_by(table.target)
+        ).all()
         for target, count, oldest in rows:
             waiting[(kind, target)] = (count, max(0.0, (now - as_utc(oldest)).total_seconds()))
         for state, count in session.execute(select(table.state, func.count()).group_by(table.state)).all():
             by_state[(kind, state)] = count
     live, bench = {}, {}
     cutoff = now - timedelta(seconds=worker_ttl_s)
-    for targets, bench_targets in session.execute(select(WorkerRow.targets, WorkerRow.bench_targets)
-                                                  .where(WorkerRow.last_seen >= cutoff)).all():
+    for targets, bench_targets in session.execute(
+        select(WorkerRow.targets, WorkerRow.bench_targets).where(WorkerRow.last_seen >= cutoff)
+    ).all():
         for t in targets or []:
             live[t] = live.get(t, 0) + 1
         for t in bench_targets or []:

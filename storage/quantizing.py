@@ -14,13 +14,19 @@ from enginefarm.storage.catalog import finish_task_reused, get_build
 from enginefarm.storage.checks import ensure_benchmark_task
 from enginefarm.storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, ModelRow, utcnow
 
+
 def claim_quantize(session: Session, build_id: int, worker_id: str) -> bool:
     """Take a build's queued quantization stage (row-locked where the database can)."""
     build = session.scalars(select(BuildRow).where(BuildRow.id == build_id).with_for_update()).first()
     if build is None or not build.quantize or build.quantize.get("state") != TaskState.QUEUED.value:
         return False
-    build.quantize = {**build.quantize, "state": TaskState.RUNNING.value, "worker_id": worker_id,
-                      "started_at": utcnow().isoformat(), "error": None}
+    build.quantize = {
+        **build.quantize,
+        "state": TaskState.RUNNING.value,
+        "worker_id": worker_id,
+        "started_at": utcnow().isoformat(),
+        "error": None,
+    }
     return True
 
 
@@ -32,14 +38,16 @@ def set_quantize(session: Session, build_id: int, state: str, **fields: Any) -> 
 def fail_quantize(session: Session, build_id: int, error: str) -> None:
     """End the quantization stage and every task waiting on it with the reason."""
     set_quantize(session, build_id, TaskState.FAILED.value, error=error, finished_at=utcnow().isoformat())
-    session.execute(update(BuildTaskRow).where(BuildTaskRow.build_id == build_id,
-                                               BuildTaskRow.state == TaskState.WAITING.value)
-                    .values(state=TaskState.FAILED.value, error=f"int8 quantization failed: {error}",
-                            finished_at=utcnow()))
+    session.execute(
+        update(BuildTaskRow)
+        .where(BuildTaskRow.build_id == build_id, BuildTaskRow.state == TaskState.WAITING.value)
+        .values(state=TaskState.FAILED.value, error=f"int8 quantization failed: {error}", finished_at=utcnow())
+    )
 
 
-def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_versions: dict[str, set[str]]
-                    ) -> tuple[list[tuple[int, Target]], list[BenchmarkTaskRow]]:
+def release_waiting(
+    session: Session, build: BuildRow, model: ModelRow, backend_versions: dict[str, set[str]]
+) -> tuple[list[tuple[int, Target]], list[BenchmarkTaskRow]]:
     """Point a build whose quantization finished at the derived model and queue its waiting tasks (or
     answer them from the catalog); returns the tasks to publish and the benchmark checks queued."""
     build.model_id = model.id
@@ -49,7 +57,9 @@ def release_waiting(session: Session, build: BuildRow, model: ModelRow, backend_
         if task.state != TaskState.WAITING.value:
             continue
         versions = backend_versions.get(task.target) or {None}
-        existing = next((e for v in versions if (e := find_engine(session, model.sha256, build.spec_hash, task.target, v))), None)
+        existing = next(
+            (e for v in versions if (e := find_engine(session, model.sha256, build.spec_hash, task.target, v))), None
+        )
         if existing is not None:
             finish_task_reused(session, task, existing)
             task.started_at = utcnow()

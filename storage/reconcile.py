@@ -54,8 +54,9 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
     again = [m for m in stale if m not in requeued and empty(m.queue)]
     publish(requeued + again)
     if requeued or again:
-        log.warning("reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)",
-                    len(requeued), len(again))
+        log.warning(
+            "reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)", len(requeued), len(again)
+        )
     return {"requeued": len(requeued), "republished": len(again), "sessions_removed": sessions}
 
 

@@ -20,11 +20,24 @@ from enginefarm.storage.catalog import find_models, latest_of
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 # What an answer says about a model version, and what its ETag is made of.
-MODEL_COLUMNS = (ModelRow.id, ModelRow.project, ModelRow.name, ModelRow.version, ModelRow.seq, ModelRow.sha256,
-                 ModelRow.source_model_id, ModelRow.generation)
+MODEL_COLUMNS = (
+    ModelRow.id,
+    ModelRow.project,
+    ModelRow.name,
+    ModelRow.version,
+    ModelRow.seq,
+    ModelRow.sha256,
+    ModelRow.source_model_id,
+    ModelRow.generation,
+)
 # What judging, ranking and a candidate's line need of an engine: its facts, and the project's verdict.
-ENGINE_COLUMNS = (EngineRow.id, EngineRow.model_sha256, EngineRow.spec_hash,
-                  *(getattr(EngineRow, name) for name in ENGINE_FACTS), VerdictRow.accuracy_pass)
+ENGINE_COLUMNS = (
+    EngineRow.id,
+    EngineRow.model_sha256,
+    EngineRow.spec_hash,
+    *(getattr(EngineRow, name) for name in ENGINE_FACTS),
+    VerdictRow.accuracy_pass,
+)
 
 
 def model_versions(session: Session, model: str, version: str | None, project: str | None) -> list[Row]:
@@ -51,17 +64,27 @@ def descriptor_of(row) -> EngineDescriptor:
 
 # Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is
 # the asking project's own: another project's check of the same bytes never decides what this one is handed.
-ENGINES_OF = (select(*ENGINE_COLUMNS)
-              .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id,
-                                          VerdictRow.project == bindparam("project")))
-              .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True))))
-LATENCY_OF = (select(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability,
-                     BenchmarkRow.cpu_name, func.min(BenchmarkRow.median_ms))
-              .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
-              .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)),
-                     BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY, BenchmarkRow.project == bindparam("project"))
-              .group_by(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability,
-                        BenchmarkRow.cpu_name))
+ENGINES_OF = (
+    select(*ENGINE_COLUMNS)
+    .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
+    .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)))
+)
+LATENCY_OF = (
+    select(
+        BenchmarkRow.engine_id,
+        BenchmarkRow.gpu_name,
+        BenchmarkRow.compute_capability,
+        BenchmarkRow.cpu_name,
+        func.min(BenchmarkRow.median_ms),
+    )
+    .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
+    .where(
+        EngineRow.model_sha256.in_(bindparam("shas", expanding=True)),
+        BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY,
+        BenchmarkRow.project == bindparam("project"),
+    )
+    .group_by(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability, BenchmarkRow.cpu_name)
+)
 
 
 def _latencies(conn, model_shas: list[str], project: str) -> dict[int, dict[str, float]]:
@@ -78,10 +101,16 @@ def _latencies(conn, model_shas: list[str], project: str) -> dict[int, dict[str,
 
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
 # The chosen engine's whole row and the asking project's verdict on it, in one statement.
-CHOSEN = (select(EngineRow.__table__, VerdictRow.id.label("verdict_id"), VerdictRow.accuracy.label("verdict_accuracy"),
-                 VerdictRow.accuracy_pass.label("verdict_pass"))
-          .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
-          .where(EngineRow.id == bindparam("id")))
+CHOSEN = (
+    select(
+        EngineRow.__table__,
+        VerdictRow.id.label("verdict_id"),
+        VerdictRow.accuracy.label("verdict_accuracy"),
+        VerdictRow.accuracy_pass.label("verdict_pass"),
+    )
+    .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
+    .where(EngineRow.id == bindparam("id"))
+)
 
 
 @dataclass(frozen=True)
@@ -92,8 +121,9 @@ class Verdict:
     accuracy_pass: bool | None
 
 
-def chosen_engine(session: Session, engine_id: int, owner: dict[str, Row]
-                  ) -> tuple[Row, Row, str | None, Verdict | None]:
+def chosen_engine(
+    session: Session, engine_id: int, owner: dict[str, Row]
+) -> tuple[Row, Row, str | None, Verdict | None]:
     """The chosen engine's whole row, the version it is listed under, the version that version is a variant of
     (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine.
     Two statements at most (the variant's only for a derived model)."""
@@ -152,6 +182,8 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
     conn = session.connection()
     rows = conn.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
     latency = _latencies(conn, list(owner), project) if rows else {}
-    facts = tuple(Facts(r, descriptor_of(r), _accuracy(r.accuracy_pass), latency.get(r.id, {}),
-                        owner[r.model_sha256].seq) for r in rows)
+    facts = tuple(
+        Facts(r, descriptor_of(r), _accuracy(r.accuracy_pass), latency.get(r.id, {}), owner[r.model_sha256].seq)
+        for r in rows
+    )
     return EngineTable(table_key(owner), facts, {r.id: r for r in rows})

@@ -32,12 +32,23 @@ def claim_row(session: Session, table, task_id: int, worker_id: str, max_deliver
     worker has it or it is done, or when it was already delivered ``max_deliveries`` times: then it is
     failed with that reason, so a task that kills its worker cannot loop forever."""
     queued = (table.id == task_id) & (table.state == TaskState.QUEUED.value)
-    if max_deliveries is not None and session.execute(
-            update(table).where(queued, table.attempts >= max_deliveries)
-            .values(state=TaskState.FAILED.value, finished_at=utcnow(),
-                    error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
-                          f"(its worker died or it hit the hard time limit)")).rowcount:
+    if (
+        max_deliveries is not None
+        and session.execute(
+            update(table)
+            .where(queued, table.attempts >= max_deliveries)
+            .values(
+                state=TaskState.FAILED.value,
+                finished_at=utcnow(),
+                error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
+                f"(its worker died or it hit the hard time limit)",
+            )
+        ).rowcount
+    ):
         return False
-    result = session.execute(update(table).where(queued).values(
-        state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), attempts=table.attempts + 1))
+    result = session.execute(
+        update(table)
+        .where(queued)
+        .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), attempts=table.attempts + 1)
+    )
     return result.rowcount == 1

@@ -145,8 +145,6 @@ class EngineRow(Base):
     benchmarks: Mapped[list[BenchmarkRow]] = relationship(back_populates="engine", order_by="BenchmarkRow.id")
 
 
-
-
 class BenchmarkRow(Base):
     """One benchmark of one engine at one shape, on one machine, for one project: the summary of the raw samples."""
 
@@ -175,8 +173,9 @@ class BenchmarkTaskRow(Base):
     """The benchmark and accuracy check of one engine with one set of check settings, on a capable worker."""
 
     __tablename__ = "benchmark_tasks"
-    __table_args__ = (UniqueConstraint("engine_id", "checks_hash", "project",
-                                       name="uq_benchmark_tasks_engine_checks_project"),)
+    __table_args__ = (
+        UniqueConstraint("engine_id", "checks_hash", "project", name="uq_benchmark_tasks_engine_checks_project"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)

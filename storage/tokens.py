@@ -72,8 +72,11 @@ def check_scopes(scopes: list[str]) -> str:
     """The highest of ``scopes``; a SpecInvalid naming any unknown one."""
     unknown = [s for s in scopes if s not in SCOPES]
     if unknown or not scopes:
-        raise SpecInvalid(f"unknown scope {', '.join(map(repr, unknown))}: choose from {', '.join(SCOPES)}"
-                          if unknown else f"a token needs a scope: one of {', '.join(SCOPES)}")
+        raise SpecInvalid(
+            f"unknown scope {', '.join(map(repr, unknown))}: choose from {', '.join(SCOPES)}"
+            if unknown
+            else f"a token needs a scope: one of {', '.join(SCOPES)}"
+        )
     return max(scopes, key=rank)
 
 
@@ -89,8 +92,10 @@ def lifetime_problem(days: float) -> str | None:
     smallest = MIN_LIFETIME / timedelta(days=1)
     if math.isfinite(days) and smallest <= days <= MAX_LIFETIME_DAYS:
         return None
-    return (f"a token must live at least {MIN_LIFETIME.total_seconds():g} second ({smallest:.3g} days) and at most "
-            f"{MAX_LIFETIME_DAYS} days, not {days!r}; leave it out for a token that lasts until revoked")
+    return (
+        f"a token must live at least {MIN_LIFETIME.total_seconds():g} second ({smallest:.3g} days) and at most "
+        f"{MAX_LIFETIME_DAYS} days, not {days!r}; leave it out for a token that lasts until revoked"
+    )
 
 
 def lifetime(days: float | None) -> timedelta | None:
@@ -102,8 +107,14 @@ def lifetime(days: float | None) -> timedelta | None:
     return timedelta(days=days)
 
 
-def create_token(session: Session, name: str, scopes: list[str], expires_in: timedelta | None = None,
-                 project: str | None = None, parent_id: int | None = None) -> tuple[ApiTokenRow, str]:
+def create_token(
+    session: Session,
+    name: str,
+    scopes: list[str],
+    expires_in: timedelta | None = None,
+    project: str | None = None,
+    parent_id: int | None = None,
+) -> tuple[ApiTokenRow, str]:
     """A new token; returns its row and the token itself, which is never stored and cannot be shown again.
     A token of a project sees and builds only that project's models; without one it acts on the whole farm.
     ``parent_id``: the token that opened this one (a dashboard session), whose revocation revokes it too."""
@@ -114,12 +125,21 @@ def create_token(session: Session, name: str, scopes: list[str], expires_in: tim
     now = utcnow()
     expires_at = now + expires_in if expires_in is not None else None
     if expires_at is not None and expires_at <= now:
-        raise SpecInvalid(f"a token's expiry must be in the future, and a lifetime of {expires_in.total_seconds():g} "
-                          f"seconds puts it at the moment it is made; give at least {MIN_LIFETIME.total_seconds():g} "
-                          "second, or none for a token that lasts until revoked")
+        raise SpecInvalid(
+            f"a token's expiry must be in the future, and a lifetime of {expires_in.total_seconds():g} "
+            f"seconds puts it at the moment it is made; give at least {MIN_LIFETIME.total_seconds():g} "
+            "second, or none for a token that lasts until revoked"
+        )
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiTokenRow(name=name, token_hash=hash_token(token), prefix=token[:10], scopes=sorted(set(scopes), key=rank),
-                      expires_at=expires_at, project=project, parent_id=parent_id)
+    row = ApiTokenRow(
+        name=name,
+        token_hash=hash_token(token),
+        prefix=token[:10],
+        scopes=sorted(set(scopes), key=rank),
+        expires_at=expires_at,
+        project=project,
+        parent_id=parent_id,
+    )
     session.add(row)
     session.flush()
     return row, token
@@ -138,8 +158,9 @@ def authenticate(session: Session, token: str) -> Principal | None:
     return Principal(row.id, row.name, check_scopes(row.scopes), row.project, as_utc(row.expires_at), row.parent_id)
 
 
-def open_session(session: Session, principal: Principal, name: str, lifetime: timedelta,
-                 per_minute: int) -> tuple[ApiTokenRow, str]:
+def open_session(
+    session: Session, principal: Principal, name: str, lifetime: timedelta, per_minute: int
+) -> tuple[ApiTokenRow, str]:
     """A dashboard session for ``principal``'s token family: a token of its own with the same scope and project,
     counted against the family's quotas. Raises SignInsTooFast (with the seconds to wait) once the family opened
     ``per_minute`` sessions in the last minute (signed out or not). Ended sessions older than that minute are
@@ -151,29 +172,42 @@ def open_session(session: Session, principal: Principal, name: str, lifetime: ti
     session.scalars(select(ApiTokenRow.id).where(ApiTokenRow.id == root).with_for_update()).first()
     # Sessions of the last minute stay, ended or not: signing out and in again must not reset the count.
     remove_ended_sessions(session, now, opened_before=now - SIGN_IN_WINDOW)
-    opened = sorted(as_utc(t) for t in session.scalars(
-        select(ApiTokenRow.created_at).where(ApiTokenRow.parent_id == root,
-                                             ApiTokenRow.created_at > now - SIGN_IN_WINDOW)))
+    opened = sorted(
+        as_utc(t)
+        for t in session.scalars(
+            select(ApiTokenRow.created_at).where(
+                ApiTokenRow.parent_id == root, ApiTokenRow.created_at > now - SIGN_IN_WINDOW
+            )
+        )
+    )
     if len(opened) >= per_minute:
         wait = opened[len(opened) - per_minute] + SIGN_IN_WINDOW - now
-        raise SignInsTooFast(f"token '{principal.name}' opened {len(opened)} sessions in the last minute, the most one "
-                             f"token may (ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN): sign in again later",
-                             retry_after=max(1, math.ceil(wait.total_seconds())))
-    live = list(session.scalars(select(ApiTokenRow.id).where(ApiTokenRow.parent_id == root)
-                                .order_by(ApiTokenRow.id.desc()).offset(MAX_SESSIONS_PER_TOKEN - 1)))
+        raise SignInsTooFast(
+            f"token '{principal.name}' opened {len(opened)} sessions in the last minute, the most one "
+            f"token may (ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN): sign in again later",
+            retry_after=max(1, math.ceil(wait.total_seconds())),
+        )
+    live = list(
+        session.scalars(
+            select(ApiTokenRow.id)
+            .where(ApiTokenRow.parent_id == root)
+            .order_by(ApiTokenRow.id.desc())
+            .offset(MAX_SESSIONS_PER_TOKEN - 1)
+        )
+    )
     if live:
         session.execute(delete(ApiTokenRow).where(ApiTokenRow.id.in_(live)))
     return create_token(session, name, [principal.scope], lifetime, principal.project, parent_id=root)
 
 
-def remove_ended_sessions(session: Session, now: datetime | None = None,
-                          opened_before: datetime | None = None) -> int:
+def remove_ended_sessions(session: Session, now: datetime | None = None, opened_before: datetime | None = None) -> int:
     """Delete dashboard sessions that were revoked or have expired (they can never be used again), only those
     opened before ``opened_before`` if given; returns how many. Tokens made by hand stay, listed as revoked or
     expired. Sign-in calls it; a periodic sweep may too."""
     now = now or utcnow()
-    ended = delete(ApiTokenRow).where(ApiTokenRow.parent_id.is_not(None),
-                                      or_(ApiTokenRow.revoked_at.is_not(None), ApiTokenRow.expires_at <= now))
+    ended = delete(ApiTokenRow).where(
+        ApiTokenRow.parent_id.is_not(None), or_(ApiTokenRow.revoked_at.is_not(None), ApiTokenRow.expires_at <= now)
+    )
     if opened_before is not None:
         ended = ended.where(ApiTokenRow.created_at < opened_before)
     return session.execute(ended).rowcount or 0
@@ -193,8 +227,11 @@ def revoke_token(session: Session, token_id: int, project: str | None = None) ->
     if row.revoked_at is None:
         row.revoked_at = now
     # The dashboard sessions it opened end with it.
-    session.execute(update(ApiTokenRow).where(ApiTokenRow.parent_id == row.id, ApiTokenRow.revoked_at.is_(None))
-                    .values(revoked_at=now))
+    session.execute(
+        update(ApiTokenRow)
+        .where(ApiTokenRow.parent_id == row.id, ApiTokenRow.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
     return row
 
 

@@ -15,10 +15,10 @@ import httpx
 import pytest
 import redis
 
-from enginefarm.server import localservers
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import save_conv_net
+from enginefarm.server import localservers
+from enginefarm.server.embedded import Farm, issue_token
 from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,14 +59,21 @@ def dist_env(pg_url, redis_url, seaweedfs, tmp_path_factory) -> dict[str, str]:
     env = localservers.distributed_env(tmp_path_factory.mktemp("farm-data"), pg_url, redis_url, seaweedfs)
     # A worker counts as dead after 10 s without a heartbeat: shorter, and a worker starved of CPU by the
     # suite's own load (two cores) was taken for dead and its running check requeued.
-    env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
-                "ENGINEFARM_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT),
-                # Tests send up to 8 uploads at once with the session's one token (identical-upload races).
-                "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": "16",
-                # The dashboard tests sign in with the session's one token many times a minute.
-                "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN": "1000", "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": "1000",
-                # The reconciler runs every second and takes a message as lost after 3 s in an empty queue.
-                "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
+    env.update(
+        {
+            "ENGINEFARM_HEARTBEAT_SECONDS": "1",
+            "ENGINEFARM_WORKER_TTL_SECONDS": "10",
+            "ENGINEFARM_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT),
+            # Tests send up to 8 uploads at once with the session's one token (identical-upload races).
+            "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": "16",
+            # The dashboard tests sign in with the session's one token many times a minute.
+            "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN": "1000",
+            "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": "1000",
+            # The reconciler runs every second and takes a message as lost after 3 s in an empty queue.
+            "ENGINEFARM_RECONCILE_SECONDS": "1",
+            "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3",
+        }
+    )
     return env
 
 
@@ -110,7 +117,6 @@ def api(farm) -> httpx.Client:
 @pytest.fixture(scope="session")
 def conv_model(tmp_path_factory) -> Path:
     return save_conv_net(tmp_path_factory.mktemp("models") / "convnet.onnx")
-
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,12 @@ from enginefarm.storage.gc import referenced_keys
 from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 
-
 def slow(seconds: float) -> dict[str, str]:
     """A worker's env for the test backend: the real build, after a pause in which the test strikes."""
-    return {"ENGINEFARM_BACKEND_WRAPPER": "tests.slow_backend:SlowBackend", "ENGINEFARM_TEST_BUILD_DELAY_S": str(seconds)}
+    return {
+        "ENGINEFARM_BACKEND_WRAPPER": "tests.slow_backend:SlowBackend",
+        "ENGINEFARM_TEST_BUILD_DELAY_S": str(seconds),
+    }
 
 
 class TcpProxy:

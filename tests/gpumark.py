@@ -12,8 +12,12 @@ GPU_KEY = pytest.StashKey[tuple[int, str]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--gpu", action="store_true", default=False,
-                     help="run the tests marked gpu, which need an NVIDIA GPU and ONNX Runtime's CUDA provider")
+    parser.addoption(
+        "--gpu",
+        action="store_true",
+        default=False,
+        help="run the tests marked gpu, which need an NVIDIA GPU and ONNX Runtime's CUDA provider",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,4 +53,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         count, why = config.stash[GPU_KEY]
         terminalreporter.write_line(
             f"{count} GPU test(s) not run: deselected, since {why}. They run on a machine with an NVIDIA GPU and "
-            "onnxruntime-gpu (pytest --gpu; bench/gpu_matrix.sh runs them there).", yellow=True)
+            "onnxruntime-gpu (pytest --gpu; bench/gpu_matrix.sh runs them there).",
+            yellow=True,
+        )

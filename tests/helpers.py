@@ -23,8 +23,9 @@ def run_cli(url: str, *args: str, cache_dir: Path | None = None, expect: int = 0
     """Run ``enginefarm ARGS --api URL`` as a user would; returns its stdout (and stderr, by default when it
     is expected to fail) with whitespace collapsed."""
     env = os.environ | ({"ENGINEFARM_CACHE_DIR": str(cache_dir)} if cache_dir else {})
-    out = subprocess.run([sys.executable, "-m", "enginefarm", *args, "--api", url], capture_output=True,
-                         text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", *args, "--api", url], capture_output=True, text=True, timeout=300, env=env
+    )
     assert out.returncode == expect, out.stdout + out.stderr
     text = out.stdout + (out.stderr if (expect != 0 if stderr is None else stderr) else "")
     return " ".join(text.split())
@@ -36,13 +37,16 @@ def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple
     import tempfile
 
     from enginefarm.core.domain import Target
-    from enginefarm.core.spec import BuildSpec
     from enginefarm.core.errors import BuildFailed
+    from enginefarm.core.spec import BuildSpec
     from enginefarm.worker.backends.base import BuildLog
     from enginefarm.worker.pipeline import engine_from_model
 
-    spec = BuildSpec(profiles=[{name: {"min": list(lo), "opt": list(opt), "max": list(hi)}
-                                for name, (lo, opt, hi) in shapes.items()}])
+    spec = BuildSpec(
+        profiles=[
+            {name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in shapes.items()}
+        ]
+    )
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         try:
             engine_from_model(path, spec, Target.parse(f"tensorrt-rtx/{arch}"), None, Path(scratch), BuildLog())
@@ -62,8 +66,9 @@ def catalog_model(s, name: str, sha: str, version: str = "1", seq: int = 1):
     """A model row, as an upload writes it, in session ``s``; returns it (flushed, with its id)."""
     from enginefarm.storage.tables import ModelRow
 
-    row = ModelRow(name=name, version=version, seq=seq, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1,
-                   info=ROW_INFO)
+    row = ModelRow(
+        name=name, version=version, seq=seq, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1, info=ROW_INFO
+    )
     s.add(row)
     s.flush()
     return row
@@ -76,12 +81,23 @@ def catalog_engine(s, model, arch: str) -> int:
 
     cpu = arch == "cpu"
     cc = None if cpu else f"{arch[2:-1]}.{arch[-1]}"
-    row = EngineRow(model_id=model.id, model_sha256=model.sha256, spec_hash="0" * 64,
-                    target="onnxruntime/cpu-x86_64" if cpu else f"tensorrt-rtx/{arch}",
-                    backend="onnxruntime" if cpu else "tensorrt-rtx", backend_version="1.23.2" if cpu else RTX_VERSION,
-                    precision="fp16", compute_capability=cc, compute_capabilities=[cc] if cc else [], platform="x86_64",
-                    trt_version=None if cpu else RTX_VERSION, sha256=uuid.uuid4().hex * 2, size=1,
-                    blob_key=f"engines/{uuid.uuid4().hex}", build_seconds=0.1)
+    row = EngineRow(
+        model_id=model.id,
+        model_sha256=model.sha256,
+        spec_hash="0" * 64,
+        target="onnxruntime/cpu-x86_64" if cpu else f"tensorrt-rtx/{arch}",
+        backend="onnxruntime" if cpu else "tensorrt-rtx",
+        backend_version="1.23.2" if cpu else RTX_VERSION,
+        precision="fp16",
+        compute_capability=cc,
+        compute_capabilities=[cc] if cc else [],
+        platform="x86_64",
+        trt_version=None if cpu else RTX_VERSION,
+        sha256=uuid.uuid4().hex * 2,
+        size=1,
+        blob_key=f"engines/{uuid.uuid4().hex}",
+        build_seconds=0.1,
+    )
     s.add(row)
     s.flush()
     return row.id

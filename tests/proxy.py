@@ -79,8 +79,12 @@ class CachingProxy:
         conf = self.dir / "nginx.conf"
         conf.write_text(_CONFIG.format(user=user, dir=self.dir, port=self.port, upstream=self.upstream))
         # -e: the error log from the first line on, before the config is read (not /var/log/nginx).
-        self.proc = subprocess.Popen([nginx(), "-p", str(self.dir), "-e", str(self.dir / "error.log"), "-c", str(conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [nginx(), "-p", str(self.dir), "-e", str(self.dir / "error.log"), "-c", str(conf)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             wait_http(f"{self.url}/proxy-healthz", 30, self.proc)
         except Exception:  # noqa: BLE001 - any failure to start is reported with nginx's log

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from enginefarm.core.domain import EngineDescriptor, Target
+from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
-from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 class SlowBackend(BuildBackend):
@@ -23,8 +23,15 @@ class SlowBackend(BuildBackend):
     def version(self) -> str:
         return self.inner.version()
 
-    def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
-              machine: MachineProbe | None) -> EngineDescriptor:
+    def build(
+        self,
+        model_path: Path,
+        spec: BuildSpec,
+        target: Target,
+        out_path: Path,
+        log: BuildLog,
+        machine: MachineProbe | None,
+    ) -> EngineDescriptor:
         delay = float(os.environ.get("ENGINEFARM_TEST_BUILD_DELAY_S", "0"))
         log.add(f"test backend: waiting {delay:g} s before the build")
         time.sleep(delay)

@@ -15,9 +15,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the base install must never pull in: the farm's own dependencies (the extras).
-SERVER_PACKAGES = {"fastapi", "starlette", "uvicorn", "sqlalchemy", "alembic", "psycopg", "psycopg-binary", "boto3",
-                   "botocore", "celery", "kombu", "onnx", "onnxruntime", "numpy", "matplotlib", "cuda-bindings",
-                   "tensorrt-rtx", "onnxslim", "tenacity", "python-multipart", "redis", "filelock"}
+SERVER_PACKAGES = {
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "psycopg",
+    "psycopg-binary",
+    "boto3",
+    "botocore",
+    "celery",
+    "kombu",
+    "onnx",
+    "onnxruntime",
+    "numpy",
+    "matplotlib",
+    "cuda-bindings",
+    "tensorrt-rtx",
+    "onnxslim",
+    "tenacity",
+    "python-multipart",
+    "redis",
+    "filelock",
+}
 
 
 def run(*args, **kw) -> subprocess.CompletedProcess:
@@ -62,14 +83,21 @@ def test_base_install_is_the_client_only(tmp_path, wheel, version):
     fetch = run(venv / "bin" / "enginefarm", "fetch", "--help")
     assert fetch.returncode == 0 and "Fetch the engine" in fetch.stdout, fetch.stdout + fetch.stderr
     # The client, the probe and the offline resolver import and run without a server package.
-    probe = run(py, "-c", "from enginefarm.core.probe.machineprobe import this_machine; from enginefarm.client import Client, "
-                          "resolve_offline; m = this_machine(); print(m.platform)")
+    probe = run(
+        py,
+        "-c",
+        "from enginefarm.core.probe.machineprobe import this_machine; from enginefarm.client import Client, "
+        "resolve_offline; m = this_machine(); print(m.platform)",
+    )
     assert probe.returncode == 0 and probe.stdout.strip(), probe.stderr[-2000:]
     # A farm command says which extra it needs, without a traceback.
     up = run(venv / "bin" / "enginefarm", "up")
     assert up.returncode == 2 and "pip install 'enginefarm[" in up.stderr and "Traceback" not in up.stderr, up.stderr
 
     size = sum(f.stat().st_size for f in site.rglob("*") if f.is_file()) - sum(
-        f.stat().st_size for d in ("pip", "setuptools") for f in site.glob(f"{d}/**/*") if f.is_file())
-    print(f"base install on Python {version}: {len(names)} packages, {size / 1e6:.1f} MB in site-packages "
-          f"(pip and setuptools not counted): {', '.join(sorted(names))}")
+        f.stat().st_size for d in ("pip", "setuptools") for f in site.glob(f"{d}/**/*") if f.is_file()
+    )
+    print(
+        f"base install on Python {version}: {len(names)} packages, {size / 1e6:.1f} MB in site-packages "
+        f"(pip and setuptools not counted): {', '.join(sorted(names))}"
+    )

@@ -13,19 +13,27 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("script,says", [
-    ("serve.py", "ratio ours/baseline p50"),
-    ("resolve.py", "resolve/base"),
-    ("benchmark_overhead.py", "ratio"),
-    ("e2e.py", "c/(a+b)"),
-    ("load.py", "farm / baseline"),
-    ("upload.py", "upload/floor"),
-    ("fleet.py", "conditional/cold CPU per request"),
-    ("tail.py", "resolve/healthz p99"),
-])
+@pytest.mark.parametrize(
+    "script,says",
+    [
+        ("serve.py", "ratio ours/baseline p50"),
+        ("resolve.py", "resolve/base"),
+        ("benchmark_overhead.py", "ratio"),
+        ("e2e.py", "c/(a+b)"),
+        ("load.py", "farm / baseline"),
+        ("upload.py", "upload/floor"),
+        ("fleet.py", "conditional/cold CPU per request"),
+        ("tail.py", "resolve/healthz p99"),
+    ],
+)
 def test_bench_smoke(script, says, tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--smoke"], capture_output=True, text=True,
-                          timeout=900, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert says in done.stdout, done.stdout[-3000:]
     print(done.stdout[-1500:])

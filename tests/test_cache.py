@@ -26,8 +26,15 @@ def sha_of(data: bytes) -> str:
 
 
 def record(data: bytes, model: str = "resnet", version: str = "1", **kw) -> dict:
-    return {"id": 1, "model_name": model, "model_version": version, "target": "tensorrt/sm86",
-            "sha256": sha_of(data), "size": len(data), "created_at": "2025-01-01T00:00:00+00:00"} | kw
+    return {
+        "id": 1,
+        "model_name": model,
+        "model_version": version,
+        "target": "tensorrt/sm86",
+        "sha256": sha_of(data),
+        "size": len(data),
+        "created_at": "2025-01-01T00:00:00+00:00",
+    } | kw
 
 
 def put(cache: EngineCache, data: bytes, **kw) -> str:
@@ -50,7 +57,7 @@ def test_round_trip(cache: EngineCache, tmp_path: Path) -> None:
     assert not cache.has(SHA)
     with cache.writer(SHA) as out:
         for i in range(0, len(PAYLOAD), 1000):  # streamed in chunks, as a download is
-            out.write(PAYLOAD[i:i + 1000])
+            out.write(PAYLOAD[i : i + 1000])
     cache.remember(record(PAYLOAD), "http://farm:8000")
 
     assert cache.path(SHA) == cache.root / "blobs" / SHA[:2] / SHA
@@ -131,8 +138,22 @@ def test_copy_to_of_corrupt_blob_raises_and_evicts(cache: EngineCache, tmp_path:
     assert temp_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("bad", ["../x", "../" + "a" * 61, SHA.upper(), SHA[:63], SHA + "0", SHA[:63] + "g",
-                                 SHA + "\n", "", "a" * 62 + "/.", None, 123])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "../x",
+        "../" + "a" * 61,
+        SHA.upper(),
+        SHA[:63],
+        SHA + "0",
+        SHA[:63] + "g",
+        SHA + "\n",
+        "",
+        "a" * 62 + "/.",
+        None,
+        123,
+    ],
+)
 def test_bad_sha_rejected(cache: EngineCache, bad: object) -> None:
     with pytest.raises(ValueError):
         cache.path(bad)  # type: ignore[arg-type]
@@ -228,8 +249,11 @@ def test_prune_evicts_least_recently_used(cache: EngineCache, tmp_path: Path, by
 def test_use_refreshes_mtime(cache: EngineCache, tmp_path: Path) -> None:
     put(cache, PAYLOAD)
     blob = cache.path(SHA)
-    for use in (lambda: cache.has(SHA), lambda: cache.has(SHA, verify=False),
-                lambda: cache.copy_to(SHA, tmp_path / "model.engine")):
+    for use in (
+        lambda: cache.has(SHA),
+        lambda: cache.has(SHA, verify=False),
+        lambda: cache.copy_to(SHA, tmp_path / "model.engine"),
+    ):
         os.utime(blob, (1_000_000,) * 2)
         use()
         assert blob.stat().st_mtime > time.time() - 60
@@ -251,7 +275,7 @@ def test_prune_removes_stale_temp_files(cache: EngineCache) -> None:
     stale.write_bytes(b"x")
     fresh.write_bytes(b"y")
     os.utime(stale, (time.time() - 2 * cache_mod.STALE_TMP_SECONDS,) * 2)
-    assert cache.prune(10 ** 9) == []
+    assert cache.prune(10**9) == []
     assert not stale.exists() and fresh.exists()
     assert cache.size_bytes() == len(PAYLOAD)
 

@@ -26,8 +26,12 @@ def test_every_command_and_option_has_help():
     root = typer.main.get_command(app)
     found = dict(commands(root))
     assert {"fetch", "build", "ci", "ls builds", "up", "demo", "token create", "worker"} <= set(found)
-    missing = [f"{name} {p.opts[0]}" for name, command in found.items() for p in command.params
-               if p.param_type_name == "option" and not p.help and p.name not in ("help",)]
+    missing = [
+        f"{name} {p.opts[0]}"
+        for name, command in found.items()
+        for p in command.params
+        if p.param_type_name == "option" and not p.help and p.name not in ("help",)
+    ]
     undocumented = [name for name, command in found.items() if not (command.help or command.short_help)]
     assert not missing and not undocumented, (missing, undocumented)
 

@@ -7,9 +7,9 @@ import json
 import pydantic
 import pytest
 
-from enginefarm.core.domain import ARCHES, Backend, ModelInfo, TensorInfo, Target, all_targets, arch_of_cc, cc_of_arch
-from enginefarm.core.spec import MAX_PROFILES, Precision, BuildSpec
+from enginefarm.core.domain import ARCHES, Backend, ModelInfo, Target, TensorInfo, all_targets, arch_of_cc, cc_of_arch
 from enginefarm.core.shapes import parse_trtexec_shapes, spec_shapes_from_trtexec
+from enginefarm.core.spec import MAX_PROFILES, BuildSpec, Precision
 from enginefarm.core.validation import check_model_name, parse_targets, project_problem, target_precision, validate_spec
 
 
@@ -22,8 +22,15 @@ def msgs(problems: list[dict]) -> str:
 
 
 def info(*inputs: TensorInfo, has_qdq: bool = False) -> ModelInfo:
-    return ModelInfo(inputs=list(inputs), outputs=[TensorInfo("logits", "float", ["batch", 10])], opset=17,
-                     ir_version=8, producer="test", size=1000, has_qdq=has_qdq)
+    return ModelInfo(
+        inputs=list(inputs),
+        outputs=[TensorInfo("logits", "float", ["batch", 10])],
+        opset=17,
+        ir_version=8,
+        producer="test",
+        size=1000,
+        has_qdq=has_qdq,
+    )
 
 
 IMAGE = TensorInfo("input", "float", ["batch", 3, 32, 32])
@@ -33,13 +40,16 @@ STATIC = TensorInfo("input", "float", [1, 3, 32, 32])
 # --------------------------------------------------------------------------- targets
 
 
-@pytest.mark.parametrize("text, backend, arch, cc", [
-    ("tensorrt-rtx/sm86", Backend.TENSORRT_RTX, "sm86", "8.6"),
-    ("tensorrt/sm120", Backend.TENSORRT, "sm120", "12.0"),
-    ("tensorrt-rtx/portable", Backend.TENSORRT_RTX, "portable", None),
-    ("onnxruntime/cpu-x86_64", Backend.ONNXRUNTIME, "cpu-x86_64", None),
-    ("  tensorrt/sm87 ", Backend.TENSORRT, "sm87", "8.7"),
-])
+@pytest.mark.parametrize(
+    "text, backend, arch, cc",
+    [
+        ("tensorrt-rtx/sm86", Backend.TENSORRT_RTX, "sm86", "8.6"),
+        ("tensorrt/sm120", Backend.TENSORRT, "sm120", "12.0"),
+        ("tensorrt-rtx/portable", Backend.TENSORRT_RTX, "portable", None),
+        ("onnxruntime/cpu-x86_64", Backend.ONNXRUNTIME, "cpu-x86_64", None),
+        ("  tensorrt/sm87 ", Backend.TENSORRT, "sm87", "8.7"),
+    ],
+)
 def test_target_parse_good(text, backend, arch, cc):
     t = T(text)
     assert (t.backend, t.arch, t.compute_capability) == (backend, arch, cc)
@@ -48,15 +58,18 @@ def test_target_parse_good(text, backend, arch, cc):
     assert t.is_gpu is (backend is not Backend.ONNXRUNTIME)
 
 
-@pytest.mark.parametrize("text, words", [
-    ("tensorrt-llm/sm86", ["unknown backend 'tensorrt-llm'", "known: tensorrt, tensorrt-rtx, onnxruntime"]),
-    ("tensorrt-rtx/sm90", ["tensorrt-rtx cannot build for 'sm90'", "portable"]),
-    ("tensorrt/portable", ["tensorrt cannot build for 'portable'"]),
-    ("onnxruntime/cpu-riscv64", ["onnxruntime cannot build for 'cpu-riscv64'", "cpu-x86_64, cpu-aarch64"]),
-    ("tensorrt-rtx", ["must be written BACKEND/ARCH", "for example tensorrt-rtx/sm86"]),
-    ("tensorrt-rtx/", ["must be written BACKEND/ARCH"]),
-    ("", ["must be written BACKEND/ARCH"]),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("tensorrt-llm/sm86", ["unknown backend 'tensorrt-llm'", "known: tensorrt, tensorrt-rtx, onnxruntime"]),
+        ("tensorrt-rtx/sm90", ["tensorrt-rtx cannot build for 'sm90'", "portable"]),
+        ("tensorrt/portable", ["tensorrt cannot build for 'portable'"]),
+        ("onnxruntime/cpu-riscv64", ["onnxruntime cannot build for 'cpu-riscv64'", "cpu-x86_64, cpu-aarch64"]),
+        ("tensorrt-rtx", ["must be written BACKEND/ARCH", "for example tensorrt-rtx/sm86"]),
+        ("tensorrt-rtx/", ["must be written BACKEND/ARCH"]),
+        ("", ["must be written BACKEND/ARCH"]),
+    ],
+)
 def test_target_parse_bad(text, words):
     with pytest.raises(ValueError) as err:
         T(text)
@@ -88,8 +101,18 @@ def test_parse_targets_collects_every_problem():
     assert "at least one target" in msgs(parse_targets([])[1])
 
 
-@pytest.mark.parametrize("arch, cc", [("sm75", "7.5"), ("sm86", "8.6"), ("sm87", "8.7"), ("sm90", "9.0"),
-                                      ("sm100", "10.0"), ("sm120", "12.0"), ("sm121", "12.1")])
+@pytest.mark.parametrize(
+    "arch, cc",
+    [
+        ("sm75", "7.5"),
+        ("sm86", "8.6"),
+        ("sm87", "8.7"),
+        ("sm90", "9.0"),
+        ("sm100", "10.0"),
+        ("sm120", "12.0"),
+        ("sm121", "12.1"),
+    ],
+)
 def test_cc_of_arch_and_back(arch, cc):
     assert cc_of_arch(arch) == cc
     assert arch_of_cc(cc) == arch
@@ -127,10 +150,12 @@ def test_spec_hash_fills_defaults():
 
 
 def test_spec_hash_independent_of_key_order():
-    a = BuildSpec.model_validate({"precision": "fp16", "shapes": {"a": [1, 2], "b": [3, 4]},
-                                  "optimization_level": 4, "workspace_mib": 512})
-    b = BuildSpec.model_validate({"workspace_mib": 512, "optimization_level": 4, "shapes": {"b": [3, 4], "a": [1, 2]},
-                                  "precision": "fp16"})
+    a = BuildSpec.model_validate(
+        {"precision": "fp16", "shapes": {"a": [1, 2], "b": [3, 4]}, "optimization_level": 4, "workspace_mib": 512}
+    )
+    b = BuildSpec.model_validate(
+        {"workspace_mib": 512, "optimization_level": 4, "shapes": {"b": [3, 4], "a": [1, 2]}, "precision": "fp16"}
+    )
     assert a.spec_hash() == b.spec_hash()
     p1 = BuildSpec(profiles=[{"x": {"min": [1], "opt": [2], "max": [4]}, "y": {"max": [8], "min": [1], "opt": [4]}}])
     p2 = BuildSpec(profiles=[{"y": {"opt": [4], "min": [1], "max": [8]}, "x": {"min": [1], "max": [4], "opt": [2]}}])
@@ -146,8 +171,10 @@ def test_spec_rejects_unknown_fields():
 
 def test_spec_rejects_input_in_shapes_and_profiles():
     with pytest.raises(pydantic.ValidationError, match="also given in 'shapes'; give each input once"):
-        BuildSpec(shapes={"input": [1, 3, 32, 32]},
-                  profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [1, 3, 32, 32]}}])
+        BuildSpec(
+            shapes={"input": [1, 3, 32, 32]},
+            profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [1, 3, 32, 32]}}],
+        )
 
 
 def test_spec_field_bounds():
@@ -160,9 +187,13 @@ def test_spec_field_bounds():
 
 
 def test_normalized_profiles_fold_static_shapes_into_each_profile():
-    s = BuildSpec(shapes={"mask": [1, 128]},
-                  profiles=[{"input": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}},
-                            {"input": {"min": [8, 3], "opt": [8, 3], "max": [16, 3]}}])
+    s = BuildSpec(
+        shapes={"mask": [1, 128]},
+        profiles=[
+            {"input": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}},
+            {"input": {"min": [8, 3], "opt": [8, 3], "max": [16, 3]}},
+        ],
+    )
     profiles = s.normalized_profiles()
     assert len(profiles) == 2
     assert all(p["mask"].min == p["mask"].max == [1, 128] for p in profiles)
@@ -173,9 +204,16 @@ def test_normalized_profiles_fold_static_shapes_into_each_profile():
 
 
 def test_validate_good_spec_has_no_problems():
-    assert validate_spec(BuildSpec(**{"profiles": [{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
-                                                                "max": [8, 3, 32, 32]}}]}),
-                         info(IMAGE), [T("tensorrt-rtx/sm86"), T("onnxruntime/cpu-x86_64")]) == []
+    assert (
+        validate_spec(
+            BuildSpec(
+                **{"profiles": [{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}}]}
+            ),
+            info(IMAGE),
+            [T("tensorrt-rtx/sm86"), T("onnxruntime/cpu-x86_64")],
+        )
+        == []
+    )
 
 
 def test_validate_reports_every_problem_at_once():
@@ -183,10 +221,12 @@ def test_validate_reports_every_problem_at_once():
     extra = TensorInfo("extra", "float", ["batch", "seq"])
     s = BuildSpec(
         shapes={"mask": [1, 128, 1]},  # wrong rank
-        profiles=[{
-            "input": {"min": [4, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [8, 3, 32, 32]},  # min > opt
-            "ghost": {"min": [1], "opt": [1], "max": [1]},  # unknown input
-        }],
+        profiles=[
+            {
+                "input": {"min": [4, 3, 32, 32], "opt": [1, 3, 32, 32], "max": [8, 3, 32, 32]},  # min > opt
+                "ghost": {"min": [1], "opt": [1], "max": [1]},  # unknown input
+            }
+        ],
     )  # "extra" is dynamic and given nothing
     problems = validate_spec(s, info(IMAGE, mask, extra), [T("tensorrt-rtx/sm86")])
     text = msgs(problems)
@@ -202,8 +242,10 @@ def test_validate_reports_every_problem_at_once():
 def test_validate_dynamic_input_without_any_shapes():
     problems = validate_spec(BuildSpec(), info(IMAGE), [T("tensorrt-rtx/sm86")])
     assert len(problems) == 1
-    assert "input 'input' has dynamic dims ['batch', 3, 32, 32]: give static 'shapes' or min/opt/max 'profiles'" \
+    assert (
+        "input 'input' has dynamic dims ['batch', 3, 32, 32]: give static 'shapes' or min/opt/max 'profiles'"
         == problems[0]["msg"]
+    )
 
 
 def test_validate_fixed_axis_must_match_model():
@@ -232,7 +274,9 @@ def test_validate_int8_without_qdq():
 
 
 def test_validate_bf16_on_rtx_sm75():
-    problems = validate_spec(BuildSpec(precision="bf16", precision_fallback=False), info(STATIC), [T("tensorrt-rtx/sm75")])
+    problems = validate_spec(
+        BuildSpec(precision="bf16", precision_fallback=False), info(STATIC), [T("tensorrt-rtx/sm75")]
+    )
     assert msgs(problems) == "tensorrt-rtx/sm75: bf16 needs compute capability 8.0 or newer, sm75 is 7.5"
     assert all(p["loc"] == ["targets", "tensorrt-rtx/sm75"] for p in problems)
     rtx = validate_spec(BuildSpec(precision="bf16", precision_fallback=False), info(STATIC), [T("tensorrt-rtx/sm86")])
@@ -244,7 +288,9 @@ def test_validate_bf16_on_full_tensorrt_ampere_is_fine():
 
 
 def test_validate_fp8_needs_ada():
-    problems = validate_spec(BuildSpec(precision="fp8"), info(STATIC, has_qdq=True), [T("tensorrt/sm86"), T("tensorrt/sm89")])
+    problems = validate_spec(
+        BuildSpec(precision="fp8"), info(STATIC, has_qdq=True), [T("tensorrt/sm86"), T("tensorrt/sm89")]
+    )
     assert msgs(problems) == "tensorrt/sm86: fp8 needs compute capability 8.9 or newer, sm86 is 8.6"
 
 
@@ -258,7 +304,9 @@ def test_validate_precisions_on_onnxruntime():
 
 
 def test_validate_duplicate_targets():
-    problems = validate_spec(BuildSpec(), info(STATIC), [T("tensorrt-rtx/sm86"), T("tensorrt-rtx/sm89"), T("tensorrt-rtx/sm86")])
+    problems = validate_spec(
+        BuildSpec(), info(STATIC), [T("tensorrt-rtx/sm86"), T("tensorrt-rtx/sm89"), T("tensorrt-rtx/sm86")]
+    )
     assert msgs(problems) == "target tensorrt-rtx/sm86 is listed twice"
 
 
@@ -281,23 +329,29 @@ def test_parse_trtexec_shapes():
     assert parse_trtexec_shapes("") == {}
 
 
-@pytest.mark.parametrize("text, words", [
-    ("1x3x224x224", "must be NAME:DxDxD"),
-    (":1x3", "must be NAME:DxDxD"),
-    ("input:1xAx3", "dims must be integers separated by 'x'"),
-    ("input:", "dims must be integers"),
-    ("input:1,3", "must be NAME:DxDxD"),
-])
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("1x3x224x224", "must be NAME:DxDxD"),
+        (":1x3", "must be NAME:DxDxD"),
+        ("input:1xAx3", "dims must be integers separated by 'x'"),
+        ("input:", "dims must be integers"),
+        ("input:1,3", "must be NAME:DxDxD"),
+    ],
+)
 def test_parse_trtexec_shapes_malformed(text, words):
     with pytest.raises(ValueError, match=words):
         parse_trtexec_shapes(text)
 
 
 def test_spec_shapes_from_trtexec_profiles():
-    out = spec_shapes_from_trtexec(min_shapes="input:1x3x32x32", opt_shapes="input:4x3x32x32",
-                                   max_shapes="input:8x3x32x32", shapes="mask:1x128")
-    assert out == {"shapes": {"mask": [1, 128]},
-                   "profiles": [{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}}]}
+    out = spec_shapes_from_trtexec(
+        min_shapes="input:1x3x32x32", opt_shapes="input:4x3x32x32", max_shapes="input:8x3x32x32", shapes="mask:1x128"
+    )
+    assert out == {
+        "shapes": {"mask": [1, 128]},
+        "profiles": [{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}}],
+    }
     spec = BuildSpec(**out)  # the result is a valid spec
     assert spec.normalized_profiles()[0]["mask"].opt == [1, 128]
 
@@ -332,26 +386,35 @@ MASK = TensorInfo("attention_mask", "INT64", ["batch", "sequence"])
 
 
 def _bert_profile(mask_min_batch: int) -> BuildSpec:
-    return BuildSpec(profiles=[{
-        "input_ids": {"min": [1, 8], "opt": [2, 64], "max": [4, 128]},
-        "attention_mask": {"min": [mask_min_batch, 8], "opt": [2, 64], "max": [4, 128]},
-    }])
+    return BuildSpec(
+        profiles=[
+            {
+                "input_ids": {"min": [1, 8], "opt": [2, 64], "max": [4, 128]},
+                "attention_mask": {"min": [mask_min_batch, 8], "opt": [2, 64], "max": [4, 128]},
+            }
+        ]
+    )
 
 
 def test_validate_shared_named_dims_must_agree_in_each_profile():
     assert validate_spec(_bert_profile(1), info(IDS, MASK), [T("tensorrt-rtx/sm86")]) == []
     problems = validate_spec(_bert_profile(2), info(IDS, MASK), [T("tensorrt-rtx/sm86")])
     assert len(problems) == 1
-    assert "share the dim 'batch'" in problems[0]["msg"] and "min gives 'input_ids' axis 0 = 1, " \
-        "'attention_mask' axis 0 = 2" in problems[0]["msg"]
+    assert (
+        "share the dim 'batch'" in problems[0]["msg"]
+        and "min gives 'input_ids' axis 0 = 1, 'attention_mask' axis 0 = 2" in problems[0]["msg"]
+    )
 
 
 @pytest.mark.parametrize("anonymous", ["?", "", "unk"])
 def test_validate_anonymous_dims_are_distinct(anonymous):
     a = TensorInfo("a", "float", [anonymous, 4])
     b = TensorInfo("b", "float", [anonymous, 4])
-    spec = BuildSpec(profiles=[{"a": {"min": [1, 4], "opt": [1, 4], "max": [1, 4]},
-                                "b": {"min": [3, 4], "opt": [3, 4], "max": [3, 4]}}])
+    spec = BuildSpec(
+        profiles=[
+            {"a": {"min": [1, 4], "opt": [1, 4], "max": [1, 4]}, "b": {"min": [3, 4], "opt": [3, 4], "max": [3, 4]}}
+        ]
+    )
     assert validate_spec(spec, info(a, b), [T("tensorrt-rtx/sm86")]) == []
 
 
@@ -380,9 +443,14 @@ def test_a_target_that_cannot_build_the_precision_builds_the_nearest_it_can_and_
     targets = [T("tensorrt-rtx/sm75"), T("tensorrt-rtx/sm86"), T("onnxruntime/cpu-x86_64")]
     assert validate_spec(BuildSpec(), gemm, targets) == []
     built = {str(t): target_precision(BuildSpec(), t, gemm) for t in targets}
-    assert built["tensorrt-rtx/sm86"] == (Precision.FP32, None) and built["onnxruntime/cpu-x86_64"] == (Precision.FP32, None)
+    assert built["tensorrt-rtx/sm86"] == (Precision.FP32, None) and built["onnxruntime/cpu-x86_64"] == (
+        Precision.FP32,
+        None,
+    )
     p, why = built["tensorrt-rtx/sm75"]
-    assert p is Precision.FP16 and why.startswith("built fp16 instead of fp32: ") and "FP32 GEMM is not supported" in why
+    assert (
+        p is Precision.FP16 and why.startswith("built fp16 instead of fp32: ") and "FP32 GEMM is not supported" in why
+    )
     # bf16: a Turing GPU builds fp16, the CPU fp32; tensorrt-rtx has no bf16 at all.
     bf16 = BuildSpec(precision="bf16")
     assert target_precision(bf16, T("tensorrt/sm75"), gemm)[0] is Precision.FP16
@@ -398,8 +466,11 @@ def test_a_target_that_cannot_build_the_precision_builds_the_nearest_it_can_and_
 def test_validate_value_ranges_and_keep_lists_name_real_things():
     model = info(STATIC)
     model.op_types = {"Conv": 3, "Softmax": 1}
-    spec = BuildSpec(precision="fp16", keep_fp32_ops=["Softmax", "LayerNorm"],
-                     benchmark={"value_ranges": {"input": (0, 1), "ids": (0, 5)}})
+    spec = BuildSpec(
+        precision="fp16",
+        keep_fp32_ops=["Softmax", "LayerNorm"],
+        benchmark={"value_ranges": {"input": (0, 1), "ids": (0, 5)}},
+    )
     text = msgs(validate_spec(spec, model, [T("tensorrt-rtx/sm86")]))
     assert "unknown input 'ids'" in text and "no 'LayerNorm' nodes" in text and "'Softmax'" not in text.split("its")[0]
     with pytest.raises(pydantic.ValidationError, match="low <= high"):
@@ -418,10 +489,22 @@ def test_parse_val_ranges_polygraphy_syntax():
 
 def test_new_spec_fields_keep_old_hashes_until_used():
     plain = BuildSpec(shapes={"input": [1, 3, 32, 32]})
-    assert set(plain.canonical()) == {"precision", "workspace_mib", "optimization_level", "hardware_compatibility",
-                                      "version_compatible", "timing_cache", "strongly_typed", "profiles"}
-    for changed in ({"keep_fp32_ops": ["Softmax"]}, {"graph_cleanup": "onnxslim"}, {"calibration": {"method": "entropy"}},
-                    {"keep_io_types": False}):
+    assert set(plain.canonical()) == {
+        "precision",
+        "workspace_mib",
+        "optimization_level",
+        "hardware_compatibility",
+        "version_compatible",
+        "timing_cache",
+        "strongly_typed",
+        "profiles",
+    }
+    for changed in (
+        {"keep_fp32_ops": ["Softmax"]},
+        {"graph_cleanup": "onnxslim"},
+        {"calibration": {"method": "entropy"}},
+        {"keep_io_types": False},
+    ):
         other = BuildSpec(shapes={"input": [1, 3, 32, 32]}, **changed)
         assert other.spec_hash() != plain.spec_hash()
         assert BuildSpec(**other.stored()).spec_hash() == other.spec_hash()
@@ -470,56 +553,67 @@ def test_profiles_may_not_repeat_and_are_capped():
     assert len(BuildSpec(profiles=many[:MAX_PROFILES]).profiles) == MAX_PROFILES
 
 
-@pytest.mark.parametrize("tolerances, says", [
-    ({"atol": -1e-3}, "['atol'] must be finite numbers >= 0"),
-    ({"rtol": float("nan"), "max_abs": -1}, "['max_abs', 'rtol'] must be finite numbers >= 0"),
-    ({"cosine": 1.5}, "['cosine'] must be at most 1"),
-    ({"violations": 2.0, "agreement": 1.01}, "['agreement', 'violations'] must be at most 1"),
-])
+@pytest.mark.parametrize(
+    "tolerances, says",
+    [
+        ({"atol": -1e-3}, "['atol'] must be finite numbers >= 0"),
+        ({"rtol": float("nan"), "max_abs": -1}, "['max_abs', 'rtol'] must be finite numbers >= 0"),
+        ({"cosine": 1.5}, "['cosine'] must be at most 1"),
+        ({"violations": 2.0, "agreement": 1.01}, "['agreement', 'violations'] must be at most 1"),
+    ],
+)
 def test_tolerances_outside_their_range(tolerances, says):
     [(loc, msg)] = _errors(accuracy={"tolerances": tolerances})
     assert loc == ("accuracy", "tolerances") and says in msg, (loc, msg)
 
 
-@pytest.mark.parametrize("spec, loc", [
-    ({"optimization_level": True}, ("optimization_level",)),
-    ({"workspace_mib": "64"}, ("workspace_mib",)),
-    ({"shapes": {"input": [True, 3, 32, 32]}}, ("shapes", "input", 0)),
-    ({"profiles": [{"input": {"min": [1], "opt": [1], "max": [False]}}]}, ("profiles", 0, "input", "max", 0)),
-    ({"benchmark": {"iterations": True}}, ("benchmark", "iterations")),
-    ({"benchmark": {"duration_s": True}}, ("benchmark", "duration_s")),
-    ({"benchmark": {"batch_sizes": [True]}}, ("benchmark", "batch_sizes", 0)),
-    ({"benchmark": {"value_ranges": {"x": [False, 1]}}}, ("benchmark", "value_ranges", "x", 0)),
-    ({"benchmark": {"cuda_graph": 1}}, ("benchmark", "cuda_graph")),
-    ({"accuracy": {"seed": True}}, ("accuracy", "seed")),
-    ({"accuracy": {"tolerances": {"atol": True}}}, ("accuracy", "tolerances", "atol")),
-    ({"calibration": {"batch": True}}, ("calibration", "batch")),
-    ({"timing_cache": 0}, ("timing_cache",)),
-])
+@pytest.mark.parametrize(
+    "spec, loc",
+    [
+        ({"optimization_level": True}, ("optimization_level",)),
+        ({"workspace_mib": "64"}, ("workspace_mib",)),
+        ({"shapes": {"input": [True, 3, 32, 32]}}, ("shapes", "input", 0)),
+        ({"profiles": [{"input": {"min": [1], "opt": [1], "max": [False]}}]}, ("profiles", 0, "input", "max", 0)),
+        ({"benchmark": {"iterations": True}}, ("benchmark", "iterations")),
+        ({"benchmark": {"duration_s": True}}, ("benchmark", "duration_s")),
+        ({"benchmark": {"batch_sizes": [True]}}, ("benchmark", "batch_sizes", 0)),
+        ({"benchmark": {"value_ranges": {"x": [False, 1]}}}, ("benchmark", "value_ranges", "x", 0)),
+        ({"benchmark": {"cuda_graph": 1}}, ("benchmark", "cuda_graph")),
+        ({"accuracy": {"seed": True}}, ("accuracy", "seed")),
+        ({"accuracy": {"tolerances": {"atol": True}}}, ("accuracy", "tolerances", "atol")),
+        ({"calibration": {"batch": True}}, ("calibration", "batch")),
+        ({"timing_cache": 0}, ("timing_cache",)),
+    ],
+)
 def test_spec_numbers_and_flags_take_no_other_json_type(spec, loc):
     """Was broken: ``true`` read as 1 and ``"64"`` as 64 wherever a spec takes a number."""
     assert [e[0] for e in _errors(**spec)] == [loc]
 
 
 def test_stored_specs_still_load():
-    spec = BuildSpec(precision="fp16", profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32],
-                                                            "max": [8, 3, 32, 32]}}],
-                     benchmark={"duration_s": 1, "value_ranges": {"input": (0, 1.5)}},
-                     accuracy={"tolerances": {"atol": 0, "cosine": 1}})
+    spec = BuildSpec(
+        precision="fp16",
+        profiles=[{"input": {"min": [1, 3, 32, 32], "opt": [4, 3, 32, 32], "max": [8, 3, 32, 32]}}],
+        benchmark={"duration_s": 1, "value_ranges": {"input": (0, 1.5)}},
+        accuracy={"tolerances": {"atol": 0, "cosine": 1}},
+    )
     assert BuildSpec(**json.loads(json.dumps(spec.stored()))).spec_hash() == spec.spec_hash()
 
 
-@pytest.mark.parametrize("name, version, where, says", [
-    ("..", None, "name", "starting with a letter or digit"),
-    (".", None, "name", "starting with a letter or digit"),
-    ("_x", None, "name", "starting with a letter or digit"),
-    ("\uff4d\uff4f\uff44\uff45\uff4c", None, "name", "U+FF4D FULLWIDTH LATIN SMALL LETTER M"),
-    ("te\u0430m", None, "name", "U+0430 CYRILLIC SMALL LETTER A"),
-    ("ok", "latest", "version", "'latest' is reserved"),
-    ("ok", "LaTeSt", "version", "is reserved"),
-    ("ok", "..", "version", "starting with a letter or digit"),
-    ("ok", "\u0661", "version", "U+0661 ARABIC-INDIC DIGIT ONE"),
-])
+@pytest.mark.parametrize(
+    "name, version, where, says",
+    [
+        ("..", None, "name", "starting with a letter or digit"),
+        (".", None, "name", "starting with a letter or digit"),
+        ("_x", None, "name", "starting with a letter or digit"),
+        ("\uff4d\uff4f\uff44\uff45\uff4c", None, "name", "U+FF4D FULLWIDTH LATIN SMALL LETTER M"),
+        ("te\u0430m", None, "name", "U+0430 CYRILLIC SMALL LETTER A"),
+        ("ok", "latest", "version", "'latest' is reserved"),
+        ("ok", "LaTeSt", "version", "is reserved"),
+        ("ok", "..", "version", "starting with a letter or digit"),
+        ("ok", "\u0661", "version", "U+0661 ARABIC-INDIC DIGIT ONE"),
+    ],
+)
 def test_model_names_and_versions(name, version, where, says):
     [problem] = check_model_name(name, version)
     assert problem["loc"] == [where] and says in problem["msg"], problem
@@ -531,12 +625,15 @@ def test_allowed_model_names_and_versions():
     assert check_model_name("latest", "latest-but-one") == []  # only a version can be the selector
 
 
-@pytest.mark.parametrize("project, says", [
-    ("te\u0430m", "U+0430 CYRILLIC SMALL LETTER A"),
-    ("..", "starting with a letter or digit"),
-    ("x" * 65, "1-64"),
-    ("", "1-64"),
-])
+@pytest.mark.parametrize(
+    "project, says",
+    [
+        ("te\u0430m", "U+0430 CYRILLIC SMALL LETTER A"),
+        ("..", "starting with a letter or digit"),
+        ("x" * 65, "1-64"),
+        ("", "1-64"),
+    ],
+)
 def test_project_names(project, says):
     assert says in project_problem(project)
     assert project_problem("team-a_1.prod") is None

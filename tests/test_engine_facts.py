@@ -11,12 +11,25 @@ from enginefarm.core.domain import ENGINE_FACTS, EngineDescriptor
 from enginefarm.storage.resolution import ENGINE_COLUMNS, descriptor_of
 from enginefarm.storage.tables import EngineRow, ModelRow
 
-FACTS = EngineDescriptor(target="tensorrt-rtx/sm86", backend="tensorrt-rtx", backend_version="1.7.1.116",
-                         precision="fp16", platform="x86_64", compute_capability="8.6", compute_capabilities=["8.6"],
-                         gpu_name="NVIDIA GeForce RTX 3090", trt_version="1.7.1.116", cuda_version="13.0",
-                         driver_version="580.159.04", hardware_compat="ampere_plus", version_compatible=True,
-                         size=1234, sha256="ab" * 32, device_memory_bytes=4096,
-                         profiles=[{"input": {"min": [1, 3], "opt": [4, 3], "max": [8, 3]}}])
+FACTS = EngineDescriptor(
+    target="tensorrt-rtx/sm86",
+    backend="tensorrt-rtx",
+    backend_version="1.7.1.116",
+    precision="fp16",
+    platform="x86_64",
+    compute_capability="8.6",
+    compute_capabilities=["8.6"],
+    gpu_name="NVIDIA GeForce RTX 3090",
+    trt_version="1.7.1.116",
+    cuda_version="13.0",
+    driver_version="580.159.04",
+    hardware_compat="ampere_plus",
+    version_compatible=True,
+    size=1234,
+    sha256="ab" * 32,
+    device_memory_bytes=4096,
+    profiles=[{"input": {"min": [1, 3], "opt": [4, 3], "max": [8, 3]}}],
+)
 
 
 def test_every_fact_is_a_column_of_the_engine_row_and_read_by_resolution():
@@ -37,8 +50,17 @@ def test_every_fact_is_in_the_answer_and_required_unless_it_may_be_unknown():
 
 def test_a_descriptor_goes_through_row_answer_and_record_unchanged():
     model = ModelRow(id=7, name="net", version="1", seq=1, sha256="cd" * 32, source=None)
-    row = EngineRow(id=3, model_id=7, model_sha256=model.sha256, spec_hash="ef" * 32, **FACTS.facts(), blob_key="k",
-                    build_seconds=1.5, built_by="w@h/1", created_at=datetime.now(timezone.utc))
+    row = EngineRow(
+        id=3,
+        model_id=7,
+        model_sha256=model.sha256,
+        spec_hash="ef" * 32,
+        **FACTS.facts(),
+        blob_key="k",
+        build_seconds=1.5,
+        built_by="w@h/1",
+        created_at=datetime.now(timezone.utc),
+    )
     assert descriptor_of(row) == FACTS
     answer = EngineOut.of(row, model).model_dump(mode="json")
     assert EngineDescriptor.of(answer) == FACTS  # what the client's offline resolution reads from a cached record

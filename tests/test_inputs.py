@@ -13,23 +13,40 @@ from enginefarm.graph.inputs import ShapeSet, random_inputs, timing_inputs
 def _embedding_graph(rows: int = 50):
     """input_ids -> Cast -> Gather(table[rows, 8]); a mask that reaches no Gather; a float input."""
     table = numpy_helper.from_array(np.zeros((rows, 8), np.float32), "table")
-    nodes = [helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
-             helper.make_node("Gather", ["table", "ids32"], ["emb"]),
-             helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
-             helper.make_node("Mul", ["emb", "scale"], ["out"])]
-    graph = helper.make_graph(nodes, "g", [
-        helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-        helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"]),
-        helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1]),
-    ], [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], [table])
+    nodes = [
+        helper.make_node("Cast", ["input_ids"], ["ids32"], to=TensorProto.INT32),
+        helper.make_node("Gather", ["table", "ids32"], ["emb"]),
+        helper.make_node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["emb", "scale"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("mask", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, [1]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        [table],
+    )
     return graph
 
 
 def _info(**index) -> ModelInfo:
-    return ModelInfo(inputs=[TensorInfo("input_ids", "INT64", ["batch", "seq"]), TensorInfo("mask", "INT64", ["batch", "seq"]),
-                             TensorInfo("scale", "FLOAT", [1])],
-                     outputs=[TensorInfo("out", "FLOAT", [])], opset=17, ir_version=8, producer="t", size=1,
-                     index_ranges=index)
+    return ModelInfo(
+        inputs=[
+            TensorInfo("input_ids", "INT64", ["batch", "seq"]),
+            TensorInfo("mask", "INT64", ["batch", "seq"]),
+            TensorInfo("scale", "FLOAT", [1]),
+        ],
+        outputs=[TensorInfo("out", "FLOAT", [])],
+        opset=17,
+        ir_version=8,
+        producer="t",
+        size=1,
+        index_ranges=index,
+    )
 
 
 def test_index_ranges_follow_casts_to_the_gather_table():
@@ -51,8 +68,11 @@ def test_generated_integers_stay_within_the_table_and_the_spec_ranges():
 
 def test_timing_uses_samples_that_fit_and_generates_otherwise():
     info = _info(input_ids=[0, 49])
-    samples = {"input_ids": np.arange(3 * 16).reshape(3, 16) % 50, "mask": np.ones((3, 16), np.int64),
-               "scale": np.ones(1, np.float32)}
+    samples = {
+        "input_ids": np.arange(3 * 16).reshape(3, 16) % 50,
+        "mask": np.ones((3, 16), np.int64),
+        "scale": np.ones(1, np.float32),
+    }
     shape = ShapeSet("opt", {"input_ids": [8, 16], "mask": [8, 16], "scale": [1]}, 8)
     fed, origin = timing_inputs(info, shape, samples, seed=0)
     assert origin == "the uploaded samples"
@@ -70,8 +90,12 @@ def test_samples_outside_the_table_they_index_are_refused():
     from enginefarm.graph.inputs import SamplesInvalid, load_samples
 
     buffer = io.BytesIO()
-    np.savez(buffer, input_ids=np.full((2, 4), 50000, np.int64), mask=np.ones((2, 4), np.int64),
-             scale=np.ones(1, np.float32))
-    with pytest.raises(SamplesInvalid, match=r"indexes a table of 50 rows, so its values must be within 0\.\.49; "
-                                             r"the array holds 50000\.\.50000"):
+    np.savez(
+        buffer, input_ids=np.full((2, 4), 50000, np.int64), mask=np.ones((2, 4), np.int64), scale=np.ones(1, np.float32)
+    )
+    with pytest.raises(
+        SamplesInvalid,
+        match=r"indexes a table of 50 rows, so its values must be within 0\.\.49; "
+        r"the array holds 50000\.\.50000",
+    ):
         load_samples(buffer.getvalue(), _info(input_ids=[0, 49]))

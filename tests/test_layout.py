@@ -6,8 +6,9 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -17,16 +18,25 @@ BIN = Path(sys.executable).parent
 def installed_layout(dest: Path) -> Path:
     """The packages as an install lays them out (pyproject's package-dir: api/ → enginefarm/api, ...)."""
     for package, folder in sorted(PYPROJECT["tool"]["setuptools"]["package-dir"].items()):
-        shutil.copytree(ROOT / folder, dest.joinpath(*package.split(".")), dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            ROOT / folder,
+            dest.joinpath(*package.split(".")),
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
     return dest
 
 
 def lint_imports(layout: Path) -> subprocess.CompletedProcess:
     # From the layout's folder, so the checkout's own enginefarm/ (without api/ etc.) is not the one analysed.
-    return subprocess.run([str(BIN / "lint-imports"), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
-                          cwd=layout, env={"PATH": str(BIN), "PYTHONPATH": str(layout)}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
+        cwd=layout,
+        env={"PATH": str(BIN), "PYTHONPATH": str(layout)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_imports_point_down(tmp_path):
@@ -53,28 +63,48 @@ def test_every_kernel_module_is_under_the_kernel_contract():
     contract = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"].startswith("The kernel"))
     assert contract["source_modules"] == ["enginefarm.core"]
     assert {p.name for p in (ROOT / "enginefarm").glob("*.py")} == {"__init__.py", "__main__.py"}
-    assert {p.name for p in (ROOT / "enginefarm").iterdir() if p.is_dir() and p.name != "__pycache__"} == \
-        {"core", "client", "graph", "server"}
+    assert {p.name for p in (ROOT / "enginefarm").iterdir() if p.is_dir() and p.name != "__pycache__"} == {
+        "core",
+        "client",
+        "graph",
+        "server",
+    }
 
 
 def test_no_top_level_package_but_enginefarm():
     assert [p for p in PYPROJECT["tool"]["setuptools"]["packages"] if not p.startswith("enginefarm")] == []
-    assert set(PYPROJECT["tool"]["setuptools"]["package-dir"]) == {"enginefarm", "enginefarm.api",
-                                                                  "enginefarm.worker", "enginefarm.storage"}
+    assert set(PYPROJECT["tool"]["setuptools"]["package-dir"]) == {
+        "enginefarm",
+        "enginefarm.api",
+        "enginefarm.worker",
+        "enginefarm.storage",
+    }
 
 
 def test_client_and_kernel_run_on_python_3_10():
-    files = [str(ROOT / "enginefarm" / "__init__.py"), str(ROOT / "enginefarm" / "__main__.py"),
-             str(ROOT / "enginefarm" / "core"), str(ROOT / "enginefarm" / "client")]
-    out = subprocess.run([str(BIN / "vermin"), "--no-tips", "--eval-annotations", "--target=3.10-", "--violations",
-                          *files], capture_output=True, text=True, timeout=300)
+    files = [
+        str(ROOT / "enginefarm" / "__init__.py"),
+        str(ROOT / "enginefarm" / "__main__.py"),
+        str(ROOT / "enginefarm" / "core"),
+        str(ROOT / "enginefarm" / "client"),
+    ]
+    out = subprocess.run(
+        [str(BIN / "vermin"), "--no-tips", "--eval-annotations", "--target=3.10-", "--violations", *files],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def test_vermin_catches_a_3_11_feature(tmp_path):
     (tmp_path / "m.py").write_text("from enum import StrEnum\n")
-    out = subprocess.run([str(BIN / "vermin"), "--no-tips", "--target=3.10-", "--violations", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(BIN / "vermin"), "--no-tips", "--target=3.10-", "--violations", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0 and "StrEnum" in out.stdout
 
 
@@ -87,7 +117,11 @@ def test_every_import_of_the_project_resolves():
     for folder in ("enginefarm", "api", "worker", "storage", "tests", "bench"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("enginefarm"):
+                if (
+                    isinstance(node, ast.ImportFrom)
+                    and node.level == 0
+                    and (node.module or "").startswith("enginefarm")
+                ):
                     try:
                         module = importlib.import_module(node.module)
                     except ImportError as exc:
@@ -98,7 +132,9 @@ def test_every_import_of_the_project_resolves():
                             try:
                                 importlib.import_module(f"{node.module}.{alias.name}")
                             except ImportError:
-                                broken.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.module} has no {alias.name}")
+                                broken.append(
+                                    f"{path.relative_to(ROOT)}:{node.lineno}: {node.module} has no {alias.name}"
+                                )
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
                         if alias.name.startswith("enginefarm"):

@@ -15,8 +15,11 @@ def sqlalchemy_imports(folder: str, root: Path = ROOT) -> list[str]:
     for path in sorted((root / folder).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                found += [f"{path.relative_to(root)}: import {a.name}" for a in node.names
-                          if a.name.split(".")[0] == "sqlalchemy"]
+                found += [
+                    f"{path.relative_to(root)}: import {a.name}"
+                    for a in node.names
+                    if a.name.split(".")[0] == "sqlalchemy"
+                ]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlalchemy":
                 if node.module == "sqlalchemy.exc":
                     continue
@@ -31,7 +34,10 @@ def test_the_api_and_the_worker_build_no_queries():
 
 def test_the_check_sees_a_query_built_outside_storage(tmp_path):
     (tmp_path / "api").mkdir()
-    (tmp_path / "api" / "gate.py").write_text("from sqlalchemy import Row, select\nimport sqlalchemy.sql\n"
-                                              "from sqlalchemy.exc import OperationalError\n")
-    assert sqlalchemy_imports("api", tmp_path) == ["api/gate.py: from sqlalchemy import select",
-                                                   "api/gate.py: import sqlalchemy.sql"]
+    (tmp_path / "api" / "gate.py").write_text(
+        "from sqlalchemy import Row, select\nimport sqlalchemy.sql\nfrom sqlalchemy.exc import OperationalError\n"
+    )
+    assert sqlalchemy_imports("api", tmp_path) == [
+        "api/gate.py: from sqlalchemy import select",
+        "api/gate.py: import sqlalchemy.sql",
+    ]

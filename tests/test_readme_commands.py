@@ -44,8 +44,10 @@ def command_path(root, words: str) -> list[str]:
         if not hasattr(node, "commands"):  # a command: the rest are its arguments
             break
         if word not in node.commands:
-            raise AssertionError(f"`enginefarm {' '.join([*path, word])}`: no such command "
-                                 f"(there are: {', '.join(sorted(node.commands))})")
+            raise AssertionError(
+                f"`enginefarm {' '.join([*path, word])}`: no such command "
+                f"(there are: {', '.join(sorted(node.commands))})"
+            )
         path.append(word)
         node = node.commands[word]
     assert not hasattr(node, "commands"), f"`enginefarm {' '.join(path)}` is a group: name one of its commands"

@@ -20,43 +20,101 @@ FAILED_DETAIL = "benchmark failed: CUDA out of memory at batch=32"
 
 def stats(median: float, p99: float | None = None, count: int = 200) -> dict[str, float]:
     p99 = median * 1.3 if p99 is None else p99
-    return {"min": median * 0.9, "mean": median * 1.02, "median": median, "p90": median * 1.1,
-            "p95": median * 1.2, "p99": p99, "max": p99 * 1.1, "count": count}
-
-
-def measured(engine_id: int, target: str, batch: int, median: float, *, variant: str = "fp16",
-             best: bool | None = None, device: str = "NVIDIA A10", p99: float | None = None,
-             regression: dict[str, Any] | None = None, cosine: float = 0.999987,
-             size: int = 5_400_000) -> dict[str, Any]:
     return {
-        "engine_id": engine_id, "target": target, "backend": target.split("/")[0], "precision": "fp16",
-        "spec_hash": f"{engine_id:04x}" * 16, "variant": variant, "best": best, "size": size,
-        "shape_key": f"batch={batch}", "batch": batch, "device": device, "status": "measured",
-        "detail": None, "latency_ms": stats(median, p99), "compute_ms": stats(median * 0.8),
-        "h2d_ms": stats(median * 0.1), "d2h_ms": stats(median * 0.05),
+        "min": median * 0.9,
+        "mean": median * 1.02,
+        "median": median,
+        "p90": median * 1.1,
+        "p95": median * 1.2,
+        "p99": p99,
+        "max": p99 * 1.1,
+        "count": count,
+    }
+
+
+def measured(
+    engine_id: int,
+    target: str,
+    batch: int,
+    median: float,
+    *,
+    variant: str = "fp16",
+    best: bool | None = None,
+    device: str = "NVIDIA A10",
+    p99: float | None = None,
+    regression: dict[str, Any] | None = None,
+    cosine: float = 0.999987,
+    size: int = 5_400_000,
+) -> dict[str, Any]:
+    return {
+        "engine_id": engine_id,
+        "target": target,
+        "backend": target.split("/")[0],
+        "precision": "fp16",
+        "spec_hash": f"{engine_id:04x}" * 16,
+        "variant": variant,
+        "best": best,
+        "size": size,
+        "shape_key": f"batch={batch}",
+        "batch": batch,
+        "device": device,
+        "status": "measured",
+        "detail": None,
+        "latency_ms": stats(median, p99),
+        "compute_ms": stats(median * 0.8),
+        "h2d_ms": stats(median * 0.1),
+        "d2h_ms": stats(median * 0.05),
         "throughput_qps": 1000.0 / median * batch,
-        "accuracy": {"pass": True, "metrics": {"max_abs": 3.1e-3, "mean_abs": 2.5e-4, "rel_l2": 1e-3,
-                                               "cosine": cosine},
-                     "limits": {"cosine": 0.999}, "reference": "onnxruntime fp32"},
+        "accuracy": {
+            "pass": True,
+            "metrics": {"max_abs": 3.1e-3, "mean_abs": 2.5e-4, "rel_l2": 1e-3, "cosine": cosine},
+            "limits": {"cosine": 0.999},
+            "reference": "onnxruntime fp32",
+        },
         "regression": regression,
     }
 
 
 def unmeasured(engine_id: int, target: str, status: str, detail: str) -> dict[str, Any]:
     row = measured(engine_id, target, 1, 1.0)
-    row.update(status=status, detail=detail, shape_key="opt", batch=None, device=None, latency_ms=None,
-               compute_ms=None, h2d_ms=None, d2h_ms=None, throughput_qps=None, accuracy=None)
+    row.update(
+        status=status,
+        detail=detail,
+        shape_key="opt",
+        batch=None,
+        device=None,
+        latency_ms=None,
+        compute_ms=None,
+        h2d_ms=None,
+        d2h_ms=None,
+        throughput_qps=None,
+        accuracy=None,
+    )
     return row
 
 
 def make_report() -> dict[str, Any]:
     """resnet v2 on three targets: batches 1/8/32, a sweep with a best variant, a pending and a failed engine."""
-    faster = {"previous_engine_id": 5, "median_ms": 1.35, "median_ms_delta": -0.15,
-              "median_ratio": 1.2 / 1.35, "p99_ms_delta": -0.2, "throughput_delta": 92.6,
-              "size_delta": -20480, "cosine_delta": 2e-6}
-    slower = {"previous_engine_id": 6, "median_ms": 4.2, "median_ms_delta": 0.6,
-              "median_ratio": 4.2 / 3.6, "p99_ms_delta": 0.9, "throughput_delta": -317.5,
-              "size_delta": 1_048_576, "cosine_delta": -1.5e-5}
+    faster = {
+        "previous_engine_id": 5,
+        "median_ms": 1.35,
+        "median_ms_delta": -0.15,
+        "median_ratio": 1.2 / 1.35,
+        "p99_ms_delta": -0.2,
+        "throughput_delta": 92.6,
+        "size_delta": -20480,
+        "cosine_delta": 2e-6,
+    }
+    slower = {
+        "previous_engine_id": 6,
+        "median_ms": 4.2,
+        "median_ms_delta": 0.6,
+        "median_ratio": 4.2 / 3.6,
+        "p99_ms_delta": 0.9,
+        "throughput_delta": -317.5,
+        "size_delta": 1_048_576,
+        "cosine_delta": -1.5e-5,
+    }
     rows = [
         measured(7, "tensorrt/sm86", 1, 1.2, p99=1.734, regression=faster),
         measured(7, "tensorrt/sm86", 8, 4.2, regression=slower),
@@ -69,8 +127,11 @@ def make_report() -> dict[str, Any]:
         unmeasured(10, "tensorrt-rtx/sm86", "pending", PENDING_DETAIL),
         unmeasured(11, "tensorrt/sm90", "failed", FAILED_DETAIL),
     ]
-    return {"model": {"id": 3, "name": "resnet", "version": "2", "sha256": "f" * 64},
-            "previous": {"id": 2, "name": "resnet", "version": "1"}, "rows": rows}
+    return {
+        "model": {"id": 3, "name": "resnet", "version": "2", "sha256": "f" * 64},
+        "previous": {"id": 2, "name": "resnet", "version": "1"},
+        "rows": rows,
+    }
 
 
 def render(table) -> str:
@@ -119,8 +180,19 @@ def test_formatting_helpers() -> None:
 def test_report_table_cells() -> None:
     text = render(report_table(make_report()))
     assert text.lstrip().startswith("resnet version 2")
-    for header in ("target", "variant", "shape", "device", "p50 ms", "p90 ms", "p99 ms", "qps",
-                   "accuracy", "size", "status"):
+    for header in (
+        "target",
+        "variant",
+        "shape",
+        "device",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "qps",
+        "accuracy",
+        "size",
+        "status",
+    ):
         assert header in text
 
     batch1 = line_with(text, "batch 1")  # first batch-1 row: sm86, p50 1.2, p99 1.734
@@ -181,8 +253,12 @@ def test_regression_table_shows_deltas_and_signs() -> None:
 def test_regression_table_colours() -> None:
     report = make_report()
     # A slowdown within 5 % is neither green nor red.
-    report["rows"][2]["regression"] = {"previous_engine_id": 4, "median_ms": 15.8, "median_ms_delta": 0.3,
-                                       "median_ratio": 15.8 / 15.5}
+    report["rows"][2]["regression"] = {
+        "previous_engine_id": 4,
+        "median_ms": 15.8,
+        "median_ms_delta": 0.3,
+        "median_ratio": 15.8 / 15.5,
+    }
     table = regression_table(report)
     assert table is not None
     delta_cells = table.columns[4]._cells
@@ -229,8 +305,11 @@ def test_plot_report_png_changes_with_data(tmp_path: Path) -> None:
 def test_plotted_groups_draw_every_variant_and_star_the_best() -> None:
     """The int8 variant the web report shows is drawn too, beside its fp16 sibling; the chosen one has the star."""
     groups = rep._plotted_groups(make_report()["rows"])
-    assert [label for label, _ in groups] == ["tensorrt/sm86", "tensorrt/sm89 · fp16 opt3",
-                                              f"tensorrt/sm89 · int8 opt5 {rep.BEST_MARK}"]
+    assert [label for label, _ in groups] == [
+        "tensorrt/sm86",
+        "tensorrt/sm89 · fp16 opt3",
+        f"tensorrt/sm89 · int8 opt5 {rep.BEST_MARK}",
+    ]
     assert [{row["variant"] for row in rows} for _, rows in groups[1:]] == [{"fp16 opt3"}, {"int8 opt5"}]
 
     report = make_report()
@@ -286,8 +365,7 @@ def test_plot_report_nothing_measured(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_plot_report_failed_write_leaves_no_partial_file(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_report_failed_write_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "chart.png"
     target.write_bytes(b"previous chart")
 

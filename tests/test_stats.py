@@ -8,15 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from enginefarm.graph import accuracy
-from enginefarm.core.domain import ModelInfo, TensorInfo
-from enginefarm.core.spec import AccuracySpec, BenchmarkSpec, BuildSpec
-from enginefarm.graph.inputs import SamplesInvalid, benchmark_shape_problems, load_samples, random_inputs, sample_batches, shape_sets
-from enginefarm.core.stats import Iteration, measure, median, percentile, summarize
+from enginefarm.core.domain import ModelInfo, Target, TensorInfo
 from enginefarm.core.probe.gpus import GpuInfo
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.probe.policy import benchmark_pending_reason, benchmark_targets
-from enginefarm.core.domain import Target
+from enginefarm.core.spec import AccuracySpec, BenchmarkSpec, BuildSpec
+from enginefarm.core.stats import Iteration, measure, median, percentile, summarize
+from enginefarm.graph import accuracy
+from enginefarm.graph.inputs import (
+    SamplesInvalid,
+    benchmark_shape_problems,
+    load_samples,
+    random_inputs,
+    sample_batches,
+    shape_sets,
+)
 
 # ------------------------------------------------------------------ statistics (trtexec's definitions)
 
@@ -27,20 +33,23 @@ def test_summary_of_one_to_hundred():
     assert s.median == 50.5  # even count: the mean of the two middle samples
     # trtexec: index max(n - 1 - int((1 - p/100) * n), 0) of the sorted samples.
     assert (s.p90, s.p95, s.p99) == (90.0, 95.0, 99.0)
-    assert s.stdev == pytest.approx(math.sqrt((100 ** 2 - 1) / 12))
+    assert s.stdev == pytest.approx(math.sqrt((100**2 - 1) / 12))
 
 
-@pytest.mark.parametrize("samples, p, expected", [
-    ([5.0], 99, 5.0),                 # one sample is every percentile
-    ([1.0, 2.0], 50, 1.0),            # exclude int(0.5 * 2) = 1 → index 0
-    ([1.0, 2.0], 99, 2.0),            # exclude int(0.01 * 2) = 0 → the max
-    ([1.0, 2.0, 3.0], 90, 3.0),       # exclude int(0.1 * 3) = 0
-    (list(range(1, 11)), 90, 9.0),    # exclude int(0.1 * 10) = 1 → index 8
-    (list(range(1, 1001)), 99.9, 999.0),  # exclude 1 of 1000, computed exactly
-    (list(range(1, 11)), 95, 10.0),   # exclude int(0.05 * 10) = 0
-    (list(range(1, 11)), 0, 1.0),     # exclude all: clamped to index 0
-    (list(range(1, 11)), 100, 10.0),
-])
+@pytest.mark.parametrize(
+    "samples, p, expected",
+    [
+        ([5.0], 99, 5.0),  # one sample is every percentile
+        ([1.0, 2.0], 50, 1.0),  # exclude int(0.5 * 2) = 1 → index 0
+        ([1.0, 2.0], 99, 2.0),  # exclude int(0.01 * 2) = 0 → the max
+        ([1.0, 2.0, 3.0], 90, 3.0),  # exclude int(0.1 * 3) = 0
+        (list(range(1, 11)), 90, 9.0),  # exclude int(0.1 * 10) = 1 → index 8
+        (list(range(1, 1001)), 99.9, 999.0),  # exclude 1 of 1000, computed exactly
+        (list(range(1, 11)), 95, 10.0),  # exclude int(0.05 * 10) = 0
+        (list(range(1, 11)), 0, 1.0),  # exclude all: clamped to index 0
+        (list(range(1, 11)), 100, 10.0),
+    ],
+)
 def test_percentile_edges(samples, p, expected):
     assert percentile(sorted(samples), p) == expected
 
@@ -111,17 +120,31 @@ def test_measure_without_copies_reports_none_for_them():
 
 # ------------------------------------------------------------------ inputs
 
-INFO = ModelInfo(inputs=[TensorInfo("input", "FLOAT", ["batch", 3, 8, 8]), TensorInfo("ids", "INT64", ["batch", 4])],
-                 outputs=[TensorInfo("y", "FLOAT", ["batch", 2])], opset=17, ir_version=8, producer="t", size=1)
-PROFILE = {"profiles": [{"input": {"min": [1, 3, 8, 8], "opt": [4, 3, 8, 8], "max": [8, 3, 8, 8]},
-                         "ids": {"min": [1, 4], "opt": [4, 4], "max": [8, 4]}}]}
+INFO = ModelInfo(
+    inputs=[TensorInfo("input", "FLOAT", ["batch", 3, 8, 8]), TensorInfo("ids", "INT64", ["batch", 4])],
+    outputs=[TensorInfo("y", "FLOAT", ["batch", 2])],
+    opset=17,
+    ir_version=8,
+    producer="t",
+    size=1,
+)
+PROFILE = {
+    "profiles": [
+        {
+            "input": {"min": [1, 3, 8, 8], "opt": [4, 3, 8, 8], "max": [8, 3, 8, 8]},
+            "ids": {"min": [1, 4], "opt": [4, 4], "max": [8, 4]},
+        }
+    ]
+}
 
 
 def test_shape_sets_opt_batches_and_explicit():
     assert [(s.key, s.batch) for s in shape_sets(BuildSpec(**PROFILE), INFO)] == [("opt", 4)]
     sets = shape_sets(BuildSpec(**PROFILE, benchmark={"batch_sizes": [1, 8]}), INFO)
     assert [(s.key, s.shapes["input"], s.shapes["ids"]) for s in sets] == [
-        ("batch=1", [1, 3, 8, 8], [1, 4]), ("batch=8", [8, 3, 8, 8], [8, 4])]
+        ("batch=1", [1, 3, 8, 8], [1, 4]),
+        ("batch=8", [8, 3, 8, 8], [8, 4]),
+    ]
     (one,) = shape_sets(BuildSpec(**PROFILE, benchmark={"shapes": [{"input": [2, 3, 8, 8], "ids": [2, 4]}]}), INFO)
     assert one.key == "ids=2x4,input=2x3x8x8" and one.batch == 2
 
@@ -196,7 +219,10 @@ def test_judge_against_precision_tolerances():
     assert bad["pass"] is False and "1.000% of elements outside atol 0.01" in bad["failures"]["y"][0]
     override = AccuracySpec(tolerances={"violations": 0.05}).limits("fp16")
     assert accuracy.judge({"y": accuracy.metrics(ref, far, 1e-2, 1e-2)}, override)["pass"] is True
-    assert accuracy.merge([{"cosine": 0.99, "max_abs": 1.0}, {"cosine": 0.98, "max_abs": 0.5}]) == {"cosine": 0.98, "max_abs": 1.0}
+    assert accuracy.merge([{"cosine": 0.99, "max_abs": 1.0}, {"cosine": 0.98, "max_abs": 0.5}]) == {
+        "cosine": 0.98,
+        "max_abs": 1.0,
+    }
     with pytest.raises(ValueError, match="unknown tolerance"):
         AccuracySpec(tolerances={"psnr": 30})
     with pytest.raises(ValueError, match=">= 0"):
@@ -251,10 +277,15 @@ def _probe(ccs: list[str], modules: dict) -> MachineProbe:
 def test_benchmark_targets_follow_the_gpu_and_runtimes():
     rtx = {"tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.22.0"}
     assert [str(t) for t in benchmark_targets(_probe(["8.6"], rtx))] == [
-        "onnxruntime/cpu-x86_64", "tensorrt-rtx/portable", "tensorrt-rtx/sm86"]
+        "onnxruntime/cpu-x86_64",
+        "tensorrt-rtx/portable",
+        "tensorrt-rtx/sm86",
+    ]
     # Hopper: TensorRT-RTX does not run there, full TensorRT does.
     assert [str(t) for t in benchmark_targets(_probe(["9.0"], rtx))] == ["onnxruntime/cpu-x86_64"]
     assert [str(t) for t in benchmark_targets(_probe(["9.0"], {"tensorrt": "10.13.3.9"}))] == ["tensorrt/sm90"]
     assert benchmark_targets(_probe([], rtx)) == [Target.parse("onnxruntime/cpu-x86_64")]  # no GPU: CPU only
-    assert benchmark_pending_reason(Target.parse("tensorrt-rtx/sm86")) == \
-        "benchmark pending: no worker with an sm86 GPU and tensorrt_rtx"
+    assert (
+        benchmark_pending_reason(Target.parse("tensorrt-rtx/sm86"))
+        == "benchmark pending: no worker with an sm86 GPU and tensorrt_rtx"
+    )

@@ -17,8 +17,6 @@ import pytest
 from google.protobuf import text_format
 from onnx import TensorProto, helper
 
-from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.client.triton import (
     ONNX_TO_TRITON,
     RTX_WARNING,
@@ -28,6 +26,8 @@ from enginefarm.client.triton import (
     sanitize_model_name,
     write_repository,
 )
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import conv_net, sample_spec
 from tests.triton_model_config import DataType, ModelConfig, ModelInstanceGroup
 
 FP32 = DataType.values_by_name["TYPE_FP32"].number
@@ -57,17 +57,30 @@ def model_of(proto: onnx.ModelProto, tmp_path: Path, name: str = "net") -> tuple
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(proto, str(path))
     info = inspect_upload(path, tmp_path / "work").info.to_dict()
-    model = {"id": 1, "name": name, "version": "1", "sha256": "0" * 64, "format": "onnx",
-             "inputs": info["inputs"], "outputs": info["outputs"]}
+    model = {
+        "id": 1,
+        "name": name,
+        "version": "1",
+        "sha256": "0" * 64,
+        "format": "onnx",
+        "inputs": info["inputs"],
+        "outputs": info["outputs"],
+    }
     return model, path
 
 
-def elementwise(inputs: list[tuple[str, list[Any]]], out_dims: list[Any], dtype: int = TensorProto.FLOAT) -> onnx.ModelProto:
+def elementwise(
+    inputs: list[tuple[str, list[Any]]], out_dims: list[Any], dtype: int = TensorProto.FLOAT
+) -> onnx.ModelProto:
     """Sum of the inputs (one input: Identity) with the given declared output shape."""
     names = [n for n, _ in inputs]
     node = helper.make_node("Sum" if len(names) > 1 else "Identity", names, ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, dtype, d) for n, d in inputs],
-                              [helper.make_tensor_value_info("y", dtype, out_dims)])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info(n, dtype, d) for n, d in inputs],
+        [helper.make_tensor_value_info("y", dtype, out_dims)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
@@ -75,11 +88,21 @@ def elementwise(inputs: list[tuple[str, list[Any]]], out_dims: list[Any], dtype:
 
 def engine(cc: str, backend: str = "tensorrt", precision: str = "fp16", eid: int = 1) -> dict[str, Any]:
     arch = "sm" + cc.replace(".", "")
-    return {"id": eid, "target": f"{backend}/{arch}", "backend": backend, "compute_capability": cc,
-            "compute_capabilities": [cc], "sha256": "e" * 64, "size": 16, "precision": precision}
+    return {
+        "id": eid,
+        "target": f"{backend}/{arch}",
+        "backend": backend,
+        "compute_capability": cc,
+        "compute_capabilities": [cc],
+        "sha256": "e" * 64,
+        "size": 16,
+        "precision": precision,
+    }
 
 
-def plans(tmp_path: Path, *ccs: str, backend: str = "tensorrt", precision: str = "fp16") -> dict[str, tuple[dict, Path]]:
+def plans(
+    tmp_path: Path, *ccs: str, backend: str = "tensorrt", precision: str = "fp16"
+) -> dict[str, tuple[dict, Path]]:
     """Fake downloaded engine files, one per compute capability, each with distinct bytes."""
     out = {}
     for i, cc in enumerate(ccs):
@@ -117,7 +140,11 @@ def test_static_model_layout_and_config(tmp_path: Path) -> None:
     assert [(o.name, list(o.dims)) for o in cfg.output] == [("logits", [1, 10])]
     assert not cfg.HasField("dynamic_batching")
     assert [(g.kind, g.count) for g in cfg.instance_group] == [(GPU, 1)]
-    assert dict(cfg.cc_model_filenames) == {"7.5": "model_sm75.plan", "8.6": "model_sm86.plan", "12.0": "model_sm120.plan"}
+    assert dict(cfg.cc_model_filenames) == {
+        "7.5": "model_sm75.plan",
+        "8.6": "model_sm86.plan",
+        "12.0": "model_sm120.plan",
+    }
     # No plan here runs beyond its own compute capability: no default, which Triton would hand to any other GPU.
     assert not cfg.default_model_filename
     vdir = repo / "resnet" / "1"
@@ -134,7 +161,10 @@ def test_static_model_layout_and_config(tmp_path: Path) -> None:
     on_disk = sorted(p for p in repo.rglob("*") if p.is_file())
     assert sorted(result.files) == on_disk
     (warning,) = result.warnings
-    assert warning.startswith("no default_model_filename") and "compute capability 7.5, 8.6, 12.0 and on no other" in warning
+    assert (
+        warning.startswith("no default_model_filename")
+        and "compute capability 7.5, 8.6, 12.0 and on no other" in warning
+    )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo.staging-")]
 
 
@@ -230,7 +260,9 @@ def test_several_profiles(tmp_path: Path) -> None:
     small = profile(x=([1, 4], [2, 4], [8, 4]))
     large = profile(x=([8, 4], [16, 4], [32, 4]))
     tiny = profile(x=([1, 4], [2, 4], [4, 4]))
-    result = write_repository(tmp_path / "repo", model, {"profiles": [small, large, tiny]}, plans(tmp_path, "8.9"), onnx_path)
+    result = write_repository(
+        tmp_path / "repo", model, {"profiles": [small, large, tiny]}, plans(tmp_path, "8.9"), onnx_path
+    )
     for name in result.models:
         cfg = load_config(tmp_path / "repo" / name)
         assert cfg.max_batch_size == 32
@@ -238,8 +270,9 @@ def test_several_profiles(tmp_path: Path) -> None:
     (warning,) = others(result.warnings)
     assert "profile 0 batches only up to 8" in warning and "max_batch_size is 32" in warning
 
-    result = write_repository(tmp_path / "repo", model, {"profiles": [large, small, tiny]}, plans(tmp_path, "8.9"),
-                              onnx_path, overwrite=True)
+    result = write_repository(
+        tmp_path / "repo", model, {"profiles": [large, small, tiny]}, plans(tmp_path, "8.9"), onnx_path, overwrite=True
+    )
     assert load_config(tmp_path / "repo" / "net").max_batch_size == 32
     assert others(result.warnings) == []
 
@@ -280,14 +313,22 @@ def test_unsupported_data_type(onnx_type: str, tmp_path: Path) -> None:
 def test_bundle_with_external_data(tmp_path: Path) -> None:
     unpacked = tmp_path / "unpacked"
     (unpacked / "net").mkdir(parents=True)
-    onnx.save_model(conv_net(channels=8), str(unpacked / "net" / "model.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        conv_net(channels=8),
+        str(unpacked / "net" / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     (unpacked / "README.txt").write_text("bundle notes")
     model, _ = model_of(conv_net(channels=8), tmp_path, "bundled")
     model["format"] = "zip"
 
     repo = tmp_path / "repo"
-    result = write_repository(repo, model, sample_spec(), plans(tmp_path, "8.6"), unpacked, onnx_member="net/model.onnx")
+    result = write_repository(
+        repo, model, sample_spec(), plans(tmp_path, "8.6"), unpacked, onnx_member="net/model.onnx"
+    )
     vdir = repo / "bundled_onnx" / "1"
     cfg = load_config(repo / "bundled_onnx")
     assert cfg.default_model_filename == "net/model.onnx"
@@ -336,14 +377,17 @@ def test_only_the_onnx_fallback(tmp_path: Path) -> None:
         write_repository(tmp_path / "repo2", model, sample_spec(), {}, None)
 
 
-@pytest.mark.parametrize(("raw", "safe"), [
-    ("resnet50", "resnet50"),
-    ("my model/v2:β", "my_model_v2__"),
-    ("a.b-c_d", "a.b-c_d"),
-    ("..", "_."),
-    (".hidden", "_hidden"),
-    ('q"uote\\', "q_uote_"),
-])
+@pytest.mark.parametrize(
+    ("raw", "safe"),
+    [
+        ("resnet50", "resnet50"),
+        ("my model/v2:β", "my_model_v2__"),
+        ("a.b-c_d", "a.b-c_d"),
+        ("..", "_."),
+        (".hidden", "_hidden"),
+        ('q"uote\\', "q_uote_"),
+    ],
+)
 def test_sanitize_model_name(raw: str, safe: str) -> None:
     assert sanitize_model_name(raw) == safe
 
@@ -391,11 +435,21 @@ def test_bad_engines_are_refused(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- quoting
 
 
-@pytest.mark.parametrize("name", ['in"put', "back\\slash", 'both\\"', "new\nline\ttab\r", "ünïcødé 名前", "'single'", ""])
+@pytest.mark.parametrize(
+    "name", ['in"put', "back\\slash", 'both\\"', "new\nline\ttab\r", "ünïcødé 名前", "'single'", ""]
+)
 def test_names_round_trip_through_text_format(name: str) -> None:
     model = {"inputs": [tensor(name, "FLOAT", [1])], "outputs": [tensor(name + "_out", "FLOAT", [1])]}
-    cfg = parse(render_config(model, {"profiles": []}, name=name, platform="tensorrt_plan",
-                              cc_model_filenames={"8.6": name + ".plan"}, default_model_filename=name))
+    cfg = parse(
+        render_config(
+            model,
+            {"profiles": []},
+            name=name,
+            platform="tensorrt_plan",
+            cc_model_filenames={"8.6": name + ".plan"},
+            default_model_filename=name,
+        )
+    )
     assert cfg.name == name and cfg.default_model_filename == name
     assert cfg.input[0].name == name and cfg.output[0].name == name + "_out"
     assert dict(cfg.cc_model_filenames) == {"8.6": name + ".plan"}
@@ -406,7 +460,9 @@ def test_names_round_trip_through_text_format(name: str) -> None:
 
 def test_tensorrt_rtx_warning(tmp_path: Path) -> None:
     model, onnx_path = model_of(conv_net(), tmp_path)
-    rtx = write_repository(tmp_path / "a", model, sample_spec(), plans(tmp_path, "8.6", "8.9", backend="tensorrt-rtx"), onnx_path)
+    rtx = write_repository(
+        tmp_path / "a", model, sample_spec(), plans(tmp_path, "8.6", "8.9", backend="tensorrt-rtx"), onnx_path
+    )
     assert others(rtx.warnings) == [RTX_WARNING]
     assert "TensorRT-RTX" in RTX_WARNING and "tensorrt_plan" in RTX_WARNING
     plain = write_repository(tmp_path / "b", model, sample_spec(), plans(tmp_path, "8.6"), onnx_path)
@@ -442,19 +498,42 @@ def test_definition_numbers_and_map() -> None:
     def numbers(cls: Any) -> dict[str, int]:
         return {f.name: f.number for f in cls.DESCRIPTOR.fields}
 
-    assert numbers(ModelConfig) == {"name": 1, "platform": 2, "max_batch_size": 4, "input": 5, "output": 6,
-                                    "instance_group": 7, "default_model_filename": 8, "cc_model_filenames": 9,
-                                    "dynamic_batching": 11}
+    assert numbers(ModelConfig) == {
+        "name": 1,
+        "platform": 2,
+        "max_batch_size": 4,
+        "input": 5,
+        "output": 6,
+        "instance_group": 7,
+        "default_model_filename": 8,
+        "cc_model_filenames": 9,
+        "dynamic_batching": 11,
+    }
     fields = ModelConfig.DESCRIPTOR.fields_by_name
     assert {f.name: f.number for f in fields["input"].message_type.fields} == {
-        "name": 1, "data_type": 2, "format": 3, "dims": 4, "reshape": 5}
+        "name": 1,
+        "data_type": 2,
+        "format": 3,
+        "dims": 4,
+        "reshape": 5,
+    }
     assert {f.name: f.number for f in fields["output"].message_type.fields} == {
-        "name": 1, "data_type": 2, "dims": 3, "reshape": 5}
+        "name": 1,
+        "data_type": 2,
+        "dims": 3,
+        "reshape": 5,
+    }
     assert numbers(ModelInstanceGroup) == {"name": 1, "count": 2, "gpus": 3, "kind": 4}
     assert {f.name: f.number for f in fields["dynamic_batching"].message_type.fields} == {
-        "preferred_batch_size": 1, "max_queue_delay_microseconds": 2}
+        "preferred_batch_size": 1,
+        "max_queue_delay_microseconds": 2,
+    }
     assert {v.name: v.number for v in ModelInstanceGroup.Kind.DESCRIPTOR.values} == {
-        "KIND_AUTO": 0, "KIND_GPU": 1, "KIND_CPU": 2, "KIND_MODEL": 3}
+        "KIND_AUTO": 0,
+        "KIND_GPU": 1,
+        "KIND_CPU": 2,
+        "KIND_MODEL": 3,
+    }
     entry = fields["cc_model_filenames"].message_type
     assert entry.GetOptions().map_entry and [f.name for f in entry.fields] == ["key", "value"]
     cfg = ModelConfig()
@@ -466,8 +545,15 @@ def test_definition_numbers_and_map() -> None:
 
 
 def portable_engine(eid: int = 9) -> dict[str, Any]:
-    return {"id": eid, "target": "tensorrt-rtx/portable", "backend": "tensorrt-rtx", "compute_capability": None,
-            "compute_capabilities": ["8.0", "8.6", "8.9", "12.0", "12.1"], "sha256": "d" * 64, "precision": "fp16"}
+    return {
+        "id": eid,
+        "target": "tensorrt-rtx/portable",
+        "backend": "tensorrt-rtx",
+        "compute_capability": None,
+        "compute_capabilities": ["8.0", "8.6", "8.9", "12.0", "12.1"],
+        "sha256": "d" * 64,
+        "precision": "fp16",
+    }
 
 
 def test_plans_of_sm86_and_sm120_only_have_no_default(tmp_path: Path) -> None:
@@ -492,8 +578,12 @@ def test_a_portable_engine_is_the_default_and_serves_the_ccs_it_covers(tmp_path:
     result = write_repository(tmp_path / "repo", model, sample_spec(), engines, onnx_path)
     cfg = load_config(tmp_path / "repo" / "net")
     assert cfg.default_model_filename == "model_portable.plan"
-    assert dict(cfg.cc_model_filenames) == {"8.0": "model_portable.plan", "8.6": "model_sm86.plan",
-                                            "8.9": "model_portable.plan", "12.0": "model_sm120.plan"}
+    assert dict(cfg.cc_model_filenames) == {
+        "8.0": "model_portable.plan",
+        "8.6": "model_sm86.plan",
+        "8.9": "model_portable.plan",
+        "12.0": "model_sm120.plan",
+    }
     vdir = tmp_path / "repo" / "net" / "1"
     assert sorted(p.name for p in vdir.iterdir()) == ["model_portable.plan", "model_sm120.plan", "model_sm86.plan"]
     assert (vdir / "model_portable.plan").read_bytes() == b"portable plan"
@@ -527,8 +617,12 @@ def reshaped_decoder(hidden: int = 8) -> onnx.ModelProto:
         helper.make_node("Concat", ["minus1", "h"], ["target"], axis=0),
         helper.make_node("Reshape", ["x", "target"], ["y"]),
     ]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["Reshapey_dim_0", "Reshapey_dim_1"])])
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["Reshapey_dim_0", "Reshapey_dim_1"])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model

@@ -13,27 +13,44 @@ from enginefarm.core.trtexec import memory_mib, spec_from_trtexec
 
 
 def test_a_trtexec_command_line_becomes_a_valid_spec():
-    spec = spec_from_trtexec("--fp16 --memPoolSize=workspace:4G --builderOptimizationLevel=5 "
-                             "--hardwareCompatibilityLevel=ampere+ --stronglyTyped --versionCompatible "
-                             "--timingCacheFile=/tmp/x.cache --minShapes=x:1x3x8x8 --optShapes=x:2x3x8x8 "
-                             "--maxShapes=x:4x3x8x8")
-    assert spec == {"precision": "fp16", "workspace_mib": 4096, "optimization_level": 5,
-                    "hardware_compatibility": "ampere_plus", "strongly_typed": True, "version_compatible": True,
-                    "timing_cache": True,
-                    "profiles": [{"x": {"min": [1, 3, 8, 8], "opt": [2, 3, 8, 8], "max": [4, 3, 8, 8]}}]}
+    spec = spec_from_trtexec(
+        "--fp16 --memPoolSize=workspace:4G --builderOptimizationLevel=5 "
+        "--hardwareCompatibilityLevel=ampere+ --stronglyTyped --versionCompatible "
+        "--timingCacheFile=/tmp/x.cache --minShapes=x:1x3x8x8 --optShapes=x:2x3x8x8 "
+        "--maxShapes=x:4x3x8x8"
+    )
+    assert spec == {
+        "precision": "fp16",
+        "workspace_mib": 4096,
+        "optimization_level": 5,
+        "hardware_compatibility": "ampere_plus",
+        "strongly_typed": True,
+        "version_compatible": True,
+        "timing_cache": True,
+        "profiles": [{"x": {"min": [1, 3, 8, 8], "opt": [2, 3, 8, 8], "max": [4, 3, 8, 8]}}],
+    }
     BuildSpec(**spec)  # every field it sets is one the spec has
 
 
-@pytest.mark.parametrize("flags,precision", [(["--fp16"], "fp16"), (["--fp16", "--int8"], "int8"),
-                                             (["--best"], "int8"), (["--bf16", "--fp16"], "bf16"),
-                                             (["--fp8", "--fp16"], "fp8")])
+@pytest.mark.parametrize(
+    "flags,precision",
+    [
+        (["--fp16"], "fp16"),
+        (["--fp16", "--int8"], "int8"),
+        (["--best"], "int8"),
+        (["--bf16", "--fp16"], "bf16"),
+        (["--fp8", "--fp16"], "fp8"),
+    ],
+)
 def test_the_lowest_precision_flag_wins_as_trtexec_enables_them_all(flags, precision):
     assert spec_from_trtexec(flags)["precision"] == precision
 
 
 def test_values_may_follow_their_flag_after_a_space():
     assert spec_from_trtexec(["--shapes", "x:1x3x8x8", "--memPoolSize", "workspace:512"]) == {
-        "shapes": {"x": [1, 3, 8, 8]}, "workspace_mib": 512}
+        "shapes": {"x": [1, 3, 8, 8]},
+        "workspace_mib": 512,
+    }
 
 
 @pytest.mark.parametrize("text,mib", [("4096", 4096), ("4096M", 4096), ("2G", 2048), ("2048K", 2), ("1.5G", 1536)])
@@ -43,13 +60,20 @@ def test_pool_sizes_read_as_trtexec_reads_them(text, mib):
 
 def test_every_flag_it_cannot_take_is_named_with_the_reason():
     with pytest.raises(ValueError) as exc:
-        spec_from_trtexec("--onnx=m.onnx --saveEngine=m.plan --plugins=libx.so --memPoolSize=dlaSRAM:1 "
-                          "--builderOptimizationLevel=9 --hardwareCompatibilityLevel=volta --noSuchFlag")
+        spec_from_trtexec(
+            "--onnx=m.onnx --saveEngine=m.plan --plugins=libx.so --memPoolSize=dlaSRAM:1 "
+            "--builderOptimizationLevel=9 --hardwareCompatibilityLevel=volta --noSuchFlag"
+        )
     text = str(exc.value)
-    for expected in ("--onnx: the model is the one uploaded", "--saveEngine: the farm stores the engine",
-                     "--plugins: the farm never loads plugin libraries", "only the workspace pool",
-                     "give a level from 0 to 5", "give none, ampere+ or sameComputeCapability",
-                     "--noSuchFlag: not a trtexec build flag"):
+    for expected in (
+        "--onnx: the model is the one uploaded",
+        "--saveEngine: the farm stores the engine",
+        "--plugins: the farm never loads plugin libraries",
+        "only the workspace pool",
+        "give a level from 0 to 5",
+        "give none, ampere+ or sameComputeCapability",
+        "--noSuchFlag: not a trtexec build flag",
+    ):
         assert expected in text, text
 
 
@@ -69,9 +93,25 @@ def test_an_optimization_level_outside_0_to_5_is_refused(level):
 
 def test_the_cli_says_what_is_wrong_with_a_pool_size_in_one_line(tmp_path):
     """`enginefarm build --trtexec-args` with 400 digits: exit 1 and an error naming the flag, no traceback."""
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "build", "1", "--target", "onnxruntime/cpu-x86_64",
-                          "--api", "http://127.0.0.1:9", "--trtexec-args", "--memPoolSize=workspace:" + "9" * 400],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enginefarm",
+            "build",
+            "1",
+            "--target",
+            "onnxruntime/cpu-x86_64",
+            "--api",
+            "http://127.0.0.1:9",
+            "--trtexec-args",
+            "--memPoolSize=workspace:" + "9" * 400,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     said = " ".join(out.stderr.split())
     assert "Traceback" not in said and said.startswith("error: --memPoolSize=workspace:") and "not a size" in said, said

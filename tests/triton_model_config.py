@@ -12,9 +12,23 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 F = descriptor_pb2.FieldDescriptorProto
 PACKAGE = "inference"
 
-DATA_TYPES = ["TYPE_INVALID", "TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8",
-              "TYPE_INT16", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_FP64", "TYPE_STRING",
-              "TYPE_BF16"]
+DATA_TYPES = [
+    "TYPE_INVALID",
+    "TYPE_BOOL",
+    "TYPE_UINT8",
+    "TYPE_UINT16",
+    "TYPE_UINT32",
+    "TYPE_UINT64",
+    "TYPE_INT8",
+    "TYPE_INT16",
+    "TYPE_INT32",
+    "TYPE_INT64",
+    "TYPE_FP16",
+    "TYPE_FP32",
+    "TYPE_FP64",
+    "TYPE_STRING",
+    "TYPE_BF16",
+]
 KINDS = ["KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL"]
 FORMATS = ["FORMAT_NONE", "FORMAT_NHWC", "FORMAT_NCHW"]
 
@@ -25,17 +39,23 @@ def _enum(parent, name: str, values: list[str]) -> None:
         enum.value.add(name=value, number=number)
 
 
-def _field(msg: descriptor_pb2.DescriptorProto, name: str, number: int, ftype: int,
-           type_name: str | None = None, repeated: bool = False) -> None:
-    f = msg.field.add(name=name, number=number, type=ftype,
-                      label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
+def _field(
+    msg: descriptor_pb2.DescriptorProto,
+    name: str,
+    number: int,
+    ftype: int,
+    type_name: str | None = None,
+    repeated: bool = False,
+) -> None:
+    f = msg.field.add(name=name, number=number, type=ftype, label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
     if type_name:
         f.type_name = type_name
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    fd = descriptor_pb2.FileDescriptorProto(name="enginefarm_tests/triton_model_config.proto", package=PACKAGE,
-                                            syntax="proto3")
+    fd = descriptor_pb2.FileDescriptorProto(
+        name="enginefarm_tests/triton_model_config.proto", package=PACKAGE, syntax="proto3"
+    )
     _enum(fd, "DataType", DATA_TYPES)
     dtype = ".inference.DataType"
 
@@ -79,8 +99,9 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     _field(config, "output", 6, F.TYPE_MESSAGE, ".inference.ModelOutput", repeated=True)
     _field(config, "instance_group", 7, F.TYPE_MESSAGE, ".inference.ModelInstanceGroup", repeated=True)
     _field(config, "default_model_filename", 8, F.TYPE_STRING)
-    _field(config, "cc_model_filenames", 9, F.TYPE_MESSAGE, ".inference.ModelConfig.CcModelFilenamesEntry",
-           repeated=True)
+    _field(
+        config, "cc_model_filenames", 9, F.TYPE_MESSAGE, ".inference.ModelConfig.CcModelFilenamesEntry", repeated=True
+    )
     _field(config, "dynamic_batching", 11, F.TYPE_MESSAGE, ".inference.ModelDynamicBatching")
     return fd
 

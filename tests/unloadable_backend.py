@@ -20,8 +20,9 @@ MISSING = "weights.bin"
 def point_outside(path: Path) -> None:
     """Rewrite the model at ``path`` so its weights live in ``weights.bin`` beside it, then drop that file."""
     model = onnx.load(str(path))
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=MISSING,
-                    size_threshold=0)
+    onnx.save_model(
+        model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=MISSING, size_threshold=0
+    )
     path.with_name(MISSING).unlink()
 
 
@@ -33,8 +34,15 @@ class UnloadableBackend(BuildBackend):
     def version(self) -> str:
         return self.inner.version()
 
-    def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
-              machine: MachineProbe | None) -> EngineDescriptor:
+    def build(
+        self,
+        model_path: Path,
+        spec: BuildSpec,
+        target: Target,
+        out_path: Path,
+        log: BuildLog,
+        machine: MachineProbe | None,
+    ) -> EngineDescriptor:
         desc = self.inner.build(model_path, spec, target, out_path, log, machine)
         point_outside(out_path)
         log.add(f"test backend: the artifact now reads its weights from {MISSING}, which it does not carry")

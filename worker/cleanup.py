@@ -14,12 +14,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from enginefarm.core.spec import BuildSpec, GraphCleanup
 from enginefarm.core.errors import BuildFailed
+from enginefarm.core.spec import BuildSpec, GraphCleanup
 from enginefarm.graph.graphfacts import QDQ_OPS
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
-
 
 
 def prepared_model(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
@@ -78,9 +77,12 @@ def _slim(model: onnx.ModelProto, spec: BuildSpec, log: BuildLog) -> onnx.ModelP
     try:
         slim = onnxslim.slim(model, input_shapes=shapes or None)
     except Exception as exc:  # noqa: BLE001 - onnxslim raises what its passes raise
-        raise BuildFailed(f"graph cleanup with onnxslim failed: {type(exc).__name__}: {exc}; "
-                          "build with graph_cleanup=none") from None
+        raise BuildFailed(
+            f"graph cleanup with onnxslim failed: {type(exc).__name__}: {exc}; build with graph_cleanup=none"
+        ) from None
     static = f", static shapes {' '.join(shapes)}" if shapes else ""
-    log.add(f"graph cleanup: onnxslim {onnxslim.__version__}: {before} -> {len(slim.graph.node)} nodes "
-            f"(constant folding, shape inference, dead node removal{static})")
+    log.add(
+        f"graph cleanup: onnxslim {onnxslim.__version__}: {before} -> {len(slim.graph.node)} nodes "
+        f"(constant folding, shape inference, dead node removal{static})"
+    )
     return slim

@@ -27,45 +27,71 @@ class Pattern:
 
 
 KNOWN_FAILURES: tuple[Pattern, ...] = (
-    Pattern(r"element type \((\w+)\) differs from input \d+'s element type \((\w+)\)",
-            "the fp16 graph mixes float and half tensors (typically shape or index arithmetic that must stay fp32)",
-            "keep it in fp32: add its op type to the spec's keep_fp32_ops or its name to keep_fp32_layers"),
-    Pattern(r"FP32 GEMM is not supported",
-            "TensorRT-RTX cannot compile fp32 matrix multiplies (MatMul, Gemm, LSTM/GRU/RNN) for Turing (sm75)",
-            "build fp16 for sm75, or build fp32 for sm80 and newer"),
-    Pattern(r"ScopeType::kUNDEFINED|IfConditional",
-            "TensorRT-RTX cannot build this If node (its condition or branches are not supported as exported)",
-            "fold the If away: where its condition depends on an input (a sample rate, a mode flag), fix that input "
-            "with the spec's fixed_inputs, give static shapes, and set graph_cleanup=onnxslim; else export the model "
-            "without the branch, or build for onnxruntime", ("If",)),
-    Pattern(r"Unrecognized attribute: axis for operator DequantizeLinear",
-            "per-channel DequantizeLinear (an axis attribute) needs ONNX opset 13 or newer",
-            "export the model at opset 13 or newer, or let the farm quantize the float model from samples"),
-    Pattern(r"[Qq]uantized constant .* only allowed before DQ",
-            "a quantized constant feeds something other than a DequantizeLinear, which TensorRT does not accept",
-            "quantize with TensorRT's Q/DQ placement: upload the float model with samples and build int8 "
-            "(the farm quantizes it), or use NVIDIA Model Optimizer's ONNX PTQ"),
-    Pattern(r"Plugin not found",
-            "this node's op is not a standard ONNX operator and the backend has no implementation of it (the farm "
-            "never loads plugin libraries that come with an upload)",
-            "replace the custom op before export, or build for a backend that implements it"),
-    Pattern(r"No importer registered for op: (\w+)|Unsupported ONNX operator|is not supported",
-            "the backend has no implementation of this operator",
-            "build for onnxruntime, or replace the operator before export"),
-    Pattern(r"[Oo]ut of memory|insufficient memory|Requested amount of GPU memory",
-            "the builder ran out of memory",
-            "raise workspace_mib, lower the profile's max shapes, or build on a machine with more memory"),
-    Pattern(r"must have same number of dimensions|dimensions (?:must|do not) match|[Ii]ncompatible (?:dimensions|shapes)|"
-            r"broadcast",
-            "the shapes this build gives do not fit what the model computes at this node",
-            "check the spec's shapes and fixed inputs against what the model accepts (try them in onnxruntime first)"),
-    Pattern(r"has dynamic shape|no optimization profile|must be specified in the optimization profile",
-            "an input has dynamic dims that no optimization profile covers",
-            "give every dynamic input min/opt/max shapes (--minShapes/--optShapes/--maxShapes)"),
+    Pattern(
+        r"element type \((\w+)\) differs from input \d+'s element type \((\w+)\)",
+        "the fp16 graph mixes float and half tensors (typically shape or index arithmetic that must stay fp32)",
+        "keep it in fp32: add its op type to the spec's keep_fp32_ops or its name to keep_fp32_layers",
+    ),
+    Pattern(
+        r"FP32 GEMM is not supported",
+        "TensorRT-RTX cannot compile fp32 matrix multiplies (MatMul, Gemm, LSTM/GRU/RNN) for Turing (sm75)",
+        "build fp16 for sm75, or build fp32 for sm80 and newer",
+    ),
+    Pattern(
+        r"ScopeType::kUNDEFINED|IfConditional",
+        "TensorRT-RTX cannot build this If node (its condition or branches are not supported as exported)",
+        "fold the If away: where its condition depends on an input (a sample rate, a mode flag), fix that input "
+        "with the spec's fixed_inputs, give static shapes, and set graph_cleanup=onnxslim; else export the model "
+        "without the branch, or build for onnxruntime",
+        ("If",),
+    ),
+    Pattern(
+        r"Unrecognized attribute: axis for operator DequantizeLinear",
+        "per-channel DequantizeLinear (an axis attribute) needs ONNX opset 13 or newer",
+        "export the model at opset 13 or newer, or let the farm quantize the float model from samples",
+    ),
+    Pattern(
+        r"[Qq]uantized constant .* only allowed before DQ",
+        "a quantized constant feeds something other than a DequantizeLinear, which TensorRT does not accept",
+        "quantize with TensorRT's Q/DQ placement: upload the float model with samples and build int8 "
+        "(the farm quantizes it), or use NVIDIA Model Optimizer's ONNX PTQ",
+    ),
+    Pattern(
+        r"Plugin not found",
+        "this node's op is not a standard ONNX operator and the backend has no implementation of it (the farm "
+        "never loads plugin libraries that come with an upload)",
+        "replace the custom op before export, or build for a backend that implements it",
+    ),
+    Pattern(
+        r"No importer registered for op: (\w+)|Unsupported ONNX operator|is not supported",
+        "the backend has no implementation of this operator",
+        "build for onnxruntime, or replace the operator before export",
+    ),
+    Pattern(
+        r"[Oo]ut of memory|insufficient memory|Requested amount of GPU memory",
+        "the builder ran out of memory",
+        "raise workspace_mib, lower the profile's max shapes, or build on a machine with more memory",
+    ),
+    Pattern(
+        r"must have same number of dimensions|dimensions (?:must|do not) match|[Ii]ncompatible (?:dimensions|shapes)|"
+        r"broadcast",
+        "the shapes this build gives do not fit what the model computes at this node",
+        "check the spec's shapes and fixed inputs against what the model accepts (try them in onnxruntime first)",
+    ),
+    Pattern(
+        r"has dynamic shape|no optimization profile|must be specified in the optimization profile",
+        "an input has dynamic dims that no optimization profile covers",
+        "give every dynamic input min/opt/max shapes (--minShapes/--optShapes/--maxShapes)",
+    ),
 )
 
-_NAME_PATTERNS = (r"name=([^\s,()]+)", r"node '([^']+)'", r"node_of_([^\s,'()]+)", r"operation '([^']+)'",
-                  r"\(([^\s()]+)\)")
+_NAME_PATTERNS = (
+    r"name=([^\s,()]+)",
+    r"node '([^']+)'",
+    r"node_of_([^\s,'()]+)",
+    r"operation '([^']+)'",
+    r"\(([^\s()]+)\)",
+)
 
 
 def _node_table(model_path: Path | None) -> tuple[dict[str, onnx.NodeProto], dict[str, onnx.NodeProto]]:

@@ -88,13 +88,19 @@ class Drain:
 
     def _again(self, signum, _frame) -> None:
         # In a signal handler: no logging (its lock may be held by the interrupted code).
-        os.write(2, f"worker: {signal.Signals(signum).name} ignored, already stopping; running tasks go back to the "
-                    f"queue in {self.remaining():.0f} s\n".encode())
+        os.write(
+            2,
+            f"worker: {signal.Signals(signum).name} ignored, already stopping; running tasks go back to the "
+            f"queue in {self.remaining():.0f} s\n".encode(),
+        )
 
     def _watch(self) -> None:
         if running := len(running_requests()):
-            log.warning("stopping: %d running task(s) get %g s to finish; what still runs then goes back to the queue",
-                        running, self.grace)
+            log.warning(
+                "stopping: %d running task(s) get %g s to finish; what still runs then goes back to the queue",
+                running,
+                self.grace,
+            )
         while running_requests():
             if time.monotonic() >= self.deadline:
                 self.requeue_running()
@@ -108,11 +114,27 @@ class Drain:
         ids = {kind: [i for k, i in requests if k == kind] for kind in KINDS.values()}
         reason = requeue_reason(self.worker_id, self.grace)
         try:
-            released = in_transaction(liveness.release_tasks, self.worker_id, reason, build_ids=ids["build"],
-                                      bench_ids=ids["bench"], settings=self.settings, patience_s=DB_PATIENCE_S)
-            released += [Message.quantize(i) for i in ids["quantize"]
-                         if in_transaction(liveness.release_quantize, i, self.worker_id, reason, settings=self.settings,
-                                           patience_s=DB_PATIENCE_S)]
+            released = in_transaction(
+                liveness.release_tasks,
+                self.worker_id,
+                reason,
+                build_ids=ids["build"],
+                bench_ids=ids["bench"],
+                settings=self.settings,
+                patience_s=DB_PATIENCE_S,
+            )
+            released += [
+                Message.quantize(i)
+                for i in ids["quantize"]
+                if in_transaction(
+                    liveness.release_quantize,
+                    i,
+                    self.worker_id,
+                    reason,
+                    settings=self.settings,
+                    patience_s=DB_PATIENCE_S,
+                )
+            ]
         except Exception:  # the catalog is down: the reconciler requeues them once this worker's row falls silent
             log.warning("could not put the running tasks back in the catalog", exc_info=True)
             released = None
@@ -120,8 +142,12 @@ class Drain:
             self._stop_task(request, acknowledge=released is not None)
         released = released or []
         publish(released)
-        log.warning("shutdown grace of %g s over: put %d running task(s) back in the queue: %s", self.grace,
-                    len(released), ", ".join(f"{m.kind} {m.ident}" for m in released) or "none")
+        log.warning(
+            "shutdown grace of %g s over: put %d running task(s) back in the queue: %s",
+            self.grace,
+            len(released),
+            ", ".join(f"{m.kind} {m.ident}" for m in released) or "none",
+        )
 
     def _stop_task(self, request, acknowledge: bool) -> None:
         """Kill the pool process running ``request``. ``acknowledge``: its row was put back (or is no longer this
@@ -143,15 +169,23 @@ class Drain:
             return
         self._finished = True
         try:
-            left = in_transaction(liveness.release_tasks, self.worker_id, requeue_reason(self.worker_id),
-                                  settings=self.settings, patience_s=DB_PATIENCE_S)
+            left = in_transaction(
+                liveness.release_tasks,
+                self.worker_id,
+                requeue_reason(self.worker_id),
+                settings=self.settings,
+                patience_s=DB_PATIENCE_S,
+            )
         except Exception:
             log.warning("could not put the tasks left running back in the catalog", exc_info=True)
             return
         if left:
             publish(left)
-            log.warning("put %d task(s) left running back in the queue: %s", len(left),
-                        ", ".join(f"{m.kind} {m.ident}" for m in left))
+            log.warning(
+                "put %d task(s) left running back in the queue: %s",
+                len(left),
+                ", ".join(f"{m.kind} {m.ident}" for m in left),
+            )
 
     def _ready(self, sender=None, **_) -> None:
         self._pool = getattr(sender, "pool", None)  # the consumer's: what stops a task's process

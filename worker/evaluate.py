@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from enginefarm.graph import accuracy
 from enginefarm.core.domain import BACKEND_MODULES, Backend, ModelInfo, Target
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.errors import BuildFailed
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.stats import Iteration, Measurement, measure
+from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import (
     ShapeSet,
     fixed_arrays,
@@ -30,7 +31,6 @@ from enginefarm.graph.inputs import (
     shape_sets,
     timing_inputs,
 )
-from enginefarm.core.stats import Iteration, Measurement, measure
 from enginefarm.worker import int8_vs_fp32
 from enginefarm.worker.backends.onnxruntime import optimization_level
 from enginefarm.worker.backends.trt_common import load_module
@@ -101,8 +101,13 @@ class OrtRunner:
 
         before = _peak_rss_bytes()
         result = measure(step, warmup_ms=spec.warmup_ms, duration_s=spec.duration_s, min_iterations=spec.iterations)
-        result.extra.update(threads=self.threads, cpu=cpu_name(), onnxruntime=self.ort.__version__,
-                            peak_rss_bytes=_peak_rss_bytes(), peak_rss_growth_bytes=_peak_rss_bytes() - before)
+        result.extra.update(
+            threads=self.threads,
+            cpu=cpu_name(),
+            onnxruntime=self.ort.__version__,
+            peak_rss_bytes=_peak_rss_bytes(),
+            peak_rss_growth_bytes=_peak_rss_bytes() - before,
+        )
         return result
 
     def close(self) -> None:
@@ -118,8 +123,9 @@ class Device:
     compute_capability: str | None = None
 
 
-def make_runner(backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None,
-                target: Target | None = None) -> tuple[Runner, Device]:
+def make_runner(
+    backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None, target: Target | None = None
+) -> tuple[Runner, Device]:
     """The runner for an engine of this backend (and target) on this worker, and the device it runs on. ``gpu``:
     the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer."""
     if target and target.is_ort_cuda:
@@ -180,8 +186,9 @@ def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarr
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
 
 
-def check_accuracy(runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo,
-                   samples: dict[str, np.ndarray] | None) -> dict:
+def check_accuracy(
+    runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
+) -> dict:
     feeds, origin = accuracy_feeds(spec, info, samples)
     reference = _reference_session(reference_model)
     names = [o.name for o in reference.get_outputs()]
@@ -222,18 +229,39 @@ def _tf32_verdict(result: dict, runner, feeds: list[dict], wanted: list[dict], n
     worst_on, worst_off = result["worst"], off["worst"]
     summary = {"worst_with_tf32": worst_on, "worst_without_tf32": worst_off, "pass_without_tf32": off["pass"]}
     if not off["pass"]:
-        return {**off, "tf32": {**summary, "explains": False,
-                                "note": "fails with TF32 off as well: the differences are not TF32's"}}
-    note = (f"differences beyond the fp32 limits are TF32's: with TF32 on, max abs "
-            f"{worst_on.get('max_abs', 0):.3g}; with TF32 off on the same GPU and inputs, "
-            f"{worst_off.get('max_abs', 0):.3g}, within the limits")
-    return {**result, "pass": True, "failures": {}, "explained_by": "tf32",
-            "tf32": {**summary, "explains": True, "failures_with_tf32": result["failures"], "note": note}}
+        return {
+            **off,
+            "tf32": {
+                **summary,
+                "explains": False,
+                "note": "fails with TF32 off as well: the differences are not TF32's",
+            },
+        }
+    note = (
+        f"differences beyond the fp32 limits are TF32's: with TF32 on, max abs "
+        f"{worst_on.get('max_abs', 0):.3g}; with TF32 off on the same GPU and inputs, "
+        f"{worst_off.get('max_abs', 0):.3g}, within the limits"
+    )
+    return {
+        **result,
+        "pass": True,
+        "failures": {},
+        "explained_by": "tf32",
+        "tf32": {**summary, "explains": True, "failures_with_tf32": result["failures"], "note": note},
+    }
 
 
-def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, reference_model: Path,
-             samples: dict[str, np.ndarray] | None, gpu: dict | None = None,
-             reraise: tuple[type[BaseException], ...] = (), target: Target | None = None) -> Evaluation:
+def evaluate(
+    engine_path: Path,
+    backend: str,
+    spec: BuildSpec,
+    info: ModelInfo,
+    reference_model: Path,
+    samples: dict[str, np.ndarray] | None,
+    gpu: dict | None = None,
+    reraise: tuple[type[BaseException], ...] = (),
+    target: Target | None = None,
+) -> Evaluation:
     """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result.
     A shape that fails to run is recorded in ``errors`` with the reason, and the accuracy check still runs:
     one failure never hides the other figures. ``reraise``: exceptions that must end the stage (time limits)."""
@@ -244,8 +272,16 @@ def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, 
             for shape in shape_sets(spec, info):
                 _benchmark_shape(runner, device, backend, spec, info, shape, samples, out, reraise)
             if int8_vs_fp32.applies(backend, spec):  # an int8 CPU artifact is timed against its fp32 sibling
-                int8_vs_fp32.compare(runner, lambda p: OrtRunner(p, spec.benchmark.threads), reference_model, spec,
-                                     info, samples, out.benchmarks, reraise)
+                int8_vs_fp32.compare(
+                    runner,
+                    lambda p: OrtRunner(p, spec.benchmark.threads),
+                    reference_model,
+                    spec,
+                    info,
+                    samples,
+                    out.benchmarks,
+                    reraise,
+                )
         if spec.accuracy.enabled:
             try:
                 out.accuracy = check_accuracy(runner, reference_model, spec, info, samples)
@@ -258,11 +294,20 @@ def evaluate(engine_path: Path, backend: str, spec: BuildSpec, info: ModelInfo, 
         runner.close()
 
 
-def _benchmark_shape(runner: Runner, device: Device, backend: str, spec: BuildSpec, info: ModelInfo, shape: ShapeSet,
-                     samples: dict[str, np.ndarray] | None, out: Evaluation,
-                     reraise: tuple[type[BaseException], ...]) -> None:
-    inputs, origin = timing_inputs(info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed,
-                                   spec.benchmark.value_ranges)
+def _benchmark_shape(
+    runner: Runner,
+    device: Device,
+    backend: str,
+    spec: BuildSpec,
+    info: ModelInfo,
+    shape: ShapeSet,
+    samples: dict[str, np.ndarray] | None,
+    out: Evaluation,
+    reraise: tuple[type[BaseException], ...],
+) -> None:
+    inputs, origin = timing_inputs(
+        info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed, spec.benchmark.value_ranges
+    )
     inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}  # constants inside the engine
     try:
         measured = runner.benchmark(inputs, spec.benchmark)
@@ -272,14 +317,20 @@ def _benchmark_shape(runner: Runner, device: Device, backend: str, spec: BuildSp
         out.errors.append(f"benchmark at {shape.key} ({_shapes_text(shape)}, {origin}) failed: {_reason(exc)}")
         return
     stats = measured.summary(shape.batch or 1)
-    stats.update(device=device.label, shape_key=shape.key, inputs=origin,
-                 cuda_graph=measured.extra.get("cuda_graph", spec.benchmark.cuda_graph)
-                 if backend != Backend.ONNXRUNTIME.value or "cuda_graph" in measured.extra else None,
-                 settings=spec.benchmark.model_dump(mode="json", exclude={"shapes", "batch_sizes"}))
+    stats.update(
+        device=device.label,
+        shape_key=shape.key,
+        inputs=origin,
+        cuda_graph=measured.extra.get("cuda_graph", spec.benchmark.cuda_graph)
+        if backend != Backend.ONNXRUNTIME.value or "cuda_graph" in measured.extra
+        else None,
+        settings=spec.benchmark.model_dump(mode="json", exclude={"shapes", "batch_sizes"}),
+    )
     out.benchmarks.append(ShapeResult(shape, stats))
     # The largest shape's figure: what the memory rule must hold against a machine.
-    out.device_memory_bytes = max(filter(None, (stats.get("device_memory_bytes"), out.device_memory_bytes)),
-                                  default=None)
+    out.device_memory_bytes = max(
+        filter(None, (stats.get("device_memory_bytes"), out.device_memory_bytes)), default=None
+    )
 
 
 def _shapes_text(shape: ShapeSet) -> str:

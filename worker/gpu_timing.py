@@ -82,8 +82,11 @@ def cuda_init() -> None:
         (err,) = drv.cuInit(0)
     except (RuntimeError, OSError) as exc:  # cuda.pathfinder's DynamicLibNotFoundError is a RuntimeError
         raise BackendMissing(f"no CUDA driver on this worker: {exc}") from exc
-    if err in (drv.CUresult.CUDA_ERROR_NO_DEVICE, drv.CUresult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
-               drv.CUresult.CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE):
+    if err in (
+        drv.CUresult.CUDA_ERROR_NO_DEVICE,
+        drv.CUresult.CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,
+        drv.CUresult.CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE,
+    ):
         raise BackendMissing(f"no usable CUDA GPU on this worker: cuInit returned {err.name}")
     check("cuInit", (err,))
 
@@ -120,7 +123,7 @@ class CudaDevice:
 
     @property
     def pci_bus_id(self) -> str:
-        """"0000:19:00.0": how NVML finds the same GPU whatever CUDA_VISIBLE_DEVICES renumbered."""
+        """ "0000:19:00.0": how NVML finds the same GPU whatever CUDA_VISIBLE_DEVICES renumbered."""
         return cu("cuDeviceGetPCIBusId", 32, self.device).split(b"\0", 1)[0].decode()
 
     @staticmethod
@@ -161,11 +164,17 @@ def gpu_clocks(index: int = 0, *, pci_bus_id: str | None = None) -> dict[str, An
     errors: list[str] = []
     try:
         with nvml_session() as pynvml:
-            handle = (pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id) if pci_bus_id
-                      else pynvml.nvmlDeviceGetHandleByIndex(index))
+            handle = (
+                pynvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+                if pci_bus_id
+                else pynvml.nvmlDeviceGetHandleByIndex(index)
+            )
             readings: dict[str, Callable[[], Any]] = {}
-            for key, clock in (("sm", pynvml.NVML_CLOCK_SM), ("memory", pynvml.NVML_CLOCK_MEM),
-                               ("graphics", pynvml.NVML_CLOCK_GRAPHICS)):
+            for key, clock in (
+                ("sm", pynvml.NVML_CLOCK_SM),
+                ("memory", pynvml.NVML_CLOCK_MEM),
+                ("graphics", pynvml.NVML_CLOCK_GRAPHICS),
+            ):
                 readings[f"{key}_mhz"] = lambda c=clock: pynvml.nvmlDeviceGetClockInfo(handle, c)
                 readings[f"{key}_max_mhz"] = lambda c=clock: pynvml.nvmlDeviceGetMaxClockInfo(handle, c)
             readings["temperature_c"] = lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
@@ -287,8 +296,14 @@ class TimedPipeline:
     the copies stay outside the graph.
     """
 
-    def __init__(self, inputs: Sequence[tuple[DeviceBuffer, PinnedArray]], enqueue_compute: Callable[[int], None],
-                 outputs: Sequence[tuple[PinnedArray, DeviceBuffer]], *, cuda_graph: bool = False):
+    def __init__(
+        self,
+        inputs: Sequence[tuple[DeviceBuffer, PinnedArray]],
+        enqueue_compute: Callable[[int], None],
+        outputs: Sequence[tuple[PinnedArray, DeviceBuffer]],
+        *,
+        cuda_graph: bool = False,
+    ):
         for dev, host in [*inputs, *((d, h) for h, d in outputs)]:
             if host.nbytes > dev.nbytes:
                 raise ValueError(f"a {host.nbytes}-byte host array does not fit a {dev.nbytes}-byte device buffer")
@@ -350,9 +365,16 @@ class TimedPipeline:
         self.stream.close()
 
 
-def benchmark_pipeline(pipeline: TimedPipeline, device: CudaDevice, *, warmup_ms: float = 200,
-                       duration_s: float = 3.0, min_iterations: int = 10, max_iterations: int | None = None,
-                       free_before: int | None = None) -> stats.Measurement:
+def benchmark_pipeline(
+    pipeline: TimedPipeline,
+    device: CudaDevice,
+    *,
+    warmup_ms: float = 200,
+    duration_s: float = 3.0,
+    min_iterations: int = 10,
+    max_iterations: int | None = None,
+    free_before: int | None = None,
+) -> stats.Measurement:
     """``stats.measure`` over ``pipeline.step`` with what makes a result interpretable in ``extra``:
     the GPU clocks at start and end (throttling shows as a drop), the host wall time per step (event
     time plus launch, synchronization and Python overhead), the ``cuda_graph`` flag and, given the free
@@ -370,10 +392,15 @@ def benchmark_pipeline(pipeline: TimedPipeline, device: CudaDevice, *, warmup_ms
         lowest_free = min(lowest_free, device.mem_info()[0])
         return it
 
-    m = stats.measure(step, warmup_ms=warmup_ms, duration_s=duration_s, min_iterations=min_iterations,
-                      max_iterations=max_iterations)
-    measured = host_ms[m.warmup_iterations:]
-    m.extra.update(gpu_clocks=clocks, gpu_clocks_end=gpu_clocks(pci_bus_id=device.pci_bus_id),
-                   host_wall=stats.summarize(measured).to_dict(), cuda_graph=pipeline.cuda_graph,
-                   peak_device_memory_bytes=None if free_before is None else free_before - lowest_free)
+    m = stats.measure(
+        step, warmup_ms=warmup_ms, duration_s=duration_s, min_iterations=min_iterations, max_iterations=max_iterations
+    )
+    measured = host_ms[m.warmup_iterations :]
+    m.extra.update(
+        gpu_clocks=clocks,
+        gpu_clocks_end=gpu_clocks(pci_bus_id=device.pci_bus_id),
+        host_wall=stats.summarize(measured).to_dict(),
+        cuda_graph=pipeline.cuda_graph,
+        peak_device_memory_bytes=None if free_before is None else free_before - lowest_free,
+    )
     return m

@@ -41,8 +41,15 @@ class Heartbeat:
     ``row=False``: a benchmark lane (``enginefarm.worker.lanes``) under its build lane's worker id: it only takes
     back its own running tasks; the row is the build lane's to write and remove."""
 
-    def __init__(self, settings: Settings, worker_id: str, targets: list[str], probe: dict,
-                 bench_targets: list[str] | None = None, row: bool = True):
+    def __init__(
+        self,
+        settings: Settings,
+        worker_id: str,
+        targets: list[str],
+        probe: dict,
+        bench_targets: list[str] | None = None,
+        row: bool = True,
+    ):
         self.settings, self.worker_id, self.targets, self.probe = settings, worker_id, targets, probe
         self.bench_targets = bench_targets or []
         self.row = row
@@ -53,8 +60,9 @@ class Heartbeat:
         builds, benches = running_tasks()
         with session_scope(self.settings) as s:
             if self.row:
-                liveness.heartbeat(s, self.worker_id, socket.gethostname(), self.targets, self.probe,
-                                  self.bench_targets)
+                liveness.heartbeat(
+                    s, self.worker_id, socket.gethostname(), self.targets, self.probe, self.bench_targets
+                )
             taken = liveness.reclaim_tasks(s, self.worker_id, builds, benches)
         if taken:
             log.warning("took back %d running task(s) requeued while this worker was silent", taken)

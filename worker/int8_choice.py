@@ -22,9 +22,9 @@ import numpy as np
 
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.errors import BuildFailed
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
-from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_vs_fp32 import interleaved_all, verdict
 from enginefarm.worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
@@ -61,8 +61,15 @@ def pick(candidates: list[dict[str, Any]]) -> tuple[str | None, str]:
     return keep["name"], f"no candidate passed the int8 gate; kept the most accurate (cosine {keep['cosine']:.4f})"
 
 
-def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Path, spec: BuildSpec,
-                     info: ModelInfo, scratch: Path, make_runner) -> QuantizeReport:
+def quantize_for_cpu(
+    float_model: Path,
+    samples: dict[str, np.ndarray],
+    out: Path,
+    spec: BuildSpec,
+    info: ModelInfo,
+    scratch: Path,
+    make_runner,
+) -> QuantizeReport:
     """Quantize ``float_model`` for ONNX Runtime's CPU into ``out`` with the candidate that measured best here.
     ``make_runner(path)`` opens an artifact as the benchmark stage does. A bad spec or bad samples raise as the
     quantizer raises them; BuildFailed only when every candidate failed to quantize."""
@@ -75,10 +82,18 @@ def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Pat
         path = work / name / out.name
         path.parent.mkdir()
         try:
-            reports[name] = quantize_qdq(float_model, samples, path, method=spec.calibration.method.value,
-                                         calibration_batch=spec.calibration.batch, family="onnxruntime",
-                                         scratch=work, recipe=name, keep_fp32_layers=spec.keep_fp32_layers,
-                                         keep_fp32_ops=spec.keep_fp32_ops)
+            reports[name] = quantize_qdq(
+                float_model,
+                samples,
+                path,
+                method=spec.calibration.method.value,
+                calibration_batch=spec.calibration.batch,
+                family="onnxruntime",
+                scratch=work,
+                recipe=name,
+                keep_fp32_layers=spec.keep_fp32_layers,
+                keep_fp32_ops=spec.keep_fp32_ops,
+            )
         except BuildFailed as exc:
             first_error = first_error or exc
             figures.append({"name": name, "error": str(exc)})
@@ -86,9 +101,10 @@ def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Pat
         assert first_error is not None
         raise first_error
     try:
-        figures += _measure({n: work / n / out.name for n in reports}, float_model, samples, spec, info,
-                            work, make_runner)
-    except Exception as exc:  # noqa: BLE001 - measuring is how to choose, not a reason to fail the build
+        figures += _measure(
+            {n: work / n / out.name for n in reports}, float_model, samples, spec, info, work, make_runner
+        )
+    except Exception as exc:
         log.warning("int8 candidates could not be measured: %s", exc, exc_info=True)
         figures += [{"name": n, "error": f"not measured: {type(exc).__name__}: {exc}"} for n in reports]
     order = {n: i for i, n in enumerate(names)}
@@ -102,14 +118,21 @@ def quantize_for_cpu(float_model: Path, samples: dict[str, np.ndarray], out: Pat
     report = reports[chosen]
     keep = next(c for c in figures if c["name"] == chosen)
     report.vs_fp32 = keep.get("vs_fp32") or {"error": keep.get("error", "not measured")}
-    report.candidates = [{**{k: v for k, v in c.items() if k != "vs_fp32"}, "kept": c["name"] == chosen,
-                          **({"why": why} if c["name"] == chosen else {})} for c in figures]
+    report.candidates = [
+        {
+            **{k: v for k, v in c.items() if k != "vs_fp32"},
+            "kept": c["name"] == chosen,
+            **({"why": why} if c["name"] == chosen else {}),
+        }
+        for c in figures
+    ]
     shutil.rmtree(work, ignore_errors=True)
     return report
 
 
-def gate_figure(runner, feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]],
-                limits: dict[str, float]) -> dict[str, Any]:
+def gate_figure(
+    runner, feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]], limits: dict[str, float]
+) -> dict[str, Any]:
     """An int8 artifact's outputs on ``feeds`` against the fp32 artifact's (``reference``), under ``limits``:
     pass, the worst cosine, and the limits it broke."""
     per_output: dict[str, list[dict[str, float]]] = {}
@@ -118,8 +141,11 @@ def gate_figure(runner, feeds: list[dict[str, np.ndarray]], reference: list[dict
         for output, value in want.items():
             per_output.setdefault(output, []).append(accuracy.metrics(value, got[output]))
     judged = accuracy.judge({o: accuracy.merge(m) for o, m in per_output.items()}, limits)
-    return {"pass": judged["pass"], "cosine": round(judged["worst"].get("cosine", 1.0), 6),
-            **({"failures": judged["failures"]} if not judged["pass"] else {})}
+    return {
+        "pass": judged["pass"],
+        "cosine": round(judged["worst"].get("cosine", 1.0), 6),
+        **({"failures": judged["failures"]} if not judged["pass"] else {}),
+    }
 
 
 def calibration_feeds(samples: dict[str, np.ndarray], info: ModelInfo) -> list[dict[str, np.ndarray]]:
@@ -127,8 +153,15 @@ def calibration_feeds(samples: dict[str, np.ndarray], info: ModelInfo) -> list[d
     return [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
 
 
-def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec,
-             info: ModelInfo, work: Path, make_runner) -> list[dict[str, Any]]:
+def _measure(
+    models: dict[str, Path],
+    float_model: Path,
+    samples: dict[str, np.ndarray],
+    spec: BuildSpec,
+    info: ModelInfo,
+    work: Path,
+    make_runner,
+) -> list[dict[str, Any]]:
     """Each int8 model built as a CPU artifact, judged against the fp32 artifact on the first two calibration
     batches, and timed against it, interleaved, at the spec's opt shapes."""
     backend = get_backend(Backend.ONNXRUNTIME)
@@ -149,17 +182,25 @@ def _measure(models: dict[str, Path], float_model: Path, samples: dict[str, np.n
         for name in models:
             out.append({"name": name, **gate_figure(runners[name], feeds, reference, limits)})
         # Timed at the shape the benchmark stage times first (the spec's opt shapes), on the same inputs.
-        timed, _ = timing_inputs(info, opt_shape_set(spec, info), samples if spec.benchmark.use_samples else None,
-                                 spec.accuracy.seed, spec.benchmark.value_ranges)
+        timed, _ = timing_inputs(
+            info,
+            opt_shape_set(spec, info),
+            samples if spec.benchmark.use_samples else None,
+            spec.accuracy.seed,
+            spec.benchmark.value_ranges,
+        )
         timed = {n: a for n, a in timed.items() if n not in spec.fixed_inputs}
         names = ["fp32", *models]
-        times = interleaved_all([lambda r=runners[n]: r.infer(timed) for n in names], rounds=TIMING_ROUNDS,
-                                block_s=TIMING_BLOCK_S)
+        times = interleaved_all(
+            [lambda r=runners[n]: r.infer(timed) for n in names], rounds=TIMING_ROUNDS, block_s=TIMING_BLOCK_S
+        )
         fp32_ms = times[0]
         for figure, int8_ms in zip(out, times[1:]):
-            figure["vs_fp32"] = {**verdict(int8_ms, fp32_ms, TIMING_ROUNDS),
-                                 "inputs": "the spec's opt shapes, inputs as the benchmark stage makes them",
-                                 "method": "interleaved with the other candidates, same runner and threads"}
+            figure["vs_fp32"] = {
+                **verdict(int8_ms, fp32_ms, TIMING_ROUNDS),
+                "inputs": "the spec's opt shapes, inputs as the benchmark stage makes them",
+                "method": "interleaved with the other candidates, same runner and threads",
+            }
             figure["speedup"] = figure["vs_fp32"]["speedup"]
             figure["int8_median_ms"] = round(statistics.median(int8_ms), 4)
         return out

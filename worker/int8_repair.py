@@ -46,8 +46,9 @@ TRIM_TRIES = 8
 RANKING_SHOWN = 20
 
 
-def sensitivity(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo,
-                work: Path) -> list[dict[str, Any]]:
+def sensitivity(
+    float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo, work: Path
+) -> list[dict[str, Any]]:
     """Each quantized layer's share of the error, worst first: the output's cosine against fp32 with that layer's
     int8 tensor alone put back in float (``cosine_alone_float``), against all of them int8 (``cosine_int8``)."""
     return _Probe(float_model, samples, spec, info, work).ranking()
@@ -57,16 +58,24 @@ class _Probe:
     """The model quantized once in Q/DQ form, where putting a layer back in float is a graph edit (its readers
     take the tensor before its QuantizeLinear), judged at the output against fp32 without quantizing again."""
 
-    def __init__(self, float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo,
-                 work: Path):
+    def __init__(self, float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo, work: Path):
         import onnxruntime as ort
 
         self.ort = ort
         qdq = work / "sensitivity.onnx"
         recipe = replace(CPU_CANDIDATES["operator"], quant_format=_qdq_format(), name="sensitivity")
-        quantize_qdq(float_model, samples, qdq, method=spec.calibration.method.value,
-                     calibration_batch=spec.calibration.batch, family="onnxruntime", scratch=work, recipe=recipe,
-                     keep_fp32_layers=spec.keep_fp32_layers, keep_fp32_ops=spec.keep_fp32_ops)
+        quantize_qdq(
+            float_model,
+            samples,
+            qdq,
+            method=spec.calibration.method.value,
+            calibration_batch=spec.calibration.batch,
+            family="onnxruntime",
+            scratch=work,
+            recipe=recipe,
+            keep_fp32_layers=spec.keep_fp32_layers,
+            keep_fp32_ops=spec.keep_fp32_ops,
+        )
         self.model = onnx.load(str(qdq))
         self.feeds = calibration_feeds(samples, info)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
@@ -80,14 +89,20 @@ class _Probe:
         produced = {o: n.name for n in graph.node for o in n.output}
         self.pairs = _qdq_pairs(graph)
         self.producer = {before: produced.get(before) for before, _ in self.pairs}
-        self.readers = {after: [(n, i) for n in graph.node for i, x in enumerate(n.input) if x == after]
-                        for _, after in self.pairs}
+        self.readers = {
+            after: [(n, i) for n in graph.node for i, x in enumerate(n.input) if x == after] for _, after in self.pairs
+        }
         # The layers to exclude from quantization for a tensor to stay float: its producer where that is
         # quantized, and every quantized layer reading it (each quantizes its own inputs).
-        self.layers_of = {before: sorted({*([self.producer[before]] if self.producer[before] in self.quantizable
-                                                else []),
-                                          *(n.name for n, _ in self.readers[after] if n.name in self.quantizable)})
-                          for before, after in self.pairs}
+        self.layers_of = {
+            before: sorted(
+                {
+                    *([self.producer[before]] if self.producer[before] in self.quantizable else []),
+                    *(n.name for n, _ in self.readers[after] if n.name in self.quantizable),
+                }
+            )
+            for before, after in self.pairs
+        }
         self.base = self._judged(set())
         self.calls = 0
 
@@ -99,8 +114,12 @@ class _Probe:
     def _judged(self, layers: set[str]) -> dict[str, Any]:
         """The gate figure with these layers excluded from quantization, as the quantizer excludes them: each
         reads its inputs in float; a layer that is not quantized itself reads the float output of an excluded one."""
-        edits = [(node, slot, before) for before, after in self.pairs for node, slot in self.readers[after]
-                 if node.name in layers or (node.name not in self.quantizable and self.producer[before] in layers)]
+        edits = [
+            (node, slot, before)
+            for before, after in self.pairs
+            for node, slot in self.readers[after]
+            if node.name in layers or (node.name not in self.quantizable and self.producer[before] in layers)
+        ]
         originals = [node.input[slot] for node, slot, _ in edits]
         for node, slot, before in edits:
             node.input[slot] = before
@@ -118,8 +137,10 @@ class _Probe:
             if layers:
                 rows.append((self._judged(set(layers))["cosine"], before, layers))
         rows.sort(key=lambda r: (-r[0], len(r[2]), r[1]))  # on a tie, the fewer layers
-        return [{"tensor": t, "layers": layers, "cosine_alone_float": round(c, 6), "cosine_int8": self.base["cosine"]}
-                for c, t, layers in rows]
+        return [
+            {"tensor": t, "layers": layers, "cosine_alone_float": round(c, 6), "cosine_int8": self.base["cosine"]}
+            for c, t, layers in rows
+        ]
 
     def __call__(self, layers: list[str]) -> dict[str, Any]:
         """The gate figure with these layers in float (their weights stay int8 here: an estimate)."""
@@ -137,8 +158,15 @@ class _Given:
         return next(self.outputs)
 
 
-def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo, scratch: Path,
-           make_runner, recipe: str = "operator") -> dict[str, Any]:
+def repair(
+    float_model: Path,
+    samples: dict[str, np.ndarray],
+    spec: BuildSpec,
+    info: ModelInfo,
+    scratch: Path,
+    make_runner,
+    recipe: str = "operator",
+) -> dict[str, Any]:
     """Find the layers to keep in float so that the CPU int8 artifact (``recipe``) passes the gate; returns the
     repair report (``kept``: the node names, empty when nothing was needed or nothing passed; ``passed``)."""
     started = time.perf_counter()
@@ -146,12 +174,23 @@ def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, i
     try:
         judge = _Judge(float_model, samples, spec, info, work, make_runner, recipe)
         before = judge(spec.keep_fp32_layers)
-        report: dict[str, Any] = {"recipe": recipe, "before": before, "method": "SQNR of each int8 tensor alone, "
-                                  "then the top 1, 2, 4, ... layers kept in float until the gate passes, then "
-                                  "unneeded ones dropped"}
+        report: dict[str, Any] = {
+            "recipe": recipe,
+            "before": before,
+            "method": "SQNR of each int8 tensor alone, "
+            "then the top 1, 2, 4, ... layers kept in float until the gate passes, then "
+            "unneeded ones dropped",
+        }
         if before["pass"]:
-            return {**report, "needed": False, "passed": True, "kept": [], "after": before,
-                    "evaluations": judge.calls, "seconds": round(time.perf_counter() - started, 2)}
+            return {
+                **report,
+                "needed": False,
+                "passed": True,
+                "kept": [],
+                "after": before,
+                "evaluations": judge.calls,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
         probe = _Probe(float_model, samples, spec, info, work)
         ranking = probe.ranking()
         groups = [r["layers"] for r in ranking]
@@ -170,12 +209,21 @@ def repair(float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, i
         if kept is not None and not after["pass"]:  # the estimate was too kind: search with real quantization
             kept, after = _search(groups, budget, judge, base)
         passed = kept is not None
-        report.update(needed=True, passed=passed, kept=kept or [], after=after, evaluations=judge.calls,
-                      probe_evaluations=len(ranking) + probe.calls, seconds=round(time.perf_counter() - started, 2))
+        report.update(
+            needed=True,
+            passed=passed,
+            kept=kept or [],
+            after=after,
+            evaluations=judge.calls,
+            probe_evaluations=len(ranking) + probe.calls,
+            seconds=round(time.perf_counter() - started, 2),
+        )
         if not passed:
-            report["note"] = (f"no set of up to {budget} of the {len(probe.quantizable)} quantized layers kept in float passes "
-                              f"the int8 gate (best cosine {after['cosine']:.4f} against fp32): build fp16 for this "
-                              "model, or give more representative calibration samples")
+            report["note"] = (
+                f"no set of up to {budget} of the {len(probe.quantizable)} quantized layers kept in float passes "
+                f"the int8 gate (best cosine {after['cosine']:.4f} against fp32): build fp16 for this "
+                "model, or give more representative calibration samples"
+            )
         return report
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -232,8 +280,9 @@ def _search(groups: list[list[str]], budget: int, judge, base: list[str]) -> tup
 class _Judge:
     """The CPU int8 artifact with a given set of layers kept in float, against fp32 on the calibration batches."""
 
-    def __init__(self, float_model: Path, samples, spec: BuildSpec, info: ModelInfo, work: Path, make_runner,
-                 recipe: str):
+    def __init__(
+        self, float_model: Path, samples, spec: BuildSpec, info: ModelInfo, work: Path, make_runner, recipe: str
+    ):
         self.float_model, self.samples, self.spec, self.work, self.recipe = float_model, samples, spec, work, recipe
         self.make_runner, self.calls = make_runner, 0
         self.backend = get_backend(Backend.ONNXRUNTIME)
@@ -250,17 +299,27 @@ class _Judge:
     def _built(self, model: Path, precision: Precision, name: str) -> Path:
         out = self.work / "artifacts" / f"{name}.onnx"
         out.parent.mkdir(exist_ok=True)
-        self.backend.build(model, self.spec.model_copy(update={"precision": precision}), self.target, out,
-                           BuildLog(), None)
+        self.backend.build(
+            model, self.spec.model_copy(update={"precision": precision}), self.target, out, BuildLog(), None
+        )
         return out
 
     def __call__(self, keep: list[str]) -> dict[str, Any]:
         self.calls += 1
         model = self.work / f"try-{self.calls}" / "model.int8.onnx"
         model.parent.mkdir()
-        quantize_qdq(self.float_model, self.samples, model, method=self.spec.calibration.method.value,
-                     calibration_batch=self.spec.calibration.batch, family="onnxruntime", scratch=self.work,
-                     recipe=self.recipe, keep_fp32_layers=sorted(set(keep)), keep_fp32_ops=self.spec.keep_fp32_ops)
+        quantize_qdq(
+            self.float_model,
+            self.samples,
+            model,
+            method=self.spec.calibration.method.value,
+            calibration_batch=self.spec.calibration.batch,
+            family="onnxruntime",
+            scratch=self.work,
+            recipe=self.recipe,
+            keep_fp32_layers=sorted(set(keep)),
+            keep_fp32_ops=self.spec.keep_fp32_ops,
+        )
         runner = self.make_runner(self._built(model, Precision.INT8, f"try-{self.calls}"))
         try:
             return {**gate_figure(runner, self.feeds, self.reference, self.limits), "kept": len(set(keep))}
@@ -277,5 +336,8 @@ def _qdq_format():
 def _qdq_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:
     """(float tensor before QuantizeLinear, float tensor after its DequantizeLinear) for each activation pair."""
     quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    return [(quantized[n.input[0]], n.output[0]) for n in graph.node
-            if n.op_type == "DequantizeLinear" and n.input[0] in quantized]
+    return [
+        (quantized[n.input[0]], n.output[0])
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
+    ]

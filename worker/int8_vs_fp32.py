@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from enginefarm.core.domain import Backend, ModelInfo, Target
-from enginefarm.graph.inputs import timing_inputs
 from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.graph.inputs import timing_inputs
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.backends.onnxruntime import has_qdq
 from enginefarm.worker.cleanup import prepared_model
@@ -60,7 +60,7 @@ def interleaved_all(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S)
     times: list[list[float]] = [[] for _ in runs]
     for r in range(rounds):
         order = list(zip(runs, times))
-        for run, into in (order if r % 2 == 0 else order[::-1]):
+        for run, into in order if r % 2 == 0 else order[::-1]:
             begin = time.perf_counter()
             while True:
                 t = time.perf_counter()
@@ -75,17 +75,30 @@ def verdict(int8_ms: list[float], fp32_ms: list[float], rounds: int = ROUNDS) ->
     """The figure stored on the int8 engine's benchmark: both medians, the speed-up, and whether it is faster."""
     int8, fp32 = statistics.median(int8_ms), statistics.median(fp32_ms)
     speedup = fp32 / int8 if int8 > 0 else float("inf")
-    out = {"fp32_median_ms": round(fp32, 4), "int8_median_ms": round(int8, 4), "speedup": round(speedup, 3),
-           "faster": speedup > FASTER_THAN, "int8_calls": len(int8_ms), "fp32_calls": len(fp32_ms),
-           "method": f"interleaved, {rounds} rounds, same runner and threads, fp32 built from the source model"}
+    out = {
+        "fp32_median_ms": round(fp32, 4),
+        "int8_median_ms": round(int8, 4),
+        "speedup": round(speedup, 3),
+        "faster": speedup > FASTER_THAN,
+        "int8_calls": len(int8_ms),
+        "fp32_calls": len(fp32_ms),
+        "method": f"interleaved, {rounds} rounds, same runner and threads, fp32 built from the source model",
+    }
     if not out["faster"]:
         out["note"] = f"int8 is not faster than fp32 here: {int8:.2f} ms against {fp32:.2f} ms ({speedup:.2f}x)"
     return out
 
 
-def compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: ModelInfo,
-            samples: dict[str, np.ndarray] | None, shape_results: list,
-            reraise: tuple[type[BaseException], ...] = ()) -> list[str]:
+def compare(
+    runner,
+    make_runner,
+    reference_model: Path,
+    spec: BuildSpec,
+    info: ModelInfo,
+    samples: dict[str, np.ndarray] | None,
+    shape_results: list,
+    reraise: tuple[type[BaseException], ...] = (),
+) -> list[str]:
     """Time the int8 ``runner`` against its fp32 sibling at every measured shape and put ``vs_fp32`` on each
     shape's stats; returns the notes of shapes where int8 is not faster. ``make_runner(path)`` opens the fp32
     artifact the way the stage opens an engine; ``reraise``: exceptions that must end the stage (time limits)."""
@@ -105,15 +118,27 @@ def compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: M
         return []
 
 
-def _compare(runner, make_runner, reference_model: Path, spec: BuildSpec, info: ModelInfo,
-             samples: dict[str, np.ndarray] | None, shape_results: list) -> list[str]:
+def _compare(
+    runner,
+    make_runner,
+    reference_model: Path,
+    spec: BuildSpec,
+    info: ModelInfo,
+    samples: dict[str, np.ndarray] | None,
+    shape_results: list,
+) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="fp32-sibling-") as work:
         fp32_runner = make_runner(fp32_sibling(reference_model, spec, Path(work)))
         try:
             notes = []
             for result in shape_results:
-                inputs, _ = timing_inputs(info, result.shape, samples if spec.benchmark.use_samples else None,
-                                          spec.accuracy.seed, spec.benchmark.value_ranges)
+                inputs, _ = timing_inputs(
+                    info,
+                    result.shape,
+                    samples if spec.benchmark.use_samples else None,
+                    spec.accuracy.seed,
+                    spec.benchmark.value_ranges,
+                )
                 inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}
                 int8_ms, fp32_ms = interleaved(lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs))  # noqa: B023 - called in this iteration
                 result.stats["vs_fp32"] = figure = verdict(int8_ms, fp32_ms)

@@ -20,7 +20,7 @@ import os
 import subprocess
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from enginefarm.storage import liveness
 from enginefarm.storage.db import session_scope

@@ -11,10 +11,12 @@ from prometheus_client import CollectorRegistry, Histogram, start_http_server
 from prometheus_client.multiprocess import MultiProcessCollector
 
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
-BUILD_SECONDS = Histogram("enginefarm_build_seconds", "Engine build time (the builder's own), by target",
-                          ["target"], buckets=BUCKETS)
-BENCHMARK_SECONDS = Histogram("enginefarm_benchmark_seconds", "Benchmark and accuracy check time, by target",
-                              ["target"], buckets=BUCKETS)
+BUILD_SECONDS = Histogram(
+    "enginefarm_build_seconds", "Engine build time (the builder's own), by target", ["target"], buckets=BUCKETS
+)
+BENCHMARK_SECONDS = Histogram(
+    "enginefarm_benchmark_seconds", "Benchmark and accuracy check time, by target", ["target"], buckets=BUCKETS
+)
 
 
 def serve(port: int, host: str = "0.0.0.0") -> None:

@@ -76,8 +76,11 @@ def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
 
 def free_names(graph: GraphProto) -> set[str]:
     """Names ``graph`` (or a graph nested in it) reads without defining them: tensors of enclosing scopes."""
-    defined = {i.name for i in graph.input} | {t.name for t in graph.initializer} | \
-              {t.values.name for t in graph.sparse_initializer}
+    defined = (
+        {i.name for i in graph.input}
+        | {t.name for t in graph.initializer}
+        | {t.values.name for t in graph.sparse_initializer}
+    )
     used: set[str] = {o.name for o in graph.output}
     for node in graph.node:
         used.update(x for x in node.input if x)
@@ -117,8 +120,9 @@ def rename_in_graph(graph: GraphProto, mapping: dict[str, str]) -> None:
             if out.name in mapping:
                 # A graph output that is the renamed tensor itself: route it through an Identity.
                 old = out.name
-                ident = helper.make_node("Identity", [mapping[old]], [f"{old}__{sub.name}_out"],
-                                         name=f"{old}__{sub.name}_out")
+                ident = helper.make_node(
+                    "Identity", [mapping[old]], [f"{old}__{sub.name}_out"], name=f"{old}__{sub.name}_out"
+                )
                 sub.node.append(ident)
                 out.name = ident.output[0]
 
@@ -239,5 +243,11 @@ def save_model(model: ModelProto, path: Path, *, external: bool, location: str |
     if external:
         path.with_name(location).unlink(missing_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save_model(model, str(path), save_as_external_data=external, all_tensors_to_one_file=True,
-                    location=location, size_threshold=1024)
+    onnx.save_model(
+        model,
+        str(path),
+        save_as_external_data=external,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=1024,
+    )

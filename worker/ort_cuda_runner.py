@@ -33,9 +33,17 @@ from enginefarm.worker.gpu_timing import (
 
 # ONNX Runtime's tensor type names → numpy.
 ORT_DTYPES: dict[str, Any] = {
-    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
-    "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16, "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16, "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64,
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
     "tensor(bool)": np.bool_,
 }
 # What the benchmark session adds to the saved graph: every optimization, for this GPU, as the CPU runner does.
@@ -72,9 +80,15 @@ class OrtCudaRunner:
         self.gpu_name = gpu.name if gpu else self.device.name
         self.compute_capability = self.device.compute_capability
         self.label = f"{self.gpu_name} (ONNX Runtime {self.ort.__version__} CUDA, TF32 {'on' if tf32 else 'off'})"
-        self.facts = runtime_facts(self.probe, gpu, {"graph_optimization_level": RUN_LEVEL,
-                                                     "providers": [ORT_CUDA_PROVIDER],
-                                                     "provider_options": self._recorded(self.provider_options)})
+        self.facts = runtime_facts(
+            self.probe,
+            gpu,
+            {
+                "graph_optimization_level": RUN_LEVEL,
+                "providers": [ORT_CUDA_PROVIDER],
+                "provider_options": self._recorded(self.provider_options),
+            },
+        )
 
     @staticmethod
     def _recorded(options: dict[str, str]) -> dict[str, str]:
@@ -130,8 +144,14 @@ class OrtCudaRunner:
                 binding.bind_output(name, "cuda", idx, dtype, list(shape), dev.ptr)
                 pairs_out.append((host, dev))
             pipeline = TimedPipeline(pairs_in, lambda _stream: self.session.run_with_iobinding(binding), pairs_out)
-            m = benchmark_pipeline(pipeline, self.device, warmup_ms=spec.warmup_ms, duration_s=spec.duration_s,
-                                   min_iterations=spec.iterations, free_before=self.free_before)
+            m = benchmark_pipeline(
+                pipeline,
+                self.device,
+                warmup_ms=spec.warmup_ms,
+                duration_s=spec.duration_s,
+                min_iterations=spec.iterations,
+                free_before=self.free_before,
+            )
         except (BuildFailed, TargetUnavailable):
             raise
         except Exception as exc:  # ORT's run errors (a shape the graph refuses, out of memory) are the model's
@@ -144,9 +164,14 @@ class OrtCudaRunner:
         size = self.model_path.stat().st_size
         # The memory rule adds the artifact's size to this (compat.engine_memory_bytes): store what comes on top,
         # so that the sum is the memory this inference was measured to take.
-        m.extra.update(device_memory_bytes=max(peak - size, 0) if peak is not None else None,
-                       gpu_memory_in_use_bytes=peak, runtime=self.facts, cuda_graph=False,
-                       onnxruntime=self.ort.__version__, tf32=self.tf32)
+        m.extra.update(
+            device_memory_bytes=max(peak - size, 0) if peak is not None else None,
+            gpu_memory_in_use_bytes=peak,
+            runtime=self.facts,
+            cuda_graph=False,
+            onnxruntime=self.ort.__version__,
+            tf32=self.tf32,
+        )
         return m
 
     def _keep(self, buffer):

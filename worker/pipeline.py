@@ -12,16 +12,16 @@ from filelock import FileLock
 
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Backend, EngineDescriptor, ModelInfo, Target
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.errors import BuildFailed, IntegrityError
+from enginefarm.core.hashing import sha256_file
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import BundleLimits, model_path_for
 from enginefarm.storage.blobs import BlobStore
-from enginefarm.core.hashing import sha256_file
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.diagnose import explain
-from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str, settings: Settings) -> Path:
@@ -71,8 +71,9 @@ class BuiltEngine:
     log: BuildLog
 
 
-def engine_from_model(model_path: Path, spec: BuildSpec, target: Target, machine: MachineProbe | None,
-                      scratch: Path, log: BuildLog) -> BuiltEngine:
+def engine_from_model(
+    model_path: Path, spec: BuildSpec, target: Target, machine: MachineProbe | None, scratch: Path, log: BuildLog
+) -> BuiltEngine:
     """Build one target; fills the descriptor's sha256 and size from the written file."""
     backend = get_backend(target.backend)
     out = scratch / "engine.plan"

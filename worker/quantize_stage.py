@@ -8,11 +8,12 @@ from pathlib import Path
 
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import ModelInfo, TaskState, Target
+from enginefarm.core.domain import ModelInfo, Target, TaskState
 from enginefarm.core.errors import SpecInvalid
-from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.spec import BuildSpec
+from enginefarm.core.worklock import Scratch
+from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.storage import builtengines, catalog, checks, liveness, quantizing
 from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.storage.blobwrite import store_with_row
@@ -20,7 +21,6 @@ from enginefarm.storage.db import session_scope
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.pipeline import model_file_from_store, samples_of
-from enginefarm.core.worklock import Scratch
 
 
 def family_of_target(target: Target) -> str:
@@ -47,8 +47,10 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         info = ModelInfo.from_dict(source.info)
         name, version, source_id = source.name, source.version, source.id
         # TensorRT first: the build's model_id points at the first family's model, as it did with one model.
-        families = sorted({family_of_target(t.parsed_target) for t in build.tasks if t.state == TaskState.WAITING.value},
-                          key=lambda f: f != "tensorrt") or ["tensorrt"]
+        families = sorted(
+            {family_of_target(t.parsed_target) for t in build.tasks if t.state == TaskState.WAITING.value},
+            key=lambda f: f != "tensorrt",
+        ) or ["tensorrt"]
     if not samples_fields[0]:
         raise SpecInvalid(f"model {name} version {version} has no samples to calibrate int8 with")
     model_path = model_file_from_store(store, *fields, settings)
@@ -65,9 +67,21 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
             kept = sorted({*spec.keep_fp32_layers, *repaired["kept"]})
             quantized = spec.model_copy(update={"keep_fp32_layers": kept})
         for family in families:
-            report, model_id = _derive(family, float_model, samples, quantized, info, scratch, store, settings,
-                                       name=name, version=version, source_id=source_id,
-                                       samples_sha256=samples_fields[1], cleanup=log.tail() or None)
+            report, model_id = _derive(
+                family,
+                float_model,
+                samples,
+                quantized,
+                info,
+                scratch,
+                store,
+                settings,
+                name=name,
+                version=version,
+                source_id=source_id,
+                samples_sha256=samples_fields[1],
+                cleanup=log.tail() or None,
+            )
             if repaired is not None:
                 report["repair"] = repaired
             derived[family], reports[family] = model_id, report
@@ -76,9 +90,16 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         build = catalog.get_build(s, build_id)
         first = catalog.get_model(s, derived[families[0]])
         build.model_id = first.id
-        quantizing.set_quantize(s, build_id, TaskState.SUCCEEDED.value, derived_model_id=first.id,
-                                derived_version=first.version, report=reports[families[0]],
-                                reports=reports, derived_models=derived)
+        quantizing.set_quantize(
+            s,
+            build_id,
+            TaskState.SUCCEEDED.value,
+            derived_model_id=first.id,
+            derived_version=first.version,
+            report=reports[families[0]],
+            reports=reports,
+            derived_models=derived,
+        )
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
         models = {f: catalog.get_model(s, i) for f, i in derived.items()}
         queued, queued_checks = [], []
@@ -87,8 +108,14 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 continue
             model = models[family_of_target(task.parsed_target)]
             versions = served.get(task.target) or {None}
-            existing = next((e for v in versions
-                             if (e := builtengines.find_engine(s, model.sha256, build.spec_hash, task.target, v))), None)
+            existing = next(
+                (
+                    e
+                    for v in versions
+                    if (e := builtengines.find_engine(s, model.sha256, build.spec_hash, task.target, v))
+                ),
+                None,
+            )
             if existing is None:
                 task.state = TaskState.QUEUED.value
                 queued.append((task.id, task.parsed_target))
@@ -109,9 +136,22 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     return queued
 
 
-def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path,
-            store: BlobStore, settings: Settings, *, name: str, version: str, source_id: int, samples_sha256: str | None,
-            cleanup: str | None) -> tuple[dict, int]:
+def _derive(
+    family: str,
+    float_model: Path,
+    samples,
+    spec: BuildSpec,
+    info: ModelInfo,
+    scratch: Path,
+    store: BlobStore,
+    settings: Settings,
+    *,
+    name: str,
+    version: str,
+    source_id: int,
+    samples_sha256: str | None,
+    cleanup: str | None,
+) -> tuple[dict, int]:
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
     report and the derived model's id."""
     from enginefarm.worker.quantize import quantize_qdq
@@ -122,26 +162,49 @@ def _derive(family: str, float_model: Path, samples, spec: BuildSpec, info: Mode
         from enginefarm.worker.evaluate import OrtRunner
         from enginefarm.worker.int8_choice import quantize_for_cpu
 
-        report = quantize_for_cpu(float_model, samples, out, spec, info, scratch,
-                                  lambda path: OrtRunner(path, spec.benchmark.threads))
+        report = quantize_for_cpu(
+            float_model, samples, out, spec, info, scratch, lambda path: OrtRunner(path, spec.benchmark.threads)
+        )
     else:
-        report = quantize_qdq(float_model, samples, out, method=spec.calibration.method.value,
-                              calibration_batch=spec.calibration.batch, family=family, scratch=scratch,
-                              keep_fp32_layers=spec.keep_fp32_layers, keep_fp32_ops=spec.keep_fp32_ops)
+        report = quantize_qdq(
+            float_model,
+            samples,
+            out,
+            method=spec.calibration.method.value,
+            calibration_batch=spec.calibration.batch,
+            family=family,
+            scratch=scratch,
+            keep_fp32_layers=spec.keep_fp32_layers,
+            keep_fp32_ops=spec.keep_fp32_ops,
+        )
     sha = sha256_file(out)
     (scratch / family / "inspect").mkdir()
     inspected = inspect_upload(out, scratch / family / "inspect", BundleLimits.of(settings))
     key = model_key(sha)
-    derivation = {"kind": "int8-qdq", "source_model_id": source_id, "samples_sha256": samples_sha256,
-                  "graph_cleanup": cleanup, **report.to_dict()}
+    derivation = {
+        "kind": "int8-qdq",
+        "source_model_id": source_id,
+        "samples_sha256": samples_sha256,
+        "graph_cleanup": cleanup,
+        **report.to_dict(),
+    }
     # The family's suffix keeps the two int8 models of one source apart; TensorRT's keeps the old name.
     suffix = "int8" if family == "tensorrt" else "int8-cpu"
 
     def write(s) -> int:
         source = catalog.get_model(s, source_id)
         derived = catalog.find_model_by_content(s, name, sha, source.project) or catalog.add_model(
-            s, name=name, version=f"{version}-{suffix}-{sha[:8]}", sha256=sha, fmt=inspected.format,
-            size=out.stat().st_size, info=inspected.info, blob_key=key, source=source, derivation=derivation)
+            s,
+            name=name,
+            version=f"{version}-{suffix}-{sha[:8]}",
+            sha256=sha,
+            fmt=inspected.format,
+            size=out.stat().st_size,
+            info=inspected.info,
+            blob_key=key,
+            source=source,
+            derivation=derivation,
+        )
         return derived.id
 
     return report.to_dict(), store_with_row(settings, store, key, out, sha, write)

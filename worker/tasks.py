@@ -12,24 +12,23 @@ from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import worker_process_init
 
 from enginefarm.core.config import get_settings
-from enginefarm.core.domain import Backend, ModelInfo, TaskState, Target
-from enginefarm.core.spec import Precision
+from enginefarm.core.domain import Backend, ModelInfo, Target, TaskState
 from enginefarm.core.errors import BuildFailed, EnginefarmError, InfrastructureError, TargetUnavailable
+from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint, probe_machine
+from enginefarm.core.spec import Precision
 from enginefarm.core.validation import target_precision
-from enginefarm.storage import builtengines, catalog, checks, quantizing
+from enginefarm.core.workerid import current_worker_id
+from enginefarm.core.worklock import Scratch
+from enginefarm.storage import builtengines, catalog, checks, quantizing, queue
 from enginefarm.storage.blobs import engine_key, get_blob_store
 from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
-from enginefarm.storage import queue
-from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
+from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.lanes import wait_for_builds
 from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
-from enginefarm.core.workerid import current_worker_id
-from enginefarm.core.worklock import Scratch
-from enginefarm.worker.quantize_stage import model_of_task
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
-from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint, probe_machine
+from enginefarm.worker.quantize_stage import model_of_task
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
@@ -52,7 +51,7 @@ def blob_store():
 
 
 def _backoff(retries: int) -> int:
-    return min(60, 2 ** retries)
+    return min(60, 2**retries)
 
 
 def _infra_reason(exc: Exception) -> str:
@@ -67,8 +66,15 @@ def _infra_reason(exc: Exception) -> str:
 _limits = get_settings()
 
 
-@app.task(name=BUILD_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES,
-          soft_time_limit=_limits.build_soft_time_limit_s, time_limit=_limits.build_time_limit_s)
+@app.task(
+    name=BUILD_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=MAX_INFRA_RETRIES,
+    soft_time_limit=_limits.build_soft_time_limit_s,
+    time_limit=_limits.build_time_limit_s,
+)
 def build_engine(self, task_id: int) -> None:
     """Every catalog write here outlasts a database restart (``in_transaction`` retries it), so a task never
     stays "running" because its final state could not be written."""
@@ -84,8 +90,11 @@ def build_engine(self, task_id: int) -> None:
     except (BuildFailed, TargetUnavailable) as exc:
         in_transaction(catalog.fail_task, task_id, exc.message, getattr(exc, "log_tail", None))
     except SoftTimeLimitExceeded:
-        in_transaction(catalog.fail_task, task_id,
-                       f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s")
+        in_transaction(
+            catalog.fail_task,
+            task_id,
+            f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s",
+        )
     except Exception as exc:  # an unexpected error must still end the task with its reason
         log.exception("build task %s crashed", task_id)
         in_transaction(catalog.fail_task, task_id, f"internal error in the worker: {type(exc).__name__}: {exc}")
@@ -139,24 +148,40 @@ def _run(task_id: int, me: str) -> None:
 
         def record(s) -> int | None:
             task = catalog.get_task(s, task_id)
-            engine = builtengines.record_engine(s, task, task.build.model, built.descriptor, spec_hash=spec_hash,
-                                           blob_key=key, build_seconds=built.seconds, worker_id=me,
-                                           log_tail=log_buf.tail())
+            engine = builtengines.record_engine(
+                s,
+                task,
+                task.build.model,
+                built.descriptor,
+                spec_hash=spec_hash,
+                blob_key=key,
+                build_seconds=built.seconds,
+                worker_id=me,
+                log_tail=log_buf.tail(),
+            )
             check = checks.ensure_benchmark_task(s, engine, spec, task.build.model.project)
             return check.id if check else None
 
         # The blob is complete and verified before the row points at it. If another task catalogued the same
         # engine first (engines are not always bit-identical), our bytes are left to no row and go again.
-        check_id = store_with_row(settings, store, key, built.path, built.descriptor.sha256, record,
-                                  patience_s=PATIENCE_S)
+        check_id = store_with_row(
+            settings, store, key, built.path, built.descriptor.sha256, record, patience_s=PATIENCE_S
+        )
     _after_build(check_id, target)
 
 
 # --------------------------------------------------------------------------- benchmark and accuracy
 
 
-@app.task(name=BENCHMARK_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES,
-          soft_time_limit=_limits.bench_soft_time_limit_s, time_limit=_limits.bench_time_limit_s)
+@app.task(
+    name=BENCHMARK_TASK,
+    bind=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=MAX_INFRA_RETRIES,
+    soft_time_limit=_limits.bench_soft_time_limit_s,
+    time_limit=_limits.bench_time_limit_s,
+)
 def benchmark_engine(self, task_id: int) -> None:
     try:
         run_benchmark_now(task_id, reraise_infra=True, give_way=True)
@@ -180,12 +205,20 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool 
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
         in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, exc.message)
     except SoftTimeLimitExceeded:
-        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED,
-                       f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s")
+        in_transaction(
+            checks.end_benchmark,
+            task_id,
+            TaskState.FAILED,
+            f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s",
+        )
     except Exception as exc:
         log.exception("benchmark task %s crashed", task_id)
-        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED,
-                       f"internal error in the worker: {type(exc).__name__}: {exc}")
+        in_transaction(
+            checks.end_benchmark,
+            task_id,
+            TaskState.FAILED,
+            f"internal error in the worker: {type(exc).__name__}: {exc}",
+        )
 
 
 def _gpu(probe: MachineProbe) -> dict | None:
@@ -221,28 +254,52 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
             wait_for_builds(give_way_to)
         started = time.monotonic()
         try:
-            result = evaluate(engine_path, backend, spec, info, ref_path, samples, _gpu(probe), target=target,
-                              reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE))
+            result = evaluate(
+                engine_path,
+                backend,
+                spec,
+                info,
+                ref_path,
+                samples,
+                _gpu(probe),
+                target=target,
+                reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE),
+            )
         except BuildFailed as exc:  # the engine does not load here: it must never be handed out as unchecked
-            in_transaction(checks.record_verdict, engine_id, project,
-                           {"pass": False, "error": f"the engine did not load: {exc.message}"}, task_id=task_id)
+            in_transaction(
+                checks.record_verdict,
+                engine_id,
+                project,
+                {"pass": False, "error": f"the engine did not load: {exc.message}"},
+                task_id=task_id,
+            )
             raise
         BENCHMARK_SECONDS.labels(str(target)).observe(time.monotonic() - started)
     fingerprint = {**asdict(machine_fingerprint(probe)), "hostname": probe.hostname, "worker": current_worker_id()}
     with session_scope() as s:
         for measured in result.benchmarks:
-            checks.record_benchmark(s, engine_id, project=project, shape_key=measured.shape.key,
-                                    shapes=measured.shape.shapes, machine=fingerprint, gpu_name=result.gpu_name,
-                                    cpu_name=probe.cpu_name, compute_capability=result.compute_capability,
-                                    stats=measured.stats)
+            checks.record_benchmark(
+                s,
+                engine_id,
+                project=project,
+                shape_key=measured.shape.key,
+                shapes=measured.shape.shapes,
+                machine=fingerprint,
+                gpu_name=result.gpu_name,
+                cpu_name=probe.cpu_name,
+                compute_capability=result.compute_capability,
+                stats=measured.stats,
+            )
         if result.accuracy is not None:
-            checks.record_verdict(s, engine_id, project, result.accuracy, task_id=task_id,
-                                  device_memory_bytes=result.device_memory_bytes)
+            checks.record_verdict(
+                s, engine_id, project, result.accuracy, task_id=task_id, device_memory_bytes=result.device_memory_bytes
+            )
         elif result.errors and (spec.accuracy.enabled or not result.benchmarks):
             # The check was asked for and could not run on the engine, or nothing ran at all: a failed verdict,
             # so resolve never hands it out as merely unchecked.
-            checks.record_verdict(s, engine_id, project, {"pass": False, "error": "; ".join(result.errors)},
-                                  task_id=task_id)
+            checks.record_verdict(
+                s, engine_id, project, {"pass": False, "error": "; ".join(result.errors)}, task_id=task_id
+            )
         # Whatever was measured is kept; a part that did not run makes the check fail with the reason.
         if result.errors:
             checks.end_benchmark(s, task_id, TaskState.FAILED, "; ".join(result.errors))

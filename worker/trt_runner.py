@@ -25,8 +25,10 @@ def numpy_dtype(trt_module: ModuleType, trt_dtype: Any) -> np.dtype:
     try:
         return np.dtype(trt_module.nptype(trt_dtype))
     except TypeError as exc:
-        raise BuildFailed(f"an engine tensor has data type {getattr(trt_dtype, 'name', trt_dtype)}, "
-                          f"which has no numpy equivalent: the benchmark cannot feed or read it") from exc
+        raise BuildFailed(
+            f"an engine tensor has data type {getattr(trt_dtype, 'name', trt_dtype)}, "
+            f"which has no numpy equivalent: the benchmark cannot feed or read it"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,13 @@ def io_tensors(engine: Any, trt_module: ModuleType) -> list[TensorSpec]:
     out = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
-        out.append(TensorSpec(name, engine.get_tensor_mode(name) == trt_module.TensorIOMode.INPUT,
-                              numpy_dtype(trt_module, engine.get_tensor_dtype(name))))
+        out.append(
+            TensorSpec(
+                name,
+                engine.get_tensor_mode(name) == trt_module.TensorIOMode.INPUT,
+                numpy_dtype(trt_module, engine.get_tensor_dtype(name)),
+            )
+        )
     return out
 
 
@@ -115,14 +122,17 @@ class TensorRTEngineRunner:
         for name, array in inputs.items():
             np.copyto(self._host[name].array, np.asarray(array), casting="same_kind")
         if cuda_graph not in self._pipelines:
-            self._pipelines[cuda_graph] = TimedPipeline(self._in_pairs, self._enqueue, self._out_pairs,
-                                                        cuda_graph=cuda_graph)
+            self._pipelines[cuda_graph] = TimedPipeline(
+                self._in_pairs, self._enqueue, self._out_pairs, cuda_graph=cuda_graph
+            )
         return self._pipelines[cuda_graph]
 
     def _allocate(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         for name, shape in shapes.items():
             if not self.context.set_input_shape(name, shape):
-                raise BuildFailed(f"input {name}: shape {list(shape)} is outside the engine's profile: {self._errors()}")
+                raise BuildFailed(
+                    f"input {name}: shape {list(shape)} is outside the engine's profile: {self._errors()}"
+                )
         missing = self.context.infer_shapes()
         if missing:
             raise BuildFailed(f"TensorRT cannot resolve the shapes; inputs missing: {list(missing)}")
@@ -161,8 +171,14 @@ class TensorRTEngineRunner:
     def benchmark(self, inputs: Mapping[str, np.ndarray], spec: BenchmarkSpec) -> stats.Measurement:
         """Time the engine at these inputs' shapes as ``spec`` says (warm-up, duration, iterations, graph)."""
         pipeline = self._pipeline(inputs, cuda_graph=spec.cuda_graph)
-        m = benchmark_pipeline(pipeline, self.device, warmup_ms=spec.warmup_ms, duration_s=spec.duration_s,
-                               min_iterations=spec.iterations, free_before=self.free_before_load)
+        m = benchmark_pipeline(
+            pipeline,
+            self.device,
+            warmup_ms=spec.warmup_ms,
+            duration_s=spec.duration_s,
+            min_iterations=spec.iterations,
+            free_before=self.free_before_load,
+        )
         m.extra["device_memory_bytes"] = self.device_memory_bytes
         return m
 

@@ -26,14 +26,25 @@ def page_offset(offset: int) -> int:
 def check_body_id(name: str, value: int) -> None:
     """Reject a JSON body's id outside 1..ID_MAX with the same 422 a path id gets."""
     if not 1 <= value <= ID_MAX:
-        raise RequestValidationError([{"type": "int_range", "loc": ("body", name), "input": value,
-                                       "msg": f"Input should be between 1 and {ID_MAX}"}])
+        raise RequestValidationError(
+            [
+                {
+                    "type": "int_range",
+                    "loc": ("body", name),
+                    "input": value,
+                    "msg": f"Input should be between 1 and {ID_MAX}",
+                }
+            ]
+        )
 
 
 def check_no_nul(where: str, **values: Any) -> None:
     """Reject text the catalog cannot store (a NUL, a lone surrogate) in query parameters, with the same 422 a
     ``CatalogText`` field of a body gets: no stored name has one, and PostgreSQL text cannot hold it."""
-    errors = [{"type": "string_unstorable", "loc": (where, name), "msg": f"Value {problem}"}
-              for name, value in values.items() if isinstance(value, str) and (problem := text_problem(value))]
+    errors = [
+        {"type": "string_unstorable", "loc": (where, name), "msg": f"Value {problem}"}
+        for name, value in values.items()
+        if isinstance(value, str) and (problem := text_problem(value))
+    ]
     if errors:
         raise RequestValidationError(errors)

@@ -7,12 +7,11 @@ from sqlalchemy.orm import Session
 
 from enginefarm.api import admission, reports, services
 from enginefarm.api.auth import Tenant, authorize
+from enginefarm.api.buildschemas import BuildOut, BuildRequest, build_out
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
-from enginefarm.api.buildschemas import BuildOut, BuildRequest, build_out
 from enginefarm.core.config import Settings
-from enginefarm.storage import catalog
-from enginefarm.storage import liveness
+from enginefarm.storage import catalog, liveness
 from enginefarm.storage.tables import BuildRow
 from enginefarm.storage.tokens import Principal
 
@@ -21,35 +20,66 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"
 
 def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
-    return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
-                     reports.build_checks(session, settings, row))
+    return build_out(
+        row,
+        {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
+        reports.build_checks(session, settings, row),
+    )
 
 
 @router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
-def submit_build(body: BuildRequest, tenant: Tenant, principal: Principal = Depends(authorize),
-                 settings: Settings = Depends(settings_dep)) -> BuildOut:
+def submit_build(
+    body: BuildRequest,
+    tenant: Tenant,
+    principal: Principal = Depends(authorize),
+    settings: Settings = Depends(settings_dep),
+) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once.
     409 for a target no live worker serves unless ``queue_without_worker``; 429 past a queue limit."""
     check_body_id("model_id", body.model_id)
+
     def describe(row: BuildRow, served: dict[str, set[str]]) -> BuildOut:
         return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks})
 
-    return services.submit_build(settings, body.model_id, body.targets, body.spec, tenant, token_id=principal.family_id,
-                                 queue_without_worker=body.queue_without_worker, describe=describe)
+    return services.submit_build(
+        settings,
+        body.model_id,
+        body.targets,
+        body.spec,
+        tenant,
+        token_id=principal.family_id,
+        queue_without_worker=body.queue_without_worker,
+        describe=describe,
+    )
 
 
 @router.get("", response_model=list[BuildOut])
-def list_builds(tenant: Tenant, model_id: int | None = Query(None, ge=1, le=ID_MAX),
-                spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
-                limit: int = 50, offset: int = 0, session: Session = Depends(session_dep, scope="function"),
-                settings: Settings = Depends(settings_dep)) -> list[BuildOut]:
+def list_builds(
+    tenant: Tenant,
+    model_id: int | None = Query(None, ge=1, le=ID_MAX),
+    spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
+    limit: int = 50,
+    offset: int = 0,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> list[BuildOut]:
     """Builds, newest first; optionally of one model version and one spec."""
-    rows = catalog.list_builds(session, model_id=model_id, spec_hash=spec_hash, limit=max(1, min(limit, 500)),
-                               offset=page_offset(offset), project=tenant)
+    rows = catalog.list_builds(
+        session,
+        model_id=model_id,
+        spec_hash=spec_hash,
+        limit=max(1, min(limit, 500)),
+        offset=page_offset(offset),
+        project=tenant,
+    )
     return [_out(session, settings, r) for r in rows]
 
 
 @router.get("/{build_id}", response_model=BuildOut)
-def get_build(build_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
-              settings: Settings = Depends(settings_dep)) -> BuildOut:
+def get_build(
+    build_id: RowId,
+    tenant: Tenant,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> BuildOut:
     return _out(session, settings, catalog.get_build(session, build_id, tenant))

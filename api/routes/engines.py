@@ -6,20 +6,24 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from enginefarm.api.auth import Tenant
-from enginefarm.api.downloads import blob_response
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import RowId, check_no_nul, page_offset
+from enginefarm.api.downloads import blob_response
 from enginefarm.api.reports import engine_checks
+from enginefarm.api.routes import RowId, check_no_nul, page_offset
 from enginefarm.api.schemas import EngineOut, Page
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
 from enginefarm.core.hashing import SHA_HEADER
-from enginefarm.storage import builtengines, checks as project_checks
+from enginefarm.storage import builtengines
+from enginefarm.storage import checks as project_checks
 from enginefarm.storage.tables import EngineRow, ModelRow
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 CONTENT_RESPONSES = {
-    200: {"content": {"application/octet-stream": {}}, "description": f"the bytes; {SHA_HEADER} and ETag hold their sha256"},
+    200: {
+        "content": {"application/octet-stream": {}},
+        "description": f"the bytes; {SHA_HEADER} and ETag hold their sha256",
+    },
     206: {"content": {"application/octet-stream": {}}, "description": "the byte range asked for (Range)"},
     304: {"description": "If-None-Match named these bytes: the client has them"},
     307: {"description": "fetch the bytes from this short-lived URL (an S3 store)"},
@@ -29,17 +33,46 @@ CONTENT_RESPONSES = {
 
 @router.get("", response_model=Page[EngineOut])
 def list_engines(
-    tenant: Tenant, model: str | None = None, version: str | None = None, target: str | None = None, backend: str | None = None,
-    cc: str | None = Query(None, description="compute capability, e.g. 8.6"), trt: str | None = None,
-    precision: str | None = None, spec_hash: str | None = None, limit: int = 50, offset: int = 0,
-    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep),
+    tenant: Tenant,
+    model: str | None = None,
+    version: str | None = None,
+    target: str | None = None,
+    backend: str | None = None,
+    cc: str | None = Query(None, description="compute capability, e.g. 8.6"),
+    trt: str | None = None,
+    precision: str | None = None,
+    spec_hash: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
 ) -> Page[EngineOut]:
-    check_no_nul("query", model=model, version=version, target=target, backend=backend, cc=cc, trt=trt,
-                 precision=precision, spec_hash=spec_hash)
+    check_no_nul(
+        "query",
+        model=model,
+        version=version,
+        target=target,
+        backend=backend,
+        cc=cc,
+        trt=trt,
+        precision=precision,
+        spec_hash=spec_hash,
+    )
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
-    rows, total = builtengines.list_engines(session, model=model, version=version, target=target, backend=backend,
-                                       compute_capability=cc, trt_version=trt, precision=precision,
-                                       spec_hash=spec_hash, limit=limit, offset=offset, project=tenant)
+    rows, total = builtengines.list_engines(
+        session,
+        model=model,
+        version=version,
+        target=target,
+        backend=backend,
+        compute_capability=cc,
+        trt_version=trt,
+        precision=precision,
+        spec_hash=spec_hash,
+        limit=limit,
+        offset=offset,
+        project=tenant,
+    )
     return Page(items=_answers(session, settings, rows), total=total, limit=limit, offset=offset)
 
 
@@ -54,27 +87,51 @@ def _answers(session: Session, settings: Settings, rows: list[tuple[EngineRow, M
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
-def get_engine(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
-               settings: Settings = Depends(settings_dep)) -> EngineOut:
+def get_engine(
+    engine_id: RowId,
+    tenant: Tenant,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> EngineOut:
     row, model = builtengines.engine_in_project(session, engine_id, tenant)
     return _answers(session, settings, [(row, model)])[0]
 
 
 @router.get("/{engine_id}/benchmarks")
-def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> list[dict]:
+def engine_benchmarks(
+    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
+) -> list[dict]:
     """Every measurement of the engine its project made: per shape and device, all statistics and the machine
     fingerprint."""
     row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    return [{"id": b.id, "shape_key": b.shape_key, "shapes": b.shapes, "gpu_name": b.gpu_name, "cpu_name": b.cpu_name,
-             "compute_capability": b.compute_capability, "median_ms": b.median_ms, "p99_ms": b.p99_ms,
-             "throughput_qps": b.throughput_qps, "stats": b.stats, "machine": b.machine,
-             "created_at": b.created_at.isoformat()} for b in row.benchmarks if b.project == model.project]
+    return [
+        {
+            "id": b.id,
+            "shape_key": b.shape_key,
+            "shapes": b.shapes,
+            "gpu_name": b.gpu_name,
+            "cpu_name": b.cpu_name,
+            "compute_capability": b.compute_capability,
+            "median_ms": b.median_ms,
+            "p99_ms": b.p99_ms,
+            "throughput_qps": b.throughput_qps,
+            "stats": b.stats,
+            "machine": b.machine,
+            "created_at": b.created_at.isoformat(),
+        }
+        for b in row.benchmarks
+        if b.project == model.project
+    ]
 
 
 @router.get("/{engine_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
-def engine_content(engine_id: RowId, tenant: Tenant, request: Request,
-                   session: Session = Depends(session_dep, scope="function"),
-                   settings: Settings = Depends(settings_dep)) -> Response:
+def engine_content(
+    engine_id: RowId,
+    tenant: Tenant,
+    request: Request,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
     S3 where the store is S3)."""
     row, model = builtengines.engine_in_project(session, engine_id, tenant)
@@ -83,5 +140,7 @@ def engine_content(engine_id: RowId, tenant: Tenant, request: Request,
     try:
         return blob_response(request, settings, row.blob_key, row.sha256, filename)
     except NotFound:
-        raise NotFound(f"the bytes of engine {row.id} ({row.target}, sha256 {row.sha256}) are missing from the blob "
-                       "store; the farm's operator can see every missing blob with `enginefarm gc --dry-run`") from None
+        raise NotFound(
+            f"the bytes of engine {row.id} ({row.target}, sha256 {row.sha256}) are missing from the blob "
+            "store; the farm's operator can see every missing blob with `enginefarm gc --dry-run`"
+        ) from None

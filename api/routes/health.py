@@ -66,16 +66,22 @@ async def readyz(settings: Settings = Depends(settings_dep)) -> Response:
     """Readiness: the catalog database, the broker and the blob store each answer within 3 s."""
     results = {}
     async with anyio.create_task_group() as tg:
+
         async def run(name, fn):
             results[name] = await _check(fn, settings)
 
         for name, fn in CHECKS.items():
             tg.start_soon(run, name, fn)
-    checks = {name: {"ok": ok, "detail": detail, "seconds": round(seconds, 4)}
-              for name, (ok, detail, seconds) in sorted(results.items())}
+    checks = {
+        name: {"ok": ok, "detail": detail, "seconds": round(seconds, 4)}
+        for name, (ok, detail, seconds) in sorted(results.items())
+    }
     ready = all(c["ok"] for c in checks.values())
-    return JSONResponse({"status": "ready" if ready else "unavailable", "checks": checks},
-                        status_code=200 if ready else 503, headers=None if ready else {"Retry-After": "5"})
+    return JSONResponse(
+        {"status": "ready" if ready else "unavailable", "checks": checks},
+        status_code=200 if ready else 503,
+        headers=None if ready else {"Retry-After": "5"},
+    )
 
 
 @router.get("/metrics", response_class=Response)

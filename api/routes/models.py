@@ -9,8 +9,8 @@ from starlette.concurrency import run_in_threadpool
 from enginefarm.api import ingest, reports
 from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from enginefarm.api.downloads import blob_response
+from enginefarm.api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from enginefarm.api.routes.engines import CONTENT_RESPONSES
 from enginefarm.api.schemas import ModelOut, Page
 from enginefarm.api.upload import UploadLimits, receive_upload
@@ -25,33 +25,60 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"
 UPLOAD_BODY = {
     "requestBody": {
         "required": True,
-        "content": {"multipart/form-data": {"schema": {
-            "type": "object", "required": ["file", "name"],
-            "properties": {
-                "file": {"type": "string", "format": "binary", "description": ".onnx, or .zip/.tar of model.onnx + external data"},
-                "name": {"type": "string"},
-                "version": {"type": "string", "description": "defaults to the next integer under this name"},
-                "project": {"type": "string", "description": "the project the model belongs to (a project's "
-                            "token puts it in its own; names and versions are per project)"},
-            },
-        }}},
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "name"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": ".onnx, or .zip/.tar of model.onnx + external data",
+                        },
+                        "name": {"type": "string"},
+                        "version": {"type": "string", "description": "defaults to the next integer under this name"},
+                        "project": {
+                            "type": "string",
+                            "description": "the project the model belongs to (a project's "
+                            "token puts it in its own; names and versions are per project)",
+                        },
+                    },
+                }
+            }
+        },
     }
 }
 
 
-@router.post("", status_code=201, response_model=ModelOut, openapi_extra=UPLOAD_BODY,
-             responses={200: {"description": "identical bytes already uploaded under this name"}})
-async def upload_model(request: Request, response: Response, tenant: Tenant,
-                       principal: Principal = Depends(authorize),
-                       settings: Settings = Depends(settings_dep)) -> ModelOut:
+@router.post(
+    "",
+    status_code=201,
+    response_model=ModelOut,
+    openapi_extra=UPLOAD_BODY,
+    responses={200: {"description": "identical bytes already uploaded under this name"}},
+)
+async def upload_model(
+    request: Request,
+    response: Response,
+    tenant: Tenant,
+    principal: Principal = Depends(authorize),
+    settings: Settings = Depends(settings_dep),
+) -> ModelOut:
     """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
     limits = UploadLimits.of(settings, settings.max_upload_bytes, "ENGINEFARM_MAX_UPLOAD_BYTES")
     async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
         upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
         try:
-            row, created = await run_in_threadpool(ingest.ingest_model, settings, upload.path, upload.sha256,
-                                                   upload.fields.get("name"), upload.fields.get("version"),
-                                                   ingest.upload_project(tenant, upload.fields.get("project")))
+            row, created = await run_in_threadpool(
+                ingest.ingest_model,
+                settings,
+                upload.path,
+                upload.sha256,
+                upload.fields.get("name"),
+                upload.fields.get("version"),
+                ingest.upload_project(tenant, upload.fields.get("project")),
+            )
         finally:
             upload.discard()
     response.status_code = 201 if created else 200
@@ -59,19 +86,29 @@ async def upload_model(request: Request, response: Response, tenant: Tenant,
 
 
 @router.get("", response_model=Page[ModelOut])
-def list_models(tenant: Tenant, name: str | None = None,
-                sha256: str | None = Query(None, pattern=r"^[0-9a-f]{64}$", description="only models of these bytes "
-                                           "(a client asks before it uploads)"),
-                project: str | None = Query(None, max_length=64, description="only this project's models ('' for "
-                                            "those of no project); a project's token sees only its own anyway"),
-                limit: int = 50, offset: int = 0,
-                session: Session = Depends(session_dep, scope="function")) -> Page[ModelOut]:
+def list_models(
+    tenant: Tenant,
+    name: str | None = None,
+    sha256: str | None = Query(
+        None, pattern=r"^[0-9a-f]{64}$", description="only models of these bytes (a client asks before it uploads)"
+    ),
+    project: str | None = Query(
+        None,
+        max_length=64,
+        description="only this project's models ('' for "
+        "those of no project); a project's token sees only its own anyway",
+    ),
+    limit: int = 50,
+    offset: int = 0,
+    session: Session = Depends(session_dep, scope="function"),
+) -> Page[ModelOut]:
     check_no_nul("query", name=name, project=project)
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
     if tenant is not None and project not in (None, tenant):
         return Page(items=[], total=0, limit=limit, offset=offset)
-    rows, total = catalog.list_models(session, name=name, sha256=sha256, limit=limit, offset=offset,
-                                      project=tenant if tenant is not None else project)
+    rows, total = catalog.list_models(
+        session, name=name, sha256=sha256, limit=limit, offset=offset, project=tenant if tenant is not None else project
+    )
     return Page(items=[ModelOut.of(r) for r in rows], total=total, limit=limit, offset=offset)
 
 
@@ -81,50 +118,73 @@ def get_model(model_id: RowId, tenant: Tenant, session: Session = Depends(sessio
 
 
 @router.get("/{model_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
-def model_content(model_id: RowId, tenant: Tenant, request: Request,
-                  session: Session = Depends(session_dep, scope="function"),
-                  settings: Settings = Depends(settings_dep)) -> Response:
+def model_content(
+    model_id: RowId,
+    tenant: Tenant,
+    request: Request,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id, tenant)
     try:
         return blob_response(request, settings, row.blob_key, row.sha256, f"{row.name}-{row.version}.{row.format}")
     except NotFound:
-        raise NotFound(f"the bytes of model {row.name} version {row.version} (sha256 {row.sha256}) are missing "
-                       "from the blob store; upload the same file again under this name to restore them") from None
+        raise NotFound(
+            f"the bytes of model {row.name} version {row.version} (sha256 {row.sha256}) are missing "
+            "from the blob store; upload the same file again under this name to restore them"
+        ) from None
 
 
 SAMPLES_BODY = {
     "requestBody": {
         "required": True,
-        "content": {"multipart/form-data": {"schema": {
-            "type": "object", "required": ["file"],
-            "properties": {"file": {"type": "string", "format": "binary",
-                                    "description": ".npz with one array per model input; axis 0 stacks samples"}},
-        }}},
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": ".npz with one array per model input; axis 0 stacks samples",
+                        }
+                    },
+                }
+            }
+        },
     }
 }
 
 
 @router.post("/{model_id}/samples", response_model=ModelOut, openapi_extra=SAMPLES_BODY)
-async def upload_samples(model_id: RowId, request: Request, tenant: Tenant,
-                         principal: Principal = Depends(authorize),
-                         settings: Settings = Depends(settings_dep)) -> ModelOut:
+async def upload_samples(
+    model_id: RowId,
+    request: Request,
+    tenant: Tenant,
+    principal: Principal = Depends(authorize),
+    settings: Settings = Depends(settings_dep),
+) -> ModelOut:
     """Store sample inputs with the model: int8 calibration and the accuracy check use them instead of
     random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
     limits = UploadLimits.of(settings, settings.max_samples_bytes, "ENGINEFARM_MAX_SAMPLES_BYTES")
     async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
         upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
         try:
-            row = await run_in_threadpool(ingest.attach_samples, settings, model_id, upload.path, upload.sha256,
-                                          tenant)
+            row = await run_in_threadpool(ingest.attach_samples, settings, model_id, upload.path, upload.sha256, tenant)
         finally:
             upload.discard()
     return ModelOut.of(row)
 
 
 @router.get("/{model_id}/report")
-def model_report(model_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
-                 settings: Settings = Depends(settings_dep)) -> dict:
+def model_report(
+    model_id: RowId,
+    tenant: Tenant,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> dict:
     """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
     engine size, or why an engine has no numbers yet; with the change against model version N-1."""
     return reports.model_report(session, settings, model_id, tenant)

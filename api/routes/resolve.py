@@ -33,22 +33,26 @@ from enginefarm.api.schemas import (
     ResolveRequest,
 )
 from enginefarm.core.config import Settings
-from enginefarm.storage.db import quick_read
-from enginefarm.core.shapes import shape_request
 from enginefarm.core.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
+from enginefarm.core.shapes import shape_request
+from enginefarm.storage.db import quick_read
 from enginefarm.storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
 RESPONSES = {
     304: {"description": "the answer has not changed since the one whose ETag If-None-Match names"},
-    202: {"model": BuildForMachineOut, "description": "nothing fits; a build for this machine was submitted (build=true)"},
+    202: {
+        "model": BuildForMachineOut,
+        "description": "nothing fits; a build for this machine was submitted (build=true)",
+    },
     404: {"description": "no engine fits; `problems` gives the rule and reason for each"},
 }
 
 
-def answer(req: ResolveRequest, request: Request, session: Session | None, settings: Settings,
-           principal: Principal) -> Response:
+def answer(
+    req: ResolveRequest, request: Request, session: Session | None, settings: Settings, principal: Principal
+) -> Response:
     """The outcome of ``resolver.resolve`` as a response. Its reads run on an autocommit connection without a ping
     (``quick_read``: no BEGIN, COMMIT or SELECT 1 around them, three round trips of about eight); a connection
     that died under it (a database restart) is discarded and the question asked once more on a fresh one. The
@@ -56,9 +60,17 @@ def answer(req: ResolveRequest, request: Request, session: Session | None, setti
     state = request.app.state
 
     def ask(reads: Session) -> resolver.Outcome:
-        return resolver.resolve(req, reads, settings, principal, answers=state.answers, versions=state.versions,
-                                tables=state.tables, if_none_match=request.headers.get("if-none-match"),
-                                query=request.scope["query_string"] if request.method == "GET" else None)
+        return resolver.resolve(
+            req,
+            reads,
+            settings,
+            principal,
+            answers=state.answers,
+            versions=state.versions,
+            tables=state.tables,
+            if_none_match=request.headers.get("if-none-match"),
+            query=request.scope["query_string"] if request.method == "GET" else None,
+        )
 
     try:
         with quick_read(settings) as reads:
@@ -84,26 +96,34 @@ def resolve_get(
     cc: str | None = Query(None, pattern=CC_PATTERN, description="compute capability, e.g. 8.6"),
     gpu: str | None = Query(None, max_length=200, description="GPU model name as NVML reports it"),
     memory_mib: int | None = Query(None, ge=1, le=1 << 24),
-    driver: str | None = Query(None, pattern=VERSION_PATTERN), cuda: str | None = Query(None, pattern=VERSION_PATTERN),
+    driver: str | None = Query(None, pattern=VERSION_PATTERN),
+    cuda: str | None = Query(None, pattern=VERSION_PATTERN),
     trt: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT runtime version"),
     trt_rtx: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"),
-    lean: bool = False, platform: str | None = Query(None, pattern=PLATFORM_PATTERN),
+    lean: bool = False,
+    platform: str | None = Query(None, pattern=PLATFORM_PATTERN),
     ort: str | None = Query(None, pattern=VERSION_PATTERN, description="ONNX Runtime version"),
     ort_cuda: bool = Query(False, description="ONNX Runtime runs here with its CUDA execution provider"),
-    os: str | None = Query(None, max_length=200), jetpack: str | None = Query(None, pattern=JETPACK_PATTERN),
+    os: str | None = Query(None, max_length=200),
+    jetpack: str | None = Query(None, pattern=JETPACK_PATTERN),
     precision: str | None = Query(None, pattern=PRECISION_PATTERN),
     spec_hash: str | None = Query(None, pattern=SPEC_HASH_PATTERN),
     accuracy: str | None = Query(None, pattern=r"^pass$", description="accuracy=pass keeps engines that passed"),
     max_latency_ms: float | None = Query(None, gt=0, le=1e7),
     shapes: str | None = Query(None, max_length=10_000, description="trtexec syntax: images:1x3x640x640"),
     min_shapes: str | None = Query(None, max_length=10_000, description="with max_shapes (and opt_shapes): a range"),
-    opt_shapes: str | None = Query(None, max_length=10_000), max_shapes: str | None = Query(None, max_length=10_000),
+    opt_shapes: str | None = Query(None, max_length=10_000),
+    max_shapes: str | None = Query(None, max_length=10_000),
     precisions: list[str] = Query([], max_length=5, description="the precisions the machine accepts (repeatable)"),
     backend: str | None = Query(None, pattern=BACKEND_PATTERN),
-    cpu: str | None = Query(None, max_length=200, description="CPU model name (/proc/cpuinfo): CPU artifacts are "
-                                                              "ranked by latency measured on it"),
+    cpu: str | None = Query(
+        None,
+        max_length=200,
+        description="CPU model name (/proc/cpuinfo): CPU artifacts are ranked by latency measured on it",
+    ),
     accept: list[str] = Query([], max_length=3, description="unchecked, failed and/or cpu (repeatable)"),
-    explain: bool = False, build: bool = False,
+    explain: bool = False,
+    build: bool = False,
     settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
 ):
@@ -114,31 +134,73 @@ def resolve_get(
     try:
         wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)
     except ValueError as exc:
-        raise RequestValidationError([{"type": "value_error", "loc": ("query", "shapes"), "input": shapes,
-                                       "msg": f"{exc}; write shapes as trtexec does, e.g. "
-                                              "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
-                                              "&max_shapes=images:4x3x640x640"}]) from None
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("query", "shapes"),
+                    "input": shapes,
+                    "msg": f"{exc}; write shapes as trtexec does, e.g. "
+                    "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
+                    "&max_shapes=images:4x3x640x640",
+                }
+            ]
+        ) from None
     try:
-        machine = Machine(gpu_name=gpu, compute_capability=cc, memory_mib=memory_mib, driver_version=driver,
-                          cuda_version=cuda, trt_version=trt, trt_rtx_version=trt_rtx, lean_runtime=lean,
-                          platform=platform, os=os, jetpack=jetpack, shapes=wanted_shapes, cpu_name=cpu,
-                          ort_version=ort, ort_cuda=ort_cuda,
-                          precisions=[p for item in precisions for p in item.split(",") if p])
-        req = ResolveRequest(model=model, version=version, machine=machine, precision=precision, spec_hash=spec_hash,
-                             accuracy=accuracy, max_latency_ms=max_latency_ms, backend=backend,
-                             accept=[a for item in accept for a in item.split(",") if a], explain=explain, build=build)
+        machine = Machine(
+            gpu_name=gpu,
+            compute_capability=cc,
+            memory_mib=memory_mib,
+            driver_version=driver,
+            cuda_version=cuda,
+            trt_version=trt,
+            trt_rtx_version=trt_rtx,
+            lean_runtime=lean,
+            platform=platform,
+            os=os,
+            jetpack=jetpack,
+            shapes=wanted_shapes,
+            cpu_name=cpu,
+            ort_version=ort,
+            ort_cuda=ort_cuda,
+            precisions=[p for item in precisions for p in item.split(",") if p],
+        )
+        req = ResolveRequest(
+            model=model,
+            version=version,
+            machine=machine,
+            precision=precision,
+            spec_hash=spec_hash,
+            accuracy=accuracy,
+            max_latency_ms=max_latency_ms,
+            backend=backend,
+            accept=[a for item in accept for a in item.split(",") if a],
+            explain=explain,
+            build=build,
+        )
     except ValidationError as exc:  # the query's own fields, named as a query's
-        raise RequestValidationError([
-            {"type": e["type"], "msg": e["msg"], "input": e.get("input"),
-             "loc": ("query", next(str(x) for x in e["loc"] if x != "machine"))} for e in exc.errors()]) from None
+        raise RequestValidationError(
+            [
+                {
+                    "type": e["type"],
+                    "msg": e["msg"],
+                    "input": e.get("input"),
+                    "loc": ("query", next(str(x) for x in e["loc"] if x != "machine")),
+                }
+                for e in exc.errors()
+            ]
+        ) from None
     return answer(req, request, None, settings, principal)
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_post(req: ResolveRequest, request: Request, settings: Settings = Depends(settings_dep),
-                 principal: Principal = Depends(authorize)):
+def resolve_post(
+    req: ResolveRequest,
+    request: Request,
+    settings: Settings = Depends(settings_dep),
+    principal: Principal = Depends(authorize),
+):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
     return answer(req, request, None, settings, principal)
-

@@ -7,9 +7,9 @@ from sqlalchemy.orm import Session
 
 from enginefarm.api import admission, reports, services
 from enginefarm.api.auth import Tenant, authorize
+from enginefarm.api.buildschemas import SweepOut, SweepRequest
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId, check_body_id
-from enginefarm.api.buildschemas import SweepOut, SweepRequest
 from enginefarm.core.config import Settings
 from enginefarm.storage.tokens import Principal
 
@@ -17,19 +17,35 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"
 
 
 @router.post("", status_code=202, response_model=SweepOut, responses=admission.RESPONSES)
-def submit_sweep(body: SweepRequest, tenant: Tenant, principal: Principal = Depends(authorize),
-                 session: Session = Depends(session_dep, scope="function"),
-                 settings: Settings = Depends(settings_dep)) -> SweepOut:
+def submit_sweep(
+    body: SweepRequest,
+    tenant: Tenant,
+    principal: Principal = Depends(authorize),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> SweepOut:
     """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
     every target. The best variant per target is the fastest that passes the accuracy gate. The sweep is
     admitted whole or not at all, as one build is."""
     check_body_id("model_id", body.model_id)
-    sweep_id = services.submit_sweep(settings, body.model_id, body.targets, body.spec, body.axes, tenant,
-                                     token_id=principal.family_id, queue_without_worker=body.queue_without_worker)
+    sweep_id = services.submit_sweep(
+        settings,
+        body.model_id,
+        body.targets,
+        body.spec,
+        body.axes,
+        tenant,
+        token_id=principal.family_id,
+        queue_without_worker=body.queue_without_worker,
+    )
     return SweepOut(**reports.sweep_report(session, settings, sweep_id))
 
 
 @router.get("/{sweep_id}", response_model=SweepOut)
-def get_sweep(sweep_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function"),
-              settings: Settings = Depends(settings_dep)) -> SweepOut:
+def get_sweep(
+    sweep_id: RowId,
+    tenant: Tenant,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> SweepOut:
     return SweepOut(**reports.sweep_report(session, settings, sweep_id, tenant))

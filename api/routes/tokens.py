@@ -20,8 +20,9 @@ def new_token(body: TokenIn, tenant: Tenant, session: Session = Depends(session_
     """A new token, shown once. An admin of one project makes tokens of that project only."""
     if tenant is not None and body.project not in (None, tenant):
         raise Forbidden(f"this token belongs to project {tenant!r}; it cannot make tokens of project {body.project!r}")
-    row, token = create_token(session, body.name, body.scopes, lifetime(body.expires_in_days),
-                              tenant if tenant is not None else body.project)
+    row, token = create_token(
+        session, body.name, body.scopes, lifetime(body.expires_in_days), tenant if tenant is not None else body.project
+    )
     return NewTokenOut(**TokenOut.of(row).model_dump(), token=token)
 
 
@@ -31,8 +32,9 @@ def tokens(tenant: Tenant, session: Session = Depends(session_dep, scope="functi
 
 
 @router.delete("/{token_id}", response_model=TokenOut)
-def revoke(token_id: RowId, tenant: Tenant, request: Request,
-           session: Session = Depends(session_dep, scope="function")) -> TokenOut:
+def revoke(
+    token_id: RowId, tenant: Tenant, request: Request, session: Session = Depends(session_dep, scope="function")
+) -> TokenOut:
     """Revoke a token: refused at once by this API process, by the farm's others within
     ENGINEFARM_TOKEN_CACHE_SECONDS."""
     row = revoke_token(session, token_id, tenant)

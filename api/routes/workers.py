@@ -15,6 +15,8 @@ router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 
 
 @router.get("/v1/workers", response_model=list[WorkerOut], dependencies=[Depends(authorize)])
-def list_workers(session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)) -> list[WorkerOut]:
+def list_workers(
+    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)
+) -> list[WorkerOut]:
     """Workers that sent a heartbeat within the TTL, with the targets they build."""
     return [WorkerOut.of(r) for r in liveness.live_workers(session, settings.worker_ttl_seconds)]

@@ -12,8 +12,8 @@ from typing import Any
 
 from enginefarm.api.schemas import ModelOut
 from enginefarm.api.services import spec_from
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.errors import SpecInvalid
+from enginefarm.core.spec import BuildSpec
 from enginefarm.core.trtexec import spec_from_trtexec
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")

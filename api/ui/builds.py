@@ -8,11 +8,11 @@ from datetime import datetime, timezone
 from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy.orm import Session
 
+from enginefarm.api.buildschemas import BuildOut
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId
 from enginefarm.api.routes import builds as build_routes
 from enginefarm.api.routes import engines as engine_routes
-from enginefarm.api.buildschemas import BuildOut
 from enginefarm.api.schemas import EngineOut
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
@@ -27,29 +27,47 @@ LIVE = {"queued", "running", "waiting"}
 def _build_context(session: Session, settings: Settings, build_id: int, principal: Principal) -> dict:
     build: BuildOut = build_routes.get_build(build_id, principal.project, session, settings)
     model = catalog.get_model(session, build.model_id, principal.project)
-    live = any(t.state in LIVE or (t.check or {}).get("in_progress") for t in build.tasks) or \
-        build.state in LIVE
+    live = any(t.state in LIVE or (t.check or {}).get("in_progress") for t in build.tasks) or build.state in LIVE
     return {"build": build, "model": model, "live": live, "now": datetime.now(timezone.utc)}
 
 
 @router.get("/builds/{build_id}")
-def build_page(request: Request, build_id: RowId, principal: Principal = Depends(ui_session.viewer),
-               session: Session = Depends(session_dep, scope="function"),
-               settings: Settings = Depends(settings_dep)) -> Response:
+def build_page(
+    request: Request,
+    build_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     return page(request, "build.html", **_build_context(session, settings, build_id, principal))
 
 
 @router.get("/builds/{build_id}/tasks")
-def build_tasks(request: Request, build_id: RowId, principal: Principal = Depends(ui_session.viewer),
-                session: Session = Depends(session_dep, scope="function"),
-                settings: Settings = Depends(settings_dep)) -> Response:
+def build_tasks(
+    request: Request,
+    build_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     return page(request, "fragments/tasks.html", **_build_context(session, settings, build_id, principal))
 
 
 def fetch_command(engine: EngineOut, base_url: str) -> str:
     """The ``enginefarm fetch`` line that picks this engine on a machine it runs on."""
-    args = ["enginefarm", "fetch", engine.model_name, "--version", engine.model_version,
-            "--spec-hash", engine.spec_hash, "--precision", engine.precision, "--platform", engine.platform]
+    args = [
+        "enginefarm",
+        "fetch",
+        engine.model_name,
+        "--version",
+        engine.model_version,
+        "--spec-hash",
+        engine.spec_hash,
+        "--precision",
+        engine.precision,
+        "--platform",
+        engine.platform,
+    ]
     if engine.compute_capability:
         args += ["--cc", engine.compute_capability]
     if engine.backend == "tensorrt-rtx":
@@ -72,19 +90,33 @@ def runtime_label(engine: EngineOut) -> str:
 
 
 @router.get("/engines/{engine_id}")
-def engine_page(request: Request, engine_id: RowId, principal: Principal = Depends(ui_session.viewer),
-                session: Session = Depends(session_dep, scope="function"),
-                settings: Settings = Depends(settings_dep)) -> Response:
+def engine_page(
+    request: Request,
+    engine_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     engine = engine_routes.get_engine(engine_id, principal.project, session, settings)
     benchmarks = engine_routes.engine_benchmarks(engine_id, principal.project, session)
     base = str(request.base_url).rstrip("/")
-    return page(request, "engine.html", engine=engine, benchmarks=benchmarks, fetch=fetch_command(engine, base),
-                runtime=runtime_label(engine))
+    return page(
+        request,
+        "engine.html",
+        engine=engine,
+        benchmarks=benchmarks,
+        fetch=fetch_command(engine, base),
+        runtime=runtime_label(engine),
+    )
 
 
 @router.get("/engines/{engine_id}/content")
-def engine_download(request: Request, engine_id: RowId, principal: Principal = Depends(ui_session.viewer),
-                    session: Session = Depends(session_dep, scope="function"),
-                    settings: Settings = Depends(settings_dep)) -> Response:
+def engine_download(
+    request: Request,
+    engine_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     """The engine's bytes for a signed-in browser: the API's download (sha256 ETag, Range, S3 redirect)."""
     return engine_routes.engine_content(engine_id, principal.project, request, session, settings)

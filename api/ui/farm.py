@@ -26,9 +26,12 @@ router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 
 
 @router.get("/workers")
-def workers_page(request: Request, principal: Principal = Depends(ui_session.viewer),
-                 session: Session = Depends(session_dep, scope="function"),
-                 settings: Settings = Depends(settings_dep)) -> Response:
+def workers_page(
+    request: Request,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     workers = worker_routes.list_workers(session, settings)
     state = queue_state(session, settings.worker_ttl_seconds)
     queues = []
@@ -36,11 +39,20 @@ def workers_page(request: Request, principal: Principal = Depends(ui_session.vie
         live = (state.live_workers if kind == "build" else state.live_bench_workers).get(target, 0)
         queues.append({"kind": kind, "target": target, "count": count, "oldest_s": oldest, "workers": live})
     targets = sorted(set(state.live_workers) | set(state.live_bench_workers))
-    served = [{"target": t, "build": state.live_workers.get(t, 0), "bench": state.live_bench_workers.get(t, 0)}
-              for t in targets]
-    return page(request, "workers.html", workers=workers, queues=queues, targets=served,
-                orphans=[q for q in queues if not q["workers"]],
-                now=datetime.now(timezone.utc), ttl=settings.worker_ttl_seconds)
+    served = [
+        {"target": t, "build": state.live_workers.get(t, 0), "bench": state.live_bench_workers.get(t, 0)}
+        for t in targets
+    ]
+    return page(
+        request,
+        "workers.html",
+        workers=workers,
+        queues=queues,
+        targets=served,
+        orphans=[q for q in queues if not q["workers"]],
+        now=datetime.now(timezone.utc),
+        ttl=settings.worker_ttl_seconds,
+    )
 
 
 async def _admin_form(request: Request) -> Principal:
@@ -50,22 +62,32 @@ async def _admin_form(request: Request) -> Principal:
 
 
 @router.get("/tokens")
-def tokens_page(request: Request, principal: Principal = Depends(ui_session.admin),
-                session: Session = Depends(session_dep, scope="function")) -> Response:
+def tokens_page(
+    request: Request,
+    principal: Principal = Depends(ui_session.admin),
+    session: Session = Depends(session_dep, scope="function"),
+) -> Response:
     return page(request, "tokens.html", tokens=token_routes.tokens(principal.project, session), made=None)
 
 
 @router.post("/tokens")
-async def make_token(request: Request, principal: Principal = Depends(_admin_form),
-                     session: Session = Depends(session_dep, scope="function")) -> Response:
+async def make_token(
+    request: Request,
+    principal: Principal = Depends(_admin_form),
+    session: Session = Depends(session_dep, scope="function"),
+) -> Response:
     form = await request.form()
     days = str(form.get("expires_in_days") or "").strip()
     try:
-        body = TokenIn(name=str(form.get("name") or ""), scopes=[str(form.get("scope") or "read")],
-                       expires_in_days=float(days) if days else None,
-                       project=str(form.get("project") or "").strip() or None)
+        body = TokenIn(
+            name=str(form.get("name") or ""),
+            scopes=[str(form.get("scope") or "read")],
+            expires_in_days=float(days) if days else None,
+            project=str(form.get("project") or "").strip() or None,
+        )
     except (ValidationError, ValueError) as exc:
         raise SpecInvalid(f"the token form is not valid: {exc}") from None
+
     def make() -> Response:
         made = token_routes.new_token(body, principal.project, session)
         session.commit()
@@ -75,8 +97,12 @@ async def make_token(request: Request, principal: Principal = Depends(_admin_for
 
 
 @router.post("/tokens/{token_id}/revoke")
-async def revoke_token(request: Request, token_id: RowId, principal: Principal = Depends(_admin_form),
-                       session: Session = Depends(session_dep, scope="function")) -> Response:
+async def revoke_token(
+    request: Request,
+    token_id: RowId,
+    principal: Principal = Depends(_admin_form),
+    session: Session = Depends(session_dep, scope="function"),
+) -> Response:
     def revoke() -> None:
         token_routes.revoke(token_id, principal.project, request, session)
         session.commit()

@@ -11,13 +11,12 @@ from sqlalchemy.orm import Session
 
 from enginefarm.api import reports, services
 from enginefarm.core.config import Settings
-from enginefarm.storage import catalog, checks as project_checks
-from enginefarm.storage import builtengines
-from enginefarm.storage import liveness
-from enginefarm.storage.db import as_utc
 from enginefarm.core.domain import ModelInfo
-from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
 from enginefarm.core.validation import target_precision
+from enginefarm.storage import builtengines, catalog, liveness
+from enginefarm.storage import checks as project_checks
+from enginefarm.storage.db import as_utc
+from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
 
 MAX_VERSIONS = 8
 LIVE = {"queued", "running", "waiting"}
@@ -90,8 +89,14 @@ def _precisions(build: BuildRow) -> dict[int, str]:
 
 def _cell(task: BuildTaskRow, served: dict[str, set[str]]) -> Cell:
     detail = task.error if task.state == "failed" else services.wait_reason(task.target, task.state, served)
-    return Cell(state=task.state, build_id=task.build_id, task_id=task.id, started_at=as_utc(task.started_at),
-                detail=detail, engine_id=task.engine_id)
+    return Cell(
+        state=task.state,
+        build_id=task.build_id,
+        task_id=task.id,
+        started_at=as_utc(task.started_at),
+        detail=detail,
+        engine_id=task.engine_id,
+    )
 
 
 def model_matrix(session: Session, settings: Settings, model: ModelRow, project: str | None) -> Matrix:
@@ -113,8 +118,11 @@ def model_matrix(session: Session, settings: Settings, model: ModelRow, project:
     split = {(target, precision) for (_, target, precision), specs in found.items() if len(specs) > 1}
     for (version_id, target, precision), specs in found.items():
         for spec_hash, task in specs.items():
-            column = Column(target, precision, spec_hash, labels[spec_hash]) if (target, precision) in split \
+            column = (
+                Column(target, precision, spec_hash, labels[spec_hash])
+                if (target, precision) in split
                 else Column(target, precision)
+            )
             if (version_id, column) not in matrix.cells or task.id > matrix.cells[(version_id, column)].task_id:
                 matrix.cells[(version_id, column)] = _cell(task, served)
     matrix.columns = sorted({column for _, column in matrix.cells})

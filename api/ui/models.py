@@ -17,8 +17,7 @@ from enginefarm.api.ui.buildform import form_fields, spec_from_form
 from enginefarm.api.ui.matrix import model_matrix
 from enginefarm.api.ui.render import is_fragment, page
 from enginefarm.core.config import Settings
-from enginefarm.storage import catalog
-from enginefarm.storage import liveness
+from enginefarm.storage import catalog, liveness
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import Principal
 
@@ -27,24 +26,31 @@ PAGE = 50
 
 
 @router.get("/models")
-def models_page(request: Request, q: str = "", offset: int = 0, principal: Principal = Depends(ui_session.viewer),
-                session: Session = Depends(session_dep, scope="function")) -> Response:
+def models_page(
+    request: Request,
+    q: str = "",
+    offset: int = 0,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+) -> Response:
     q = q.replace("\x00", "")[:200]
     offset = page_offset(offset)
-    rows, total = catalog.list_models(session, contains=q or None, limit=PAGE, offset=offset,
-                                      project=principal.project)
+    rows, total = catalog.list_models(session, contains=q or None, limit=PAGE, offset=offset, project=principal.project)
     context = {"models": [ModelOut.of(r) for r in rows], "total": total, "q": q, "offset": offset, "page_size": PAGE}
     return page(request, "fragments/model_rows.html" if is_fragment(request) else "models.html", **context)
 
 
 @router.post("/models/upload")
-async def upload(request: Request, principal: Principal = Depends(ui_session.builder),
-                 settings: Settings = Depends(settings_dep)) -> Response:
+async def upload(
+    request: Request, principal: Principal = Depends(ui_session.builder), settings: Settings = Depends(settings_dep)
+) -> Response:
     """The browser's upload (multipart, sent by a script with the CSRF header): the API's own upload route."""
     response = Response()
     model = await model_routes.upload_model(request, response, principal.project, principal, settings)
-    return JSONResponse({"id": model.id, "name": model.name, "version": model.version,
-                         "url": f"/ui/models/{model.id}"}, status_code=response.status_code or 201)
+    return JSONResponse(
+        {"id": model.id, "name": model.name, "version": model.version, "url": f"/ui/models/{model.id}"},
+        status_code=response.status_code or 201,
+    )
 
 
 def _model_context(session: Session, settings: Settings, model_id: int, principal: Principal) -> dict:
@@ -53,9 +59,13 @@ def _model_context(session: Session, settings: Settings, model_id: int, principa
 
 
 @router.get("/models/{model_id}")
-def model_page(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.viewer),
-               session: Session = Depends(session_dep, scope="function"),
-               settings: Settings = Depends(settings_dep)) -> Response:
+def model_page(
+    request: Request,
+    model_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     context = _model_context(session, settings, model_id, principal)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
     context.update(form=form_fields(context["model"]), served=sorted(served))
@@ -63,24 +73,40 @@ def model_page(request: Request, model_id: RowId, principal: Principal = Depends
 
 
 @router.get("/models/{model_id}/matrix")
-def matrix_fragment(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.viewer),
-                    session: Session = Depends(session_dep, scope="function"),
-                    settings: Settings = Depends(settings_dep)) -> Response:
+def matrix_fragment(
+    request: Request,
+    model_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     return page(request, "fragments/matrix.html", **_model_context(session, settings, model_id, principal))
 
 
 @router.post("/models/{model_id}/builds")
-async def submit_build(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.builder),
-                       settings: Settings = Depends(settings_dep)) -> Response:
+async def submit_build(
+    request: Request,
+    model_id: RowId,
+    principal: Principal = Depends(ui_session.builder),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     """The build form: the same submission as POST /v1/builds; answers the matrix, which then updates itself."""
     form = await request.form()
     targets, spec, queue_anyway = spec_from_form(form)
 
     def submit_and_render() -> Response:
-        build_id = services.submit_build(settings, model_id, targets, spec, principal.project,
-                                         token_id=principal.family_id, queue_without_worker=queue_anyway or None)
+        build_id = services.submit_build(
+            settings,
+            model_id,
+            targets,
+            spec,
+            principal.project,
+            token_id=principal.family_id,
+            queue_without_worker=queue_anyway or None,
+        )
         with session_scope(settings) as s:  # the template renders here, while the rows are loaded
-            return page(request, "fragments/matrix.html", submitted=build_id,
-                        **_model_context(s, settings, model_id, principal))
+            return page(
+                request, "fragments/matrix.html", submitted=build_id, **_model_context(s, settings, model_id, principal)
+            )
 
     return await run_in_threadpool(submit_and_render)

@@ -21,7 +21,7 @@ templates = Jinja2Templates(directory=HERE / "templates")
 # nothing of its own. Images: the chart's PNG export is a data: URL.
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
@@ -45,7 +45,7 @@ def size(value: int | None) -> str:
 
 
 def age(when: datetime | None) -> str:
-    """"12 s ago", "3 min ago": how long since ``when``."""
+    """ "12 s ago", "3 min ago": how long since ``when``."""
     if when is None:
         return "–"
     if when.tzinfo is None:
@@ -88,8 +88,9 @@ def error_response(request: Request, exc: EnginefarmError) -> Response:
         target = "/ui/signin?next=" + quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
         if request.method == "GET" and not is_fragment(request):
             return RedirectResponse(target, status_code=303, headers=HEADERS)
-        return Response(exc.message, status_code=401, headers={**HEADERS, "HX-Redirect": target},
-                        media_type="text/plain")
+        return Response(
+            exc.message, status_code=401, headers={**HEADERS, "HX-Redirect": target}, media_type="text/plain"
+        )
     if "application/json" in request.headers.get("accept", ""):  # the upload script reads the API's error body
         return JSONResponse(exc.to_dict(), status_code=exc.status_code, headers=HEADERS)
     name = "fragments/error.html" if is_fragment(request) else "error.html"

@@ -20,18 +20,26 @@ router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 
 
 @router.get("/models/{model_id}/report")
-def report_page(request: Request, model_id: RowId, principal: Principal = Depends(ui_session.viewer),
-                session: Session = Depends(session_dep, scope="function"),
-                settings: Settings = Depends(settings_dep)) -> Response:
+def report_page(
+    request: Request,
+    model_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     report = reports.model_report(session, settings, model_id, principal.project)
     model = catalog.get_model(session, report["model"]["id"], principal.project)
     return page(request, "report.html", model=model, report=report)
 
 
 @router.get("/models/{model_id}/report.json")
-def report_json(model_id: RowId, principal: Principal = Depends(ui_session.viewer),
-                session: Session = Depends(session_dep, scope="function"),
-                settings: Settings = Depends(settings_dep)) -> Response:
+def report_json(
+    model_id: RowId,
+    principal: Principal = Depends(ui_session.viewer),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
     body = reports.model_report(session, settings, model_id, principal.project)
-    return JSONResponse(jsonable_encoder(body),
-                        headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"})
+    return JSONResponse(
+        jsonable_encoder(body), headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    )

@@ -1,4 +1,4 @@
-""""Which engine runs on my machine?": a form whose answer is /v1/resolve's own, with the explanation table.
+""" "Which engine runs on my machine?": a form whose answer is /v1/resolve's own, with the explanation table.
 
 The page's URL takes the form's fields, and GET /v1/resolve's names for them (``cc``, ``gpu``, ``trt_rtx``, ...), as
 its query: ``/ui/resolve?model=yolo&cc=8.6`` opens with the form filled and the answer shown, so an answer can be
@@ -25,17 +25,37 @@ from enginefarm.core.errors import EnginefarmError, NoCompatibleEngine
 from enginefarm.core.machine import Machine
 from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint
 from enginefarm.core.shapes import shape_request
+from enginefarm.core.text import text_problem
 from enginefarm.storage import catalog
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import Principal
-from enginefarm.core.text import text_problem
 
 router = APIRouter(prefix="/ui")
-FIELDS = ("model", "version", "gpu_name", "compute_capability", "memory_mib", "driver_version", "cuda_version",
-          "trt_version", "trt_rtx_version", "platform", "jetpack", "shapes", "probe", "accept")
+FIELDS = (
+    "model",
+    "version",
+    "gpu_name",
+    "compute_capability",
+    "memory_mib",
+    "driver_version",
+    "cuda_version",
+    "trt_version",
+    "trt_rtx_version",
+    "platform",
+    "jetpack",
+    "shapes",
+    "probe",
+    "accept",
+)
 # GET /v1/resolve's query names for the form's fields.
-QUERY_NAMES = {"gpu": "gpu_name", "cc": "compute_capability", "driver": "driver_version", "cuda": "cuda_version",
-               "trt": "trt_version", "trt_rtx": "trt_rtx_version"}
+QUERY_NAMES = {
+    "gpu": "gpu_name",
+    "cc": "compute_capability",
+    "driver": "driver_version",
+    "cuda": "cuda_version",
+    "trt": "trt_version",
+    "trt_rtx": "trt_rtx_version",
+}
 CCS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "12.0", "12.1")
 MAX_PROBE_CHARS = 100_000
 # A probe is a flat object with two levels under it (gpus → a GPU → its fields); anything deeper is not one.
@@ -53,8 +73,10 @@ def _check_probe_values(data: Any) -> None:
     while stack:
         value, path, depth = stack.pop()
         if depth > MAX_PROBE_DEPTH:
-            raise ProbeInvalid(f"the probe is nested more than {MAX_PROBE_DEPTH} levels deep at {path}: "
-                               "paste what `enginefarm worker --probe --json` prints")
+            raise ProbeInvalid(
+                f"the probe is nested more than {MAX_PROBE_DEPTH} levels deep at {path}: "
+                "paste what `enginefarm worker --probe --json` prints"
+            )
         if isinstance(value, str) and (problem := text_problem(value)):
             raise ProbeInvalid(f"{path}: {problem}")
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
@@ -70,8 +92,10 @@ def machine_from_probe(text: str) -> Machine:
     try:
         data = json.loads(text)
     except RecursionError:  # json's parser recurses per level: thousands of brackets exhaust the stack
-        raise ProbeInvalid(f"the probe is nested more than {MAX_PROBE_DEPTH} levels deep: paste what "
-                           "`enginefarm worker --probe --json` prints") from None
+        raise ProbeInvalid(
+            f"the probe is nested more than {MAX_PROBE_DEPTH} levels deep: paste what "
+            "`enginefarm worker --probe --json` prints"
+        ) from None
     except ValueError as exc:
         raise ProbeInvalid(f"the probe is not JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -92,10 +116,22 @@ def machine_from_form(form: dict[str, str]) -> Machine:
         machine = machine_from_probe(form["probe"][:MAX_PROBE_CHARS])
     else:
         memory = form.get("memory_mib", "").strip()
-        machine = Machine(**{k: (form.get(k, "").strip() or None) for k in
-                             ("gpu_name", "compute_capability", "driver_version", "cuda_version", "trt_version",
-                              "trt_rtx_version", "platform", "jetpack")},
-                          memory_mib=int(memory) if memory else None)
+        machine = Machine(
+            **{
+                k: (form.get(k, "").strip() or None)
+                for k in (
+                    "gpu_name",
+                    "compute_capability",
+                    "driver_version",
+                    "cuda_version",
+                    "trt_version",
+                    "trt_rtx_version",
+                    "platform",
+                    "jetpack",
+                )
+            },
+            memory_mib=int(memory) if memory else None,
+        )
     if form.get("shapes", "").strip():
         machine = replace(machine, shapes=shape_request(form["shapes"]))
     return machine
@@ -109,8 +145,9 @@ def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[s
         machine = machine_from_form(form)
         # "cpu": a machine that names its GPU runtime is handed the ONNX Runtime CPU artifact only when it asks.
         accept = ["cpu"] if form.get("accept", "").strip() == "cpu" else []
-        req = ResolveRequest(model=form["model"], version=form.get("version") or None, machine=machine, explain=True,
-                             accept=accept)
+        req = ResolveRequest(
+            model=form["model"], version=form.get("version") or None, machine=machine, explain=True, accept=accept
+        )
     except (ValidationError, ValueError, TypeError) as exc:
         return {"problem": f"the machine as given is not valid: {exc}", "status": 422}
     with session_scope(settings) as s:
@@ -125,8 +162,10 @@ def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[s
 
 def _result(request: Request, principal: Principal, form: dict[str, str]) -> Awaitable[dict[str, Any]]:
     if not form["model"].strip():
+
         async def unnamed() -> dict[str, Any]:
             return {"problem": "name the model", "status": 422}
+
         return unnamed()
     return run_in_threadpool(_ask, request, principal, form)
 
@@ -150,8 +189,15 @@ def form_from_query(query: Mapping[str, str]) -> dict[str, str]:
 async def _page(request: Request, principal: Principal, form: dict[str, str], asked: bool) -> Response:
     result = await _result(request, principal, form) if asked else None
     names = await run_in_threadpool(_model_names, principal, request.app.state.settings)
-    return page(request, "resolve.html", status_code=result["status"] if result else 200, form=form, names=names,
-                ccs=CCS, result=result)
+    return page(
+        request,
+        "resolve.html",
+        status_code=result["status"] if result else 200,
+        form=form,
+        names=names,
+        ccs=CCS,
+        result=result,
+    )
 
 
 @router.get("/resolve")

@@ -76,8 +76,9 @@ def _secure(request: Request) -> bool:
 
 
 def set_cookie(response: Response, request: Request, name: str, value: str, max_age: int, path: str = PATH) -> None:
-    response.set_cookie(name, value, max_age=max_age, path=path, httponly=True, samesite="strict",
-                        secure=_secure(request))
+    response.set_cookie(
+        name, value, max_age=max_age, path=path, httponly=True, samesite="strict", secure=_secure(request)
+    )
 
 
 def clear_cookie(response: Response, request: Request, name: str, path: str = PATH) -> None:
@@ -116,7 +117,8 @@ class AddressLimiter:
                 raise SignInsTooFast(
                     f"{len(seen)} sign-ins from {address} in the last minute, the most one address may "
                     "(ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS): try again later",
-                    retry_after=max(1, math.ceil(seen[0] + self.WINDOW - now)))
+                    retry_after=max(1, math.ceil(seen[0] + self.WINDOW - now)),
+                )
             seen.append(now)
 
 
@@ -131,8 +133,9 @@ def _open(settings, token: str) -> tuple[Principal, str] | None:
             lifetime = min(lifetime, principal.expires_at - utcnow())
         # A session opened with a session belongs to the same token: revoking that one ends them all, and all
         # count against its quotas.
-        _row, credential = open_session(s, principal, (SESSION_PREFIX + principal.name)[:100], lifetime,
-                                        settings.signin_per_minute_per_token)
+        _row, credential = open_session(
+            s, principal, (SESSION_PREFIX + principal.name)[:100], lifetime, settings.signin_per_minute_per_token
+        )
         return principal, credential
 
 

@@ -35,8 +35,12 @@ async def signin_form(request: Request, next: str | None = None) -> Response:  #
 
 
 @router.post("/signin")
-async def signin(request: Request, token: str = Form(""), next: str = Form("/ui/models"),  # noqa: A002 - the form's
-                 csrf: str = Form("")) -> Response:
+async def signin(
+    request: Request,
+    token: str = Form(""),
+    next: str = Form("/ui/models"),  # noqa: A002 - the form's
+    csrf: str = Form(""),
+) -> Response:
     session.check_signin_csrf(request, csrf)
     try:
         opened = await session.sign_in(request, token)
@@ -56,8 +60,9 @@ async def signin(request: Request, token: str = Form(""), next: str = Form("/ui/
 def _form_again(request: Request, next_path: str, status_code: int, problem: str) -> Response:
     """The sign-in form again, with what went wrong and a fresh CSRF value."""
     value = session.new_signin_value()
-    response = page(request, "signin.html", status_code=status_code, next=_local(next_path), signin_csrf=value,
-                    problem=problem)
+    response = page(
+        request, "signin.html", status_code=status_code, next=_local(next_path), signin_csrf=value, problem=problem
+    )
     session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
     return response
 

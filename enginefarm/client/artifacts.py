@@ -113,7 +113,9 @@ def check_name(engine: dict[str, Any], dest: Path | str) -> None:
     raise WrongArtifact(
         f"not writing {Path(dest).name}: the farm chose engine {engine.get('id')} ({engine.get('target')}), "
         f"{WHAT[kind]}, and the name says {WHAT[claimed]}; write it as {right}",
-        engine_id=engine.get("id"), target=engine.get("target"))
+        engine_id=engine.get("id"),
+        target=engine.get("target"),
+    )
 
 
 def check_bytes(engine: dict[str, Any], path: Path | str) -> None:
@@ -126,7 +128,8 @@ def check_bytes(engine: dict[str, Any], path: Path | str) -> None:
         raise IntegrityError(
             f"engine {engine.get('id')} ({engine.get('target')}) is recorded as {WHAT[kind]} but its bytes are "
             f"{'an ONNX model' if found == ONNX else 'not an ONNX model'}; nothing was written",
-            sha256=engine.get("sha256"))
+            sha256=engine.get("sha256"),
+        )
 
 
 def destination(engine: dict[str, Any], dest: Path | str | None) -> Path:

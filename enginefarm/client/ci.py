@@ -11,10 +11,11 @@ import json
 import shlex
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional, cast
+from typing import Any, cast
 
 import httpx
 import typer
@@ -65,12 +66,15 @@ class CiResult:
 
 # The build and ci commands take trtexec's build flags as trtexec spells them, after their own options.
 TRTEXEC_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True}
-TRTEXEC_HELP = ("\n\nAlso takes trtexec's build flags as trtexec spells them: --fp16, --bf16, --int8, --fp8, --best, "
-                "--stronglyTyped, --shapes=, --minShapes=, --optShapes=, --maxShapes=, --memPoolSize=workspace:SIZE, "
-                "--builderOptimizationLevel=N, --hardwareCompatibilityLevel=ampere+, --versionCompatible, "
-                "--timingCacheFile=PATH; or all of them in one --trtexec-args \"...\" (as TensorRT Cloud takes them).")
-TRTEXEC_ARGS_OPT = typer.Option(None, "--trtexec-args", help="trtexec build flags in one string, e.g. "
-                                                             "\"--fp16 --memPoolSize=workspace:4096M\"")
+TRTEXEC_HELP = (
+    "\n\nAlso takes trtexec's build flags as trtexec spells them: --fp16, --bf16, --int8, --fp8, --best, "
+    "--stronglyTyped, --shapes=, --minShapes=, --optShapes=, --maxShapes=, --memPoolSize=workspace:SIZE, "
+    "--builderOptimizationLevel=N, --hardwareCompatibilityLevel=ampere+, --versionCompatible, "
+    "--timingCacheFile=PATH; or all of them in one --trtexec-args \"...\" (as TensorRT Cloud takes them)."
+)
+TRTEXEC_ARGS_OPT = typer.Option(
+    None, "--trtexec-args", help="trtexec build flags in one string, e.g. \"--fp16 --memPoolSize=workspace:4096M\""
+)
 
 
 def build_spec(spec_file: Path | None, precision: str | None, trtexec: list[str]) -> dict[str, Any]:
@@ -97,8 +101,9 @@ def _transient(exc: Exception) -> bool:
     return isinstance(exc, httpx.TransportError) or (isinstance(exc, ApiError) and exc.status_code in TRANSIENT_STATUS)
 
 
-def wait_or_fail(client: Client, build: dict[str, Any], timeout: float, log: Log = log_line,
-                 poll: float = 1.0) -> tuple[dict[str, Any], int]:
+def wait_or_fail(
+    client: Client, build: dict[str, Any], timeout: float, log: Log = log_line, poll: float = 1.0
+) -> tuple[dict[str, Any], int]:
     """Wait for every task of ``build`` until ``timeout`` seconds pass, logging each task's state change; returns
     the last state seen and the exit code: 0 when every target built, 1 when one failed or the deadline passed
     (a task still waiting is named with why, e.g. no live worker serves its target)."""
@@ -133,16 +138,43 @@ def wait_or_fail(client: Client, build: dict[str, Any], timeout: float, log: Log
 def _refused(options: CiOptions, reason: str, model: dict[str, Any] | None = None) -> dict[str, Any]:
     """A gate answer for a run the farm refused before anything was built: every target's build fails with the
     farm's reason, and the checks after it with it."""
-    targets = [{"target": t, "verdict": "fail", "build_id": None, "task_id": None, "engine_id": None,
-                "spec_hash": None,
-                "checks": [{"target": t, "check": c, "verdict": "fail", "in_progress": False, "numbers": {},
-                            "reason": reason if c == "build" else "no engine: the build did not succeed"}
-                           for c in CHECKS]} for t in options.targets]
-    ident = {k: model[k] for k in ("id", "name", "version")} if model else {"id": None, "name": options.name,
-                                                                            "version": options.version or "?"}
-    return {"model": ident, "previous": None, "max_regression_pct": options.max_regression_pct,
-            "pending": options.pending, "verdict": "fail", "reason": reason,
-            "counts": {"pass": 0, "fail": 4 * len(targets), "pending": 0}, "targets": targets}
+    targets = [
+        {
+            "target": t,
+            "verdict": "fail",
+            "build_id": None,
+            "task_id": None,
+            "engine_id": None,
+            "spec_hash": None,
+            "checks": [
+                {
+                    "target": t,
+                    "check": c,
+                    "verdict": "fail",
+                    "in_progress": False,
+                    "numbers": {},
+                    "reason": reason if c == "build" else "no engine: the build did not succeed",
+                }
+                for c in CHECKS
+            ],
+        }
+        for t in options.targets
+    ]
+    ident = (
+        {k: model[k] for k in ("id", "name", "version")}
+        if model
+        else {"id": None, "name": options.name, "version": options.version or "?"}
+    )
+    return {
+        "model": ident,
+        "previous": None,
+        "max_regression_pct": options.max_regression_pct,
+        "pending": options.pending,
+        "verdict": "fail",
+        "reason": reason,
+        "counts": {"pass": 0, "fail": 4 * len(targets), "pending": 0},
+        "targets": targets,
+    }
 
 
 def _past_deadline(gate: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -155,10 +187,12 @@ def _past_deadline(gate: dict[str, Any], timeout: float) -> dict[str, Any]:
                 target["verdict"] = "fail"
     failed = [c for t in gate["targets"] for c in t["checks"] if c["verdict"] == "fail"]
     gate["verdict"] = "fail"
-    gate["counts"] = {v: sum(c["verdict"] == v for t in gate["targets"] for c in t["checks"])
-                      for v in ("pass", "fail", "pending")}
-    gate["reason"] = f"{len(failed)} check(s) failed: " + "; ".join(f"{c['target']} {c['check']}: {c['reason']}"
-                                                                    for c in failed)
+    gate["counts"] = {
+        v: sum(c["verdict"] == v for t in gate["targets"] for c in t["checks"]) for v in ("pass", "fail", "pending")
+    }
+    gate["reason"] = f"{len(failed)} check(s) failed: " + "; ".join(
+        f"{c['target']} {c['check']}: {c['reason']}" for c in failed
+    )
     return gate
 
 
@@ -172,8 +206,13 @@ def _wait_gate(client: Client, options: CiOptions, model_id: int, build_id: int,
             gate = client.get(f"/v1/models/{model_id}/gate", **params)
         except (ApiError, httpx.TransportError) as exc:
             if getattr(exc, "body", None) == {"detail": "Not Found"}:  # no such route, not no such model
-                raise ApiError(404, {"detail": f"the farm at {client.base_url} has no release gate "
-                                               "(GET /v1/models/{id}/gate): upgrade the farm"}) from None
+                raise ApiError(
+                    404,
+                    {
+                        "detail": f"the farm at {client.base_url} has no release gate "
+                        "(GET /v1/models/{id}/gate): upgrade the farm"
+                    },
+                ) from None
             if not _transient(exc) or (gate is None and time.monotonic() > deadline):
                 raise
             log(f"the farm did not answer ({exc}); asking again")
@@ -197,8 +236,10 @@ def run_ci(client: Client, options: CiOptions, log: Log = log_line) -> CiResult:
     model = None
     try:
         model, created = client.upload(options.model_file, options.name, options.version, project=options.project)
-        log(f"model {model['id']}: {model['name']} version {model['version']} sha256 {model['sha256'][:12]} "
-            + ("uploaded" if created else "already uploaded (same bytes): reused"))
+        log(
+            f"model {model['id']}: {model['name']} version {model['version']} sha256 {model['sha256'][:12]} "
+            + ("uploaded" if created else "already uploaded (same bytes): reused")
+        )
         build = client.build(model["id"], options.targets, options.spec, queue_without_worker=True)
     except ApiError as exc:
         if exc.status_code >= 500:
@@ -206,8 +247,10 @@ def run_ci(client: Client, options: CiOptions, log: Log = log_line) -> CiResult:
         gate = _refused(options, f"the farm refused the {'build' if model else 'upload'}: {_api_detail(exc)}", model)
         log(f"gate: fail: {gate['reason']}")
         return _finish(options, CiResult(gate, 1, model))
-    log(f"build {build['id']}: {len(build['tasks'])} target(s), spec {build['spec_hash'][:12]}; "
-        f"deadline {options.timeout:g} s")
+    log(
+        f"build {build['id']}: {len(build['tasks'])} target(s), spec {build['spec_hash'][:12]}; "
+        f"deadline {options.timeout:g} s"
+    )
     gate = _wait_gate(client, options, model["id"], build["id"], log)
     log(f"gate: {gate['verdict']}: {gate['reason']}")
     return _finish(options, CiResult(gate, 0 if gate["verdict"] == "pass" else 1, model, build["id"]))
@@ -215,8 +258,11 @@ def run_ci(client: Client, options: CiOptions, log: Log = log_line) -> CiResult:
 
 def _api_detail(exc: ApiError) -> str:
     detail = str(exc).removeprefix(f"HTTP {exc.status_code}: ")
-    problems = [f"{'.'.join(str(p) for p in pr.get('loc', [])) or pr.get('target', '')}: "
-                f"{pr.get('msg') or pr.get('reason')}" for pr in (exc.problems or []) if isinstance(pr, dict)]
+    problems = [
+        f"{'.'.join(str(p) for p in pr.get('loc', [])) or pr.get('target', '')}: {pr.get('msg') or pr.get('reason')}"
+        for pr in (exc.problems or [])
+        if isinstance(pr, dict)
+    ]
     return detail + (f" ({'; '.join(problems)})" if problems else "")
 
 
@@ -253,8 +299,9 @@ def junit_xml(gate: dict[str, Any], pending: str) -> str:
     cases, failures, skipped = [], 0, 0
     for target in gate["targets"]:
         for c in target["checks"]:
-            case = ET.Element("testcase", classname=f"enginefarm.{model['name']}", name=f"{c['target']} {c['check']}",
-                              time="0")
+            case = ET.Element(
+                "testcase", classname=f"enginefarm.{model['name']}", name=f"{c['target']} {c['check']}", time="0"
+            )
             detail = c["reason"] + ("\n" + json.dumps(c["numbers"], indent=2, sort_keys=True) if c["numbers"] else "")
             if c["verdict"] == "fail" or (c["verdict"] == "pending" and pending == "fail"):
                 failures += 1
@@ -270,9 +317,13 @@ def junit_xml(gate: dict[str, Any], pending: str) -> str:
     root = ET.Element("testsuites", {"name": "enginefarm ci", **counts})
     suite = ET.SubElement(root, "testsuite", {"name": suite_name, "timestamp": stamp, "time": "0", **counts})
     props = ET.SubElement(suite, "properties")
-    for key, value in (("model_id", model["id"]), ("verdict", gate["verdict"]),
-                       ("max_regression_pct", gate["max_regression_pct"]), ("pending", pending),
-                       ("previous_version", (gate.get("previous") or {}).get("version"))):
+    for key, value in (
+        ("model_id", model["id"]),
+        ("verdict", gate["verdict"]),
+        ("max_regression_pct", gate["max_regression_pct"]),
+        ("pending", pending),
+        ("previous_version", (gate.get("previous") or {}).get("version")),
+    ):
         ET.SubElement(props, "property", name=key, value="" if value is None else str(value))
     suite.extend(cases)
     ET.indent(root)
@@ -291,26 +342,41 @@ def _latency_cell(c: dict[str, Any]) -> str:
     if not shapes:
         return _MARK[c["verdict"]]
     worst = max(shapes, key=lambda s: s["change_pct"])
-    return (f"{_MARK[c['verdict']]} {worst['previous_median_ms']:.3f} → {worst['median_ms']:.3f} ms "
-            f"({worst['change_pct']:+.1f}%)")
+    return (
+        f"{_MARK[c['verdict']]} {worst['previous_median_ms']:.3f} → {worst['median_ms']:.3f} ms "
+        f"({worst['change_pct']:+.1f}%)"
+    )
 
 
 def markdown_summary(gate: dict[str, Any], build_id: int | None = None) -> str:
     """A table of targets × checks and the reason of every check that did not pass, for a CI job summary."""
     model, previous = gate["model"], gate.get("previous")
     head = f"### enginefarm ci: {model['name']} version {model['version']}: {gate['verdict'].upper()}"
-    facts = [f"model {model['id']}" if model.get("id") else None, f"build {build_id}" if build_id else None,
-             f"latency baseline: version {previous['version']}" if previous else "latency baseline: none (first version)",
-             f"limit +{gate['max_regression_pct']:g}%", f"pending checks {gate['pending']}"]
-    lines = [head, "", " · ".join(f for f in facts if f), "",
-             "| target | build | benchmark | accuracy | latency vs N-1 |", "|---|---|---|---|---|"]
+    facts = [
+        f"model {model['id']}" if model.get("id") else None,
+        f"build {build_id}" if build_id else None,
+        f"latency baseline: version {previous['version']}" if previous else "latency baseline: none (first version)",
+        f"limit +{gate['max_regression_pct']:g}%",
+        f"pending checks {gate['pending']}",
+    ]
+    lines = [
+        head,
+        "",
+        " · ".join(f for f in facts if f),
+        "",
+        "| target | build | benchmark | accuracy | latency vs N-1 |",
+        "|---|---|---|---|---|",
+    ]
     notes = []
     for target in gate["targets"]:
         by = {c["check"]: c for c in target["checks"]}
         cells = [_MARK[by[c]["verdict"]] for c in CHECKS[:3]] + [_latency_cell(by["latency_regression"])]
         lines.append(f"| `{target['target']}` | " + " | ".join(cells) + " |")
-        notes += [f"- `{c['target']}` {c['check']}: {_cell(c['reason'])}" for c in target["checks"]
-                  if c["verdict"] != "pass" or c["check"] == "latency_regression"]
+        notes += [
+            f"- `{c['target']}` {c['check']}: {_cell(c['reason'])}"
+            for c in target["checks"]
+            if c["verdict"] != "pass" or c["check"] == "latency_regression"
+        ]
     counts = gate["counts"]
     lines += ["", f"{counts['pass']} passed, {counts['fail']} failed, {counts['pending']} pending."]
     if notes:
@@ -326,24 +392,31 @@ def ci_command(
     model_file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
     name: str = typer.Option(..., "--name", help="the model's name in the catalog; each new file is a new version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. onnxruntime/cpu-x86_64; repeat for more"),
-    precision: Optional[str] = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
-    trtexec_args: Optional[str] = TRTEXEC_ARGS_OPT,
-    spec_file: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
-                                             help="a JSON build spec; flags override its fields"),
-    version: Optional[str] = typer.Option(None, help="the version to upload as (default: the next integer)"),
-    project: Optional[str] = typer.Option(None, help="the project it belongs to"),
+    precision: str | None = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
+    trtexec_args: str | None = TRTEXEC_ARGS_OPT,
+    spec_file: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help="a JSON build spec; flags override its fields"
+    ),
+    version: str | None = typer.Option(None, help="the version to upload as (default: the next integer)"),
+    project: str | None = typer.Option(None, help="the project it belongs to"),
     timeout: float = typer.Option(1800.0, "--timeout", min=1, help="seconds to wait for builds and checks in all"),
-    max_regression_pct: float = typer.Option(10.0, "--max-regression-pct", min=0,
-                                             help="largest median-latency slowdown against the previous version "
-                                                  "(same target, shape and GPU), in percent"),
-    pending: str = typer.Option("pass", "--pending", help="pass or fail: how a check waiting for hardware the "
-                                                          "farm lacks counts"),
-    junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML here (one case per target × check)"),
-    summary: Optional[Path] = typer.Option(None, "--summary", help="append a Markdown summary here "
-                                                                   "(e.g. $GITHUB_STEP_SUMMARY)"),
-    api: Optional[str] = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL",
-                                      help="farm URL (default http://127.0.0.1:8321)"),
-    token: Optional[str] = typer.Option(None, "--token", envvar="ENGINEFARM_TOKEN", help="API token"),
+    max_regression_pct: float = typer.Option(
+        10.0,
+        "--max-regression-pct",
+        min=0,
+        help="largest median-latency slowdown against the previous version (same target, shape and GPU), in percent",
+    ),
+    pending: str = typer.Option(
+        "pass", "--pending", help="pass or fail: how a check waiting for hardware the farm lacks counts"
+    ),
+    junit: Path | None = typer.Option(None, "--junit", help="write JUnit XML here (one case per target × check)"),
+    summary: Path | None = typer.Option(
+        None, "--summary", help="append a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)"
+    ),
+    api: str | None = typer.Option(
+        None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)"
+    ),
+    token: str | None = typer.Option(None, "--token", envvar="ENGINEFARM_TOKEN", help="API token"),
 ) -> None:
     """Upload a model, build it for every target, wait for its checks and gate it: exit 0 only when every
     target built, was benchmarked (or waits for hardware the farm lacks, with --pending pass), passed its
@@ -354,9 +427,19 @@ def ci_command(
         spec = build_spec(spec_file, precision, trtexec_flags(ctx, trtexec_args))
     except ValueError as exc:  # json.JSONDecodeError is one
         raise typer.BadParameter(str(exc), param_hint="--spec-file/trtexec flags") from None
-    options = CiOptions(model_file=model_file, name=name, targets=target, spec=spec, version=version, project=project,
-                        timeout=timeout, max_regression_pct=max_regression_pct, pending=pending, junit=junit,
-                        summary=summary)
+    options = CiOptions(
+        model_file=model_file,
+        name=name,
+        targets=target,
+        spec=spec,
+        version=version,
+        project=project,
+        timeout=timeout,
+        max_regression_pct=max_regression_pct,
+        pending=pending,
+        junit=junit,
+        summary=summary,
+    )
     try:
         with Client(api, token=token) as client:
             result = run_ci(client, options)

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, cast
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn
@@ -14,14 +14,27 @@ from rich.table import Table
 
 from enginefarm.client import fetchcli, lscli
 from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
-from enginefarm.client.terminal import API_OPT, QUEUE_OPT, client_for, console, err, fail, need, print_tasks, transfer_bar
+from enginefarm.client.terminal import (
+    API_OPT,
+    QUEUE_OPT,
+    client_for,
+    console,
+    err,
+    fail,
+    need,
+    print_tasks,
+    transfer_bar,
+)
 from enginefarm.core.shapes import parse_val_ranges
 
 if TYPE_CHECKING:
     from enginefarm.client import Client
 
-app = typer.Typer(help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
-                  no_args_is_help=True, pretty_exceptions_show_locals=False)
+app = typer.Typer(
+    help="enginefarm: build TensorRT engines for every GPU, fetch the one that runs here.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 
 
 def _version(show: bool) -> None:
@@ -33,23 +46,29 @@ def _version(show: bool) -> None:
 
 
 @app.callback()
-def _global(token: Optional[str] = typer.Option(None, "--token", envvar="ENGINEFARM_TOKEN", show_envvar=True,
-                                                help="API token for the farm's REST API"),
-            version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                         help="print the version and exit")) -> None:
+def _global(
+    token: str | None = typer.Option(
+        None, "--token", envvar="ENGINEFARM_TOKEN", show_envvar=True, help="API token for the farm's REST API"
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
     if token:  # the client reads it from the environment
         os.environ["ENGINEFARM_TOKEN"] = token
 
 
 @app.command()
-def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
-           name: str = typer.Option(..., help="the model's name in the catalog"),
-           version: Optional[str] = typer.Option(None, help="the version to upload as (default: the next integer)"),
-           project: Optional[str] = typer.Option(None, help="the project it belongs to (a project's token puts it "
-                                                            "in its own)"),
-           samples: Optional[Path] = typer.Option(None, exists=True, dir_okay=False,
-                                                  help=".npz of sample inputs: int8 calibration and accuracy checks"),
-           api: Optional[str] = API_OPT) -> None:
+def upload(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
+    name: str = typer.Option(..., help="the model's name in the catalog"),
+    version: str | None = typer.Option(None, help="the version to upload as (default: the next integer)"),
+    project: str | None = typer.Option(None, help="the project it belongs to (a project's token puts it in its own)"),
+    samples: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help=".npz of sample inputs: int8 calibration and accuracy checks"
+    ),
+    api: str | None = API_OPT,
+) -> None:
     """Upload an .onnx file, or a .zip/.tar bundle of model.onnx and its external data."""
     try:
         with client_for(api) as c:
@@ -60,11 +79,12 @@ def upload(file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".
                 model = c.upload_samples(model["id"], samples)
     except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
-    console.print(f"{'uploaded' if created else 'already present'}: model {model['id']} "
-                  f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}")
+    console.print(
+        f"{'uploaded' if created else 'already present'}: model {model['id']} "
+        f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}"
+    )
     if model.get("samples"):
         console.print(f"samples: {model['samples']['count']} per input, sha256 {model['samples']['sha256'][:12]}")
-
 
 
 @app.command(context_settings=TRTEXEC_CONTEXT)
@@ -72,27 +92,34 @@ def build(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="model id, name (its newest version) or name:version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
-    precision: Optional[str] = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
-    trtexec_args: Optional[str] = TRTEXEC_ARGS_OPT,
-    spec_file: Optional[Path] = typer.Option(None, help="a JSON build spec; flags override its fields"),
-    batch_sizes: Optional[str] = typer.Option(None, "--batch-sizes", help="benchmark at these batch sizes, e.g. 1,8,32"),
-    bench_seconds: Optional[float] = typer.Option(None, "--bench-seconds", help="minimum measured time (default 3)"),
+    precision: str | None = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
+    trtexec_args: str | None = TRTEXEC_ARGS_OPT,
+    spec_file: Path | None = typer.Option(None, help="a JSON build spec; flags override its fields"),
+    batch_sizes: str | None = typer.Option(None, "--batch-sizes", help="benchmark at these batch sizes, e.g. 1,8,32"),
+    bench_seconds: float | None = typer.Option(None, "--bench-seconds", help="minimum measured time (default 3)"),
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="benchmark GPU engines through a CUDA graph"),
     no_bench: bool = typer.Option(False, "--no-bench", help="build only: no benchmark, no accuracy check"),
-    val_range: Optional[list[str]] = typer.Option(None, "--val-range", help="generated input values, Polygraphy "
-                                                  "syntax: input_ids:[0,30521] (repeatable)"),
-    keep_fp32_ops: Optional[str] = typer.Option(None, "--keep-fp32-ops", help="fp16/int8: op types kept fp32, e.g. "
-                                                "Softmax,Pow"),
-    keep_fp32_layers: Optional[str] = typer.Option(None, "--keep-fp32-layers", help="fp16/int8: node names kept fp32"),
-    repair: bool = typer.Option(False, "--repair", help="int8: if it fails its accuracy gate, keep the fewest "
-                                "layers that break it in fp32 (found by measured sensitivity)"),
-    cleanup: Optional[str] = typer.Option(None, "--cleanup", help="graph clean-up before building: onnxslim or none"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="int8: minmax, entropy or percentile"),
+    val_range: list[str] | None = typer.Option(
+        None, "--val-range", help="generated input values, Polygraphy syntax: input_ids:[0,30521] (repeatable)"
+    ),
+    keep_fp32_ops: str | None = typer.Option(
+        None, "--keep-fp32-ops", help="fp16/int8: op types kept fp32, e.g. Softmax,Pow"
+    ),
+    keep_fp32_layers: str | None = typer.Option(None, "--keep-fp32-layers", help="fp16/int8: node names kept fp32"),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="int8: if it fails its accuracy gate, keep the fewest "
+        "layers that break it in fp32 (found by measured sensitivity)",
+    ),
+    cleanup: str | None = typer.Option(None, "--cleanup", help="graph clean-up before building: onnxslim or none"),
+    calibration: str | None = typer.Option(None, "--calibration", help="int8: minmax, entropy or percentile"),
     queue_without_worker: bool = QUEUE_OPT,
     wait: bool = typer.Option(False, "--wait", help="wait for every target and show progress"),
-    timeout: float = typer.Option(3600, "--timeout", min=1, help="with --wait: give up after this many seconds "
-                                                                 "(exit 1)"),
-    api: Optional[str] = API_OPT,
+    timeout: float = typer.Option(
+        3600, "--timeout", min=1, help="with --wait: give up after this many seconds (exit 1)"
+    ),
+    api: str | None = API_OPT,
 ) -> None:
     """Build a model for one or more targets; each engine is then benchmarked and checked against ONNX Runtime."""
     try:
@@ -122,8 +149,14 @@ def build(
 build.__doc__ = (build.__doc__ or "") + TRTEXEC_HELP
 
 
-def _precision_flags(spec: dict[str, Any], val_range: list[str] | None, ops: str | None, layers: str | None,
-                     cleanup: str | None, calibration: str | None) -> None:
+def _precision_flags(
+    spec: dict[str, Any],
+    val_range: list[str] | None,
+    ops: str | None,
+    layers: str | None,
+    cleanup: str | None,
+    calibration: str | None,
+) -> None:
     if val_range:
         spec.setdefault("benchmark", {}).setdefault("value_ranges", {}).update(parse_val_ranges(val_range))
     if ops:
@@ -137,8 +170,11 @@ def _precision_flags(spec: dict[str, Any], val_range: list[str] | None, ops: str
 
 
 @app.command()
-def logs(build_id: int, target: Optional[str] = typer.Option(None, "--target", "-t", help="only this target"),
-         api: Optional[str] = API_OPT) -> None:
+def logs(
+    build_id: int,
+    target: str | None = typer.Option(None, "--target", "-t", help="only this target"),
+    api: str | None = API_OPT,
+) -> None:
     """Print the builder log of each task of a build (the log's tail as the worker kept it), and its error."""
     try:
         with client_for(api) as c:
@@ -156,7 +192,9 @@ def logs(build_id: int, target: Optional[str] = typer.Option(None, "--target", "
             console.print(f"error: {t['error']}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _bench_flags(spec: dict[str, Any], batch_sizes: str | None, seconds: float | None, cuda_graph: bool, off: bool) -> None:
+def _bench_flags(
+    spec: dict[str, Any], batch_sizes: str | None, seconds: float | None, cuda_graph: bool, off: bool
+) -> None:
     bench = spec.setdefault("benchmark", {})
     if batch_sizes:
         bench["batch_sizes"] = [int(b) for b in batch_sizes.split(",") if b.strip()]
@@ -173,11 +211,13 @@ def _bench_flags(spec: dict[str, Any], batch_sizes: str | None, seconds: float |
 def sweep(
     model: str = typer.Argument(..., help="model id, name (its newest version) or name:version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
-    axis: list[str] = typer.Option(..., "--axis", "-a", help="FIELD=V1,V2: precision=fp32,fp16 or optimization_level=3,5"),
-    spec_file: Optional[Path] = typer.Option(None, help="the JSON base spec every variant starts from"),
+    axis: list[str] = typer.Option(
+        ..., "--axis", "-a", help="FIELD=V1,V2: precision=fp32,fp16 or optimization_level=3,5"
+    ),
+    spec_file: Path | None = typer.Option(None, help="the JSON base spec every variant starts from"),
     queue_without_worker: bool = QUEUE_OPT,
     wait: bool = typer.Option(False, "--wait", help="wait for builds and benchmarks, then print the variants"),
-    api: Optional[str] = API_OPT,
+    api: str | None = API_OPT,
 ) -> None:
     """Build and benchmark every combination of the axes; the best variant per target is the fastest that
     passes the accuracy gate."""
@@ -188,8 +228,10 @@ def sweep(
             field, sep, values = item.partition("=")
             if not sep or not values:
                 raise ValueError(f"--axis {item!r}: write FIELD=V1,V2")
-            axes[field.strip()] = [json.loads(v) if v.strip().lstrip("-").isdigit() or v.strip() in ("true", "false")
-                                   else v.strip() for v in values.split(",")]
+            axes[field.strip()] = [
+                json.loads(v) if v.strip().lstrip("-").isdigit() or v.strip() in ("true", "false") else v.strip()
+                for v in values.split(",")
+            ]
         with client_for(api) as c:
             result = c.sweep(c.model_id(model), target, axes, base, queue_without_worker=queue_without_worker or None)
             console.print(f"sweep {result['id']}: {len(result['variants'])} variant(s) × {len(target)} target(s)")
@@ -206,20 +248,26 @@ def sweep(
     for v in result["variants"]:
         for e in v["engines"]:
             acc = {True: "pass", False: "FAIL"}.get(e["accuracy_pass"], "—")
-            table.add_row(v["variant"], e["target"], (e["checks"] or {}).get("detail") or e["task_state"],
-                          f"{e['median_ms']:.3f}" if e["median_ms"] is not None else "—",
-                          f"{e['p99_ms']:.3f}" if e["p99_ms"] is not None else "—", acc, "★" if e["best"] else "")
+            table.add_row(
+                v["variant"],
+                e["target"],
+                (e["checks"] or {}).get("detail") or e["task_state"],
+                f"{e['median_ms']:.3f}" if e["median_ms"] is not None else "—",
+                f"{e['p99_ms']:.3f}" if e["p99_ms"] is not None else "—",
+                acc,
+                "★" if e["best"] else "",
+            )
     console.print(table)
 
 
 @app.command()
 def report(
     model: str = typer.Argument(..., help="model name, or a model id"),
-    version: Optional[str] = typer.Option(None, help="model version (default: the newest)"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="also draw latency by target and batch size to this PNG"),
+    version: str | None = typer.Option(None, help="model version (default: the newest)"),
+    plot: Path | None = typer.Option(None, "--plot", help="also draw latency by target and batch size to this PNG"),
     as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
     wait: bool = typer.Option(False, "--wait", help="wait for benchmarks that are queued or running"),
-    api: Optional[str] = API_OPT,
+    api: str | None = API_OPT,
 ) -> None:
     """Latency percentiles, throughput, accuracy and size for every target and shape, and the change since
     the previous version."""
@@ -244,7 +292,9 @@ def report(
 
 
 def _wait_with_progress(c: Client, build: dict[str, Any], timeout: float) -> dict[str, Any]:
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), console=err) as bar:
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[state]}"), console=err
+    ) as bar:
         ids = {t["id"]: bar.add_task(t["target"], total=1, state=t["state"]) for t in build["tasks"]}
 
         def update(b: dict[str, Any]) -> None:
@@ -258,6 +308,7 @@ def _wait_with_progress(c: Client, build: dict[str, Any], timeout: float) -> dic
 app.command("ci", context_settings=TRTEXEC_CONTEXT)(ci_command)
 fetchcli.register(app)  # fetch, export
 lscli.register(app)
+
 
 def main() -> None:
     """``enginefarm``: the client commands, and the farm's own (``enginefarm.commands`` entry points)."""

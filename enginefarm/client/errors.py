@@ -38,12 +38,17 @@ def _detail(body: Any) -> tuple[str, list[dict[str, Any]] | None]:
 
 # Every error class the server may name, by name.
 ERRORS: dict[str, type[EnginefarmError]] = {
-    name: cls for name, cls in vars(errors).items()
-    if isinstance(cls, type) and issubclass(cls, EnginefarmError)
+    name: cls for name, cls in vars(errors).items() if isinstance(cls, type) and issubclass(cls, EnginefarmError)
 }
 BY_STATUS: dict[int, type[EnginefarmError]] = {
-    401: errors.Unauthorized, 403: errors.Forbidden, 404: errors.NotFound, 408: errors.UploadTimedOut,
-    409: errors.Conflict, 413: errors.PayloadTooLarge, 422: errors.SpecInvalid, 429: errors.TooBusy,
+    401: errors.Unauthorized,
+    403: errors.Forbidden,
+    404: errors.NotFound,
+    408: errors.UploadTimedOut,
+    409: errors.Conflict,
+    413: errors.PayloadTooLarge,
+    422: errors.SpecInvalid,
+    429: errors.TooBusy,
     503: errors.InfrastructureError,
 }
 

@@ -5,7 +5,7 @@ engines of every compute capability as a Triton model repository). Registered on
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.progress import Progress
@@ -24,46 +24,71 @@ FILTER_HELP = "keep only engines that passed their accuracy gate"
 
 
 def fetch(
-    model: str, output: Optional[Path] = typer.Option(None, "-o", "--output", help="where to write the engine "
-                                                      "(default: <model>-<target>.plan, or .onnx for an ONNX "
-                                                      "Runtime model, here or in the folder given)"),
-    version: Optional[str] = typer.Option(None, help='a model version, or "latest" (default: every version, ranked)'),
-    cc: Optional[str] = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
-    gpu: Optional[str] = typer.Option(None, help="GPU model name (default: this machine's)"),
-    memory_mib: Optional[int] = typer.Option(None, "--memory-mib", help="GPU memory in MiB (default: this GPU's)"),
-    trt: Optional[str] = typer.Option(None, help="TensorRT runtime version (default: the importable tensorrt)"),
-    trt_rtx: Optional[str] = typer.Option(None, help="TensorRT-RTX runtime version (default: the importable tensorrt_rtx)"),
-    lean: Optional[bool] = typer.Option(None, "--lean/--no-lean", help="--trt is the lean runtime's version"),
-    driver: Optional[str] = typer.Option(None, help="NVIDIA driver version (default: this machine's)"),
-    cuda: Optional[str] = typer.Option(None, help="CUDA version the runtime uses (default: this machine's)"),
-    platform: Optional[str] = typer.Option(None, help="x86_64 or aarch64"),
-    jetpack: Optional[str] = typer.Option(None, help="JetPack release on a Jetson (default: read from the device)"),
-    precision: Optional[str] = typer.Option(None, help="only engines of this precision: fp32, fp16, bf16, int8, fp8"),
-    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines built with this spec"),
-    backend: Optional[str] = typer.Option(None, help="only engines of this backend: tensorrt, tensorrt-rtx or "
-                                          "onnxruntime (naming onnxruntime asks for the CPU model)"),
-    accuracy: Optional[str] = typer.Option(None, help="'pass': " + FILTER_HELP),
-    max_latency_ms: Optional[float] = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
-    shapes: Optional[str] = typer.Option(None, "--shapes", help="the shapes you will run, trtexec syntax: "
-                                         "images:1x3x640x640"),
-    min_shapes: Optional[str] = typer.Option(None, "--minShapes", help="with --maxShapes: the range you will run"),
-    opt_shapes: Optional[str] = typer.Option(None, "--optShapes", help="the shapes you will run most"),
-    max_shapes: Optional[str] = typer.Option(None, "--maxShapes", help="with --minShapes: the range you will run"),
-    precisions: Optional[str] = typer.Option(None, "--precisions", help="the precisions you accept, e.g. fp16,fp32 "
-                                             "(default: any that passed its accuracy check, or fp16/fp32 unchecked)"),
-    accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
-                                               "accuracy was never checked; 'failed': also engines that failed it"),
-    allow_cpu: bool = typer.Option(False, "--allow-cpu", help="also take an ONNX Runtime model (CPU) when no "
-                                   "engine of this machine's GPU runtime fits (sends accept=cpu)"),
+    model: str,
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="where to write the engine "
+        "(default: <model>-<target>.plan, or .onnx for an ONNX "
+        "Runtime model, here or in the folder given)",
+    ),
+    version: str | None = typer.Option(None, help='a model version, or "latest" (default: every version, ranked)'),
+    cc: str | None = typer.Option(None, help="compute capability, e.g. 8.6 (default: this machine's GPU)"),
+    gpu: str | None = typer.Option(None, help="GPU model name (default: this machine's)"),
+    memory_mib: int | None = typer.Option(None, "--memory-mib", help="GPU memory in MiB (default: this GPU's)"),
+    trt: str | None = typer.Option(None, help="TensorRT runtime version (default: the importable tensorrt)"),
+    trt_rtx: str | None = typer.Option(
+        None, help="TensorRT-RTX runtime version (default: the importable tensorrt_rtx)"
+    ),
+    lean: bool | None = typer.Option(None, "--lean/--no-lean", help="--trt is the lean runtime's version"),
+    driver: str | None = typer.Option(None, help="NVIDIA driver version (default: this machine's)"),
+    cuda: str | None = typer.Option(None, help="CUDA version the runtime uses (default: this machine's)"),
+    platform: str | None = typer.Option(None, help="x86_64 or aarch64"),
+    jetpack: str | None = typer.Option(None, help="JetPack release on a Jetson (default: read from the device)"),
+    precision: str | None = typer.Option(None, help="only engines of this precision: fp32, fp16, bf16, int8, fp8"),
+    spec_hash: str | None = typer.Option(None, "--spec-hash", help="only engines built with this spec"),
+    backend: str | None = typer.Option(
+        None,
+        help="only engines of this backend: tensorrt, tensorrt-rtx or "
+        "onnxruntime (naming onnxruntime asks for the CPU model)",
+    ),
+    accuracy: str | None = typer.Option(None, help="'pass': " + FILTER_HELP),
+    max_latency_ms: float | None = typer.Option(None, "--max-latency-ms", help="measured median on your GPU model"),
+    shapes: str | None = typer.Option(
+        None, "--shapes", help="the shapes you will run, trtexec syntax: images:1x3x640x640"
+    ),
+    min_shapes: str | None = typer.Option(None, "--minShapes", help="with --maxShapes: the range you will run"),
+    opt_shapes: str | None = typer.Option(None, "--optShapes", help="the shapes you will run most"),
+    max_shapes: str | None = typer.Option(None, "--maxShapes", help="with --minShapes: the range you will run"),
+    precisions: str | None = typer.Option(
+        None,
+        "--precisions",
+        help="the precisions you accept, e.g. fp16,fp32 "
+        "(default: any that passed its accuracy check, or fp16/fp32 unchecked)",
+    ),
+    accept: list[str] | None = typer.Option(
+        None,
+        "--accept",
+        help="'unchecked': also int8/fp8 engines whose "
+        "accuracy was never checked; 'failed': also engines that failed it",
+    ),
+    allow_cpu: bool = typer.Option(
+        False,
+        "--allow-cpu",
+        help="also take an ONNX Runtime model (CPU) when no "
+        "engine of this machine's GPU runtime fits (sends accept=cpu)",
+    ),
     explain: bool = typer.Option(False, "--explain", help="print every candidate with the rule that decided it"),
     build: bool = typer.Option(False, "--build", help="when nothing fits, build the engine this machine needs"),
     wait: bool = typer.Option(False, "--wait", help="with --build: wait for the build, then fetch"),
     timeout: float = typer.Option(3600, help="seconds --wait waits"),
     offline: bool = typer.Option(False, "--offline", help="resolve from the local cache alone"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR",
-                                             help="local engine cache (default ~/.cache/enginefarm)"),
+    cache_dir: Path | None = typer.Option(
+        None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR", help="local engine cache (default ~/.cache/enginefarm)"
+    ),
     no_cache: bool = typer.Option(False, "--no-cache", help="download without keeping a copy in the cache"),
-    api: Optional[str] = API_OPT,
+    api: str | None = API_OPT,
 ) -> None:
     """Fetch the engine that runs on this machine (or the one the flags describe), verified by sha256.
 
@@ -72,9 +97,9 @@ def fetch(
     kind than the --output name says (an ONNX model for x.plan) is refused, and nothing is written.
     With --explain and no --output, only the choice is printed.
     """
+    from enginefarm.client import resolve_offline
     from enginefarm.client.artifacts import place_cached
     from enginefarm.client.cache import EngineCache
-    from enginefarm.client import resolve_offline
     from enginefarm.core.probe.machineprobe import this_machine
 
     try:
@@ -82,16 +107,35 @@ def fetch(
         accepted = [p.strip() for p in (precisions or "").split(",") if p.strip()]
         unknown = sorted(set(accepted) - {p.value for p in Precision}) + sorted(set(accept or []) - set(ACCEPT))
         if unknown:
-            raise ValueError(f"unknown value(s) {unknown}: --precisions takes {', '.join(p.value for p in Precision)}; "
-                             f"--accept takes {' or '.join(ACCEPT)}")
-        machine = this_machine(compute_capability=cc, gpu_name=gpu, memory_mib=memory_mib, trt_version=trt,
-                               trt_rtx_version=trt_rtx, lean_runtime=lean, driver_version=driver, cuda_version=cuda,
-                               platform=platform, jetpack=jetpack, shapes=wanted_shapes or None,
-                               precisions=accepted or None)
+            raise ValueError(
+                f"unknown value(s) {unknown}: --precisions takes {', '.join(p.value for p in Precision)}; "
+                f"--accept takes {' or '.join(ACCEPT)}"
+            )
+        machine = this_machine(
+            compute_capability=cc,
+            gpu_name=gpu,
+            memory_mib=memory_mib,
+            trt_version=trt,
+            trt_rtx_version=trt_rtx,
+            lean_runtime=lean,
+            driver_version=driver,
+            cuda_version=cuda,
+            platform=platform,
+            jetpack=jetpack,
+            shapes=wanted_shapes or None,
+            precisions=accepted or None,
+        )
     except ValueError as exc:  # pydantic's ValidationError is one: a flag the fingerprint's rules refuse
         fail(exc)
-    filters: dict[str, Any] = dict(version=version, precision=precision, spec_hash=spec_hash, accuracy=accuracy,
-                   max_latency_ms=max_latency_ms, backend=backend, accept=accept or None)
+    filters: dict[str, Any] = dict(
+        version=version,
+        precision=precision,
+        spec_hash=spec_hash,
+        accuracy=accuracy,
+        max_latency_ms=max_latency_ms,
+        backend=backend,
+        accept=accept or None,
+    )
     cache = None if no_cache else EngineCache(cache_dir)
     if (wait and not build) or (offline and (build or no_cache)):
         fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
@@ -105,8 +149,9 @@ def fetch(
             return
         with client_for(api) as c:
             if only_explain:
-                _print_answer(c.resolve(model, machine, explain=True, allow_cpu=allow_cpu, **filters), None, False,
-                              True)
+                _print_answer(
+                    c.resolve(model, machine, explain=True, allow_cpu=allow_cpu, **filters), None, False, True
+                )
                 return
             bar = transfer_bar()
             progress = bar.add_task("engine", total=None)
@@ -117,10 +162,20 @@ def fetch(
                 return bar
 
             try:
-                got = c.fetch(model, output, machine, cache=cache, build=build, wait=wait, wait_timeout=timeout,
-                              explain=explain, allow_cpu=allow_cpu,
-                              on_bytes=lambda n: shown().advance(progress, n),
-                              on_build=lambda b: shown().update(progress, description=_build_line(b)), **filters)
+                got = c.fetch(
+                    model,
+                    output,
+                    machine,
+                    cache=cache,
+                    build=build,
+                    wait=wait,
+                    wait_timeout=timeout,
+                    explain=explain,
+                    allow_cpu=allow_cpu,
+                    on_bytes=lambda n: shown().advance(progress, n),
+                    on_build=lambda b: shown().update(progress, description=_build_line(b)),
+                    **filters,
+                )
             finally:
                 if bar.live.is_started:
                     bar.stop()
@@ -129,8 +184,10 @@ def fetch(
     if got.path is None:
         b = got.build
         assert b is not None  # no file: the build queued for this machine
-        console.print(f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
-                      f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built")
+        console.print(
+            f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
+            f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built"
+        )
         for reason in b["reasons"]:
             console.print(f"  - engine {reason['engine_id']} {reason['target']}: {reason['reason']}", highlight=False)
         return
@@ -143,7 +200,7 @@ def _build_line(build: dict[str, Any]) -> str:
     return ", ".join(f"{t['target']} {t['status_detail'] or t['state']}" for t in build["tasks"])
 
 
-def _print_answer(answer: dict[str, Any], output: Optional[Path], from_cache: bool, explain: bool) -> None:
+def _print_answer(answer: dict[str, Any], output: Path | None, from_cache: bool, explain: bool) -> None:
     eng = answer["engine"]
     if explain:
         table = Table(title=f"candidates for {answer.get('model', eng.get('model_name'))} on this machine")
@@ -151,41 +208,63 @@ def _print_answer(answer: dict[str, Any], output: Optional[Path], from_cache: bo
             table.add_column(col)
         rows = answer.get("candidates") or answer["fallbacks"] + (answer.get("rejected") or [])
         for r in rows:
-            table.add_row(str(r["rank"] or "-"), str(r["engine_id"]), r["target"], r.get("model_version") or "",
-                          r.get("precision") or "", r["match"] or "excluded", r.get("rule") or "", r["reason"])
+            table.add_row(
+                str(r["rank"] or "-"),
+                str(r["engine_id"]),
+                r["target"],
+                r.get("model_version") or "",
+                r.get("precision") or "",
+                r["match"] or "excluded",
+                r.get("rule") or "",
+                r["reason"],
+            )
         console.print(table)
         # Accuracy and profiles are long; a line per engine reads better than narrow table columns.
         for r in rows:
             label = profiles_label(r.get("profiles")).replace("\n", "; ")
-            console.print(f"engine {r['engine_id']} ({r['target']}): accuracy {r.get('accuracy') or 'unchecked'}; "
-                          f"profiles {label}", highlight=False)
+            console.print(
+                f"engine {r['engine_id']} ({r['target']}): accuracy {r.get('accuracy') or 'unchecked'}; "
+                f"profiles {label}",
+                highlight=False,
+            )
         if answer.get("unchecked"):
             console.print(f"not checked: {', '.join(answer['unchecked'])}")
     if answer.get("accuracy", "unchecked") == "unchecked":
-        console.print(f"note: the accuracy of engine {eng.get('id')} ({eng.get('precision')}) has not been checked "
-                      "against ONNX Runtime FP32 yet", highlight=False)
+        console.print(
+            f"note: the accuracy of engine {eng.get('id')} ({eng.get('precision')}) has not been checked "
+            "against ONNX Runtime FP32 yet",
+            highlight=False,
+        )
     where = f"{output}: " if output else ""
     source = "from the local cache" if from_cache else "downloaded"
-    console.print(f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
-                  f"sha256 {eng['sha256'][:12]} verified" + (f", {source}" if output else ""), highlight=False)
+    console.print(
+        f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
+        f"sha256 {eng['sha256'][:12]} verified" + (f", {source}" if output else ""),
+        highlight=False,
+    )
 
 
 @export_app.command("triton")
 def export_triton(
     model: str,
     out: Path = typer.Option(..., "--out", help="the Triton model repository directory (created if missing)"),
-    version: Optional[str] = typer.Option(None, help="model version (default: the newest)"),
-    spec_hash: Optional[str] = typer.Option(None, "--spec-hash", help="only engines of this build spec"),
-    backend: Optional[str] = typer.Option(None, help="tensorrt or tensorrt-rtx (default: tensorrt where built)"),
-    precision: Optional[str] = typer.Option(None, help="only engines of this precision"),
-    accept: Optional[list[str]] = typer.Option(None, "--accept", help="'unchecked': also int8/fp8 engines whose "
-                                               "accuracy was never checked; 'failed': also engines that failed it"),
+    version: str | None = typer.Option(None, help="model version (default: the newest)"),
+    spec_hash: str | None = typer.Option(None, "--spec-hash", help="only engines of this build spec"),
+    backend: str | None = typer.Option(None, help="tensorrt or tensorrt-rtx (default: tensorrt where built)"),
+    precision: str | None = typer.Option(None, help="only engines of this precision"),
+    accept: list[str] | None = typer.Option(
+        None,
+        "--accept",
+        help="'unchecked': also int8/fp8 engines whose "
+        "accuracy was never checked; 'failed': also engines that failed it",
+    ),
     triton_version: int = typer.Option(1, "--triton-version", help="the Triton version directory to write"),
-    name: Optional[str] = typer.Option(None, help="Triton model name (default: the catalog name, made safe)"),
+    name: str | None = typer.Option(None, help="Triton model name (default: the catalog name, made safe)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace existing model directories"),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR",
-                                             help="local engine cache (default ~/.cache/enginefarm)"),
-    api: Optional[str] = API_OPT,
+    cache_dir: Path | None = typer.Option(
+        None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR", help="local engine cache (default ~/.cache/enginefarm)"
+    ),
+    api: str | None = API_OPT,
 ) -> None:
     """Write a Triton repository: one plan per compute capability (cc_model_filenames) and the ONNX CPU fallback.
 
@@ -195,9 +274,20 @@ def export_triton(
 
     try:
         with client_for(api) as c:
-            repo = export_from_farm(c, model, out, EngineCache(cache_dir), version=version, spec_hash=spec_hash,
-                                    backend=backend, precision=precision, accept=accept,
-                                    triton_version=triton_version, name=name, overwrite=overwrite)
+            repo = export_from_farm(
+                c,
+                model,
+                out,
+                EngineCache(cache_dir),
+                version=version,
+                spec_hash=spec_hash,
+                backend=backend,
+                precision=precision,
+                accept=accept,
+                triton_version=triton_version,
+                name=name,
+                overwrite=overwrite,
+            )
     except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")

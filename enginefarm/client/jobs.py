@@ -6,8 +6,9 @@ reads the answer keeps working."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.errors import BuildFailed
@@ -49,15 +50,19 @@ class BuildJob(dict[str, Any]):
         """Read the build's state again."""
         return self._update(self._client.get(f"/v1/builds/{self.id}"))
 
-    def wait(self, timeout: float = 3600, poll: float = 0.5,
-             on_update: Callable[[dict[str, Any]], None] | None = None) -> BuildJob:
+    def wait(
+        self, timeout: float = 3600, poll: float = 0.5, on_update: Callable[[dict[str, Any]], None] | None = None
+    ) -> BuildJob:
         """Wait until every task is final (TimeoutError after ``timeout`` seconds); returns the job."""
         return self._update(self._client.wait_build(self.id, timeout=timeout, poll=poll, on_update=on_update))
 
     def engines(self) -> dict[str, dict[str, Any]]:
         """The catalog record of each built engine, by target."""
-        return {t["target"]: self._client.get(f"/v1/engines/{t['engine_id']}")
-                for t in self.tasks if t["state"] == "succeeded" and t["engine_id"]}
+        return {
+            t["target"]: self._client.get(f"/v1/engines/{t['engine_id']}")
+            for t in self.tasks
+            if t["state"] == "succeeded" and t["engine_id"]
+        }
 
     def download_all(self, dest: Path, *, strict: bool = True) -> dict[str, Path]:
         """Download every built engine into the folder ``dest`` (``<target>.plan``, ``.onnx`` for ONNX Runtime),
@@ -74,6 +79,8 @@ class BuildJob(dict[str, Any]):
             paths[target] = path
         failed = [t for t in self.tasks if t["state"] != "succeeded"]
         if strict and failed:
-            raise BuildFailed(f"build {self.id}: {len(failed)} of {len(self.tasks)} target(s) did not succeed: "
-                              + "; ".join(f"{t['target']}: {t['error'] or t['state']}" for t in failed))
+            raise BuildFailed(
+                f"build {self.id}: {len(failed)} of {len(self.tasks)} target(s) did not succeed: "
+                + "; ".join(f"{t['target']}: {t['error'] or t['state']}" for t in failed)
+            )
         return paths

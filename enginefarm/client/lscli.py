@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.table import Table
 
@@ -14,8 +12,9 @@ ls_app = typer.Typer(help="List what the catalog holds.", no_args_is_help=True)
 
 
 @ls_app.command("models")
-def ls_models(name: Optional[str] = typer.Option(None, help="only the versions of this model"),
-              api: Optional[str] = API_OPT) -> None:
+def ls_models(
+    name: str | None = typer.Option(None, help="only the versions of this model"), api: str | None = API_OPT
+) -> None:
     """Models and their versions, with their inputs."""
     with farm_call(api) as c:
         page = c.models(name=name, limit=500)
@@ -34,18 +33,29 @@ def engines_table(items: list[dict], title: str) -> Table:
         table.add_column(col)
     for e in items:
         cc = e["compute_capability"] or ",".join(e["compute_capabilities"]) or "cpu"
-        table.add_row(str(e["id"]), f"{e['model_name']} v{e['model_version']}", e["target"], cc, e["precision"],
-                      e["trt_version"] or f"ort {e['backend_version']}", e["platform"], str(e["size"]),
-                      f"{e['build_seconds']:.2f}", e["sha256"][:12])
+        table.add_row(
+            str(e["id"]),
+            f"{e['model_name']} v{e['model_version']}",
+            e["target"],
+            cc,
+            e["precision"],
+            e["trt_version"] or f"ort {e['backend_version']}",
+            e["platform"],
+            str(e["size"]),
+            f"{e['build_seconds']:.2f}",
+            e["sha256"][:12],
+        )
     return table
 
 
 @ls_app.command("engines")
-def ls_engines(model: Optional[str] = typer.Option(None, help="only this model's engines (its name)"),
-               target: Optional[str] = typer.Option(None, help="only this target, e.g. tensorrt-rtx/sm86"),
-               cc: Optional[str] = typer.Option(None, help="only engines that run on this compute capability"),
-               precision: Optional[str] = typer.Option(None, help="only this precision"),
-               api: Optional[str] = API_OPT) -> None:
+def ls_engines(
+    model: str | None = typer.Option(None, help="only this model's engines (its name)"),
+    target: str | None = typer.Option(None, help="only this target, e.g. tensorrt-rtx/sm86"),
+    cc: str | None = typer.Option(None, help="only engines that run on this compute capability"),
+    precision: str | None = typer.Option(None, help="only this precision"),
+    api: str | None = API_OPT,
+) -> None:
     """Engines in the catalog, with what they were built for."""
     with farm_call(api) as c:
         page = c.engines(model=model, target=target, cc=cc, precision=precision, limit=500)
@@ -53,10 +63,13 @@ def ls_engines(model: Optional[str] = typer.Option(None, help="only this model's
 
 
 @ls_app.command("builds")
-def ls_builds(model: Optional[str] = typer.Option(None, "--model", help="only this model's builds: id, name (its "
-                                                                         "newest version) or name:version"),
-              limit: int = typer.Option(20, "--limit", min=1, max=500, help="at most this many, newest first"),
-              api: Optional[str] = API_OPT) -> None:
+def ls_builds(
+    model: str | None = typer.Option(
+        None, "--model", help="only this model's builds: id, name (its newest version) or name:version"
+    ),
+    limit: int = typer.Option(20, "--limit", min=1, max=500, help="at most this many, newest first"),
+    api: str | None = API_OPT,
+) -> None:
     """Builds, newest first, each with its targets' states."""
     with farm_call(api) as c:
         builds = c.builds(model_id=c.model_id(model) if model else None, limit=limit)
@@ -67,7 +80,7 @@ def ls_builds(model: Optional[str] = typer.Option(None, "--model", help="only th
 
 
 @ls_app.command("workers")
-def ls_workers(api: Optional[str] = API_OPT) -> None:
+def ls_workers(api: str | None = API_OPT) -> None:
     """Live workers and the targets each builds."""
     with farm_call(api) as c:
         live = c.workers()

@@ -95,7 +95,7 @@ def shape_label(row: Row) -> str:
 
 
 def model_title(report: Report) -> str:
-    """"name version N", the way models are named everywhere else in the farm."""
+    """ "name version N", the way models are named everywhere else in the farm."""
     model = report.get("model") or {}
     return f"{model.get('name', '?')} version {model.get('version', '?')}"
 
@@ -134,7 +134,8 @@ def _accuracy_cell(row: Row) -> Text:
         return Text(DASH, style="dim")
     verdict = accuracy.get("pass")
     text = {True: Text("PASS", style="bold green"), False: Text("FAIL", style="bold red")}.get(
-        verdict, Text(DASH, style="dim"))
+        verdict, Text(DASH, style="dim")
+    )
     metrics = accuracy.get("metrics") or {}
     if (cosine := metrics.get("cosine")) is not None:
         text.append(f" cos {cosine:.6f}")
@@ -221,8 +222,7 @@ def regression_table(report: Report) -> Table | None:
     rows = [row for row in report.get("rows") or [] if row.get("regression")]
     if not previous_model or not rows:
         return None
-    table = Table(title=f"{model_title(report)} vs version {previous_model.get('version', '?')}",
-                  title_style="bold")
+    table = Table(title=f"{model_title(report)} vs version {previous_model.get('version', '?')}", title_style="bold")
     table.add_column("target", no_wrap=True)
     table.add_column("variant")
     table.add_column("shape")
@@ -274,8 +274,9 @@ def _plotted_groups(rows: Sequence[Row]) -> list[tuple[str, list[Row]]]:
             first = engine_rows[0]
             label = target
             if len(engines) > 1:
-                variant = (first.get("variant") or str(first.get("spec_hash") or "")[:8]
-                           or f"engine {first.get('engine_id')}")
+                variant = (
+                    first.get("variant") or str(first.get("spec_hash") or "")[:8] or f"engine {first.get('engine_id')}"
+                )
                 label = f"{target} · {variant}"
             if first.get("best") is True:
                 label += f" {BEST_MARK}"
@@ -344,15 +345,27 @@ def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
             heights.append(median)
             upper.append(max(float(p99) - median, 0.0) if p99 is not None else 0.0)
             values.extend(v for v in (median, p99) if v is not None)
-        ax.bar(xs, heights, bar_width * 0.9, yerr=[[0.0] * len(xs), upper], capsize=3, label=shape,
-               error_kw={"elinewidth": 1, "ecolor": "0.2"})
+        ax.bar(
+            xs,
+            heights,
+            bar_width * 0.9,
+            yerr=[[0.0] * len(xs), upper],
+            capsize=3,
+            label=shape,
+            error_kw={"elinewidth": 1, "ecolor": "0.2"},
+        )
 
     labels = []
     for label, rows in groups:
         devices = {row.get("device") for row in rows if row.get("device")}
         labels.append(f"{label}\n{devices.pop()}" if len(devices) == 1 else label)
-    ax.set_xticks(range(len(groups)), labels, rotation=20 if len(groups) > 4 else 0,
-                  ha="right" if len(groups) > 4 else "center", fontsize="small")
+    ax.set_xticks(
+        range(len(groups)),
+        labels,
+        rotation=20 if len(groups) > 4 else 0,
+        ha="right" if len(groups) > 4 else "center",
+        fontsize="small",
+    )
     ax.set_xlim(-0.6, len(groups) - 0.4)
     positive = [v for v in values if v > 0]
     if positive and max(positive) / min(positive) > LOG_SPAN:

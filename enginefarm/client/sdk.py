@@ -7,24 +7,23 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, cast
+from typing import Any, cast
 
 import httpx
 
 from enginefarm.client.artifacts import check_bytes, destination, place_cached
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
+from enginefarm.client.errors import api_error
+from enginefarm.client.jobs import BuildJob
 from enginefarm.core.choose import Evidence, Judged, Option, Wanted, choose
 from enginefarm.core.config import get_settings
 from enginefarm.core.domain import FINAL_STATES, EngineDescriptor
-from enginefarm.core.machine import Machine
-from enginefarm.client.errors import api_error
-from enginefarm.client.jobs import BuildJob
-from enginefarm.core.hashing import CHUNK, SHA_HEADER, sha256_file
 from enginefarm.core.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
-
-
+from enginefarm.core.hashing import CHUNK, SHA_HEADER, sha256_file
+from enginefarm.core.machine import Machine
 
 # An engine record's accuracy_pass (true, false or absent) as a verdict.
 _ACCURACY_OF: dict[Any, str] = {True: "pass", False: "fail"}
@@ -56,8 +55,9 @@ class Client:
         """``token``: the API token sent with every request (default: ``ENGINEFARM_TOKEN``)."""
         self.base_url = (base_url or get_settings().api_url).rstrip("/")
         token = token or os.environ.get("ENGINEFARM_TOKEN")
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout,
-                                 headers={"Authorization": f"Bearer {token}"} if token else None)
+        self.http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {token}"} if token else None
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -85,8 +85,14 @@ class Client:
     def health(self) -> dict[str, Any]:
         return cast("dict[str, Any]", self.get("/healthz"))
 
-    def upload(self, model: Path | str | bytes, name: str | None = None, version: str | None = None,
-               on_bytes: Callable[[int], None] | None = None, project: str | None = None) -> tuple[dict[str, Any], bool]:
+    def upload(
+        self,
+        model: Path | str | bytes,
+        name: str | None = None,
+        version: str | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+        project: str | None = None,
+    ) -> tuple[dict[str, Any], bool]:
         """Upload a model (a path to an .onnx file or bundle, or its bytes); returns (model, created).
 
         Idempotent by sha256: when the farm already holds these bytes under this name (and version, when given),
@@ -99,15 +105,19 @@ class Client:
         else:
             path = Path(model)
             sha, filename, name = sha256_file(path), path.name, name or path.stem
-        held = [m for m in self.models(name=name, sha256=sha, project=project, limit=500)["items"]
-                if (not version or m["version"] == version) and (m.get("project") or "") == (project or "")]
+        held = [
+            m
+            for m in self.models(name=name, sha256=sha, project=project, limit=500)["items"]
+            if (not version or m["version"] == version) and (m.get("project") or "") == (project or "")
+        ]
         if held:
             return held[0], False
         data = {"name": name} | ({"version": version} if version else {}) | ({"project": project} if project else {})
         body: Any = model if isinstance(model, bytes) else _ProgressReader(path, on_bytes)  # httpx reads it as a file
         try:
-            response = self.http.post("/v1/models", data=data, timeout=None,
-                                      files={"file": (filename, body, "application/octet-stream")})
+            response = self.http.post(
+                "/v1/models", data=data, timeout=None, files={"file": (filename, body, "application/octet-stream")}
+            )
         finally:
             if not isinstance(body, bytes):
                 body.close()
@@ -117,19 +127,32 @@ class Client:
         """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""
         path = Path(path)
         with path.open("rb") as f:
-            model: dict[str, Any] = self._json(self.http.post(
-                f"/v1/models/{model_id}/samples", files={"file": (path.name, f, "application/octet-stream")},
-                timeout=None))
+            model: dict[str, Any] = self._json(
+                self.http.post(
+                    f"/v1/models/{model_id}/samples",
+                    files={"file": (path.name, f, "application/octet-stream")},
+                    timeout=None,
+                )
+            )
             return model
 
-    def build(self, model: int | str, targets: list[str], spec: dict[str, Any] | None = None,
-              queue_without_worker: bool | None = None) -> BuildJob:
+    def build(
+        self,
+        model: int | str,
+        targets: list[str],
+        spec: dict[str, Any] | None = None,
+        queue_without_worker: bool | None = None,
+    ) -> BuildJob:
         """Submit a build of ``model`` (an id, ``name`` for its latest version, or ``name:version``); returns the
         job (``job.wait()``, ``job.download_all(folder)``). ``queue_without_worker``: queue targets no live worker
         serves now, to wait for one; without it the farm refuses them (409) unless its
         ENGINEFARM_QUEUE_WITHOUT_WORKER says otherwise."""
-        body = {"model_id": self.model_id(model), "targets": targets, "spec": spec or {},
-                **_queueing(queue_without_worker)}
+        body = {
+            "model_id": self.model_id(model),
+            "targets": targets,
+            "spec": spec or {},
+            **_queueing(queue_without_worker),
+        }
         return BuildJob(self, self._json(self.http.post("/v1/builds", json=body)))
 
     def job(self, build_id: int) -> BuildJob:
@@ -149,22 +172,44 @@ class Client:
             return cast("int", max(uploaded, key=lambda m: m["id"])["id"])
         match = [m for m in uploaded if m["version"] == version]
         if not match:
-            raise NotFound(f"no model {name!r} version {version!r}; it has "
-                           + ", ".join(m["version"] for m in sorted(uploaded, key=lambda m: m["id"])))
+            raise NotFound(
+                f"no model {name!r} version {version!r}; it has "
+                + ", ".join(m["version"] for m in sorted(uploaded, key=lambda m: m["id"]))
+            )
         return cast("int", match[0]["id"])
 
-    def sweep(self, model_id: int, targets: list[str], axes: dict[str, list[Any]], spec: dict[str, Any] | None = None,
-              queue_without_worker: bool | None = None) -> dict[str, Any]:
-        sweep: dict[str, Any] = self._json(self.http.post("/v1/sweeps", json={
-            "model_id": model_id, "targets": targets, "spec": spec or {}, "axes": axes,
-            **_queueing(queue_without_worker)}))
+    def sweep(
+        self,
+        model_id: int,
+        targets: list[str],
+        axes: dict[str, list[Any]],
+        spec: dict[str, Any] | None = None,
+        queue_without_worker: bool | None = None,
+    ) -> dict[str, Any]:
+        sweep: dict[str, Any] = self._json(
+            self.http.post(
+                "/v1/sweeps",
+                json={
+                    "model_id": model_id,
+                    "targets": targets,
+                    "spec": spec or {},
+                    "axes": axes,
+                    **_queueing(queue_without_worker),
+                },
+            )
+        )
         return sweep
 
     def report(self, model_id: int) -> dict[str, Any]:
         return cast("dict[str, Any]", self.get(f"/v1/models/{model_id}/report"))
 
-    def wait_checks(self, model_id: int, timeout: float = 600, poll: float = 0.5,
-                    on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def wait_checks(
+        self,
+        model_id: int,
+        timeout: float = 600,
+        poll: float = 0.5,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Poll a model's report until no engine's benchmark is queued or running; returns the report. Engines
         that no live worker can benchmark stay pending with their reason and do not hold this up."""
         deadline = time.monotonic() + timeout
@@ -179,8 +224,13 @@ class Client:
                 raise TimeoutError(f"{len(busy)} benchmark(s) of model {model_id} not finished after {timeout} s")
             time.sleep(poll)
 
-    def wait_build(self, build_id: int, timeout: float = 3600, poll: float = 0.5,
-                   on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    def wait_build(
+        self,
+        build_id: int,
+        timeout: float = 3600,
+        poll: float = 0.5,
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Poll a build until every task is final; returns the build."""
         deadline = time.monotonic() + timeout
         while True:
@@ -208,9 +258,18 @@ class Client:
 
     # ------------------------------------------------------------------ resolution and download
 
-    def resolve(self, model: str, machine: Machine | None = None, *, version: str | None = None,
-                explain: bool = False, build: bool = False, cache: EngineCache | None = None,
-                allow_cpu: bool = False, **filters: Any) -> dict[str, Any]:
+    def resolve(
+        self,
+        model: str,
+        machine: Machine | None = None,
+        *,
+        version: str | None = None,
+        explain: bool = False,
+        build: bool = False,
+        cache: EngineCache | None = None,
+        allow_cpu: bool = False,
+        **filters: Any,
+    ) -> dict[str, Any]:
         """POST /v1/resolve. Filters: precision, spec_hash, accuracy ("pass"), max_latency_ms, backend, and
         accept (["unchecked"] for int8/fp8 engines never checked, ["failed"] for engines that failed the check).
         What the machine will run (its shapes) and the precisions it accepts travel with ``machine``.
@@ -227,9 +286,14 @@ class Client:
 
             machine = this_machine()
         filters = with_cpu(filters) if allow_cpu else filters
-        body = {"model": model, "version": version, "machine": asdict(machine), "explain": explain,
-                "build": build, **{k: sorted(v) if isinstance(v, (set, frozenset)) else v
-                                   for k, v in filters.items() if v is not None}}
+        body = {
+            "model": model,
+            "version": version,
+            "machine": asdict(machine),
+            "explain": explain,
+            "build": build,
+            **{k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in filters.items() if v is not None},
+        }
         if cache is None:
             return cast("dict[str, Any]", self._json(self.http.post("/v1/resolve", json=body)))
         # Asked before: the farm answers 304 while its answer is the one kept here.
@@ -268,11 +332,12 @@ class Client:
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ConnectError):
                 if attempt == attempts - 1:
                     raise
-                time.sleep(min(0.5 * 2 ** attempt, 5))
+                time.sleep(min(0.5 * 2**attempt, 5))
         return header
 
-    def _download(self, url: str, dest: Path, expected_sha256: str | None,
-                  on_bytes: Callable[[int], None] | None) -> str:
+    def _download(
+        self, url: str, dest: Path, expected_sha256: str | None, on_bytes: Callable[[int], None] | None
+    ) -> str:
         """Stream ``url`` to ``dest`` atomically; its sha256 must match ``expected_sha256`` and the server's header."""
         dest = Path(dest)
         with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
@@ -284,8 +349,13 @@ class Client:
         if header_sha and out.hexdigest() != header_sha:
             raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header_sha}")
 
-    def download(self, engine_id: int, dest: Path, expected_sha256: str | None = None,
-                 on_bytes: Callable[[int], None] | None = None) -> str:
+    def download(
+        self,
+        engine_id: int,
+        dest: Path,
+        expected_sha256: str | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> str:
         """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
         return self._download(f"/v1/engines/{engine_id}/content", dest, expected_sha256, on_bytes)
 
@@ -293,7 +363,9 @@ class Client:
         """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
         return self._download(f"/v1/models/{model_id}/content", dest, expected_sha256, None)
 
-    def cached(self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None) -> tuple[Path, bool]:
+    def cached(
+        self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None
+    ) -> tuple[Path, bool]:
         """Make sure ``engine`` (a catalog record) is in the cache; returns (its path there, whether it already was)."""
         sha = engine["sha256"]
         hit = cache.has(sha)
@@ -304,10 +376,22 @@ class Client:
         cache.remember(engine, self.base_url)
         return cache.path(sha), hit
 
-    def fetch(self, model: str, dest: Path | str | None = None, machine: Machine | None = None, *,
-              cache: EngineCache | None = None, build: bool = False, wait: bool = False, wait_timeout: float = 3600,
-              explain: bool = False, allow_cpu: bool = False, on_bytes: Callable[[int], None] | None = None,
-              on_build: Callable[[dict[str, Any]], None] | None = None, **filters: Any) -> Fetched:
+    def fetch(
+        self,
+        model: str,
+        dest: Path | str | None = None,
+        machine: Machine | None = None,
+        *,
+        cache: EngineCache | None = None,
+        build: bool = False,
+        wait: bool = False,
+        wait_timeout: float = 3600,
+        explain: bool = False,
+        allow_cpu: bool = False,
+        on_bytes: Callable[[int], None] | None = None,
+        on_build: Callable[[dict[str, Any]], None] | None = None,
+        **filters: Any,
+    ) -> Fetched:
         """Resolve the engine for ``machine`` and put it at ``dest``, verified.
 
         ``dest`` None (or a folder) writes the file named by what it is: ``<model>-<target>.plan`` for a TensorRT
@@ -318,16 +402,17 @@ class Client:
         not downloaded. With ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the
         engine is fetched once that build is done.
         """
-        answer = self.resolve(model, machine, build=build, explain=explain, cache=cache, allow_cpu=allow_cpu,
-                              **filters)
+        answer = self.resolve(model, machine, build=build, explain=explain, cache=cache, allow_cpu=allow_cpu, **filters)
         if "build_id" in answer:
             if not wait:
                 return Fetched(answer, None, False, answer)
             done = self.wait_build(answer["build_id"], timeout=wait_timeout, on_update=on_build)
             failed = [t for t in done["tasks"] if t["state"] != "succeeded"]
             if failed:
-                raise BuildFailed(f"build {done['id']} for {answer['target']} did not succeed: "
-                                  f"{failed[0]['error'] or failed[0]['state']}")
+                raise BuildFailed(
+                    f"build {done['id']} for {answer['target']} did not succeed: "
+                    f"{failed[0]['error'] or failed[0]['state']}"
+                )
             submitted, answer = answer, self.resolve(model, machine, explain=explain, allow_cpu=allow_cpu, **filters)
         else:
             submitted = None
@@ -368,18 +453,35 @@ def _queueing(queue_without_worker: bool | None) -> dict[str, Any]:
     return {} if queue_without_worker is None else {"queue_without_worker": queue_without_worker}
 
 
-def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version: str | None = None,
-                    allow_cpu: bool = False, **filters: Any) -> dict[str, Any]:
+def resolve_offline(
+    cache: EngineCache,
+    model: str,
+    machine: Machine,
+    *,
+    version: str | None = None,
+    allow_cpu: bool = False,
+    **filters: Any,
+) -> dict[str, Any]:
     """Resolve from the engines in the local cache alone, with the farm's own rules; the answer has the
     shape of /v1/resolve's (engine, match, reason, fallbacks, rejected). Raises NoCompatibleEngine."""
-    records = {r["sha256"]: r for r in cache.records(model, None if version == "latest" else version)
-               if cache.has(r["sha256"], verify=False)}
+    records = {
+        r["sha256"]: r
+        for r in cache.records(model, None if version == "latest" else version)
+        if cache.has(r["sha256"], verify=False)
+    }
     if version == "latest" and records:
         newest = max(r.get("model_seq", 0) for r in records.values())
         records = {k: r for k, r in records.items() if r.get("model_seq", 0) == newest}
-    options = [Option(sha, EngineDescriptor.of(r), r.get("model_seq", 0), r.get("spec_hash", ""),
-                      Evidence(accuracy=_ACCURACY_OF.get(r.get("accuracy_pass"))))
-               for sha, r in records.items()]
+    options = [
+        Option(
+            sha,
+            EngineDescriptor.of(r),
+            r.get("model_seq", 0),
+            r.get("spec_hash", ""),
+            Evidence(accuracy=_ACCURACY_OF.get(r.get("accuracy_pass"))),
+        )
+        for sha, r in records.items()
+    ]
     filters = with_cpu(filters) if allow_cpu else filters
     wanted = {k: v for k, v in filters.items() if v is not None}
     if "accept" in wanted:
@@ -388,22 +490,39 @@ def resolve_offline(cache: EngineCache, model: str, machine: Machine, *, version
 
     def row(j: Judged) -> dict[str, Any]:
         r, v = records[j.option.id], j.verdict
-        return {"engine_id": r.get("id"), "target": r["target"], "model_version": r.get("model_version"),
-                "precision": r.get("precision"), "rank": j.rank, "match": v.match.label if v.match is not None else None,
-                "rule": v.rule.value if v.rule else None, "reason": v.reason, "unchecked": v.unchecked,
-                "accuracy": j.option.evidence.accuracy, "profiles": r.get("profiles") or [],
-                "checks": [c.to_dict() for c in v.checks]}
+        return {
+            "engine_id": r.get("id"),
+            "target": r["target"],
+            "model_version": r.get("model_version"),
+            "precision": r.get("precision"),
+            "rank": j.rank,
+            "match": v.match.label if v.match is not None else None,
+            "rule": v.rule.value if v.rule else None,
+            "reason": v.reason,
+            "unchecked": v.unchecked,
+            "accuracy": j.option.evidence.accuracy,
+            "profiles": r.get("profiles") or [],
+            "checks": [c.to_dict() for c in v.checks],
+        }
 
     if choice.chosen is None:
         what = f"{model}" + (f" version {version}" if version else "")
-        raise NoCompatibleEngine(f"none of the {len(records)} cached engines of {what} runs on this machine"
-                                 if records else f"no engines of {what} in the cache at {cache.root}",
-                                 problems=[row(j) for j in choice.rejected])
+        raise NoCompatibleEngine(
+            f"none of the {len(records)} cached engines of {what} runs on this machine"
+            if records
+            else f"no engines of {what} in the cache at {cache.root}",
+            problems=[row(j) for j in choice.rejected],
+        )
     best = choice.chosen
     match = best.verdict.match.label if best.verdict.match is not None else None  # a chosen engine has one
-    return {"engine": records[best.option.id], "match": match, "reason": best.verdict.reason,
-            "unchecked": best.verdict.unchecked, "accuracy": best.option.evidence.accuracy or "unchecked",
-            "fallbacks": [row(j) for j in choice.ranked[1:]],
-            "rejected": [row(j) for j in choice.rejected],
-            "candidates": [row(j) for j in choice.ranked + choice.rejected], "offline": True}
-
+    return {
+        "engine": records[best.option.id],
+        "match": match,
+        "reason": best.verdict.reason,
+        "unchecked": best.verdict.unchecked,
+        "accuracy": best.option.evidence.accuracy or "unchecked",
+        "fallbacks": [row(j) for j in choice.ranked[1:]],
+        "rejected": [row(j) for j in choice.rejected],
+        "candidates": [row(j) for j in choice.ranked + choice.rejected],
+        "offline": True,
+    }

@@ -3,12 +3,11 @@ never a traceback), its common options, and the extras a command needs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -48,8 +47,10 @@ def fail(exc: Exception) -> None:
             url = f"{exc.request.url.scheme}://{exc.request.url.netloc.decode()}"
         except RuntimeError:  # an error raised before any request was made
             url = os.environ.get("ENGINEFARM_API_URL") or "http://127.0.0.1:8321"
-        err.print(f"[red]error:[/red] cannot reach the farm at {url} ({exc}); it is looked for at --api or "
-                  f"ENGINEFARM_API_URL; `enginefarm up` starts one")
+        err.print(
+            f"[red]error:[/red] cannot reach the farm at {url} ({exc}); it is looked for at --api or "
+            f"ENGINEFARM_API_URL; `enginefarm up` starts one"
+        )
         raise typer.Exit(1)
     from pydantic import ValidationError
 
@@ -64,9 +65,11 @@ def fail(exc: Exception) -> None:
         err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")
     raise typer.Exit(1)
 
+
 API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
-QUEUE_OPT = typer.Option(False, "--queue-without-worker",
-                         help="queue targets no live worker serves now, to wait for one (default: refused)")
+QUEUE_OPT = typer.Option(
+    False, "--queue-without-worker", help="queue targets no live worker serves now, to wait for one (default: refused)"
+)
 
 
 def transfer_bar() -> Progress:
@@ -74,8 +77,12 @@ def transfer_bar() -> Progress:
 
 
 # Where a command's extra is missing, the pip line that adds it.
-EXTRA_MODULES = {"server": ("fastapi", "sqlalchemy", "alembic", "boto3", "uvicorn"),
-                 "worker": ("celery", "onnx", "onnxruntime", "numpy"), "rtx": ("tensorrt_rtx",), "plot": ("matplotlib",)}
+EXTRA_MODULES = {
+    "server": ("fastapi", "sqlalchemy", "alembic", "boto3", "uvicorn"),
+    "worker": ("celery", "onnx", "onnxruntime", "numpy"),
+    "rtx": ("tensorrt_rtx",),
+    "plot": ("matplotlib",),
+}
 
 
 def missing_extras(*extras: str) -> list[str]:
@@ -91,20 +98,37 @@ def need(*extras: str) -> None:
         from rich.markup import escape
 
         names = ", ".join(repr(m) for m in missing)
-        err.print(escape(f"error: this command needs the {names} extra{'s' if len(missing) > 1 else ''}: "
-                         f"pip install 'enginefarm[{','.join(missing)}]'"))
+        err.print(
+            escape(
+                f"error: this command needs the {names} extra{'s' if len(missing) > 1 else ''}: "
+                f"pip install 'enginefarm[{','.join(missing)}]'"
+            )
+        )
         raise typer.Exit(2)
 
 
 def print_tasks(build: dict[str, Any]) -> None:
-    table = Table(title=f"build {build['id']} of model {build['model_id']}, {build['state']}, {build['created_at'][:19]}")
+    table = Table(
+        title=f"build {build['id']} of model {build['model_id']}, {build['state']}, {build['created_at'][:19]}"
+    )
     for col in ("target", "precision", "state", "engine", "wait s", "run s", "note"):
         table.add_column(col)
     for t in build["tasks"]:
-        note = t["error"] or t["status_detail"] or t.get("precision_note") or \
-            ("reused an identical build" if t["reused"] else "")
-        table.add_row(t["target"], t.get("precision") or "", t["state"], str(t["engine_id"] or ""),
-                      secs(t["wait_seconds"]), secs(t["run_seconds"]), note)
+        note = (
+            t["error"]
+            or t["status_detail"]
+            or t.get("precision_note")
+            or ("reused an identical build" if t["reused"] else "")
+        )
+        table.add_row(
+            t["target"],
+            t.get("precision") or "",
+            t["state"],
+            str(t["engine_id"] or ""),
+            secs(t["wait_seconds"]),
+            secs(t["run_seconds"]),
+            note,
+        )
     console.print(table)
 
 

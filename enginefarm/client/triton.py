@@ -19,21 +19,45 @@ from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_lay
 from enginefarm.core.domain import cc_tuple
 from enginefarm.core.machine import Machine
 
-__all__ = ["ONNX_TO_TRITON", "PLAN_PREFERENCE", "RTX_WARNING", "TritonRepository", "batching", "config_spec",
-           "export_from_farm", "fixed_dims", "plan_layout", "render_config", "sanitize_model_name", "triton_dtype",
-           "triton_machine", "write_repository"]
+__all__ = [
+    "ONNX_TO_TRITON",
+    "PLAN_PREFERENCE",
+    "RTX_WARNING",
+    "TritonRepository",
+    "batching",
+    "config_spec",
+    "export_from_farm",
+    "fixed_dims",
+    "plan_layout",
+    "render_config",
+    "sanitize_model_name",
+    "triton_dtype",
+    "triton_machine",
+    "write_repository",
+]
 
 ONNX_TO_TRITON: dict[str, str] = {
-    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
-    "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
-    "INT64": "TYPE_INT64", "FLOAT16": "TYPE_FP16", "FLOAT": "TYPE_FP32", "DOUBLE": "TYPE_FP64",
-    "STRING": "TYPE_STRING", "BFLOAT16": "TYPE_BF16",
+    "BOOL": "TYPE_BOOL",
+    "UINT8": "TYPE_UINT8",
+    "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64",
+    "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16",
+    "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64",
+    "FLOAT16": "TYPE_FP16",
+    "FLOAT": "TYPE_FP32",
+    "DOUBLE": "TYPE_FP64",
+    "STRING": "TYPE_STRING",
+    "BFLOAT16": "TYPE_BF16",
 }
 _KIND_OF_PLATFORM = {"tensorrt_plan": "KIND_GPU", "onnxruntime_onnx": "KIND_CPU"}
 _PLAN_BACKENDS = ("tensorrt", "tensorrt-rtx")
 QUANTIZED = ("int8", "fp8")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 _CC = re.compile(r"^[1-9][0-9]*\.[0-9]$")
+
 
 @dataclass
 class TritonRepository:
@@ -136,15 +160,18 @@ def fixed_dims(model: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, i
     return {name: next(iter(v)) for name, v in sizes.items() if len(v) == 1 and next(iter(v)) > 0}
 
 
-def _tensor_block(kind: str, tensors: Sequence[Mapping[str, Any]], drop_batch: bool,
-                  fixed: Mapping[str, int] | None = None) -> list[str]:
+def _tensor_block(
+    kind: str, tensors: Sequence[Mapping[str, Any]], drop_batch: bool, fixed: Mapping[str, int] | None = None
+) -> list[str]:
     """An ``input [...]``/``output [...]`` block; a tensor left with no dims gets ``dims: [1]`` reshaped to a scalar.
     A dim is the model's static size, or the size every profile fixes for its name (``fixed``), else -1."""
     entries = []
     fixed = fixed or {}
     for t in tensors:
-        dims = [fixed.get(d, -1) if isinstance(d, str) else -1 if _dynamic(d) else int(d)
-                for d in t["dims"][1 if drop_batch else 0:]]
+        dims = [
+            fixed.get(d, -1) if isinstance(d, str) else -1 if _dynamic(d) else int(d)
+            for d in t["dims"][1 if drop_batch else 0 :]
+        ]
         lines = [f"    name: {_quote(t['name'])}", f"    data_type: {triton_dtype(t['dtype'], t['name'])}"]
         if dims:
             lines.append(f"    dims: [ {', '.join(map(str, dims))} ]")
@@ -225,7 +252,8 @@ def write_repository(
         raise ValueError(f"Triton model versions are positive integers, not {version!r}")
     if name is not None and sanitize_model_name(name) != name:
         raise ValueError(
-            f"model name {name!r} may hold only ASCII letters, digits, '_', '-' and '.', and not start with '.'")
+            f"model name {name!r} may hold only ASCII letters, digits, '_', '-' and '.', and not start with '.'"
+        )
     base = name if name is not None else sanitize_model_name(model["name"])
     if not engines and onnx_source is None:
         raise ValueError("nothing to write: no engines and no ONNX model")
@@ -234,7 +262,8 @@ def write_repository(
             raise ValueError(f"compute capability {cc!r} must be written MAJOR.MINOR, for example 8.6")
         if engine.get("backend") not in _PLAN_BACKENDS:
             raise ValueError(
-                f"engine {engine.get('id')} for {cc} is a {engine.get('backend')!r} engine, not a TensorRT plan")
+                f"engine {engine.get('id')} for {cc} is a {engine.get('backend')!r} engine, not a TensorRT plan"
+            )
         if not Path(path).is_file():
             raise ValueError(f"engine file {path} for {cc} does not exist")
     if onnx_source is not None:
@@ -248,24 +277,32 @@ def write_repository(
     coverage: list[str] = []
     if engines:
         files, default, coverage = plan_layout(engines)
-        text = render_config(model, spec, name=base, platform="tensorrt_plan", cc_model_filenames=files,
-                             default_model_filename=default)
+        text = render_config(
+            model, spec, name=base, platform="tensorrt_plan", cc_model_filenames=files, default_model_filename=default
+        )
         copies = {files[cc]: Path(path) for cc, (_, path) in engines.items()}
         staged[base] = (text, [(path, filename) for filename, path in copies.items()])
     if onnx_source is not None:
         member = onnx_member if onnx_member is not None else "model.onnx"
-        text = render_config(model, spec, name=f"{base}_onnx", platform="onnxruntime_onnx",
-                             default_model_filename=Path(member).as_posix())
+        text = render_config(
+            model,
+            spec,
+            name=f"{base}_onnx",
+            platform="onnxruntime_onnx",
+            default_model_filename=Path(member).as_posix(),
+        )
         staged[f"{base}_onnx"] = (text, [(Path(onnx_source), "." if onnx_member is not None else member)])
 
     out = Path(out)
     taken = [m for m in staged if (out / m).exists() or (out / m).is_symlink()]
     if taken and not overwrite:
         raise FileExistsError(
-            f"{', '.join(str(out / m) for m in taken)} already exists; pass overwrite=True to replace it")
+            f"{', '.join(str(out / m) for m in taken)} already exists; pass overwrite=True to replace it"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    result = TritonRepository(root=out, models=list(staged),
-                              warnings=coverage + engine_warnings(engines, limits, max_batch))
+    result = TritonRepository(
+        root=out, models=list(staged), warnings=coverage + engine_warnings(engines, limits, max_batch)
+    )
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging-", dir=out.parent))
     except OSError:
@@ -323,15 +360,28 @@ def config_spec(model: Mapping[str, Any], engines: Sequence[Mapping[str, Any]]) 
         return {}, []
     smallest = min(specs, key=lambda sp: batching(model, sp)[0])
     if any(sp != smallest for sp in specs):
-        return smallest, [f"the plans were built with different optimization profiles; max_batch_size is "
-                          f"{batching(model, smallest)[0]}, the largest batch every one of them takes"]
+        return smallest, [
+            f"the plans were built with different optimization profiles; max_batch_size is "
+            f"{batching(model, smallest)[0]}, the largest batch every one of them takes"
+        ]
     return smallest, []
 
 
-def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, version: str | None = None,
-                     spec_hash: str | None = None, backend: str | None = None, precision: str | None = None,
-                     accept: list[str] | None = None, triton_version: int = 1, name: str | None = None,
-                     overwrite: bool = False) -> TritonRepository:
+def export_from_farm(
+    client: Any,
+    model_name: str,
+    out: Path,
+    cache: Any,
+    *,
+    version: str | None = None,
+    spec_hash: str | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
+    accept: list[str] | None = None,
+    triton_version: int = 1,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> TritonRepository:
     """Write a Triton repository for a catalogued model: one plan per compute capability (downloaded through the
     engine cache, verified) and its ONNX file as the CPU fallback.
 
@@ -341,8 +391,8 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
     from it (int8 Q/DQ) are its variants and compete in the same resolution. Raises NotFound when there is nothing
     to export.
     """
-    from enginefarm.core.errors import NotFound
     from enginefarm.core.bundle import BundleLimits, unpack_bundle
+    from enginefarm.core.errors import NotFound
 
     versions = [m for m in client.models(name=model_name, limit=500)["items"] if m.get("source_model_id") is None]
     if version:
@@ -352,15 +402,28 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
     model = max(versions, key=lambda m: m["id"])
     listed = client.engines(model=model_name, limit=500)["items"]
     # A portable engine serves every compute capability it lists: each is asked for, and may get it.
-    ccs = sorted({cc for e in listed if e["backend"] in _PLAN_BACKENDS
-                  and model["version"] in (e["model_version"], e.get("variant_of"))
-                  for cc in ([e["compute_capability"]] if e["compute_capability"] else e["compute_capabilities"])},
-                 key=cc_tuple)
+    ccs = sorted(
+        {
+            cc
+            for e in listed
+            if e["backend"] in _PLAN_BACKENDS and model["version"] in (e["model_version"], e.get("variant_of"))
+            for cc in ([e["compute_capability"]] if e["compute_capability"] else e["compute_capabilities"])
+        },
+        key=cc_tuple,
+    )
     chosen: dict[str, Mapping[str, Any]] = {}
     for cc in ccs:
         for b in [backend] if backend else PLAN_PREFERENCE:
-            answer = _resolve_or_none(client, model_name, triton_machine(cc), version=model["version"],
-                                      spec_hash=spec_hash, precision=precision, backend=b, accept=accept)
+            answer = _resolve_or_none(
+                client,
+                model_name,
+                triton_machine(cc),
+                version=model["version"],
+                spec_hash=spec_hash,
+                precision=precision,
+                backend=b,
+                accept=accept,
+            )
             if answer is not None:
                 chosen[cc] = answer["engine"]
                 break
@@ -376,8 +439,9 @@ def export_from_farm(client: Any, model_name: str, out: Path, cache: Any, *, ver
             bundle = Path(tmp) / "bundle"
             onnx_path = unpack_bundle(upload, model["format"], bundle, BundleLimits())
             upload, member = bundle, onnx_path.relative_to(bundle).as_posix()
-        repo = write_repository(out, model, spec, files, upload, onnx_member=member,
-                                version=triton_version, name=name, overwrite=overwrite)
+        repo = write_repository(
+            out, model, spec, files, upload, onnx_member=member, version=triton_version, name=name, overwrite=overwrite
+        )
     repo.warnings += warnings
     return repo
 
@@ -398,8 +462,12 @@ def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[st
     raise Conflict(
         f"not exporting engine {engine['id']} ({engine['target']}, {engine['precision']}): its accuracy check "
         f"{'failed' if passed is False else 'has not passed'} (check {where}"
-        + (f": {checks['detail']}" if checks.get("detail") else "") + "); export it once the check passes, or pass "
-        f"--accept {state} to export it anyway", engine_id=engine["id"], check=where)
+        + (f": {checks['detail']}" if checks.get("detail") else "")
+        + "); export it once the check passes, or pass "
+        f"--accept {state} to export it anyway",
+        engine_id=engine["id"],
+        check=where,
+    )
 
 
 def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) -> dict[str, Any] | None:

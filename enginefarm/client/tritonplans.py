@@ -18,8 +18,11 @@ RTX_WARNING = (
 
 def portable(engine: Mapping[str, Any]) -> bool:
     """A TensorRT-RTX engine built without a target: it runs on every compute capability it lists."""
-    return (engine.get("backend") == "tensorrt-rtx" and not engine.get("compute_capability")
-            and len(engine.get("compute_capabilities") or []) > 1)
+    return (
+        engine.get("backend") == "tensorrt-rtx"
+        and not engine.get("compute_capability")
+        and len(engine.get("compute_capabilities") or []) > 1
+    )
 
 
 def ampere_plus(engine: Mapping[str, Any]) -> bool:
@@ -31,8 +34,9 @@ def covers(engine: Mapping[str, Any]) -> str:
     """The compute capabilities a plan runs on, in words."""
     if ampere_plus(engine):
         return "8.0 and newer (Ampere+ hardware-compatible, discrete GPUs)"
-    return ", ".join(sorted(engine.get("compute_capabilities") or [engine.get("compute_capability") or "?"],
-                            key=cc_tuple))
+    return ", ".join(
+        sorted(engine.get("compute_capabilities") or [engine.get("compute_capability") or "?"], key=cc_tuple)
+    )
 
 
 def _plan_name(cc: str, engine: Mapping[str, Any], taken: set[str]) -> str:
@@ -68,15 +72,25 @@ def plan_layout(engines: Mapping[str, tuple[Mapping[str, Any], Any]]) -> tuple[d
         best = max(wide, key=lambda e: (ampere_plus(e), len(e.get("compute_capabilities") or [])))
         default = next(files[cc] for cc, (e, _) in engines.items() if e is best)
         kind = "Ampere+ TensorRT" if ampere_plus(best) else "portable TensorRT-RTX"
-        return files, default, [
-            f"default_model_filename is {default}, the {kind} plan, for GPUs missing from cc_model_filenames; it runs "
-            f"on compute capability {covers(best)}, and a GPU outside those cannot load this model"]
+        return (
+            files,
+            default,
+            [
+                f"default_model_filename is {default}, the {kind} plan, for GPUs missing from cc_model_filenames; it runs "
+                f"on compute capability {covers(best)}, and a GPU outside those cannot load this model"
+            ],
+        )
     listed = ", ".join(sorted(files, key=cc_tuple))
-    return files, None, [
-        f"no default_model_filename: every plan runs only on the compute capability it was built for, so Triton "
-        f"loads this model on GPUs of compute capability {listed} and on no other (an A100 is 8.0, a T4 7.5); "
-        "a portable TensorRT-RTX engine (target tensorrt-rtx/portable) or an Ampere+ hardware-compatible TensorRT "
-        "engine would serve as the default"]
+    return (
+        files,
+        None,
+        [
+            f"no default_model_filename: every plan runs only on the compute capability it was built for, so Triton "
+            f"loads this model on GPUs of compute capability {listed} and on no other (an A100 is 8.0, a T4 7.5); "
+            "a portable TensorRT-RTX engine (target tensorrt-rtx/portable) or an Ampere+ hardware-compatible TensorRT "
+            "engine would serve as the default"
+        ],
+    )
 
 
 def engine_warnings(
@@ -98,5 +112,6 @@ def engine_warnings(
         warnings.append(
             f"the engines have {len(limits)} optimization profiles; Triton's TensorRT backend uses profile 0 unless "
             f"instance_group lists profiles, and profile 0 batches only up to {limits[0]} while max_batch_size is "
-            f"{max_batch}: Triton's config auto-complete rejects that")
+            f"{max_batch}: Triton's config auto-complete rejects that"
+        )
     return warnings

@@ -52,8 +52,11 @@ class BundleLimits:
     @classmethod
     def of(cls, settings: Settings) -> BundleLimits:
         """The limits the farm's settings give (ENGINEFARM_MAX_BUNDLE_FILES, ...)."""
-        return cls(max_files=settings.max_bundle_files, max_unpacked_bytes=settings.max_unpacked_bytes,
-                   max_compression_ratio=settings.max_compression_ratio)
+        return cls(
+            max_files=settings.max_bundle_files,
+            max_unpacked_bytes=settings.max_unpacked_bytes,
+            max_compression_ratio=settings.max_compression_ratio,
+        )
 
 
 # --------------------------------------------------------------------------- format detection
@@ -105,8 +108,10 @@ def _normalize_name(raw: str) -> str:
         raise ModelRejected(f"bundle entry {raw!r} has a name component over {_MAX_NAME_COMPONENT} bytes")
     if parts and _NATIVE_LIBRARY.search(parts[-1]):
         # Nothing from an upload is ever loaded as code; a bundle that carries a plugin says it needs it.
-        raise ModelRejected(f"bundle entry {raw!r} is a native library: plugin and custom-op libraries that come "
-                            f"with an upload are never loaded; build with the plugins the workers have")
+        raise ModelRejected(
+            f"bundle entry {raw!r} is a native library: plugin and custom-op libraries that come "
+            f"with an upload are never loaded; build with the plugins the workers have"
+        )
     return "/".join(parts)
 
 
@@ -188,8 +193,10 @@ def _check_sizes(entries: list[_Entry], limits: BundleLimits, fmt: str, archive_
         )
     total = sum(e.size for e in entries)
     if total > limits.max_unpacked_bytes:
-        raise PayloadTooLarge(f"bundle expands to {total} bytes, over the limit of {limits.max_unpacked_bytes} "
-                              f"bytes unpacked (ENGINEFARM_MAX_UNPACKED_BYTES)")
+        raise PayloadTooLarge(
+            f"bundle expands to {total} bytes, over the limit of {limits.max_unpacked_bytes} "
+            f"bytes unpacked (ENGINEFARM_MAX_UNPACKED_BYTES)"
+        )
     if fmt == "zip":
         for e in entries:
             packed = e.member.compress_size  # type: ignore[attr-defined]
@@ -268,7 +275,9 @@ def _stand_in(src: BinaryIO, dst_path: Path, entry: _Entry, room: int) -> int:
     return read
 
 
-def _extract(entries: list[_Entry], open_member: Callable[[Any], Any], dest: Path, limits: BundleLimits, only: str | None = None) -> None:
+def _extract(
+    entries: list[_Entry], open_member: Callable[[Any], Any], dest: Path, limits: BundleLimits, only: str | None = None
+) -> None:
     """Write every entry under dest with our own loop; bytes are re-counted since headers can lie. With ``only``,
     that file alone is written and every other one becomes a stand-in (``_stand_in``)."""
     used = 0
@@ -299,8 +308,14 @@ def _list_entries(archive: zipfile.ZipFile | tarfile.TarFile, limits: BundleLimi
     return list(_tar_entries(archive, limits.max_files))
 
 
-def _unpack_open(archive: zipfile.ZipFile | tarfile.TarFile, fmt: str, dest: Path, limits: BundleLimits,
-                 packed: int, only: str | None) -> None:
+def _unpack_open(
+    archive: zipfile.ZipFile | tarfile.TarFile,
+    fmt: str,
+    dest: Path,
+    limits: BundleLimits,
+    packed: int,
+    only: str | None,
+) -> None:
     """Vet the whole listing before writing a byte, then extract."""
     entries = _list_entries(archive, limits)
     _check_layout(entries)

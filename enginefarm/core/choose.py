@@ -10,10 +10,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from enginefarm.core.compat import (
-    Check, Outcome, Rule, Verdict, check_fail, check_ok, check_relaxed, check_unchecked, judge, shape_fit,
+    Check,
+    Outcome,
+    Rule,
+    Verdict,
+    check_fail,
+    check_ok,
+    check_relaxed,
+    check_unchecked,
+    judge,
+    shape_fit,
 )
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import Machine
+
 
 @dataclass
 class Evidence:
@@ -82,14 +92,21 @@ def _accuracy_gate(o: Option, m: Machine, wanted: Wanted) -> Check:
         return check_ok(Rule.ACCURACY_GATE, "passed its accuracy check against ONNX Runtime FP32")
     if accuracy == "fail":
         if "failed" in wanted.accept:
-            return check_relaxed(Rule.ACCURACY_GATE, "failed its accuracy check; served because you accept failed engines")
-        return check_fail(Rule.ACCURACY_GATE, "failed its accuracy check against ONNX Runtime FP32; "
-                                         "add accept=failed to get it anyway")
+            return check_relaxed(
+                Rule.ACCURACY_GATE, "failed its accuracy check; served because you accept failed engines"
+            )
+        return check_fail(
+            Rule.ACCURACY_GATE,
+            "failed its accuracy check against ONNX Runtime FP32; add accept=failed to get it anyway",
+        )
     named = e.precision == wanted.precision or e.precision in m.precisions
     if e.precision in QUANTIZED and not named and "unchecked" not in wanted.accept:
-        return check_fail(Rule.ACCURACY_GATE, f"this {e.precision} engine's accuracy was never checked; {e.precision} is "
-                                         f"picked only once its check passed: ask for precision={e.precision} or "
-                                         "accept=unchecked to get it unchecked")
+        return check_fail(
+            Rule.ACCURACY_GATE,
+            f"this {e.precision} engine's accuracy was never checked; {e.precision} is "
+            f"picked only once its check passed: ask for precision={e.precision} or "
+            "accept=unchecked to get it unchecked",
+        )
     return check_unchecked(Rule.ACCURACY_GATE, f"{e.precision} engine whose accuracy is not checked yet")
 
 
@@ -97,26 +114,39 @@ def _filters(o: Option, m: Machine, wanted: Wanted) -> list[Check]:
     checks = []
     e, ev = o.engine, o.evidence
     if m.precisions and e.precision not in m.precisions:
-        checks.append(check_fail(Rule.ACCEPTED_PRECISION, f"built {e.precision}; your machine accepts "
-                                                     f"{', '.join(m.precisions)}"))
+        checks.append(
+            check_fail(Rule.ACCEPTED_PRECISION, f"built {e.precision}; your machine accepts {', '.join(m.precisions)}")
+        )
     if wanted.precision and e.precision != wanted.precision:
         checks.append(check_fail(Rule.PRECISION, f"built {e.precision}, you asked for {wanted.precision}"))
     if wanted.backend and e.backend != wanted.backend:
         checks.append(check_fail(Rule.BACKEND, f"built for {e.backend}, you asked for {wanted.backend}"))
     if wanted.spec_hash and o.spec_hash != wanted.spec_hash:
-        checks.append(check_fail(Rule.SPEC, f"built from spec {o.spec_hash[:12]}, you asked for {wanted.spec_hash[:12]}"))
+        checks.append(
+            check_fail(Rule.SPEC, f"built from spec {o.spec_hash[:12]}, you asked for {wanted.spec_hash[:12]}")
+        )
     if wanted.accuracy == "pass" and ev.accuracy != "pass":
         state = "failed its accuracy gate" if ev.accuracy == "fail" else "has no accuracy result yet"
         checks.append(check_fail(Rule.ACCURACY, f"engine {state}; you asked for accuracy=pass"))
     if wanted.max_latency_ms is not None:
         own = next(((c, ev.latencies[c]) for c in device_classes(m) if c in ev.latencies), None)
         if own is None:
-            checks.append(check_fail(Rule.LATENCY, f"no latency measured on your "
-                                              f"{'GPU model' if m.gpu_name else 'machine'} to hold against "
-                                              f"{wanted.max_latency_ms:g} ms"))
+            checks.append(
+                check_fail(
+                    Rule.LATENCY,
+                    f"no latency measured on your "
+                    f"{'GPU model' if m.gpu_name else 'machine'} to hold against "
+                    f"{wanted.max_latency_ms:g} ms",
+                )
+            )
         elif own[1] > wanted.max_latency_ms:
-            checks.append(check_fail(Rule.LATENCY, f"median latency {own[1]:.3g} ms on {_on(own[0])} exceeds your "
-                                              f"maximum {wanted.max_latency_ms:g} ms"))
+            checks.append(
+                check_fail(
+                    Rule.LATENCY,
+                    f"median latency {own[1]:.3g} ms on {_on(own[0])} exceeds your "
+                    f"maximum {wanted.max_latency_ms:g} ms",
+                )
+            )
     return checks
 
 
@@ -124,9 +154,12 @@ def _named_runtime(o: Option, m: Machine, wanted: Wanted) -> Check | None:
     """A machine that names its GPU runtime is handed that runtime's engines: a CPU artifact only when it asks."""
     runtimes, e = m.gpu_runtimes, o.engine
     if runtimes and is_cpu_artifact(e) and "cpu" not in wanted.accept and wanted.backend != e.backend:
-        return check_fail(Rule.NAMED_RUNTIME, f"an ONNX Runtime CPU artifact, and your machine names "
-                                         f"{' and '.join(runtimes)}: add accept=cpu (fetch --allow-cpu) to be "
-                                         "handed it")
+        return check_fail(
+            Rule.NAMED_RUNTIME,
+            f"an ONNX Runtime CPU artifact, and your machine names "
+            f"{' and '.join(runtimes)}: add accept=cpu (fetch --allow-cpu) to be "
+            "handed it",
+        )
     return None
 
 
@@ -136,8 +169,15 @@ def is_cpu_artifact(e: EngineDescriptor) -> bool:
 
 def device_classes(m: Machine) -> list[str]:
     """The device classes a latency may have been measured on that stand for this machine, nearest first."""
-    return [c for c in (m.gpu_name and f"gpu:{m.gpu_name}", m.compute_capability and f"cc:{m.compute_capability}",
-                        m.cpu_name and f"cpu:{m.cpu_name}") if c]
+    return [
+        c
+        for c in (
+            m.gpu_name and f"gpu:{m.gpu_name}",
+            m.compute_capability and f"cc:{m.compute_capability}",
+            m.cpu_name and f"cpu:{m.cpu_name}",
+        )
+        if c
+    ]
 
 
 def _on(device_class: str) -> str:
@@ -189,13 +229,18 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
     group = sorted(group, key=key)
     if len(group) < 2:
         return group, ""
-    figures = ", ".join(f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms" if j.option.evidence.latency_ms is not None
-                        else f"{_label(j)} not measured" for j in group[:6])
+    figures = ", ".join(
+        f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms"
+        if j.option.evidence.latency_ms is not None
+        else f"{_label(j)} not measured"
+        for j in group[:6]
+    )
     if measured and ref:
         return group, f"fastest measured on {_on(ref)}: {figures}"
     where = f" on {_on(ref)}" if ref else ""
-    return group, (f"not every engine was measured{where}, so fp32/fp16 rank before int8/fp8, then measured latency: "
-                   f"{figures}")
+    return group, (
+        f"not every engine was measured{where}, so fp32/fp16 rank before int8/fp8, then measured latency: {figures}"
+    )
 
 
 def _label(j: Judged) -> str:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
 from enum import IntEnum
+from functools import lru_cache
 
-from enginefarm.core.domain import ORT_CUDA_PREFIX, Backend, EngineDescriptor, StrEnum, cc_tuple
-from enginefarm.core.domain import HardwareCompat
-from enginefarm.core.shapes import format_dims
+from enginefarm.core.domain import ORT_CUDA_PREFIX, Backend, EngineDescriptor, HardwareCompat, StrEnum, cc_tuple
 from enginefarm.core.machine import Machine
+from enginefarm.core.shapes import format_dims
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
@@ -157,24 +156,38 @@ def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
     runtime = m.trt_version
     built = e.trt_version or e.backend_version
     if runtime is None:
-        return _runtime_missing(Rule.TRT_VERSION, f"TensorRT {built}", "TensorRT", f"TensorRT-RTX {m.trt_rtx_version}", m)
+        return _runtime_missing(
+            Rule.TRT_VERSION, f"TensorRT {built}", "TensorRT", f"TensorRT-RTX {m.trt_rtx_version}", m
+        )
     if m.lean_runtime and not e.version_compatible:
-        return check_fail(Rule.LEAN_RUNTIME, f"you run only the lean runtime {runtime}, which loads only version-compatible engines")
+        return check_fail(
+            Rule.LEAN_RUNTIME, f"you run only the lean runtime {runtime}, which loads only version-compatible engines"
+        )
     if runtime == built:
         return check_ok(Rule.TRT_VERSION, f"built with your TensorRT {built}")
     if not e.version_compatible:
         return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}, not version-compatible")
     got, want = _version(runtime), _version(built)
     if got[:2] < VERSION_COMPAT_FLOOR or want[:2] < VERSION_COMPAT_FLOOR:
-        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
-                                       "version compatibility needs 8.6 or newer on both sides")
+        return check_fail(
+            Rule.TRT_VERSION,
+            f"built with TensorRT {built}, you run {runtime}; version compatibility needs 8.6 or newer on both sides",
+        )
     if got < want:
-        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run the older {runtime}; "
-                                       "version-compatible engines never run on older runtimes")
+        return check_fail(
+            Rule.TRT_VERSION,
+            f"built with TensorRT {built}, you run the older {runtime}; "
+            "version-compatible engines never run on older runtimes",
+        )
     if got[0] != want[0] and (want[0], got[0]) not in CROSS_MAJOR:
-        return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}; "
-                                       f"version compatibility does not cross from {want[0]}.x to {got[0]}.x")
-    return check_relaxed(Rule.TRT_VERSION, f"version-compatible engine built with TensorRT {built} runs on your {runtime}")
+        return check_fail(
+            Rule.TRT_VERSION,
+            f"built with TensorRT {built}, you run {runtime}; "
+            f"version compatibility does not cross from {want[0]}.x to {got[0]}.x",
+        )
+    return check_relaxed(
+        Rule.TRT_VERSION, f"version-compatible engine built with TensorRT {built} runs on your {runtime}"
+    )
 
 
 def _check_cc_trt(e: EngineDescriptor, m: Machine) -> Check:
@@ -185,26 +198,38 @@ def _check_cc_trt(e: EngineDescriptor, m: Machine) -> Check:
         if m.is_jetson:
             return check_fail(Rule.HARDWARE_COMPAT, "built Ampere+ hardware-compatible, which Jetson does not support")
         if cc_tuple(cc) < (8, 0):
-            return check_fail(Rule.HARDWARE_COMPAT, f"built Ampere+ hardware-compatible, which needs compute capability "
-                                               f"8.0 or newer; you have {cc}")
+            return check_fail(
+                Rule.HARDWARE_COMPAT,
+                f"built Ampere+ hardware-compatible, which needs compute capability 8.0 or newer; you have {cc}",
+            )
         if cc != e.compute_capability:
-            return check_relaxed(Rule.HARDWARE_COMPAT, f"Ampere+ hardware-compatible engine built on "
-                                                  f"{e.compute_capability} runs on your {cc}")
-        return check_ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc} (Ampere+ hardware-compatible)")
+            return check_relaxed(
+                Rule.HARDWARE_COMPAT,
+                f"Ampere+ hardware-compatible engine built on {e.compute_capability} runs on your {cc}",
+            )
+        return check_ok(
+            Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc} (Ampere+ hardware-compatible)"
+        )
     if cc != e.compute_capability:
-        return check_fail(Rule.COMPUTE_CAPABILITY, f"built for compute capability {e.compute_capability}, you have {cc}, "
-                                              "not hardware-compatible")
+        return check_fail(
+            Rule.COMPUTE_CAPABILITY,
+            f"built for compute capability {e.compute_capability}, you have {cc}, not hardware-compatible",
+        )
     return check_ok(Rule.COMPUTE_CAPABILITY, f"built for your compute capability {cc}")
 
 
 def _check_rtx_release(e: EngineDescriptor, m: Machine) -> Check:
     runtime = m.trt_rtx_version
     if runtime is None:
-        return _runtime_missing(Rule.RTX_RELEASE, f"TensorRT-RTX {e.backend_version}", "TensorRT-RTX",
-                                f"TensorRT {m.trt_version}", m)
+        return _runtime_missing(
+            Rule.RTX_RELEASE, f"TensorRT-RTX {e.backend_version}", "TensorRT-RTX", f"TensorRT {m.trt_version}", m
+        )
     if runtime != e.backend_version:
-        return check_fail(Rule.RTX_RELEASE, f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; "
-                                       "TensorRT-RTX engines do not load across releases")
+        return check_fail(
+            Rule.RTX_RELEASE,
+            f"built with TensorRT-RTX {e.backend_version}, you run {runtime}; "
+            "TensorRT-RTX engines do not load across releases",
+        )
     return check_ok(Rule.RTX_RELEASE, f"built with your TensorRT-RTX {runtime}")
 
 
@@ -218,7 +243,9 @@ def _check_rtx_cc(e: EngineDescriptor, m: Machine) -> Check:
             return check_fail(Rule.RTX_CC, f"portable TensorRT-RTX engine runs on {ccs}, you have {cc}")
         return check_relaxed(Rule.RTX_CC, f"portable TensorRT-RTX engine; runs on {ccs}")
     if cc != e.compute_capability:
-        return check_fail(Rule.RTX_CC, f"TensorRT-RTX engine built for compute capability {e.compute_capability}, you have {cc}")
+        return check_fail(
+            Rule.RTX_CC, f"TensorRT-RTX engine built for compute capability {e.compute_capability}, you have {cc}"
+        )
     return check_ok(Rule.RTX_CC, f"built for your compute capability {cc}")
 
 
@@ -229,11 +256,15 @@ def _check_driver(e: EngineDescriptor, m: Machine) -> Check | None:
     if not floor:
         return None
     if not m.driver_version:
-        return check_unchecked(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
-                                       "your driver is unknown")
+        return check_unchecked(
+            Rule.DRIVER,
+            f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; your driver is unknown",
+        )
     if _version(m.driver_version)[0] < floor:
-        return check_fail(Rule.DRIVER, f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; "
-                                  f"you have {m.driver_version}")
+        return check_fail(
+            Rule.DRIVER,
+            f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; you have {m.driver_version}",
+        )
     return check_ok(Rule.DRIVER, f"driver {m.driver_version} meets CUDA {e.cuda_version}'s floor {floor}")
 
 
@@ -248,7 +279,9 @@ def _check_memory(e: EngineDescriptor, m: Machine) -> Check:
     if not m.memory_mib:
         return check_unchecked(Rule.MEMORY, f"needs {_mib(need)} MiB ({what}); your GPU memory is unknown")
     if need > m.memory_mib << 20:
-        return check_fail(Rule.MEMORY, f"engine needs at least {_mib(need)} MiB ({what}), your GPU has {m.memory_mib} MiB")
+        return check_fail(
+            Rule.MEMORY, f"engine needs at least {_mib(need)} MiB ({what}), your GPU has {m.memory_mib} MiB"
+        )
     return check_ok(Rule.MEMORY, f"needs {_mib(need)} MiB of your {m.memory_mib} MiB")
 
 
@@ -264,14 +297,17 @@ def _need(rng: dict[str, list[int]]) -> str:
     return format_dims(rng["min"]) if rng["min"] == rng["max"] else _span(rng)
 
 
-def _profile_gap(i: int, profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> str | None:
+def _profile_gap(
+    i: int, profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]
+) -> str | None:
     """Why profile ``i`` cannot run ``shapes``, or None when it covers every requested input."""
     for name, want in shapes.items():
         have = profile.get(name)
         if have is None:
             return f"profile {i} has no input {name!r} (it has {', '.join(sorted(profile)) or 'none'})"
         if len(have["min"]) != len(want["min"]) or not all(
-                lo <= a and b <= hi for lo, a, b, hi in zip(have["min"], want["min"], want["max"], have["max"])):
+            lo <= a and b <= hi for lo, a, b, hi in zip(have["min"], want["min"], want["max"], have["max"])
+        ):
             return f"profile {i} of input {name!r} covers {_span(have)}; you need {_need(want)}"
     return None
 
@@ -330,8 +366,11 @@ def _check_ort_cuda(e: EngineDescriptor, m: Machine) -> Check:
     ONNX Runtime supports. Its own compute capability is a match; another supported one runs, relaxed."""
     cc, built = m.compute_capability, e.compute_capability
     if not m.ort_cuda:
-        said = f"you run ONNX Runtime {m.ort_version} without CUDA" if m.ort_version else \
-            "you did not say you run ONNX Runtime with CUDA (ort_cuda)"
+        said = (
+            f"you run ONNX Runtime {m.ort_version} without CUDA"
+            if m.ort_version
+            else "you did not say you run ONNX Runtime with CUDA (ort_cuda)"
+        )
         return check_fail(Rule.ORT_CUDA, f"prepared for ONNX Runtime's CUDA execution provider; {said}")
     if cc is None:
         return check_fail(Rule.COMPUTE_CAPABILITY, f"prepared on compute capability {built}; {NO_CC}")
@@ -340,26 +379,37 @@ def _check_ort_cuda(e: EngineDescriptor, m: Machine) -> Check:
     major = _version(e.cuda_version or "")[:1]
     floor = ORT_CUDA_MIN_CC.get(major[0]) if major else None
     if floor and cc_tuple(cc) < floor:
-        return check_fail(Rule.COMPUTE_CAPABILITY, f"ONNX Runtime built for CUDA {e.cuda_version} runs on compute "
-                                                   f"capability {floor[0]}.{floor[1]} or newer; you have {cc}")
-    return check_relaxed(Rule.ORT_CUDA, f"a graph for ONNX Runtime CUDA prepared on {built} runs on your {cc} "
-                                        "(no GPU code in it; its figures were measured on another GPU)")
+        return check_fail(
+            Rule.COMPUTE_CAPABILITY,
+            f"ONNX Runtime built for CUDA {e.cuda_version} runs on compute "
+            f"capability {floor[0]}.{floor[1]} or newer; you have {cc}",
+        )
+    return check_relaxed(
+        Rule.ORT_CUDA,
+        f"a graph for ONNX Runtime CUDA prepared on {built} runs on your {cc} "
+        "(no GPU code in it; its figures were measured on another GPU)",
+    )
 
 
 def _check_ort_version(e: EngineDescriptor, m: Machine) -> Check:
     """A graph saved by ONNX Runtime after its optimizations may hold its contrib operators, which a later
     release still runs and an earlier one may not."""
     if not m.ort_version:
-        return check_unchecked(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}; "
-                                                 "your ONNX Runtime version is unknown")
+        return check_unchecked(
+            Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}; your ONNX Runtime version is unknown"
+        )
     got, want = _version(m.ort_version), _version(e.backend_version)
     if got[:2] == want[:2]:
         return check_ok(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, you run {m.ort_version}")
     if got < want:
-        return check_fail(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, you run the older "
-                                            f"{m.ort_version}, which may lack its fused operators")
-    return check_relaxed(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, runs on your later "
-                                           f"{m.ort_version}")
+        return check_fail(
+            Rule.ORT_VERSION,
+            f"prepared by ONNX Runtime {e.backend_version}, you run the older "
+            f"{m.ort_version}, which may lack its fused operators",
+        )
+    return check_relaxed(
+        Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, runs on your later {m.ort_version}"
+    )
 
 
 def _judge_ort_cuda(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Verdict:
@@ -374,9 +424,15 @@ def _judge_ort_cuda(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Ver
     if relaxed:
         return Verdict(True, Match.VERSION_COMPAT, "; ".join(c.detail for c in relaxed), checks)
     if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
-        return Verdict(True, Match.EXACT_GPU, f"ONNX Runtime CUDA graph prepared on your GPU model, {e.gpu_name}", checks)
-    return Verdict(True, Match.EXACT_CC, f"ONNX Runtime CUDA graph prepared for your compute capability "
-                                         f"{e.compute_capability}", checks)
+        return Verdict(
+            True, Match.EXACT_GPU, f"ONNX Runtime CUDA graph prepared on your GPU model, {e.gpu_name}", checks
+        )
+    return Verdict(
+        True,
+        Match.EXACT_CC,
+        f"ONNX Runtime CUDA graph prepared for your compute capability {e.compute_capability}",
+        checks,
+    )
 
 
 def judge(e: EngineDescriptor, m: Machine) -> Verdict:

@@ -88,13 +88,15 @@ class Settings(BaseSettings):
     bench_time_limit_s: float = Field(default=1000, gt=0)
     max_deliveries: int = Field(default=5, ge=1)
     shutdown_grace_seconds: float = Field(
-        default=20.0, ge=0,
+        default=20.0,
+        ge=0,
         description="On SIGTERM a worker stops taking tasks and gives its running builds and benchmarks this many "
-                    "seconds to finish; those still running then go back to the queue at once (the attempt not "
-                    "counted) for another worker, and the worker exits. Keep it about 10 s under the time its "
-                    "supervisor waits before SIGKILL (Kubernetes' terminationGracePeriodSeconds, 30 s by default; "
-                    "systemd's TimeoutStopSec): putting the tasks back and Celery's own shutdown take 1 to 5 s more "
-                    "on a busy machine. 0: put them back at once.")
+        "seconds to finish; those still running then go back to the queue at once (the attempt not "
+        "counted) for another worker, and the worker exits. Keep it about 10 s under the time its "
+        "supervisor waits before SIGKILL (Kubernetes' terminationGracePeriodSeconds, 30 s by default; "
+        "systemd's TimeoutStopSec): putting the tasks back and Celery's own shutdown take 1 to 5 s more "
+        "on a busy machine. 0: put them back at once.",
+    )
     # The reconciler (in the API process): how often it runs (0: never), and how long a queued task may sit
     # with its queue empty before its message is taken as lost and published again.
     reconcile_seconds: float = Field(default=15.0, ge=0)

@@ -48,8 +48,11 @@ ARCHES: dict[Backend, tuple[str, ...]] = {
     Backend.TENSORRT_RTX: ("sm75", "sm80", "sm86", "sm89", "sm120", "sm121", "portable"),
     # ONNX Runtime's CPU artifact per CPU architecture, and its CUDA execution provider per compute capability
     # (onnxruntime-gpu ships x86_64 wheels for CUDA 12 and 13; CUDA 13 builds start at sm75).
-    Backend.ONNXRUNTIME: ("cpu-x86_64", "cpu-aarch64", *(f"{ORT_CUDA_PREFIX}{a}" for a in (
-        "sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm120"))),
+    Backend.ONNXRUNTIME: (
+        "cpu-x86_64",
+        "cpu-aarch64",
+        *(f"{ORT_CUDA_PREFIX}{a}" for a in ("sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm120")),
+    ),
 }
 
 # Compute capabilities a portable TensorRT-RTX engine runs on (the 1.7.1 runtime's own list).
@@ -191,6 +194,7 @@ ANONYMOUS_DIMS = frozenset({"", "?", "-1", "unk", "None"})
 
 class HardwareCompat(StrEnum):
     """How widely an engine runs beyond the GPU that built it (TensorRT's hardware-compatibility levels)."""
+
     NONE = "none"
     AMPERE_PLUS = "ampere_plus"
     SAME_COMPUTE_CAPABILITY = "same_compute_capability"
@@ -233,12 +237,22 @@ class EngineDescriptor:
     size: int = 0
     sha256: str = ""
     # Facts that may be unknown (``optional``): an answer may leave them out, and their default says so.
-    device_memory_bytes: int | None = field(default=None, metadata={"optional": True,
-        "doc": "GPU activation memory the engine asks for when it is loaded, once a GPU worker has seen it"})
+    device_memory_bytes: int | None = field(
+        default=None,
+        metadata={
+            "optional": True,
+            "doc": "GPU activation memory the engine asks for when it is loaded, once a GPU worker has seen it",
+        },
+    )
     # See ``engine_profiles``.
-    profiles: list[dict[str, dict[str, list[int]]]] = field(default_factory=list, metadata={"optional": True,
-        "doc": "the optimization profiles it was built with: per input, min/opt/max dims (min = opt = max for a "
-               "static input); empty when not known"})
+    profiles: list[dict[str, dict[str, list[int]]]] = field(
+        default_factory=list,
+        metadata={
+            "optional": True,
+            "doc": "the optimization profiles it was built with: per input, min/opt/max dims (min = opt = max for a "
+            "static input); empty when not known",
+        },
+    )
 
     @classmethod
     def of(cls, source: Any) -> EngineDescriptor:

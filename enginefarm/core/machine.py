@@ -15,8 +15,8 @@ from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, 
 from pydantic.dataclasses import dataclass
 
 from enginefarm.core.domain import JETSON_CCS
-from enginefarm.core.spec import Precision
 from enginefarm.core.shapes import check_shape_request
+from enginefarm.core.spec import Precision
 from enginefarm.core.text import CatalogText
 
 CC_PATTERN = r"^\d{1,2}\.\d$"
@@ -35,26 +35,37 @@ class Machine:
     driver_version: str | None = Field(default=None, pattern=VERSION_PATTERN)
     cuda_version: str | None = Field(default=None, pattern=VERSION_PATTERN)
     trt_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
-    trt_rtx_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version")
-    lean_runtime: StrictBool = Field(default=False, description="trt_version is the lean runtime's: it loads only "
-                                                        "version-compatible engines")
+    trt_rtx_version: str | None = Field(
+        default=None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"
+    )
+    lean_runtime: StrictBool = Field(
+        default=False, description="trt_version is the lean runtime's: it loads only version-compatible engines"
+    )
     ort_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="ONNX Runtime version")
-    ort_cuda: StrictBool = Field(default=False, description="ONNX Runtime runs here with its CUDA execution provider on the "
-                                                    "GPU: onnxruntime/cuda-smXY artifacts are served only then")
+    ort_cuda: StrictBool = Field(
+        default=False,
+        description="ONNX Runtime runs here with its CUDA execution provider on the "
+        "GPU: onnxruntime/cuda-smXY artifacts are served only then",
+    )
     platform: str | None = Field(default=None, pattern=PLATFORM_PATTERN)
     os: CatalogText | None = Field(default=None, max_length=200)
-    cpu_name: CatalogText | None = Field(default=None, max_length=200, description="the CPU model (/proc/cpuinfo's model "
-                                                                          "name): CPU artifacts are ranked by "
-                                                                          "latency measured on it")
+    cpu_name: CatalogText | None = Field(
+        default=None,
+        max_length=200,
+        description="the CPU model (/proc/cpuinfo's model name): CPU artifacts are ranked by latency measured on it",
+    )
     jetpack: str | None = Field(default=None, pattern=JETPACK_PATTERN)
     # What the machine will run: per input, the min/opt/max shapes it sends (a fixed shape has min = opt = max).
     # Empty: shapes are not judged.
     shapes: dict[str, Any] = Field(
-        default_factory=dict, max_length=1000,
+        default_factory=dict,
+        max_length=1000,
         description="what the machine will run: per input, dims ([1, 3, 640, 640]) or {min, opt, max} dims; "
-                    "an engine whose profiles do not cover them is excluded")
-    precisions: list[Precision] = Field(default_factory=list, max_length=5,
-                                        description="the precisions the machine accepts (default: any)")
+        "an engine whose profiles do not cover them is excluded",
+    )
+    precisions: list[Precision] = Field(
+        default_factory=list, max_length=5, description="the precisions the machine accepts (default: any)"
+    )
 
     @field_validator("shapes")
     @classmethod
@@ -67,8 +78,11 @@ class Machine:
         A runtime installed on a machine without a GPU (a CPU box with tensorrt_rtx for building) names none."""
         if not (self.compute_capability or self.gpu_name):
             return []
-        named = [name for name, version in (("TensorRT", self.trt_version), ("TensorRT-RTX", self.trt_rtx_version))
-                 if version]
+        named = [
+            name
+            for name, version in (("TensorRT", self.trt_version), ("TensorRT-RTX", self.trt_rtx_version))
+            if version
+        ]
         return named + (["ONNX Runtime CUDA"] if self.ort_cuda else [])
 
     @property

@@ -25,7 +25,9 @@ def _cudnn_version() -> str | None:
             v = int(ctypes.CDLL(name).cudnnGetVersion())
         except (OSError, AttributeError):
             continue
-        return f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+        return (
+            f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v >= 10000 else f"{v // 1000}.{v % 1000 // 100}.{v % 100}"
+        )
     return None
 
 
@@ -42,7 +44,11 @@ def probe_ort_cuda() -> tuple[str | None, str | None, str | None]:
     except Exception as exc:  # noqa: BLE001 - an import that fails in any way means no ONNX Runtime to use
         return None, None, str(exc) or type(exc).__name__
     if ORT_CUDA_PROVIDER not in ort.get_available_providers():
-        return None, None, f"onnxruntime {ort.__version__} has no {ORT_CUDA_PROVIDER} (that is the onnxruntime-gpu package)"
+        return (
+            None,
+            None,
+            f"onnxruntime {ort.__version__} has no {ORT_CUDA_PROVIDER} (that is the onnxruntime-gpu package)",
+        )
     info = importlib.import_module(f"{ORT_MODULE}.capi.build_and_package_info")
     cuda = getattr(info, "cuda_version", None) or None
     if preload := getattr(ort, "preload_dlls", None):

@@ -8,6 +8,7 @@ from typing import Any
 
 from enginefarm.core.spec import MAX_DIM
 
+
 def parse_trtexec_shapes(text: str) -> dict[str, list[int]]:
     """``input:1x3x224x224,mask:1x128`` → {"input": [1, 3, 224, 224], "mask": [1, 128]} (trtexec's syntax)."""
     shapes: dict[str, list[int]] = {}
@@ -23,8 +24,12 @@ def parse_trtexec_shapes(text: str) -> dict[str, list[int]]:
     return shapes
 
 
-def spec_shapes_from_trtexec(shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
-                             max_shapes: str | None = None) -> dict[str, Any]:
+def spec_shapes_from_trtexec(
+    shapes: str | None = None,
+    min_shapes: str | None = None,
+    opt_shapes: str | None = None,
+    max_shapes: str | None = None,
+) -> dict[str, Any]:
     """The ``shapes``/``profiles`` part of a spec from trtexec's --shapes/--minShapes/--optShapes/--maxShapes."""
     out: dict[str, Any] = {}
     if shapes:
@@ -40,8 +45,12 @@ def spec_shapes_from_trtexec(shapes: str | None = None, min_shapes: str | None =
     return out
 
 
-def shape_request(shapes: str | None = None, min_shapes: str | None = None, opt_shapes: str | None = None,
-                  max_shapes: str | None = None) -> dict[str, dict[str, list[int]]]:
+def shape_request(
+    shapes: str | None = None,
+    min_shapes: str | None = None,
+    opt_shapes: str | None = None,
+    max_shapes: str | None = None,
+) -> dict[str, dict[str, list[int]]]:
     """What a deploy machine will run, from trtexec's --shapes/--minShapes/--optShapes/--maxShapes: per input,
     min/opt/max (``--shapes`` gives one shape: min = opt = max). Raises ValueError, naming the input."""
     parts = spec_shapes_from_trtexec(shapes, min_shapes, opt_shapes, max_shapes)
@@ -67,15 +76,22 @@ def check_shape_request(wanted: dict[str, Any]) -> dict[str, dict[str, list[int]
             raise ValueError(f"shape of input {name!r}: give dims, or min, max (and opt) dims")
         rng = {"min": rng["min"], "opt": rng.get("opt", rng["max"]), "max": rng["max"]}
         for key, dims in rng.items():
-            if (not isinstance(dims, list) or len(dims) > 16
-                    or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIM for d in dims)):
-                raise ValueError(f"{key} shape of input {name!r}: at most 16 dims, each a whole number within "
-                                 f"1..{MAX_DIM}, got {dims!r}")
+            if (
+                not isinstance(dims, list)
+                or len(dims) > 16
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= MAX_DIM for d in dims)
+            ):
+                raise ValueError(
+                    f"{key} shape of input {name!r}: at most 16 dims, each a whole number within "
+                    f"1..{MAX_DIM}, got {dims!r}"
+                )
         if not len(rng["min"]) == len(rng["opt"]) == len(rng["max"]):
             raise ValueError(f"shape of input {name!r}: min, opt and max need the same number of dims")
         if not all(a <= b <= c for a, b, c in zip(rng["min"], rng["opt"], rng["max"])):
-            raise ValueError(f"shape of input {name!r}: need min <= opt <= max in every dim, got "
-                             f"{format_dims(rng['min'])}, {format_dims(rng['opt'])}, {format_dims(rng['max'])}")
+            raise ValueError(
+                f"shape of input {name!r}: need min <= opt <= max in every dim, got "
+                f"{format_dims(rng['min'])}, {format_dims(rng['opt'])}, {format_dims(rng['max'])}"
+            )
         out[name] = rng
     return out
 
@@ -88,11 +104,30 @@ def format_dims(dims: list[int]) -> str:
 # Bytes per element of each ONNX element type, by its TensorProto name (the sub-byte types take a byte each, as a
 # buffer of them is allocated). Types not named here (STRING, new ones) count as 8: a pointer at least.
 DTYPE_BYTES = {
-    "BOOL": 1, "INT8": 1, "UINT8": 1, "INT4": 1, "UINT4": 1, "INT2": 1, "UINT2": 1, "FLOAT4E2M1": 1,
-    "FLOAT8E4M3FN": 1, "FLOAT8E4M3FNUZ": 1, "FLOAT8E5M2": 1, "FLOAT8E5M2FNUZ": 1, "FLOAT8E8M0": 1,
-    "INT16": 2, "UINT16": 2, "FLOAT16": 2, "BFLOAT16": 2,
-    "INT32": 4, "UINT32": 4, "FLOAT": 4,
-    "INT64": 8, "UINT64": 8, "DOUBLE": 8, "COMPLEX64": 8,
+    "BOOL": 1,
+    "INT8": 1,
+    "UINT8": 1,
+    "INT4": 1,
+    "UINT4": 1,
+    "INT2": 1,
+    "UINT2": 1,
+    "FLOAT4E2M1": 1,
+    "FLOAT8E4M3FN": 1,
+    "FLOAT8E4M3FNUZ": 1,
+    "FLOAT8E5M2": 1,
+    "FLOAT8E5M2FNUZ": 1,
+    "FLOAT8E8M0": 1,
+    "INT16": 2,
+    "UINT16": 2,
+    "FLOAT16": 2,
+    "BFLOAT16": 2,
+    "INT32": 4,
+    "UINT32": 4,
+    "FLOAT": 4,
+    "INT64": 8,
+    "UINT64": 8,
+    "DOUBLE": 8,
+    "COMPLEX64": 8,
     "COMPLEX128": 16,
 }
 UNKNOWN_DTYPE_BYTES = 8

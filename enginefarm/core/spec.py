@@ -12,14 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from enginefarm.core.domain import HardwareCompat, StrEnum
 
+
 class Precision(StrEnum):
     FP32 = "fp32"
     FP16 = "fp16"
     BF16 = "bf16"
     INT8 = "int8"
     FP8 = "fp8"
-
-
 
 
 class GraphCleanup(StrEnum):
@@ -62,8 +61,17 @@ MAX_DIM = 1 << 20
 MAX_PROFILES = 32
 CHECK_FIELDS = ("benchmark", "accuracy")
 # Spec fields that change the engine but came after the first catalogs: hashed only when not at their default.
-LATER_FIELDS = ("keep_fp32_ops", "keep_fp32_layers", "keep_io_types", "graph_cleanup", "calibration", "fixed_inputs",
-                "precision_fallback", "tf32", "accuracy_repair")
+LATER_FIELDS = (
+    "keep_fp32_ops",
+    "keep_fp32_layers",
+    "keep_io_types",
+    "graph_cleanup",
+    "calibration",
+    "fixed_inputs",
+    "precision_fallback",
+    "tf32",
+    "accuracy_repair",
+)
 MAX_FIXED_ELEMENTS = 4096
 # The shape key of a benchmark at the first optimization profile's opt shapes (the default measurement).
 DEFAULT_SHAPE_KEY = "opt"
@@ -79,18 +87,28 @@ class BenchmarkSpec(BaseModel):
     duration_s: StrictFloat = Field(default=3.0, ge=0.0, le=600.0, description="minimum measured duration")
     iterations: StrictInt = Field(default=10, ge=1, le=1_000_000, description="minimum measured iterations")
     shapes: list[dict[str, Dims]] = Field(
-        default_factory=list, max_length=16,
-        description="input shapes to measure at, each a full set; empty measures the profile's opt shapes")
-    batch_sizes: list[StrictInt] = Field(default_factory=list, max_length=16,
-                                   description="shorthand for shapes: the opt shapes with axis 0 set to each size")
+        default_factory=list,
+        max_length=16,
+        description="input shapes to measure at, each a full set; empty measures the profile's opt shapes",
+    )
+    batch_sizes: list[StrictInt] = Field(
+        default_factory=list,
+        max_length=16,
+        description="shorthand for shapes: the opt shapes with axis 0 set to each size",
+    )
     cuda_graph: StrictBool = Field(default=False, description="capture the inference in a CUDA graph (GPU engines)")
     threads: StrictInt | None = Field(default=None, ge=1, le=1024, description="ONNX Runtime intra-op threads (CPU)")
     value_ranges: dict[str, tuple[StrictFloat, StrictFloat]] = Field(
-        default_factory=dict, max_length=1000,
+        default_factory=dict,
+        max_length=1000,
         description="per input, the [low, high] range of generated values (Polygraphy's --val-range); without it, "
-                    "integer inputs that index a table stay within it and others take 0..1")
-    use_samples: StrictBool = Field(default=True, description="time on the model's uploaded samples where their shapes "
-                                                              "fit (trtexec's --loadInputs); else generated values")
+        "integer inputs that index a table stay within it and others take 0..1",
+    )
+    use_samples: StrictBool = Field(
+        default=True,
+        description="time on the model's uploaded samples where their shapes "
+        "fit (trtexec's --loadInputs); else generated values",
+    )
 
     @model_validator(mode="after")
     def _sizes(self) -> BenchmarkSpec:
@@ -107,8 +125,14 @@ class BenchmarkSpec(BaseModel):
 # Figures an accuracy check computes, and whether a larger value is worse ("max") or better ("min").
 # ``violations``: the fraction of float elements outside ``atol + rtol*|reference|``; ``agreement``: the fraction
 # of integer or boolean elements equal to the reference.
-ACCURACY_LIMITS = {"max_abs": "max", "mean_abs": "max", "rel_l2": "max", "cosine": "min", "violations": "max",
-                   "agreement": "min"}
+ACCURACY_LIMITS = {
+    "max_abs": "max",
+    "mean_abs": "max",
+    "rel_l2": "max",
+    "cosine": "min",
+    "violations": "max",
+    "agreement": "min",
+}
 # Parameters of the elementwise check (not limits themselves).
 ELEMENTWISE_PARAMS = frozenset({"atol", "rtol"})
 # Figures that are fractions or a cosine: a limit above 1 could never be met.
@@ -135,10 +159,12 @@ class AccuracySpec(BaseModel):
     seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1, description="seed of the random inputs (without samples)")
     batches: StrictInt = Field(default=2, ge=1, le=64, description="random input batches (without samples)")
     tolerances: dict[str, StrictFloat] = Field(
-        default_factory=dict, description="limits overriding the precision's defaults: atol and rtol (the elementwise "
-                                          "check |engine-ref| <= atol + rtol*|ref|), violations (the fraction of "
-                                          "elements allowed outside it), max_abs, mean_abs, rel_l2 (upper limits), "
-                                          "cosine and agreement (lower limits; agreement judges integer outputs)")
+        default_factory=dict,
+        description="limits overriding the precision's defaults: atol and rtol (the elementwise "
+        "check |engine-ref| <= atol + rtol*|ref|), violations (the fraction of "
+        "elements allowed outside it), max_abs, mean_abs, rel_l2 (upper limits), "
+        "cosine and agreement (lower limits; agreement judges integer outputs)",
+    )
 
     @field_validator("tolerances")
     @classmethod
@@ -151,12 +177,15 @@ class AccuracySpec(BaseModel):
         # limit or parameter can never be met.
         odd = sorted(k for k, v in tolerances.items() if not math.isfinite(v) or v < 0)
         if odd:
-            raise ValueError(f"tolerance(s) {odd} must be finite numbers >= 0, got "
-                             f"{', '.join(f'{k}={tolerances[k]}' for k in odd)}")
+            raise ValueError(
+                f"tolerance(s) {odd} must be finite numbers >= 0, got {', '.join(f'{k}={tolerances[k]}' for k in odd)}"
+            )
         over = sorted(k for k in AT_MOST_ONE if tolerances.get(k, 0) > 1)
         if over:
-            raise ValueError(f"tolerance(s) {over} must be at most 1: cosine similarity and the fractions of "
-                             f"elements are within 0..1, got {', '.join(f'{k}={tolerances[k]}' for k in over)}")
+            raise ValueError(
+                f"tolerance(s) {over} must be at most 1: cosine similarity and the fractions of "
+                f"elements are within 0..1, got {', '.join(f'{k}={tolerances[k]}' for k in over)}"
+            )
         return tolerances
 
     def limits(self, precision: str) -> dict[str, float]:
@@ -170,8 +199,10 @@ class BuildSpec(BaseModel):
 
     precision: Precision = Precision.FP32
     shapes: dict[str, Dims] = Field(default_factory=dict, description="static shapes per input")
-    profiles: list[dict[str, ShapeRange]] = Field(default_factory=list, description=f"min/opt/max per input, per "
-                                                  f"profile; at most {MAX_PROFILES} different profiles")
+    profiles: list[dict[str, ShapeRange]] = Field(
+        default_factory=list,
+        description=f"min/opt/max per input, per profile; at most {MAX_PROFILES} different profiles",
+    )
     workspace_mib: StrictInt | None = Field(default=None, ge=1, le=1 << 20)
     optimization_level: StrictInt = Field(default=3, ge=0, le=5)
     hardware_compatibility: HardwareCompat = HardwareCompat.NONE
@@ -179,30 +210,47 @@ class BuildSpec(BaseModel):
     timing_cache: StrictBool = True
     strongly_typed: StrictBool = False
     # Mixed precision: what stays fp32 when the graph is converted for an fp16/bf16 strongly typed build.
-    keep_fp32_ops: list[str] = Field(default_factory=list, max_length=1000,
-                                     description="op types kept in fp32 in an fp16 or int8 build, e.g. Softmax")
-    keep_fp32_layers: list[str] = Field(default_factory=list, max_length=10_000,
-                                        description="node names kept in fp32 in an fp16 or int8 build")
+    keep_fp32_ops: list[str] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="op types kept in fp32 in an fp16 or int8 build, e.g. Softmax",
+    )
+    keep_fp32_layers: list[str] = Field(
+        default_factory=list, max_length=10_000, description="node names kept in fp32 in an fp16 or int8 build"
+    )
     keep_io_types: StrictBool = Field(default=True, description="fp16 builds keep fp32 inputs and outputs")
-    precision_fallback: StrictBool = Field(default=True, description="a target that cannot build the precision "
-                                           "builds the nearest float one it can (GPU: fp16, then fp32; CPU: fp32) "
-                                           "and says so; false refuses the build instead")
+    precision_fallback: StrictBool = Field(
+        default=True,
+        description="a target that cannot build the precision "
+        "builds the nearest float one it can (GPU: fp16, then fp32; CPU: fp32) "
+        "and says so; false refuses the build instead",
+    )
     accuracy_repair: StrictBool = Field(
-        default=False, description="int8: when the int8 artifact fails its accuracy gate, find the layers that break "
-                                   "it (by measured sensitivity) and keep the fewest of them in fp32 that let it pass; "
-                                   "every target's int8 model is quantized with that set, and the quantize report "
-                                   "records the ranking, what was kept, and the accuracy before and after")
-    tf32: StrictBool = Field(default=True, description="TF32 tensor-core math for fp32 convolutions and matrix products "
-                             "on GPUs that have it (ONNX Runtime CUDA's use_tf32, on by default as in the runtime); "
-                             "the accuracy verdict says when differences are what TF32 explains")
-    graph_cleanup: GraphCleanup = Field(default=GraphCleanup.NONE, description="rewrite the graph before building: "
-                                        "onnxslim folds constants, infers shapes and removes dead nodes")
-    calibration: CalibrationSpec = Field(default_factory=lambda: CalibrationSpec(),
-                                         description="how int8 is calibrated from the samples")
+        default=False,
+        description="int8: when the int8 artifact fails its accuracy gate, find the layers that break "
+        "it (by measured sensitivity) and keep the fewest of them in fp32 that let it pass; "
+        "every target's int8 model is quantized with that set, and the quantize report "
+        "records the ranking, what was kept, and the accuracy before and after",
+    )
+    tf32: StrictBool = Field(
+        default=True,
+        description="TF32 tensor-core math for fp32 convolutions and matrix products "
+        "on GPUs that have it (ONNX Runtime CUDA's use_tf32, on by default as in the runtime); "
+        "the accuracy verdict says when differences are what TF32 explains",
+    )
+    graph_cleanup: GraphCleanup = Field(
+        default=GraphCleanup.NONE,
+        description="rewrite the graph before building: onnxslim folds constants, infers shapes and removes dead nodes",
+    )
+    calibration: CalibrationSpec = Field(
+        default_factory=lambda: CalibrationSpec(), description="how int8 is calibrated from the samples"
+    )
     fixed_inputs: dict[str, Any] = Field(
-        default_factory=dict, max_length=64,
+        default_factory=dict,
+        max_length=64,
         description="inputs frozen to a value (a number, or nested lists of the input's static shape): the engine "
-                    "does not take them, and graph clean-up folds what depends on them, such as an If on a sample rate")
+        "does not take them, and graph clean-up folds what depends on them, such as an If on a sample rate",
+    )
     # How the engines are checked after the build. Not part of the spec hash: they do not change the engine.
     benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
     accuracy: AccuracySpec = Field(default_factory=AccuracySpec)
@@ -222,8 +270,10 @@ class BuildSpec(BaseModel):
             shown = ", ".join(repeats[:5]) + (f" and {len(repeats) - 5} more" if len(repeats) > 5 else "")
             raise ValueError(f"profiles repeat: {shown}; give each min/opt/max profile once")
         if len(profiles) > MAX_PROFILES:
-            raise ValueError(f"at most {MAX_PROFILES} optimization profiles, not {len(profiles)}: each one is tuned "
-                             "separately, so build time and engine size grow with every profile")
+            raise ValueError(
+                f"at most {MAX_PROFILES} optimization profiles, not {len(profiles)}: each one is tuned "
+                "separately, so build time and engine size grow with every profile"
+            )
         return profiles
 
     @model_validator(mode="after")
@@ -258,8 +308,11 @@ class BuildSpec(BaseModel):
         for name in LATER_FIELDS:
             value = getattr(self, name)
             if value != type(self).model_fields[name].get_default(call_default_factory=True):
-                data[name] = value.model_dump(mode="json") if isinstance(value, BaseModel) else \
-                    (value.value if isinstance(value, StrEnum) else value)
+                data[name] = (
+                    value.model_dump(mode="json")
+                    if isinstance(value, BaseModel)
+                    else (value.value if isinstance(value, StrEnum) else value)
+                )
         data["profiles"] = [
             {name: rng.model_dump() for name, rng in sorted(p.items())} for p in self.normalized_profiles()
         ]
@@ -271,7 +324,9 @@ class BuildSpec(BaseModel):
 
     def checks_hash(self) -> str:
         """The hash of the benchmark and accuracy settings: an engine is checked once per distinct value."""
-        blob = json.dumps(self.model_dump(mode="json", include=set(CHECK_FIELDS)), sort_keys=True, separators=(",", ":"))
+        blob = json.dumps(
+            self.model_dump(mode="json", include=set(CHECK_FIELDS)), sort_keys=True, separators=(",", ":")
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def spec_hash(self) -> str:

@@ -13,11 +13,11 @@ wall time of the measured phase.
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any
 
 PERCENTILES = (90, 95, 99)
@@ -74,9 +74,15 @@ def summarize(samples: Sequence[float]) -> Summary:
         raise ValueError("a sample is not a finite number")
     ordered = sorted(float(s) for s in samples)
     return Summary(
-        count=len(ordered), min=ordered[0], max=ordered[-1], mean=math.fsum(ordered) / len(ordered),
-        median=median(ordered), p90=percentile(ordered, 90), p95=percentile(ordered, 95),
-        p99=percentile(ordered, 99), stdev=statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
+        count=len(ordered),
+        min=ordered[0],
+        max=ordered[-1],
+        mean=math.fsum(ordered) / len(ordered),
+        median=median(ordered),
+        p90=percentile(ordered, 90),
+        p95=percentile(ordered, 95),
+        p99=percentile(ordered, 99),
+        stdev=statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
     )
 
 
@@ -104,9 +110,14 @@ class Measurement:
     def summary(self, batch: int = 1) -> dict[str, Any]:
         """Every statistic the catalog stores: a Summary per phase, throughput, counts."""
         n = len(self.iterations)
-        out: dict[str, Any] = {"iterations": n, "wall_s": self.wall_s, "warmup_iterations": self.warmup_iterations,
-                     "warmup_s": self.warmup_s, "batch": batch,
-                     "throughput_qps": n / self.wall_s if self.wall_s > 0 else None}
+        out: dict[str, Any] = {
+            "iterations": n,
+            "wall_s": self.wall_s,
+            "warmup_iterations": self.warmup_iterations,
+            "warmup_s": self.warmup_s,
+            "batch": batch,
+            "throughput_qps": n / self.wall_s if self.wall_s > 0 else None,
+        }
         out["throughput_items_s"] = out["throughput_qps"] * batch if out["throughput_qps"] else None
         for phase in PHASES:
             values = [v for it in self.iterations if (v := getattr(it, phase)) is not None]
@@ -114,9 +125,15 @@ class Measurement:
         return {**out, **self.extra}
 
 
-def measure(step: Callable[[], Iteration], *, warmup_ms: float = 200, duration_s: float = 3.0,
-            min_iterations: int = 10, max_iterations: int | None = None,
-            clock: Callable[[], float] = time.perf_counter) -> Measurement:
+def measure(
+    step: Callable[[], Iteration],
+    *,
+    warmup_ms: float = 200,
+    duration_s: float = 3.0,
+    min_iterations: int = 10,
+    max_iterations: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Measurement:
     """Warm up for ``warmup_ms`` (at least one call), then time ``step`` until ``duration_s`` has passed
     and ``min_iterations`` were run (or ``max_iterations``, a safety stop for very fast steps)."""
     if min_iterations < 1:

@@ -15,13 +15,25 @@ from enginefarm.core.shapes import spec_shapes_from_trtexec
 
 # Lowest first: with several precision flags, the build may use the lowest (as trtexec enables them all).
 PRECISION_FLAGS = {"--fp8": "fp8", "--best": "int8", "--int8": "int8", "--bf16": "bf16", "--fp16": "fp16"}
-HARDWARE_LEVELS = {"none": "none", "ampere+": "ampere_plus", "ampere_plus": "ampere_plus",
-                   "samecomputecapability": "same_compute_capability",
-                   "same_compute_capability": "same_compute_capability"}
+HARDWARE_LEVELS = {
+    "none": "none",
+    "ampere+": "ampere_plus",
+    "ampere_plus": "ampere_plus",
+    "samecomputecapability": "same_compute_capability",
+    "same_compute_capability": "same_compute_capability",
+}
 _UNITS = {"B": 1 / (1 << 20), "K": 1 / 1024, "M": 1, "G": 1024}
 MAX_WORKSPACE_MIB = 1 << 20  # 1 TiB: BuildSpec.workspace_mib's own bound
-VALUE_FLAGS = ("--shapes", "--minShapes", "--optShapes", "--maxShapes", "--memPoolSize", "--builderOptimizationLevel",
-               "--hardwareCompatibilityLevel", "--timingCacheFile")
+VALUE_FLAGS = (
+    "--shapes",
+    "--minShapes",
+    "--optShapes",
+    "--maxShapes",
+    "--memPoolSize",
+    "--builderOptimizationLevel",
+    "--hardwareCompatibilityLevel",
+    "--timingCacheFile",
+)
 # Flags the farm sets itself, and why they are not taken.
 NOT_TAKEN = {
     "--onnx": "the model is the one uploaded to the farm",
@@ -39,8 +51,10 @@ def memory_mib(text: str) -> int:
     ``MAX_WORKSPACE_MIB``."""
     match = re.fullmatch(r"([0-9]{1,30}(?:\.[0-9]{1,30})?)([BKMG]?)", text.strip())
     if not match:
-        raise ValueError(f"not a size: {text[:40]!r}{'...' if len(text) > 40 else ''}; give e.g. 4096M or 4G, "
-                         f"at most {MAX_WORKSPACE_MIB >> 10}G")
+        raise ValueError(
+            f"not a size: {text[:40]!r}{'...' if len(text) > 40 else ''}; give e.g. 4096M or 4G, "
+            f"at most {MAX_WORKSPACE_MIB >> 10}G"
+        )
     mib = float(match[1]) * _UNITS[match[2] or "M"]
     if mib < 1:
         raise ValueError(f"{text!r} is under 1 MiB")
@@ -100,8 +114,11 @@ def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
     if precisions:
         spec["precision"] = min(precisions, key=list(PRECISION_FLAGS.values()).index)
     if shapes:
-        spec.update(spec_shapes_from_trtexec(shapes.get("shapes"), shapes.get("minShapes"), shapes.get("optShapes"),
-                                             shapes.get("maxShapes")))
+        spec.update(
+            spec_shapes_from_trtexec(
+                shapes.get("shapes"), shapes.get("minShapes"), shapes.get("optShapes"), shapes.get("maxShapes")
+            )
+        )
     if problems:
         raise ValueError("; ".join(problems))
     return spec

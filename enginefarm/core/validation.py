@@ -10,8 +10,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from enginefarm.core.domain import ANONYMOUS_DIMS, JETSON_CCS, Backend, ModelInfo, Target, TensorInfo, cc_tuple
-from enginefarm.core.domain import HardwareCompat
+from enginefarm.core.domain import (
+    ANONYMOUS_DIMS,
+    JETSON_CCS,
+    Backend,
+    HardwareCompat,
+    ModelInfo,
+    Target,
+    TensorInfo,
+    cc_tuple,
+)
 from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims, volume
 from enginefarm.core.spec import MAX_DIM, BuildSpec, Precision, ShapeRange, nested_values
 
@@ -29,9 +37,13 @@ def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: Tenso
     for kind in ("min", "opt", "max"):
         dims = getattr(rng, kind)
         if len(dims) != rank:
-            problems.append(_problem(loc + [kind], f"input {name!r} has rank {rank}, {kind} shape {dims} has rank {len(dims)}"))
+            problems.append(
+                _problem(loc + [kind], f"input {name!r} has rank {rank}, {kind} shape {dims} has rank {len(dims)}")
+            )
         elif any(d < 1 or d > MAX_DIM for d in dims):
-            problems.append(_problem(loc + [kind], f"input {name!r}: {kind} shape {dims} has a dim outside 1..{MAX_DIM}"))
+            problems.append(
+                _problem(loc + [kind], f"input {name!r}: {kind} shape {dims} has a dim outside 1..{MAX_DIM}")
+            )
     if problems:
         return problems
     for axis, (lo, mid, hi) in enumerate(zip(rng.min, rng.opt, rng.max)):
@@ -39,31 +51,51 @@ def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: Tenso
             problems.append(_problem(loc, f"input {name!r} axis {axis}: need min <= opt <= max, got {lo}, {mid}, {hi}"))
         fixed = tensor.dims[axis]
         if isinstance(fixed, int) and fixed > 0 and not lo == mid == hi == fixed:
-            problems.append(_problem(loc, f"input {name!r} axis {axis} is fixed at {fixed} in the model, spec gives {lo}/{mid}/{hi}"))
+            problems.append(
+                _problem(
+                    loc, f"input {name!r} axis {axis} is fixed at {fixed} in the model, spec gives {lo}/{mid}/{hi}"
+                )
+            )
     return problems
 
 
-def _precision_problems(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_samples: bool) -> list[dict[str, Any]]:
+def _precision_problems(
+    spec: BuildSpec, info: ModelInfo, targets: list[Target], has_samples: bool
+) -> list[dict[str, Any]]:
     problems = []
     p = spec.precision
     if p is Precision.INT8 and not info.has_qdq and not has_samples:
-        problems.append(_problem(["spec", "precision"],
-            "int8 needs a model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes, or calibration samples to make "
-            "one from: upload them with POST /v1/models/{id}/samples (enginefarm upload --samples FILE.npz)"))
+        problems.append(
+            _problem(
+                ["spec", "precision"],
+                "int8 needs a model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes, or calibration samples to make "
+                "one from: upload them with POST /v1/models/{id}/samples (enginefarm upload --samples FILE.npz)",
+            )
+        )
     elif p is Precision.FP8 and not info.has_qdq:
-        problems.append(_problem(["spec", "precision"],
-            "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none"))
+        problems.append(
+            _problem(
+                ["spec", "precision"],
+                "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none",
+            )
+        )
     if spec.accuracy_repair and (p is not Precision.INT8 or info.has_qdq):
-        problems.append(_problem(["spec", "accuracy_repair"],
-            "accuracy_repair applies to int8 built from calibration samples (the farm's own quantization), not to "
-            + ("a model that holds Q/DQ already" if p is Precision.INT8 else f"{p.value}")))
+        problems.append(
+            _problem(
+                ["spec", "accuracy_repair"],
+                "accuracy_repair applies to int8 built from calibration samples (the farm's own quantization), not to "
+                + ("a model that holds Q/DQ already" if p is Precision.INT8 else f"{p.value}"),
+            )
+        )
     for t in targets:
         cc = t.compute_capability
         built, why = target_precision(spec, t, info)
         if why and built is p:  # no precision this target can build instead, or the spec asks for none
             problems.append(_problem(["targets", str(t)], why))
         if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and t.is_gpu and cc and cc_tuple(cc) < (8, 0):
-            problems.append(_problem(["targets", str(t)], f"{t}: hardware compatibility ampere_plus needs an sm80+ target"))
+            problems.append(
+                _problem(["targets", str(t)], f"{t}: hardware compatibility ampere_plus needs an sm80+ target")
+            )
         if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and cc in JETSON_CCS:
             problems.append(_problem(["targets", str(t)], f"{t}: ampere_plus engines are not supported on Jetson"))
     return problems
@@ -114,8 +146,13 @@ def target_precision(spec: BuildSpec, target: Target, info: ModelInfo) -> tuple[
     return wanted, refusal
 
 
-def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_samples: bool = False,
-                  limits: TensorLimits | None = None) -> list[dict[str, Any]]:
+def validate_spec(
+    spec: BuildSpec,
+    info: ModelInfo,
+    targets: list[Target],
+    has_samples: bool = False,
+    limits: TensorLimits | None = None,
+) -> list[dict[str, Any]]:
     """Every problem with running ``spec`` on this model for these targets; empty when it is fine.
     ``has_samples``: the model has calibration samples, so int8 can be made from it. ``limits``: how large the
     input tensors the farm allocates may be (default: the settings')."""
@@ -127,11 +164,15 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
         if name not in by_name:
             problems.append(_problem(["spec", "shapes", name], f"unknown input {name!r} (model inputs: {known})"))
         else:
-            problems += _check_range(["spec", "shapes", name], name, ShapeRange(min=dims, opt=dims, max=dims), by_name[name])
+            problems += _check_range(
+                ["spec", "shapes", name], name, ShapeRange(min=dims, opt=dims, max=dims), by_name[name]
+            )
     for i, profile in enumerate(spec.profiles):
         for name, rng in profile.items():
             if name not in by_name:
-                problems.append(_problem(["spec", "profiles", i, name], f"unknown input {name!r} (model inputs: {known})"))
+                problems.append(
+                    _problem(["spec", "profiles", i, name], f"unknown input {name!r} (model inputs: {known})")
+                )
             else:
                 problems += _check_range(["spec", "profiles", i, name], name, rng, by_name[name])
     problems += _fixed_input_problems(spec, by_name, known)
@@ -139,13 +180,21 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
         if not tensor.dynamic_axes or tensor.name in spec.fixed_inputs:
             continue
         if not profiles:
-            problems.append(_problem(["spec", "shapes", tensor.name],
-                f"input {tensor.name!r} has dynamic dims {tensor.dims}: give static 'shapes' or min/opt/max 'profiles'"))
+            problems.append(
+                _problem(
+                    ["spec", "shapes", tensor.name],
+                    f"input {tensor.name!r} has dynamic dims {tensor.dims}: give static 'shapes' or min/opt/max 'profiles'",
+                )
+            )
             continue
         for i, profile in enumerate(profiles):
             if tensor.name not in profile:
-                problems.append(_problem(["spec", "profiles", i, tensor.name],
-                    f"input {tensor.name!r} has dynamic dims {tensor.dims} but profile {i} gives it no shapes"))
+                problems.append(
+                    _problem(
+                        ["spec", "profiles", i, tensor.name],
+                        f"input {tensor.name!r} has dynamic dims {tensor.dims} but profile {i} gives it no shapes",
+                    )
+                )
     problems += _shared_dim_problems(info, profiles)
     for name, (low, high) in spec.benchmark.value_ranges.items():
         loc = ["spec", "benchmark", "value_ranges", name]
@@ -154,13 +203,22 @@ def validate_spec(spec: BuildSpec, info: ModelInfo, targets: list[Target], has_s
         elif name in info.index_ranges:
             lo, hi = info.index_ranges[name]
             if low < lo or high > hi:
-                problems.append(_problem(loc, f"input {name!r} indexes a table of {hi + 1} rows: its values must stay "
-                                              f"within {lo}..{hi}, not [{low:g}, {high:g}]"))
+                problems.append(
+                    _problem(
+                        loc,
+                        f"input {name!r} indexes a table of {hi + 1} rows: its values must stay "
+                        f"within {lo}..{hi}, not [{low:g}, {high:g}]",
+                    )
+                )
     if info.op_types:
         for op in spec.keep_fp32_ops:
             if op not in info.op_types:
-                problems.append(_problem(["spec", "keep_fp32_ops", op], f"the model has no {op!r} nodes to keep in fp32 "
-                                         f"(its op types: {', '.join(info.op_types)})"))
+                problems.append(
+                    _problem(
+                        ["spec", "keep_fp32_ops", op],
+                        f"the model has no {op!r} nodes to keep in fp32 (its op types: {', '.join(info.op_types)})",
+                    )
+                )
     seen: set[Target] = set()
     for t in targets:
         if t in seen:
@@ -193,11 +251,17 @@ def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known
         elif tensor.dynamic_axes and shape != [] and len(shape) != len(tensor.dims):
             problems.append(_problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the value has shape {shape}"))
         elif not tensor.dynamic_axes and shape not in ([], [int(d) for d in tensor.dims if d is not None]):
-            problems.append(_problem(loc, f"input {name!r} has shape {tensor.dims}; give a number or a value of that "
-                                          f"shape, not one of shape {shape}"))
+            problems.append(
+                _problem(
+                    loc,
+                    f"input {name!r} has shape {tensor.dims}; give a number or a value of that "
+                    f"shape, not one of shape {shape}",
+                )
+            )
         elif tensor.dynamic_axes and shape == [] and tensor.dims:
-            problems.append(_problem(loc, f"input {name!r} has dynamic dims {tensor.dims}; give the whole value as "
-                                          "nested lists"))
+            problems.append(
+                _problem(loc, f"input {name!r} has dynamic dims {tensor.dims}; give the whole value as nested lists")
+            )
     return problems
 
 
@@ -215,13 +279,22 @@ def _shared_dim_problems(info: ModelInfo, profiles: list[dict[str, ShapeRange]])
             continue
         for i, profile in enumerate(profiles):
             for kind in ("min", "opt", "max"):
-                values = {(name, axis): getattr(profile[name], kind)[axis] for name, axis in uses
-                          if name in profile and axis < len(getattr(profile[name], kind))}
+                values = {
+                    (name, axis): getattr(profile[name], kind)[axis]
+                    for name, axis in uses
+                    if name in profile and axis < len(getattr(profile[name], kind))
+                }
                 if len(set(values.values())) > 1:
                     given = ", ".join(f"{name!r} axis {axis} = {v}" for (name, axis), v in values.items())
-                    problems.append(_problem(["spec", "profiles", i], (
-                        f"inputs share the dim {dim!r}, so they must agree in every profile, but profile {i}'s "
-                        f"{kind} gives {given}")))
+                    problems.append(
+                        _problem(
+                            ["spec", "profiles", i],
+                            (
+                                f"inputs share the dim {dim!r}, so they must agree in every profile, but profile {i}'s "
+                                f"{kind} gives {given}"
+                            ),
+                        )
+                    )
     return problems
 
 
@@ -240,8 +313,11 @@ class TensorLimits:
         from enginefarm.core.config import get_settings
 
         settings = settings or get_settings()
-        return cls(max_elements=settings.max_tensor_elements, max_bytes=settings.max_tensor_bytes,
-                   max_total_bytes=settings.max_inputs_bytes)
+        return cls(
+            max_elements=settings.max_tensor_elements,
+            max_bytes=settings.max_tensor_bytes,
+            max_total_bytes=settings.max_inputs_bytes,
+        )
 
 
 def _allocated_shapes(spec: BuildSpec, info: ModelInfo) -> Iterator[tuple[list[str | int], str, dict[str, list[int]]]]:
@@ -252,8 +328,11 @@ def _allocated_shapes(spec: BuildSpec, info: ModelInfo) -> Iterator[tuple[list[s
     profiles = spec.normalized_profiles()
     for i, profile in enumerate(profiles):
         for kind in ("max", "opt", "min"):
-            yield (["spec", "profiles", i], f"profile {i}'s {kind} shapes",
-                   {**static, **{name: list(getattr(rng, kind)) for name, rng in profile.items()}})
+            yield (
+                ["spec", "profiles", i],
+                f"profile {i}'s {kind} shapes",
+                {**static, **{name: list(getattr(rng, kind)) for name, rng in profile.items()}},
+            )
     if not profiles:
         yield ["spec", "shapes"], "the model's fixed shapes", static
     opt = {**static, **({name: list(rng.opt) for name, rng in profiles[0].items()} if profiles else {})}
@@ -261,8 +340,11 @@ def _allocated_shapes(spec: BuildSpec, info: ModelInfo) -> Iterator[tuple[list[s
         yield ["spec", "benchmark", "shapes", i], f"benchmark shape set {i}", {**opt, **given}
     batched = {t.name for t in info.inputs if 0 in t.dynamic_axes}
     for b in spec.benchmark.batch_sizes:
-        yield (["spec", "benchmark", "batch_sizes"], f"benchmark batch size {b}",
-               {name: [b, *dims[1:]] if name in batched and dims else dims for name, dims in opt.items()})
+        yield (
+            ["spec", "benchmark", "batch_sizes"],
+            f"benchmark batch size {b}",
+            {name: [b, *dims[1:]] if name in batched and dims else dims for name, dims in opt.items()},
+        )
 
 
 def _tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits) -> list[dict[str, Any]]:
@@ -287,21 +369,35 @@ def _tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits
             if (name, tuple(dims)) in seen:
                 continue
             seen.add((name, tuple(dims)))
-            limit = (f"{format_bytes(limits.max_bytes)} a tensor (ENGINEFARM_MAX_TENSOR_BYTES)"
-                     if size > limits.max_bytes else f"{limits.max_elements} elements a tensor "
-                                                     "(ENGINEFARM_MAX_TENSOR_ELEMENTS)")
-            problems.append(_problem(loc + [name], (
-                f"input {name!r} at {format_dims(dims)} ({what}) is {elements} {tensor.dtype} elements, "
-                f"{format_bytes(size)}: over the limit of {limit}; give it smaller shapes")))
+            limit = (
+                f"{format_bytes(limits.max_bytes)} a tensor (ENGINEFARM_MAX_TENSOR_BYTES)"
+                if size > limits.max_bytes
+                else f"{limits.max_elements} elements a tensor (ENGINEFARM_MAX_TENSOR_ELEMENTS)"
+            )
+            problems.append(
+                _problem(
+                    loc + [name],
+                    (
+                        f"input {name!r} at {format_dims(dims)} ({what}) is {elements} {tensor.dtype} elements, "
+                        f"{format_bytes(size)}: over the limit of {limit}; give it smaller shapes"
+                    ),
+                )
+            )
         total = sum(sizes.values())
         key = tuple(sorted((name, tuple(shapes[name])) for name in sizes))
         if not too_big and total > limits.max_total_bytes and key not in seen_sets:
             seen_sets.add(key)
             each = ", ".join(f"{name!r} {format_bytes(size)}" for name, size in sizes.items())
-            problems.append(_problem(loc, (
-                f"the inputs at {what} take {format_bytes(total)} together ({each}): over the limit of "
-                f"{format_bytes(limits.max_total_bytes)} for all inputs (ENGINEFARM_MAX_INPUTS_BYTES); "
-                f"give them smaller shapes")))
+            problems.append(
+                _problem(
+                    loc,
+                    (
+                        f"the inputs at {what} take {format_bytes(total)} together ({each}): over the limit of "
+                        f"{format_bytes(limits.max_total_bytes)} for all inputs (ENGINEFARM_MAX_INPUTS_BYTES); "
+                        f"give them smaller shapes"
+                    ),
+                )
+            )
     return problems
 
 
@@ -320,12 +416,15 @@ class BackendLimit:
 
 BACKEND_LIMITS: tuple[BackendLimit, ...] = (
     BackendLimit(
-        Backend.TENSORRT_RTX, frozenset({"sm75"}), frozenset({Precision.FP32, Precision.INT8}),
+        Backend.TENSORRT_RTX,
+        frozenset({"sm75"}),
+        frozenset({Precision.FP32, Precision.INT8}),
         frozenset({"MatMul", "Gemm", "LSTM", "GRU", "RNN"}),
         "TensorRT-RTX cannot compile fp32 matrix multiplies (MatMul, Gemm, and the ones inside LSTM/GRU/RNN) for "
         "Turing (sm75), and an int8 Q/DQ model dequantizes into fp32 ones: \"FP32 GEMM is not supported\"",
         "build fp16 for sm75, or fp32/int8 for sm80 and newer",
-        "TensorRT-RTX support matrix, Turing row, FP32 footnote; confirmed by the 1.7.1 builder"),
+        "TensorRT-RTX support matrix, Turing row, FP32 footnote; confirmed by the 1.7.1 builder",
+    ),
 )
 
 
@@ -391,7 +490,12 @@ def check_model_name(name: str | None, version: str | None) -> list[dict[str, An
         if msg := name_problem("version", version, VERSION_MAX, extra="+"):
             problems.append({"loc": ["version"], "msg": msg})
         elif version.lower() in RESERVED_VERSIONS:
-            problems.append({"loc": ["version"], "msg": f"version {version!r} is reserved: resolve and fetch read "
-                                                        f"'{version.lower()}' as the newest version; choose another "
-                                                        "version, or leave it out to get the next number"})
+            problems.append(
+                {
+                    "loc": ["version"],
+                    "msg": f"version {version!r} is reserved: resolve and fetch read "
+                    f"'{version.lower()}' as the newest version; choose another "
+                    "version, or leave it out to get the next number",
+                }
+            )
     return problems

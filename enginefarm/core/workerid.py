@@ -21,8 +21,10 @@ MAX_NAME_LENGTH = 100
 def check_worker_name(name: str) -> str:
     """``name`` if a worker may use it; ValueError saying what to change otherwise."""
     if not name or "@" in name or "/" in name or len(name) > MAX_NAME_LENGTH or not name.isprintable():
-        raise ValueError(f"worker name {name!r} cannot be used: give 1 to {MAX_NAME_LENGTH} printable characters "
-                         f"without '@' or '/' (the worker id is NAME@HOST/INSTANCE)")
+        raise ValueError(
+            f"worker name {name!r} cannot be used: give 1 to {MAX_NAME_LENGTH} printable characters "
+            f"without '@' or '/' (the worker id is NAME@HOST/INSTANCE)"
+        )
     return name
 
 

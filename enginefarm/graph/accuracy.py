@@ -21,8 +21,9 @@ from enginefarm.core.spec import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
 REFERENCE = "onnxruntime fp32 on the original model"
 
 
-def metrics(reference: np.ndarray, candidate: np.ndarray, atol: float | None = None,
-            rtol: float | None = None) -> dict[str, float]:
+def metrics(
+    reference: np.ndarray, candidate: np.ndarray, atol: float | None = None, rtol: float | None = None
+) -> dict[str, float]:
     """The figures of one output on one batch, computed in float64.
 
     Float outputs: max abs, mean abs, relative L2 (‖c − r‖ / ‖r‖), cosine similarity and ``violations``, the
@@ -41,10 +42,22 @@ def metrics(reference: np.ndarray, candidate: np.ndarray, atol: float | None = N
     elementwise = atol is not None or rtol is not None
     atol, rtol = atol or 0.0, rtol or 0.0
     if r.size == 0:
-        return {"max_abs": 0.0, "mean_abs": 0.0, "rel_l2": 0.0, "cosine": 1.0, **({"violations": 0.0} if elementwise else {})}
+        return {
+            "max_abs": 0.0,
+            "mean_abs": 0.0,
+            "rel_l2": 0.0,
+            "cosine": 1.0,
+            **({"violations": 0.0} if elementwise else {}),
+        }
     if not np.all(np.isfinite(c)):
-        return {"max_abs": math.inf, "mean_abs": math.inf, "rel_l2": math.inf, "cosine": -1.0, "violations": 1.0,
-                "non_finite": True}
+        return {
+            "max_abs": math.inf,
+            "mean_abs": math.inf,
+            "rel_l2": math.inf,
+            "cosine": -1.0,
+            "violations": 1.0,
+            "non_finite": True,
+        }
     diff = np.abs(c - r)
     r_norm, c_norm = float(np.linalg.norm(r)), float(np.linalg.norm(c))
     d_norm = float(np.linalg.norm(c - r))
@@ -91,8 +104,10 @@ def failures(values: dict[str, float], limits: dict[str, float]) -> list[str]:
             continue
         if ACCURACY_LIMITS[key] == "max" and not value <= limit:
             if key == "violations":
-                broken.append(f"{value:.3%} of elements outside atol {limits.get('atol', 0):g} + rtol "
-                              f"{limits.get('rtol', 0):g}*|ref| (allowed: {limit:.3%})")
+                broken.append(
+                    f"{value:.3%} of elements outside atol {limits.get('atol', 0):g} + rtol "
+                    f"{limits.get('rtol', 0):g}*|ref| (allowed: {limit:.3%})"
+                )
             else:
                 broken.append(f"{key} {value:.3g} > {limit:g}")
         if ACCURACY_LIMITS[key] == "min" and not value >= limit:

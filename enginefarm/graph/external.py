@@ -89,8 +89,10 @@ def _external_number(tensor: TensorProto, key: str, value: str) -> int:
         return int(value)
     if value.startswith("-") and value[1:].isascii() and value[1:].isdigit() and int(value[1:]):
         raise ModelRejected(f"{where} are negative: {key} {value!r}; give a byte position within the data file")
-    raise ModelRejected(f"{where} are not integers: {key} {value!r} must be plain ASCII digits, without sign, "
-                        "spaces or other characters")
+    raise ModelRejected(
+        f"{where} are not integers: {key} {value!r} must be plain ASCII digits, without sign, "
+        "spaces or other characters"
+    )
 
 
 def _external_fields(tensor: TensorProto) -> tuple[str, int, int | None]:

@@ -13,8 +13,18 @@ from onnx import GraphProto, NodeProto, TensorProto
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 # Ops an index passes through unchanged in value on its way to a Gather.
 _VALUE_PRESERVING = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose"})
-_INTEGER_TYPES = frozenset({TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
-                            TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64})
+_INTEGER_TYPES = frozenset(
+    {
+        TensorProto.INT8,
+        TensorProto.INT16,
+        TensorProto.INT32,
+        TensorProto.INT64,
+        TensorProto.UINT8,
+        TensorProto.UINT16,
+        TensorProto.UINT32,
+        TensorProto.UINT64,
+    }
+)
 
 
 def op_counts(nodes: Iterable[NodeProto]) -> dict[str, int]:
@@ -55,8 +65,9 @@ def index_ranges(graph: GraphProto) -> dict[str, list[int]]:
     return out
 
 
-def _rows_reached(start: str, consumers: dict[str, list[tuple[NodeProto, int]]],
-                  tables: dict[str, list[int]]) -> list[int]:
+def _rows_reached(
+    start: str, consumers: dict[str, list[tuple[NodeProto, int]]], tables: dict[str, list[int]]
+) -> list[int]:
     rows, todo, seen = [], [start], {start}
     while todo:
         name = todo.pop()

@@ -89,8 +89,10 @@ def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:
         return out
     if bench.batch_sizes:
         dynamic_batch = {t.name for t in info.inputs if 0 in t.dynamic_axes}
-        return [ShapeSet(f"batch={b}", {n: ([b, *d[1:]] if n in dynamic_batch else d) for n, d in opt.items()}, b)
-                for b in bench.batch_sizes]
+        return [
+            ShapeSet(f"batch={b}", {n: ([b, *d[1:]] if n in dynamic_batch else d) for n, d in opt.items()}, b)
+            for b in bench.batch_sizes
+        ]
     return [default]
 
 
@@ -107,13 +109,25 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict]:
             if tensor is None:
                 problems.append({"loc": loc, "msg": f"unknown input {name!r} (model inputs: {', '.join(by_name)})"})
             elif len(dims) != len(tensor.dims):
-                problems.append({"loc": loc, "msg": f"input {name!r} has rank {len(tensor.dims)}, shape {dims} has rank {len(dims)}"})
+                problems.append(
+                    {
+                        "loc": loc,
+                        "msg": f"input {name!r} has rank {len(tensor.dims)}, shape {dims} has rank {len(dims)}",
+                    }
+                )
             elif any(d < 1 or d > MAX_DIM for d in dims):
                 problems.append({"loc": loc, "msg": f"input {name!r}: shape {dims} has a dim outside 1..{MAX_DIM}"})
-            elif name in ranges and not all(lo <= d <= hi for lo, d, hi in zip(ranges[name].min, dims, ranges[name].max)):
+            elif name in ranges and not all(
+                lo <= d <= hi for lo, d, hi in zip(ranges[name].min, dims, ranges[name].max)
+            ):
                 rng = ranges[name]
-                problems.append({"loc": loc, "msg": f"input {name!r}: shape {dims} is outside the profile "
-                                                    f"(min {rng.min}, max {rng.max}); the engine cannot run it"})
+                problems.append(
+                    {
+                        "loc": loc,
+                        "msg": f"input {name!r}: shape {dims} is outside the profile "
+                        f"(min {rng.min}, max {rng.max}); the engine cannot run it",
+                    }
+                )
             elif name not in ranges and tensor.dims != dims:
                 problems.append({"loc": loc, "msg": f"input {name!r} is fixed at {tensor.dims}, not {dims}"})
     for b in spec.benchmark.batch_sizes:
@@ -122,16 +136,22 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict]:
                 continue
             rng = ranges.get(tensor.name)
             if rng and not rng.min[0] <= b <= rng.max[0]:
-                problems.append({"loc": ["spec", "benchmark", "batch_sizes"],
-                                 "msg": f"batch {b} is outside the profile's batch range {rng.min[0]}..{rng.max[0]} "
-                                        f"for input {tensor.name!r}"})
+                problems.append(
+                    {
+                        "loc": ["spec", "benchmark", "batch_sizes"],
+                        "msg": f"batch {b} is outside the profile's batch range {rng.min[0]}..{rng.max[0]} "
+                        f"for input {tensor.name!r}",
+                    }
+                )
     return problems
 
 
 # --------------------------------------------------------------------------- data
 
 
-def value_range(tensor: TensorInfo, info: ModelInfo, given: dict[str, tuple[float, float]] | None) -> tuple[float, float] | None:
+def value_range(
+    tensor: TensorInfo, info: ModelInfo, given: dict[str, tuple[float, float]] | None
+) -> tuple[float, float] | None:
     """The range generated values of this input keep to: the spec's (Polygraphy's --val-range), else the table an
     integer input indexes, else None (the type's default)."""
     if given and tensor.name in given:
@@ -142,8 +162,9 @@ def value_range(tensor: TensorInfo, info: ModelInfo, given: dict[str, tuple[floa
     return None
 
 
-def random_inputs(info: ModelInfo, shapes: dict[str, list[int]], seed: int,
-                  value_ranges: dict[str, tuple[float, float]] | None = None) -> dict[str, np.ndarray]:
+def random_inputs(
+    info: ModelInfo, shapes: dict[str, list[int]], seed: int, value_ranges: dict[str, tuple[float, float]] | None = None
+) -> dict[str, np.ndarray]:
     """Seeded random data within the declared shapes. Floats are standard normal, or uniform within a given
     range; integers are uniform within their range (the spec's, or the table they index), else 0..1 as
     Polygraphy's default; booleans are random. The same seed gives the same inputs on every worker."""
@@ -165,8 +186,13 @@ def random_inputs(info: ModelInfo, shapes: dict[str, list[int]], seed: int,
     return out
 
 
-def timing_inputs(info: ModelInfo, shape: ShapeSet, samples: dict[str, np.ndarray] | None, seed: int,
-                  value_ranges: dict[str, tuple[float, float]] | None = None) -> tuple[dict[str, np.ndarray], str]:
+def timing_inputs(
+    info: ModelInfo,
+    shape: ShapeSet,
+    samples: dict[str, np.ndarray] | None,
+    seed: int,
+    value_ranges: dict[str, tuple[float, float]] | None = None,
+) -> tuple[dict[str, np.ndarray], str]:
     """The inputs one benchmark shape is timed with, and where they came from. The user's samples where every
     input's sample fits the shape (axis 0 of a dynamic batch taken or repeated to the batch size), as trtexec's
     --loadInputs; otherwise generated values within each input's range."""
@@ -217,12 +243,23 @@ def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
             shape, dtype, size = _claimed_bytes(member)
         total += size
         if size > max_bytes:
-            problems.append({"loc": ["samples", name], "msg": (
-                f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} bytes "
-                "samples may unpack to; send fewer or smaller samples")})
+            problems.append(
+                {
+                    "loc": ["samples", name],
+                    "msg": (
+                        f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} bytes "
+                        "samples may unpack to; send fewer or smaller samples"
+                    ),
+                }
+            )
     if not problems and total > max_bytes:
-        problems.append({"loc": ["samples"], "msg": f"the arrays claim {total} bytes together, more than the "
-                                                    f"{max_bytes} bytes samples may unpack to; send fewer samples"})
+        problems.append(
+            {
+                "loc": ["samples"],
+                "msg": f"the arrays claim {total} bytes together, more than the "
+                f"{max_bytes} bytes samples may unpack to; send fewer samples",
+            }
+        )
     if problems:
         raise SamplesInvalid(problems)
 
@@ -239,52 +276,82 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             entries = zf.infolist()
             if len(entries) > MAX_SAMPLE_ARRAYS:
-                raise SamplesInvalid([{"loc": ["samples"], "msg": f"at most {MAX_SAMPLE_ARRAYS} arrays in a samples file"}])
+                raise SamplesInvalid(
+                    [{"loc": ["samples"], "msg": f"at most {MAX_SAMPLE_ARRAYS} arrays in a samples file"}]
+                )
             unpacked = sum(e.file_size for e in entries)
             if unpacked > max_bytes:
-                raise SamplesInvalid([{"loc": ["samples"], "msg": f"samples unpack to {unpacked} bytes, more than {max_bytes}"}])
+                raise SamplesInvalid(
+                    [{"loc": ["samples"], "msg": f"samples unpack to {unpacked} bytes, more than {max_bytes}"}]
+                )
             _check_claimed_sizes(zf, max_bytes)
         arrays = dict(np.load(io.BytesIO(data), allow_pickle=False))
     except SamplesInvalid:
         raise
     # zipfile raises NotImplementedError for an unknown compression and RuntimeError for an encrypted member.
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
-        raise SamplesInvalid([{"loc": ["samples"], "msg": f"not a readable .npz file of plain arrays: {exc}"}]) from None
+        raise SamplesInvalid(
+            [{"loc": ["samples"], "msg": f"not a readable .npz file of plain arrays: {exc}"}]
+        ) from None
     by_name = {t.name: t for t in info.inputs}
     for name in sorted(set(arrays) - set(by_name)):
-        problems.append({"loc": ["samples", name], "msg": f"array {name!r} is not a model input (inputs: {', '.join(by_name)})"})
+        problems.append(
+            {"loc": ["samples", name], "msg": f"array {name!r} is not a model input (inputs: {', '.join(by_name)})"}
+        )
     for name, tensor in by_name.items():
         if name not in arrays:
             problems.append({"loc": ["samples", name], "msg": f"input {name!r} has no array in the samples"})
             continue
         arr = arrays[name]
         if arr.ndim != len(tensor.dims):
-            problems.append({"loc": ["samples", name], "msg": f"input {name!r} has rank {len(tensor.dims)}, the array has shape {list(arr.shape)}"})
+            problems.append(
+                {
+                    "loc": ["samples", name],
+                    "msg": f"input {name!r} has rank {len(tensor.dims)}, the array has shape {list(arr.shape)}",
+                }
+            )
             continue
         if arr.size == 0:
             problems.append({"loc": ["samples", name], "msg": f"input {name!r}: the array is empty"})
             continue
         for axis, (want, got) in enumerate(zip(tensor.dims, arr.shape)):
             if isinstance(want, int) and want > 0 and want != got:
-                problems.append({"loc": ["samples", name], "msg": f"input {name!r} axis {axis} is fixed at {want}, the array has {got}"})
+                problems.append(
+                    {
+                        "loc": ["samples", name],
+                        "msg": f"input {name!r} axis {axis} is fixed at {want}, the array has {got}",
+                    }
+                )
         try:
             expected = np_dtype(tensor)
         except ValueError as exc:
             problems.append({"loc": ["samples", name], "msg": str(exc)})
             continue
         if not np.can_cast(arr.dtype, expected, casting="same_kind"):
-            problems.append({"loc": ["samples", name], "msg": f"input {name!r} is {expected}, the array is {arr.dtype}"})
+            problems.append(
+                {"loc": ["samples", name], "msg": f"input {name!r} is {expected}, the array is {arr.dtype}"}
+            )
         else:
             arrays[name] = arr.astype(expected, copy=False)
             if name in info.index_ranges and arr.size:
                 low, high = info.index_ranges[name]
                 if arr.min() < low or arr.max() > high:
-                    problems.append({"loc": ["samples", name], "msg": (
-                        f"input {name!r} indexes a table of {high + 1} rows, so its values must be within "
-                        f"{low}..{high}; the array holds {arr.min()}..{arr.max()}")})
-    counts = {arrays[t.name].shape[0] for t in info.inputs if t.name in arrays and 0 in t.dynamic_axes and arrays[t.name].ndim}
+                    problems.append(
+                        {
+                            "loc": ["samples", name],
+                            "msg": (
+                                f"input {name!r} indexes a table of {high + 1} rows, so its values must be within "
+                                f"{low}..{high}; the array holds {arr.min()}..{arr.max()}"
+                            ),
+                        }
+                    )
+    counts = {
+        arrays[t.name].shape[0] for t in info.inputs if t.name in arrays and 0 in t.dynamic_axes and arrays[t.name].ndim
+    }
     if len(counts) > 1:
-        problems.append({"loc": ["samples"], "msg": f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}"})
+        problems.append(
+            {"loc": ["samples"], "msg": f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}"}
+        )
     if problems:
         raise SamplesInvalid(problems)
     return arrays
@@ -299,5 +366,7 @@ def sample_batches(samples: dict[str, np.ndarray], info: ModelInfo, batch: int) 
         return [dict(samples)]
     count = max(n // batch, 1)
     size = batch if n >= batch else n
-    return [{name: (arr[i * size:(i + 1) * size] if name in dynamic else arr) for name, arr in samples.items()}
-            for i in range(count)]
+    return [
+        {name: (arr[i * size : (i + 1) * size] if name in dynamic else arr) for name, arr in samples.items()}
+        for i in range(count)
+    ]

@@ -24,9 +24,9 @@ from onnx import ModelProto, TensorProto
 
 from enginefarm.core.bundle import FORMATS, MODEL_NAME, BundleLimits, detect_format, unpack_bundle, unpack_model
 from enginefarm.core.domain import ModelInfo, TensorInfo
+from enginefarm.core.errors import ModelRejected
 from enginefarm.graph.external import all_nodes, check_external_data, uses_external_data
 from enginefarm.graph.graphfacts import QDQ_OPS, index_ranges, op_counts
-from enginefarm.core.errors import ModelRejected
 
 _check_external_data = check_external_data  # the name the tests know it by
 
@@ -157,8 +157,10 @@ def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
     for value in values:
         name = _text(value.name, "tensor name")
         if len(name.encode()) > MAX_TENSOR_NAME_BYTES:
-            raise ModelRejected(f"{kind} {_short(name)} has a name of {len(name.encode())} bytes, which is longer than "
-                                f"{MAX_TENSOR_NAME_BYTES} bytes; rename it")
+            raise ModelRejected(
+                f"{kind} {_short(name)} has a name of {len(name.encode())} bytes, which is longer than "
+                f"{MAX_TENSOR_NAME_BYTES} bytes; rename it"
+            )
         kind_of = value.type.WhichOneof("value")
         if kind_of not in ("tensor_type", "sparse_tensor_type"):
             continue
@@ -166,12 +168,16 @@ def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
             which = d.WhichOneof("value")
             # -1 is how several exporters (paddle2onnx among them) mark a dynamic dim, and runtimes read it so.
             if which == "dim_value" and d.dim_value < -1:
-                raise ModelRejected(f"{kind} {_short(name)} declares dim {d.dim_value} at axis {axis}; a dim is a size, "
-                                    "0 or more, or -1, a name or nothing for a dynamic one")
+                raise ModelRejected(
+                    f"{kind} {_short(name)} declares dim {d.dim_value} at axis {axis}; a dim is a size, "
+                    "0 or more, or -1, a name or nothing for a dynamic one"
+                )
             param = _text(d.dim_param, f"dim name of {_short(name)}") if which == "dim_param" else ""
             if len(param.encode()) > MAX_TENSOR_NAME_BYTES:
-                raise ModelRejected(f"the dim name at axis {axis} of {kind} {_short(name)} is longer than "
-                                    f"{MAX_TENSOR_NAME_BYTES} bytes; use a short name such as 'batch'")
+                raise ModelRejected(
+                    f"the dim name at axis {axis} of {kind} {_short(name)} is longer than "
+                    f"{MAX_TENSOR_NAME_BYTES} bytes; use a short name such as 'batch'"
+                )
 
 
 def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
@@ -195,14 +201,18 @@ def _check_inputs(inputs: list[onnx.ValueInfoProto]) -> None:
         kind = value.type.WhichOneof("value")
         if kind != "tensor_type":
             what = (kind or "undefined").removesuffix("_type")
-            raise ModelRejected(f"input {value.name!r} is of type {what}, not a tensor; engines take tensor inputs only")
+            raise ModelRejected(
+                f"input {value.name!r} is of type {what}, not a tensor; engines take tensor inputs only"
+            )
         ttype = value.type.tensor_type
         if ttype.elem_type == TensorProto.UNDEFINED:
             raise ModelRejected(f"input {value.name!r} has no element type (UNDEFINED)")
         for axis, d in enumerate(ttype.shape.dim):
             if d.WhichOneof("value") == "dim_value" and d.dim_value > _MAX_DECLARED_DIM:
-                raise ModelRejected(f"input {value.name!r} declares dim {d.dim_value} at axis {axis}, "
-                                    f"over the largest buildable dim {_MAX_DECLARED_DIM}")
+                raise ModelRejected(
+                    f"input {value.name!r} declares dim {d.dim_value} at axis {axis}, "
+                    f"over the largest buildable dim {_MAX_DECLARED_DIM}"
+                )
 
 
 def _default_opset(model: ModelProto) -> int:
@@ -242,17 +252,28 @@ def _static_outputs(model: ModelProto, outputs: list[TensorInfo]) -> list[Tensor
     if all(isinstance(d, int) and d > 0 for t in outputs for d in t.dims):
         return outputs
     try:
-        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(_weightless(model), data_prop=True).graph.output}
+        inferred = {
+            v.name: v for v in onnx.shape_inference.infer_shapes(_weightless(model), data_prop=True).graph.output
+        }
     except Exception:  # noqa: BLE001 - an op inference does not know: keep what is declared
         return outputs
     out = []
     for t in outputs:
         value = inferred.get(t.name)
-        dims = list(value.type.tensor_type.shape.dim) if value is not None and value.type.HasField("tensor_type") else []
+        dims = (
+            list(value.type.tensor_type.shape.dim) if value is not None and value.type.HasField("tensor_type") else []
+        )
         if len(dims) == len(t.dims):
-            t = TensorInfo(t.name, t.dtype, [d if isinstance(d, int) and d > 0 else
-                                             (n.dim_value if n.WhichOneof("value") == "dim_value" and n.dim_value > 0 else d)
-                                             for d, n in zip(t.dims, dims)])
+            t = TensorInfo(
+                t.name,
+                t.dtype,
+                [
+                    d
+                    if isinstance(d, int) and d > 0
+                    else (n.dim_value if n.WhichOneof("value") == "dim_value" and n.dim_value > 0 else d)
+                    for d, n in zip(t.dims, dims)
+                ],
+            )
         out.append(t)
     return out
 
@@ -308,15 +329,21 @@ def _load_checked(model_path: Path, fmt: str) -> tuple[ModelProto, dict[Path, in
 def _check_one_model(model_path: Path) -> None:
     """Reject a bundle holding other .onnx files besides model.onnx: which one to build would be a guess."""
     root = model_path.parent
-    others = sorted(str(p.relative_to(root)) for p in root.rglob("*")
-                    if p.suffix.lower() == ".onnx" and p != model_path and p.is_file())
+    others = sorted(
+        str(p.relative_to(root))
+        for p in root.rglob("*")
+        if p.suffix.lower() == ".onnx" and p != model_path and p.is_file()
+    )
     if others:
-        raise ModelRejected(f"bundle holds .onnx files besides {MODEL_NAME}: {', '.join(others[:5])}; "
-                            f"a bundle is one {MODEL_NAME} and its external data files")
+        raise ModelRejected(
+            f"bundle holds .onnx files besides {MODEL_NAME}: {', '.join(others[:5])}; "
+            f"a bundle is one {MODEL_NAME} and its external data files"
+        )
 
 
-def inspect_upload(path: Path, workdir: Path, limits: BundleLimits = BundleLimits(), *,
-                   unpack_data: bool = True) -> InspectedModel:
+def inspect_upload(
+    path: Path, workdir: Path, limits: BundleLimits = BundleLimits(), *, unpack_data: bool = True
+) -> InspectedModel:
     """Vet an uploaded file (plain ONNX or bundle, unpacked under workdir); return what it holds.
 
     ``unpack_data=False``: a bundle's files are checked as they would be unpacked (every entry read through,

@@ -11,7 +11,6 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -22,8 +21,10 @@ from enginefarm.server.tokencli import token_create, token_list, token_revoke
 from enginefarm.server.workercli import worker
 
 app = typer.Typer()
-token_app = typer.Typer(help="API tokens (works on the catalog database directly: run it where the farm's settings are).",
-                        no_args_is_help=True)
+token_app = typer.Typer(
+    help="API tokens (works on the catalog database directly: run it where the farm's settings are).",
+    no_args_is_help=True,
+)
 
 
 # The extras each command needs besides [server].
@@ -62,10 +63,12 @@ token_app.command("revoke")(token_revoke)
 
 
 @app.command()
-def api(host: str = typer.Option("127.0.0.1", help="address to listen on"),
-        port: int = typer.Option(8321, help="port to listen on"),
-        workers: int = typer.Option(1, help="uvicorn worker processes"),
-        log_level: str = typer.Option("info", "--log-level", help="uvicorn's: debug, info, warning or error")) -> None:
+def api(
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8321, help="port to listen on"),
+    workers: int = typer.Option(1, help="uvicorn worker processes"),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's: debug, info, warning or error"),
+) -> None:
     """Run the REST API (OpenAPI at /docs): uvicorn, its connections with TCP_NODELAY (no 40 ms Nagle waits
     under several workers). /metrics sums its worker processes (prometheus-client's multiprocess mode)."""
     from enginefarm.server.serve import serve_api
@@ -78,9 +81,15 @@ app.command()(worker)
 
 
 @app.command()
-def reconcile(loop: bool = typer.Option(False, "--loop", help="run as the farm's background service: reconcile "
-                                                                "every ENGINEFARM_RECONCILE_SECONDS and sweep blobs "
-                                                                "every ENGINEFARM_GC_INTERVAL_SECONDS")) -> None:
+def reconcile(
+    loop: bool = typer.Option(
+        False,
+        "--loop",
+        help="run as the farm's background service: reconcile "
+        "every ENGINEFARM_RECONCILE_SECONDS and sweep blobs "
+        "every ENGINEFARM_GC_INTERVAL_SECONDS",
+    ),
+) -> None:
     """Requeue tasks of workers that died and republish queued tasks whose broker message was lost. With --loop,
     the farm's background service: it works while it holds the farm's job lock, so any number of them (and of
     API processes, which run the same loop unless ENGINEFARM_RECONCILE_SECONDS=0) do the work once."""
@@ -90,15 +99,19 @@ def reconcile(loop: bool = typer.Option(False, "--loop", help="run as the farm's
     settings = get_settings()
     if not loop:
         counts = reconcile_once(settings)
-        console.print(f"requeued {counts['requeued']} task(s) of dead workers, republished {counts['republished']} "
-                      f"lost message(s)")
+        console.print(
+            f"requeued {counts['requeued']} task(s) of dead workers, republished {counts['republished']} "
+            f"lost message(s)"
+        )
         return
     if settings.reconcile_seconds <= 0:
         err.print("error: ENGINEFARM_RECONCILE_SECONDS is 0 here; give the service an interval, e.g. 15")
         raise typer.Exit(2)
-    console.print(f"reconciling every {settings.reconcile_seconds:g} s and sweeping blobs every "
-                  f"{settings.gc_interval_seconds:g} s while this process holds the farm's job lock; Ctrl-C stops",
-                  highlight=False)
+    console.print(
+        f"reconciling every {settings.reconcile_seconds:g} s and sweeping blobs every "
+        f"{settings.gc_interval_seconds:g} s while this process holds the farm's job lock; Ctrl-C stops",
+        highlight=False,
+    )
     service = Reconciler(settings)
     try:
         with stop_on_sigterm():
@@ -108,11 +121,14 @@ def reconcile(loop: bool = typer.Option(False, "--loop", help="run as the farm's
 
 
 @app.command()
-def gc(grace_hours: Optional[float] = typer.Option(None, help="keep unreferenced blobs younger than this "
-                                                                 "(default ENGINEFARM_GC_GRACE_SECONDS, 24 h)"),
-       dry_run: bool = typer.Option(False, "--dry-run", help="report what would go, delete nothing"),
-       as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
-       allow_empty_catalog: bool = typer.Option(False, help="sweep even though no row references any blob")) -> None:
+def gc(
+    grace_hours: float | None = typer.Option(
+        None, help="keep unreferenced blobs younger than this (default ENGINEFARM_GC_GRACE_SECONDS, 24 h)"
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="report what would go, delete nothing"),
+    as_json: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    allow_empty_catalog: bool = typer.Option(False, help="sweep even though no row references any blob"),
+) -> None:
     """Delete blobs that no catalog row references, once older than the grace period (the API's background
     sweep does the same every ENGINEFARM_GC_INTERVAL_SECONDS). A referenced blob is never deleted."""
     from enginefarm.storage.gc import collect_garbage
@@ -120,7 +136,9 @@ def gc(grace_hours: Optional[float] = typer.Option(None, help="keep unreferenced
     settings = get_settings()
     grace = grace_hours * 3600 if grace_hours is not None else settings.gc_grace_seconds
     try:
-        report = collect_garbage(settings, grace_seconds=grace, dry_run=dry_run, allow_empty_catalog=allow_empty_catalog)
+        report = collect_garbage(
+            settings, grace_seconds=grace, dry_run=dry_run, allow_empty_catalog=allow_empty_catalog
+        )
     except Exception as exc:  # noqa: BLE001 - GcRefused, or the store or catalog unreachable
         fail(exc)
     if as_json:
@@ -141,11 +159,16 @@ def migrate() -> None:
 
 
 @app.command()
-def up(port: int = typer.Option(8321, help="the API's port"),
-       workers: int = typer.Option(1, help="worker processes"),
-       data_dir: Optional[Path] = typer.Option(None, "--data-dir", envvar="ENGINEFARM_DATA_DIR",
-                                               help="where the farm keeps its catalog and blobs (default "
-                                                    "~/.enginefarm)")) -> None:
+def up(
+    port: int = typer.Option(8321, help="the API's port"),
+    workers: int = typer.Option(1, help="worker processes"),
+    data_dir: Path | None = typer.Option(
+        None,
+        "--data-dir",
+        envvar="ENGINEFARM_DATA_DIR",
+        help="where the farm keeps its catalog and blobs (default ~/.enginefarm)",
+    ),
+) -> None:
     """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C. A worker or API process
     that dies is started again; when this command ends, however it ends, they end with it."""
     import logging
@@ -168,8 +191,11 @@ def up(port: int = typer.Option(8321, help="the API's port"),
             for n in names:
                 farm.start_worker(n)
             farm.wait_workers(names, restart=True)  # a worker that dies this early is started again too
-            console.print(f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
-                          f"Ctrl-C stops it. An admin API token was made for you; in another shell:", highlight=False)
+            console.print(
+                f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
+                f"Ctrl-C stops it. An admin API token was made for you; in another shell:",
+                highlight=False,
+            )
             print(f"export ENGINEFARM_API_URL={farm.url}\nexport ENGINEFARM_TOKEN={token}", flush=True)
             while True:
                 farm.supervise()
@@ -182,10 +208,15 @@ def up(port: int = typer.Option(8321, help="the API's port"),
 
 
 @app.command()
-def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)"),
-         serve: bool = typer.Option(False, "--serve", help="after the demo, keep its farm running and print the "
-                                                           "dashboard's address and a token to sign in with"),
-         port: int = typer.Option(8321, help="with --serve: the API's port")) -> None:
+def demo(
+    data_dir: Path | None = typer.Option(None, help="where the demo farm keeps its data (default: a new temp dir)"),
+    serve: bool = typer.Option(
+        False,
+        "--serve",
+        help="after the demo, keep its farm running and print the dashboard's address and a token to sign in with",
+    ),
+    port: int = typer.Option(8321, help="with --serve: the API's port"),
+) -> None:
     """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine; with
     --serve, then serve the dashboard (/ui) on that farm until Ctrl-C."""
     if serve:
@@ -198,5 +229,3 @@ def demo(data_dir: Optional[Path] = typer.Option(None, help="where the demo farm
     with stop_on_sigterm():
         code = run_demo(data_dir, console)
     sys.exit(code)
-
-

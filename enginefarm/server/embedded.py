@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from enginefarm.server import lifeline
 from enginefarm.core.workerid import worker_name
+from enginefarm.server import lifeline
 from enginefarm.storage.db import migrate
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,15 @@ class _Child:
 class Farm:
     """An API process plus worker processes, all sharing ``env`` (ENGINEFARM_* settings)."""
 
-    def __init__(self, env: dict[str, str], host: str = "127.0.0.1", port: int | None = None, log_dir: Path | None = None,
-                 token: str | None = None, stop_timeout: float = 20.0):
+    def __init__(
+        self,
+        env: dict[str, str],
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_dir: Path | None = None,
+        token: str | None = None,
+        stop_timeout: float = 20.0,
+    ):
         """``token``: an API token this object uses to watch the farm (workers' heartbeats). ``stop_timeout``: how
         long the workers, then the API, have to stop when the farm stops, before they are killed."""
         self.env = {**os.environ, **env}
@@ -97,32 +104,70 @@ class Farm:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def _spawn(self, name: str, args: list[str], extra_env: dict[str, str] | None = None,
-               child: _Child | None = None) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, args: list[str], extra_env: dict[str, str] | None = None, child: _Child | None = None
+    ) -> subprocess.Popen:
         """``child``: the record of an earlier start of the same command (its restart history)."""
         child = self._children[name] = child or _Child(args, extra_env)
         child.started, child.restart_at = time.monotonic(), None
         out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115 - closed below, once the child has its own
         try:
             # Own process group, so stopping the farm also stops Celery's pool children.
-            return lifeline.spawn(args, env={**self.env, **(extra_env or {})}, stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+            return lifeline.spawn(
+                args,
+                env={**self.env, **(extra_env or {})},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         finally:
             if not isinstance(out, int):  # not DEVNULL
                 out.close()  # the child has its own descriptor
 
     def start_api(self, timeout: float = 60.0, workers: int = 1, extra_env: dict[str, str] | None = None) -> None:
         """``workers``: uvicorn worker processes (more than one spreads requests over CPU cores)."""
-        self.api = self._spawn("api", [sys.executable, "-m", "enginefarm", "api", "--host", self.host,
-                                       "--port", str(self.port), "--log-level", "warning", "--workers", str(workers)],
-                               extra_env)
+        self.api = self._spawn(
+            "api",
+            [
+                sys.executable,
+                "-m",
+                "enginefarm",
+                "api",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--log-level",
+                "warning",
+                "--workers",
+                str(workers),
+            ],
+            extra_env,
+        )
         wait_http(f"{self.url}/healthz", timeout, self.api)
 
-    def start_worker(self, name: str, targets: list[str] | None = None, concurrency: int = 1, pool: str = "prefork",
-                     extra_env: dict[str, str] | None = None, bench_targets: list[str] | None = None) -> subprocess.Popen:
+    def start_worker(
+        self,
+        name: str,
+        targets: list[str] | None = None,
+        concurrency: int = 1,
+        pool: str = "prefork",
+        extra_env: dict[str, str] | None = None,
+        bench_targets: list[str] | None = None,
+    ) -> subprocess.Popen:
         """``targets``/``bench_targets``: what it builds and benchmarks (None: what the probe finds, []: nothing)."""
-        args = [sys.executable, "-m", "enginefarm", "worker", "--name", name, "--concurrency", str(concurrency),
-                "--pool", pool]
+        args = [
+            sys.executable,
+            "-m",
+            "enginefarm",
+            "worker",
+            "--name",
+            name,
+            "--concurrency",
+            str(concurrency),
+            "--pool",
+            pool,
+        ]
         if targets is not None:
             args += ["--targets", ",".join(targets) or "none"]
         if bench_targets is not None:
@@ -197,8 +242,9 @@ class Farm:
                 child.quick_exits = child.quick_exits + 1 if lived < HEALTHY_AFTER_S else 0
                 delay = min(RESTART_MAX_DELAY_S, 2.0 ** (child.quick_exits - 1)) if child.quick_exits else 0.0
                 child.restart_at = now + delay
-                log.warning("%s %s after %.0f s; starting it again in %.0f s", key, exit_reason(proc.returncode),
-                            lived, delay)
+                log.warning(
+                    "%s %s after %.0f s; starting it again in %.0f s", key, exit_reason(proc.returncode), lived, delay
+                )
             if now >= child.restart_at:
                 fresh = self._spawn(key, child.args, child.extra_env, child)
                 if key == "api":
@@ -216,8 +262,10 @@ class Farm:
 @contextmanager
 def stop_on_sigterm():
     """SIGTERM (systemd, kill) ends the block as Ctrl-C does, so the farm's ``with`` stops its children in order."""
+
     def interrupt(*_):
         raise KeyboardInterrupt
+
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
         yield

@@ -42,7 +42,7 @@ def role_of(args: list[str]) -> tuple[str | None, list[str]]:
     """The farm command in ``args`` and the arguments after it, or (None, []) for a command that is not one."""
     for i, arg in enumerate(args):
         if arg in ROLES:
-            return arg, args[i + 1:]
+            return arg, args[i + 1 :]
     return None, []
 
 
@@ -58,8 +58,8 @@ def check_worker(args: list[str]) -> str:
     from sqlalchemy import select
 
     from enginefarm.core.config import get_settings
-    from enginefarm.storage.liveness import live_workers
     from enginefarm.storage.db import quick_read
+    from enginefarm.storage.liveness import live_workers
     from enginefarm.storage.tables import WorkerRow
 
     settings = get_settings()
@@ -68,8 +68,10 @@ def check_worker(args: list[str]) -> str:
         live = [w.id for w in live_workers(session, settings.worker_ttl_seconds) if w.id.startswith(prefix)]
         if not live:
             known = session.scalars(select(WorkerRow.id).where(WorkerRow.id.startswith(prefix))).all()
-            raise RuntimeError(f"no heartbeat from {prefix}* in the last {settings.worker_ttl_seconds:g} s "
-                               f"({len(known)} silent row(s))")
+            raise RuntimeError(
+                f"no heartbeat from {prefix}* in the last {settings.worker_ttl_seconds:g} s "
+                f"({len(known)} silent row(s))"
+            )
     return f"worker {live[-1]} is live"
 
 

@@ -12,9 +12,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import boto3
 
@@ -49,14 +49,31 @@ def seaweedfs(data_dir: Path, timeout: float = 90.0) -> Iterator[str]:
     s3, master, volume, filer = (free_port_pair() for _ in range(4))
     log = open(data_dir / "weed.log", "wb")  # noqa: SIM115 - the server's log, closed when it stops
     proc = subprocess.Popen(
-        [weed, "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={s3}",
-         f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-         # No Iceberg/Lance side servers: their fixed default ports would clash between instances.
-         "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=64", "-volume.max=200"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            weed,
+            "server",
+            f"-dir={data_dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-s3",
+            f"-s3.port={s3}",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            # No Iceberg/Lance side servers: their fixed default ports would clash between instances.
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=200",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     endpoint = f"http://127.0.0.1:{s3}"
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET,
-                          region_name="us-east-1")
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET, region_name="us-east-1"
+    )
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -127,7 +144,9 @@ class PrivatePostgres:
 
     def start(self) -> None:
         opts = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run("pg_ctl", "-D", str(self.data_dir / "db"), "-o", opts, "-l", str(self.data_dir / "pg.log"), "-w", "start")
+        self._run(
+            "pg_ctl", "-D", str(self.data_dir / "db"), "-o", opts, "-l", str(self.data_dir / "pg.log"), "-w", "start"
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run("pg_ctl", "-D", str(self.data_dir / "db"), "-m", mode, "-w", "stop")

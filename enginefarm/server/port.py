@@ -35,8 +35,11 @@ def taken_message(port: int, host: str = HOST) -> str | None:
     if not port_in_use(port, host):
         return None
     other = free_port_after(port, host)
-    instead = f"choose another, e.g. make demo PORT={other} (enginefarm demo --serve --port {other})" if other else \
-        "choose another with make demo PORT=N (enginefarm demo --serve --port N)"
+    instead = (
+        f"choose another, e.g. make demo PORT={other} (enginefarm demo --serve --port {other})"
+        if other
+        else "choose another with make demo PORT=N (enginefarm demo --serve --port N)"
+    )
     return f"port {port} on {host} is in use; {instead}"
 
 
@@ -44,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m enginefarm.server.port PORT``: exit 0 if the port is free, else one line on stderr and exit 2."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not args[0].isdigit() or not 0 < int(args[0]) < 65536:
-        print(f"usage: python -m enginefarm.server.port PORT (1-65535), not {' '.join(args) or 'nothing'}",
-              file=sys.stderr)
+        print(
+            f"usage: python -m enginefarm.server.port PORT (1-65535), not {' '.join(args) or 'nothing'}",
+            file=sys.stderr,
+        )
         return 2
     message = taken_message(int(args[0]))
     if message:

@@ -27,8 +27,10 @@ from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
 APP = "enginefarm.api.main:app"
 log = logging.getLogger(__name__)
 _TIMED_OUT_BODY = b"the request's line and headers took too long\n"
-_TIMED_OUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-              b"content-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY))
+_TIMED_OUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY)
+)
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -81,8 +83,9 @@ def listening_socket(config: uvicorn.Config) -> socket.socket:
     return sock
 
 
-def serve_api(host: str, port: int, workers: int = 1, log_level: str = "info",
-              header_timeout_s: float | None = None) -> None:
+def serve_api(
+    host: str, port: int, workers: int = 1, log_level: str = "info", header_timeout_s: float | None = None
+) -> None:
     """Serve the API until interrupted: ``workers`` processes sharing one TCP_NODELAY listening socket.
     ``header_timeout_s``: how long a request's headers may take (None: the settings' ``header_timeout_s``).
     Forwarded headers (X-Forwarded-Proto, -For) are trusted only from ``forwarded_allow_ips``."""
@@ -91,9 +94,17 @@ def serve_api(host: str, port: int, workers: int = 1, log_level: str = "info",
         header_timeout_s = settings.header_timeout_s
     # A partial of a module-level class: it crosses to the worker processes (pickled) with the config.
     protocol = functools.partial(HeaderTimeoutProtocol, header_timeout=header_timeout_s)
-    config = uvicorn.Config(APP, host=host, port=port, workers=workers, log_level=log_level, http=protocol,
-                            timeout_keep_alive=KEEP_ALIVE_SECONDS, proxy_headers=True,
-                            forwarded_allow_ips=settings.forwarded_allow_ips)
+    config = uvicorn.Config(
+        APP,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        http=protocol,
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+    )
     sock = listening_socket(config)
     try:
         if workers > 1:

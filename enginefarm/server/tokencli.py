@@ -3,8 +3,6 @@ the farm's settings are). Registered by ``enginefarm.server.cli``."""
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.table import Table
 
@@ -12,24 +10,28 @@ from enginefarm.client.terminal import console, err, fail
 from enginefarm.core.config import get_settings
 
 
-def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
-                 name: str = typer.Option(..., help="who or what uses it"),
-                 expires_days: Optional[float] = typer.Option(None, help="valid for this many days (default: until revoked)"),
-                 project: Optional[str] = typer.Option(None, help="limit it to one project's models (default: the "
-                                                                  "whole farm)"),
-                 init: bool = typer.Option(False, "--init", help="make the catalog first if none is there yet")) -> None:
+def token_create(
+    scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
+    name: str = typer.Option(..., help="who or what uses it"),
+    expires_days: float | None = typer.Option(None, help="valid for this many days (default: until revoked)"),
+    project: str | None = typer.Option(None, help="limit it to one project's models (default: the whole farm)"),
+    init: bool = typer.Option(False, "--init", help="make the catalog first if none is there yet"),
+) -> None:
     """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
-    from enginefarm.server.embedded import prepare
     from enginefarm.core.errors import EnginefarmError
+    from enginefarm.server.embedded import prepare
     from enginefarm.storage.db import has_catalog, session_scope
     from enginefarm.storage.tokens import create_token, lifetime
 
     settings = get_settings()
     if not init and not has_catalog(settings):
         where = settings.database_url and "ENGINEFARM_DATABASE_URL's database" or f"{settings.data_dir / 'catalog.db'}"
-        err.print(f"error: no farm's catalog at {where}, so no farm would know this token. Run it where the farm's "
-                  f"settings are (ENGINEFARM_DATA_DIR or ENGINEFARM_DATABASE_URL), or pass --init to start a new "
-                  f"catalog there.", highlight=False)
+        err.print(
+            f"error: no farm's catalog at {where}, so no farm would know this token. Run it where the farm's "
+            f"settings are (ENGINEFARM_DATA_DIR or ENGINEFARM_DATABASE_URL), or pass --init to start a new "
+            f"catalog there.",
+            highlight=False,
+        )
         raise typer.Exit(1)
     prepare(settings)
     try:
@@ -39,8 +41,9 @@ def token_create(scope: list[str] = typer.Option(..., "--scope", help="read, bui
     except EnginefarmError as exc:
         fail(exc)
     where = f" in project {row.project}" if row.project else ""
-    err.print(f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}{where}; keep it now, it cannot be shown "
-              f"again:")
+    err.print(
+        f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}{where}; keep it now, it cannot be shown again:"
+    )
     print(token)
 
 
@@ -54,8 +57,16 @@ def token_list() -> None:
         table.add_column(col)
     with session_scope(get_settings()) as session:
         for r in list_tokens(session):
-            table.add_row(str(r.id), r.name, r.prefix + "…", ", ".join(r.scopes), r.project or "(all)", token_state(r),
-                          f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-")
+            table.add_row(
+                str(r.id),
+                r.name,
+                r.prefix + "…",
+                ", ".join(r.scopes),
+                r.project or "(all)",
+                token_state(r),
+                f"{r.created_at:%Y-%m-%d %H:%M}",
+                f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-",
+            )
     console.print(table)
 
 

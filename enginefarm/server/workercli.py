@@ -9,7 +9,6 @@ import os
 import socket
 import sys
 import time
-from typing import Optional
 
 import typer
 
@@ -20,19 +19,26 @@ from enginefarm.server.metricsdir import metrics_dir
 
 def worker(
     probe: bool = typer.Option(False, "--probe", help="print what this machine can build, then exit"),
-    targets: Optional[str] = typer.Option(None, help="comma-separated targets to serve instead of the probed ones"),
-    bench_targets: Optional[str] = typer.Option(
-        None, "--bench-targets", help="comma-separated targets whose engines to benchmark instead of the probed ones "
-                                      "(engines this machine's GPU or CPU runs), or 'none'"),
-    name: Optional[str] = typer.Option(None, help="worker name (default: the hostname)"),
+    targets: str | None = typer.Option(None, help="comma-separated targets to serve instead of the probed ones"),
+    bench_targets: str | None = typer.Option(
+        None,
+        "--bench-targets",
+        help="comma-separated targets whose engines to benchmark instead of the probed ones "
+        "(engines this machine's GPU or CPU runs), or 'none'",
+    ),
+    name: str | None = typer.Option(None, help="worker name (default: the hostname)"),
     concurrency: int = typer.Option(None, help="parallel builds (default ENGINEFARM_WORKER_CONCURRENCY or 1)"),
     pool: str = typer.Option("prefork", help="Celery pool: prefork isolates builds in child processes"),
     loglevel: str = typer.Option("info", help="Celery's log level: debug, info, warning or error"),
-    lane: str = typer.Option("both", hidden=True, help="'benchmarks': run as the benchmark lane of the worker "
-                                                        "named by ENGINEFARM_LANE_OF (the worker starts it itself)"),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port",
-                                               help="serve Prometheus metrics (build and benchmark seconds per "
-                                                    "target) on this port"),
+    lane: str = typer.Option(
+        "both",
+        hidden=True,
+        help="'benchmarks': run as the benchmark lane of the worker "
+        "named by ENGINEFARM_LANE_OF (the worker starts it itself)",
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="serve Prometheus metrics (build and benchmark seconds per target) on this port"
+    ),
 ) -> None:
     """Probe this machine, then consume the build queues of exactly the targets it can build and the
     benchmark queues of exactly the targets whose engines it can run. Builds and benchmarks run in separate
@@ -69,8 +75,9 @@ def worker(
         from enginefarm.worker import metrics  # after the folder is set: prometheus-client reads it at import
 
         metrics.serve(metrics_port)
-    _run_worker(settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel,
-                lane)
+    _run_worker(
+        settings, machine, chosen, bench, name, concurrency or settings.worker_concurrency, pool, loglevel, lane
+    )
 
 
 def _bench_lane(name: str, worker_id: str, targets, bench, pool: str, loglevel: str):
@@ -78,20 +85,41 @@ def _bench_lane(name: str, worker_id: str, targets, bench, pool: str, loglevel: 
     from enginefarm.server import lifeline
     from enginefarm.worker.lanes import BUILD_TARGETS_ENV, LANE_OF_ENV, LANE_POLL_S, BenchmarkLane
 
-    args = [sys.executable, "-m", "enginefarm", "worker", "--lane", "benchmarks", "--name", name,
-            "--targets", ",".join(str(t) for t in targets), "--bench-targets", ",".join(str(t) for t in bench),
-            "--concurrency", "1", "--pool", pool, "--loglevel", loglevel]
-    env = {**os.environ, LANE_OF_ENV: worker_id, BUILD_TARGETS_ENV: ",".join(str(t) for t in targets),
-           # A benchmark that starts a little later costs nothing; a database broker polled less often, CPU.
-           "ENGINEFARM_BROKER_POLL_SECONDS": str(max(get_settings().broker_poll_seconds, LANE_POLL_S))}
+    args = [
+        sys.executable,
+        "-m",
+        "enginefarm",
+        "worker",
+        "--lane",
+        "benchmarks",
+        "--name",
+        name,
+        "--targets",
+        ",".join(str(t) for t in targets),
+        "--bench-targets",
+        ",".join(str(t) for t in bench),
+        "--concurrency",
+        "1",
+        "--pool",
+        pool,
+        "--loglevel",
+        loglevel,
+    ]
+    env = {
+        **os.environ,
+        LANE_OF_ENV: worker_id,
+        BUILD_TARGETS_ENV: ",".join(str(t) for t in targets),
+        # A benchmark that starts a little later costs nothing; a database broker polled less often, CPU.
+        "ENGINEFARM_BROKER_POLL_SECONDS": str(max(get_settings().broker_poll_seconds, LANE_POLL_S)),
+    }
     return BenchmarkLane(lambda: lifeline.spawn(args, env=env))
 
 
 def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel, lane="both") -> None:
     from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
-    from enginefarm.server.embedded import prepare
     from enginefarm.core.workerid import WORKER_ID_ENV, new_worker_id
+    from enginefarm.server.embedded import prepare
     from enginefarm.worker.drain import LANE_EXIT_S, Drain
     from enginefarm.worker.heartbeat import Heartbeat
     from enginefarm.worker.lanes import LANE_OF_ENV
@@ -112,12 +140,12 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             if attempt == 4:
                 raise
             time.sleep(1 + attempt)
+    from enginefarm.core.domain import QUANTIZE_QUEUE, Backend
     from enginefarm.worker.tasks import app as celery_app
 
-    from enginefarm.core.domain import QUANTIZE_QUEUE, Backend
-
-    heartbeat = Heartbeat(settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench],
-                          row=not in_lane)
+    heartbeat = Heartbeat(
+        settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench], row=not in_lane
+    )
     build_queues = [t.queue for t in targets]
     if any(t.backend is Backend.ONNXRUNTIME for t in targets):  # ONNX Runtime CPU workers quantize
         build_queues.append(QUANTIZE_QUEUE)
@@ -147,16 +175,30 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     worker_shutting_down.connect(shutting_down, weak=False)
     worker_shutdown.connect(shutdown, weak=False)
     if not in_lane:
-        err.print(f"worker {worker_id} builds: {', '.join(str(t) for t in targets) or 'nothing'}; "
-                  f"benchmarks: {', '.join(str(t) for t in bench) or 'nothing'}"
-                  + ("; benchmarks in a pool of their own" if split else ""))
+        err.print(
+            f"worker {worker_id} builds: {', '.join(str(t) for t in targets) or 'nothing'}; "
+            f"benchmarks: {', '.join(str(t) for t in bench) or 'nothing'}"
+            + ("; benchmarks in a pool of their own" if split else "")
+        )
     if bench_lane is not None:  # starts up while this one does
         bench_lane.start()
-    celery_app.worker_main([
-        "worker", "-Q", ",".join(queues), "--concurrency", str(concurrency), "--pool", pool,
-        "--loglevel", loglevel, "-n", f"bench.{worker_id}" if in_lane else worker_id,
-        # Event heartbeats stay on (Flower and `celery inspect` see live workers by them); gossip and mingle, which
-        # keep every worker in step with every other at a cost that grows with the fleet, stay off: the farm's own
-        # heartbeats (the catalog's workers table) are what it schedules and requeues by.
-        "--without-gossip", "--without-mingle",
-    ])
+    celery_app.worker_main(
+        [
+            "worker",
+            "-Q",
+            ",".join(queues),
+            "--concurrency",
+            str(concurrency),
+            "--pool",
+            pool,
+            "--loglevel",
+            loglevel,
+            "-n",
+            f"bench.{worker_id}" if in_lane else worker_id,
+            # Event heartbeats stay on (Flower and `celery inspect` see live workers by them); gossip and mingle, which
+            # keep every worker in step with every other at a cost that grows with the fleet, stay off: the farm's own
+            # heartbeats (the catalog's workers table) are what it schedules and requeues by.
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )

@@ -7,9 +7,9 @@ import secrets
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 from enginefarm.core.errors import IntegrityError, NotFound
 from enginefarm.core.hashing import copy_hashed, sha256_file
@@ -37,8 +37,7 @@ class LocalBlobStore(BlobStore):
 
     def put_file(self, key: str, path: Path, sha256: str, *, hashed: bool = False) -> None:
         final = self._path(key)
-        if (final.exists() and final.stat().st_size == Path(path).stat().st_size
-                and sha256_file(final) == sha256):
+        if final.exists() and final.stat().st_size == Path(path).stat().st_size and sha256_file(final) == sha256:
             try:  # the same key already holds these bytes (verified, as the interface promises)
                 os.utime(final)  # a new row will point at it: restart the collector's grace period
                 return

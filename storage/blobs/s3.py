@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterator
 
 import boto3
 from boto3.exceptions import Boto3Error
@@ -47,7 +47,9 @@ def _mapped(key: str):
     except BotoCoreError as exc:
         BLOB_ERRORS.labels("s3").inc()
         raise InfrastructureError(f"S3 unreachable while handling {key}: {exc}") from exc
-    except Boto3Error as exc:  # upload_file/download_file wrap client errors (S3UploadFailedError, RetriesExceededError)
+    except (
+        Boto3Error
+    ) as exc:  # upload_file/download_file wrap client errors (S3UploadFailedError, RetriesExceededError)
         BLOB_ERRORS.labels("s3").inc()
         raise InfrastructureError(f"S3 transfer of {key} failed: {exc}") from exc
 
@@ -66,8 +68,13 @@ class S3BlobStore(BlobStore):
             aws_access_key_id=settings.s3_access_key,
             aws_secret_access_key=settings.s3_secret_key,
             # One client per process serves every download the API streams at once: keep that many connections.
-            config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=60,
-                          max_pool_connections=STREAMS, s3={"addressing_style": "path"}),
+            config=Config(
+                retries={"max_attempts": 5, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=60,
+                max_pool_connections=STREAMS,
+                s3={"addressing_style": "path"},
+            ),
         )
         store = cls(client, settings.s3_bucket)
         store.ensure_bucket()
@@ -101,20 +108,28 @@ class S3BlobStore(BlobStore):
             raise IntegrityError(f"blob {key}: file has sha256 {got}, expected {sha256}; nothing uploaded")
         with _mapped(key):
             # S3 makes an object visible only once every part is in: no reader sees a half blob.
-            self.client.upload_file(str(path), self.bucket, key, Config=TRANSFER,
-                                    ExtraArgs={"Metadata": {"sha256": sha256}})
+            self.client.upload_file(
+                str(path), self.bucket, key, Config=TRANSFER, ExtraArgs={"Metadata": {"sha256": sha256}}
+            )
         if hashed:  # the upload succeeded whole; the read-back below only guards a sha256 nobody computed here
             return
         head = self._head(key)
         if head["ContentLength"] != size or head.get("Metadata", {}).get("sha256") != sha256:
-            raise IntegrityError(f"blob {key}: stored {head['ContentLength']} bytes, expected {size} with sha256 {sha256}")
+            raise IntegrityError(
+                f"blob {key}: stored {head['ContentLength']} bytes, expected {size} with sha256 {sha256}"
+            )
 
     def _touch(self, key: str, sha256: str) -> None:
         """Refresh the object's LastModified with a server-side copy onto itself (S3 has no cheaper way):
         a new row is about to point at it, so the collector's grace period must start again now."""
         with _mapped(key):
-            self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key, Config=TRANSFER,
-                             ExtraArgs={"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"})
+            self.client.copy(
+                {"Bucket": self.bucket, "Key": key},
+                self.bucket,
+                key,
+                Config=TRANSFER,
+                ExtraArgs={"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"},
+            )
 
     def get_file(self, key: str, dest: Path) -> None:
         dest = Path(dest)
@@ -178,7 +193,8 @@ class S3BlobStore(BlobStore):
                     size, modified = 0, _utc(upload["Initiated"])
                     try:
                         for parts in self.client.get_paginator("list_parts").paginate(
-                                Bucket=self.bucket, Key=key, UploadId=upload_id):
+                            Bucket=self.bucket, Key=key, UploadId=upload_id
+                        ):
                             for part in parts.get("Parts", []):
                                 size += int(part["Size"])
                                 modified = max(modified, _utc(part["LastModified"]))

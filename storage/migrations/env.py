@@ -17,7 +17,9 @@ def run_migrations() -> None:
             # Batch migrations copy and drop tables; SQLite would refuse the drop of a referenced table.
             connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
             connection.commit()
-        context.configure(connection=connection, target_metadata=Base.metadata, render_as_batch=url.startswith("sqlite"))
+        context.configure(
+            connection=connection, target_metadata=Base.metadata, render_as_batch=url.startswith("sqlite")
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -14,11 +14,11 @@ import httpx
 import pytest
 from sqlalchemy import delete, func, select, update
 
-from enginefarm.server import localservers
 from enginefarm.client import ApiError, Client
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.server import localservers
+from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow, utcnow
 from enginefarm.storage.tokens import hash_token
@@ -49,8 +49,11 @@ def _counts(settings: Settings) -> tuple[int, int, int]:
 @pytest.fixture(scope="module")
 def model_id(farm) -> int:
     with httpx.Client(base_url=farm.url, headers=farm.headers, timeout=60) as c:
-        r = c.post("/v1/models", data={"name": unique_name("admission")},
-                   files={"file": ("m.onnx", conv_net(seed=3131).SerializeToString())})
+        r = c.post(
+            "/v1/models",
+            data={"name": unique_name("admission")},
+            files={"file": ("m.onnx", conv_net(seed=3131).SerializeToString())},
+        )
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
@@ -70,8 +73,10 @@ def test_a_build_for_a_target_no_live_worker_serves_is_refused_and_nothing_is_wr
 
 def test_a_sweep_for_a_target_no_live_worker_serves_is_refused_whole(api, dist_settings, model_id):
     before = _counts(dist_settings)
-    r = api.post("/v1/sweeps", json={"model_id": model_id, "targets": [UNSERVED], "spec": SPEC,
-                                     "axes": {"optimization_level": [1, 3]}})
+    r = api.post(
+        "/v1/sweeps",
+        json={"model_id": model_id, "targets": [UNSERVED], "spec": SPEC, "axes": {"optimization_level": [1, 3]}},
+    )
     assert r.status_code == 409, r.text
     assert f"no live worker serves {UNSERVED}" in r.json()["detail"]
     assert _counts(dist_settings) == before
@@ -97,14 +102,17 @@ def small_farm(request, base_services, tmp_path_factory):
     its own blob directory and database broker. It queues for absent workers by default."""
     data = tmp_path_factory.mktemp(f"small-farm-{request.param}")
     env = embedded_env(data) | {
-        "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN": str(PER_TOKEN), "ENGINEFARM_MAX_QUEUED_TASKS": str(PER_FARM),
-        "ENGINEFARM_QUEUE_WITHOUT_WORKER": "true", "ENGINEFARM_RECONCILE_SECONDS": "0",
-        "ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
+        "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN": str(PER_TOKEN),
+        "ENGINEFARM_MAX_QUEUED_TASKS": str(PER_FARM),
+        "ENGINEFARM_QUEUE_WITHOUT_WORKER": "true",
+        "ENGINEFARM_RECONCILE_SECONDS": "0",
+        "ENGINEFARM_HEARTBEAT_SECONDS": "1",
+        "ENGINEFARM_WORKER_TTL_SECONDS": "10",
         "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": str(UPLOADS_PER_TOKEN),
         "ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN": str(SIGNINS_PER_TOKEN),
-        "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": str(SIGNINS_PER_ADDRESS)}
-    with (localservers.scratch_postgres(f"{PG_DB}_admission") if request.param == "postgresql"
-          else _nothing()) as url:
+        "ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS": str(SIGNINS_PER_ADDRESS),
+    }
+    with localservers.scratch_postgres(f"{PG_DB}_admission") if request.param == "postgresql" else _nothing() as url:
         if url:
             env["ENGINEFARM_DATABASE_URL"] = url
         settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
@@ -112,8 +120,11 @@ def small_farm(request, base_services, tmp_path_factory):
         try:
             f.start_api()
             with httpx.Client(base_url=f.url, headers=f.headers, timeout=60) as c:
-                r = c.post("/v1/models", data={"name": "small"},
-                           files={"file": ("m.onnx", conv_net(seed=3132).SerializeToString())})
+                r = c.post(
+                    "/v1/models",
+                    data={"name": "small"},
+                    files={"file": ("m.onnx", conv_net(seed=3132).SerializeToString())},
+                )
                 assert r.status_code == 201, r.text
             f.settings, f.model_id = settings, r.json()["id"]
             yield f
@@ -136,8 +147,11 @@ def _empty_queue(request):
     if "small_farm" in request.fixturenames:
         farm = request.getfixturevalue("small_farm")
         with session_scope(farm.settings) as s:
-            s.execute(update(BuildTaskRow).where(BuildTaskRow.state.in_(["queued", "waiting"]))
-                      .values(state="failed", error="cleared between tests"))
+            s.execute(
+                update(BuildTaskRow)
+                .where(BuildTaskRow.state.in_(["queued", "waiting"]))
+                .values(state="failed", error="cleared between tests")
+            )
 
 
 def _token(farm: Farm) -> str:
@@ -145,15 +159,23 @@ def _token(farm: Farm) -> str:
 
 
 def _build(farm: Farm, token: str, targets: list[str], spec: dict | None = None, **body) -> httpx.Response:
-    return httpx.post(f"{farm.url}/v1/builds", headers={"Authorization": f"Bearer {token}"}, timeout=60,
-                      json={"model_id": farm.model_id, "targets": targets, "spec": spec or SPEC, **body})
+    return httpx.post(
+        f"{farm.url}/v1/builds",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+        json={"model_id": farm.model_id, "targets": targets, "spec": spec or SPEC, **body},
+    )
 
 
 def _refused_for_limit(r: httpx.Response, limit: int, queued: int, setting: str) -> None:
     assert r.status_code == 429, r.text
     assert int(r.headers["retry-after"]) > 0
     detail = r.json()["detail"]
-    assert f"at most {limit}" in detail and f"has {queued} build tasks queued or waiting now" in detail and setting in detail, detail
+    assert (
+        f"at most {limit}" in detail
+        and f"has {queued} build tasks queued or waiting now" in detail
+        and setting in detail
+    ), detail
     assert r.json()["limit"] == limit and r.json()["queued"] == queued
 
 
@@ -172,9 +194,17 @@ def test_a_token_may_queue_only_so_many_tasks(small_farm):
 def test_a_sweep_is_counted_whole(small_farm):
     token = _token(small_farm)
     before = _counts(small_farm.settings)
-    r = httpx.post(f"{small_farm.url}/v1/sweeps", headers={"Authorization": f"Bearer {token}"}, timeout=60,
-                   json={"model_id": small_farm.model_id, "targets": GPU[:2], "spec": SPEC,
-                         "axes": {"optimization_level": [1, 3]}})
+    r = httpx.post(
+        f"{small_farm.url}/v1/sweeps",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+        json={
+            "model_id": small_farm.model_id,
+            "targets": GPU[:2],
+            "spec": SPEC,
+            "axes": {"optimization_level": [1, 3]},
+        },
+    )
     _refused_for_limit(r, PER_TOKEN, 0, "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN")
     assert _counts(small_farm.settings) == before
 
@@ -240,15 +270,17 @@ def test_tasks_answered_from_the_catalog_do_not_count(small_farm):
 
 def _browser(farm: Farm, address: str = "127.0.0.1") -> httpx.Client:
     """A client without a token, connecting from ``address`` (any of 127.0.0.0/8 reaches the farm)."""
-    return httpx.Client(base_url=farm.url, timeout=60, follow_redirects=False,
-                        transport=httpx.HTTPTransport(local_address=address))
+    return httpx.Client(
+        base_url=farm.url, timeout=60, follow_redirects=False, transport=httpx.HTTPTransport(local_address=address)
+    )
 
 
 def _sign_in(client: httpx.Client, token: str) -> httpx.Response:
     form = client.get("/ui/signin")
     assert form.status_code == 200, form.text
-    return client.post("/ui/signin", data={"token": token, "csrf": CSRF_FIELD.search(form.text).group(1),
-                                           "next": "/ui/models"})
+    return client.post(
+        "/ui/signin", data={"token": token, "csrf": CSRF_FIELD.search(form.text).group(1), "next": "/ui/models"}
+    )
 
 
 def _session(farm: Farm, token: str, address: str = "127.0.0.1") -> str:
@@ -277,8 +309,9 @@ def test_sessions_a_token_opens_share_its_queue_allowance(small_farm):
     assert _counts(small_farm.settings) == before
     assert _build(small_farm, sessions[1], GPU[2:3]).status_code == 202  # the token's last place, taken by a session
     for credential in [token, *sessions]:
-        _refused_for_limit(_build(small_farm, credential, GPU[3:]), PER_TOKEN, 3,
-                           "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN")
+        _refused_for_limit(
+            _build(small_farm, credential, GPU[3:]), PER_TOKEN, 3, "ENGINEFARM_MAX_QUEUED_TASKS_PER_TOKEN"
+        )
     # Sessions removed once ended give nothing back: their builds count as the token's.
     with session_scope(small_farm.settings) as s:
         s.execute(delete(ApiTokenRow).where(ApiTokenRow.token_hash.in_([hash_token(c) for c in sessions])))
@@ -289,11 +322,16 @@ def test_sessions_a_token_opens_share_its_uploads_in_flight(small_farm):
     token = _token(small_farm)
     sessions = [_session(small_farm, token, "127.0.0.12") for _ in range(2)]
     before = spool_files(small_farm.settings)
-    drips = [Drip(small_farm.url, token)] + [Drip(small_farm.url, s) for s in sessions[:UPLOADS_PER_TOKEN - 1]]
+    drips = [Drip(small_farm.url, token)] + [Drip(small_farm.url, s) for s in sessions[: UPLOADS_PER_TOKEN - 1]]
     try:
         wait_for(lambda: len(spool_files(small_farm.settings) - before) >= UPLOADS_PER_TOKEN, 20, "uploads spooling")
-        r = httpx.post(f"{small_farm.url}/v1/models", headers={"Authorization": f"Bearer {sessions[-1]}"}, timeout=60,
-                       data={"name": unique_name("third")}, files={"file": ("m.onnx", conv_net(seed=3133).SerializeToString())})
+        r = httpx.post(
+            f"{small_farm.url}/v1/models",
+            headers={"Authorization": f"Bearer {sessions[-1]}"},
+            timeout=60,
+            data={"name": unique_name("third")},
+            files={"file": ("m.onnx", conv_net(seed=3133).SerializeToString())},
+        )
         assert r.status_code == 429, r.text
         assert f"{UPLOADS_PER_TOKEN} uploads in flight" in r.json()["detail"], r.text
         assert "ENGINEFARM_MAX_UPLOADS_PER_TOKEN" in r.json()["detail"]
@@ -338,11 +376,20 @@ def test_ended_sessions_are_removed_at_sign_in(small_farm):
     earlier = utcnow() - timedelta(minutes=2)
     with session_scope(small_farm.settings) as s:
         for credential in (kept, signed_out, expired):
-            s.execute(update(ApiTokenRow).where(ApiTokenRow.token_hash == hash_token(credential))
-                      .values(created_at=earlier, expires_at=earlier + timedelta(seconds=90) if credential == expired
-                              else utcnow() + timedelta(hours=1)))
+            s.execute(
+                update(ApiTokenRow)
+                .where(ApiTokenRow.token_hash == hash_token(credential))
+                .values(
+                    created_at=earlier,
+                    expires_at=earlier + timedelta(seconds=90)
+                    if credential == expired
+                    else utcnow() + timedelta(hours=1),
+                )
+            )
     assert len(_sessions_of(small_farm, token)) == 3
     newest = _session(small_farm, token, "127.0.0.13")
     assert {r.token_hash for r in _sessions_of(small_farm, token)} == {hash_token(kept), hash_token(newest)}
-    assert httpx.get(f"{small_farm.url}/v1/workers", headers={"Authorization": f"Bearer {kept}"},
-                     timeout=30).status_code == 200
+    assert (
+        httpx.get(f"{small_farm.url}/v1/workers", headers={"Authorization": f"Bearer {kept}"}, timeout=30).status_code
+        == 200
+    )

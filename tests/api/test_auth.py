@@ -13,20 +13,27 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from enginefarm.server import localservers
 from enginefarm.client import ApiError, Client
-from enginefarm.server.embedded import Farm
 from enginefarm.graph.samples import save_conv_net
+from enginefarm.server import localservers
+from enginefarm.server.embedded import Farm
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import (MAX_SESSIONS_PER_TOKEN, authenticate, create_token, hash_token, open_session,
-                                       revoke_token)
+from enginefarm.storage.tokens import (
+    MAX_SESSIONS_PER_TOKEN,
+    authenticate,
+    create_token,
+    hash_token,
+    open_session,
+    revoke_token,
+)
 from tests.helpers import unique_name
 
 
 def cli(*args: str, env: dict[str, str], expect: int = 0) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "enginefarm", *args], capture_output=True, text=True, timeout=120,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", *args], capture_output=True, text=True, timeout=120, env=env
+    )
     assert out.returncode == expect, out.stdout + out.stderr
     return out
 
@@ -137,15 +144,22 @@ def test_cors_is_off_by_default(api):
 def test_anonymous_read_only_when_enabled(farm, tmp_path):
     """A second API process on the same catalog, with anonymous read on: reads need no token, writes still do;
     and CORS opens only to the origin it names."""
-    extra = {"ENGINEFARM_ANONYMOUS_READ": "true", "ENGINEFARM_CORS_ORIGINS": '["https://dash.example"]',
-             "ENGINEFARM_RECONCILE_SECONDS": "0"}
+    extra = {
+        "ENGINEFARM_ANONYMOUS_READ": "true",
+        "ENGINEFARM_CORS_ORIGINS": '["https://dash.example"]',
+        "ENGINEFARM_RECONCILE_SECONDS": "0",
+    }
     with Farm({**farm.env, **extra}, log_dir=tmp_path) as open_farm:
         open_farm.start_api()
         base = open_farm.url
         assert httpx.get(f"{base}/v1/engines").status_code == 200
         assert httpx.get(f"{base}/v1/workers").status_code == 200
-        assert httpx.post(f"{base}/v1/resolve", json={"model": "nothing-here", "machine": {"compute_capability": "8.6"}}
-                          ).status_code == 404  # a read: answered, not refused
+        assert (
+            httpx.post(
+                f"{base}/v1/resolve", json={"model": "nothing-here", "machine": {"compute_capability": "8.6"}}
+            ).status_code
+            == 404
+        )  # a read: answered, not refused
         write = httpx.post(f"{base}/v1/models", data={"name": "anon"}, files={"file": ("m.onnx", b"x")})
         assert write.status_code == 401 and "scope 'build'" in write.json()["detail"]
         assert httpx.get(f"{base}/v1/tokens").status_code == 401
@@ -153,8 +167,10 @@ def test_anonymous_read_only_when_enabled(farm, tmp_path):
         assert bad.status_code == 401  # a token that is sent is checked, even where reads are open
         cors = httpx.get(f"{base}/v1/engines", headers={"Origin": "https://dash.example"})
         assert cors.headers["access-control-allow-origin"] == "https://dash.example"
-        assert "access-control-allow-origin" not in httpx.get(f"{base}/v1/engines",
-                                                              headers={"Origin": "https://evil.example"}).headers
+        assert (
+            "access-control-allow-origin"
+            not in httpx.get(f"{base}/v1/engines", headers={"Origin": "https://evil.example"}).headers
+        )
 
 
 def test_no_secret_in_logs_or_errors(farm, dist_settings, api):
@@ -179,11 +195,16 @@ def test_resolve_that_queues_a_build_needs_build_scope(api):
     body = {"model": "nothing-here", "machine": {"compute_capability": "8.6"}, "build": True}
     r = httpx.post(f"{api.base_url}/v1/resolve", json=body, headers=bearer(made["token"]))
     assert r.status_code == 403 and "resolve with build=true needs 'build'" in r.json()["detail"]
-    r = httpx.get(f"{api.base_url}/v1/resolve", params={"model": "x", "cc": "8.6", "build": "true"},
-                  headers=bearer(made["token"]))
+    r = httpx.get(
+        f"{api.base_url}/v1/resolve", params={"model": "x", "cc": "8.6", "build": "true"}, headers=bearer(made["token"])
+    )
     assert r.status_code == 403
-    assert httpx.post(f"{api.base_url}/v1/resolve", json={**body, "build": False},
-                      headers=bearer(made["token"])).status_code == 404
+    assert (
+        httpx.post(
+            f"{api.base_url}/v1/resolve", json={**body, "build": False}, headers=bearer(made["token"])
+        ).status_code
+        == 404
+    )
 
 
 def test_a_token_holds_at_most_so_many_sessions_the_oldest_end_first(farm, dist_settings):
@@ -191,8 +212,10 @@ def test_a_token_holds_at_most_so_many_sessions_the_oldest_end_first(farm, dist_
     with session_scope(dist_settings) as s:
         root, token = create_token(s, "many-sessions", ["read"])
         principal = authenticate(s, token)
-        credentials = [open_session(s, principal, "browser session of many-sessions", timedelta(hours=1), 1000)[1]
-                       for _ in range(MAX_SESSIONS_PER_TOKEN + 2)]
+        credentials = [
+            open_session(s, principal, "browser session of many-sessions", timedelta(hours=1), 1000)[1]
+            for _ in range(MAX_SESSIONS_PER_TOKEN + 2)
+        ]
         left = set(s.scalars(select(ApiTokenRow.token_hash).where(ApiTokenRow.parent_id == root.id)))
     assert len(left) == MAX_SESSIONS_PER_TOKEN
     assert left == {hash_token(c) for c in credentials[2:]}

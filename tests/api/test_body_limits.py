@@ -23,8 +23,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.graph.samples import conv_net
+from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.storage import catalog
 from enginefarm.storage.blobs import model_key
 from enginefarm.storage.db import session_scope
@@ -52,16 +52,20 @@ def _field(name: str, value: bytes) -> bytes:
 
 
 def _file_head(filename: str = "m.onnx") -> bytes:
-    return (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
-            f"Content-Type: application/octet-stream\r\n\r\n").encode()
+    return (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+        f"Content-Type: application/octet-stream\r\n\r\n"
+    ).encode()
 
 
 def _open(url: str, path: str, token: str, length: int | None) -> socket.socket:
     parts = urlsplit(url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
     framing = f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
-                 f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n{framing}\r\n\r\n".encode())
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Type: multipart/form-data; boundary={BOUNDARY}\r\n{framing}\r\n\r\n".encode()
+    )
     return sock
 
 
@@ -147,8 +151,12 @@ def limited(dist_env, dist_settings, tmp_path_factory):
     """A second API process on the test farm's catalog and bucket, with a short idle timeout and two uploads in
     flight per token; it runs no reconciler. ``tokens``: two build tokens."""
     logs = tmp_path_factory.mktemp("limited-api")
-    env = {**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_UPLOAD_IDLE_TIMEOUT_S": str(IDLE_S),
-           "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": str(PER_TOKEN)}
+    env = {
+        **dist_env,
+        "ENGINEFARM_RECONCILE_SECONDS": "0",
+        "ENGINEFARM_UPLOAD_IDLE_TIMEOUT_S": str(IDLE_S),
+        "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": str(PER_TOKEN),
+    }
     f = Farm(env, log_dir=logs)
     f.tokens = [issue_token(dist_settings, f"limits-{i}", ["build"]) for i in range(2)]
     f.token = f.tokens[0]
@@ -195,8 +203,9 @@ def test_chunked_small_fields_are_refused_early_and_hold_no_memory(limited):
 def test_form_fields_are_bounded_in_total(limited):
     fields = {f"f{i}": "x" * 60_000 for i in range(5)}  # each under 64 KiB, together over 256 KiB
     with _client(limited, limited.tokens[0]) as c:
-        r = c.post("/v1/models", data={"name": unique_name("fields"), **fields},
-                   files={"file": ("m.onnx", model_bytes(61))})
+        r = c.post(
+            "/v1/models", data={"name": unique_name("fields"), **fields}, files={"file": ("m.onnx", model_bytes(61))}
+        )
     assert r.status_code == 413, r.text
     assert "ENGINEFARM_MAX_FORM_BYTES" in r.json()["detail"] and str(256 << 10) in r.json()["detail"]
 
@@ -220,9 +229,14 @@ def test_chunked_body_past_the_upload_limit_is_refused_while_streaming(limited, 
 
 def test_bytes_outside_any_part_are_bounded(limited):
     """Bytes after the closing boundary (the epilogue), sent chunked, count against the body's limit too."""
+
     def body() -> Iterator[bytes]:
-        yield (_field("name", unique_name("epilogue").encode()) + _file_head() + model_bytes(62)
-               + f"\r\n--{BOUNDARY}--\r\n".encode())
+        yield (
+            _field("name", unique_name("epilogue").encode())
+            + _file_head()
+            + model_bytes(62)
+            + f"\r\n--{BOUNDARY}--\r\n".encode()
+        )
         for _ in range(400):
             yield b"e" * (1 << 20)
 
@@ -233,9 +247,14 @@ def test_bytes_outside_any_part_are_bounded(limited):
 
 
 def test_huge_part_headers_are_refused(limited):
-    body = (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\nX-Pad: '.encode()
-            + b"p" * (1 << 20) + b"\r\n\r\nv\r\n")
-    answer = post_chunked(limited.url, "/v1/models", limited.tokens[0], [body[i:i + 65536] for i in range(0, len(body), 65536)])
+    body = (
+        f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\nX-Pad: '.encode()
+        + b"p" * (1 << 20)
+        + b"\r\n\r\nv\r\n"
+    )
+    answer = post_chunked(
+        limited.url, "/v1/models", limited.tokens[0], [body[i : i + 65536] for i in range(0, len(body), 65536)]
+    )
     assert answer.status == 413, answer
     assert "headers" in answer.body, answer.body
 
@@ -245,8 +264,10 @@ def test_chunked_json_body_is_bounded_while_streaming(limited, dist_settings):
     farm's error body."""
     parts = urlsplit(limited.url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=60)
-    sock.sendall(f"POST /v1/builds HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {limited.tokens[0]}\r\n"
-                 "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
+    sock.sendall(
+        f"POST /v1/builds HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {limited.tokens[0]}\r\n"
+        "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+    )
     sent = 0
     try:
         chunk = b'{"model_id": 1, "targets": ["' + b"x" * 65536
@@ -296,22 +317,31 @@ def test_uploads_in_flight_per_token(limited, dist_settings):
     try:
         wait_for(lambda: len(spool_files(dist_settings) - before) >= PER_TOKEN, 20, "both uploads spooling")
         with _client(limited, first) as c:
-            refused = c.post("/v1/models", data={"name": unique_name("third")}, files={"file": ("m.onnx", model_bytes(64))})
+            refused = c.post(
+                "/v1/models", data={"name": unique_name("third")}, files={"file": ("m.onnx", model_bytes(64))}
+            )
             samples = c.post(f"/v1/models/{model_id}/samples", files={"file": ("s.npz", b"PK")})
         for r in (refused, samples):
             assert r.status_code == 429, r.text
             assert r.headers["retry-after"].isdigit()
-            assert "ENGINEFARM_MAX_UPLOADS_PER_TOKEN" in r.json()["detail"] and f"{PER_TOKEN} uploads" in r.json()["detail"]
+            assert (
+                "ENGINEFARM_MAX_UPLOADS_PER_TOKEN" in r.json()["detail"]
+                and f"{PER_TOKEN} uploads" in r.json()["detail"]
+            )
         with _client(limited, second) as other:
-            r = other.post("/v1/models", data={"name": unique_name("other")}, files={"file": ("m.onnx", model_bytes(65))})
+            r = other.post(
+                "/v1/models", data={"name": unique_name("other")}, files={"file": ("m.onnx", model_bytes(65))}
+            )
             assert r.status_code == 201, r.text
     finally:
         for drip in drips:
             drip.close()
     with _client(limited, first) as c:
+
         def admitted():
             r = c.post("/v1/models", data={"name": unique_name("again")}, files={"file": ("m.onnx", model_bytes(66))})
             return r if r.status_code != 429 else None
+
         r = wait_for(admitted, 20, "the token admitted again")
         assert r.status_code == 201, r.text
 
@@ -323,8 +353,9 @@ def test_samples_header_claiming_12_tib_is_refused(limited):
     with _client(limited, limited.tokens[1]) as c:
         r = c.post("/v1/models", data={"name": unique_name("npz")}, files={"file": ("m.onnx", model_bytes(67))})
         assert r.status_code == 201, r.text
-        r = c.post(f"/v1/models/{r.json()['id']}/samples",
-                   files={"file": ("s.npz", npz_claiming_shape((1 << 30, 3, 32, 32)))})
+        r = c.post(
+            f"/v1/models/{r.json()['id']}/samples", files={"file": ("s.npz", npz_claiming_shape((1 << 30, 3, 32, 32)))}
+        )
     assert r.status_code == 422, r.text
     said = " ".join(p["msg"] for p in r.json().get("problems", []))
     assert "'input'" in said and "[1073741824, 3, 32, 32]" in said and str(12 << 40) in said, r.text

@@ -12,8 +12,8 @@ from sqlalchemy.exc import OperationalError
 
 from enginefarm.api.app import create_app
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.server.embedded import issue_token
 from enginefarm.storage import catalog
 from enginefarm.storage.db import session_scope
 
@@ -22,16 +22,24 @@ def test_a_database_failing_after_the_commit_does_not_hide_the_build(tmp_path, m
     settings = Settings(data_dir=tmp_path, reconcile_seconds=0, gc_interval_seconds=0)
     with TestClient(create_app(settings)) as http:
         http.headers["Authorization"] = f"Bearer {issue_token(settings, 'answer', ['admin'])}"
-        model = http.post("/v1/models", data={"name": "answer"},
-                          files={"file": ("m.onnx", conv_net(seed=5).SerializeToString())}).json()["id"]
+        model = http.post(
+            "/v1/models", data={"name": "answer"}, files={"file": ("m.onnx", conv_net(seed=5).SerializeToString())}
+        ).json()["id"]
 
         def gone(*_args, **_kwargs):
             raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
 
         # Every read of a build after this point fails, as it would with the database gone.
         monkeypatch.setattr(catalog, "get_build", gone)
-        r = http.post("/v1/builds", json={"model_id": model, "targets": ["onnxruntime/cpu-x86_64"],
-                                          "spec": sample_spec(), "queue_without_worker": True})
+        r = http.post(
+            "/v1/builds",
+            json={
+                "model_id": model,
+                "targets": ["onnxruntime/cpu-x86_64"],
+                "spec": sample_spec(),
+                "queue_without_worker": True,
+            },
+        )
         monkeypatch.undo()
         with session_scope(settings) as s:
             recorded = [b.id for b in catalog.list_builds(s)]

@@ -13,7 +13,15 @@ import pytest
 from enginefarm.client import ApiError, BuildJob, Client
 from enginefarm.client.artifacts import MODEL_PROTO_FIELDS, is_onnx_model, place_cached
 from enginefarm.client.cache import EngineCache
-from enginefarm.core.errors import IntegrityError, NoCompatibleEngine, NotFound, SpecInvalid, TooBusy, Unauthorized, WrongArtifact
+from enginefarm.core.errors import (
+    IntegrityError,
+    NoCompatibleEngine,
+    NotFound,
+    SpecInvalid,
+    TooBusy,
+    Unauthorized,
+    WrongArtifact,
+)
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import conv_net, sample_spec
 from tests.helpers import unique_name
@@ -56,7 +64,9 @@ def test_an_answer_with_no_error_name_is_typed_by_its_status():
     from enginefarm.client.errors import api_error
 
     e = api_error(422, {"detail": [{"loc": ["body", "targets"], "msg": "Input should be a valid list"}]})
-    assert isinstance(e, SpecInvalid) and e.problems == [{"loc": ["body", "targets"], "msg": "Input should be a valid list"}]
+    assert isinstance(e, SpecInvalid) and e.problems == [
+        {"loc": ["body", "targets"], "msg": "Input should be a valid list"}
+    ]
     busy = api_error(429, {"error": "QueueFull", "detail": "full"}, "60")
     assert isinstance(busy, TooBusy) and type(busy).__name__ == "QueueFull" and busy.retry_after == 60
     assert type(api_error(502, "<html>bad gateway</html>")) is ApiError
@@ -107,9 +117,15 @@ def two_kinds(farm):
         model, _ = c.upload(conv_net(seed=404).SerializeToString(), name=unique_name("kinds"))
         assert c.build(model["id"], [SM86, CPU], sample_spec()).wait(timeout=300).state == "succeeded"
         engines = {e["target"]: e for e in c.engines(model=model["name"])["items"]}
-    machine = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576,
-                      driver_version="580.82.07", cuda_version="13.0", platform="x86_64",
-                      trt_rtx_version=engines[SM86]["backend_version"])
+    machine = Machine(
+        gpu_name="NVIDIA GeForce RTX 3090",
+        compute_capability="8.6",
+        memory_mib=24576,
+        driver_version="580.82.07",
+        cuda_version="13.0",
+        platform="x86_64",
+        trt_rtx_version=engines[SM86]["backend_version"],
+    )
     return model["name"], engines, machine
 
 
@@ -133,8 +149,9 @@ def test_allow_cpu_sends_accept_cpu(client, two_kinds):
     name, engines, machine = two_kinds
     sent: list[dict] = []
     client.http.event_hooks["request"] = [lambda request: sent.append(json.loads(request.content))]
-    batch64 = replace(machine, shapes={"input": {"min": [64, 3, 32, 32], "opt": [64, 3, 32, 32],
-                                                 "max": [64, 3, 32, 32]}})
+    batch64 = replace(
+        machine, shapes={"input": {"min": [64, 3, 32, 32], "opt": [64, 3, 32, 32], "max": [64, 3, 32, 32]}}
+    )
     answer = client.resolve(name, batch64, allow_cpu=True, accept=["unchecked"])
     assert answer["engine"]["id"] == engines[CPU]["id"]
     assert sent[-1]["accept"] == ["cpu", "unchecked"]
@@ -165,8 +182,9 @@ def test_the_bytes_of_each_kind_are_told_apart_without_onnx(client, two_kinds, t
     # The field table is onnx's own ModelProto (varints for the two integers, length-delimited for the rest).
     import onnx
 
-    assert MODEL_PROTO_FIELDS == {f.number: 0 if f.type == f.TYPE_INT64 else 2
-                                  for f in onnx.ModelProto.DESCRIPTOR.fields}
+    assert MODEL_PROTO_FIELDS == {
+        f.number: 0 if f.type == f.TYPE_INT64 else 2 for f in onnx.ModelProto.DESCRIPTOR.fields
+    }
 
 
 def test_a_cached_blob_not_of_its_records_kind_is_evicted_and_not_written(client, two_kinds, tmp_path):

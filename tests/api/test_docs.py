@@ -31,7 +31,15 @@ def test_the_build_spec_is_a_documented_schema(farm):
     assert schemas["SweepRequest"]["properties"]["spec"]["$ref"] == "#/components/schemas/BuildSpec"
     spec = schemas["BuildSpec"]
     assert spec["additionalProperties"] is False
-    assert {"precision", "profiles", "workspace_mib", "optimization_level", "hardware_compatibility",
-            "strongly_typed", "benchmark", "accuracy"} <= set(spec["properties"])
+    assert {
+        "precision",
+        "profiles",
+        "workspace_mib",
+        "optimization_level",
+        "hardware_compatibility",
+        "strongly_typed",
+        "benchmark",
+        "accuracy",
+    } <= set(spec["properties"])
     assert set(schemas["Precision"]["enum"]) >= {"fp32", "fp16", "bf16", "int8", "fp8"}
     assert spec["properties"]["optimization_level"]["maximum"] == 5

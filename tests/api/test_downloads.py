@@ -27,8 +27,9 @@ from tests.helpers import unique_name
 def serve(settings: Settings):
     """The API in this process on a free port (uvicorn in a thread); yields (url, admin token)."""
     token = issue_token(settings, "downloads", ["admin"])
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=free_port(),
-                                           log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=free_port(), log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -70,7 +71,7 @@ class CuttingProxy:
         try:
             while data := src.recv(65536):
                 if limit is not None and sent + len(data) >= limit:
-                    dst.sendall(data[:limit - sent])
+                    dst.sendall(data[: limit - sent])
                     break
                 dst.sendall(data)
                 sent += len(data)
@@ -98,9 +99,17 @@ def local_farm(tmp_path_factory):
 
 
 def _s3_farm(seaweedfs: str, data_dir, redirect: bool):
-    settings = Settings(data_dir=data_dir, reconcile_seconds=0, gc_interval_seconds=0, blob_store="s3",
-                        s3_endpoint_url=seaweedfs, s3_bucket=f"dl-{time.time_ns()}", s3_access_key="k",
-                        s3_secret_key="s", download_redirect=redirect)
+    settings = Settings(
+        data_dir=data_dir,
+        reconcile_seconds=0,
+        gc_interval_seconds=0,
+        blob_store="s3",
+        s3_endpoint_url=seaweedfs,
+        s3_bucket=f"dl-{time.time_ns()}",
+        s3_access_key="k",
+        s3_secret_key="s",
+        download_redirect=redirect,
+    )
     data = conv_net(seed=778).SerializeToString()
     with serve(settings) as (url, token), Client(url, token=token) as c:
         model, _ = c.upload(data, name="streamed")
@@ -165,8 +174,10 @@ def test_range_answers_as_rfc_9110_says_from_every_store(request, store, asked, 
     there again)."""
     url, token, model, data = request.getfixturevalue(store)
     size = len(data)
-    headers = {"Authorization": f"Bearer {token}",
-               "Range": asked.replace("SIZE0", str(size)).replace("SIZE9", str(size + 9)).replace("SIZE", str(size))}
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Range": asked.replace("SIZE0", str(size)).replace("SIZE9", str(size + 9)).replace("SIZE", str(size)),
+    }
     if if_range:
         headers["If-Range"] = if_range.replace("ETAG", f'"{model["sha256"]}"')
     r = httpx.get(f"{url}/v1/models/{model['id']}/content", headers=headers, timeout=60, follow_redirects=True)
@@ -174,7 +185,9 @@ def test_range_answers_as_rfc_9110_says_from_every_store(request, store, asked, 
     if status == 206:
         expected = data[part]
         first = part.start % size if part.start is not None else 0
-        assert r.content == expected and r.headers["content-range"] == f"bytes {first}-{first + len(expected) - 1}/{size}"
+        assert (
+            r.content == expected and r.headers["content-range"] == f"bytes {first}-{first + len(expected) - 1}/{size}"
+        )
         assert r.headers["content-length"] == str(len(expected))
     elif status == 200:
         assert r.content == data and "content-range" not in r.headers

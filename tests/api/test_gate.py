@@ -62,8 +62,9 @@ def test_a_good_build_passes_and_pending_hardware_counts_as_asked(api, built):
     assert strict["verdict"] == "fail" and "pending (pending=fail)" in strict["reason"]
     assert "no worker with an sm86 GPU" in strict["reason"]
     # Gating only the CPU target, named as a user would (comma-separated works too), passes strictly.
-    only_cpu = api.get(f"/v1/models/{model['id']}/gate",
-                       params={"pending": "fail", "targets": CPU, "build_id": build["id"]}).json()
+    only_cpu = api.get(
+        f"/v1/models/{model['id']}/gate", params={"pending": "fail", "targets": CPU, "build_id": build["id"]}
+    ).json()
     assert only_cpu["verdict"] == "pass" and [t["target"] for t in only_cpu["targets"]] == [CPU]
 
 
@@ -76,8 +77,9 @@ def test_a_failed_build_and_an_unbuilt_target_fail_with_the_reason(farm, api, tm
     assert gate["verdict"] == "fail"
     cpu, sm89 = (_checks(t) for t in gate["targets"])
     assert cpu["build"]["verdict"] == "fail" and "ONNX Runtime could not load the model" in cpu["build"]["reason"]
-    assert all(cpu[c]["verdict"] == "fail" and cpu[c]["reason"] == "no engine: the build did not succeed"
-               for c in CHECKS[1:])
+    assert all(
+        cpu[c]["verdict"] == "fail" and cpu[c]["reason"] == "no engine: the build did not succeed" for c in CHECKS[1:]
+    )
     assert sm89["build"]["reason"] == "the model has no build for tensorrt-rtx/sm89; submit one (POST /v1/builds)"
     assert "ONNX Runtime could not load the model" in gate["reason"]
 
@@ -86,20 +88,26 @@ def test_another_projects_model_is_404(farm, api, built):
     model, _ = built
     made = api.post("/v1/tokens", json={"name": "gate-reader", "scopes": ["read"], "project": unique_name("p")})
     assert made.status_code == 201, made.text
-    other = httpx.get(f"{farm.url}/v1/models/{model['id']}/gate",
-                      headers={"Authorization": f"Bearer {made.json()['token']}"}, timeout=30)
+    other = httpx.get(
+        f"{farm.url}/v1/models/{model['id']}/gate",
+        headers={"Authorization": f"Bearer {made.json()['token']}"},
+        timeout=30,
+    )
     assert other.status_code == 404 and other.json()["detail"] == f"no model with id {model['id']}"
 
 
-@pytest.mark.parametrize("params, where, words", [
-    ({"max_regression_pct": "-1"}, "max_regression_pct", "greater than or equal to 0"),
-    ({"max_regression_pct": "nan"}, "max_regression_pct", "finite number"),
-    ({"pending": "maybe"}, "pending", "'pass' or 'fail'"),
-    ({"targets": "tensorrt/sm999"}, "targets", "tensorrt cannot build for 'sm999'"),
-    ({"targets": "cpu"}, "targets", "must be written BACKEND/ARCH"),
-    ({"build_id": "0"}, "build_id", "greater than or equal to 1"),
-    ({"spec_hash": "abc"}, "spec_hash", "should match pattern"),
-])
+@pytest.mark.parametrize(
+    "params, where, words",
+    [
+        ({"max_regression_pct": "-1"}, "max_regression_pct", "greater than or equal to 0"),
+        ({"max_regression_pct": "nan"}, "max_regression_pct", "finite number"),
+        ({"pending": "maybe"}, "pending", "'pass' or 'fail'"),
+        ({"targets": "tensorrt/sm999"}, "targets", "tensorrt cannot build for 'sm999'"),
+        ({"targets": "cpu"}, "targets", "must be written BACKEND/ARCH"),
+        ({"build_id": "0"}, "build_id", "greater than or equal to 1"),
+        ({"spec_hash": "abc"}, "spec_hash", "should match pattern"),
+    ],
+)
 def test_bad_parameters_are_422_naming_the_parameter(api, built, params, where, words):
     model, _ = built
     answer = api.get(f"/v1/models/{model['id']}/gate", params=params)

@@ -20,8 +20,10 @@ DRIBBLE_FOR_S = 15.0
 @pytest.fixture(scope="module")
 def api_port(tmp_path_factory) -> int:
     data = tmp_path_factory.mktemp("header-timeout")
-    farm = Farm(embedded_env(data) | {"ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_HEADER_TIMEOUT_S": str(LIMIT_S)},
-                log_dir=data)
+    farm = Farm(
+        embedded_env(data) | {"ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_HEADER_TIMEOUT_S": str(LIMIT_S)},
+        log_dir=data,
+    )
     try:
         farm.start_api()
         yield farm.port
@@ -51,7 +53,7 @@ def _dribble(conn: socket.socket, text: bytes, every: float = 0.1) -> tuple[byte
     start = time.monotonic()
     for i in range(int(DRIBBLE_FOR_S / every)):
         try:
-            conn.sendall(text[i:i + 1] if i < len(text) else b"x")
+            conn.sendall(text[i : i + 1] if i < len(text) else b"x")
         except (BrokenPipeError, ConnectionResetError):
             return b"", time.monotonic() - start
         if (got := _answer(conn, every)) is not None:
@@ -85,4 +87,3 @@ def test_the_next_request_on_a_kept_alive_connection_has_the_same_limit(api_port
         time.sleep(LIMIT_S * 2)
         got, took = _dribble(conn, b"GET /healthz HTTP/1.1\r\nHost: farm\r\nX-Slow: ")
     assert got is not None and got.startswith(b"HTTP/1.1 408 "), (got, took)
-

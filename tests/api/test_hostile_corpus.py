@@ -30,16 +30,22 @@ def _model_rows(settings) -> tuple[int, set[str]]:
 def _scratch(settings) -> set[str]:
     """Spooled uploads and scratch folders under the work dir: a rejection must leave none of its own."""
     work = settings.work_dir
-    return {str(p.relative_to(work)) for pattern in ("uploads/upload-*", "build-*", "build-*/bundle-*")
-            for p in work.glob(pattern)}
+    return {
+        str(p.relative_to(work))
+        for pattern in ("uploads/upload-*", "build-*", "build-*/bundle-*")
+        for p in work.glob(pattern)
+    }
 
 
 @pytest.fixture(scope="module")
 def corpus_ctx(farm, dist_settings, tmp_path_factory):
     """A valid model for specs and samples to aim at, and the state the corpus must leave unchanged."""
     with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as c:
-        r = c.post("/v1/models", data={"name": unique_name("corpus")},
-                   files={"file": ("m.onnx", conv_net(seed=4242).SerializeToString())})
+        r = c.post(
+            "/v1/models",
+            data={"name": unique_name("corpus")},
+            files={"file": ("m.onnx", conv_net(seed=4242).SerializeToString())},
+        )
         assert r.status_code == 201, r.text
     ctx = Context(model_id=r.json()["id"], model_name=r.json()["name"], tmp=tmp_path_factory.mktemp("corpus"))
     with session_scope(dist_settings) as s:
@@ -47,8 +53,11 @@ def corpus_ctx(farm, dist_settings, tmp_path_factory):
         revoked, ctx.tokens["revoked"] = create_token(s, "corpus-revoked", ["admin"])
         revoke_token(s, revoked.id)
         ctx.tokens["expired"] = create_token(s, "corpus-expired", ["admin"], timedelta(microseconds=1))[1]
-    ctx.before = {"models": _model_rows(dist_settings)[0], "keys": bucket_keys(dist_settings),
-                  "scratch": _scratch(dist_settings)}
+    ctx.before = {
+        "models": _model_rows(dist_settings)[0],
+        "keys": bucket_keys(dist_settings),
+        "scratch": _scratch(dist_settings),
+    }
     return ctx
 
 
@@ -64,9 +73,14 @@ def _said(response: httpx.Response) -> str:
 
 
 def _entry_params() -> list:
-    return [pytest.param(e, id=f"{e.category}:{e.id}",
-                         marks=[pytest.mark.xfail(reason=e.known_failure, strict=True)] if e.known_failure else [])
-            for e in CORPUS]
+    return [
+        pytest.param(
+            e,
+            id=f"{e.category}:{e.id}",
+            marks=[pytest.mark.xfail(reason=e.known_failure, strict=True)] if e.known_failure else [],
+        )
+        for e in CORPUS
+    ]
 
 
 def test_corpus_is_large_and_well_formed():

@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from enginefarm.api.app import create_app
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
-from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.core.machine import Machine
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.helpers import unique_name
 
 
@@ -59,13 +59,18 @@ def test_metrics_after_a_build(farm, tmp_path):
     assert total(after, "enginefarm_build_seconds_sum", target=target) > 0
     grew = path.stat().st_size
     assert total(after, "enginefarm_upload_bytes_total") - total(before, "enginefarm_upload_bytes_total") >= grew
-    assert total(after, "enginefarm_resolve_total", outcome="cpu_fallback") - total(
-        before, "enginefarm_resolve_total", outcome="cpu_fallback") == 2
+    assert (
+        total(after, "enginefarm_resolve_total", outcome="cpu_fallback")
+        - total(before, "enginefarm_resolve_total", outcome="cpu_fallback")
+        == 2
+    )
     # Latency by route template, not by path: one series for every model id.
     assert total(after, "enginefarm_http_request_duration_seconds_count", route="/v1/resolve", method="POST") >= 2
     assert total(after, "enginefarm_http_request_duration_seconds_count", route="/v1/builds/{build_id}") >= 1
-    assert not any(f"/v1/builds/{build['id']}" == dict(k).get("route")
-                   for k in after["enginefarm_http_request_duration_seconds_count"])
+    assert not any(
+        f"/v1/builds/{build['id']}" == dict(k).get("route")
+        for k in after["enginefarm_http_request_duration_seconds_count"]
+    )
     # The catalog's view: tasks by state, live workers per target, queue depth per target (none queued here).
     assert total(after, "enginefarm_tasks", kind="build", state="succeeded") >= 1
     assert total(after, "enginefarm_workers_live", role="build", target=target) >= 1
@@ -73,11 +78,14 @@ def test_metrics_after_a_build(farm, tmp_path):
 
 
 def test_a_task_waiting_for_a_worker_shows_in_queue_depth_and_age(farm, api, conv_model):
-    model = api.post("/v1/models", data={"name": unique_name("metrics")},
-                     files={"file": ("m.onnx", conv_model.read_bytes())}).json()
+    model = api.post(
+        "/v1/models", data={"name": unique_name("metrics")}, files={"file": ("m.onnx", conv_model.read_bytes())}
+    ).json()
     lonely = "tensorrt-rtx/sm75"  # no worker of the session farm builds it
-    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": [lonely], "spec": sample_spec(),
-                                     "queue_without_worker": True})
+    r = api.post(
+        "/v1/builds",
+        json={"model_id": model["id"], "targets": [lonely], "spec": sample_spec(), "queue_without_worker": True},
+    )
     assert r.status_code == 202, r.text
     time.sleep(1.1)
     after = scrape(farm.url)
@@ -91,8 +99,12 @@ def test_liveness_and_readiness(farm, tmp_path):
     assert ready.status_code == 200, ready.text
     assert set(ready.json()["checks"]) == {"catalog", "broker", "blob_store"}
     # A farm whose database is gone: alive, not ready, and it says which dependency and when to ask again.
-    gone = Settings(data_dir=tmp_path, database_url="postgresql+psycopg://postgres@127.0.0.1:1/none",
-                    reconcile_seconds=0, gc_interval_seconds=0)
+    gone = Settings(
+        data_dir=tmp_path,
+        database_url="postgresql+psycopg://postgres@127.0.0.1:1/none",
+        reconcile_seconds=0,
+        gc_interval_seconds=0,
+    )
     http = TestClient(create_app(gone))  # no `with`: its start-up would migrate the database that is not there
     assert http.get("/healthz").status_code == 200
     r = http.get("/readyz")

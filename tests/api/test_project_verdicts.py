@@ -21,8 +21,10 @@ from tests.helpers import unique_name
 CPU = "onnxruntime/cpu-x86_64"
 MACHINE = {"platform": "x86_64"}
 # Values a conv net's outputs overflow to inf and NaN on: the accuracy check of these settings fails.
-OVERFLOW = {"benchmark": {"value_ranges": {"input": [3.0e38, 3.4e38]}, "duration_s": 0.05, "warmup_ms": 10},
-            "accuracy": {"batches": 1}}
+OVERFLOW = {
+    "benchmark": {"value_ranges": {"input": [3.0e38, 3.4e38]}, "duration_s": 0.05, "warmup_ms": 10},
+    "accuracy": {"batches": 1},
+}
 QUICK = {"benchmark": {"duration_s": 0.05, "warmup_ms": 10}, "accuracy": {"batches": 1}}
 
 
@@ -31,16 +33,24 @@ def teams(farm):
     suffix = uuid.uuid4().hex[:6]
     out = {}
     for name in (f"team-a-{suffix}", f"team-b-{suffix}"):
-        made = httpx.post(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30,
-                          json={"name": f"{name}-build", "scopes": ["build"], "project": name})
+        made = httpx.post(
+            f"{farm.url}/v1/tokens",
+            headers=farm.headers,
+            timeout=30,
+            json={"name": f"{name}-build", "scopes": ["build"], "project": name},
+        )
         assert made.status_code == 201, made.text
         out[name] = made.json()["token"]
     return out
 
 
 def _resolve(farm, token: str, name: str, **extra) -> httpx.Response:
-    return httpx.post(f"{farm.url}/v1/resolve", headers={"Authorization": f"Bearer {token}"}, timeout=30,
-                      json={"model": name, "machine": MACHINE, **extra})
+    return httpx.post(
+        f"{farm.url}/v1/resolve",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+        json={"model": name, "machine": MACHINE, **extra},
+    )
 
 
 def test_another_project_cannot_fail_your_engine(farm, teams, tmp_path):

@@ -27,8 +27,12 @@ def projects(farm):
     for name in (f"alpha-{suffix}", f"beta-{suffix}"):
         out[name] = {}
         for scope in ("build", "read"):
-            made = httpx.post(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30,
-                              json={"name": f"{name}-{scope}", "scopes": [scope], "project": name})
+            made = httpx.post(
+                f"{farm.url}/v1/tokens",
+                headers=farm.headers,
+                timeout=30,
+                json={"name": f"{name}-{scope}", "scopes": [scope], "project": name},
+            )
             assert made.status_code == 201, made.text
             assert made.json()["project"] == name
             out[name][scope] = made.json()["token"]
@@ -48,19 +52,24 @@ def test_a_project_sees_only_its_own_models_and_engines(farm, api, projects, tmp
         assert [m["id"] for m in a.models(name=name)["items"]] == [ma["id"]]
         assert [m["id"] for m in b.models(name=name)["items"]] == [mb["id"]]
         assert {m["id"] for m in api.get("/v1/models", params={"name": name}).json()["items"]} == {ma["id"], mb["id"]}
-        assert [m["id"] for m in api.get("/v1/models", params={"name": name, "project": beta}).json()["items"]] == [mb["id"]]
+        assert [m["id"] for m in api.get("/v1/models", params={"name": name, "project": beta}).json()["items"]] == [
+            mb["id"]
+        ]
         assert a.get("/v1/models", project=beta)["total"] == 0  # asking for another project shows nothing
 
         # Another project's ids are 404, as if they did not exist, for every kind of access.
         hers = ma["id"]
         for method, path, kwargs in [
-            ("GET", f"/v1/models/{hers}", {}), ("GET", f"/v1/models/{hers}/content", {}),
+            ("GET", f"/v1/models/{hers}", {}),
+            ("GET", f"/v1/models/{hers}/content", {}),
             ("GET", f"/v1/models/{hers}/report", {}),
             ("POST", "/v1/builds", {"json": {"model_id": hers, "targets": [CPU], "spec": NO_CHECKS}}),
             ("POST", "/v1/sweeps", {"json": {"model_id": hers, "targets": [CPU], "axes": {"precision": ["fp32"]}}}),
             ("POST", f"/v1/models/{hers}/samples", {"files": {"file": ("s.npz", b"PK", "application/octet-stream")}}),
         ]:
-            r = httpx.request(method, f"{farm.url}{path}", headers=bearer(projects[beta]["build"]), timeout=30, **kwargs)
+            r = httpx.request(
+                method, f"{farm.url}{path}", headers=bearer(projects[beta]["build"]), timeout=30, **kwargs
+            )
             assert r.status_code == 404 and f"no model with id {hers}" in r.json()["detail"], (path, r.text)
 
         # A build of alpha's model, and its engine: alpha reads and resolves them, beta cannot.
@@ -71,20 +80,34 @@ def test_a_project_sees_only_its_own_models_and_engines(farm, api, projects, tmp
         assert a.get(f"/v1/engines/{engine_id}")["id"] == engine_id
         assert [e["id"] for e in a.engines(model=name)["items"]] == [engine_id]
         assert b.engines(model=name)["total"] == 0 and engine_id not in [e["id"] for e in b.engines()["items"]]
-        for path in (f"/v1/engines/{engine_id}", f"/v1/engines/{engine_id}/content", f"/v1/engines/{engine_id}/benchmarks",
-                     f"/v1/builds/{build['id']}"):
+        for path in (
+            f"/v1/engines/{engine_id}",
+            f"/v1/engines/{engine_id}/content",
+            f"/v1/engines/{engine_id}/benchmarks",
+            f"/v1/builds/{build['id']}",
+        ):
             r = httpx.get(f"{farm.url}{path}", headers=bearer(projects[beta]["read"]), timeout=30)
             assert r.status_code == 404 and "no " in r.json()["detail"], (path, r.text)
         assert build["id"] not in [x["id"] for x in b.get("/v1/builds")]
         assert build["id"] in [x["id"] for x in a.get("/v1/builds")]
 
-        got = httpx.post(f"{farm.url}/v1/resolve", headers=bearer(projects[alpha]["read"]), timeout=30,
-                         json={"model": name, "machine": MACHINE})
+        got = httpx.post(
+            f"{farm.url}/v1/resolve",
+            headers=bearer(projects[alpha]["read"]),
+            timeout=30,
+            json={"model": name, "machine": MACHINE},
+        )
         assert got.status_code == 200 and got.json()["engine"]["id"] == engine_id, got.text
         # Beta's model of that name is its own, which has no engine yet.
-        denied = httpx.post(f"{farm.url}/v1/resolve", headers=bearer(projects[beta]["read"]), timeout=30,
-                            json={"model": name, "machine": MACHINE})
-        assert denied.status_code == 404 and denied.json()["detail"].startswith(f"no engines of {name} are built yet"), denied.text
+        denied = httpx.post(
+            f"{farm.url}/v1/resolve",
+            headers=bearer(projects[beta]["read"]),
+            timeout=30,
+            json={"model": name, "machine": MACHINE},
+        )
+        assert denied.status_code == 404 and denied.json()["detail"].startswith(
+            f"no engines of {name} are built yet"
+        ), denied.text
 
         # The farm's admin: a name two projects use is ambiguous to resolve without a project.
         both = api.post("/v1/resolve", json={"model": name, "machine": MACHINE})
@@ -95,22 +118,39 @@ def test_project_tokens_stay_in_their_project(farm, api, projects, tmp_path):
     alpha, beta = projects
     path = save_conv_net(tmp_path / "m.onnx", seed=203)
     # Uploading into another project is refused; naming one's own is fine.
-    r = httpx.post(f"{farm.url}/v1/models", headers=bearer(projects[alpha]["build"]), timeout=60,
-                   data={"name": unique_name("x"), "project": beta}, files={"file": ("m.onnx", path.read_bytes())})
+    r = httpx.post(
+        f"{farm.url}/v1/models",
+        headers=bearer(projects[alpha]["build"]),
+        timeout=60,
+        data={"name": unique_name("x"), "project": beta},
+        files={"file": ("m.onnx", path.read_bytes())},
+    )
     assert r.status_code == 403 and f"project {alpha!r}" in r.json()["detail"], r.text
-    bad = httpx.post(f"{farm.url}/v1/models", headers=farm.headers, timeout=60,
-                     data={"name": unique_name("x"), "project": "../etc"}, files={"file": ("m.onnx", path.read_bytes())})
+    bad = httpx.post(
+        f"{farm.url}/v1/models",
+        headers=farm.headers,
+        timeout=60,
+        data={"name": unique_name("x"), "project": "../etc"},
+        files={"file": ("m.onnx", path.read_bytes())},
+    )
     assert bad.status_code == 422 and "project" in bad.text, bad.text
     # The farm's admin can upload into a project: the project's tokens see it.
     name = unique_name("placed")
-    placed = httpx.post(f"{farm.url}/v1/models", headers=farm.headers, timeout=60,
-                        data={"name": name, "project": alpha}, files={"file": ("m.onnx", path.read_bytes())})
+    placed = httpx.post(
+        f"{farm.url}/v1/models",
+        headers=farm.headers,
+        timeout=60,
+        data={"name": name, "project": alpha},
+        files={"file": ("m.onnx", path.read_bytes())},
+    )
     assert placed.status_code == 201 and placed.json()["project"] == alpha, placed.text
     assert Client(farm.url, token=projects[alpha]["read"]).models(name=name)["total"] == 1
 
     # A project's admin makes tokens of its project only and sees only those.
     admin = api.post("/v1/tokens", json={"name": "alpha-admin", "scopes": ["admin"], "project": alpha}).json()["token"]
-    other = httpx.post(f"{farm.url}/v1/tokens", headers=bearer(admin), json={"name": "x", "scopes": ["read"], "project": beta})
+    other = httpx.post(
+        f"{farm.url}/v1/tokens", headers=bearer(admin), json={"name": "x", "scopes": ["read"], "project": beta}
+    )
     assert other.status_code == 403 and f"project {alpha!r}" in other.json()["detail"]
     mine = httpx.post(f"{farm.url}/v1/tokens", headers=bearer(admin), json={"name": "alpha-ci", "scopes": ["read"]})
     assert mine.status_code == 201 and mine.json()["project"] == alpha
@@ -125,8 +165,11 @@ def test_project_tokens_stay_in_their_project(farm, api, projects, tmp_path):
     assert Client(farm.url, token=token).get("/v1/models", project=beta)["total"] == 0
     assert alpha in cli("token", "list", env=env).stdout
     for project, says in (("a b", "U+0020 SPACE"), ("te\u0430m", "U+0430 CYRILLIC SMALL LETTER A")):
-        refused = " ".join(cli("token", "create", "--scope", "read", "--name", "x", "--project", project, env=env,
-                               expect=1).stderr.split())
+        refused = " ".join(
+            cli(
+                "token", "create", "--scope", "read", "--name", "x", "--project", project, env=env, expect=1
+            ).stderr.split()
+        )
         assert "project must be 1-64 ASCII letters, digits" in refused and says in refused, refused
 
 
@@ -144,8 +187,9 @@ def test_an_engine_shared_through_identical_bytes_shows_only_the_readers_own_mod
         ma, _ = a.upload(path, ours)
         seen = a.get(f"/v1/engines/{engine_id}")
         assert (seen["model_name"], seen["model_id"], seen["model_version"]) == (ours, ma["id"], ma["version"])
-        download = httpx.get(f"{farm.url}/v1/engines/{engine_id}/content", headers=bearer(projects[alpha]["read"]),
-                             follow_redirects=True)
+        download = httpx.get(
+            f"{farm.url}/v1/engines/{engine_id}/content", headers=bearer(projects[alpha]["read"]), follow_redirects=True
+        )
         assert download.status_code == 200
         assert secret not in download.headers["content-disposition"] and ours in download.headers["content-disposition"]
         listed = a.get("/v1/engines", model=ours)["items"]

@@ -11,19 +11,20 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
+from enginefarm.api import resolver
 from enginefarm.api.app import create_app
 from enginefarm.api.routes import resolve as resolve_routes
 from enginefarm.core.config import Settings
 from enginefarm.server import localservers
 from enginefarm.server.embedded import issue_token
-from enginefarm.api import resolver
-from enginefarm.storage import catalog, checks
+from enginefarm.storage import checks
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import ModelRow
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 GPU = "NVIDIA GeForce RTX 3090"
 QUERY = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64", "accept": "cpu"}
+
 
 @pytest.fixture(scope="module")
 def own_pg(base_services):
@@ -68,10 +69,21 @@ def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, mo
     cached = http.get("/v1/resolve", params=params)
     assert (cached.status_code, cached.content, cached.headers["etag"]) == (200, first.content, tag)
     # POST asks the same question in another form: the same answer and tag.
-    posted = http.post("/v1/resolve", json={"model": name, "machine": {
-        "compute_capability": "8.6", "trt_rtx_version": RTX_VERSION, "gpu_name": GPU, "platform": "x86_64"},
-        "accept": ["cpu"]})
+    posted = http.post(
+        "/v1/resolve",
+        json={
+            "model": name,
+            "machine": {
+                "compute_capability": "8.6",
+                "trt_rtx_version": RTX_VERSION,
+                "gpu_name": GPU,
+                "platform": "x86_64",
+            },
+            "accept": ["cpu"],
+        },
+    )
     assert posted.status_code == 200 and posted.json()["engine"]["id"] == sm86
+
     # A GET query string answered before is answered before its parameters are parsed: the route never runs.
     def no_route(*_a, **_k):
         raise AssertionError("the full path ran")
@@ -87,8 +99,16 @@ def test_a_304_while_nothing_changed_and_a_new_answer_after_each_change(farm, mo
 
     changes = {
         "a benchmark on this GPU": lambda s: checks.record_benchmark(
-            s, sm86, project="", shape_key="opt", shapes={}, machine={}, gpu_name=GPU,
-            compute_capability="8.6", stats={"e2e": {"median": 3.25, "p99": 4.0}}),
+            s,
+            sm86,
+            project="",
+            shape_key="opt",
+            shapes={},
+            machine={},
+            gpu_name=GPU,
+            compute_capability="8.6",
+            stats={"e2e": {"median": 3.25, "p99": 4.0}},
+        ),
         "an accuracy result": lambda s: checks.record_verdict(s, sm86, "", {"pass": True}),
         "a new engine": lambda s: catalog_engine(s, s.get(ModelRow, model.id), "sm80"),
         "a new version": lambda s: catalog_model(s, name, uuid.uuid4().hex * 2, version="2", seq=2),

@@ -42,8 +42,9 @@ def own_pg(base_services):
 @pytest.fixture
 def farm(own_pg, tmp_path):
     # A stated time long enough that only the change feed can explain a fresh answer within this test.
-    settings = Settings(data_dir=tmp_path, database_url=own_pg, reconcile_seconds=0, gc_interval_seconds=0,
-                        resolve_fresh_seconds=5)
+    settings = Settings(
+        data_dir=tmp_path, database_url=own_pg, reconcile_seconds=0, gc_interval_seconds=0, resolve_fresh_seconds=5
+    )
     with TestClient(create_app(settings)) as http:
         http.headers["Authorization"] = f"Bearer {issue_token(settings, 'tables', ['read'])}"
         assert http.app.state.versions.changes.wait_listening()

@@ -34,8 +34,14 @@ from tests.helpers import unique_name
 
 SEED = 20240611
 MAX_EXAMPLES = 60  # per operation, in the fuzzing phase; the coverage phase adds its own fixed set
-CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance, response_headers_conformance,
-          ignored_auth, missing_required_header]
+CHECKS = [
+    not_a_server_error,
+    response_schema_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    ignored_auth,
+    missing_required_header,
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,30 +61,38 @@ def seeded(farm, auth_headers, tmp_path_factory) -> dict:
         sweep = c.sweep(first["id"], ["onnxruntime/cpu-x86_64"], {"precision": ["fp32"]}, sample_spec())
         token = c.http.post("/v1/tokens", json={"name": unique_name("fuzz"), "scopes": ["read"]})
         assert token.status_code == 201, token.text
-    return {"name": name, "model": [first["id"], second["id"]], "build": [build["id"]],
-            "engine": [build["tasks"][0]["engine_id"]], "sweep": [sweep["id"]], "token": token.json()["id"]}
+    return {
+        "name": name,
+        "model": [first["id"], second["id"]],
+        "build": [build["id"]],
+        "engine": [build["tasks"][0]["engine_id"]],
+        "sweep": [sweep["id"]],
+        "token": token.json()["id"],
+    }
 
 
 @pytest.fixture(scope="module")
 def api_schema(farm, auth_headers, seeded):
     rows = ("model", "build", "engine", "sweep")
-    config = schemathesis.Config.from_dict({
-        "seed": SEED,
-        # A slow machine must not fail the run: Hypothesis' timing health check says nothing about the API.
-        "suppress-health-check": ["too_slow"],
-        "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "database": "none"},
-        "dictionaries": {"name": {"values": [seeded["name"]]}, **{k: {"values": seeded[k]} for k in rows}},
-        "parameters": {
-            **{f"path.{k}_id": {"dictionary": k, "probability": 0.5} for k in rows},
-            "query.model_id": {"dictionary": "model", "probability": 0.5},
-            "body.model_id": {"dictionary": "model", "probability": 0.5},
-            "query.model": {"dictionary": "name", "probability": 0.5},
-            "query.name": {"dictionary": "name", "probability": 0.5},
-            "body.model": {"dictionary": "name", "probability": 0.5},
-            # Revocation only ever aims at the token made for it, never at the session's own.
-            "path.token_id": seeded["token"],
-        },
-    })
+    config = schemathesis.Config.from_dict(
+        {
+            "seed": SEED,
+            # A slow machine must not fail the run: Hypothesis' timing health check says nothing about the API.
+            "suppress-health-check": ["too_slow"],
+            "generation": {"max-examples": MAX_EXAMPLES, "deterministic": True, "database": "none"},
+            "dictionaries": {"name": {"values": [seeded["name"]]}, **{k: {"values": seeded[k]} for k in rows}},
+            "parameters": {
+                **{f"path.{k}_id": {"dictionary": k, "probability": 0.5} for k in rows},
+                "query.model_id": {"dictionary": "model", "probability": 0.5},
+                "body.model_id": {"dictionary": "model", "probability": 0.5},
+                "query.model": {"dictionary": "name", "probability": 0.5},
+                "query.name": {"dictionary": "name", "probability": 0.5},
+                "body.model": {"dictionary": "name", "probability": 0.5},
+                # Revocation only ever aims at the token made for it, never at the session's own.
+                "path.token_id": seeded["token"],
+            },
+        }
+    )
     return schemathesis.openapi.from_url(f"{farm.url}/openapi.json", config=config, headers=auth_headers)
 
 
@@ -98,11 +112,16 @@ def test_no_server_errors(case, auth_headers):
 
 def test_sweep_size_is_checked_before_its_combinations_are_made(farm, auth_headers, seeded):
     """Five axes of 100 values are 10^10 variants: refused at once, not enumerated until memory runs out."""
-    axes = {k: list(range(100)) for k in ("precision", "optimization_level", "profiles", "hardware_compatibility",
-                                           "strongly_typed")}
+    axes = {
+        k: list(range(100))
+        for k in ("precision", "optimization_level", "profiles", "hardware_compatibility", "strongly_typed")
+    }
     with Client(farm.url) as c:
         c.http.headers.update(auth_headers)
-        r = c.http.post("/v1/sweeps", json={"model_id": seeded["model"][0], "targets": ["onnxruntime/cpu-x86_64"],
-                                            "axes": axes}, timeout=10)
+        r = c.http.post(
+            "/v1/sweeps",
+            json={"model_id": seeded["model"][0], "targets": ["onnxruntime/cpu-x86_64"], "axes": axes},
+            timeout=10,
+        )
     assert r.status_code == 422, r.text
     assert r.json()["detail"] == "the sweep has 10000000000 variants; at most 64"

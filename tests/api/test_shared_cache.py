@@ -37,8 +37,12 @@ def tenants(farm):
     suffix = uuid.uuid4().hex[:6]
     tokens = {}
     for who, scope in (("a", "build"), ("a", "read"), ("b", "read")):
-        made = httpx.post(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30,
-                          json={"name": f"cache-{who}-{scope}", "scopes": [scope], "project": f"cache-{who}-{suffix}"})
+        made = httpx.post(
+            f"{farm.url}/v1/tokens",
+            headers=farm.headers,
+            timeout=30,
+            json={"name": f"cache-{who}-{scope}", "scopes": [scope], "project": f"cache-{who}-{suffix}"},
+        )
         assert made.status_code == 201, made.text
         tokens[f"{who}-{scope}"] = made.json()["token"]
     data = conv_net(seed=4242).SerializeToString()
@@ -49,19 +53,34 @@ def tenants(farm):
         task = a.wait_build(build["id"], timeout=300)["tasks"][0]
         assert task["state"] == "succeeded", task
         engine = a.get(f"/v1/engines/{task['engine_id']}")
-    return {"a": tokens["a-read"], "b": tokens["b-read"],
-            "model": (f"/v1/models/{model['id']}/content", model["sha256"]),
-            "engine": (f"/v1/engines/{engine['id']}/content", engine["sha256"]),
-            "records": [f"/v1/models/{model['id']}", f"/v1/engines/{engine['id']}", f"/v1/builds/{build['id']}",
-                        f"/v1/models/{model['id']}/report", f"/v1/models?name={name}"]}
+    return {
+        "a": tokens["a-read"],
+        "b": tokens["b-read"],
+        "model": (f"/v1/models/{model['id']}/content", model["sha256"]),
+        "engine": (f"/v1/engines/{engine['id']}/content", engine["sha256"]),
+        "records": [
+            f"/v1/models/{model['id']}",
+            f"/v1/engines/{engine['id']}",
+            f"/v1/builds/{build['id']}",
+            f"/v1/models/{model['id']}/report",
+            f"/v1/models?name={name}",
+        ],
+    }
 
 
 @pytest.fixture(scope="module")
 def streaming_api(dist_env, farm, tmp_path_factory):
     """A second API process of the same farm (catalog, S3) that streams downloads instead of redirecting."""
     logs = tmp_path_factory.mktemp("streaming-api")
-    api = Farm({**dist_env, "ENGINEFARM_DOWNLOAD_REDIRECT": "false", "ENGINEFARM_RECONCILE_SECONDS": "0",
-                "ENGINEFARM_GC_INTERVAL_SECONDS": "0"}, log_dir=logs)
+    api = Farm(
+        {
+            **dist_env,
+            "ENGINEFARM_DOWNLOAD_REDIRECT": "false",
+            "ENGINEFARM_RECONCILE_SECONDS": "0",
+            "ENGINEFARM_GC_INTERVAL_SECONDS": "0",
+        },
+        log_dir=logs,
+    )
     try:
         api.start_api()
         yield api.url
@@ -73,7 +92,10 @@ def streaming_api(dist_env, farm, tmp_path_factory):
 def proxies(farm, streaming_api, tmp_path_factory):
     """A shared cache in front of each API: {"redirect": url, "streamed": url}."""
     work = tmp_path_factory.mktemp("proxies")
-    with CachingProxy(farm.url, work / "redirect") as redirecting, CachingProxy(streaming_api, work / "streamed") as streamed:
+    with (
+        CachingProxy(farm.url, work / "redirect") as redirecting,
+        CachingProxy(streaming_api, work / "streamed") as streamed,
+    ):
         yield {"redirect": redirecting.url, "streamed": streamed.url}
 
 
@@ -104,9 +126,13 @@ def test_the_proxy_is_a_shared_cache_that_keys_by_url_alone(tmp_path):
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     try:
         with CachingProxy(f"http://127.0.0.1:{upstream.server_port}", tmp_path / "nginx") as proxy:
-            answers = {path: [httpx.get(f"{proxy.url}{path}", headers=headers, timeout=30)
-                              for headers in (bearer("alice"), bearer("bob"), {})]
-                       for path in ("/public", "/unmarked")}
+            answers = {
+                path: [
+                    httpx.get(f"{proxy.url}{path}", headers=headers, timeout=30)
+                    for headers in (bearer("alice"), bearer("bob"), {})
+                ]
+                for path in ("/public", "/unmarked")
+            }
     finally:
         upstream.shutdown()
     for path, (first, second, anonymous) in answers.items():
@@ -119,7 +145,8 @@ def test_the_proxy_is_a_shared_cache_that_keys_by_url_alone(tmp_path):
 @pytest.mark.parametrize("mode", ["streamed", "redirect"])
 @pytest.mark.parametrize("kind", ["model", "engine"])
 def test_another_project_or_no_token_never_gets_a_projects_download_from_a_shared_cache(
-        tenants, proxies, dist_settings, mode, kind):
+    tenants, proxies, dist_settings, mode, kind
+):
     path, sha = tenants[kind]
     with httpx.Client(base_url=proxies[mode], timeout=60, follow_redirects=False) as http:
         mine = http.get(path, headers=bearer(tenants["a"]))

@@ -33,8 +33,10 @@ MB = 1 << 20
 
 
 def _body(chunk: bytes, chunks: int) -> list[bytes]:
-    head = (b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="file"; filename="m.bin"\r\n'
-            b"Content-Type: application/octet-stream\r\n\r\n")
+    head = (
+        b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="file"; filename="m.bin"\r\n'
+        b"Content-Type: application/octet-stream\r\n\r\n"
+    )
     return [head, *[chunk] * chunks, b"\r\n--" + BOUNDARY + b"--\r\n"]
 
 
@@ -42,9 +44,16 @@ async def _receive_with_ticker(spool: Path, parts: list[bytes]) -> tuple[list[fl
     """Receive ``parts`` as one request body while a task on the same loop ticks every millisecond; returns the
     gaps between ticks, the seconds the receive took, and the sha256 and size it reported."""
     length = sum(map(len, parts))
-    scope = {"type": "http", "method": "POST", "path": "/v1/models", "query_string": b"",
-             "headers": [(b"content-type", b"multipart/form-data; boundary=" + BOUNDARY),
-                         (b"content-length", str(length).encode())]}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/models",
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"multipart/form-data; boundary=" + BOUNDARY),
+            (b"content-length", str(length).encode()),
+        ],
+    }
     pending = list(parts)
 
     async def receive() -> dict:
@@ -81,8 +90,10 @@ def test_the_loop_stays_free_while_a_body_is_parsed_hashed_and_written(tmp_path)
     gaps, took, sha, size = anyio.run(_receive_with_ticker, tmp_path / "spool", _body(chunk, 16))
     assert size == 256 * MB and sha == hashlib.sha256(chunk * 16).hexdigest()
     stalled = sum(g for g in gaps if g > 0.010)
-    assert stalled < 0.35 * took, (f"the loop stood still for {stalled:.3f} s of the {took:.3f} s the receive took "
-                                   f"(longest {max(gaps) * 1000:.0f} ms)")
+    assert stalled < 0.35 * took, (
+        f"the loop stood still for {stalled:.3f} s of the {took:.3f} s the receive took "
+        f"(longest {max(gaps) * 1000:.0f} ms)"
+    )
     assert not list((tmp_path / "spool").iterdir())
 
 

@@ -43,15 +43,27 @@ def _zip(entries: dict[str, bytes]) -> bytes:
 
 def _bundle_with_external_data(tmp_path) -> bytes:
     model = conv_net(seed=8)
-    onnx.save_model(model, str(tmp_path / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
-    return _zip({"model.onnx": (tmp_path / "model.onnx").read_bytes(), "weights.bin": (tmp_path / "weights.bin").read_bytes()})
+    onnx.save_model(
+        model,
+        str(tmp_path / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
+    return _zip(
+        {"model.onnx": (tmp_path / "model.onnx").read_bytes(), "weights.bin": (tmp_path / "weights.bin").read_bytes()}
+    )
 
 
 def _checker_failure() -> bytes:
     node = helper.make_node("Relu", ["x"], ["y"])
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.graph.node[0].op_type = "NoSuchOp"  # unknown op in the default domain: the checker refuses it
     return model.SerializeToString()
@@ -59,8 +71,14 @@ def _checker_failure() -> bytes:
 
 def _external_outside(tmp_path) -> bytes:
     model = conv_net(seed=9)
-    onnx.save_model(model, str(tmp_path / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        model,
+        str(tmp_path / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     loaded = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
     for init in loaded.graph.initializer:
         for entry in init.external_data:
@@ -107,13 +125,17 @@ def test_rejected_upload_leaves_nothing(api, dist_settings, tmp_path, make, stat
     assert not list((dist_settings.work_dir / "uploads").glob("upload-*")), "spooled upload left behind"
 
 
-@pytest.mark.parametrize("data,files,message", [
-    ({"name": "x"}, None, "multipart/form-data"),
-    ({}, {"file": ("m.onnx", b"abc")}, "name"),
-    ({"name": "has space"}, {"file": ("m.onnx", b"abc")}, "name must be"),
-    ({"name": "x"}, {"other": ("m.onnx", b"abc")}, "no 'file' part"),
-    ({"name": "x"}, {"file": ("m.onnx", b"")}, "empty"),
-], ids=["not-multipart", "missing-name", "bad-name", "no-file-part", "empty-file"])
+@pytest.mark.parametrize(
+    "data,files,message",
+    [
+        ({"name": "x"}, None, "multipart/form-data"),
+        ({}, {"file": ("m.onnx", b"abc")}, "name"),
+        ({"name": "has space"}, {"file": ("m.onnx", b"abc")}, "name must be"),
+        ({"name": "x"}, {"other": ("m.onnx", b"abc")}, "no 'file' part"),
+        ({"name": "x"}, {"file": ("m.onnx", b"")}, "empty"),
+    ],
+    ids=["not-multipart", "missing-name", "bad-name", "no-file-part", "empty-file"],
+)
 def test_malformed_form_is_a_clear_4xx(api, dist_settings, data, files, message):
     before = _state(dist_settings)
     r = api.post("/v1/models", data=data, files=files) if files else api.post("/v1/models", data=data)
@@ -136,12 +158,20 @@ def test_single_onnx_upload_extracts_metadata(api):
     # Identical bytes again: 200 with the same model; a new version of other bytes: 201, version 2024.2.
     again = api.post("/v1/models", data={"name": name}, files={"file": ("m.onnx", _onnx_bytes())})
     assert again.status_code == 200 and again.json()["id"] == m["id"]
-    other = api.post("/v1/models", data={"name": name, "version": "2024.1"}, files={"file": ("m.onnx", _onnx_bytes(conv_net(seed=99)))})
+    other = api.post(
+        "/v1/models",
+        data={"name": name, "version": "2024.1"},
+        files={"file": ("m.onnx", _onnx_bytes(conv_net(seed=99)))},
+    )
     assert other.status_code == 409 and "already exists" in other.json()["detail"]
 
 
 def test_bundle_with_external_data_is_accepted(api, tmp_path):
-    r = api.post("/v1/models", data={"name": unique_name("bundle")}, files={"file": ("m.zip", _bundle_with_external_data(tmp_path))})
+    r = api.post(
+        "/v1/models",
+        data={"name": unique_name("bundle")},
+        files={"file": ("m.zip", _bundle_with_external_data(tmp_path))},
+    )
     assert r.status_code == 201, r.text
     assert r.json()["format"] == "zip" and r.json()["external_data"] is True
 

@@ -39,8 +39,11 @@ def only_problem(response: httpx.Response) -> tuple[list, str]:
 @pytest.fixture(scope="module")
 def model_id(farm) -> int:
     with httpx.Client(base_url=farm.url, timeout=60, headers=farm.headers) as c:
-        r = c.post("/v1/models", data={"name": unique_name("gaps")},
-                   files={"file": ("m.onnx", conv_net(seed=5151).SerializeToString())})
+        r = c.post(
+            "/v1/models",
+            data={"name": unique_name("gaps")},
+            files={"file": ("m.onnx", conv_net(seed=5151).SerializeToString())},
+        )
         assert r.status_code == 201, r.text
         return r.json()["id"]
 
@@ -74,19 +77,25 @@ def test_create_token_refuses_an_expiry_not_in_the_future(dist_settings):
                 create_token(s, unique_name("zero"), ["read"], lifetime)
 
 
-@pytest.mark.parametrize("project, says", [
-    (CYRILLIC_TEAM, "U+0430 CYRILLIC SMALL LETTER A"),
-    ("\uff54\uff45\uff41\uff4d", "U+FF54 FULLWIDTH LATIN SMALL LETTER T"),
-    ("..", "starting with a letter or digit"),
-])
+@pytest.mark.parametrize(
+    "project, says",
+    [
+        (CYRILLIC_TEAM, "U+0430 CYRILLIC SMALL LETTER A"),
+        ("\uff54\uff45\uff41\uff4d", "U+FF54 FULLWIDTH LATIN SMALL LETTER T"),
+        ("..", "starting with a letter or digit"),
+    ],
+)
 def test_project_names_follow_one_ascii_rule_for_uploads_and_tokens(api, project, says):
     made = api.post("/v1/tokens", json={"name": unique_name("p"), "scopes": ["build"], "project": project})
     loc, token_msg = only_problem(made)
     assert loc == ["body", "project"] and says in token_msg, token_msg
 
     name = unique_name("p")
-    up = api.post("/v1/models", data={"name": name, "project": project},
-                  files={"file": ("m.onnx", conv_net(seed=5152).SerializeToString())})
+    up = api.post(
+        "/v1/models",
+        data={"name": name, "project": project},
+        files={"file": ("m.onnx", conv_net(seed=5152).SerializeToString())},
+    )
     loc, upload_msg = only_problem(up)
     assert loc == ["project"] and says in upload_msg, upload_msg
     assert "ASCII letters, digits, '-', '_' or '.'" in upload_msg
@@ -94,19 +103,22 @@ def test_project_names_follow_one_ascii_rule_for_uploads_and_tokens(api, project
     assert api.get("/v1/models", params={"name": name}).json()["total"] == 0
 
 
-@pytest.mark.parametrize("name, version, where, says", [
-    ("..", None, "name", "starting with a letter or digit"),
-    (".", None, "name", "starting with a letter or digit"),
-    (".hidden", None, "name", "starting with a letter or digit"),
-    ("-rf", None, "name", "starting with a letter or digit"),
-    ("\uff4d\uff4f\uff44\uff45\uff4c", None, "name", "U+FF4D FULLWIDTH LATIN SMALL LETTER M"),
-    ("mod\u00e8le", None, "name", "U+00E8 LATIN SMALL LETTER E WITH GRAVE"),
-    (None, "latest", "version", "'latest' is reserved"),
-    (None, "LATEST", "version", "is reserved"),
-    (None, "..", "version", "starting with a letter or digit"),
-    (None, "-1", "version", "starting with a letter or digit"),
-    (None, "\uff11", "version", "U+FF11 FULLWIDTH DIGIT ONE"),
-])
+@pytest.mark.parametrize(
+    "name, version, where, says",
+    [
+        ("..", None, "name", "starting with a letter or digit"),
+        (".", None, "name", "starting with a letter or digit"),
+        (".hidden", None, "name", "starting with a letter or digit"),
+        ("-rf", None, "name", "starting with a letter or digit"),
+        ("\uff4d\uff4f\uff44\uff45\uff4c", None, "name", "U+FF4D FULLWIDTH LATIN SMALL LETTER M"),
+        ("mod\u00e8le", None, "name", "U+00E8 LATIN SMALL LETTER E WITH GRAVE"),
+        (None, "latest", "version", "'latest' is reserved"),
+        (None, "LATEST", "version", "is reserved"),
+        (None, "..", "version", "starting with a letter or digit"),
+        (None, "-1", "version", "starting with a letter or digit"),
+        (None, "\uff11", "version", "U+FF11 FULLWIDTH DIGIT ONE"),
+    ],
+)
 def test_model_names_and_versions_are_ascii_and_not_selectors(api, name, version, where, says):
     name = name or unique_name("v")
     data = {"name": name, **({"version": version} if version is not None else {})}
@@ -118,25 +130,47 @@ def test_model_names_and_versions_are_ascii_and_not_selectors(api, name, version
 
 def test_allowed_names_still_upload(api):
     name = unique_name("ok_Name.v2")
-    r = api.post("/v1/models", data={"name": name, "version": "1.0+cu12_b-3"},
-                 files={"file": ("m.onnx", conv_net(seed=5154).SerializeToString())})
+    r = api.post(
+        "/v1/models",
+        data={"name": name, "version": "1.0+cu12_b-3"},
+        files={"file": ("m.onnx", conv_net(seed=5154).SerializeToString())},
+    )
     assert r.status_code == 201, r.text
 
 
-@pytest.mark.parametrize("url, body, where, says", [
-    ("/v1/builds", {"model_id": True}, ["body", "model_id"], "valid integer"),
-    ("/v1/builds", {"model_id": "MID"}, ["body", "model_id"], "valid integer"),
-    ("/v1/sweeps", {"model_id": True, "axes": {"precision": ["fp32"]}}, ["body", "model_id"], "valid integer"),
-    ("/v1/builds", {"queue_without_worker": 1}, ["body", "queue_without_worker"], "valid boolean"),
-    ("/v1/builds", {"spec": {"profiles": PROFILE, "optimization_level": True}}, ["body", "spec", "optimization_level"],
-     "valid integer"),
-    ("/v1/builds", {"spec": {"profiles": PROFILE, "benchmark": {"iterations": True}}},
-     ["body", "spec", "benchmark", "iterations"], "valid integer"),
-    ("/v1/builds", {"spec": {"profiles": PROFILE, "accuracy": {"tolerances": {"rtol": True}}}},
-     ["body", "spec", "accuracy", "tolerances", "rtol"], "valid number"),
-    ("/v1/builds", {"spec": {"profiles": [{"input": {**PROFILE[0]["input"], "max": [True, 3, 32, 32]}}]}},
-     ["body", "spec", "profiles", 0, "input", "max", 0], "valid integer"),
-])
+@pytest.mark.parametrize(
+    "url, body, where, says",
+    [
+        ("/v1/builds", {"model_id": True}, ["body", "model_id"], "valid integer"),
+        ("/v1/builds", {"model_id": "MID"}, ["body", "model_id"], "valid integer"),
+        ("/v1/sweeps", {"model_id": True, "axes": {"precision": ["fp32"]}}, ["body", "model_id"], "valid integer"),
+        ("/v1/builds", {"queue_without_worker": 1}, ["body", "queue_without_worker"], "valid boolean"),
+        (
+            "/v1/builds",
+            {"spec": {"profiles": PROFILE, "optimization_level": True}},
+            ["body", "spec", "optimization_level"],
+            "valid integer",
+        ),
+        (
+            "/v1/builds",
+            {"spec": {"profiles": PROFILE, "benchmark": {"iterations": True}}},
+            ["body", "spec", "benchmark", "iterations"],
+            "valid integer",
+        ),
+        (
+            "/v1/builds",
+            {"spec": {"profiles": PROFILE, "accuracy": {"tolerances": {"rtol": True}}}},
+            ["body", "spec", "accuracy", "tolerances", "rtol"],
+            "valid number",
+        ),
+        (
+            "/v1/builds",
+            {"spec": {"profiles": [{"input": {**PROFILE[0]["input"], "max": [True, 3, 32, 32]}}]}},
+            ["body", "spec", "profiles", 0, "input", "max", 0],
+            "valid integer",
+        ),
+    ],
+)
 def test_booleans_and_strings_are_not_numbers(api, model_id, url, body, where, says):
     payload = {"model_id": model_id, "targets": ["onnxruntime/cpu-x86_64"], "spec": {"profiles": PROFILE}, **body}
     if payload["model_id"] == "MID":
@@ -147,12 +181,15 @@ def test_booleans_and_strings_are_not_numbers(api, model_id, url, body, where, s
     assert len(api.get("/v1/builds", params={"model_id": model_id}).json()) == before
 
 
-@pytest.mark.parametrize("body, where, says", [
-    ({"machine": {"memory_mib": True}}, ["body", "machine", "memory_mib"], "valid integer"),
-    ({"machine": {"lean_runtime": 1}}, ["body", "machine", "lean_runtime"], "valid boolean"),
-    ({"explain": 1}, ["body", "explain"], "valid boolean"),
-    ({"max_latency_ms": True}, ["body", "max_latency_ms"], "valid number"),
-])
+@pytest.mark.parametrize(
+    "body, where, says",
+    [
+        ({"machine": {"memory_mib": True}}, ["body", "machine", "memory_mib"], "valid integer"),
+        ({"machine": {"lean_runtime": 1}}, ["body", "machine", "lean_runtime"], "valid boolean"),
+        ({"explain": 1}, ["body", "explain"], "valid boolean"),
+        ({"max_latency_ms": True}, ["body", "max_latency_ms"], "valid number"),
+    ],
+)
 def test_resolve_takes_json_types_as_they_are(api, body, where, says):
     loc, msg = only_problem(api.post("/v1/resolve", json={"model": "m", **body}))
     assert loc == where and says in msg, (loc, msg)
@@ -164,7 +201,9 @@ def _build(api, model_id, spec):
 
 def test_repeated_and_too_many_profiles_are_refused(api, model_id):
     loc, msg = only_problem(_build(api, model_id, {"profiles": PROFILE * 2000}))
-    assert loc == ["body", "spec", "profiles"] and "profiles repeat" in msg and "profile 1 repeats profile 0" in msg, msg
+    assert loc == ["body", "spec", "profiles"] and "profiles repeat" in msg and "profile 1 repeats profile 0" in msg, (
+        msg
+    )
 
     (rng,) = PROFILE[0].values()
     distinct = [{"input": {**rng, "max": [rng["max"][0] + i, *rng["max"][1:]]}} for i in range(33)]
@@ -174,13 +213,16 @@ def test_repeated_and_too_many_profiles_are_refused(api, model_id):
     assert _build(api, model_id, {"profiles": distinct[:2], **NO_CHECKS}).status_code == 202
 
 
-@pytest.mark.parametrize("tolerances, says", [
-    ({"atol": -1e-3}, "'atol'"),
-    ({"rel_l2": -0.5, "rtol": -1}, "'rel_l2'"),
-    ({"cosine": 1.5}, "at most 1"),
-    ({"violations": 2}, "at most 1"),
-    ({"agreement": 1.01}, "at most 1"),
-])
+@pytest.mark.parametrize(
+    "tolerances, says",
+    [
+        ({"atol": -1e-3}, "'atol'"),
+        ({"rel_l2": -0.5, "rtol": -1}, "'rel_l2'"),
+        ({"cosine": 1.5}, "at most 1"),
+        ({"violations": 2}, "at most 1"),
+        ({"agreement": 1.01}, "at most 1"),
+    ],
+)
 def test_tolerances_outside_their_range_are_refused(api, model_id, tolerances, says):
     loc, msg = only_problem(_build(api, model_id, {"profiles": PROFILE, "accuracy": {"tolerances": tolerances}}))
     assert loc == ["body", "spec", "accuracy", "tolerances"] and says in msg, (loc, msg)

@@ -42,8 +42,13 @@ def _vi(name: str, dims, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
 
 
 def relu(dims=(1, 4), ir_version: int = 8, opsets=None, in_name: str = "x") -> onnx.ModelProto:
-    return _model([helper.make_node("Relu", [in_name], ["y"])], [_vi(in_name, dims)], [_vi("y", dims)],
-                  opsets=opsets, ir_version=ir_version)
+    return _model(
+        [helper.make_node("Relu", [in_name], ["y"])],
+        [_vi(in_name, dims)],
+        [_vi("y", dims)],
+        opsets=opsets,
+        ir_version=ir_version,
+    )
 
 
 # --------------------------------------------------------------------------- malformed ONNX
@@ -110,8 +115,9 @@ def unimported_domain() -> bytes:
 
 def only_custom_domain() -> bytes:
     node = helper.make_node("Exfiltrate", ["x"], ["y"], domain="com.evil")
-    return _model([node], [_vi("x", [1, 4])], [_vi("y", [1, 4])],
-                  opsets=[helper.make_opsetid("com.evil", 1)]).SerializeToString()
+    return _model(
+        [node], [_vi("x", [1, 4])], [_vi("y", [1, 4])], opsets=[helper.make_opsetid("com.evil", 1)]
+    ).SerializeToString()
 
 
 def missing_node_input() -> bytes:
@@ -139,11 +145,13 @@ def sequence_input() -> bytes:
 
 
 def optional_input() -> bytes:
-    opt = helper.make_value_info("o", helper.make_optional_type_proto(
-        helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4])))
+    opt = helper.make_value_info(
+        "o", helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [1, 4]))
+    )
     node = helper.make_node("OptionalHasElement", ["o"], ["y"])
-    return _model([node], [opt], [_vi("y", [], TensorProto.BOOL)],
-                  opsets=[helper.make_opsetid("", 18)]).SerializeToString()
+    return _model(
+        [node], [opt], [_vi("y", [], TensorProto.BOOL)], opsets=[helper.make_opsetid("", 18)]
+    ).SerializeToString()
 
 
 def undefined_elem_type() -> bytes:
@@ -173,8 +181,9 @@ def raw_data_too_short() -> bytes:
 # --------------------------------------------------------------------------- archives
 
 
-def zip_bytes(files: dict[str, bytes], extra: list[tuple[zipfile.ZipInfo, bytes]] = (),
-              compression: int = zipfile.ZIP_DEFLATED) -> bytes:
+def zip_bytes(
+    files: dict[str, bytes], extra: list[tuple[zipfile.ZipInfo, bytes]] = (), compression: int = zipfile.ZIP_DEFLATED
+) -> bytes:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression) as zf:
         for name, data in files.items():
@@ -284,12 +293,21 @@ def _set_external(model: onnx.ModelProto, **fields: str) -> None:
         tensor.external_data.add(key=key, value=value)
 
 
-def external_bundle(fmt: str = "zip", extra: dict[str, bytes] | None = None,
-                    mutate: Callable[[onnx.ModelProto, int], None] | None = None) -> bytes:
+def external_bundle(
+    fmt: str = "zip",
+    extra: dict[str, bytes] | None = None,
+    mutate: Callable[[onnx.ModelProto, int], None] | None = None,
+) -> bytes:
     """model.onnx with every weight in weights.bin, optionally tampered with, as a zip or tar."""
     with tempfile.TemporaryDirectory() as tmp:
-        onnx.save_model(conv_net(seed=131), f"{tmp}/model.onnx", save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+        onnx.save_model(
+            conv_net(seed=131),
+            f"{tmp}/model.onnx",
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="weights.bin",
+            size_threshold=0,
+        )
         model = onnx.load(f"{tmp}/model.onnx", load_external_data=False)
         weights = Path(tmp, "weights.bin").read_bytes()
     if mutate is not None:
@@ -323,8 +341,14 @@ def external_in_attribute() -> bytes:
 def plain_onnx_with_external_data() -> bytes:
     """A single .onnx file whose weights point at a file next to it on the server."""
     with tempfile.TemporaryDirectory() as tmp:
-        onnx.save_model(conv_net(seed=132), f"{tmp}/model.onnx", save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+        onnx.save_model(
+            conv_net(seed=132),
+            f"{tmp}/model.onnx",
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location="weights.bin",
+            size_threshold=0,
+        )
         return Path(tmp, "model.onnx").read_bytes()
 
 

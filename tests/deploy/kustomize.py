@@ -15,12 +15,26 @@ from pathlib import Path
 import yaml
 
 SUPPORTED = {"apiVersion", "kind", "resources", "namespace", "labels", "images", "secretGenerator", "generatorOptions"}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PersistentVolume",
-                  "StorageClass", "PriorityClass", "IngressClass", "ClusterTriggerAuthentication"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PersistentVolume",
+    "StorageClass",
+    "PriorityClass",
+    "IngressClass",
+    "ClusterTriggerAuthentication",
+}
 # Where kustomize's `labels` with includeTemplates puts labels in a workload's pod template.
-TEMPLATE_PATHS = {"Deployment": ("spec", "template"), "StatefulSet": ("spec", "template"),
-                  "DaemonSet": ("spec", "template"), "ReplicaSet": ("spec", "template"), "Job": ("spec", "template"),
-                  "CronJob": ("spec", "jobTemplate", "spec", "template")}
+TEMPLATE_PATHS = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+}
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 
 
@@ -56,8 +70,9 @@ def render(directory: Path) -> list[dict]:
 def _secrets(directory: Path, k: dict) -> list[dict]:
     generators = k.get("secretGenerator", [])
     if generators and not (k.get("generatorOptions") or {}).get("disableNameSuffixHash"):
-        raise Unsupported("secretGenerator without generatorOptions.disableNameSuffixHash: the hash suffix is not "
-                          "rendered here")
+        raise Unsupported(
+            "secretGenerator without generatorOptions.disableNameSuffixHash: the hash suffix is not rendered here"
+        )
     out = []
     for gen in generators:
         if unknown := set(gen) - {"name", "envs", "literals", "type"}:
@@ -68,9 +83,15 @@ def _secrets(directory: Path, k: dict) -> list[dict]:
         for literal in gen.get("literals", []):
             key, _, value = literal.partition("=")
             pairs[key] = value
-        out.append({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": gen["name"]},
-                    "type": gen.get("type", "Opaque"),
-                    "data": {key: base64.b64encode(value.encode()).decode() for key, value in pairs.items()}})
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": gen["name"]},
+                "type": gen.get("type", "Opaque"),
+                "data": {key: base64.b64encode(value.encode()).decode() for key, value in pairs.items()},
+            }
+        )
     return out
 
 
@@ -83,8 +104,9 @@ def read_env_file(path: Path) -> dict[str, str]:
             continue
         key, sep, value = line.partition("=")
         if not sep or not ENV_NAME.match(key):
-            raise Unsupported(f"{path}:{number}: not KEY=VALUE (a bare KEY would be read from kustomize's own "
-                              f"environment)")
+            raise Unsupported(
+                f"{path}:{number}: not KEY=VALUE (a bare KEY would be read from kustomize's own environment)"
+            )
         pairs[key] = value
     return pairs
 

@@ -98,8 +98,9 @@ def worker_groups() -> dict[str, WorkerGroup]:
         c = container(d)
         if c.get("args", [])[:1] != ["worker"]:
             continue
-        groups[d["metadata"]["name"]] = WorkerGroup(d, tuple(_option(c["args"], "--targets")),
-                                                    tuple(_option(c["args"], "--bench-targets")))
+        groups[d["metadata"]["name"]] = WorkerGroup(
+            d, tuple(_option(c["args"], "--targets")), tuple(_option(c["args"], "--bench-targets"))
+        )
     return groups
 
 

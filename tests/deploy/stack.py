@@ -30,13 +30,14 @@ def compose_command() -> list[str]:
     return [found]
 
 
-
 def run(args: list[str], timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess:
     """Run a command; on failure raise with its output, which is what a failing test needs to show."""
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, **kw)
     if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
-                           f"\n--- stderr\n{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"{' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -45,12 +46,25 @@ def prepare_machine() -> str:
     return run(["bash", str(DEPLOY / "podman.sh")], timeout=900).stdout.strip().splitlines()[-1]
 
 
-def build(containerfile: Path, tag: str, base: str, context: Path, ignorefile: Path | None = None,
-          timeout: float = 1200) -> float:
+def build(
+    containerfile: Path, tag: str, base: str, context: Path, ignorefile: Path | None = None, timeout: float = 1200
+) -> float:
     """Build an image FROM ``base``; returns the seconds it took. Host networking: the build's apt-get and pip reach
     their servers however this machine's networking is set up."""
-    args = ["podman", "build", "--format", "docker", "--network", "host", "--build-arg", f"BASE={base}",
-            "-f", str(containerfile), "-t", tag]
+    args = [
+        "podman",
+        "build",
+        "--format",
+        "docker",
+        "--network",
+        "host",
+        "--build-arg",
+        f"BASE={base}",
+        "-f",
+        str(containerfile),
+        "-t",
+        tag,
+    ]
     args += ["--ignorefile", str(ignorefile)] if ignorefile else []
     args.append(str(context))
     start = time.monotonic()
@@ -83,13 +97,35 @@ class Stack:
         self.url = f"http://127.0.0.1:{api_port}"
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-        return run([*compose_command(), "-p", self.project, "-f", str(DEPLOY / "compose.yaml"),
-                    "--env-file", str(self.env_file), *args], timeout=timeout, check=check)
+        return run(
+            [
+                *compose_command(),
+                "-p",
+                self.project,
+                "-f",
+                str(DEPLOY / "compose.yaml"),
+                "--env-file",
+                str(self.env_file),
+                *args,
+            ],
+            timeout=timeout,
+            check=check,
+        )
 
     def container(self, service: str) -> str:
-        names = run(["podman", "ps", "-a", "--format", "{{.Names}}",
-                     "--filter", f"label=com.docker.compose.project={self.project}",
-                     "--filter", f"label=com.docker.compose.service={service}"]).stdout.split()
+        names = run(
+            [
+                "podman",
+                "ps",
+                "-a",
+                "--format",
+                "{{.Names}}",
+                "--filter",
+                f"label=com.docker.compose.project={self.project}",
+                "--filter",
+                f"label=com.docker.compose.service={service}",
+            ]
+        ).stdout.split()
         if len(names) != 1:
             raise RuntimeError(f"service {service} has containers {names}")
         return names[0]
@@ -147,8 +183,11 @@ class Stack:
         return {
             "containers": run(["podman", "ps", "-a", "-q", "--filter", label]).stdout.split(),
             "volumes": run(["podman", "volume", "ls", "-q", "--filter", label]).stdout.split(),
-            "networks": [n for n in run(["podman", "network", "ls", "--format", "{{.Name}}"]).stdout.split()
-                         if n.startswith(f"{self.project}_")],
+            "networks": [
+                n
+                for n in run(["podman", "network", "ls", "--format", "{{.Name}}"]).stdout.split()
+                if n.startswith(f"{self.project}_")
+            ],
         }
 
     def down(self) -> dict[str, list[str]]:

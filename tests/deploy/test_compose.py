@@ -43,10 +43,12 @@ def images() -> dict[str, str]:
     base = prepare_machine()
     TIMINGS["machine_setup_s"] = time.monotonic() - start
     for name in STANDINS:
-        TIMINGS[f"{name}_image_s"] = build(HERE / f"{name}.Containerfile", f"localhost/enginefarm-test-{name}:latest",
-                                           base, HERE)
-    TIMINGS["farm_image_s"] = build(DEPLOY / "Containerfile", FARM_IMAGE, base, ROOT,
-                                    ignorefile=DEPLOY / "Containerfile.dockerignore")
+        TIMINGS[f"{name}_image_s"] = build(
+            HERE / f"{name}.Containerfile", f"localhost/enginefarm-test-{name}:latest", base, HERE
+        )
+    TIMINGS["farm_image_s"] = build(
+        DEPLOY / "Containerfile", FARM_IMAGE, base, ROOT, ignorefile=DEPLOY / "Containerfile.dockerignore"
+    )
     TIMINGS["farm_image_mb"] = image_size(FARM_IMAGE) / 1e6
     return {"base": base, "farm": FARM_IMAGE, **{n: f"localhost/enginefarm-test-{n}:latest" for n in STANDINS}}
 
@@ -55,14 +57,22 @@ def images() -> dict[str, str]:
 def stack(images, tmp_path) -> Stack:
     port = free_port()
     env = {
-        "POSTGRES_PASSWORD": secrets.token_hex(12), "REDIS_PASSWORD": secrets.token_hex(12),
-        "S3_ACCESS_KEY": "enginefarm", "S3_SECRET_KEY": secrets.token_hex(12),
-        "ENGINEFARM_IMAGE": images["farm"], "POSTGRES_IMAGE": images["postgres"], "REDIS_IMAGE": images["redis"],
+        "POSTGRES_PASSWORD": secrets.token_hex(12),
+        "REDIS_PASSWORD": secrets.token_hex(12),
+        "S3_ACCESS_KEY": "enginefarm",
+        "S3_SECRET_KEY": secrets.token_hex(12),
+        "ENGINEFARM_IMAGE": images["farm"],
+        "POSTGRES_IMAGE": images["postgres"],
+        "REDIS_IMAGE": images["redis"],
         "SEAWEEDFS_IMAGE": images["seaweedfs"],
-        "ENGINEFARM_API_BIND": "127.0.0.1", "ENGINEFARM_API_PORT": str(port), "ENGINEFARM_API_WORKERS": "1",
-        "ENGINEFARM_RTX_TARGETS": RTX, "ENGINEFARM_CPU_TARGETS": CPU,
+        "ENGINEFARM_API_BIND": "127.0.0.1",
+        "ENGINEFARM_API_PORT": str(port),
+        "ENGINEFARM_API_WORKERS": "1",
+        "ENGINEFARM_RTX_TARGETS": RTX,
+        "ENGINEFARM_CPU_TARGETS": CPU,
         # Two cores: no benchmarks competing with the builds this test waits for.
-        "ENGINEFARM_CPU_BENCH_TARGETS": "none", "ENGINEFARM_RTX_BENCH_TARGETS": "none",
+        "ENGINEFARM_CPU_BENCH_TARGETS": "none",
+        "ENGINEFARM_RTX_BENCH_TARGETS": "none",
     }
     env_file = tmp_path / "compose.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -96,12 +106,34 @@ def build_tasks(client: Client, build_ids: list[int]) -> list[dict]:
 
 def cli_fetch(stack: Stack, token: str, model: str, rtx_version: str, dest: Path, cache: Path) -> None:
     """`enginefarm fetch` as an sm86 deploy machine would run it against the stack's API."""
-    env = {**os.environ, "ENGINEFARM_API_URL": stack.url, "ENGINEFARM_TOKEN": token,
-           "ENGINEFARM_CACHE_DIR": str(cache)}
-    proc = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", model, "--cc", "8.6",
-                           "--gpu", "NVIDIA GeForce RTX 3090", "--memory-mib", "24576", "--driver", "580.65",
-                           "--trt-rtx", rtx_version, "--platform", "x86_64", "-o", str(dest)],
-                          env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "ENGINEFARM_API_URL": stack.url, "ENGINEFARM_TOKEN": token, "ENGINEFARM_CACHE_DIR": str(cache)}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enginefarm",
+            "fetch",
+            model,
+            "--cc",
+            "8.6",
+            "--gpu",
+            "NVIDIA GeForce RTX 3090",
+            "--memory-mib",
+            "24576",
+            "--driver",
+            "580.65",
+            "--trt-rtx",
+            rtx_version,
+            "--platform",
+            "x86_64",
+            "-o",
+            str(dest),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -163,7 +195,8 @@ def test_compose_stack_builds_and_keeps_queued_tasks_across_a_redis_crash(stack,
         assert {q: llen(stack, q) for q in QUEUES.values()} == {q: 0 for q in QUEUES.values()}
         built = c.engines(limit=500)["items"]
         assert {(e["model_name"], e["target"]) for e in built} >= {
-            (f"queued{i}", t) for i in range(1, QUEUED_MODELS + 1) for t in (RTX, CPU)}
+            (f"queued{i}", t) for i in range(1, QUEUED_MODELS + 1) for t in (RTX, CPU)
+        }
     TIMINGS["scenario_s"] = time.monotonic() - whole
     print("\ncompose timings: " + json.dumps({k: round(v, 1) for k, v in TIMINGS.items()}))
 
@@ -175,8 +208,20 @@ def test_compose_file_accepts_every_profile(tmp_path):
     env_file.write_text((DEPLOY / "compose.env.example").read_text())
     stack = Stack("efcomposeconfig", env_file, 8321)
     out = stack.compose("--profile", "flower", "--profile", "monitoring", "--profile", "gpu", "config").stdout
-    for service in ("postgres", "redis", "seaweedfs", "migrate", "api", "worker-rtx", "worker-cpu", "reconciler",
-                    "worker-gpu", "flower", "prometheus", "grafana"):
+    for service in (
+        "postgres",
+        "redis",
+        "seaweedfs",
+        "migrate",
+        "api",
+        "worker-rtx",
+        "worker-cpu",
+        "reconciler",
+        "worker-gpu",
+        "flower",
+        "prometheus",
+        "grafana",
+    ):
         assert f"\n  {service}:\n" in out, service
     assert "appendfsync" in out and "always" in out
     assert "./grafana/enginefarm.json:/var/lib/grafana/dashboards/enginefarm.json:ro" in out

@@ -20,8 +20,12 @@ from enginefarm.storage import metrics as storage_metrics
 from enginefarm.worker import metrics as worker_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "enginefarm.json"
-SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-                   "summary": ("_sum", "_count", "")}
+SAMPLE_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("_sum", "_count", ""),
+}
 # Grafana's own variables, replaced by what Grafana would put there before the query reaches Prometheus.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__interval": "30s", "$__range": "6h"}
 # Labels Prometheus adds to every series it scrapes (the target's, and Kubernetes service discovery's usual ones).
@@ -46,8 +50,11 @@ def defined_metrics(tmp_path: Path) -> dict[str, Sample]:
     settings = Settings(_env_file=None, data_dir=tmp_path, database_url=None)
     prepare(settings)
     families += [(f.name, f.type, f._labelnames) for f in CatalogCollector(settings).collect()]
-    return {name + suffix: Sample(name, frozenset(labels) | ({"le"} if suffix == "_bucket" else set()))
-            for name, kind, labels in families for suffix in SAMPLE_SUFFIXES[kind]}
+    return {
+        name + suffix: Sample(name, frozenset(labels) | ({"le"} if suffix == "_bucket" else set()))
+        for name, kind, labels in families
+        for suffix in SAMPLE_SUFFIXES[kind]
+    }
 
 
 def dashboard() -> dict:
@@ -90,8 +97,11 @@ def label_problems(expr: str, defined: dict[str, Sample]) -> list[str]:
                 problems.append(f"{v.name} has no label {matcher.name}")
     for agg in _walk(parse(expr), promql_parser.AggregateExpr):
         have = set().union(*(defined[v.name].labels for v in _walk(agg.expr, promql_parser.VectorSelector)))
-        problems += [f"by ({label}): not a label of what it aggregates" for label in agg.modifier.labels
-                     if label not in have | TARGET_LABELS]
+        problems += [
+            f"by ({label}): not a label of what it aggregates"
+            for label in agg.modifier.labels
+            if label not in have | TARGET_LABELS
+        ]
     return problems
 
 
@@ -140,15 +150,24 @@ def test_legends_name_labels_the_query_keeps():
 
 def test_panels_the_farm_needs_are_there():
     exprs = {title: expr for title, expr in queries(dashboard())}
-    wanted = {"enginefarm_http_request_duration_seconds_count": "rate", "enginefarm_resolve_total": "outcome",
-              "enginefarm_queue_depth": "target", "enginefarm_queue_oldest_age_seconds": "target",
-              "enginefarm_build_seconds_count": "target", "enginefarm_tasks": "state",
-              "enginefarm_workers_live": "target", "enginefarm_blob_store_errors_total": "store",
-              "enginefarm_upload_bytes_total": "rate"}
+    wanted = {
+        "enginefarm_http_request_duration_seconds_count": "rate",
+        "enginefarm_resolve_total": "outcome",
+        "enginefarm_queue_depth": "target",
+        "enginefarm_queue_oldest_age_seconds": "target",
+        "enginefarm_build_seconds_count": "target",
+        "enginefarm_tasks": "state",
+        "enginefarm_workers_live": "target",
+        "enginefarm_blob_store_errors_total": "store",
+        "enginefarm_upload_bytes_total": "rate",
+    }
     for metric, word in wanted.items():
         assert any(metric in e and word in e for e in exprs.values()), metric
-    quantiles = {(m[1], m[2]) for e in exprs.values()
-                 for m in re.finditer(r"histogram_quantile\((0\.\d+), sum by \(le, (\w+)\)", e)}
+    quantiles = {
+        (m[1], m[2])
+        for e in exprs.values()
+        for m in re.finditer(r"histogram_quantile\((0\.\d+), sum by \(le, (\w+)\)", e)
+    }
     assert {("0.5", "route"), ("0.99", "route"), ("0.5", "target"), ("0.95", "target")} <= quantiles
     # The catalog's gauges are the same on every API pod: panels take one, never the sum over pods.
     for e in exprs.values():
@@ -162,4 +181,6 @@ def test_broken_queries_are_caught(tmp_path):
         selectors("sum by (target (rate(enginefarm_build_seconds_count[5m]))")
     defined = defined_metrics(tmp_path)
     assert label_problems('sum by (tier) (rate(enginefarm_resolve_total{route="x"}[5m]))', defined) == [
-        "enginefarm_resolve_total has no label route", "by (tier): not a label of what it aggregates"]
+        "enginefarm_resolve_total has no label route",
+        "by (tier): not a label of what it aggregates",
+    ]

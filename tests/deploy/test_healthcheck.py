@@ -18,8 +18,16 @@ def cmdline(tmp_path, *args: str):
 
 
 def test_the_role_is_the_farm_command_after_the_interpreter_and_entry_point(tmp_path):
-    args = cmdline(tmp_path, "/opt/enginefarm/bin/python", "/opt/enginefarm/bin/enginefarm", "worker", "--name", "rtx",
-                   "--targets", "tensorrt-rtx/sm86")
+    args = cmdline(
+        tmp_path,
+        "/opt/enginefarm/bin/python",
+        "/opt/enginefarm/bin/enginefarm",
+        "worker",
+        "--name",
+        "rtx",
+        "--targets",
+        "tensorrt-rtx/sm86",
+    )
     assert healthcheck.role_of(args) == ("worker", ["--name", "rtx", "--targets", "tensorrt-rtx/sm86"])
     assert healthcheck.option(args, "--name") == "rtx"
     assert healthcheck.option(["api", "--port=9000"], "--port") == "9000"
@@ -47,8 +55,10 @@ def test_the_api_check_asks_healthz_on_the_port_the_command_listens_on():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        assert healthcheck.check(["enginefarm", "api", "--host", "0.0.0.0", "--port", str(port)]) == \
-            f"api on port {port} answers /healthz"
+        assert (
+            healthcheck.check(["enginefarm", "api", "--host", "0.0.0.0", "--port", str(port)])
+            == f"api on port {port} answers /healthz"
+        )
         server.shutdown()
         server.server_close()
         with pytest.raises(OSError):  # nothing listens there any more: unhealthy

@@ -28,8 +28,18 @@ def test_every_object_is_valid_for_kubernetes_in_strict_mode():
             # Raises ValidationError (or SchemaNotFoundError for a kind or apiVersion that release lacks).
             kubernetes_validate.validate(obj, version, strict=True)
     kinds = {o["kind"] for o in builtin}
-    assert {"Namespace", "ConfigMap", "Secret", "ServiceAccount", "Deployment", "Service", "Ingress", "Job",
-            "PodDisruptionBudget", "NetworkPolicy"} <= kinds
+    assert {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "ServiceAccount",
+        "Deployment",
+        "Service",
+        "Ingress",
+        "Job",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    } <= kinds
     assert len(builtin) >= 30
 
 
@@ -42,8 +52,10 @@ def test_strict_validation_rejects_an_unknown_field():
 
 def _keda_errors(obj: dict) -> list[str]:
     schema = m.strict(m.keda_schema(obj["kind"]))
-    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
+    errors = [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(obj)
+    ]
     assert obj["apiVersion"] == "keda.sh/v1alpha1"
     spec = obj["spec"]
     if obj["kind"] == "ScaledObject" and spec.get("minReplicaCount", 0) > spec.get("maxReplicaCount", 100):
@@ -83,8 +95,11 @@ def test_namespace_images_and_labels_are_applied():
             assert obj["metadata"]["namespace"] == "enginefarm", obj["metadata"]["name"]
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "enginefarm"
     images = {c["image"] for o in m.objects() if o["kind"] in WORKLOADS for c in m.pod_spec(o)["containers"]}
-    assert {i.rsplit("/", 1)[-1] for i in images} == {"enginefarm:0.1.0", "enginefarm-gpu:0.1.0",
-                                                       "enginefarm-jetson:0.1.0"}
+    assert {i.rsplit("/", 1)[-1] for i in images} == {
+        "enginefarm:0.1.0",
+        "enginefarm-gpu:0.1.0",
+        "enginefarm-jetson:0.1.0",
+    }
 
 
 def _pods():
@@ -134,8 +149,9 @@ def test_every_referenced_secret_and_config_key_exists():
     for _, obj in _pods():
         for c in m.pod_spec(obj)["containers"]:
             for source in c.get("envFrom", []):
-                kind, ref = ("Secret", source["secretRef"]) if "secretRef" in source else \
-                    ("ConfigMap", source["configMapRef"])
+                kind, ref = (
+                    ("Secret", source["secretRef"]) if "secretRef" in source else ("ConfigMap", source["configMapRef"])
+                )
                 assert (kind, ref["name"]) in data
             defined = set()
             for e in c.get("env", []):
@@ -184,8 +200,12 @@ def test_workers_outlast_a_build_on_sigterm():
 def test_api_queues_builds_for_workers_scaled_to_zero():
     api = m.container(m.named("Deployment", "enginefarm-api"))
     assert any(s["spec"]["minReplicaCount"] == 0 for s in m.of_kind("ScaledObject"))
-    assert Settings(_env_file=None, queue_without_worker=m.env_value(api, "ENGINEFARM_QUEUE_WITHOUT_WORKER")) \
-        .queue_without_worker is True
+    assert (
+        Settings(
+            _env_file=None, queue_without_worker=m.env_value(api, "ENGINEFARM_QUEUE_WITHOUT_WORKER")
+        ).queue_without_worker
+        is True
+    )
     # The reconciler Deployment does the background work; API processes do not run it too.
     assert m.env_value(api, "ENGINEFARM_RECONCILE_SECONDS") == "0"
     assert m.container(m.named("Deployment", "enginefarm-reconciler"))["args"] == ["reconcile", "--loop"]
@@ -220,8 +240,9 @@ def test_network_policy_lets_in_only_the_ingress_and_prometheus():
         for rule in p["spec"].get("ingress", []):
             for who in ("api", "worker"):
                 if _selects(p["spec"]["podSelector"], api_labels if who == "api" else worker_labels):
-                    sources = {f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-                               for f in rule["from"]}
+                    sources = {
+                        f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for f in rule["from"]
+                    }
                     allowed.setdefault(who, set()).update((s, port["port"]) for s in sources for port in rule["ports"])
     assert allowed == {"api": {("ingress-nginx", 8321), ("monitoring", 8321)}, "worker": {("monitoring", 9464)}}
     egress = [p for p in policies if "Egress" in p["spec"]["policyTypes"]]

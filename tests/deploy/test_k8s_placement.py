@@ -41,8 +41,10 @@ def test_matcher_judges_operators_taints_and_gpus_as_the_scheduler_does():
 
     def term(*exprs):
         required = {"nodeSelectorTerms": [{"matchExpressions": list(exprs)}]}
-        return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
-                "tolerations": [{"operator": "Exists"}]}
+        return {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}},
+            "tolerations": [{"operator": "Exists"}],
+        }
 
     assert fits(term({"key": "c", "operator": "NotIn", "values": ["1"]}), node)  # absent label: NotIn holds
     assert not fits(term({"key": "a", "operator": "Gt", "values": ["1"]}), node)
@@ -52,14 +54,14 @@ def test_matcher_judges_operators_taints_and_gpus_as_the_scheduler_does():
     assert fits(term({"key": "b", "operator": "In", "values": ["y", "x"]}), node)
     either = term({"key": "a", "operator": "In", "values": ["9"]})
     either["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"].append(
-        {"matchExpressions": [{"key": "b", "operator": "Exists"}]})
+        {"matchExpressions": [{"key": "b", "operator": "Exists"}]}
+    )
     assert fits(either, node)  # terms are ORed
     assert why_not({"nodeSelector": {"a": "2"}, "tolerations": [{"operator": "Exists"}]}, node) == "nodeSelector a=2"
     assert why_not({}, node) == "untolerated taint nvidia.com/gpu:NoSchedule"
     assert tolerates([{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}], GPU_TAINT)
     assert not tolerates([{"key": GPU, "operator": "Equal", "value": "other"}], GPU_TAINT)
-    wants_two = {"tolerations": [{"operator": "Exists"}],
-                 "containers": [{"resources": {"limits": {GPU: "2"}}}]}
+    wants_two = {"tolerations": [{"operator": "Exists"}], "containers": [{"resources": {"limits": {GPU: "2"}}}]}
     assert why_not(wants_two, node) == f"insufficient {GPU}"
 
 
@@ -142,8 +144,9 @@ def test_every_scaled_object_targets_an_existing_worker_deployment():
     for s in scaled:
         ref = s["spec"]["scaleTargetRef"]
         assert ref["kind"] == "Deployment" and ref["apiVersion"] == "apps/v1" and ref["name"] in deployments
-        assert ref["envSourceContainerName"] in {c["name"] for c in m.pod_spec(m.named("Deployment", ref["name"]))
-                                                 ["containers"]}
+        assert ref["envSourceContainerName"] in {
+            c["name"] for c in m.pod_spec(m.named("Deployment", ref["name"]))["containers"]
+        }
     assert sorted(_scaled()) == sorted(m.worker_groups())  # one per worker group, none for anything else
     assert len(scaled) == len(_scaled())
 
@@ -199,8 +202,22 @@ def private_redis(base_services, tmp_path):
     """A Redis of this test's own: no worker of the session consumes from it, so nothing takes a message away
     before its list is read."""
     port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     client = redis.Redis(port=port)
     try:
         deadline = time.monotonic() + 10

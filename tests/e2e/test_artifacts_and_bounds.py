@@ -51,9 +51,12 @@ def five_inputs() -> bytes:
     """x0..x4, float32, each 2-D with dims of its own (the shapes of the 32 GiB spec), summed."""
     vi = helper.make_tensor_value_info
     names = [f"x{i}" for i in range(5)]
-    graph = helper.make_graph([helper.make_node("Sum", names, ["y"])], "five",
-                              [vi(n, TensorProto.FLOAT, [f"{n}_rows", f"{n}_cols"]) for n in names],
-                              [vi("y", TensorProto.FLOAT, ["out_rows", "out_cols"])])
+    graph = helper.make_graph(
+        [helper.make_node("Sum", names, ["y"])],
+        "five",
+        [vi(n, TensorProto.FLOAT, [f"{n}_rows", f"{n}_cols"]) for n in names],
+        [vi("y", TensorProto.FLOAT, ["out_rows", "out_cols"])],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
@@ -64,8 +67,14 @@ def test_input_tensors_over_the_limits_are_refused_naming_the_input_and_the_limi
     model_id = r.json()["id"]
 
     def build(shapes: dict) -> tuple[int, dict]:
-        answer = api.post("/v1/builds", json={"model_id": model_id, "targets": [CPU], "spec": {
-            "shapes": shapes, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}})
+        answer = api.post(
+            "/v1/builds",
+            json={
+                "model_id": model_id,
+                "targets": [CPU],
+                "spec": {"shapes": shapes, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}},
+            },
+        )
         return answer.status_code, answer.json()
 
     small = {f"x{i}": [1, 1] for i in range(5)}
@@ -73,16 +82,20 @@ def test_input_tensors_over_the_limits_are_refused_naming_the_input_and_the_limi
     assert status == 422, said
     (problem,) = said["problems"]
     assert problem["loc"] == ["spec", "profiles", 0, "x0"], problem
-    assert ("input 'x0' at 65536x65536 (profile 0's max shapes) is 4294967296 FLOAT elements, 16 GiB: over the "
-            "limit of 1 GiB a tensor (ENGINEFARM_MAX_TENSOR_BYTES)") in problem["msg"], problem
+    assert (
+        "input 'x0' at 65536x65536 (profile 0's max shapes) is 4294967296 FLOAT elements, 16 GiB: over the "
+        "limit of 1 GiB a tensor (ENGINEFARM_MAX_TENSOR_BYTES)"
+    ) in problem["msg"], problem
 
     # Each input 1 GiB, within the limit a tensor; all five 5 GiB, over the limit for one set of inputs.
     status, said = build({f"x{i}": [16384, 16384] for i in range(5)})
     assert status == 422, said
     (problem,) = said["problems"]
     assert problem["loc"] == ["spec", "profiles", 0], problem
-    assert ("the inputs at profile 0's max shapes take 5 GiB together ('x0' 1 GiB, 'x1' 1 GiB, 'x2' 1 GiB, 'x3' 1 GiB, "
-            "'x4' 1 GiB): over the limit of 4 GiB for all inputs (ENGINEFARM_MAX_INPUTS_BYTES)") in problem["msg"]
+    assert (
+        "the inputs at profile 0's max shapes take 5 GiB together ('x0' 1 GiB, 'x1' 1 GiB, 'x2' 1 GiB, 'x3' 1 GiB, "
+        "'x4' 1 GiB): over the limit of 4 GiB for all inputs (ENGINEFARM_MAX_INPUTS_BYTES)"
+    ) in problem["msg"]
 
     status, said = build({**small, "x0": [1024, 1024]})  # 4 MiB: accepted and built
     assert status == 202, said

@@ -102,7 +102,11 @@ def test_batch_sizes_report_plot_and_regression_through_the_cli(farm, tmp_path):
         report = c.wait_checks(v2["id"], timeout=120)
 
     rows = _rows(report, CPU)
-    assert [r["batch"] for r in rows] == [1, 4, 8] and [r["shape_key"] for r in rows] == ["batch=1", "batch=4", "batch=8"]
+    assert [r["batch"] for r in rows] == [1, 4, 8] and [r["shape_key"] for r in rows] == [
+        "batch=1",
+        "batch=4",
+        "batch=8",
+    ]
     assert all(r["status"] == "measured" and r["stats"]["wall_s"] >= 0.3 for r in rows)
     assert report["previous"]["version"] == "1"
     for r in rows:  # version 2 against version 1, same target and shape
@@ -123,13 +127,17 @@ def test_batch_sizes_report_plot_and_regression_through_the_cli(farm, tmp_path):
 
 def test_int8_from_samples_builds_from_a_derived_qdq_model(farm, api, tmp_path):
     plain = _model(farm, tmp_path, seed=41)
-    r = api.post("/v1/builds", json={"model_id": plain["id"], "targets": [CPU], "spec": {**sample_spec(), "precision": "int8"}})
+    r = api.post(
+        "/v1/builds", json={"model_id": plain["id"], "targets": [CPU], "spec": {**sample_spec(), "precision": "int8"}}
+    )
     assert r.status_code == 422 and "calibration samples" in r.text
 
     model = _model(farm, tmp_path, seed=42, samples=True)
     assert model["samples"]["count"] == 16 and model["samples"]["arrays"]["input"]["shape"] == [16, 3, 32, 32]
     with Client(farm.url) as c:
-        build = c.build(model["id"], [CPU, "tensorrt-rtx/sm86"], {**sample_spec(), "precision": "int8", "benchmark": QUICK})
+        build = c.build(
+            model["id"], [CPU, "tensorrt-rtx/sm86"], {**sample_spec(), "precision": "int8", "benchmark": QUICK}
+        )
         assert build["quantize"]["state"] == "queued" and {t["state"] for t in build["tasks"]} == {"waiting"}
         assert build["tasks"][0]["status_detail"].startswith("waiting for the int8 quantization")
         done = c.wait_build(build["id"], timeout=300, poll=0.2)
@@ -180,11 +188,19 @@ def test_bad_samples_and_bad_benchmark_shapes_are_4xx(farm, api, tmp_path):
     r = api.post(f"/v1/models/{model['id']}/samples", files={"file": ("s.npz", b"not a zip")})
     assert r.status_code == 422 and ".npz" in r.text
     assert api.get(f"/v1/models/{model['id']}").json()["samples"] is None
-    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": [CPU],
-                                      "spec": {**sample_spec(), "benchmark": {"batch_sizes": [64]}}})
+    r = api.post(
+        "/v1/builds",
+        json={"model_id": model["id"], "targets": [CPU], "spec": {**sample_spec(), "benchmark": {"batch_sizes": [64]}}},
+    )
     assert r.status_code == 422 and "outside the profile's batch range 1..8" in r.text
-    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": [CPU],
-                                      "spec": {**sample_spec(), "accuracy": {"tolerances": {"nope": 1}}}})
+    r = api.post(
+        "/v1/builds",
+        json={
+            "model_id": model["id"],
+            "targets": [CPU],
+            "spec": {**sample_spec(), "accuracy": {"tolerances": {"nope": 1}}},
+        },
+    )
     assert r.status_code == 422 and "unknown tolerance" in r.text
 
 
@@ -202,8 +218,12 @@ def test_sweep_marks_the_fastest_variant_that_passes_accuracy(farm, tmp_path):
     assert sweep["state"] == "done"
     cells = [(v["variant"], v["build_id"], e) for v in sweep["variants"] for e in v["engines"]]
     assert all(e["median_ms"] is not None for _, _, e in cells)
-    assert {v: e["accuracy_pass"] for v, _, e in cells} == {"fp32 opt1": True, "fp32 opt3": True,
-                                                             "int8 opt1": False, "int8 opt3": False}
+    assert {v: e["accuracy_pass"] for v, _, e in cells} == {
+        "fp32 opt1": True,
+        "fp32 opt3": True,
+        "int8 opt1": False,
+        "int8 opt3": False,
+    }
     passing = [(e["median_ms"], b) for v, b, e in cells if e["accuracy_pass"]]
     assert sweep["best"][CPU] == min(passing)[1]
     assert [e["best"] for _, b, e in cells].count(True) == 1
@@ -218,7 +238,10 @@ def test_benchmark_waits_for_a_capable_worker_then_one_takes_it(farm, tmp_path):
         with Client(farm.url) as c:
             _build(c, model["id"], [target], benchmark=QUICK)
             (row,) = _rows(c.report(model["id"]), target)
-            assert row["status"] == "pending" and row["detail"] == "benchmark pending: no worker with an sm121 GPU and tensorrt_rtx"
+            assert (
+                row["status"] == "pending"
+                and row["detail"] == "benchmark pending: no worker with an sm121 GPU and tensorrt_rtx"
+            )
             time.sleep(1.0)  # still waiting: nobody consumes bench.tensorrt-rtx.sm121
             assert _rows(c.report(model["id"]), target)[0]["detail"] == row["detail"]
     finally:

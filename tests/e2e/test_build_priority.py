@@ -63,8 +63,12 @@ def both_farm(request, base_services, tmp_path):
 
 def _bench_task(settings: Settings, model_id: int) -> BenchmarkTaskRow:
     with session_scope(settings) as s:
-        return s.query(BenchmarkTaskRow).join(EngineRow, BenchmarkTaskRow.engine_id == EngineRow.id).filter(
-            EngineRow.model_id == model_id).one()
+        return (
+            s.query(BenchmarkTaskRow)
+            .join(EngineRow, BenchmarkTaskRow.engine_id == EngineRow.id)
+            .filter(EngineRow.model_id == model_id)
+            .one()
+        )
 
 
 def _wait(what: str, ok, timeout: float = 180.0):
@@ -87,8 +91,9 @@ def test_a_build_runs_while_a_benchmark_runs_and_before_a_queued_one(both_farm, 
             build = c.build(model["id"], [CPU], slow_checks)
             assert {t["state"] for t in c.wait_build(build["id"], timeout=180, poll=0.2)["tasks"]} == {"succeeded"}
             models.append(model)
-        first = _wait("the first benchmark taken",
-                      lambda: (t := _bench_task(settings, models[0]["id"])).state != "queued" and t)
+        first = _wait(
+            "the first benchmark taken", lambda: (t := _bench_task(settings, models[0]["id"])).state != "queued" and t
+        )
         # Ended already: the second CPU build was held behind it.
         assert first.state == "running", f"the first benchmark {first.state} before the second build was done"
         assert _bench_task(settings, models[1]["id"]).state == "queued"  # one measures, the other waits its turn

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from enginefarm.client.ci import wait_or_fail
 from enginefarm.client import Client
+from enginefarm.client.ci import wait_or_fail
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.badmodels import custom_op_model
 from tests.helpers import unique_name
@@ -31,8 +31,13 @@ STAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
 
 def run_ci(farm, model: Path, name: str, *args: str, expect: int) -> str:
     """``enginefarm ci`` in a subprocess without a terminal, as a CI runner starts it; returns its output."""
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "ci", str(model), "--name", name, *args, "--api", farm.url],
-                         capture_output=True, text=True, timeout=400, env=os.environ | {"TERM": "dumb"})
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "ci", str(model), "--name", name, *args, "--api", farm.url],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=os.environ | {"TERM": "dumb"},
+    )
     assert out.returncode == expect, out.stdout + out.stderr
     return out.stdout
 
@@ -57,8 +62,24 @@ def test_a_good_model_exits_0_with_one_junit_case_per_target_and_check(farm, tmp
     name = unique_name("ci-good")
     junit, summary = tmp_path / "out" / "junit.xml", tmp_path / "summary.md"
     summary.write_text("earlier step\n")  # a job summary file collects every step's: appended to, never replaced
-    out = run_ci(farm, model, name, "-t", CPU, "-t", RTX, "--spec-file", str(spec_file(tmp_path)), "--timeout", "300",
-                 "--junit", str(junit), "--summary", str(summary), expect=0)
+    out = run_ci(
+        farm,
+        model,
+        name,
+        "-t",
+        CPU,
+        "-t",
+        RTX,
+        "--spec-file",
+        str(spec_file(tmp_path)),
+        "--timeout",
+        "300",
+        "--junit",
+        str(junit),
+        "--summary",
+        str(summary),
+        expect=0,
+    )
 
     lines = out.splitlines()
     assert all(STAMP.match(line) for line in lines), out  # plain timestamped lines, no bars or escape codes
@@ -87,8 +108,20 @@ def test_a_good_model_exits_0_with_one_junit_case_per_target_and_check(farm, tmp
 
 def test_a_model_that_fails_to_build_exits_1_and_junit_names_the_reason(farm, tmp_path):
     junit = tmp_path / "junit.xml"
-    out = run_ci(farm, custom_op_model(tmp_path / "custom.onnx"), unique_name("ci-bad"), "-t", CPU,
-                 "--timeout", "300", "--junit", str(junit), "--pending", "fail", expect=1)
+    out = run_ci(
+        farm,
+        custom_op_model(tmp_path / "custom.onnx"),
+        unique_name("ci-bad"),
+        "-t",
+        CPU,
+        "--timeout",
+        "300",
+        "--junit",
+        str(junit),
+        "--pending",
+        "fail",
+        expect=1,
+    )
     assert "gate: fail" in out and "ONNX Runtime could not load the model" in out
     cases = junit_cases(junit)
     assert sorted(cases) == sorted(f"{CPU} {c}" for c in CHECKS)
@@ -97,16 +130,38 @@ def test_a_model_that_fails_to_build_exits_1_and_junit_names_the_reason(farm, tm
     assert all(cases[f"{CPU} {c}"].find("failure") is not None for c in CHECKS)
 
     # A spec the farm refuses up front gets the same report: the farm's reason on each target's build.
-    out = run_ci(farm, tmp_path / "custom.onnx", unique_name("ci-refused"), "-t", CPU, "--precision", "fp9",
-                 "--junit", str(junit), expect=1)
+    out = run_ci(
+        farm,
+        tmp_path / "custom.onnx",
+        unique_name("ci-refused"),
+        "-t",
+        CPU,
+        "--precision",
+        "fp9",
+        "--junit",
+        str(junit),
+        expect=1,
+    )
     failure = junit_cases(junit)[f"{CPU} build"].find("failure")
     assert failure.get("message").startswith("the farm refused the build: ") and "precision" in failure.get("message")
 
 
 def test_a_target_no_worker_serves_ends_at_the_deadline_with_the_reason(farm, tmp_path):
     junit = tmp_path / "junit.xml"
-    out = run_ci(farm, save_conv_net(tmp_path / "m.onnx", seed=602), unique_name("ci-unserved"), "-t", UNSERVED,
-                 "--spec-file", str(spec_file(tmp_path)), "--timeout", "3", "--junit", str(junit), expect=1)
+    out = run_ci(
+        farm,
+        save_conv_net(tmp_path / "m.onnx", seed=602),
+        unique_name("ci-unserved"),
+        "-t",
+        UNSERVED,
+        "--spec-file",
+        str(spec_file(tmp_path)),
+        "--timeout",
+        "3",
+        "--junit",
+        str(junit),
+        expect=1,
+    )
     assert f"{UNSERVED} build: pending: waiting: no live worker serves {UNSERVED}" in out
     failure = junit_cases(junit)[f"{UNSERVED} build"].find("failure")
     assert failure.get("message") == f"not done after 3 s: no live worker serves {UNSERVED}"
@@ -129,8 +184,24 @@ def test_a_version_whose_latency_regresses_beyond_the_limit_exits_1(farm, tmp_pa
     # Same inputs and outputs, twelve times the channels: far more work per inference.
     v2 = save_conv_net(tmp_path / "v2.onnx", channels=96, seed=603)
     summary, junit = tmp_path / "summary.md", tmp_path / "junit.xml"
-    out = run_ci(farm, v2, name, "-t", CPU, "--spec-file", spec, "--timeout", "300", "--max-regression-pct", "50",
-                 "--summary", str(summary), "--junit", str(junit), expect=1)
+    out = run_ci(
+        farm,
+        v2,
+        name,
+        "-t",
+        CPU,
+        "--spec-file",
+        spec,
+        "--timeout",
+        "300",
+        "--max-regression-pct",
+        "50",
+        "--summary",
+        str(summary),
+        "--junit",
+        str(junit),
+        expect=1,
+    )
     assert f"{name} version 2" in out and f"{CPU} latency_regression: fail: latency regressed: median" in out
 
     cases = junit_cases(junit)
@@ -144,8 +215,9 @@ def test_a_version_whose_latency_regresses_beyond_the_limit_exits_1(farm, tmp_pa
     row = next(line for line in text.splitlines() if line.startswith(f"| `{CPU}`"))
     before, after, pct = re.search(r"❌ fail (\d+\.\d+) → (\d+\.\d+) ms \(\+(\d+\.\d)%\)", row).groups()
     assert float(after) > 1.5 * float(before) and float(pct) > 50
-    assert re.search(rf"latency regressed: median {after} ms vs {before} ms in version 1 \(\+{pct}%, limit \+50%\)",
-                     text)
+    assert re.search(
+        rf"latency regressed: median {after} ms vs {before} ms in version 1 \(\+{pct}%, limit \+50%\)", text
+    )
 
 
 def test_the_ci_templates_parse_and_run_enginefarm_ci():

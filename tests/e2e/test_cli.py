@@ -4,14 +4,13 @@ only under a name that says what it is."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-
-import hashlib
 
 import httpx
 import onnx
@@ -29,10 +28,22 @@ def test_build_by_name_with_trtexec_flags_then_ls_builds(farm, tmp_path):
     name = unique_name("cli")
     path = save_conv_net(tmp_path / "m.onnx", seed=611)
     run_cli(farm.url, "upload", str(path), "--name", name)
-    out = run_cli(farm.url, "build", f"{name}:1", "-t", ORT_TARGET, "--minShapes", "input:1x3x32x32",
-                  "--optShapes=input:4x3x32x32", "--maxShapes=input:8x3x32x32", "--builderOptimizationLevel=4",
-                  "--trtexec-args", "--memPoolSize=workspace:512M --timingCacheFile=/tmp/t.cache", "--no-bench",
-                  "--wait")
+    out = run_cli(
+        farm.url,
+        "build",
+        f"{name}:1",
+        "-t",
+        ORT_TARGET,
+        "--minShapes",
+        "input:1x3x32x32",
+        "--optShapes=input:4x3x32x32",
+        "--maxShapes=input:8x3x32x32",
+        "--builderOptimizationLevel=4",
+        "--trtexec-args",
+        "--memPoolSize=workspace:512M --timingCacheFile=/tmp/t.cache",
+        "--no-bench",
+        "--wait",
+    )
     build_id = int(re.search(r"build (\d+) queued", out)[1])
     with Client(farm.url, token=farm.token) as c:
         spec = c.job(build_id)["spec"]
@@ -46,8 +57,12 @@ def test_build_by_name_with_trtexec_flags_then_ls_builds(farm, tmp_path):
 
 
 def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
-    bad = subprocess.run([sys.executable, "-m", "enginefarm", "--token", "ef_wrong", "ls", "models", "--api",
-                          farm.url], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "--token", "ef_wrong", "ls", "models", "--api", farm.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 1 and "HTTP 401" in bad.stderr and "Traceback" not in bad.stderr + bad.stdout
     assert len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
     missing = run_cli(farm.url, "build", "no-such-model-x", "-t", ORT_TARGET, expect=1)
@@ -60,7 +75,8 @@ def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
 
 def test_token_create_will_not_start_a_catalog_nobody_uses(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | {
-        "ENGINEFARM_DATA_DIR": str(tmp_path / "typo")}
+        "ENGINEFARM_DATA_DIR": str(tmp_path / "typo")
+    }
     args = [sys.executable, "-m", "enginefarm", "token", "create", "--scope", "read", "--name", "ci"]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
     assert refused.returncode == 1 and "no farm's catalog at" in refused.stderr and "--init" in refused.stderr
@@ -76,8 +92,13 @@ def test_up_takes_a_data_dir_and_prints_the_lines_to_export(tmp_path):
     env = {k: v for k, v in embedded_env(tmp_path / "elsewhere").items() if k != "ENGINEFARM_DATA_DIR"}
     log = tmp_path / "up.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "enginefarm", "up", "--port", "0", "--data-dir", str(data)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "enginefarm", "up", "--port", "0", "--data-dir", str(data)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     procs: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 180
@@ -114,8 +135,16 @@ def two_kinds(farm, tmp_path_factory):
         done = c.wait_build(c.build(model["id"], [SM86, ORT_TARGET], sample_spec())["id"], timeout=300, poll=0.2)
         assert {t["state"] for t in done["tasks"]} == {"succeeded"}, done["tasks"]
         engines = {e["target"]: e for e in c.engines(model=model["name"])["items"]}
-    flags = ["--cc", "8.6", "--trt-rtx", engines[SM86]["backend_version"], "--driver", "580.82.07",
-             "--platform", "x86_64"]
+    flags = [
+        "--cc",
+        "8.6",
+        "--trt-rtx",
+        engines[SM86]["backend_version"],
+        "--driver",
+        "580.82.07",
+        "--platform",
+        "x86_64",
+    ]
     return model["name"], engines, flags
 
 
@@ -123,8 +152,14 @@ def fetch_in(folder, url: str, *args: str, expect: int = 0) -> subprocess.Comple
     """``enginefarm fetch ARGS`` run in ``folder`` (its own cache there too), as a user would."""
     folder.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"ENGINEFARM_CACHE_DIR": str(folder.parent / f"{folder.name}-cache")}
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", *args, "--api", url], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=folder)
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "fetch", *args, "--api", url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=folder,
+    )
     assert out.returncode == expect, out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
     return out
@@ -168,16 +203,51 @@ def test_allow_cpu_sends_accept_cpu(farm, two_kinds, tmp_path):
     farm answers the ONNX Runtime model, which lands under its .onnx name; without it, a one-line 404 that says
     how to build what would fit, and no file."""
     name, engines, flags = two_kinds
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", name, *flags, "--shapes", "input:64x3x32x32",
-                          "--allow-cpu", "--api", farm.url], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path, env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache")})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enginefarm",
+            "fetch",
+            name,
+            *flags,
+            "--shapes",
+            "input:64x3x32x32",
+            "--allow-cpu",
+            "--api",
+            farm.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache")},
+    )
     written = tmp_path / f"{name}-onnxruntime-cpu-x86_64.onnx"
     assert out.returncode == 0, out.stderr
     assert hashlib.sha256(written.read_bytes()).hexdigest() == engines[ORT_TARGET]["sha256"]
     # Without it, the same machine is told no engine of its runtime fits, and what would.
-    refused = subprocess.run([sys.executable, "-m", "enginefarm", "fetch", name, *flags, "--shapes", "input:64x3x32x32",
-                              "-o", "x.plan", "--api", farm.url], capture_output=True, text=True, timeout=300,
-                             cwd=tmp_path, env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache2")})
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "enginefarm",
+            "fetch",
+            name,
+            *flags,
+            "--shapes",
+            "input:64x3x32x32",
+            "-o",
+            "x.plan",
+            "--api",
+            farm.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / ".cache2")},
+    )
     assert refused.returncode != 0 and not (tmp_path / "x.plan").exists()
     first, *reasons = refused.stderr.strip().splitlines()
     assert first.startswith("error: HTTP 404") and first.endswith("--shapes input:64x3x32x32 --build"), first

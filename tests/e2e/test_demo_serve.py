@@ -36,9 +36,23 @@ def listening() -> socket.socket:
 def test_a_taken_port_is_one_line_and_exit_2_before_the_demo_starts(tmp_path):
     with listening() as holder:
         port = holder.getsockname()[1]
-        out = subprocess.run([sys.executable, "-m", "enginefarm", "demo", "--serve", "--port", str(port),
-                              "--data-dir", str(tmp_path / "data")],
-                             capture_output=True, text=True, timeout=120, env=demo_env())
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm",
+                "demo",
+                "--serve",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "data"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=demo_env(),
+        )
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stdout == "" and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
@@ -51,12 +65,25 @@ def test_a_taken_port_is_one_line_and_exit_2_before_the_demo_starts(tmp_path):
 def test_make_demo_on_a_taken_port_stops_before_installing_anything(tmp_path):
     with listening() as holder:
         port = holder.getsockname()[1]
-        out = subprocess.run(["make", "--no-print-directory", "demo", f"PORT={port}",
-                              f"DEMO_VENV={tmp_path / 'venv'}", f"PYTHON={sys.executable}"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120, env=demo_env())
+        out = subprocess.run(
+            [
+                "make",
+                "--no-print-directory",
+                "demo",
+                f"PORT={port}",
+                f"DEMO_VENV={tmp_path / 'venv'}",
+                f"PYTHON={sys.executable}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=demo_env(),
+        )
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert out.stderr.splitlines()[0].startswith(f"port {port} on 127.0.0.1 is in use; choose another, e.g. make demo "
-                                                 "PORT="), out.stderr
+    assert out.stderr.splitlines()[0].startswith(
+        f"port {port} on 127.0.0.1 is in use; choose another, e.g. make demo PORT="
+    ), out.stderr
     assert not (tmp_path / "venv").exists()
 
 
@@ -64,9 +91,22 @@ def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
     port = free_port()
     log = tmp_path / "stdout.log"
     with open(log, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "enginefarm", "demo", "--serve", "--port", str(port),
-                                 "--data-dir", str(tmp_path / "farm")], stdout=sink, stderr=subprocess.STDOUT,
-                                env=demo_env())
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm",
+                "demo",
+                "--serve",
+                "--port",
+                str(port),
+                "--data-dir",
+                str(tmp_path / "farm"),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=demo_env(),
+        )
     try:
         deadline = time.monotonic() + DEMO_TIMEOUT_S
         while "ENGINEFARM_TOKEN=" not in (text := log.read_text(errors="replace")):
@@ -79,7 +119,9 @@ def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
         token = tokens.pop()
         assert re.search(rf"ENGINEFARM_TOKEN={token}$", text, re.M)
         # The demo's model is there for the one token, and the farm refuses a request without it.
-        answer = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        answer = httpx.get(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {token}"}, timeout=10
+        )
         assert answer.status_code == 200 and [m["name"] for m in answer.json()["items"]] == ["convnet"]
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
     finally:

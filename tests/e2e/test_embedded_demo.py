@@ -7,14 +7,18 @@ import subprocess
 import sys
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import builtengines
 from enginefarm.core.hashing import sha256_file
+from enginefarm.storage import builtengines
 from enginefarm.storage.db import session_scope
 
 
 def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     text = " ".join(out.stdout.split())
     assert "matches the catalog" in text and "fetched again: from the local cache, no download" in text
@@ -27,7 +31,12 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
         pairs, total = builtengines.list_engines(s, model="convnet")
         engines = [e for e, _ in pairs]
         assert total == 5
-        assert {e.target for e in engines} >= {"tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"}
+        assert {e.target for e in engines} >= {
+            "tensorrt-rtx/sm80",
+            "tensorrt-rtx/sm86",
+            "tensorrt-rtx/sm89",
+            "tensorrt-rtx/sm120",
+        }
         sm86 = next(e for e in engines if e.target == "tensorrt-rtx/sm86")
     fetched = tmp_path / "fetched" / "convnet-sm86.plan"
     assert sha256_file(fetched) == sm86.sha256
@@ -49,11 +58,17 @@ def test_demo_without_tensorrt_rtx_says_so_and_shows_the_cpu_path(tmp_path):
         "        if name.split('.')[0] == 'tensorrt_rtx':\n"
         "            raise ModuleNotFoundError(\"No module named 'tensorrt_rtx'\", name=name)\n"
         "        return None\n"
-        "sys.meta_path.insert(0, _NoRtx())\n")
+        "sys.meta_path.insert(0, _NoRtx())\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(blocker), *filter(None, [env.get("PYTHONPATH")])])
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path / "data")],
-                         capture_output=True, text=True, timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     text = " ".join(out.stdout.split())
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "TensorRT-RTX is not installed here" in text and "pip install 'enginefarm[rtx]'" in text

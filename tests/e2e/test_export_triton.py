@@ -28,8 +28,10 @@ def two_gpus(farm, tmp_path_factory):
     with Client(farm.url) as c:
         model, _ = c.upload(path, unique_name("triton"))
         c.upload_samples(model["id"], npz)
-        for spec, targets in ((sample_spec(), [SM86, SM120]),
-                              ({**sample_spec(), "precision": "int8", "benchmark": QUICK}, [SM86])):
+        for spec, targets in (
+            (sample_spec(), [SM86, SM120]),
+            ({**sample_spec(), "precision": "int8", "benchmark": QUICK}, [SM86]),
+        ):
             done = c.wait_build(c.build(model["id"], targets, spec)["id"], timeout=300, poll=0.2)
             assert {t["state"] for t in done["tasks"]} == {"succeeded"}, done["tasks"]
         int8 = c.get(f"/v1/engines/{done['tasks'][0]['engine_id']}")
@@ -40,8 +42,9 @@ def two_gpus(farm, tmp_path_factory):
 def test_plans_of_sm86_and_sm120_only_give_no_default(farm, two_gpus, tmp_path):
     name, _ = two_gpus
     out = tmp_path / "repo"
-    printed = run_cli(farm.url, "export", "triton", name, "--out", str(out), "--name", "m",
-                      cache_dir=tmp_path / "cache", stderr=True)
+    printed = run_cli(
+        farm.url, "export", "triton", name, "--out", str(out), "--name", "m", cache_dir=tmp_path / "cache", stderr=True
+    )
     text = (out / "m" / "config.pbtxt").read_text()
     cfg = text_format.Parse(text, ModelConfig())
     assert dict(cfg.cc_model_filenames) == {"8.6": "model_sm86.plan", "12.0": "model_sm120.plan"}
@@ -53,13 +56,36 @@ def test_plans_of_sm86_and_sm120_only_give_no_default(farm, two_gpus, tmp_path):
 def test_an_unchecked_int8_engine_is_not_exported(farm, two_gpus, tmp_path):
     name, int8 = two_gpus
     out = tmp_path / "repo"
-    refused = run_cli(farm.url, "export", "triton", name, "--out", str(out), "--precision", "int8",
-                      cache_dir=tmp_path / "cache", expect=1)
+    refused = run_cli(
+        farm.url,
+        "export",
+        "triton",
+        name,
+        "--out",
+        str(out),
+        "--precision",
+        "int8",
+        cache_dir=tmp_path / "cache",
+        expect=1,
+    )
     assert f"not exporting engine {int8['id']} (tensorrt-rtx/sm86, int8)" in refused
     assert "has not passed (check pending" in refused and "--accept unchecked" in refused
     assert not out.exists()
     # Asked for by name, unchecked: exported.
-    run_cli(farm.url, "export", "triton", name, "--out", str(out), "--precision", "int8", "--accept", "unchecked",
-            "--name", "m", cache_dir=tmp_path / "cache")
+    run_cli(
+        farm.url,
+        "export",
+        "triton",
+        name,
+        "--out",
+        str(out),
+        "--precision",
+        "int8",
+        "--accept",
+        "unchecked",
+        "--name",
+        "m",
+        cache_dir=tmp_path / "cache",
+    )
     cfg = text_format.Parse((out / "m" / "config.pbtxt").read_text(), ModelConfig())
     assert dict(cfg.cc_model_filenames) == {"8.6": "model_sm86.plan"}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import time
 
-
 from enginefarm.client import Client
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
@@ -57,9 +56,15 @@ def test_upload_build_resolve_download(farm, dist_settings, tmp_path):
                 row = builtengines.get_engine(s, e["id"])
                 assert store.size(row.blob_key) == e["size"]
 
-        answer = c.resolve(model["name"], Machine(compute_capability="8.6", platform="x86_64",
-                                                  trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"]),
-                           explain=True)
+        answer = c.resolve(
+            model["name"],
+            Machine(
+                compute_capability="8.6",
+                platform="x86_64",
+                trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"],
+            ),
+            explain=True,
+        )
         assert answer["engine"]["target"] == "tensorrt-rtx/sm86"
         assert answer["match"] == "exact_cc"
         assert "8.6" in answer["reason"]
@@ -67,9 +72,15 @@ def test_upload_build_resolve_download(farm, dist_settings, tmp_path):
         # TensorRT-RTX is not handed another runtime's file unless it asks (accept=cpu), then only as a fallback.
         assert answer["fallbacks"] == []
         assert {r["target"]: r["rule"] for r in answer["rejected"]}["onnxruntime/cpu-x86_64"] == "named-runtime"
-        asked = c.resolve(model["name"], Machine(compute_capability="8.6", platform="x86_64",
-                                                 trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"]),
-                          allow_cpu=True)
+        asked = c.resolve(
+            model["name"],
+            Machine(
+                compute_capability="8.6",
+                platform="x86_64",
+                trt_rtx_version=by_target["tensorrt-rtx/sm86"]["backend_version"],
+            ),
+            allow_cpu=True,
+        )
         assert asked["engine"]["target"] == "tensorrt-rtx/sm86"
         assert [f["target"] for f in asked["fallbacks"]] == ["onnxruntime/cpu-x86_64"]
         reasons = {r["target"]: r["reason"] for r in answer["rejected"]}
@@ -97,8 +108,15 @@ def test_identical_build_is_not_run_again(farm, tmp_path):
 
 def test_target_without_worker_stays_queued_and_says_why(farm, api, conv_model):
     model = api.post("/v1/models", data={"name": unique_name()}, files={"file": conv_model.open("rb")}).json()
-    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": ["tensorrt/sm90"], "spec": sample_spec(),
-                                     "queue_without_worker": True})
+    r = api.post(
+        "/v1/builds",
+        json={
+            "model_id": model["id"],
+            "targets": ["tensorrt/sm90"],
+            "spec": sample_spec(),
+            "queue_without_worker": True,
+        },
+    )
     assert r.status_code == 202, r.text
     time.sleep(1.5)
     task = api.get(f"/v1/builds/{r.json()['id']}").json()["tasks"][0]
@@ -115,10 +133,15 @@ def test_workers_listed_with_their_targets(api):
 
 
 def test_engine_filters_and_pagination(farm, api, tmp_path):
-    _, model, _ = _upload_and_build(farm, tmp_path, ["tensorrt-rtx/sm80", "tensorrt-rtx/sm89", "onnxruntime/cpu-x86_64"], seed=3)
+    _, model, _ = _upload_and_build(
+        farm, tmp_path, ["tensorrt-rtx/sm80", "tensorrt-rtx/sm89", "onnxruntime/cpu-x86_64"], seed=3
+    )
     name = model["name"]
     assert api.get("/v1/engines", params={"model": name, "cc": "8.9"}).json()["total"] == 1
-    assert api.get("/v1/engines", params={"model": name, "backend": "onnxruntime"}).json()["items"][0]["target"] == "onnxruntime/cpu-x86_64"
+    assert (
+        api.get("/v1/engines", params={"model": name, "backend": "onnxruntime"}).json()["items"][0]["target"]
+        == "onnxruntime/cpu-x86_64"
+    )
     assert api.get("/v1/engines", params={"model": name, "precision": "fp16"}).json()["total"] == 0
     page1 = api.get("/v1/engines", params={"model": name, "limit": 2}).json()
     page2 = api.get("/v1/engines", params={"model": name, "limit": 2, "offset": 2}).json()
@@ -159,8 +182,21 @@ def test_cli_upload_build_fetch(farm, tmp_path):
     name = unique_name("cli")
     uploaded = cli("upload", str(model_path), "--name", name)
     model_id = uploaded.split("model ")[1].split()[0]
-    built = cli("build", model_id, "-t", "tensorrt-rtx/sm89", "-t", "onnxruntime/cpu-x86_64",
-                "--minShapes", "input:1x3x32x32", "--optShapes", "input:2x3x32x32", "--maxShapes", "input:4x3x32x32", "--wait")
+    built = cli(
+        "build",
+        model_id,
+        "-t",
+        "tensorrt-rtx/sm89",
+        "-t",
+        "onnxruntime/cpu-x86_64",
+        "--minShapes",
+        "input:1x3x32x32",
+        "--optShapes",
+        "input:2x3x32x32",
+        "--maxShapes",
+        "input:4x3x32x32",
+        "--wait",
+    )
     # Without a terminal, --wait logs one timestamped line per change, then the table.
     assert built.count(": succeeded") == 2 and "2 of 2 targets built" in built
     assert "tensorrt-rtx/sm89" in cli("ls", "engines", "--model", name)
@@ -180,8 +216,14 @@ def test_bundle_with_external_data_builds(farm, tmp_path):
 
     from enginefarm.graph.samples import conv_net
 
-    onnx.save_model(conv_net(seed=6), str(tmp_path / "model.onnx"), save_as_external_data=True,
-                    all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        conv_net(seed=6),
+        str(tmp_path / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     bundle = tmp_path / "bundle.zip"
     with zipfile.ZipFile(bundle, "w") as zf:
         zf.write(tmp_path / "model.onnx", "model.onnx")
@@ -189,6 +231,9 @@ def test_bundle_with_external_data_builds(farm, tmp_path):
     with Client(farm.url) as c:
         model, _ = c.upload(bundle, unique_name("bundle"))
         assert model["format"] == "zip" and model["external_data"]
-        build = c.wait_build(c.build(model["id"], ["tensorrt-rtx/sm86", "onnxruntime/cpu-x86_64"], sample_spec())["id"],
-                             timeout=300, poll=0.2)
+        build = c.wait_build(
+            c.build(model["id"], ["tensorrt-rtx/sm86", "onnxruntime/cpu-x86_64"], sample_spec())["id"],
+            timeout=300,
+            poll=0.2,
+        )
     assert [t["state"] for t in build["tasks"]] == ["succeeded", "succeeded"], build["tasks"]

@@ -61,10 +61,16 @@ def wait_until_no_blob_writes(settings, timeout: float = 120) -> None:
     while True:
         with session_scope(settings) as s:
             served = liveness.served_targets(s, settings.worker_ttl_seconds)
-            busy = [t.id for t in s.scalars(select(BuildTaskRow).where(BuildTaskRow.state.in_(BUSY)))
-                    if t.state == TaskState.RUNNING.value or t.target in served]
-            busy += [b.id for b in s.scalars(select(BuildRow).where(BuildRow.quantize.is_not(None)))
-                     if (b.quantize or {}).get("state") in BUSY]
+            busy = [
+                t.id
+                for t in s.scalars(select(BuildTaskRow).where(BuildTaskRow.state.in_(BUSY)))
+                if t.state == TaskState.RUNNING.value or t.target in served
+            ]
+            busy += [
+                b.id
+                for b in s.scalars(select(BuildRow).where(BuildRow.quantize.is_not(None)))
+                if (b.quantize or {}).get("state") in BUSY
+            ]
         if not busy:
             return
         assert time.monotonic() < deadline, f"builds still writing blobs after {timeout} s: {busy}"
@@ -181,8 +187,13 @@ def test_cli_gc_dry_run_then_sweep(farm, dist_settings, catalogued, store):
     wait_until_no_blob_writes(dist_settings)
 
     def gc(*args: str) -> dict:
-        out = subprocess.run([sys.executable, "-m", "enginefarm", "gc", "--json", *args], env=farm.env,
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "enginefarm", "gc", "--json", *args],
+            env=farm.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stdout + out.stderr
         return json.loads(out.stdout)
 
@@ -204,8 +215,12 @@ def test_the_api_sweeps_periodically(farm, dist_settings, catalogued, store, tmp
 
     orphan, _ = put_orphan(store)
     wait_until_no_blob_writes(dist_settings)
-    env = {**farm.env, "ENGINEFARM_GC_INTERVAL_SECONDS": "1", "ENGINEFARM_GC_GRACE_SECONDS": "0",
-           "ENGINEFARM_RECONCILE_SECONDS": "0.2"}
+    env = {
+        **farm.env,
+        "ENGINEFARM_GC_INTERVAL_SECONDS": "1",
+        "ENGINEFARM_GC_GRACE_SECONDS": "0",
+        "ENGINEFARM_RECONCILE_SECONDS": "0.2",
+    }
     with Farm(env, log_dir=tmp_path) as sweeper:
         sweeper.start_api()
         end_hold(dist_settings, "reconciler")
@@ -225,5 +240,10 @@ def end_hold(settings, job: str) -> None:
 
     key = advisory_key("job", job) & 0xFFFFFFFFFFFFFFFF
     with get_engine(settings).connect() as conn:
-        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                          "AND classid = :hi AND objid = :lo AND objsubid = 1"), {"hi": key >> 32, "lo": key & 0xFFFFFFFF})
+        conn.execute(
+            text(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND classid = :hi AND objid = :lo AND objsubid = 1"
+            ),
+            {"hi": key >> 32, "lo": key & 0xFFFFFFFF},
+        )

@@ -11,11 +11,11 @@ from urllib.parse import urlparse
 import httpx
 import redis
 
-from enginefarm.server import localservers
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
+from enginefarm.server import localservers
+from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.storage.gc import collect_garbage
 from tests.faults import TcpProxy, audit, slow
 from tests.helpers import unique_name
@@ -23,7 +23,9 @@ from tests.helpers import unique_name
 NO_CHECKS = {"benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
 PORTABLE = "tensorrt-rtx/portable"
 # The PostgreSQL fault farm's broker: its own Redis database, so the session's workers never see its tasks.
-FAULT_REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_FAULT_REDIS_DB", "10"))  # no session worker builds it: each test brings the workers it needs
+FAULT_REDIS_DB = int(
+    os.environ.get("ENGINEFARM_TEST_FAULT_REDIS_DB", "10")
+)  # no session worker builds it: each test brings the workers it needs
 
 
 def wait_task(c: Client, build_id: int, ok, timeout: float = 90.0, what: str = "") -> dict:
@@ -45,8 +47,12 @@ def test_worker_sigkilled_mid_build_the_task_finishes_on_another(farm, tmp_path,
         victim = farm.start_worker("victim", [PORTABLE], bench_targets=[], extra_env=slow(60))
         # The victim may not have sent its first heartbeat yet: the task waits for it.
         build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
-        wait_task(c, build["id"], lambda t: t["state"] == "running" and t["worker_id"].startswith("victim@"),
-                  what="running on the victim")
+        wait_task(
+            c,
+            build["id"],
+            lambda t: t["state"] == "running" and t["worker_id"].startswith("victim@"),
+            what="running on the victim",
+        )
         time.sleep(2)  # inside the build: the test backend holds it for 60 s
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait(10)
@@ -73,8 +79,12 @@ def test_worker_silent_past_its_ttl_takes_its_task_back(farm, tmp_path, dist_set
         stalled = farm.start_worker("stalled", [PORTABLE], bench_targets=[], extra_env=slow(45))
         try:
             build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
-            wait_task(c, build["id"], lambda t: t["state"] == "running" and t["worker_id"].startswith("stalled@"),
-                      what="running on the stalled worker")
+            wait_task(
+                c,
+                build["id"],
+                lambda t: t["state"] == "running" and t["worker_id"].startswith("stalled@"),
+                what="running on the stalled worker",
+            )
             os.kill(stalled.pid, signal.SIGSTOP)  # the Celery main process (heartbeats); the pool child builds on
             try:
                 requeued = wait_task(c, build["id"], lambda t: t["state"] == "queued", timeout=40, what="requeued")
@@ -82,7 +92,9 @@ def test_worker_silent_past_its_ttl_takes_its_task_back(farm, tmp_path, dist_set
                 os.kill(stalled.pid, signal.SIGCONT)
             assert "stopped sending heartbeats" in requeued["error"] and requeued["worker_id"] is None, requeued
             back = wait_task(c, build["id"], lambda t: t["state"] != "queued", timeout=20, what="taken back")
-            assert back["state"] == "running" and back["worker_id"].startswith("stalled@") and back["error"] is None, back
+            assert back["state"] == "running" and back["worker_id"].startswith("stalled@") and back["error"] is None, (
+                back
+            )
             done = c.wait_build(build["id"], timeout=150, poll=0.3)
             # The requeue's message reaches the worker after its build and is skipped, not run again (and
             # leaves no message behind for the tests after this one).
@@ -117,7 +129,9 @@ def test_same_task_twice_at_once_gives_one_engine(farm, tmp_path, dist_settings)
             # (a) the same message twice
             model, _ = c.upload(save_conv_net(tmp_path / "a.onnx", seed=85), unique_name("twice"))
             build = c.build(model["id"], [PORTABLE], spec)
-            make_celery(dist_settings).send_task(BUILD_TASK, args=[build["tasks"][0]["id"]], queue="build.tensorrt-rtx.portable")
+            make_celery(dist_settings).send_task(
+                BUILD_TASK, args=[build["tasks"][0]["id"]], queue="build.tensorrt-rtx.portable"
+            )
             task = c.wait_build(build["id"], timeout=120, poll=0.3)["tasks"][0]
             assert task["state"] == "succeeded" and task["attempts"] == 1, task
             assert c.engines(model=model["name"], target=PORTABLE)["total"] == 1
@@ -149,16 +163,22 @@ def test_s3_unreachable_while_storing_engines(farm, tmp_path, dist_settings):
     proxy = TcpProxy((s3.hostname, s3.port)).restore()
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=87), unique_name("s3-cut"))
-        farm.start_worker("s3-cut", [PORTABLE], bench_targets=[],
-                          extra_env={**slow(5), "ENGINEFARM_S3_ENDPOINT_URL": proxy.url})
+        farm.start_worker(
+            "s3-cut", [PORTABLE], bench_targets=[], extra_env={**slow(5), "ENGINEFARM_S3_ENDPOINT_URL": proxy.url}
+        )
         try:
             farm.wait_workers(["s3-cut"])
             build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS})
             wait_task(c, build["id"], lambda t: t["state"] == "running", what="running")
             time.sleep(1.5)  # the model is fetched; the build is in its pause
             proxy.cut()
-            requeued = wait_task(c, build["id"], lambda t: "infrastructure error" in (t["error"] or ""), timeout=120,
-                                 what="requeued after the S3 failure")
+            requeued = wait_task(
+                c,
+                build["id"],
+                lambda t: "infrastructure error" in (t["error"] or ""),
+                timeout=120,
+                what="requeued after the S3 failure",
+            )
             assert requeued["state"] in ("queued", "running") and "S3" in requeued["error"]
             time.sleep(6)  # more retries fail while it is down
             proxy.restore()
@@ -183,8 +203,14 @@ def test_postgres_restart_gives_503_and_the_farm_recovers(tmp_path, seaweedfs):
     target = "onnxruntime/cpu-x86_64"
     with localservers.private_postgres() as pg:
         env = localservers.distributed_env(tmp_path / "data", pg.url, redis_url, seaweedfs)
-        env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
-                    "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
+        env.update(
+            {
+                "ENGINEFARM_HEARTBEAT_SECONDS": "1",
+                "ENGINEFARM_WORKER_TTL_SECONDS": "10",
+                "ENGINEFARM_RECONCILE_SECONDS": "1",
+                "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3",
+            }
+        )
         settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
         with Farm(env, log_dir=tmp_path) as f:
             f.start_api()
@@ -200,12 +226,21 @@ def test_postgres_restart_gives_503_and_the_farm_recovers(tmp_path, seaweedfs):
                     i = 0
                     while not stop.is_set():
                         i += 1
-                        r = http.post("/v1/models", data={"name": f"pg-{i}"},
-                                      files={"file": ("m.onnx", conv_net(seed=1000 + i).SerializeToString())})
+                        r = http.post(
+                            "/v1/models",
+                            data={"name": f"pg-{i}"},
+                            files={"file": ("m.onnx", conv_net(seed=1000 + i).SerializeToString())},
+                        )
                         seen.append(("upload", r.status_code, r.headers.get("retry-after"), r.text[:300]))
                         if r.status_code == 201:
-                            b = http.post("/v1/builds", json={"model_id": r.json()["id"], "targets": [target],
-                                                              "spec": {**sample_spec(), **NO_CHECKS}})
+                            b = http.post(
+                                "/v1/builds",
+                                json={
+                                    "model_id": r.json()["id"],
+                                    "targets": [target],
+                                    "spec": {**sample_spec(), **NO_CHECKS},
+                                },
+                            )
                             seen.append(("build", b.status_code, b.headers.get("retry-after"), b.text[:300]))
                             if b.status_code == 202:
                                 accepted.append(b.json()["id"])
@@ -230,7 +265,9 @@ def test_postgres_restart_gives_503_and_the_farm_recovers(tmp_path, seaweedfs):
             assert not errors, errors[:5]
             unavailable = [s for s in seen[down_from:down_to] if s[1] == 503]
             assert unavailable, f"no 503 while PostgreSQL was down: {seen[down_from:down_to][:5]}"
-            assert all(s[2] and int(s[2]) > 0 and "unavailable" in s[3] and "Traceback" not in s[3] for s in unavailable)
+            assert all(
+                s[2] and int(s[2]) > 0 and "unavailable" in s[3] and "Traceback" not in s[3] for s in unavailable
+            )
             after = [s for s in seen[down_to:] if s[0] == "upload"]
             assert after and after[-1][1] == 201, after[-3:]  # recovered, same API process
             assert f.api.poll() is None
@@ -245,16 +282,25 @@ def test_postgres_restart_gives_503_and_the_farm_recovers(tmp_path, seaweedfs):
             assert not swept.errors, swept.errors
             counts = audit(settings)
             assert counts["builds"] == len(accepted) and counts["engines"] == len(accepted)
-            print(f"PostgreSQL restart: {len(seen)} requests, {len(unavailable)} got 503 while it was down, "
-                  f"{len(accepted)} builds all succeeded, {counts}")
+            print(
+                f"PostgreSQL restart: {len(seen)} requests, {len(unavailable)} got 503 while it was down, "
+                f"{len(accepted)} builds all succeeded, {counts}"
+            )
 
 
 def test_redis_restarted_empty_with_20_tasks_queued_all_complete(farm, tmp_path, redis_url):
     target = "tensorrt-rtx/portable"  # no running worker builds it: the tasks wait in the queue
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=81), unique_name("faults"))
-        builds = [c.build(model["id"], [target], {**sample_spec(), "workspace_mib": 64 + i, **NO_CHECKS},
-                          queue_without_worker=True) for i in range(20)]
+        builds = [
+            c.build(
+                model["id"],
+                [target],
+                {**sample_spec(), "workspace_mib": 64 + i, **NO_CHECKS},
+                queue_without_worker=True,
+            )
+            for i in range(20)
+        ]
         assert all(b["tasks"][0]["state"] == "queued" for b in builds)
         # Redis keeps nothing on disk: a restart empties every queue. Flushing the farm's database is that.
         broker = redis.Redis.from_url(redis_url)
@@ -306,8 +352,12 @@ def test_a_task_delivered_too_often_is_failed_with_the_reason(dist_settings, tmp
 
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=83), unique_name("faults"))
-        build = c.build(model["id"], ["tensorrt/sm90"], {**sample_spec(), **NO_CHECKS},  # nobody serves it
-                        queue_without_worker=True)
+        build = c.build(
+            model["id"],
+            ["tensorrt/sm90"],
+            {**sample_spec(), **NO_CHECKS},  # nobody serves it
+            queue_without_worker=True,
+        )
         task_id = build["tasks"][0]["id"]
     with session_scope(dist_settings) as s:
         for attempt in range(3):  # three deliveries that each died with their worker

@@ -26,13 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from enginefarm.server import localservers
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.server import localservers
+from enginefarm.server.embedded import Farm, issue_token
 from enginefarm.storage.blobs import get_blob_store
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.gc import collect_garbage
@@ -65,16 +66,24 @@ class RaceFarm:
 
     def upload(self, model: int, name: int) -> int:
         with self.client() as c:
-            r = c.post("/v1/models", data={"name": f"race-{model}-{name}"},
-                       files={"file": ("m.onnx", self.models[model])})
+            r = c.post(
+                "/v1/models", data={"name": f"race-{model}-{name}"}, files={"file": ("m.onnx", self.models[model])}
+            )
         assert r.status_code in (200, 201), r.text
         return r.json()["id"]
 
     def build(self, model: int, target: str) -> None:
         model_id = self.upload(model, 0)
         with self.client() as c:
-            r = c.post("/v1/builds", json={"model_id": model_id, "targets": [target], "queue_without_worker": True,
-                                           "spec": {**sample_spec((1, 2, 4)), **NO_CHECKS}})
+            r = c.post(
+                "/v1/builds",
+                json={
+                    "model_id": model_id,
+                    "targets": [target],
+                    "queue_without_worker": True,
+                    "spec": {**sample_spec((1, 2, 4)), **NO_CHECKS},
+                },
+            )
         assert r.status_code in (200, 201, 202), r.text
         with self.lock:
             self.builds.append(r.json()["id"])
@@ -89,8 +98,11 @@ class RaceFarm:
         deadline = time.monotonic() + KILL_WAIT_S
         while time.monotonic() < deadline:
             with session_scope(self.settings) as s:
-                if s.scalar(select(BuildTaskRow.id).where(BuildTaskRow.state == "running",
-                                                          BuildTaskRow.worker_id.startswith(f"{name}@")).limit(1)):
+                if s.scalar(
+                    select(BuildTaskRow.id)
+                    .where(BuildTaskRow.state == "running", BuildTaskRow.worker_id.startswith(f"{name}@"))
+                    .limit(1)
+                ):
                     break
             time.sleep(0.1)
         with self.lock:
@@ -114,14 +126,19 @@ class RaceFarm:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with session_scope(self.settings) as s:
-                open_tasks = s.scalar(select(func.count()).select_from(BuildTaskRow).where(
-                    BuildTaskRow.state.in_(("queued", "running", "waiting"))))
+                open_tasks = s.scalar(
+                    select(func.count())
+                    .select_from(BuildTaskRow)
+                    .where(BuildTaskRow.state.in_(("queued", "running", "waiting")))
+                )
             if not open_tasks:
                 return
             time.sleep(0.5)
         with session_scope(self.settings) as s:
-            stuck = [(t.id, t.target, t.state, t.worker_id) for t in s.scalars(select(BuildTaskRow).where(
-                BuildTaskRow.state.in_(("queued", "running", "waiting"))))]
+            stuck = [
+                (t.id, t.target, t.state, t.worker_id)
+                for t in s.scalars(select(BuildTaskRow).where(BuildTaskRow.state.in_(("queued", "running", "waiting"))))
+            ]
         raise AssertionError(f"tasks still open after {timeout} s: {stuck}")
 
     def audit(self) -> None:
@@ -151,12 +168,20 @@ class RaceFarm:
 def race(base_services, seaweedfs, tmp_path_factory):
     redis.Redis(host="127.0.0.1", port=6379, db=RACE_REDIS_DB).flushdb()
     with localservers.scratch_postgres("enginefarm_race") as url:
-        env = localservers.distributed_env(tmp_path_factory.mktemp("race-data"), url,
-                                          f"redis://127.0.0.1:6379/{RACE_REDIS_DB}", seaweedfs)
+        env = localservers.distributed_env(
+            tmp_path_factory.mktemp("race-data"), url, f"redis://127.0.0.1:6379/{RACE_REDIS_DB}", seaweedfs
+        )
         # Dead workers are noticed within seconds, and a lost message is published again soon.
-        env.update({"ENGINEFARM_HEARTBEAT_SECONDS": "0.5", "ENGINEFARM_WORKER_TTL_SECONDS": "5",
-                    "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3",
-                    "ENGINEFARM_GC_INTERVAL_SECONDS": "0", "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": "32"})
+        env.update(
+            {
+                "ENGINEFARM_HEARTBEAT_SECONDS": "0.5",
+                "ENGINEFARM_WORKER_TTL_SECONDS": "5",
+                "ENGINEFARM_RECONCILE_SECONDS": "1",
+                "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3",
+                "ENGINEFARM_GC_INTERVAL_SECONDS": "0",
+                "ENGINEFARM_MAX_UPLOADS_PER_TOKEN": "32",
+            }
+        )
         settings_ = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
         farm = Farm(env, log_dir=tmp_path_factory.mktemp("race-logs"))
         try:
@@ -171,16 +196,26 @@ def race(base_services, seaweedfs, tmp_path_factory):
             farm.stop()
 
 
-OPERATIONS = st.lists(st.one_of(
-    st.tuples(st.just("upload"), st.integers(0, MODELS - 1), st.integers(0, 1)),
-    st.tuples(st.just("build"), st.integers(0, MODELS - 1), st.sampled_from(sorted(WORKERS.values()))),
-    st.tuples(st.just("gc")),
-    st.tuples(st.just("kill"), st.integers(0, len(WORKERS) - 1)),
-), min_size=4, max_size=10)
+OPERATIONS = st.lists(
+    st.one_of(
+        st.tuples(st.just("upload"), st.integers(0, MODELS - 1), st.integers(0, 1)),
+        st.tuples(st.just("build"), st.integers(0, MODELS - 1), st.sampled_from(sorted(WORKERS.values()))),
+        st.tuples(st.just("gc")),
+        st.tuples(st.just("kill"), st.integers(0, len(WORKERS) - 1)),
+    ),
+    min_size=4,
+    max_size=10,
+)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=not RANDOM, print_blob=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=not RANDOM,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(ops=OPERATIONS, seed=st.integers(0, 2**16))
 def test_any_interleaving_loses_nothing_and_leaves_nothing(race, ops, seed):
     """Every operation starts at once, each after a small random delay, so their steps interleave."""

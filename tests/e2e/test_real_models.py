@@ -65,8 +65,11 @@ def test_shared_batch_dims_that_disagree_get_a_422_before_any_build(farm, tmp_pa
     with Client(farm.url) as c:
         model = _upload(c, "bert", False, tmp_path)
         with pytest.raises(ApiError) as refused:
-            c.build(model["id"], ["tensorrt-rtx/sm75", "tensorrt-rtx/sm86"],
-                    {"profiles": [profile], "precision_fallback": False})
+            c.build(
+                model["id"],
+                ["tensorrt-rtx/sm75", "tensorrt-rtx/sm86"],
+                {"profiles": [profile], "precision_fallback": False},
+            )
         assert refused.value.status_code == 422
         text = str(refused.value.body)
         assert "share the dim 'batch'" in text and "FP32 GEMM is not supported" in text
@@ -74,8 +77,12 @@ def test_shared_batch_dims_that_disagree_get_a_422_before_any_build(farm, tmp_pa
 
 
 def test_yolov8_fp16_builds_and_its_log_is_one_command_away(farm, tmp_path):
-    spec = {**MODELS["yolov8n"].shapes, "precision": "fp16", "benchmark": {"enabled": False},
-            "accuracy": {"enabled": False}}
+    spec = {
+        **MODELS["yolov8n"].shapes,
+        "precision": "fp16",
+        "benchmark": {"enabled": False},
+        "accuracy": {"enabled": False},
+    }
     with Client(farm.url) as c:
         model = _upload(c, "yolov8n", False, tmp_path)
         build = c.build(model["id"], ["tensorrt-rtx/sm86"], spec)

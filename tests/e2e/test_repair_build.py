@@ -29,12 +29,33 @@ def test_a_failing_int8_build_is_repaired_by_keeping_the_sensitive_layer_in_floa
         model, _ = c.upload(path, unique_name("repair"))
         model = c.upload_samples(model["id"], npz)
     # fp16 has no repair: refused with the field named, before anything is queued.
-    r = api.post("/v1/builds", json={"model_id": model["id"], "targets": [CPU],
-                                     "spec": {**sample_spec(image=16), "precision": "fp16", "accuracy_repair": True}})
+    r = api.post(
+        "/v1/builds",
+        json={
+            "model_id": model["id"],
+            "targets": [CPU],
+            "spec": {**sample_spec(image=16), "precision": "fp16", "accuracy_repair": True},
+        },
+    )
     assert r.status_code == 422 and "accuracy_repair applies to int8" in r.text, r.text
 
-    out = run_cli(farm.url, "build", str(model["id"]), "-t", CPU, "-t", GPU, "--precision", "int8", "--repair",
-                  "--spec-file", str(spec_file), "--wait", "--timeout", "600")
+    out = run_cli(
+        farm.url,
+        "build",
+        str(model["id"]),
+        "-t",
+        CPU,
+        "-t",
+        GPU,
+        "--precision",
+        "int8",
+        "--repair",
+        "--spec-file",
+        str(spec_file),
+        "--wait",
+        "--timeout",
+        "600",
+    )
     build_id = int(out.split("build ")[1].split()[0])
     with Client(farm.url) as c:
         done = c.get(f"/v1/builds/{build_id}")

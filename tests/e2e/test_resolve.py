@@ -14,10 +14,10 @@ from dataclasses import asdict, replace
 import httpx
 import pytest
 
-from enginefarm.client.cache import EngineCache
 from enginefarm.client import ApiError, Client, resolve_offline
-from enginefarm.core.machine import Machine
+from enginefarm.client.cache import EngineCache
 from enginefarm.core.errors import NoCompatibleEngine
+from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.storage import checks
 from enginefarm.storage.db import session_scope
@@ -41,31 +41,84 @@ def built(farm, tmp_path_factory):
 
 
 def rtx_machine(rtx: str, **kw) -> Machine:
-    base = Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576,
-                   driver_version="580.82.07", cuda_version="13.0", trt_rtx_version=rtx, platform="x86_64",
-                   os="Linux 6.8 (Ubuntu 24.04 LTS)")
+    base = Machine(
+        gpu_name="NVIDIA GeForce RTX 3090",
+        compute_capability="8.6",
+        memory_mib=24576,
+        driver_version="580.82.07",
+        cuda_version="13.0",
+        trt_rtx_version=rtx,
+        platform="x86_64",
+        os="Linux 6.8 (Ubuntu 24.04 LTS)",
+    )
     return replace(base, **kw)
 
 
 # (what, machine overrides, chosen target, match, {target: rule} for rejections)
 KINDS = [
-    ("A100, sm80", dict(gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_mib=81920),
-     "tensorrt-rtx/sm80", "exact_cc", {"tensorrt-rtx/sm86": "rtx-cc", "tensorrt-rtx/sm89": "rtx-cc"}),
-    ("RTX 3090, sm86", {}, "tensorrt-rtx/sm86", "exact_cc", {"tensorrt-rtx/sm80": "rtx-cc", "tensorrt-rtx/sm89": "rtx-cc"}),
-    ("RTX 4090, sm89", dict(gpu_name="NVIDIA GeForce RTX 4090", compute_capability="8.9"), "tensorrt-rtx/sm89",
-     "exact_cc", {"tensorrt-rtx/sm80": "rtx-cc", "tensorrt-rtx/sm86": "rtx-cc"}),
-    ("T4, sm75: only the CPU artifact", dict(gpu_name="Tesla T4", compute_capability="7.5", memory_mib=15360),
-     "onnxruntime/cpu-x86_64", "cpu_fallback", {t: "rtx-cc" for t in GPU_TARGETS}),
-    ("H100, sm90: TensorRT-RTX does not run on Hopper", dict(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0"),
-     "onnxruntime/cpu-x86_64", "cpu_fallback", {t: "rtx-cc" for t in GPU_TARGETS}),
-    ("RTX 3090 on driver 570: below CUDA 13's floor", dict(driver_version="570.172.08"), "onnxruntime/cpu-x86_64",
-     "cpu_fallback", {"tensorrt-rtx/sm86": "driver-floor", "tensorrt-rtx/sm80": "rtx-cc", "tensorrt-rtx/sm89": "rtx-cc"}),
-    ("RTX 3090 on another TensorRT-RTX release", dict(trt_rtx_version="1.6.0.45"), "onnxruntime/cpu-x86_64",
-     "cpu_fallback", {t: "rtx-release" for t in GPU_TARGETS}),
-    ("RTX 3090 with only full TensorRT", dict(trt_rtx_version=None, trt_version="10.13.3.9"), "onnxruntime/cpu-x86_64",
-     "cpu_fallback", {t: "runtime" for t in GPU_TARGETS}),
-    ("no GPU", dict(gpu_name=None, compute_capability=None, memory_mib=None, driver_version=None, cuda_version=None),
-     "onnxruntime/cpu-x86_64", "cpu_fallback", {t: "rtx-cc" for t in GPU_TARGETS}),
+    (
+        "A100, sm80",
+        dict(gpu_name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_mib=81920),
+        "tensorrt-rtx/sm80",
+        "exact_cc",
+        {"tensorrt-rtx/sm86": "rtx-cc", "tensorrt-rtx/sm89": "rtx-cc"},
+    ),
+    (
+        "RTX 3090, sm86",
+        {},
+        "tensorrt-rtx/sm86",
+        "exact_cc",
+        {"tensorrt-rtx/sm80": "rtx-cc", "tensorrt-rtx/sm89": "rtx-cc"},
+    ),
+    (
+        "RTX 4090, sm89",
+        dict(gpu_name="NVIDIA GeForce RTX 4090", compute_capability="8.9"),
+        "tensorrt-rtx/sm89",
+        "exact_cc",
+        {"tensorrt-rtx/sm80": "rtx-cc", "tensorrt-rtx/sm86": "rtx-cc"},
+    ),
+    (
+        "T4, sm75: only the CPU artifact",
+        dict(gpu_name="Tesla T4", compute_capability="7.5", memory_mib=15360),
+        "onnxruntime/cpu-x86_64",
+        "cpu_fallback",
+        {t: "rtx-cc" for t in GPU_TARGETS},
+    ),
+    (
+        "H100, sm90: TensorRT-RTX does not run on Hopper",
+        dict(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0"),
+        "onnxruntime/cpu-x86_64",
+        "cpu_fallback",
+        {t: "rtx-cc" for t in GPU_TARGETS},
+    ),
+    (
+        "RTX 3090 on driver 570: below CUDA 13's floor",
+        dict(driver_version="570.172.08"),
+        "onnxruntime/cpu-x86_64",
+        "cpu_fallback",
+        {"tensorrt-rtx/sm86": "driver-floor", "tensorrt-rtx/sm80": "rtx-cc", "tensorrt-rtx/sm89": "rtx-cc"},
+    ),
+    (
+        "RTX 3090 on another TensorRT-RTX release",
+        dict(trt_rtx_version="1.6.0.45"),
+        "onnxruntime/cpu-x86_64",
+        "cpu_fallback",
+        {t: "rtx-release" for t in GPU_TARGETS},
+    ),
+    (
+        "RTX 3090 with only full TensorRT",
+        dict(trt_rtx_version=None, trt_version="10.13.3.9"),
+        "onnxruntime/cpu-x86_64",
+        "cpu_fallback",
+        {t: "runtime" for t in GPU_TARGETS},
+    ),
+    (
+        "no GPU",
+        dict(gpu_name=None, compute_capability=None, memory_mib=None, driver_version=None, cuda_version=None),
+        "onnxruntime/cpu-x86_64",
+        "cpu_fallback",
+        {t: "rtx-cc" for t in GPU_TARGETS},
+    ),
 ]
 
 
@@ -99,13 +152,22 @@ def test_each_kind_of_machine_gets_the_engine_that_runs_there(farm, built, what,
     assert small["rejected"] is None and small["candidates"] is None
     assert small["excluded"] == dict(Counter(rejected.values())) == answer["excluded"]
     assert small["engine"] == answer["engine"] and small["fallbacks"] == [
-        {**f, "checks": None} for f in answer["fallbacks"]]
+        {**f, "checks": None} for f in answer["fallbacks"]
+    ]
 
 
 def test_jetson_gets_404_with_every_reason(farm, built):
     name, _, _ = built
-    jetson = Machine(gpu_name="Orin", compute_capability="8.7", memory_mib=62841, driver_version="540.4.0",
-                     cuda_version="12.6", trt_version="10.3.0.30", platform="aarch64", jetpack="6.2")
+    jetson = Machine(
+        gpu_name="Orin",
+        compute_capability="8.7",
+        memory_mib=62841,
+        driver_version="540.4.0",
+        cuda_version="12.6",
+        trt_version="10.3.0.30",
+        platform="aarch64",
+        jetpack="6.2",
+    )
     with Client(farm.url) as c, pytest.raises(ApiError) as info:
         c.resolve(name, jetson)
     assert info.value.status_code == 404
@@ -119,8 +181,18 @@ def test_jetson_gets_404_with_every_reason(farm, built):
 def test_get_and_post_agree_and_explain_lists_every_check(farm, api, built):
     name, engines, rtx = built
     machine = rtx_machine(rtx)
-    params = {"model": name, "cc": "8.6", "gpu": machine.gpu_name, "memory_mib": 24576, "driver": machine.driver_version,
-              "cuda": "13.0", "trt_rtx": rtx, "platform": "x86_64", "os": machine.os, "explain": "true"}
+    params = {
+        "model": name,
+        "cc": "8.6",
+        "gpu": machine.gpu_name,
+        "memory_mib": 24576,
+        "driver": machine.driver_version,
+        "cuda": "13.0",
+        "trt_rtx": rtx,
+        "platform": "x86_64",
+        "os": machine.os,
+        "explain": "true",
+    }
     got = api.get("/v1/resolve", params=params)
     posted = api.post("/v1/resolve", json={"model": name, "machine": asdict(machine), "explain": True})
     assert got.status_code == posted.status_code == 200
@@ -133,11 +205,20 @@ def test_get_and_post_agree_and_explain_lists_every_check(farm, api, built):
     assert table["onnxruntime/cpu-x86_64"]["rule"] == "named-runtime"  # a TensorRT-RTX machine did not ask for it
     assert table["tensorrt-rtx/sm89"]["rank"] is None
     rules = {c["rule"]: c["outcome"] for c in table["tensorrt-rtx/sm86"]["checks"]}
-    assert rules == {"platform": "pass", "rtx-release": "pass", "rtx-cc": "pass", "driver-floor": "pass", "memory": "pass",
-                     "accuracy-gate": "unchecked"}  # no GPU worker has checked it: served, and said to be unchecked
+    assert rules == {
+        "platform": "pass",
+        "rtx-release": "pass",
+        "rtx-cc": "pass",
+        "driver-floor": "pass",
+        "memory": "pass",
+        "accuracy-gate": "unchecked",
+    }  # no GPU worker has checked it: served, and said to be unchecked
     assert b["accuracy"] == "unchecked" and "accuracy-gate" in b["unchecked"]
     sm89 = {c["rule"]: c for c in table["tensorrt-rtx/sm89"]["checks"]}
-    assert sm89["rtx-cc"]["outcome"] == "fail" and "built for compute capability 8.9, you have 8.6" in sm89["rtx-cc"]["detail"]
+    assert (
+        sm89["rtx-cc"]["outcome"] == "fail"
+        and "built for compute capability 8.9, you have 8.6" in sm89["rtx-cc"]["detail"]
+    )
     # Without explain the table is left out; the machine is echoed back as understood.
     plain = api.post("/v1/resolve", json={"model": name, "machine": asdict(machine)}).json()
     assert plain["candidates"] is None and plain["machine"]["trt_rtx_version"] == rtx
@@ -180,10 +261,33 @@ def test_filters_and_measured_evidence_rank_and_exclude(farm, api, built, dist_s
     with session_scope(dist_settings) as s:
         project = s.get(EngineRow, sm86).model.project
         checks.record_verdict(s, sm86, project, {"pass": True})
-        s.add(BenchmarkRow(engine_id=sm86, project=project, shape_key="opt", gpu_name="NVIDIA GeForce RTX 3090",
-                           compute_capability="8.6", median_ms=1.25, p99_ms=1.5, machine={}, stats={}, shapes={}))
-        s.add(BenchmarkRow(engine_id=sm86, project=project, shape_key="opt", gpu_name="NVIDIA RTX A6000",
-                           compute_capability="8.6", median_ms=0.5, machine={}, stats={}, shapes={}))
+        s.add(
+            BenchmarkRow(
+                engine_id=sm86,
+                project=project,
+                shape_key="opt",
+                gpu_name="NVIDIA GeForce RTX 3090",
+                compute_capability="8.6",
+                median_ms=1.25,
+                p99_ms=1.5,
+                machine={},
+                stats={},
+                shapes={},
+            )
+        )
+        s.add(
+            BenchmarkRow(
+                engine_id=sm86,
+                project=project,
+                shape_key="opt",
+                gpu_name="NVIDIA RTX A6000",
+                compute_capability="8.6",
+                median_ms=0.5,
+                machine={},
+                stats={},
+                shapes={},
+            )
+        )
     passed = api.post("/v1/resolve", json=base | {"accuracy": "pass", "max_latency_ms": 2, "explain": True}).json()
     assert passed["engine"]["id"] == sm86
     row = next(c for c in passed["candidates"] if c["engine_id"] == sm86)
@@ -192,8 +296,10 @@ def test_filters_and_measured_evidence_rank_and_exclude(farm, api, built, dist_s
     assert too_slow.status_code == 404
     assert "median latency 1.25 ms on NVIDIA GeForce RTX 3090 exceeds your maximum 1 ms" in too_slow.text
     # On an A6000 (same cc) the A6000 measurement is the one that counts.
-    a6000 = api.post("/v1/resolve", json=base | {"machine": asdict(rtx_machine(rtx, gpu_name="NVIDIA RTX A6000")),
-                                                 "max_latency_ms": 1}).json()
+    a6000 = api.post(
+        "/v1/resolve",
+        json=base | {"machine": asdict(rtx_machine(rtx, gpu_name="NVIDIA RTX A6000")), "max_latency_ms": 1},
+    ).json()
     assert a6000["engine"]["id"] == sm86
 
 
@@ -233,8 +339,18 @@ def test_fetch_twice_second_from_cache_then_offline(farm, built, tmp_path):
 def test_cli_fetch_explain_cache_and_offline(farm, built, tmp_path):
     name, engines, rtx = built
     cache = tmp_path / "cache"
-    flags = ["--cc", "8.0", "--gpu", "NVIDIA A100-SXM4-80GB", "--trt-rtx", rtx, "--driver", "580.82.07",
-             "--platform", "x86_64"]
+    flags = [
+        "--cc",
+        "8.0",
+        "--gpu",
+        "NVIDIA A100-SXM4-80GB",
+        "--trt-rtx",
+        rtx,
+        "--driver",
+        "580.82.07",
+        "--platform",
+        "x86_64",
+    ]
     explained = run_cli(farm.url, "fetch", name, *flags, "--explain", cache_dir=cache)
     assert "tensorrt-rtx/sm80" in explained and "exact_cc" in explained and "rtx-cc" in explained
     assert "TensorRT-RTX engine built for compute capability 8.6, you have 8.0" in explained
@@ -244,11 +360,23 @@ def test_cli_fetch_explain_cache_and_offline(farm, built, tmp_path):
     assert "downloaded" in first and "rtx-cc" in first  # the table and the download in one go
     assert "from the local cache" in second and "rtx-cc" not in second
     assert hashlib.sha256(out.read_bytes()).hexdigest() == engines["tensorrt-rtx/sm80"]["sha256"]
-    offline = run_cli("http://127.0.0.1:9", "fetch", name, "-o", str(tmp_path / "off.plan"), *flags, "--offline",
-                      cache_dir=cache)
+    offline = run_cli(
+        "http://127.0.0.1:9", "fetch", name, "-o", str(tmp_path / "off.plan"), *flags, "--offline", cache_dir=cache
+    )
     assert "tensorrt-rtx/sm80" in offline and "from the local cache" in offline
-    failed = run_cli(farm.url, "fetch", name, "-o", str(tmp_path / "x"), *flags, "--offline", "--cc", "8.9",
-                     cache_dir=cache, expect=1)
+    failed = run_cli(
+        farm.url,
+        "fetch",
+        name,
+        "-o",
+        str(tmp_path / "x"),
+        *flags,
+        "--offline",
+        "--cc",
+        "8.9",
+        cache_dir=cache,
+        expect=1,
+    )
     assert "none of the 1 cached engines" in failed
 
 
@@ -260,8 +388,10 @@ def test_build_for_the_asking_machine(farm, api, built, tmp_path):
     assert plain.status_code == 404  # no TensorRT-RTX engine for sm120 yet, and the CPU file was not asked for
     assert plain.json()["build"]["targets"] == ["tensorrt-rtx/sm120"]
     assert "--cc 12.0" in plain.json()["build"]["command"] and plain.json()["build"]["command"].endswith("--build")
-    assert api.post("/v1/resolve", json={"model": name, "machine": blackwell, "accept": ["cpu"]}).json()["match"] \
+    assert (
+        api.post("/v1/resolve", json={"model": name, "machine": blackwell, "accept": ["cpu"]}).json()["match"]
         == "cpu_fallback"
+    )
     r = api.post("/v1/resolve", json={"model": name, "machine": blackwell, "build": True, "accept": ["cpu"]})
     assert r.status_code == 202, r.text
     body = r.json()
@@ -285,7 +415,9 @@ def test_build_for_the_asking_machine(farm, api, built, tmp_path):
     spark = asdict(rtx_machine(rtx, gpu_name="NVIDIA GB10", compute_capability="12.1"))
     first = api.post("/v1/resolve", json={"model": name, "machine": spark, "build": True}).json()
     again = api.post("/v1/resolve", json={"model": name, "machine": spark, "build": True}).json()
-    assert first["target"] == "tensorrt-rtx/sm121" and "no live worker serves tensorrt-rtx/sm121" in first["status_detail"]
+    assert (
+        first["target"] == "tensorrt-rtx/sm121" and "no live worker serves tensorrt-rtx/sm121" in first["status_detail"]
+    )
     assert again["build_id"] == first["build_id"] and again["already_building"] and not first["already_building"]
 
     # Another TensorRT-RTX release than the workers': building now would not help, so say why instead.
@@ -306,8 +438,19 @@ def test_cli_fetch_build_wait(farm, tmp_path):
     flags = ["--cc", "8.9", "--trt-rtx", rtx, "--platform", "x86_64", "--driver", "580.82.07"]
     nothing = run_cli(farm.url, "fetch", model["name"], "-o", str(out), *flags, cache_dir=tmp_path / "c", expect=1)
     assert "you have 8.9" in nothing
-    done = run_cli(farm.url, "fetch", model["name"], "-o", str(out), *flags, "--build", "--wait", "--timeout", "120",
-                   cache_dir=tmp_path / "c")
+    done = run_cli(
+        farm.url,
+        "fetch",
+        model["name"],
+        "-o",
+        str(out),
+        *flags,
+        "--build",
+        "--wait",
+        "--timeout",
+        "120",
+        cache_dir=tmp_path / "c",
+    )
     assert "built for this machine" in done and "tensorrt-rtx/sm89" in done
     with Client(farm.url) as c:
         sm89 = next(e for e in c.engines(model=model["name"])["items"] if e["target"] == "tensorrt-rtx/sm89")
@@ -339,7 +482,9 @@ def test_export_triton_repository(farm, built, tmp_path):
     assert [(t.name, list(t.dims)) for t in cfg.output] == [("logits", [10])]
     assert cfg.instance_group[0].kind == ModelInstanceGroup.Kind.Value("KIND_GPU")
     cpu = text_format.Parse((out / f"{safe}_onnx" / "config.pbtxt").read_text(), ModelConfig())
-    assert cpu.platform == "onnxruntime_onnx" and cpu.instance_group[0].kind == ModelInstanceGroup.Kind.Value("KIND_CPU")
+    assert cpu.platform == "onnxruntime_onnx" and cpu.instance_group[0].kind == ModelInstanceGroup.Kind.Value(
+        "KIND_CPU"
+    )
     with Client(farm.url) as c:
         model = c.models(name=name)["items"][0]
     assert hashlib.sha256((out / f"{safe}_onnx" / "1" / "model.onnx").read_bytes()).hexdigest() == model["sha256"]
@@ -363,7 +508,9 @@ def test_same_bytes_under_another_name_share_engines(farm, api, built, tmp_path)
         answer = c.resolve(twin["name"], rtx_machine(rtx))
     assert {e["target"] for e in listed} >= set(TARGETS)
     assert {e["model_name"] for e in listed} == {twin["name"]}
-    assert answer["engine"]["id"] == engines["tensorrt-rtx/sm86"]["id"] and answer["engine"]["model_name"] == twin["name"]
+    assert (
+        answer["engine"]["id"] == engines["tensorrt-rtx/sm86"]["id"] and answer["engine"]["model_name"] == twin["name"]
+    )
 
 
 def test_a_machine_asking_again_gets_a_304_and_keeps_its_answer(farm, built, tmp_path):
@@ -374,7 +521,8 @@ def test_a_machine_asking_again_gets_a_304_and_keeps_its_answer(farm, built, tmp
     cache = EngineCache(tmp_path / "cache")
     with Client(farm.url) as c:
         c.http.event_hooks["response"].append(
-            lambda r: statuses.append(r.status_code) if r.request.url.path == "/v1/resolve" else None)
+            lambda r: statuses.append(r.status_code) if r.request.url.path == "/v1/resolve" else None
+        )
         first = c.resolve(name, rtx_machine(rtx), cache=cache)
         again = c.resolve(name, rtx_machine(rtx), cache=cache)
         other = c.resolve(name, rtx_machine(rtx, compute_capability="8.9"), cache=cache)
@@ -402,8 +550,17 @@ def test_get_names_onnxruntime_cuda_and_hears_what_would_fit(api, built):
     """GET takes the ONNX Runtime fields POST takes: a Hopper machine that runs ONNX Runtime with CUDA, for a
     model with no CUDA artifact yet, is told that onnxruntime/cuda-sm90 would fit, and not handed the CPU file."""
     name, _, _ = built
-    r = api.get("/v1/resolve", params={"model": name, "cc": "9.0", "gpu": "NVIDIA H100 80GB HBM3", "platform": "x86_64",
-                                       "ort": "1.31.1", "ort_cuda": "true"})
+    r = api.get(
+        "/v1/resolve",
+        params={
+            "model": name,
+            "cc": "9.0",
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "platform": "x86_64",
+            "ort": "1.31.1",
+            "ort_cuda": "true",
+        },
+    )
     assert r.status_code == 404, r.text
     assert r.json()["build"]["targets"] == ["onnxruntime/cuda-sm90"]
     cpu = next(p for p in r.json()["problems"] if p["target"] == "onnxruntime/cpu-x86_64")

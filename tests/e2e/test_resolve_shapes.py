@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from enginefarm.client import ApiError, Client
+from enginefarm.client.triton import PLAN_PREFERENCE, triton_machine
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.client.triton import PLAN_PREFERENCE, triton_machine
 from tests.helpers import run_cli, unique_name
 
 SM86 = "tensorrt-rtx/sm86"
@@ -43,8 +43,11 @@ def detector(farm, tmp_path_factory):
         model, _ = c.upload(path, unique_name("shapes"))
         c.upload_samples(model["id"], npz)
         engines = {}
-        for kind, spec, targets in (("dynamic", sample_spec(), [SM86, CPU]), ("static", STATIC, [SM86]),
-                                    ("int8", {**sample_spec(), "precision": "int8", "benchmark": QUICK}, [SM86])):
+        for kind, spec, targets in (
+            ("dynamic", sample_spec(), [SM86, CPU]),
+            ("static", STATIC, [SM86]),
+            ("int8", {**sample_spec(), "precision": "int8", "benchmark": QUICK}, [SM86]),
+        ):
             done = _wait(c, c.build(model["id"], targets, spec))
             task = next(t for t in done["tasks"] if t["target"] == SM86)
             engines[kind] = c.get(f"/v1/engines/{task['engine_id']}")
@@ -63,9 +66,18 @@ def mixed(farm, tmp_path_factory):
 
 
 def sm86(rtx: str, **kw) -> Machine:
-    return replace(Machine(gpu_name="NVIDIA GeForce RTX 3090", compute_capability="8.6", memory_mib=24576,
-                           driver_version="580.82.07", cuda_version="13.0", trt_rtx_version=rtx, platform="x86_64"),
-                   **kw)
+    return replace(
+        Machine(
+            gpu_name="NVIDIA GeForce RTX 3090",
+            compute_capability="8.6",
+            memory_mib=24576,
+            driver_version="580.82.07",
+            cuda_version="13.0",
+            trt_rtx_version=rtx,
+            platform="x86_64",
+        ),
+        **kw,
+    )
 
 
 def batch(n: int) -> dict:
@@ -91,20 +103,40 @@ def test_the_narrowest_covering_profile_wins_and_a_shape_only_the_dynamic_one_co
     assert static["reason"] == "profile 0 of input 'input' covers 1x3x32x32..1x3x32x32; you need 4x3x32x32"
     assert static["profiles"] == [batch(1)]
     # The same in trtexec syntax on GET, with a range.
-    got = api.get("/v1/resolve", params={"model": model["name"], "cc": "8.6", "trt_rtx": rtx, "platform": "x86_64",
-                                         "min_shapes": "input:2x3x32x32", "max_shapes": "input:8x3x32x32"})
+    got = api.get(
+        "/v1/resolve",
+        params={
+            "model": model["name"],
+            "cc": "8.6",
+            "trt_rtx": rtx,
+            "platform": "x86_64",
+            "min_shapes": "input:2x3x32x32",
+            "max_shapes": "input:8x3x32x32",
+        },
+    )
     assert got.status_code == 200 and got.json()["engine"]["id"] == engines["dynamic"]["id"]
 
 
 def test_a_shape_nothing_covers_is_a_404_with_the_profiles(api, detector):
     model, engines, rtx = detector
-    r = api.get("/v1/resolve", params={"model": model["name"], "cc": "8.6", "trt_rtx": rtx, "platform": "x86_64",
-                                       "shapes": "input:16x3x32x32", "backend": "tensorrt-rtx"})
+    r = api.get(
+        "/v1/resolve",
+        params={
+            "model": model["name"],
+            "cc": "8.6",
+            "trt_rtx": rtx,
+            "platform": "x86_64",
+            "shapes": "input:16x3x32x32",
+            "backend": "tensorrt-rtx",
+        },
+    )
     assert r.status_code == 404, r.text
     problems = {p["engine_id"]: p for p in r.json()["problems"]}
     assert problems[engines["dynamic"]["id"]]["rule"] == "shapes"
-    assert problems[engines["dynamic"]["id"]]["reason"] == \
-        "profile 0 of input 'input' covers 1x3x32x32..8x3x32x32; you need 16x3x32x32"
+    assert (
+        problems[engines["dynamic"]["id"]]["reason"]
+        == "profile 0 of input 'input' covers 1x3x32x32..8x3x32x32; you need 16x3x32x32"
+    )
     bad = api.get("/v1/resolve", params={"model": model["name"], "shapes": "input:1x3xbig"})
     assert bad.status_code == 422 and "dims must be integers" in bad.text and "shapes=images:1x3x640x640" in bad.text
 
@@ -134,12 +166,14 @@ def test_an_unchecked_int8_engine_is_never_the_default_answer(farm, api, detecto
 def test_cli_fetch_shapes_explain_shows_profiles(farm, detector, tmp_path):
     model, engines, rtx = detector
     flags = ["--cc", "8.6", "--trt-rtx", rtx, "--platform", "x86_64", "--driver", "580.82.07"]
-    out = run_cli(farm.url, "fetch", model["name"], *flags, "--shapes", "input:4x3x32x32", "--explain",
-                  cache_dir=tmp_path / "c")
+    out = run_cli(
+        farm.url, "fetch", model["name"], *flags, "--shapes", "input:4x3x32x32", "--explain", cache_dir=tmp_path / "c"
+    )
     assert "input 1x3x32x32..8x3x32x32" in out and "shapes" in out
     assert "you need 4x3x32x32" in out
-    bad = run_cli(farm.url, "fetch", model["name"], *flags, "--shapes", "input=4", "--explain",
-                  cache_dir=tmp_path / "c", expect=1)
+    bad = run_cli(
+        farm.url, "fetch", model["name"], *flags, "--shapes", "input=4", "--explain", cache_dir=tmp_path / "c", expect=1
+    )
     assert "NAME:DxDxD" in bad
 
 
@@ -159,10 +193,22 @@ def test_export_and_fetch_pick_the_same_engine_for_every_model(farm, detector, m
             if not any(e["compute_capability"] and e["backend"] in PLAN_PREFERENCE for e in engines):
                 continue
             out = tmp_path / f"repo-{name}"  # one each: a model with no plan writes no plan model to replace
-            run_cli(farm.url, "export", "triton", name, "--out", str(out), "--name", "m", "--overwrite",
-                    cache_dir=tmp_path / "cache")
+            run_cli(
+                farm.url,
+                "export",
+                "triton",
+                name,
+                "--out",
+                str(out),
+                "--name",
+                "m",
+                "--overwrite",
+                cache_dir=tmp_path / "cache",
+            )
             config = out / "m" / "config.pbtxt"
-            files = dict(text_format.Parse(config.read_text(), ModelConfig()).cc_model_filenames) if config.exists() else {}
+            files = (
+                dict(text_format.Parse(config.read_text(), ModelConfig()).cc_model_filenames) if config.exists() else {}
+            )
             exported = {cc: hashlib.sha256((out / "m" / "1" / f).read_bytes()).hexdigest() for cc, f in files.items()}
             # Its versions asked by name: the suite's whole catalog is longer than one page of GET /v1/models.
             versions = [m for m in c.models(name=name, limit=500)["items"] if m["source_model_id"] is None]
@@ -187,8 +233,18 @@ def test_a_build_asked_for_shapes_nothing_covers_gets_a_profile_that_covers_them
     """resolve with build=true and shapes no engine covers: the build it submits covers those shapes (one profile
     more than the spec it starts from), instead of building the latest spec again."""
     model, engines, rtx = detector
-    r = api.get("/v1/resolve", params={"model": model["name"], "cc": "8.6", "trt_rtx": rtx, "platform": "x86_64",
-                                       "shapes": "input:16x3x32x32", "backend": "tensorrt-rtx", "build": "true"})
+    r = api.get(
+        "/v1/resolve",
+        params={
+            "model": model["name"],
+            "cc": "8.6",
+            "trt_rtx": rtx,
+            "platform": "x86_64",
+            "shapes": "input:16x3x32x32",
+            "backend": "tensorrt-rtx",
+            "build": "true",
+        },
+    )
     assert r.status_code == 202, r.text
     build = api.get(f"/v1/builds/{r.json()['build_id']}").json()
     profiles = build["spec"]["profiles"]

@@ -47,8 +47,11 @@ def stopped_within(proc: subprocess.Popen, seconds: float) -> tuple[int, float]:
 
 def running_under(settings, worker_id: str) -> list[int]:
     with session_scope(settings) as s:
-        return list(s.scalars(select(BuildTaskRow.id).where(BuildTaskRow.state == "running",
-                                                            BuildTaskRow.worker_id == worker_id)))
+        return list(
+            s.scalars(
+                select(BuildTaskRow.id).where(BuildTaskRow.state == "running", BuildTaskRow.worker_id == worker_id)
+            )
+        )
 
 
 def test_sigterm_lets_the_running_build_finish_and_more_signals_change_nothing(farm, tmp_path, dist_settings):
@@ -60,8 +63,12 @@ def test_sigterm_lets_the_running_build_finish_and_more_signals_change_nothing(f
         worker = farm.start_worker("drain-a", [PORTABLE], bench_targets=[], extra_env={**slow(6), **grace(20)})
         try:
             build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
-            running = wait_task(c, build["id"], lambda t: t["state"] == "running"
-                                and t["worker_id"].startswith("drain-a@"), what="running on drain-a")
+            running = wait_task(
+                c,
+                build["id"],
+                lambda t: t["state"] == "running" and t["worker_id"].startswith("drain-a@"),
+                what="running on drain-a",
+            )
             time.sleep(1)  # inside the build's pause
             os.kill(worker.pid, signal.SIGTERM)
             time.sleep(1)
@@ -98,8 +105,12 @@ def test_sigterm_past_the_grace_puts_the_build_back_for_another_worker(farm, tmp
         victim = farm.start_worker("drain-b", [PORTABLE], bench_targets=[], extra_env={**slow(30), **grace(3)})
         try:
             build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS}, queue_without_worker=True)
-            running = wait_task(c, build["id"], lambda t: t["state"] == "running"
-                                and t["worker_id"].startswith("drain-b@"), what="running on drain-b")
+            running = wait_task(
+                c,
+                build["id"],
+                lambda t: t["state"] == "running" and t["worker_id"].startswith("drain-b@"),
+                what="running on drain-b",
+            )
             farm.start_worker("drain-rescuer", [PORTABLE], bench_targets=[], extra_env=slow(1))
             farm.wait_workers(["drain-rescuer"])
             sigterm_at = datetime.now(timezone.utc)
@@ -110,8 +121,13 @@ def test_sigterm_past_the_grace_puts_the_build_back_for_another_worker(farm, tmp
             assert code == 0, f"exit code {code} after {took:.1f} s"
             assert not running_under(dist_settings, running["worker_id"]), "a task left running under a stopped worker"
             assert at_exit["worker_id"] != running["worker_id"], at_exit
-            taken = wait_task(c, build["id"], lambda t: t["state"] != "queued", timeout=5,
-                              what="taken by the rescuer within 5 s of the exit")
+            taken = wait_task(
+                c,
+                build["id"],
+                lambda t: t["state"] != "queued",
+                timeout=5,
+                what="taken by the rescuer within 5 s of the exit",
+            )
             taken_after = (datetime.fromisoformat(taken["started_at"]) - sigterm_at).total_seconds()
             assert taken["worker_id"].startswith("drain-rescuer@"), taken
             done = c.wait_build(build["id"], timeout=120, poll=0.3)
@@ -125,8 +141,10 @@ def test_sigterm_past_the_grace_puts_the_build_back_for_another_worker(farm, tmp
     assert redis.Redis.from_url(redis_url).llen(QUEUE) == 0, "a second message for the task was left in the queue"
     log = (farm.log_dir / "worker-drain-b.log").read_text(errors="replace")
     assert f"put 1 running task(s) back in the queue: build {task['id']}" in log
-    print(f"build put back: the worker exited 0 {took:.1f} s after SIGTERM; another worker claimed the "
-          f"task {taken_after:.1f} s after SIGTERM")
+    print(
+        f"build put back: the worker exited 0 {took:.1f} s after SIGTERM; another worker claimed the "
+        f"task {taken_after:.1f} s after SIGTERM"
+    )
     audit(dist_settings)
 
 
@@ -135,6 +153,7 @@ def test_sigterm_puts_back_a_benchmark_of_the_lane_too(farm, tmp_path, dist_sett
     benchmark claimed by the lane waits for the build the worker runs. SIGTERM with a grace of 1 s: the worker stops
     its lane and both exit 0 in time; the build and the benchmark are back in the queue, neither attempt counted,
     and another worker finishes both."""
+
     def bench_row(engine_id: int) -> BenchmarkTaskRow | None:
         with session_scope(dist_settings) as s:
             return s.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.engine_id == engine_id)).first()
@@ -165,8 +184,9 @@ def test_sigterm_puts_back_a_benchmark_of_the_lane_too(farm, tmp_path, dist_sett
             farm.start_worker("drain-c2", [PORTABLE], bench_targets=[PORTABLE])
             task = c.wait_build(second["id"], timeout=120, poll=0.3)["tasks"][0]
             deadline = time.monotonic() + 60  # both benchmarks (the second engine's too) end before the rescuer stops
-            while (row := bench_row(engine_id)).state in ("queued", "running") or \
-                    bench_row(task["engine_id"]).state in ("queued", "running"):
+            while (row := bench_row(engine_id)).state in ("queued", "running") or bench_row(
+                task["engine_id"]
+            ).state in ("queued", "running"):
                 assert time.monotonic() < deadline, f"the benchmark never ran again: {row.state}"
                 time.sleep(0.3)
         finally:

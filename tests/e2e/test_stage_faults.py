@@ -37,9 +37,17 @@ STAGE_DELAY_S = 300  # the victim's stage waits this long: it is killed well ins
 def lone(tmp_path_factory) -> Farm:
     data = tmp_path_factory.mktemp("stage-faults")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")}
-    env.update({"ENGINEFARM_DATA_DIR": str(data), "ENGINEFARM_BLOB_STORE": "local", "PYTHONUNBUFFERED": "1",
-                "ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": str(TTL_S),
-                "ENGINEFARM_RECONCILE_SECONDS": "1", "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3"})
+    env.update(
+        {
+            "ENGINEFARM_DATA_DIR": str(data),
+            "ENGINEFARM_BLOB_STORE": "local",
+            "PYTHONUNBUFFERED": "1",
+            "ENGINEFARM_HEARTBEAT_SECONDS": "1",
+            "ENGINEFARM_WORKER_TTL_SECONDS": str(TTL_S),
+            "ENGINEFARM_RECONCILE_SECONDS": "1",
+            "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "3",
+        }
+    )
     farm = Farm(env, log_dir=data, token=issue_token(Settings(data_dir=data, blob_store="local"), "faults", ["admin"]))
     farm.env = env  # this farm knows nothing of the session's (its catalog, broker and token)
     farm.settings = Settings(data_dir=data, blob_store="local")
@@ -50,13 +58,31 @@ def lone(tmp_path_factory) -> Farm:
         farm.stop()
 
 
-def start(farm: Farm, name: str, targets: list[str], bench: list[str], env: dict[str, str] | None = None,
-          slow_stages: bool = False):
+def start(
+    farm: Farm,
+    name: str,
+    targets: list[str],
+    bench: list[str],
+    env: dict[str, str] | None = None,
+    slow_stages: bool = False,
+):
     """A worker; ``slow_stages``: under tests.slow_stages, whose quantizer and benchmark wait as ``env`` says."""
     if not slow_stages:
         return farm.start_worker(name, targets, bench_targets=bench, extra_env=env)
-    args = [sys.executable, "-m", "tests.slow_stages", "worker", "--name", name, "--concurrency", "1",
-            "--targets", ",".join(targets) or "none", "--bench-targets", ",".join(bench) or "none"]
+    args = [
+        sys.executable,
+        "-m",
+        "tests.slow_stages",
+        "worker",
+        "--name",
+        name,
+        "--concurrency",
+        "1",
+        "--targets",
+        ",".join(targets) or "none",
+        "--bench-targets",
+        ",".join(bench) or "none",
+    ]
     farm.workers[name] = farm._spawn(f"worker-{name}", args, env)
     return farm.workers[name]
 
@@ -89,8 +115,10 @@ def test_a_worker_killed_while_it_quantizes_has_its_stage_finished_by_another(lo
         def stage() -> dict:
             return c.get(f"/v1/builds/{build['id']}")["quantize"] or {}
 
-        wait_for("quantizing on the victim", lambda: stage().get("state") == "running"
-                 and stage()["worker_id"].startswith("quantizer@"))
+        wait_for(
+            "quantizing on the victim",
+            lambda: stage().get("state") == "running" and stage()["worker_id"].startswith("quantizer@"),
+        )
         time.sleep(1)  # inside the quantizer: the test hook holds it
         kill(lone, "quantizer")
         lost = wait_for("requeued", lambda: (s := stage()).get("state") == "queued" and s, timeout=TTL_S + 30)
@@ -125,8 +153,10 @@ def test_a_worker_killed_while_it_benchmarks_has_its_check_finished_by_another(l
                         s.expunge(row)
                     return row
 
-            wait_for("benchmarking on the victim", lambda: (r := check()) and r.state == "running"
-                     and r.worker_id.startswith("bencher@"))
+            wait_for(
+                "benchmarking on the victim",
+                lambda: (r := check()) and r.state == "running" and r.worker_id.startswith("bencher@"),
+            )
             time.sleep(1)
             kill(lone, "bencher")
             lost = wait_for("requeued", lambda: (r := check()) and r.state == "queued" and r, timeout=TTL_S + 30)

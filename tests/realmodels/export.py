@@ -13,8 +13,15 @@ import sys
 import torch
 
 # The configuration of BERT-Tiny (L=2, H=128, A=2), with BERT's uncased WordPiece vocabulary size.
-BERT = dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=512, max_position_embeddings=512, type_vocab_size=2)
+BERT = dict(
+    vocab_size=30522,
+    hidden_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=512,
+    max_position_embeddings=512,
+    type_vocab_size=2,
+)
 MOBILENET_V2 = dict(num_channels=3, image_size=224, depth_multiplier=1.0, num_labels=1000)
 
 
@@ -50,10 +57,17 @@ def bert(out: str) -> None:
     args = (ids, torch.ones_like(ids), torch.zeros_like(ids))
     batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("sequence", max=BERT["max_position_embeddings"])
     dims = {0: batch, 1: seq}
-    torch.onnx.export(model, args, out, dynamo=True, opset_version=17, external_data=False,
-                      input_names=["input_ids", "attention_mask", "token_type_ids"],
-                      output_names=["last_hidden_state", "pooler_output"],
-                      dynamic_shapes=(dims, dims, dims))
+    torch.onnx.export(
+        model,
+        args,
+        out,
+        dynamo=True,
+        opset_version=17,
+        external_data=False,
+        input_names=["input_ids", "attention_mask", "token_type_ids"],
+        output_names=["last_hidden_state", "pooler_output"],
+        dynamic_shapes=(dims, dims, dims),
+    )
 
 
 def mobilenet_v2(out: str) -> None:
@@ -70,9 +84,17 @@ def mobilenet_v2(out: str) -> None:
             torch.nn.init.normal_(module.weight, 0, 0.01)
     x = torch.rand(2, 3, 224, 224)
     # opset 18, torch's own: converting this graph down to 17 fails ("No Adapter To Version $17 for Pad").
-    torch.onnx.export(model, (x,), out, dynamo=True, opset_version=18, external_data=False,
-                      input_names=["pixel_values"], output_names=["logits"],
-                      dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+    torch.onnx.export(
+        model,
+        (x,),
+        out,
+        dynamo=True,
+        opset_version=18,
+        external_data=False,
+        input_names=["pixel_values"],
+        output_names=["logits"],
+        dynamic_shapes=({0: torch.export.Dim("batch", max=64)},),
+    )
 
 
 RECIPES = {"bert": bert, "mobilenet-v2": mobilenet_v2}

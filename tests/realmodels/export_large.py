@@ -59,7 +59,9 @@ class ResNet50(nn.Module):
     def _make(self, planes, blocks, stride=1):
         down = None
         if stride != 1 or self.inplanes != planes * 4:
-            down = nn.Sequential(nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False), nn.BatchNorm2d(planes * 4))
+            down = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes * 4, 1, stride, bias=False), nn.BatchNorm2d(planes * 4)
+            )
         layers = [Bottleneck(self.inplanes, planes, stride, down)]
         self.inplanes = planes * 4
         layers += [Bottleneck(self.inplanes, planes) for _ in range(1, blocks)]
@@ -103,8 +105,11 @@ class ConvNeXtTiny(nn.Module):
         self.stem = nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
         stages = []
         for i, (depth, dim) in enumerate(zip(depths, dims)):
-            down = nn.Identity() if i == 0 else nn.Sequential(LayerNorm2d(dims[i - 1], eps=1e-6),
-                                                              nn.Conv2d(dims[i - 1], dim, 2, 2))
+            down = (
+                nn.Identity()
+                if i == 0
+                else nn.Sequential(LayerNorm2d(dims[i - 1], eps=1e-6), nn.Conv2d(dims[i - 1], dim, 2, 2))
+            )
             stages.append(nn.Sequential(down, *[ConvNeXtBlock(dim) for _ in range(depth)]))
         self.stages = nn.Sequential(*stages)
         self.norm = nn.LayerNorm(dims[-1], eps=1e-6)
@@ -131,16 +136,32 @@ def _settle_batchnorm(model, shape):
 def resnet50(out):
     model = ResNet50()
     _settle_batchnorm(model, (4, 3, 224, 224))
-    torch.onnx.export(model, (torch.rand(1, 3, 224, 224),), out, dynamo=True, opset_version=17, external_data=False,
-                      input_names=["input"], output_names=["output"],
-                      dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+    torch.onnx.export(
+        model,
+        (torch.rand(1, 3, 224, 224),),
+        out,
+        dynamo=True,
+        opset_version=17,
+        external_data=False,
+        input_names=["input"],
+        output_names=["output"],
+        dynamic_shapes=({0: torch.export.Dim("batch", max=64)},),
+    )
 
 
 def convnext(out):
     model = ConvNeXtTiny().eval()
-    torch.onnx.export(model, (torch.rand(2, 3, 224, 224),), out, dynamo=True, opset_version=17, external_data=False,
-                      input_names=["input"], output_names=["logits"],
-                      dynamic_shapes=({0: torch.export.Dim("batch", max=64)},))
+    torch.onnx.export(
+        model,
+        (torch.rand(2, 3, 224, 224),),
+        out,
+        dynamo=True,
+        opset_version=17,
+        external_data=False,
+        input_names=["input"],
+        output_names=["logits"],
+        dynamic_shapes=({0: torch.export.Dim("batch", max=64)},),
+    )
 
 
 class _Decoder(nn.Module):
@@ -158,9 +179,17 @@ def gpt2(out):
     model = _Decoder(GPT2Model(GPT2Config(vocab_size=8192, n_positions=256, n_embd=128, n_layer=4, n_head=4))).eval()
     ids = torch.randint(0, 8192, (2, 16))
     # opset 18: the exporter writes Split with num_outputs, which opset 17 does not have.
-    torch.onnx.export(model, (ids,), out, dynamo=True, opset_version=18, external_data=False,
-                      input_names=["input_ids"], output_names=["hidden"],
-                      dynamic_shapes=({0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("sequence", max=256)},))
+    torch.onnx.export(
+        model,
+        (ids,),
+        out,
+        dynamo=True,
+        opset_version=18,
+        external_data=False,
+        input_names=["input_ids"],
+        output_names=["hidden"],
+        dynamic_shapes=({0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("sequence", max=256)},),
+    )
 
 
 RECIPES = {"resnet50": resnet50, "convnext": convnext, "gpt2": gpt2}

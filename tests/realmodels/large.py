@@ -22,23 +22,40 @@ def _tokens(rng, shapes):
     return {"input_ids": rng.integers(0, GPT2_VOCAB, (n, seq)).astype(np.int64)}
 
 
-LARGE: dict[str, RealModel] = {m.name: m for m in [
-    RealModel(name="resnet50", kind="cnn-classification",
-              source="ResNet-50 (torchvision's layers, batch-norm statistics from random images), torch dynamo export, "
-                     "opset 17, dynamic batch",
-              inputs={"input": "float32"}, shapes=_profile(input=([1, 3, 224, 224], [1, 3, 224, 224], [8, 3, 224, 224])),
-              value_ranges={"input": [-2.5, 2.5]}, sampler=_image("input", 0.45, 0.25)),
-    RealModel(name="convnext", kind="cnn-classification",
-              source="ConvNeXt-Tiny (timm's convnext_tiny layers), torch dynamo export, opset 17, dynamic batch",
-              inputs={"input": "float32"}, shapes=_profile(input=([1, 3, 224, 224], [1, 3, 224, 224], [8, 3, 224, 224])),
-              value_ranges={"input": [-2.5, 2.5]}, sampler=_image("input", 0.45, 0.25)),
-    RealModel(name="gpt2", kind="transformer-decoder",
-              source="transformers GPT2Config(vocab_size=8192, n_embd=128, n_layer=4, n_head=4) random weights, "
-                     "torch dynamo export, opset 18, dynamic batch and sequence",
-              inputs={"input_ids": "int64"},
-              shapes=_profile(input_ids=([1, 1], [1, 64], [8, 256])),
-              value_ranges={"input_ids": [0, GPT2_VOCAB - 1]}, sampler=_tokens),
-]}
+LARGE: dict[str, RealModel] = {
+    m.name: m
+    for m in [
+        RealModel(
+            name="resnet50",
+            kind="cnn-classification",
+            source="ResNet-50 (torchvision's layers, batch-norm statistics from random images), torch dynamo export, "
+            "opset 17, dynamic batch",
+            inputs={"input": "float32"},
+            shapes=_profile(input=([1, 3, 224, 224], [1, 3, 224, 224], [8, 3, 224, 224])),
+            value_ranges={"input": [-2.5, 2.5]},
+            sampler=_image("input", 0.45, 0.25),
+        ),
+        RealModel(
+            name="convnext",
+            kind="cnn-classification",
+            source="ConvNeXt-Tiny (timm's convnext_tiny layers), torch dynamo export, opset 17, dynamic batch",
+            inputs={"input": "float32"},
+            shapes=_profile(input=([1, 3, 224, 224], [1, 3, 224, 224], [8, 3, 224, 224])),
+            value_ranges={"input": [-2.5, 2.5]},
+            sampler=_image("input", 0.45, 0.25),
+        ),
+        RealModel(
+            name="gpt2",
+            kind="transformer-decoder",
+            source="transformers GPT2Config(vocab_size=8192, n_embd=128, n_layer=4, n_head=4) random weights, "
+            "torch dynamo export, opset 18, dynamic batch and sequence",
+            inputs={"input_ids": "int64"},
+            shapes=_profile(input_ids=([1, 1], [1, 64], [8, 256])),
+            value_ranges={"input_ids": [0, GPT2_VOCAB - 1]},
+            sampler=_tokens,
+        ),
+    ]
+}
 
 
 def path(name: str) -> Path:
@@ -47,8 +64,9 @@ def path(name: str) -> Path:
     key = hashlib.sha256(f"{name}|{EXPORT_SCRIPT.read_text()}|{versions}".encode()).hexdigest()[:12]
 
     def export(tmp: Path) -> None:
-        done = subprocess.run([sys.executable, str(EXPORT_SCRIPT), name, str(tmp)], capture_output=True, text=True,
-                              timeout=900)
+        done = subprocess.run(
+            [sys.executable, str(EXPORT_SCRIPT), name, str(tmp)], capture_output=True, text=True, timeout=900
+        )
         if done.returncode != 0:
             raise RuntimeError(f"exporting {name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
 

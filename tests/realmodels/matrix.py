@@ -23,19 +23,25 @@ from typing import Any
 import numpy as np
 
 from enginefarm.core.domain import ModelInfo, Target
+from enginefarm.core.errors import EnginefarmError
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.core.validation import validate_spec
-from enginefarm.core.errors import EnginefarmError
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import inspect_upload
-from tests.realmodels import MODELS, RealModel, path, samples
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.evaluate import evaluate
 from enginefarm.worker.pipeline import engine_from_model
 from enginefarm.worker.quantize import family_of
+from tests.realmodels import MODELS, RealModel, path, samples
 
-TARGETS = ("tensorrt-rtx/sm75", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120", "onnxruntime/cpu-x86_64")
+TARGETS = (
+    "tensorrt-rtx/sm75",
+    "tensorrt-rtx/sm86",
+    "tensorrt-rtx/sm89",
+    "tensorrt-rtx/sm120",
+    "onnxruntime/cpu-x86_64",
+)
 PRECISIONS = ("fp32", "fp16", "int8")
 CALIBRATION_SAMPLES = 8
 # Short timing: the matrix measures that benchmarks run and what they report, not this shared CPU's speed.
@@ -106,12 +112,26 @@ def _quantized(prep: Prepared, work: Path, family: str) -> None:
         feed = {n: a for n, a in prep.samples.items() if n not in spec.fixed_inputs}
         if family == "onnxruntime":
             (work / "quantize").mkdir(exist_ok=True)
-            report = quantize_for_cpu(float_model, feed, out, spec, prep.info, work / "quantize",
-                                      lambda p: OrtRunner(p, spec.benchmark.threads))
+            report = quantize_for_cpu(
+                float_model,
+                feed,
+                out,
+                spec,
+                prep.info,
+                work / "quantize",
+                lambda p: OrtRunner(p, spec.benchmark.threads),
+            )
             prep.int8_candidates = report.candidates or []
         else:
-            quantize_qdq(float_model, feed, out, method=spec.calibration.method.value,
-                         calibration_batch=spec.calibration.batch, family=family, scratch=work / "quantize")
+            quantize_qdq(
+                float_model,
+                feed,
+                out,
+                method=spec.calibration.method.value,
+                calibration_batch=spec.calibration.batch,
+                family=family,
+                scratch=work / "quantize",
+            )
         prep.int8_path[family] = out
     except EnginefarmError as exc:
         prep.int8_error[family] = f"int8 quantization failed: {exc.message}"
@@ -150,8 +170,12 @@ def run_cell(prep: Prepared, target_text: str, precision: str, work: Path, evalu
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def run_matrix(names: list[str] | None = None, targets: tuple[str, ...] = TARGETS,
-               precisions: tuple[str, ...] = PRECISIONS, work: Path | None = None) -> tuple[list[Cell], dict[str, Prepared]]:
+def run_matrix(
+    names: list[str] | None = None,
+    targets: tuple[str, ...] = TARGETS,
+    precisions: tuple[str, ...] = PRECISIONS,
+    work: Path | None = None,
+) -> tuple[list[Cell], dict[str, Prepared]]:
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="matrix-")) if own else work
     try:
@@ -183,8 +207,10 @@ def _accuracy_text(acc: dict[str, Any] | None) -> str:
 
 
 def markdown(cells: list[Cell], preps: dict[str, Prepared]) -> str:
-    lines = ["| model | ops | opset | target | precision | outcome | build s | engine MB | p50 ms (CPU) | accuracy vs ORT fp32 | reason |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | ops | opset | target | precision | outcome | build s | engine MB | p50 ms (CPU) | accuracy vs ORT fp32 | reason |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in cells:
         prep = preps[c.model]
         reason = c.reason.replace("|", "\\|").replace("\n", " ")
@@ -192,12 +218,25 @@ def markdown(cells: list[Cell], preps: dict[str, Prepared]) -> str:
             reason = "; ".join(c.check_errors).replace("|", "\\|")
         if c.outcome == "ok" and c.target.startswith("tensorrt"):
             reason = reason or "built; running it needs an RTX-class GPU of this compute capability"
-        lines.append("| " + " | ".join([
-            c.model, str(prep.ops), str(prep.info.opset), c.target, c.precision, c.outcome,
-            f"{c.build_s:.2f}" if c.build_s is not None else "",
-            f"{c.engine_bytes / 1e6:.1f}" if c.engine_bytes else "",
-            f"{c.p50_ms:.2f}" if c.p50_ms is not None else "",
-            _accuracy_text(c.accuracy), reason]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    c.model,
+                    str(prep.ops),
+                    str(prep.info.opset),
+                    c.target,
+                    c.precision,
+                    c.outcome,
+                    f"{c.build_s:.2f}" if c.build_s is not None else "",
+                    f"{c.engine_bytes / 1e6:.1f}" if c.engine_bytes else "",
+                    f"{c.p50_ms:.2f}" if c.p50_ms is not None else "",
+                    _accuracy_text(c.accuracy),
+                    reason,
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -350,9 +389,11 @@ def main() -> None:
     cells, preps = run_matrix(args.models.split(",") if args.models else None)
     counts = summary(cells)
     ok = counts.get("ok", 0)
-    tally = (f"**{ok} of {counts['cells']} cells succeed ({ok / counts['cells']:.0%})**; "
-             f"{counts.get('refused', 0)} are refused before building and {counts.get('failed', 0)} failed, each with "
-             f"its reason. The run took {time.perf_counter() - started:.0f} s.\n\n")
+    tally = (
+        f"**{ok} of {counts['cells']} cells succeed ({ok / counts['cells']:.0%})**; "
+        f"{counts.get('refused', 0)} are refused before building and {counts.get('failed', 0)} failed, each with "
+        f"its reason. The run took {time.perf_counter() - started:.0f} s.\n\n"
+    )
     text = HEADER + tally + markdown(cells, preps) + "\n" + GATES + INT8_VS_FP32 + BEFORE_AFTER
     if args.write:
         args.write.write_text(text)

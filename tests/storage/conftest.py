@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from enginefarm.server import localservers
 from enginefarm.core.config import Settings
+from enginefarm.server import localservers
 from enginefarm.storage.db import migrate
 
 

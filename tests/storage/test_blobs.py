@@ -13,19 +13,24 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from enginefarm.server import localservers
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import InfrastructureError, IntegrityError, NotFound
+from enginefarm.core.hashing import sha256_file
+from enginefarm.server import localservers
 from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
 from enginefarm.storage.blobs import s3 as s3_module
-from enginefarm.core.hashing import sha256_file
 from enginefarm.storage.blobs.local import LocalBlobStore
 from enginefarm.storage.blobs.s3 import S3BlobStore
 
 
 def s3_settings(endpoint: str, bucket: str | None = None) -> Settings:
-    return Settings(blob_store="s3", s3_endpoint_url=endpoint, s3_bucket=bucket or f"blobs-{uuid.uuid4().hex[:10]}",
-                    s3_access_key=localservers.S3_KEY, s3_secret_key=localservers.S3_SECRET)
+    return Settings(
+        blob_store="s3",
+        s3_endpoint_url=endpoint,
+        s3_bucket=bucket or f"blobs-{uuid.uuid4().hex[:10]}",
+        s3_access_key=localservers.S3_KEY,
+        s3_secret_key=localservers.S3_SECRET,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -233,8 +238,11 @@ def test_get_blob_store_local(tmp_path):
 
 def test_s3_multipart_upload(s3_store, tmp_path, monkeypatch):
     """A blob above the multipart threshold goes up in parts (threshold lowered to S3's 5 MiB minimum)."""
-    monkeypatch.setattr(s3_module, "TRANSFER", TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20,
-                                                              max_concurrency=2))
+    monkeypatch.setattr(
+        s3_module,
+        "TRANSFER",
+        TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20, max_concurrency=2),
+    )
     store = s3_store
     data = os.urandom((12 << 20) + 123)
     src, sha = blob(tmp_path, data)
@@ -270,9 +278,14 @@ def test_s3_presigned_url_serves_the_bytes(s3_store, tmp_path):
 
 
 def test_s3_missing_bucket_is_infrastructure_error(seaweedfs, tmp_path):
-    client = boto3.client("s3", endpoint_url=seaweedfs, region_name="us-east-1", aws_access_key_id=localservers.S3_KEY,
-                          aws_secret_access_key=localservers.S3_SECRET,
-                          config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}))
+    client = boto3.client(
+        "s3",
+        endpoint_url=seaweedfs,
+        region_name="us-east-1",
+        aws_access_key_id=localservers.S3_KEY,
+        aws_secret_access_key=localservers.S3_SECRET,
+        config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
+    )
     store = S3BlobStore(client, f"no-such-bucket-{uuid.uuid4().hex[:8]}")
     src, sha = blob(tmp_path, b"nowhere to go")
     with pytest.raises(InfrastructureError):
@@ -288,10 +301,14 @@ def _dead_endpoint() -> str:
 
 
 def test_s3_dead_endpoint_is_infrastructure_error(tmp_path):
-    client = boto3.client("s3", endpoint_url=_dead_endpoint(), region_name="us-east-1", aws_access_key_id="k",
-                          aws_secret_access_key="s",
-                          config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1,
-                                        s3={"addressing_style": "path"}))
+    client = boto3.client(
+        "s3",
+        endpoint_url=_dead_endpoint(),
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1, s3={"addressing_style": "path"}),
+    )
     store = S3BlobStore(client, "enginefarm")
     src, sha = blob(tmp_path, b"unreachable")
     started = time.monotonic()

@@ -32,8 +32,9 @@ def _blob(tmp_path: Path) -> tuple[Path, str, str]:
 
 
 def _row(session, sha: str, key: str) -> int:
-    row = ModelRow(name=f"m-{uuid.uuid4().hex[:8]}", version="1", seq=1, sha256=sha, format="onnx",
-                   blob_key=key, size=1, info={})
+    row = ModelRow(
+        name=f"m-{uuid.uuid4().hex[:8]}", version="1", seq=1, sha256=sha, format="onnx", blob_key=key, size=1, info={}
+    )
     session.add(row)
     session.flush()
     return row.id
@@ -107,6 +108,7 @@ def test_many_writers_of_one_key_end_with_their_rows_and_the_blob(settings, tmp_
             if i % 2:
                 raise Conflict(f"writer {i} fails")
             return _row(session, sha, key)
+
         try:
             return store_with_row(settings, store, key, path, sha, block)
         except Conflict:

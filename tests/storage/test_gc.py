@@ -58,9 +58,18 @@ def put(store: LocalBlobStore, data: bytes, key_of=model_key, *, old: bool = Tru
 
 def add_model(settings: Settings, key: str, samples: str | None = None) -> int:
     with session_scope(settings) as s:
-        row = ModelRow(name=f"m-{uuid.uuid4().hex[:8]}", version="1", seq=1, sha256=key.rsplit("/", 1)[-1][:64],
-                       format="onnx", blob_key=key, size=1, info={}, samples_key=samples,
-                       samples_sha256=samples.rsplit("/", 1)[-1] if samples else None)
+        row = ModelRow(
+            name=f"m-{uuid.uuid4().hex[:8]}",
+            version="1",
+            seq=1,
+            sha256=key.rsplit("/", 1)[-1][:64],
+            format="onnx",
+            blob_key=key,
+            size=1,
+            info={},
+            samples_key=samples,
+            samples_sha256=samples.rsplit("/", 1)[-1] if samples else None,
+        )
         s.add(row)
         s.flush()
         return row.id
@@ -68,9 +77,22 @@ def add_model(settings: Settings, key: str, samples: str | None = None) -> int:
 
 def add_engine(settings: Settings, model_id: int, key: str) -> None:
     with session_scope(settings) as s:
-        s.add(EngineRow(model_id=model_id, model_sha256="0" * 64, spec_hash=uuid.uuid4().hex,
-                        target="onnxruntime/cpu-x86_64", backend="onnxruntime", backend_version="1", precision="fp32",
-                        platform="x86_64", sha256=key.rsplit("/", 1)[-1], size=1, blob_key=key, build_seconds=0.1))
+        s.add(
+            EngineRow(
+                model_id=model_id,
+                model_sha256="0" * 64,
+                spec_hash=uuid.uuid4().hex,
+                target="onnxruntime/cpu-x86_64",
+                backend="onnxruntime",
+                backend_version="1",
+                precision="fp32",
+                platform="x86_64",
+                sha256=key.rsplit("/", 1)[-1],
+                size=1,
+                blob_key=key,
+                build_seconds=0.1,
+            )
+        )
 
 
 @pytest.fixture
@@ -302,6 +324,10 @@ def test_blob_deleted_by_another_sweep_meanwhile_is_no_error(settings, store, mo
 def test_every_blob_key_column_of_the_catalog_counts_as_a_reference():
     """A new column holding a blob key must be added to REFERENCE_COLUMNS, or its blobs would be collected."""
     not_blob_keys = {"benchmarks.shape_key"}
-    key_columns = {f"{table.name}.{column.name}" for table in Base.metadata.tables.values()
-                   for column in table.columns if column.name.endswith("_key")}
+    key_columns = {
+        f"{table.name}.{column.name}"
+        for table in Base.metadata.tables.values()
+        for column in table.columns
+        if column.name.endswith("_key")
+    }
     assert key_columns - not_blob_keys == {f"{c.class_.__tablename__}.{c.key}" for c in blobwrite.REFERENCE_COLUMNS}

@@ -58,14 +58,18 @@ def scratch(settings: Settings, name: str, old: float = 0.0) -> Path:
 
 def holder(settings: Settings, code: str) -> subprocess.Popen:
     """A process that runs ``code`` with ``settings`` (as ``s``), prints a path, and waits to be killed."""
-    script = textwrap.dedent(f"""
+    script = (
+        textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
         from enginefarm.core.config import Settings
         from enginefarm.core.worklock import Scratch
         from enginefarm.core import worklock
         s = Settings(data_dir={str(settings.data_dir)!r})
-    """) + textwrap.dedent(code) + "\nprint(path, flush=True)\ntime.sleep(600)\n"
+    """)
+        + textwrap.dedent(code)
+        + "\nprint(path, flush=True)\ntime.sleep(600)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     return proc
 
@@ -125,10 +129,13 @@ def test_held_ones_are_kept_however_old(settings):
 
 
 def test_scratch_folder_of_a_killed_build_is_collected(settings):
-    proc = holder(settings, """
+    proc = holder(
+        settings,
+        """
         path = Scratch(s).__enter__()
         (path / "engine.plan").write_bytes(b"z" * 1000)
-    """)
+    """,
+    )
     build = Path(proc.stdout.readline().strip())
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -150,11 +157,13 @@ def test_gc_command_removes_the_spool_of_an_upload_an_api_crash_cut_off(tmp_path
     try:
         parts = urlsplit(farm.url)
         sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
-        sock.sendall(f"POST /v1/models HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {farm.token}\r\n"
-                     "Content-Type: multipart/form-data; boundary=XyZ\r\nContent-Length: 100000\r\n\r\n"
-                     '--XyZ\r\nContent-Disposition: form-data; name="name"\r\n\r\ncrash\r\n'
-                     '--XyZ\r\nContent-Disposition: form-data; name="file"; filename="m.onnx"\r\n\r\n'.encode()
-                     + b"\x08" * 5000)
+        sock.sendall(
+            f"POST /v1/models HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {farm.token}\r\n"
+            "Content-Type: multipart/form-data; boundary=XyZ\r\nContent-Length: 100000\r\n\r\n"
+            '--XyZ\r\nContent-Disposition: form-data; name="name"\r\n\r\ncrash\r\n'
+            '--XyZ\r\nContent-Disposition: form-data; name="file"; filename="m.onnx"\r\n\r\n'.encode()
+            + b"\x08" * 5000
+        )
         folder = settings.work_dir / worklock.SPOOL_FOLDER
         deadline = time.monotonic() + 20
         while not list(folder.glob("upload-*")) and time.monotonic() < deadline:
@@ -166,13 +175,25 @@ def test_gc_command_removes_the_spool_of_an_upload_an_api_crash_cut_off(tmp_path
     left = list(folder.glob("upload-*"))
     assert len(left) == 1, left
     age(left[0], 2 * settings.upload_idle_timeout_s)
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "gc", "--json"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "gc", "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["stale_uploads"] == [str(left[0].relative_to(settings.work_dir))], report
     assert report["stale_bytes"] == 5000
     assert not left[0].exists()
-    out = subprocess.run([sys.executable, "-m", "enginefarm", "gc"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, **env})
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "gc"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     assert "deleted 0 upload spool file(s)" in " ".join(out.stdout.split()), out.stdout

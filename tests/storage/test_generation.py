@@ -33,6 +33,7 @@ def settings(request, tmp_path) -> Settings:
     migrate(s)
     return s
 
+
 def generations(settings: Settings, *ids: int) -> list[int]:
     with session_scope(settings) as s:
         by_id = dict(s.execute(select(ModelRow.id, ModelRow.generation).where(ModelRow.id.in_(ids))).all())
@@ -45,8 +46,9 @@ STATS = {"e2e": {"median": 1.5, "p99": 2.0}}
 def test_every_engine_and_benchmark_change_bumps_each_model_row_of_those_bytes(settings):
     sha, other_sha = uuid.uuid4().hex * 2, uuid.uuid4().hex * 2
     with session_scope(settings) as s:
-        mine, twin, other = (catalog_model(s, unique_name(n), x).id
-                             for n, x in (("gen", sha), ("twin", sha), ("other", other_sha)))
+        mine, twin, other = (
+            catalog_model(s, unique_name(n), x).id for n, x in (("gen", sha), ("twin", sha), ("other", other_sha))
+        )
     assert generations(settings, mine, twin, other) == [0, 0, 0]
 
     with session_scope(settings) as s:
@@ -55,11 +57,29 @@ def test_every_engine_and_benchmark_change_bumps_each_model_row_of_those_bytes(s
     assert after_engine[0] == after_engine[1] > 0 and after_engine[2] == 0  # the twin shares the bytes
 
     steps = [
-        lambda s: checks.record_benchmark(s, engine, project="", shape_key="opt", shapes={}, machine={},
-                                          gpu_name="RTX", compute_capability="8.6", stats=STATS),
+        lambda s: checks.record_benchmark(
+            s,
+            engine,
+            project="",
+            shape_key="opt",
+            shapes={},
+            machine={},
+            gpu_name="RTX",
+            compute_capability="8.6",
+            stats=STATS,
+        ),
         # the same measurement again replaces the first (a bulk delete, then an insert)
-        lambda s: checks.record_benchmark(s, engine, project="", shape_key="opt", shapes={}, machine={},
-                                          gpu_name="RTX", compute_capability="8.6", stats=STATS),
+        lambda s: checks.record_benchmark(
+            s,
+            engine,
+            project="",
+            shape_key="opt",
+            shapes={},
+            machine={},
+            gpu_name="RTX",
+            compute_capability="8.6",
+            stats=STATS,
+        ),
         lambda s: checks.record_verdict(s, engine, "", {"pass": True}),
         # a later verdict of the same project replaces the first
         lambda s: checks.record_verdict(s, engine, "", {"pass": False}),

@@ -96,7 +96,7 @@ def test_an_entry_lying_about_its_size_is_refused_in_place(tmp_path):
     data = bytearray(f.zip_bytes({"big.bin": bytes(300_000), "model.onnx": f.valid_onnx()}))
     data[22:26] = (100).to_bytes(4, "little")  # the first entry's local header
     central = data.index(b"PK\x01\x02")
-    data[central + 24:central + 28] = (100).to_bytes(4, "little")
+    data[central + 24 : central + 28] = (100).to_bytes(4, "little")
     bundle = tmp_path / "lie.zip"
     bundle.write_bytes(bytes(data))
     kind, message = _both(bundle, tmp_path)

@@ -9,8 +9,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from enginefarm.server import localservers
 from enginefarm.core.config import Settings
+from enginefarm.server import localservers
 from enginefarm.storage.db import alembic_config, migrate
 from enginefarm.storage.tables import Base
 
@@ -44,13 +44,22 @@ def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_pa
     engine = create_engine(database_url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
-                              "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
-            conn.execute(text(
-                "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
-                "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
-                "build_seconds, created_at) VALUES (1, 1, :sha, :sha, 'tensorrt-rtx/sm86', 'tensorrt-rtx', '1.7', "
-                "'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
+            conn.execute(
+                text(
+                    "INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                    "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"
+                ),
+                {"sha": "a" * 64},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
+                    "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
+                    "build_seconds, created_at) VALUES (1, 1, :sha, :sha, 'tensorrt-rtx/sm86', 'tensorrt-rtx', '1.7', "
+                    "'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"
+                ),
+                {"sha": "a" * 64},
+            )
         command.upgrade(cfg, "head")
         with engine.connect() as conn:
             row = conn.execute(text("SELECT device_memory_bytes FROM engines WHERE id = 1")).one()
@@ -73,12 +82,27 @@ def test_build_token_migration_keeps_builds_and_forgets_deleted_tokens(database_
     engine = make_engine(database_url)  # SQLite enforces foreign keys (and ON DELETE) only where told to
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
-                              "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
-            conn.execute(text("INSERT INTO builds (id, model_id, spec, spec_hash, targets, created_at) "
-                              "VALUES (1, 1, '{}', :sha, '[]', CURRENT_TIMESTAMP)"), {"sha": "a" * 64})
-            conn.execute(text("INSERT INTO api_tokens (id, name, token_hash, prefix, scopes, created_at) "
-                              "VALUES (7, 't', :sha, 'ef_', '[\"build\"]', CURRENT_TIMESTAMP)"), {"sha": "b" * 64})
+            conn.execute(
+                text(
+                    "INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                    "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"
+                ),
+                {"sha": "a" * 64},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO builds (id, model_id, spec, spec_hash, targets, created_at) "
+                    "VALUES (1, 1, '{}', :sha, '[]', CURRENT_TIMESTAMP)"
+                ),
+                {"sha": "a" * 64},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO api_tokens (id, name, token_hash, prefix, scopes, created_at) "
+                    "VALUES (7, 't', :sha, 'ef_', '[\"build\"]', CURRENT_TIMESTAMP)"
+                ),
+                {"sha": "b" * 64},
+            )
         command.upgrade(cfg, "head")
         with engine.begin() as conn:
             assert conn.execute(text("SELECT token_id FROM builds WHERE id = 1")).scalar() is None
@@ -102,24 +126,40 @@ def test_profile_migration_fills_engines_from_their_build_spec(database_url, tmp
     cfg = alembic_config(database_url)
     command.upgrade(cfg, "0006")
     engine = create_engine(database_url)
-    info = {"inputs": [{"name": "images", "dtype": "FLOAT", "dims": ["n", 3, "h", "w"]},
-                       {"name": "scale", "dtype": "FLOAT", "dims": [1, 2]}]}
+    info = {
+        "inputs": [
+            {"name": "images", "dtype": "FLOAT", "dims": ["n", 3, "h", "w"]},
+            {"name": "scale", "dtype": "FLOAT", "dims": [1, 2]},
+        ]
+    }
     rng = {"min": [1, 3, 64, 64], "opt": [1, 3, 640, 640], "max": [4, 3, 1024, 1024]}
-    engine_sql = ("INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, "
-                  "precision, compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, "
-                  "blob_key, build_seconds, created_at) VALUES (:id, 1, :sha, :spec, 'tensorrt-rtx/sm86', "
-                  "'tensorrt-rtx', '1.7', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)")
+    engine_sql = (
+        "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, "
+        "precision, compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, "
+        "blob_key, build_seconds, created_at) VALUES (:id, 1, :sha, :spec, 'tensorrt-rtx/sm86', "
+        "'tensorrt-rtx', '1.7', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"
+    )
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
-                              "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, :info, CURRENT_TIMESTAMP)"),
-                         {"sha": "a" * 64, "info": json.dumps(info)})
-            conn.execute(text("INSERT INTO builds (id, model_id, spec, spec_hash, targets, created_at) "
-                              "VALUES (1, 1, :spec, :h, '[]', CURRENT_TIMESTAMP)"),
-                         {"spec": json.dumps({"precision": "fp32", "profiles": [{"images": rng}]}), "h": "b" * 64})
+            conn.execute(
+                text(
+                    "INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                    "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, :info, CURRENT_TIMESTAMP)"
+                ),
+                {"sha": "a" * 64, "info": json.dumps(info)},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO builds (id, model_id, spec, spec_hash, targets, created_at) "
+                    "VALUES (1, 1, :spec, :h, '[]', CURRENT_TIMESTAMP)"
+                ),
+                {"spec": json.dumps({"precision": "fp32", "profiles": [{"images": rng}]}), "h": "b" * 64},
+            )
             conn.execute(text(engine_sql), {"id": 1, "sha": "a" * 64, "spec": "b" * 64})
-            conn.execute(text(engine_sql.replace("'tensorrt-rtx/sm86'", "'tensorrt-rtx/sm89'")),
-                         {"id": 2, "sha": "a" * 64, "spec": "c" * 64})
+            conn.execute(
+                text(engine_sql.replace("'tensorrt-rtx/sm86'", "'tensorrt-rtx/sm89'")),
+                {"id": 2, "sha": "a" * 64, "spec": "c" * 64},
+            )
         command.upgrade(cfg, "head")
         with engine.connect() as conn:
             rows = dict(conn.execute(text("SELECT id, profiles FROM engines ORDER BY id")).all())
@@ -142,20 +182,38 @@ def test_verdict_migration_gives_each_check_to_the_project_of_the_model_it_was_b
     try:
         with engine.begin() as conn:
             for mid, project in ((1, "team-a"), (2, "team-b")):
-                conn.execute(text("INSERT INTO models (id, project, name, version, seq, sha256, format, blob_key, size, "
-                                  "info, created_at) VALUES (:id, :p, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', "
-                                  "CURRENT_TIMESTAMP)"), {"id": mid, "p": project, "sha": sha})
-            conn.execute(text(
-                "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
-                "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
-                "build_seconds, created_at, accuracy, accuracy_pass, profiles) VALUES (1, 1, :sha, :sha, "
-                "'onnxruntime/cpu-x86_64', 'onnxruntime', '1.23', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', "
-                "0.1, CURRENT_TIMESTAMP, :acc, false, '[]')"), {"sha": sha, "acc": '{"pass": false, "worst": {}}'})
-            conn.execute(text("INSERT INTO benchmarks (engine_id, shape_key, shapes, machine, median_ms, stats, "
-                              "created_at) VALUES (1, 'opt', '{}', '{}', 2.5, '{}', CURRENT_TIMESTAMP)"))
-            conn.execute(text("INSERT INTO benchmark_tasks (engine_id, target, checks_hash, spec, state, attempts, "
-                              "queued_at) VALUES (1, 'onnxruntime/cpu-x86_64', :sha, '{}', 'succeeded', 1, "
-                              "CURRENT_TIMESTAMP)"), {"sha": sha})
+                conn.execute(
+                    text(
+                        "INSERT INTO models (id, project, name, version, seq, sha256, format, blob_key, size, "
+                        "info, created_at) VALUES (:id, :p, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', "
+                        "CURRENT_TIMESTAMP)"
+                    ),
+                    {"id": mid, "p": project, "sha": sha},
+                )
+            conn.execute(
+                text(
+                    "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
+                    "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
+                    "build_seconds, created_at, accuracy, accuracy_pass, profiles) VALUES (1, 1, :sha, :sha, "
+                    "'onnxruntime/cpu-x86_64', 'onnxruntime', '1.23', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', "
+                    "0.1, CURRENT_TIMESTAMP, :acc, false, '[]')"
+                ),
+                {"sha": sha, "acc": '{"pass": false, "worst": {}}'},
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO benchmarks (engine_id, shape_key, shapes, machine, median_ms, stats, "
+                    "created_at) VALUES (1, 'opt', '{}', '{}', 2.5, '{}', CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO benchmark_tasks (engine_id, target, checks_hash, spec, state, attempts, "
+                    "queued_at) VALUES (1, 'onnxruntime/cpu-x86_64', :sha, '{}', 'succeeded', 1, "
+                    "CURRENT_TIMESTAMP)"
+                ),
+                {"sha": sha},
+            )
         command.upgrade(cfg, "0010")
         with engine.connect() as conn:
             verdicts = conn.execute(text("SELECT engine_id, project, accuracy_pass FROM engine_verdicts")).all()

@@ -83,8 +83,12 @@ def external_dir(tmp_path: Path) -> Path:
     folder = tmp_path / "src"
     folder.mkdir()
     onnx.save_model(
-        conv_relu(), str(folder / "model.onnx"), save_as_external_data=True,
-        all_tensors_to_one_file=True, location="weights.bin", size_threshold=0,
+        conv_relu(),
+        str(folder / "model.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
     )
     return folder
 
@@ -314,7 +318,7 @@ def test_zip_symlink_entry(tmp_path, work):
     with zipfile.ZipFile(bundle, "w") as zf:
         zf.writestr("model.onnx", valid_model_bytes())
         info = zipfile.ZipInfo("weights.bin")
-        info.external_attr = (0o120777 << 16)
+        info.external_attr = 0o120777 << 16
         zf.writestr(info, "/etc/passwd")
     rejected(bundle, work, "'weights.bin' is a symlink")
 
@@ -360,8 +364,12 @@ def test_file_used_as_folder(tmp_path, work):
 
 def test_too_many_files(tmp_path, work):
     files = {"model.onnx": valid_model_bytes(), **{f"f{i}": b"x" for i in range(5)}}
-    rejected(make_zip(tmp_path / "b.zip", files), work, "holds 6 files and folders, over the limit of 3",
-             limits=BundleLimits(max_files=3))
+    rejected(
+        make_zip(tmp_path / "b.zip", files),
+        work,
+        "holds 6 files and folders, over the limit of 3",
+        limits=BundleLimits(max_files=3),
+    )
     rejected(make_tar(tmp_path / "b.tar", files), work, "over the limit of 3", limits=BundleLimits(max_files=3))
 
 
@@ -401,8 +409,13 @@ def test_small_files_may_compress_well(tmp_path, work):
 def test_total_unpacked_size(tmp_path, work):
     files = {"model.onnx": valid_model_bytes(), "big.bin": bytes(50_000)}
     bundle = make_zip(tmp_path / "b.zip", files, zipfile.ZIP_STORED)
-    rejected(bundle, work, "expands to .* over the limit of 10000", exc=PayloadTooLarge,
-             limits=BundleLimits(max_unpacked_bytes=10_000))
+    rejected(
+        bundle,
+        work,
+        "expands to .* over the limit of 10000",
+        exc=PayloadTooLarge,
+        limits=BundleLimits(max_unpacked_bytes=10_000),
+    )
 
 
 def test_gzipped_tar_bomb(tmp_path, work):
@@ -506,8 +519,11 @@ def test_external_tensor_in_node_attribute(tmp_path, work):
     t.data_location = TensorProto.EXTERNAL
     t.external_data.add(key="location", value="/etc/passwd")
     model.graph.node.insert(0, const)
-    rejected(make_zip(tmp_path / "b.zip", {"model.onnx": model.SerializeToString()}), work,
-             "'/etc/passwd' for tensor 'K' is absolute")
+    rejected(
+        make_zip(tmp_path / "b.zip", {"model.onnx": model.SerializeToString()}),
+        work,
+        "'/etc/passwd' for tensor 'K' is absolute",
+    )
 
 
 def test_single_onnx_with_external_data(tmp_path, work):
@@ -569,10 +585,21 @@ def test_tar_file_count_ignores_root_entry(tmp_path, work):
 # --------------------------------------------------------------------------- values ONNX Runtime would refuse later
 
 
-@pytest.mark.parametrize("fields", [
-    {"offset": " 0 "}, {"offset": "0 "}, {"offset": "\u0660"}, {"offset": "+0"}, {"offset": "-0"}, {"offset": ""},
-    {"offset": "\uff10"}, {"length": " 432"}, {"length": "\u0664\u0663\u0662"}, {"length": "4_32"},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"offset": " 0 "},
+        {"offset": "0 "},
+        {"offset": "\u0660"},
+        {"offset": "+0"},
+        {"offset": "-0"},
+        {"offset": ""},
+        {"offset": "\uff10"},
+        {"length": " 432"},
+        {"length": "\u0664\u0663\u0662"},
+        {"length": "4_32"},
+    ],
+)
 def test_external_offsets_and_lengths_are_plain_ascii_digits(tmp_path, work, fields):
     """Was broken: Python's int() took these, ONNX Runtime did not, so the upload passed and every build failed."""
     ((key, value),) = fields.items()
@@ -597,11 +624,14 @@ def relu_model(in_name: str = "x", out_name: str = "y", in_dims=(1, 4), out_dims
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.mark.parametrize("model, says", [
-    (relu_model(in_name="n" * (MAX_TENSOR_NAME_BYTES + 1)), "input 'nnnnnnnn"),
-    (relu_model(out_name="\u00e9" * (MAX_TENSOR_NAME_BYTES // 2 + 1)), "output '\u00e9\u00e9\u00e9"),
-    (relu_model(in_dims=("b" * (MAX_TENSOR_NAME_BYTES + 1), 4)), "dim name at axis 0 of input 'x'"),
-])
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        (relu_model(in_name="n" * (MAX_TENSOR_NAME_BYTES + 1)), "input 'nnnnnnnn"),
+        (relu_model(out_name="\u00e9" * (MAX_TENSOR_NAME_BYTES // 2 + 1)), "output '\u00e9\u00e9\u00e9"),
+        (relu_model(in_dims=("b" * (MAX_TENSOR_NAME_BYTES + 1), 4)), "dim name at axis 0 of input 'x'"),
+    ],
+)
 def test_tensor_names_over_the_limit(tmp_path, work, model, says):
     """Was broken: an 8 MiB input name was stored and then shown in every listing and every build log."""
     path = save(model, tmp_path / "m.onnx")
@@ -617,10 +647,13 @@ def test_tensor_name_at_the_limit_is_fine(tmp_path, work):
     assert inspect_upload(path, work).info.inputs[0].name == "n" * MAX_TENSOR_NAME_BYTES
 
 
-@pytest.mark.parametrize("model, says", [
-    (relu_model(in_dims=(-2, 4)), "input 'x' declares dim -2 at axis 0"),
-    (relu_model(out_dims=(1, -4)), "output 'y' declares dim -4 at axis 1"),
-])
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        (relu_model(in_dims=(-2, 4)), "input 'x' declares dim -2 at axis 0"),
+        (relu_model(out_dims=(1, -4)), "output 'y' declares dim -4 at axis 1"),
+    ],
+)
 def test_negative_dims_are_refused(tmp_path, work, model, says):
     rejected(save(model, tmp_path / "m.onnx"), work, says + ".*0 or more")
 

@@ -9,8 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 from enginefarm.core.domain import ModelInfo, Target, TaskState, TensorInfo
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.storage import catalog, liveness
-from enginefarm.storage import quantizing
+from enginefarm.storage import catalog, liveness, quantizing
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import WorkerRow
 
@@ -19,11 +18,25 @@ ORT = Target.parse("onnxruntime/cpu-x86_64")
 
 def int8_build(settings) -> int:
     """A build waiting for its quantization stage, as POST /v1/builds leaves one."""
-    info = ModelInfo(inputs=[TensorInfo("x", "FLOAT", [1, 4])], outputs=[TensorInfo("y", "FLOAT", [1, 4])], opset=17,
-                     ir_version=8, producer="test", size=1)
+    info = ModelInfo(
+        inputs=[TensorInfo("x", "FLOAT", [1, 4])],
+        outputs=[TensorInfo("y", "FLOAT", [1, 4])],
+        opset=17,
+        ir_version=8,
+        producer="test",
+        size=1,
+    )
     with session_scope(settings) as s:
-        model = catalog.add_model(s, name=f"m-{uuid.uuid4().hex[:8]}", version=None, sha256=uuid.uuid4().hex * 2,
-                                  fmt="onnx", size=1, info=info, blob_key="models/x")
+        model = catalog.add_model(
+            s,
+            name=f"m-{uuid.uuid4().hex[:8]}",
+            version=None,
+            sha256=uuid.uuid4().hex * 2,
+            fmt="onnx",
+            size=1,
+            info=info,
+            blob_key="models/x",
+        )
         build, _ = catalog.add_build(s, model, BuildSpec(precision=Precision.INT8), [ORT], {}, waiting=True)
         build.quantize = {"state": TaskState.QUEUED.value, "source_model_id": model.id}
         return build.id

@@ -28,11 +28,19 @@ def held_by_someone(settings, within: float = 20) -> bool:
 
 def test_services_take_the_job_one_at_a_time_and_hand_it_over(settings, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | {
-        "ENGINEFARM_DATA_DIR": str(settings.data_dir), "ENGINEFARM_RECONCILE_SECONDS": "0.2",
-        **({"ENGINEFARM_DATABASE_URL": settings.database_url} if settings.database_url else {})}
-    procs = [subprocess.Popen([sys.executable, "-m", "enginefarm", "reconcile", "--loop"], env=env,
-                              stdout=open(tmp_path / f"r{i}.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115 - the process's log, open while it runs
-             for i in range(2)]
+        "ENGINEFARM_DATA_DIR": str(settings.data_dir),
+        "ENGINEFARM_RECONCILE_SECONDS": "0.2",
+        **({"ENGINEFARM_DATABASE_URL": settings.database_url} if settings.database_url else {}),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "enginefarm", "reconcile", "--loop"],
+            env=env,
+            stdout=open(tmp_path / f"r{i}.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
     try:
         assert held_by_someone(settings), (tmp_path / "r0.log").read_text()
         assert all(p.poll() is None for p in procs), [(tmp_path / f"r{i}.log").read_text() for i in range(2)]

@@ -19,8 +19,10 @@ def test_the_reconciler_removes_ended_sessions(settings):
         fresh_out, _ = tokens.create_token(s, "just-signed-out", ["build"], timedelta(hours=1), parent_id=root.id)
         hand, _ = tokens.create_token(s, "by-hand", ["read"], timedelta(hours=1))
         s.flush()
-        ids = {n: r.id for n, r in (("root", root), ("live", live), ("old_out", old_out), ("fresh_out", fresh_out),
-                                    ("hand", hand))}
+        ids = {
+            n: r.id
+            for n, r in (("root", root), ("live", live), ("old_out", old_out), ("fresh_out", fresh_out), ("hand", hand))
+        }
         now = utcnow()
         for name, opened in (("old_out", now - timedelta(hours=2)), ("fresh_out", now)):
             row = s.get(ApiTokenRow, ids[name])

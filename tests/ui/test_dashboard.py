@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
-from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.core.probe.modules import probe_modules
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.helpers import unique_name
 from tests.ui.browser import launch_chromium
 
@@ -36,12 +36,15 @@ PREVIOUS_COLOUR = (0x8C, 0x95, 0x9F)  # and version N-1's
 
 def painted(page, rgb: tuple[int, int, int]) -> int:
     """How many pixels inside the chart's plot area (not its legend) have this colour."""
-    return page.evaluate("""([r, g, b]) => { const c = document.getElementById('latency-chart');
+    return page.evaluate(
+        """([r, g, b]) => { const c = document.getElementById('latency-chart');
         const a = Chart.getChart(c).chartArea, k = window.devicePixelRatio;
         const d = c.getContext('2d').getImageData(a.left * k, a.top * k, (a.right - a.left) * k,
                                                   (a.bottom - a.top) * k).data; let n = 0;
         for (let i = 0; i < d.length; i += 4) if (d[i] === r && d[i + 1] === g && d[i + 2] === b) n++;
-        return n; }""", list(rgb))
+        return n; }""",
+        list(rgb),
+    )
 
 
 def shot(page, name: str, full_page: bool = True) -> None:
@@ -88,8 +91,11 @@ def built(farm, browser, tmp_path_factory):
     name = unique_name("ui")
     model = save_conv_net(tmp_path_factory.mktemp("ui") / f"{name}.onnx", seed=uuid.uuid4().int % 10_000)
     # Dropped on the drop zone, as a user drags it from a file manager.
-    dropped = page.evaluate_handle("""([bytes, name]) => { const dt = new DataTransfer();
-        dt.items.add(new File([new Uint8Array(bytes)], name)); return dt; }""", [list(model.read_bytes()), model.name])
+    dropped = page.evaluate_handle(
+        """([bytes, name]) => { const dt = new DataTransfer();
+        dt.items.add(new File([new Uint8Array(bytes)], name)); return dt; }""",
+        [list(model.read_bytes()), model.name],
+    )
     page.dispatch_event("#dropzone", "drop", {"dataTransfer": dropped})
     assert page.evaluate("document.getElementById('upload-file').files[0].name") == model.name
     assert page.input_value("#upload-name") == name  # the name is taken from the file
@@ -129,7 +135,8 @@ def built(farm, browser, tmp_path_factory):
     page.wait_for_function(
         f"""() => {{ const c = document.querySelector("td.cell[data-target='{CPU}']");
                     return c && /p50 \\d/.test(c.innerText) && /accuracy pass/.test(c.innerText); }}""",
-        timeout=240_000)
+        timeout=240_000,
+    )
     assert page.evaluate("window.__sameDocument") is True
     assert len(navigations) == before, navigations[before:]
     assert "s-succeeded" in cpu_cell.get_attribute("class")
@@ -168,8 +175,14 @@ def test_upload_build_and_watch_the_matrix_turn_green(built, farm, tmp_path):
     assert hashlib.sha256(Path(info.value.path()).read_bytes()).hexdigest() == want
     # The command, run as shown (in a scratch folder), fetches exactly this engine.
     args = shlex.split(command)
-    fetched = subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "ENGINEFARM_CACHE_DIR": str(tmp_path / "cache")})
+    fetched = subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "ENGINEFARM_CACHE_DIR": str(tmp_path / "cache")},
+    )
     assert fetched.returncode == 0, fetched.stdout + fetched.stderr
     output = tmp_path / args[args.index("-o") + 1]
     assert hashlib.sha256(output.read_bytes()).hexdigest() == want
@@ -250,10 +263,12 @@ def test_which_engine_for_an_sm86_machine(built, farm):
     assert re.fullmatch(r"\d+ checks", rows[0][-1])
     shot(page, "resolve")
     # The same machine as a pasted probe: `enginefarm worker --probe --json`.
-    probe = ('{"hostname": "edge-1", "platform": "x86_64", "os": "Linux", "gpus": [{"index": 0, "name": '
-             '"NVIDIA GeForce RTX 3090", "compute_capability": "8.6", "memory_mib": 24576}], "driver_version": '
-             '"580.65", "cuda_version": "13.0", "jetson": null, "modules": {"tensorrt_rtx": "%s"}}'
-             % probe_modules()[0]["tensorrt_rtx"])
+    probe = (
+        '{"hostname": "edge-1", "platform": "x86_64", "os": "Linux", "gpus": [{"index": 0, "name": '
+        '"NVIDIA GeForce RTX 3090", "compute_capability": "8.6", "memory_mib": 24576}], "driver_version": '
+        '"580.65", "cuda_version": "13.0", "jetson": null, "modules": {"tensorrt_rtx": "%s"}}'
+        % probe_modules()[0]["tensorrt_rtx"]
+    )
     page.fill("#r-cc", "")
     page.fill("#r-gpu", "")
     page.fill("#r-probe", probe)
@@ -272,8 +287,10 @@ def test_workers_page_lists_live_workers_and_queues(built, farm, tmp_path):
     page.goto(f"{farm.url}/ui/workers")
     text = page.inner_text("#workers")
     assert "worker-a" in text and "worker-b" in text and SM86 in text
-    assert re.search(rf"\d+ build task\(s\) for {lonely}, the oldest for \d+ s: no live worker builds it",
-                     page.inner_text("#orphans"))
+    assert re.search(
+        rf"\d+ build task\(s\) for {lonely}, the oldest for \d+ s: no live worker builds it",
+        page.inner_text("#orphans"),
+    )
     # Other tests of the session may leave tasks of their own (a benchmark for sm75, say): only these rows count.
     row = page.locator("#queues tr.orphan th", has_text=f"build {lonely}")
     assert row.count() == 1 and page.locator("#queues tr.orphan", has_text=f"build {CPU}").count() == 0  # served
@@ -289,8 +306,13 @@ def test_phone_width_has_no_sideways_scroll(built, farm, browser):
     context = browser.new_context(viewport=PHONE, storage_state=built["context"].storage_state())
     page = context.new_page()
     try:
-        for path in ("/ui/models", f"/ui/models/{built['model_id']}", f"/ui/models/{built['model_id']}/report",
-                     "/ui/resolve", "/ui/workers"):
+        for path in (
+            "/ui/models",
+            f"/ui/models/{built['model_id']}",
+            f"/ui/models/{built['model_id']}/report",
+            "/ui/resolve",
+            "/ui/workers",
+        ):
             page.goto(f"{farm.url}{path}")
             width = page.evaluate("document.documentElement.scrollWidth")
             assert width <= PHONE["width"], (path, width)  # wide tables scroll inside their own box
@@ -305,8 +327,9 @@ def test_a_form_post_without_the_csrf_token_is_refused(built, farm):
     request = built["context"].request  # the signed-in browser's cookies, but not the page's token
     refused = request.post(f"{farm.url}/ui/models/{model_id}/builds", form={"targets": CPU, "precision": "fp32"})
     assert refused.status == 403 and "CSRF" in refused.text()
-    refused = request.post(f"{farm.url}/ui/models/{model_id}/builds",
-                           form={"targets": CPU, "precision": "fp32", "csrf": "0" * 64})
+    refused = request.post(
+        f"{farm.url}/ui/models/{model_id}/builds", form={"targets": CPU, "precision": "fp32", "csrf": "0" * 64}
+    )
     assert refused.status == 403
     page.goto(f"{farm.url}/ui/models/{model_id}")
     builds = httpx.get(f"{farm.url}/v1/builds", params={"model_id": model_id}, headers=farm.headers, timeout=30).json()
@@ -317,15 +340,23 @@ def test_another_projects_token_sees_none_of_the_models(built, farm, browser, tm
     suffix = uuid.uuid4().hex[:6]
     tokens = {}
     for project in (f"alpha-{suffix}", f"beta-{suffix}"):
-        made = httpx.post(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30,
-                          json={"name": f"ui-{project}", "scopes": ["build"], "project": project})
+        made = httpx.post(
+            f"{farm.url}/v1/tokens",
+            headers=farm.headers,
+            timeout=30,
+            json={"name": f"ui-{project}", "scopes": ["build"], "project": project},
+        )
         assert made.status_code == 201, made.text
         tokens[project] = made.json()["token"]
     alpha, beta = tokens
     name = unique_name("ui-alpha")
-    uploaded = httpx.post(f"{farm.url}/v1/models", headers={"Authorization": f"Bearer {tokens[alpha]}"}, timeout=60,
-                          data={"name": name},
-                          files={"file": ("m.onnx", save_conv_net(tmp_path / "m.onnx").read_bytes())})
+    uploaded = httpx.post(
+        f"{farm.url}/v1/models",
+        headers={"Authorization": f"Bearer {tokens[alpha]}"},
+        timeout=60,
+        data={"name": name},
+        files={"file": ("m.onnx", save_conv_net(tmp_path / "m.onnx").read_bytes())},
+    )
     assert uploaded.status_code == 201, uploaded.text
     alpha_id = uploaded.json()["id"]
 
@@ -371,6 +402,7 @@ def test_sign_out_ends_the_session(built, farm):
     page.goto(f"{farm.url}/ui/models")
     assert "/ui/signin" in page.url
     # The session was revoked on the server: the old cookie, replayed, opens nothing.
-    replay = httpx.get(f"{farm.url}/ui/models", cookies={"ef_session": cookie["value"]}, timeout=30,
-                       follow_redirects=False)
+    replay = httpx.get(
+        f"{farm.url}/ui/models", cookies={"ef_session": cookie["value"]}, timeout=30, follow_redirects=False
+    )
     assert replay.status_code == 303 and replay.headers["location"].startswith("/ui/signin")

@@ -25,8 +25,19 @@ def demo_farm(tmp_path_factory):
     data = tmp_path_factory.mktemp("demo-serve")
     out = data / "stdout.log"
     with open(out, "wb") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "enginefarm.server.demoserve", "--data-dir", str(data / "farm"),
-                                 "--port", str(free_port())], stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "enginefarm.server.demoserve",
+                "--data-dir",
+                str(data / "farm"),
+                "--port",
+                str(free_port()),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + DEMO_TIMEOUT_S
         while not re.search(r"ENGINEFARM_TOKEN=\S+", text := out.read_text(errors="replace")):

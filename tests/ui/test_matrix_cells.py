@@ -27,9 +27,11 @@ def three_ways(farm, tmp_path_factory):
     engines = {}
     with Client(farm.url) as c:
         model, _ = c.upload(path, unique_name("matrix"))
-        for kind, spec, targets in (("fp32", sample_spec(), [SM86, CPU]),
-                                    ("fp16", {**sample_spec(), "precision": "fp16"}, [SM86]),
-                                    ("fp16-narrow", {**NARROW, "precision": "fp16"}, [SM86])):
+        for kind, spec, targets in (
+            ("fp32", sample_spec(), [SM86, CPU]),
+            ("fp16", {**sample_spec(), "precision": "fp16"}, [SM86]),
+            ("fp16-narrow", {**NARROW, "precision": "fp16"}, [SM86]),
+        ):
             done = c.wait_build(c.build(model["id"], targets, spec)["id"], timeout=300, poll=0.2)
             assert {t["state"] for t in done["tasks"]} == {"succeeded"}, done["tasks"]
             for t in done["tasks"]:
@@ -53,12 +55,18 @@ def test_one_cell_per_target_precision_and_spec(farm, three_ways, page):
     page.wait_for_selector("#matrix[data-live='false']", timeout=120_000)
     cells = page.locator(f"td.cell[data-target='{SM86}']")
     assert cells.count() == 3
-    shown = {(cells.nth(i).get_attribute("data-precision"), cells.nth(i).get_attribute("data-spec")):
-             int(re.search(r"engine (\d+)", cells.nth(i).inner_text())[1]) for i in range(cells.count())}
+    shown = {
+        (cells.nth(i).get_attribute("data-precision"), cells.nth(i).get_attribute("data-spec")): int(
+            re.search(r"engine (\d+)", cells.nth(i).inner_text())[1]
+        )
+        for i in range(cells.count())
+    }
     # fp32 was built one way: one column, no spec; fp16 two ways: a column for each spec.
-    assert shown == {("fp32", None): engines["fp32"]["id"],
-                     ("fp16", engines["fp16"]["spec_hash"]): engines["fp16"]["id"],
-                     ("fp16", engines["fp16-narrow"]["spec_hash"]): engines["fp16-narrow"]["id"]}
+    assert shown == {
+        ("fp32", None): engines["fp32"]["id"],
+        ("fp16", engines["fp16"]["spec_hash"]): engines["fp16"]["id"],
+        ("fp16", engines["fp16-narrow"]["spec_hash"]): engines["fp16-narrow"]["id"],
+    }
     heads = page.locator(f"#matrix th[data-target='{SM86}']")
     assert sorted(heads.evaluate_all("els => els.map(e => e.dataset.precision)")) == ["fp16", "fp16", "fp32"]
     labels = " ".join(heads.all_inner_texts())

@@ -34,8 +34,9 @@ def signed_in(client: httpx.Client, token: str) -> str:
 
 
 def test_the_session_cookie_is_httponly_strict_and_not_the_token(farm, browserless):
-    answer = browserless.post("/ui/signin", data={"token": farm.token, "csrf": signin_form(browserless),
-                                                  "next": "/ui/models"})
+    answer = browserless.post(
+        "/ui/signin", data={"token": farm.token, "csrf": signin_form(browserless), "next": "/ui/models"}
+    )
     assert answer.status_code == 303 and answer.headers["location"] == "/ui/models"
     cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith("ef_session="))
     value = cookie.split(";", 1)[0].split("=", 1)[1]
@@ -48,8 +49,10 @@ def test_the_session_cookie_is_httponly_strict_and_not_the_token(farm, browserle
     assert page.headers["cache-control"] == "no-store"
     # The session is an API token with the signer's rights, listed (and revocable) under its name.
     tokens = httpx.get(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30).json()
-    assert any(t["name"] == "browser session of test-session" and t["state"] == "active"
-               and t["scopes"] == ["admin"] for t in tokens)
+    assert any(
+        t["name"] == "browser session of test-session" and t["state"] == "active" and t["scopes"] == ["admin"]
+        for t in tokens
+    )
 
 
 def test_sign_in_needs_the_forms_csrf_value_and_a_valid_token(farm, browserless):
@@ -63,29 +66,40 @@ def test_sign_in_needs_the_forms_csrf_value_and_a_valid_token(farm, browserless)
 
 def test_sign_in_sends_the_browser_only_to_dashboard_pages(farm, browserless):
     for elsewhere in ("https://evil.example/", "//evil.example/ui/x", "/v1/tokens"):
-        answer = browserless.post("/ui/signin", data={"token": farm.token, "csrf": signin_form(browserless, elsewhere),
-                                                      "next": elsewhere})
+        answer = browserless.post(
+            "/ui/signin", data={"token": farm.token, "csrf": signin_form(browserless, elsewhere), "next": elsewhere}
+        )
         assert answer.status_code == 303 and answer.headers["location"] == "/ui/models", elsewhere
 
 
 def test_posts_without_the_pages_csrf_token_are_refused(farm, browserless, conv_model):
     csrf = signed_in(browserless, farm.token)
-    model = httpx.post(f"{farm.url}/v1/models", headers=farm.headers, timeout=60, data={"name": "ui-csrf"},
-                       files={"file": ("m.onnx", conv_model.read_bytes())}).json()
+    model = httpx.post(
+        f"{farm.url}/v1/models",
+        headers=farm.headers,
+        timeout=60,
+        data={"name": "ui-csrf"},
+        files={"file": ("m.onnx", conv_model.read_bytes())},
+    ).json()
     form = {"targets": "onnxruntime/cpu-x86_64", "precision": "fp32"}
     for headers, data in [({}, form), ({}, {**form, "csrf": "f" * 64}), ({"X-CSRF-Token": "f" * 64}, form)]:
         refused = browserless.post(f"/ui/models/{model['id']}/builds", data=data, headers=headers)
         assert refused.status_code == 403 and "CSRF" in refused.text
-    upload = browserless.post("/ui/models/upload", data={"name": "ui-csrf-2"}, headers={"Accept": "application/json"},
-                              files={"file": ("m.onnx", conv_model.read_bytes())})
+    upload = browserless.post(
+        "/ui/models/upload",
+        data={"name": "ui-csrf-2"},
+        headers={"Accept": "application/json"},
+        files={"file": ("m.onnx", conv_model.read_bytes())},
+    )
     assert upload.status_code == 403 and upload.json()["error"] == "CsrfRefused"
     token = browserless.post("/ui/tokens", data={"name": "x", "scope": "admin"})
     assert token.status_code == 403
     assert browserless.post("/ui/signout").status_code == 403  # signing out someone else is a change too
     # With the token the same form is taken: a malformed spec is a 422 that names the field, not a 403.
-    taken = browserless.post(f"/ui/models/{model['id']}/builds", data={**form, "csrf": csrf, "dynamic": "input",
-                                                                       "min:input": "1x3", "opt:input": "a",
-                                                                       "max:input": "8x3x32x32"})
+    taken = browserless.post(
+        f"/ui/models/{model['id']}/builds",
+        data={**form, "csrf": csrf, "dynamic": "input", "min:input": "1x3", "opt:input": "a", "max:input": "8x3x32x32"},
+    )
     assert taken.status_code == 422 and "opt:input" in taken.text
     assert browserless.post("/ui/signout", data={"csrf": csrf}).status_code == 303
 
@@ -102,9 +116,16 @@ def test_the_build_form_takes_trtexec_flags_and_submits_what_the_api_would(farm,
     csrf = signed_in(browserless, farm.token)
     model = api.post("/v1/models", data={"name": "ui-trtexec"}, files={"file": ("m.onnx", conv_model.read_bytes())})
     model_id = model.json()["id"]
-    form = {"csrf": csrf, "targets": "onnxruntime/cpu-x86_64", "precision": "fp32", "dynamic": "input",
-            "min:input": "1x3x32x32", "opt:input": "1x3x32x32", "max:input": "2x3x32x32",
-            "trtexec": "--fp16 --minShapes=input:1x3x32x32 --optShapes=input:2x3x32x32 --maxShapes=input:4x3x32x32"}
+    form = {
+        "csrf": csrf,
+        "targets": "onnxruntime/cpu-x86_64",
+        "precision": "fp32",
+        "dynamic": "input",
+        "min:input": "1x3x32x32",
+        "opt:input": "1x3x32x32",
+        "max:input": "2x3x32x32",
+        "trtexec": "--fp16 --minShapes=input:1x3x32x32 --optShapes=input:2x3x32x32 --maxShapes=input:4x3x32x32",
+    }
     answer = browserless.post(f"/ui/models/{model_id}/builds", data=form, headers={"HX-Request": "true"})
     assert answer.status_code == 200, answer.text
     build_id = int(re.search(r'href="/ui/builds/(\d+)"', answer.text).group(1))
@@ -122,8 +143,12 @@ def test_the_build_form_takes_trtexec_flags_and_submits_what_the_api_would(farm,
 
 def test_revoking_the_token_that_signed_in_ends_its_sessions(farm, browserless):
     """A leaked token, revoked: the dashboard sessions it opened end with it, not 12 hours later."""
-    made = httpx.post(f"{farm.url}/v1/tokens", headers=farm.headers, timeout=30,
-                      json={"name": "signs-in-then-revoked", "scopes": ["read"]})
+    made = httpx.post(
+        f"{farm.url}/v1/tokens",
+        headers=farm.headers,
+        timeout=30,
+        json={"name": "signs-in-then-revoked", "scopes": ["read"]},
+    )
     assert made.status_code == 201, made.text
     signed_in(browserless, made.json()["token"])
     assert browserless.get("/ui/models").status_code == 200
@@ -137,13 +162,21 @@ def test_revoking_the_token_that_signed_in_ends_its_sessions(farm, browserless):
 
 def _session_cookie_flags(url: str, token: str, address: str, headers: dict[str, str]) -> set[str]:
     """Sign in from ``address`` with ``headers`` on every request; the flags of the session cookie set."""
-    with httpx.Client(base_url=url, timeout=30, follow_redirects=False, headers=headers,
-                      transport=httpx.HTTPTransport(local_address=address)) as client:
+    with httpx.Client(
+        base_url=url,
+        timeout=30,
+        follow_redirects=False,
+        headers=headers,
+        transport=httpx.HTTPTransport(local_address=address),
+    ) as client:
         form = client.get("/ui/signin")
         # Sent by hand: a client keeps a Secure cookie from being sent over plain http, as a browser would.
         signin_cookie = form.headers["set-cookie"].split(";", 1)[0]
-        answer = client.post("/ui/signin", headers={"Cookie": signin_cookie},
-                             data={"token": token, "csrf": FIELD.search(form.text).group(1), "next": "/ui/models"})
+        answer = client.post(
+            "/ui/signin",
+            headers={"Cookie": signin_cookie},
+            data={"token": token, "csrf": FIELD.search(form.text).group(1), "next": "/ui/models"},
+        )
         assert answer.status_code == 303, answer.text
         cookie = next(c for c in answer.headers.get_list("set-cookie") if c.startswith("ef_session="))
         return {part.strip().lower() for part in cookie.split(";")[1:]}
@@ -152,8 +185,10 @@ def _session_cookie_flags(url: str, token: str, address: str, headers: dict[str,
 @pytest.fixture(scope="module")
 def behind_proxy(dist_env, tmp_path_factory):
     """Another API process on the session farm's catalog whose one trusted proxy is 127.0.0.2."""
-    f = Farm({**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_FORWARDED_ALLOW_IPS": "127.0.0.2"},
-             log_dir=tmp_path_factory.mktemp("proxied-api"))
+    f = Farm(
+        {**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_FORWARDED_ALLOW_IPS": "127.0.0.2"},
+        log_dir=tmp_path_factory.mktemp("proxied-api"),
+    )
     try:
         f.start_api()
         yield f
@@ -170,8 +205,10 @@ def test_the_session_cookie_is_secure_behind_a_trusted_tls_proxy_only(farm, behi
 
 
 def test_the_session_cookie_is_secure_where_the_farm_is_served_over_https(farm, dist_env, tmp_path):
-    f = Farm({**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_API_URL": "https://farm.example.com"},
-             log_dir=tmp_path)
+    f = Farm(
+        {**dist_env, "ENGINEFARM_RECONCILE_SECONDS": "0", "ENGINEFARM_API_URL": "https://farm.example.com"},
+        log_dir=tmp_path,
+    )
     try:
         f.start_api()
         assert "secure" in _session_cookie_flags(f.url, farm.token, "127.0.0.1", {})

@@ -18,8 +18,8 @@ import tensorrt_rtx as trt_rtx
 from onnx import TensorProto, helper
 
 from enginefarm.core.domain import Backend, Target
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.errors import BackendMissing, BuildFailed, TargetUnavailable
+from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.pipeline import engine_from_model
@@ -91,7 +91,9 @@ def test_rtx_fp16_goes_through_the_strongly_typed_cast(model, tmp_path):
     assert fp16.path.stat().st_size > 1000
     assert fp16.path.read_bytes() != fp32.path.read_bytes()
     tail = log.tail()
-    assert re.search(r"fp16: \d+ of \d+ nodes in fp16", tail) and "converted by onnxruntime.transformers.float16" in tail
+    assert (
+        re.search(r"fp16: \d+ of \d+ nodes in fp16", tail) and "converted by onnxruntime.transformers.float16" in tail
+    )
     assert "strongly_typed=True" in tail
     # the cast model was written to the scratch dir and really holds float16 weights
     cast = onnx.load(str(tmp_path / "fp16" / "model.fp16.onnx"))
@@ -102,9 +104,11 @@ def test_rtx_fp16_goes_through_the_strongly_typed_cast(model, tmp_path):
 def _custom_op_model(path: Path) -> Path:
     """A graph onnx.checker accepts (ops of unknown domains are not checked) but no parser knows."""
     graph = helper.make_graph(
-        [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="fancy")], "custom",
+        [helper.make_node("FancyOp", ["x"], ["y"], domain="com.example", name="fancy")],
+        "custom",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
     m.ir_version = 8
     onnx.checker.check_model(m)

@@ -22,8 +22,9 @@ CPU = "onnxruntime/cpu-x86_64"
 def built(tmp_path_factory):
     work = tmp_path_factory.mktemp("evaluate")
     model = save_conv_net(work / "m.onnx", seed=5)
-    spec = BuildSpec(**sample_spec(), benchmark={"warmup_ms": 0, "duration_s": 0.05, "iterations": 2,
-                                                  "batch_sizes": [1, 4]})
+    spec = BuildSpec(
+        **sample_spec(), benchmark={"warmup_ms": 0, "duration_s": 0.05, "iterations": 2, "batch_sizes": [1, 4]}
+    )
     engine = engine_from_model(model, spec, Target.parse(CPU), None, work, BuildLog())
     return model, spec, inspect_upload(model, work / "inspect").info, engine.path
 
@@ -64,9 +65,15 @@ def test_time_limits_are_not_swallowed(built, monkeypatch):
 
 def test_build_summary_counts_checks_by_outcome():
     tasks = [SimpleNamespace(id=i, state=s) for i, s in enumerate(["succeeded", "succeeded", "succeeded", "failed"])]
-    checks = {0: {"state": "succeeded", "accuracy_pass": True}, 1: {"state": "succeeded", "accuracy_pass": False},
-              2: {"state": "failed", "accuracy_pass": None}}
-    assert build_summary(tasks, checks) == ("3 of 4 targets built, 1 failed; checks: 1 passed, 1 accuracy failed, "
-                                            "1 check failed")
-    assert build_summary(tasks[:1], {0: {"state": "pending", "accuracy_pass": None}}) == \
-        "1 of 1 targets built; checks: 1 pending"
+    checks = {
+        0: {"state": "succeeded", "accuracy_pass": True},
+        1: {"state": "succeeded", "accuracy_pass": False},
+        2: {"state": "failed", "accuracy_pass": None},
+    }
+    assert build_summary(tasks, checks) == (
+        "3 of 4 targets built, 1 failed; checks: 1 passed, 1 accuracy failed, 1 check failed"
+    )
+    assert (
+        build_summary(tasks[:1], {0: {"state": "pending", "accuracy_pass": None}})
+        == "1 of 1 targets built; checks: 1 pending"
+    )

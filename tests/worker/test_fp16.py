@@ -14,11 +14,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.errors import SpecInvalid
-from tests.helpers import rtx_build
 from enginefarm.worker import fp16 as F
 from enginefarm.worker import onnxgraph as G
 from enginefarm.worker.fp16 import convert as fp16_convert
 from enginefarm.worker.fp16 import fp16_model
+from tests.helpers import rtx_build
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 OPSET = 17
@@ -48,10 +48,19 @@ def anchor_head() -> onnx.ModelProto:
     """
     N = helper.make_node
     inits = [
-        _c("i2", 2, np.int64), _c("i3", 3, np.int64), _c("zero", 0.0), _c("one", 1.0), _c("half", 0.5),
-        _c("col", [-1, 1], np.int64), _c("row", [1, -1], np.int64), _c("last", [-1], np.int64),
-        _c("pairs", [-1, 2], np.int64), _c("flat", [0, 4, -1], np.int64), _c("s0", [0], np.int64),
-        _c("s2", [2], np.int64), _c("ax2", [2], np.int64),
+        _c("i2", 2, np.int64),
+        _c("i3", 3, np.int64),
+        _c("zero", 0.0),
+        _c("one", 1.0),
+        _c("half", 0.5),
+        _c("col", [-1, 1], np.int64),
+        _c("row", [1, -1], np.int64),
+        _c("last", [-1], np.int64),
+        _c("pairs", [-1, 2], np.int64),
+        _c("flat", [0, 4, -1], np.int64),
+        _c("s0", [0], np.int64),
+        _c("s2", [2], np.int64),
+        _c("ax2", [2], np.int64),
         numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 4, 1, 1)).astype(np.float32), "w"),
     ]
     nodes = [
@@ -141,8 +150,10 @@ def mixed_net() -> onnx.ModelProto:
     """Conv + SiLU, a squeeze-excitation block (global average pool), a MatMul, LayerNorm, Softmax."""
     N = helper.make_node
     rng = np.random.default_rng(6)
-    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
-             for name, shape in (("w1", (8, 4, 3, 3)), ("w2", (8, 8, 1, 1)), ("wm", (8, 16)))]
+    inits = [
+        numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+        for name, shape in (("w1", (8, 4, 3, 3)), ("w2", (8, 8, 1, 1)), ("wm", (8, 16)))
+    ]
     inits += [_c("gamma", np.ones(16)), _c("beta", np.zeros(16)), _c("flat", [0, 8, -1], np.int64)]
     nodes = [
         N("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
@@ -158,8 +169,12 @@ def mixed_net() -> onnx.ModelProto:
         N("LayerNormalization", ["m", "gamma", "beta"], ["ln"], name="ln", axis=-1),
         N("Softmax", ["ln"], ["y"], name="softmax", axis=-1),
     ]
-    return _model(nodes, [helper.make_tensor_value_info("x", FLOAT, ["n", 4, "h", "w"])],
-                  [helper.make_tensor_value_info("y", FLOAT, ["n", "tokens", 16])], inits)
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, ["n", 4, "h", "w"])],
+        [helper.make_tensor_value_info("y", FLOAT, ["n", "tokens", 16])],
+        inits,
+    )
 
 
 def test_mixed_net_builds_for_turing_and_ampere(tmp_path):
@@ -191,8 +206,12 @@ def test_shape_subgraph_feeding_reshape_stays_float32(tmp_path):
         N("Cast", ["sm"], ["si"], name="to_int", to=TensorProto.INT64),
         N("Reshape", ["r", "si"], ["y"], name="reshape"),
     ]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 6])],
-                   [helper.make_tensor_value_info("y", FLOAT, ["a", "b"])], [_c("scale", [2.0, 0.5])])
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [2, 6])],
+        [helper.make_tensor_value_info("y", FLOAT, ["a", "b"])],
+        [_c("scale", [2.0, 0.5])],
+    )
     src, out = _save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     assert report.kept_fp32_nodes == {"to_float": F.SHAPE, "scale_shape": F.SHAPE, "to_int": F.SHAPE}
@@ -214,8 +233,9 @@ def test_user_keep_lists_and_unknown_node(tmp_path):
     assert report.kept_fp32_nodes["transpose"] == F.USER_OP
     # The weights of a kept node stay float32, bit for bit.
     weights = {t.name: t for t in onnx.load(str(out)).graph.initializer}
-    np.testing.assert_array_equal(numpy_helper.to_array(weights[conv.input[1]]),
-                                  numpy_helper.to_array(anchor_head().graph.initializer[-1]))
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(weights[conv.input[1]]), numpy_helper.to_array(anchor_head().graph.initializer[-1])
+    )
     with pytest.raises(SpecInvalid, match="no_such_node"):
         fp16_model(src, tmp_path / "bad.onnx", keep_fp32_nodes=["no_such_node"])
 
@@ -240,18 +260,29 @@ def test_io_types(tmp_path, keep_io):
 def test_if_node_bodies_converted_with_float32_boundaries(tmp_path):
     """The branches read an fp16-computed outer tensor and a weight an fp16 node also reads."""
     N = helper.make_node
-    then_g = helper.make_graph([N("Mul", ["h", "w"], ["t_out"], name="then_mul")], "then", [],
-                               [helper.make_tensor_value_info("t_out", FLOAT, None)])
-    else_g = helper.make_graph([N("Sub", ["h", "w"], ["e_out"], name="else_sub")], "else", [],
-                               [helper.make_tensor_value_info("e_out", FLOAT, None)])
+    then_g = helper.make_graph(
+        [N("Mul", ["h", "w"], ["t_out"], name="then_mul")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t_out", FLOAT, None)],
+    )
+    else_g = helper.make_graph(
+        [N("Sub", ["h", "w"], ["e_out"], name="else_sub")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e_out", FLOAT, None)],
+    )
     nodes = [
         N("Mul", ["x", "w"], ["h"], name="scale"),
         N("If", ["cond"], ["branch"], name="if", then_branch=then_g, else_branch=else_g),
         N("Add", ["branch", "x"], ["y"], name="add"),
     ]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [3]),
-                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
-                   [helper.make_tensor_value_info("y", FLOAT, [3])], [_c("w", [1.5, -2.0, 3.0])])
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [3]), helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", FLOAT, [3])],
+        [_c("w", [1.5, -2.0, 3.0])],
+    )
     src, out = _save(model, tmp_path / "if.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     assert report.kept_fp32_nodes == {"if": F.CONTROL_FLOW}
@@ -285,12 +316,22 @@ def test_weights_only_a_body_reads_move_into_it(tmp_path):
     N = helper.make_node
     branches = {}
     for branch, op in (("then_branch", "Mul"), ("else_branch", "Add")):
-        branches[branch] = helper.make_graph([N(op, ["x", "k"], [f"{branch}_out"], name=f"{branch}_op")], branch, [],
-                                             [helper.make_tensor_value_info(f"{branch}_out", FLOAT, [2])])
-    inputs = [helper.make_tensor_value_info("x", FLOAT, [2]),
-              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])]
-    model = _model([N("If", ["cond"], ["y"], name="if", **branches)], inputs,
-                   [helper.make_tensor_value_info("y", FLOAT, [2])], [_c("k", [0.25, 4.0])])
+        branches[branch] = helper.make_graph(
+            [N(op, ["x", "k"], [f"{branch}_out"], name=f"{branch}_op")],
+            branch,
+            [],
+            [helper.make_tensor_value_info(f"{branch}_out", FLOAT, [2])],
+        )
+    inputs = [
+        helper.make_tensor_value_info("x", FLOAT, [2]),
+        helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+    ]
+    model = _model(
+        [N("If", ["cond"], ["y"], name="if", **branches)],
+        inputs,
+        [helper.make_tensor_value_info("y", FLOAT, [2])],
+        [_c("k", [0.25, 4.0])],
+    )
     src, out = _save(model, tmp_path / "w.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     converted = onnx.load(str(out))
@@ -307,25 +348,38 @@ def test_loop_body_with_carried_state_and_outer_reads(tmp_path):
     """acc <- acc * 0.5 + Relu(h) * w three times, h and w from outside; a ReduceSum of each step."""
     N = helper.make_node
     body = helper.make_graph(
-        [N("Relu", ["h"], ["rh"], name="body_relu"),
-         N("Mul", ["rh", "w"], ["t"], name="body_mul"),
-         N("Mul", ["acc_in", "half"], ["ah"], name="body_decay"),
-         N("Add", ["ah", "t"], ["acc_out"], name="body_add"),
-         N("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
-         N("ReduceSum", ["acc_out"], ["s"], name="body_sum", keepdims=0)],
+        [
+            N("Relu", ["h"], ["rh"], name="body_relu"),
+            N("Mul", ["rh", "w"], ["t"], name="body_mul"),
+            N("Mul", ["acc_in", "half"], ["ah"], name="body_decay"),
+            N("Add", ["ah", "t"], ["acc_out"], name="body_add"),
+            N("Identity", ["cond_in"], ["cond_out"], name="body_cond"),
+            N("ReduceSum", ["acc_out"], ["s"], name="body_sum", keepdims=0),
+        ],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
-         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_in", FLOAT, [3])],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-         helper.make_tensor_value_info("acc_out", FLOAT, [3]), helper.make_tensor_value_info("s", FLOAT, [])],
-        [_c("half", 0.5)])
-    nodes = [N("Mul", ["x", "w"], ["h"], name="scale"),
-             N("Loop", ["trip", "", "x"], ["acc", "sums"], name="loop", body=body),
-             N("Add", ["acc", "x"], ["y"], name="add")]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [3])],
-                   [helper.make_tensor_value_info("y", FLOAT, [3]), helper.make_tensor_value_info("sums", FLOAT, [3])],
-                   [_c("w", [1.5, -2.0, 3.0]), _c("trip", 3, np.int64)])
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_in", FLOAT, [3]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("acc_out", FLOAT, [3]),
+            helper.make_tensor_value_info("s", FLOAT, []),
+        ],
+        [_c("half", 0.5)],
+    )
+    nodes = [
+        N("Mul", ["x", "w"], ["h"], name="scale"),
+        N("Loop", ["trip", "", "x"], ["acc", "sums"], name="loop", body=body),
+        N("Add", ["acc", "x"], ["y"], name="add"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [3])],
+        [helper.make_tensor_value_info("y", FLOAT, [3]), helper.make_tensor_value_info("sums", FLOAT, [3])],
+        [_c("w", [1.5, -2.0, 3.0]), _c("trip", 3, np.int64)],
+    )
     src, out = _save(model, tmp_path / "loop.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     assert report.kept_fp32_nodes == {"loop": F.CONTROL_FLOW, "body_sum": F.SENSITIVE}
@@ -343,10 +397,16 @@ def test_constant_beyond_fp16_range_keeps_its_reader(tmp_path):
     """A BatchNormalization variance of 1e8 (PP-OCRv4's detector has 9.8e7) must not be clamped to 65504."""
     N = helper.make_node
     inits = [_c("scale", [1.0, 1.0]), _c("bias", [0.0, 0.1]), _c("mean", [0.0, 5.0]), _c("var", [1e8, 4.0])]
-    nodes = [N("Relu", ["x"], ["r"], name="relu"),
-             N("BatchNormalization", ["r", "scale", "bias", "mean", "var"], ["y"], name="bn")]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [1, 2, 4, 4])],
-                   [helper.make_tensor_value_info("y", FLOAT, [1, 2, 4, 4])], inits)
+    nodes = [
+        N("Relu", ["x"], ["r"], name="relu"),
+        N("BatchNormalization", ["r", "scale", "bias", "mean", "var"], ["y"], name="bn"),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", FLOAT, [1, 2, 4, 4])],
+        inits,
+    )
     src, out = _save(model, tmp_path / "bn.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     assert report.kept_fp32_nodes == {"bn": F.CONST_RANGE}
@@ -362,18 +422,27 @@ def test_constant_beyond_fp16_range_keeps_its_reader(tmp_path):
 def test_mask_fill_of_float32_min_is_saturated_not_kept(tmp_path):
     """Attention masks filled with finfo(float32).min stay fp16 (as -65504) and still mask."""
     N = helper.make_node
-    nodes = [N("Where", ["keep", "zero", "fill"], ["bias"], name="mask"),
-             N("Add", ["scores", "bias"], ["masked"], name="add_mask"),
-             N("Softmax", ["masked"], ["y"], name="softmax", axis=-1)]
-    model = _model(nodes, [helper.make_tensor_value_info("scores", FLOAT, [2, 4]),
-                           helper.make_tensor_value_info("keep", TensorProto.BOOL, [2, 4])],
-                   [helper.make_tensor_value_info("y", FLOAT, [2, 4])],
-                   [_c("zero", 0.0), _c("fill", float(np.finfo(np.float32).min))])
+    nodes = [
+        N("Where", ["keep", "zero", "fill"], ["bias"], name="mask"),
+        N("Add", ["scores", "bias"], ["masked"], name="add_mask"),
+        N("Softmax", ["masked"], ["y"], name="softmax", axis=-1),
+    ]
+    model = _model(
+        nodes,
+        [
+            helper.make_tensor_value_info("scores", FLOAT, [2, 4]),
+            helper.make_tensor_value_info("keep", TensorProto.BOOL, [2, 4]),
+        ],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 4])],
+        [_c("zero", 0.0), _c("fill", float(np.finfo(np.float32).min))],
+    )
     src, out = _save(model, tmp_path / "mask.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
     assert report.fp32_nodes == 0 and report.fp16_nodes == 3
-    feeds = {"scores": np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32),
-             "keep": np.array([[True, True, False, False], [False, False, False, False]])}
+    feeds = {
+        "scores": np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32),
+        "keep": np.array([[True, True, False, False], [False, False, False, False]]),
+    }
     ref, got = _run(src, feeds)[0], _run(out, feeds)[0]
     np.testing.assert_allclose(got[0], ref[0], atol=2e-3)
     # A row masked everywhere: float32 gives uniform weights, -inf would give NaN; -65504 gives
@@ -394,12 +463,21 @@ def test_decomposed_layernorm_on_large_activations(tmp_path):
         N("Sqrt", ["ve"], ["std"], name="std"),
         N("Div", ["d", "std"], ["y"], name="normalize"),
     ]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 64])],
-                   [helper.make_tensor_value_info("y", FLOAT, [2, 64])], [_c("two", 2.0), _c("eps", 1e-5)])
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 64])],
+        [_c("two", 2.0), _c("eps", 1e-5)],
+    )
     src, out = _save(model, tmp_path / "ln.onnx"), tmp_path / "out.onnx"
     report = fp16_model(src, out)
-    assert report.kept_fp32_nodes == {"mean": F.SENSITIVE, "square": F.SENSITIVE, "variance": F.SENSITIVE,
-                                      "add_eps": F.CHAIN, "std": F.CHAIN}
+    assert report.kept_fp32_nodes == {
+        "mean": F.SENSITIVE,
+        "square": F.SENSITIVE,
+        "variance": F.SENSITIVE,
+        "add_eps": F.CHAIN,
+        "std": F.CHAIN,
+    }
     x = np.random.default_rng(3).uniform(-600, 600, (2, 64)).astype(np.float32)
     assert ((x - x.mean(axis=-1, keepdims=True)) ** 2).max() > F.FP16_MAX  # the squares do not fit fp16
     ref, got = _run(src, {"x": x})[0], _run(out, {"x": x})[0]
@@ -425,15 +503,21 @@ def test_constant_node_shared_by_fp16_and_fp32_readers(tmp_path):
         N("ReduceSum", ["r", "axis0"], ["rs"], name="sum", keepdims=1),
         N("Add", ["a", "rs"], ["y"], name="add"),
     ]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [6])],
-                   [helper.make_tensor_value_info("y", FLOAT, [6])],
-                   [_c("zero", 0, np.int64), _c("one", 1.0), _c("axis0", [0], np.int64)])
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [6])],
+        [helper.make_tensor_value_info("y", FLOAT, [6])],
+        [_c("zero", 0, np.int64), _c("one", 1.0), _c("axis0", [0], np.int64)],
+    )
     src, out = _save(model, tmp_path / "k.onnx"), tmp_path / "out.onnx"
     fp16_model(src, out)
     types = _types(out)
     converted = onnx.load(str(out))
-    kinds = {n.output[0]: numpy_helper.to_array(n.attribute[0].t).dtype
-             for n in converted.graph.node if n.op_type == "Constant"}
+    kinds = {
+        n.output[0]: numpy_helper.to_array(n.attribute[0].t).dtype
+        for n in converted.graph.node
+        if n.op_type == "Constant"
+    }
     assert kinds == {"k": np.float16, "k__fp32": np.float32}
     assert types[_node(out, "range").input[0]] == FLOAT
     x = np.arange(6, dtype=np.float32)
@@ -447,20 +531,27 @@ def test_external_data_is_streamed_to_a_new_file(tmp_path):
     big = rng.standard_normal((256, 256)).astype(np.float32)
     kept = rng.standard_normal((256,)).astype(np.float32) * 100
     N = helper.make_node
-    nodes = [N("MatMul", ["x", "w"], ["h"], name="matmul"),
-             N("LayerNormalization", ["h", "gamma", "beta"], ["y"], name="ln", axis=-1)]
-    model = _model(nodes, [helper.make_tensor_value_info("x", FLOAT, [2, 256])],
-                   [helper.make_tensor_value_info("y", FLOAT, [2, 256])],
-                   [numpy_helper.from_array(big, "w"), numpy_helper.from_array(kept, "gamma"),
-                    numpy_helper.from_array(np.zeros(256, np.float32), "beta")])
+    nodes = [
+        N("MatMul", ["x", "w"], ["h"], name="matmul"),
+        N("LayerNormalization", ["h", "gamma", "beta"], ["y"], name="ln", axis=-1),
+    ]
+    model = _model(
+        nodes,
+        [helper.make_tensor_value_info("x", FLOAT, [2, 256])],
+        [helper.make_tensor_value_info("y", FLOAT, [2, 256])],
+        [
+            numpy_helper.from_array(big, "w"),
+            numpy_helper.from_array(kept, "gamma"),
+            numpy_helper.from_array(np.zeros(256, np.float32), "beta"),
+        ],
+    )
     src = src_dir / "model.onnx"
     onnx.save(model, str(src), save_as_external_data=True, location="weights.bin", size_threshold=0)
     out = out_dir / "model.fp16.onnx"
     report = fp16_model(src, out)
     assert report.external_data == "model.fp16.onnx.data"
     converted = onnx.load(str(out), load_external_data=False)
-    locations = {t.name: {e.key: e.value for e in t.external_data}.get("location")
-                 for t in converted.graph.initializer}
+    locations = {t.name: {e.key: e.value for e in t.external_data}.get("location") for t in converted.graph.initializer}
     assert set(locations.values()) == {"model.fp16.onnx.data"}  # nothing points at the source file
     loaded = {t.name: numpy_helper.to_array(t, str(out_dir)) for t in converted.graph.initializer}
     assert loaded["w"].dtype == np.float16 and loaded["gamma"].dtype == np.float32
@@ -475,6 +566,7 @@ def test_invalid_result_is_a_build_failure(tmp_path, monkeypatch):
     from enginefarm.core.errors import BuildFailed
 
     src = _save(anchor_head(), tmp_path / "anchors.onnx")
+
     def break_graph(model, added, opset):
         model.graph.node[0].input[0] = "nope"
 

@@ -67,7 +67,7 @@ def test_cuda_device_without_a_driver_is_backend_missing():
         G.CudaDevice(0)
     message = str(info.value)
     assert message.startswith(NO_DRIVER)
-    assert "NVIDIA" in message and "driver" in message[len(NO_DRIVER):]  # the loader's own explanation follows
+    assert "NVIDIA" in message and "driver" in message[len(NO_DRIVER) :]  # the loader's own explanation follows
     assert isinstance(info.value.__cause__, RuntimeError)  # cuda.pathfinder's DynamicLibNotFoundError
     assert info.value.status_code == 409
 
@@ -120,11 +120,18 @@ def test_pipeline_refuses_a_host_array_larger_than_its_buffer():
 # --------------------------------------------------------------------------- TensorRT dtypes and IO tensors
 
 
-@pytest.mark.parametrize(("trt_type", "np_type"), [
-    (trt.DataType.FLOAT, np.float32), (trt.DataType.HALF, np.float16), (trt.DataType.INT8, np.int8),
-    (trt.DataType.INT32, np.int32), (trt.DataType.INT64, np.int64), (trt.DataType.BOOL, np.bool_),
-    (trt.DataType.UINT8, np.uint8),
-])
+@pytest.mark.parametrize(
+    ("trt_type", "np_type"),
+    [
+        (trt.DataType.FLOAT, np.float32),
+        (trt.DataType.HALF, np.float16),
+        (trt.DataType.INT8, np.int8),
+        (trt.DataType.INT32, np.int32),
+        (trt.DataType.INT64, np.int64),
+        (trt.DataType.BOOL, np.bool_),
+        (trt.DataType.UINT8, np.uint8),
+    ],
+)
 def test_numpy_dtype_maps_tensorrt_types(trt_type, np_type):
     assert R.numpy_dtype(trt, trt_type) == np.dtype(np_type)
 
@@ -136,14 +143,23 @@ def test_numpy_dtype_refuses_types_numpy_lacks(trt_type):
 
 
 def test_io_tensors_reads_names_directions_and_dtypes():
-    io = {"images": (trt.TensorIOMode.INPUT, trt.DataType.HALF), "mask": (trt.TensorIOMode.INPUT, trt.DataType.BOOL),
-          "logits": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT)}
+    io = {
+        "images": (trt.TensorIOMode.INPUT, trt.DataType.HALF),
+        "mask": (trt.TensorIOMode.INPUT, trt.DataType.BOOL),
+        "logits": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT),
+    }
     names = list(io)
-    engine = SimpleNamespace(num_io_tensors=len(io), get_tensor_name=names.__getitem__,
-                             get_tensor_mode=lambda n: io[n][0], get_tensor_dtype=lambda n: io[n][1])
+    engine = SimpleNamespace(
+        num_io_tensors=len(io),
+        get_tensor_name=names.__getitem__,
+        get_tensor_mode=lambda n: io[n][0],
+        get_tensor_dtype=lambda n: io[n][1],
+    )
     assert R.io_tensors(engine, trt) == [
-        R.TensorSpec("images", True, np.dtype(np.float16)), R.TensorSpec("mask", True, np.dtype(np.bool_)),
-        R.TensorSpec("logits", False, np.dtype(np.float32))]
+        R.TensorSpec("images", True, np.dtype(np.float16)),
+        R.TensorSpec("mask", True, np.dtype(np.bool_)),
+        R.TensorSpec("logits", False, np.dtype(np.float32)),
+    ]
 
 
 # --------------------------------------------------------------------------- clocks via NVML
@@ -201,8 +217,13 @@ def test_gpu_clocks_partial_readings(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     clocks = G.gpu_clocks(3, pci_bus_id="0000:19:00.0")
     assert {k: v for k, v in clocks.items() if k != "error"} == {
-        "sm_mhz": 1980, "sm_max_mhz": 1980, "memory_mhz": 3201, "memory_max_mhz": 3201,
-        "graphics_mhz": 1980, "graphics_max_mhz": 1980}
+        "sm_mhz": 1980,
+        "sm_max_mhz": 1980,
+        "memory_mhz": 3201,
+        "memory_max_mhz": 3201,
+        "graphics_mhz": 1980,
+        "graphics_max_mhz": 1980,
+    }
     assert clocks["error"] == "temperature_c: Not Supported; power_w: Not Supported"
     assert "pci:0000:19:00.0" in fake.calls  # the bus id wins over the index
     assert fake.calls[0] == "init" and fake.calls[-1] == "shutdown"

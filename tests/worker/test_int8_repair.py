@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
-from enginefarm.core.spec import BuildSpec
 from enginefarm.worker import int8_repair as R
 from enginefarm.worker.evaluate import OrtRunner
 from tests.worker.test_int8_vs_fp32 import _wide_add

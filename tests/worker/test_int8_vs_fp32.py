@@ -9,12 +9,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from enginefarm.graph.samples import save_conv_net
 from enginefarm.core.spec import BuildSpec
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import save_conv_net
+from enginefarm.worker import int8_choice as C
 from enginefarm.worker import int8_vs_fp32 as V
 from enginefarm.worker.evaluate import OrtRunner
-from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.worker import int8_choice as C
 from enginefarm.worker.quantize import cpu_candidates
 
 
@@ -60,8 +60,13 @@ def test_pick_prefers_the_earlier_candidate_when_two_measure_alike():
 def test_pick_says_when_no_candidate_is_faster_or_none_passes():
     name, why = C.pick([_figure("operator", 0.7), _figure("convolutions", 0.8)])
     assert name == "convolutions" and why.endswith("no candidate is faster than fp32 on this CPU")
-    name, why = C.pick([_figure("operator", 1.5, ok=False, cosine=0.93), _figure("dynamic", 1.1, ok=False, cosine=0.95),
-                        {"name": "convolutions", "error": "did not quantize"}])
+    name, why = C.pick(
+        [
+            _figure("operator", 1.5, ok=False, cosine=0.93),
+            _figure("dynamic", 1.1, ok=False, cosine=0.95),
+            {"name": "convolutions", "error": "did not quantize"},
+        ]
+    )
     assert name == "dynamic" and why == "no candidate passed the int8 gate; kept the most accurate (cosine 0.9500)"
     assert C.pick([{"name": "operator", "error": "x"}]) == (None, "no candidate quantized")
 
@@ -71,14 +76,21 @@ def _mlp(path: Path, width: int = 64, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     inits, nodes, prev = [], [], "input"
     for i in range(3):
-        w = (rng.standard_normal((width, width)) / width ** 0.5).astype(np.float32)
+        w = (rng.standard_normal((width, width)) / width**0.5).astype(np.float32)
         inits.append(numpy_helper.from_array(w, f"w{i}"))
-        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"fc{i}"),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}")]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"fc{i}"),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"], name=f"relu{i}"),
+        ]
         prev = f"r{i}"
     nodes[-1] = helper.make_node("Identity", ["m2"], ["output"], name="out")
-    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", width])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", width])], inits)
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", width])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -94,6 +106,7 @@ def _opened(paths: list[Path]):
     def runner(path: Path) -> OrtRunner:
         paths.append(path)
         return OrtRunner(path, threads=1)
+
     return runner
 
 
@@ -132,15 +145,21 @@ def _wide_add(path: Path, seed: int = 0) -> Path:
     big = np.zeros((1, 8, 1, 1), np.float32)
     big[0, 0] = 1e4
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(big, "big")]
-    nodes = [helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("Relu", ["c"], ["r"], name="relu"),
-             helper.make_node("Add", ["r", "big"], ["shifted"], name="shift"),
-             helper.make_node("Sub", ["shifted", "big"], ["back"], name="unshift"),
-             helper.make_node("GlobalAveragePool", ["back"], ["pooled"], name="pool"),
-             helper.make_node("Flatten", ["pooled"], ["output"], name="flatten")]
-    graph = helper.make_graph(nodes, "wide_add",
-                              [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
-                              [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 8])], inits)
+    nodes = [
+        helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "big"], ["shifted"], name="shift"),
+        helper.make_node("Sub", ["shifted", "big"], ["back"], name="unshift"),
+        helper.make_node("GlobalAveragePool", ["back"], ["pooled"], name="pool"),
+        helper.make_node("Flatten", ["pooled"], ["output"], name="flatten"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "wide_add",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 8])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))

@@ -14,8 +14,8 @@ import pytest
 
 from enginefarm.core.domain import Target
 from enginefarm.core.errors import BuildFailed
-from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.core.spec import BuildSpec
+from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.worker.backends import BuildLog
 from enginefarm.worker.backends import onnxruntime as ort_backend
 from enginefarm.worker.pipeline import engine_from_model
@@ -28,8 +28,14 @@ def external_model(folder: Path) -> Path:
     """model.onnx with every weight in weights.bin beside it, as a bundle unpacks."""
     folder.mkdir(parents=True)
     path = folder / "model.onnx"
-    onnx.save_model(conv_net(seed=131), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location="weights.bin", size_threshold=0)
+    onnx.save_model(
+        conv_net(seed=131),
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="weights.bin",
+        size_threshold=0,
+    )
     return path
 
 
@@ -63,8 +69,10 @@ def test_an_artifact_reading_files_it_does_not_carry_is_refused(tmp_path):
     (tmp_path / "scratch").mkdir()
     built = engine_from_model(model, BuildSpec(**sample_spec()), ORT, None, tmp_path / "scratch", BuildLog())
     point_outside(built.path)
-    with pytest.raises(BuildFailed, match="does not load from its own bytes: .*read external data files it does not "
-                                          "carry; it was not stored"):
+    with pytest.raises(
+        BuildFailed,
+        match="does not load from its own bytes: .*read external data files it does not carry; it was not stored",
+    ):
         ort_backend.check_loadable(built.path)
 
 

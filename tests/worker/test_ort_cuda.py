@@ -8,10 +8,10 @@ import pytest
 
 from enginefarm.core.domain import Target
 from enginefarm.core.errors import TargetUnavailable
-from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.spec import BuildSpec
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.worker import evaluate as stage
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.pipeline import engine_from_model
@@ -29,8 +29,10 @@ class Perturbed(stage.OrtRunner):
 
     def infer(self, inputs):
         rng = np.random.default_rng(0)
-        return {k: v * (1 + self.error * rng.standard_normal(v.shape)).astype(v.dtype)
-                for k, v in super().infer(inputs).items()}
+        return {
+            k: v * (1 + self.error * rng.standard_normal(v.shape)).astype(v.dtype)
+            for k, v in super().infer(inputs).items()
+        }
 
     def without_tf32(self):
         return Perturbed(self.model, self.exact_error)
@@ -55,7 +57,9 @@ def test_fp32_differences_that_go_away_without_tf32_pass_and_say_so(conv):
 
 def test_an_error_that_stays_without_tf32_fails(conv):
     model, info = conv
-    verdict = stage.check_accuracy(Perturbed(model, 1e-3, exact_error=1e-2), model, BuildSpec(**sample_spec()), info, None)
+    verdict = stage.check_accuracy(
+        Perturbed(model, 1e-3, exact_error=1e-2), model, BuildSpec(**sample_spec()), info, None
+    )
     assert not verdict["pass"] and verdict["tf32"]["explains"] is False and verdict["failures"]
 
 

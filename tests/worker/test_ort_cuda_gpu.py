@@ -12,11 +12,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.compat import Match, judge
-from enginefarm.core.domain import ModelInfo, TensorInfo, Target, arch_of_cc
-from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.core.domain import ModelInfo, Target, TensorInfo, arch_of_cc
 from enginefarm.core.probe.machineprobe import machine_fingerprint, probe_machine
 from enginefarm.core.probe.policy import buildable_targets
 from enginefarm.core.spec import BenchmarkSpec, BuildSpec
+from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
 from enginefarm.worker.evaluate import OrtRunner, check_accuracy, evaluate
@@ -76,16 +76,24 @@ def test_build_benchmark_and_accuracy_on_the_gpu(probe, target, precision, tmp_p
 def _matmul(path, weight: np.ndarray) -> None:
     """y = x @ W, K large enough that TF32's 10-bit mantissa shows beyond the fp32 limits."""
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
+        [helper.make_node("MatMul", ["x", "W"], ["y"])],
+        "mm",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", weight.shape[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", weight.shape[1]])],
-        [numpy_helper.from_array(weight, "W")])
+        [numpy_helper.from_array(weight, "W")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
 
 
 def _info(k: int, n: int) -> ModelInfo:
-    return ModelInfo(inputs=[TensorInfo("x", "FLOAT", ["batch", k])], outputs=[TensorInfo("y", "FLOAT", ["batch", n])],
-                     opset=17, ir_version=8, producer="test", size=0)
+    return ModelInfo(
+        inputs=[TensorInfo("x", "FLOAT", ["batch", k])],
+        outputs=[TensorInfo("y", "FLOAT", ["batch", n])],
+        opset=17,
+        ir_version=8,
+        producer="test",
+        size=0,
+    )
 
 
 def test_tf32_differences_are_explained_and_real_ones_still_fail(tmp_path):

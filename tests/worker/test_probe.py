@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from enginefarm.core.domain import Backend, Target
-from enginefarm.core.probe import gpus as gpu_probe, jetson as jetson_probe, machineprobe, policy
-from enginefarm.core.probe import modules as module_probe, report as probe_text
+from enginefarm.core.probe import gpus as gpu_probe
+from enginefarm.core.probe import jetson as jetson_probe
+from enginefarm.core.probe import machineprobe, policy
+from enginefarm.core.probe import modules as module_probe
+from enginefarm.core.probe import report as probe_text
 from enginefarm.core.probe.gpus import GpuInfo
 from enginefarm.core.probe.jetson import JetsonInfo
 from enginefarm.core.probe.machineprobe import MachineProbe
@@ -28,9 +31,16 @@ H100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", "9.0", 81559, "GPU-6f1e2b2a-0000-0000
 
 def machine(*, platform="x86_64", gpus=(), jetson=None, modules=None, errors=None, nvml_error=None) -> MachineProbe:
     return MachineProbe(
-        hostname="node1", platform=platform, os="Linux 6.8 (Ubuntu 24.04.1 LTS)", gpus=list(gpus),
-        driver_version="580.82.07" if gpus else None, cuda_version="13.0" if gpus else None, jetson=jetson,
-        modules=modules or {}, module_errors=errors or {}, nvml_error=nvml_error,
+        hostname="node1",
+        platform=platform,
+        os="Linux 6.8 (Ubuntu 24.04.1 LTS)",
+        gpus=list(gpus),
+        driver_version="580.82.07" if gpus else None,
+        cuda_version="13.0" if gpus else None,
+        jetson=jetson,
+        modules=modules or {},
+        module_errors=errors or {},
+        nvml_error=nvml_error,
     )
 
 
@@ -101,10 +111,21 @@ def test_jetson_without_release_file(tmp_path):
     assert j and j.compute_capability == "7.2" and j.l4t_release == "" and j.jetpack is None
 
 
-@pytest.mark.parametrize("l4t, jetpack", [
-    ("36.4.3", "6.2"), ("36.4.4", "6.2.1"), ("36.4.7", "6.2"), ("36.4.0", "6.1"), ("36.3.0", "6.0"),
-    ("35.4.1", "5.1.2"), ("35.9.9", "5.1"), ("38.2.0", "7.0"), ("32.7.4", None), ("garbage", None),
-])
+@pytest.mark.parametrize(
+    "l4t, jetpack",
+    [
+        ("36.4.3", "6.2"),
+        ("36.4.4", "6.2.1"),
+        ("36.4.7", "6.2"),
+        ("36.4.0", "6.1"),
+        ("36.3.0", "6.0"),
+        ("35.4.1", "5.1.2"),
+        ("35.9.9", "5.1"),
+        ("38.2.0", "7.0"),
+        ("32.7.4", None),
+        ("garbage", None),
+    ],
+)
 def test_l4t_to_jetpack(l4t, jetpack):
     assert jetson_probe.l4t_to_jetpack(l4t) == jetpack
 
@@ -120,25 +141,37 @@ def test_jetson_machine_probe_os(monkeypatch):
 
 
 def test_h100_with_tensorrt():
-    p = machine(gpus=[H100], modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None},
-                errors={"tensorrt_rtx": "No module named 'tensorrt_rtx'", "onnxruntime": "No module named 'onnxruntime'"})
+    p = machine(
+        gpus=[H100],
+        modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None},
+        errors={"tensorrt_rtx": "No module named 'tensorrt_rtx'", "onnxruntime": "No module named 'onnxruntime'"},
+    )
     assert policy.buildable_targets(p) == [T("tensorrt/sm90")]
     assert any("tensorrt 10.13.3.9: serves tensorrt/sm90" in line for line in probe_text.probe_report(p))
 
 
 def test_h100_without_tensorrt_serves_no_tensorrt_target():
-    p = machine(gpus=[H100], modules={"tensorrt": None, "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"},
-                errors={"tensorrt": TRT_MISSING})
+    p = machine(
+        gpus=[H100],
+        modules={"tensorrt": None, "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"},
+        errors={"tensorrt": TRT_MISSING},
+    )
     targets = policy.buildable_targets(p)
     assert not [t for t in targets if t.backend is Backend.TENSORRT]
     assert T("tensorrt-rtx/sm120") in targets and T("onnxruntime/cpu-x86_64") in targets
-    assert f"tensorrt: not importable ({TRT_MISSING}): tensorrt/sm90 not served (GPU 0 {H100.name})" in probe_text.probe_report(p)
+    assert (
+        f"tensorrt: not importable ({TRT_MISSING}): tensorrt/sm90 not served (GPU 0 {H100.name})"
+        in probe_text.probe_report(p)
+    )
 
 
 def test_jetson_with_tensorrt_on_aarch64():
     jetson = JetsonInfo("NVIDIA Jetson AGX Orin Developer Kit", "36.4.3", "6.2", "8.7")
-    p = machine(platform="aarch64", jetson=jetson,
-                modules={"tensorrt": "10.3.0", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.0"})
+    p = machine(
+        platform="aarch64",
+        jetson=jetson,
+        modules={"tensorrt": "10.3.0", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.0"},
+    )
     targets = policy.buildable_targets(p)
     assert targets == [T("onnxruntime/cpu-aarch64"), T("tensorrt/sm87")]
     assert any("only on x86_64" in line for line in probe_text.probe_report(p))
@@ -146,8 +179,10 @@ def test_jetson_with_tensorrt_on_aarch64():
 
 def test_unknown_compute_capability_gives_no_target():
     pascal = GpuInfo(0, "NVIDIA GeForce GTX 1080", "6.1", 8192)
-    p = machine(gpus=[pascal, H100.__class__(1, H100.name, "9.0", H100.memory_mib)],
-                modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None})
+    p = machine(
+        gpus=[pascal, H100.__class__(1, H100.name, "9.0", H100.memory_mib)],
+        modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": None, "onnxruntime": None},
+    )
     assert policy.buildable_targets(p) == [T("tensorrt/sm90")]
     assert any("GTX 1080" in line and "6.1" in line and "no target" in line for line in probe_text.probe_report(p))
 
@@ -161,11 +196,18 @@ def test_same_arch_twice_is_one_target():
 
 
 def test_machine_fingerprint_gpu(monkeypatch):
-    monkeypatch.setattr(machineprobe, "import_version", lambda name: ("10.13.3.9", None) if name == "tensorrt_lean" else (None, "x"))
+    monkeypatch.setattr(
+        machineprobe, "import_version", lambda name: ("10.13.3.9", None) if name == "tensorrt_lean" else (None, "x")
+    )
     p = machine(gpus=[H100], modules={"tensorrt": "10.13.3.9", "tensorrt_rtx": "1.7.1.116", "onnxruntime": "1.23.2"})
     m = machineprobe.machine_fingerprint(p)
     assert (m.gpu_name, m.compute_capability, m.memory_mib) == (H100.name, "9.0", 81559)
-    assert (m.driver_version, m.cuda_version, m.trt_version, m.trt_rtx_version) == ("580.82.07", "13.0", "10.13.3.9", "1.7.1.116")
+    assert (m.driver_version, m.cuda_version, m.trt_version, m.trt_rtx_version) == (
+        "580.82.07",
+        "13.0",
+        "10.13.3.9",
+        "1.7.1.116",
+    )
     assert m.lean_runtime and m.platform == "x86_64" and m.os == p.os and m.jetpack is None and not m.is_jetson
     with pytest.raises(ValueError, match="no GPU 3"):
         machineprobe.machine_fingerprint(p, gpu_index=3)
@@ -211,18 +253,34 @@ class FakeNvml(types.ModuleType):
         if self.fail_init:
             raise RuntimeError("Driver Not Loaded")
 
-    def nvmlShutdown(self): self.shutdowns += 1
-    def nvmlDeviceGetCount(self): return 2
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
     def nvmlDeviceGetHandleByIndex(self, i):
         if i == 1:
             raise RuntimeError("GPU is lost")
         return i
-    def nvmlDeviceGetName(self, h): return b"NVIDIA H100 80GB HBM3"
-    def nvmlDeviceGetCudaComputeCapability(self, h): return (9, 0)
-    def nvmlDeviceGetMemoryInfo(self, h): return types.SimpleNamespace(total=85520809984)
-    def nvmlDeviceGetUUID(self, h): return b"GPU-6f1e2b2a"
-    def nvmlSystemGetDriverVersion(self): return "580.82.07"
-    def nvmlSystemGetCudaDriverVersion_v2(self): return 13000
+
+    def nvmlDeviceGetName(self, h):
+        return b"NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetCudaComputeCapability(self, h):
+        return (9, 0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return types.SimpleNamespace(total=85520809984)
+
+    def nvmlDeviceGetUUID(self, h):
+        return b"GPU-6f1e2b2a"
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.82.07"
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        return 13000
 
 
 def test_probe_gpus_with_fake_nvml(monkeypatch):
@@ -250,18 +308,25 @@ def test_nvidia_smi_parse_matches_nvml_on_a_real_h200():
     found = re.fullmatch(r"(.+) \((\d+), (\d+)\) (\d+) (\S+) (\d+) (\S+)\n?", (SMI / "nvml.txt").read_text())
     name, major, minor, memory, nvml_driver, cuda_int, uuid = found.groups()
     cc = f"{major}.{minor}"
-    assert [(g.index, g.name, g.compute_capability, g.memory_mib, g.uuid) for g in gpus] == [(0, name, cc, int(memory), uuid)]
+    assert [(g.index, g.name, g.compute_capability, g.memory_mib, g.uuid) for g in gpus] == [
+        (0, name, cc, int(memory), uuid)
+    ]
     assert driver == nvml_driver == "580.159.04"
     assert cuda == f"{int(cuda_int) // 1000}.{int(cuda_int) % 1000 // 10}" == "13.0"
 
 
-@pytest.mark.parametrize("csv_text, expected", [
-    ("0, Tesla T4, 7.5, 15360, GPU-1, 535.104.05\n1, NVIDIA A10, 8.6, 23028, GPU-2, 535.104.05\n",
-     [(0, "7.5", 15360), (1, "8.6", 23028)]),
-    ("0, NVIDIA GeForce RTX 3090, [N/A], 24576, GPU-1, 470.57.02\n", []),  # too old to report compute_cap
-    ("0, Orin, 8.7, [N/A], [N/A], 540.4.0\n", [(0, "8.7", 0)]),
-    ("Failed to initialize NVML: Driver/library version mismatch\n", []),
-])
+@pytest.mark.parametrize(
+    "csv_text, expected",
+    [
+        (
+            "0, Tesla T4, 7.5, 15360, GPU-1, 535.104.05\n1, NVIDIA A10, 8.6, 23028, GPU-2, 535.104.05\n",
+            [(0, "7.5", 15360), (1, "8.6", 23028)],
+        ),
+        ("0, NVIDIA GeForce RTX 3090, [N/A], 24576, GPU-1, 470.57.02\n", []),  # too old to report compute_cap
+        ("0, Orin, 8.7, [N/A], [N/A], 540.4.0\n", [(0, "8.7", 0)]),
+        ("Failed to initialize NVML: Driver/library version mismatch\n", []),
+    ],
+)
 def test_nvidia_smi_parse_edge_cases(csv_text, expected):
     gpus, _, cuda = gpu_probe.parse_nvidia_smi(csv_text, "no banner")
     assert [(g.index, g.compute_capability, g.memory_mib) for g in gpus] == expected
@@ -270,13 +335,18 @@ def test_nvidia_smi_parse_edge_cases(csv_text, expected):
 
 def test_nvidia_smi_is_the_fallback_when_nvml_fails(monkeypatch):
     monkeypatch.setattr(gpu_probe, "probe_gpus", lambda: ([], None, None, "NVML Shared Library Not Found"))
-    monkeypatch.setattr(gpu_probe, "probe_gpus_smi", lambda: gpu_probe.parse_nvidia_smi(
-        (SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text()) + (None,))
+    monkeypatch.setattr(
+        gpu_probe,
+        "probe_gpus_smi",
+        lambda: gpu_probe.parse_nvidia_smi((SMI / "query.csv").read_text(), (SMI / "banner.txt").read_text()) + (None,),
+    )
     probe = machineprobe.probe_machine(X86_ROOT)
     assert probe.gpu_source == "nvidia-smi" and probe.gpus[0].compute_capability == "9.0"
     assert probe.nvml_error == "NVML Shared Library Not Found"
-    assert any(line.startswith("GPUs read with nvidia-smi (NVML: NVML Shared Library Not Found)")
-               for line in probe_text.probe_report(probe))
+    assert any(
+        line.startswith("GPUs read with nvidia-smi (NVML: NVML Shared Library Not Found)")
+        for line in probe_text.probe_report(probe)
+    )
     assert machineprobe.machine_fingerprint(probe).compute_capability == "9.0"
 
 
@@ -300,17 +370,24 @@ def test_this_machine_fingerprint_and_overrides():
 def test_the_cpu_onnxruntime_here_has_no_cuda_provider():
     machineprobe.probe_ort_cuda.cache_clear()
     cuda, cudnn, why = machineprobe.probe_ort_cuda()
-    assert cuda is None and cudnn is None and "has no CUDAExecutionProvider (that is the onnxruntime-gpu package)" in why
+    assert (
+        cuda is None and cudnn is None and "has no CUDAExecutionProvider (that is the onnxruntime-gpu package)" in why
+    )
 
 
 def test_h100_with_onnxruntime_gpu_serves_the_cuda_target():
-    p = machine(gpus=[H100], modules={"tensorrt": None, "tensorrt_rtx": None, "onnxruntime": "1.31.1"},
-                errors={"tensorrt": TRT_MISSING})
+    p = machine(
+        gpus=[H100],
+        modules={"tensorrt": None, "tensorrt_rtx": None, "onnxruntime": "1.31.1"},
+        errors={"tensorrt": TRT_MISSING},
+    )
     p.ort_cuda, p.cudnn_version = "13.0", "9.19.0"
     cuda, cpu = T("onnxruntime/cuda-sm90"), T("onnxruntime/cpu-x86_64")
     assert policy.buildable_targets(p) == [cpu, cuda] and policy.benchmark_targets(p) == [cpu, cuda]
-    assert ("onnxruntime 1.31.1 CUDA (built for CUDA 13.0, cuDNN 9.19.0): serves onnxruntime/cuda-sm90"
-            in probe_text.probe_report(p))
+    assert (
+        "onnxruntime 1.31.1 CUDA (built for CUDA 13.0, cuDNN 9.19.0): serves onnxruntime/cuda-sm90"
+        in probe_text.probe_report(p)
+    )
     m = machineprobe.machine_fingerprint(p)
     assert m.ort_cuda and m.ort_version == "1.31.1" and m.compute_capability == "9.0"
     assert "compute capability 9.0 and ONNX Runtime's CUDA execution provider" in policy.benchmark_pending_reason(cuda)
@@ -320,6 +397,8 @@ def test_a_cuda_provider_that_does_not_load_serves_no_cuda_target():
     p = machine(gpus=[H100], modules={"onnxruntime": "1.31.1"})
     p.ort_cuda_error = "CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared object file"
     assert policy.buildable_targets(p) == [T("onnxruntime/cpu-x86_64")]
-    assert ("onnxruntime 1.31.1 CUDA: CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared "
-            "object file: no onnxruntime/cuda target served") in probe_text.probe_report(p)
+    assert (
+        "onnxruntime 1.31.1 CUDA: CUDAExecutionProvider does not load: libcublasLt.so.13: cannot open shared "
+        "object file: no onnxruntime/cuda target served"
+    ) in probe_text.probe_report(p)
     assert not machineprobe.machine_fingerprint(p).ort_cuda

@@ -16,12 +16,12 @@ from onnx import TensorProto, numpy_helper
 from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import conv_net, save_conv_net
-from tests.helpers import rtx_build
 from enginefarm.worker import quantize as Q
 from enginefarm.worker.quantize import QuantizeReport, quantize_qdq
-from enginefarm.worker.quantize import recipes as QR
 from enginefarm.worker.quantize import preprocess as QP
+from enginefarm.worker.quantize import recipes as QR
 from enginefarm.worker.quantize.qdq import check_for_tensorrt
+from tests.helpers import rtx_build
 
 CALIBRATION = 16
 HELD_OUT = 64
@@ -87,8 +87,10 @@ def test_report_and_qdq_nodes(quantized, tmp_path: Path) -> None:
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert report.quantized_nodes == len(qdq) > 0
     assert report.calibration_samples == CALIBRATION
-    assert report.method == ("onnxruntime.quantization.quantize_static, TensorRT Q/DQ, per-channel, symmetric int8 "
-                             "activations and weights, MinMax")
+    assert report.method == (
+        "onnxruntime.quantization.quantize_static, TensorRT Q/DQ, per-channel, symmetric int8 "
+        "activations and weights, MinMax"
+    )
     assert report.family == "tensorrt" and report.options["extra_options"]["ActivationSymmetric"] is True
     assert report.preprocessed and report.preprocess_error is None
     assert report.onnxruntime_version == ort.__version__
@@ -255,11 +257,14 @@ def test_zero_samples(fp32: Path, tmp_path: Path) -> None:
     assert "'input'" in exc.value.message
 
 
-@pytest.mark.parametrize("bad, words", [
-    (np.full((2, 3, 32, 32), "x"), "give real numbers"),
-    (np.zeros((2, 3, 32, 32), np.complex64), "give real numbers"),
-    (np.full((2, 3, 32, 32), np.nan, np.float32), "NaN or infinity"),
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (np.full((2, 3, 32, 32), "x"), "give real numbers"),
+        (np.zeros((2, 3, 32, 32), np.complex64), "give real numbers"),
+        (np.full((2, 3, 32, 32), np.nan, np.float32), "NaN or infinity"),
+    ],
+)
 def test_uncastable_samples(fp32: Path, tmp_path: Path, bad: np.ndarray, words: str) -> None:
     with pytest.raises(SpecInvalid, match=words) as exc:
         quantize_qdq(fp32, {"input": bad}, tmp_path / "q.onnx")
@@ -349,10 +354,12 @@ def _opset_12_net(path: Path) -> Path:
     model = conv_net(seed=3)
     model.opset_import[0].version = 12
     model.graph.initializer.append(numpy_helper.from_array(np.array([0, 2, 5], np.int64), "split_shape"))
-    model.graph.node.extend([
-        onnx.helper.make_node("Reshape", ["logits", "split_shape"], ["logits3"], name="reshape"),
-        onnx.helper.make_node("Softmax", ["logits3"], ["probs"], name="softmax"),
-    ])
+    model.graph.node.extend(
+        [
+            onnx.helper.make_node("Reshape", ["logits", "split_shape"], ["logits3"], name="reshape"),
+            onnx.helper.make_node("Softmax", ["logits3"], ["probs"], name="softmax"),
+        ]
+    )
     del model.graph.output[:]
     model.graph.output.append(onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 2, 5]))
     onnx.checker.check_model(model, full_check=True)
@@ -385,8 +392,11 @@ def test_an_opset_conversion_that_fails_is_a_clear_build_failure(tmp_path: Path,
         raise RuntimeError("No Adapter For Softmax")
 
     monkeypatch.setattr(Q.onnx.version_converter, "convert_version", refuse)
-    with pytest.raises(BuildFailed, match=r"needs ONNX opset 13 or later .* model has opset 12; converting it "
-                                          r"failed \(RuntimeError: No Adapter For Softmax\)"):
+    with pytest.raises(
+        BuildFailed,
+        match=r"needs ONNX opset 13 or later .* model has opset 12; converting it "
+        r"failed \(RuntimeError: No Adapter For Softmax\)",
+    ):
         quantize_qdq(_opset_12_net(tmp_path / "m.onnx"), {"input": _images(2, seed=1)}, tmp_path / "q.onnx")
     assert not (tmp_path / "q.onnx").exists()
 
@@ -417,11 +427,16 @@ def _shared_weight_net(path: Path) -> Path:
         onnx.helper.make_node("MatMul", ["y1", "Wt"], ["y2"], name="proj_t"),
         onnx.helper.make_node("Add", ["y2", "half"], ["y"], name="shift"),
     ]
-    return _save_graph(path, nodes,
-                       [onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
-                        onnx.helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])],
-                       [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
-                       [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    return _save_graph(
+        path,
+        nodes,
+        [
+            onnx.helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16]),
+            onnx.helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"]),
+        ],
+        [onnx.helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.5, np.float32), "half")],
+    )
 
 
 def _token_feed(count: int, seed: int) -> dict[str, np.ndarray]:
@@ -463,9 +478,18 @@ def _residual_net(path: Path) -> Path:
     def w(*shape):
         return (rng.standard_normal(shape) * (2 / np.prod(shape[1:])) ** 0.5).astype(np.float32)
 
-    inits = [numpy_helper.from_array(a, n) for n, a in [
-        ("stem.w", w(8, 3, 3, 3)), ("b1.w", w(8, 8, 3, 3)), ("b2.w", w(8, 8, 3, 3)), ("c3.w", w(16, 8, 1, 1)),
-        ("gain", np.array(1.5, np.float32)), ("fc.w", w(10, 16)), ("fc.b", np.zeros(10, np.float32))]]
+    inits = [
+        numpy_helper.from_array(a, n)
+        for n, a in [
+            ("stem.w", w(8, 3, 3, 3)),
+            ("b1.w", w(8, 8, 3, 3)),
+            ("b2.w", w(8, 8, 3, 3)),
+            ("c3.w", w(16, 8, 1, 1)),
+            ("gain", np.array(1.5, np.float32)),
+            ("fc.w", w(10, 16)),
+            ("fc.b", np.zeros(10, np.float32)),
+        ]
+    ]
     conv = dict(pads=[1, 1, 1, 1])
     nodes = [
         onnx.helper.make_node("Conv", ["input", "stem.w"], ["s"], name="stem", **conv),
@@ -484,8 +508,13 @@ def _residual_net(path: Path) -> Path:
         onnx.helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["logits"], transB=1, name="fc"),
         onnx.helper.make_node("Softmax", ["logits"], ["probs"], name="softmax"),
     ]
-    return _save_graph(path, nodes, [onnx.helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-                       [onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])], inits)
+    return _save_graph(
+        path,
+        nodes,
+        [onnx.helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [onnx.helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])],
+        inits,
+    )
 
 
 def test_only_the_inputs_of_weighted_ops_get_qdq_for_tensorrt(tmp_path: Path) -> None:
@@ -501,13 +530,17 @@ def test_only_the_inputs_of_weighted_ops_get_qdq_for_tensorrt(tmp_path: Path) ->
     # MaxPool, Mul by a constant, Sigmoid, pooling, Softmax, the activations and the residual Add take no Q/DQ,
     # and the outputs of weighted ops are not quantized (OpTypesToExcludeOutputQuantization).
     for name in ("pool", "scale", "sigmoid", "gap", "flatten", "softmax", "stem_relu", "res_relu", "residual_add"):
-        assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear"
-                   for i in by_name[name].input), name
+        assert all(producer.get(i) is None or producer[i].op_type != "DequantizeLinear" for i in by_name[name].input), (
+            name
+        )
     weighted_outputs = {o for n in model.graph.node if n.op_type in ("Conv", "Gemm") for o in n.output}
     assert not weighted_outputs & {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"}
     # Per output channel: Conv along axis 0, Gemm with transB=1 along axis 0 too.
-    axes = {n.input[0]: [a.i for a in n.attribute if a.name == "axis"] for n in model.graph.node
-            if n.op_type == "DequantizeLinear" and n.input[0].endswith(".w_quantized")}
+    axes = {
+        n.input[0]: [a.i for a in n.attribute if a.name == "axis"]
+        for n in model.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0].endswith(".w_quantized")
+    }
     assert axes == {f"{w}.w_quantized": [0] for w in ("stem", "b1", "b2", "c3", "fc")}
     x = _images(HELD_OUT, seed=1234)
     ref = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
@@ -537,8 +570,9 @@ _NOTHING = "found no operation to run in int8.*; build fp16 for this model inste
 
 
 def test_a_model_without_weighted_ops_says_so(tmp_path: Path) -> None:
-    path = _save_graph(tmp_path / "m.onnx", [onnx.helper.make_node("Relu", ["x"], ["y"])], [_vec("x", "n", 4)],
-                       [_vec("y", "n", 4)])
+    path = _save_graph(
+        tmp_path / "m.onnx", [onnx.helper.make_node("Relu", ["x"], ["y"])], [_vec("x", "n", 4)], [_vec("y", "n", 4)]
+    )
     with pytest.raises(BuildFailed, match=_NOTHING):
         quantize_qdq(path, {"x": np.ones((2, 4), np.float32)}, tmp_path / "q.onnx")
     assert not (tmp_path / "q.onnx").exists()
@@ -549,8 +583,7 @@ def test_a_model_with_only_activation_matmuls_says_so(tmp_path: Path) -> None:
     nodes = [onnx.helper.make_node("MatMul", ["a", "b"], ["y"], name="scores")]
     path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("a", "n", 4), _vec("b", 4, 4)], [_vec("y", "n", 4)])
     with pytest.raises(BuildFailed, match=_NOTHING):
-        quantize_qdq(path, {"a": np.ones((2, 4), np.float32), "b": np.ones((4, 4), np.float32)},
-                     tmp_path / "q.onnx")
+        quantize_qdq(path, {"a": np.ones((2, 4), np.float32), "b": np.ones((4, 4), np.float32)}, tmp_path / "q.onnx")
 
 
 def test_scalar_inputs_are_fed_as_given(tmp_path: Path) -> None:
@@ -558,8 +591,9 @@ def test_scalar_inputs_are_fed_as_given(tmp_path: Path) -> None:
     w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
     nodes = [onnx.helper.make_node("Mul", ["x", "gain"], ["xg"]), onnx.helper.make_node("MatMul", ["xg", "w"], ["y"])]
     path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("x", "n", 4), _vec("gain")], [_vec("y", "n", 4)], [w])
-    report = quantize_qdq(path, {"x": _images(1, seed=0).reshape(-1, 4)[:8], "gain": np.array(2.0)},
-                          tmp_path / "q.onnx")
+    report = quantize_qdq(
+        path, {"x": _images(1, seed=0).reshape(-1, 4)[:8], "gain": np.array(2.0)}, tmp_path / "q.onnx"
+    )
     assert report.op_types == {"MatMul": 1} and report.calibration_samples == 8
 
 
@@ -567,10 +601,11 @@ def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_cwd(tmp_path:
     """Symbolic shape inference cannot tell whether the dynamic first dims of x and y agree, so it stays
     incomplete; ONNX Runtime's own entry point then saves its partial model and a data file to the cwd."""
     w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32), "w")
-    nodes = [onnx.helper.make_node("Add", ["x", "y"], ["s"], name="mix"),
-             onnx.helper.make_node("MatMul", ["s", "w"], ["z"], name="proj")]
-    path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("x", "n", 32), _vec("y", "m", 32)], [_vec("z", "n", 32)],
-                       [w])
+    nodes = [
+        onnx.helper.make_node("Add", ["x", "y"], ["s"], name="mix"),
+        onnx.helper.make_node("MatMul", ["s", "w"], ["z"], name="proj"),
+    ]
+    path = _save_graph(tmp_path / "m.onnx", nodes, [_vec("x", "n", 32), _vec("y", "m", 32)], [_vec("z", "n", 32)], [w])
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
@@ -586,8 +621,9 @@ def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_cwd(tmp_path:
 def test_initializers_listed_as_inputs_are_weights(tmp_path: Path) -> None:
     """Before IR 4 every initializer is also a graph input; TensorRT takes them as weights, and so does Q/DQ."""
     model = conv_net(seed=2)
-    model.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
-                             for t in model.graph.initializer)
+    model.graph.input.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in model.graph.initializer
+    )
     path = tmp_path / "m.onnx"
     onnx.save(model, str(path))
     out = tmp_path / "q.onnx"
@@ -600,12 +636,20 @@ def test_initializers_listed_as_inputs_are_weights(tmp_path: Path) -> None:
 
 def test_the_output_check_refuses_a_dequantized_constant_outside_weighted_ops() -> None:
     """What ONNX Runtime's quantizer made of YOLOv8's anchor offset (Add of 0.5) and BERT's GELU (Add of 1.0)."""
-    inits = [numpy_helper.from_array(np.array(127, np.int8), "half_quantized"),
-             numpy_helper.from_array(np.array(0.5 / 127, np.float32), "half_scale"),
-             numpy_helper.from_array(np.array(0, np.int8), "half_zero_point")]
-    nodes = [onnx.helper.make_node("DequantizeLinear", ["half_quantized", "half_scale", "half_zero_point"], ["half"],
-                                   name="half_DequantizeLinear"),
-             onnx.helper.make_node("Add", ["x", "half"], ["y"], name="shift")]
+    inits = [
+        numpy_helper.from_array(np.array(127, np.int8), "half_quantized"),
+        numpy_helper.from_array(np.array(0.5 / 127, np.float32), "half_scale"),
+        numpy_helper.from_array(np.array(0, np.int8), "half_zero_point"),
+    ]
+    nodes = [
+        onnx.helper.make_node(
+            "DequantizeLinear",
+            ["half_quantized", "half_scale", "half_zero_point"],
+            ["half"],
+            name="half_DequantizeLinear",
+        ),
+        onnx.helper.make_node("Add", ["x", "half"], ["y"], name="shift"),
+    ]
     graph = onnx.helper.make_graph(nodes, "g", [_vec("x", "n", 4)], [_vec("y", "n", 4)], inits)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
     with pytest.raises(BuildFailed, match="'half_DequantizeLinear' before Add 'shift'"):
@@ -655,8 +699,9 @@ def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path
 @pytest.mark.parametrize("family", ["onnxruntime", "tensorrt"])
 def test_int8_keeps_the_named_layers_and_op_types_in_float(fp32: Path, tmp_path: Path, family: str) -> None:
     out = tmp_path / "q.onnx"
-    report = quantize_qdq(fp32, {"input": _images(4, seed=1)}, out, family=family, keep_fp32_layers=["conv1"],
-                          keep_fp32_ops=["MatMul"])
+    report = quantize_qdq(
+        fp32, {"input": _images(4, seed=1)}, out, family=family, keep_fp32_layers=["conv1"], keep_fp32_ops=["MatMul"]
+    )
     graph = onnx.load(str(out)).graph
     dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     floats = {t.name for t in graph.initializer if t.data_type == TensorProto.FLOAT}

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from enginefarm.core.domain import Backend, EngineDescriptor, Target
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.probe.machineprobe import MachineProbe, normalize_platform
+from enginefarm.core.spec import BuildSpec
 
 
 @dataclass
@@ -39,8 +39,15 @@ class BuildBackend(ABC):
         """The backend's full version string, part of every engine's content address."""
 
     @abstractmethod
-    def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
-              machine: MachineProbe | None) -> EngineDescriptor:
+    def build(
+        self,
+        model_path: Path,
+        spec: BuildSpec,
+        target: Target,
+        out_path: Path,
+        log: BuildLog,
+        machine: MachineProbe | None,
+    ) -> EngineDescriptor:
         """Build ``model_path`` for ``target`` into ``out_path``; returns the engine's descriptor
         (sha256 and size are filled in by the caller). Model errors raise BuildFailed."""
 

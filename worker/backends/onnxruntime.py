@@ -18,12 +18,12 @@ from functools import lru_cache
 from pathlib import Path
 
 from enginefarm.core.domain import Backend, EngineDescriptor, Target
-from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.backends.trt_common import fp16_graph, load_module
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_tensors, save_model
-from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 @lru_cache
@@ -50,7 +50,10 @@ def optimization_level(ort, model_path: Path) -> tuple[object, str]:
     small conv net). There a Q/DQ model keeps the basic level, which runs the Q/DQ arithmetic exactly."""
     levels = ort.GraphOptimizationLevel
     if not cpu_has_vnni() and has_qdq(model_path):
-        return levels.ORT_ENABLE_BASIC, "ORT_ENABLE_BASIC: Q/DQ model on a CPU without VNNI, fused int8 kernels would saturate"
+        return (
+            levels.ORT_ENABLE_BASIC,
+            "ORT_ENABLE_BASIC: Q/DQ model on a CPU without VNNI, fused int8 kernels would saturate",
+        )
     return levels.ORT_ENABLE_ALL, "ORT_ENABLE_ALL"
 
 
@@ -77,7 +80,8 @@ def self_contained(path: Path, base_dir: Path) -> int:
         raise BuildFailed(
             f"the optimized model is {size} bytes with its weights, over the {INLINE_LIMIT} bytes one .onnx file can "
             f"hold (protobuf's 2 GiB limit): the ONNX Runtime target stores one self-contained file, so a model this "
-            f"large cannot be built for it; build it for a TensorRT target, or in fp16 to halve its weights")
+            f"large cannot be built for it; build it for a TensorRT target, or in fp16 to halve its weights"
+        )
     save_model(model, path, external=False)
     return len(external)
 
@@ -95,14 +99,16 @@ def check_loadable(path: Path) -> None:
         try:
             # An absolute location would load here and nowhere else: an artifact reads no file at all.
             if named := [t.name for t in _external(onnx.load(str(alone), load_external_data=False))]:
-                raise ValueError(f"its tensors {', '.join(map(repr, named[:5]))} read external data files it does "
-                                 "not carry")
+                raise ValueError(
+                    f"its tensors {', '.join(map(repr, named[:5]))} read external data files it does not carry"
+                )
             options = ort.SessionOptions()
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # loading is the test
             ort.InferenceSession(str(alone), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # noqa: BLE001 - ORT's own error types, onnx's DecodeError: all mean the artifact is unusable
-            raise BuildFailed(f"the built ONNX Runtime model does not load from its own bytes: {exc}; it was not "
-                              "stored") from None
+            raise BuildFailed(
+                f"the built ONNX Runtime model does not load from its own bytes: {exc}; it was not stored"
+            ) from None
 
 
 class OnnxRuntimeBackend(BuildBackend):
@@ -111,8 +117,15 @@ class OnnxRuntimeBackend(BuildBackend):
     def version(self) -> str:
         return load_module("onnxruntime").__version__
 
-    def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
-              machine: MachineProbe | None) -> EngineDescriptor:
+    def build(
+        self,
+        model_path: Path,
+        spec: BuildSpec,
+        target: Target,
+        out_path: Path,
+        log: BuildLog,
+        machine: MachineProbe | None,
+    ) -> EngineDescriptor:
         if target.is_ort_cuda:  # the CUDA provider's graph: worker/backends/onnxruntime_cuda.py
             from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
 
@@ -134,6 +147,9 @@ class OnnxRuntimeBackend(BuildBackend):
         if moved := self_contained(out_path, model_path.parent):
             log.add(f"weights of {moved} tensors moved from the model's external data into the artifact")
         return EngineDescriptor(
-            target=str(target), backend=self.backend.value, backend_version=ort.__version__,
-            precision=spec.precision.value, platform=self.host_platform(),
+            target=str(target),
+            backend=self.backend.value,
+            backend_version=ort.__version__,
+            precision=spec.precision.value,
+            platform=self.host_platform(),
         )

@@ -33,8 +33,12 @@ def cuda_provider_options(tf32: bool, device_id: int = 0, stream: int | None = N
     runtime itself. ``cudnn_conv_algo_search`` EXHAUSTIVE: cuDNN times every convolution algorithm once per
     shape and keeps the fastest (the runtime's default too). ``stream``: a caller's CUDA stream that the
     provider enqueues all its work on, so that events on that stream bracket exactly one inference."""
-    options = {"device_id": str(device_id), "use_tf32": "1" if tf32 else "0",
-               "cudnn_conv_algo_search": "EXHAUSTIVE", "arena_extend_strategy": "kNextPowerOfTwo"}
+    options = {
+        "device_id": str(device_id),
+        "use_tf32": "1" if tf32 else "0",
+        "cudnn_conv_algo_search": "EXHAUSTIVE",
+        "arena_extend_strategy": "kNextPowerOfTwo",
+    }
     if stream is not None:
         options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
     return options
@@ -58,18 +62,22 @@ def runtime_facts(probe: MachineProbe, gpu: GpuInfo | None, session_options: dic
 def gpu_for(target: Target, probe: MachineProbe) -> GpuInfo:
     """The local GPU of the target's compute capability; TargetUnavailable saying why there is none."""
     if not probe.ort_cuda:
-        raise TargetUnavailable(f"{target}: ONNX Runtime's CUDA provider is not usable on this worker: "
-                                f"{probe.ort_cuda_error or 'not probed'}")
+        raise TargetUnavailable(
+            f"{target}: ONNX Runtime's CUDA provider is not usable on this worker: "
+            f"{probe.ort_cuda_error or 'not probed'}"
+        )
     gpu = next((g for g in probe.gpus if g.compute_capability == target.compute_capability), None)
     if gpu is None:
         have = ", ".join(f"{g.name} ({g.compute_capability})" for g in probe.gpus) or "none"
-        raise TargetUnavailable(f"{target}: this worker has no GPU of compute capability {target.compute_capability} "
-                                f"(it has {have})")
+        raise TargetUnavailable(
+            f"{target}: this worker has no GPU of compute capability {target.compute_capability} (it has {have})"
+        )
     return gpu
 
 
-def build_cuda(model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
-               machine: MachineProbe | None) -> EngineDescriptor:
+def build_cuda(
+    model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog, machine: MachineProbe | None
+) -> EngineDescriptor:
     """Save the graph for ``target`` into ``out_path``, optimized by ONNX Runtime with the CUDA provider."""
     ort = load_module("onnxruntime")
     probe = machine if machine is not None and machine.ort_cuda else probe_machine()
@@ -89,15 +97,26 @@ def build_cuda(model_path: Path, spec: BuildSpec, target: Target, out_path: Path
     if ORT_CUDA_PROVIDER not in session.get_providers():
         raise TargetUnavailable(f"{target}: ONNX Runtime fell back to the CPU ({', '.join(session.get_providers())})")
     del session
-    facts = runtime_facts(probe, gpu, {"graph_optimization_level": SAVED_LEVEL, "providers": [ORT_CUDA_PROVIDER],
-                                       "provider_options": provider})
-    log.add(f"onnxruntime {ort.__version__} CUDA: graph optimized ({SAVED_LEVEL}) on {gpu.name} "
-            f"(compute capability {gpu.compute_capability}), CUDA {facts['cuda']}, cuDNN {facts['cudnn']}, "
-            f"driver {facts['driver']}")
+    facts = runtime_facts(
+        probe,
+        gpu,
+        {"graph_optimization_level": SAVED_LEVEL, "providers": [ORT_CUDA_PROVIDER], "provider_options": provider},
+    )
+    log.add(
+        f"onnxruntime {ort.__version__} CUDA: graph optimized ({SAVED_LEVEL}) on {gpu.name} "
+        f"(compute capability {gpu.compute_capability}), CUDA {facts['cuda']}, cuDNN {facts['cudnn']}, "
+        f"driver {facts['driver']}"
+    )
     log.add(f"session options: {facts['session']}")
     return EngineDescriptor(
-        target=str(target), backend=Backend.ONNXRUNTIME.value, backend_version=ort.__version__,
-        precision=spec.precision.value, platform=probe.platform, compute_capability=gpu.compute_capability,
-        compute_capabilities=[gpu.compute_capability], gpu_name=gpu.name,
-        cuda_version=None if facts["cuda"] == "unknown" else facts["cuda"], driver_version=probe.driver_version,
+        target=str(target),
+        backend=Backend.ONNXRUNTIME.value,
+        backend_version=ort.__version__,
+        precision=spec.precision.value,
+        platform=probe.platform,
+        compute_capability=gpu.compute_capability,
+        compute_capabilities=[gpu.compute_capability],
+        gpu_name=gpu.name,
+        cuda_version=None if facts["cuda"] == "unknown" else facts["cuda"],
+        driver_version=probe.driver_version,
     )

@@ -16,11 +16,11 @@ from filelock import FileLock
 
 from enginefarm.core.config import get_settings
 from enginefarm.core.domain import Backend, EngineDescriptor, Target
-from enginefarm.core.spec import BuildSpec
 from enginefarm.core.errors import TargetUnavailable
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.spec import BuildSpec
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
-from enginefarm.core.probe.machineprobe import MachineProbe
 
 
 def _gpu_for(target: Target, machine: MachineProbe | None):
@@ -39,11 +39,15 @@ class TensorRTBackend(TrtFamilyBackend):
     backend = Backend.TENSORRT
     module_name = "tensorrt"
 
-    def select_target(self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog) -> None:
+    def select_target(
+        self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog
+    ) -> None:
         gpu = _gpu_for(target, machine)
         if gpu is None:
-            raise TargetUnavailable(f"{target}: full TensorRT builds only for the GPU it runs on, and this worker "
-                                    f"has no GPU of compute capability {target.compute_capability}")
+            raise TargetUnavailable(
+                f"{target}: full TensorRT builds only for the GPU it runs on, and this worker "
+                f"has no GPU of compute capability {target.compute_capability}"
+            )
         log.add(f"target: {getattr(gpu, 'name', None) or gpu.model} (compute capability {target.compute_capability})")
 
     def _cache_path(self, target: Target, machine: MachineProbe | None) -> Path:
@@ -51,7 +55,9 @@ class TensorRTBackend(TrtFamilyBackend):
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", getattr(gpu, "name", None) or getattr(gpu, "model", "gpu"))
         return get_settings().data_dir / "timing-caches" / f"trt-{self.version()}-{name}.cache"
 
-    def prepare_timing_cache(self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog):
+    def prepare_timing_cache(
+        self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog
+    ):
         """One timing cache per TensorRT version and GPU model, shared by every build on this machine."""
         path = self._cache_path(target, machine)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -77,11 +83,19 @@ class TensorRTBackend(TrtFamilyBackend):
         gpu = _gpu_for(target, machine)
         cuda = cuda_major_of("tensorrt")
         return EngineDescriptor(
-            target=str(target), backend=self.backend.value, backend_version=self.version(),
-            precision=spec.precision.value, platform=self.host_platform(),
-            compute_capability=target.compute_capability, compute_capabilities=[target.compute_capability],
-            gpu_name=getattr(gpu, "name", None) or getattr(gpu, "model", None), trt_version=self.version(),
-            cuda_version=(machine.cuda_version if machine and machine.cuda_version else (f"{cuda}.0" if cuda else None)),
+            target=str(target),
+            backend=self.backend.value,
+            backend_version=self.version(),
+            precision=spec.precision.value,
+            platform=self.host_platform(),
+            compute_capability=target.compute_capability,
+            compute_capabilities=[target.compute_capability],
+            gpu_name=getattr(gpu, "name", None) or getattr(gpu, "model", None),
+            trt_version=self.version(),
+            cuda_version=(
+                machine.cuda_version if machine and machine.cuda_version else (f"{cuda}.0" if cuda else None)
+            ),
             driver_version=machine.driver_version if machine else None,
-            hardware_compat=spec.hardware_compatibility.value, version_compatible=spec.version_compatible,
+            hardware_compat=spec.hardware_compatibility.value,
+            version_compatible=spec.version_compatible,
         )

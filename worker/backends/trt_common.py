@@ -8,7 +8,6 @@ which they supply through ``TrtFamilyBackend.select_target``.
 from __future__ import annotations
 
 import functools
-
 import importlib
 import time
 from abc import abstractmethod
@@ -17,13 +16,12 @@ from types import ModuleType
 
 import onnx
 
-from enginefarm.core.domain import ANONYMOUS_DIMS, EngineDescriptor, Target
-from enginefarm.core.domain import HardwareCompat
-from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.core.domain import ANONYMOUS_DIMS, EngineDescriptor, HardwareCompat, Target
 from enginefarm.core.errors import BackendMissing, BuildFailed, SpecInvalid
+from enginefarm.core.probe.machineprobe import MachineProbe
+from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends.base import BuildBackend, BuildLog
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
-from enginefarm.core.probe.machineprobe import MachineProbe
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
 PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
@@ -67,8 +65,13 @@ def fp16_graph(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) 
 
     out = out_dir / "model.fp16.onnx"
     try:
-        report = fp16_model(model_path, out, keep_fp32_op_types=spec.keep_fp32_ops,
-                            keep_fp32_nodes=spec.keep_fp32_layers, keep_io_types=spec.keep_io_types)
+        report = fp16_model(
+            model_path,
+            out,
+            keep_fp32_op_types=spec.keep_fp32_ops,
+            keep_fp32_nodes=spec.keep_fp32_layers,
+            keep_io_types=spec.keep_io_types,
+        )
     except SpecInvalid as exc:  # a keep_fp32_layers name the graph does not have: the user's to fix
         raise BuildFailed(exc.message) from None
     log.add(report.summary())
@@ -143,9 +146,11 @@ def config_from_spec(trt: ModuleType, builder, network, spec: BuildSpec, strongl
             if not hasattr(trt.BuilderFlag, flag):
                 raise BuildFailed(f"precision {spec.precision.value} is not supported by this builder (no {flag} flag)")
             config.set_flag(getattr(trt.BuilderFlag, flag))
-    log.add(f"config: precision={spec.precision.value} profiles={len(spec.normalized_profiles())} "
-            f"opt_level={spec.optimization_level} hw_compat={spec.hardware_compatibility.value} "
-            f"version_compatible={spec.version_compatible} strongly_typed={strongly_typed}")
+    log.add(
+        f"config: precision={spec.precision.value} profiles={len(spec.normalized_profiles())} "
+        f"opt_level={spec.optimization_level} hw_compat={spec.hardware_compatibility.value} "
+        f"version_compatible={spec.version_compatible} strongly_typed={strongly_typed}"
+    )
     return config
 
 
@@ -175,19 +180,30 @@ class TrtFamilyBackend(BuildBackend):
         return self.module().__version__
 
     @abstractmethod
-    def select_target(self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog) -> None:
+    def select_target(
+        self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog
+    ) -> None:
         """Point the config at ``target``, or raise TargetUnavailable."""
 
     @abstractmethod
     def describe(self, target: Target, spec: BuildSpec, machine: MachineProbe | None) -> EngineDescriptor:
         """The engine's compatibility facts (without sha256 and size)."""
 
-    def prepare_timing_cache(self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog):
+    def prepare_timing_cache(
+        self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog
+    ):
         """Attach a shared timing cache; returns a callback that saves it after the build, or None."""
         return None
 
-    def build(self, model_path: Path, spec: BuildSpec, target: Target, out_path: Path, log: BuildLog,
-              machine: MachineProbe | None) -> EngineDescriptor:
+    def build(
+        self,
+        model_path: Path,
+        spec: BuildSpec,
+        target: Target,
+        out_path: Path,
+        log: BuildLog,
+        machine: MachineProbe | None,
+    ) -> EngineDescriptor:
         trt = self.module()
         model_path = distinct_anonymous_dims(model_path, out_path.parent, log)
         strongly_typed = self.always_strongly_typed or spec.strongly_typed
@@ -219,6 +235,6 @@ def cuda_major_of(dist_prefix: str) -> str | None:
 
     for dist in distributions():
         name = (dist.metadata["Name"] or "").lower().replace("-", "_")
-        if name.startswith(dist_prefix + "_cu") and name[len(dist_prefix) + 3:].split("_")[0].isdigit():
-            return name[len(dist_prefix) + 3:].split("_")[0]
+        if name.startswith(dist_prefix + "_cu") and name[len(dist_prefix) + 3 :].split("_")[0].isdigit():
+            return name[len(dist_prefix) + 3 :].split("_")[0]
     return None

@@ -48,6 +48,7 @@ The package: ``keep_fp32`` decides what stays float32 and why, ``prepare`` rewri
 converter, ``convert`` runs it and cleans up after it, ``subgraphs`` handles control-flow bodies,
 ``weights`` reads, converts and streams initializer data, ``report`` counts what was done.
 """
+
 from __future__ import annotations
 
 import logging
@@ -84,9 +85,25 @@ from enginefarm.worker.fp16.weights import FP16_MAX, TensorReader, free_file_nam
 from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_graphs, all_nodes, all_tensors, save_model, tensor_types
 
 __all__ = [
-    "CHAIN", "CONST_RANGE", "CONTROL_FLOW", "CUSTOM_DOMAIN", "FP16_MAX", "INDEX_OPS", "MOVES_FP32", "NO_FP16",
-    "PRECISION_SENSITIVE_OPS", "REASONS", "SENSITIVE", "SHAPE", "SHAPE_DERIVED", "SHAPE_INPUTS", "USER_NODE",
-    "USER_OP", "Fp16Report", "classify", "fp16_model",
+    "CHAIN",
+    "CONST_RANGE",
+    "CONTROL_FLOW",
+    "CUSTOM_DOMAIN",
+    "FP16_MAX",
+    "INDEX_OPS",
+    "MOVES_FP32",
+    "NO_FP16",
+    "PRECISION_SENSITIVE_OPS",
+    "REASONS",
+    "SENSITIVE",
+    "SHAPE",
+    "SHAPE_DERIVED",
+    "SHAPE_INPUTS",
+    "USER_NODE",
+    "USER_OP",
+    "Fp16Report",
+    "classify",
+    "fp16_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -94,10 +111,16 @@ log = logging.getLogger(__name__)
 # A protobuf message cannot exceed 2 GiB; above this the output's weights go to an external file.
 
 
-def fp16_model(model_path: Path, out_path: Path, *, keep_fp32_op_types: Iterable[str] = (),
-               keep_fp32_nodes: Iterable[str] = (), keep_io_types: bool = True,
-               precision_sensitive_ops: Iterable[str] = PRECISION_SENSITIVE_OPS,
-               convert_subgraphs: bool = True) -> Fp16Report:
+def fp16_model(
+    model_path: Path,
+    out_path: Path,
+    *,
+    keep_fp32_op_types: Iterable[str] = (),
+    keep_fp32_nodes: Iterable[str] = (),
+    keep_io_types: bool = True,
+    precision_sensitive_ops: Iterable[str] = PRECISION_SENSITIVE_OPS,
+    convert_subgraphs: bool = True,
+) -> Fp16Report:
     """Write a type-correct mixed fp16/fp32 copy of ``model_path`` to ``out_path`` for a strongly typed build.
 
     ``keep_fp32_op_types`` and ``keep_fp32_nodes`` keep more in float32; a node name the model does not
@@ -110,17 +133,26 @@ def fp16_model(model_path: Path, out_path: Path, *, keep_fp32_op_types: Iterable
     model = onnx.load(str(model_path), load_external_data=False)
     missing = set(keep_fp32_nodes) - {node.name for node in all_nodes(model.graph)}
     if missing:
-        raise SpecInvalid(f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
-                          "are the ONNX graph's (Netron or onnx.load show them)",
-                          problems=[{"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
-                                    for name in sorted(missing)])
+        raise SpecInvalid(
+            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
+            "are the ONNX graph's (Netron or onnx.load show them)",
+            problems=[
+                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
+                for name in sorted(missing)
+            ],
+        )
     tally = Tally()
     prepare(model, tally.notes)
     model = onnx.shape_inference.infer_shapes(model)
     reader = TensorReader(model_path.resolve().parent)
-    opts = Options(keep_ops=set(keep_fp32_op_types), keep_nodes=set(keep_fp32_nodes),
-                   sensitive_ops=set(precision_sensitive_ops), reader=reader,
-                   opset_import=list(model.opset_import), ir_version=model.ir_version)
+    opts = Options(
+        keep_ops=set(keep_fp32_op_types),
+        keep_nodes=set(keep_fp32_nodes),
+        sensitive_ops=set(precision_sensitive_ops),
+        reader=reader,
+        opset_import=list(model.opset_import),
+        ir_version=model.ir_version,
+    )
     if convert_subgraphs:
         move_weights_into_bodies(model.graph)
         all_types: dict[str, int] = {}
@@ -131,8 +163,13 @@ def fp16_model(model_path: Path, out_path: Path, *, keep_fp32_op_types: Iterable
     sources = {reader.location(t)[0] for t in all_tensors(model) if uses_external_data(t)}
     data_name = free_file_name(out_path, sources) if sources else None
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    model = convert_graph(model, opts, tally, keep_io_types=keep_io_types,
-                          write=lambda m, names: write_initializers(m, names, reader, out_path.parent, data_name))
+    model = convert_graph(
+        model,
+        opts,
+        tally,
+        keep_io_types=keep_io_types,
+        write=lambda m, names: write_initializers(m, names, reader, out_path.parent, data_name),
+    )
     large = data_name is None and model.ByteSize() > INLINE_LIMIT
     if large:
         data_name = free_file_name(out_path, sources)

@@ -1,6 +1,7 @@
 """Converting one graph to mixed fp16/fp32: ONNX Runtime's float16 converter run with our block list, then
 the clean-up after it (float32 round trips folded away, renamed outputs given their names back, nodes
 sorted) and the check of the written model."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -40,8 +41,7 @@ class Options:
     ir_version: int
 
 
-def convert_graph(model: ModelProto, opts: Options, tally: Tally, *, keep_io_types: bool,
-                  write: Any) -> ModelProto:
+def convert_graph(model: ModelProto, opts: Options, tally: Tally, *, keep_io_types: bool, write: Any) -> ModelProto:
     """Convert the main graph of a shape-inferred ``model``; its control-flow nodes keep float32 boundaries.
 
     ``write(model, names)`` turns the named initializers into fp16 (and stores them) before the
@@ -49,8 +49,14 @@ def convert_graph(model: ModelProto, opts: Options, tally: Tally, *, keep_io_typ
     """
     opset = default_opset(model, missing=1)
     types = tensor_types(model.graph)
-    reasons = classify(model, types, keep_ops=opts.keep_ops, keep_nodes=opts.keep_nodes,
-                       sensitive_ops=opts.sensitive_ops, reader=opts.reader)
+    reasons = classify(
+        model,
+        types,
+        keep_ops=opts.keep_ops,
+        keep_nodes=opts.keep_nodes,
+        sensitive_ops=opts.sensitive_ops,
+        reader=opts.reader,
+    )
     source = [(n.name, n.op_type, is_float_node(n, types)) for n in model.graph.node]
     blocked = set(reasons)
     split_shared_constants(model, blocked, types)
@@ -76,8 +82,14 @@ def _run_converter(model: ModelProto, blocked: set[str], keep_io_types: bool) ->
     import onnxruntime
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    model = convert_float_to_float16(model, keep_io_types=keep_io_types, disable_shape_infer=True,
-                                     op_block_list=[], node_block_list=sorted(blocked), max_finite_val=FP16_MAX)
+    model = convert_float_to_float16(
+        model,
+        keep_io_types=keep_io_types,
+        disable_shape_infer=True,
+        op_block_list=[],
+        node_block_list=sorted(blocked),
+        max_finite_val=FP16_MAX,
+    )
     return model, f"onnxruntime.transformers.float16 (onnxruntime {onnxruntime.__version__})"
 
 
@@ -95,8 +107,13 @@ def fold_round_trips(model: ModelProto, added: set[str], opset: int) -> None:
 
     def fp32_source(name: str) -> str | None:
         inner = producers.get(name)
-        if inner is not None and inner.name in added and inner.op_type == "Cast" and \
-                cast_to(inner) == FLOAT16 and types.get(inner.input[0]) == FLOAT:
+        if (
+            inner is not None
+            and inner.name in added
+            and inner.op_type == "Cast"
+            and cast_to(inner) == FLOAT16
+            and types.get(inner.input[0]) == FLOAT
+        ):
             return inner.input[0]
         return None
 
@@ -115,8 +132,13 @@ def fold_round_trips(model: ModelProto, added: set[str], opset: int) -> None:
     # Added casts to float32 of what is float32 already: readers take the input directly.
     alias: dict[str, str] = {}
     for node in graph.node:
-        if node.name in added and node.op_type == "Cast" and cast_to(node) == FLOAT and \
-                types.get(node.input[0]) == FLOAT and node.output[0] not in graph_outputs:
+        if (
+            node.name in added
+            and node.op_type == "Cast"
+            and cast_to(node) == FLOAT
+            and types.get(node.input[0]) == FLOAT
+            and node.output[0] not in graph_outputs
+        ):
             alias[node.output[0]] = node.input[0]
     if alias:
         for node in graph.node:
@@ -126,12 +148,19 @@ def fold_round_trips(model: ModelProto, added: set[str], opset: int) -> None:
                 node.input[i] = name
     # Identical added casts of one tensor (a kept reader and a graph output both wanting float32): one is enough.
     canonical: dict[tuple[str, int | None], str] = {}
-    for node in sorted((n for n in graph.node if n.name in added and n.op_type == "Cast"),
-                       key=lambda n: n.output[0] not in graph_outputs):
+    for node in sorted(
+        (n for n in graph.node if n.name in added and n.op_type == "Cast"),
+        key=lambda n: n.output[0] not in graph_outputs,
+    ):
         canonical.setdefault((node.input[0], cast_to(node)), node.output[0])
-    same = {n.output[0]: canonical[(n.input[0], cast_to(n))] for n in graph.node
-            if n.name in added and n.op_type == "Cast" and n.output[0] not in graph_outputs
-            and canonical[(n.input[0], cast_to(n))] != n.output[0]}
+    same = {
+        n.output[0]: canonical[(n.input[0], cast_to(n))]
+        for n in graph.node
+        if n.name in added
+        and n.op_type == "Cast"
+        and n.output[0] not in graph_outputs
+        and canonical[(n.input[0], cast_to(n))] != n.output[0]
+    }
     if same:
         for node in graph.node:
             for i, name in enumerate(node.input):
@@ -152,9 +181,17 @@ def fold_round_trips(model: ModelProto, added: set[str], opset: int) -> None:
     producers = {out: n for n in graph.node for out in n.output}
     for node in list(graph.node):
         src = node.input[0] if node.input else ""
-        if node.name in added and node.op_type == "Cast" and cast_to(node) == FLOAT and \
-                types.get(src) == FLOAT and node.output[0] in graph_outputs and src in producers and \
-                src not in graph_outputs and readers[src] == 1 and src not in implicit:
+        if (
+            node.name in added
+            and node.op_type == "Cast"
+            and cast_to(node) == FLOAT
+            and types.get(src) == FLOAT
+            and node.output[0] in graph_outputs
+            and src in producers
+            and src not in graph_outputs
+            and readers[src] == 1
+            and src not in implicit
+        ):
             producer = producers[src]
             producer.output[list(producer.output).index(src)] = node.output[0]
             graph.node.remove(node)
@@ -210,7 +247,8 @@ def check(path: Path) -> None:
     """The saved model must pass the checker and strict, type-checking shape inference."""
     try:
         onnx.checker.check_model(str(path))
-        onnx.shape_inference.infer_shapes(onnx.load(str(path), load_external_data=False),
-                                          strict_mode=True, check_type=True)
+        onnx.shape_inference.infer_shapes(
+            onnx.load(str(path), load_external_data=False), strict_mode=True, check_type=True
+        )
     except Exception as exc:
         raise BuildFailed(f"the fp16 conversion produced an invalid model: {str(exc).strip()[:2000]}") from exc

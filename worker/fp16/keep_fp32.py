@@ -6,6 +6,7 @@ float16 at the model's opset; shape and index arithmetic; readers of constants b
 precision-sensitive ops, the element-wise ops that carry their results on, and data movement fed only by
 float32 nodes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,27 +40,73 @@ from enginefarm.worker.onnxgraph import (
 # maximum first and its outputs lie in [0, 1] (fp16 arithmetic on real activations, attention masks
 # of -3.4e38 included, stays within 1.2e-3 relative error). MatMul/Conv/Gemm stay fp16: TensorRT
 # accumulates them in fp32 on tensor cores, and they are what fp16 is for.
-PRECISION_SENSITIVE_OPS: frozenset[str] = frozenset({
-    "ReduceSum", "ReduceMean", "ReduceProd", "ReduceSumSquare", "ReduceL1", "ReduceL2",
-    "ReduceLogSum", "ReduceLogSumExp", "GlobalAveragePool",
-    "Exp", "Log", "Pow", "CumSum",
-    "LayerNormalization", "InstanceNormalization", "GroupNormalization", "RMSNormalization",
-    "LpNormalization", "MeanVarianceNormalization",
-})
+PRECISION_SENSITIVE_OPS: frozenset[str] = frozenset(
+    {
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceProd",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "GlobalAveragePool",
+        "Exp",
+        "Log",
+        "Pow",
+        "CumSum",
+        "LayerNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "RMSNormalization",
+        "LpNormalization",
+        "MeanVarianceNormalization",
+    }
+)
 
 # Inputs that carry shapes, indices, axes or counts rather than data: op type -> input positions.
 SHAPE_INPUTS: dict[str, frozenset[int]] = {
-    op: frozenset(idx) for op, idx in {
-        "Reshape": {1}, "Expand": {1}, "Tile": {1}, "ConstantOfShape": {0},
-        "Slice": {1, 2, 3, 4}, "Resize": {1, 2, 3}, "Upsample": {1},
-        "Squeeze": {1}, "Unsqueeze": {1}, "Split": {1}, "Pad": {1, 3},
-        "TopK": {1}, "OneHot": {1}, "Trilu": {1}, "CumSum": {1}, "Compress": {1},
-        "Gather": {1}, "GatherElements": {1}, "GatherND": {1},
-        "Scatter": {1}, "ScatterElements": {1}, "ScatterND": {1},
-        "Range": {0, 1, 2}, "NonMaxSuppression": {2, 3, 4}, "RoiAlign": {2},
-        "MaxUnpool": {2}, "CenterCropPad": {1}, "Col2Im": {1, 2}, "DFT": {1, 2}, "STFT": {1, 2},
-        "ReduceSum": {1}, "ReduceMean": {1}, "ReduceMax": {1}, "ReduceMin": {1}, "ReduceProd": {1},
-        "ReduceSumSquare": {1}, "ReduceL1": {1}, "ReduceL2": {1}, "ReduceLogSum": {1},
+    op: frozenset(idx)
+    for op, idx in {
+        "Reshape": {1},
+        "Expand": {1},
+        "Tile": {1},
+        "ConstantOfShape": {0},
+        "Slice": {1, 2, 3, 4},
+        "Resize": {1, 2, 3},
+        "Upsample": {1},
+        "Squeeze": {1},
+        "Unsqueeze": {1},
+        "Split": {1},
+        "Pad": {1, 3},
+        "TopK": {1},
+        "OneHot": {1},
+        "Trilu": {1},
+        "CumSum": {1},
+        "Compress": {1},
+        "Gather": {1},
+        "GatherElements": {1},
+        "GatherND": {1},
+        "Scatter": {1},
+        "ScatterElements": {1},
+        "ScatterND": {1},
+        "Range": {0, 1, 2},
+        "NonMaxSuppression": {2, 3, 4},
+        "RoiAlign": {2},
+        "MaxUnpool": {2},
+        "CenterCropPad": {1},
+        "Col2Im": {1, 2},
+        "DFT": {1, 2},
+        "STFT": {1, 2},
+        "ReduceSum": {1},
+        "ReduceMean": {1},
+        "ReduceMax": {1},
+        "ReduceMin": {1},
+        "ReduceProd": {1},
+        "ReduceSumSquare": {1},
+        "ReduceL1": {1},
+        "ReduceL2": {1},
+        "ReduceLogSum": {1},
         "ReduceLogSumExp": {1},
     }.items()
 }
@@ -69,12 +116,31 @@ INDEX_OPS: frozenset[str] = frozenset({"Range", "NonZero"})
 SHAPE_READERS = frozenset({"Shape", "Size"})
 # Ops that only move or select data: kept in float32 when all their float inputs come from float32
 # nodes, so a float32 result is not rounded to fp16 on its way to the outputs or to other float32 nodes.
-_MOVEMENT_OPS = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat",
-                           "Slice", "Gather", "GatherElements", "GatherND", "Split", "Expand", "Tile",
-                           "Pad", "DepthToSpace", "SpaceToDepth"})
+_MOVEMENT_OPS = frozenset(
+    {
+        "Identity",
+        "Reshape",
+        "Transpose",
+        "Squeeze",
+        "Unsqueeze",
+        "Flatten",
+        "Concat",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Split",
+        "Expand",
+        "Tile",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+    }
+)
 # Element-wise ops that carry a precision-sensitive fp32 result on while their other inputs are constants.
-_CHAIN_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Max", "Min",
-                        "Clip", "Identity"})
+_CHAIN_OPS = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Sqrt", "Reciprocal", "Neg", "Abs", "Max", "Min", "Clip", "Identity"}
+)
 # Constants at least this large stand for "minus/plus infinity" (attention-mask fills), not for values.
 _SENTINEL = 1e30
 
@@ -90,13 +156,30 @@ CONST_RANGE = "constant-beyond-fp16-range"
 SENSITIVE = "precision-sensitive-op"
 CHAIN = "follows-precision-sensitive-op"
 MOVES_FP32 = "moves-fp32-data"
-REASONS = (USER_NODE, USER_OP, CONTROL_FLOW, CUSTOM_DOMAIN, NO_FP16, SHAPE, SHAPE_DERIVED, CONST_RANGE,
-           SENSITIVE, CHAIN, MOVES_FP32)
+REASONS = (
+    USER_NODE,
+    USER_OP,
+    CONTROL_FLOW,
+    CUSTOM_DOMAIN,
+    NO_FP16,
+    SHAPE,
+    SHAPE_DERIVED,
+    CONST_RANGE,
+    SENSITIVE,
+    CHAIN,
+    MOVES_FP32,
+)
 
 
-def classify(model: ModelProto, types: dict[str, int], *, keep_ops: set[str] = frozenset(),
-             keep_nodes: set[str] = frozenset(), sensitive_ops: set[str] = PRECISION_SENSITIVE_OPS,
-             reader: TensorReader | None = None) -> dict[str, str]:
+def classify(
+    model: ModelProto,
+    types: dict[str, int],
+    *,
+    keep_ops: set[str] = frozenset(),
+    keep_nodes: set[str] = frozenset(),
+    sensitive_ops: set[str] = PRECISION_SENSITIVE_OPS,
+    reader: TensorReader | None = None,
+) -> dict[str, str]:
     """Node name -> reason, for the main-graph nodes that must stay float32.
 
     ``types`` maps tensor names to ONNX element types (after shape inference). Nodes must have
@@ -154,10 +237,16 @@ def classify(model: ModelProto, types: dict[str, int], *, keep_ops: set[str] = f
         if node.name in reasons or node.op_type not in _CHAIN_OPS:
             continue
         float_inputs = [x for x in node.input if x and types.get(x) == FLOAT]
-        if float_inputs and any(x in fp32_out for x in float_inputs) and all(
-                x in fp32_out or x in const or
-                reasons.get(getattr(producers.get(x), "name", None)) in (SHAPE, SHAPE_DERIVED)
-                for x in float_inputs):
+        if (
+            float_inputs
+            and any(x in fp32_out for x in float_inputs)
+            and all(
+                x in fp32_out
+                or x in const
+                or reasons.get(getattr(producers.get(x), "name", None)) in (SHAPE, SHAPE_DERIVED)
+                for x in float_inputs
+            )
+        ):
             keep(node, CHAIN)
             fp32_out.update(node.output)
 
@@ -180,8 +269,9 @@ def classify(model: ModelProto, types: dict[str, int], *, keep_ops: set[str] = f
     return reasons
 
 
-def _shape_arithmetic(graph: GraphProto, users: dict[str, list[tuple[NodeProto, int]]],
-                      const: dict[str, Any]) -> list[tuple[NodeProto, str]]:
+def _shape_arithmetic(
+    graph: GraphProto, users: dict[str, list[tuple[NodeProto, int]]], const: dict[str, Any]
+) -> list[tuple[NodeProto, str]]:
     """Nodes computing shapes and indices: backward from shape/index inputs, forward from Shape/Size."""
     order = topological_order(graph)
     outputs = {o.name for o in graph.output}
@@ -192,8 +282,10 @@ def _shape_arithmetic(graph: GraphProto, users: dict[str, list[tuple[NodeProto, 
         if node.op_type == "Constant" or any(o in outputs for o in node.output):
             continue
         uses = [u for out in node.output if out for u in users.get(out, [])]
-        if uses and all(idx in SHAPE_INPUTS.get(c.op_type, ()) or
-                        (c.name in shape_only and c.op_type not in SHAPE_READERS) for c, idx in uses):
+        if uses and all(
+            idx in SHAPE_INPUTS.get(c.op_type, ()) or (c.name in shape_only and c.op_type not in SHAPE_READERS)
+            for c, idx in uses
+        ):
             shape_only.add(node.name)
     # Forward: computed from Shape/Size outputs and constants only.
     derived: set[str] = set()
@@ -203,8 +295,12 @@ def _shape_arithmetic(graph: GraphProto, users: dict[str, list[tuple[NodeProto, 
             derived.update(node.output)
             continue
         ins = [x for x in node.input if x]
-        if node.op_type not in CONTROL_FLOW_OPS and ins and any(x in derived for x in ins) and \
-                all(x in derived or x in const for x in ins):
+        if (
+            node.op_type not in CONTROL_FLOW_OPS
+            and ins
+            and any(x in derived for x in ins)
+            and all(x in derived or x in const for x in ins)
+        ):
             derived.update(node.output)
             derived_nodes.add(node.name)
     found = []
@@ -218,7 +314,7 @@ def _shape_arithmetic(graph: GraphProto, users: dict[str, list[tuple[NodeProto, 
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _schema_allows_fp16(op_type: str, opset: int) -> bool:
     """Whether the ONNX schema of ``op_type`` at ``opset`` lets float16 flow where float32 does."""
     try:

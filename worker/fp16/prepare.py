@@ -1,6 +1,7 @@
 """Rewrites of a graph before ONNX Runtime's float16 converter runs on it: unique node names and explicit
 float constants, float32 copies of constants that fp16 and float32 nodes share, explicit casts for the
 outer tensors that kept control-flow bodies read, and which initializers become fp16."""
+
 from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
@@ -36,8 +37,9 @@ def prepare(model: ModelProto, notes: list[str]) -> None:
                         values = [attr.f] if attr.name == "value_float" else list(attr.floats)
                         dims = [] if attr.name == "value_float" else [len(values)]
                         node.attribute.remove(attr)
-                        node.attribute.append(helper.make_attribute(
-                            "value", helper.make_tensor(node.output[0], FLOAT, dims, values)))
+                        node.attribute.append(
+                            helper.make_attribute("value", helper.make_tensor(node.output[0], FLOAT, dims, values))
+                        )
     inits = {t.name for t in model.graph.initializer}
     # The converter retypes every float value_info to fp16, also those some exporters write for
     # initializers, which would then contradict initializers that stay float32.

@@ -1,5 +1,6 @@
 """What the fp16 conversion did: ``Fp16Report`` for the caller, and the ``Tally`` it is counted in over
 the main graph and every control-flow body converted."""
+
 from __future__ import annotations
 
 from collections import Counter, defaultdict
@@ -36,11 +37,15 @@ class Fp16Report:
         return asdict(self)
 
     def summary(self) -> str:
-        kept = ", ".join(f"{reason} {sum(ops.values())} ({', '.join(f'{op} {n}' for op, n in sorted(ops.items()))})"
-                         for reason, ops in self.kept_fp32.items())
-        return (f"fp16: {self.fp16_nodes} of {self.nodes} nodes in fp16, {self.fp32_nodes} kept in fp32"
-                f"{': ' + kept if kept else ''}; {self.other_nodes} others (constants, Shape, integer ops); "
-                f"{self.casts_added} casts added; converted by {self.converter}")
+        kept = ", ".join(
+            f"{reason} {sum(ops.values())} ({', '.join(f'{op} {n}' for op, n in sorted(ops.items()))})"
+            for reason, ops in self.kept_fp32.items()
+        )
+        return (
+            f"fp16: {self.fp16_nodes} of {self.nodes} nodes in fp16, {self.fp32_nodes} kept in fp32"
+            f"{': ' + kept if kept else ''}; {self.other_nodes} others (constants, Shape, integer ops); "
+            f"{self.casts_added} casts added; converted by {self.converter}"
+        )
 
 
 @dataclass
@@ -90,12 +95,22 @@ class Tally:
         gemms = sorted(name for name in self.kept_nodes if name in self.gemm_nodes)
         if gemms:
             more = ", ..." if len(gemms) > 5 else ""
-            self.notes.append(f"MatMul/Gemm kept in float32 ({', '.join(gemms[:5])}{more}): "
-                              "TensorRT-RTX builds no float32 GEMM for Turing (sm75)")
+            self.notes.append(
+                f"MatMul/Gemm kept in float32 ({', '.join(gemms[:5])}{more}): "
+                "TensorRT-RTX builds no float32 GEMM for Turing (sm75)"
+            )
         return Fp16Report(
-            converter=self.library, nodes=self.nodes, fp16_nodes=self.float_nodes - len(self.kept_nodes),
-            fp32_nodes=len(self.kept_nodes), other_nodes=self.nodes - self.float_nodes,
-            kept_fp32={r: dict(self.kept[r]) for r in REASONS if r in self.kept}, kept_fp32_nodes=self.kept_nodes,
-            casts_added=self.casts, initializers_fp16=self.initializers_fp16,
+            converter=self.library,
+            nodes=self.nodes,
+            fp16_nodes=self.float_nodes - len(self.kept_nodes),
+            fp32_nodes=len(self.kept_nodes),
+            other_nodes=self.nodes - self.float_nodes,
+            kept_fp32={r: dict(self.kept[r]) for r in REASONS if r in self.kept},
+            kept_fp32_nodes=self.kept_nodes,
+            casts_added=self.casts,
+            initializers_fp16=self.initializers_fp16,
             initializers_fp32=self.initializers_fp32,
-            keep_io_types=keep_io_types, external_data=external_data, notes=self.notes)
+            keep_io_types=keep_io_types,
+            external_data=external_data,
+            notes=self.notes,
+        )

@@ -1,6 +1,7 @@
 """The bodies of control-flow nodes (If/Loop/Scan) in the fp16 conversion: weights that only a body reads
 move into it, and each body is converted as a graph of its own with float32 at its boundary, or left
 float32 whole when that fails."""
+
 from __future__ import annotations
 
 import onnx
@@ -46,8 +47,9 @@ def convert_bodies(graph: GraphProto, all_types: dict[str, int], opts: Options, 
                 _convert_body(node, attr.name, sub, all_types, opts, tally)
 
 
-def _convert_body(owner: NodeProto, attr_name: str, sub: GraphProto, all_types: dict[str, int],
-                  opts: Options, tally: Tally) -> None:
+def _convert_body(
+    owner: NodeProto, attr_name: str, sub: GraphProto, all_types: dict[str, int], opts: Options, tally: Tally
+) -> None:
     """Convert one subgraph as a model of its own whose inputs are its formal inputs and the outer
     tensors it reads, all float32 at the boundary. Left as it is (float32) when that fails."""
     where = f"{owner.name}.{attr_name}"
@@ -68,14 +70,20 @@ def _convert_body(owner: NodeProto, attr_name: str, sub: GraphProto, all_types: 
             out.name = ident.output[0]
     for name in sorted(free):
         graph.input.append(helper.make_tensor_value_info(name, all_types[name], None))
-    old_tensors = {x for n in graph.node for x in n.output} | {i.name for i in graph.input} | \
-        {t.name for t in graph.initializer}
+    old_tensors = (
+        {x for n in graph.node for x in n.output} | {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    )
     old_nodes = {n.name for n in graph.node}
     local = Tally()
     try:
         model = onnx.shape_inference.infer_shapes(model)
-        model = convert_graph(model, opts, local, keep_io_types=True,
-                              write=lambda m, names: convert_initializers_in_memory(m, names, opts.reader))
+        model = convert_graph(
+            model,
+            opts,
+            local,
+            keep_io_types=True,
+            write=lambda m, names: convert_initializers_in_memory(m, names, opts.reader),
+        )
         _prefix_new_names(model.graph, old_tensors, old_nodes, f"{where}/")
         onnx.shape_inference.infer_shapes(model, strict_mode=True, check_type=True)
     except Exception as exc:  # noqa: BLE001 - any failure leaves the body in float32

@@ -4,6 +4,7 @@ converted to fp16 where their readers are fp16, and streamed to the output's own
 Weights stored as external data (models over 2 GB) are streamed in chunks into a new data file beside the
 output, converted or copied as they are: memory holds a chunk, not the weights.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -45,8 +46,9 @@ class TensorReader:
         dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
         count = int(np.prod(tensor.dims, dtype=np.int64))
         if length is not None and length != count * dtype.itemsize:
-            raise BuildFailed(f"external data of {tensor.name!r} has {length} bytes, its shape needs "
-                              f"{count * dtype.itemsize}")
+            raise BuildFailed(
+                f"external data of {tensor.name!r} has {length} bytes, its shape needs {count * dtype.itemsize}"
+            )
         if count == 0:
             return np.zeros(0, dtype)
         return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
@@ -54,7 +56,7 @@ class TensorReader:
     def chunks(self, tensor: TensorProto) -> Iterator[np.ndarray]:
         flat = self.flat(tensor)
         for start in range(0, flat.size, _CHUNK):
-            yield np.array(flat[start:start + _CHUNK])
+            yield np.array(flat[start : start + _CHUNK])
         del flat
 
     def raw_chunks(self, tensor: TensorProto) -> Iterator[bytes]:
@@ -70,8 +72,9 @@ class TensorReader:
             yield convert_np_to_float16(chunk.astype(np.float32), 5.96e-08, FP16_MAX).tobytes()
 
 
-def write_initializers(model: ModelProto, fp16_inits: set[str], reader: TensorReader, out_dir: Path,
-                       data_name: str | None) -> tuple[int, int]:
+def write_initializers(
+    model: ModelProto, fp16_inits: set[str], reader: TensorReader, out_dir: Path, data_name: str | None
+) -> tuple[int, int]:
     """Convert the fp16-bound initializers; with external data, stream every external tensor to ``data_name``.
 
     Returns the numbers of main-graph float initializers made fp16 and kept float32.
@@ -92,14 +95,23 @@ def write_initializers(model: ModelProto, fp16_inits: set[str], reader: TensorRe
             n_fp32 += not convert and tensor.data_type == FLOAT
             if fh is not None and uses_external_data(tensor):
                 # Straight from the source file to the new one, never whole in memory (nor in the proto).
-                _append(fh, tensor, data_name, reader.fp16_chunks(tensor) if convert else reader.raw_chunks(tensor),
-                        FLOAT16 if convert else tensor.data_type)
+                _append(
+                    fh,
+                    tensor,
+                    data_name,
+                    reader.fp16_chunks(tensor) if convert else reader.raw_chunks(tensor),
+                    FLOAT16 if convert else tensor.data_type,
+                )
             elif convert:
                 _set_raw(tensor, b"".join(reader.fp16_chunks(tensor)), FLOAT16)
         # Subgraph tensors still on disk are copied as they are.
         for graph in list(all_graphs(model.graph))[1:]:
-            tensors = list(graph.initializer) + [t for n in graph.node for a in n.attribute
-                                                 for t in ([a.t] if a.type == AttributeProto.TENSOR else a.tensors)]
+            tensors = list(graph.initializer) + [
+                t
+                for n in graph.node
+                for a in n.attribute
+                for t in ([a.t] if a.type == AttributeProto.TENSOR else a.tensors)
+            ]
             for tensor in tensors:
                 if fh is not None and uses_external_data(tensor):
                     _append(fh, tensor, data_name, reader.raw_chunks(tensor), tensor.data_type)
@@ -109,8 +121,7 @@ def write_initializers(model: ModelProto, fp16_inits: set[str], reader: TensorRe
     return n_fp16, n_fp32
 
 
-def convert_initializers_in_memory(model: ModelProto, fp16_inits: set[str],
-                                   reader: TensorReader) -> tuple[int, int]:
+def convert_initializers_in_memory(model: ModelProto, fp16_inits: set[str], reader: TensorReader) -> tuple[int, int]:
     """Make the named initializers fp16 in the proto; returns the numbers of float initializers made fp16 and kept."""
     n_fp16 = n_fp32 = 0
     for tensor in model.graph.initializer:

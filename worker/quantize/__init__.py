@@ -51,8 +51,8 @@ from enginefarm.worker.quantize.qdq import check_for_tensorrt, float_for_other_r
 from enginefarm.worker.quantize.recipes import (
     CPU_CANDIDATES,
     FAMILIES,
-    Recipe,
     METHODS,
+    Recipe,
     check_options,
     cpu_candidates,
     family_of,
@@ -66,9 +66,25 @@ __all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candi
 log = logging.getLogger(__name__)
 
 # Integer kernels of ONNX Runtime's operator format, and the ops that dequantized tensors feed in a Q/DQ model.
-_INTEGER_OPS = frozenset({"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd",
-                          "QLinearMul", "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat",
-                          "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "QAttention", "DynamicQuantizeMatMul"})
+_INTEGER_OPS = frozenset(
+    {
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "QGemm",
+        "QLinearAdd",
+        "QLinearMul",
+        "QLinearAveragePool",
+        "QLinearGlobalAveragePool",
+        "QLinearConcat",
+        "QLinearSigmoid",
+        "QLinearLeakyRelu",
+        "QLinearSoftmax",
+        "QAttention",
+        "DynamicQuantizeMatMul",
+    }
+)
 
 
 @dataclass
@@ -140,7 +156,7 @@ def quantize_qdq(
         except (SpecInvalid, BuildFailed):
             remove_model_files(out_path)
             raise
-        except Exception as exc:  # noqa: BLE001 - ORT raises many types; all mean this model cannot be done
+        except Exception as exc:
             remove_model_files(out_path)
             log.warning("int8 quantization (%s) of %s failed", chosen.name, model_path, exc_info=True)
             raise BuildFailed(f"int8 quantization failed: {type(exc).__name__}: {exc}") from exc
@@ -161,9 +177,11 @@ def quantize_qdq(
     op_types = _int8_ops(qmodel)
     if not op_types:
         remove_model_files(out_path)
-        raise BuildFailed("cannot quantize: ONNX Runtime's quantizer found no operation to run in int8 (no Conv, "
-                          "ConvTranspose, MatMul or Gemm with a constant weight outside control flow, or every "
-                          "such input was all zeros on the samples); build fp16 for this model instead")
+        raise BuildFailed(
+            "cannot quantize: ONNX Runtime's quantizer found no operation to run in int8 (no Conv, "
+            "ConvTranspose, MatMul or Gemm with a constant weight outside control flow, or every "
+            "such input was all zeros on the samples); build fp16 for this model instead"
+        )
     qdq = sum(1 for n in all_nodes(qmodel.graph) if n.op_type in QDQ_OPS)
     opset = default_opset(qmodel, missing=0)
     del qmodel
@@ -171,9 +189,16 @@ def quantize_qdq(
     tool = "quantize_dynamic" if chosen.dynamic else "quantize_static"
     return QuantizeReport(
         method=f"onnxruntime.quantization.{tool}, {chosen.label}" + ("" if chosen.dynamic else f", {calibrate.name}"),
-        family=family, calibration_samples=count, quantized_nodes=qdq, op_types=op_types,
-        preprocessed=pre_error is None, onnxruntime_version=ort.__version__, options=options,
-        preprocess_error=pre_error, opset=opset, opset_converted_from=converted_from,
+        family=family,
+        calibration_samples=count,
+        quantized_nodes=qdq,
+        op_types=op_types,
+        preprocessed=pre_error is None,
+        onnxruntime_version=ort.__version__,
+        options=options,
+        preprocess_error=pre_error,
+        opset=opset,
+        opset_converted_from=converted_from,
     )
 
 
@@ -181,10 +206,14 @@ def _check_kept(model: onnx.ModelProto, layers: Sequence[str]) -> None:
     """A node name the model does not have is the user's to fix, as in an fp16 build."""
     missing = set(layers) - {n.name for n in all_nodes(model.graph)}
     if missing:
-        raise SpecInvalid(f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
-                          "are the ONNX graph's (Netron or onnx.load show them)",
-                          problems=[{"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
-                                    for name in sorted(missing)])
+        raise SpecInvalid(
+            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
+            "are the ONNX graph's (Netron or onnx.load show them)",
+            problems=[
+                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
+                for name in sorted(missing)
+            ],
+        )
 
 
 def _kept_nodes(source: Path, layers: Sequence[str], ops: Sequence[str]) -> list[str]:

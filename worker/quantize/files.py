@@ -31,14 +31,10 @@ def load_graph(model_path: Path) -> ModelProto:
 
 def stored_bytes(model_path: Path, model: ModelProto) -> int:
     """Size on disk of the model file plus each external data file it names."""
-    files = {
-        entry.value
-        for t in model.graph.initializer
-        for entry in t.external_data
-        if entry.key == "location"
-    }
-    return model_path.stat().st_size + sum((model_path.parent / f).stat().st_size for f in files
-                                           if (model_path.parent / f).is_file())
+    files = {entry.value for t in model.graph.initializer for entry in t.external_data if entry.key == "location"}
+    return model_path.stat().st_size + sum(
+        (model_path.parent / f).stat().st_size for f in files if (model_path.parent / f).is_file()
+    )
 
 
 def verify(out_path: Path) -> None:

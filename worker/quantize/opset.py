@@ -34,8 +34,10 @@ def raise_opset(model_path: Path, work: Path, large: bool, reader: SampleReader)
     have = default_opset(model, missing=0)
     if have >= _MIN_OPSET:
         return model_path, None
-    why = (f"int8 Q/DQ for TensorRT needs ONNX opset {_MIN_OPSET} or later (per-channel DequantizeLinear takes "
-           f"an axis from opset {_MIN_OPSET} on), and the model has opset {have}")
+    why = (
+        f"int8 Q/DQ for TensorRT needs ONNX opset {_MIN_OPSET} or later (per-channel DequantizeLinear takes "
+        f"an axis from opset {_MIN_OPSET} on), and the model has opset {have}"
+    )
     try:
         converted = onnx.version_converter.convert_version(model, _MIN_OPSET)
         converted.ir_version = max(converted.ir_version, _MIN_IR)
@@ -45,28 +47,36 @@ def raise_opset(model_path: Path, work: Path, large: bool, reader: SampleReader)
         del converted, model
         onnx.checker.check_model(str(out))
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and more
-        raise BuildFailed(f"{why}; converting it failed ({type(exc).__name__}: {exc}); "
-                          f"upload the model exported at opset {_MIN_OPSET} or later, or build fp16 for it instead") from None
+        raise BuildFailed(
+            f"{why}; converting it failed ({type(exc).__name__}: {exc}); "
+            f"upload the model exported at opset {_MIN_OPSET} or later, or build fp16 for it instead"
+        ) from None
     reader.rewind()
     feeds = reader.take(1)
     reader.rewind()
     try:
         before = _run(model_path, feeds[0])
     except Exception as exc:  # noqa: BLE001
-        raise BuildFailed(f"cannot quantize: the model does not run on ONNX Runtime's CPU provider with the first "
-                          f"calibration sample ({type(exc).__name__}: {exc})") from None
+        raise BuildFailed(
+            f"cannot quantize: the model does not run on ONNX Runtime's CPU provider with the first "
+            f"calibration sample ({type(exc).__name__}: {exc})"
+        ) from None
     try:
         after = _run(out, feeds[0])
     except Exception as exc:  # noqa: BLE001
-        raise BuildFailed(f"{why}; the model converted to opset {_MIN_OPSET} does not run on a calibration "
-                          f"sample ({type(exc).__name__}: {exc}); upload the model exported at opset {_MIN_OPSET} or "
-                          f"later, or build fp16 for it instead") from None
+        raise BuildFailed(
+            f"{why}; the model converted to opset {_MIN_OPSET} does not run on a calibration "
+            f"sample ({type(exc).__name__}: {exc}); upload the model exported at opset {_MIN_OPSET} or "
+            f"later, or build fp16 for it instead"
+        ) from None
     for name, ref in before.items():
         error = _relative_error(ref, after[name])
         if error > _CONVERSION_TOLERANCE:
-            raise BuildFailed(f"{why}; converted to opset {_MIN_OPSET} its output {name!r} differs from the "
-                              f"original's (relative L2 {error:.3g}); upload the model exported at opset {_MIN_OPSET} or "
-                              f"later, or build fp16 for it instead")
+            raise BuildFailed(
+                f"{why}; converted to opset {_MIN_OPSET} its output {name!r} differs from the "
+                f"original's (relative L2 {error:.3g}); upload the model exported at opset {_MIN_OPSET} or "
+                f"later, or build fp16 for it instead"
+            )
     return out, have
 
 

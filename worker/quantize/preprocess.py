@@ -31,9 +31,14 @@ def preprocessed_model(model_path: Path, work: Path, large: bool) -> tuple[Path 
         try:
             if symbolic:
                 _infer_symbolic_shapes(model_path, source, large)
-            quant_pre_process(str(source), str(out), skip_symbolic_shape=True,
-                              save_as_external_data=large, all_tensors_to_one_file=True,
-                              external_data_location="preprocessed.onnx.data")
+            quant_pre_process(
+                str(source),
+                str(out),
+                skip_symbolic_shape=True,
+                save_as_external_data=large,
+                all_tensors_to_one_file=True,
+                external_data_location="preprocessed.onnx.data",
+            )
             onnx.checker.check_model(str(out))
             return out, None
         except Exception as exc:  # noqa: BLE001 - any failure only means quantizing the raw model

@@ -23,8 +23,11 @@ def float_for_other_readers(model: ModelProto) -> bool:
     graph = model.graph
     inits = {t.name for t in graph.initializer}
     quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    original = {n.output[0]: quantized[n.input[0]] for n in graph.node
-                if n.op_type == "DequantizeLinear" and n.input[0] not in inits and n.input[0] in quantized}
+    original = {
+        n.output[0]: quantized[n.input[0]]
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] not in inits and n.input[0] in quantized
+    }
     changed = False
     for node in graph.node:
         if node.op_type in WEIGHTED_OPS or node.op_type in QDQ_OPS:
@@ -59,8 +62,10 @@ def check_for_tensorrt(model: ModelProto) -> None:
             allowed = frozenset(WEIGHTED_OPS) if node.input[0] in inits else QUANTIZED_OPS
             for user, _ in readers.get(node.output[0], []):
                 if user.op_type not in allowed:
-                    raise BuildFailed(f"quantizer placed DequantizeLinear {node.name!r} before {user.op_type} "
-                                      f"{user.name!r}; only {', '.join(sorted(allowed))} take it for TensorRT")
+                    raise BuildFailed(
+                        f"quantizer placed DequantizeLinear {node.name!r} before {user.op_type} "
+                        f"{user.name!r}; only {', '.join(sorted(allowed))} take it for TensorRT"
+                    )
     for tensor in graph.initializer:
         users = readers.get(tensor.name, [])
         if tensor.data_type != TensorProto.INT8 or not any(u.op_type == "DequantizeLinear" for u, _ in users):
@@ -69,5 +74,7 @@ def check_for_tensorrt(model: ModelProto) -> None:
             if user.op_type in QDQ_OPS and slot in (1, 2):
                 continue  # a zero point
             if user.op_type != "DequantizeLinear" or slot != 0:
-                raise BuildFailed(f"quantized constant {tensor.name!r} feeds {user.op_type} {user.name!r}; "
-                                  f"TensorRT takes a quantized constant only into DequantizeLinear")
+                raise BuildFailed(
+                    f"quantized constant {tensor.name!r} feeds {user.op_type} {user.name!r}; "
+                    f"TensorRT takes a quantized constant only into DequantizeLinear"
+                )

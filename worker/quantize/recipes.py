@@ -66,11 +66,17 @@ class Recipe:
 
     def options(self) -> dict[str, Any]:
         """The options as the report records them."""
-        return {"tool": "quantize_dynamic" if self.dynamic else "quantize_static", "recipe": self.name,
-                "quant_format": self.quant_format.name, "activation_type": self.activation_type.name,
-                "weight_type": self.weight_type.name, "per_channel": self.per_channel,
-                "reduce_range": self.reduced(), "op_types_to_quantize": self.op_types,
-                "extra_options": dict(self.extra)}
+        return {
+            "tool": "quantize_dynamic" if self.dynamic else "quantize_static",
+            "recipe": self.name,
+            "quant_format": self.quant_format.name,
+            "activation_type": self.activation_type.name,
+            "weight_type": self.weight_type.name,
+            "per_channel": self.per_channel,
+            "reduce_range": self.reduced(),
+            "op_types_to_quantize": self.op_types,
+            "extra_options": dict(self.extra),
+        }
 
 
 # The products whose weights are constants: what dynamic quantization turns into integer kernels
@@ -86,32 +92,72 @@ _OPERATOR_OTHERS = frozenset(QLinearOpsRegistry) - {"Conv", "Relu", "Clip"}
 # won over QDQ (u8s8, s8s8, u8u8) where every layer is quantized; 7-bit weights (reduce_range) keep the u8*s8
 # products of CPUs without VNNI from saturating.
 CPU_CANDIDATES: dict[str, Recipe] = {
-    "operator": Recipe("operator format (QLinear kernels) on every layer, per-channel int8 weights in 7 bits, "
-                       "uint8 activations", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
-                       reduce_range=None, name="operator"),
-    "convolutions": Recipe("operator format on convolutions only (matrix products stay float), per-channel int8 "
-                           "weights in 7 bits, uint8 activations", QuantFormat.QOperator, QuantType.QUInt8,
-                           QuantType.QInt8, reduce_range=None, op_types=_CONV_OPS, name="convolutions"),
-    "dense-convolutions": Recipe("operator format on dense convolutions only (depthwise and other grouped "
-                                 "convolutions and the matrix products stay float), per-channel int8 weights in 7 "
-                                 "bits, uint8 activations", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
-                                 reduce_range=None, op_types=_CONV_OPS, dense_only=True, name="dense-convolutions"),
-    "dynamic": Recipe("dynamic: per-channel int8 weights of the matrix products with a constant weight (MatMul, "
-                      "LSTM, Attention), in 7 bits on CPUs without VNNI, activations quantized at run time, "
-                      "convolutions float", QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8,
-                      reduce_range=None, op_types=_DYNAMIC_OPS, dynamic=True,
-                      extra={"MatMulConstBOnly": True}, name="dynamic"),
+    "operator": Recipe(
+        "operator format (QLinear kernels) on every layer, per-channel int8 weights in 7 bits, uint8 activations",
+        QuantFormat.QOperator,
+        QuantType.QUInt8,
+        QuantType.QInt8,
+        reduce_range=None,
+        name="operator",
+    ),
+    "convolutions": Recipe(
+        "operator format on convolutions only (matrix products stay float), per-channel int8 "
+        "weights in 7 bits, uint8 activations",
+        QuantFormat.QOperator,
+        QuantType.QUInt8,
+        QuantType.QInt8,
+        reduce_range=None,
+        op_types=_CONV_OPS,
+        name="convolutions",
+    ),
+    "dense-convolutions": Recipe(
+        "operator format on dense convolutions only (depthwise and other grouped "
+        "convolutions and the matrix products stay float), per-channel int8 weights in 7 "
+        "bits, uint8 activations",
+        QuantFormat.QOperator,
+        QuantType.QUInt8,
+        QuantType.QInt8,
+        reduce_range=None,
+        op_types=_CONV_OPS,
+        dense_only=True,
+        name="dense-convolutions",
+    ),
+    "dynamic": Recipe(
+        "dynamic: per-channel int8 weights of the matrix products with a constant weight (MatMul, "
+        "LSTM, Attention), in 7 bits on CPUs without VNNI, activations quantized at run time, "
+        "convolutions float",
+        QuantFormat.QOperator,
+        QuantType.QUInt8,
+        QuantType.QInt8,
+        reduce_range=None,
+        op_types=_DYNAMIC_OPS,
+        dynamic=True,
+        extra={"MatMulConstBOnly": True},
+        name="dynamic",
+    ),
 }
 
 RECIPES: dict[str, Recipe] = {
     "onnxruntime": CPU_CANDIDATES["operator"],
-    "tensorrt": Recipe("TensorRT Q/DQ, per-channel, symmetric int8 activations and weights",
-                       QuantFormat.QDQ, QuantType.QInt8, QuantType.QInt8, reduce_range=False, op_types=_TENSORRT_OPS,
-                       weighted_only=True,
-                       extra={"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False,
-                              "QDQKeepRemovableActivations": True,
-                              "OpTypesToExcludeOutputQuantization": _TENSORRT_OPS,
-                              "AddQDQPairToWeight": False, "DedicatedQDQPair": False}, name="tensorrt"),
+    "tensorrt": Recipe(
+        "TensorRT Q/DQ, per-channel, symmetric int8 activations and weights",
+        QuantFormat.QDQ,
+        QuantType.QInt8,
+        QuantType.QInt8,
+        reduce_range=False,
+        op_types=_TENSORRT_OPS,
+        weighted_only=True,
+        extra={
+            "ActivationSymmetric": True,
+            "WeightSymmetric": True,
+            "QuantizeBias": False,
+            "QDQKeepRemovableActivations": True,
+            "OpTypesToExcludeOutputQuantization": _TENSORRT_OPS,
+            "AddQDQPairToWeight": False,
+            "DedicatedQDQPair": False,
+        },
+        name="tensorrt",
+    ),
 }
 
 
@@ -170,21 +216,37 @@ def check_options(method: str, calibration_batch: int, family: str = "tensorrt")
     return calibrate  # type: ignore[return-value]
 
 
-def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader, calibrate: CalibrationMethod,
-                  large: bool, keep_float: Sequence[str] = ()) -> dict[str, Any]:
+def quantize_with(
+    recipe: Recipe,
+    source: Path,
+    out: Path,
+    reader: SampleReader,
+    calibrate: CalibrationMethod,
+    large: bool,
+    keep_float: Sequence[str] = (),
+) -> dict[str, Any]:
     """Run the recipe's tool with its options on ``source``; ``keep_float``: node names left in float. Returns
     the options as recorded."""
     if recipe.dynamic:
-        quantize_dynamic(str(source), str(out), op_types_to_quantize=recipe.op_types, per_channel=recipe.per_channel,
-                         reduce_range=recipe.reduced(), weight_type=recipe.weight_type,
-                         nodes_to_exclude=list(keep_float), use_external_data_format=large,
-                         extra_options=dict(recipe.extra))
+        quantize_dynamic(
+            str(source),
+            str(out),
+            op_types_to_quantize=recipe.op_types,
+            per_channel=recipe.per_channel,
+            reduce_range=recipe.reduced(),
+            weight_type=recipe.weight_type,
+            nodes_to_exclude=list(keep_float),
+            use_external_data_format=large,
+            extra_options=dict(recipe.extra),
+        )
         return recipe.options()
     # Calibrators hold every batch's intermediate tensors until they compute ranges: feed them in strides of at
     # most _CHUNK_BATCHES batches (ORT's CalibMaxIntermediateOutputs drops the data it holds instead of merging it).
     batches = len(reader)
-    extra = {**recipe.extra, "CalibStridedMinMax": max(d for d in range(1, min(_CHUNK_BATCHES, batches) + 1)
-                                                       if batches % d == 0)}
+    extra = {
+        **recipe.extra,
+        "CalibStridedMinMax": max(d for d in range(1, min(_CHUNK_BATCHES, batches) + 1) if batches % d == 0),
+    }
     if recipe.activation_type == QuantType.QInt8 and recipe.extra.get("ActivationSymmetric"):
         extra["CalibTensorRangeSymmetric"] = True
     if recipe.weighted_only:
@@ -195,12 +257,21 @@ def quantize_with(recipe: Recipe, source: Path, out: Path, reader: SampleReader,
     reader.rewind()
     chatter = io.StringIO()  # the histogram calibrators print their progress
     with contextlib.redirect_stdout(chatter):
-        quantize_static(str(source), str(out), reader, quant_format=recipe.quant_format,
-                        op_types_to_quantize=recipe.op_types, per_channel=recipe.per_channel,
-                        reduce_range=recipe.reduced(),
-                        activation_type=recipe.activation_type, weight_type=recipe.weight_type,
-                        calibrate_method=calibrate, use_external_data_format=large, extra_options=extra,
-                        nodes_to_exclude=exclude)
+        quantize_static(
+            str(source),
+            str(out),
+            reader,
+            quant_format=recipe.quant_format,
+            op_types_to_quantize=recipe.op_types,
+            per_channel=recipe.per_channel,
+            reduce_range=recipe.reduced(),
+            activation_type=recipe.activation_type,
+            weight_type=recipe.weight_type,
+            calibrate_method=calibrate,
+            use_external_data_format=large,
+            extra_options=extra,
+            nodes_to_exclude=exclude,
+        )
     log.debug("calibration: %s", chatter.getvalue().strip())
     reader.rewind()
     return {**recipe.options(), "calibrate_method": calibrate.name}
@@ -212,8 +283,9 @@ def _activation_matmuls(source: Path) -> list[str]:
     model = onnx.load(str(source), load_external_data=False)
     constants = {t.name for t in model.graph.initializer}
     constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    return [n.name for n in model.graph.node
-            if n.op_type == "MatMul" and n.name and not constants.intersection(n.input)]
+    return [
+        n.name for n in model.graph.node if n.op_type == "MatMul" and n.name and not constants.intersection(n.input)
+    ]
 
 
 def _grouped_convs(source: Path) -> list[str]:
@@ -236,8 +308,13 @@ def _untied(source: Path, large: bool) -> Path:
     if not any(i in weighted for n in model.graph.node if n.op_type not in _TENSORRT_OPS for i in n.input):
         return source
     model = onnx.load(str(source))
-    others = [(n, k) for n in model.graph.node if n.op_type not in _TENSORRT_OPS
-              for k, i in enumerate(n.input) if i in weighted]
+    others = [
+        (n, k)
+        for n in model.graph.node
+        if n.op_type not in _TENSORRT_OPS
+        for k, i in enumerate(n.input)
+        if i in weighted
+    ]
     inits = {t.name: t for t in model.graph.initializer}
     copies: dict[str, str] = {}
     for node, slot in others:

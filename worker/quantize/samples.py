@@ -143,9 +143,15 @@ def _check_shape(inp: ModelInput, array: np.ndarray, problems: list[dict[str, An
         return True
     shape = _dims_text(tuple(array.shape))
     if array.ndim != len(inp.dims):
-        problems.append(problem(loc, (
-            f"samples for input {inp.name!r} have rank {array.ndim} (shape {shape}), but the model takes rank "
-            f"{len(inp.dims)} {_dims_text(inp.dims)}; stack samples along axis 0 of that shape")))
+        problems.append(
+            problem(
+                loc,
+                (
+                    f"samples for input {inp.name!r} have rank {array.ndim} (shape {shape}), but the model takes rank "
+                    f"{len(inp.dims)} {_dims_text(inp.dims)}; stack samples along axis 0 of that shape"
+                ),
+            )
+        )
         return False
     if inp.splittable:
         if array.shape[0] == 0:
@@ -153,33 +159,49 @@ def _check_shape(inp: ModelInput, array: np.ndarray, problems: list[dict[str, An
             problems.append(problem(loc, msg))
             return False
     elif inp.dims and inp.dims[0] is not None and array.shape[0] != inp.dims[0]:
-        problems.append(problem(loc, (
-            f"input {inp.name!r} has a fixed first dim of {inp.dims[0]}, so its samples cannot be split along "
-            f"axis 0; give one array of shape {_dims_text(inp.dims)}, not {shape}")))
+        problems.append(
+            problem(
+                loc,
+                (
+                    f"input {inp.name!r} has a fixed first dim of {inp.dims[0]}, so its samples cannot be split along "
+                    f"axis 0; give one array of shape {_dims_text(inp.dims)}, not {shape}"
+                ),
+            )
+        )
         return False
     for axis in range(1, len(inp.dims)):
         want = inp.dims[axis]
         if want is not None and array.shape[axis] != want:
-            problems.append(problem(loc, (
-                f"samples for input {inp.name!r} have shape {shape}, but the model fixes dim {axis} "
-                f"to {want} {_dims_text(inp.dims)}")))
+            problems.append(
+                problem(
+                    loc,
+                    (
+                        f"samples for input {inp.name!r} have shape {shape}, but the model fixes dim {axis} "
+                        f"to {want} {_dims_text(inp.dims)}"
+                    ),
+                )
+            )
             return False
     return True
 
 
-def validate(
-    inputs: list[ModelInput], samples: Mapping[str, Any], calibration_batch: int
-) -> tuple[SampleReader, int]:
+def validate(inputs: list[ModelInput], samples: Mapping[str, Any], calibration_batch: int) -> tuple[SampleReader, int]:
     """Check the samples against the model's inputs; return the reader and the sample count."""
     problems: list[dict[str, Any]] = []
     if not isinstance(samples, Mapping):
-        raise SpecInvalid("calibration samples must map input names to arrays",
-                          problems=[problem(["samples"], "not a mapping of input name to array")])
+        raise SpecInvalid(
+            "calibration samples must map input names to arrays",
+            problems=[problem(["samples"], "not a mapping of input name to array")],
+        )
     names = [i.name for i in inputs]
     for name in samples:
         if name not in names:
-            problems.append(problem(["samples", str(name)], (
-                f"{name!r} is not an input of the model; its inputs are {', '.join(map(repr, names))}")))
+            problems.append(
+                problem(
+                    ["samples", str(name)],
+                    (f"{name!r} is not an input of the model; its inputs are {', '.join(map(repr, names))}"),
+                )
+            )
     arrays: dict[str, np.ndarray] = {}
     for inp in inputs:
         if inp.name not in samples:
@@ -199,8 +221,10 @@ def validate(
         raise SpecInvalid(f"calibration samples do not fit the model: {detail}", problems=problems)
     floats = [a for a in arrays.values() if a.dtype.kind == "f"]
     if floats and not any(a.any() for a in floats):
-        raise SpecInvalid("calibration samples are all zeros: every range would be empty; give real inputs",
-                          problems=[problem(["samples"], "every float input is all zeros")])
+        raise SpecInvalid(
+            "calibration samples are all zeros: every range would be empty; give real inputs",
+            problems=[problem(["samples"], "every float input is all zeros")],
+        )
     whole = {name: a for name, a in arrays.items() if name not in split}
     count = next(iter(counts.values()), 1)
     # A size-1 first dim pins the model's batch, so every input is fed one sample at a time.

@@ -98,8 +98,12 @@ def probe_gpus_smi() -> tuple[list[GpuInfo], str | None, str | None, str | None]
     if exe is None:
         return [], None, None, "nvidia-smi not found"
     try:
-        query = subprocess.run([exe, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=20)
+        query = subprocess.run(
+            [exe, f"--query-gpu={SMI_QUERY}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         banner = subprocess.run([exe], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return [], None, None, f"nvidia-smi: {exc}"

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-
-
 # Jetson SoC (device-tree "nvidia,tegraNNN") -> GPU compute capability.
 TEGRA_CCS: dict[str, str] = {
     "tegra210": "5.3",  # Nano, TX1

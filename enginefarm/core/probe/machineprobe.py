@@ -13,9 +13,8 @@ from typing import Any
 from enginefarm.core.machine import Machine
 from enginefarm.core.ortcuda import probe_ort_cuda
 from enginefarm.core.probe.gpus import GpuInfo, probe_any_gpus
-from enginefarm.core.probe.jetson import JetsonInfo, read_file, probe_jetson
+from enginefarm.core.probe.jetson import JetsonInfo, probe_jetson, read_file
 from enginefarm.core.probe.modules import LEAN_MODULE, ORT_MODULE, RTX_MODULE, TRT_MODULE, import_version, probe_modules
-
 
 _PLATFORMS = {"amd64": "x86_64", "x64": "x86_64", "x86_64": "x86_64", "arm64": "aarch64", "aarch64": "aarch64"}
 
@@ -143,8 +142,12 @@ def this_machine(**overrides: Any) -> Machine:
     try:
         machine = machine_fingerprint(probe)
     except ValueError:
-        machine = Machine.detected(platform=probe.platform, os=probe.os, trt_version=probe.modules.get(TRT_MODULE),
-                                   trt_rtx_version=probe.modules.get(RTX_MODULE),
-                                   ort_version=probe.modules.get(ORT_MODULE))
+        machine = Machine.detected(
+            platform=probe.platform,
+            os=probe.os,
+            trt_version=probe.modules.get(TRT_MODULE),
+            trt_rtx_version=probe.modules.get(RTX_MODULE),
+            ort_version=probe.modules.get(ORT_MODULE),
+        )
     # Through the constructor again: an override is checked by the same rules as a request's field.
     return replace(machine, **{key: value for key, value in overrides.items() if value is not None})

@@ -7,7 +7,6 @@ import importlib
 from enginefarm.core.domain import BACKEND_MODULES, Backend
 from enginefarm.core.probe.gpus import error_text
 
-
 TRT_MODULE = BACKEND_MODULES[Backend.TENSORRT]
 
 

@@ -3,8 +3,15 @@ benchmarks, and what the catalog says while no worker can benchmark one."""
 
 from __future__ import annotations
 
-
-from enginefarm.core.domain import ARCHES, BACKEND_MODULES, ORT_CUDA_PREFIX, RTX_PORTABLE_CCS, Backend, Target, arch_of_cc
+from enginefarm.core.domain import (
+    ARCHES,
+    BACKEND_MODULES,
+    ORT_CUDA_PREFIX,
+    RTX_PORTABLE_CCS,
+    Backend,
+    Target,
+    arch_of_cc,
+)
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.probe.modules import ORT_MODULE, RTX_MODULE, TRT_MODULE
 
@@ -68,11 +75,15 @@ def benchmark_targets(probe: MachineProbe) -> list[Target]:
 def benchmark_pending_reason(target: Target) -> str:
     """What the catalog says about an engine no live worker can benchmark."""
     if target.is_ort_cuda:
-        return (f"benchmark pending: no worker with a GPU of compute capability {target.compute_capability} "
-                "and ONNX Runtime's CUDA execution provider")
+        return (
+            f"benchmark pending: no worker with a GPU of compute capability {target.compute_capability} "
+            "and ONNX Runtime's CUDA execution provider"
+        )
     if target.backend is Backend.ONNXRUNTIME:
         return f"benchmark pending: no worker with ONNX Runtime on a {target.arch.removeprefix('cpu-')} CPU"
     if target.arch == "portable":
-        return (f"benchmark pending: no worker with a GPU of compute capability {'/'.join(RTX_PORTABLE_CCS)} "
-                f"and {BACKEND_MODULES[target.backend]}")
+        return (
+            f"benchmark pending: no worker with a GPU of compute capability {'/'.join(RTX_PORTABLE_CCS)} "
+            f"and {BACKEND_MODULES[target.backend]}"
+        )
     return f"benchmark pending: no worker with an {target.arch} GPU and {BACKEND_MODULES[target.backend]}"

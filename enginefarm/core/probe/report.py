@@ -22,11 +22,15 @@ def probe_report(probe: MachineProbe) -> list[str]:
     if probe.gpu_source == "nvidia-smi":
         lines.append(f"GPUs read with nvidia-smi (NVML: {probe.nvml_error or 'no GPU'})")
     elif probe.nvml_error:
-        lines.append(f"NVML: {probe.nvml_error}" if probe.gpus else f"no GPU found via NVML or nvidia-smi: {probe.nvml_error}")
+        lines.append(
+            f"NVML: {probe.nvml_error}" if probe.gpus else f"no GPU found via NVML or nvidia-smi: {probe.nvml_error}"
+        )
     if j := probe.jetson:
         jp = f"JetPack {j.jetpack}" if j.jetpack else "JetPack unknown"
-        lines.append(f"Jetson: {j.model}, L4T {j.l4t_release or 'unknown'} ({jp}), "
-                     f"compute capability {j.compute_capability or 'unknown'}")
+        lines.append(
+            f"Jetson: {j.model}, L4T {j.l4t_release or 'unknown'} ({jp}), "
+            f"compute capability {j.compute_capability or 'unknown'}"
+        )
 
     def missing(backend: Backend, module: str) -> str:
         return f"{backend.value}: not importable ({probe.module_errors.get(module, 'no version')})"
@@ -36,13 +40,17 @@ def probe_report(probe: MachineProbe) -> list[str]:
     devices = gpu_devices(probe)
     if not devices:
         why = f"no GPU ({probe.nvml_error})" if probe.nvml_error else "no GPU"
-        lines.append((missing(Backend.TENSORRT, TRT_MODULE) if not trt else f"tensorrt {trt}: {why}")
-                     + ": no tensorrt target served")
+        lines.append(
+            (missing(Backend.TENSORRT, TRT_MODULE) if not trt else f"tensorrt {trt}: {why}")
+            + ": no tensorrt target served"
+        )
     for label, cc in devices:
         arch = arch_of_cc(cc) if cc else None
         if arch not in ARCHES[Backend.TENSORRT]:
-            lines.append(f"tensorrt: {label} has compute capability {cc or 'unknown'}"
-                         f"{f' ({arch})' if arch else ''}, which tensorrt does not build for: no target")
+            lines.append(
+                f"tensorrt: {label} has compute capability {cc or 'unknown'}"
+                f"{f' ({arch})' if arch else ''}, which tensorrt does not build for: no target"
+            )
         elif not trt:
             lines.append(f"{missing(Backend.TENSORRT, TRT_MODULE)}: tensorrt/{arch} not served ({label})")
         else:
@@ -52,9 +60,13 @@ def probe_report(probe: MachineProbe) -> list[str]:
     if not rtx:
         lines.append(f"{missing(Backend.TENSORRT_RTX, RTX_MODULE)}: no tensorrt-rtx target served")
     elif probe.platform != "x86_64":
-        lines.append(f"tensorrt-rtx {rtx}: importable, but TensorRT-RTX builds only on x86_64, not {probe.platform}: not served")
+        lines.append(
+            f"tensorrt-rtx {rtx}: importable, but TensorRT-RTX builds only on x86_64, not {probe.platform}: not served"
+        )
     else:
-        lines.append(f"tensorrt-rtx {rtx}: serves tensorrt-rtx/{{{','.join(ARCHES[Backend.TENSORRT_RTX])}}} (ahead of time, no GPU needed)")
+        lines.append(
+            f"tensorrt-rtx {rtx}: serves tensorrt-rtx/{{{','.join(ARCHES[Backend.TENSORRT_RTX])}}} (ahead of time, no GPU needed)"
+        )
 
     ort = probe.modules.get(ORT_MODULE)
     arch = f"cpu-{probe.platform}"
@@ -67,8 +79,10 @@ def probe_report(probe: MachineProbe) -> list[str]:
     if ort and (probe.ort_cuda or probe.ort_cuda_error):
         served = ", ".join(map(str, ort_cuda_targets(probe)))
         if probe.ort_cuda and served:
-            lines.append(f"onnxruntime {ort} CUDA (built for CUDA {probe.ort_cuda}, cuDNN "
-                         f"{probe.cudnn_version or 'not found'}): serves {served}")
+            lines.append(
+                f"onnxruntime {ort} CUDA (built for CUDA {probe.ort_cuda}, cuDNN "
+                f"{probe.cudnn_version or 'not found'}): serves {served}"
+            )
         elif probe.ort_cuda:
             lines.append(f"onnxruntime {ort} CUDA: no GPU of a compute capability it has a target for: not served")
         else:

@@ -3,9 +3,9 @@
 Revision ID: 0003
 Revises: 0002
 """
-from alembic import op
-import sqlalchemy as sa
 
+import sqlalchemy as sa
+from alembic import op
 
 revision = '0003'
 down_revision = '0002'
@@ -14,32 +14,40 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table('sweeps',
-    sa.Column('id', sa.Integer(), nullable=False),
-    sa.Column('model_id', sa.Integer(), nullable=False),
-    sa.Column('axes', sa.JSON(), nullable=False),
-    sa.Column('targets', sa.JSON(), nullable=False),
-    sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
-    sa.ForeignKeyConstraint(['model_id'], ['models.id'], ),
-    sa.PrimaryKeyConstraint('id')
+    op.create_table(
+        'sweeps',
+        sa.Column('id', sa.Integer(), nullable=False),
+        sa.Column('model_id', sa.Integer(), nullable=False),
+        sa.Column('axes', sa.JSON(), nullable=False),
+        sa.Column('targets', sa.JSON(), nullable=False),
+        sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(
+            ['model_id'],
+            ['models.id'],
+        ),
+        sa.PrimaryKeyConstraint('id'),
     )
     op.create_index('ix_sweeps_model_id', 'sweeps', ['model_id'], unique=False)
-    op.create_table('benchmark_tasks',
-    sa.Column('id', sa.Integer(), nullable=False),
-    sa.Column('engine_id', sa.Integer(), nullable=False),
-    sa.Column('target', sa.String(length=64), nullable=False),
-    sa.Column('checks_hash', sa.String(length=64), nullable=False),
-    sa.Column('spec', sa.JSON(), nullable=False),
-    sa.Column('state', sa.String(length=16), nullable=False),
-    sa.Column('worker_id', sa.String(length=200), nullable=True),
-    sa.Column('attempts', sa.Integer(), nullable=False),
-    sa.Column('error', sa.Text(), nullable=True),
-    sa.Column('queued_at', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
-    sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
-    sa.ForeignKeyConstraint(['engine_id'], ['engines.id'], ),
-    sa.PrimaryKeyConstraint('id'),
-    sa.UniqueConstraint('engine_id', 'checks_hash', name='uq_benchmark_tasks_engine_checks')
+    op.create_table(
+        'benchmark_tasks',
+        sa.Column('id', sa.Integer(), nullable=False),
+        sa.Column('engine_id', sa.Integer(), nullable=False),
+        sa.Column('target', sa.String(length=64), nullable=False),
+        sa.Column('checks_hash', sa.String(length=64), nullable=False),
+        sa.Column('spec', sa.JSON(), nullable=False),
+        sa.Column('state', sa.String(length=16), nullable=False),
+        sa.Column('worker_id', sa.String(length=200), nullable=True),
+        sa.Column('attempts', sa.Integer(), nullable=False),
+        sa.Column('error', sa.Text(), nullable=True),
+        sa.Column('queued_at', sa.DateTime(timezone=True), nullable=False),
+        sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
+        sa.ForeignKeyConstraint(
+            ['engine_id'],
+            ['engines.id'],
+        ),
+        sa.PrimaryKeyConstraint('id'),
+        sa.UniqueConstraint('engine_id', 'checks_hash', name='uq_benchmark_tasks_engine_checks'),
     )
     op.create_index('ix_benchmark_tasks_engine_id', 'benchmark_tasks', ['engine_id'], unique=False)
     op.create_index('ix_benchmark_tasks_state', 'benchmark_tasks', ['state'], unique=False)

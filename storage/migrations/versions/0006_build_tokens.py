@@ -3,9 +3,9 @@
 Revision ID: 0006
 Revises: 0005
 """
-from alembic import op
-import sqlalchemy as sa
 
+import sqlalchemy as sa
+from alembic import op
 
 revision = '0006'
 down_revision = '0005'
@@ -17,8 +17,9 @@ def upgrade() -> None:
     with op.batch_alter_table('builds') as batch:
         batch.add_column(sa.Column('token_id', sa.Integer(), nullable=True))
         batch.create_index('ix_builds_token_id', ['token_id'])
-        batch.create_foreign_key('fk_builds_token_id_api_tokens', 'api_tokens', ['token_id'], ['id'],
-                                 ondelete='SET NULL')
+        batch.create_foreign_key(
+            'fk_builds_token_id_api_tokens', 'api_tokens', ['token_id'], ['id'], ondelete='SET NULL'
+        )
 
 
 def downgrade() -> None:

@@ -6,11 +6,11 @@ Revises: 0006
 Existing engines get theirs from the spec of a build with the same spec hash (its profiles already hold the
 static shapes) and the fixed dims of their model's inputs, as enginefarm.core.domain.engine_profiles does for new ones.
 """
+
 import json
 
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0007'
 down_revision = '0006'
@@ -49,13 +49,19 @@ def upgrade() -> None:
         batch.add_column(sa.Column('profiles', sa.JSON(), server_default='[]', nullable=False))
     conn = op.get_bind()
     specs = {h: _json(s) for h, s in conn.execute(sa.text("SELECT spec_hash, spec FROM builds ORDER BY id"))}
-    rows = conn.execute(sa.text("SELECT e.id, e.spec_hash, m.info FROM engines e JOIN models m ON m.id = e.model_id "
-                              "WHERE e.backend <> 'onnxruntime'")).all()
+    rows = conn.execute(
+        sa.text(
+            "SELECT e.id, e.spec_hash, m.info FROM engines e JOIN models m ON m.id = e.model_id "
+            "WHERE e.backend <> 'onnxruntime'"
+        )
+    ).all()
     for engine_id, spec_hash, info in rows:
         profiles = _profiles(specs.get(spec_hash), _json(info))
         if profiles:
-            conn.execute(sa.text("UPDATE engines SET profiles = :p WHERE id = :id")
-                         .bindparams(sa.bindparam("p", type_=sa.JSON)), {"p": profiles, "id": engine_id})
+            conn.execute(
+                sa.text("UPDATE engines SET profiles = :p WHERE id = :id").bindparams(sa.bindparam("p", type_=sa.JSON)),
+                {"p": profiles, "id": engine_id},
+            )
 
 
 def downgrade() -> None:
