@@ -39,9 +39,10 @@ def admit(
     token_id: int | None,
     queue_without_worker: bool | None,
 ) -> None:
-    """``token_id``: the requesting credential family's (``Principal.family_id``). Raise unless these just-recorded builds may stay: every task that will wait for a worker has a live
-    one, unless the request (or, when it says nothing, the farm) allows waiting; and neither the token's nor
-    the farm's queue goes past its limit. Tasks answered from the catalog neither wait nor count."""
+    """``token_id``: the requesting credential family's (``Principal.family_id``). Raise unless these
+    just-recorded builds may stay: every task that will wait for a worker has a live one, unless the request (or,
+    when it says nothing, the farm) allows waiting; and neither the token's nor the farm's queue goes past its
+    limit. Tasks answered from the catalog neither wait nor count."""
     pending = [t for b in builds for t in b.tasks if t.state in catalog.PENDING_STATES]
     if not pending:
         return

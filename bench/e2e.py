@@ -481,7 +481,10 @@ def machine_info() -> str:
         mem = f"{mem_kb / (1 << 20):.1f} GiB RAM"
     except (OSError, StopIteration):
         mem = "unknown RAM"
-    return f"{os.cpu_count()} CPUs ({cpu}), {mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), {mem}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def main() -> None:

@@ -50,7 +50,8 @@ import sys, torch, torchvision
 torch.manual_seed(0)
 model = torchvision.models.resnet50(weights=None).eval()
 torch.onnx.export(model, (torch.rand(2, 3, 224, 224),), sys.argv[1], dynamo=False, opset_version=17,
-                  input_names=["input"], output_names=["logits"], dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+                  input_names=["input"], output_names=["logits"],
+                  dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
 """
 
 

@@ -9,11 +9,11 @@ against the builder alone measured in the same run, and per task the worker's ru
 Benchmarks and accuracy checks are switched off in part 2: it measures the build path only.
 
 Part 3 times, per model, the CPU int8 artifact against the fp32 one, both made by the farm's own stages in this
-process: the quantize stage's ONNX Runtime recipe (``worker.quantize``, calibrated on 16 of the model's samples, one for a streaming model),
-the ONNX Runtime build stage, and the benchmark stage's runner, timed interleaved (``worker.int8_vs_fp32``, the
-code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as speed-ups from one run, with
-the int8 output's cosine against fp32. The corpus plus ResNet-50, ConvNeXt-Tiny and a GPT-2 style decoder
-(``tests/realmodels/large.py``).
+process: the quantize stage's ONNX Runtime recipe (``worker.quantize``, calibrated on 16 of the model's samples,
+one for a streaming model), the ONNX Runtime build stage, and the benchmark stage's runner, timed interleaved
+(``worker.int8_vs_fp32``, the code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as
+speed-ups from one run, with the int8 output's cosine against fp32. The corpus plus ResNet-50, ConvNeXt-Tiny and
+a GPT-2 style decoder (``tests/realmodels/large.py``).
 
     .venv/bin/python bench/models.py                 # every model, 5 targets, then the farm on the largest
     .venv/bin/python bench/models.py --smoke         # one small model, one target: the test command runs this

@@ -2,9 +2,9 @@
 
 A resolve answer depends on the model's versions and on the engines of their bytes, with their benchmarks and
 accuracy verdicts. Engines belong to a model's sha256 (identical bytes under another name share them), so a
-change to an engine, one of its benchmarks or a verdict on it raises the generation of every model row with those bytes. A new
-or removed version changes the set of rows itself. An answer's ETag is made from the rows' ids and generations,
-so an answer cached or held by a client is current exactly while none of them moved.
+change to an engine, one of its benchmarks or a verdict on it raises the generation of every model row with those
+bytes. A new or removed version changes the set of rows itself. An answer's ETag is made from the rows' ids and
+generations, so an answer cached or held by a client is current exactly while none of them moved.
 
 The bump runs inside the same flush, so it commits or rolls back with the change it stands for. It is a session
 event rather than a call at each write, so a new write path cannot forget it; a bulk ``update``/``delete`` of

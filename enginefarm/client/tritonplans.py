@@ -76,8 +76,8 @@ def plan_layout(engines: Mapping[str, tuple[Mapping[str, Any], Any]]) -> tuple[d
             files,
             default,
             [
-                f"default_model_filename is {default}, the {kind} plan, for GPUs missing from cc_model_filenames; it runs "
-                f"on compute capability {covers(best)}, and a GPU outside those cannot load this model"
+                f"default_model_filename is {default}, the {kind} plan, for GPUs missing from cc_model_filenames; "
+                f"it runs on compute capability {covers(best)}, and a GPU outside those cannot load this model"
             ],
         )
     listed = ", ".join(sorted(files, key=cc_tuple))

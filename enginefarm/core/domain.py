@@ -100,7 +100,8 @@ class Target:
             raise ValueError(f"target {text!r}: unknown backend {backend_name!r} (known: {known})") from None
         if arch not in ARCHES[backend]:
             raise ValueError(
-                f"target {text!r}: {backend.value} cannot build for {arch!r} (it builds for: {', '.join(ARCHES[backend])})"
+                f"target {text!r}: {backend.value} cannot build for {arch!r} "
+                f"(it builds for: {', '.join(ARCHES[backend])})"
             )
         return cls(backend, arch)
 

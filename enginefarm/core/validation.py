@@ -111,7 +111,10 @@ def _cannot_build(p: Precision, t: Target, info: ModelInfo) -> str | None:
     if cc and p is Precision.FP8 and cc_tuple(cc) < (8, 9):
         return f"{t}: fp8 needs compute capability 8.9 or newer, {t.arch} is {cc}"
     if t.backend is Backend.TENSORRT_RTX and p is Precision.BF16:
-        return f"{t}: tensorrt-rtx builds strongly typed networks; bf16 needs a model whose tensors are already bf16, use fp32"
+        return (
+            f"{t}: tensorrt-rtx builds strongly typed networks; bf16 needs a model whose tensors are already "
+            "bf16, use fp32"
+        )
     for limit in BACKEND_LIMITS:
         if t.backend is not limit.backend or t.arch not in limit.arches or p not in limit.precisions:
             continue
@@ -183,7 +186,8 @@ def validate_spec(
             problems.append(
                 _problem(
                     ["spec", "shapes", tensor.name],
-                    f"input {tensor.name!r} has dynamic dims {tensor.dims}: give static 'shapes' or min/opt/max 'profiles'",
+                    f"input {tensor.name!r} has dynamic dims {tensor.dims}: give static 'shapes' or min/opt/max "
+                    "'profiles'",
                 )
             )
             continue

@@ -247,8 +247,8 @@ def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
                 {
                     "loc": ["samples", name],
                     "msg": (
-                        f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} bytes "
-                        "samples may unpack to; send fewer or smaller samples"
+                        f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} "
+                        "bytes samples may unpack to; send fewer or smaller samples"
                     ),
                 }
             )

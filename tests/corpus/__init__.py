@@ -168,7 +168,7 @@ def as_(who: str | None, make: Callable[[Context], Request], header: str | None 
 
 
 def E(
-    id: str,
+    id: str,  # noqa: A002 - the corpus entry's id
     category: str,
     request: Callable[[Context], Request],
     status: int,

@@ -227,7 +227,8 @@ MODELS: dict[str, RealModel] = {
         RealModel(
             name="ppocr-cls",
             kind="cnn-classification",
-            source=f"{_OCR} rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx (PaddleOCR text direction, 0/180)",
+            source=f"{_OCR} rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx "
+            "(PaddleOCR text direction, 0/180)",
             inputs={"x": "float32"},
             shapes=_profile(x=([1, 3, 48, 192], [4, 3, 48, 192], [8, 3, 48, 192])),
             value_ranges={"x": [-1.0, 1.0]},
@@ -244,8 +245,8 @@ MODELS: dict[str, RealModel] = {
         RealModel(
             name="mobilenet-v2",
             kind="cnn-classification",
-            source="transformers MobileNetV2Config(depth_multiplier=1.0, image_size=224, num_labels=1000) random weights, "
-            "torch dynamo export, opset 18",
+            source="transformers MobileNetV2Config(depth_multiplier=1.0, image_size=224, num_labels=1000) "
+            "random weights, torch dynamo export, opset 18",
             inputs={"pixel_values": "float32"},
             shapes=_profile(pixel_values=([1, 3, 224, 224], [4, 3, 224, 224], [8, 3, 224, 224])),
             value_ranges={"pixel_values": [-1.0, 1.0]},
@@ -285,8 +286,8 @@ MODELS: dict[str, RealModel] = {
         RealModel(
             name="bert",
             kind="transformer-encoder",
-            source="transformers BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, "
-            "intermediate_size=512) random weights, torch dynamo export, opset 17",
+            source="transformers BertConfig(vocab_size=30522, hidden_size=128, num_hidden_layers=2, "
+            "num_attention_heads=2, intermediate_size=512) random weights, torch dynamo export, opset 17",
             inputs={"input_ids": "int64", "attention_mask": "int64", "token_type_ids": "int64"},
             shapes=_profile(input_ids=_BERT_SEQ, attention_mask=_BERT_SEQ, token_type_ids=_BERT_SEQ),
             value_ranges={"input_ids": [0, BERT_VOCAB - 1], "attention_mask": [0, 1], "token_type_ids": [0, 1]},
@@ -296,8 +297,8 @@ MODELS: dict[str, RealModel] = {
         RealModel(
             name="ppocr-rec",
             kind="text-recognition",
-            source=f"{_OCR} rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx (PaddleOCR SVTR-LCNet text recognizer: "
-            "conv stages, transformer blocks, CTC head)",
+            source=f"{_OCR} rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx (PaddleOCR SVTR-LCNet text "
+            "recognizer: conv stages, transformer blocks, CTC head)",
             inputs={"x": "float32"},
             shapes=_profile(x=([1, 3, 48, 64], [4, 3, 48, 320], [8, 3, 48, 640])),
             value_ranges={"x": [-1.0, 1.0]},
@@ -325,7 +326,8 @@ MODELS: dict[str, RealModel] = {
         RealModel(
             name="silero-vad-op18",
             kind="control-flow",
-            source="silero-vad==6.2.3 silero_vad/data/silero_vad_op18_ifless.onnx (If on sample rate, LSTM cell unrolled)",
+            source="silero-vad==6.2.3 silero_vad/data/silero_vad_op18_ifless.onnx "
+            "(If on sample rate, LSTM cell unrolled)",
             **_VAD,
             wheel=Wheel(
                 "silero-vad",

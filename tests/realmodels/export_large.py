@@ -79,7 +79,8 @@ class LayerNorm2d(nn.LayerNorm):
 
 
 class ConvNeXtBlock(nn.Module):
-    """timm's ConvNeXtBlock (conv_mlp=False): depthwise 7x7, channels-last LayerNorm, Linear-GELU-Linear, layer scale."""
+    """timm's ConvNeXtBlock (conv_mlp=False): depthwise 7x7, channels-last LayerNorm, Linear-GELU-Linear, layer
+    scale."""
 
     def __init__(self, dim):
         super().__init__()

@@ -53,10 +53,11 @@ def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_pa
             )
             conn.execute(
                 text(
-                    "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
-                    "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
-                    "build_seconds, created_at) VALUES (1, 1, :sha, :sha, 'tensorrt-rtx/sm86', 'tensorrt-rtx', '1.7', "
-                    "'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"
+                    "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, "
+                    "precision, compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, "
+                    "blob_key, build_seconds, created_at) "
+                    "VALUES (1, 1, :sha, :sha, 'tensorrt-rtx/sm86', 'tensorrt-rtx', '1.7', 'fp32', '[]', 'x86_64', "
+                    "'none', false, :sha, 1, 'e', 0.1, CURRENT_TIMESTAMP)"
                 ),
                 {"sha": "a" * 64},
             )
@@ -192,11 +193,11 @@ def test_verdict_migration_gives_each_check_to_the_project_of_the_model_it_was_b
                 )
             conn.execute(
                 text(
-                    "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
-                    "compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, blob_key, "
-                    "build_seconds, created_at, accuracy, accuracy_pass, profiles) VALUES (1, 1, :sha, :sha, "
-                    "'onnxruntime/cpu-x86_64', 'onnxruntime', '1.23', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, 'e', "
-                    "0.1, CURRENT_TIMESTAMP, :acc, false, '[]')"
+                    "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, "
+                    "precision, compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, "
+                    "blob_key, build_seconds, created_at, accuracy, accuracy_pass, profiles) VALUES (1, 1, :sha, :sha, "
+                    "'onnxruntime/cpu-x86_64', 'onnxruntime', '1.23', 'fp32', '[]', 'x86_64', 'none', false, :sha, 1, "
+                    "'e', 0.1, CURRENT_TIMESTAMP, :acc, false, '[]')"
                 ),
                 {"sha": sha, "acc": '{"pass": false, "worst": {}}'},
             )

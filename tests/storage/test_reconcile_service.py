@@ -36,7 +36,7 @@ def test_services_take_the_job_one_at_a_time_and_hand_it_over(settings, tmp_path
         subprocess.Popen(
             [sys.executable, "-m", "enginefarm", "reconcile", "--loop"],
             env=env,
-            stdout=open(tmp_path / f"r{i}.log", "wb"),
+            stdout=open(tmp_path / f"r{i}.log", "wb"),  # noqa: SIM115 - the process's log, open while it runs
             stderr=subprocess.STDOUT,
         )
         for i in range(2)

@@ -31,7 +31,8 @@ class TensorRTRTXBackend(TrtFamilyBackend):
         self, trt: ModuleType, config, target: Target, machine: MachineProbe | None, log: BuildLog
     ):
         log.add(
-            "timing cache: not used, TensorRT-RTX picks kernels at run time (its runtime cache lives on the GPU machine)"
+            "timing cache: not used, TensorRT-RTX picks kernels at run time (its runtime cache lives on the GPU "
+            "machine)"
         )
         return None
 
