@@ -148,7 +148,7 @@ def _start_read(app, known: Known, project: str | None, key) -> asyncio.Future:
             models = await anyio.to_thread.run_sync(_versions, app.state.settings, known, project)
             versions.put(key, models, stamp)
             reading.set_result(models)
-        except BaseException as exc:  # the waiters take the full path, which says what is wrong
+        except BaseException as exc:  # noqa: BLE001 - the waiters take the full path, which says what is wrong
             reading.set_exception(exc if isinstance(exc, Exception) else RuntimeError("read cancelled"))
         finally:
             del versions.reading[key]

@@ -111,7 +111,8 @@ class UploadSlots:
 
 @dataclass
 class ReceivedUpload:
-    """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.core.worklock``) until ``discard``, so the
+    """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.core.worklock``) until ``discard``,
+    so the
     garbage collector never takes it for the leftover of a crashed API."""
 
     fields: dict[str, str] = field(default_factory=dict)

@@ -47,9 +47,9 @@ from rich.table import Table  # noqa: E402
 
 from enginefarm.client import Client  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from enginefarm.core.domain import Target
-from enginefarm.core.hashing import sha256_file
-from enginefarm.core.spec import BuildSpec
+from enginefarm.core.domain import Target  # noqa: E402
+from enginefarm.core.hashing import sha256_file  # noqa: E402
+from enginefarm.core.spec import BuildSpec  # noqa: E402
 from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
 from enginefarm.server import localservers  # noqa: E402
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402

@@ -140,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         up = [sys.executable, "-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(data)]
         farm = subprocess.Popen(
-            up, env=env, stdout=open(Path(work) / "farm.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True
+            up,
+            env=env,
+            stdout=open(Path(work) / "farm.log", "wb"),  # noqa: SIM115 - the farm's log, open while it runs
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             base = f"http://127.0.0.1:{port}"

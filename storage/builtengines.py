@@ -68,7 +68,8 @@ def record_engine(
 
 
 def _gpu_profiles(desc: EngineDescriptor, spec: dict, info: dict) -> list:
-    """A GPU engine's optimization profiles; the ONNX Runtime artifact has none, as it runs any shape the model takes."""
+    """A GPU engine's optimization profiles; the ONNX Runtime artifact has none, as it runs any shape the model
+    takes."""
     return [] if desc.backend == Backend.ONNXRUNTIME.value else engine_profiles(spec, info)
 
 

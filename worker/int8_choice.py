@@ -169,10 +169,10 @@ def _measure(
     built: dict[str, Path] = {}
     for name, model in {"fp32": float_model, **models}.items():
         precision = Precision.FP32 if name == "fp32" else Precision.INT8
-        out = work / "artifacts" / f"{name}.onnx"
-        out.parent.mkdir(exist_ok=True)
-        backend.build(model, spec.model_copy(update={"precision": precision}), target, out, BuildLog(), None)
-        built[name] = out
+        artifact = work / "artifacts" / f"{name}.onnx"
+        artifact.parent.mkdir(exist_ok=True)
+        backend.build(model, spec.model_copy(update={"precision": precision}), target, artifact, BuildLog(), None)
+        built[name] = artifact
     feeds = calibration_feeds(samples, info)
     runners = {name: make_runner(path) for name, path in built.items()}
     try:

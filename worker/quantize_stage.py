@@ -211,7 +211,8 @@ def _derive(
 
 
 def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path) -> dict:
-    """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU (worker/int8_repair.py)."""
+    """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
+    (worker/int8_repair.py)."""
     from enginefarm.worker.evaluate import OrtRunner
     from enginefarm.worker.int8_repair import repair
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 from rich.table import Table
 
@@ -27,7 +29,7 @@ def ls_models(
     console.print(table)
 
 
-def engines_table(items: list[dict], title: str) -> Table:
+def engines_table(items: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
     for col in ("id", "model", "target", "cc", "precision", "runtime", "platform", "size", "build s", "sha256"):
         table.add_column(col)

@@ -276,7 +276,8 @@ class Client:
         ``allow_cpu``: a machine that names a GPU runtime also takes an ONNX Runtime artifact when no engine of
         its runtime fits (``accept: ["cpu"]``); without it the farm answers 404 with what would fit.
 
-        ``machine`` defaults to this machine, detected (``enginefarm.core.probe.machineprobe.this_machine``). Returns the
+        ``machine`` defaults to this machine, detected (``enginefarm.core.probe.machineprobe.this_machine``).
+        Returns the
         resolution, or with ``build`` and nothing fitting, the submitted build (it has ``build_id``).
         Raises ApiError (404) when nothing fits. With ``cache``, the answer is kept there and the next identical
         question is asked with If-None-Match: a 304 reuses it.

@@ -42,33 +42,33 @@ def probe_gpus() -> tuple[list[GpuInfo], str | None, str | None, str | None]:
         with nvml_session() as pynvml:
             try:
                 driver = _text(pynvml.nvmlSystemGetDriverVersion())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one failed NVML query is reported, the rest goes on
                 errors.append(f"driver version: {exc}")
             try:
                 v = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())  # 13000 -> "13.0", 12080 -> "12.8"
                 cuda = f"{v // 1000}.{v % 1000 // 10}"
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - one failed NVML query is reported, the rest goes on
                 errors.append(f"CUDA version: {exc}")
             for i in range(pynvml.nvmlDeviceGetCount()):
                 try:
                     handle = pynvml.nvmlDeviceGetHandleByIndex(i)
                     name = _text(pynvml.nvmlDeviceGetName(handle))
                     major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-                except Exception as exc:  # one bad GPU (fallen off the bus) must not hide the others
+                except Exception as exc:  # noqa: BLE001 - one bad GPU (fallen off the bus) must not hide the others
                     errors.append(f"GPU {i}: {exc}")
                     continue
                 try:
                     memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
-                except Exception:  # NotSupported on unified-memory GPUs
+                except Exception:  # noqa: BLE001 - NotSupported on unified-memory GPUs
                     memory = 0
                 try:
                     uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
-                except Exception:
+                except Exception:  # noqa: BLE001 - a GPU without a UUID is still listed
                     uuid = None
                 gpus.append(GpuInfo(i, name, f"{major}.{minor}", memory, uuid))
     except NvmlUnavailable as exc:
         return [], None, None, str(exc)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - NVML's own errors: reported with the probe, never fatal
         errors.append(str(exc) or type(exc).__name__)
     return gpus, driver, cuda, "; ".join(errors) or None
 

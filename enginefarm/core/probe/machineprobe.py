@@ -109,6 +109,9 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
     if probe.gpus and gpu is None:
         raise ValueError(f"no GPU {gpu_index}; this machine has {', '.join(str(g.index) for g in probe.gpus)}")
     j = probe.jetson
+    name: str | None
+    cc: str | None
+    memory: int | None
     if gpu:
         name, cc, memory = gpu.name, gpu.compute_capability, gpu.memory_mib or None
     elif j:

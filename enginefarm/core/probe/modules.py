@@ -23,7 +23,7 @@ def import_version(name: str) -> tuple[str | None, str | None]:
     """Return (version, None) when ``name`` imports, else (None, why)."""
     try:
         module = importlib.import_module(name)
-    except Exception as exc:  # OSError/RuntimeError from a native library is as fatal as ImportError
+    except Exception as exc:  # noqa: BLE001 - OSError/RuntimeError from a native library is as fatal as ImportError
         return None, error_text(exc)
     return str(getattr(module, "__version__", "") or "unknown"), None
 

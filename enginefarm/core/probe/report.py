@@ -65,7 +65,8 @@ def probe_report(probe: MachineProbe) -> list[str]:
         )
     else:
         lines.append(
-            f"tensorrt-rtx {rtx}: serves tensorrt-rtx/{{{','.join(ARCHES[Backend.TENSORRT_RTX])}}} (ahead of time, no GPU needed)"
+            f"tensorrt-rtx {rtx}: serves tensorrt-rtx/{{{','.join(ARCHES[Backend.TENSORRT_RTX])}}} "
+            "(ahead of time, no GPU needed)"
         )
 
     ort = probe.modules.get(ORT_MODULE)

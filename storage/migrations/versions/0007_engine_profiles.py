@@ -23,7 +23,8 @@ def _json(value):
 
 
 def _profiles(spec: dict | None, info: dict | None) -> list:
-    """A copy of enginefarm.core.domain.engine_profiles as of this revision: a migration must not change with the code."""
+    """A copy of enginefarm.core.domain.engine_profiles as of this revision: a migration must not change with the
+    code."""
     fixed = set((spec or {}).get("fixed_inputs") or {})
     static = {}
     for t in (info or {}).get("inputs", []):
