@@ -22,6 +22,7 @@ from enginefarm.client.terminal import (
     err,
     fail,
     need,
+    print_quantize,
     print_tasks,
     transfer_bar,
 )
@@ -140,6 +141,8 @@ def build(
     except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
         fail(exc)
     print_tasks(result)
+    if wait:
+        print_quantize(result)
     if result.get("summary"):
         console.print(result["summary"])
     if any(t["state"] != "succeeded" for t in result["tasks"]) and wait:

@@ -132,5 +132,40 @@ def print_tasks(build: dict[str, Any]) -> None:
     console.print(table)
 
 
+def print_quantize(build: dict[str, Any]) -> None:
+    """What the int8 stage of a build did: the CPU candidates measured and the one kept, and the accuracy repair."""
+    reports = (build.get("quantize") or {}).get("reports") or {}
+    cpu = reports.get("onnxruntime") or {}
+    if cpu.get("candidates"):
+        table = Table(title="int8 on the CPU: the candidates measured on the worker (speed-up against fp32)")
+        for col in ("candidate", "speed-up", "cosine", "gate", "kept"):
+            table.add_column(col)
+        for c in cpu["candidates"]:
+            if "error" in c:
+                table.add_row(c["name"], "", "", "did not quantize", "")
+                continue
+            table.add_row(
+                c["name"],
+                f"{c['speedup']:.2f}x",
+                f"{c['cosine']:.4f}",
+                "pass" if c["pass"] else "FAIL",
+                c.get("why", "") if c.get("kept") else "",
+            )
+        console.print(table)
+    repair = next((r["repair"] for r in reports.values() if r.get("repair")), None)
+    if repair is None:
+        return
+    before, after = repair["before"], repair["after"]
+    if not repair["needed"]:
+        console.print(f"repair: not needed (cosine {before['cosine']:.4f} passes the int8 gate)")
+    elif repair["passed"]:
+        console.print(
+            f"repair: kept {', '.join(repair['kept'])} in fp32; cosine {before['cosine']:.4f} -> "
+            f"{after['cosine']:.4f} ({repair['evaluations']} checks, {repair['seconds']:.1f} s)"
+        )
+    else:
+        console.print(f"[red]repair failed:[/red] {repair.get('note', '')}")
+
+
 def secs(v: float | None) -> str:
     return "" if v is None else f"{v:.2f}"

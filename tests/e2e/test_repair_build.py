@@ -57,6 +57,9 @@ def test_a_failing_int8_build_is_repaired_by_keeping_the_sensitive_layer_in_floa
         "600",
     )
     build_id = int(out.split("build ")[1].split()[0])
+    # The CLI shows what the int8 stage did: the CPU candidates measured, and the layer the repair kept.
+    assert "int8 on the CPU: the candidates measured on the worker" in out, out
+    assert "repair: kept shift in fp32; cosine" in out, out
     with Client(farm.url) as c:
         done = c.get(f"/v1/builds/{build_id}")
         assert done["spec"]["accuracy_repair"] is True
