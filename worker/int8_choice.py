@@ -135,9 +135,15 @@ def gate_figure(
 ) -> dict[str, Any]:
     """An int8 artifact's outputs on ``feeds`` against the fp32 artifact's (``reference``), under ``limits``:
     pass, the worst cosine, and the limits it broke."""
+    return gate_of([runner.infer(feed) for feed in feeds], reference, limits)
+
+
+def gate_of(
+    outputs: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]], limits: dict[str, float]
+) -> dict[str, Any]:
+    """``gate_figure`` on outputs already computed, one dict per feed."""
     per_output: dict[str, list[dict[str, float]]] = {}
-    for feed, want in zip(feeds, reference):
-        got = runner.infer(feed)
+    for got, want in zip(outputs, reference):
         for output, value in want.items():
             per_output.setdefault(output, []).append(accuracy.metrics(value, got[output]))
     judged = accuracy.judge({o: accuracy.merge(m) for o, m in per_output.items()}, limits)

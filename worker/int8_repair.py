@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnxruntime.quantization import QuantFormat
 
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.int8_choice import calibration_feeds, gate_figure
+from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
 from enginefarm.worker.quantize import CPU_CANDIDATES, quantize_qdq
 
 # The share of the quantized layers that may be kept in float before the repair gives up.
@@ -63,7 +64,7 @@ class _Probe:
 
         self.ort = ort
         qdq = work / "sensitivity.onnx"
-        recipe = replace(CPU_CANDIDATES["operator"], quant_format=_qdq_format(), name="sensitivity")
+        recipe = replace(CPU_CANDIDATES["operator"], quant_format=QuantFormat.QDQ, name="sensitivity")
         quantize_qdq(
             float_model,
             samples,
@@ -128,7 +129,7 @@ class _Probe:
         finally:
             for (node, slot, _), name in zip(edits, originals):
                 node.input[slot] = name
-        return gate_figure(_Given(got), [{}] * len(got), self.reference, self.limits)
+        return gate_of(got, self.reference, self.limits)
 
     def ranking(self) -> list[dict[str, Any]]:
         """Each int8 tensor, by the output's cosine with it alone in float (its layers excluded), best first."""
@@ -146,16 +147,6 @@ class _Probe:
         """The gate figure with these layers in float (their weights stay int8 here: an estimate)."""
         self.calls += 1
         return self._judged(set(layers))
-
-
-class _Given:
-    """Outputs already computed, handed out in order as a runner would compute them."""
-
-    def __init__(self, outputs: list[dict[str, np.ndarray]]):
-        self.outputs = iter(outputs)
-
-    def infer(self, feed) -> dict[str, np.ndarray]:
-        return next(self.outputs)
 
 
 def repair(
@@ -177,9 +168,8 @@ def repair(
         report: dict[str, Any] = {
             "recipe": recipe,
             "before": before,
-            "method": "SQNR of each int8 tensor alone, "
-            "then the top 1, 2, 4, ... layers kept in float until the gate passes, then "
-            "unneeded ones dropped",
+            "method": "each int8 tensor alone put back in float, measured at the output; then the layers of the top "
+            "1, 2, 4, ... tensors kept in float until the gate passes, then unneeded ones dropped",
         }
         if before["pass"]:
             return {
@@ -325,12 +315,6 @@ class _Judge:
             return {**gate_figure(runner, self.feeds, self.reference, self.limits), "kept": len(set(keep))}
         finally:
             runner.close()
-
-
-def _qdq_format():
-    from onnxruntime.quantization import QuantFormat
-
-    return QuantFormat.QDQ
 
 
 def _qdq_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:
