@@ -27,7 +27,7 @@ from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
 from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
 from enginefarm.api.versions import Versions
-from enginefarm.core.choose import Choice, Evidence, Judged, Option, Wanted, choose
+from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose
 from enginefarm.core.compat import Match
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine
@@ -91,18 +91,7 @@ def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
         Option(f.row.id, f.descriptor, f.model_seq, f.row.spec_hash, Evidence(f.accuracy, f.latencies))
         for f in table.facts
     ]
-    return choose(options, machine, wanted_of(req))
-
-
-def wanted_of(req: ResolveRequest) -> Wanted:
-    return Wanted(
-        precision=req.precision,
-        spec_hash=req.spec_hash,
-        accuracy=req.accuracy,
-        max_latency_ms=req.max_latency_ms,
-        backend=req.backend,
-        accept=frozenset(req.accept),
-    )
+    return choose(options, machine, req)
 
 
 def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: bool) -> CandidateOut:

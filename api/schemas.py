@@ -5,15 +5,19 @@ Here: pages, errors, models, engines, resolution and workers; builds and sweeps 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, create_model
+from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_validator
+from pydantic.fields import FieldInfo
 
 from enginefarm.core.domain import EngineDescriptor
-from enginefarm.core.machine import Machine
-from enginefarm.core.text import CatalogText
+from enginefarm.core.machine import SHORT_NAMES, Machine
+from enginefarm.core.shapes import shape_request
+from enginefarm.core.text import CatalogText, VersionText
+from enginefarm.core.wanted import Wanted
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import EngineRow, ModelRow, WorkerRow
 
@@ -180,38 +184,81 @@ class EngineOut(_EngineFacts):
         )
 
 
-SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
-PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
-BACKEND_PATTERN = r"^(tensorrt|tensorrt-rtx|onnxruntime)$"
-Precision = Literal["fp32", "fp16", "bf16", "int8", "fp8"]
-Accept = Literal["unchecked", "failed", "cpu"]
-
-
-class ResolveRequest(BaseModel):
-    """POST /v1/resolve: the machine as JSON, plus the same filters GET takes as query parameters."""
-
-    model_config = ConfigDict(extra="forbid")
+class ResolveRequest(Wanted):
+    """POST /v1/resolve: the model, the machine as JSON, and the filters (``Wanted``)."""
 
     model: CatalogText = Field(min_length=1, max_length=200)
-    version: CatalogText | None = Field(None, max_length=100, description='a model version, or "latest"')
+    version: VersionText | None = Field(None, description='a model version, or "latest"')
     machine: Machine = Field(default_factory=Machine)
-    precision: str | None = Field(None, pattern=PRECISION_PATTERN)
-    spec_hash: str | None = Field(None, pattern=SPEC_HASH_PATTERN)
-    accuracy: Literal["pass"] | None = Field(None, description="keep only engines that passed their accuracy gate")
-    max_latency_ms: StrictFloat | None = Field(
-        None, gt=0, le=1e7, description="measured median latency on your GPU model"
-    )
-    backend: str | None = Field(None, pattern=BACKEND_PATTERN, description="keep only engines of this backend")
-    accept: list[Accept] = Field(
-        default_factory=list,
-        max_length=3,
-        description="'unchecked': also int8/fp8 engines whose accuracy was never checked; "
-        "'failed': also engines whose accuracy check failed (ranked last); "
-        "'cpu': also the ONNX Runtime CPU artifact on a machine that names a "
-        "GPU runtime",
-    )
-    explain: StrictBool = Field(False, description="return every candidate with every check")
-    build: StrictBool = Field(False, description="when nothing fits, build the target this machine needs (202)")
+    explain: bool = Field(False, strict=True, description="return every candidate with every check")
+    build: bool = Field(False, strict=True, description="when nothing fits, build the target this machine needs (202)")
+
+
+# GET /v1/resolve's shape parameters, in trtexec's syntax; they become the machine's ``shapes``.
+SHAPE_PARAMETERS = {
+    "shapes": "trtexec syntax: images:1x3x640x640",
+    "min_shapes": "with max_shapes (and opt_shapes): a range",
+    "opt_shapes": "the shapes you will run most",
+    "max_shapes": "with min_shapes: the range you will run",
+}
+# Repeatable query parameters that also take a comma-separated list (precisions=fp16,fp32).
+_LISTS = ("precisions", "accept")
+
+
+def _as_parameter(info: FieldInfo) -> tuple[Any, FieldInfo]:
+    """A body field as a query parameter: the same type, constraints, default and description, parsed from text
+    (strictness dropped: "true" and "5" are what a query string holds)."""
+    lax = copy.copy(info)
+    lax.metadata = [m for m in info.metadata if not isinstance(m, Strict)]
+    return info.annotation, lax
+
+
+def _split_lists(value: Any) -> Any:
+    if isinstance(value, list):
+        return [part for item in value for part in (item.split(",") if isinstance(item, str) else [item]) if part]
+    return value
+
+
+# GET /v1/resolve's query: ResolveRequest's fields with the machine's flattened under their short names
+# (``enginefarm.core.machine.SHORT_NAMES``) and its shapes as trtexec-style text. Derived, not written again.
+def _query_fields() -> dict[str, Any]:
+    body = ResolveRequest.model_fields
+    return {
+        "model": _as_parameter(body["model"]),
+        "version": _as_parameter(body["version"]),
+        **{
+            SHORT_NAMES.get(name, name): _as_parameter(info)
+            for name, info in Machine.__pydantic_fields__.items()
+            if name != "shapes"
+        },
+        **{
+            name: (str | None, Field(None, max_length=10_000, description=words))
+            for name, words in SHAPE_PARAMETERS.items()
+        },
+        **{name: _as_parameter(info) for name, info in body.items() if name not in ("model", "version", "machine")},
+    }
+
+
+def _lists(cls: Any, value: Any) -> Any:
+    return _split_lists(value)
+
+
+ResolveQuery: Any = create_model(
+    "ResolveQuery",
+    __validators__={"lists": field_validator(*_LISTS, mode="before")(_lists)},
+    **_query_fields(),
+)
+
+
+def request_of(query: BaseModel) -> ResolveRequest:
+    """The ResolveRequest a GET's validated query asks. Raises ValueError for shapes trtexec would not read, and
+    ValidationError where the fingerprint's own rules refuse the combination."""
+    values = dict(query)
+    shapes = shape_request(*(values.pop(name) for name in SHAPE_PARAMETERS))
+    machine = {
+        name: values.pop(SHORT_NAMES.get(name, name)) for name in Machine.__pydantic_fields__ if name != "shapes"
+    }
+    return ResolveRequest.model_validate({**values, "machine": {**machine, "shapes": shapes}}, strict=False)
 
 
 class CheckOut(BaseModel):

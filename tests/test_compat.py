@@ -12,10 +12,11 @@ from dataclasses import replace
 
 import pytest
 
-from enginefarm.core.choose import Evidence, Option, Wanted, choose
+from enginefarm.core.choose import Evidence, Option, choose
 from enginefarm.core.compat import CROSS_MAJOR, DRIVER_FLOORS, Match, Rule, judge
 from enginefarm.core.domain import RTX_PORTABLE_CCS, EngineDescriptor
 from enginefarm.core.machine import Machine
+from enginefarm.core.wanted import Wanted
 
 TRT = "10.13.3.9"
 RTX = "1.7.1.116"
@@ -203,7 +204,7 @@ def falls_back(rule: Rule, what: str, mach: Machine, engine: EngineDescriptor, w
         CPU,
         words,
         rule,
-        Wanted(accept=frozenset({"cpu"})),
+        Wanted(accept=["cpu"]),
         id=f"{rule.value}: {what}",
     )
 
@@ -1042,7 +1043,7 @@ def test_precision_policy_overrides():
     int8 = [opt("int8", trt_engine(precision="int8"))]
     for wanted, mach in (
         (Wanted(precision="int8"), machine()),
-        (Wanted(accept=frozenset({"unchecked"})), machine()),
+        (Wanted(accept=["unchecked"]), machine()),
         (None, machine(precisions=["int8"])),
     ):
         choice = choose(int8, mach, wanted)
@@ -1051,7 +1052,7 @@ def test_precision_policy_overrides():
     fp16 = choose([opt("fp16", trt_engine())], machine())
     assert fp16.chosen is not None and "accuracy-gate" in fp16.chosen.verdict.unchecked  # served, marked unchecked
     failed = [opt("fail", trt_engine(), accuracy="fail", seq=3), opt("none", trt_engine())]
-    assert [j.option.id for j in choose(failed, machine(), Wanted(accept=frozenset({"failed"}))).ranked] == [
+    assert [j.option.id for j in choose(failed, machine(), Wanted(accept=["failed"])).ranked] == [
         "none",
         "fail",
     ]

@@ -12,6 +12,8 @@ of the fleet is answered from the process's cache without judging anything again
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -23,18 +25,10 @@ from enginefarm.api import resolver
 from enginefarm.api.answers import HEADERS
 from enginefarm.api.auth import authorize, require
 from enginefarm.api.deps import CatalogRoute, settings_dep
-from enginefarm.api.routes import UNPROCESSABLE, check_no_nul
-from enginefarm.api.schemas import (
-    BACKEND_PATTERN,
-    PRECISION_PATTERN,
-    SPEC_HASH_PATTERN,
-    BuildForMachineOut,
-    ResolveOut,
-    ResolveRequest,
-)
+from enginefarm.api.routes import UNPROCESSABLE
+from enginefarm.api.schemas import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
 from enginefarm.core.config import Settings
-from enginefarm.core.machine import CC_PATTERN, JETPACK_PATTERN, PLATFORM_PATTERN, VERSION_PATTERN, Machine
-from enginefarm.core.shapes import shape_request
+from enginefarm.core.machine import SHORT_NAMES
 from enginefarm.storage.db import quick_read
 from enginefarm.storage.tokens import Principal
 
@@ -91,106 +85,48 @@ def answer(
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
 def resolve_get(
     request: Request,
-    model: str = Query(..., min_length=1, max_length=200),
-    version: str | None = Query(None, max_length=100, description='a model version, or "latest"'),
-    cc: str | None = Query(None, pattern=CC_PATTERN, description="compute capability, e.g. 8.6"),
-    gpu: str | None = Query(None, max_length=200, description="GPU model name as NVML reports it"),
-    memory_mib: int | None = Query(None, ge=1, le=1 << 24),
-    driver: str | None = Query(None, pattern=VERSION_PATTERN),
-    cuda: str | None = Query(None, pattern=VERSION_PATTERN),
-    trt: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT runtime version"),
-    trt_rtx: str | None = Query(None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"),
-    lean: bool = False,
-    platform: str | None = Query(None, pattern=PLATFORM_PATTERN),
-    ort: str | None = Query(None, pattern=VERSION_PATTERN, description="ONNX Runtime version"),
-    ort_cuda: bool = Query(False, description="ONNX Runtime runs here with its CUDA execution provider"),
-    os: str | None = Query(None, max_length=200),
-    jetpack: str | None = Query(None, pattern=JETPACK_PATTERN),
-    precision: str | None = Query(None, pattern=PRECISION_PATTERN),
-    spec_hash: str | None = Query(None, pattern=SPEC_HASH_PATTERN),
-    accuracy: str | None = Query(None, pattern=r"^pass$", description="accuracy=pass keeps engines that passed"),
-    max_latency_ms: float | None = Query(None, gt=0, le=1e7),
-    shapes: str | None = Query(None, max_length=10_000, description="trtexec syntax: images:1x3x640x640"),
-    min_shapes: str | None = Query(None, max_length=10_000, description="with max_shapes (and opt_shapes): a range"),
-    opt_shapes: str | None = Query(None, max_length=10_000),
-    max_shapes: str | None = Query(None, max_length=10_000),
-    precisions: list[str] = Query([], max_length=5, description="the precisions the machine accepts (repeatable)"),
-    backend: str | None = Query(None, pattern=BACKEND_PATTERN),
-    cpu: str | None = Query(
-        None,
-        max_length=200,
-        description="CPU model name (/proc/cpuinfo): CPU artifacts are ranked by latency measured on it",
-    ),
-    accept: list[str] = Query([], max_length=3, description="unchecked, failed and/or cpu (repeatable)"),
-    explain: bool = False,
-    build: bool = False,
+    query: Annotated[ResolveQuery, Query()],
     settings: Settings = Depends(settings_dep),
     principal: Principal = Depends(authorize),
 ):
-    """Resolve with the fingerprint in the query string."""
-    check_no_nul("query", model=model, version=version)
-    if build:  # queueing the missing build is a write
+    """Resolve with the fingerprint in the query string: POST's body flattened, the machine's fields under their
+    short names (cc, gpu, trt_rtx), its shapes as trtexec writes them, and repeatable lists that also take commas."""
+    if query.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
     try:
-        wanted_shapes = shape_request(shapes, min_shapes, opt_shapes, max_shapes)
-    except ValueError as exc:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "value_error",
-                    "loc": ("query", "shapes"),
-                    "input": shapes,
-                    "msg": f"{exc}; write shapes as trtexec does, e.g. "
-                    "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
-                    "&max_shapes=images:4x3x640x640",
-                }
-            ]
-        ) from None
-    try:
-        machine = Machine(
-            gpu_name=gpu,
-            compute_capability=cc,
-            memory_mib=memory_mib,
-            driver_version=driver,
-            cuda_version=cuda,
-            trt_version=trt,
-            trt_rtx_version=trt_rtx,
-            lean_runtime=lean,
-            platform=platform,
-            os=os,
-            jetpack=jetpack,
-            shapes=wanted_shapes,
-            cpu_name=cpu,
-            ort_version=ort,
-            ort_cuda=ort_cuda,
-            precisions=[p for item in precisions for p in item.split(",") if p],
-        )
-        req = ResolveRequest(
-            model=model,
-            version=version,
-            machine=machine,
-            precision=precision,
-            spec_hash=spec_hash,
-            accuracy=accuracy,
-            max_latency_ms=max_latency_ms,
-            backend=backend,
-            accept=[a for item in accept for a in item.split(",") if a],
-            explain=explain,
-            build=build,
-        )
-    except ValidationError as exc:  # the query's own fields, named as a query's
+        req = request_of(query)
+    except ValidationError as exc:  # the fingerprint's own rules, named as the query names its fields
         raise RequestValidationError(
             [
                 {
                     "type": e["type"],
                     "msg": e["msg"],
                     "input": e.get("input"),
-                    "loc": ("query", next(str(x) for x in e["loc"] if x != "machine")),
+                    "loc": ("query", _query_name(e["loc"])),
                 }
                 for e in exc.errors()
             ]
         ) from None
+    except ValueError as exc:  # shapes trtexec would not read
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("query", "shapes"),
+                    "input": query.shapes,
+                    "msg": f"{exc}; write shapes as trtexec does, e.g. "
+                    "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
+                    "&max_shapes=images:4x3x640x640",
+                }
+            ]
+        ) from None
     return answer(req, request, None, settings, principal)
+
+
+def _query_name(loc: tuple[int | str, ...]) -> str:
+    """A body error's location as the query parameter that carried it: machine.compute_capability is cc."""
+    names = [str(x) for x in loc if x != "machine"]
+    return SHORT_NAMES.get(names[0], names[0]) if names else "query"
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)

@@ -22,7 +22,7 @@ from enginefarm.api.schemas import ResolveRequest
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.core.errors import EnginefarmError, NoCompatibleEngine
-from enginefarm.core.machine import Machine
+from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.text import text_problem
@@ -48,14 +48,7 @@ FIELDS = (
     "accept",
 )
 # GET /v1/resolve's query names for the form's fields.
-QUERY_NAMES = {
-    "gpu": "gpu_name",
-    "cc": "compute_capability",
-    "driver": "driver_version",
-    "cuda": "cuda_version",
-    "trt": "trt_version",
-    "trt_rtx": "trt_rtx_version",
-}
+QUERY_NAMES = {short: name for name, short in SHORT_NAMES.items()}  # GET /v1/resolve's names
 CCS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "12.0", "12.1")
 MAX_PROBE_CHARS = 100_000
 # A probe is a flat object with two levels under it (gpus → a GPU → its fields); anything deeper is not one.

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from enginefarm.client.report import profiles_label
 from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
-from enginefarm.core.choose import ACCEPT
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.spec import Precision
+from enginefarm.core.wanted import ACCEPT
 
 export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
 

@@ -18,12 +18,13 @@ from enginefarm.client.artifacts import check_bytes, destination, place_cached
 from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
 from enginefarm.client.errors import api_error
 from enginefarm.client.jobs import BuildJob
-from enginefarm.core.choose import Evidence, Judged, Option, Wanted, choose
+from enginefarm.core.choose import Evidence, Judged, Option, choose
 from enginefarm.core.config import get_settings
 from enginefarm.core.domain import FINAL_STATES, EngineDescriptor
 from enginefarm.core.errors import BuildFailed, IntegrityError, NoCompatibleEngine, NotFound
 from enginefarm.core.hashing import CHUNK, SHA_HEADER, sha256_file
 from enginefarm.core.machine import Machine
+from enginefarm.core.wanted import Wanted
 
 # An engine record's accuracy_pass (true, false or absent) as a verdict.
 _ACCURACY_OF: dict[Any, str] = {True: "pass", False: "fail"}
@@ -484,10 +485,10 @@ def resolve_offline(
         for sha, r in records.items()
     ]
     filters = with_cpu(filters) if allow_cpu else filters
-    wanted = {k: v for k, v in filters.items() if v is not None}
-    if "accept" in wanted:
-        wanted["accept"] = frozenset(wanted["accept"])
-    choice = choose(options, machine, Wanted(**wanted))
+    wanted = Wanted.model_validate(
+        {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in filters.items() if v is not None}
+    )
+    choice = choose(options, machine, wanted)
 
     def row(j: Judged) -> dict[str, Any]:
         r, v = records[j.option.id], j.verdict

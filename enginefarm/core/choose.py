@@ -23,6 +23,7 @@ from enginefarm.core.compat import (
 )
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import Machine
+from enginefarm.core.wanted import Wanted
 
 
 @dataclass
@@ -50,18 +51,6 @@ class Option:
 
 
 @dataclass
-class Wanted:
-    """The caller's filters on top of the compatibility rules."""
-
-    precision: str | None = None
-    spec_hash: str | None = None
-    accuracy: str | None = None  # "pass" keeps only engines that passed their accuracy gate
-    max_latency_ms: float | None = None
-    backend: str | None = None
-    accept: frozenset[str] = frozenset()  # "unchecked", "failed", "cpu"
-
-
-@dataclass
 class Judged:
     option: Option
     verdict: Verdict
@@ -81,7 +70,6 @@ class Choice:
 
 # Precisions whose error depends on calibration: picked unasked only once their accuracy check passed.
 QUANTIZED = frozenset({"int8", "fp8"})
-ACCEPT = ("unchecked", "failed", "cpu")
 
 
 def _accuracy_gate(o: Option, m: Machine, wanted: Wanted) -> Check:

@@ -4,54 +4,69 @@
 Every field is optional; what is missing is reported as unchecked. The constraints hold wherever a fingerprint is
 made: a bad ``--cc`` on the command line is refused by the same rule as a bad ``compute_capability`` in a request,
 and free text (the GPU's name, the OS), which resolution looks up in the catalog, is text the catalog can store
-(``enginefarm.core.text.CatalogText``) in the query string, the JSON body and the dashboard's form alike.
+(``enginefarm.core.text.Name``, a ``CatalogText``) in the query string, the JSON body and the dashboard's form alike.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 from pydantic.dataclasses import dataclass
 
 from enginefarm.core.domain import JETSON_CCS
 from enginefarm.core.shapes import check_shape_request
 from enginefarm.core.spec import Precision
-from enginefarm.core.text import CatalogText
+from enginefarm.core.text import Name
 
 CC_PATTERN = r"^\d{1,2}\.\d$"
 VERSION_PATTERN = r"^\d+(\.\d+){0,3}$"
 PLATFORM_PATTERN = r"^(x86_64|aarch64)$"
 JETPACK_PATTERN = r"^\d+(\.\d+){0,2}$"
+# The short names a fingerprint's fields go by in a query string (GET /v1/resolve, the dashboard's resolver page)
+# and as the CLI's flags (--cc, --trt-rtx); a field not named here keeps its own name.
+SHORT_NAMES = {
+    "gpu_name": "gpu",
+    "compute_capability": "cc",
+    "driver_version": "driver",
+    "cuda_version": "cuda",
+    "trt_version": "trt",
+    "trt_rtx_version": "trt_rtx",
+    "lean_runtime": "lean",
+    "ort_version": "ort",
+    "cpu_name": "cpu",
+}
 
 
 @dataclass(config=ConfigDict(extra="forbid"))
 class Machine:
     """A deploy machine's fingerprint. Every field is optional; what is missing is reported as unchecked."""
 
-    gpu_name: CatalogText | None = Field(default=None, max_length=200, description="GPU model name as NVML reports it")
+    gpu_name: Name | None = Field(default=None, description="GPU model name as NVML reports it")
     compute_capability: str | None = Field(default=None, pattern=CC_PATTERN, description="e.g. 8.6")
-    memory_mib: StrictInt | None = Field(default=None, ge=1, le=1 << 24)
+    memory_mib: int | None = Field(default=None, strict=True, ge=1, le=1 << 24)
     driver_version: str | None = Field(default=None, pattern=VERSION_PATTERN)
     cuda_version: str | None = Field(default=None, pattern=VERSION_PATTERN)
     trt_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="TensorRT runtime version")
     trt_rtx_version: str | None = Field(
         default=None, pattern=VERSION_PATTERN, description="TensorRT-RTX runtime version"
     )
-    lean_runtime: StrictBool = Field(
-        default=False, description="trt_version is the lean runtime's: it loads only version-compatible engines"
+    lean_runtime: bool = Field(
+        default=False,
+        strict=True,
+        description="trt_version is the lean runtime's: it loads only version-compatible engines",
     )
     ort_version: str | None = Field(default=None, pattern=VERSION_PATTERN, description="ONNX Runtime version")
-    ort_cuda: StrictBool = Field(
+    ort_cuda: bool = Field(
         default=False,
+        strict=True,
         description="ONNX Runtime runs here with its CUDA execution provider on the "
         "GPU: onnxruntime/cuda-smXY artifacts are served only then",
     )
     platform: str | None = Field(default=None, pattern=PLATFORM_PATTERN)
-    os: CatalogText | None = Field(default=None, max_length=200)
-    cpu_name: CatalogText | None = Field(
+    os: Name | None = None
+    cpu_name: Name | None = Field(
         default=None,
-        max_length=200,
         description="the CPU model (/proc/cpuinfo's model name): CPU artifacts are ranked by latency measured on it",
     )
     jetpack: str | None = Field(default=None, pattern=JETPACK_PATTERN)

@@ -8,9 +8,10 @@ PostgreSQL.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
 
@@ -34,3 +35,25 @@ def _storable(value: str) -> str:
 
 
 CatalogText = Annotated[str, AfterValidator(_storable)]
+
+
+def _at_most(limit: int) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if len(value) > limit:
+            raise PydanticCustomError(
+                "string_too_long", "String should have at most {max_length} characters", {"max_length": limit}
+            )
+        return value
+
+    return check
+
+
+# CatalogText with its length inside the type: a max_length on an optional field (``CatalogText | None``) cannot
+# reach the annotated str inside and reports a list's "items", and a length checked before the storable check
+# reports a lone surrogate as unparsable rather than saying what is wrong with it.
+Name = Annotated[
+    str, AfterValidator(_storable), AfterValidator(_at_most(200)), WithJsonSchema({"type": "string", "maxLength": 200})
+]
+VersionText = Annotated[
+    str, AfterValidator(_storable), AfterValidator(_at_most(100)), WithJsonSchema({"type": "string", "maxLength": 100})
+]

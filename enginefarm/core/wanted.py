@@ -1,0 +1,45 @@
+"""The caller's filters on top of the compatibility rules, as one model.
+
+``Wanted`` is read by ``enginefarm.core.choose.choose``; POST /v1/resolve's body extends it
+(``enginefarm.api.schemas.ResolveRequest``), and GET /v1/resolve's query parameters are derived from that body's
+fields (``enginefarm.api.schemas.ResolveQuery``), so a filter, its constraint and its description are written here
+and nowhere else. The offline client validates its filters with it too.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
+PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
+BACKEND_PATTERN = r"^(tensorrt|tensorrt-rtx|onnxruntime)$"
+Accept = Literal["unchecked", "failed", "cpu"]
+ACCEPT: tuple[str, ...] = get_args(Accept)
+
+
+class Wanted(BaseModel):
+    """What the caller asks for beyond "runs here": each filter excludes the engines it does not match, with its
+    rule and reason in the explanation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    precision: str | None = Field(None, pattern=PRECISION_PATTERN, description="keep only engines of this precision")
+    spec_hash: str | None = Field(
+        None, pattern=SPEC_HASH_PATTERN, description="keep only engines built from this spec (its sha256)"
+    )
+    accuracy: Literal["pass"] | None = Field(
+        None, description="accuracy=pass keeps only engines that passed their accuracy gate"
+    )
+    max_latency_ms: float | None = Field(
+        None, strict=True, gt=0, le=1e7, description="measured median latency on your GPU model"
+    )
+    backend: str | None = Field(None, pattern=BACKEND_PATTERN, description="keep only engines of this backend")
+    accept: list[Accept] = Field(
+        default_factory=list,
+        max_length=3,
+        description="'unchecked': also int8/fp8 engines whose accuracy was never checked; "
+        "'failed': also engines whose accuracy check failed (ranked last); "
+        "'cpu': also the ONNX Runtime CPU artifact on a machine that names a GPU runtime",
+    )
