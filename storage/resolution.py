@@ -62,6 +62,9 @@ def descriptor_of(row) -> EngineDescriptor:
     return EngineDescriptor.of(row)
 
 
+_FACTS = slice(3, 3 + len(ENGINE_FACTS))  # where ENGINE_COLUMNS holds the facts
+
+
 # Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is
 # the asking project's own: another project's check of the same bytes never decides what this one is handed.
 ENGINES_OF = (
@@ -183,7 +186,13 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
     rows = conn.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
     latency = _latencies(conn, list(owner), project) if rows else {}
     facts = tuple(
-        Facts(r, descriptor_of(r), _accuracy(r.accuracy_pass), latency.get(r.id, {}), owner[r.model_sha256].seq)
+        Facts(
+            r,
+            EngineDescriptor.from_values(r[_FACTS]),
+            _accuracy(r.accuracy_pass),
+            latency.get(r.id, {}),
+            owner[r.model_sha256].seq,
+        )
         for r in rows
     )
     return EngineTable(table_key(owner), facts, {r.id: r for r in rows})

@@ -1193,3 +1193,31 @@ def test_a_machine_that_runs_onnxruntime_cuda_is_offered_that_target_to_build():
     hopper = Machine(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", platform="x86_64", ort_cuda=True)
     assert [str(t) for t in targets_for_machine(hopper)] == ["onnxruntime/cuda-sm90"]
     assert "onnxruntime/cuda-sm90" not in [str(t) for t in targets_for_machine(replace(hopper, ort_cuda=False))]
+
+
+def test_the_kept_kind_checks_judge_as_a_fresh_judgement_and_the_engines_own_facts_still_count():
+    """judge keeps the checks of an engine's kind on a machine's kind; an engine's size and profiles, and the
+    machine's memory and shapes, are judged every time."""
+    from enginefarm.core import compat
+
+    small = machine(memory_mib=1024, shapes={"input": [1, 3]})
+    profile = [{"input": {"min": [1, 3], "opt": [1, 3], "max": [4, 3]}}]
+    cases = [
+        (trt_engine(size=10 * MIB, profiles=profile), small, True),
+        (trt_engine(size=4096 * MIB, profiles=profile), small, False),  # same kind, too big for this GPU
+        (trt_engine(size=10 * MIB, profiles=[{"input": {"min": [2, 3], "opt": [2, 3], "max": [4, 3]}}]), small, False),
+        (trt_engine(size=10 * MIB, profiles=profile), machine(), True),
+        (trt_engine(trt_version="10.3.0.30", backend_version="10.3.0.30"), machine(), False),  # another kind
+    ]
+    compat._kinds.clear()
+    fresh = []
+    for e, m, _ in cases:
+        compat._kinds.clear()
+        fresh.append(judge(e, m))
+    kept = [judge(e, m) for e, m, _ in cases]  # the second and later of a kind come from what was kept
+    assert len(compat._kinds) < len(cases)
+    assert kept == fresh
+    assert [v.runs for v in kept] == [runs for _, _, runs in cases]
+    assert [v.rule for v in kept[1:3]] == [Rule.MEMORY, Rule.SHAPES]
+    kept[0].checks.append(kept[0].checks[0])  # a verdict's list is its own
+    assert judge(*cases[0][:2]) == fresh[0]

@@ -65,3 +65,13 @@ def test_a_descriptor_goes_through_row_answer_and_record_unchanged():
     answer = EngineOut.of(row, model).model_dump(mode="json")
     assert EngineDescriptor.of(answer) == FACTS  # what the client's offline resolution reads from a cached record
     assert EngineDescriptor.of({k: v for k, v in answer.items() if k != "profiles"}).profiles == []
+
+
+def test_resolution_reads_the_facts_positionally_from_where_its_columns_hold_them():
+    from enginefarm.storage.resolution import _FACTS
+
+    assert tuple(c.key for c in ENGINE_COLUMNS[_FACTS]) == ENGINE_FACTS
+    values = [getattr(FACTS, name) for name in ENGINE_FACTS]
+    assert EngineDescriptor.from_values(values) == FACTS
+    nulls = [None if name in ("compute_capabilities", "profiles") else v for name, v in zip(ENGINE_FACTS, values)]
+    assert EngineDescriptor.from_values(nulls) == EngineDescriptor.of(dict(zip(ENGINE_FACTS, nulls)))

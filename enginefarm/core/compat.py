@@ -13,11 +13,20 @@ engine for a runtime it did not name is rejected.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from functools import lru_cache
+from typing import Any
 
-from enginefarm.core.domain import ORT_CUDA_PREFIX, Backend, EngineDescriptor, HardwareCompat, StrEnum, cc_tuple
+from enginefarm.core.domain import (
+    ENGINE_FACTS,
+    ORT_CUDA_PREFIX,
+    Backend,
+    EngineDescriptor,
+    HardwareCompat,
+    StrEnum,
+    cc_tuple,
+)
 from enginefarm.core.machine import Machine
 from enginefarm.core.shapes import format_dims
 
@@ -82,7 +91,7 @@ class Outcome(StrEnum):
     UNCHECKED = "unchecked"  # the machine did not say
 
 
-@dataclass
+@dataclass(frozen=True)
 class Check:
     rule: Rule
     outcome: Outcome
@@ -413,8 +422,7 @@ def _check_ort_version(e: EngineDescriptor, m: Machine) -> Check:
 
 
 def _judge_ort_cuda(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Verdict:
-    checks += [_check_ort_cuda(e, m), _check_ort_version(e, m)]
-    checks += [c for c in (_check_driver(e, m), _check_memory(e, m)) if c is not None]
+    checks.append(_check_memory(e, m))
     failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
     if failed:
         return Verdict(False, None, failed.detail, checks)
@@ -435,20 +443,71 @@ def _judge_ort_cuda(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Ver
     )
 
 
-def judge(e: EngineDescriptor, m: Machine) -> Verdict:
-    """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that."""
+# What the kind checks below read: every fact but the ones each engine has of its own (its bytes, its size and
+# activation memory, its profiles), and every field of the machine but its memory and the shapes it will run. The
+# same kind of engine (a target, runtime versions, a platform...) repeats across models, so a model never seen
+# before is judged mostly from what other models' engines of its kinds were judged to be on this kind of machine.
+_OWN_FACTS = frozenset({"sha256", "size", "device_memory_bytes", "profiles"})
+_KIND_FACTS = tuple(name for name in ENGINE_FACTS if name not in _OWN_FACTS)
+_MACHINE_KIND = tuple(f.name for f in fields(Machine) if f.name not in ("memory_mib", "shapes", "precisions"))
+_KINDS_KEPT = 4096
+Key = tuple[Any, ...]
+_kinds: dict[tuple[Key, Key], tuple[tuple[Check, ...], Verdict | None]] = {}
+_last_machine: tuple[Machine | None, Key] = (None, ())
+
+
+def _kind_of(e: EngineDescriptor) -> Key:
+    return tuple(tuple(v) if isinstance(v := getattr(e, name), list) else v for name in _KIND_FACTS)
+
+
+def _machine_kind(m: Machine) -> Key:
+    global _last_machine
+    last = _last_machine  # one machine judges a whole table: its key is made once
+    if last[0] is m:
+        return last[1]
+    key = tuple(getattr(m, name) for name in _MACHINE_KIND)
+    _last_machine = (m, key)
+    return key
+
+
+def _kind_checks(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Verdict | None]:
+    """The checks that depend only on the engine's kind and the machine's: the platform, the runtime and compute
+    capability rules, the driver; and the whole verdict where nothing else is judged (an ONNX Runtime CPU
+    artifact)."""
     checks = [_check_platform(e, m)]
     if is_ort_cuda(e):
-        return _judge_ort_cuda(e, m, checks)
-    if e.backend == Backend.ONNXRUNTIME.value:
+        checks += [_check_ort_cuda(e, m), _check_ort_version(e, m)]
+    elif e.backend == Backend.ONNXRUNTIME.value:
         runs = checks[0].outcome is not Outcome.FAIL
         reason = f"ONNX Runtime CPU artifact for {e.platform}" if runs else checks[0].detail
-        return Verdict(runs, Match.CPU_FALLBACK if runs else None, reason, checks)
-    if e.backend == Backend.TENSORRT_RTX.value:
+        return (), Verdict(runs, Match.CPU_FALLBACK if runs else None, reason, checks)
+    elif e.backend == Backend.TENSORRT_RTX.value:
         checks += [_check_rtx_release(e, m), _check_rtx_cc(e, m)]
     else:
         checks += [_check_trt_version(e, m), _check_cc_trt(e, m)]
-    checks += [c for c in (_check_driver(e, m), _check_memory(e, m), _check_shapes(e, m)) if c is not None]
+    if (driver := _check_driver(e, m)) is not None:
+        checks.append(driver)
+    return tuple(checks), None
+
+
+def judge(e: EngineDescriptor, m: Machine) -> Verdict:
+    """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that.
+
+    The checks of the engine's kind on the machine's kind are judged once and kept (``_kind_checks``; checks are
+    immutable, and each verdict gets its own list); the memory and shape checks are the engine's own."""
+    key = (_kind_of(e), _machine_kind(m))
+    kind = _kinds.get(key)
+    if kind is None:
+        if len(_kinds) >= _KINDS_KEPT:
+            _kinds.clear()
+        kind = _kinds[key] = _kind_checks(e, m)
+    kept, whole = kind
+    if whole is not None:
+        return Verdict(whole.runs, whole.match, whole.reason, list(whole.checks))
+    checks = list(kept)
+    if is_ort_cuda(e):
+        return _judge_ort_cuda(e, m, checks)
+    checks += [c for c in (_check_memory(e, m), _check_shapes(e, m)) if c is not None]
     failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
     if failed:
         return Verdict(False, None, failed.detail, checks)

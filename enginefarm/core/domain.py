@@ -7,7 +7,7 @@ typed objects: SQLAlchemy tables (storage/tables.py) and public API schemas (api
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
@@ -267,6 +267,15 @@ class EngineDescriptor:
             if name in given:
                 given[name] = list(given[name] or [])
         return cls(**given)
+
+    @classmethod
+    def from_values(cls, values: Sequence[Any]) -> EngineDescriptor:
+        """The facts in ENGINE_FACTS' order (a plain row's columns, sliced): resolution's hot path, positional, with
+        the JSON columns' nulls read as empty."""
+        e = cls(*values)
+        e.compute_capabilities = e.compute_capabilities or []
+        e.profiles = e.profiles or []
+        return e
 
     def facts(self) -> dict[str, Any]:
         """Each fact by its name: what an engine row is made of."""
