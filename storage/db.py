@@ -97,11 +97,25 @@ def new_session(settings: Settings | None = None) -> Session:
     return _sessionmaker_for((settings or get_settings()).resolved_database_url)()
 
 
+QUICK_CONNECTIONS = 8  # per API process: more reads at once than this machine has cores to judge them
+
+
 @lru_cache
 def _quick_engine_for(url: str) -> Engine:
     if url.startswith("sqlite"):
         return _engine_for(url)
-    return create_engine(url, pool_size=4, max_overflow=12, isolation_level="AUTOCOMMIT", json_deserializer=json_loads)
+    # No overflow: a read beyond QUICK_CONNECTIONS at once waits for a connection rather than opening one that is
+    # closed after its single use. Under a burst of cold resolves (up to 40 threads of the API's pool) the overflow
+    # made nearly every read open a connection (a PostgreSQL backend started and ended) and plan its statements
+    # afresh, since psycopg prepares a statement on a connection only from its fifth use.
+    return create_engine(
+        url,
+        pool_size=QUICK_CONNECTIONS,
+        max_overflow=0,
+        pool_timeout=30,
+        isolation_level="AUTOCOMMIT",
+        json_deserializer=json_loads,
+    )
 
 
 @contextmanager
