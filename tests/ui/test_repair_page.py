@@ -101,6 +101,11 @@ def test_the_engine_page_draws_the_ranking_with_the_kept_layer_and_the_cosine_be
     latency = page.inner_text("#int8-latency-engine")
     assert "int8 stage" in latency and "not timed" in latency and "ms" in latency, latency
     assert "operator" in page.inner_text("#int8-candidates-engine-1")
+    # An int8 engine of the same model built without repair: its page shows nothing of it, and loads no chart.
+    page.goto(f"{farm.url}/ui/engines/{repaired['plain']['engine_id']}")
+    page.wait_for_selector("#benchmarks")
+    assert page.locator("#int8-repair").count() == 0 and page.locator("figure[data-ranking]").count() == 0
+    assert "chart.umd" not in page.content()
 
 
 def test_the_report_page_shows_the_repair_of_the_build(farm, repaired, page):
@@ -112,13 +117,6 @@ def test_the_report_page_shows_the_repair_of_the_build(farm, repaired, page):
     assert chart["labels"][0] == "shift" and chart["sets"]["kept in fp32"][0] is not None, chart
     assert page.inner_text(f"#repair-kept-b{build_id}") == "shift"
     assert "(pass)" in page.inner_text(f"#repair-cosine-b{build_id}")
-
-
-def test_an_int8_engine_without_repair_shows_nothing_new(farm, repaired, page):
-    page.goto(f"{farm.url}/ui/engines/{repaired['plain']['engine_id']}")
-    page.wait_for_selector("#benchmarks")
-    assert page.locator("#int8-repair").count() == 0 and page.locator("figure[data-ranking]").count() == 0
-    assert "chart.umd" not in page.content()
 
 
 def test_the_api_answers_the_int8_stage_and_documents_it(farm, repaired):
