@@ -7,11 +7,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from enginefarm.api.int8stage import engine_int8
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
 from enginefarm.core.probe.policy import benchmark_pending_reason
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
-from enginefarm.storage import builtengines, catalog, liveness
+from enginefarm.storage import builtengines, catalog, liveness, quantizing
 from enginefarm.storage import checks as project_checks
 from enginefarm.storage.checks import ProjectView
 from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
@@ -196,7 +197,8 @@ def previous_measurements(
 
 def model_report(session: Session, settings: Settings, model_id: int, project: str | None = None) -> dict[str, Any]:
     """For every engine of the model and every shape it was measured at: latency percentiles, throughput,
-    accuracy and size, or why it has no numbers yet; plus the change against version N-1."""
+    accuracy and size, or why it has no numbers yet; plus the change against version N-1, and what the int8 stage
+    did for each int8 engine the farm quantized (``int8``: candidates, accuracy repair, fp32/int8 latency)."""
     model = catalog.get_model(session, model_id, project)
     if model.source_model_id:  # a derived model reports under its source, where its engines are listed
         model = catalog.get_model(session, model.source_model_id)
@@ -275,11 +277,14 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
     # Engines measured before whose new check (other settings) is still under way count too.
     in_progress = sorted(e.id for e in engines if checks[e.id]["in_progress"])
+    stages = quantizing.quantizing_builds(session, [e.id for e in engines if e.precision == "int8"], model.project)
+    int8 = [s for e in engines if (s := engine_int8(e, stages.get(e.id), view.benchmarks(e))) is not None]
     return {
         "model": ident(model),
         "previous": ident(previous) if previous else None,
         "rows": rows,
         "checks_in_progress": in_progress,
+        "int8": [s.model_dump(mode="json") for s in int8],
     }
 
 

@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_validator
 from pydantic.fields import FieldInfo
 
+from enginefarm.api.int8stage import EngineInt8
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.shapes import shape_request
@@ -182,6 +183,24 @@ class EngineOut(_EngineFacts):
             accuracy=verdict.accuracy if verdict else None,
             accuracy_pass=verdict.accuracy_pass if verdict else None,
         )
+
+
+class ModelReportOut(BaseModel):
+    """GET /v1/models/{id}/report: one row per engine and measured shape (or per engine not measured yet, with
+    why), the change against version N-1, and the int8 stage of each int8 engine the farm quantized."""
+
+    model: dict[str, Any] = Field(description="id, name, version, sha256 of the version reported on")
+    previous: dict[str, Any] | None = Field(description="version N-1, the baseline of each row's regression")
+    rows: list[dict[str, Any]] = Field(
+        description="target, variant, shape_key, device, status, latency_ms (median, p90, p99, ...), "
+        "throughput_qps, accuracy, size, regression against N-1"
+    )
+    checks_in_progress: list[int] = Field(description="engines whose benchmark a live worker is still running")
+    int8: list[EngineInt8] = Field(
+        default_factory=list,
+        description="per int8 engine made from the farm's own quantization: the CPU candidates measured, the "
+        "accuracy repair when the spec asked for one, and the fp32/int8 latency measured",
+    )
 
 
 class ResolveRequest(Wanted):

@@ -70,3 +70,23 @@ def release_waiting(
             queued.append((task.id, task.parsed_target))
     session.flush()
     return queued, checks
+
+
+def quantizing_builds(session: Session, engine_ids: list[int], project: str) -> dict[int, BuildRow]:
+    """Engine id → the build of ``project`` whose int8 stage made the model the engine was built from: of that
+    project's builds with an int8 stage report and a task for the engine, the one that built it (else the newest
+    that reused it). Another project's build of the same bytes is not this project's to see."""
+    if not engine_ids:
+        return {}
+    rows = session.execute(
+        select(BuildTaskRow.engine_id, BuildTaskRow.reused, BuildRow)
+        .join(BuildRow, BuildRow.id == BuildTaskRow.build_id)
+        .join(ModelRow, ModelRow.id == BuildRow.model_id)
+        .where(BuildTaskRow.engine_id.in_(engine_ids), ModelRow.project == project)
+    ).all()
+    out: dict[int, BuildRow] = {}
+    # Those that reused it first, then those that built it, each oldest first: the last one kept is the answer.
+    for engine_id, _, build in sorted(rows, key=lambda r: (not r[1], r[2].id)):
+        if (build.quantize or {}).get("reports"):
+            out[engine_id] = build
+    return out

@@ -8,13 +8,14 @@ from sqlalchemy.orm import Session
 from enginefarm.api.auth import Tenant
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.downloads import blob_response
+from enginefarm.api.int8stage import EngineInt8, engine_int8
 from enginefarm.api.reports import engine_checks
 from enginefarm.api.routes import RowId, check_no_nul, page_offset
-from enginefarm.api.schemas import EngineOut, Page
+from enginefarm.api.schemas import EngineOut, ErrorOut, Page
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
 from enginefarm.core.hashing import SHA_HEADER
-from enginefarm.storage import builtengines
+from enginefarm.storage import builtengines, quantizing
 from enginefarm.storage import checks as project_checks
 from enginefarm.storage.tables import EngineRow, ModelRow
 
@@ -122,6 +123,33 @@ def engine_benchmarks(
         for b in row.benchmarks
         if b.project == model.project
     ]
+
+
+@router.get(
+    "/{engine_id}/int8",
+    response_model=EngineInt8,
+    responses={404: {"model": ErrorOut, "description": "not an int8 engine the farm quantized"}},
+)
+def engine_int8_stage(
+    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
+) -> EngineInt8:
+    """What the int8 stage did for an int8 engine the farm quantized: the CPU candidates measured, the accuracy
+    repair (the ranking by measured sensitivity with ONNX node names, the layers kept in fp32, the cosine before
+    and after) and the fp32/int8 latency measured. 404 for an engine the farm did not quantize."""
+    row, model = builtengines.engine_in_project(session, engine_id, tenant)
+    found = int8_of(session, row, model)
+    if found is None:
+        raise NotFound(
+            f"engine {row.id} ({row.target}, {row.precision}) has no int8 stage: only int8 engines the farm "
+            "quantized from calibration samples have one"
+        )
+    return found
+
+
+def int8_of(session: Session, row: EngineRow, model: ModelRow) -> EngineInt8 | None:
+    """The engine's int8 stage as its model's project sees it (that project's benchmarks), or None."""
+    build = quantizing.quantizing_builds(session, [row.id], model.project).get(row.id)
+    return engine_int8(row, build, [b for b in row.benchmarks if b.project == model.project])
 
 
 @router.get("/{engine_id}/content", response_class=Response, responses=CONTENT_RESPONSES)

@@ -12,7 +12,7 @@ from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.downloads import blob_response
 from enginefarm.api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from enginefarm.api.routes.engines import CONTENT_RESPONSES
-from enginefarm.api.schemas import ModelOut, Page
+from enginefarm.api.schemas import ModelOut, ModelReportOut, Page
 from enginefarm.api.upload import UploadLimits, receive_upload
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
@@ -178,7 +178,7 @@ async def upload_samples(
     return ModelOut.of(row)
 
 
-@router.get("/{model_id}/report")
+@router.get("/{model_id}/report", response_model=ModelReportOut)
 def model_report(
     model_id: RowId,
     tenant: Tenant,
@@ -186,5 +186,6 @@ def model_report(
     settings: Settings = Depends(settings_dep),
 ) -> dict:
     """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
-    engine size, or why an engine has no numbers yet; with the change against model version N-1."""
+    engine size, or why an engine has no numbers yet; with the change against model version N-1; and for each
+    int8 engine the farm quantized, its int8 stage: CPU candidates, accuracy repair, fp32/int8 latency."""
     return reports.model_report(session, settings, model_id, tenant)

@@ -17,7 +17,7 @@ from enginefarm.api.schemas import EngineOut
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.core.config import Settings
-from enginefarm.storage import catalog
+from enginefarm.storage import builtengines, catalog
 from enginefarm.storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
@@ -99,6 +99,7 @@ def engine_page(
 ) -> Response:
     engine = engine_routes.get_engine(engine_id, principal.project, session, settings)
     benchmarks = engine_routes.engine_benchmarks(engine_id, principal.project, session)
+    int8 = engine_routes.int8_of(session, *builtengines.engine_in_project(session, engine_id, principal.project))
     base = str(request.base_url).rstrip("/")
     return page(
         request,
@@ -107,6 +108,7 @@ def engine_page(
         benchmarks=benchmarks,
         fetch=fetch_command(engine, base),
         runtime=runtime_label(engine),
+        int8=int8.model_dump(mode="json") if int8 else None,
     )
 
 

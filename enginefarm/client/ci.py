@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shlex
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,6 +20,8 @@ import httpx
 import typer
 
 from enginefarm.client import ApiError, Client
+from enginefarm.client.cirepair import REPAIR, with_repair
+from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.trtexec import spec_from_trtexec
 
@@ -51,6 +52,8 @@ class CiOptions:
     junit: Path | None = None
     summary: Path | None = None
     poll: float = 2.0
+    samples: Path | None = None
+    repair: bool = False
 
 
 @dataclass
@@ -138,6 +141,7 @@ def wait_or_fail(
 def _refused(options: CiOptions, reason: str, model: dict[str, Any] | None = None) -> dict[str, Any]:
     """A gate answer for a run the farm refused before anything was built: every target's build fails with the
     farm's reason, and the checks after it with it."""
+    checks = (CHECKS[0], REPAIR, *CHECKS[1:]) if options.repair else CHECKS
     targets = [
         {
             "target": t,
@@ -155,7 +159,7 @@ def _refused(options: CiOptions, reason: str, model: dict[str, Any] | None = Non
                     "numbers": {},
                     "reason": reason if c == "build" else "no engine: the build did not succeed",
                 }
-                for c in CHECKS
+                for c in checks
             ],
         }
         for t in options.targets
@@ -172,7 +176,7 @@ def _refused(options: CiOptions, reason: str, model: dict[str, Any] | None = Non
         "pending": options.pending,
         "verdict": "fail",
         "reason": reason,
-        "counts": {"pass": 0, "fail": 4 * len(targets), "pending": 0},
+        "counts": {"pass": 0, "fail": len(checks) * len(targets), "pending": 0},
         "targets": targets,
     }
 
@@ -233,18 +237,23 @@ def _wait_gate(client: Client, options: CiOptions, model_id: int, build_id: int,
 def run_ci(client: Client, options: CiOptions, log: Log = log_line) -> CiResult:
     """Upload, build, wait, gate; writes the JUnit XML and Markdown summary the options name."""
     log(f"upload {options.model_file} as {options.name}" + (f" version {options.version}" if options.version else ""))
-    model = None
+    model, step = None, "upload"
     try:
         model, created = client.upload(options.model_file, options.name, options.version, project=options.project)
         log(
             f"model {model['id']}: {model['name']} version {model['version']} sha256 {model['sha256'][:12]} "
             + ("uploaded" if created else "already uploaded (same bytes): reused")
         )
+        if options.samples:
+            step = "samples"
+            model = client.upload_samples(model["id"], options.samples)
+            log(f"samples: {model['samples']['count']} per input, sha256 {model['samples']['sha256'][:12]}")
+        step = "build"
         build = client.build(model["id"], options.targets, options.spec, queue_without_worker=True)
     except ApiError as exc:
         if exc.status_code >= 500:
             raise
-        gate = _refused(options, f"the farm refused the {'build' if model else 'upload'}: {_api_detail(exc)}", model)
+        gate = _refused(options, f"the farm refused the {step}: {_api_detail(exc)}", model)
         log(f"gate: fail: {gate['reason']}")
         return _finish(options, CiResult(gate, 1, model))
     log(
@@ -252,6 +261,11 @@ def run_ci(client: Client, options: CiOptions, log: Log = log_line) -> CiResult:
         f"deadline {options.timeout:g} s"
     )
     gate = _wait_gate(client, options, model["id"], build["id"], log)
+    if options.repair:
+        gate = with_repair(gate, client.get(f"/v1/builds/{build['id']}"))
+        for target in gate["targets"][:1]:  # the repair is one for every target
+            c = next(c for c in target["checks"] if c["check"] == REPAIR)
+            log(f"{REPAIR}: {c['verdict']}: {c['reason']}")
     log(f"gate: {gate['verdict']}: {gate['reason']}")
     return _finish(options, CiResult(gate, 0 if gate["verdict"] == "pass" else 1, model, build["id"]))
 
@@ -272,116 +286,6 @@ def _finish(options: CiOptions, result: CiResult) -> CiResult:
     if options.summary:
         write_atomic(options.summary, markdown_summary(result.gate, result.build_id), append=True)
     return result
-
-
-def write_atomic(path: Path, text: str, append: bool = False) -> None:
-    """Write ``text`` whole: a summary is appended (the CI's job summary file collects every step's), a report
-    is replaced through a temporary file so a reader never sees half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if append:
-        with path.open("a", encoding="utf-8") as f:
-            f.write(text)
-        return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
-# ------------------------------------------------------------------------------------------------ reports
-
-
-def junit_xml(gate: dict[str, Any], pending: str) -> str:
-    """One test case per target × check: a failure carries the reason and the numbers; a check pending on
-    hardware the farm lacks is skipped when pending checks pass, a failure when they do not."""
-    model = gate["model"]
-    suite_name = f"enginefarm ci: {model['name']} version {model['version']}"
-    cases, failures, skipped = [], 0, 0
-    for target in gate["targets"]:
-        for c in target["checks"]:
-            case = ET.Element(
-                "testcase", classname=f"enginefarm.{model['name']}", name=f"{c['target']} {c['check']}", time="0"
-            )
-            detail = c["reason"] + ("\n" + json.dumps(c["numbers"], indent=2, sort_keys=True) if c["numbers"] else "")
-            if c["verdict"] == "fail" or (c["verdict"] == "pending" and pending == "fail"):
-                failures += 1
-                ET.SubElement(case, "failure", message=c["reason"], type=c["check"]).text = detail
-            elif c["verdict"] == "pending":
-                skipped += 1
-                ET.SubElement(case, "skipped", message=c["reason"])
-            else:
-                ET.SubElement(case, "system-out").text = detail
-            cases.append(case)
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": str(skipped)}
-    root = ET.Element("testsuites", {"name": "enginefarm ci", **counts})
-    suite = ET.SubElement(root, "testsuite", {"name": suite_name, "timestamp": stamp, "time": "0", **counts})
-    props = ET.SubElement(suite, "properties")
-    for key, value in (
-        ("model_id", model["id"]),
-        ("verdict", gate["verdict"]),
-        ("max_regression_pct", gate["max_regression_pct"]),
-        ("pending", pending),
-        ("previous_version", (gate.get("previous") or {}).get("version")),
-    ):
-        ET.SubElement(props, "property", name=key, value="" if value is None else str(value))
-    suite.extend(cases)
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
-
-
-_MARK = {"pass": "✅ pass", "fail": "❌ fail", "pending": "⏳ pending"}
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _latency_cell(c: dict[str, Any]) -> str:
-    shapes = [s for s in c["numbers"].get("shapes", []) if s.get("change_pct") is not None]
-    if not shapes:
-        return _MARK[c["verdict"]]
-    worst = max(shapes, key=lambda s: s["change_pct"])
-    return (
-        f"{_MARK[c['verdict']]} {worst['previous_median_ms']:.3f} → {worst['median_ms']:.3f} ms "
-        f"({worst['change_pct']:+.1f}%)"
-    )
-
-
-def markdown_summary(gate: dict[str, Any], build_id: int | None = None) -> str:
-    """A table of targets × checks and the reason of every check that did not pass, for a CI job summary."""
-    model, previous = gate["model"], gate.get("previous")
-    head = f"### enginefarm ci: {model['name']} version {model['version']}: {gate['verdict'].upper()}"
-    facts = [
-        f"model {model['id']}" if model.get("id") else None,
-        f"build {build_id}" if build_id else None,
-        f"latency baseline: version {previous['version']}" if previous else "latency baseline: none (first version)",
-        f"limit +{gate['max_regression_pct']:g}%",
-        f"pending checks {gate['pending']}",
-    ]
-    lines = [
-        head,
-        "",
-        " · ".join(f for f in facts if f),
-        "",
-        "| target | build | benchmark | accuracy | latency vs N-1 |",
-        "|---|---|---|---|---|",
-    ]
-    notes = []
-    for target in gate["targets"]:
-        by = {c["check"]: c for c in target["checks"]}
-        cells = [_MARK[by[c]["verdict"]] for c in CHECKS[:3]] + [_latency_cell(by["latency_regression"])]
-        lines.append(f"| `{target['target']}` | " + " | ".join(cells) + " |")
-        notes += [
-            f"- `{c['target']}` {c['check']}: {_cell(c['reason'])}"
-            for c in target["checks"]
-            if c["verdict"] != "pass" or c["check"] == "latency_regression"
-        ]
-    counts = gate["counts"]
-    lines += ["", f"{counts['pass']} passed, {counts['fail']} failed, {counts['pending']} pending."]
-    if notes:
-        lines += ["", *notes]
-    return "\n".join(lines) + "\n\n"
 
 
 # ------------------------------------------------------------------------------------------------ command
@@ -413,6 +317,15 @@ def ci_command(
     summary: Path | None = typer.Option(
         None, "--summary", help="append a Markdown summary here (e.g. $GITHUB_STEP_SUMMARY)"
     ),
+    samples: Path | None = typer.Option(
+        None, exists=True, dir_okay=False, help=".npz of sample inputs: int8 calibration and accuracy checks"
+    ),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="int8: if it fails its accuracy gate, keep the fewest layers that break it in fp32 (found by measured "
+        "sensitivity); the run fails when that repair does not reach a passing gate",
+    ),
     api: str | None = typer.Option(
         None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)"
     ),
@@ -420,13 +333,16 @@ def ci_command(
 ) -> None:
     """Upload a model, build it for every target, wait for its checks and gate it: exit 0 only when every
     target built, was benchmarked (or waits for hardware the farm lacks, with --pending pass), passed its
-    accuracy check and did not slow down beyond --max-regression-pct against the previous version."""
+    accuracy check and did not slow down beyond --max-regression-pct against the previous version (and, with
+    --repair, the int8 accuracy repair reached a passing gate)."""
     if pending not in ("pass", "fail"):
         raise typer.BadParameter("write pass or fail", param_hint="--pending")
     try:
         spec = build_spec(spec_file, precision, trtexec_flags(ctx, trtexec_args))
     except ValueError as exc:  # json.JSONDecodeError is one
         raise typer.BadParameter(str(exc), param_hint="--spec-file/trtexec flags") from None
+    if repair:
+        spec["accuracy_repair"] = True
     options = CiOptions(
         model_file=model_file,
         name=name,
@@ -439,6 +355,8 @@ def ci_command(
         pending=pending,
         junit=junit,
         summary=summary,
+        samples=samples,
+        repair=repair,
     )
     try:
         with Client(api, token=token) as client:

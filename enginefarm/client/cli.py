@@ -272,8 +272,9 @@ def report(
     wait: bool = typer.Option(False, "--wait", help="wait for benchmarks that are queued or running"),
     api: str | None = API_OPT,
 ) -> None:
-    """Latency percentiles, throughput, accuracy and size for every target and shape, and the change since
-    the previous version."""
+    """Latency percentiles, throughput, accuracy and size for every target and shape, the change since the
+    previous version, and the int8 accuracy repair of builds that asked for one."""
+    from enginefarm.client.int8view import repair_sections
     from enginefarm.client.report import plot_report, regression_table, report_table
 
     if plot:
@@ -288,6 +289,8 @@ def report(
         console.print(report_table(data))
         if (regression := regression_table(data)) is not None:
             console.print(regression)
+        for section in repair_sections(data):
+            console.print(section)
         if plot:
             console.print(f"plot: {plot_report(data, plot)}")
     except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1

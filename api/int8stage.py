@@ -1,0 +1,177 @@
+"""What the int8 stage did for an int8 engine the farm quantized, as the API answers it: the CPU candidates measured
+(ONNX Runtime's family), the accuracy repair (the tensors ranked by measured sensitivity with the ONNX nodes that
+keep each in float, the layers kept in fp32, the cosine against fp32 before and after) and the latency figures
+measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``, written
+by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from enginefarm.storage.tables import BenchmarkRow, BuildRow, EngineRow
+
+
+class GateFigure(BaseModel):
+    passed: bool = Field(description="whether the int8 artifact passed the int8 accuracy gate against fp32")
+    cosine: float = Field(description="the worst output cosine against fp32 on the calibration batches")
+    failures: dict[str, list[str]] = Field(default_factory=dict, description="per output, the limits it broke")
+
+
+class RankedTensor(BaseModel):
+    tensor: str = Field(description="the int8 tensor put back in float alone")
+    layers: list[str] = Field(description="the ONNX node names that, kept in fp32, keep that tensor in float")
+    cosine_alone_float: float = Field(description="the output's cosine against fp32 with this tensor alone in float")
+    cosine_int8: float = Field(description="the output's cosine against fp32 with every tensor int8")
+    gain: float = Field(description="cosine_alone_float - cosine_int8: the measured sensitivity the ranking orders by")
+    kept: bool = Field(description="every one of its layers is kept in fp32 by the repair")
+
+
+class Int8Repair(BaseModel):
+    needed: bool = Field(description="false when int8 passed its gate as quantized")
+    passed: bool = Field(description="whether the int8 artifact passes its gate after the repair")
+    recipe: str = Field(description="the CPU int8 recipe the repair judged")
+    kept: list[str] = Field(description="the ONNX node names kept in fp32 (empty when not needed or nothing passed)")
+    before: GateFigure
+    after: GateFigure
+    ranking: list[RankedTensor] = Field(description="the most sensitive tensors first (at most 20)")
+    budget: int | None = Field(None, description="the most layers the repair could keep in fp32")
+    note: str | None = Field(None, description="why the repair stopped without a passing set, and what to do")
+    evaluations: int | None = None
+    seconds: float | None = None
+
+
+class Int8Candidate(BaseModel):
+    name: str
+    kept: bool = Field(description="the candidate this engine's model was made with")
+    passed: bool | None = Field(None, description="whether it passed the int8 gate (null: it did not quantize)")
+    cosine: float | None = None
+    speedup: float | None = Field(None, description="fp32's median over the candidate's on the quantizing worker")
+    int8_median_ms: float | None = None
+    why: str | None = Field(None, description="on the kept one: why it was kept")
+    error: str | None = None
+
+
+class Int8Timing(BaseModel):
+    measured_by: Literal["quantize", "benchmark"] = Field(
+        description="quantize: the int8 stage's timing of the kept CPU candidate on the worker that quantized; "
+        "benchmark: the engine's benchmark against its fp32 sibling, interleaved"
+    )
+    where: str = Field(description="the shapes and the device")
+    fp32_median_ms: float | None = None
+    int8_median_ms: float | None = Field(
+        None, description="the int8 model as built, with the repair's kept layers where it kept any"
+    )
+    speedup: float | None = None
+
+
+class EngineInt8(BaseModel):
+    """An int8 engine's int8 stage. Its int8 latency is that of the model as built: with a repair, int8 without the
+    kept layers is not timed (the repair measures accuracy only)."""
+
+    engine_id: int
+    target: str
+    build_id: int = Field(description="the build whose int8 stage made the engine's model")
+    family: Literal["onnxruntime", "tensorrt"] = Field(description="the quantization recipe's family")
+    candidates: list[Int8Candidate] = Field(description="ONNX Runtime's CPU candidates measured (onnxruntime family)")
+    repair: Int8Repair | None = Field(None, description="the accuracy repair, when the spec asked accuracy_repair")
+    latency: list[Int8Timing] = Field(description="fp32 and int8 medians where measured")
+
+
+def family_of(backend: str) -> Literal["onnxruntime", "tensorrt"]:
+    """The quantize recipe family of a backend's engines, as the quantize stage picks it."""
+    return "onnxruntime" if backend == "onnxruntime" else "tensorrt"
+
+
+def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[BenchmarkRow]) -> EngineInt8 | None:
+    """The int8 stage of ``engine`` from ``build``'s quantize report; None when it is not int8 or the build's stage
+    left no report for its family."""
+    family = family_of(engine.backend)
+    if build is None or engine.precision != "int8":
+        return None
+    report = ((build.quantize or {}).get("reports") or {}).get(family)
+    if not report:
+        return None
+    latency = []
+    vs = report.get("vs_fp32") or {}
+    if vs.get("fp32_median_ms") is not None:
+        latency.append(
+            Int8Timing(
+                measured_by="quantize",
+                where=f"the spec's opt shapes on the quantizing worker's CPU ({_kept_name(report)})",
+                fp32_median_ms=vs["fp32_median_ms"],
+                int8_median_ms=vs.get("int8_median_ms"),
+                speedup=vs.get("speedup"),
+            )
+        )
+    for b in benchmarks:
+        vs = (b.stats or {}).get("vs_fp32") or {}
+        if vs.get("fp32_median_ms") is not None:
+            latency.append(
+                Int8Timing(
+                    measured_by="benchmark",
+                    where=f"{b.shape_key} on {(b.stats or {}).get('device') or b.gpu_name or b.cpu_name or '?'}",
+                    fp32_median_ms=vs["fp32_median_ms"],
+                    int8_median_ms=vs.get("int8_median_ms"),
+                    speedup=vs.get("speedup"),
+                )
+            )
+    return EngineInt8(
+        engine_id=engine.id,
+        target=engine.target,
+        build_id=build.id,
+        family=family,
+        candidates=[_candidate(c) for c in report.get("candidates") or []],
+        repair=_repair(report["repair"]) if report.get("repair") else None,
+        latency=latency,
+    )
+
+
+def _kept_name(report: dict[str, Any]) -> str:
+    kept = next((c["name"] for c in report.get("candidates") or [] if c.get("kept")), None)
+    return f"candidate {kept}" if kept else "the int8 model"
+
+
+def _candidate(c: dict[str, Any]) -> Int8Candidate:
+    return Int8Candidate(
+        name=c["name"],
+        kept=bool(c.get("kept")),
+        passed=c.get("pass"),
+        cosine=c.get("cosine"),
+        speedup=c.get("speedup"),
+        int8_median_ms=c.get("int8_median_ms"),
+        why=c.get("why"),
+        error=c.get("error"),
+    )
+
+
+def _figure(f: dict[str, Any]) -> GateFigure:
+    return GateFigure(passed=bool(f.get("pass")), cosine=f.get("cosine", 0.0), failures=f.get("failures") or {})
+
+
+def _repair(r: dict[str, Any]) -> Int8Repair:
+    kept = set(r.get("kept") or [])
+    return Int8Repair(
+        needed=bool(r.get("needed")),
+        passed=bool(r.get("passed")),
+        recipe=r.get("recipe", "operator"),
+        kept=list(r.get("kept") or []),
+        before=_figure(r["before"]),
+        after=_figure(r.get("after") or r["before"]),
+        ranking=[
+            RankedTensor(
+                tensor=t["tensor"],
+                layers=t["layers"],
+                cosine_alone_float=t["cosine_alone_float"],
+                cosine_int8=t["cosine_int8"],
+                gain=round(t["cosine_alone_float"] - t["cosine_int8"], 6),
+                kept=bool(t["layers"]) and set(t["layers"]) <= kept,
+            )
+            for t in r.get("ranking") or []
+        ],
+        budget=r.get("budget"),
+        note=r.get("note"),
+        evaluations=r.get("evaluations"),
+        seconds=r.get("seconds"),
+    )

@@ -1,0 +1,78 @@
+"""``enginefarm ci --repair``: the int8 accuracy repair as one more check of every target, read from the build's int8
+stage (``quantize.reports.<family>.repair`` of GET /v1/builds/{id}). It passes when the repair was not needed or
+reached a passing int8 gate, and fails with the repair's own reason otherwise: a build whose engines pass their
+accuracy check anyway (a CPU candidate that passes without the layers the repair judged) still fails the run when
+the repair asked for did not succeed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+REPAIR = "repair"
+
+
+def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, Any]]:
+    """(pass or fail, the reason, the figures) of the build's repair."""
+    if build is None:
+        return "fail", "no build: nothing was repaired", {}
+    stage = build.get("quantize") or {}
+    if not stage:
+        return "fail", "the build has no int8 stage: the repair applies to int8 built from calibration samples", {}
+    if stage.get("state") == "failed":
+        return "fail", f"the int8 stage failed: {stage.get('error') or 'no reason recorded'}", {}
+    repair = next((r["repair"] for r in (stage.get("reports") or {}).values() if r.get("repair")), None)
+    if stage.get("state") != "succeeded" or repair is None:
+        why = "no repair recorded" if stage.get("state") == "succeeded" else f"state {stage.get('state')}"
+        return "fail", f"the int8 stage did not finish a repair: {why}", {}
+    before, after = repair["before"], repair["after"]
+    numbers = {
+        "needed": repair["needed"],
+        "passed": repair["passed"],
+        "kept": repair["kept"],
+        "cosine_before": before["cosine"],
+        "cosine_after": after["cosine"],
+        "budget": repair.get("budget"),
+        "ranking": [
+            {"layers": r["layers"], "cosine_alone_float": r["cosine_alone_float"]}
+            for r in repair.get("ranking", [])[:5]
+        ],
+    }
+    cosine = f"cosine {before['cosine']:.4f} -> {after['cosine']:.4f} against fp32"
+    if not repair["needed"]:
+        return (
+            "pass",
+            f"not needed: int8 passes its accuracy gate as quantized (cosine {before['cosine']:.4f})",
+            numbers,
+        )
+    if repair["passed"]:
+        return "pass", f"repaired: kept {', '.join(repair['kept'])} in fp32; {cosine}", numbers
+    return "fail", f"repair failed: {repair.get('note') or 'no set of layers within the budget passes'}", numbers
+
+
+def with_repair(gate: dict[str, Any], build: dict[str, Any] | None) -> dict[str, Any]:
+    """The gate with the repair's check after each target's build check; its verdict, counts and reason redone."""
+    verdict, reason, numbers = repair_verdict(build)
+    for target in gate["targets"]:
+        check = {
+            "target": target["target"],
+            "check": REPAIR,
+            "verdict": verdict,
+            "in_progress": False,
+            "numbers": numbers,
+            "reason": reason,
+        }
+        at = next((i + 1 for i, c in enumerate(target["checks"]) if c["check"] == "build"), 0)
+        target["checks"].insert(at, check)
+        if verdict == "fail":
+            target["verdict"] = "fail"
+    every = [c for t in gate["targets"] for c in t["checks"]]
+    gate["counts"] = {v: sum(c["verdict"] == v for c in every) for v in ("pass", "fail", "pending")}
+    if verdict == "fail":
+        failed = [c for c in every if c["verdict"] == "fail"]
+        gate["verdict"] = "fail"
+        gate["reason"] = f"{len(failed)} check(s) failed: " + "; ".join(
+            f"{c['target']} {c['check']}: {c['reason']}" for c in failed
+        )
+    elif gate["targets"]:
+        gate["reason"] += f"; int8 {reason}"
+    return gate

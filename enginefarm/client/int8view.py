@@ -1,0 +1,140 @@
+"""The int8 accuracy repair of a model's builds in text, from a model report's ``int8`` list (GET
+/v1/models/{id}/report): the outcome, the layers kept in fp32, the cosine against fp32 before and after, the ranking
+by measured sensitivity with ONNX node names, the fp32/int8 latency measured and the CPU candidates. ``enginefarm
+report`` prints it after its tables; a report without a repair prints nothing more. Nothing here touches the
+network."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from enginefarm.client.report import DASH, fmt_ms
+
+Report = Mapping[str, Any]
+
+
+def repair_groups(report: Report) -> list[dict[str, Any]]:
+    """One entry per build whose int8 stage ran a repair (found once for all its targets): build_id, variant,
+    repair, and the int8 stages of that build's engines."""
+    variants = {r.get("engine_id"): r.get("variant") for r in report.get("rows") or []}
+    out: dict[int, dict[str, Any]] = {}
+    for stage in report.get("int8") or []:
+        if stage.get("repair"):
+            group = out.setdefault(
+                stage["build_id"],
+                {
+                    "build_id": stage["build_id"],
+                    "variant": variants.get(stage["engine_id"]),
+                    "repair": stage["repair"],
+                    "stages": [],
+                },
+            )
+            group["stages"].append(stage)
+    return list(out.values())
+
+
+def outcome_line(repair: Mapping[str, Any]) -> Text:
+    """ "repaired: kept shift in fp32; cosine 0.1234 (fail) -> 0.9999 (pass)", or why it was not needed or failed."""
+    before, after = repair["before"], repair["after"]
+    cosine = f"cosine {before['cosine']:.4f} ({_gate(before)}) -> {after['cosine']:.4f} ({_gate(after)})"
+    if not repair["needed"]:
+        return Text(f"not needed: int8 passes its accuracy gate as quantized (cosine {before['cosine']:.4f})")
+    if repair["passed"]:
+        return Text.assemble(("repaired", "bold green"), f": kept {', '.join(repair['kept'])} in fp32; {cosine}")
+    return Text.assemble(("repair failed", "bold red"), f": {repair.get('note') or 'nothing passed'}; {cosine}")
+
+
+def _gate(figure: Mapping[str, Any]) -> str:
+    return "pass" if figure["passed"] else "fail"
+
+
+def ranking_table(repair: Mapping[str, Any]) -> Table:
+    table = Table(title="sensitivity: the output's cosine against fp32 with each int8 tensor alone in float")
+    for col in ("#", "ONNX nodes", "tensor", "cosine alone float", "gain", "fp32"):
+        table.add_column(col, justify="right" if col in ("#", "cosine alone float", "gain") else "left")
+    for i, r in enumerate(repair["ranking"], 1):
+        table.add_row(
+            str(i),
+            ", ".join(r["layers"]),
+            r["tensor"],
+            f"{r['cosine_alone_float']:.4f}",
+            f"{r['gain']:+.4f}",
+            Text("kept", style="bold") if r["kept"] else DASH,
+        )
+    return table
+
+
+def latency_table(repair: Mapping[str, Any], stages: list[Mapping[str, Any]]) -> Table:
+    repaired = bool(repair["kept"])
+    title = "latency, median ms" + (": int8 without the kept layers is not timed" if repaired else "")
+    table = Table(title=title)
+    for col in (
+        "measured by",
+        "target",
+        "where",
+        "fp32",
+        "int8 without repair",
+        "int8 " + ("repaired" if repaired else "as built"),
+        "speed-up",
+    ):
+        table.add_column(col)
+    for s in stages:
+        for t in s["latency"]:
+            table.add_row(
+                "int8 stage" if t["measured_by"] == "quantize" else "benchmark",
+                s["target"],
+                t["where"],
+                fmt_ms(t["fp32_median_ms"]),
+                "not timed" if repaired else fmt_ms(t["int8_median_ms"]),
+                fmt_ms(t["int8_median_ms"]),
+                f"{t['speedup']:.2f}x" if t.get("speedup") else DASH,
+            )
+    return table
+
+
+def candidates_table(stage: Mapping[str, Any]) -> Table:
+    table = Table(title=f"{stage['target']}: the CPU int8 candidates measured on the quantizing worker")
+    for col in ("candidate", "speed-up", "int8 ms", "cosine", "gate", "kept"):
+        table.add_column(col)
+    for c in stage["candidates"]:
+        if c.get("error"):
+            table.add_row(c["name"], "", "", "", "did not quantize", "")
+            continue
+        table.add_row(
+            c["name"],
+            f"{c['speedup']:.2f}x" if c.get("speedup") else DASH,
+            fmt_ms(c.get("int8_median_ms")),
+            f"{c['cosine']:.4f}" if c.get("cosine") is not None else DASH,
+            "pass" if c.get("passed") else "FAIL",
+            (c.get("why") or "kept") if c.get("kept") else "",
+        )
+    return table
+
+
+def repair_sections(report: Report) -> list[RenderableType]:
+    """What ``enginefarm report`` prints for each repaired build; empty when no build ran a repair."""
+    out: list[RenderableType] = []
+    for g in repair_groups(report):
+        repair = g["repair"]
+        targets = ", ".join(s["target"] for s in g["stages"])
+        head = Text(
+            f"int8 accuracy repair of build {g['build_id']}"
+            + (f" ({g['variant']})" if g["variant"] else "")
+            + f": {targets}",
+            style="bold",
+        )
+        parts: list[RenderableType] = [head, outcome_line(repair)]
+        if repair.get("budget"):
+            parts.append(Text(f"budget: at most {repair['budget']} layer(s) in fp32", style="dim"))
+        if repair["ranking"]:
+            parts.append(ranking_table(repair))
+        if any(s["latency"] for s in g["stages"]):
+            parts.append(latency_table(repair, g["stages"]))
+        parts += [candidates_table(s) for s in g["stages"] if s["candidates"]]
+        out.append(Group(*parts))
+    return out
