@@ -178,11 +178,16 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     float_model = prepared_model(source, spec, work, BuildLog())
     info = inspect_upload(source, work / "inspect").info
     repaired = None
+    unrepaired_model = None
     if repair:
         from enginefarm.worker.int8_repair import repair as find_layers
 
         int8_check = spec.model_copy(update={"accuracy": spec.accuracy.model_copy(update={"enabled": True})})
         repaired = find_layers(float_model, calibration, int8_check, info, work, lambda p: OrtRunner(p))
+        if repaired["needed"] and repaired["kept"]:  # the int8 artifact as it would be without the repair
+            (work / "u").mkdir()
+            unrepaired_model = work / "u" / "int8.onnx"
+            quantize_for_cpu(float_model, calibration, unrepaired_model, spec, info, work / "u", lambda p: OrtRunner(p))
         spec = spec.model_copy(update={"keep_fp32_layers": repaired["kept"]})
     report = quantize_for_cpu(float_model, calibration, work / "int8.onnx", spec, info, work, lambda p: OrtRunner(p))
     quantize_s = time.perf_counter() - started
@@ -192,16 +197,26 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     int8 = engine_from_model(work / "int8.onnx", int8_spec, target, None, work / "b", BuildLog())
     batch = next(iter(model.opt_shapes().values()))[0] or 1
     feed = {k: v for k, v in sampler(name, batch, seed=9).items() if k not in fixed}
-    a, b = OrtRunner(int8.path), OrtRunner(fp32.path)
+    runners = [OrtRunner(int8.path), OrtRunner(fp32.path)]
+    if unrepaired_model is not None:
+        (work / "c").mkdir()
+        unrepaired = engine_from_model(unrepaired_model, int8_spec, target, None, work / "c", BuildLog())
+        runners.append(OrtRunner(unrepaired.path))
+    a, b = runners[:2]
     try:
         got, want = next(iter(a.infer(feed).values())), next(iter(b.infer(feed).values()))
         got, want = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
         cosine = float(got @ want / (np.linalg.norm(got) * np.linalg.norm(want) or 1.0))
-        int8_ms, fp32_ms = compare.interleaved(lambda: a.infer(feed), lambda: b.infer(feed), rounds=rounds)
+        # All timed in one interleaved run: the repaired int8, fp32 and (after a repair) the unrepaired int8.
+        timed = compare.interleaved_all([lambda r=r: r.infer(feed) for r in runners], rounds=rounds)
+        int8_ms, fp32_ms = timed[0], timed[1]
     finally:
-        a.close(), b.close()
+        for r in runners:
+            r.close()
+    unrepaired_ms = statistics.median(timed[2]) if len(timed) > 2 else None
     return {
         **compare.verdict(int8_ms, fp32_ms, rounds),
+        "unrepaired_median_ms": unrepaired_ms,
         "cosine": cosine,
         "quantize_s": quantize_s,
         "int8_ops": report.op_types,
@@ -242,6 +257,7 @@ def print_int8(results: dict) -> None:
         "kept",
         "fp32 ms",
         "int8 ms",
+        "unrepaired int8 ms",
         "speed-up",
         "faster",
         "cosine",
@@ -253,13 +269,14 @@ def print_int8(results: dict) -> None:
         table.add_column(col)
     for n, r in results.items():
         if "error" in r:
-            table.add_row(n, *["-"] * 10)
+            table.add_row(n, *["-"] * 11)
             continue
         table.add_row(
             n,
             r["kept"],
             f"{r['fp32_median_ms']:.2f}",
             f"{r['int8_median_ms']:.2f}",
+            f"{r['unrepaired_median_ms']:.2f}" if r.get("unrepaired_median_ms") else "-",
             f"{r['speedup']:.2f}x",
             "yes" if r["faster"] else "NO",
             f"{r['cosine']:.4f}",
