@@ -2,8 +2,8 @@
 (ONNX Runtime's family), the accuracy repair (the tensors ranked by measured sensitivity with the ONNX nodes that
 keep each in float, the layers kept in fp32, the cosine against fp32 before and after, the failed original kept as a
 derived model, and the CPU latency of fp32, int8 without repair and int8 repaired from one run) and the latency
-figures measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``, written
-by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling."""
+figures measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``,
+written by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling."""
 
 from __future__ import annotations
 
