@@ -22,7 +22,6 @@ from enginefarm.storage.db import session_scope
 from enginefarm.worker.backends.base import BuildLog
 from enginefarm.worker.cleanup import prepared_model
 from enginefarm.worker.pipeline import model_file_from_store, samples_of
-from enginefarm.worker.repair_variant import latency
 
 
 def family_of_target(target: Target) -> str:
@@ -93,6 +92,8 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 report["repair"] = repaired  # one repair for the build: the same figures on every family
             derived[family], reports[family] = model_id, report
         if repaired is not None:
+            from enginefarm.worker.repair_variant import latency
+
             repaired.update(latency(reports.get("onnxruntime"), timed, kept_anything=bool(beside)))
             if beside:
                 repaired["unrepaired"] = _catalogue_unrepaired(
