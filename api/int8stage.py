@@ -1,14 +1,15 @@
 """What the int8 stage did for an int8 engine the farm quantized, as the API answers it: the CPU candidates measured
 (ONNX Runtime's family), the accuracy repair (the tensors ranked by measured sensitivity with the ONNX nodes that
-keep each in float, the layers kept in fp32, the cosine against fp32 before and after) and the latency figures
-measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``, written
-by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling."""
+keep each in float, the layers kept in fp32, the cosine against fp32 before and after, the failed original kept as a
+derived model, and the CPU latency of fp32, int8 without repair and int8 repaired from one run) and the latency
+figures measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``,
+written by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from enginefarm.storage.tables import BenchmarkRow, BuildRow, EngineRow
 
@@ -28,6 +29,27 @@ class RankedTensor(BaseModel):
     kept: bool = Field(description="every one of its layers is kept in fp32 by the repair")
 
 
+class RepairLatency(BaseModel):
+    fp32: float = Field(description="fp32's median, ms")
+    unrepaired: float | None = Field(None, description="int8 without the repair's kept layers (the failed original)")
+    repaired: float | None = Field(None, description="int8 with the kept layers in fp32; null when none were kept")
+
+
+class RepairSpeedup(BaseModel):
+    unrepaired: float | None = Field(None, description="fp32's median over int8 without repair's")
+    repaired: float | None = Field(None, description="fp32's median over the repaired int8's")
+
+
+class UnrepairedVariant(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_id: int = Field(description="the derived model of int8 without the kept layers (GET /v1/models/{id})")
+    version: str
+    sha256: str
+    recipe: str = Field(description="the CPU int8 recipe it was quantized with")
+    accuracy: GateFigure = Field(description="its int8 gate against fp32, failed: why the repair ran")
+
+
 class Int8Repair(BaseModel):
     needed: bool = Field(description="false when int8 passed its gate as quantized")
     passed: bool = Field(description="whether the int8 artifact passes its gate after the repair")
@@ -40,6 +62,18 @@ class Int8Repair(BaseModel):
     note: str | None = Field(None, description="why the repair stopped without a passing set, and what to do")
     evaluations: int | None = None
     seconds: float | None = None
+    unrepaired: UnrepairedVariant | None = Field(
+        None, description="the failed original, kept as a variant of the build when the repair kept layers"
+    )
+    latency_ms: RepairLatency | None = Field(
+        None, description="CPU medians of fp32, int8 without repair and int8 repaired, from one interleaved run"
+    )
+    speedup: RepairSpeedup | None = None
+    latency_where: str | None = Field(None, description="what was timed, where")
+    latency_note: str | None = Field(None, description="why a latency is missing")
+    faster_than_fp32: bool | None = Field(None, description="whether the repaired int8 is faster than fp32 (CPU)")
+    recommend: str | None = Field(None, description="the precision to build instead, when repaired int8 is slower")
+    speed_note: str | None = Field(None, description="the figures, when the repaired int8 is not faster than fp32")
 
 
 class Int8Candidate(BaseModel):
@@ -67,8 +101,8 @@ class Int8Timing(BaseModel):
 
 
 class EngineInt8(BaseModel):
-    """An int8 engine's int8 stage. Its int8 latency is that of the model as built: with a repair, int8 without the
-    kept layers is not timed (the repair measures accuracy only)."""
+    """An int8 engine's int8 stage. Its ``latency`` is that of the model as built; with a repair that kept layers,
+    int8 without them is timed once, beside fp32 and the repaired int8, in the repair's ``latency_ms``."""
 
     engine_id: int
     target: str
@@ -174,4 +208,22 @@ def _repair(r: dict[str, Any]) -> Int8Repair:
         note=r.get("note"),
         evaluations=r.get("evaluations"),
         seconds=r.get("seconds"),
+        unrepaired=_unrepaired(r["unrepaired"]) if r.get("unrepaired") else None,
+        latency_ms=RepairLatency(**r["latency_ms"]) if r.get("latency_ms") else None,
+        speedup=RepairSpeedup(**r["speedup"]) if r.get("speedup") else None,
+        latency_where=r.get("latency_where"),
+        latency_note=r.get("latency_note"),
+        faster_than_fp32=r.get("faster_than_fp32"),
+        recommend=r.get("recommend"),
+        speed_note=r.get("speed_note"),
+    )
+
+
+def _unrepaired(u: dict[str, Any]) -> UnrepairedVariant:
+    return UnrepairedVariant(
+        model_id=u["model_id"],
+        version=u["version"],
+        sha256=u["sha256"],
+        recipe=u.get("recipe", "operator"),
+        accuracy=_figure(u["accuracy"]),
     )

@@ -73,6 +73,22 @@ def quantize_for_cpu(
     """Quantize ``float_model`` for ONNX Runtime's CPU into ``out`` with the candidate that measured best here.
     ``make_runner(path)`` opens an artifact as the benchmark stage does. A bad spec or bad samples raise as the
     quantizer raises them; BuildFailed only when every candidate failed to quantize."""
+    return quantize_for_cpu_beside(float_model, samples, out, spec, info, scratch, make_runner, {})[0]
+
+
+def quantize_for_cpu_beside(
+    float_model: Path,
+    samples: dict[str, np.ndarray],
+    out: Path,
+    spec: BuildSpec,
+    info: ModelInfo,
+    scratch: Path,
+    make_runner,
+    beside: dict[str, Path],
+) -> tuple[QuantizeReport, dict[str, dict[str, Any]]]:
+    """``quantize_for_cpu``, with the int8 models of ``beside`` (name -> model; never kept) judged and timed in the
+    same interleaved run as fp32 and the candidates; returns the report and each of those models' figures (as a
+    candidate's: pass, cosine, speedup, int8_median_ms, vs_fp32; or error)."""
     names = cpu_candidates(float_model)
     work = Path(tempfile.mkdtemp(prefix="int8-candidates-", dir=scratch))
     reports: dict[str, QuantizeReport] = {}
@@ -100,13 +116,16 @@ def quantize_for_cpu(
     if not reports:
         assert first_error is not None
         raise first_error
+    others = {f"beside-{n}": path for n, path in beside.items()}  # never a candidate's name
     try:
         figures += _measure(
-            {n: work / n / out.name for n in reports}, float_model, samples, spec, info, work, make_runner
+            {**{n: work / n / out.name for n in reports}, **others}, float_model, samples, spec, info, work, make_runner
         )
     except Exception as exc:
         log.warning("int8 candidates could not be measured: %s", exc, exc_info=True)
-        figures += [{"name": n, "error": f"not measured: {type(exc).__name__}: {exc}"} for n in reports]
+        figures += [{"name": n, "error": f"not measured: {type(exc).__name__}: {exc}"} for n in [*reports, *others]]
+    measured_beside = {c["name"].removeprefix("beside-"): c for c in figures if c["name"] in others}
+    figures = [c for c in figures if c["name"] not in others]
     order = {n: i for i, n in enumerate(names)}
     figures.sort(key=lambda c: order[c["name"]])
     chosen, why = pick(figures)
@@ -127,7 +146,7 @@ def quantize_for_cpu(
         for c in figures
     ]
     shutil.rmtree(work, ignore_errors=True)
-    return report
+    return report, {n: {**c, "name": n} for n, c in measured_beside.items()}
 
 
 def gate_figure(

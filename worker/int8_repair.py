@@ -23,6 +23,7 @@ every target family's int8 model.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -38,7 +39,7 @@ from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
-from enginefarm.worker.quantize import CPU_CANDIDATES, quantize_qdq
+from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, quantize_qdq
 
 # The share of the quantized layers that may be kept in float before the repair gives up.
 BUDGET = 0.25
@@ -157,9 +158,12 @@ def repair(
     scratch: Path,
     make_runner,
     recipe: str = "operator",
+    unrepaired_to: Path | None = None,
 ) -> dict[str, Any]:
     """Find the layers to keep in float so that the CPU int8 artifact (``recipe``) passes the gate; returns the
-    repair report (``kept``: the node names, empty when nothing was needed or nothing passed; ``passed``)."""
+    repair report (``kept``: the node names, empty when nothing was needed or nothing passed; ``passed``).
+    ``unrepaired_to``: a folder where, when the repair keeps layers, the int8 model judged ``before`` (the failed
+    original, without them) is left as ``model.int8.onnx``, with its quantize report in ``report.json``."""
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="int8-repair-", dir=scratch))
     try:
@@ -208,6 +212,8 @@ def repair(
             probe_evaluations=len(ranking) + probe.calls,
             seconds=round(time.perf_counter() - started, 2),
         )
+        if passed and kept and unrepaired_to is not None:
+            judge.keep_first(unrepaired_to)
         if not passed:
             report["note"] = (
                 f"no set of up to {budget} of the {len(probe.quantizable)} quantized layers kept in float passes "
@@ -275,6 +281,7 @@ class _Judge:
     ):
         self.float_model, self.samples, self.spec, self.work, self.recipe = float_model, samples, spec, work, recipe
         self.make_runner, self.calls = make_runner, 0
+        self.first: tuple[Path, QuantizeReport] | None = None  # the model of the first call, and its report
         self.backend = get_backend(Backend.ONNXRUNTIME)
         self.target = Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
         self.feeds = calibration_feeds(samples, info)
@@ -298,7 +305,7 @@ class _Judge:
         self.calls += 1
         model = self.work / f"try-{self.calls}" / "model.int8.onnx"
         model.parent.mkdir()
-        quantize_qdq(
+        quantized = quantize_qdq(
             self.float_model,
             self.samples,
             model,
@@ -310,11 +317,22 @@ class _Judge:
             keep_fp32_layers=sorted(set(keep)),
             keep_fp32_ops=self.spec.keep_fp32_ops,
         )
+        self.first = self.first or (model, quantized)
         runner = self.make_runner(self._built(model, Precision.INT8, f"try-{self.calls}"))
         try:
             return {**gate_figure(runner, self.feeds, self.reference, self.limits), "kept": len(set(keep))}
         finally:
             runner.close()
+
+    def keep_first(self, folder: Path) -> None:
+        """Copy the first call's model (and its data file, whose name the model refers to) into ``folder``."""
+        assert self.first is not None
+        model, quantized = self.first
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in (model, model.with_name(model.name + ".data")):
+            if f.exists():
+                shutil.copyfile(f, folder / f.name)
+        (folder / "report.json").write_text(json.dumps(quantized.to_dict()))
 
 
 def _qdq_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ tasks queued, each against its family's model. Called by the quantize task (work
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from enginefarm.core.bundle import BundleLimits
@@ -61,11 +62,14 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         samples = {n: a for n, a in samples.items() if n not in spec.fixed_inputs}  # constants in the Q/DQ model
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
-        repaired = _repair(float_model, samples, spec, info, scratch) if spec.accuracy_repair else None
+        unrepaired = scratch / "unrepaired" / "model.int8.onnx"  # the failed original, where the repair keeps layers
+        repaired = _repair(float_model, samples, spec, info, scratch, unrepaired) if spec.accuracy_repair else None
         quantized = spec
         if repaired and repaired["kept"]:  # every family's int8 model keeps the same layers in float
             kept = sorted({*spec.keep_fp32_layers, *repaired["kept"]})
             quantized = spec.model_copy(update={"keep_fp32_layers": kept})
+        beside = {"unrepaired": unrepaired} if unrepaired.exists() else {}
+        timed: dict[str, dict] = {}
         for family in families:
             report, model_id = _derive(
                 family,
@@ -81,10 +85,29 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 source_id=source_id,
                 samples_sha256=samples_fields[1],
                 cleanup=log.tail() or None,
+                beside=beside,
+                timed=timed,
             )
             if repaired is not None:
-                report["repair"] = repaired
+                report["repair"] = repaired  # one repair for the build: the same figures on every family
             derived[family], reports[family] = model_id, report
+        if repaired is not None:
+            from enginefarm.worker.repair_variant import latency
+
+            repaired.update(latency(reports.get("onnxruntime"), timed, kept_anything=bool(beside)))
+            if beside:
+                repaired["unrepaired"] = _catalogue_unrepaired(
+                    unrepaired,
+                    repaired,
+                    timed.get("unrepaired"),
+                    build_id,
+                    store,
+                    settings,
+                    name=name,
+                    version=version,
+                    source_id=source_id,
+                    samples_sha256=samples_fields[1],
+                )
 
     def release(s) -> tuple[list[tuple[int, Target]], list]:
         build = catalog.get_build(s, build_id)
@@ -151,20 +174,24 @@ def _derive(
     source_id: int,
     samples_sha256: str | None,
     cleanup: str | None,
+    beside: dict[str, Path],
+    timed: dict[str, dict],
 ) -> tuple[dict, int]:
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
-    report and the derived model's id."""
+    report and the derived model's id. On the CPU, the models of ``beside`` are timed with the candidates, their
+    figures put in ``timed``."""
     from enginefarm.worker.quantize import quantize_qdq
 
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
     if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
         from enginefarm.worker.evaluate import OrtRunner
-        from enginefarm.worker.int8_choice import quantize_for_cpu
+        from enginefarm.worker.int8_choice import quantize_for_cpu_beside
 
-        report = quantize_for_cpu(
-            float_model, samples, out, spec, info, scratch, lambda path: OrtRunner(path, spec.benchmark.threads)
+        report, figures = quantize_for_cpu_beside(
+            float_model, samples, out, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads), beside
         )
+        timed.update(figures)
     else:
         report = quantize_qdq(
             float_model,
@@ -177,10 +204,6 @@ def _derive(
             keep_fp32_layers=spec.keep_fp32_layers,
             keep_fp32_ops=spec.keep_fp32_ops,
         )
-    sha = sha256_file(out)
-    (scratch / family / "inspect").mkdir()
-    inspected = inspect_upload(out, scratch / family / "inspect", BundleLimits.of(settings))
-    key = model_key(sha)
     derivation = {
         "kind": "int8-qdq",
         "source_model_id": source_id,
@@ -190,6 +213,61 @@ def _derive(
     }
     # The family's suffix keeps the two int8 models of one source apart; TensorRT's keeps the old name.
     suffix = "int8" if family == "tensorrt" else "int8-cpu"
+    model_id = _catalogue(out, derivation, suffix, store, settings, name, version, source_id)
+    return report.to_dict(), model_id
+
+
+def _catalogue_unrepaired(
+    path: Path,
+    repair: dict,
+    figure: dict | None,
+    build_id: int,
+    store: BlobStore,
+    settings: Settings,
+    *,
+    name: str,
+    version: str,
+    source_id: int,
+    samples_sha256: str | None,
+) -> dict:
+    """The int8 model the repair judged before keeping layers in fp32, catalogued as a variant of the build: its
+    own derived model with its failed accuracy and its CPU latency (``figure``: its timing beside the candidates,
+    None where the build has no CPU target). Returns the build report's link to it."""
+    derivation = {
+        "kind": "int8-qdq",
+        "variant": "unrepaired",
+        "build_id": build_id,
+        "source_model_id": source_id,
+        "samples_sha256": samples_sha256,
+        "accuracy": repair["before"],
+        "repaired_kept": repair["kept"],
+        **{k: repair[k] for k in ("latency_ms", "speedup", "latency_where", "latency_note") if k in repair},
+        **json.loads((path.parent / "report.json").read_text()),
+        "vs_fp32": (figure or {}).get("vs_fp32"),
+    }
+    model_id = _catalogue(path, derivation, "int8-cpu-unrepaired", store, settings, name, version, source_id)
+    with session_scope(settings) as s:
+        row = catalog.get_model(s, model_id)
+        found = {"model_id": row.id, "version": row.version, "sha256": row.sha256}
+    return {**found, "recipe": repair["recipe"], "accuracy": repair["before"]}
+
+
+def _catalogue(
+    out: Path,
+    derivation: dict,
+    suffix: str,
+    store: BlobStore,
+    settings: Settings,
+    name: str,
+    version: str,
+    source_id: int,
+) -> int:
+    """Store an int8 model derived from the source and add its catalog row (or find the same bytes catalogued)."""
+    sha = sha256_file(out)
+    inspect = out.parent / "inspect"
+    inspect.mkdir()
+    inspected = inspect_upload(out, inspect, BundleLimits.of(settings))
+    key = model_key(sha)
 
     def write(s) -> int:
         source = catalog.get_model(s, source_id)
@@ -207,13 +285,16 @@ def _derive(
         )
         return derived.id
 
-    return report.to_dict(), store_with_row(settings, store, key, out, sha, write)
+    return store_with_row(settings, store, key, out, sha, write)
 
 
-def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path) -> dict:
+def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path) -> dict:
     """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
-    (worker/int8_repair.py)."""
+    (worker/int8_repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
     from enginefarm.worker.evaluate import OrtRunner
     from enginefarm.worker.int8_repair import repair
 
-    return repair(float_model, samples, spec, info, scratch, lambda path: OrtRunner(path, spec.benchmark.threads))
+    def runner(path: Path) -> OrtRunner:
+        return OrtRunner(path, spec.benchmark.threads)
+
+    return repair(float_model, samples, spec, info, scratch, runner, unrepaired_to=unrepaired.parent)

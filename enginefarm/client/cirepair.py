@@ -2,7 +2,8 @@
 stage (``quantize.reports.<family>.repair`` of GET /v1/builds/{id}). It passes when the repair was not needed or
 reached a passing int8 gate, and fails with the repair's own reason otherwise: a build whose engines pass their
 accuracy check anyway (a CPU candidate that passes without the layers the repair judged) still fails the run when
-the repair asked for did not succeed."""
+the repair asked for did not succeed. A repaired int8 that is not faster than fp32 on the CPU passes, with the repair's
+figures and recommendation in the reason."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
             {"layers": r["layers"], "cosine_alone_float": r["cosine_alone_float"]}
             for r in repair.get("ranking", [])[:5]
         ],
+        **{k: repair[k] for k in ("latency_ms", "speedup", "faster_than_fp32", "recommend") if k in repair},
+        **({"unrepaired_model_id": repair["unrepaired"]["model_id"]} if repair.get("unrepaired") else {}),
     }
     cosine = f"cosine {before['cosine']:.4f} -> {after['cosine']:.4f} against fp32"
     if not repair["needed"]:
@@ -45,7 +48,9 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
             numbers,
         )
     if repair["passed"]:
-        return "pass", f"repaired: kept {', '.join(repair['kept'])} in fp32; {cosine}", numbers
+        note = repair.get("speed_note")
+        slower = f"; {note} (recommended: {repair.get('recommend')})" if note else ""
+        return "pass", f"repaired: kept {', '.join(repair['kept'])} in fp32; {cosine}{slower}", numbers
     return "fail", f"repair failed: {repair.get('note') or 'no set of layers within the budget passes'}", numbers
 
 

@@ -1,8 +1,9 @@
 """The int8 accuracy repair of a model's builds in text, from a model report's ``int8`` list (GET
 /v1/models/{id}/report): the outcome, the layers kept in fp32, the cosine against fp32 before and after, the ranking
-by measured sensitivity with ONNX node names, the fp32/int8 latency measured and the CPU candidates. ``enginefarm
-report`` prints it after its tables; a report without a repair prints nothing more. Nothing here touches the
-network."""
+by measured sensitivity with ONNX node names, the failed original kept as a variant, the latency of fp32, int8
+without repair and int8 repaired (and the note when the repaired int8 is not faster than fp32) and the CPU
+candidates. ``enginefarm report`` prints it after its tables; a report without a repair prints nothing more. Nothing
+here touches the network."""
 
 from __future__ import annotations
 
@@ -71,7 +72,10 @@ def ranking_table(repair: Mapping[str, Any]) -> Table:
 
 def latency_table(repair: Mapping[str, Any], stages: list[Mapping[str, Any]]) -> Table:
     repaired = bool(repair["kept"])
-    title = "latency, median ms" + (": int8 without the kept layers is not timed" if repaired else "")
+    lat, speedup = repair.get("latency_ms"), repair.get("speedup") or {}
+    title = "latency, median ms" + (
+        ": int8 without repair timed by the int8 stage beside fp32 and the repaired int8" if repaired else ""
+    )
     table = Table(title=title)
     for col in (
         "measured by",
@@ -83,8 +87,20 @@ def latency_table(repair: Mapping[str, Any], stages: list[Mapping[str, Any]]) ->
         "speed-up",
     ):
         table.add_column(col)
+    if lat:
+        table.add_row(
+            "int8 stage",
+            "one run",
+            repair.get("latency_where") or "",
+            fmt_ms(lat["fp32"]),
+            fmt_ms(lat.get("unrepaired")),
+            fmt_ms(lat.get("repaired")),
+            speedups(speedup),
+        )
     for s in stages:
         for t in s["latency"]:
+            if lat and t["measured_by"] == "quantize":  # the same run as the row above
+                continue
             table.add_row(
                 "int8 stage" if t["measured_by"] == "quantize" else "benchmark",
                 s["target"],
@@ -95,6 +111,39 @@ def latency_table(repair: Mapping[str, Any], stages: list[Mapping[str, Any]]) ->
                 f"{t['speedup']:.2f}x" if t.get("speedup") else DASH,
             )
     return table
+
+
+def speedups(speedup: Mapping[str, Any]) -> str:
+    """ "0.65x without repair, 0.64x repaired" from a repair's ``speedup``."""
+    parts = [
+        f"{speedup[k]:.2f}x {label}"
+        for k, label in (("unrepaired", "without repair"), ("repaired", "repaired"))
+        if speedup.get(k)
+    ]
+    return ", ".join(parts) or DASH
+
+
+def variant_lines(repair: Mapping[str, Any]) -> list[Text]:
+    """The failed original kept as a variant, and the speed stop's note, where the repair has them."""
+    out = []
+    if u := repair.get("unrepaired"):
+        acc = u["accuracy"]
+        out.append(
+            Text(
+                f"without repair: model {u['model_id']} version {u['version']}, cosine {acc['cosine']:.4f} "
+                f"({_gate(acc)}), kept as a variant of the build (not built into engines)"
+            )
+        )
+    if repair.get("speed_note"):
+        out.append(
+            Text.assemble(
+                ("not faster than fp32", "bold yellow"),
+                f": {repair['speed_note']} (recommended: {repair.get('recommend') or 'fp32'})",
+            )
+        )
+    elif repair.get("latency_note"):
+        out.append(Text(f"latency: {repair['latency_note']}", style="dim"))
+    return out
 
 
 def candidates_table(stage: Mapping[str, Any]) -> Table:
@@ -128,12 +177,12 @@ def repair_sections(report: Report) -> list[RenderableType]:
             + f": {targets}",
             style="bold",
         )
-        parts: list[RenderableType] = [head, outcome_line(repair)]
+        parts: list[RenderableType] = [head, outcome_line(repair), *variant_lines(repair)]
         if repair.get("budget"):
             parts.append(Text(f"budget: at most {repair['budget']} layer(s) in fp32", style="dim"))
         if repair["ranking"]:
             parts.append(ranking_table(repair))
-        if any(s["latency"] for s in g["stages"]):
+        if repair.get("latency_ms") or any(s["latency"] for s in g["stages"]):
             parts.append(latency_table(repair, g["stages"]))
         parts += [candidates_table(s) for s in g["stages"] if s["candidates"]]
         out.append(Group(*parts))

@@ -165,6 +165,24 @@ def print_quantize(build: dict[str, Any]) -> None:
         )
     else:
         console.print(f"[red]repair failed:[/red] {repair.get('note', '')}")
+    if lat := repair.get("latency_ms"):
+        speedup = repair.get("speedup") or {}
+        figures = [f"fp32 {lat['fp32']:.4g} ms"] + [
+            f"int8 {label} {lat[k]:.4g} ms ({speedup[k]:.2f}x)"
+            for k, label in (("unrepaired", "without repair"), ("repaired", "repaired"))
+            if lat.get(k) is not None and speedup.get(k)
+        ]
+        console.print("repair: CPU latency, median of one run: " + ", ".join(figures))
+    if u := repair.get("unrepaired"):
+        console.print(
+            f"repair: int8 without repair kept as model {u['model_id']} version {u['version']} "
+            f"(cosine {u['accuracy']['cosine']:.4f}, {'pass' if u['accuracy']['pass'] else 'fail'})"
+        )
+    if repair.get("speed_note"):
+        console.print(
+            f"[yellow]repair: not faster than fp32:[/yellow] {repair['speed_note']} "
+            f"(recommended: {repair.get('recommend') or 'fp32'})"
+        )
 
 
 def secs(v: float | None) -> str:

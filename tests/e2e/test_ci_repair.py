@@ -66,12 +66,15 @@ def test_ci_repair_passes_with_the_kept_layer_named_and_report_prints_it(farm, t
     assert set(cases) == {f"{CPU} {c}" for c in ("build", "repair", "benchmark", "accuracy", "latency_regression")}
     assert "| target | build | int8 repair | benchmark | accuracy | latency vs N-1 |" in summary, summary
     assert f"- `{CPU}` repair: repaired: kept shift in fp32" in summary, summary
+    # int8 is slower than fp32 on this tiny network: the check passes, its reason says so and recommends fp32.
+    assert "the repaired int8 is not faster than fp32 on this CPU" in summary and "(recommended: fp32)" in summary
 
     text = run_cli(farm.url, "report", name)
     assert "int8 accuracy repair of build" in text, text
     assert "repaired: kept shift in fp32; cosine" in text and "(fail) -> " in text and "(pass)" in text, text
     assert "sensitivity: the output's cosine against fp32" in text and " shift " in text, text
     assert "int8 without repair" in text and "not timed" in text, text
+    assert "without repair: model " in text and "-int8-cpu-unrepaired-" in text, text
 
 
 def test_ci_repair_fails_with_the_reason_when_no_set_within_the_budget_passes(farm, tmp_path):

@@ -1,8 +1,10 @@
 """The int8 accuracy repair in the dashboard, in a real browser (Debian's Chromium under Playwright) against the session
 farm: a model with one layer whose range int8 cannot hold, built int8 with ``accuracy_repair`` for the CPU. Its engine
 page and its model's report draw the ranking by measured sensitivity (ONNX node names, the kept layer in its own
-colour) with the cosine before and after; GET /v1/engines/{id}/int8 and the report's ``int8`` carry the same facts
-(documented in OpenAPI); an int8 engine built without repair shows nothing of it."""
+colour) with the cosine before and after, the failed original kept as a variant, the CPU latency of fp32 / int8
+without repair / int8 repaired from one run, and (int8 being slower on this tiny network) the speed stop;
+GET /v1/engines/{id}/int8 and the report's ``int8`` carry the same facts (documented in OpenAPI); an int8 engine built
+without repair shows nothing of it."""
 
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ def repaired(farm, tmp_path_factory):
             build = c.wait_build(c.build(model["id"], [CPU], {**spec, **extra})["id"], timeout=600)
             assert [t["state"] for t in build["tasks"]] == ["succeeded"], build
             out[key] = {"build": build, "engine_id": build["tasks"][0]["engine_id"]}
+        repair = out["repaired"]["build"]["quantize"]["reports"]["onnxruntime"]["repair"]
+        out["repaired"]["unrepaired_id"] = repair["unrepaired"]["model_id"]
         c.wait_checks(model["id"], timeout=300)
     return out
 
@@ -100,6 +104,16 @@ def test_the_engine_page_draws_the_ranking_with_the_kept_layer_and_the_cosine_be
     assert page.inner_text("#repair-outcome-engine").startswith("repaired: 1 layer(s) kept in fp32")
     latency = page.inner_text("#int8-latency-engine")
     assert "int8 stage" in latency and "not timed" in latency and "ms" in latency, latency
+    # fp32, int8 without repair and int8 repaired, from the int8 stage's one run: three figures and two speed-ups.
+    one_run = page.inner_text("#repair-latency-engine")
+    assert one_run.count(" ms") == 3 and "× without repair" in one_run and "× repaired" in one_run, one_run
+    # The failed original, kept as a variant of the build, links to its own model page.
+    original = page.locator("#repair-unrepaired-engine a")
+    assert "-int8-cpu-unrepaired-" in original.inner_text() and "(fail)" in page.inner_text("#repair-unrepaired-engine")
+    assert original.get_attribute("href") == f"/ui/models/{repaired['repaired']['unrepaired_id']}"
+    # int8 is slower than fp32 on this tiny network, repaired or not: the page says so and recommends fp32.
+    speed = page.inner_text("#repair-speed-engine")
+    assert speed.startswith("Not faster than fp32: the repaired int8 is not faster") and "fp32)" in speed, speed
     assert "operator" in page.inner_text("#int8-candidates-engine-1")
     # An int8 engine of the same model built without repair: its page shows nothing of it, and loads no chart.
     page.goto(f"{farm.url}/ui/engines/{repaired['plain']['engine_id']}")
@@ -117,6 +131,8 @@ def test_the_report_page_shows_the_repair_of_the_build(farm, repaired, page):
     assert chart["labels"][0] == "shift" and chart["sets"]["kept in fp32"][0] is not None, chart
     assert page.inner_text(f"#repair-kept-b{build_id}") == "shift"
     assert "(pass)" in page.inner_text(f"#repair-cosine-b{build_id}")
+    assert page.inner_text(f"#repair-latency-b{build_id}").count(" ms") == 3
+    assert "(fail)" in page.inner_text(f"#repair-unrepaired-b{build_id}")
 
 
 def test_the_api_answers_the_int8_stage_and_documents_it(farm, repaired):
@@ -132,6 +148,9 @@ def test_the_api_answers_the_int8_stage_and_documents_it(farm, repaired):
     assert top["layers"] == ["shift"] and top["kept"] is True and top["gain"] > 0.5, top
     assert [c["name"] for c in stage["candidates"] if c["kept"]], stage["candidates"]
     assert any(t["measured_by"] == "quantize" and t["fp32_median_ms"] > 0 for t in stage["latency"]), stage
+    assert all(repair["latency_ms"][k] > 0 for k in ("fp32", "unrepaired", "repaired")), repair
+    assert repair["unrepaired"]["model_id"] == repaired["repaired"]["unrepaired_id"]
+    assert repair["unrepaired"]["accuracy"]["passed"] is False
     assert plain["repair"] is None and plain["candidates"]  # int8 without repair: its candidates, no repair
     assert {s["engine_id"]: s["repair"] is not None for s in report["int8"]} == {
         repaired["repaired"]["engine_id"]: True,
@@ -140,7 +159,9 @@ def test_the_api_answers_the_int8_stage_and_documents_it(farm, repaired):
     paths, schemas = doc["paths"], doc["components"]["schemas"]
     ok = paths["/v1/engines/{engine_id}/int8"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert ok["$ref"] == "#/components/schemas/EngineInt8"
-    assert {"ranking", "kept", "before", "after"} <= set(schemas["Int8Repair"]["properties"])
+    fields = set(schemas["Int8Repair"]["properties"])
+    assert {"ranking", "kept", "before", "after", "unrepaired", "latency_ms", "speed_note"} <= fields, fields
+    assert {"fp32", "unrepaired", "repaired"} == set(schemas["RepairLatency"]["properties"])
     report_schema = paths["/v1/models/{model_id}/report"]["get"]["responses"]["200"]["content"]["application/json"]
     assert report_schema["schema"]["$ref"] == "#/components/schemas/ModelReportOut"
     assert "int8" in schemas["ModelReportOut"]["properties"], json.dumps(schemas["ModelReportOut"])[:500]
