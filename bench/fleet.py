@@ -27,9 +27,11 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlencode
@@ -101,6 +103,45 @@ def conditional(farm: Farm, fleet: list[httpload.Request], token: str) -> list[h
             r.raise_for_status()
             out.append((req.replace(b"\r\n\r\n", f"\r\nIf-None-Match: {r.headers['etag']}\r\n\r\n".encode()), 304))
     return out
+
+
+def show(r: dict) -> None:
+    print(
+        f"{r['phase']:12s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f}  p90 {r['p90_ms']:7.2f}  "
+        f"p99 {r['p99_ms']:7.2f}  max {r['max_ms']:7.1f} ms  errors {r['errors']}  "
+        f"API {r['api_cpu_ms']:.2f} + PostgreSQL {r['pg_cpu_ms']:.2f} CPU ms/request",
+        flush=True,
+    )
+
+
+def floor_phases(args) -> list[dict]:
+    """The server's own floor (bench/floorapp.py: a bare app served as the API is, same workers): a 4.5 KB answer
+    and a 304, closed loop, so the farm's cached answer and 304 can be read against what any app costs here."""
+    port = localservers.free_port_pair()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.floorapp", "--port", str(port), "--workers", str(args.api_workers)],
+        cwd=ROOT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not localservers.port_open(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the floor server did not listen on {port}")
+            time.sleep(0.1)
+        host, out = "127.0.0.1", []
+        auth = {"Authorization": "Bearer floor"}
+        full = httpload.request_bytes("/v1/resolve?model=m", f"{host}:{port}", auth)
+        cond = httpload.request_bytes("/v1/resolve?model=m", f"{host}:{port}", {**auth, "If-None-Match": '"floor"'})
+        for name, req, status in (("floor-200", full, 200), ("floor-304", cond, 304)):
+            httpload.run(httpload.closed_loop(host, port, lambda k, r=req, st=status: (r, st), 4, 0.5))
+            loop = httpload.closed_loop(host, port, lambda k, r=req, st=status: (r, st), args.connections, args.seconds)
+            out.append(run_phase(name, lambda c=loop: c, server.pid))
+            show(out[-1])
+        return out
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,13 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, coro_of in phases.items():
             httpload.run(httpload.closed_loop(host, port, lambda k: health[0], 4, min(1.0, args.seconds)))  # settle
             results.append(run_phase(name, coro_of, farm.api.pid))
-            r = results[-1]
-            print(
-                f"{name:12s} {r['rps']:8.0f} req/s  p50 {r['p50_ms']:7.2f}  p90 {r['p90_ms']:7.2f}  "
-                f"p99 {r['p99_ms']:7.2f}  max {r['max_ms']:7.1f} ms  errors {r['errors']}  "
-                f"API {r['api_cpu_ms']:.2f} + PostgreSQL {r['pg_cpu_ms']:.2f} CPU ms/request",
-                flush=True,
-            )
+            show(results[-1])
+        farm.stop()
+        results += floor_phases(args)
     by = {r["phase"]: r for r in results}
 
     def cost(p: str) -> float:
@@ -203,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         "conditional/cold CPU per request": cost("conditional") / cost("cold"),
         "fleet/cold CPU per request": cost("fleet") / cost("cold"),
         "conditional/fleet CPU per request": cost("conditional") / cost("fleet"),
+        "floor 304/200 CPU per request": cost("floor-304") / cost("floor-200"),
+        "fleet/floor-200 CPU per request": cost("fleet") / cost("floor-200"),
+        "conditional/floor-304 CPU per request": cost("conditional") / cost("floor-304"),
         "cold/healthz throughput": by["cold"]["rps"] / by["healthz"]["rps"],
         "fleet/healthz throughput": by["fleet"]["rps"] / by["healthz"]["rps"],
         "conditional/healthz throughput": by["conditional"]["rps"] / by["healthz"]["rps"],

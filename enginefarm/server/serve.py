@@ -84,18 +84,24 @@ def listening_socket(config: uvicorn.Config) -> socket.socket:
 
 
 def serve_api(
-    host: str, port: int, workers: int = 1, log_level: str = "info", header_timeout_s: float | None = None
+    host: str,
+    port: int,
+    workers: int = 1,
+    log_level: str = "info",
+    header_timeout_s: float | None = None,
+    app: str = APP,
 ) -> None:
     """Serve the API until interrupted: ``workers`` processes sharing one TCP_NODELAY listening socket.
     ``header_timeout_s``: how long a request's headers may take (None: the settings' ``header_timeout_s``).
-    Forwarded headers (X-Forwarded-Proto, -For) are trusted only from ``forwarded_allow_ips``."""
+    Forwarded headers (X-Forwarded-Proto, -For) are trusted only from ``forwarded_allow_ips``. ``app``: the ASGI
+    app's import string (another than the farm's only to measure the server itself, bench/floorapp.py)."""
     settings = Settings()
     if header_timeout_s is None:
         header_timeout_s = settings.header_timeout_s
     # A partial of a module-level class: it crosses to the worker processes (pickled) with the config.
     protocol = functools.partial(HeaderTimeoutProtocol, header_timeout=header_timeout_s)
     config = uvicorn.Config(
-        APP,
+        app,
         host=host,
         port=port,
         workers=workers,
