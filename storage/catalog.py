@@ -126,8 +126,11 @@ def find_models(
     ``None`` (a token of the whole farm) a name that several projects use is ambiguous, unless one of them
     is the farm's own (''). ``columns`` (which must include ``ModelRow.project``): plain rows of only these."""
     query = _models_query(version is not None, project is not None, columns)
-    found = session.execute(query, {"name": name, "version": version, "project": project})
-    rows = list(found.all() if columns else found.scalars().all())
+    params = {"name": name, "version": version, "project": project}
+    if columns:  # plain rows: run on the connection, past the ORM's statement handling (resolve's hot path)
+        rows = list(session.connection().execute(query, params).all())
+    else:
+        rows = list(session.execute(query, params).scalars().all())
     if len(projects := {r.project for r in rows}) > 1:
         if "" not in projects:
             raise Conflict(

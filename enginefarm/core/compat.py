@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from functools import lru_cache
+from operator import attrgetter
 from typing import Any
 
 from enginefarm.core.domain import (
@@ -456,8 +457,12 @@ _kinds: dict[tuple[Key, Key], tuple[tuple[Check, ...], Verdict | None]] = {}
 _last_machine: tuple[Machine | None, Key] = (None, ())
 
 
+_SCALAR_KIND = tuple(name for name in _KIND_FACTS if name != "compute_capabilities")
+_scalar_kind = attrgetter(*_SCALAR_KIND)
+
+
 def _kind_of(e: EngineDescriptor) -> Key:
-    return tuple(tuple(v) if isinstance(v := getattr(e, name), list) else v for name in _KIND_FACTS)
+    return (*_scalar_kind(e), *e.compute_capabilities)
 
 
 def _machine_kind(m: Machine) -> Key:
