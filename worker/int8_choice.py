@@ -26,7 +26,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
 from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.int8_vs_fp32 import interleaved_all, verdict
+from enginefarm.worker.int8_vs_fp32 import interleaved_rounds, verdict
 from enginefarm.worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
 from enginefarm.worker.quantize.files import remove_model_files
 
@@ -40,19 +40,38 @@ TIMING_ROUNDS = 6
 TIMING_BLOCK_S = 0.2
 
 
+def _clearly_faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether candidate ``a`` is faster than ``b`` beyond this machine's noise: by more than ``SAME_SPEED`` over
+    the whole run, and in all rounds but at most one, each round's figures taken side by side in time (a paired
+    comparison: a busy moment slows both). Without per-round figures, by ``SAME_SPEED`` alone."""
+    if a["speedup"] < b["speedup"] * (1 + SAME_SPEED):
+        return False
+    ra, rb = a.get("round_speedups"), b.get("round_speedups")
+    if not ra or not rb or len(ra) != len(rb):
+        return True
+    return sum(x > y for x, y in zip(ra, rb)) >= len(ra) - 1
+
+
 def pick(candidates: list[dict[str, Any]]) -> tuple[str | None, str]:
     """The candidate to keep, and why, from the measured figures (``name``, ``pass``, ``speedup``, ``cosine``;
-    ``error`` where one failed). The fastest that passed the gate; among those within ``SAME_SPEED`` of it, the
-    first in the list. If none passed, the most accurate, so that the engine's own check says it fails."""
+    ``round_speedups`` where timed by round; ``error`` where one failed). The fastest that passed the gate, unless
+    it is not clearly faster (``_clearly_faster``) than one before it in the list: then the first of those. So a
+    model gets the same form build after build unless one form is faster on this CPU by more than its noise. If
+    none passed, the most accurate, so that the engine's own check says it fails."""
     measured = [c for c in candidates if "error" not in c]
     if not measured:
         return None, "no candidate quantized"
     passed = [c for c in measured if c["pass"]]
     if passed:
-        best = max(c["speedup"] for c in passed)
-        keep = next(c for c in passed if c["speedup"] >= best * (1 - SAME_SPEED))
+        best = max(passed, key=lambda c: c["speedup"])
+        keep = next(c for c in passed if c is best or not _clearly_faster(best, c))
         why = f"fastest that passed the int8 gate: {keep['speedup']:.2f}x fp32"
-        if len(passed) > 1:
+        if keep is not best:
+            why = (
+                f"first that passed the int8 gate among those as fast as the fastest within this CPU's noise: "
+                f"{keep['speedup']:.2f}x fp32 ({best['name']} {best['speedup']:.2f}x is not faster in enough rounds)"
+            )
+        elif len(passed) > 1:
             why += " (" + ", ".join(f"{c['name']} {c['speedup']:.2f}x" for c in passed if c is not keep) + ")"
         if keep["speedup"] <= 1.0:
             why += "; no candidate is faster than fp32 on this CPU"
@@ -216,17 +235,21 @@ def _measure(
         )
         timed = {n: a for n, a in timed.items() if n not in spec.fixed_inputs}
         names = ["fp32", *models]
-        times = interleaved_all(
+        by_round = interleaved_rounds(
             [lambda r=runners[n]: r.infer(timed) for n in names], rounds=TIMING_ROUNDS, block_s=TIMING_BLOCK_S
         )
+        times = [[ms for block in blocks for ms in block] for blocks in by_round]
         fp32_ms = times[0]
-        for figure, int8_ms in zip(out, times[1:]):
+        for figure, int8_ms, blocks in zip(out, times[1:], by_round[1:]):
             figure["vs_fp32"] = {
                 **verdict(int8_ms, fp32_ms, TIMING_ROUNDS),
                 "inputs": "the spec's opt shapes, inputs as the benchmark stage makes them",
                 "method": "interleaved with the other candidates, same runner and threads",
             }
             figure["speedup"] = figure["vs_fp32"]["speedup"]
+            figure["round_speedups"] = [
+                round(statistics.median(f) / statistics.median(c), 3) for f, c in zip(by_round[0], blocks)
+            ]
             figure["int8_median_ms"] = round(statistics.median(int8_ms), 4)
         return out
     finally:

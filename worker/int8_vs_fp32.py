@@ -55,19 +55,27 @@ def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -
 def interleaved_all(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> list[list[float]]:
     """Per-call milliseconds of each of ``runs``, timed in blocks taken in turn, the order reversed every other
     round so that none always follows the same one; one warm-up call each."""
+    return [[ms for block in blocks for ms in block] for blocks in interleaved_rounds(runs, rounds, block_s)]
+
+
+def interleaved_rounds(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> list[list[list[float]]]:
+    """``interleaved_all``'s timings kept by round: for each run, one list of per-call milliseconds per round. The
+    runs of one round ran next to each other in time, so per-round ratios pair them under the same load."""
     for run in runs:
         run()
-    times: list[list[float]] = [[] for _ in runs]
+    times: list[list[list[float]]] = [[] for _ in runs]
     for r in range(rounds):
         order = list(zip(runs, times))
         for run, into in order if r % 2 == 0 else order[::-1]:
+            block: list[float] = []
             begin = time.perf_counter()
             while True:
                 t = time.perf_counter()
                 run()
-                into.append((time.perf_counter() - t) * 1e3)
+                block.append((time.perf_counter() - t) * 1e3)
                 if time.perf_counter() - begin >= block_s:
                     break
+            into.append(block)
     return times
 
 
