@@ -11,11 +11,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from enginefarm.api import admission
-from enginefarm.core.compat import profile_covers
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, Target, TaskState, arch_of_cc
 from enginefarm.core.errors import SpecInvalid, TargetUnavailable
 from enginefarm.core.machine import Machine
+from enginefarm.core.profilefit import profile_covers
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.core.validation import parse_targets, validate_spec
 from enginefarm.graph.inputs import benchmark_shape_problems

@@ -19,10 +19,10 @@ from enginefarm.core.compat import (
     check_relaxed,
     check_unchecked,
     judge,
-    shape_fit,
 )
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import Machine
+from enginefarm.core.profilefit import shape_fit
 from enginefarm.core.wanted import Wanted
 
 

@@ -29,7 +29,7 @@ from enginefarm.core.domain import (
     cc_tuple,
 )
 from enginefarm.core.machine import Machine
-from enginefarm.core.shapes import format_dims
+from enginefarm.core.profilefit import profile_fit, profile_gap, span
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
@@ -299,71 +299,18 @@ def _mib(n: int) -> int:
     return max(1, math.ceil(n / (1 << 20)))
 
 
-def _span(rng: dict[str, list[int]]) -> str:
-    return f"{format_dims(rng['min'])}..{format_dims(rng['max'])}"
-
-
-def _need(rng: dict[str, list[int]]) -> str:
-    return format_dims(rng["min"]) if rng["min"] == rng["max"] else _span(rng)
-
-
-def _profile_gap(
-    i: int, profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]
-) -> str | None:
-    """Why profile ``i`` cannot run ``shapes``, or None when it covers every requested input."""
-    for name, want in shapes.items():
-        have = profile.get(name)
-        if have is None:
-            return f"profile {i} has no input {name!r} (it has {', '.join(sorted(profile)) or 'none'})"
-        if len(have["min"]) != len(want["min"]) or not all(
-            lo <= a and b <= hi for lo, a, b, hi in zip(have["min"], want["min"], want["max"], have["max"])
-        ):
-            return f"profile {i} of input {name!r} covers {_span(have)}; you need {_need(want)}"
-    return None
-
-
-def profile_covers(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> bool:
-    """Whether one profile (input -> min/opt/max) covers every requested shape range."""
-    return _profile_gap(0, profile, shapes) is None
-
-
-def covering_profiles(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> list[int]:
-    """The indices of the engine's profiles that cover every requested shape range."""
-    return [i for i, p in enumerate(e.profiles) if _profile_gap(i, p, shapes) is None]
-
-
 def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
     if not m.shapes:
         return None
     if not e.profiles:
         return check_unchecked(Rule.SHAPES, "the engine's optimization profiles are not recorded")
-    gaps = [_profile_gap(i, p, m.shapes) for i, p in enumerate(e.profiles)]
+    gaps = [profile_gap(i, p, m.shapes) for i, p in enumerate(e.profiles)]
     fits = [i for i, g in enumerate(gaps) if g is None]
     if not fits:
         return check_fail(Rule.SHAPES, "; ".join(g for g in gaps if g))
     best = min(fits, key=lambda i: profile_fit(e.profiles[i], m.shapes))
-    spans = ", ".join(f"{n} {_span(e.profiles[best][n])}" for n in m.shapes)
+    spans = ", ".join(f"{n} {span(e.profiles[best][n])}" for n in m.shapes)
     return check_ok(Rule.SHAPES, f"profile {best} covers your shapes ({spans})")
-
-
-def profile_fit(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float]:
-    """How tightly a covering profile fits the request, smaller is better: first its width, the number of distinct
-    shapes it admits for the requested inputs (the product over their dims of max - min + 1), then how far its opt
-    lies from the request's opt (the sum over those dims of |log(opt / requested opt)|)."""
-    width, distance = 1, 0.0
-    for name, want in shapes.items():
-        have = profile[name]
-        for lo, hi in zip(have["min"], have["max"]):
-            width *= hi - lo + 1
-        distance += sum(abs(math.log(o / w)) for o, w in zip(have["opt"], want["opt"]))
-    return width, distance
-
-
-def shape_fit(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float] | None:
-    """The fit of the engine's best covering profile; None when the request names no shapes or the profiles
-    are unknown."""
-    fits = [profile_fit(e.profiles[i], shapes) for i in covering_profiles(e, shapes)] if shapes else []
-    return min(fits) if fits else None
 
 
 def is_ort_cuda(e: EngineDescriptor) -> bool:
