@@ -141,6 +141,11 @@ def _run(task_id: int, me: str) -> None:
         log_buf.add(precision_note)
     if repaired and precision is Precision.FP16:
         log_buf.add(f"fp16 accuracy repair of this build: kept in fp32 {', '.join(spec.keep_fp32_layers)}")
+        if target.backend is Backend.TENSORRT and not spec.strongly_typed:
+            log_buf.add(
+                "fp16 accuracy repair: not applied here: TensorRT without strongly_typed picks each layer's "
+                "precision itself (strongly_typed: true builds the converted graph, which keeps them)"
+            )
     model_path = model_file_from_store(store, *model_fields, settings)
     with Scratch(settings) as scratch:
         try:

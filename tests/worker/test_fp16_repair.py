@@ -4,6 +4,7 @@ search, and the budget stop says so and recommends fp32."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.domain import Backend, Target
 from enginefarm.core.spec import BuildSpec
+from enginefarm.core.validation import validate_spec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.worker import fp16_repair as F
 from enginefarm.worker.backends import BuildLog, get_backend
@@ -140,3 +142,20 @@ def test_repair_stops_honestly_when_no_set_within_the_budget_passes(tmp_path: Pa
     assert report["after"]["pass"] is False
     assert report["note"].startswith("no set of up to 2 of the 11 nodes converted to fp16, kept in fp32, passes")
     assert report["note"].endswith("build fp32 for this model")
+
+
+def test_accuracy_repair_is_accepted_for_fp16_and_int8_and_refused_otherwise(tmp_path: Path):
+    info = inspect_upload(overflow_model(tmp_path / "m.onnx"), tmp_path / "inspect").info
+    cpu = [Target.parse("onnxruntime/cpu-x86_64")]
+
+    def problems(precision: str, model=info) -> list[dict]:
+        spec = BuildSpec(precision=precision, shapes=SHAPES, accuracy_repair=True)
+        return [p for p in validate_spec(spec, model, cpu, has_samples=True) if "accuracy_repair" in p["loc"]]
+
+    assert problems("fp16") == [] and problems("int8") == []
+    for precision in ("fp32", "bf16"):
+        (refused,) = problems(precision)
+        assert refused["msg"].endswith(f"not to {precision}"), refused
+    # A model that holds Q/DQ already is built as it is: nothing of it is the farm's to repair.
+    (refused,) = problems("fp16", replace(info, has_qdq=True))
+    assert refused["msg"].endswith("not to a model that holds Q/DQ already"), refused
