@@ -38,7 +38,7 @@ def spec_of_task(build) -> BuildSpec:
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Find the nodes to keep in fp32 once for the build; returns the build tasks to publish."""
-    from enginefarm.worker.quantize_stage import family_of_target
+    from enginefarm.worker.quantize import family_of
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -47,7 +47,9 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         fields = (source.blob_key, source.sha256, source.format)
         samples_fields = (source.samples_key, source.samples_sha256)
         info = ModelInfo.from_dict(source.info)
-        families = sorted({family_of_target(t.parsed_target) for t in build.tasks}, key=lambda f: f != "tensorrt")
+        families = sorted(
+            {family_of(t.parsed_target.backend.value) for t in build.tasks}, key=lambda f: f != "tensorrt"
+        )
     model_path = model_file_from_store(store, *fields, settings)
     with Scratch(settings) as scratch:
         samples = samples_of(store, *samples_fields, info, scratch)

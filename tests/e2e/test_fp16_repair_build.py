@@ -31,7 +31,7 @@ def _upload(farm, tmp_path: Path, branches: int, name: str) -> dict:
     npz = tmp_path / f"samples-{branches}.npz"
     np.savez(npz, input=overflow_samples(16))
     with Client(farm.url) as c:
-        model, _ = c.upload(overflow_model(tmp_path / f"overflow-{branches}.onnx", branches), name)
+        model, _ = c.upload(overflow_model(tmp_path / f"overflow-{branches}.onnx", branches, tag="-e2e"), name)
         return c.upload_samples(model["id"], npz)
 
 
@@ -117,7 +117,7 @@ def test_ci_repair_passes_an_fp16_model_it_repairs_and_fails_one_past_the_budget
         junit, summary = tmp_path / f"{name}.xml", tmp_path / f"{name}.md"
         out = run_ci(
             farm,
-            overflow_model(tmp_path / f"ci-{branches}.onnx", branches),
+            overflow_model(tmp_path / f"ci-{branches}.onnx", branches, tag="-ci"),
             name,
             "-t",
             CPU,

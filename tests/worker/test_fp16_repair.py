@@ -22,12 +22,13 @@ from enginefarm.worker.evaluate import OrtRunner, check_accuracy
 SHAPES = {"input": [1, 16]}
 
 
-def overflow_model(path: Path, branches: int = 1) -> Path:
+def overflow_model(path: Path, branches: int = 1, tag: str = "") -> Path:
     """``output = relu(x) + sum over branches of 1e-5 * mean(x * x)``, each branch's square read by two Concats
     before its mean. On samples of 300..400 the square (up to 160,000) leaves fp16's range (65,504): in fp16 the
     output is infinite. The means and the scaling back stay fp32 by the converter's own rules, and a Concat fed
     only by fp32 nodes stays fp32 too, so keeping a branch's ``square`` in fp32 mends that branch; keeping one
-    Concat does not (the other still reads the square in fp16)."""
+    Concat does not (the other still reads the square in fp16). ``tag`` names the graph: other bytes, so that a test
+    does not find the engines of another's build of the same model in the catalog."""
     nodes, total = [], None
     for b in range(branches):
         s = "" if branches == 1 else f"_{b}"
@@ -49,7 +50,7 @@ def overflow_model(path: Path, branches: int = 1) -> Path:
     ]
     graph = helper.make_graph(
         nodes,
-        "overflow",
+        f"overflow{tag}",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16])],
         [numpy_helper.from_array(np.array(1e-5, np.float32), "small")],
