@@ -98,7 +98,11 @@ class BuildOut(BaseModel):
     tasks: list[TaskOut]
     sweep_id: int | None = None
     variant: str | None = None
-    quantize: dict[str, Any] | None = Field(None, description="the int8 quantization stage, when the build has one")
+    quantize: dict[str, Any] | None = Field(
+        None,
+        description="the int8 quantization stage, or the fp16 accuracy repair stage (kind fp16-repair: "
+        "reports.<family>.repair, keep_fp32_layers), when the build has one",
+    )
 
 
 class SweepRequest(BaseModel):

@@ -259,7 +259,7 @@ class _Judge:
                 numbers=numbers,
                 reason=f"build {task.state}: {task.error or 'no reason recorded'}",
             )
-        detail = services.wait_reason(task.target, task.state, served)
+        detail = services.task_wait_reason(task, served)
         return GateCheck(
             target=name,
             check="build",

@@ -3,7 +3,11 @@
 keep each in float, the layers kept in fp32, the cosine against fp32 before and after, the failed original kept as a
 derived model, and the CPU latency of fp32, int8 without repair and int8 repaired from one run) and the latency
 figures measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``,
-written by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling."""
+written by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling.
+
+An fp16 engine whose build asked ``accuracy_repair`` has the same view of its build's fp16 repair stage
+(worker/fp16_stage.py): ``precision: fp16``, the nodes ranked by the fp16 gate measured with each kept in fp32 alone,
+the nodes kept, the gate before and after; no candidates and no latency (fp16 has no stage that times)."""
 
 from __future__ import annotations
 
@@ -15,17 +19,42 @@ from enginefarm.storage.tables import BenchmarkRow, BuildRow, EngineRow
 
 
 class GateFigure(BaseModel):
-    passed: bool = Field(description="whether the int8 artifact passed the int8 accuracy gate against fp32")
-    cosine: float = Field(description="the worst output cosine against fp32 on the calibration batches")
+    passed: bool = Field(description="whether the artifact passed its precision's accuracy gate against fp32")
+    cosine: float = Field(
+        description="the worst output cosine against fp32 (int8: on the calibration batches; fp16: on the accuracy "
+        "check's inputs)"
+    )
     failures: dict[str, list[str]] = Field(default_factory=dict, description="per output, the limits it broke")
+    violations: float | None = Field(
+        None, description="fp16: the worst share of output elements outside atol + rtol*|fp32| (the fp16 gate)"
+    )
+    rel_l2: float | None = Field(None, description="fp16: the worst relative L2 error (null when not finite)")
+    non_finite: bool | None = Field(None, description="fp16: an output held inf or NaN")
 
 
 class RankedTensor(BaseModel):
-    tensor: str = Field(description="the int8 tensor put back in float alone")
-    layers: list[str] = Field(description="the ONNX node names that, kept in fp32, keep that tensor in float")
-    cosine_alone_float: float = Field(description="the output's cosine against fp32 with this tensor alone in float")
-    cosine_int8: float = Field(description="the output's cosine against fp32 with every tensor int8")
-    gain: float = Field(description="cosine_alone_float - cosine_int8: the measured sensitivity the ranking orders by")
+    tensor: str | None = Field(
+        description="int8: the int8 tensor put back in float alone; fp16: the output of the node kept in fp32 alone "
+        "(null for a region of several nodes)"
+    )
+    layers: list[str] = Field(
+        description="the ONNX node names that, kept in fp32, keep that tensor in float (fp16: the node or region "
+        "kept in fp32 alone)"
+    )
+    cosine_alone_float: float = Field(description="the output's cosine against fp32 with these layers alone in float")
+    cosine_int8: float | None = Field(None, description="int8: the output's cosine against fp32 with every tensor int8")
+    cosine_fp16: float | None = Field(None, description="fp16: the output's cosine against fp32, converted as asked")
+    violations_alone_float: float | None = Field(
+        None, description="fp16: the share of output elements outside the fp16 tolerance with these nodes in fp32"
+    )
+    violations_fp16: float | None = Field(
+        None, description="fp16: the share of output elements outside the fp16 tolerance, converted as asked"
+    )
+    ops: list[str] | None = Field(None, description="fp16: the op types of the nodes (the first 8)")
+    gain: float = Field(
+        description="the measured sensitivity the ranking orders by. int8: cosine_alone_float - cosine_int8; fp16: "
+        "violations_fp16 - violations_alone_float, the share of output elements brought within the tolerance"
+    )
     kept: bool = Field(description="every one of its layers is kept in fp32 by the repair")
 
 
@@ -51,9 +80,14 @@ class UnrepairedVariant(BaseModel):
 
 
 class Int8Repair(BaseModel):
-    needed: bool = Field(description="false when int8 passed its gate as quantized")
-    passed: bool = Field(description="whether the int8 artifact passes its gate after the repair")
-    recipe: str = Field(description="the CPU int8 recipe the repair judged")
+    precision: Literal["int8", "fp16"] = Field("int8", description="the precision repaired")
+    needed: bool = Field(description="false when the artifact passed its gate as built (quantized, or converted)")
+    passed: bool = Field(description="whether the artifact passes its gate after the repair")
+    recipe: str = Field(description="the CPU int8 recipe the repair judged (fp16: worker/fp16, the farm's converter)")
+    measured_on: str | None = Field(
+        None, description="fp16: where the gate was measured, and why a GPU's fp16 error can be larger"
+    )
+    candidate_layers: int | None = Field(None, description="fp16: the nodes the conversion made fp16, the candidates")
     kept: list[str] = Field(description="the ONNX node names kept in fp32 (empty when not needed or nothing passed)")
     before: GateFigure
     after: GateFigure
@@ -102,9 +136,11 @@ class Int8Timing(BaseModel):
 
 class EngineInt8(BaseModel):
     """An int8 engine's int8 stage. Its ``latency`` is that of the model as built; with a repair that kept layers,
-    int8 without them is timed once, beside fp32 and the repaired int8, in the repair's ``latency_ms``."""
+    int8 without them is timed once, beside fp32 and the repaired int8, in the repair's ``latency_ms``. For an fp16
+    engine (``precision: fp16``), its build's fp16 repair stage: ``repair`` only, no candidates, no latency."""
 
     engine_id: int
+    precision: Literal["int8", "fp16"] = Field("int8", description="the engine's precision, and the stage's")
     target: str
     build_id: int = Field(description="the build whose int8 stage made the engine's model")
     family: Literal["onnxruntime", "tensorrt"] = Field(description="the quantization recipe's family")
@@ -122,10 +158,13 @@ def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[Benc
     """The int8 stage of ``engine`` from ``build``'s quantize report; None when it is not int8 or the build's stage
     left no report for its family."""
     family = family_of(engine.backend)
-    if build is None or engine.precision != "int8":
+    if build is None or engine.precision not in ("int8", "fp16"):
         return None
     report = ((build.quantize or {}).get("reports") or {}).get(family)
     if not report:
+        return None
+    # An fp16 engine has a view only of an fp16 repair (not of the int8 stage of a build whose target fell back).
+    if (report.get("repair") or {}).get("precision", "int8") != engine.precision:
         return None
     latency = []
     vs = report.get("vs_fp32") or {}
@@ -153,6 +192,7 @@ def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[Benc
             )
     return EngineInt8(
         engine_id=engine.id,
+        precision=engine.precision,
         target=engine.target,
         build_id=build.id,
         family=family,
@@ -181,29 +221,48 @@ def _candidate(c: dict[str, Any]) -> Int8Candidate:
 
 
 def _figure(f: dict[str, Any]) -> GateFigure:
-    return GateFigure(passed=bool(f.get("pass")), cosine=f.get("cosine", 0.0), failures=f.get("failures") or {})
+    return GateFigure(
+        passed=bool(f.get("pass")),
+        cosine=f.get("cosine", 0.0),
+        failures=f.get("failures") or {},
+        violations=f.get("violations"),
+        rel_l2=f.get("rel_l2"),
+        non_finite=f.get("non_finite"),
+    )
+
+
+def _ranked(t: dict[str, Any], kept: set[str]) -> RankedTensor:
+    fp16 = "violations_fp16" in t
+    return RankedTensor(
+        tensor=t.get("tensor"),
+        layers=t["layers"],
+        cosine_alone_float=t["cosine_alone_float"],
+        cosine_int8=t.get("cosine_int8"),
+        cosine_fp16=t.get("cosine_fp16"),
+        violations_alone_float=t.get("violations_alone_float"),
+        violations_fp16=t.get("violations_fp16"),
+        ops=t.get("ops"),
+        gain=round(
+            t["violations_fp16"] - t["violations_alone_float"] if fp16 else t["cosine_alone_float"] - t["cosine_int8"],
+            6,
+        ),
+        kept=bool(t["layers"]) and set(t["layers"]) <= kept,
+    )
 
 
 def _repair(r: dict[str, Any]) -> Int8Repair:
     kept = set(r.get("kept") or [])
     return Int8Repair(
+        precision=r.get("precision", "int8"),
         needed=bool(r.get("needed")),
         passed=bool(r.get("passed")),
         recipe=r.get("recipe", "operator"),
+        measured_on=r.get("measured_on"),
+        candidate_layers=r.get("candidates"),
         kept=list(r.get("kept") or []),
         before=_figure(r["before"]),
         after=_figure(r.get("after") or r["before"]),
-        ranking=[
-            RankedTensor(
-                tensor=t["tensor"],
-                layers=t["layers"],
-                cosine_alone_float=t["cosine_alone_float"],
-                cosine_int8=t["cosine_int8"],
-                gain=round(t["cosine_alone_float"] - t["cosine_int8"], 6),
-                kept=bool(t["layers"]) and set(t["layers"]) <= kept,
-            )
-            for t in r.get("ranking") or []
-        ],
+        ranking=[_ranked(t, kept) for t in r.get("ranking") or []],
         budget=r.get("budget"),
         note=r.get("note"),
         evaluations=r.get("evaluations"),

@@ -277,14 +277,16 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
     # Engines measured before whose new check (other settings) is still under way count too.
     in_progress = sorted(e.id for e in engines if checks[e.id]["in_progress"])
-    stages = quantizing.quantizing_builds(session, [e.id for e in engines if e.precision == "int8"], model.project)
-    int8 = [s for e in engines if (s := engine_int8(e, stages.get(e.id), view.benchmarks(e))) is not None]
+    staged = [e.id for e in engines if e.precision in ("int8", "fp16")]
+    stages = quantizing.quantizing_builds(session, staged, model.project)
+    found = [s for e in engines if (s := engine_int8(e, stages.get(e.id), view.benchmarks(e))) is not None]
     return {
         "model": ident(model),
         "previous": ident(previous) if previous else None,
         "rows": rows,
         "checks_in_progress": in_progress,
-        "int8": [s.model_dump(mode="json") for s in int8],
+        "int8": [s.model_dump(mode="json") for s in found if s.precision == "int8"],
+        "fp16": [s.model_dump(mode="json") for s in found if s.precision == "fp16"],
     }
 
 

@@ -187,7 +187,8 @@ class EngineOut(_EngineFacts):
 
 class ModelReportOut(BaseModel):
     """GET /v1/models/{id}/report: one row per engine and measured shape (or per engine not measured yet, with
-    why), the change against version N-1, and the int8 stage of each int8 engine the farm quantized."""
+    why), the change against version N-1, the int8 stage of each int8 engine the farm quantized, and the fp16
+    accuracy repair of each fp16 engine whose build ran one."""
 
     model: dict[str, Any] = Field(description="id, name, version, sha256 of the version reported on")
     previous: dict[str, Any] | None = Field(description="version N-1, the baseline of each row's regression")
@@ -200,6 +201,11 @@ class ModelReportOut(BaseModel):
         default_factory=list,
         description="per int8 engine made from the farm's own quantization: the CPU candidates measured, the "
         "accuracy repair when the spec asked for one, and the fp32/int8 latency measured",
+    )
+    fp16: list[EngineInt8] = Field(
+        default_factory=list,
+        description="per fp16 engine of a build that asked accuracy_repair: its build's fp16 repair "
+        "(precision fp16, the nodes ranked and kept in fp32, the gate before and after)",
     )
 
 

@@ -12,7 +12,16 @@ from pydantic import ValidationError
 
 from enginefarm.api import admission
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, ModelInfo, Target, TaskState, arch_of_cc
+from enginefarm.core.domain import (
+    ARCHES,
+    FP16_REPAIR_STAGE,
+    ORT_CUDA_PREFIX,
+    Backend,
+    ModelInfo,
+    Target,
+    TaskState,
+    arch_of_cc,
+)
 from enginefarm.core.errors import SpecInvalid, TargetUnavailable
 from enginefarm.core.machine import Machine
 from enginefarm.core.profilefit import profile_covers
@@ -64,12 +73,16 @@ def _needs_quantizing(model: ModelRow, spec: BuildSpec) -> bool:
     return spec.precision is Precision.INT8 and not model.info.get("has_qdq", False)
 
 
+def _needs_fp16_repair(spec: BuildSpec) -> bool:
+    return spec.precision is Precision.FP16 and spec.accuracy_repair
+
+
 def _create_build(
     s, model: ModelRow, targets: list[Target], spec: BuildSpec, served: dict[str, set[str]], **extra: Any
 ) -> tuple[BuildRow, list[queue.Message]]:
     """Record one validated build; returns it and what to publish once committed."""
-    quantize = _needs_quantizing(model, spec)
-    build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize, **extra)
+    quantize, fp16_repair = _needs_quantizing(model, spec), _needs_fp16_repair(spec)
+    build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize or fp16_repair, **extra)
     if quantize:
         build.quantize = {
             "state": TaskState.QUEUED.value,
@@ -77,6 +90,15 @@ def _create_build(
             "samples_sha256": model.samples_sha256,
             "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime",
         }
+    elif fp16_repair:  # the same waiting stage, on the same queue: worker/fp16_stage.py
+        build.quantize = {
+            "state": TaskState.QUEUED.value,
+            "kind": FP16_REPAIR_STAGE,
+            "source_model_id": model.id,
+            "samples_sha256": model.samples_sha256,
+            "detail": "finding the nodes to keep in fp32 so that fp16 passes its accuracy gate (ONNX Runtime, CPU)",
+        }
+        quantize = True
     out = [queue.Message.build(t.id, t.parsed_target) for t in build.tasks if t.state == TaskState.QUEUED.value]
     out += [queue.Message.bench(c.id, c.parsed_target) for c in checks]
     out += [queue.Message.quantize(build.id)] if quantize else []
@@ -223,13 +245,22 @@ def submit_sweep(
     return sweep_id
 
 
-def wait_reason(target: str, state: str, served: dict[str, set[str]]) -> str | None:
-    """Why a queued task is not running yet, when the answer is that nobody can take it."""
+def wait_reason(target: str, state: str, served: dict[str, set[str]], stage: dict | None = None) -> str | None:
+    """Why a queued task is not running yet, when the answer is that nobody can take it (``stage``: the build's
+    waiting stage, ``BuildRow.quantize``)."""
+    if state == TaskState.WAITING.value and (stage or {}).get("kind") == FP16_REPAIR_STAGE:
+        return "waiting for the fp16 accuracy repair stage to find the nodes to keep in fp32"
     if state == TaskState.WAITING.value:
         return "waiting for the int8 quantization stage to make the Q/DQ model"
     if state == TaskState.QUEUED.value and target not in served:
         return f"waiting: no live worker serves {target}"
     return None
+
+
+def task_wait_reason(task, served: dict[str, set[str]]) -> str | None:
+    """``wait_reason`` of a task row; its build's stage is read only for a task that waits on it."""
+    stage = task.build.quantize if task.state == TaskState.WAITING.value else None
+    return wait_reason(task.target, task.state, served, stage)
 
 
 # --------------------------------------------------------------------------- builds for an asking machine

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.core.domain import Target, TaskState
+from enginefarm.core.domain import FP16_REPAIR_STAGE, Target, TaskState
 from enginefarm.storage.builtengines import find_engine
 from enginefarm.storage.catalog import finish_task_reused, get_build
 from enginefarm.storage.checks import ensure_benchmark_task
@@ -36,12 +36,14 @@ def set_quantize(session: Session, build_id: int, state: str, **fields: Any) -> 
 
 
 def fail_quantize(session: Session, build_id: int, error: str) -> None:
-    """End the quantization stage and every task waiting on it with the reason."""
+    """End the quantization stage (or fp16 repair stage) and every task waiting on it with the reason."""
     set_quantize(session, build_id, TaskState.FAILED.value, error=error, finished_at=utcnow().isoformat())
+    fp16 = (get_build(session, build_id).quantize or {}).get("kind") == FP16_REPAIR_STAGE
+    what = "fp16 accuracy repair failed" if fp16 else "int8 quantization failed"
     session.execute(
         update(BuildTaskRow)
         .where(BuildTaskRow.build_id == build_id, BuildTaskRow.state == TaskState.WAITING.value)
-        .values(state=TaskState.FAILED.value, error=f"int8 quantization failed: {error}", finished_at=utcnow())
+        .values(state=TaskState.FAILED.value, error=f"{what}: {error}", finished_at=utcnow())
     )
 
 

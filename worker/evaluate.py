@@ -186,16 +186,40 @@ def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarr
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
 
 
-def check_accuracy(
-    runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
-) -> dict:
+@dataclass
+class AccuracyInputs:
+    """What an accuracy check feeds the engine (fixed inputs left out) and what the reference answered."""
+
+    feeds: list[dict]
+    wanted: list[dict]
+    names: list[str]
+    origin: str
+
+
+def accuracy_inputs(
+    reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
+) -> AccuracyInputs:
+    """The accuracy check's inputs and the reference's outputs on them (ONNX Runtime fp32 on ``reference_model``)."""
     feeds, origin = accuracy_feeds(spec, info, samples)
     reference = _reference_session(reference_model)
     names = [o.name for o in reference.get_outputs()]
-    limits = spec.accuracy.limits(spec.precision.value)
     fixed = fixed_arrays(spec, info)
     wanted = [dict(zip(names, reference.run(names, {**feed, **fixed}))) for feed in feeds]
     feeds = [{n: a for n, a in feed.items() if n not in fixed} for feed in feeds]
+    return AccuracyInputs(feeds, wanted, names, origin)
+
+
+def compare(runner: Runner, inputs: AccuracyInputs, limits: dict) -> dict:
+    """The engine's outputs on the check's inputs against the reference's, judged under ``limits``."""
+    return _compare(runner, inputs.feeds, inputs.wanted, inputs.names, limits)
+
+
+def check_accuracy(
+    runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
+) -> dict:
+    inputs = accuracy_inputs(reference_model, spec, info, samples)
+    feeds, wanted, names, origin = inputs.feeds, inputs.wanted, inputs.names, inputs.origin
+    limits = spec.accuracy.limits(spec.precision.value)
     result = _compare(runner, feeds, wanted, names, limits)
     if not result["pass"] and spec.precision.value == "fp32" and hasattr(runner, "without_tf32"):
         result = _tf32_verdict(result, runner, feeds, wanted, names, limits)

@@ -40,12 +40,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
 from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, quantize_qdq
-
-# The share of the quantized layers that may be kept in float before the repair gives up.
-BUDGET = 0.25
-# At most this many single-layer drops are tried after a passing set is found.
-TRIM_TRIES = 8
-RANKING_SHOWN = 20
+from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, search, within
 
 
 def sensitivity(
@@ -189,19 +184,19 @@ def repair(
         ranking = probe.ranking()
         groups = [r["layers"] for r in ranking]
         report["ranking"] = ranking[:RANKING_SHOWN]
-        budget = max(1, int(len(probe.quantizable) * BUDGET))
+        budget = budget_of(len(probe.quantizable))
         report["budget"] = budget
         base = list(spec.keep_fp32_layers)
         # The search runs on the probe (graph edits, no quantizing); the set it finds is then quantized for real.
-        kept, after = _search(groups, budget, probe, [])
+        kept, after = search(groups, budget, probe, [])
         if kept is not None:
             after = judge([*base, *kept])
         else:  # the probe found nothing: the whole budget, quantized for real, says whether that holds
-            whole = _within(groups, budget)
+            whole = within(groups, budget)
             after = judge([*base, *whole])
             kept = whole if after["pass"] else None
         if kept is not None and not after["pass"]:  # the estimate was too kind: search with real quantization
-            kept, after = _search(groups, budget, judge, base)
+            kept, after = search(groups, budget, judge, base)
         passed = kept is not None
         report.update(
             needed=True,
@@ -223,54 +218,6 @@ def repair(
         return report
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _within(groups: list[list[str]], budget: int, count: int | None = None) -> list[str]:
-    """The layers of the first ``count`` groups (all when None), in ranking order, the groups that fit the budget."""
-    out: list[str] = []
-    for group in groups[:count]:
-        grown = out + [n for n in group if n not in out]
-        if len(grown) <= budget:  # a group that does not fit is passed over
-            out = grown
-    return out
-
-
-def _search(groups: list[list[str]], budget: int, judge, base: list[str]) -> tuple[list[str] | None, dict]:
-    """Grow the kept set along the ranking (the layers of the top 1, 2, 4, ... tensors, at most ``budget`` layers),
-    then drop each tensor's layers that the gate does not need, least sensitive first."""
-    best: dict = {}
-    found: list[str] | None = None
-    tried: list[list[str]] = []
-    count = 1
-    while True:
-        keep = _within(groups, budget, count)
-        if keep and keep not in tried:
-            tried.append(keep)
-            figure = judge([*base, *keep])
-            if not best or figure["cosine"] > best["cosine"]:
-                best = figure
-            if figure["pass"]:
-                found, best = keep, figure
-                break
-        if count >= len(groups) or len(keep) >= budget or _within(groups, budget, count * 2) == keep:
-            break
-        count *= 2
-    if found is None:
-        return None, best
-    chosen = [g for g in groups if set(g) <= set(found)]
-    tries = 0
-    for group in list(reversed(chosen)):  # least sensitive first
-        rest = [g for g in chosen if g is not group]
-        trial = _within(rest, budget)
-        if not trial or len(trial) == len(found):
-            continue
-        if tries >= TRIM_TRIES:
-            break
-        tries += 1
-        figure = judge([*base, *trial])
-        if figure["pass"]:
-            found, best, chosen = trial, figure, rest
-    return found, best
 
 
 class _Judge:

@@ -38,7 +38,15 @@ def model_of_task(session, task):
 
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
-    """Quantize the build's model from its samples, once per target family; returns the build tasks to publish."""
+    """Quantize the build's model from its samples, once per target family; returns the build tasks to publish.
+    An fp16 build's accuracy repair stage, queued the same way, runs worker/fp16_stage.py instead."""
+    from enginefarm.worker import fp16_stage
+
+    with session_scope(settings) as s:
+        build = catalog.get_build(s, build_id)
+        fp16 = fp16_stage.is_fp16_repair(build.quantize)
+    if fp16:
+        return fp16_stage.run(build_id, store, settings)
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
         spec = build.build_spec

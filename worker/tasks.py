@@ -25,6 +25,7 @@ from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
 from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
 from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.worker.fp16_stage import spec_of_task
 from enginefarm.worker.lanes import wait_for_builds
 from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
 from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
@@ -118,7 +119,9 @@ def _run(task_id: int, me: str) -> None:
         task = catalog.get_task(s, task_id)
         # An int8 build may have one derived model per target family (worker/quantize_stage.py).
         build, model = task.build, model_of_task(s, task)
-        target, spec = task.parsed_target, build.build_spec
+        # An fp16 build with accuracy repair keeps the nodes its repair stage found in fp32 (worker/fp16_stage.py).
+        target, spec = task.parsed_target, spec_of_task(build)
+        repaired = spec.keep_fp32_layers != build.build_spec.keep_fp32_layers
         # A target that cannot build the spec's precision builds the nearest it can (enginefarm.core.validation);
         # the engine records the precision it has, under the spec hash that was asked for.
         precision, precision_note = target_precision(spec, target, ModelInfo.from_dict(model.info))
@@ -136,6 +139,13 @@ def _run(task_id: int, me: str) -> None:
     log_buf = BuildLog(limit=settings.log_tail_lines)
     if precision_note:
         log_buf.add(precision_note)
+    if repaired and precision is Precision.FP16:
+        log_buf.add(f"fp16 accuracy repair of this build: kept in fp32 {', '.join(spec.keep_fp32_layers)}")
+        if target.backend is Backend.TENSORRT and not spec.strongly_typed:
+            log_buf.add(
+                "fp16 accuracy repair: not applied here: TensorRT without strongly_typed picks each layer's "
+                "precision itself (strongly_typed: true builds the converted graph, which keeps them)"
+            )
     model_path = model_file_from_store(store, *model_fields, settings)
     with Scratch(settings) as scratch:
         try:

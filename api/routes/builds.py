@@ -22,7 +22,7 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
     return build_out(
         row,
-        {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks},
+        {t.id: services.wait_reason(t.target, t.state, served, row.quantize) for t in row.tasks},
         reports.build_checks(session, settings, row),
     )
 
@@ -39,7 +39,7 @@ def submit_build(
     check_body_id("model_id", body.model_id)
 
     def describe(row: BuildRow, served: dict[str, set[str]]) -> BuildOut:
-        return build_out(row, {t.id: services.wait_reason(t.target, t.state, served) for t in row.tasks})
+        return build_out(row, {t.id: services.wait_reason(t.target, t.state, served, row.quantize) for t in row.tasks})
 
     return services.submit_build(
         settings,

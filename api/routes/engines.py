@@ -137,7 +137,7 @@ def engine_int8_stage(
     repair (the ranking by measured sensitivity with ONNX node names, the layers kept in fp32, the cosine before
     and after) and the fp32/int8 latency measured. 404 for an engine the farm did not quantize."""
     row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    found = int8_of(session, row, model)
+    found = stage_of(session, row, model) if row.precision == "int8" else None
     if found is None:
         raise NotFound(
             f"engine {row.id} ({row.target}, {row.precision}) has no int8 stage: only int8 engines the farm "
@@ -146,8 +146,31 @@ def engine_int8_stage(
     return found
 
 
-def int8_of(session: Session, row: EngineRow, model: ModelRow) -> EngineInt8 | None:
-    """The engine's int8 stage as its model's project sees it (that project's benchmarks), or None."""
+@router.get(
+    "/{engine_id}/fp16",
+    response_model=EngineInt8,
+    responses={404: {"model": ErrorOut, "description": "not an fp16 engine whose build ran an accuracy repair"}},
+)
+def engine_fp16_repair(
+    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
+) -> EngineInt8:
+    """The fp16 accuracy repair of an fp16 engine whose build asked ``accuracy_repair``, in the int8 stage's shape
+    (``precision: fp16``, ``repair`` only): the nodes ranked by the fp16 gate measured on the CPU with each kept in
+    fp32 alone (ONNX node names), the nodes kept in fp32, the gate before and after, or the budget stop's note.
+    404 for an engine without one."""
+    row, model = builtengines.engine_in_project(session, engine_id, tenant)
+    found = stage_of(session, row, model) if row.precision == "fp16" else None
+    if found is None:
+        raise NotFound(
+            f"engine {row.id} ({row.target}, {row.precision}) has no fp16 repair: only fp16 engines of a build "
+            "that asked accuracy_repair have one"
+        )
+    return found
+
+
+def stage_of(session: Session, row: EngineRow, model: ModelRow) -> EngineInt8 | None:
+    """The engine's int8 stage, or its build's fp16 repair, as its model's project sees it (that project's
+    benchmarks), or None."""
     build = quantizing.quantizing_builds(session, [row.id], model.project).get(row.id)
     return engine_int8(row, build, [b for b in row.benchmarks if b.project == model.project])
 

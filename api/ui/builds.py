@@ -99,7 +99,7 @@ def engine_page(
 ) -> Response:
     engine = engine_routes.get_engine(engine_id, principal.project, session, settings)
     benchmarks = engine_routes.engine_benchmarks(engine_id, principal.project, session)
-    int8 = engine_routes.int8_of(session, *builtengines.engine_in_project(session, engine_id, principal.project))
+    int8 = engine_routes.stage_of(session, *builtengines.engine_in_project(session, engine_id, principal.project))
     base = str(request.base_url).rstrip("/")
     return page(
         request,

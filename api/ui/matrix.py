@@ -88,7 +88,7 @@ def _precisions(build: BuildRow) -> dict[int, str]:
 
 
 def _cell(task: BuildTaskRow, served: dict[str, set[str]]) -> Cell:
-    detail = task.error if task.state == "failed" else services.wait_reason(task.target, task.state, served)
+    detail = task.error if task.state == "failed" else services.task_wait_reason(task, served)
     return Cell(
         state=task.state,
         build_id=task.build_id,

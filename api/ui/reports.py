@@ -33,11 +33,11 @@ def report_page(
 
 
 def repairs_of(report: dict) -> list[dict]:
-    """The report's int8 stages that ran a repair, one per build (the repair is found once for all its targets):
-    build_id, variant, repair, and the stages of that build's engines."""
+    """The report's int8 stages that ran a repair and its fp16 repairs, one per build (the repair is found once for
+    all its targets): build_id, variant, repair, and the stages of that build's engines."""
     variants = {r["engine_id"]: r["variant"] for r in report["rows"]}
     out: dict[int, dict] = {}
-    for stage in report.get("int8") or []:
+    for stage in [*(report.get("int8") or []), *(report.get("fp16") or [])]:
         if stage["repair"] is not None:
             group = out.setdefault(
                 stage["build_id"],

@@ -323,8 +323,8 @@ def ci_command(
     repair: bool = typer.Option(
         False,
         "--repair",
-        help="int8: if it fails its accuracy gate, keep the fewest layers that break it in fp32 (found by measured "
-        "sensitivity); the run fails when that repair does not reach a passing gate",
+        help="int8 or fp16: if it fails its accuracy gate, keep the fewest layers that break it in fp32 (found by "
+        "measured sensitivity); the run fails when that repair does not reach a passing gate",
     ),
     api: str | None = typer.Option(
         None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)"
@@ -334,7 +334,7 @@ def ci_command(
     """Upload a model, build it for every target, wait for its checks and gate it: exit 0 only when every
     target built, was benchmarked (or waits for hardware the farm lacks, with --pending pass), passed its
     accuracy check and did not slow down beyond --max-regression-pct against the previous version (and, with
-    --repair, the int8 accuracy repair reached a passing gate)."""
+    --repair, the int8 or fp16 accuracy repair reached a passing gate)."""
     if pending not in ("pass", "fail"):
         raise typer.BadParameter("write pass or fail", param_hint="--pending")
     try:

@@ -1,13 +1,15 @@
-"""``enginefarm ci --repair``: the int8 accuracy repair as one more check of every target, read from the build's int8
-stage (``quantize.reports.<family>.repair`` of GET /v1/builds/{id}). It passes when the repair was not needed or
-reached a passing int8 gate, and fails with the repair's own reason otherwise: a build whose engines pass their
-accuracy check anyway (a CPU candidate that passes without the layers the repair judged) still fails the run when
-the repair asked for did not succeed. A repaired int8 that is not faster than fp32 on the CPU passes, with the repair's
-figures and recommendation in the reason."""
+"""``enginefarm ci --repair``: the accuracy repair as one more check of every target, read from the build's int8
+stage, or its fp16 repair stage (``quantize.reports.<family>.repair`` of GET /v1/builds/{id}). It passes when the
+repair was not needed or reached a passing gate, and fails with the repair's own reason otherwise: a build whose
+engines pass their accuracy check anyway (a CPU candidate that passes without the layers the repair judged) still
+fails the run when the repair asked for did not succeed. A repaired int8 that is not faster than fp32 on the CPU
+passes, with the repair's figures and recommendation in the reason."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from enginefarm.core.domain import FP16_REPAIR_STAGE
 
 REPAIR = "repair"
 
@@ -18,13 +20,21 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
         return "fail", "no build: nothing was repaired", {}
     stage = build.get("quantize") or {}
     if not stage:
-        return "fail", "the build has no int8 stage: the repair applies to int8 built from calibration samples", {}
+        return (
+            "fail",
+            "the build has no int8 or fp16 repair stage: the repair applies to int8 built from calibration "
+            "samples and to fp16",
+            {},
+        )
+    name = "fp16 repair stage" if stage.get("kind") == FP16_REPAIR_STAGE else "int8 stage"
     if stage.get("state") == "failed":
-        return "fail", f"the int8 stage failed: {stage.get('error') or 'no reason recorded'}", {}
+        return "fail", f"the {name} failed: {stage.get('error') or 'no reason recorded'}", {}
     repair = next((r["repair"] for r in (stage.get("reports") or {}).values() if r.get("repair")), None)
     if stage.get("state") != "succeeded" or repair is None:
         why = "no repair recorded" if stage.get("state") == "succeeded" else f"state {stage.get('state')}"
-        return "fail", f"the int8 stage did not finish a repair: {why}", {}
+        return "fail", f"the {name} did not finish a repair: {why}", {}
+    if repair.get("precision") == "fp16":
+        return _fp16_verdict(repair)
     before, after = repair["before"], repair["after"]
     numbers = {
         "needed": repair["needed"],
@@ -54,9 +64,36 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
     return "fail", f"repair failed: {repair.get('note') or 'no set of layers within the budget passes'}", numbers
 
 
+def _fp16_verdict(repair: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    from enginefarm.client.terminal import fp16_change
+
+    before, after = repair["before"], repair["after"]
+    numbers = {
+        "precision": "fp16",
+        "needed": repair["needed"],
+        "passed": repair["passed"],
+        "kept": repair["kept"],
+        "violations_before": before.get("violations"),
+        "violations_after": after.get("violations"),
+        "cosine_before": before["cosine"],
+        "cosine_after": after["cosine"],
+        "budget": repair.get("budget"),
+        "ranking": [
+            {"layers": r["layers"], "violations_alone_float": r["violations_alone_float"]}
+            for r in repair.get("ranking", [])[:5]
+        ],
+    }
+    if not repair["needed"]:
+        return "pass", f"not needed: fp16 passes its accuracy gate as converted ({fp16_change(repair)})", numbers
+    if repair["passed"]:
+        return "pass", f"repaired: kept {', '.join(repair['kept'])} in fp32; {fp16_change(repair)}", numbers
+    return "fail", f"repair failed: {repair.get('note') or 'no set of nodes within the budget passes'}", numbers
+
+
 def with_repair(gate: dict[str, Any], build: dict[str, Any] | None) -> dict[str, Any]:
     """The gate with the repair's check after each target's build check; its verdict, counts and reason redone."""
     verdict, reason, numbers = repair_verdict(build)
+    precision = numbers.get("precision", "int8")
     for target in gate["targets"]:
         check = {
             "target": target["target"],
@@ -79,5 +116,5 @@ def with_repair(gate: dict[str, Any], build: dict[str, Any] | None) -> dict[str,
             f"{c['target']} {c['check']}: {c['reason']}" for c in failed
         )
     elif gate["targets"]:
-        gate["reason"] += f"; int8 {reason}"
+        gate["reason"] += f"; {precision} {reason}"
     return gate

@@ -106,12 +106,16 @@ def markdown_summary(gate: dict[str, Any], build_id: int | None = None) -> str:
         f"pending checks {gate['pending']}",
     ]
     shown = [c for c in COLUMNS if any(x["check"] == c for t in gate["targets"] for x in t["checks"])]
+    repaired = {
+        x["numbers"].get("precision", "int8") for t in gate["targets"] for x in t["checks"] if x["check"] == "repair"
+    }
+    titles = {**COLUMNS, **({"repair": f"{repaired.pop()} repair"} if len(repaired) == 1 else {})}
     lines = [
         head,
         "",
         " · ".join(f for f in facts if f),
         "",
-        "| target | " + " | ".join(COLUMNS[c] for c in shown) + " |",
+        "| target | " + " | ".join(titles[c] for c in shown) + " |",
         "|---|" + "---|" * len(shown),
     ]
     notes = []

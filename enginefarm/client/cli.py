@@ -110,7 +110,7 @@ def build(
     repair: bool = typer.Option(
         False,
         "--repair",
-        help="int8: if it fails its accuracy gate, keep the fewest "
+        help="int8 or fp16: if it fails its accuracy gate, keep the fewest "
         "layers that break it in fp32 (found by measured sensitivity)",
     ),
     cleanup: str | None = typer.Option(None, "--cleanup", help="graph clean-up before building: onnxslim or none"),

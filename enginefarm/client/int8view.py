@@ -2,8 +2,10 @@
 /v1/models/{id}/report): the outcome, the layers kept in fp32, the cosine against fp32 before and after, the ranking
 by measured sensitivity with ONNX node names, the failed original kept as a variant, the latency of fp32, int8
 without repair and int8 repaired (and the note when the repaired int8 is not faster than fp32) and the CPU
-candidates. ``enginefarm report`` prints it after its tables; a report without a repair prints nothing more. Nothing
-here touches the network."""
+candidates. The fp16 accuracy repair of a build (the report's ``fp16`` list) prints the same way, labelled fp16: the
+nodes kept, the share of output elements outside the fp16 tolerance and the cosine before and after, the ranking.
+``enginefarm report`` prints it after its tables; a report without a repair prints nothing more. Nothing here touches
+the network."""
 
 from __future__ import annotations
 
@@ -20,11 +22,11 @@ Report = Mapping[str, Any]
 
 
 def repair_groups(report: Report) -> list[dict[str, Any]]:
-    """One entry per build whose int8 stage ran a repair (found once for all its targets): build_id, variant,
-    repair, and the int8 stages of that build's engines."""
+    """One entry per build whose int8 stage ran a repair, or that ran an fp16 repair (found once for all its
+    targets): build_id, variant, repair, and the stages of that build's engines."""
     variants = {r.get("engine_id"): r.get("variant") for r in report.get("rows") or []}
     out: dict[int, dict[str, Any]] = {}
-    for stage in report.get("int8") or []:
+    for stage in [*(report.get("int8") or []), *(report.get("fp16") or [])]:
         if stage.get("repair"):
             group = out.setdefault(
                 stage["build_id"],
@@ -39,10 +41,33 @@ def repair_groups(report: Report) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def outcome_line(repair: Mapping[str, Any]) -> Text:
-    """ "repaired: kept shift in fp32; cosine 0.1234 (fail) -> 0.9999 (pass)", or why it was not needed or failed."""
+def precision_of(repair: Mapping[str, Any]) -> str:
+    return repair.get("precision") or "int8"
+
+
+def gate_change(repair: Mapping[str, Any]) -> str:
+    """ "cosine 0.1234 (fail) -> 0.9999 (pass)"; for fp16 the share of elements outside the tolerance first."""
     before, after = repair["before"], repair["after"]
     cosine = f"cosine {before['cosine']:.4f} ({_gate(before)}) -> {after['cosine']:.4f} ({_gate(after)})"
+    if precision_of(repair) != "fp16":
+        return cosine
+    return (
+        f"outside the fp16 tolerance {_share(before)} ({_gate(before)}) -> {_share(after)} ({_gate(after)}) of "
+        f"output elements; cosine {before['cosine']:.4f} -> {after['cosine']:.4f}"
+    )
+
+
+def _share(figure: Mapping[str, Any]) -> str:
+    share = f"{100 * (figure.get('violations') or 0.0):.2f}%"
+    return share + (" (inf/NaN)" if figure.get("non_finite") else "")
+
+
+def outcome_line(repair: Mapping[str, Any]) -> Text:
+    """ "repaired: kept shift in fp32; cosine 0.1234 (fail) -> 0.9999 (pass)", or why it was not needed or failed."""
+    before = repair["before"]
+    cosine = gate_change(repair)
+    if not repair["needed"] and precision_of(repair) == "fp16":
+        return Text(f"not needed: fp16 passes its accuracy gate as converted ({_share(before)} outside the tolerance)")
     if not repair["needed"]:
         return Text(f"not needed: int8 passes its accuracy gate as quantized (cosine {before['cosine']:.4f})")
     if repair["passed"]:
@@ -55,6 +80,8 @@ def _gate(figure: Mapping[str, Any]) -> str:
 
 
 def ranking_table(repair: Mapping[str, Any]) -> Table:
+    if precision_of(repair) == "fp16":
+        return _fp16_ranking_table(repair)
     table = Table(title="sensitivity: the output's cosine against fp32 with each int8 tensor alone in float")
     for col in ("#", "ONNX nodes", "tensor", "cosine alone float", "gain", "fp32"):
         table.add_column(col, justify="right" if col in ("#", "cosine alone float", "gain") else "left")
@@ -65,6 +92,26 @@ def ranking_table(repair: Mapping[str, Any]) -> Table:
             r["tensor"],
             f"{r['cosine_alone_float']:.4f}",
             f"{r['gain']:+.4f}",
+            Text("kept", style="bold") if r["kept"] else DASH,
+        )
+    return table
+
+
+def _fp16_ranking_table(repair: Mapping[str, Any]) -> Table:
+    table = Table(
+        title="sensitivity: the share of output elements outside the fp16 tolerance with each node (or region) "
+        "alone in fp32"
+    )
+    for col in ("#", "ONNX nodes", "ops", "outside alone fp32", "cosine alone fp32", "gain", "fp32"):
+        table.add_column(col, justify="left" if col in ("ONNX nodes", "ops", "fp32") else "right")
+    for i, r in enumerate(repair["ranking"], 1):
+        table.add_row(
+            str(i),
+            ", ".join(r["layers"]),
+            ", ".join(r.get("ops") or []),
+            f"{100 * r['violations_alone_float']:.2f}%",
+            f"{r['cosine_alone_float']:.4f}",
+            f"{100 * r['gain']:+.2f}%",
             Text("kept", style="bold") if r["kept"] else DASH,
         )
     return table
@@ -172,14 +219,17 @@ def repair_sections(report: Report) -> list[RenderableType]:
         repair = g["repair"]
         targets = ", ".join(s["target"] for s in g["stages"])
         head = Text(
-            f"int8 accuracy repair of build {g['build_id']}"
+            f"{precision_of(repair)} accuracy repair of build {g['build_id']}"
             + (f" ({g['variant']})" if g["variant"] else "")
             + f": {targets}",
             style="bold",
         )
         parts: list[RenderableType] = [head, outcome_line(repair), *variant_lines(repair)]
         if repair.get("budget"):
-            parts.append(Text(f"budget: at most {repair['budget']} layer(s) in fp32", style="dim"))
+            what = "node(s)" if precision_of(repair) == "fp16" else "layer(s)"
+            parts.append(Text(f"budget: at most {repair['budget']} {what} in fp32", style="dim"))
+        if repair.get("measured_on"):
+            parts.append(Text(f"measured on {repair['measured_on']}", style="dim"))
         if repair["ranking"]:
             parts.append(ranking_table(repair))
         if repair.get("latency_ms") or any(s["latency"] for s in g["stages"]):

@@ -78,10 +78,13 @@ def human_bytes(n: int | float | None, *, signed: bool = False) -> str:
     raise AssertionError("unreachable")
 
 
-def fmt_small(value: float | None, *, signed: bool = False) -> str:
-    """Scientific notation for error metrics and cosine deltas, which live around 1e-3 .. 1e-7."""
+def fmt_small(value: float | str | None, *, signed: bool = False) -> str:
+    """Scientific notation for error metrics and cosine deltas, which live around 1e-3 .. 1e-7. A figure that was
+    not finite is stored as its text ("inf", "nan") and shown as it is."""
     if value is None:
         return DASH
+    if isinstance(value, str):
+        return value
     if value == 0:
         return "0"
     return f"{value:+.2e}" if signed else f"{value:.2e}"

@@ -155,6 +155,9 @@ def print_quantize(build: dict[str, Any]) -> None:
     repair = next((r["repair"] for r in reports.values() if r.get("repair")), None)
     if repair is None:
         return
+    if repair.get("precision") == "fp16":
+        print_fp16_repair(repair)
+        return
     before, after = repair["before"], repair["after"]
     if not repair["needed"]:
         console.print(f"repair: not needed (cosine {before['cosine']:.4f} passes the int8 gate)")
@@ -183,6 +186,35 @@ def print_quantize(build: dict[str, Any]) -> None:
             f"[yellow]repair: not faster than fp32:[/yellow] {repair['speed_note']} "
             f"(recommended: {repair.get('recommend') or 'fp32'})"
         )
+
+
+def fp16_change(repair: dict[str, Any]) -> str:
+    """ "100.00% (inf/NaN) -> 0.00% of output elements outside the fp16 tolerance, cosine -1.0000 -> 1.0000" from a
+    build's fp16 repair report."""
+    before, after = repair["before"], repair["after"]
+
+    def share(f: dict[str, Any]) -> str:
+        return f"{100 * (f.get('violations') or 0.0):.2f}%" + (" (inf/NaN)" if f.get("non_finite") else "")
+
+    return (
+        f"{share(before)} -> {share(after)} of output elements outside the fp16 tolerance, cosine "
+        f"{before['cosine']:.4f} -> {after['cosine']:.4f}"
+    )
+
+
+def print_fp16_repair(repair: dict[str, Any]) -> None:
+    """The fp16 accuracy repair of a build: the nodes kept in fp32 and the gate before and after, or why it stopped."""
+    if not repair["needed"]:
+        console.print(f"fp16 repair: not needed (fp16 passes its accuracy gate as converted; {fp16_change(repair)})")
+    elif repair["passed"]:
+        console.print(
+            f"fp16 repair: kept {', '.join(repair['kept'])} in fp32; {fp16_change(repair)} "
+            f"({repair['evaluations']} checks, {repair['seconds']:.1f} s)"
+        )
+    else:
+        console.print(f"[red]fp16 repair failed:[/red] {repair.get('note', '')}")
+    if repair.get("needed") and repair.get("measured_on"):
+        console.print(f"[dim]fp16 repair: measured on {repair['measured_on']}[/dim]")
 
 
 def secs(v: float | None) -> str:

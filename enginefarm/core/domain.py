@@ -134,6 +134,9 @@ class Target:
 
 # Int8 quantization from samples runs on a CPU worker with ONNX Runtime.
 QUANTIZE_QUEUE = "quantize.onnxruntime"
+# ``BuildRow.quantize["kind"]`` of an fp16 build's accuracy repair stage, which runs on the quantize queue before the
+# build's tasks as int8's quantization does (an int8 stage has no kind).
+FP16_REPAIR_STAGE = "fp16-repair"
 
 
 def all_targets() -> list[Target]:

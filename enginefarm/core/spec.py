@@ -227,10 +227,10 @@ class BuildSpec(BaseModel):
     )
     accuracy_repair: StrictBool = Field(
         default=False,
-        description="int8: when the int8 artifact fails its accuracy gate, find the layers that break "
+        description="int8 and fp16: when the artifact fails its accuracy gate, find the layers that break "
         "it (by measured sensitivity) and keep the fewest of them in fp32 that let it pass; "
-        "every target's int8 model is quantized with that set, and the quantize report "
-        "records the ranking, what was kept, and the accuracy before and after",
+        "every target's int8 model is quantized (or fp16 graph converted) with that set, and the build's "
+        "quantize report records the ranking, what was kept, and the accuracy before and after",
     )
     tf32: StrictBool = Field(
         default=True,

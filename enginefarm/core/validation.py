@@ -79,12 +79,13 @@ def _precision_problems(
                 "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none",
             )
         )
-    if spec.accuracy_repair and (p is not Precision.INT8 or info.has_qdq):
+    if spec.accuracy_repair and (p not in (Precision.INT8, Precision.FP16) or info.has_qdq):
         problems.append(
             _problem(
                 ["spec", "accuracy_repair"],
-                "accuracy_repair applies to int8 built from calibration samples (the farm's own quantization), not to "
-                + ("a model that holds Q/DQ already" if p is Precision.INT8 else f"{p.value}"),
+                "accuracy_repair applies to int8 built from calibration samples (the farm's own quantization) and "
+                "to fp16 (the farm's own conversion), not to "
+                + ("a model that holds Q/DQ already" if info.has_qdq else f"{p.value}"),
             )
         )
     for t in targets:

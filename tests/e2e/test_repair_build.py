@@ -28,16 +28,16 @@ def test_a_failing_int8_build_is_repaired_by_keeping_the_sensitive_layer_in_floa
     with Client(farm.url) as c:
         model, _ = c.upload(path, unique_name("repair"))
         model = c.upload_samples(model["id"], npz)
-    # fp16 has no repair: refused with the field named, before anything is queued.
+    # fp32 has nothing to repair: refused with the field named, before anything is queued.
     r = api.post(
         "/v1/builds",
         json={
             "model_id": model["id"],
             "targets": [CPU],
-            "spec": {**sample_spec(image=16), "precision": "fp16", "accuracy_repair": True},
+            "spec": {**sample_spec(image=16), "precision": "fp32", "accuracy_repair": True},
         },
     )
-    assert r.status_code == 422 and "accuracy_repair applies to int8" in r.text, r.text
+    assert r.status_code == 422 and "accuracy_repair applies to int8" in r.text and "not to fp32" in r.text, r.text
 
     out = run_cli(
         farm.url,

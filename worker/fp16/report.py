@@ -32,6 +32,8 @@ class Fp16Report:
     keep_io_types: bool
     external_data: str | None = None
     notes: list[str] = field(default_factory=list)
+    # the float nodes converted to fp16 (control-flow bodies first, then the main graph, each in graph order)
+    fp16_node_names: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +58,7 @@ class Tally:
     float_nodes: int = 0
     kept: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
     kept_nodes: dict[str, str] = field(default_factory=dict)
+    converted: list[str] = field(default_factory=list)
     casts: int = 0
     library: str = ""
     notes: list[str] = field(default_factory=list)
@@ -76,6 +79,8 @@ class Tally:
             if name in reasons:
                 self.kept[reasons[name]][op_type] += 1
                 self.kept_nodes[name] = reasons[name]
+            else:
+                self.converted.append(name)
 
     def merge(self, other: Tally) -> None:
         self.nodes += other.nodes
@@ -84,6 +89,7 @@ class Tally:
         for reason, ops in other.kept.items():
             self.kept[reason].update(ops)
         self.kept_nodes.update(other.kept_nodes)
+        self.converted.extend(other.converted)
         self.gemm_nodes |= other.gemm_nodes
         self.initializers_fp16 += other.initializers_fp16
         self.initializers_fp32 += other.initializers_fp32
@@ -113,4 +119,5 @@ class Tally:
             keep_io_types=keep_io_types,
             external_data=external_data,
             notes=self.notes,
+            fp16_node_names=list(self.converted),
         )

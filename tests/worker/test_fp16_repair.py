@@ -1,0 +1,162 @@
+"""fp16 accuracy repair: the node whose activations leave fp16's range is ranked first and kept in fp32, the
+repaired fp16 CPU artifact passes the gate it failed, the bisection of regions finds the same node on a larger
+search, and the budget stop says so and recommends fp32."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from enginefarm.core.domain import Backend, Target
+from enginefarm.core.spec import BuildSpec
+from enginefarm.core.validation import validate_spec
+from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.worker import fp16_repair as F
+from enginefarm.worker.backends import BuildLog, get_backend
+from enginefarm.worker.evaluate import OrtRunner, check_accuracy
+
+SHAPES = {"input": [1, 16]}
+
+
+def overflow_model(path: Path, branches: int = 1, tag: str = "") -> Path:
+    """``output = relu(x) + sum over branches of 1e-5 * mean(x * x)``, each branch's square read by two Concats
+    before its mean. On samples of 300..400 the square (up to 160,000) leaves fp16's range (65,504): in fp16 the
+    output is infinite. The means and the scaling back stay fp32 by the converter's own rules, and a Concat fed
+    only by fp32 nodes stays fp32 too, so keeping a branch's ``square`` in fp32 mends that branch; keeping one
+    Concat does not (the other still reads the square in fp16). ``tag`` names the graph: other bytes, so that a test
+    does not find the engines of another's build of the same model in the catalog."""
+    nodes, total = [], None
+    for b in range(branches):
+        s = "" if branches == 1 else f"_{b}"
+        nodes += [
+            helper.make_node("Mul", ["input", "input"], [f"sq{s}"], name=f"square{s}"),
+            helper.make_node("Concat", [f"sq{s}"] * 2, [f"pair{s}"], name=f"pair{s}", axis=1),
+            helper.make_node("Concat", [f"sq{s}"] * 3, [f"triple{s}"], name=f"triple{s}", axis=1),
+            helper.make_node("ReduceMean", [f"pair{s}"], [f"m2{s}"], name=f"mean_pair{s}", axes=[1], keepdims=1),
+            helper.make_node("ReduceMean", [f"triple{s}"], [f"m3{s}"], name=f"mean_triple{s}", axes=[1], keepdims=1),
+            helper.make_node("Add", [f"m2{s}", f"m3{s}"], [f"m{s}"], name=f"means{s}"),
+            helper.make_node("Mul", [f"m{s}", "small"], [f"branch{s}"], name=f"scale_back{s}"),
+        ]
+        if total is not None:
+            nodes.append(helper.make_node("Add", [total, f"branch{s}"], [f"total{s}"], name=f"total{s}"))
+        total = f"total{s}" if total is not None else f"branch{s}"
+    nodes += [
+        helper.make_node("Relu", ["input"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", total], ["output"], name="join"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        f"overflow{tag}",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array(1e-5, np.float32), "small")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def overflow_samples(count: int = 8, seed: int = 4) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(300, 400, (count, 16)).astype(np.float32)
+
+
+def _runner(path: Path) -> OrtRunner:
+    return OrtRunner(path, threads=1)
+
+
+def _inputs(tmp_path: Path, branches: int = 1):
+    source = overflow_model(tmp_path / f"overflow{branches}.onnx", branches)
+    spec = BuildSpec(precision="fp16", shapes=SHAPES, accuracy_repair=True)
+    return source, {"input": overflow_samples()}, spec, inspect_upload(source, tmp_path / "inspect").info
+
+
+def _artifact_check(source: Path, samples, spec: BuildSpec, info, out: Path) -> dict:
+    """The farm's fp16 CPU artifact of ``source`` under ``spec``, judged by the benchmark stage's accuracy check."""
+    backend = get_backend(Backend.ONNXRUNTIME)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    backend.build(source, spec, Target.parse(f"onnxruntime/cpu-{backend.host_platform()}"), out, BuildLog(), None)
+    runner = _runner(out)
+    try:
+        return check_accuracy(runner, source, spec, info, samples)
+    finally:
+        runner.close()
+
+
+def test_repair_keeps_exactly_the_overflowing_node_and_the_artifact_passes(tmp_path: Path):
+    source, samples, spec, info = _inputs(tmp_path)
+    # Without repair the fp16 artifact fails its accuracy check: the square is infinite in fp16.
+    failed = _artifact_check(source, samples, spec, info, tmp_path / "plain" / "a.onnx")
+    assert failed["pass"] is False and failed["worst"]["violations"] == 1.0, failed
+    report = F.repair(source, source, samples, spec, info, tmp_path, _runner)
+    assert report["precision"] == "fp16" and report["needed"] is True
+    assert report["before"]["pass"] is False and report["before"].get("non_finite") is True
+    assert report["passed"] is True and report["kept"] == ["square"], report
+    assert report["after"]["pass"] is True and report["after"]["violations"] == 0.0
+    first = report["ranking"][0]
+    assert first["layers"] == ["square"] and first["ops"] == ["Mul"] and first["tensor"] == "sq"
+    assert first["violations_fp16"] == 1.0 and first["violations_alone_float"] == 0.0 and first["pass_alone"]
+    # No other node alone mends it: a Concat kept in fp32 leaves the other reading the square in fp16.
+    assert all(not r["pass_alone"] for r in report["ranking"][1:]) and len(report["ranking"]) == 5
+    assert {n for r in report["ranking"] for n in r["layers"]} == {"square", "pair", "triple", "relu", "join"}
+    assert report["candidates"] == 5 and report["budget"] == 1
+    assert report["evaluations"] == 1 + 5  # before, then each candidate once (the search reuses the figures)
+    assert "CPU" in report["measured_on"] and list(tmp_path.glob("fp16-repair-*")) == []
+    # The kept set, given to the build, makes the artifact pass the same check.
+    repaired = spec.model_copy(update={"keep_fp32_layers": report["kept"]})
+    passed = _artifact_check(source, samples, repaired, info, tmp_path / "repaired" / "a.onnx")
+    assert passed["pass"] is True, passed
+    again = F.repair(source, source, samples, spec, info, tmp_path, _runner)  # the same inputs, the same answer
+    assert again["kept"] == report["kept"] and again["ranking"] == report["ranking"]
+
+
+def test_regions_are_bisected_down_to_the_node_above_the_node_limit(tmp_path: Path, monkeypatch):
+    source, samples, spec, info = _inputs(tmp_path)
+    monkeypatch.setattr(F, "NODE_LIMIT", 2)
+    monkeypatch.setattr(F, "REGIONS", 2)
+    report = F.repair(source, source, samples, spec, info, tmp_path, _runner)
+    assert report["passed"] is True and report["kept"] == ["square"], report
+    assert report["method"].startswith("2 regions of the nodes converted to fp16")
+    # The region holding the square, then its halves, down to the square alone, ranked first of the single nodes.
+    sizes = [len(r["layers"]) for r in report["ranking"]]
+    assert max(sizes) > 1 and ["square"] in [r["layers"] for r in report["ranking"]]
+    assert report["ranking"][0]["pass_alone"] and "square" in report["ranking"][0]["layers"]
+
+
+def test_repair_is_not_needed_when_fp16_passes(tmp_path: Path):
+    source, _, spec, info = _inputs(tmp_path)
+    small = {"input": np.random.default_rng(1).uniform(0, 2, (4, 16)).astype(np.float32)}  # squares fit fp16
+    report = F.repair(source, source, small, spec, info, tmp_path, _runner)
+    assert report["needed"] is False and report["passed"] is True and report["kept"] == []
+    assert report["evaluations"] == 1 and "ranking" not in report
+
+
+def test_repair_stops_honestly_when_no_set_within_the_budget_passes(tmp_path: Path):
+    source, samples, spec, info = _inputs(tmp_path, branches=3)  # three squares overflow; the budget is two nodes
+    report = F.repair(source, source, samples, spec, info, tmp_path, _runner)
+    assert report["candidates"] == 11 and report["budget"] == 2
+    assert report["needed"] is True and report["passed"] is False and report["kept"] == [], report
+    assert report["after"]["pass"] is False
+    assert report["note"].startswith("no set of up to 2 of the 11 nodes converted to fp16, kept in fp32, passes")
+    assert report["note"].endswith("build fp32 for this model")
+
+
+def test_accuracy_repair_is_accepted_for_fp16_and_int8_and_refused_otherwise(tmp_path: Path):
+    info = inspect_upload(overflow_model(tmp_path / "m.onnx"), tmp_path / "inspect").info
+    cpu = [Target.parse("onnxruntime/cpu-x86_64")]
+
+    def problems(precision: str, model=info) -> list[dict]:
+        spec = BuildSpec(precision=precision, shapes=SHAPES, accuracy_repair=True)
+        return [p for p in validate_spec(spec, model, cpu, has_samples=True) if "accuracy_repair" in p["loc"]]
+
+    assert problems("fp16") == [] and problems("int8") == []
+    for precision in ("fp32", "bf16"):
+        (refused,) = problems(precision)
+        assert refused["msg"].endswith(f"not to {precision}"), refused
+    # A model that holds Q/DQ already is built as it is: nothing of it is the farm's to repair.
+    (refused,) = problems("fp16", replace(info, has_qdq=True))
+    assert refused["msg"].endswith("not to a model that holds Q/DQ already"), refused
