@@ -8,7 +8,8 @@ it runs: the fleet's path, a cached answer). Two pacings:
   lockstep   every connection waits 1/(rate/connections) s after each answer: the connections fire in bursts
   spread     each wait is random, uniform on [0, 2/(rate/connections)] s (same mean): arrivals spread out
 
-and for each, both streams' p50 and p99 and the ratio resolve p99 / healthz p99.
+and for each, both streams' p50 and p99 and the ratio resolve p99 / healthz p99. Then each stream alone in a
+closed loop (no pacing): requests/s of resolve against /healthz's.
 
     python bench/tail.py                  # 20 s per pacing, ~300 req/s per stream over 64 connections
     python bench/tail.py --smoke          # 2 s: checks that it runs
@@ -89,8 +90,10 @@ def fill(settings: Settings, models: int) -> None:
                 )
 
 
-def wrk(url: str, seconds: float, connections: int, script: Path, headers: dict[str, str]) -> subprocess.Popen:
-    args = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script)]
+def wrk(url: str, seconds: float, connections: int, script: Path | None, headers: dict[str, str]) -> subprocess.Popen:
+    """wrk against ``url``: paced by ``script``'s delay, or a closed loop (each connection sends again at once)."""
+    args = ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency"]
+    args += ["-s", str(script)] if script else []
     for k, v in headers.items():
         args += ["-H", f"{k}: {v}"]
     return subprocess.Popen(args + [url], stdout=subprocess.PIPE, text=True)
@@ -184,6 +187,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"(load {os.getloadavg()[0]:.2f})",
                     flush=True,
                 )
+            # Closed loop, one stream at a time (each connection sends again as soon as it is answered): how many
+            # answers a second the embedded farm gives, against /healthz's in the same run.
+            closed = {}
+            for name, url, headers in (("healthz", base + "/healthz", {}), ("resolve", resolve, auth)):
+                closed[name] = parse(wrk(url, args.seconds, args.connections, None, headers).communicate()[0])
+                ok = ok and closed[name]["non2xx"] == 0
+            hs, rs = closed["healthz"], closed["resolve"]
+            print(
+                f"closed    healthz {hs['rps']:6.0f} req/s p99 {hs['p99_ms']:7.2f} ms | resolve {rs['rps']:6.0f} req/s "
+                f"p99 {rs['p99_ms']:7.2f} ms | resolve/healthz throughput {rs['rps'] / hs['rps']:5.2f} "
+                f"(load {os.getloadavg()[0]:.2f})",
+                flush=True,
+            )
         finally:
             os.killpg(farm.pid, signal.SIGTERM)
             try:
