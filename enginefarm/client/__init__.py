@@ -2,6 +2,7 @@
 
 from enginefarm.client.errors import ApiError
 from enginefarm.client.jobs import BuildJob
-from enginefarm.client.sdk import Client, Fetched, resolve_offline
+from enginefarm.client.offline import resolve_offline
+from enginefarm.client.sdk import Client, Fetched
 
 __all__ = ["ApiError", "BuildJob", "Client", "Fetched", "resolve_offline"]
