@@ -28,10 +28,10 @@ from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
 from enginefarm.api.versions import Versions
 from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose
-from enginefarm.core.compat import Match
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine
 from enginefarm.core.machine import Machine
+from enginefarm.core.verdicts import Match
 from enginefarm.storage import resolution
 from enginefarm.storage.resolution import EngineTable
 from enginefarm.storage.tokens import Principal

@@ -9,20 +9,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from enginefarm.core.compat import (
-    Check,
-    Outcome,
-    Rule,
-    Verdict,
-    check_fail,
-    check_ok,
-    check_relaxed,
-    check_unchecked,
-    judge,
-)
+from enginefarm.core.compat import judge
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import Machine
 from enginefarm.core.profilefit import shape_fit
+from enginefarm.core.verdicts import Check, Outcome, Rule, Verdict, check_fail, check_ok, check_relaxed, check_unchecked
 from enginefarm.core.wanted import Wanted
 
 

@@ -13,134 +13,42 @@ engine for a runtime it did not name is rejected.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from enum import IntEnum
-from functools import lru_cache
+from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
+from enginefarm.core.compat_ortcuda import check_ort_cuda, check_ort_version, is_ort_cuda, ort_cuda_verdict
 from enginefarm.core.domain import (
     ENGINE_FACTS,
-    ORT_CUDA_PREFIX,
     Backend,
     EngineDescriptor,
     HardwareCompat,
-    StrEnum,
     cc_tuple,
 )
 from enginefarm.core.machine import Machine
 from enginefarm.core.profilefit import profile_fit, profile_gap, span
+from enginefarm.core.verdicts import (
+    NO_CC,
+    Check,
+    Match,
+    Outcome,
+    Rule,
+    Verdict,
+    check_fail,
+    check_ok,
+    check_relaxed,
+    check_unchecked,
+    version_tuple,
+)
 
 # CUDA major → lowest driver that runs it (CUDA minor-version compatibility).
 DRIVER_FLOORS: dict[int, int] = {11: 450, 12: 525, 13: 580}
 
-# The lowest compute capability ONNX Runtime's CUDA execution provider runs on, per CUDA major of its build
-# (CUDA 13 dropped Maxwell, Pascal and Volta; onnxruntime-gpu's CUDA 12 wheels start at 6.0).
-ORT_CUDA_MIN_CC: dict[int, tuple[int, int]] = {12: (6, 0), 13: (7, 5)}
 
 # Version-compatible engines also run on later runtimes across these major pairs (support matrix).
 CROSS_MAJOR: frozenset[tuple[int, int]] = frozenset({(8, 9), (8, 10), (10, 11)})
 # Version compatibility exists from TensorRT 8.6 on, for the builder and the runtime alike.
 VERSION_COMPAT_FLOOR = (8, 6)
-
-
-class Match(IntEnum):
-    """How close a runnable engine fits; lower is better."""
-
-    EXACT_GPU = 0  # built on this GPU model, for this runtime
-    EXACT_CC = 1  # built for this compute capability, for this runtime
-    HARDWARE_COMPAT = 2  # an Ampere+ engine from another compute capability, or a portable TensorRT-RTX engine
-    VERSION_COMPAT = 3  # runs on a later runtime through version compatibility (may be slower)
-    CPU_FALLBACK = 4  # the ONNX Runtime artifact
-
-    @property
-    def label(self) -> str:
-        return self.name.lower()
-
-
-class Rule(StrEnum):
-    """The rule a check applies; rejections cite it."""
-
-    PLATFORM = "platform"
-    RUNTIME = "runtime"
-    TRT_VERSION = "trt-version"
-    LEAN_RUNTIME = "lean-runtime"
-    COMPUTE_CAPABILITY = "compute-capability"
-    HARDWARE_COMPAT = "hardware-compat"
-    RTX_RELEASE = "rtx-release"
-    RTX_CC = "rtx-cc"
-    ORT_CUDA = "ort-cuda"
-    ORT_VERSION = "ort-version"
-    DRIVER = "driver-floor"
-    MEMORY = "memory"
-    SHAPES = "shapes"
-    ACCEPTED_PRECISION = "precision"
-    ACCURACY_GATE = "accuracy-gate"
-    NAMED_RUNTIME = "named-runtime"  # a machine that names its GPU runtime is not handed another's file unasked
-    # the caller's filters
-    PRECISION = "filter:precision"
-    SPEC = "filter:spec-hash"
-    ACCURACY = "filter:accuracy"
-    LATENCY = "filter:max-latency"
-    BACKEND = "filter:backend"
-
-
-class Outcome(StrEnum):
-    PASS = "pass"
-    RELAXED = "relaxed"  # passes through a compatibility mode, not by an exact match
-    FAIL = "fail"
-    UNCHECKED = "unchecked"  # the machine did not say
-
-
-@dataclass(frozen=True)
-class Check:
-    rule: Rule
-    outcome: Outcome
-    detail: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"rule": self.rule.value, "outcome": self.outcome.value, "detail": self.detail}
-
-
-@dataclass
-class Verdict:
-    runs: bool
-    match: Match | None
-    reason: str
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def rule(self) -> Rule | None:
-        """The rule that excluded the engine; None when it runs."""
-        return next((c.rule for c in self.checks if c.outcome is Outcome.FAIL), None)
-
-    @property
-    def unchecked(self) -> list[str]:
-        return [c.rule.value for c in self.checks if c.outcome is Outcome.UNCHECKED]
-
-
-@lru_cache(maxsize=4096)
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split(".") if p.isdigit())
-
-
-def check_ok(rule: Rule, detail: str) -> Check:
-    return Check(rule, Outcome.PASS, detail)
-
-
-def check_fail(rule: Rule, detail: str) -> Check:
-    return Check(rule, Outcome.FAIL, detail)
-
-
-def check_relaxed(rule: Rule, detail: str) -> Check:
-    return Check(rule, Outcome.RELAXED, detail)
-
-
-def check_unchecked(rule: Rule, detail: str) -> Check:
-    return Check(rule, Outcome.UNCHECKED, detail)
-
-
-NO_CC = "your GPU's compute capability is unknown (no GPU found, or none given), and a GPU engine needs it"
 
 
 def _names_runtimes(m: Machine) -> bool:
@@ -177,7 +85,7 @@ def _check_trt_version(e: EngineDescriptor, m: Machine) -> Check:
         return check_ok(Rule.TRT_VERSION, f"built with your TensorRT {built}")
     if not e.version_compatible:
         return check_fail(Rule.TRT_VERSION, f"built with TensorRT {built}, you run {runtime}, not version-compatible")
-    got, want = _version(runtime), _version(built)
+    got, want = version_tuple(runtime), version_tuple(built)
     if got[:2] < VERSION_COMPAT_FLOOR or want[:2] < VERSION_COMPAT_FLOOR:
         return check_fail(
             Rule.TRT_VERSION,
@@ -262,7 +170,7 @@ def _check_rtx_cc(e: EngineDescriptor, m: Machine) -> Check:
 def _check_driver(e: EngineDescriptor, m: Machine) -> Check | None:
     if not e.cuda_version:
         return None
-    floor = DRIVER_FLOORS.get(_version(e.cuda_version)[0])
+    floor = DRIVER_FLOORS.get(version_tuple(e.cuda_version)[0])
     if not floor:
         return None
     if not m.driver_version:
@@ -270,7 +178,7 @@ def _check_driver(e: EngineDescriptor, m: Machine) -> Check | None:
             Rule.DRIVER,
             f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; your driver is unknown",
         )
-    if _version(m.driver_version)[0] < floor:
+    if version_tuple(m.driver_version)[0] < floor:
         return check_fail(
             Rule.DRIVER,
             f"built with CUDA {e.cuda_version}, which needs driver {floor} or newer; you have {m.driver_version}",
@@ -313,84 +221,6 @@ def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
     return check_ok(Rule.SHAPES, f"profile {best} covers your shapes ({spans})")
 
 
-def is_ort_cuda(e: EngineDescriptor) -> bool:
-    """An ONNX Runtime artifact for its CUDA execution provider (target ``onnxruntime/cuda-smXY``)."""
-    return e.backend == Backend.ONNXRUNTIME.value and e.target.partition("/")[2].startswith(ORT_CUDA_PREFIX)
-
-
-def _check_ort_cuda(e: EngineDescriptor, m: Machine) -> Check:
-    """An ONNX Runtime CUDA artifact is a prepared graph, not GPU code: it runs on any GPU that the CUDA build of
-    ONNX Runtime supports. Its own compute capability is a match; another supported one runs, relaxed."""
-    cc, built = m.compute_capability, e.compute_capability
-    if not m.ort_cuda:
-        said = (
-            f"you run ONNX Runtime {m.ort_version} without CUDA"
-            if m.ort_version
-            else "you did not say you run ONNX Runtime with CUDA (ort_cuda)"
-        )
-        return check_fail(Rule.ORT_CUDA, f"prepared for ONNX Runtime's CUDA execution provider; {said}")
-    if cc is None:
-        return check_fail(Rule.COMPUTE_CAPABILITY, f"prepared on compute capability {built}; {NO_CC}")
-    if cc == built:
-        return check_ok(Rule.COMPUTE_CAPABILITY, f"prepared and measured on your compute capability {cc}")
-    major = _version(e.cuda_version or "")[:1]
-    floor = ORT_CUDA_MIN_CC.get(major[0]) if major else None
-    if floor and cc_tuple(cc) < floor:
-        return check_fail(
-            Rule.COMPUTE_CAPABILITY,
-            f"ONNX Runtime built for CUDA {e.cuda_version} runs on compute "
-            f"capability {floor[0]}.{floor[1]} or newer; you have {cc}",
-        )
-    return check_relaxed(
-        Rule.ORT_CUDA,
-        f"a graph for ONNX Runtime CUDA prepared on {built} runs on your {cc} "
-        "(no GPU code in it; its figures were measured on another GPU)",
-    )
-
-
-def _check_ort_version(e: EngineDescriptor, m: Machine) -> Check:
-    """A graph saved by ONNX Runtime after its optimizations may hold its contrib operators, which a later
-    release still runs and an earlier one may not."""
-    if not m.ort_version:
-        return check_unchecked(
-            Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}; your ONNX Runtime version is unknown"
-        )
-    got, want = _version(m.ort_version), _version(e.backend_version)
-    if got[:2] == want[:2]:
-        return check_ok(Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, you run {m.ort_version}")
-    if got < want:
-        return check_fail(
-            Rule.ORT_VERSION,
-            f"prepared by ONNX Runtime {e.backend_version}, you run the older "
-            f"{m.ort_version}, which may lack its fused operators",
-        )
-    return check_relaxed(
-        Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, runs on your later {m.ort_version}"
-    )
-
-
-def _judge_ort_cuda(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Verdict:
-    checks.append(_check_memory(e, m))
-    failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
-    if failed:
-        return Verdict(False, None, failed.detail, checks)
-    relaxed = [c for c in checks if c.outcome is Outcome.RELAXED]
-    if any(c.rule is Rule.ORT_CUDA for c in relaxed):
-        return Verdict(True, Match.HARDWARE_COMPAT, "; ".join(c.detail for c in relaxed), checks)
-    if relaxed:
-        return Verdict(True, Match.VERSION_COMPAT, "; ".join(c.detail for c in relaxed), checks)
-    if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
-        return Verdict(
-            True, Match.EXACT_GPU, f"ONNX Runtime CUDA graph prepared on your GPU model, {e.gpu_name}", checks
-        )
-    return Verdict(
-        True,
-        Match.EXACT_CC,
-        f"ONNX Runtime CUDA graph prepared for your compute capability {e.compute_capability}",
-        checks,
-    )
-
-
 # What the kind checks below read: every fact but the ones each engine has of its own (its bytes, its size and
 # activation memory, its profiles), and every field of the machine but its memory and the shapes it will run. The
 # same kind of engine (a target, runtime versions, a platform...) repeats across models, so a model never seen
@@ -428,7 +258,7 @@ def _kind_checks(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Ve
     artifact)."""
     checks = [_check_platform(e, m)]
     if is_ort_cuda(e):
-        checks += [_check_ort_cuda(e, m), _check_ort_version(e, m)]
+        checks += [check_ort_cuda(e, m), check_ort_version(e, m)]
     elif e.backend == Backend.ONNXRUNTIME.value:
         runs = checks[0].outcome is not Outcome.FAIL
         reason = f"ONNX Runtime CPU artifact for {e.platform}" if runs else checks[0].detail
@@ -458,7 +288,7 @@ def judge(e: EngineDescriptor, m: Machine) -> Verdict:
         return Verdict(whole.runs, whole.match, whole.reason, list(whole.checks))
     checks = list(kept)
     if is_ort_cuda(e):
-        return _judge_ort_cuda(e, m, checks)
+        return ort_cuda_verdict(e, m, [*checks, _check_memory(e, m)])
     checks += [c for c in (_check_memory(e, m), _check_shapes(e, m)) if c is not None]
     failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
     if failed:
