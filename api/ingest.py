@@ -12,7 +12,7 @@ from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import Conflict, Forbidden, ModelRejected
-from enginefarm.core.validation import check_model_name, project_problem
+from enginefarm.core.names import check_model_name, project_problem
 from enginefarm.core.worklock import Scratch
 from enginefarm.graph.inputs import SamplesInvalid, load_samples
 from enginefarm.graph.modelfile import inspect_upload

@@ -7,8 +7,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field, StrictFloat, field_validator
 
+from enginefarm.core.names import project_problem
 from enginefarm.core.text import CatalogText
-from enginefarm.core.validation import project_problem
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow
 from enginefarm.storage.tokens import lifetime_problem, token_state

@@ -17,7 +17,7 @@ from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.errors import NotFound, SignInsTooFast, SpecInvalid
-from enginefarm.core.validation import project_problem
+from enginefarm.core.names import project_problem
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow, utcnow
 

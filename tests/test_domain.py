@@ -8,9 +8,10 @@ import pydantic
 import pytest
 
 from enginefarm.core.domain import ARCHES, Backend, ModelInfo, Target, TensorInfo, all_targets, arch_of_cc, cc_of_arch
+from enginefarm.core.names import check_model_name, project_problem
 from enginefarm.core.shapes import parse_trtexec_shapes, spec_shapes_from_trtexec
 from enginefarm.core.spec import MAX_PROFILES, BuildSpec, Precision
-from enginefarm.core.validation import check_model_name, parse_targets, project_problem, target_precision, validate_spec
+from enginefarm.core.validation import parse_targets, target_precision, validate_spec
 
 
 def T(text: str) -> Target:

@@ -4,8 +4,6 @@ limits are data (``BACKEND_LIMITS``), each with its source."""
 
 from __future__ import annotations
 
-import string
-import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -444,63 +442,3 @@ def parse_targets(texts: list[str]) -> tuple[list[Target], list[dict[str, Any]]]
         except ValueError as exc:
             problems.append(_problem(["targets", i], str(exc)))
     return targets, problems
-
-
-NAME_MAX = 200
-VERSION_MAX = 100
-PROJECT_MAX = 64
-# Versions that resolve and fetch read as selectors rather than as a version's name.
-RESERVED_VERSIONS = frozenset({"latest"})
-_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "-_.")
-_SHOWN_CHARS = 5
-
-
-def _odd_characters(value: str, allowed: frozenset[str]) -> str:
-    """The characters of ``value`` outside ``allowed``, each with its code point and Unicode name, so a look-alike
-    (a Cyrillic 'а' in 'teаm') shows what it really is."""
-    odd = list(dict.fromkeys(c for c in value if c not in allowed))
-    shown = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in odd[:_SHOWN_CHARS])
-    return shown + (f" and {len(odd) - _SHOWN_CHARS} more" if len(odd) > _SHOWN_CHARS else "")
-
-
-def name_problem(what: str, value: str, max_len: int, extra: str = "") -> str | None:
-    """Why ``value`` cannot be a project, model name or version, or None. These end up in file names, URLs and
-    Triton model repositories, so they are plain ASCII (no look-alike letters), and start with a letter or digit,
-    which also rules out '.', '..', hidden names and ones a shell would read as an option."""
-    allowed = _NAME_CHARS | frozenset(extra)
-    chars = "letters, digits, '-', '_'" + "".join(f", '{c}'" for c in extra) + " or '.'"
-    rule = f"{what} must be 1-{max_len} ASCII {chars}, starting with a letter or digit"
-    if not 1 <= len(value) <= max_len:
-        return f"{rule}; this one has {len(value)} characters"
-    if not set(value) <= allowed:
-        return f"{rule}; not allowed here: {_odd_characters(value, allowed)}"
-    if not (value[0].isascii() and value[0].isalnum()):
-        return f"{rule}; {value!r} starts with {value[0]!r}"
-    return None
-
-
-def project_problem(project: str) -> str | None:
-    """Why ``project`` cannot name a project, or None: the one rule for uploads, tokens and the CLI."""
-    return name_problem("project", project, PROJECT_MAX)
-
-
-def check_model_name(name: str | None, version: str | None) -> list[dict[str, Any]]:
-    """Problems with an upload's model name and version, as validation problems (none when both are fine)."""
-    problems = []
-    if not name or not name.strip():
-        problems.append({"loc": ["name"], "msg": "give the model a 'name'"})
-    elif msg := name_problem("name", name, NAME_MAX):
-        problems.append({"loc": ["name"], "msg": msg})
-    if version is not None:
-        if msg := name_problem("version", version, VERSION_MAX, extra="+"):
-            problems.append({"loc": ["version"], "msg": msg})
-        elif version.lower() in RESERVED_VERSIONS:
-            problems.append(
-                {
-                    "loc": ["version"],
-                    "msg": f"version {version!r} is reserved: resolve and fetch read "
-                    f"'{version.lower()}' as the newest version; choose another "
-                    "version, or leave it out to get the next number",
-                }
-            )
-    return problems
