@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from enginefarm.api import services
+from enginefarm.api import machinebuilds
 from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
 from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
@@ -175,13 +175,13 @@ def resolve(
         error = no_fit_error(choice, rows, req.model, req.version)
         RESOLVES.labels("build" if req.build else "no_fit").inc()
         if not req.build:
-            error.context["build"] = fit = services.what_would_fit(req)
+            error.context["build"] = fit = machinebuilds.what_would_fit(req)
             if fit["command"]:
                 error.message += f"; an engine for it would be {' or '.join(fit['targets'])}: {fit['command']}"
             raise error
         fallback = _candidate(chosen, rows, owner, False) if chosen else None
         session.rollback()  # release the read transaction before the build writes
-        built = services.build_for_machine(
+        built = machinebuilds.build_for_machine(
             settings,
             req.model,
             req.version,
