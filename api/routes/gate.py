@@ -10,13 +10,14 @@ from sqlalchemy.orm import Session
 from enginefarm.api import gate
 from enginefarm.api.auth import Tenant
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
+from enginefarm.api.gateschemas import GateOut
 from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId
 from enginefarm.core.config import Settings
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
 
-@router.get("/{model_id}/gate", response_model=gate.GateOut)
+@router.get("/{model_id}/gate", response_model=GateOut)
 def model_gate(
     model_id: RowId,
     tenant: Tenant,
@@ -43,7 +44,7 @@ def model_gate(
     spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$", description="only builds of this spec"),
     session: Session = Depends(session_dep, scope="function"),
     settings: Settings = Depends(settings_dep),
-) -> gate.GateOut:
+) -> GateOut:
     """Per target and check (build, benchmark, accuracy, latency regression against version N-1): pass, fail or
     pending, with the reason and the numbers; and the verdict over all of them."""
     return gate.evaluate(
