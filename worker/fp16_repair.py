@@ -43,7 +43,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.evaluate import accuracy_inputs, compare
 from enginefarm.worker.onnxgraph import all_nodes
-from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, search
+from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, not_needed, search
 
 # Up to this many candidates, each node is measured alone; above, regions are bisected.
 NODE_LIMIT = 48
@@ -82,15 +82,7 @@ def repair(
             "before": before,
         }
         if before["pass"]:
-            return {
-                **report,
-                "needed": False,
-                "passed": True,
-                "kept": [],
-                "after": before,
-                "evaluations": judge.calls,
-                "seconds": round(time.perf_counter() - started, 2),
-            }
+            return not_needed(report, before, judge.calls, time.perf_counter() - started)
         candidates = judge.candidates
         budget = budget_of(len(candidates))
         ranked = _ranking(candidates, judge, base, before)

@@ -40,7 +40,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
 from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, quantize_qdq
-from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, search, within
+from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, not_needed, search, within
 
 
 def sensitivity(
@@ -171,15 +171,7 @@ def repair(
             "1, 2, 4, ... tensors kept in float until the gate passes, then unneeded ones dropped",
         }
         if before["pass"]:
-            return {
-                **report,
-                "needed": False,
-                "passed": True,
-                "kept": [],
-                "after": before,
-                "evaluations": judge.calls,
-                "seconds": round(time.perf_counter() - started, 2),
-            }
+            return not_needed(report, before, judge.calls, time.perf_counter() - started)
         probe = _Probe(float_model, samples, spec, info, work)
         ranking = probe.ranking()
         groups = [r["layers"] for r in ranking]

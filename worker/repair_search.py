@@ -24,6 +24,19 @@ def by_cosine(figure: dict[str, Any]) -> float:
     return figure["cosine"]
 
 
+def not_needed(report: dict[str, Any], before: dict[str, Any], evaluations: int, seconds: float) -> dict[str, Any]:
+    """The repair report of a model whose reduced-precision artifact already passes its gate: nothing kept."""
+    return {
+        **report,
+        "needed": False,
+        "passed": True,
+        "kept": [],
+        "after": before,
+        "evaluations": evaluations,
+        "seconds": round(seconds, 2),
+    }
+
+
 def within(groups: list[list[str]], budget: int, count: int | None = None) -> list[str]:
     """The layers of the first ``count`` groups (all when None), in ranking order, the groups that fit the budget."""
     out: list[str] = []

@@ -13,6 +13,7 @@ from enginefarm.api.routes import RowId
 from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.core.config import Settings
+from enginefarm.core.repairs import repair_groups
 from enginefarm.storage import catalog
 from enginefarm.storage.tokens import Principal
 
@@ -29,27 +30,7 @@ def report_page(
 ) -> Response:
     report = reports.model_report(session, settings, model_id, principal.project)
     model = catalog.get_model(session, report["model"]["id"], principal.project)
-    return page(request, "report.html", model=model, report=report, repairs=repairs_of(report))
-
-
-def repairs_of(report: dict) -> list[dict]:
-    """The report's int8 stages that ran a repair and its fp16 repairs, one per build (the repair is found once for
-    all its targets): build_id, variant, repair, and the stages of that build's engines."""
-    variants = {r["engine_id"]: r["variant"] for r in report["rows"]}
-    out: dict[int, dict] = {}
-    for stage in [*(report.get("int8") or []), *(report.get("fp16") or [])]:
-        if stage["repair"] is not None:
-            group = out.setdefault(
-                stage["build_id"],
-                {
-                    "build_id": stage["build_id"],
-                    "variant": variants.get(stage["engine_id"]),
-                    "repair": stage["repair"],
-                    "stages": [],
-                },
-            )
-            group["stages"].append(stage)
-    return list(out.values())
+    return page(request, "report.html", model=model, report=report, repairs=repair_groups(report))
 
 
 @router.get("/models/{model_id}/report.json")

@@ -17,28 +17,9 @@ from rich.table import Table
 from rich.text import Text
 
 from enginefarm.client.report import DASH, fmt_ms
+from enginefarm.core.repairs import repair_groups
 
 Report = Mapping[str, Any]
-
-
-def repair_groups(report: Report) -> list[dict[str, Any]]:
-    """One entry per build whose int8 stage ran a repair, or that ran an fp16 repair (found once for all its
-    targets): build_id, variant, repair, and the stages of that build's engines."""
-    variants = {r.get("engine_id"): r.get("variant") for r in report.get("rows") or []}
-    out: dict[int, dict[str, Any]] = {}
-    for stage in [*(report.get("int8") or []), *(report.get("fp16") or [])]:
-        if stage.get("repair"):
-            group = out.setdefault(
-                stage["build_id"],
-                {
-                    "build_id": stage["build_id"],
-                    "variant": variants.get(stage["engine_id"]),
-                    "repair": stage["repair"],
-                    "stages": [],
-                },
-            )
-            group["stages"].append(stage)
-    return list(out.values())
 
 
 def precision_of(repair: Mapping[str, Any]) -> str:
