@@ -238,12 +238,6 @@ def _as_parameter(info: FieldInfo) -> tuple[Any, FieldInfo]:
     return info.annotation, lax
 
 
-def _split_lists(value: Any) -> Any:
-    if isinstance(value, list):
-        return [part for item in value for part in (item.split(",") if isinstance(item, str) else [item]) if part]
-    return value
-
-
 # GET /v1/resolve's query: ResolveRequest's fields with the machine's flattened under their short names
 # (``enginefarm.core.machine.SHORT_NAMES``) and its shapes as trtexec-style text. Derived, not written again.
 def _query_fields() -> dict[str, Any]:
@@ -265,7 +259,10 @@ def _query_fields() -> dict[str, Any]:
 
 
 def _lists(cls: Any, value: Any) -> Any:
-    return _split_lists(value)
+    """A repeatable parameter's values, each split at commas (precisions=fp16,fp32)."""
+    if isinstance(value, list):
+        return [part for item in value for part in (item.split(",") if isinstance(item, str) else [item]) if part]
+    return value
 
 
 ResolveQuery: Any = create_model(
