@@ -7,27 +7,25 @@ parts and long header lines cannot make the API hold or read more than a valid u
 
 The event loop only takes the body's chunks off the connection. Parsing, hashing and writing run in a thread of
 the upload's own, at a lower priority, a batch of chunks at a time, while the loop goes on receiving into a
-bounded buffer: other requests (``/healthz`` among them) are answered while large uploads stream in, and a slow
-disk slows the sender down rather than filling the API's memory.
+bounded buffer (``bulkwork.pump``).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from enginefarm.api.bulkwork import pump
 from enginefarm.api.metrics import UPLOAD_BYTES
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
@@ -35,16 +33,11 @@ from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUpload
 from enginefarm.core.hashing import HashingWriter
 from enginefarm.storage.tokens import Principal
 
-T = TypeVar("T")
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
 MAX_PART_HEADER_BYTES = PART_HEADERS * (PART_HEADER_LINE_BYTES + 2)
 PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) and its line breaks
-# Between the loop and the thread that parses, hashes and writes: at most this many chunks wait (each at most
-# about 64 KiB as the server hands them over), and the thread takes up to BATCH_BYTES of them per hop.
-QUEUED_CHUNKS, BATCH_BYTES = 128, 4 << 20
-BULK_NICE = 10  # how much lower than the API's other threads the one that receives an upload runs
 
 
 @dataclass(frozen=True)
@@ -259,105 +252,6 @@ async def _chunks(request: Request, limits: UploadLimits) -> AsyncIterator[bytes
         yield chunk
 
 
-def _lower_priority() -> None:
-    """Run the calling thread below the API's other threads where the system allows (Linux: a thread's own nice
-    value): when the CPU is short, the event loop and short requests go first, and uploads take what is left.
-    Only for threads of one's own: a pool's thread would keep the lower priority for whatever it runs next."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BULK_NICE))
-    except (AttributeError, OSError):
-        pass
-
-
-def run_below(fn: Callable[..., T], *args, **kwargs) -> T:
-    """``fn(*args, **kwargs)`` in a new thread of lower priority (``_lower_priority``); waits for it and returns
-    its result or raises its exception. For bulk work on an upload's bytes, such as inspecting them."""
-    result: list = []
-
-    def run() -> None:
-        _lower_priority()
-        try:
-            result.append((True, fn(*args, **kwargs)))
-        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread, which raises it
-            result.append((False, exc))
-
-    thread = threading.Thread(target=run, name="upload-bulk", daemon=True)
-    thread.start()
-    thread.join()
-    ok, value = result[0]
-    if not ok:
-        raise value
-    return value
-
-
-async def _pump(chunks: AsyncIterator[bytes], write: Callable[[list[bytes]], None]) -> None:
-    """Feed every chunk to ``write``, which runs in a thread of its own (at a lower priority, never shared with
-    other requests) a batch at a time while the loop goes on receiving; at most QUEUED_CHUNKS wait between the
-    two. Nothing is being written any more when this returns or raises.
-
-    What ``write`` raises ends the receiving at once. What the receiving raises (a body over its limit, an idle
-    client, a disconnect) comes after the chunks already queued are written: a more specific error they raise,
-    such as the file's own limit, is the one the client gets.
-    """
-    send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=QUEUED_CHUNKS)
-    token = anyio.lowlevel.current_token()
-    finished = anyio.Event()
-    failed: list[BaseException] = []
-    stopped: Exception | None = None
-
-    async def next_batch() -> list[bytes] | None:  # on the loop, for the thread: None once the body has ended
-        try:
-            batch = [await receive.receive()]
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            return None
-        size = len(batch[0])
-        while size < BATCH_BYTES:
-            try:
-                more = receive.receive_nowait()
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                break
-            batch.append(more)
-            size += len(more)
-        return batch
-
-    def end(error: BaseException | None) -> None:  # on the loop, from the thread, last
-        if error is not None:
-            failed.append(error)
-            receive.close()
-            receiving.cancel()  # the body is refused: stop reading it
-        finished.set()
-
-    def consume() -> None:
-        _lower_priority()
-        error = None
-        try:
-            while (batch := anyio.from_thread.run(next_batch, token=token)) is not None:
-                write(batch)
-        except BaseException as exc:  # noqa: BLE001 - handed to end(), which raises it on the event loop
-            error = exc
-        anyio.from_thread.run_sync(end, error, token=token)
-
-    with anyio.CancelScope() as receiving:
-        threading.Thread(target=consume, name="upload-receive", daemon=True).start()
-        try:
-            async with send:
-                try:
-                    async for chunk in chunks:
-                        await send.send(chunk)
-                except anyio.BrokenResourceError:
-                    pass  # the writing side failed: its error is raised below
-                except Exception as exc:  # noqa: BLE001 - raised below, after the stream is closed
-                    stopped = exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await finished.wait()  # the thread sees the end of the body (or a closed stream) and stops
-    if failed:
-        raise failed[0]
-    if stopped is not None:
-        raise stopped
-
-
 async def receive_upload(
     request: Request, spool_dir: Path, limits: UploadLimits, file_field: str = "file"
 ) -> ReceivedUpload:
@@ -391,7 +285,7 @@ async def receive_upload(
         receiver.flush()
 
     try:
-        await _pump(counted(), write)
+        await pump(counted(), write)
         parser.finalize()
         if receiver.in_file_part:
             # No closing boundary after the file: the bytes may be cut short, and no sha256 was taken.

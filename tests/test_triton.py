@@ -1,4 +1,4 @@
-"""``enginefarm.triton``: repository layout and config.pbtxt, parsed back against Triton's field names.
+"""``enginefarm.client.triton``: repository layout and config.pbtxt, parsed back against Triton's field names.
 
 Every config.pbtxt is parsed with ``text_format.Parse`` against ``tests/triton_model_config.py``,
 which declares Triton's ModelConfig fields by their documented names and numbers; Parse fails on
@@ -21,11 +21,11 @@ from enginefarm.client.triton import (
     ONNX_TO_TRITON,
     RTX_WARNING,
     TritonRepository,
-    config_spec,
     render_config,
     sanitize_model_name,
     write_repository,
 )
+from enginefarm.client.tritonexport import config_spec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import conv_net, sample_spec
 from tests.triton_model_config import DataType, ModelConfig, ModelInstanceGroup

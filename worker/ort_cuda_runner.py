@@ -21,15 +21,8 @@ from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.stats import Measurement
 from enginefarm.worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
 from enginefarm.worker.backends.trt_common import load_module
-from enginefarm.worker.gpu_timing import (
-    CudaDevice,
-    DeviceBuffer,
-    PinnedArray,
-    Stream,
-    TimedPipeline,
-    benchmark_pipeline,
-    cu,
-)
+from enginefarm.worker.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
+from enginefarm.worker.gpu_timing import TimedPipeline, benchmark_pipeline
 
 # ONNX Runtime's tensor type names → numpy.
 ORT_DTYPES: dict[str, Any] = {

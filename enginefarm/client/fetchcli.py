@@ -270,7 +270,7 @@ def export_triton(
 
     Each plan is the engine `enginefarm fetch --cc CC` picks with the same filters, full TensorRT first."""
     from enginefarm.client.cache import EngineCache
-    from enginefarm.client.triton import export_from_farm
+    from enginefarm.client.tritonexport import export_from_farm
 
     try:
         with client_for(api) as c:

@@ -1,4 +1,5 @@
-"""The Python client for the farm's REST API (httpx). The CLI is built on it."""
+"""The Python client for the farm's REST API (httpx): models, builds, checks, resolution and fetch. The CLI is built on
+it; the connection and the downloads it makes are ``Transport``'s (transport)."""
 
 from __future__ import annotations
 
@@ -7,75 +8,26 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
-
 from enginefarm.client.artifacts import check_bytes, destination, place_cached
-from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
-from enginefarm.client.errors import api_error
+from enginefarm.client.cache import TMP_PREFIX, EngineCache
 from enginefarm.client.jobs import BuildJob
 from enginefarm.client.offline import with_cpu
-from enginefarm.core.config import get_settings
+from enginefarm.client.transport import ProgressReader, Transport
 from enginefarm.core.domain import FINAL_STATES
-from enginefarm.core.errors import BuildFailed, IntegrityError, NotFound
-from enginefarm.core.hashing import CHUNK, SHA_HEADER, sha256_file
+from enginefarm.core.errors import BuildFailed, NotFound
+from enginefarm.core.hashing import sha256_file
 from enginefarm.core.machine import Machine
 
 
-class _ProgressReader:
-    """A file wrapper that reports bytes read, so uploads can drive a progress bar."""
-
-    def __init__(self, path: Path, on_bytes: Callable[[int], None] | None):
-        self._fh = open(path, "rb")  # noqa: SIM115 - closed by close()
-        self._on_bytes = on_bytes
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._fh.read(size if size and size > 0 else CHUNK)
-        if self._on_bytes and data:
-            self._on_bytes(len(data))
-        return data
-
-    def __iter__(self) -> Iterator[bytes]:
-        while chunk := self.read(CHUNK):
-            yield chunk
-
-    def close(self) -> None:
-        self._fh.close()
-
-
-class Client:
-    def __init__(self, base_url: str | None = None, timeout: float = 60.0, token: str | None = None):
-        """``token``: the API token sent with every request (default: ``ENGINEFARM_TOKEN``)."""
-        self.base_url = (base_url or get_settings().api_url).rstrip("/")
-        token = token or os.environ.get("ENGINEFARM_TOKEN")
-        self.http = httpx.Client(
-            base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {token}"} if token else None
-        )
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _json(self, response: httpx.Response) -> Any:
-        if response.status_code >= 400:
-            try:
-                body = response.json()
-            except ValueError:
-                body = response.text
-            raise api_error(response.status_code, body, response.headers.get("retry-after"))
-        return response.json()
-
-    def get(self, path: str, **params: Any) -> Any:
-        return self._json(self.http.get(path, params={k: v for k, v in params.items() if v is not None}))
+class Client(Transport):
+    """The farm's API: upload and build models, wait for builds and checks, resolve and fetch engines. Made with
+    ``Client(base_url, timeout, token)``; the connection, ``get`` and the downloads (``download``,
+    ``download_model``, ``cached``) are ``Transport``'s."""
 
     # ------------------------------------------------------------------ models and builds
 
@@ -110,7 +62,7 @@ class Client:
         if held:
             return held[0], False
         data = {"name": name} | ({"version": version} if version else {}) | ({"project": project} if project else {})
-        body: Any = model if isinstance(model, bytes) else _ProgressReader(path, on_bytes)  # httpx reads it as a file
+        body: Any = model if isinstance(model, bytes) else ProgressReader(path, on_bytes)  # httpx reads it as a file
         try:
             response = self.http.post(
                 "/v1/models", data=data, timeout=None, files={"file": (filename, body, "application/octet-stream")}
@@ -253,7 +205,7 @@ class Client:
     def workers(self) -> list[dict[str, Any]]:
         return cast("list[dict[str, Any]]", self.get("/v1/workers"))
 
-    # ------------------------------------------------------------------ resolution and download
+    # ------------------------------------------------------------------ resolution and fetch
 
     def resolve(
         self,
@@ -304,75 +256,6 @@ class Client:
         if r.status_code == 200 and r.headers.get("etag"):
             cache.keep_answer(question, r.headers["etag"], answer)
         return cast("dict[str, Any]", answer)
-
-    def _stream(self, url: str, out: Any, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
-        """Write a blob's bytes to ``out`` (a HashingWriter); returns the sha256 the farm sent in its header.
-
-        Follows the farm's redirect to S3 (httpx drops the token on the way to another host). A connection that
-        breaks mid-download is resumed from the bytes already written (``Range``), up to ``attempts`` times; a
-        server that answers a resume with the whole blob is read from the start again."""
-        header = None
-        for attempt in range(attempts):
-            ranged = {"Range": f"bytes={out.size}-"} if out.size else {}
-            try:
-                with self.http.stream("GET", url, headers=ranged, timeout=None, follow_redirects=True) as r:
-                    if r.status_code >= 400:
-                        r.read()
-                        self._json(r)
-                    header = r.headers.get(SHA_HEADER) or header
-                    if ranged and r.status_code != 206:
-                        out.restart()
-                    for chunk in r.iter_bytes(CHUNK):
-                        out.write(chunk)
-                        if on_bytes:
-                            on_bytes(len(chunk))
-                    return header
-            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ConnectError):
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(min(0.5 * 2**attempt, 5))
-        return header
-
-    def _download(
-        self, url: str, dest: Path, expected_sha256: str | None, on_bytes: Callable[[int], None] | None
-    ) -> str:
-        """Stream ``url`` to ``dest`` atomically; its sha256 must match ``expected_sha256`` and the server's header."""
-        dest = Path(dest)
-        with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
-            self._check_header(url, out, self._stream(url, out, on_bytes))
-        return out.hexdigest()
-
-    @staticmethod
-    def _check_header(url: str, out: Any, header_sha: str | None) -> None:
-        if header_sha and out.hexdigest() != header_sha:
-            raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header_sha}")
-
-    def download(
-        self,
-        engine_id: int,
-        dest: Path,
-        expected_sha256: str | None = None,
-        on_bytes: Callable[[int], None] | None = None,
-    ) -> str:
-        """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
-        return self._download(f"/v1/engines/{engine_id}/content", dest, expected_sha256, on_bytes)
-
-    def download_model(self, model_id: int, dest: Path, expected_sha256: str | None = None) -> str:
-        """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
-        return self._download(f"/v1/models/{model_id}/content", dest, expected_sha256, None)
-
-    def cached(
-        self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None
-    ) -> tuple[Path, bool]:
-        """Make sure ``engine`` (a catalog record) is in the cache; returns (its path there, whether it already was)."""
-        sha = engine["sha256"]
-        hit = cache.has(sha)
-        if not hit:
-            url = f"/v1/engines/{engine['id']}/content"
-            with cache.writer(sha) as out:
-                self._check_header(url, out, self._stream(url, out, on_bytes))
-        cache.remember(engine, self.base_url)
-        return cache.path(sha), hit
 
     def fetch(
         self,

@@ -2,7 +2,8 @@
 
 Two models per catalog model: ``<name>`` (platform ``tensorrt_plan``, one plan per compute
 capability via ``cc_model_filenames``) and ``<name>_onnx`` (platform ``onnxruntime_onnx`` on CPU,
-the fallback). ``config.pbtxt`` is rendered by hand in protobuf text format.
+the fallback). ``config.pbtxt`` is rendered by hand in protobuf text format. Which engines go in it, as a farm
+resolves them, is ``enginefarm.client.tritonexport``.
 """
 
 from __future__ import annotations
@@ -13,26 +14,22 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
 from enginefarm.core.domain import cc_tuple
-from enginefarm.core.machine import Machine
 
 __all__ = [
     "ONNX_TO_TRITON",
-    "PLAN_PREFERENCE",
+    "PLAN_BACKENDS",
     "RTX_WARNING",
     "TritonRepository",
     "batching",
-    "config_spec",
-    "export_from_farm",
     "fixed_dims",
     "plan_layout",
     "render_config",
     "sanitize_model_name",
     "triton_dtype",
-    "triton_machine",
     "write_repository",
 ]
 
@@ -53,8 +50,7 @@ ONNX_TO_TRITON: dict[str, str] = {
     "BFLOAT16": "TYPE_BF16",
 }
 _KIND_OF_PLATFORM = {"tensorrt_plan": "KIND_GPU", "onnxruntime_onnx": "KIND_CPU"}
-_PLAN_BACKENDS = ("tensorrt", "tensorrt-rtx")
-QUANTIZED = ("int8", "fp8")
+PLAN_BACKENDS = ("tensorrt", "tensorrt-rtx")  # the backends whose engines are TensorRT plans
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")
 _CC = re.compile(r"^[1-9][0-9]*\.[0-9]$")
 
@@ -260,7 +256,7 @@ def write_repository(
     for cc, (engine, path) in engines.items():
         if not _CC.match(cc):
             raise ValueError(f"compute capability {cc!r} must be written MAJOR.MINOR, for example 8.6")
-        if engine.get("backend") not in _PLAN_BACKENDS:
+        if engine.get("backend") not in PLAN_BACKENDS:
             raise ValueError(
                 f"engine {engine.get('id')} for {cc} is a {engine.get('backend')!r} engine, not a TensorRT plan"
             )
@@ -336,147 +332,3 @@ def write_repository(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
-
-
-# --------------------------------------------------------------------------- from a farm
-
-
-# Triton's TensorRT backend links full TensorRT: its plans are preferred, TensorRT-RTX ones taken where no full
-# TensorRT engine runs on a compute capability.
-PLAN_PREFERENCE = ("tensorrt", "tensorrt-rtx")
-
-
-def triton_machine(cc: str) -> Machine:
-    """The fingerprint an export resolves for: a GPU of compute capability ``cc`` whose other facts are unknown,
-    because the repository is served wherever Triton runs."""
-    return Machine(compute_capability=cc)
-
-
-def config_spec(model: Mapping[str, Any], engines: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], list[str]]:
-    """The profiles ``config.pbtxt`` is derived from, and a warning when the plans differ: one config serves every
-    plan, so its max_batch_size is the smallest any of them takes."""
-    specs = [{"profiles": e.get("profiles") or []} for e in engines]
-    if not specs:
-        return {}, []
-    smallest = min(specs, key=lambda sp: batching(model, sp)[0])
-    if any(sp != smallest for sp in specs):
-        return smallest, [
-            f"the plans were built with different optimization profiles; max_batch_size is "
-            f"{batching(model, smallest)[0]}, the largest batch every one of them takes"
-        ]
-    return smallest, []
-
-
-def export_from_farm(
-    client: Any,
-    model_name: str,
-    out: Path,
-    cache: Any,
-    *,
-    version: str | None = None,
-    spec_hash: str | None = None,
-    backend: str | None = None,
-    precision: str | None = None,
-    accept: list[str] | None = None,
-    triton_version: int = 1,
-    name: str | None = None,
-    overwrite: bool = False,
-) -> TritonRepository:
-    """Write a Triton repository for a catalogued model: one plan per compute capability (downloaded through the
-    engine cache, verified) and its ONNX file as the CPU fallback.
-
-    Each plan is the engine the farm's resolution picks for a GPU of that compute capability (the same
-    ``/v1/resolve`` that ``enginefarm fetch`` asks, with the same filters), among full TensorRT engines first and
-    TensorRT-RTX ones where none runs there. The model version defaults to the newest uploaded one; models derived
-    from it (int8 Q/DQ) are its variants and compete in the same resolution. Raises NotFound when there is nothing
-    to export.
-    """
-    from enginefarm.core.bundle import BundleLimits, unpack_bundle
-    from enginefarm.core.errors import NotFound
-
-    versions = [m for m in client.models(name=model_name, limit=500)["items"] if m.get("source_model_id") is None]
-    if version:
-        versions = [m for m in versions if m["version"] == version]
-    if not versions:
-        raise NotFound(f"no model {model_name!r}" + (f" version {version!r}" if version else "") + " in the catalog")
-    model = max(versions, key=lambda m: m["id"])
-    listed = client.engines(model=model_name, limit=500)["items"]
-    # A portable engine serves every compute capability it lists: each is asked for, and may get it.
-    ccs = sorted(
-        {
-            cc
-            for e in listed
-            if e["backend"] in _PLAN_BACKENDS and model["version"] in (e["model_version"], e.get("variant_of"))
-            for cc in ([e["compute_capability"]] if e["compute_capability"] else e["compute_capabilities"])
-        },
-        key=cc_tuple,
-    )
-    chosen: dict[str, Mapping[str, Any]] = {}
-    for cc in ccs:
-        for b in [backend] if backend else PLAN_PREFERENCE:
-            answer = _resolve_or_none(
-                client,
-                model_name,
-                triton_machine(cc),
-                version=model["version"],
-                spec_hash=spec_hash,
-                precision=precision,
-                backend=b,
-                accept=accept,
-            )
-            if answer is not None:
-                chosen[cc] = answer["engine"]
-                break
-    for engine in chosen.values():
-        _check_quantized(client, engine, accept or [])
-    spec, warnings = config_spec(model, list(chosen.values()))
-    files = {cc: (e, client.cached(e, cache)[0]) for cc, e in chosen.items()}
-    with tempfile.TemporaryDirectory(prefix="enginefarm-export-") as tmp:
-        upload = Path(tmp) / f"upload.{model['format']}"
-        client.download_model(model["id"], upload, model["sha256"])
-        member = None
-        if model["format"] != "onnx":
-            bundle = Path(tmp) / "bundle"
-            onnx_path = unpack_bundle(upload, model["format"], bundle, BundleLimits())
-            upload, member = bundle, onnx_path.relative_to(bundle).as_posix()
-        repo = write_repository(
-            out, model, spec, files, upload, onnx_member=member, version=triton_version, name=name, overwrite=overwrite
-        )
-    repo.warnings += warnings
-    return repo
-
-
-def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[str]) -> None:
-    """Raise Conflict for an int8/fp8 engine whose accuracy check has not passed, naming where the check stands,
-    unless ``accept`` takes it ("unchecked" for one never checked, "failed" for one that failed)."""
-    from enginefarm.core.errors import Conflict
-
-    passed = engine.get("accuracy_pass")
-    if engine.get("precision") not in QUANTIZED or passed is True:
-        return
-    state = "failed" if passed is False else "unchecked"
-    if state in accept:
-        return
-    checks = client.get(f"/v1/engines/{engine['id']}").get("checks") or {}
-    where = checks.get("state") or "none"
-    raise Conflict(
-        f"not exporting engine {engine['id']} ({engine['target']}, {engine['precision']}): its accuracy check "
-        f"{'failed' if passed is False else 'has not passed'} (check {where}"
-        + (f": {checks['detail']}" if checks.get("detail") else "")
-        + "); export it once the check passes, or pass "
-        f"--accept {state} to export it anyway",
-        engine_id=engine["id"],
-        check=where,
-    )
-
-
-def _resolve_or_none(client: Any, model: str, machine: Machine, **filters: Any) -> dict[str, Any] | None:
-    """The resolution's answer, or None when no engine runs there (404)."""
-    from enginefarm.client import ApiError
-
-    try:
-        return cast("dict[str, Any] | None", client.resolve(model, machine, **filters))
-    except ApiError as exc:
-        if exc.status_code == 404:
-            return None
-        raise

@@ -14,7 +14,7 @@ from rich.console import Console
 from enginefarm.client import Client
 from enginefarm.client.cache import EngineCache
 from enginefarm.client.report import plot_report, report_table
-from enginefarm.client.triton import export_from_farm
+from enginefarm.client.tritonexport import export_from_farm
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine
 from enginefarm.core.machine import Machine

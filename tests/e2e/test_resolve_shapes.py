@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from enginefarm.client import ApiError, Client
-from enginefarm.client.triton import PLAN_PREFERENCE, triton_machine
+from enginefarm.client.tritonexport import PLAN_PREFERENCE, triton_machine
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from tests.helpers import run_cli, unique_name

@@ -1,6 +1,6 @@
-"""GPU timing without a GPU: the phase arithmetic, error reporting, dtype mapping, NVML fallbacks, and
-that a machine without a CUDA driver (this one) gets a clear BackendMissing. The GPU paths themselves are
-proven by bench/gpu_timing.py (docs/gpu-timing.md)."""
+"""GPU timing (gpu_timing) and the CUDA calls under it (cuda_driver) without a GPU: the phase arithmetic, error
+reporting, dtype mapping, NVML fallbacks, and that a machine without a CUDA driver (this one) gets a clear
+BackendMissing. The GPU paths themselves are proven by bench/gpu_timing.py (docs/gpu-timing.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from cuda.bindings import nvrtc
 
 from enginefarm.core import stats
 from enginefarm.core.errors import BackendMissing, BuildFailed
+from enginefarm.worker import cuda_driver as D
 from enginefarm.worker import gpu_timing as G
 from enginefarm.worker import trt_runner as R
 
@@ -64,7 +65,7 @@ def test_event_times_out_of_stream_order_are_refused():
 
 def test_cuda_device_without_a_driver_is_backend_missing():
     with pytest.raises(BackendMissing) as info:
-        G.CudaDevice(0)
+        D.CudaDevice(0)
     message = str(info.value)
     assert message.startswith(NO_DRIVER)
     assert "NVIDIA" in message and "driver" in message[len(NO_DRIVER) :]  # the loader's own explanation follows
@@ -82,7 +83,7 @@ def test_missing_cuda_bindings_is_backend_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings.driver", None)
     monkeypatch.delattr(sys.modules["cuda.bindings"], "driver")
     with pytest.raises(BackendMissing, match="cuda-bindings is not importable"):
-        G.cuda_init()
+        D.cuda_init()
 
 
 # --------------------------------------------------------------------------- checked calls
@@ -90,14 +91,14 @@ def test_missing_cuda_bindings_is_backend_missing(monkeypatch):
 
 def test_check_unpacks_values():
     ok = drv.CUresult.CUDA_SUCCESS
-    assert G.check("cuInit", (ok,)) is None
-    assert G.check("cuDeviceGetCount", (ok, 2)) == 2
-    assert G.check("cuMemGetInfo", (ok, 10, 20)) == (10, 20)
+    assert D.check("cuInit", (ok,)) is None
+    assert D.check("cuDeviceGetCount", (ok, 2)) == 2
+    assert D.check("cuMemGetInfo", (ok, 10, 20)) == (10, 20)
 
 
 def test_check_names_the_call_and_the_result():
-    with pytest.raises(G.CudaError) as info:
-        G.check("cuMemAlloc", (drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY,))
+    with pytest.raises(D.CudaError) as info:
+        D.check("cuMemAlloc", (drv.CUresult.CUDA_ERROR_OUT_OF_MEMORY,))
     # no driver here to describe the code, so the message is the call and the code's name
     assert str(info.value) == "cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"
     assert info.value.call == "cuMemAlloc"
@@ -106,7 +107,7 @@ def test_check_names_the_call_and_the_result():
 
 def test_check_handles_nvrtc_results():
     with pytest.raises(G.CudaError, match="^nvrtcCompileProgram failed: NVRTC_ERROR_COMPILATION$"):
-        G.check("nvrtcCompileProgram", (nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION,))
+        D.check("nvrtcCompileProgram", (nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION,))
 
 
 def test_pipeline_refuses_a_host_array_larger_than_its_buffer():

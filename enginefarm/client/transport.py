@@ -1,0 +1,147 @@
+"""The farm's HTTP connection and the bytes that cross it: requests carry the API token, error answers are raised as
+``ApiError``, blobs come down streamed, resumed after a broken connection and verified by sha256 (to a file put in
+place atomically, or into the engine cache), and upload bodies report the bytes read. ``Client`` (sdk) makes the
+API's calls over it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
+from enginefarm.client.errors import api_error
+from enginefarm.core.config import get_settings
+from enginefarm.core.errors import IntegrityError
+from enginefarm.core.hashing import CHUNK, SHA_HEADER
+
+_T = TypeVar("_T", bound="Transport")
+
+
+class ProgressReader:
+    """A file wrapper that reports bytes read, so uploads can drive a progress bar."""
+
+    def __init__(self, path: Path, on_bytes: Callable[[int], None] | None):
+        self._fh = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._on_bytes = on_bytes
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._fh.read(size if size and size > 0 else CHUNK)
+        if self._on_bytes and data:
+            self._on_bytes(len(data))
+        return data
+
+    def __iter__(self) -> Iterator[bytes]:
+        while chunk := self.read(CHUNK):
+            yield chunk
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class Transport:
+    """A connection to one farm (``base_url``, default the settings' ``api_url``) and the transfers over it."""
+
+    def __init__(self, base_url: str | None = None, timeout: float = 60.0, token: str | None = None):
+        """``token``: the API token sent with every request (default: ``ENGINEFARM_TOKEN``)."""
+        self.base_url = (base_url or get_settings().api_url).rstrip("/")
+        token = token or os.environ.get("ENGINEFARM_TOKEN")
+        self.http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {token}"} if token else None
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self: _T) -> _T:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text
+            raise api_error(response.status_code, body, response.headers.get("retry-after"))
+        return response.json()
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self._json(self.http.get(path, params={k: v for k, v in params.items() if v is not None}))
+
+    # ------------------------------------------------------------------ downloads
+
+    def _stream(self, url: str, out: Any, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
+        """Write a blob's bytes to ``out`` (a HashingWriter); returns the sha256 the farm sent in its header.
+
+        Follows the farm's redirect to S3 (httpx drops the token on the way to another host). A connection that
+        breaks mid-download is resumed from the bytes already written (``Range``), up to ``attempts`` times; a
+        server that answers a resume with the whole blob is read from the start again."""
+        header = None
+        for attempt in range(attempts):
+            ranged = {"Range": f"bytes={out.size}-"} if out.size else {}
+            try:
+                with self.http.stream("GET", url, headers=ranged, timeout=None, follow_redirects=True) as r:
+                    if r.status_code >= 400:
+                        r.read()
+                        self._json(r)
+                    header = r.headers.get(SHA_HEADER) or header
+                    if ranged and r.status_code != 206:
+                        out.restart()
+                    for chunk in r.iter_bytes(CHUNK):
+                        out.write(chunk)
+                        if on_bytes:
+                            on_bytes(len(chunk))
+                    return header
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ConnectError):
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(0.5 * 2**attempt, 5))
+        return header
+
+    def _download(
+        self, url: str, dest: Path, expected_sha256: str | None, on_bytes: Callable[[int], None] | None
+    ) -> str:
+        """Stream ``url`` to ``dest`` atomically; its sha256 must match ``expected_sha256`` and the server's header."""
+        dest = Path(dest)
+        with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
+            self._check_header(url, out, self._stream(url, out, on_bytes))
+        return out.hexdigest()
+
+    @staticmethod
+    def _check_header(url: str, out: Any, header_sha: str | None) -> None:
+        if header_sha and out.hexdigest() != header_sha:
+            raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header_sha}")
+
+    def download(
+        self,
+        engine_id: int,
+        dest: Path,
+        expected_sha256: str | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> str:
+        """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
+        return self._download(f"/v1/engines/{engine_id}/content", dest, expected_sha256, on_bytes)
+
+    def download_model(self, model_id: int, dest: Path, expected_sha256: str | None = None) -> str:
+        """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
+        return self._download(f"/v1/models/{model_id}/content", dest, expected_sha256, None)
+
+    def cached(
+        self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None
+    ) -> tuple[Path, bool]:
+        """Make sure ``engine`` (a catalog record) is in the cache; returns (its path there, whether it already was)."""
+        sha = engine["sha256"]
+        hit = cache.has(sha)
+        if not hit:
+            url = f"/v1/engines/{engine['id']}/content"
+            with cache.writer(sha) as out:
+                self._check_header(url, out, self._stream(url, out, on_bytes))
+        cache.remember(engine, self.base_url)
+        return cache.path(sha), hit
