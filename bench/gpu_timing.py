@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from enginefarm.core import stats  # noqa: E402
 from enginefarm.core.errors import BackendMissing  # noqa: E402
+from enginefarm.worker import cuda_driver as D  # noqa: E402
 from enginefarm.worker import gpu_timing as G  # noqa: E402
 from enginefarm.worker import trt_runner as R  # noqa: E402
 
@@ -61,27 +62,27 @@ def compile_kernel(cc: str) -> bytes:
     CUDA minor version, PTX would not)."""
     from cuda.bindings import nvrtc
 
-    prog = G.check("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(KERNEL.encode(), b"fma_chain.cu", 0, [], []))
+    prog = D.check("nvrtcCreateProgram", nvrtc.nvrtcCreateProgram(KERNEL.encode(), b"fma_chain.cu", 0, [], []))
     try:
         opts = [f"--gpu-architecture=sm_{cc.replace('.', '')}".encode()]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if int(err) != 0:
-            size = G.check("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
+            size = D.check("nvrtcGetProgramLogSize", nvrtc.nvrtcGetProgramLogSize(prog))
             log = b" " * size
-            G.check("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(prog, log))
-            raise G.CudaError("nvrtcCompileProgram", err, log.decode(errors="replace").strip("\0 \n"))
-        size = G.check("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
+            D.check("nvrtcGetProgramLog", nvrtc.nvrtcGetProgramLog(prog, log))
+            raise D.CudaError("nvrtcCompileProgram", err, log.decode(errors="replace").strip("\0 \n"))
+        size = D.check("nvrtcGetCUBINSize", nvrtc.nvrtcGetCUBINSize(prog))
         cubin = b" " * size
-        G.check("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, cubin))
+        D.check("nvrtcGetCUBIN", nvrtc.nvrtcGetCUBIN(prog, cubin))
         return cubin
     finally:
-        G.check("nvrtcDestroyProgram", nvrtc.nvrtcDestroyProgram(prog))
+        D.check("nvrtcDestroyProgram", nvrtc.nvrtcDestroyProgram(prog))
 
 
 def nvrtc_version() -> str:
     from cuda.bindings import nvrtc
 
-    major, minor = G.check("nvrtcVersion", nvrtc.nvrtcVersion())
+    major, minor = D.check("nvrtcVersion", nvrtc.nvrtcVersion())
     return f"{major}.{minor}"
 
 
@@ -90,8 +91,8 @@ class FmaKernel:
 
     def __init__(self, cubin: bytes, steps: int):
         image = np.frombuffer(cubin, dtype=np.uint8)
-        self.module = G.cu("cuModuleLoadData", image.ctypes.data)
-        self.function = G.cu("cuModuleGetFunction", self.module, b"fma_chain")
+        self.module = D.cu("cuModuleLoadData", image.ctypes.data)
+        self.function = D.cu("cuModuleGetFunction", self.module, b"fma_chain")
         self.steps = steps
         self._args: list[np.ndarray] = []
         self._arg_ptrs = np.zeros(0, dtype=np.uint64)
@@ -112,7 +113,7 @@ class FmaKernel:
 
     def launch(self, stream_handle: int) -> None:
         blocks = (self.n + THREADS - 1) // THREADS
-        G.cu(
+        D.cu(
             "cuLaunchKernel",
             self.function,
             blocks,
@@ -137,7 +138,7 @@ class FmaKernel:
         return 2.0 * self.n * self.steps
 
     def close(self) -> None:
-        G.cu("cuModuleUnload", self.module)
+        D.cu("cuModuleUnload", self.module)
 
 
 # --------------------------------------------------------------------------- a stand-in TensorRT module
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: dict[str, Any] = {"checks": {}}
     checks = out["checks"]
-    with G.CudaDevice(args.device) as dev:
+    with D.CudaDevice(args.device) as dev:
         free0, total = dev.mem_info()
         cc = dev.compute_capability
         out["device"] = {
@@ -308,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             "multiprocessors": dev.attribute("MULTIPROCESSOR_COUNT"),
             "memory_total_bytes": total,
             "driver": nvml_driver_version(),
-            "driver_cuda": G.CudaDevice.driver_cuda_version(),
+            "driver_cuda": D.CudaDevice.driver_cuda_version(),
             "nvrtc": nvrtc_version(),
             "python": platform.python_version(),
             "numpy": np.__version__,
@@ -327,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         nbytes = args.mib << 20
         n = nbytes // 4
         kernel = FmaKernel(compile_kernel(cc), args.fma)
-        x_dev, y_dev = G.DeviceBuffer(nbytes), G.DeviceBuffer(nbytes)
-        x_host, y_host = G.PinnedArray((n,), np.float32), G.PinnedArray((n,), np.float32)
+        x_dev, y_dev = D.DeviceBuffer(nbytes), D.DeviceBuffer(nbytes)
+        x_host, y_host = D.PinnedArray((n,), np.float32), D.PinnedArray((n,), np.float32)
         x_host.array[:] = np.random.default_rng(0).random(n, dtype=np.float32)
         expected = kernel.expected(x_host.array)
         kernel.bind(x_dev.ptr, y_dev.ptr, n)

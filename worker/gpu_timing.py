@@ -22,12 +22,10 @@ from enginefarm.core import stats
 from enginefarm.core.nvml import NvmlUnavailable, nvml_session
 from enginefarm.worker.cuda_driver import (
     CudaDevice,
-    CudaError,  # noqa: F401 - bench/gpu_timing.py reaches the driver's calls through this module
     DeviceBuffer,
     Event,
     PinnedArray,
     Stream,
-    check,  # noqa: F401 - as CudaError
     cu,
     driver,
     elapsed_ms,

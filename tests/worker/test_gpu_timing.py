@@ -106,7 +106,7 @@ def test_check_names_the_call_and_the_result():
 
 
 def test_check_handles_nvrtc_results():
-    with pytest.raises(G.CudaError, match="^nvrtcCompileProgram failed: NVRTC_ERROR_COMPILATION$"):
+    with pytest.raises(D.CudaError, match="^nvrtcCompileProgram failed: NVRTC_ERROR_COMPILATION$"):
         D.check("nvrtcCompileProgram", (nvrtc.nvrtcResult.NVRTC_ERROR_COMPILATION,))
 
 
