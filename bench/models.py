@@ -12,8 +12,9 @@ Part 3 times, per model, the CPU int8 artifact against the fp32 one, both made b
 process: the quantize stage's ONNX Runtime recipe (``worker.quantize``, calibrated on 16 of the model's samples,
 one for a streaming model), the ONNX Runtime build stage, and the benchmark stage's runner, timed interleaved
 (``worker.int8_vs_fp32``, the code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as
-speed-ups from one run, with the int8 output's cosine against fp32. The corpus plus ResNet-50, ConvNeXt-Tiny and
-a GPT-2 style decoder (``tests/realmodels/large.py``).
+speed-ups from one run, with the int8 output's cosine against fp32, and the same two timed each alone afterwards
+(``alone``): where the two speed-ups differ by more than a fifth the row says "disagrees". The corpus plus
+ResNet-50, ConvNeXt-Tiny and a GPT-2 style decoder (``tests/realmodels/large.py``).
 
     .venv/bin/python bench/models.py                 # every model, 5 targets, then the farm on the largest
     .venv/bin/python bench/models.py --smoke         # one small model, one target: the test command runs this
@@ -210,12 +211,20 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
         # All timed in one interleaved run: the repaired int8, fp32 and (after a repair) the unrepaired int8.
         timed = compare.interleaved_all([lambda r=r: r.infer(feed) for r in runners], rounds=rounds)
         int8_ms, fp32_ms = timed[0], timed[1]
+        # The same two again, each alone for a while: a ratio that disagrees with the interleaved one means the
+        # process or the machine was disturbed during one of them, and the row says so.
+        alone = [statistics.median(_alone(lambda r=r: r.infer(feed))) for r in runners[:2]]
     finally:
         for r in runners:
             r.close()
     unrepaired_ms = statistics.median(timed[2]) if len(timed) > 2 else None
+    figures = compare.verdict(int8_ms, fp32_ms, rounds)
+    alone_speedup = alone[1] / alone[0]
     return {
-        **compare.verdict(int8_ms, fp32_ms, rounds),
+        **figures,
+        "alone_ms": {"int8": round(alone[0], 4), "fp32": round(alone[1], 4)},
+        "alone_speedup": round(alone_speedup, 3),
+        "consistent": abs(alone_speedup / figures["speedup"] - 1) <= ALONE_AGREES,
         "unrepaired_median_ms": unrepaired_ms,
         "cosine": cosine,
         "quantize_s": quantize_s,
@@ -225,6 +234,22 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
         "repair": repaired,
         "kept": next(c["name"] for c in report.candidates or [] if c.get("kept")),
     }
+
+
+# How far the speed-up of each artifact timed alone may be from the interleaved one before the row is marked.
+ALONE_AGREES = 0.2
+
+
+def _alone(run, seconds: float = 1.0) -> list[float]:
+    """Per-call milliseconds of ``run`` called back to back for ``seconds`` (one warm-up call first)."""
+    run()
+    times: list[float] = []
+    begin = time.perf_counter()
+    while not times or time.perf_counter() - begin < seconds:
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+    return times
 
 
 def _candidates_text(candidates: list[dict]) -> str:
@@ -259,6 +284,7 @@ def print_int8(results: dict) -> None:
         "int8 ms",
         "unrepaired int8 ms",
         "speed-up",
+        "alone",
         "faster",
         "cosine",
         "quantize s",
@@ -269,7 +295,7 @@ def print_int8(results: dict) -> None:
         table.add_column(col)
     for n, r in results.items():
         if "error" in r:
-            table.add_row(n, *["-"] * 11)
+            table.add_row(n, *["-"] * 12)
             continue
         table.add_row(
             n,
@@ -278,6 +304,7 @@ def print_int8(results: dict) -> None:
             f"{r['int8_median_ms']:.2f}",
             f"{r['unrepaired_median_ms']:.2f}" if r.get("unrepaired_median_ms") else "-",
             f"{r['speedup']:.2f}x",
+            f"{r['alone_speedup']:.2f}x" + ("" if r["consistent"] else " (disagrees)"),
             "yes" if r["faster"] else "NO",
             f"{r['cosine']:.4f}",
             f"{r['quantize_s']:.1f}",

@@ -375,7 +375,7 @@ latencies are medians at the batch of the model's opt shape.
 | model | repair | layers kept | cosine before → after | fp32 ms | int8 unrepaired ms | int8 repaired ms | repaired vs fp32 | search |
 |---|---|---|---|---|---|---|---|---|
 | silero-vad | passed | 1 (`stft/Add`) | 0.916 → 0.999 | 0.130 | 0.107 (1.21x) | 0.103 | **1.26x** | 2 checks + 22 probe runs, 7 s |
-| ppocr-rec | passed | 11 (Mul/Add of hard-swish, 2 Conv) | 0.968 → 0.989 | 51.6 | 22.5 (2.30x) | 27.2 | **1.90x** | 15 checks + 349 probe runs, 329 s |
+| ppocr-rec | passed | 11 (Mul/Add of hard-swish, 2 Conv) | 0.968 → 0.989 | 51.6 (22.8 alone) | 22.5 | 27.2 | withdrawn: not faster (see below) | 15 checks + 349 probe runs, 329 s |
 | ppocr-det | **stopped**: none of up to 63 of 255 layers passes | - | 0.971 → best 0.973 | 14.5 | - | 19.2 (no repair kept) | 0.76x | 9 checks + 293 probe runs, 214 s |
 | ppocr-cls | not needed (0.99999) | - | - | 4.02 | - | 6.83 | 0.59x | 1 check, 2 s |
 | yolov8n | not needed (0.9994) | - | - | 9.34 | - | 9.69 | 0.96x | 1 check, 15 s |
@@ -386,9 +386,14 @@ latencies are medians at the batch of the model's opt shape.
   63 of the 255 quantized layers kept in float passes the int8 gate (best cosine 0.9732 against fp32): build fp16
   for this model, or give more representative calibration samples" (its gate also has rel_l2 0.236 > 0.2). So the
   goal "every int8 cell passes after repair" is **not met** for ppocr-det; fp16 repair is not built.
-- **Speed kept**: where unrepaired int8 was faster (Silero 1.21x, rec 2.30x) the repaired artifact stays at or above
-  1.3x for rec (1.90x) and just under for Silero (1.26x; a 0.1 ms model, where the figure moves by about 0.05 run
-  to run). Four models have a CPU int8 artifact that is not faster than fp32 here (cls, det, yolov8n, BERT at batch
+- **Speed kept**: Silero's repaired artifact stays just under 1.3x (1.26x; a 0.1 ms model, where the figure moves
+  by about 0.05 run to run). **PP-OCR rec's 1.90x is withdrawn.** A second run on the same kind of machine gave the
+  same picture (fp32 59.4 ms, repaired 26.8 ms, 2.22x), but only in this interleaved timing after the repair: in
+  that machine's other timings fp32 takes 22-23 ms and the kept (`dynamic`) form 21.5-23 ms: 0.94x in the quantize
+  stage's own candidate timing, 1.04x with each session timed alone, 0.97x interleaved without the repair before
+  it, on generated inputs and on the samples alike. The slow fp32 is a disturbance of that one timing whose cause is
+  not found; bench/models.py now times the two alone as well and marks a row whose ratios disagree by more than a
+  fifth. So rec's int8, repaired or not, is about as fast as fp32 on this CPU, not faster. Four models have a CPU int8 artifact that is not faster than fp32 here (cls, det, yolov8n, BERT at batch
   4); the farm records that on the engine (`vs_fp32.faster = false`) and ranks fp32 first.
 - **Cost**: the search is dominated by probe runs (one ONNX Runtime session per tensor put back in float) and by
   the real checks (a quantization and a judgement each): rec's 329 s is about 15 of its checks, det's 214 s about 9.

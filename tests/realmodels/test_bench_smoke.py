@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -31,6 +33,10 @@ def test_models_bench_smoke(tmp_path):
     int8 = result["int8_vs_fp32"]["ppocr-cls"]
     assert int8["fp32_median_ms"] > 0 and int8["int8_median_ms"] > 0 and int8["int8_calls"] >= 2
     assert int8["faster"] == (int8["speedup"] > 1.0) and "int8 against fp32" in done.stdout
+    alone = int8["alone_ms"]  # the cross-check: each timed alone, its ratio compared with the interleaved one
+    assert alone["int8"] > 0 and alone["fp32"] > 0
+    assert int8["alone_speedup"] == pytest.approx(alone["fp32"] / alone["int8"], rel=0.01)
+    assert int8["consistent"] == (abs(int8["alone_speedup"] / int8["speedup"] - 1) <= 0.2)
     assert int8["int8_ops"].get("QLinearConv", 0) > 0  # every CPU candidate of a conv net has integer convolutions
     assert {c["name"] for c in int8["candidates"]} >= {"operator", "convolutions"} and int8["kept"] in (
         c["name"] for c in int8["candidates"] if c.get("kept")
