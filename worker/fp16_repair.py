@@ -1,11 +1,12 @@
 """Accuracy repair of fp16: which nodes break the fp16 gate, measured, and the fewest kept in fp32 that let it pass.
 
-Every figure here is the fp16 gate itself, measured on the farm's ONNX Runtime CPU artifact: the model converted by
-``worker/fp16`` with a set of nodes kept in fp32 (``keep_fp32_layers``), optimized as the ``onnxruntime`` backend
-builds it, run on the accuracy check's inputs (the model's samples, else its seeded random inputs) and judged
-against ONNX Runtime fp32 on the original model under the spec's fp16 limits (elementwise atol/rtol with the share of
-elements allowed outside them, by default). Nothing is estimated and nothing is timed: the same model, samples and
-spec give the same ranking and the same kept set.
+Every figure here is the fp16 gate itself, measured on the farm's ONNX Runtime artifact, on the GPU where the build
+has an ``onnxruntime/cuda`` target this worker runs (worker/fp16_stage.py picks it), else on the CPU: the model
+converted by ``worker/fp16`` with a set of nodes kept in fp32 (``keep_fp32_layers``), optimized as the
+``onnxruntime`` backend builds it, run on the accuracy check's inputs (the model's samples, else its seeded random
+inputs) and judged against ONNX Runtime fp32 on the original model under the spec's fp16 limits (elementwise
+atol/rtol with the share of elements allowed outside them, by default). Nothing is estimated and nothing is timed:
+the same model, samples and spec give the same ranking and the same kept set.
 
 1. **Needed?** The model is converted as the spec asks; if it passes, nothing is kept (``needed: false``).
 2. **Sensitivity.** The candidates are the nodes the conversion made fp16. Up to ``NODE_LIMIT`` of them, each is kept
@@ -19,12 +20,11 @@ spec give the same ranking and the same kept set.
 4. **An honest stop.** If the budget passes nothing, the report says so with the best figure reached and
    recommends fp32.
 
-ONNX Runtime's CPU provider has fp16 kernels for few operators (data movement, Max, Min, Clip): it runs the others in
-fp32 between casts, and drops a cast to fp16 followed by one back. fp16 rounding and overflow show on the CPU only
-where an fp16 tensor is materialized, so the error measured here can be lower than a GPU's, and the kept set is the
-one the CPU shows. Called by the fp16 repair stage (worker/fp16_stage.py); every target's fp16 graph then keeps the
-set in fp32.
-"""
+ONNX Runtime's CPU provider has fp16 kernels for few operators (data movement, Max, Min, Clip): it runs the others
+in fp32 between casts, and drops a cast to fp16 followed by one back. fp16 rounding and overflow show on the CPU
+only where an fp16 tensor is materialized, so the error measured on the CPU can be lower than a GPU's, and the kept
+set is the one the CPU shows; judged on the GPU, it is the one the CUDA provider's fp16 kernels show. Called by the
+fp16 repair stage (worker/fp16_stage.py); every target's fp16 graph then keeps the set in fp32."""
 
 from __future__ import annotations
 
@@ -64,20 +64,24 @@ def repair(
     info: ModelInfo,
     scratch: Path,
     make_runner,
+    judge_on: Target | None = None,
+    measured_on: str = MEASURED_ON,
 ) -> dict[str, Any]:
-    """Find the nodes to keep in fp32 so that the fp16 CPU artifact of ``float_model`` (the model as the build
-    prepares it) passes the fp16 gate against ``reference_model``; returns the repair report (``kept``: the node
-    names, empty when nothing was needed or nothing passed; ``passed``)."""
+    """Find the nodes to keep in fp32 so that the fp16 artifact of ``float_model`` (the model as the build prepares
+    it) for ``judge_on`` (default: this worker's ONNX Runtime CPU target; an ``onnxruntime/cuda`` target judges on
+    its GPU, ``make_runner`` then opening a CUDA runner) passes the fp16 gate against ``reference_model``; returns
+    the repair report (``kept``: the node names, empty when nothing was needed or nothing passed; ``passed``)."""
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="fp16-repair-", dir=scratch))
     try:
-        judge = _Judge(float_model, reference_model, samples, spec, info, work, make_runner)
+        judge = _Judge(float_model, reference_model, samples, spec, info, work, make_runner, judge_on)
         base = list(spec.keep_fp32_layers)
         before = judge(base)
         report: dict[str, Any] = {
             "precision": Precision.FP16.value,
             "recipe": "worker/fp16",
-            "measured_on": MEASURED_ON,
+            "measured_on": measured_on,
+            "judged_on": str(judge.target),
             "inputs": judge.inputs.origin,
             "before": before,
         }
@@ -101,8 +105,8 @@ def repair(
                 else f"{REGIONS} regions of the nodes converted to fp16, each kept in fp32 alone, the most helpful "
                 "halved until single nodes"
             )
-            + ", the fp16 gate measured on the CPU artifact; then the top 1, 2, 4, ... kept until the gate passes, "
-            "then unneeded ones dropped",
+            + f", the fp16 gate measured on the {judge.target} artifact; then the top 1, 2, 4, ... kept until the "
+            "gate passes, then unneeded ones dropped",
             ranking=ranked[:RANKING_SHOWN],
             candidates=len(candidates),
             budget=budget,
@@ -179,7 +183,8 @@ def _split(names: list[str], parts: int) -> list[list[str]]:
 
 
 class _Judge:
-    """The fp16 CPU artifact with a set of nodes kept in fp32, judged by the fp16 gate; figures cached by set."""
+    """The fp16 artifact for ``target`` (default: the CPU's) with a set of nodes kept in fp32, judged by the fp16
+    gate; figures cached by set."""
 
     def __init__(
         self,
@@ -190,6 +195,7 @@ class _Judge:
         info: ModelInfo,
         work: Path,
         make_runner,
+        target: Target | None = None,
     ):
         from enginefarm.worker.fp16 import fp16_model
 
@@ -197,7 +203,7 @@ class _Judge:
         self.calls = 0
         self.seen: dict[frozenset[str], dict[str, Any]] = {}
         self.backend = get_backend(Backend.ONNXRUNTIME)
-        self.target = Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
+        self.target = target or Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
         self.inputs = accuracy_inputs(reference_model, spec, info, samples)
         self.limits = spec.accuracy.limits(Precision.FP16.value)
         graph = onnx.load(str(float_model), load_external_data=False).graph

@@ -1,5 +1,6 @@
 """The fp16 accuracy repair stage before a build that asks ``accuracy_repair`` at fp16: source model (+ samples) →
-the nodes to keep in fp32 (worker/fp16_repair.py, measured once on this worker's CPU) → recorded on the build →
+the nodes to keep in fp32 (worker/fp16_repair.py, measured once: on this worker's GPU when the build has an
+``onnxruntime/cuda`` target this worker runs, else on its CPU; ``judge_target``) → recorded on the build →
 the build's waiting tasks queued. It runs as the int8 quantization stage does (the same queue, task and
 ``BuildRow.quantize`` column, with ``kind: fp16-repair``), but derives no model: every target builds from the uploaded
 model, and its fp16 graph keeps the found nodes in fp32 (``spec_of_task``). Called by the quantize task
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import FP16_REPAIR_STAGE, ModelInfo, Target, TaskState
+from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
+from enginefarm.core.probe.policy import ort_cuda_targets
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.worklock import Scratch
 from enginefarm.storage import catalog, liveness, quantizing
@@ -47,6 +50,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         fields = (source.blob_key, source.sha256, source.format)
         samples_fields = (source.samples_key, source.samples_sha256)
         info = ModelInfo.from_dict(source.info)
+        targets = [t.parsed_target for t in build.tasks]
         families = sorted(
             {family_of(t.parsed_target.backend.value) for t in build.tasks}, key=lambda f: f != "tensorrt"
         )
@@ -54,7 +58,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     with Scratch(settings) as scratch:
         samples = samples_of(store, *samples_fields, info, scratch)
         float_model = prepared_model(model_path, spec, scratch, BuildLog())  # the model every target converts
-        report = _repair(float_model, model_path, samples, spec, info, scratch)
+        report = repair_on(float_model, model_path, samples, spec, info, scratch, judge_target(targets))
 
     def release(s) -> tuple[list[tuple[int, Target]], list]:
         build = catalog.get_build(s, build_id)
@@ -80,11 +84,39 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     return queued
 
 
-def _repair(float_model: Path, reference: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path) -> dict:
-    from enginefarm.worker.evaluate import OrtRunner
+def judge_target(targets: list[Target], probe: MachineProbe | None = None) -> Target | None:
+    """The build's ``onnxruntime/cuda`` target that this worker (``probe``, else probed now) runs, to judge the fp16
+    repair on the GPU the engine will run on; None (judge on the CPU) when the build has none or this worker has no
+    GPU of its compute capability with ONNX Runtime's CUDA provider. The GPU's fp16 kernels round and overflow where
+    the CPU's, which run most fp16 operators in fp32, do not (docs/fp16.md)."""
+    wanted = [t for t in targets if t.is_ort_cuda]
+    if not wanted:
+        return None
+    here = set(ort_cuda_targets(probe or probe_machine()))
+    return next((t for t in sorted(wanted, key=str) if t in here), None)
+
+
+def repair_on(
+    float_model: Path, reference: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, gpu: Target | None
+) -> dict:
     from enginefarm.worker.fp16_repair import repair
 
-    def runner(path: Path) -> OrtRunner:
-        return OrtRunner(path, spec.benchmark.threads)
+    if gpu is None:
+        from enginefarm.worker.evaluate import OrtRunner
 
-    return repair(float_model, reference, samples, spec, info, scratch, runner)
+        return repair(
+            float_model, reference, samples, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads)
+        )
+    from enginefarm.worker.backends.onnxruntime_cuda import gpu_for
+    from enginefarm.worker.ort_cuda_runner import OrtCudaRunner
+
+    index = gpu_for(gpu, probe_machine()).index  # the GPU of the target's compute capability, as its build uses
+
+    def runner(path: Path) -> OrtCudaRunner:  # one session per judged set (TF32 as the spec says)
+        return OrtCudaRunner(path, tf32=spec.tf32, device_index=index)
+
+    where = (
+        f"ONNX Runtime's CUDA provider on this worker's GPU ({gpu}): the fp16 kernels the engine runs, TF32 "
+        f"{'on' if spec.tf32 else 'off'} for the nodes kept in fp32"
+    )
+    return repair(float_model, reference, samples, spec, info, scratch, runner, gpu, where)

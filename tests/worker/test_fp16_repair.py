@@ -12,12 +12,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.domain import Backend, Target
+from enginefarm.core.probe.gpus import GpuInfo
+from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.validation import validate_spec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.worker import fp16_repair as F
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.evaluate import OrtRunner, check_accuracy
+from enginefarm.worker.fp16_stage import judge_target
 
 SHAPES = {"input": [1, 16]}
 
@@ -54,6 +57,31 @@ def overflow_model(path: Path, branches: int = 1, tag: str = "") -> Path:
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16])],
         [numpy_helper.from_array(np.array(1e-5, np.float32), "small")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def hidden_overflow_model(path: Path) -> Path:
+    """``output = relu(x) + 1e-3 * mean(x * x)``: the overflow model without its Concats. The square leaves fp16's
+    range on the overflow samples, but nothing materializes it in fp16 on the CPU (the mean stays fp32 by the
+    converter's rules, and ONNX Runtime's CPU runs the Mul in fp32 and drops the cast pair around it), so the CPU's
+    fp16 artifact passes while a GPU's fp16 Mul overflows (tests/worker/test_fp16_repair_gpu.py)."""
+    nodes = [
+        helper.make_node("Mul", ["input", "input"], ["sq"], name="square"),
+        helper.make_node("ReduceMean", ["sq"], ["m"], name="mean", axes=[1], keepdims=1),
+        helper.make_node("Mul", ["m", "small"], ["branch"], name="scale_back"),
+        helper.make_node("Relu", ["input"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "branch"], ["output"], name="join"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "hidden_overflow",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16])],
+        [numpy_helper.from_array(np.array(1e-3, np.float32), "small")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -160,3 +188,43 @@ def test_accuracy_repair_is_accepted_for_fp16_and_int8_and_refused_otherwise(tmp
     # A model that holds Q/DQ already is built as it is: nothing of it is the farm's to repair.
     (refused,) = problems("fp16", replace(info, has_qdq=True))
     assert refused["msg"].endswith("not to a model that holds Q/DQ already"), refused
+
+
+def test_the_cpu_does_not_see_an_overflow_that_no_fp16_tensor_materializes(tmp_path: Path):
+    """The case for judging on the GPU: on the CPU this fp16 model needs no repair; the GPU test shows it does."""
+    source = hidden_overflow_model(tmp_path / "hidden.onnx")
+    spec = BuildSpec(precision="fp16", shapes=SHAPES, accuracy_repair=True)
+    info = inspect_upload(source, tmp_path / "inspect").info
+    report = F.repair(source, source, {"input": overflow_samples()}, spec, info, tmp_path, _runner)
+    assert report["needed"] is False and report["before"]["max_abs"] == 0.0, report
+    assert report["judged_on"] == f"onnxruntime/cpu-{get_backend(Backend.ONNXRUNTIME).host_platform()}"
+
+
+def _probe(gpus, ort_cuda: str | None) -> MachineProbe:
+    probe = MachineProbe(
+        hostname="node1",
+        platform="x86_64",
+        os="Linux",
+        gpus=list(gpus),
+        driver_version="580.82.07" if gpus else None,
+        cuda_version="13.0" if gpus else None,
+        jetson=None,
+        modules={"tensorrt": None, "tensorrt_rtx": None, "onnxruntime": "1.31.1"},
+        module_errors={},
+    )
+    probe.ort_cuda = ort_cuda
+    return probe
+
+
+def test_the_fp16_repair_is_judged_on_the_gpu_of_a_cuda_target_this_worker_runs():
+    h100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", "9.0", 81559, "GPU-0")
+    cpu, sm90, sm86 = (
+        Target.parse(t) for t in ("onnxruntime/cpu-x86_64", "onnxruntime/cuda-sm90", "onnxruntime/cuda-sm86")
+    )
+    rtx = Target.parse("tensorrt-rtx/sm86")
+    gpu_worker = _probe([h100], "13.0")
+    assert judge_target([cpu, rtx, sm90], gpu_worker) == sm90
+    assert judge_target([cpu, rtx], gpu_worker) is None  # no ONNX Runtime CUDA target: the CPU judges
+    assert judge_target([cpu, sm86], gpu_worker) is None  # a GPU of another compute capability cannot judge sm86
+    assert judge_target([cpu, sm90], _probe([h100], None)) is None  # onnxruntime without its CUDA provider
+    assert judge_target([cpu, sm90], _probe([], None)) is None  # a CPU worker
