@@ -573,3 +573,25 @@ def test_invalid_result_is_a_build_failure(tmp_path, monkeypatch):
     monkeypatch.setattr(fp16_convert, "fold_round_trips", break_graph)
     with pytest.raises(BuildFailed, match="invalid model"):
         fp16_model(src, tmp_path / "out.onnx")
+
+
+def test_two_casts_of_one_tensor_under_one_name_become_one():
+    """onnxruntime-gpu 1.31's converter named a cast after its tensor once per input slot: a float32 Concat reading
+    one fp16 tensor twice got two ``sq_cast_to_fp32`` and the conversion failed its SSA check (seen on an H100)."""
+    casts = [helper.make_node("Cast", ["sq"], ["sq_cast_to_fp32"], name=f"sq_cast_{i}", to=FLOAT) for i in range(2)]
+    concat = helper.make_node("Concat", ["sq_cast_to_fp32", "sq_cast_to_fp32"], ["y"], name="pair", axis=1)
+    graph = helper.make_graph(
+        [*casts, concat],
+        "g",
+        [helper.make_tensor_value_info("sq", FLOAT16, [1, 4])],
+        [helper.make_tensor_value_info("y", FLOAT, [1, 8])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
+    with pytest.raises(onnx.checker.ValidationError, match="single static assignment"):
+        onnx.checker.check_model(model, full_check=True)
+    fp16_convert.fold_round_trips(model, {"sq_cast_0", "sq_cast_1"}, OPSET)
+    onnx.checker.check_model(model, full_check=True)
+    assert [n.name for n in model.graph.node] == ["sq_cast_0", "pair"]
+    x = np.arange(4, dtype=np.float16).reshape(1, 4)
+    (y,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"sq": x})
+    np.testing.assert_array_equal(y, np.concatenate([x, x], axis=1).astype(np.float32))

@@ -131,7 +131,7 @@ def test_evaluate_stores_the_gpu_figures(probe, target, tmp_path):
     from enginefarm.graph.modelfile import inspect_upload
 
     info = inspect_upload(model, tmp_path / "inspect").info
-    result = evaluate(out, "onnxruntime", spec, info, model, None, target=str(target))
+    result = evaluate(out, "onnxruntime", spec, info, model, None, target=target)
     assert not result.errors, result.errors
     assert result.gpu_name == probe.gpus[0].name and [b.shape.batch for b in result.benchmarks] == [1, 8]
     assert result.accuracy["pass"] and result.device_memory_bytes

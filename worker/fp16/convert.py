@@ -101,6 +101,7 @@ def fold_round_trips(model: ModelProto, added: set[str], opset: int) -> None:
     then drop the casts that no longer do anything.
     """
     graph = model.graph
+    _one_cast_per_name(graph, added)
     types = tensor_types(onnx.shape_inference.infer_shapes(model).graph)
     producers = {out: n for n in graph.node for out in n.output}
     graph_outputs = {o.name for o in graph.output}
@@ -216,6 +217,22 @@ def _restore_names(graph: GraphProto, added: set[str], before: dict[str, list[st
                 rename[now] = was
     if rename:
         rename_tensors(graph, rename)
+
+
+def _one_cast_per_name(graph: GraphProto, added: set[str]) -> None:
+    """Drop an added cast that writes the same tensor as an earlier one from the same source to the same type.
+    onnxruntime-gpu 1.31's converter names a cast after its tensor once per input slot, so a kept node that reads
+    one fp16 tensor twice (``Concat [x, x]``) got two ``x_cast_to_fp32`` and an invalid graph (1.32 names them
+    apart); the two compute the same value."""
+    seen: dict[str, tuple[str, int | None]] = {}
+    for node in list(graph.node):
+        if node.name not in added or node.op_type != "Cast" or not node.input:
+            continue
+        key = (node.input[0], cast_to(node))
+        if seen.get(node.output[0]) == key:
+            graph.node.remove(node)
+        else:
+            seen.setdefault(node.output[0], key)
 
 
 def _drop_unread_casts(graph: GraphProto, added: set[str]) -> None:
