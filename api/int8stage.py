@@ -87,6 +87,11 @@ class Int8Repair(BaseModel):
     measured_on: str | None = Field(
         None, description="fp16: where the gate was measured, and why a GPU's fp16 error can be larger"
     )
+    judged_on: str | None = Field(
+        None,
+        description="fp16: the target whose artifact was judged: onnxruntime/cuda-smXY on a worker's GPU where the "
+        "build has that target and the worker runs it, else the worker's CPU target",
+    )
     candidate_layers: int | None = Field(None, description="fp16: the nodes the conversion made fp16, the candidates")
     kept: list[str] = Field(description="the ONNX node names kept in fp32 (empty when not needed or nothing passed)")
     before: GateFigure
@@ -258,6 +263,7 @@ def _repair(r: dict[str, Any]) -> Int8Repair:
         passed=bool(r.get("passed")),
         recipe=r.get("recipe", "operator"),
         measured_on=r.get("measured_on"),
+        judged_on=r.get("judged_on"),
         candidate_layers=r.get("candidates"),
         kept=list(r.get("kept") or []),
         before=_figure(r["before"]),

@@ -95,6 +95,7 @@ def test_an_fp16_build_with_repair_keeps_the_overflowing_node_in_fp32_on_every_t
     top = view["repair"]["ranking"][0]
     assert top["layers"] == ["square"] and top["kept"] is True and top["gain"] == 1.0 and top["ops"] == ["Mul"]
     assert view["repair"]["before"]["non_finite"] is True and view["repair"]["after"]["violations"] == 0.0
+    assert view["repair"]["judged_on"] == CPU  # no onnxruntime/cuda target in this build: the CPU judged
     assert sorted(s["engine_id"] for s in report["fp16"]) == sorted(t["engine_id"] for t in done["tasks"])
     assert report["int8"] == []
     # The int8 view of an fp16 engine, and the fp16 view of the engine built without repair, are 404s.

@@ -74,6 +74,6 @@ def test_openapi_documents_the_fp16_repair(farm):
     ok = paths["/v1/engines/{engine_id}/fp16"]["get"]["responses"]
     assert ok["200"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/EngineInt8"
     assert "404" in ok
-    assert {"precision", "measured_on", "candidate_layers"} <= set(schemas["Int8Repair"]["properties"])
+    assert {"precision", "measured_on", "judged_on", "candidate_layers"} <= set(schemas["Int8Repair"]["properties"])
     assert {"violations_alone_float", "violations_fp16", "ops"} <= set(schemas["RankedTensor"]["properties"])
     assert "fp16" in schemas["ModelReportOut"]["properties"] and "precision" in schemas["EngineInt8"]["properties"]
