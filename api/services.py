@@ -17,6 +17,7 @@ from enginefarm.core.domain import (
     ModelInfo,
     Target,
     TaskState,
+    gpu_stage_queue,
 )
 from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.spec import BuildSpec, Precision
@@ -84,18 +85,21 @@ def _create_build(
             "samples_sha256": model.samples_sha256,
             "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime",
         }
-    elif fp16_repair:  # the same waiting stage, on the same queue: worker/fp16_stage.py
+    elif fp16_repair:  # the same waiting stage: worker/fp16_stage.py, on a GPU worker's queue where it judges there
+        gpu = next((t for t in sorted(targets, key=str) if t.is_ort_cuda and str(t) in served), None)
         build.quantize = {
             "state": TaskState.QUEUED.value,
             "kind": FP16_REPAIR_STAGE,
             "source_model_id": model.id,
             "samples_sha256": model.samples_sha256,
-            "detail": "finding the nodes to keep in fp32 so that fp16 passes its accuracy gate (ONNX Runtime, CPU)",
+            "detail": "finding the nodes to keep in fp32 so that fp16 passes its accuracy gate "
+            + (f"(ONNX Runtime CUDA, on a worker serving {gpu})" if gpu else "(ONNX Runtime, CPU)"),
+            **({"queue": gpu_stage_queue(gpu)} if gpu else {}),
         }
         quantize = True
     out = [queue.Message.build(t.id, t.parsed_target) for t in build.tasks if t.state == TaskState.QUEUED.value]
     out += [queue.Message.bench(c.id, c.parsed_target) for c in checks]
-    out += [queue.Message.quantize(build.id)] if quantize else []
+    out += [queue.Message.quantize(build.id, build.quantize)] if quantize else []
     return build, out
 
 

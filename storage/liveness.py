@@ -190,14 +190,15 @@ def release_tasks(
     return released
 
 
-def release_quantize(session: Session, build_id: int, worker_id: str, reason: str) -> bool:
-    """A stopping worker puts back in the queue the quantization stage it runs; False when it is not its own."""
+def release_quantize(session: Session, build_id: int, worker_id: str, reason: str) -> dict | None:
+    """A stopping worker puts back in the queue the quantization stage it runs; returns the stage (which names its
+    queue), None when it is not its own."""
     build = session.scalars(select(BuildRow).where(BuildRow.id == build_id).with_for_update()).first()
     stage = (build.quantize or {}) if build is not None else {}
     if stage.get("state") != TaskState.RUNNING.value or stage.get("worker_id") != worker_id:
-        return False
+        return None
     build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None, "error": reason}
-    return True
+    return dict(build.quantize)
 
 
 def builds_pending(session: Session, worker_id: str, targets: list[str]) -> int:

@@ -94,8 +94,10 @@ class Message:
         return cls("bench", task_id, target.bench_queue)
 
     @classmethod
-    def quantize(cls, build_id: int) -> Message:
-        return cls("quantize", build_id, QUANTIZE_QUEUE)
+    def quantize(cls, build_id: int, stage: dict | None = None) -> Message:
+        """The build's waiting stage, on the queue its ``stage`` (``BuildRow.quantize``) names, else the quantize
+        queue every ONNX Runtime worker consumes."""
+        return cls("quantize", build_id, (stage or {}).get("queue") or QUANTIZE_QUEUE)
 
 
 def publish(messages: Iterable[Message]) -> None:

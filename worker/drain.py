@@ -123,10 +123,8 @@ class Drain:
                 settings=self.settings,
                 patience_s=DB_PATIENCE_S,
             )
-            released += [
-                Message.quantize(i)
-                for i in ids["quantize"]
-                if in_transaction(
+            for i in ids["quantize"]:
+                stage = in_transaction(
                     liveness.release_quantize,
                     i,
                     self.worker_id,
@@ -134,7 +132,8 @@ class Drain:
                     settings=self.settings,
                     patience_s=DB_PATIENCE_S,
                 )
-            ]
+                if stage is not None:
+                    released.append(Message.quantize(i, stage))
         except Exception:  # the catalog is down: the reconciler requeues them once this worker's row falls silent
             log.warning("could not put the running tasks back in the catalog", exc_info=True)
             released = None

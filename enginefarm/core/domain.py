@@ -134,6 +134,24 @@ class Target:
 
 # Int8 quantization from samples runs on a CPU worker with ONNX Runtime.
 QUANTIZE_QUEUE = "quantize.onnxruntime"
+
+
+def gpu_stage_queue(target: Target) -> str:
+    """The queue of a waiting stage that must run where ``target`` (an ``onnxruntime/cuda-smXY``) runs: an fp16
+    repair judged on that GPU. Workers serving the target consume it beside QUANTIZE_QUEUE."""
+    return f"{QUANTIZE_QUEUE}.{target.arch}"
+
+
+def build_queues(targets: list[Target]) -> list[str]:
+    """The queues a worker building ``targets`` consumes: each target's build queue; the quantize queue where it
+    has an ONNX Runtime target (ONNX Runtime workers run the int8 and fp16 repair stages); and the stage queue of
+    each ``onnxruntime/cuda`` target (an fp16 repair judged on that GPU)."""
+    queues = [t.queue for t in targets]
+    if any(t.backend is Backend.ONNXRUNTIME for t in targets):
+        queues.append(QUANTIZE_QUEUE)
+    return queues + [gpu_stage_queue(t) for t in targets if t.is_ort_cuda]
+
+
 # ``BuildRow.quantize["kind"]`` of an fp16 build's accuracy repair stage, which runs on the quantize queue before the
 # build's tasks as int8's quantization does (an int8 stage has no kind).
 FP16_REPAIR_STAGE = "fp16-repair"

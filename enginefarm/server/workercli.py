@@ -140,15 +140,13 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             if attempt == 4:
                 raise
             time.sleep(1 + attempt)
-    from enginefarm.core.domain import QUANTIZE_QUEUE, Backend
+    from enginefarm.core.domain import build_queues as queues_for
     from enginefarm.worker.tasks import app as celery_app
 
     heartbeat = Heartbeat(
         settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench], row=not in_lane
     )
-    build_queues = [t.queue for t in targets]
-    if any(t.backend is Backend.ONNXRUNTIME for t in targets):  # ONNX Runtime CPU workers quantize
-        build_queues.append(QUANTIZE_QUEUE)
+    build_queues = queues_for(list(targets))
     bench_queues = [t.bench_queue for t in bench]
     # A worker that builds and benchmarks serves its benchmark queues from a second pool (enginefarm.worker.lanes).
     split = lane == "both" and bool(build_queues) and bool(bench_queues)

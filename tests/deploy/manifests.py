@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from enginefarm.core.domain import QUANTIZE_QUEUE, Backend, Target
+from enginefarm.core.domain import Target, build_queues
 from tests.deploy.kustomize import pod_template, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,10 +63,7 @@ class WorkerGroup:
 
     @property
     def build_queues(self) -> set[str]:
-        queues = {t.queue for t in self.targets}
-        if any(t.backend is Backend.ONNXRUNTIME for t in self.targets):  # as `enginefarm worker` does
-            queues.add(QUANTIZE_QUEUE)
-        return queues
+        return set(build_queues(list(self.targets)))  # as `enginefarm worker` does
 
     @property
     def bench_queues(self) -> set[str]:
