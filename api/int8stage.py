@@ -101,6 +101,10 @@ class Int8Repair(BaseModel):
     note: str | None = Field(None, description="why the repair stopped without a passing set, and what to do")
     evaluations: int | None = None
     seconds: float | None = None
+    check_seconds: float | None = Field(
+        None, description="seconds of one accuracy check of the model (the first: quantize or convert, build, judge)"
+    )
+    cost_in_checks: float | None = Field(None, description="the repair's seconds in such checks")
     unrepaired: UnrepairedVariant | None = Field(
         None, description="the failed original, kept as a variant of the build when the repair kept layers"
     )
@@ -273,6 +277,8 @@ def _repair(r: dict[str, Any]) -> Int8Repair:
         note=r.get("note"),
         evaluations=r.get("evaluations"),
         seconds=r.get("seconds"),
+        check_seconds=r.get("check_seconds"),
+        cost_in_checks=r.get("cost_in_checks"),
         unrepaired=_unrepaired(r["unrepaired"]) if r.get("unrepaired") else None,
         latency_ms=RepairLatency(**r["latency_ms"]) if r.get("latency_ms") else None,
         speedup=RepairSpeedup(**r["speedup"]) if r.get("speedup") else None,

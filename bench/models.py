@@ -271,7 +271,8 @@ def _repair_text(repair: dict | None) -> str:
     kept = f"{len(repair['kept'])} kept" if repair["passed"] else f"none of {repair['budget']} passes"
     return (
         f"{kept}, cos {repair['before']['cosine']:.3f} -> {repair['after']['cosine']:.3f}, "
-        f"{repair['evaluations']} checks, {repair['seconds']:.0f} s"
+        f"{repair['evaluations']} checks, {repair['seconds']:.0f} s = {repair['cost_in_checks']}x one check "
+        f"({repair['check_seconds']:.1f} s)"
     )
 
 

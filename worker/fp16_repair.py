@@ -43,7 +43,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.evaluate import accuracy_inputs, compare
 from enginefarm.worker.onnxgraph import all_nodes
-from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, not_needed, search
+from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, cost, not_needed, search
 
 # Up to this many candidates, each node is measured alone; above, regions are bisected.
 NODE_LIMIT = 48
@@ -74,7 +74,7 @@ def repair(
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="fp16-repair-", dir=scratch))
     try:
-        judge = _Judge(float_model, reference_model, samples, spec, info, work, make_runner, judge_on)
+        judge = Timed(_Judge(float_model, reference_model, samples, spec, info, work, make_runner, judge_on))
         base = list(spec.keep_fp32_layers)
         before = judge(base)
         report: dict[str, Any] = {
@@ -86,7 +86,7 @@ def repair(
             "before": before,
         }
         if before["pass"]:
-            return not_needed(report, before, judge.calls, time.perf_counter() - started)
+            return not_needed(report, before, judge.calls, time.perf_counter() - started, judge.check_seconds())
         candidates = judge.candidates
         budget = budget_of(len(candidates))
         ranked = _ranking(candidates, judge, base, before)
@@ -112,7 +112,7 @@ def repair(
             budget=budget,
             evaluations=judge.calls,
             probe_evaluations=probes,
-            seconds=round(time.perf_counter() - started, 2),
+            **cost(time.perf_counter() - started, judge.check_seconds()),
         )
         if not passed:
             best = after or before
@@ -133,7 +133,7 @@ def score(figure: dict[str, Any]) -> tuple:
     return (-figure["violations"], figure.get("agreement", 1.0), -(math.inf if rel is None else rel))
 
 
-def _ranking(candidates: list[str], judge: _Judge, base: list[str], before: dict[str, Any]) -> list[dict[str, Any]]:
+def _ranking(candidates: list[str], judge: Any, base: list[str], before: dict[str, Any]) -> list[dict[str, Any]]:
     """Every group measured, the most helpful first (on a tie, the fewer nodes, then graph order)."""
     measured: list[tuple[list[str], dict]] = []
     if len(candidates) <= NODE_LIMIT:

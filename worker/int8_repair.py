@@ -40,7 +40,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
 from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, quantize_qdq
-from enginefarm.worker.repair_search import RANKING_SHOWN, budget_of, not_needed, search, within
+from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, cost, not_needed, search, within
 
 
 def sensitivity(
@@ -162,7 +162,7 @@ def repair(
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="int8-repair-", dir=scratch))
     try:
-        judge = _Judge(float_model, samples, spec, info, work, make_runner, recipe)
+        judge = Timed(_Judge(float_model, samples, spec, info, work, make_runner, recipe))
         before = judge(spec.keep_fp32_layers)
         report: dict[str, Any] = {
             "recipe": recipe,
@@ -171,7 +171,7 @@ def repair(
             "1, 2, 4, ... tensors kept in float until the gate passes, then unneeded ones dropped",
         }
         if before["pass"]:
-            return not_needed(report, before, judge.calls, time.perf_counter() - started)
+            return not_needed(report, before, judge.calls, time.perf_counter() - started, judge.check_seconds())
         probe = _Probe(float_model, samples, spec, info, work)
         ranking = probe.ranking()
         groups = [r["layers"] for r in ranking]
@@ -197,7 +197,7 @@ def repair(
             after=after,
             evaluations=judge.calls,
             probe_evaluations=len(ranking) + probe.calls,
-            seconds=round(time.perf_counter() - started, 2),
+            **cost(time.perf_counter() - started, judge.check_seconds()),
         )
         if passed and kept and unrepaired_to is not None:
             judge.keep_first(unrepaired_to)

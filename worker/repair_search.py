@@ -5,6 +5,8 @@ least sensitive first. ``judge(layers)`` returns a gate figure (``pass`` and the
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +26,9 @@ def by_cosine(figure: dict[str, Any]) -> float:
     return figure["cosine"]
 
 
-def not_needed(report: dict[str, Any], before: dict[str, Any], evaluations: int, seconds: float) -> dict[str, Any]:
+def not_needed(
+    report: dict[str, Any], before: dict[str, Any], evaluations: int, seconds: float, check_seconds: float
+) -> dict[str, Any]:
     """The repair report of a model whose reduced-precision artifact already passes its gate: nothing kept."""
     return {
         **report,
@@ -33,7 +37,40 @@ def not_needed(report: dict[str, Any], before: dict[str, Any], evaluations: int,
         "kept": [],
         "after": before,
         "evaluations": evaluations,
+        **cost(seconds, check_seconds),
+    }
+
+
+class Timed:
+    """A repair's judge whose real checks (the calls that raised its ``calls``; not those answered from a cache)
+    are timed; everything else is the judge's own."""
+
+    def __init__(self, judge: Any):
+        self._judge = judge
+        self.durations: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._judge, name)
+
+    def __call__(self, keep: list[str]) -> dict[str, Any]:
+        calls, started = self._judge.calls, time.perf_counter()
+        out = self._judge(keep)
+        if self._judge.calls > calls:
+            self.durations.append(time.perf_counter() - started)
+        return out
+
+    def check_seconds(self) -> float:
+        """The median real check: one accuracy check of the model."""
+        return statistics.median(self.durations) if self.durations else 0.0
+
+
+def cost(seconds: float, check_seconds: float) -> dict[str, Any]:
+    """The repair's wall time, that of one accuracy check of the model (quantize or convert, build, run on the
+    gate's inputs, judge: the median of the repair's own), and the repair's cost in such checks."""
+    return {
         "seconds": round(seconds, 2),
+        "check_seconds": round(check_seconds, 3),
+        "cost_in_checks": round(seconds / check_seconds, 1) if check_seconds > 0 else None,
     }
 
 

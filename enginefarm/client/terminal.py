@@ -164,7 +164,7 @@ def print_quantize(build: dict[str, Any]) -> None:
     elif repair["passed"]:
         console.print(
             f"repair: kept {', '.join(repair['kept'])} in fp32; cosine {before['cosine']:.4f} -> "
-            f"{after['cosine']:.4f} ({repair['evaluations']} checks, {repair['seconds']:.1f} s)"
+            f"{after['cosine']:.4f} ({repair['evaluations']} checks, {repair['seconds']:.1f} s{_cost(repair)})"
         )
     else:
         console.print(f"[red]repair failed:[/red] {repair.get('note', '')}")
@@ -202,6 +202,12 @@ def fp16_change(repair: dict[str, Any]) -> str:
     )
 
 
+def _cost(repair: dict[str, Any]) -> str:
+    """The repair's cost in accuracy checks of the model, where the report has it."""
+    cost = repair.get("cost_in_checks")
+    return f", {cost:g}x one check of {repair['check_seconds']:.1f} s" if cost is not None else ""
+
+
 def print_fp16_repair(repair: dict[str, Any]) -> None:
     """The fp16 accuracy repair of a build: the nodes kept in fp32 and the gate before and after, or why it stopped."""
     if not repair["needed"]:
@@ -209,7 +215,7 @@ def print_fp16_repair(repair: dict[str, Any]) -> None:
     elif repair["passed"]:
         console.print(
             f"fp16 repair: kept {', '.join(repair['kept'])} in fp32; {fp16_change(repair)} "
-            f"({repair['evaluations']} checks, {repair['seconds']:.1f} s)"
+            f"({repair['evaluations']} checks, {repair['seconds']:.1f} s{_cost(repair)})"
         )
     else:
         console.print(f"[red]fp16 repair failed:[/red] {repair.get('note', '')}")

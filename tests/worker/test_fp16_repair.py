@@ -133,6 +133,7 @@ def test_repair_keeps_exactly_the_overflowing_node_and_the_artifact_passes(tmp_p
     assert {n for r in report["ranking"] for n in r["layers"]} == {"square", "pair", "triple", "relu", "join"}
     assert report["candidates"] == 5 and report["budget"] == 1
     assert report["evaluations"] == 1 + 5  # before, then each candidate once (the search reuses the figures)
+    assert 0 < report["check_seconds"] < report["seconds"] and report["cost_in_checks"] > 1
     assert "CPU" in report["measured_on"] and list(tmp_path.glob("fp16-repair-*")) == []
     # The kept set, given to the build, makes the artifact pass the same check.
     repaired = spec.model_copy(update={"keep_fp32_layers": report["kept"]})

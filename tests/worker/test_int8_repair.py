@@ -44,6 +44,9 @@ def test_repair_keeps_exactly_the_sensitive_layer_and_the_artifact_passes(tmp_pa
     assert report["passed"] is True and report["kept"] == ["shift"], report
     assert report["after"]["pass"] is True and report["after"]["cosine"] > 0.99
     assert "shift" in report["ranking"][0]["layers"] and report["evaluations"] == 2  # before, and the set found
+    # The cost in checks of the model: the repair's seconds over those of its first check.
+    assert 0 < report["check_seconds"] < report["seconds"]
+    assert report["cost_in_checks"] == round(report["seconds"] / report["check_seconds"], 1) > 1
     assert report["probe_evaluations"] >= len(report["ranking"])
     assert list(tmp_path.glob("int8-repair-*")) == []
     again = R.repair(source, samples, spec, info, tmp_path, _runner)  # the same samples and spec: the same answer
