@@ -88,8 +88,7 @@ def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
     """Judge and rank the table's engines for this machine and these filters. The compiled facts are shared; the
     options and their evidence are this request's (ranking writes the latency it compared into the evidence)."""
     options = [
-        Option(f.row.id, f.descriptor, f.model_seq, f.row.spec_hash, Evidence(f.accuracy, f.latencies))
-        for f in table.facts
+        Option(f.id, f.descriptor, f.model_seq, f.spec_hash, Evidence(f.accuracy, f.latencies)) for f in table.facts
     ]
     return choose(options, machine, req)
 
@@ -196,9 +195,7 @@ def resolve(
     explain = req.explain
     ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
     rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
-    if (full := table.chosen.get(chosen.option.id)) is None:
-        full = table.chosen[chosen.option.id] = resolution.chosen_engine(session, chosen.option.id, owner)
-    engine, version, variant_of, verdict = full
+    engine, version, variant_of, verdict = resolution.chosen_engine(session, table, chosen.option.id, owner, models)
     out = ResolveOut(
         model=req.model,
         machine=req.machine,
@@ -210,7 +207,7 @@ def resolve(
         accuracy=chosen.option.evidence.accuracy or "unchecked",
         download_url=f"/v1/engines/{chosen.option.id}/content",
         fallbacks=ranked[1:],
-        excluded=dict(Counter(j.verdict.rule.value for j in choice.rejected if j.verdict.rule)),
+        excluded=dict(Counter(rule.value for j in choice.rejected if (rule := j.verdict.rule))),
         rejected=rejected,
         candidates=ranked + rejected if explain else None,
     )

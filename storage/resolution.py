@@ -1,22 +1,27 @@
-"""Resolution's reads: the versions a request names, the facts of their engines, and the chosen engine's row.
+"""Resolution's reads: the versions a request names, and the facts of their engines with what an answer says of
+the chosen one.
 
 This is /v1/resolve's hot path, so it reads plain rows of only the columns resolution uses: no ORM objects, no
-JSON it never reads (an engine's accuracy metrics, a model's graph facts), and one aggregate for the latency
-evidence instead of every benchmark row, on the session's connection (Core statements built once). The engines
-come back compiled (``EngineTable``: descriptors and evidence, ready to judge), keyed by what they are a function
-of, so the API may keep them. Judging and answering are ``enginefarm.api.resolver``'s; this module only reads.
+JSON it parses unless it is used (a verdict's metrics are parsed for the chosen engine only; a model's graph facts
+are not read), and the engines, their verdicts and their best latencies (an aggregate, not every benchmark row) in
+one statement, on the session's connection (Core statements built once). The engines come back compiled
+(``EngineTable``: descriptors and evidence, ready to judge, and the rows an answer's engine is made from), keyed by
+what they are a function of, so the API may keep them. Judging and answering are ``enginefarm.api.resolver``'s;
+this module only reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from sqlalchemy import Row, and_, bindparam, func, select
+from sqlalchemy import Row, Text, and_, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import ENGINE_FACTS, EngineDescriptor
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage.catalog import find_models, latest_of
+from enginefarm.storage.db import json_loads
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 # What an answer says about a model version, and what its ETag is made of.
@@ -30,7 +35,8 @@ MODEL_COLUMNS = (
     ModelRow.source_model_id,
     ModelRow.generation,
 )
-# What judging, ranking and a candidate's line need of an engine: its facts, and the project's verdict.
+# What judging, ranking and a candidate's line need of an engine: its facts, and the project's verdict (the id, the
+# model's sha and the spec hash first and the verdict last: compiling reads them by position).
 ENGINE_COLUMNS = (
     EngineRow.id,
     EngineRow.model_sha256,
@@ -64,21 +70,26 @@ def descriptor_of(row) -> EngineDescriptor:
 
 _FACTS = slice(3, 3 + len(ENGINE_FACTS))  # where ENGINE_COLUMNS holds the facts
 
-
-# Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is
-# the asking project's own: another project's check of the same bytes never decides what this one is handed.
-ENGINES_OF = (
-    select(*ENGINE_COLUMNS)
-    .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
-    .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)))
+# What an answer says of its engine beyond judging (``EngineOut``): how it was built, and whether the asking project
+# checked it and with what metrics. Read with every engine, so the chosen one needs no statement of its own; the
+# metrics as their JSON text, parsed only for the engine chosen.
+ANSWER_COLUMNS = (
+    EngineRow.build_seconds,
+    EngineRow.built_by,
+    EngineRow.created_at,
+    VerdictRow.id.label("verdict_id"),
+    cast(VerdictRow.accuracy, Text).label("verdict_accuracy"),
 )
-LATENCY_OF = (
+
+# The project's best median latency at the default shape of each engine of these bytes, per device it was measured
+# on: one aggregate, joined to the engines below.
+_BEST = (
     select(
         BenchmarkRow.engine_id,
         BenchmarkRow.gpu_name,
         BenchmarkRow.compute_capability,
         BenchmarkRow.cpu_name,
-        func.min(BenchmarkRow.median_ms),
+        func.min(BenchmarkRow.median_ms).label("median_ms"),
     )
     .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
     .where(
@@ -87,33 +98,44 @@ LATENCY_OF = (
         BenchmarkRow.project == bindparam("project"),
     )
     .group_by(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability, BenchmarkRow.cpu_name)
+    .subquery("best")
+)
+LATENCY_COLUMNS = (
+    _BEST.c.gpu_name.label("measured_gpu"),
+    _BEST.c.compute_capability.label("measured_cc"),
+    _BEST.c.cpu_name.label("measured_cpu"),
+    _BEST.c.median_ms.label("measured_ms"),
+)
+
+# Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is
+# the asking project's own: another project's check of the same bytes never decides what this one is handed. One
+# row per engine and device class it was measured on (one with nulls when never measured), in the order of the
+# engines' build key (the unique index the engines are found by), so an engine's rows come together and the
+# engines in the same order every time.
+ENGINES_OF = (
+    select(*ENGINE_COLUMNS, *ANSWER_COLUMNS, *LATENCY_COLUMNS)
+    .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
+    .outerjoin(_BEST, _BEST.c.engine_id == EngineRow.id)
+    .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)))
+    .order_by(EngineRow.model_sha256, EngineRow.spec_hash, EngineRow.target, EngineRow.backend_version)
 )
 
 
-def _latencies(conn, model_shas: list[str], project: str) -> dict[int, dict[str, float]]:
-    """The project's best median latency at the default shape of each engine of these bytes, by the device class
-    it was measured on: "gpu:<model>" and "cc:<x.y>" for a GPU measurement, "cpu:<model>" for a CPU one."""
-    out: dict[int, dict[str, float]] = {}
-    for engine_id, gpu, cc, cpu, ms in conn.execute(LATENCY_OF, {"shas": model_shas, "project": project}):
-        classes = [f"gpu:{gpu}", f"cc:{cc}" if cc else None] if gpu else [f"cpu:{cpu or 'unknown'}"]
-        mine = out.setdefault(engine_id, {})
-        for c in filter(None, classes):
-            mine[c] = min(ms, mine.get(c, ms))
-    return out
+# Where an ENGINES_OF row holds what compiling reads (positions: a row's attributes by name cost more, per row).
+_PASSED = len(ENGINE_COLUMNS) - 1
+_MEASURED = slice(len(ENGINE_COLUMNS) + len(ANSWER_COLUMNS), None)
+_ACCURACY = {None: None, True: "pass", False: "fail"}
+
+
+def _add_latency(latencies: dict[str, float], gpu: str | None, cc: str | None, cpu: str | None, ms: float) -> None:
+    """One measurement's latency under the device classes it stands for: "gpu:<model>" and "cc:<x.y>" for a GPU
+    measurement, "cpu:<model>" for a CPU one; the best where two measurements share a class."""
+    classes = [f"gpu:{gpu}", f"cc:{cc}" if cc else None] if gpu else [f"cpu:{cpu or 'unknown'}"]
+    for c in filter(None, classes):
+        latencies[c] = min(ms, latencies.get(c, ms))
 
 
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
-# The chosen engine's whole row and the asking project's verdict on it, in one statement.
-CHOSEN = (
-    select(
-        EngineRow.__table__,
-        VerdictRow.id.label("verdict_id"),
-        VerdictRow.accuracy.label("verdict_accuracy"),
-        VerdictRow.accuracy_pass.label("verdict_pass"),
-    )
-    .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
-    .where(EngineRow.id == bindparam("id"))
-)
 
 
 @dataclass(frozen=True)
@@ -125,18 +147,25 @@ class Verdict:
 
 
 def chosen_engine(
-    session: Session, engine_id: int, owner: dict[str, Row]
+    session: Session, table: EngineTable, engine_id: int, owner: dict[str, Row], models: list[Row]
 ) -> tuple[Row, Row, str | None, Verdict | None]:
-    """The chosen engine's whole row, the version it is listed under, the version that version is a variant of
-    (an int8 model derived from it), if any, and the owning project's verdict on it: for the answer's engine.
-    Two statements at most (the variant's only for a derived model)."""
-    conn = session.connection()
-    row = conn.execute(CHOSEN, {"id": engine_id, "project": project_of(owner)}).one()
+    """The chosen engine's row (read with the table: ANSWER_COLUMNS), the version it is listed under, the version
+    that version is a variant of (an int8 model derived from it), if any, and the owning project's verdict on it:
+    for the answer's engine; kept in the table (the same state). No statement, but for a derived model whose
+    source is not among ``models`` (the versions the request read)."""
+    if (kept := table.chosen.get(engine_id)) is not None:
+        return kept
+    row = table.rows[engine_id]
     model = owner[row.model_sha256]
     source = model.source_model_id
-    variant_of = conn.execute(VERSION_OF, {"id": source}).scalar() if source is not None else None
-    verdict = Verdict(row.verdict_accuracy, row.verdict_pass) if row.verdict_id is not None else None
-    return row, model, variant_of, verdict
+    variant_of = None
+    if source is not None:
+        variant_of = next((m.version for m in models if m.id == source), None)
+        if variant_of is None:
+            variant_of = session.connection().execute(VERSION_OF, {"id": source}).scalar()
+    verdict = Verdict(json_loads(row.verdict_accuracy), row.accuracy_pass) if row.verdict_id is not None else None
+    kept = table.chosen[engine_id] = (row, model, variant_of, verdict)
+    return kept
 
 
 def project_of(owner: dict[str, Row]) -> str:
@@ -144,12 +173,13 @@ def project_of(owner: dict[str, Row]) -> str:
     return next(iter(owner.values())).project if owner else ""
 
 
-@dataclass(frozen=True)
-class Facts:
-    """One engine as judging and ranking need it, compiled once per table: its plain row (ENGINE_COLUMNS), its
-    descriptor, the asking project's accuracy verdict ("pass", "fail" or None), its latencies by device class, and
-    the seq of the version it is listed under."""
+class Facts(NamedTuple):
+    """One engine as judging and ranking need it, compiled once per table: its id and spec hash, its plain row
+    (ENGINES_OF's), its descriptor, the asking project's accuracy verdict ("pass", "fail" or None), its latencies
+    by device class, and the seq of the version it is listed under."""
 
+    id: int
+    spec_hash: str
     row: Row
     descriptor: EngineDescriptor
     accuracy: str | None
@@ -166,12 +196,8 @@ class EngineTable:
     key: tuple
     facts: tuple[Facts, ...]
     rows: dict[int, Row] = field(default_factory=dict)
-    # ``chosen_engine``'s answers for engines of this table, kept by whoever keeps the table (the same state).
+    # ``chosen_engine``'s answers for engines of this table (the same state), kept with it.
     chosen: dict[int, tuple] = field(default_factory=dict)
-
-
-def _accuracy(passed: bool | None) -> str | None:
-    return None if passed is None else ("pass" if passed else "fail")
 
 
 def table_key(owner: dict[str, Row]) -> tuple:
@@ -179,20 +205,28 @@ def table_key(owner: dict[str, Row]) -> tuple:
 
 
 def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
-    """Read and compile the engines of these models' bytes with the evidence of the models' project: two queries,
-    on the session's connection (Core, no ORM)."""
-    project = project_of(owner)
-    conn = session.connection()
-    rows = conn.execute(ENGINES_OF, {"shas": list(owner), "project": project}).all()
-    latency = _latencies(conn, list(owner), project) if rows else {}
+    """Read and compile the engines of these models' bytes with the evidence of the models' project: one statement
+    (ENGINES_OF), on the session's connection (Core, no ORM)."""
+    params = {"shas": list(owner), "project": project_of(owner)}
+    rows: dict[int, Row] = {}  # an engine's first row: the others differ only in their measurement
+    latency: dict[int, dict[str, float]] = {}
+    for r in session.connection().execute(ENGINES_OF, params).all():
+        if (mine := latency.get(r[0])) is None:
+            rows[r[0]], mine = r, latency.setdefault(r[0], {})
+        gpu, cc, cpu, ms = r[_MEASURED]
+        if ms is not None:
+            _add_latency(mine, gpu, cc, cpu, ms)
+    seq = {sha: m.seq for sha, m in owner.items()}
     facts = tuple(
         Facts(
+            r[0],
+            r[2],
             r,
             EngineDescriptor.from_values(r[_FACTS]),
-            _accuracy(r.accuracy_pass),
-            latency.get(r.id, {}),
-            owner[r.model_sha256].seq,
+            _ACCURACY[r[_PASSED]],
+            latency[r[0]],
+            seq[r[1]],
         )
-        for r in rows
+        for r in rows.values()
     )
-    return EngineTable(table_key(owner), facts, {r.id: r for r in rows})
+    return EngineTable(table_key(owner), facts, rows)

@@ -1,0 +1,111 @@
+"""A computed /v1/resolve answer costs two statements: the versions, then the engines with their verdicts, their
+best latencies and every column the answer's engine shows (``storage.resolution.ENGINES_OF``); the chosen engine
+needs none of its own. A second machine asking about the same model costs one (the versions: the engines are kept).
+
+The answer's engine must be what GET /v1/engines/{id} says of it (built from ORM rows), verdict metrics, the
+version it is a variant of and all; and the latencies the one statement aggregates are the best per device. On
+PostgreSQL and on the embedded farm's SQLite, whose SQL differs.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event
+
+from enginefarm.api.app import create_app
+from enginefarm.core.config import Settings
+from enginefarm.server import localservers
+from enginefarm.server.embedded import issue_token
+from enginefarm.storage import checks
+from enginefarm.storage.db import _quick_engine_for, session_scope
+from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
+
+GPU = "NVIDIA GeForce RTX 3090"
+QUERY = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64", "accept": "cpu"}
+CATALOG = re.compile(r"\b(models|engines|benchmarks|engine_verdicts)\b")
+METRICS = {"pass": True, "outputs": {"y": {"max_abs": 0.0012, "cosine": 0.99999}}}
+
+
+@pytest.fixture(scope="module")
+def own_pg(base_services):
+    with localservers.scratch_postgres("enginefarm_statements") as url:
+        yield url
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def farm(request, tmp_path):
+    url = request.getfixturevalue("own_pg") if request.param == "postgresql" else None
+    settings = Settings(data_dir=tmp_path, database_url=url, reconcile_seconds=0, gc_interval_seconds=0)
+    with TestClient(create_app(settings)) as http:
+        http.headers["Authorization"] = f"Bearer {issue_token(settings, 'statements', ['read'])}"
+        yield settings, http
+
+
+def catalog_reads(settings: Settings) -> list[str]:
+    """The statements on the catalog's tables that resolve's reads issue from now on (appended as they run)."""
+    seen: list[str] = []
+    engine = _quick_engine_for(settings.resolved_database_url)
+
+    def record(conn, cursor, statement, *args):
+        if CATALOG.search(statement):
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    return seen
+
+
+def test_a_computed_answer_reads_twice_and_its_engine_is_the_catalogs(farm):
+    settings, http = farm
+    name = unique_name("statements")
+    with session_scope(settings) as s:
+        source = catalog_model(s, name, uuid.uuid4().hex * 2)
+        sm89, cpu = catalog_engine(s, source, "sm89"), catalog_engine(s, source, "cpu")
+        derived = catalog_model(s, name, uuid.uuid4().hex * 2, version="1-int8")
+        derived.source_model_id = source.id
+        s.flush()
+        sm86 = catalog_engine(s, derived, "sm86")
+        for median, gpu in ((3.25, GPU), (2.5, GPU), (4.0, "NVIDIA RTX A6000")):
+            checks.record_benchmark(
+                s,
+                sm86,
+                project="",
+                shape_key="opt",
+                shapes={},
+                machine={},
+                gpu_name=gpu,
+                compute_capability="8.6",
+                stats={"e2e": {"median": median, "p99": median + 1}},
+            )
+        checks.record_verdict(s, sm86, "", METRICS)
+        checks.record_verdict(s, cpu, "someone-else", {"pass": False})
+    params = QUERY | {"model": name, "explain": True}
+    reads = catalog_reads(settings)
+
+    first = http.get("/v1/resolve", params=params)
+    assert first.status_code == 200, first.text
+    assert len(reads) == 2, reads  # the versions, then the engines with all the answer needs
+    assert "models" in reads[0] and "engines" in reads[1] and "benchmarks" in reads[1]
+    answer = first.json()
+    catalogs = http.get(f"/v1/engines/{sm86}").json()
+    assert answer["engine"] == catalogs | {"checks": None}
+    assert answer["engine"]["variant_of"] == "1" and answer["engine"]["accuracy"] == METRICS
+    assert answer["accuracy"] == "pass"
+    by_id = {c["engine_id"]: c for c in answer["candidates"]}
+    assert set(by_id) == {sm86, sm89, cpu}
+    assert by_id[sm86]["latency_ms"] == 2.5  # the best of the two on this GPU model
+    assert by_id[sm89]["latency_ms"] is None and by_id[cpu]["accuracy"] is None  # another project's verdict
+
+    del reads[:]
+    other = http.get("/v1/resolve", params=params | {"cc": "8.9", "gpu": "NVIDIA L4"})
+    assert other.status_code == 200 and other.json()["engine"]["id"] == sm89
+    assert len(reads) == 1 and "models" in reads[0], reads  # the engines were kept
+
+    # The derived version alone: its source is not among the versions read, so its version is one more statement.
+    del reads[:]
+    alone = http.get("/v1/resolve", params=params | {"version": "1-int8"})
+    assert alone.status_code == 200 and alone.json()["engine"] == answer["engine"]
+    assert len(reads) == 3, reads
