@@ -69,7 +69,7 @@ def cost(seconds: float, check_seconds: float) -> dict[str, Any]:
     gate's inputs, judge: the median of the repair's own), and the repair's cost in such checks."""
     return {
         "seconds": round(seconds, 2),
-        "check_seconds": round(check_seconds, 3),
+        "check_seconds": round(check_seconds, 4),
         "cost_in_checks": round(seconds / check_seconds, 1) if check_seconds > 0 else None,
     }
 
