@@ -405,7 +405,10 @@ latencies are medians at the batch of the model's opt shape.
 - **Rerun's speed figures**: Silero's repaired int8 1.30x fp32 interleaved and 1.28x with each timed alone (the two
   agree). After rec's and det's repairs the interleaved timing was disturbed again (rec fp32 61.0 ms interleaved,
   20.4 ms alone; det's kept int8 18.4 ms interleaved, 12.9 ms alone), and the new cross-check marked both rows
-  "disagrees"; timed alone, rec's repaired int8 is 0.96x fp32 and det's `convolutions` form 1.01x.
+  "disagrees"; timed alone, rec's repaired int8 is 0.96x fp32 and det's `convolutions` form 1.01x. A third det run
+  with the process's threads counted and a garbage collection between two interleaved timings showed no disturbance
+  at all (0.93x interleaved, 0.96x alone, 47 threads, the same before and after collecting): it is intermittent (3 of
+  5 repair runs), not leaked sessions; the likelier cause is the shared VM's CPUs, and the cross-check is the guard.
 """
 BEFORE_AFTER = """
 ## The failures that started this, and what happens now
