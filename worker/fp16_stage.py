@@ -99,6 +99,8 @@ def judge_target(targets: list[Target], probe: MachineProbe | None = None) -> Ta
 def repair_on(
     float_model: Path, reference: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, gpu: Target | None
 ) -> dict:
+    """The fp16 repair report, judged on ``gpu`` (an ``onnxruntime/cuda`` target this worker runs, from
+    ``judge_target``) with the benchmark stage's CUDA runner, or on this worker's CPU when None."""
     from enginefarm.worker.fp16_repair import repair
 
     if gpu is None:
