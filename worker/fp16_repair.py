@@ -43,7 +43,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.evaluate import accuracy_inputs, compare
 from enginefarm.worker.onnxgraph import all_nodes
-from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, cost, not_needed, search
+from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, not_needed, search
 
 # Up to this many candidates, each node is measured alone; above, regions are bisected.
 NODE_LIMIT = 48
@@ -86,7 +86,7 @@ def repair(
             "before": before,
         }
         if before["pass"]:
-            return not_needed(report, before, judge.calls, time.perf_counter() - started, judge.check_seconds())
+            return not_needed(report, before, judge, started)
         candidates = judge.candidates
         budget = budget_of(len(candidates))
         ranked = _ranking(candidates, judge, base, before)
@@ -110,9 +110,8 @@ def repair(
             ranking=ranked[:RANKING_SHOWN],
             candidates=len(candidates),
             budget=budget,
-            evaluations=judge.calls,
             probe_evaluations=probes,
-            **cost(time.perf_counter() - started, judge.check_seconds()),
+            **judge.cost(started),
         )
         if not passed:
             best = after or before

@@ -40,7 +40,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
 from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, quantize_qdq
-from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, cost, not_needed, search, within
+from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, not_needed, search, within
 
 
 def sensitivity(
@@ -171,7 +171,7 @@ def repair(
             "1, 2, 4, ... tensors kept in float until the gate passes, then unneeded ones dropped",
         }
         if before["pass"]:
-            return not_needed(report, before, judge.calls, time.perf_counter() - started, judge.check_seconds())
+            return not_needed(report, before, judge, started)
         probe = _Probe(float_model, samples, spec, info, work)
         ranking = probe.ranking()
         groups = [r["layers"] for r in ranking]
@@ -195,9 +195,8 @@ def repair(
             passed=passed,
             kept=kept or [],
             after=after,
-            evaluations=judge.calls,
             probe_evaluations=len(ranking) + probe.calls,
-            **cost(time.perf_counter() - started, judge.check_seconds()),
+            **judge.cost(started),
         )
         if passed and kept and unrepaired_to is not None:
             judge.keep_first(unrepaired_to)

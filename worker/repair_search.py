@@ -26,19 +26,9 @@ def by_cosine(figure: dict[str, Any]) -> float:
     return figure["cosine"]
 
 
-def not_needed(
-    report: dict[str, Any], before: dict[str, Any], evaluations: int, seconds: float, check_seconds: float
-) -> dict[str, Any]:
+def not_needed(report: dict[str, Any], before: dict[str, Any], judge: Timed, started: float) -> dict[str, Any]:
     """The repair report of a model whose reduced-precision artifact already passes its gate: nothing kept."""
-    return {
-        **report,
-        "needed": False,
-        "passed": True,
-        "kept": [],
-        "after": before,
-        "evaluations": evaluations,
-        **cost(seconds, check_seconds),
-    }
+    return {**report, "needed": False, "passed": True, "kept": [], "after": before, **judge.cost(started)}
 
 
 class Timed:
@@ -59,19 +49,18 @@ class Timed:
             self.durations.append(time.perf_counter() - started)
         return out
 
-    def check_seconds(self) -> float:
-        """The median real check: one accuracy check of the model."""
-        return statistics.median(self.durations) if self.durations else 0.0
-
-
-def cost(seconds: float, check_seconds: float) -> dict[str, Any]:
-    """The repair's wall time, that of one accuracy check of the model (quantize or convert, build, run on the
-    gate's inputs, judge: the median of the repair's own), and the repair's cost in such checks."""
-    return {
-        "seconds": round(seconds, 2),
-        "check_seconds": round(check_seconds, 4),
-        "cost_in_checks": round(seconds / check_seconds, 1) if check_seconds > 0 else None,
-    }
+    def cost(self, started: float) -> dict[str, Any]:
+        """The repair's real checks, its wall time since ``started`` (``time.perf_counter``), that of one accuracy
+        check of the model (quantize or convert, build, run on the gate's inputs, judge: the median of the repair's
+        own), and the repair's cost in such checks."""
+        seconds = time.perf_counter() - started
+        check = statistics.median(self.durations) if self.durations else 0.0
+        return {
+            "evaluations": self._judge.calls,
+            "seconds": round(seconds, 2),
+            "check_seconds": round(check, 4),
+            "cost_in_checks": round(seconds / check, 1) if check > 0 else None,
+        }
 
 
 def within(groups: list[list[str]], budget: int, count: int | None = None) -> list[str]:
