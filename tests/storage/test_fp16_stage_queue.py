@@ -4,46 +4,24 @@ both catalogs (the ``settings`` fixture: SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
-import uuid
-
-from enginefarm.core.domain import QUANTIZE_QUEUE, ModelInfo, Target, TensorInfo, build_queues
+from enginefarm.core.domain import QUANTIZE_QUEUE, Target, build_queues
 from enginefarm.core.spec import BuildSpec
-from enginefarm.storage import catalog, liveness, quantizing, reconcile
+from enginefarm.storage import liveness, quantizing, reconcile
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.queue import Message
+from tests.storage.test_quantize_recovery import tiny_model
 
 CPU, SM90, RTX = (Target.parse(t) for t in ("onnxruntime/cpu-x86_64", "onnxruntime/cuda-sm90", "tensorrt-rtx/sm86"))
 GPU_QUEUE = "quantize.onnxruntime.cuda-sm90"
 FP16_REPAIR = BuildSpec(precision="fp16", accuracy_repair=True)
 
 
-def _model(s):
-    info = ModelInfo(
-        inputs=[TensorInfo("x", "FLOAT", [1, 4])],
-        outputs=[TensorInfo("y", "FLOAT", [1, 4])],
-        opset=17,
-        ir_version=8,
-        producer="test",
-        size=1,
-    )
-    return catalog.add_model(
-        s,
-        name=f"m-{uuid.uuid4().hex[:8]}",
-        version=None,
-        sha256=uuid.uuid4().hex * 2,
-        fmt="onnx",
-        size=1,
-        info=info,
-        blob_key="models/x",
-    )
-
-
 def _fp16_repair_build(settings, targets: list[Target]) -> tuple[int, dict, Message]:
-    from api import services
+    from enginefarm.api import services
 
     with session_scope(settings) as s:
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
-        build, messages = services._create_build(s, _model(s), targets, FP16_REPAIR, served)
+        build, messages = services._create_build(s, tiny_model(s), targets, FP16_REPAIR, served)
         (stage,) = [m for m in messages if m.kind == "quantize"]
         return build.id, dict(build.quantize), stage
 

@@ -16,8 +16,8 @@ from enginefarm.storage.tables import WorkerRow
 ORT = Target.parse("onnxruntime/cpu-x86_64")
 
 
-def int8_build(settings) -> int:
-    """A build waiting for its quantization stage, as POST /v1/builds leaves one."""
+def tiny_model(s):
+    """A catalogued model of a few bytes with unique name and sha256, for builds that are never built."""
     info = ModelInfo(
         inputs=[TensorInfo("x", "FLOAT", [1, 4])],
         outputs=[TensorInfo("y", "FLOAT", [1, 4])],
@@ -26,17 +26,22 @@ def int8_build(settings) -> int:
         producer="test",
         size=1,
     )
+    return catalog.add_model(
+        s,
+        name=f"m-{uuid.uuid4().hex[:8]}",
+        version=None,
+        sha256=uuid.uuid4().hex * 2,
+        fmt="onnx",
+        size=1,
+        info=info,
+        blob_key="models/x",
+    )
+
+
+def int8_build(settings) -> int:
+    """A build waiting for its quantization stage, as POST /v1/builds leaves one."""
     with session_scope(settings) as s:
-        model = catalog.add_model(
-            s,
-            name=f"m-{uuid.uuid4().hex[:8]}",
-            version=None,
-            sha256=uuid.uuid4().hex * 2,
-            fmt="onnx",
-            size=1,
-            info=info,
-            blob_key="models/x",
-        )
+        model = tiny_model(s)
         build, _ = catalog.add_build(s, model, BuildSpec(precision=Precision.INT8), [ORT], {}, waiting=True)
         build.quantize = {"state": TaskState.QUEUED.value, "source_model_id": model.id}
         return build.id

@@ -51,17 +51,7 @@ def overflow_model(path: Path, branches: int = 1, tag: str = "") -> Path:
         helper.make_node("Relu", ["input"], ["r"], name="relu"),
         helper.make_node("Add", ["r", total], ["output"], name="join"),
     ]
-    graph = helper.make_graph(
-        nodes,
-        f"overflow{tag}",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16])],
-        [numpy_helper.from_array(np.array(1e-5, np.float32), "small")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
+    return _saved(path, f"overflow{tag}", nodes, small=1e-5)
 
 
 def hidden_overflow_model(path: Path) -> Path:
@@ -76,12 +66,17 @@ def hidden_overflow_model(path: Path) -> Path:
         helper.make_node("Relu", ["input"], ["r"], name="relu"),
         helper.make_node("Add", ["r", "branch"], ["output"], name="join"),
     ]
+    return _saved(path, "hidden_overflow", nodes, small=1e-3)
+
+
+def _saved(path: Path, name: str, nodes: list, small: float) -> Path:
+    """The graph of ``nodes`` from ``input`` to ``output`` (both [batch, 16] float), with the constant ``small``."""
     graph = helper.make_graph(
         nodes,
-        "hidden_overflow",
+        name,
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
         [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 16])],
-        [numpy_helper.from_array(np.array(1e-3, np.float32), "small")],
+        [numpy_helper.from_array(np.array(small, np.float32), "small")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
