@@ -213,7 +213,10 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
         int8_ms, fp32_ms = timed[0], timed[1]
         # The same two again, each alone for a while: a ratio that disagrees with the interleaved one means the
         # process or the machine was disturbed during one of them, and the row says so.
-        alone = [statistics.median(_alone(lambda r=r: r.infer(feed))) for r in runners[:2]]
+        alone = [
+            statistics.median(compare.interleaved_all([lambda r=r: r.infer(feed)], rounds=1, block_s=1.0)[0])
+            for r in runners[:2]
+        ]
     finally:
         for r in runners:
             r.close()
@@ -238,18 +241,6 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
 
 # How far the speed-up of each artifact timed alone may be from the interleaved one before the row is marked.
 ALONE_AGREES = 0.2
-
-
-def _alone(run, seconds: float = 1.0) -> list[float]:
-    """Per-call milliseconds of ``run`` called back to back for ``seconds`` (one warm-up call first)."""
-    run()
-    times: list[float] = []
-    begin = time.perf_counter()
-    while not times or time.perf_counter() - begin < seconds:
-        t = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - t) * 1e3)
-    return times
 
 
 def _candidates_text(candidates: list[dict]) -> str:
