@@ -98,7 +98,17 @@ class Int8Repair(BaseModel):
     after: GateFigure
     ranking: list[RankedTensor] = Field(description="the most sensitive tensors first (at most 20)")
     budget: int | None = Field(None, description="the most layers the repair could keep in fp32")
-    note: str | None = Field(None, description="why the repair stopped without a passing set, and what to do")
+    note: str | None = Field(
+        None, description="why the repair stopped without a passing set, and what to do; or which form passed instead"
+    )
+    form: str | None = Field(
+        None,
+        description="int8: where no set of layers within the budget passes with the repair's recipe, the CPU form "
+        "that passes as it is (convolutions, dense-convolutions or dynamic: whole kinds of layer kept in float)",
+    )
+    forms: dict[str, GateFigure] | None = Field(
+        None, description="int8: each other CPU form judged after the layer search found nothing, in order"
+    )
     evaluations: int | None = None
     seconds: float | None = None
     check_seconds: float | None = Field(
@@ -275,6 +285,8 @@ def _repair(r: dict[str, Any]) -> Int8Repair:
         ranking=[_ranked(t, kept) for t in r.get("ranking") or []],
         budget=r.get("budget"),
         note=r.get("note"),
+        form=r.get("form"),
+        forms={name: _figure(f) for name, f in r["forms"].items()} if r.get("forms") else None,
         evaluations=r.get("evaluations"),
         seconds=r.get("seconds"),
         check_seconds=r.get("check_seconds"),

@@ -39,8 +39,19 @@ from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.worker.backends import BuildLog, get_backend
 from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
-from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, quantize_qdq
-from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, not_needed, search, within
+from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
+from enginefarm.worker.repair_search import (
+    RANKING_SHOWN,
+    Timed,
+    budget_of,
+    groups_covering,
+    not_needed,
+    search,
+    within,
+)
+
+# With real quantization at each step, at most this many single-group drops are tried once a set passes.
+REAL_TRIMS = 3
 
 
 def sensitivity(
@@ -52,13 +63,14 @@ def sensitivity(
 
 
 class _Probe:
-    """The model quantized once in Q/DQ form, where putting a layer back in float is a graph edit (its readers
-    take the tensor before its QuantizeLinear), judged at the output against fp32 without quantizing again."""
+    """The model quantized once in Q/DQ form, where putting a layer back in float is a switch: each reader of a
+    dequantized activation takes ``Where(switch, tensor before its QuantizeLinear, tensor after its
+    DequantizeLinear)``, the switches one boolean input. One session judges every set of layers at the output
+    against fp32, without quantizing again or building a session per set."""
 
     def __init__(self, float_model: Path, samples: dict[str, np.ndarray], spec: BuildSpec, info: ModelInfo, work: Path):
         import onnxruntime as ort
 
-        self.ort = ort
         qdq = work / "sensitivity.onnx"
         recipe = replace(CPU_CANDIDATES["operator"], quant_format=QuantFormat.QDQ, name="sensitivity")
         quantize_qdq(
@@ -73,59 +85,55 @@ class _Probe:
             keep_fp32_layers=spec.keep_fp32_layers,
             keep_fp32_ops=spec.keep_fp32_ops,
         )
-        self.model = onnx.load(str(qdq))
+        model = onnx.load(str(qdq))
         self.feeds = calibration_feeds(samples, info)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
-        self.options = ort.SessionOptions()
-        self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # pairs as written
-        self.reference = self._outputs(str(float_model))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # pairs as written
+        self.reference = _outputs(ort.InferenceSession(str(float_model), options, providers=CPU), self.feeds)
         from onnxruntime.quantization.registry import QLinearOpsRegistry
 
-        graph = self.model.graph
+        graph = model.graph
         self.quantizable = {n.name for n in graph.node if n.op_type in QLinearOpsRegistry and n.name}
         produced = {o: n.name for n in graph.node for o in n.output}
-        self.pairs = _qdq_pairs(graph)
-        self.producer = {before: produced.get(before) for before, _ in self.pairs}
-        self.readers = {
-            after: [(n, i) for n in graph.node for i, x in enumerate(n.input) if x == after] for _, after in self.pairs
-        }
+        pairs = _qdq_pairs(graph)
+        producer = {before: produced.get(before, "") for before, _ in pairs}  # "": a graph input or initializer
+        reading: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+        for n in graph.node:
+            for i, x in enumerate(n.input):
+                reading.setdefault(x, []).append((n, i))
+        readers = {after: reading.get(after, []) for _, after in pairs}
         # The layers to exclude from quantization for a tensor to stay float: its producer where that is
         # quantized, and every quantized layer reading it (each quantizes its own inputs).
         self.layers_of = {
             before: sorted(
                 {
-                    *([self.producer[before]] if self.producer[before] in self.quantizable else []),
-                    *(n.name for n, _ in self.readers[after] if n.name in self.quantizable),
+                    *([producer[before]] if producer[before] in self.quantizable else []),
+                    *(n.name for n, _ in readers[after] if n.name in self.quantizable),
                 }
             )
-            for before, after in self.pairs
+            for before, after in pairs
         }
+        # One switch per reader of a pair, with the rule that flips it: the reader is excluded itself, or it is not
+        # quantized and the pair's producer is (an excluded layer's float output reaches it).
+        self.edges = [
+            (node.name, node.name not in self.quantizable, producer[before])
+            for before, after in pairs
+            for node, _ in readers[after]
+        ]
+        _add_switches(graph, [(node, slot, before) for before, after in pairs for node, slot in readers[after]])
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=CPU)
         self.base = self._judged(set())
         self.calls = 0
-
-    def _outputs(self, source) -> list[dict[str, np.ndarray]]:
-        session = self.ort.InferenceSession(source, self.options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        return [dict(zip(names, session.run(names, feed))) for feed in self.feeds]
 
     def _judged(self, layers: set[str]) -> dict[str, Any]:
         """The gate figure with these layers excluded from quantization, as the quantizer excludes them: each
         reads its inputs in float; a layer that is not quantized itself reads the float output of an excluded one."""
-        edits = [
-            (node, slot, before)
-            for before, after in self.pairs
-            for node, slot in self.readers[after]
-            if node.name in layers or (node.name not in self.quantizable and self.producer[before] in layers)
-        ]
-        originals = [node.input[slot] for node, slot, _ in edits]
-        for node, slot, before in edits:
-            node.input[slot] = before
-        try:
-            got = self._outputs(self.model.SerializeToString())
-        finally:
-            for (node, slot, _), name in zip(edits, originals):
-                node.input[slot] = name
-        return gate_of(got, self.reference, self.limits)
+        switches = np.array(
+            [name in layers or (plain and made_by in layers) for name, plain, made_by in self.edges], dtype=bool
+        )
+        feeds = [{**feed, SWITCHES: switches} for feed in self.feeds]
+        return gate_of(_outputs(self.session, feeds), self.reference, self.limits)
 
     def ranking(self) -> list[dict[str, Any]]:
         """Each int8 tensor, by the output's cosine with it alone in float (its layers excluded), best first."""
@@ -187,28 +195,56 @@ def repair(
             whole = within(groups, budget)
             after = judge([*base, *whole])
             kept = whole if after["pass"] else None
-        if kept is not None and not after["pass"]:  # the estimate was too kind: search with real quantization
-            kept, after = search(groups, budget, judge, base)
+        if kept is not None and not after["pass"]:
+            # The estimate was too kind: search with real quantization, from the probe's set on, trimming less.
+            start = groups_covering(groups, budget, kept)
+            kept, after = search(groups, budget, judge, base, start=start, trims=REAL_TRIMS)
         passed = kept is not None
+        within_budget = f"no set of up to {budget} of the {len(probe.quantizable)} quantized layers kept in float "
+        forms: dict[str, dict[str, Any]] = {}
+        if not passed:  # the CPU forms that keep whole kinds of layer in float, each judged as it is
+            forms = _other_forms(judge, float_model, recipe, base)
+        form = next((name for name, figure in forms.items() if figure["pass"]), None)
         report.update(
             needed=True,
-            passed=passed,
+            passed=passed or form is not None,
             kept=kept or [],
-            after=after,
+            after=forms[form] if form else after,
             probe_evaluations=len(ranking) + probe.calls,
             **judge.cost(started),
         )
+        if forms:
+            report["forms"] = forms
         if passed and kept and unrepaired_to is not None:
             judge.keep_first(unrepaired_to)
-        if not passed:
+        if form:
+            report["form"] = form
             report["note"] = (
-                f"no set of up to {budget} of the {len(probe.quantizable)} quantized layers kept in float passes "
-                f"the int8 gate (best cosine {after['cosine']:.4f} against fp32): build fp16 for this "
-                "model, or give more representative calibration samples"
+                f"{within_budget}passes the int8 gate with the {recipe} form (best cosine {after['cosine']:.4f} "
+                f"against fp32); the {form} form passes as it is (cosine {forms[form]['cosine']:.4f}): "
+                f"{CPU_CANDIDATES[form].label}"
+            )
+        elif not passed:
+            tried = "".join(f"; the {name} form {figure['cosine']:.4f}" for name, figure in forms.items())
+            report["note"] = (
+                f"{within_budget}passes the int8 gate (best cosine {after['cosine']:.4f} against fp32{tried}): "
+                "build fp16 for this model, or give more representative calibration samples"
             )
         return report
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _other_forms(judge, float_model: Path, recipe: str, base: list[str]) -> dict[str, dict[str, Any]]:
+    """Each other CPU form that applies to the model (worker/quantize/recipes.py: convolutions alone, dense
+    convolutions alone, dynamic matrix products) judged as it is, in order, until one passes."""
+    forms: dict[str, dict[str, Any]] = {}
+    for name in cpu_candidates(float_model):
+        if name != recipe:
+            forms[name] = judge(base, recipe=name)
+            if forms[name]["pass"]:
+                break
+    return forms
 
 
 class _Judge:
@@ -239,7 +275,9 @@ class _Judge:
         )
         return out
 
-    def __call__(self, keep: list[str]) -> dict[str, Any]:
+    def __call__(self, keep: list[str], recipe: str | None = None) -> dict[str, Any]:
+        """The gate figure of the CPU artifact with ``keep`` in float, quantized with ``recipe`` (else the
+        repair's)."""
         self.calls += 1
         model = self.work / f"try-{self.calls}" / "model.int8.onnx"
         model.parent.mkdir()
@@ -251,7 +289,7 @@ class _Judge:
             calibration_batch=self.spec.calibration.batch,
             family="onnxruntime",
             scratch=self.work,
-            recipe=self.recipe,
+            recipe=recipe or self.recipe,
             keep_fp32_layers=sorted(set(keep)),
             keep_fp32_ops=self.spec.keep_fp32_ops,
         )
@@ -281,3 +319,26 @@ def _qdq_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:
         for n in graph.node
         if n.op_type == "DequantizeLinear" and n.input[0] in quantized
     ]
+
+
+SWITCHES = "enginefarm_repair_switches"
+CPU = ["CPUExecutionProvider"]
+
+
+def _outputs(session, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(names, feed))) for feed in feeds]
+
+
+def _add_switches(graph: onnx.GraphProto, edges: list[tuple[onnx.NodeProto, int, str]]) -> None:
+    """Make each (reader, input slot, float tensor) edge read ``Where(switches[k], float tensor, what it read)``,
+    ``switches`` a boolean vector input of the graph, one entry per edge in this order."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.BOOL, [len(edges)]))
+    for k, (node, slot, before) in enumerate(edges):
+        index, switch, chosen = f"{SWITCHES}_{k}_at", f"{SWITCHES}_{k}", f"{SWITCHES}_{k}_out"
+        graph.initializer.append(numpy_helper.from_array(np.array(k, dtype=np.int64), index))
+        graph.node.append(helper.make_node("Gather", [SWITCHES, index], [switch]))
+        graph.node.append(helper.make_node("Where", [switch, before, node.input[slot]], [chosen]))
+        node.input[slot] = chosen

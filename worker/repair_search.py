@@ -42,9 +42,9 @@ class Timed:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._judge, name)
 
-    def __call__(self, keep: list[str]) -> dict[str, Any]:
+    def __call__(self, keep: list[str], **options: Any) -> dict[str, Any]:
         calls, started = self._judge.calls, time.perf_counter()
-        out = self._judge(keep)
+        out = self._judge(keep, **options)
         if self._judge.calls > calls:
             self.durations.append(time.perf_counter() - started)
         return out
@@ -73,20 +73,30 @@ def within(groups: list[list[str]], budget: int, count: int | None = None) -> li
     return out
 
 
+def groups_covering(groups: list[list[str]], budget: int, layers: list[str]) -> int:
+    """How many of the top groups ``search`` takes to keep at least ``layers`` (all of them when none does)."""
+    for count in range(1, len(groups) + 1):
+        if set(layers) <= set(within(groups, budget, count)):
+            return count
+    return len(groups)
+
+
 def search(
     groups: list[list[str]],
     budget: int,
     judge: Callable[[list[str]], dict[str, Any]],
     base: list[str],
     score: Callable[[dict[str, Any]], Any] = by_cosine,
+    start: int = 1,
+    trims: int = TRIM_TRIES,
 ) -> tuple[list[str] | None, dict]:
-    """Grow the kept set along the ranking (the layers of the top 1, 2, 4, ... groups, at most ``budget`` layers),
-    then drop each group's layers that the gate does not need, least sensitive first. ``score``: the higher, the
-    better a figure (the best one is returned when nothing passes)."""
+    """Grow the kept set along the ranking (the layers of the top ``start``, then twice as many, ... groups, at most
+    ``budget`` layers), then drop each group's layers that the gate does not need, least sensitive first, in at most
+    ``trims`` tries. ``score``: the higher, the better a figure (the best one is returned when nothing passes)."""
     best: dict = {}
     found: list[str] | None = None
     tried: list[list[str]] = []
-    count = 1
+    count = max(1, start)
     while True:
         keep = within(groups, budget, count)
         if keep and keep not in tried:
@@ -109,7 +119,7 @@ def search(
         trial = within(rest, budget)
         if not trial or len(trial) == len(found):
             continue
-        if tries >= TRIM_TRIES:
+        if tries >= trims:
             break
         tries += 1
         figure = judge([*base, *trial])

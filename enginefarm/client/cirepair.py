@@ -1,9 +1,10 @@
 """``enginefarm ci --repair``: the accuracy repair as one more check of every target, read from the build's int8
 stage, or its fp16 repair stage (``quantize.reports.<family>.repair`` of GET /v1/builds/{id}). It passes when the
-repair was not needed or reached a passing gate, and fails with the repair's own reason otherwise: a build whose
-engines pass their accuracy check anyway (a CPU candidate that passes without the layers the repair judged) still
-fails the run when the repair asked for did not succeed. A repaired int8 that is not faster than fp32 on the CPU
-passes, with the repair's figures and recommendation in the reason."""
+repair was not needed or reached a passing gate, and fails with the repair's own reason otherwise. Where no set of
+layers within the budget repairs the recipe judged, the repair judges the other CPU forms (whole kinds of layer kept
+in float) and passes with the first that passes as it is, saying so (``form``); a build none of whose forms passes
+fails the run. A repaired int8 that is not faster than fp32 on the CPU passes, with the repair's figures and
+recommendation in the reason."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
             f"not needed: int8 passes its accuracy gate as quantized (cosine {before['cosine']:.4f})",
             numbers,
         )
+    if repair.get("form"):
+        numbers["form"] = repair["form"]
+        return "pass", f"repaired by form: {repair.get('note')}", numbers
     if repair["passed"]:
         note = repair.get("speed_note")
         slower = f"; {note} (recommended: {repair.get('recommend')})" if note else ""

@@ -51,6 +51,8 @@ def outcome_line(repair: Mapping[str, Any]) -> Text:
         return Text(f"not needed: fp16 passes its accuracy gate as converted ({_share(before)} outside the tolerance)")
     if not repair["needed"]:
         return Text(f"not needed: int8 passes its accuracy gate as quantized (cosine {before['cosine']:.4f})")
+    if repair.get("form"):
+        return Text.assemble(("repaired", "bold green"), f" by form: {repair['form']} passes as it is; {cosine}")
     if repair["passed"]:
         return Text.assemble(("repaired", "bold green"), f": kept {', '.join(repair['kept'])} in fp32; {cosine}")
     return Text.assemble(("repair failed", "bold red"), f": {repair.get('note') or 'nothing passed'}; {cosine}")

@@ -161,6 +161,11 @@ def print_quantize(build: dict[str, Any]) -> None:
     before, after = repair["before"], repair["after"]
     if not repair["needed"]:
         console.print(f"repair: not needed (cosine {before['cosine']:.4f} passes the int8 gate)")
+    elif repair.get("form"):
+        console.print(
+            f"repair: the {repair['form']} form passes ({repair['evaluations']} checks{_cost(repair)}): "
+            f"{repair.get('note', '')}"
+        )
     elif repair["passed"]:
         console.print(
             f"repair: kept {', '.join(repair['kept'])} in fp32; cosine {before['cosine']:.4f} -> "

@@ -1,7 +1,8 @@
 """``enginefarm ci --repair`` against the real farm, as a CI job runs it: the model with one layer whose range int8
 cannot hold, calibrated from ``--samples``, passes with the repair as a check of its own (JUnit case, summary column,
-the kept layer named), and ``enginefarm report`` prints the repair; a model whose repair cannot reach a passing gate
-within its budget fails the run with the repair's reason."""
+the kept layer named), and ``enginefarm report`` prints the repair; a model whose layers the budget cannot hold
+passes with the CPU form that passes as it is, saying so; a model whose repair cannot reach a passing gate fails the
+run with the repair's reason."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import numpy as np
 from enginefarm.graph.samples import sample_spec
 from tests.e2e.test_ci import junit_cases, run_ci
 from tests.helpers import run_cli, unique_name
+from tests.worker.test_int8_repair import _wide_adds
 from tests.worker.test_int8_vs_fp32 import _wide_add
 
 CPU = "onnxruntime/cpu-x86_64"
 QUICK = {"warmup_ms": 20, "duration_s": 0.3, "iterations": 10}
 
 
-def _inputs(tmp_path: Path, seed: int, **accuracy) -> tuple[Path, Path, Path]:
-    model = _wide_add(tmp_path / f"wide-{seed}.onnx", seed=seed)
+def _inputs(tmp_path: Path, seed: int, make=_wide_add, **accuracy) -> tuple[Path, Path, Path]:
+    model = make(tmp_path / f"wide-{seed}.onnx", seed=seed)
     npz = tmp_path / f"samples-{seed}.npz"
     np.savez(npz, input=np.random.default_rng(5).standard_normal((16, 3, 16, 16)).astype(np.float32))
     spec = tmp_path / f"spec-{seed}.json"
@@ -88,3 +90,15 @@ def test_ci_repair_fails_with_the_reason_when_no_set_within_the_budget_passes(fa
     assert ": FAIL" in summary and f"- `{CPU}` repair: repair failed: no set of up to 1 of the " in summary, summary
     row = next(line for line in summary.splitlines() if line.startswith(f"| `{CPU}`"))
     assert row.split(" | ")[2] == "❌ fail", row  # the int8 repair column
+
+
+def test_ci_repair_passes_by_form_where_no_set_within_the_budget_does(farm, tmp_path):
+    # Four shifts in a row: a quarter of the layers cannot keep them all; int8 on the convolution alone passes.
+    name = unique_name("ci-repair-form")
+    out, cases, summary = _ci(farm, tmp_path, name, _inputs(tmp_path, 41, make=_wide_adds), expect=0)
+    assert "repair: pass: repaired by form: no set of up to " in out, out
+    assert "the convolutions form passes as it is" in out, out
+    assert cases[f"{CPU} repair"].find("failure") is None
+    assert f"- `{CPU}` repair: repaired by form: " in summary, summary
+    text = run_cli(farm.url, "report", name)
+    assert "repaired by form: convolutions passes as it is" in text, text
