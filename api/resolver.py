@@ -90,7 +90,7 @@ def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
     options = [
         Option(f.id, f.descriptor, f.model_seq, f.spec_hash, Evidence(f.accuracy, f.latencies)) for f in table.facts
     ]
-    return choose(options, machine, req)
+    return choose(options, machine, req, checks=req.explain)
 
 
 def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: bool) -> CandidateOut:

@@ -1221,3 +1221,33 @@ def test_the_kept_kind_checks_judge_as_a_fresh_judgement_and_the_engines_own_fac
     assert [v.rule for v in kept[1:3]] == [Rule.MEMORY, Rule.SHAPES]
     kept[0].checks.append(kept[0].checks[0])  # a verdict's list is its own
     assert judge(*cases[0][:2]) == fresh[0]
+
+
+@pytest.mark.parametrize("mach, options, chosen, match, words, rule, wanted", CASES)
+def test_choosing_without_every_check_gives_the_same_choice_rules_and_reasons(
+    mach, options, chosen, match, words, rule, wanted
+):
+    """An answer without explain judges an engine whose kind fails on the machine by its kind alone: the same
+    engines run, rank and are rejected, by the same rule and for the same reason, as with every check judged."""
+    full, short = choose(options, mach, wanted), choose(options, mach, wanted, checks=False)
+    assert [(j.option.id, j.rank, j.verdict.match, j.verdict.reason) for j in short.ranked] == [
+        (j.option.id, j.rank, j.verdict.match, j.verdict.reason) for j in full.ranked
+    ]
+    assert [(j.option.id, j.verdict.rule, j.verdict.reason) for j in short.rejected] == [
+        (j.option.id, j.verdict.rule, j.verdict.reason) for j in full.rejected
+    ]
+    assert short.ranked_by == full.ranked_by
+
+
+def test_a_failing_kind_is_judged_once_without_the_engines_own_checks():
+
+    jetson_only = trt_engine(platform="aarch64")  # a kind that fails on an x86_64 machine, whatever its size
+    small = machine(memory_mib=1024, shapes={"input": [1, 3]})
+    big = replace(jetson_only, size=4096 * MIB)
+    full = judge(big, small)
+    assert not full.runs and {Rule.MEMORY, Rule.PLATFORM} <= {c.rule for c in full.checks}
+    short = judge(big, small, full=False)
+    assert (short.runs, short.rule, short.reason) == (full.runs, full.rule, full.reason)
+    assert Rule.MEMORY not in {c.rule for c in short.checks}  # the engine's own checks are left out
+    assert judge(jetson_only, small, full=False) is short  # one verdict for the kind, shared
+    assert judge(big, small) == full  # a full judgement is still the engine's own

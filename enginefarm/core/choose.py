@@ -230,14 +230,21 @@ def _newest(key: Any) -> Any:
     return -key if isinstance(key, (int, float)) else key
 
 
-def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None) -> Choice:
-    """Judge every option for ``machine``, drop what the filters exclude, rank the rest best first."""
+def choose(options: list[Option], machine: Machine, wanted: Wanted | None = None, checks: bool = True) -> Choice:
+    """Judge every option for ``machine``, drop what the filters exclude, rank the rest best first. ``checks=False``:
+    an engine that does not run gets only what an answer without ``explain`` shows of it (whether it runs, the rule
+    and the reason), not every check behind that."""
     wanted = wanted or Wanted()
     runnable: list[Judged] = []
     rejected: list[Judged] = []
     for o in options:
-        verdict = judge(o.engine, machine)
+        verdict = judge(o.engine, machine, full=checks)
         excluded = _filters(o, machine, wanted)
+        if not (checks or verdict.runs):  # the gate would only add a check to it
+            if excluded:
+                verdict = Verdict(False, None, excluded[0].detail, excluded)
+            rejected.append(Judged(o, verdict))
+            continue
         gate = _accuracy_gate(o, machine, wanted)
         # An engine that does not run is excluded by its compatibility rule; the gate and the runtime the machine
         # named only speak for one that does.

@@ -230,7 +230,9 @@ _KIND_FACTS = tuple(name for name in ENGINE_FACTS if name not in _OWN_FACTS)
 _MACHINE_KIND = tuple(f.name for f in fields(Machine) if f.name not in ("memory_mib", "shapes", "precisions"))
 _KINDS_KEPT = 4096
 Key = tuple[Any, ...]
-_kinds: dict[tuple[Key, Key], tuple[tuple[Check, ...], Verdict | None]] = {}
+# Per kind pair: the kind's checks; the whole verdict where nothing else is judged; the verdict of a kind that fails
+# (shared, for callers that read only whether, why and by which rule an engine does not run).
+_kinds: dict[tuple[Key, Key], tuple[tuple[Check, ...], Verdict | None, Verdict | None]] = {}
 _last_machine: tuple[Machine | None, Key] = (None, ())
 
 
@@ -250,6 +252,12 @@ def _machine_kind(m: Machine) -> Key:
     key = tuple(getattr(m, name) for name in _MACHINE_KIND)
     _last_machine = (m, key)
     return key
+
+
+def _kind_of_pair(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Verdict | None, Verdict | None]:
+    checks, whole = _kind_checks(e, m)
+    failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
+    return checks, whole, Verdict(False, None, failed.detail, list(checks)) if failed else None
 
 
 def _kind_checks(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Verdict | None]:
@@ -272,18 +280,22 @@ def _kind_checks(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Ve
     return tuple(checks), None
 
 
-def judge(e: EngineDescriptor, m: Machine) -> Verdict:
+def judge(e: EngineDescriptor, m: Machine, full: bool = True) -> Verdict:
     """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that.
 
     The checks of the engine's kind on the machine's kind are judged once and kept (``_kind_checks``; checks are
-    immutable, and each verdict gets its own list); the memory and shape checks are the engine's own."""
+    immutable, and each verdict gets its own list); the memory and shape checks are the engine's own. ``full=False``:
+    an engine whose kind fails here gets its kind's verdict, shared and not to be changed, whose ``runs``, ``reason``
+    and ``rule`` are the full verdict's (a kind check fails first) but whose checks leave out the engine's own."""
     key = (_kind_of(e), _machine_kind(m))
     kind = _kinds.get(key)
     if kind is None:
         if len(_kinds) >= _KINDS_KEPT:
             _kinds.clear()
-        kind = _kinds[key] = _kind_checks(e, m)
-    kept, whole = kind
+        kind = _kinds[key] = _kind_of_pair(e, m)
+    kept, whole, failing = kind
+    if failing is not None and not full:
+        return failing
     if whole is not None:
         return Verdict(whole.runs, whole.match, whole.reason, list(whole.checks))
     checks = list(kept)
