@@ -27,6 +27,11 @@ from enginefarm.worker.cleanup import prepared_model
 # Rounds of int8 then fp32 (then fp32 then int8: the order alternates); each block runs for about this long.
 ROUNDS = 8
 _BLOCK_S = 0.1
+# Untimed pause before each block. An ONNX Runtime session's pool threads keep spinning for a while after its last
+# call; without the pause they take the cores from the next block's session. On a 16-vCPU Xeon (ConvNeXt-Tiny, 16
+# threads) the dynamic int8 artifact timed 0.64x fp32 interleaved without a pause, 0.75x after 20 ms, 1.35x after
+# 100 ms and 1.31x after 200 ms, against 1.31x with each session timed alone (docs/int8.md).
+SETTLE_S = 0.1
 # Below this int8/fp32 speed-up an int8 artifact counts as not faster (timing noise on a busy CPU is a few %).
 FASTER_THAN = 1.0
 
@@ -58,9 +63,12 @@ def interleaved_all(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S)
     return [[ms for block in blocks for ms in block] for blocks in interleaved_rounds(runs, rounds, block_s)]
 
 
-def interleaved_rounds(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> list[list[list[float]]]:
+def interleaved_rounds(
+    runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S, settle_s: float = SETTLE_S
+) -> list[list[list[float]]]:
     """``interleaved_all``'s timings kept by round: for each run, one list of per-call milliseconds per round. The
-    runs of one round ran next to each other in time, so per-round ratios pair them under the same load."""
+    runs of one round ran next to each other in time, so per-round ratios pair them under the same load. Each block
+    starts ``settle_s`` after the one before ended (``SETTLE_S``)."""
     for run in runs:
         run()
     times: list[list[list[float]]] = [[] for _ in runs]
@@ -68,6 +76,7 @@ def interleaved_rounds(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK
         order = list(zip(runs, times))
         for run, into in order if r % 2 == 0 else order[::-1]:
             block: list[float] = []
+            time.sleep(settle_s)
             begin = time.perf_counter()
             while True:
                 t = time.perf_counter()

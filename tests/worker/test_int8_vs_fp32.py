@@ -64,6 +64,16 @@ def test_interleaved_rounds_keeps_each_rounds_block_apart():
     assert all(len(block) == 1 and block[0] >= 0 for blocks in by_round for block in blocks)
 
 
+def test_each_block_starts_after_an_untimed_pause(monkeypatch):
+    """The pause lets the previous session's spinning pool threads park before the next block is timed."""
+    events: list[str] = []
+    monkeypatch.setattr(V.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    V.interleaved_rounds([lambda k=k: events.append(k) for k in "ab"], rounds=2, block_s=0.0)
+    pause = f"sleep {V.SETTLE_S}"
+    assert events == ["a", "b", pause, "a", pause, "b", pause, "b", pause, "a"]  # warm-ups, then every block
+    assert V.SETTLE_S >= 0.1  # shorter pauses left the timings disturbed (docs/int8.md)
+
+
 def test_pick_keeps_the_earlier_candidate_unless_the_faster_one_wins_round_after_round():
     """A faster median that is not faster in nearly every round is this CPU's noise: the earlier candidate stays,
     so the same model gets the same form build after build (a 2-core machine shared with other work moved BERT's
