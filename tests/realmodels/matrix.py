@@ -404,7 +404,7 @@ latencies are medians at the batch of the model's opt shape.
   stage's own candidate timing, 1.04x with each session timed alone, 0.97x interleaved without the repair before
   it, on generated inputs and on the samples alike. The slow fp32 is a disturbance of that one timing whose cause is
   not found; bench/models.py now times the two alone as well and marks a row whose ratios disagree by more than a
-  fifth. So rec's int8, repaired or not, is about as fast as fp32 on this CPU, not faster. Four models have a CPU int8 artifact that is not faster than fp32 here (cls, det, yolov8n, BERT at batch
+  fifth. So rec's int8, repaired or not, is about as fast as fp32 on this CPU, not faster. **The cause, found 2026-11-27**: the previous session's ONNX Runtime pool threads, still spinning when the next block began; every block now starts after an untimed pause of 0.1 s, and rec's row then agrees with its alone timing (fp32 22.0 ms interleaved, 20.3 ms alone; repaired int8 0.71x and 0.67x; [int8.md](int8.md#figures)). Four models have a CPU int8 artifact that is not faster than fp32 here (cls, det, yolov8n, BERT at batch
   4); the farm records that on the engine (`vs_fp32.faster = false`) and ranks fp32 first.
 - **Cost, before this change** (2026-11-26): the search is dominated by probe runs (one ONNX Runtime session per tensor put back in float) and by
   the real checks (a quantization and a judgement each). The repair now reports its cost in checks of the model
