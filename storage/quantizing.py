@@ -3,11 +3,13 @@ waiting tasks, or done, when those tasks are pointed at the derived model and qu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from enginefarm.core.config import Settings
 from enginefarm.core.domain import FP16_REPAIR_STAGE, Target, TaskState
 from enginefarm.storage.builtengines import find_engine
 from enginefarm.storage.catalog import finish_task_reused, get_build
@@ -48,30 +50,54 @@ def fail_quantize(session: Session, build_id: int, error: str) -> None:
 
 
 def release_waiting(
-    session: Session, build: BuildRow, model: ModelRow, backend_versions: dict[str, set[str]]
+    session: Session,
+    build: BuildRow,
+    model: ModelRow,
+    backend_versions: dict[str, set[str]],
+    model_for: Callable[[BuildTaskRow], ModelRow] | None = None,
 ) -> tuple[list[tuple[int, Target]], list[BenchmarkTaskRow]]:
     """Point a build whose quantization finished at the derived model and queue its waiting tasks (or
-    answer them from the catalog); returns the tasks to publish and the benchmark checks queued."""
+    answer them from the catalog); returns the tasks to publish and the benchmark checks queued. ``model_for``: the
+    model each task builds from, where the stage made one per target family (else ``model``)."""
     build.model_id = model.id
     spec = build.build_spec
     queued, checks = [], []
     for task in build.tasks:
         if task.state != TaskState.WAITING.value:
             continue
+        source = model_for(task) if model_for else model
         versions = backend_versions.get(task.target) or {None}
         existing = next(
-            (e for v in versions if (e := find_engine(session, model.sha256, build.spec_hash, task.target, v))), None
+            (e for v in versions if (e := find_engine(session, source.sha256, build.spec_hash, task.target, v))),
+            None,
         )
         if existing is not None:
             finish_task_reused(session, task, existing)
-            task.started_at = utcnow()
-            if (check := ensure_benchmark_task(session, existing, spec, model.project)) is not None:
+            task.started_at = task.finished_at
+            if (check := ensure_benchmark_task(session, existing, spec, source.project)) is not None:
                 checks.append(check)
         else:
             task.state = TaskState.QUEUED.value
             queued.append((task.id, task.parsed_target))
     session.flush()
     return queued, checks
+
+
+def finish_stage(
+    settings: Settings, release: Callable[[Session], tuple[list[tuple[int, Target]], list[BenchmarkTaskRow]]]
+) -> list[tuple[int, Target]]:
+    """End a quantize or fp16 repair stage: ``release`` (the stage's report recorded, its waiting tasks queued or
+    answered from the catalog) in one transaction, then the benchmark checks it queued published; returns the build
+    tasks to publish."""
+    from enginefarm.storage import queue
+    from enginefarm.storage.db import session_scope
+
+    with session_scope(settings) as s:
+        queued, checks = release(s)
+        published = [(c.id, c.parsed_target) for c in checks]
+    for check_id, target in published:
+        queue.publish_benchmark(check_id, target)
+    return queued
 
 
 def quantizing_builds(session: Session, engine_ids: list[int], project: str) -> dict[int, BuildRow]:

@@ -72,16 +72,9 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
             finished_at=utcnow().isoformat(),
         )
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
-        queued, checks = quantizing.release_waiting(s, build, build.model, served)
-        return queued, [(c.id, c.parsed_target) for c in checks]
+        return quantizing.release_waiting(s, build, build.model, served)
 
-    from enginefarm.storage import queue
-
-    with session_scope(settings) as s:
-        queued, check_ids = release(s)
-    for check_id, target in check_ids:
-        queue.publish_benchmark(check_id, target)
-    return queued
+    return quantizing.finish_stage(settings, release)
 
 
 def judge_target(targets: list[Target], probe: MachineProbe | None = None) -> Target | None:

@@ -15,7 +15,7 @@ from enginefarm.core.hashing import sha256_file
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.worklock import Scratch
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.storage import builtengines, catalog, checks, liveness, quantizing
+from enginefarm.storage import catalog, liveness, quantizing
 from enginefarm.storage.blobs import BlobStore, model_key
 from enginefarm.storage.blobwrite import store_with_row
 from enginefarm.storage.db import session_scope
@@ -120,7 +120,6 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
     def release(s) -> tuple[list[tuple[int, Target]], list]:
         build = catalog.get_build(s, build_id)
         first = catalog.get_model(s, derived[families[0]])
-        build.model_id = first.id
         quantizing.set_quantize(
             s,
             build_id,
@@ -133,38 +132,11 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         )
         served = liveness.served_targets(s, settings.worker_ttl_seconds)
         models = {f: catalog.get_model(s, i) for f, i in derived.items()}
-        queued, queued_checks = [], []
-        for task in build.tasks:
-            if task.state != TaskState.WAITING.value:
-                continue
-            model = models[family_of_target(task.parsed_target)]
-            versions = served.get(task.target) or {None}
-            existing = next(
-                (
-                    e
-                    for v in versions
-                    if (e := builtengines.find_engine(s, model.sha256, build.spec_hash, task.target, v))
-                ),
-                None,
-            )
-            if existing is None:
-                task.state = TaskState.QUEUED.value
-                queued.append((task.id, task.parsed_target))
-                continue
-            catalog.finish_task_reused(s, task, existing)
-            task.started_at = task.finished_at
-            if (check := checks.ensure_benchmark_task(s, existing, spec, build.model.project)) is not None:
-                queued_checks.append(check)
-        s.flush()
-        return queued, [(c.id, c.parsed_target) for c in queued_checks]
+        return quantizing.release_waiting(
+            s, build, first, served, model_for=lambda task: models[family_of_target(task.parsed_target)]
+        )
 
-    from enginefarm.storage import queue
-
-    with session_scope(settings) as s:
-        queued, check_ids = release(s)
-    for check_id, target in check_ids:
-        queue.publish_benchmark(check_id, target)
-    return queued
+    return quantizing.finish_stage(settings, release)
 
 
 def _derive(
