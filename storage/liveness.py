@@ -6,6 +6,7 @@ caller's transaction."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
@@ -97,10 +98,11 @@ def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list
 
 def requeue_abandoned_quantize(
     session: Session, live_worker_ids: set[str], max_attempts: int
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[tuple[int, dict[str, Any]]], list[int]]:
     """Quantization stages running on a worker whose heartbeats stopped go back to the queue, as build tasks do;
     one whose worker was lost ``max_attempts`` times is failed with the reason, and the build's waiting tasks with it
-    (a model whose calibration kills its worker must not loop forever). Returns the build ids requeued and failed."""
+    (a model whose calibration kills its worker must not loop forever). Returns (build id, the stage as requeued) for
+    each stage requeued, and the build ids failed."""
     from enginefarm.storage.quantizing import fail_quantize
 
     waiting = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
@@ -128,7 +130,7 @@ def requeue_abandoned_quantize(
                 "error": abandoned_reason(stage.get("worker_id")),
                 "attempts": attempts,
             }
-            requeued.append(build.id)
+            requeued.append((build.id, build.quantize))
     return requeued, failed
 
 

@@ -20,7 +20,6 @@ from enginefarm.storage import liveness, tokens
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.leader import Leadership
 from enginefarm.storage.queue import Message, publish, queue_size
-from enginefarm.storage.tables import BuildRow
 
 log = logging.getLogger(__name__)
 # A dead worker stays listed (as not live) this long, so an operator can still see which one went silent.
@@ -37,7 +36,7 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
         lost_stages, _ = liveness.requeue_abandoned_quantize(s, live, settings.max_deliveries)
         requeued = [Message.build(t.id, t.parsed_target) for t in lost_builds]
         requeued += [Message.bench(t.id, t.parsed_target) for t in lost_benches]
-        requeued += [Message.quantize(i, s.get(BuildRow, i).quantize) for i in lost_stages]  # type: ignore[union-attr]
+        requeued += [Message.quantize(i, stage) for i, stage in lost_stages]
         # Dashboard sessions that ended (signed out, revoked, expired) can never be used again; a minute's grace,
         # as at sign-in, so that signing out and in again does not hand back a sign-in the rate limit counted.
         sessions = tokens.remove_ended_sessions(s, opened_before=datetime.now(timezone.utc) - timedelta(minutes=1))

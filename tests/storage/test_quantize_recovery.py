@@ -65,7 +65,9 @@ def lose(settings, build_id: int, worker_id: str) -> tuple[list[int], list[int]]
         assert quantizing.claim_quantize(s, build_id, worker_id)
     beat(settings, worker_id, age_s=settings.worker_ttl_seconds + 5)
     with session_scope(settings) as s:
-        return liveness.requeue_abandoned_quantize(s, live(settings), max_attempts=3)
+        requeued, failed = liveness.requeue_abandoned_quantize(s, live(settings), max_attempts=3)
+        assert all(stage == catalog.get_build(s, i).quantize for i, stage in requeued)  # each stage as requeued
+        return [i for i, _ in requeued], failed
 
 
 def test_a_stage_running_on_a_live_worker_stays_put(settings):
