@@ -109,7 +109,7 @@ def _candidate(j: Judged, rows: dict[int, Row], owner: dict[str, Row], explain: 
         accuracy=ev.accuracy,
         latency_ms=ev.latency_ms,
         latency_on=ev.latency_on,
-        profiles=row.profiles or [],
+        profiles=j.option.engine.profiles,
         checks=[CheckOut(**c.to_dict()) for c in v.checks] if explain else None,
     )
 

@@ -284,7 +284,7 @@ class EngineDescriptor:
             given = {name: source[name] for name in ENGINE_FACTS if name in source}
         else:
             given = {name: getattr(source, name) for name in ENGINE_FACTS}
-        for name in ("compute_capabilities", "profiles"):  # JSON columns: a row may hold null
+        for name in JSON_FACTS:  # JSON columns: a row may hold null
             if name in given:
                 given[name] = list(given[name] or [])
         return cls(**given)
@@ -305,3 +305,5 @@ class EngineDescriptor:
 
 # The names of an engine's facts, in EngineDescriptor's order.
 ENGINE_FACTS: tuple[str, ...] = tuple(f.name for f in fields(EngineDescriptor))
+# The facts the catalog keeps as JSON.
+JSON_FACTS = ("compute_capabilities", "profiles")
