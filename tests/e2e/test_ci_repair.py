@@ -14,15 +14,14 @@ import numpy as np
 from enginefarm.graph.samples import sample_spec
 from tests.e2e.test_ci import junit_cases, run_ci
 from tests.helpers import run_cli, unique_name
-from tests.worker.test_int8_repair import _wide_adds
 from tests.worker.test_int8_vs_fp32 import _wide_add
 
 CPU = "onnxruntime/cpu-x86_64"
 QUICK = {"warmup_ms": 20, "duration_s": 0.3, "iterations": 10}
 
 
-def _inputs(tmp_path: Path, seed: int, make=_wide_add, **accuracy) -> tuple[Path, Path, Path]:
-    model = make(tmp_path / f"wide-{seed}.onnx", seed=seed)
+def _inputs(tmp_path: Path, seed: int, shifts: int = 1, **accuracy) -> tuple[Path, Path, Path]:
+    model = _wide_add(tmp_path / f"wide-{seed}.onnx", seed=seed, shifts=shifts)
     npz = tmp_path / f"samples-{seed}.npz"
     np.savez(npz, input=np.random.default_rng(5).standard_normal((16, 3, 16, 16)).astype(np.float32))
     spec = tmp_path / f"spec-{seed}.json"
@@ -95,7 +94,7 @@ def test_ci_repair_fails_with_the_reason_when_no_set_within_the_budget_passes(fa
 def test_ci_repair_passes_by_form_where_no_set_within_the_budget_does(farm, tmp_path):
     # Four shifts in a row: a quarter of the layers cannot keep them all; int8 on the convolution alone passes.
     name = unique_name("ci-repair-form")
-    out, cases, summary = _ci(farm, tmp_path, name, _inputs(tmp_path, 41, make=_wide_adds), expect=0)
+    out, cases, summary = _ci(farm, tmp_path, name, _inputs(tmp_path, 41, shifts=4), expect=0)
     assert "repair: pass: repaired by form: no set of up to " in out, out
     assert "the convolutions form passes as it is" in out, out
     assert cases[f"{CPU} repair"].find("failure") is None

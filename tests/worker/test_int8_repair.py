@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
@@ -80,39 +78,8 @@ def test_repair_stops_honestly_when_no_set_within_the_budget_passes(tmp_path: Pa
     assert all(f"the {name} form" in report["note"] for name in report["forms"])
 
 
-def _wide_adds(path: Path, shifts: int = 4, seed: int = 0) -> Path:
-    """``_wide_add``'s shift and shift back, ``shifts`` times in a row: every shift's output spans a range one int8
-    scale cannot hold, so no single layer kept in float mends the output, and a quarter of the layers is too few."""
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
-    big = np.zeros((1, 8, 1, 1), np.float32)
-    big[0, 0] = 1e4
-    nodes = [
-        helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-        helper.make_node("Relu", ["c"], ["x0"], name="relu"),
-    ]
-    for k in range(shifts):
-        nodes.append(helper.make_node("Add", [f"x{k}", "big"], [f"s{k}"], name=f"shift{k}"))
-        nodes.append(helper.make_node("Sub", [f"s{k}", "big"], [f"x{k + 1}"], name=f"unshift{k}"))
-    nodes += [
-        helper.make_node("GlobalAveragePool", [f"x{shifts}"], ["pooled"], name="pool"),
-        helper.make_node("Flatten", ["pooled"], ["output"], name="flatten"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "wide_adds",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 16, 16])],
-        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 8])],
-        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(big, "big")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 def test_repair_passes_with_a_form_when_no_set_within_the_budget_does(tmp_path: Path):
-    source = _wide_adds(tmp_path / "m.onnx")
+    source = _wide_add(tmp_path / "m.onnx", shifts=4)
     x = np.random.default_rng(3).standard_normal((8, 3, 16, 16)).astype(np.float32)
     spec = BuildSpec(precision="int8", shapes={"input": [1, 3, 16, 16]}, accuracy_repair=True)
     report = R.repair(source, {"input": x}, spec, inspect_upload(source, tmp_path / "i").info, tmp_path, _runner)

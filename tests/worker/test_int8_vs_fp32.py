@@ -177,10 +177,11 @@ def test_quantize_for_cpu_measures_each_candidate_and_keeps_the_one_pick_chooses
     assert list(tmp_path.glob("int8-candidates-*")) == []  # the candidates' work folder is gone
 
 
-def _wide_add(path: Path, seed: int = 0) -> Path:
+def _wide_add(path: Path, seed: int = 0, shifts: int = 1) -> Path:
     """A convolution whose output is shifted by 10,000 on one channel and back: the Add's output spans a range
     that one int8 scale cannot hold (a step of ~40 against features of ~1), so quantizing it wrecks the output,
-    while the convolution alone quantizes fine."""
+    while the convolution alone quantizes fine. ``shifts``: that many shifts and shifts back in a row (the first
+    ``shift``, then ``shift1``, ...), so that no single layer kept in float mends the output."""
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((8, 3, 3, 3)) * 0.3).astype(np.float32)
     big = np.zeros((1, 8, 1, 1), np.float32)
@@ -189,9 +190,15 @@ def _wide_add(path: Path, seed: int = 0) -> Path:
     nodes = [
         helper.make_node("Conv", ["input", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
         helper.make_node("Relu", ["c"], ["r"], name="relu"),
-        helper.make_node("Add", ["r", "big"], ["shifted"], name="shift"),
-        helper.make_node("Sub", ["shifted", "big"], ["back"], name="unshift"),
-        helper.make_node("GlobalAveragePool", ["back"], ["pooled"], name="pool"),
+    ]
+    x = "r"
+    for k in range(shifts):
+        n = str(k or "")
+        nodes.append(helper.make_node("Add", [x, "big"], [f"shifted{n}"], name=f"shift{n}"))
+        nodes.append(helper.make_node("Sub", [f"shifted{n}", "big"], [f"back{n}"], name=f"unshift{n}"))
+        x = f"back{n}"
+    nodes += [
+        helper.make_node("GlobalAveragePool", [x], ["pooled"], name="pool"),
         helper.make_node("Flatten", ["pooled"], ["output"], name="flatten"),
     ]
     graph = helper.make_graph(
