@@ -161,7 +161,7 @@ def chosen_engine(
     source is not among ``models`` (the versions the request read)."""
     if (kept := table.chosen.get(engine_id)) is not None:
         return kept
-    row = Parsed(table.rows[engine_id], table.descriptors[engine_id])
+    row = Parsed(table.rows[engine_id], next(f.descriptor for f in table.facts if f.id == engine_id))
     model = owner[row.model_sha256]
     source = model.source_model_id
     variant_of = None
@@ -213,8 +213,7 @@ class EngineTable:
 
     key: tuple
     facts: tuple[Facts, ...]
-    rows: dict[int, Row] = field(default_factory=dict)  # their JSON facts as text: see ``descriptors``
-    descriptors: dict[int, EngineDescriptor] = field(default_factory=dict)
+    rows: dict[int, Row] = field(default_factory=dict)  # their JSON facts as text: parsed in ``facts``
     # ``chosen_engine``'s answers for engines of this table (the same state), kept with it.
     chosen: dict[int, tuple] = field(default_factory=dict)
 
@@ -250,4 +249,4 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
     facts = tuple(
         Facts(r[0], r[2], r, descriptor(r), _ACCURACY[r[_PASSED]], latency[r[0]], seq[r[1]]) for r in rows.values()
     )
-    return EngineTable(table_key(owner), facts, rows, descriptors={f.id: f.descriptor for f in facts})
+    return EngineTable(table_key(owner), facts, rows)

@@ -254,7 +254,7 @@ def _machine_kind(m: Machine) -> Key:
     return key
 
 
-def _kind_of_pair(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Verdict | None, Verdict | None]:
+def _kind_judgement(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Verdict | None, Verdict | None]:
     checks, whole = _kind_checks(e, m)
     failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
     return checks, whole, Verdict(False, None, failed.detail, list(checks)) if failed else None
@@ -292,7 +292,7 @@ def judge(e: EngineDescriptor, m: Machine, full: bool = True) -> Verdict:
     if kind is None:
         if len(_kinds) >= _KINDS_KEPT:
             _kinds.clear()
-        kind = _kinds[key] = _kind_of_pair(e, m)
+        kind = _kinds[key] = _kind_judgement(e, m)
     kept, whole, failing = kind
     if failing is not None and not full:
         return failing
