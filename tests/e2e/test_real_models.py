@@ -33,7 +33,7 @@ def test_bert_int8_from_samples_builds_benchmarks_and_checks(farm, tmp_path):
         assert [t["state"] for t in done["tasks"]] == ["succeeded", "succeeded"], [t["error"] for t in done["tasks"]]
         report = c.wait_checks(done["quantize"]["derived_model_id"], timeout=300)
         (cpu,) = [r for r in report["rows"] if r["target"] == CPU]
-        assert cpu["status"] == "measured" and cpu["latency_ms"]["median"] > 0
+        assert cpu["status"] == "measured" and cpu["latency_ms"]["median"] > 0, cpu
         assert cpu["accuracy"]["pass"] is True, cpu["accuracy"]
         assert "user samples" in cpu["accuracy"]["inputs"]
         (gpu,) = [r for r in report["rows"] if r["target"] == "tensorrt-rtx/sm86"]
