@@ -3,11 +3,14 @@ regression against version N-1, and a sweep's variants with the best per target.
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from enginefarm.api.int8stage import engine_int8
+from enginefarm.core.choose import QUANTIZED
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
 from enginefarm.core.probe.policy import benchmark_pending_reason
@@ -113,8 +116,9 @@ def headline(engine: EngineRow, view: ProjectView) -> BenchmarkRow | None:
 
 
 def best_per_target(engines: list[EngineRow], view: ProjectView) -> dict[str, int | None]:
-    """Target → the fastest engine among those that passed the accuracy gate, where the target has several
-    variants; None while no variant has both a measurement and a passed check."""
+    """Target → the fastest engine among those that passed the accuracy gate and were measured at the same input
+    shapes, where the target has several variants; None while no variant has both a measurement and a passed
+    check."""
     by_target: dict[str, list[EngineRow]] = {}
     for e in engines:
         by_target.setdefault(e.target, []).append(e)
@@ -122,9 +126,31 @@ def best_per_target(engines: list[EngineRow], view: ProjectView) -> dict[str, in
     for target, group in by_target.items():
         if len(group) < 2:
             continue
-        passed = [(h.median_ms, e.id) for e in group if view.accuracy_pass(e) and (h := headline(e, view)) is not None]
-        best[target] = min(passed)[1] if passed else None
+        passed = [(h, e) for e in group if view.accuracy_pass(e) and (h := headline(e, view)) is not None]
+        best[target] = _fastest(passed).id if passed else None
     return best
+
+
+def _fastest(passed: list[tuple[BenchmarkRow, EngineRow]]) -> EngineRow:
+    """The fastest of a target's passing variants by their headline benchmarks. Latencies compare only at the same
+    input shapes (two builds' opt shapes may differ): where the variants were not all measured at the same shapes,
+    fp32/fp16 go before int8/fp8, as resolving ranks them, then the latencies at the shapes most of them share."""
+    at: dict[str, list[float]] = {}
+    for h, _ in passed:
+        at.setdefault(_shapes_key(h), []).append(h.median_ms)
+    common = max(at, key=lambda k: (len(at[k]), -min(at[k])))
+    alike = len(at[common]) == len(passed)
+
+    def rank(item: tuple[BenchmarkRow, EngineRow]) -> tuple[int, float]:
+        h, e = item
+        tier = 0 if alike or e.precision not in QUANTIZED else 1
+        return tier, h.median_ms if _shapes_key(h) == common else math.inf
+
+    return min(passed, key=rank)[1]
+
+
+def _shapes_key(benchmark: BenchmarkRow) -> str:
+    return json.dumps(benchmark.shapes or {}, sort_keys=True)
 
 
 def _accuracy_of(engine: EngineRow, view: ProjectView) -> dict[str, Any] | None:

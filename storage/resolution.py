@@ -12,6 +12,8 @@ this module only reads.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -94,6 +96,7 @@ _BEST = (
         BenchmarkRow.gpu_name,
         BenchmarkRow.compute_capability,
         BenchmarkRow.cpu_name,
+        cast(BenchmarkRow.shapes, Text).label("shapes"),
         func.min(BenchmarkRow.median_ms).label("median_ms"),
     )
     .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
@@ -102,13 +105,20 @@ _BEST = (
         BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY,
         BenchmarkRow.project == bindparam("project"),
     )
-    .group_by(BenchmarkRow.engine_id, BenchmarkRow.gpu_name, BenchmarkRow.compute_capability, BenchmarkRow.cpu_name)
+    .group_by(
+        BenchmarkRow.engine_id,
+        BenchmarkRow.gpu_name,
+        BenchmarkRow.compute_capability,
+        BenchmarkRow.cpu_name,
+        cast(BenchmarkRow.shapes, Text),
+    )
     .subquery("best")
 )
 LATENCY_COLUMNS = (
     _BEST.c.gpu_name.label("measured_gpu"),
     _BEST.c.compute_capability.label("measured_cc"),
     _BEST.c.cpu_name.label("measured_cpu"),
+    _BEST.c.shapes.label("measured_shapes"),
     _BEST.c.median_ms.label("measured_ms"),
 )
 
@@ -133,12 +143,27 @@ _MEASURED = slice(len(ENGINE_COLUMNS) + len(ANSWER_COLUMNS), None)
 _ACCURACY = {None: None, True: "pass", False: "fail"}
 
 
-def _add_latency(latencies: dict[str, float], gpu: str | None, cc: str | None, cpu: str | None, ms: float) -> None:
-    """One measurement's latency under the device classes it stands for: "gpu:<model>" and "cc:<x.y>" for a GPU
-    measurement, "cpu:<model>" for a CPU one; the best where two measurements share a class."""
+def _add_latency(
+    latencies: dict[str, float],
+    shapes: dict[str, str],
+    measured: tuple[str | None, str | None, str | None, str | None, float],
+) -> None:
+    """One measurement (GPU, compute capability, CPU, shapes, median) under the device classes it stands for:
+    "gpu:<model>" and "cc:<x.y>" for a GPU measurement, "cpu:<model>" for a CPU one, with the input shapes it was
+    taken at; the best where two measurements share a class."""
+    gpu, cc, cpu, at, ms = measured
     classes = [f"gpu:{gpu}", f"cc:{cc}" if cc else None] if gpu else [f"cpu:{cpu or 'unknown'}"]
     for c in filter(None, classes):
-        latencies[c] = min(ms, latencies.get(c, ms))
+        if c not in latencies or ms < latencies[c]:
+            latencies[c] = ms
+            shapes[c] = canonical_shapes(at)
+
+
+@functools.lru_cache(maxsize=4096)
+def canonical_shapes(text: str | None) -> str:
+    """A measurement's input shapes as one text whatever the database wrote (key order, spacing): what two engines'
+    latencies must share to be compared."""
+    return json.dumps(json_loads(text) if text else {}, sort_keys=True, separators=(",", ":"))
 
 
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))
@@ -194,7 +219,7 @@ def project_of(owner: dict[str, Row]) -> str:
 class Facts(NamedTuple):
     """One engine as judging and ranking need it, compiled once per table: its id and spec hash, its plain row
     (ENGINES_OF's), its descriptor, the asking project's accuracy verdict ("pass", "fail" or None), its latencies
-    by device class, and the seq of the version it is listed under."""
+    by device class, the seq of the version it is listed under, and the input shapes of each latency."""
 
     id: int
     spec_hash: str
@@ -203,6 +228,7 @@ class Facts(NamedTuple):
     accuracy: str | None
     latencies: dict[str, float]
     model_seq: int
+    shapes: dict[str, str]  # the input shapes of each latency, by device class (``canonical_shapes``)
 
 
 @dataclass(frozen=True)
@@ -228,12 +254,14 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
     params = {"shas": list(owner), "project": project_of(owner)}
     rows: dict[int, Row] = {}  # an engine's first row: the others differ only in their measurement
     latency: dict[int, dict[str, float]] = {}
+    shapes: dict[int, dict[str, str]] = {}
     for r in session.connection().execute(ENGINES_OF, params).all():
         if (mine := latency.get(r[0])) is None:
             rows[r[0]], mine = r, latency.setdefault(r[0], {})
-        gpu, cc, cpu, ms = r[_MEASURED]
-        if ms is not None:
-            _add_latency(mine, gpu, cc, cpu, ms)
+            shapes[r[0]] = {}
+        measured = r[_MEASURED]
+        if measured[-1] is not None:
+            _add_latency(mine, shapes[r[0]], measured)
     seq = {sha: m.seq for sha, m in owner.items()}
     parsed: dict[str | None, Any] = {None: None}  # each distinct JSON text once (a model's engines share a few)
 
@@ -247,6 +275,7 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
         return EngineDescriptor.from_values(values)
 
     facts = tuple(
-        Facts(r[0], r[2], r, descriptor(r), _ACCURACY[r[_PASSED]], latency[r[0]], seq[r[1]]) for r in rows.values()
+        Facts(r[0], r[2], r, descriptor(r), _ACCURACY[r[_PASSED]], latency[r[0]], seq[r[1]], shapes[r[0]])
+        for r in rows.values()
     )
     return EngineTable(table_key(owner), facts, rows)

@@ -1103,6 +1103,7 @@ def test_rule_tables():
 
 # --- ranking by what was measured: CPU artifacts of one model, int8 beside fp32
 XEON, EPYC = "cpu:Intel(R) Xeon(R) Platinum 8480+", "cpu:AMD EPYC 9654"
+SMALL, BIG = '{"x":[2,3,32,96]}', '{"x":[4,3,48,192]}'  # two builds' opt shapes, each measured there
 
 
 def cpu_opt(name: str, precision: str, latencies: dict[str, float] | None = None, **kw) -> Option:
@@ -1111,7 +1112,7 @@ def cpu_opt(name: str, precision: str, latencies: dict[str, float] | None = None
         ort_engine(precision=precision),
         kw.pop("seq", 1),
         "s" * 64,
-        Evidence(kw.pop("accuracy", "pass"), latencies or {}),
+        Evidence(kw.pop("accuracy", "pass"), latencies or {}, kw.pop("shapes", {})),
     )
 
 
@@ -1162,6 +1163,24 @@ MEASURED = [
         [8, 1],
         "on the CPU AMD EPYC",
         id="a machine that names no CPU: the farm's CPU measurements",
+    ),
+    pytest.param(
+        CPU_BOX,
+        [cpu_opt(8, "int8", {XEON: 0.79}, shapes={XEON: SMALL}), cpu_opt(1, "fp32", {XEON: 1.28}, shapes={XEON: BIG})],
+        [1, 8],
+        "measured only at other input shapes",
+        id="int8 measured at a smaller input than fp32: not compared, fp32 first",
+    ),
+    pytest.param(
+        CPU_BOX,
+        [
+            cpu_opt(8, "int8", {XEON: 0.79}, shapes={XEON: SMALL}),
+            cpu_opt(1, "fp32", {XEON: 1.28}, shapes={XEON: BIG}),
+            cpu_opt(9, "int8", {XEON: 1.1}, shapes={XEON: BIG}),
+        ],
+        [1, 9, 8],
+        "engine 9 (onnxruntime/cpu-x86_64 int8) 1.1 ms, engine 8 (onnxruntime/cpu-x86_64 int8) measured only at other",
+        id="compared at the shapes most were measured at; one measured elsewhere counts as unmeasured",
     ),
 ]
 

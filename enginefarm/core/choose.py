@@ -25,6 +25,9 @@ class Evidence:
     # Median end-to-end latency at the default shape by the device class it was measured on: "gpu:<GPU model>",
     # "cc:<compute capability>" (both for a GPU measurement) or "cpu:<CPU model>".
     latencies: dict[str, float] = field(default_factory=dict)
+    # The input shapes each of those latencies was measured at, by device class (canonical JSON text): two engines'
+    # latencies are compared only where they were measured at the same shapes. Absent: not known, taken as alike.
+    shapes: dict[str, str] = field(default_factory=dict)
     # Set by ``choose``: the latency on the device class the ranking compared, and that class.
     latency_ms: float | None = None
     latency_on: str | None = None
@@ -187,14 +190,31 @@ def reference_class(group: list[Judged], m: Machine) -> str | None:
     return max(counts, key=lambda c: (counts[c], -own.index(c) if c in own else -len(own), c))
 
 
+def reference_shapes(group: list[Judged], ref: str) -> str | None:
+    """The input shapes a group's latencies on ``ref`` are compared at: those most of its engines were measured at
+    there (a benchmark at the opt shapes of its own build: two builds' opt shapes may differ); a tie goes to the
+    fastest engine's."""
+    counts: dict[str | None, list[float]] = {}
+    for j in group:
+        ev = j.option.evidence
+        if (ms := ev.latencies.get(ref)) is not None:
+            counts.setdefault(ev.shapes.get(ref), []).append(ms)
+    return max(counts, key=lambda s: (len(counts[s]), -min(counts[s])), default=None)
+
+
 def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
     """One match group ranked, and how: by measured latency on the reference class when every engine of the group
-    was measured there; else fp32/fp16 before int8/fp8, then measured latency. So an int8 engine wins only by a
-    measurement made beside its competitors, never by being newer."""
+    was measured there at the same input shapes; else fp32/fp16 before int8/fp8, then measured latency. So an int8
+    engine wins only by a measurement made beside its competitors, never by being newer or by a smaller input."""
     ref = reference_class(group, m)
+    at = reference_shapes(group, ref) if ref else None
+    elsewhere: set[int] = set()  # measured on the reference class, but at other input shapes: not comparable
     for j in group:
         ev = j.option.evidence
         ev.latency_ms = ev.latencies.get(ref) if ref else None
+        if ev.latency_ms is not None and ev.shapes.get(ref) != at:
+            ev.latency_ms = None
+            elsewhere.add(id(j))
         ev.latency_on = _on(ref) if ref and ev.latency_ms is not None else None
     measured = ref is not None and all(j.option.evidence.latency_ms is not None for j in group)
 
@@ -211,7 +231,7 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
     figures = ", ".join(
         f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms"
         if j.option.evidence.latency_ms is not None
-        else f"{_label(j)} not measured"
+        else f"{_label(j)} {'measured only at other input shapes' if id(j) in elsewhere else 'not measured'}"
         for j in group[:6]
     )
     if measured and ref:

@@ -109,3 +109,57 @@ def test_a_computed_answer_reads_twice_and_its_engine_is_the_catalogs(farm):
     alone = http.get("/v1/resolve", params=params | {"version": "1-int8"})
     assert alone.status_code == 200 and alone.json()["engine"] == answer["engine"]
     assert len(reads) == 3, reads
+
+
+def test_latencies_measured_at_different_input_shapes_are_not_compared(farm):
+    """Two builds of one model with different opt shapes are each benchmarked at their own: a smaller input's
+    latency must not make a slower int8 artifact win over fp32 (the int8 one measured 0.79 ms at 2x3x32x96, the fp32
+    one 1.28 ms at 4x3x48x192). Measured at the same shapes, the faster one wins."""
+    from enginefarm.storage.tables import EngineRow
+
+    settings, http = farm
+    name = unique_name("shapes")
+    with session_scope(settings) as s:
+        model = catalog_model(s, name, uuid.uuid4().hex * 2)
+        ids = []
+        for precision, spec in (("fp32", "1"), ("int8", "2")):  # one build key each
+            row = s.get(EngineRow, catalog_engine(s, model, "cpu"))
+            row.precision, row.spec_hash = precision, spec * 64
+            s.flush()
+            checks.record_verdict(s, row.id, "", {"pass": True})
+            ids.append(row.id)
+        fp32, int8 = ids
+
+        def measure(engine_id: int, dims: list[int], median: float) -> None:
+            checks.record_benchmark(
+                s,
+                engine_id,
+                project="",
+                shape_key="opt",
+                shapes={"x": dims},
+                machine={},
+                gpu_name=None,
+                compute_capability=None,
+                cpu_name="AMD EPYC 7B13",
+                stats={"e2e": {"median": median, "p99": median + 1}},
+            )
+
+        measure(int8, [2, 3, 32, 96], 0.79)
+        measure(fp32, [4, 3, 48, 192], 1.28)
+    params = {"model": name, "platform": "x86_64", "cpu": "AMD EPYC 7B13", "explain": True}
+    answer = http.get("/v1/resolve", params=params).json()
+    assert answer["engine"]["id"] == fp32, answer["ranked_by"]
+    assert "measured only at other input shapes" in answer["ranked_by"]
+    rows = http.get(f"/v1/models/{model.id}/report").json()["rows"]
+    assert {r["engine_id"]: r["best"] for r in rows} == {fp32: True, int8: False}  # the report's star alike
+
+    with session_scope(settings) as s:  # the int8 artifact measured again, at fp32's shapes: now they compare
+        measure(int8, [4, 3, 48, 192], 0.91)
+    answer = http.get("/v1/resolve", params=params).json()
+    assert answer["engine"]["id"] == int8, answer["ranked_by"]
+    assert "fastest measured on the CPU AMD EPYC 7B13" in answer["ranked_by"]
+    rows = http.get(f"/v1/models/{model.id}/report").json()["rows"]
+    assert {r["engine_id"]: r["best"] for r in rows if r["shapes"] == {"x": [4, 3, 48, 192]}} == {
+        fp32: False,
+        int8: True,
+    }
