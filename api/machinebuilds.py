@@ -183,6 +183,10 @@ def build_for_machine(
         "build_id": build_id,
         "target": str(target),
         "spec_hash": hashed,
+        # What it builds, and from where: the spec of the model's latest build (of the precision or spec hash
+        # asked), so a caller can see it did not build something else than it meant.
+        "spec_from": f"build {source.id}'s spec" if source else "the default spec",
+        "precision": spec.precision.value,
         "state": state,
         "status_detail": detail or note,
         "already_building": already,

@@ -343,6 +343,8 @@ class BuildForMachineOut(BaseModel):
     build_id: int
     target: str
     spec_hash: str
+    spec_from: str = Field(description="whose spec it builds: the model's latest build's (of the precision asked)")
+    precision: str = Field(description="the precision it builds")
     state: str
     status_detail: str | None
     already_building: bool

@@ -127,6 +127,8 @@ def fetch(
         )
     except ValueError as exc:  # pydantic's ValidationError is one: a flag the fingerprint's rules refuse
         fail(exc)
+    if explain:  # the fingerprint judged: the flags over this machine's own probe
+        console.print(f"as the machine: {_fingerprint(machine)}", highlight=False)
     filters: dict[str, Any] = dict(
         version=version,
         precision=precision,
@@ -185,15 +187,33 @@ def fetch(
         b = got.build
         assert b is not None  # no file: the build queued for this machine
         console.print(
-            f"{b['detail']}\nstate: {b['status_detail'] or b['state']}; "
+            f"{b['detail']}\nspec: {b.get('precision', '?')}, from {b.get('spec_from', 'the latest build spec')}\n"
+            f"state: {b['status_detail'] or b['state']}; "
             f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built"
         )
         for reason in b["reasons"]:
             console.print(f"  - engine {reason['engine_id']} {reason['target']}: {reason['reason']}", highlight=False)
         return
     if got.build:
-        console.print(f"built for this machine: build {got.build['build_id']} ({got.build['target']})")
+        b = got.build
+        console.print(
+            f"built for this machine: build {b['build_id']} ({b['target']}, {b.get('precision', '?')}, "
+            f"from {b.get('spec_from', 'the latest build spec')}; --precision or --spec-hash choose another)"
+        )
     _print_answer(got.answer, got.path, from_cache=got.from_cache, explain=explain)
+
+
+def _fingerprint(m: Any) -> str:
+    parts = [
+        m.platform,
+        m.gpu_name,
+        m.compute_capability and f"cc {m.compute_capability}",
+        m.trt_version and f"TensorRT {m.trt_version}{' (lean)' if m.lean_runtime else ''}",
+        m.trt_rtx_version and f"TensorRT-RTX {m.trt_rtx_version}",
+        m.ort_version and f"ONNX Runtime {m.ort_version}",
+        m.driver_version and f"driver {m.driver_version}",
+    ]
+    return ", ".join(p for p in parts if p) or "nothing detected"
 
 
 def _build_line(build: dict[str, Any]) -> str:

@@ -354,6 +354,7 @@ def test_cli_fetch_explain_cache_and_offline(farm, built, tmp_path):
     explained = run_cli(farm.url, "fetch", name, *flags, "--explain", cache_dir=cache)
     assert "tensorrt-rtx/sm80" in explained and "exact_cc" in explained and "rtx-cc" in explained
     assert "TensorRT-RTX engine built for compute capability 8.6, you have 8.0" in explained
+    assert f"as the machine: x86_64, NVIDIA A100-SXM4-80GB, cc 8.0, TensorRT-RTX {rtx}," in explained
     out = tmp_path / "engine.plan"
     first = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, "--explain", cache_dir=cache)
     second = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, cache_dir=cache)
@@ -432,7 +433,8 @@ def test_cli_fetch_build_wait(farm, tmp_path):
     path = save_conv_net(tmp_path / "m.onnx", seed=22)
     with Client(farm.url) as c:
         model, _ = c.upload(path, unique_name("fetchbuild"))
-        c.wait_build(c.build(model["id"], ["tensorrt-rtx/sm80"], sample_spec())["id"], timeout=120, poll=0.2)
+        source = c.build(model["id"], ["tensorrt-rtx/sm80"], sample_spec())
+        c.wait_build(source["id"], timeout=120, poll=0.2)
         rtx = c.engines(model=model["name"])["items"][0]["backend_version"]
     out = tmp_path / "sm89.plan"
     flags = ["--cc", "8.9", "--trt-rtx", rtx, "--platform", "x86_64", "--driver", "580.82.07"]
@@ -452,6 +454,8 @@ def test_cli_fetch_build_wait(farm, tmp_path):
         cache_dir=tmp_path / "c",
     )
     assert "built for this machine" in done and "tensorrt-rtx/sm89" in done
+    # It says what it built and whose spec that was, so a build of something else than meant is seen at once.
+    assert f"{sample_spec().get('precision', 'fp32')}, from build {source['id']}'s spec" in done, done
     with Client(farm.url) as c:
         sm89 = next(e for e in c.engines(model=model["name"])["items"] if e["target"] == "tensorrt-rtx/sm89")
     assert hashlib.sha256(out.read_bytes()).hexdigest() == sm89["sha256"]

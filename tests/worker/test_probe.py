@@ -402,3 +402,18 @@ def test_a_cuda_provider_that_does_not_load_serves_no_cuda_target():
         "object file: no onnxruntime/cuda target served"
     ) in probe_text.probe_report(p)
     assert not machineprobe.machine_fingerprint(p).ort_cuda
+
+
+def test_naming_a_gpu_runtime_describes_the_machines_runtimes_whole():
+    """A workstation with TensorRT-RTX importable that describes a TensorRT server (--cc 8.6 --trt 10.3.0) must not
+    keep its own TensorRT-RTX in the fingerprint: that machine would be handed a TensorRT-RTX plan it cannot load."""
+    assert machineprobe.this_machine().trt_rtx_version  # importable here
+    told = machineprobe.this_machine(compute_capability="8.6", trt_version="10.3.0")
+    assert (told.trt_version, told.trt_rtx_version, told.gpu_runtimes) == ("10.3.0", None, ["TensorRT"])
+    both = machineprobe.this_machine(compute_capability="8.6", trt_version="10.3.0", trt_rtx_version="1.7.1.116")
+    assert both.gpu_runtimes == ["TensorRT", "TensorRT-RTX"]
+    # Naming only the GPU keeps this machine's runtimes: "a machine like this one, with that GPU".
+    assert (
+        machineprobe.this_machine(compute_capability="8.6").trt_rtx_version
+        == module_probe.probe_modules()[0]["tensorrt_rtx"]
+    )

@@ -139,7 +139,10 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
 def this_machine(**overrides: Any) -> Machine:
     """This machine as a deploy-time fingerprint, with any field given a non-None override replaced.
 
-    Without a GPU the platform, OS and importable runtimes still count (a CPU-only deploy machine).
+    Without a GPU the platform, OS and importable runtimes still count (a CPU-only deploy machine). Naming a GPU
+    runtime (``trt_version``, ``trt_rtx_version``) describes the machine's GPU runtimes whole: the
+    ones not named are not taken from this machine, so a workstation with TensorRT-RTX that describes a TensorRT
+    server is not handed TensorRT-RTX engines.
     """
     probe = probe_machine()
     try:
@@ -152,5 +155,11 @@ def this_machine(**overrides: Any) -> Machine:
             trt_rtx_version=probe.modules.get(RTX_MODULE),
             ort_version=probe.modules.get(ORT_MODULE),
         )
+    given = {key: value for key, value in overrides.items() if value is not None}
+    if given.keys() & GPU_RUNTIME_FIELDS:
+        given = {"trt_version": None, "trt_rtx_version": None, "lean_runtime": False, **given}  # lean: of trt
     # Through the constructor again: an override is checked by the same rules as a request's field.
-    return replace(machine, **{key: value for key, value in overrides.items() if value is not None})
+    return replace(machine, **given)
+
+
+GPU_RUNTIME_FIELDS = frozenset({"trt_version", "trt_rtx_version"})
