@@ -50,7 +50,10 @@ def outcome_line(repair: Mapping[str, Any]) -> Text:
     if not repair["needed"] and precision_of(repair) == "fp16":
         return Text(f"not needed: fp16 passes its accuracy gate as converted ({_share(before)} outside the tolerance)")
     if not repair["needed"]:
-        return Text(f"not needed: int8 passes its accuracy gate as quantized (cosine {before['cosine']:.4f})")
+        return Text(
+            f"not needed: the {repair.get('recipe', 'operator')} form passes the int8 gate as quantized (cosine "
+            f"{before['cosine']:.4f}); the CPU form kept was gated on its own (its candidates)"
+        )
     if repair.get("form"):
         return Text.assemble(("repaired", "bold green"), f" by form: {repair['form']} passes as it is; {cosine}")
     if repair["passed"]:

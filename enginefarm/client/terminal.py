@@ -160,7 +160,10 @@ def print_quantize(build: dict[str, Any]) -> None:
         return
     before, after = repair["before"], repair["after"]
     if not repair["needed"]:
-        console.print(f"repair: not needed (cosine {before['cosine']:.4f} passes the int8 gate)")
+        console.print(
+            f"repair: not needed (the {repair.get('recipe', 'operator')} form's cosine {before['cosine']:.4f} passes "
+            "the int8 gate; every CPU form above was gated again before one was kept)"
+        )
     elif repair.get("form"):
         console.print(
             f"repair: the {repair['form']} form passes ({repair['evaluations']} checks{_cost(repair)}): "

@@ -51,3 +51,16 @@ def test_a_stop_without_a_passing_form_still_reads_as_failed():
     stopped["note"] = "no set of up to 1 ... passes the int8 gate (best cosine 0.9000 against fp32; the convolutions "
     html = _rendered(stopped)
     assert "<strong>failed</strong>" in html and "repaired by form" not in html, html
+
+
+def test_a_repair_not_needed_names_the_form_it_judged_not_the_one_kept():
+    """The repair judges the operator form before the CPU candidates are measured; when that passes, the kept
+    artifact may be another form (dense-convolutions, with its own cosine). The dashboard and the terminal say which
+    form the repair judged, so its cosine is not read as the shipped artifact's."""
+    from enginefarm.client.int8view import outcome_line
+
+    report = _report(needed=False, passed=True, form=None, forms=None, before={"pass": True, "cosine": 0.9985})
+    assert "not needed: the operator form passed its accuracy gate as quantized" in _rendered(report)
+    line = outcome_line(_repair(report).model_dump()).plain
+    assert "the operator form passes the int8 gate as quantized (cosine 0.9985)" in line, line
+    assert "the CPU form kept was gated on its own" in line
