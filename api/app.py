@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import gc
 import json
 import logging
 import os
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
@@ -25,11 +28,13 @@ from enginefarm.api.cachecontrol import NoStoreByDefault
 from enginefarm.api.metrics import Observe
 from enginefarm.api.resolver import Tables
 from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
+from enginefarm.api.schemas import ResolveQuery
 from enginefarm.api.upload import UploadSlots
 from enginefarm.api.versions import Versions
 from enginefarm.core.config import Settings, get_settings
 from enginefarm.core.errors import CatalogUnavailable, EnginefarmError, StorageFull
 from enginefarm.core.hashing import SHA_HEADER
+from enginefarm.core.machine import SHORT_NAMES
 from enginefarm.storage.changes import changes_for
 from enginefarm.storage.db import migrate
 
@@ -181,7 +186,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def _invalid(_request: Request, exc: RequestValidationError) -> Response:
         # FastAPI's own handler echoes the input as UTF-8, which a lone surrogate in a JSON string cannot be:
         # escape everything that is not ASCII instead, so a bad request stays a 422.
-        body = json.dumps({"detail": jsonable_encoder(exc.errors())}, ensure_ascii=True)
+        body = json.dumps({"detail": jsonable_encoder(_named_unknowns(exc.errors()))}, ensure_ascii=True)
         return Response(body, status_code=422, media_type="application/json")
 
     # The catalog database went away (restarting, unreachable, its pool exhausted): a 503 the client retries.
@@ -195,3 +200,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return _answer(CatalogUnavailable("the catalog database is unavailable; retry shortly"))
 
     return app
+
+
+def _named_unknowns(errors: Sequence[Any]) -> list[Any]:
+    """A query parameter a route does not take (a model of ``extra="forbid"``: GET /v1/resolve's), said as such,
+    with the nearest one it takes: "trt_version" → "did you mean trt?"."""
+    out = []
+    for e in errors:
+        loc = e.get("loc") or ()
+        if e.get("type") == "extra_forbidden" and len(loc) == 2 and loc[0] == "query":
+            name = str(loc[1])
+            near = [SHORT_NAMES[name]] if name in SHORT_NAMES else []  # the fingerprint's long name: trt_version
+            near = near or difflib.get_close_matches(name, list(ResolveQuery.model_fields), n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            e = {**e, "msg": f"unknown query parameter {loc[1]!r}: it would be ignored, so it is refused{hint}"}
+        out.append(e)
+    return out

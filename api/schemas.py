@@ -267,6 +267,9 @@ def _lists(cls: Any, value: Any) -> Any:
 
 ResolveQuery: Any = create_model(
     "ResolveQuery",
+    # A parameter it does not know is refused, not ignored: a misspelt filter (precison=int8, trt_version=10.3)
+    # would otherwise change the answer without a word.
+    __config__=ConfigDict(extra="forbid"),
     __validators__={"lists": field_validator(*_LISTS, mode="before")(_lists)},
     **_query_fields(),
 )

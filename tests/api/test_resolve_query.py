@@ -80,3 +80,25 @@ def test_a_bad_query_parameter_is_named_as_the_query_names_it(params, where):
     with pytest.raises(ValidationError) as caught:
         ResolveQuery.model_validate({"model": "m", **params} if where != "model" else params)
     assert caught.value.errors()[0]["loc"][0] == where
+
+
+def test_an_unknown_query_parameter_is_refused_with_the_one_meant(tmp_path):
+    """A misspelt filter or a long field name would be ignored and change the answer without a word
+    (trt_version=10.3.0 served a TensorRT-RTX engine to a TensorRT machine): a 422 names it and the one meant."""
+    from fastapi.testclient import TestClient
+
+    from enginefarm.api.app import create_app
+    from enginefarm.core.config import Settings
+    from enginefarm.server.embedded import issue_token
+
+    settings = Settings(data_dir=tmp_path, reconcile_seconds=0, gc_interval_seconds=0)
+    with TestClient(create_app(settings)) as http:
+        http.headers["Authorization"] = f"Bearer {issue_token(settings, 'query', ['read'])}"
+        params = {"model": "m", "cc": "8.6", "trt_version": "10.3.0", "precison": "int8"}
+        refused = http.get("/v1/resolve", params=params)
+        assert refused.status_code == 422, refused.text
+        said = {e["loc"][1]: e["msg"] for e in refused.json()["detail"]}
+        assert said["trt_version"].endswith("did you mean trt?")
+        assert said["precison"].endswith("did you mean precision?")
+        assert "unknown query parameter 'precison'" in said["precison"]
+        assert http.get("/v1/resolve", params={"model": "m", "cc": "8.6", "trt": "10.3.0"}).status_code == 404
