@@ -123,3 +123,22 @@ def test_a_value_range_past_float_is_refused_on_the_command_line(item):
 
     with pytest.raises(ValueError, match="must be finite numbers"):
         parse_val_ranges([item])
+
+
+def test_the_cli_refuses_two_precisions_rather_than_dropping_one():
+    """`enginefarm build --precision fp32 --fp16` built fp32 without a word: now exit 1 naming both, and the same
+    precision twice is fine."""
+    from enginefarm.client.ci import build_spec
+
+    assert build_spec(None, "fp16", ["--fp16"]) == {"precision": "fp16"}
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "build", "1", "--target", "onnxruntime/cpu-x86_64", "--api"]
+        + ["http://127.0.0.1:9", "--precision", "fp32", "--fp16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 1 and "Traceback" not in said, out.stdout + out.stderr
+    assert "--precision fp32 and the trtexec flags (fp16) ask for two precisions" in said, said

@@ -86,7 +86,13 @@ def build_spec(spec_file: Path | None, precision: str | None, trtexec: list[str]
     spec = json.loads(spec_file.read_text()) if spec_file else {}
     if not isinstance(spec, dict):
         raise ValueError(f"{spec_file}: a build spec is a JSON object")
-    spec.update(spec_from_trtexec(trtexec))
+    flags = spec_from_trtexec(trtexec)
+    if precision and "precision" in flags and flags["precision"] != precision:
+        # trtexec's --fp16 beside --precision fp32: one of them would be dropped without a word.
+        raise ValueError(
+            f"--precision {precision} and the trtexec flags ({flags['precision']}) ask for two precisions; give one"
+        )
+    spec.update(flags)
     if precision:
         spec["precision"] = precision
     return spec
