@@ -29,7 +29,7 @@ from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, E
 from enginefarm.api.versions import Versions
 from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose
 from enginefarm.core.config import Settings
-from enginefarm.core.errors import NoCompatibleEngine
+from enginefarm.core.errors import NoCompatibleEngine, SpecInvalid
 from enginefarm.core.machine import Machine
 from enginefarm.core.verdicts import Match
 from enginefarm.storage import resolution
@@ -136,6 +136,24 @@ def no_fit_error(choice: Choice, rows: dict[int, Row], model: str, version: str 
     )
 
 
+def shapes_problem(table: resolution.EngineTable, shapes: dict[str, dict[str, list[int]]]) -> str | None:
+    """Why the shapes asked cannot be the model's: an input no engine's profiles name, or dims of another rank (a
+    422, not "no engine fits", since no build would fit them either); None where the profiles are not recorded."""
+    inputs: dict[str, int] = {}  # name -> rank, from every engine's profiles
+    for f in table.facts:
+        for profile in f.descriptor.profiles or []:
+            inputs.update({name: len(rng["min"]) for name, rng in profile.items()})
+    if not inputs:
+        return None
+    known = ", ".join(f"{n} (rank {r})" for n, r in sorted(inputs.items()))
+    for name, want in shapes.items():
+        if name not in inputs:
+            return f"shapes: the model has no input {name!r}; its inputs are {known}"
+        if len(want["min"]) != inputs[name]:
+            return f"shapes: input {name!r} has rank {inputs[name]}, you gave {len(want['min'])} dims; inputs: {known}"
+    return None
+
+
 def resolve(
     req: ResolveRequest,
     session: Session,
@@ -172,6 +190,8 @@ def resolve(
     # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
     only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
     if chosen is None or (req.build and only_cpu):
+        if machine.shapes and (wrong := shapes_problem(table, machine.shapes)):
+            raise SpecInvalid(wrong, problems=[{"loc": ["shapes"], "msg": wrong}])
         error = no_fit_error(choice, rows, req.model, req.version)
         RESOLVES.labels("build" if req.build else "no_fit").inc()
         if not req.build:

@@ -163,3 +163,23 @@ def test_latencies_measured_at_different_input_shapes_are_not_compared(farm):
         fp32: False,
         int8: True,
     }
+
+
+def test_shapes_that_name_no_input_of_the_model_get_a_422_not_a_404(farm):
+    """`fetch --shapes y:4x3x48x192` (no input y) or `x:4x3x48` (rank 3) answered "none of the engines runs" and
+    suggested a build that then failed with 422: both are the request's mistake, said at once."""
+    from enginefarm.storage.tables import EngineRow
+
+    settings, http = farm
+    name = unique_name("inputs")
+    rng = {"min": [1, 3, 48, 192], "opt": [4, 3, 48, 192], "max": [8, 3, 48, 192]}
+    with session_scope(settings) as s:
+        model = catalog_model(s, name, uuid.uuid4().hex * 2)
+        s.get(EngineRow, catalog_engine(s, model, "sm86")).profiles = [{"x": rng}]
+    base = {"model": name, "cc": "8.6", "trt_rtx": RTX_VERSION, "platform": "x86_64"}
+    for shapes, words in (("y:4x3x48x192", "the model has no input 'y'"), ("x:4x3x48", "has rank 4, you gave 3")):
+        refused = http.get("/v1/resolve", params=base | {"shapes": shapes})
+        assert refused.status_code == 422, refused.text
+        assert words in refused.text and "x (rank 4)" in refused.text, refused.text
+    outside = http.get("/v1/resolve", params=base | {"shapes": "x:64x3x48x192"})
+    assert outside.status_code == 404 and "covers 1x3x48x192..8x3x48x192" in outside.text, outside.text
