@@ -142,3 +142,30 @@ def test_the_cli_refuses_two_precisions_rather_than_dropping_one():
     said = " ".join(out.stderr.split())
     assert out.returncode == 1 and "Traceback" not in said, out.stdout + out.stderr
     assert "--precision fp32 and the trtexec flags (fp16) ask for two precisions" in said, said
+
+
+@pytest.mark.parametrize(
+    "args, env, words",
+    [
+        (["ls", "models"], {"ENGINEFARM_API_URL": "127.0.0.1:8491"}, "needs its scheme: http://127.0.0.1:8491"),
+        (
+            ["fetch", "m", "--cc", "86", "--api", "http://127.0.0.1:9", "-o", "x.plan"],
+            {},
+            "compute_capability: a compute capability is major.minor, e.g. 8.6 (not 86 or sm86)",
+        ),
+    ],
+    ids=["a farm URL without its scheme", "a compute capability without its dot"],
+)
+def test_the_cli_says_what_a_value_should_look_like(args, env, words, tmp_path):
+    """Not "cannot reach the farm at ://" for a URL without http://, nor a regular expression for --cc 86."""
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200", **env},
+    )
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 1 and "Traceback" not in said and words in said, out.stdout + out.stderr
+    assert not (tmp_path / "x.plan").exists()

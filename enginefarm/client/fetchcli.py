@@ -257,9 +257,9 @@ def _print_answer(answer: dict[str, Any], output: Path | None, from_cache: bool,
         )
     where = f"{output}: " if output else ""
     source = "from the local cache" if from_cache else "downloaded"
+    digest = f"sha256 {eng['sha256'][:12]}" + (f" verified, {source}" if output else "; not downloaded")
     console.print(
-        f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; "
-        f"sha256 {eng['sha256'][:12]} verified" + (f", {source}" if output else ""),
+        f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; {digest}",
         highlight=False,
     )
 

@@ -39,6 +39,18 @@ def farm_call(api: str | None) -> Iterator[Client]:
         fail(exc)
 
 
+# What a fingerprint field's pattern asks for, in words (pydantic would print the regular expression).
+PATTERN_WORDS = {
+    "compute_capability": "a compute capability is major.minor, e.g. 8.6 (not 86 or sm86)",
+    "platform": "x86_64 or aarch64",
+    "jetpack": "a JetPack release, e.g. 6.1",
+    **{
+        name: "dotted numbers, e.g. 10.3.0"
+        for name in ("driver_version", "cuda_version", "trt_version", "trt_rtx_version", "ort_version")
+    },
+}
+
+
 def fail(exc: Exception) -> None:
     import httpx
 
@@ -57,7 +69,11 @@ def fail(exc: Exception) -> None:
     if isinstance(exc, ValidationError):  # a fingerprint flag (--cc, --driver, ...) the rules cannot take
         err.print(f"[red]error:[/red] {exc.error_count()} value(s) cannot be used:")
         for e in exc.errors():
-            err.print(f"  - {'.'.join(str(x) for x in e['loc'])}: {e['msg']}", highlight=False)
+            field = ".".join(str(x) for x in e["loc"])
+            said = (
+                PATTERN_WORDS.get(str(e["loc"][-1]), e["msg"]) if e["type"] == "string_pattern_mismatch" else e["msg"]
+            )
+            err.print(f"  - {field}: {said}", highlight=False)
         raise typer.Exit(1)
     err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}", soft_wrap=True)  # one line, however long
     for problem in getattr(exc, "problems", None) or []:

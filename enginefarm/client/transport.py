@@ -49,6 +49,11 @@ class Transport:
     def __init__(self, base_url: str | None = None, timeout: float = 60.0, token: str | None = None):
         """``token``: the API token sent with every request (default: ``ENGINEFARM_TOKEN``)."""
         self.base_url = (base_url or get_settings().api_url).rstrip("/")
+        if not self.base_url.startswith(("http://", "https://")):  # httpx would send it nowhere and say "://"
+            raise ValueError(
+                f"the farm's URL {self.base_url!r} (--api or ENGINEFARM_API_URL) needs its scheme: "
+                f"http://{self.base_url.split('://')[-1]}"
+            )
         token = token or os.environ.get("ENGINEFARM_TOKEN")
         self.http = httpx.Client(
             base_url=self.base_url, timeout=timeout, headers={"Authorization": f"Bearer {token}"} if token else None

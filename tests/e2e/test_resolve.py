@@ -355,6 +355,7 @@ def test_cli_fetch_explain_cache_and_offline(farm, built, tmp_path):
     assert "tensorrt-rtx/sm80" in explained and "exact_cc" in explained and "rtx-cc" in explained
     assert "TensorRT-RTX engine built for compute capability 8.6, you have 8.0" in explained
     assert f"as the machine: x86_64, NVIDIA A100-SXM4-80GB, cc 8.0, TensorRT-RTX {rtx}," in explained
+    assert "not downloaded" in explained and "verified" not in explained  # nothing was fetched, nothing verified
     out = tmp_path / "engine.plan"
     first = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, "--explain", cache_dir=cache)
     second = run_cli(farm.url, "fetch", name, "-o", str(out), *flags, cache_dir=cache)
