@@ -169,3 +169,18 @@ def test_the_cli_says_what_a_value_should_look_like(args, env, words, tmp_path):
     said = " ".join(out.stderr.split())
     assert out.returncode == 1 and "Traceback" not in said and words in said, out.stdout + out.stderr
     assert not (tmp_path / "x.plan").exists()
+
+
+def test_a_misspelt_option_of_the_command_is_a_usage_error_naming_it():
+    """`build --precison fp16` read as two unknown trtexec flags ("fp16: not a trtexec build flag", exit 1): it is the
+    command's own --precision misspelt, so exit 2 and say so."""
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "build", "1", "--target", "onnxruntime/cpu-x86_64"]
+        + ["--api", "http://127.0.0.1:9", "--precison", "fp16"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "--precison: no such option; did you mean --precision?" in said, said

@@ -7,6 +7,7 @@ spinners or colours to redraw."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import shlex
 import time
@@ -23,7 +24,7 @@ from enginefarm.client import ApiError, Client
 from enginefarm.client.cirepair import REPAIR, with_repair
 from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
 from enginefarm.core.domain import FINAL_STATES
-from enginefarm.core.trtexec import spec_from_trtexec
+from enginefarm.core.trtexec import TRTEXEC_FLAGS, spec_from_trtexec
 
 CHECKS = ("build", "benchmark", "accuracy", "latency_regression")
 # Answers worth asking again before the deadline: the farm restarting or briefly overloaded.
@@ -99,7 +100,15 @@ def build_spec(spec_file: Path | None, precision: str | None, trtexec: list[str]
 
 
 def trtexec_flags(ctx: typer.Context, trtexec_args: str | None) -> list[str]:
-    """The command's trtexec flags: those given as options, then those of --trtexec-args."""
+    """The command's trtexec flags: those given as options, then those of --trtexec-args. A flag that is no trtexec
+    flag but close to one of the command's own options (--precison) is a usage error naming that option, not a
+    trtexec flag the farm does not take."""
+    own = [o for p in ctx.command.params for o in getattr(p, "opts", []) if o.startswith("--")]
+    for arg in ctx.args:
+        flag = arg.partition("=")[0]
+        if flag.startswith("--") and flag not in TRTEXEC_FLAGS:
+            if near := difflib.get_close_matches(flag, own, n=1, cutoff=0.75):
+                raise typer.BadParameter(f"no such option; did you mean {near[0]}?", ctx, param_hint=flag)
     return [*ctx.args, *shlex.split(trtexec_args or "")]
 
 

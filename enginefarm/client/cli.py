@@ -123,8 +123,9 @@ def build(
     api: str | None = API_OPT,
 ) -> None:
     """Build a model for one or more targets; each engine is then benchmarked and checked against ONNX Runtime."""
+    flags = trtexec_flags(ctx, trtexec_args)  # a misspelt option of this command is a usage error (exit 2)
     try:
-        spec = build_spec(spec_file, precision, trtexec_flags(ctx, trtexec_args))
+        spec = build_spec(spec_file, precision, flags)
         _bench_flags(spec, batch_sizes, bench_seconds, cuda_graph, no_bench)
         _precision_flags(spec, val_range, keep_fp32_ops, keep_fp32_layers, cleanup, calibration)
         if repair:

@@ -46,6 +46,12 @@ NOT_TAKEN = {
 }
 
 
+# Every flag this module reads or refuses by name.
+TRTEXEC_FLAGS = frozenset(
+    {*PRECISION_FLAGS, *VALUE_FLAGS, *NOT_TAKEN, "--stronglyTyped", "--versionCompatible", "--vc"}
+)
+
+
 def memory_mib(text: str) -> int:
     """``4096``, ``4096M``, ``4G``, ``512K``: trtexec's pool size syntax (no suffix: MiB) in MiB, at most
     ``MAX_WORKSPACE_MIB``."""
