@@ -212,7 +212,7 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
     for j in group:
         ev = j.option.evidence
         ev.latency_ms = ev.latencies.get(ref) if ref else None
-        if ev.latency_ms is not None and ev.shapes.get(ref) != at:
+        if ref and ev.latency_ms is not None and ev.shapes.get(ref) != at:
             ev.latency_ms = None
             elsewhere.add(id(j))
         ev.latency_on = _on(ref) if ref and ev.latency_ms is not None else None
