@@ -211,8 +211,9 @@ def _bench_flags(
         spec.setdefault("accuracy", {})["enabled"] = False
 
 
-@app.command()
+@app.command(context_settings=TRTEXEC_CONTEXT)
 def sweep(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="model id, name (its newest version) or name:version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
     axis: list[str] = typer.Option(
@@ -221,12 +222,15 @@ def sweep(
     spec_file: Path | None = typer.Option(None, help="the JSON base spec every variant starts from"),
     queue_without_worker: bool = QUEUE_OPT,
     wait: bool = typer.Option(False, "--wait", help="wait for builds and benchmarks, then print the variants"),
+    trtexec_args: str | None = TRTEXEC_ARGS_OPT,
     api: str | None = API_OPT,
 ) -> None:
     """Build and benchmark every combination of the axes; the best variant per target is the fastest that
-    passes the accuracy gate."""
+    passes the accuracy gate. The base spec: --spec-file, then trtexec's build flags (--shapes=..., as `build`
+    takes them)."""
+    flags = trtexec_flags(ctx, trtexec_args)  # a misspelt option of this command is a usage error (exit 2)
     try:
-        base = json.loads(spec_file.read_text()) if spec_file else {}
+        base = build_spec(spec_file, None, flags)
         axes: dict[str, list[Any]] = {}
         for item in axis:
             field, sep, values = item.partition("=")

@@ -229,6 +229,20 @@ def test_sweep_marks_the_fastest_variant_that_passes_accuracy(farm, tmp_path):
     assert [e["best"] for _, b, e in cells].count(True) == 1
 
 
+def test_sweep_from_the_cli_takes_trtexec_flags_as_build_does(farm, tmp_path):
+    """`enginefarm sweep ... --shapes=...` was "No such option": a model with dynamic inputs needed a spec file."""
+    model = _model(farm, tmp_path, seed=62, samples=False)
+    shapes = ["--minShapes=input:1x3x32x32", "--optShapes=input:2x3x32x32", "--maxShapes=input:4x3x32x32"]
+    said = run_cli(farm.url, "sweep", str(model["id"]), "-t", CPU, "-a", "optimization_level=1,3", *shapes)
+    assert "2 variant(s)" in said, said
+    with Client(farm.url) as c:
+        builds = c.builds(model_id=model["id"])
+    profiles = [b["spec"]["profiles"] for b in builds]
+    assert len(profiles) == 2 and all(
+        p == [{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}] for p in profiles
+    ), profiles
+
+
 def test_benchmark_waits_for_a_capable_worker_then_one_takes_it(farm, tmp_path):
     target = "tensorrt-rtx/sm121"  # no other worker builds or benchmarks it
     model = _model(farm, tmp_path, seed=71)
