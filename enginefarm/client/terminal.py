@@ -45,8 +45,14 @@ PATTERN_WORDS = {
     "platform": "x86_64 or aarch64",
     "jetpack": "a JetPack release, e.g. 6.1",
     **{
-        name: "dotted numbers, e.g. 10.3.0"
-        for name in ("driver_version", "cuda_version", "trt_version", "trt_rtx_version", "ort_version")
+        name: f"a version of dotted numbers, e.g. {example}"
+        for name, example in (
+            ("driver_version", "580.82.07"),
+            ("cuda_version", "12.8"),
+            ("trt_version", "10.3.0"),
+            ("trt_rtx_version", "1.7.1.116"),
+            ("ort_version", "1.23.2"),
+        )
     },
 }
 

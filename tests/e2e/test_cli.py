@@ -69,7 +69,8 @@ def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
     assert "no model 'no-such-model-x'" in missing and "Traceback" not in missing
     # The fingerprint's own rules, as the API applies them, refuse a bad flag before any request.
     bad_cc = run_cli(farm.url, "fetch", "any", "--cc", "86", "--driver", "x", "-o", "e.plan", expect=1)
-    assert "compute_capability: String should match pattern" in bad_cc and "driver_version" in bad_cc
+    assert "compute_capability: a compute capability is major.minor, e.g. 8.6" in bad_cc
+    assert "driver_version: a version of dotted numbers, e.g. 580.82.07" in bad_cc
     assert "Traceback" not in bad_cc
 
 
