@@ -51,12 +51,17 @@ def _global(
     token: str | None = typer.Option(
         None, "--token", envvar="ENGINEFARM_TOKEN", show_envvar=True, help="API token for the farm's REST API"
     ),
+    api: str | None = typer.Option(
+        None, "--api", help="farm URL for any command (as each command's own --api or ENGINEFARM_API_URL)"
+    ),
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="print the version and exit"
     ),
 ) -> None:
     if token:  # the client reads it from the environment
         os.environ["ENGINEFARM_TOKEN"] = token
+    if api:  # each command's --api reads ENGINEFARM_API_URL when it is not given after the command
+        os.environ["ENGINEFARM_API_URL"] = api
 
 
 @app.command()

@@ -65,6 +65,15 @@ def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
     )
     assert bad.returncode == 1 and "HTTP 401" in bad.stderr and "Traceback" not in bad.stderr + bad.stdout
     assert len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
+    # --api before the command, where --token goes, reaches the same farm (it was "No such option: --api").
+    before = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "--token", "ef_wrong", "--api", farm.url, "ls", "models"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "ENGINEFARM_API_URL"},
+    )
+    assert before.returncode == 1 and "HTTP 401" in before.stderr, before.stdout + before.stderr
     missing = run_cli(farm.url, "build", "no-such-model-x", "-t", ORT_TARGET, expect=1)
     assert "no model 'no-such-model-x'" in missing and "Traceback" not in missing
     # The fingerprint's own rules, as the API applies them, refuse a bad flag before any request.
