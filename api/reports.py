@@ -91,6 +91,18 @@ def _label(spec: dict[str, Any]) -> str:
     return f"{spec.get('precision', 'fp32')} opt{spec.get('optimization_level', 3)}"
 
 
+def distinguish_variants(rows: list[dict[str, Any]]) -> None:
+    """Two builds of a target with the same label ("int8 opt3" twice: other shapes, another calibration) read as
+    duplicates: where a label stands for several specs of one target, each such row's label gets its spec's short
+    hash (``enginefarm ls builds`` and the build page show the spec)."""
+    specs: dict[tuple[str, str], set[str]] = {}
+    for r in rows:
+        specs.setdefault((r["target"], r["variant"]), set()).add(r["spec_hash"])
+    for r in rows:
+        if len(specs[(r["target"], r["variant"])]) > 1:
+            r["variant"] = f"{r['variant']} · spec {r['spec_hash'][:8]}"
+
+
 def _preparation(spec: dict[str, Any]) -> str | None:
     """What was done to the graph before it was built, as the report prints it; None when nothing."""
     parts = []
@@ -300,6 +312,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
                     "regression": _regression(b, match[1], e, match[0], view) if match else None,
                 }
             )
+    distinguish_variants(rows)
     ident = lambda m: {"id": m.id, "name": m.name, "version": m.version, "sha256": m.sha256}  # noqa: E731
     # Engines measured before whose new check (other settings) is still under way count too.
     in_progress = sorted(e.id for e in engines if checks[e.id]["in_progress"])

@@ -394,3 +394,24 @@ def test_status_cell_names_the_status_once() -> None:
     assert "pending: benchmark pending" not in text
     assert PENDING_DETAIL in text
     assert "failed: TensorRT build error: unsupported op" in text
+
+
+def test_two_specs_under_one_label_are_told_apart_by_their_spec():
+    """Two int8 builds of one target with other shapes both read "int8 opt3": the report named them alike."""
+    from enginefarm.api.reports import distinguish_variants
+
+    rows = [
+        {"target": "onnxruntime/cpu-x86_64", "variant": "int8 opt3", "spec_hash": "a" * 64},
+        {"target": "onnxruntime/cpu-x86_64", "variant": "int8 opt3", "spec_hash": "b" * 64},
+        {"target": "onnxruntime/cpu-x86_64", "variant": "int8 opt3", "spec_hash": "b" * 64},  # a second shape row
+        {"target": "tensorrt-rtx/sm86", "variant": "int8 opt3", "spec_hash": "a" * 64},
+        {"target": "onnxruntime/cpu-x86_64", "variant": "fp32 opt3", "spec_hash": "c" * 64},
+    ]
+    distinguish_variants(rows)
+    assert [r["variant"] for r in rows] == [
+        "int8 opt3 · spec aaaaaaaa",
+        "int8 opt3 · spec bbbbbbbb",
+        "int8 opt3 · spec bbbbbbbb",
+        "int8 opt3",
+        "fp32 opt3",
+    ]
