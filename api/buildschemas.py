@@ -76,7 +76,9 @@ class TaskOut(BaseModel):
             queued_at=q,
             started_at=s,
             finished_at=f,
-            wait_seconds=(s - q).total_seconds() if s else None,
+            # A task answered from the catalog is started in the same moment it is queued, the two instants taken
+            # in either order: never a negative wait ("-0.00").
+            wait_seconds=max((s - q).total_seconds(), 0.0) if s else None,
             run_seconds=(f - s).total_seconds() if f and s else None,
             check=check,
             precision=precision[0] if precision else None,

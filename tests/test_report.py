@@ -415,3 +415,24 @@ def test_two_specs_under_one_label_are_told_apart_by_their_spec():
         "int8 opt3",
         "fp32 opt3",
     ]
+
+
+def test_a_task_answered_from_the_catalog_never_waited_a_negative_time():
+    """`build` showed "wait s -0.00" for a reused task: started and queued are taken in one moment, in either order."""
+    from datetime import datetime, timedelta, timezone
+
+    from enginefarm.api.buildschemas import TaskOut
+    from enginefarm.storage.tables import BuildTaskRow
+
+    queued = datetime(2026, 11, 27, tzinfo=timezone.utc)
+    row = BuildTaskRow(
+        id=1,
+        target="onnxruntime/cpu-x86_64",
+        state="succeeded",
+        reused=True,
+        attempts=0,
+        queued_at=queued,
+        started_at=queued - timedelta(microseconds=800),
+        finished_at=queued,
+    )
+    assert TaskOut.of(row, None).wait_seconds == 0.0
