@@ -3,17 +3,17 @@ regression against version N-1, and a sweep's variants with the best per target.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from enginefarm.api.int8stage import engine_int8
-from enginefarm.core.choose import QUANTIZED
+from enginefarm.core.choose import QUANTIZED, most_shared
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
 from enginefarm.core.probe.policy import benchmark_pending_reason
+from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage import builtengines, catalog, liveness, quantizing
 from enginefarm.storage import checks as project_checks
@@ -149,20 +149,16 @@ def _fastest(passed: list[tuple[BenchmarkRow, EngineRow]]) -> EngineRow:
     fp32/fp16 go before int8/fp8, as resolving ranks them, then the latencies at the shapes most of them share."""
     at: dict[str, list[float]] = {}
     for h, _ in passed:
-        at.setdefault(_shapes_key(h), []).append(h.median_ms)
-    common = max(at, key=lambda k: (len(at[k]), -min(at[k])))
+        at.setdefault(shapes_key(h.shapes), []).append(h.median_ms)
+    common = most_shared(at)
     alike = len(at[common]) == len(passed)
 
     def rank(item: tuple[BenchmarkRow, EngineRow]) -> tuple[int, float]:
         h, e = item
         tier = 0 if alike or e.precision not in QUANTIZED else 1
-        return tier, h.median_ms if _shapes_key(h) == common else math.inf
+        return tier, h.median_ms if shapes_key(h.shapes) == common else math.inf
 
     return min(passed, key=rank)[1]
-
-
-def _shapes_key(benchmark: BenchmarkRow) -> str:
-    return json.dumps(benchmark.shapes or {}, sort_keys=True)
 
 
 def _accuracy_of(engine: EngineRow, view: ProjectView) -> dict[str, Any] | None:

@@ -13,7 +13,6 @@ this module only reads.
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -21,6 +20,7 @@ from sqlalchemy import Row, Text, and_, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import ENGINE_FACTS, JSON_FACTS, EngineDescriptor
+from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage.catalog import find_models, latest_of
 from enginefarm.storage.db import json_loads
@@ -161,9 +161,8 @@ def _add_latency(
 
 @functools.lru_cache(maxsize=4096)
 def canonical_shapes(text: str | None) -> str:
-    """A measurement's input shapes as one text whatever the database wrote (key order, spacing): what two engines'
-    latencies must share to be compared."""
-    return json.dumps(json_loads(text) if text else {}, sort_keys=True, separators=(",", ":"))
+    """``shapes_key`` of a measurement's shapes as the database wrote them (each distinct text parsed once)."""
+    return shapes_key(json_loads(text) if text else None)
 
 
 VERSION_OF = select(ModelRow.version).where(ModelRow.id == bindparam("id"))

@@ -131,17 +131,27 @@ def test_the_cli_refuses_two_precisions_rather_than_dropping_one():
     from enginefarm.client.ci import build_spec
 
     assert build_spec(None, "fp16", ["--fp16"]) == {"precision": "fp16"}
+    code, said = _cli(
+        "build", "1", "--target", "onnxruntime/cpu-x86_64", "--api", NOWHERE, "--precision", "fp32", "--fp16"
+    )
+    assert code == 1 and "Traceback" not in said, said
+    assert "--precision fp32 and the trtexec flags (fp16) ask for two precisions" in said, said
+
+
+NOWHERE = "http://127.0.0.1:9"  # no farm listens: these commands must stop before any request
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, cwd=None) -> tuple[int, str]:
+    """``enginefarm ARGS`` as a user runs it: the exit code and its stderr, whitespace collapsed."""
     out = subprocess.run(
-        [sys.executable, "-m", "enginefarm", "build", "1", "--target", "onnxruntime/cpu-x86_64", "--api"]
-        + ["http://127.0.0.1:9", "--precision", "fp32", "--fp16"],
+        [sys.executable, "-m", "enginefarm", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
-    said = " ".join(out.stderr.split())
-    assert out.returncode == 1 and "Traceback" not in said, out.stdout + out.stderr
-    assert "--precision fp32 and the trtexec flags (fp16) ask for two precisions" in said, said
+    return out.returncode, " ".join(out.stderr.split())
 
 
 @pytest.mark.parametrize(
@@ -149,7 +159,7 @@ def test_the_cli_refuses_two_precisions_rather_than_dropping_one():
     [
         (["ls", "models"], {"ENGINEFARM_API_URL": "127.0.0.1:8491"}, "needs its scheme: http://127.0.0.1:8491"),
         (
-            ["fetch", "m", "--cc", "86", "--api", "http://127.0.0.1:9", "-o", "x.plan"],
+            ["fetch", "m", "--cc", "86", "--api", NOWHERE, "-o", "x.plan"],
             {},
             "compute_capability: a compute capability is major.minor, e.g. 8.6 (not 86 or sm86)",
         ),
@@ -158,29 +168,13 @@ def test_the_cli_refuses_two_precisions_rather_than_dropping_one():
 )
 def test_the_cli_says_what_a_value_should_look_like(args, env, words, tmp_path):
     """Not "cannot reach the farm at ://" for a URL without http://, nor a regular expression for --cc 86."""
-    out = subprocess.run(
-        [sys.executable, "-m", "enginefarm", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "200", **env},
-    )
-    said = " ".join(out.stderr.split())
-    assert out.returncode == 1 and "Traceback" not in said and words in said, out.stdout + out.stderr
+    code, said = _cli(*args, env=env, cwd=tmp_path)
+    assert code == 1 and "Traceback" not in said and words in said, said
     assert not (tmp_path / "x.plan").exists()
 
 
 def test_a_misspelt_option_of_the_command_is_a_usage_error_naming_it():
     """`build --precison fp16` read as two unknown trtexec flags ("fp16: not a trtexec build flag", exit 1): it is the
     command's own --precision misspelt, so exit 2 and say so."""
-    out = subprocess.run(
-        [sys.executable, "-m", "enginefarm", "build", "1", "--target", "onnxruntime/cpu-x86_64"]
-        + ["--api", "http://127.0.0.1:9", "--precison", "fp16"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    said = " ".join(out.stderr.split())
-    assert out.returncode == 2 and "--precison: no such option; did you mean --precision?" in said, said
+    code, said = _cli("build", "1", "--target", "onnxruntime/cpu-x86_64", "--api", NOWHERE, "--precison", "fp16")
+    assert code == 2 and "--precison: no such option; did you mean --precision?" in said, said

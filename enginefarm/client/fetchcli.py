@@ -13,6 +13,7 @@ from rich.table import Table
 
 from enginefarm.client.report import profiles_label
 from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
+from enginefarm.core.machine import Machine
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.spec import Precision
 from enginefarm.core.wanted import ACCEPT
@@ -187,7 +188,7 @@ def fetch(
         b = got.build
         assert b is not None  # no file: the build queued for this machine
         console.print(
-            f"{b['detail']}\nspec: {b.get('precision', '?')}, from {b.get('spec_from', 'the latest build spec')}\n"
+            f"{b['detail']}\nspec: {_spec_of(b)}\n"
             f"state: {b['status_detail'] or b['state']}; "
             f"`enginefarm fetch {model} -o FILE --build --wait` fetches it once built"
         )
@@ -197,13 +198,18 @@ def fetch(
     if got.build:
         b = got.build
         console.print(
-            f"built for this machine: build {b['build_id']} ({b['target']}, {b.get('precision', '?')}, "
-            f"from {b.get('spec_from', 'the latest build spec')}; --precision or --spec-hash choose another)"
+            f"built for this machine: build {b['build_id']} ({b['target']}, {_spec_of(b)}; "
+            "--precision or --spec-hash choose another)"
         )
     _print_answer(got.answer, got.path, from_cache=got.from_cache, explain=explain)
 
 
-def _fingerprint(m: Any) -> str:
+def _spec_of(build: dict[str, Any]) -> str:
+    """What a build for the machine builds, and whose spec it copied."""
+    return f"{build.get('precision', '?')}, from {build.get('spec_from', 'the latest build spec')}"
+
+
+def _fingerprint(m: Machine) -> str:
     parts = [
         m.platform,
         m.gpu_name,

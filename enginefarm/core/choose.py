@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from enginefarm.core.compat import judge
 from enginefarm.core.domain import EngineDescriptor
@@ -62,6 +62,7 @@ class Choice:
         return self.ranked[0] if self.ranked else None
 
 
+K = TypeVar("K")
 # Precisions whose error depends on calibration: picked unasked only once their accuracy check passed.
 QUANTIZED = frozenset({"int8", "fp8"})
 
@@ -194,12 +195,19 @@ def reference_shapes(group: list[Judged], ref: str) -> str | None:
     """The input shapes a group's latencies on ``ref`` are compared at: those most of its engines were measured at
     there (a benchmark at the opt shapes of its own build: two builds' opt shapes may differ); a tie goes to the
     fastest engine's."""
-    counts: dict[str | None, list[float]] = {}
+    by_shapes: dict[str | None, list[float]] = {}
     for j in group:
         ev = j.option.evidence
         if (ms := ev.latencies.get(ref)) is not None:
-            counts.setdefault(ev.shapes.get(ref), []).append(ms)
-    return max(counts, key=lambda s: (len(counts[s]), -min(counts[s])), default=None)
+            by_shapes.setdefault(ev.shapes.get(ref), []).append(ms)
+    return most_shared(by_shapes)
+
+
+def most_shared(by_shapes: dict[K, list[float]]) -> K | None:
+    """Of latencies grouped by the input shapes they were measured at, the shapes most of them share; a tie goes to
+    the fastest's. None when there are none. The resolver's ranking and the report's best variant both compare at
+    these."""
+    return max(by_shapes, key=lambda s: (len(by_shapes[s]), -min(by_shapes[s])), default=None)
 
 
 def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:

@@ -3,6 +3,7 @@ the profiles an engine was built with, and Polygraphy's --val-range."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -94,6 +95,12 @@ def check_shape_request(wanted: dict[str, Any]) -> dict[str, dict[str, list[int]
             )
         out[name] = rng
     return out
+
+
+def shapes_key(shapes: dict[str, Any] | None) -> str:
+    """A measurement's input shapes as one text whatever order or spacing they were written in: what two engines'
+    latencies must share to be compared."""
+    return json.dumps(shapes or {}, sort_keys=True, separators=(",", ":"))
 
 
 def format_dims(dims: list[int]) -> str:

@@ -136,6 +136,9 @@ def machine_fingerprint(probe: MachineProbe, gpu_index: int = 0) -> Machine:
     )
 
 
+GPU_RUNTIME_FIELDS = frozenset({"trt_version", "trt_rtx_version"})  # naming one describes them whole
+
+
 def this_machine(**overrides: Any) -> Machine:
     """This machine as a deploy-time fingerprint, with any field given a non-None override replaced.
 
@@ -160,6 +163,3 @@ def this_machine(**overrides: Any) -> Machine:
         given = {"trt_version": None, "trt_rtx_version": None, "lean_runtime": False, **given}  # lean: of trt
     # Through the constructor again: an override is checked by the same rules as a request's field.
     return replace(machine, **given)
-
-
-GPU_RUNTIME_FIELDS = frozenset({"trt_version", "trt_rtx_version"})
