@@ -36,7 +36,7 @@ from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
-from enginefarm.storage.tokens import hash_token
+from enginefarm.storage.tokens import Principal, hash_token
 
 log = logging.getLogger(__name__)
 PATH = "/v1/resolve"
@@ -159,10 +159,9 @@ def _start_read(app, known: Known, project: str | None, key) -> asyncio.Future:
     return reading
 
 
-async def fleet_answer(app, scope) -> Response | None:
-    """The answer to a GET asked before, from the cache or as a 304; None to take the full path."""
-    answers: Answers = app.state.answers
-    headers = Headers(scope=scope)
+def cached_reader(app, headers: Headers) -> Principal | None:
+    """The principal of the request's bearer token where the token cache holds it and it may read; None where only
+    the full path can tell (no token, an unknown one, one that may not read)."""
     scheme, _, token = (headers.get("authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
@@ -172,6 +171,12 @@ async def fleet_answer(app, scope) -> Response | None:
     if principal is None or not principal.allows("read"):
         return None
     refresh_soon(cache, app.state.settings, key, token)
+    return principal
+
+
+async def fleet_answer(app, scope, headers: Headers, principal: Principal) -> Response | None:
+    """The answer to a GET asked before, from the cache or as a 304; None to take the full path."""
+    answers: Answers = app.state.answers
     known = answers.known(scope["query_string"], principal.project)
     if known is None:
         return None
@@ -189,20 +194,3 @@ async def fleet_answer(app, scope) -> Response | None:
         RESOLVES.labels(kept[1]).inc()
         return Response(kept[0], media_type="application/json", headers=out)
     return None
-
-
-class FleetPath:
-    """ASGI middleware: GET /v1/resolve asked before is answered by ``fleet_answer`` before routing, dependencies
-    and FastAPI's parsing of its query parameters; everything else passes through."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == PATH:
-            response = await fleet_answer(scope["app"], scope)
-            if response is not None:
-                scope["metrics_route"] = PATH
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)

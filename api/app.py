@@ -22,9 +22,10 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from enginefarm import __version__
 from enginefarm.api import ui
-from enginefarm.api.answers import Answers, FleetPath
+from enginefarm.api.answers import Answers
 from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.cachecontrol import NoStoreByDefault
+from enginefarm.api.fastpath import FleetPath
 from enginefarm.api.metrics import Observe
 from enginefarm.api.resolver import Tables
 from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
@@ -144,8 +145,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)  # /healthz, /readyz and /metrics are open
     ui.mount(app)  # the dashboard, /ui: its pages take a session cookie instead of a bearer token
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
+    app.add_middleware(FleetPath)  # a fleet's resolve GETs skip routing (api/fastpath.py)
     app.add_middleware(NoStoreByDefault)  # no shared cache keeps a token's answers (api/cachecontrol.py)
-    app.add_middleware(FleetPath)  # a fleet's repeated question skips the rest
     app.add_middleware(Observe)  # outermost of ours: every request's latency, the fleet's included
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
         from fastapi.middleware.cors import CORSMiddleware

@@ -167,7 +167,7 @@ def resolve(
     query: bytes | None = None,
 ) -> Outcome:
     """Answer one resolve question (see the module's docstring). ``query``: a GET's query string, remembered so the
-    fleet's path (``api.answers.FleetPath``) answers it next time before routing. Raises NoCompatibleEngine (404),
+    fleet's path (``api.fastpath.FleetPath``) answers it next time before routing. Raises NoCompatibleEngine (404),
     NotFound or Conflict for the model."""
     project = principal.project
     machine = req.machine

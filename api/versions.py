@@ -3,7 +3,7 @@
 Every resolve answer, a 304 included, starts from the rows of the versions it names and their generations (what
 its ETag is made of). Reading them is one query, and on the way a thread hop; a fleet asking the same questions
 hundreds of times a second needs them only as often as they can change. So each API process keeps what it read,
-by (model, version, project), and the fleet's path (``api.answers.FleetPath``) trusts it while both hold:
+by (model, version, project), and the fleet's path (``api.fastpath.FleetPath``) trusts it while both hold:
 
 - the catalog's change feed (``storage.changes``) has not moved since the read began: any commit, by any process,
   that adds or removes a version or raises a generation (a new engine, benchmark or verdict) moves it; on

@@ -1,0 +1,133 @@
+"""GET /v1/resolve from a cached token is answered before routing (``api/fastpath.py``): the same question gets the
+same status, body and ETag there as through the route, and whatever that path cannot answer exactly as the route
+would (an unknown parameter, a value that does not validate, build=true) is left to the route, which words the 422.
+
+In process (TestClient) against PostgreSQL, with engine rows written as the workers write them.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+
+from enginefarm.api import fastpath
+from enginefarm.api.app import create_app
+from enginefarm.core.config import Settings
+from enginefarm.server import localservers
+from enginefarm.server.embedded import issue_token
+from enginefarm.storage.db import session_scope
+from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
+
+GPU = "NVIDIA GeForce RTX 3090"
+MACHINE = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64"}
+
+
+@pytest.fixture(scope="module")
+def own_pg(base_services):
+    """A database of its own: these engines have no bytes, and the suite's farm must never list them."""
+    with localservers.scratch_postgres("enginefarm_fastpath") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def catalog(own_pg, tmp_path_factory):
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("fastpath"), database_url=own_pg, reconcile_seconds=0, gc_interval_seconds=0
+    )
+    token = issue_token(settings, "fastpath", ["read"])
+    name = unique_name("fast")
+    with session_scope(settings) as s:
+        model = catalog_model(s, name, uuid.uuid4().hex * 2)
+        for arch in ("sm80", "sm86", "sm89", "cpu"):
+            catalog_engine(s, model, arch)
+    return settings, token, name
+
+
+def _client(settings, token) -> TestClient:
+    http = TestClient(create_app(settings))
+    http.headers["Authorization"] = f"Bearer {token}"
+    return http
+
+
+def _questions(name: str) -> list[list[tuple[str, str]]]:
+    """Query strings as pairs (repeated names kept): each spelling a fleet or a person sends."""
+    base = [("model", name), *MACHINE.items()]
+    return [
+        base,
+        [*base, ("accept", "cpu")],
+        [*base, ("accept", "cpu"), ("explain", "true")],
+        [*base, ("precisions", "fp16,fp32"), ("precisions", "int8"), ("accept", "cpu")],
+        [*base, ("shapes", "images:1x3x640x640")],
+        [*base, ("version", "latest"), ("precision", "fp16")],
+        [("model", name), ("cc", "7.5"), ("trt_rtx", RTX_VERSION)],  # nothing fits: a 404 with the reasons
+        [("model", name), ("platform", "x86_64")],  # the CPU artifact
+        [("model", "no-such-model"), *MACHINE.items()],  # a 404 for the model
+        [*base, ("cc", "8.9"), ("gpu", "NVIDIA L4")],  # a name given twice: the last value, as the route reads it
+    ]
+
+
+def _ask(http: TestClient, pairs) -> tuple[int, bytes, str | None, str | None]:
+    r = http.get("/v1/resolve", params=pairs)
+    return r.status_code, r.content, r.headers.get("etag"), r.headers.get("cache-control")
+
+
+def test_a_question_gets_the_same_answer_and_tag_before_routing_as_through_the_route(catalog, monkeypatch):
+    settings, token, name = catalog
+    questions = _questions(name)
+    # Through the route: a fresh API process with the fast path turned away.
+    with monkeypatch.context() as m, _client(settings, token) as http:
+        m.setattr(fastpath, "parsed", lambda _q: None)
+        routed = [_ask(http, q) for q in questions]
+    # Before routing: another fresh process (nothing kept), its token cached by one request first.
+    taken = []
+    real = fastpath.answer
+    monkeypatch.setattr(fastpath, "answer", lambda *a: taken.append(a[0].model) or real(*a))
+    with _client(settings, token) as http:
+        assert http.get("/v1/resolve", params={"model": name}).status_code in (200, 404)  # caches the token
+        assert not taken, "the first request of a token goes through the route"
+        direct = [_ask(http, q) for q in questions]
+    assert len(taken) == len(questions), "every question was answered before routing"
+    assert [s for s, *_ in routed] == [200, 200, 200, 200, 200, 200, 404, 200, 404, 200]
+    for q, a, b in zip(questions, routed, direct):
+        assert a == b, q
+    assert routed[6][3] == "no-store" and b"tensorrt-rtx/sm86" in routed[6][1]  # the 404 says why, per engine
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ([("bogus", "1")], "unknown query parameter 'bogus'"),
+        ([("trt_version", "10.3")], "did you mean trt?"),
+        ([("cc", "86")], "cc"),
+        ([("shapes", "images:1xx3")], "write shapes as trtexec does"),
+        ([("accept", "maybe")], "accept"),
+    ],
+)
+def test_what_the_route_refuses_is_left_to_the_route(catalog, monkeypatch, extra, words):
+    settings, token, name = catalog
+    taken = []
+    real = fastpath.answer
+    monkeypatch.setattr(fastpath, "answer", lambda *a: taken.append(a) or real(*a))
+    with _client(settings, token) as http:
+        http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
+        taken.clear()
+        r = http.get("/v1/resolve", params=[("model", name), *MACHINE.items(), *extra])
+    assert r.status_code == 422, r.text
+    assert words in r.text
+    assert not taken
+
+
+def test_build_true_is_left_to_the_route_which_checks_the_scope(catalog, monkeypatch):
+    settings, token, name = catalog
+    taken = []
+    real = fastpath.answer
+    monkeypatch.setattr(fastpath, "answer", lambda *a: taken.append(a) or real(*a))
+    with _client(settings, token) as http:
+        http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
+        taken.clear()
+        r = http.get("/v1/resolve", params={"model": name, "cc": "7.5", "trt_rtx": RTX_VERSION, "build": "true"})
+    assert r.status_code == 403, r.text
+    assert "resolve with build=true needs 'build'" in r.text
+    assert not taken
