@@ -7,9 +7,11 @@ rows. In order, and each step only when the one before could not answer:
 1. the versions the question names, with their generations, read (and kept for the fleet's path,
    ``api.versions``), make the ETag; a client holding it gets a 304 (nothing else is read or built);
 2. the answer kept under the tag (``api.answers``) is sent as it is;
-3. the engines of those versions, compiled for judging (``Tables``: one per versions-and-generations, shared by
-   every machine that asks about the model, so a model's engines are read and compiled once per change), are
-   judged and ranked for the machine (``enginefarm.core.choose``), and the answer is built and kept;
+3. the engines of those versions are judged and ranked for the machine (``enginefarm.core.choose``), and the
+   answer is built and kept. Kind by kind where the answer needs no engine's every check (``by_kind``): the
+   model's kinds of engine (``Tables``: one per versions-and-generations, shared by every machine that asks about
+   the model) are judged from what is kept per kind (``choose.kind_rules``), and only the engines of the kinds
+   that may run here are read and judged; otherwise every engine, compiled once per change and kept alike;
 4. when nothing fits: a 404 that says why per engine and what would fit, or with ``build`` the build (202).
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
@@ -27,13 +30,13 @@ from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
 from enginefarm.api.metrics import RESOLVES
 from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
 from enginefarm.api.versions import Versions
-from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose
+from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose, judged_by_kind, kind_rules
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine, SpecInvalid
 from enginefarm.core.machine import Machine
 from enginefarm.core.verdicts import Match
 from enginefarm.storage import resolution
-from enginefarm.storage.resolution import EngineTable
+from enginefarm.storage.resolution import EngineTable, KindTable
 from enginefarm.storage.tokens import Principal
 
 
@@ -48,7 +51,8 @@ class Outcome:
 
 
 class Tables:
-    """Compiled engine tables by ``EngineTable.key`` (project, version ids and generations), at most ``entries``
+    """Compiled engine tables by their ``key`` (project, version ids and generations; with the engines' ids for a
+    table of some of them, and marked for a KindTable), at most ``entries``
     of them (least recently used out). A key names one state of the catalog, so nothing needs clearing: a change
     makes a new key, and the old table falls out. Few: they serve the machines that ask about one model at about
     the same time (a fleet after new engines land), and every object kept is one more for each full collection of
@@ -56,17 +60,17 @@ class Tables:
 
     def __init__(self, entries: int = 64):
         self.entries = entries
-        self._tables: OrderedDict[tuple, EngineTable] = OrderedDict()
+        self._tables: OrderedDict[tuple, EngineTable | KindTable] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> EngineTable | None:
+    def get(self, key: tuple) -> Any:
         with self._lock:
             table = self._tables.get(key)
             if table is not None:
                 self._tables.move_to_end(key)
             return table
 
-    def put(self, table: EngineTable) -> None:
+    def put(self, table: EngineTable | KindTable) -> None:
         if self.entries <= 0:
             return
         with self._lock:
@@ -75,13 +79,49 @@ class Tables:
                 self._tables.popitem(last=False)
 
 
-def table_of(session: Session, tables: Tables, owner: dict[str, Row]) -> EngineTable:
+def table_of(
+    session: Session, tables: Tables, owner: dict[str, Row], ids: tuple[int, ...] | None = None
+) -> EngineTable:
     key = resolution.table_key(owner)
-    table = tables.get(key)
+    table = tables.get(key if ids is None else (key, ids))
     if table is None:
-        table = resolution.engine_table(session, owner)
+        table = resolution.engine_table(session, owner, ids)
         tables.put(table)
     return table
+
+
+def by_kind(
+    session: Session, tables: Tables, owner: dict[str, Row], machine: Machine, req: ResolveRequest
+) -> tuple[EngineTable, Choice, Counter[str]] | None:
+    """Judge the model's engines kind by kind: a kind that cannot run here (or that a filter refuses) is counted
+    under its rule without reading its engines, and only the engines of the other kinds are read and judged
+    (``resolution.kind_table``, then ``engine_table`` of their ids). A cold answer's engines are mostly of kinds
+    that do not run on the asking machine (nine in ten of a fleet's). The same choice, ranking and counts as
+    judging every engine (``tests/api/test_resolve_by_kind.py``); None where this does not apply and every
+    engine is judged: ``explain`` (every engine's checks), a build (the reasons per engine), a filter that reads
+    an engine's own facts, and an answer where nothing runs (the 404 says why per engine)."""
+    if req.explain or req.build or not judged_by_kind(req):
+        return None
+    key = ("kinds", resolution.table_key(owner))
+    kinds = tables.get(key)
+    if kinds is None:
+        kinds = resolution.kind_table(session, owner)
+        tables.put(kinds)
+    excluded: Counter[str] = Counter()
+    ids: list[int] = []
+    for rule, engines in zip(kind_rules(kinds.kinds, resolution.kind_of, machine, req), kinds.ids):
+        if rule is not None:
+            excluded[rule.value] += len(engines)
+        else:
+            ids += engines
+    if not ids:
+        return None
+    table = table_of(session, tables, owner, tuple(sorted(ids)))
+    choice = judge(table, machine, req)
+    if choice.chosen is None:
+        return None
+    excluded.update(rule.value for j in choice.rejected if (rule := j.verdict.rule))
+    return table, choice, excluded
 
 
 def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
@@ -183,9 +223,13 @@ def resolve(
         RESOLVES.labels(kept[1]).inc()
         return Outcome(200, kept[0], tag)
     owner = resolution.owners(models)
-    table = table_of(session, tables, owner)
+    if (kinds := by_kind(session, tables, owner, machine, req)) is not None:
+        table, choice, excluded = kinds
+    else:
+        table = table_of(session, tables, owner)
+        choice = judge(table, machine, req)
+        excluded = Counter(rule.value for j in choice.rejected if (rule := j.verdict.rule))
     rows = table.rows
-    choice = judge(table, machine, req)
     chosen = choice.chosen
     # A GPU machine that asks for a build wants a GPU engine: the CPU artifact does not stop it.
     only_cpu = chosen is not None and chosen.verdict.match is Match.CPU_FALLBACK and machine.compute_capability
@@ -228,7 +272,7 @@ def resolve(
         accuracy=chosen.option.evidence.accuracy or "unchecked",
         download_url=f"/v1/engines/{chosen.option.id}/content",
         fallbacks=ranked[1:],
-        excluded=dict(Counter(rule.value for j in choice.rejected if (rule := j.verdict.rule))),
+        excluded=dict(sorted(excluded.items())),
         rejected=rejected,
         candidates=ranked + rejected if explain else None,
     )

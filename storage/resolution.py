@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import Row, Text, and_, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
+from enginefarm.core.compat import KIND_FACTS
 from enginefarm.core.domain import ENGINE_FACTS, JSON_FACTS, EngineDescriptor
 from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
@@ -88,10 +89,16 @@ ANSWER_COLUMNS = (
     cast(VerdictRow.accuracy, Text).label("verdict_accuracy"),
 )
 
-# The project's best median latency at the default shape of each engine of these bytes, per device it was measured
-# on: one aggregate, joined to the engines below.
-_BEST = (
-    select(
+
+# The project's best median latency at the default shape of each engine, per device it was measured on: one
+# aggregate, joined to the engines below; of the engines of these bytes, or of these engines.
+def _best(of_ids: bool):
+    engines = (
+        BenchmarkRow.engine_id.in_(bindparam("ids", expanding=True))
+        if of_ids
+        else EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
+    )
+    query = select(
         BenchmarkRow.engine_id,
         BenchmarkRow.gpu_name,
         BenchmarkRow.compute_capability,
@@ -99,41 +106,70 @@ _BEST = (
         cast(BenchmarkRow.shapes, Text).label("shapes"),
         func.min(BenchmarkRow.median_ms).label("median_ms"),
     )
-    .join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
-    .where(
-        EngineRow.model_sha256.in_(bindparam("shas", expanding=True)),
-        BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY,
-        BenchmarkRow.project == bindparam("project"),
+    if not of_ids:
+        query = query.join(EngineRow, EngineRow.id == BenchmarkRow.engine_id)
+    return (
+        query.where(engines, BenchmarkRow.shape_key == DEFAULT_SHAPE_KEY, BenchmarkRow.project == bindparam("project"))
+        .group_by(
+            BenchmarkRow.engine_id,
+            BenchmarkRow.gpu_name,
+            BenchmarkRow.compute_capability,
+            BenchmarkRow.cpu_name,
+            cast(BenchmarkRow.shapes, Text),
+        )
+        .subquery("best")
     )
-    .group_by(
-        BenchmarkRow.engine_id,
-        BenchmarkRow.gpu_name,
-        BenchmarkRow.compute_capability,
-        BenchmarkRow.cpu_name,
-        cast(BenchmarkRow.shapes, Text),
+
+
+def _engines_of(of_ids: bool):
+    best = _best(of_ids)
+    engines = (
+        EngineRow.id.in_(bindparam("ids", expanding=True))
+        if of_ids
+        else EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
     )
-    .subquery("best")
-)
-LATENCY_COLUMNS = (
-    _BEST.c.gpu_name.label("measured_gpu"),
-    _BEST.c.compute_capability.label("measured_cc"),
-    _BEST.c.cpu_name.label("measured_cpu"),
-    _BEST.c.shapes.label("measured_shapes"),
-    _BEST.c.median_ms.label("measured_ms"),
-)
+    measured = (
+        best.c.gpu_name.label("measured_gpu"),
+        best.c.compute_capability.label("measured_cc"),
+        best.c.cpu_name.label("measured_cpu"),
+        best.c.shapes.label("measured_shapes"),
+        best.c.median_ms.label("measured_ms"),
+    )
+    return (
+        select(*ENGINE_COLUMNS, *ANSWER_COLUMNS, *measured)
+        .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
+        .outerjoin(best, best.c.engine_id == EngineRow.id)
+        .where(engines)
+        .order_by(EngineRow.model_sha256, EngineRow.spec_hash, EngineRow.target, EngineRow.backend_version)
+    )
+
 
 # Built once: a statement's construction costs more than its compiled form's cache lookup. The verdict joined is
 # the asking project's own: another project's check of the same bytes never decides what this one is handed. One
 # row per engine and device class it was measured on (one with nulls when never measured), in the order of the
 # engines' build key (the unique index the engines are found by), so an engine's rows come together and the
-# engines in the same order every time.
-ENGINES_OF = (
-    select(*ENGINE_COLUMNS, *ANSWER_COLUMNS, *LATENCY_COLUMNS)
-    .outerjoin(VerdictRow, and_(VerdictRow.engine_id == EngineRow.id, VerdictRow.project == bindparam("project")))
-    .outerjoin(_BEST, _BEST.c.engine_id == EngineRow.id)
-    .where(EngineRow.model_sha256.in_(bindparam("shas", expanding=True)))
-    .order_by(EngineRow.model_sha256, EngineRow.spec_hash, EngineRow.target, EngineRow.backend_version)
+# engines in the same order every time. ENGINES_OF: every engine of the bytes; ENGINES_BY_ID: the ones named.
+ENGINES_OF = _engines_of(of_ids=False)
+ENGINES_BY_ID = _engines_of(of_ids=True)
+
+# The kinds of engine of these bytes (KIND_FACTS: all but an engine's own bytes, size, memory and profiles), each
+# with the ids of its engines, comma-separated: a machine judges a kind once, and reads only the engines of the
+# kinds that may run on it (``kind_table``). A model's 100 engines are a few dozen kinds.
+KIND_COLUMNS = tuple(
+    cast(getattr(EngineRow, name), Text).label(name) if name in JSON_FACTS else getattr(EngineRow, name)
+    for name in KIND_FACTS
 )
+
+
+def _kinds_of(ids):
+    shas = EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
+    return select(*KIND_COLUMNS, ids).where(shas).group_by(*KIND_COLUMNS)
+
+
+KINDS_OF = {
+    "postgresql": _kinds_of(func.string_agg(cast(EngineRow.id, Text), ",")),
+    "sqlite": _kinds_of(func.group_concat(EngineRow.id, ",")),
+}
 
 
 # Where an ENGINES_OF row holds what compiling reads (positions: a row's attributes by name cost more, per row).
@@ -247,14 +283,20 @@ def table_key(owner: dict[str, Row]) -> tuple:
     return (project_of(owner), *sorted((m.id, m.generation) for m in owner.values()))
 
 
-def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
-    """Read and compile the engines of these models' bytes with the evidence of the models' project: one statement
-    (ENGINES_OF), on the session's connection (Core, no ORM)."""
-    params = {"shas": list(owner), "project": project_of(owner)}
+def engine_table(session: Session, owner: dict[str, Row], ids: tuple[int, ...] | None = None) -> EngineTable:
+    """Read and compile the engines of these models' bytes (or only the engines ``ids`` of them) with the evidence
+    of the models' project: one statement (ENGINES_OF, ENGINES_BY_ID), on the session's connection (Core, no
+    ORM)."""
+    key = table_key(owner)
+    params: dict[str, Any] = {"project": project_of(owner)}
+    if ids is None:
+        statement, params["shas"] = ENGINES_OF, list(owner)
+    else:
+        statement, params["ids"], key = ENGINES_BY_ID, list(ids), (key, ids)
     rows: dict[int, Row] = {}  # an engine's first row: the others differ only in their measurement
     latency: dict[int, dict[str, float]] = {}
     shapes: dict[int, dict[str, str]] = {}
-    for r in session.connection().execute(ENGINES_OF, params).all():
+    for r in session.connection().execute(statement, params).all():
         if (mine := latency.get(r[0])) is None:
             rows[r[0]], mine = r, latency.setdefault(r[0], {})
             shapes[r[0]] = {}
@@ -277,4 +319,36 @@ def engine_table(session: Session, owner: dict[str, Row]) -> EngineTable:
         Facts(r[0], r[2], r, descriptor(r), _ACCURACY[r[_PASSED]], latency[r[0]], seq[r[1]], shapes[r[0]])
         for r in rows.values()
     )
-    return EngineTable(table_key(owner), facts, rows)
+    return EngineTable(key, facts, rows)
+
+
+@dataclass(frozen=True)
+class KindTable:
+    """The kinds of engine of a set of model versions' bytes, each a row of KIND_FACTS (``kind_of`` makes it an
+    EngineDescriptor), with its engines' ids. A function of what an EngineTable is (``key``: ``("kinds",
+    table_key)``)."""
+
+    key: tuple
+    kinds: tuple[tuple, ...]
+    ids: tuple[tuple[int, ...], ...]
+
+
+def kind_table(session: Session, owner: dict[str, Row]) -> KindTable:
+    """The kinds of these models' engines (KINDS_OF): one statement, a row per kind."""
+    connection = session.connection()
+    rows = connection.execute(KINDS_OF[connection.dialect.name], {"shas": list(owner)}).all()
+    return KindTable(
+        ("kinds", table_key(owner)),
+        tuple(tuple(r[:-1]) for r in rows),
+        tuple(tuple(sorted(int(i) for i in str(r[-1]).split(","))) for r in rows),
+    )
+
+
+_CC_AT = KIND_FACTS.index("compute_capabilities")
+
+
+def kind_of(kind: tuple) -> EngineDescriptor:
+    """An EngineDescriptor of a KindTable's kind (its JSON facts parsed; its own facts empty)."""
+    facts = dict(zip(KIND_FACTS, kind))
+    facts["compute_capabilities"] = json_loads(kind[_CC_AT]) if kind[_CC_AT] else []
+    return EngineDescriptor(**facts)

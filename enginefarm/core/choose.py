@@ -6,10 +6,11 @@ and the offline client all call it."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from enginefarm.core.compat import judge
+from enginefarm.core.compat import judge, kind_verdict, machine_kind
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import Machine
 from enginefarm.core.profilefit import shape_fit
@@ -144,6 +145,48 @@ def _named_runtime(o: Option, m: Machine, wanted: Wanted) -> Check | None:
             "handed it",
         )
     return None
+
+
+def judged_by_kind(wanted: Wanted) -> bool:
+    """Whether every filter asked for reads only an engine's kind (its precision and backend, against the machine's
+    accepted precisions): then ``kind_rule`` tells, for a whole kind of engine at once, what ``choose`` without
+    checks excludes each of its engines by."""
+    return wanted.spec_hash is None and wanted.accuracy is None and wanted.max_latency_ms is None
+
+
+def kind_rule(kind: EngineDescriptor, machine: Machine, wanted: Wanted) -> Rule | None:
+    """The rule by which ``choose(..., checks=False)`` excludes every engine of this kind (an engine's KIND_FACTS;
+    its own facts are not read): the first filter that refuses it, else the compatibility rule its kind fails on;
+    None where its engines are judged one by one. Only where ``judged_by_kind(wanted)``."""
+    excluded = _filters(Option(None, kind), machine, wanted)
+    if excluded:
+        return excluded[0].rule
+    failing = kind_verdict(kind, machine)
+    return failing.rule if failing is not None else None
+
+
+_KIND_RULES: dict[tuple[Any, ...], Rule | None] = {}
+_KIND_RULES_KEPT = 16_384
+_UNSEEN: Any = object()
+
+
+def kind_rules(
+    kinds: Sequence[Hashable], describe: Callable[[Any], EngineDescriptor], machine: Machine, wanted: Wanted
+) -> list[Rule | None]:
+    """``kind_rule`` of each kind, a kind given as a hashable value of its facts (a row of them) that ``describe``
+    makes an EngineDescriptor of: kept per kind, kind of machine and kind-level filter, so a kind seen before (in
+    any model's engines) costs a lookup, and only a kind never seen is described and judged."""
+    asked = (machine_kind(machine), tuple(machine.precisions), wanted.precision, wanted.backend)
+    out = []
+    for kind in kinds:
+        key = (kind, asked)
+        rule = _KIND_RULES.get(key, _UNSEEN)  # one lookup: a clear by another thread in between is harmless
+        if rule is _UNSEEN:
+            if len(_KIND_RULES) >= _KIND_RULES_KEPT:
+                _KIND_RULES.clear()
+            rule = _KIND_RULES[key] = kind_rule(describe(kind), machine, wanted)
+        out.append(rule)
+    return out
 
 
 def is_cpu_artifact(e: EngineDescriptor) -> bool:

@@ -226,7 +226,7 @@ def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
 # same kind of engine (a target, runtime versions, a platform...) repeats across models, so a model never seen
 # before is judged mostly from what other models' engines of its kinds were judged to be on this kind of machine.
 _OWN_FACTS = frozenset({"sha256", "size", "device_memory_bytes", "profiles"})
-_KIND_FACTS = tuple(name for name in ENGINE_FACTS if name not in _OWN_FACTS)
+KIND_FACTS = tuple(name for name in ENGINE_FACTS if name not in _OWN_FACTS)
 _MACHINE_KIND = tuple(f.name for f in fields(Machine) if f.name not in ("memory_mib", "shapes", "precisions"))
 _KINDS_KEPT = 4096
 Key = tuple[Any, ...]
@@ -236,7 +236,7 @@ _kinds: dict[tuple[Key, Key], tuple[tuple[Check, ...], Verdict | None, Verdict |
 _last_machine: tuple[Machine | None, Key] = (None, ())
 
 
-_SCALAR_KIND = tuple(name for name in _KIND_FACTS if name != "compute_capabilities")
+_SCALAR_KIND = tuple(name for name in KIND_FACTS if name != "compute_capabilities")
 _scalar_kind = attrgetter(*_SCALAR_KIND)
 
 
@@ -244,7 +244,8 @@ def _kind_of(e: EngineDescriptor) -> Key:
     return (*_scalar_kind(e), *e.compute_capabilities)
 
 
-def _machine_kind(m: Machine) -> Key:
+def machine_kind(m: Machine) -> Key:
+    """What the kind checks read of a machine (all but its memory, shapes and accepted precisions), as a key."""
     global _last_machine
     last = _last_machine  # one machine judges a whole table: its key is made once
     if last[0] is m:
@@ -280,6 +281,26 @@ def _kind_checks(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Ve
     return tuple(checks), None
 
 
+def _kind(e: EngineDescriptor, m: Machine) -> tuple[tuple[Check, ...], Verdict | None, Verdict | None]:
+    key = (_kind_of(e), machine_kind(m))
+    kind = _kinds.get(key)
+    if kind is None:
+        if len(_kinds) >= _KINDS_KEPT:
+            _kinds.clear()
+        kind = _kinds[key] = _kind_judgement(e, m)
+    return kind
+
+
+def kind_verdict(e: EngineDescriptor, m: Machine) -> Verdict | None:
+    """Where every engine of ``e``'s kind fails on ``m`` whatever its own facts (bytes, size, memory, profiles):
+    ``judge(x, m, full=False)`` of each, shared; None where each must be judged on its own. ``e`` needs only its
+    kind's facts (KIND_FACTS)."""
+    _kept, whole, failing = _kind(e, m)
+    if failing is None and whole is not None and not whole.runs:
+        return whole
+    return failing
+
+
 def judge(e: EngineDescriptor, m: Machine, full: bool = True) -> Verdict:
     """Whether engine ``e`` runs on machine ``m``, how well it matches, and every check behind that.
 
@@ -287,13 +308,7 @@ def judge(e: EngineDescriptor, m: Machine, full: bool = True) -> Verdict:
     immutable, and each verdict gets its own list); the memory and shape checks are the engine's own. ``full=False``:
     an engine whose kind fails here gets its kind's verdict, shared and not to be changed, whose ``runs``, ``reason``
     and ``rule`` are the full verdict's (a kind check fails first) but whose checks leave out the engine's own."""
-    key = (_kind_of(e), _machine_kind(m))
-    kind = _kinds.get(key)
-    if kind is None:
-        if len(_kinds) >= _KINDS_KEPT:
-            _kinds.clear()
-        kind = _kinds[key] = _kind_judgement(e, m)
-    kept, whole, failing = kind
+    kept, whole, failing = _kind(e, m)
     if failing is not None and not full:
         return failing
     if whole is not None:

@@ -1,5 +1,6 @@
-"""The computed path of /v1/resolve keeps each model's engines compiled (``api.resolver.Tables``) and the fleet's
-path keeps the versions' generations (``api.versions``): neither may ever answer from a state the catalog left.
+"""The computed path of /v1/resolve keeps each model's kinds of engine and its engines compiled
+(``api.resolver.Tables``) and the fleet's path keeps the versions' generations (``api.versions``): neither may ever
+answer from a state the catalog left.
 
 The same changes as tests/api/test_resolve_etag.py (a benchmark, an accuracy verdict, a new engine, a new version),
 made here by another process, and another project's verdict, which must not move this project's answer. In process
@@ -84,21 +85,21 @@ def test_a_change_by_another_process_reaches_the_fleets_path_and_rebuilds_the_ta
         model_id = model.id
         sm86, _sm89, cpu = (catalog_engine(s, model, a) for a in ("sm86", "sm89", "cpu"))
     params = QUERY | {"model": name}
-    reads = []
-    real_table = resolution.engine_table
-    monkeypatch.setattr(resolution, "engine_table", lambda *a: reads.append(1) or real_table(*a))
+    reads = []  # the model's kinds of engine, read (``resolution.kind_table``) where no table of them is kept
+    real_table = resolution.kind_table
+    monkeypatch.setattr(resolution, "kind_table", lambda *a: reads.append(1) or real_table(*a))
 
     first = http.get("/v1/resolve", params=params)
     assert first.status_code == 200 and first.json()["engine"]["id"] == sm86 and len(reads) == 1
     tag = first.headers["etag"]
-    # Another machine, the same model: judged again, from the same compiled table (no second read of engines).
+    # Another machine, the same model: judged again, from the same kinds (no second read of them).
     other = http.get("/v1/resolve", params=params | {"cc": "8.9", "gpu": "NVIDIA L4"})
     assert other.status_code == 200 and other.headers["etag"] != tag and len(reads) == 1
     # The fleet's path answers the known question from the kept versions: no query at all.
     monkeypatch.setattr(answers_module, "_versions", lambda *a: pytest.fail("read the versions again"))
     assert http.get("/v1/resolve", params=params, headers={"If-None-Match": tag}).status_code == 304
     monkeypatch.undo()
-    monkeypatch.setattr(resolution, "engine_table", lambda *a: reads.append(1) or real_table(*a))
+    monkeypatch.setattr(resolution, "kind_table", lambda *a: reads.append(1) or real_table(*a))
 
     changes = {
         "a benchmark on this GPU": f"""checks.record_benchmark(s, {sm86}, project="", shape_key="opt", shapes={{}},
@@ -115,7 +116,7 @@ def test_a_change_by_another_process_reaches_the_fleets_path_and_rebuilds_the_ta
         r = fresh(http, params, tag)
         assert r.status_code == 200, (what, r.status_code, r.text[:200])
         assert r.headers["etag"] not in seen, what
-        assert len(reads) == before + 1, what  # the engines were read and compiled again
+        assert len(reads) == before + 1, what  # the engines' kinds were read and judged again
         seen.add(tag := r.headers["etag"])
         if what == "a benchmark on this GPU":
             explained = http.get("/v1/resolve", params=params | {"explain": True}).json()
