@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.answers = Answers(settings.resolve_cache_entries)
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()
+    app.state.resolve_threads = anyio.CapacityLimiter(settings.resolve_threads)  # api/routes/resolve.py
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):

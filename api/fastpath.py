@@ -6,7 +6,7 @@ and parsing of their thirty-odd query parameters, which cost a cold answer about
 1. a query string answered before is answered from the kept answer or with a 304 (``api.answers.fleet_answer``);
 2. any other is parsed here into the route's own query model (``ResolveQuery``: the same fields, constraints and
    list splitting) and answered by the route's own function (``api.routes.resolve.answer``) on a worker thread,
-   as FastAPI would run the route.
+   as the route runs it.
 
 Anything this path cannot answer exactly as the route would goes to the route, which says what is wrong: a
 parameter it does not take, a value that does not validate, ``build=true`` (a write), a token not in the cache, and
@@ -21,13 +21,12 @@ import logging
 from typing import Any, get_args, get_origin
 from urllib.parse import parse_qsl
 
-import anyio
 from fastapi import Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import Headers
 
 from enginefarm.api.answers import PATH, cached_reader, fleet_answer
-from enginefarm.api.routes.resolve import answer
+from enginefarm.api.routes.resolve import answered
 from enginefarm.api.schemas import ResolveQuery, ResolveRequest, request_of
 
 log = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ async def direct_answer(app, scope, principal) -> Response | None:
         return None
     request = Request(scope)
     try:
-        return await anyio.to_thread.run_sync(answer, req, request, None, app.state.settings, principal)
+        return await answered(req, request, app.state.settings, principal)
     except Exception as exc:  # a 404 with the reasons, a 503: the app's own handler words it, as for the route
         handler = next((h for cls in type(exc).__mro__ if (h := app.exception_handlers.get(cls))), None)
         if handler is None:

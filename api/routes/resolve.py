@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
@@ -82,8 +83,17 @@ def answer(
     return Response(out.body, media_type="application/json", headers=headers)
 
 
+async def answered(req: ResolveRequest, request: Request, settings: Settings, principal: Principal) -> Response:
+    """``answer`` on one of the process's resolve threads (``ENGINEFARM_RESOLVE_THREADS``, ``app.state``): a
+    computed answer is mostly Python holding the GIL, and with the forty threads of the server's pool taking turns
+    at it, a cold answer cost 2.55 ms of API CPU against 2.31 ms on two threads, and 506 against 592 answers a
+    second (docs/performance.md, round 6). The event loop never waits on the catalog."""
+    limiter = request.app.state.resolve_threads
+    return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal, limiter=limiter)
+
+
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_get(
+async def resolve_get(
     request: Request,
     query: Annotated[ResolveQuery, Query()],
     settings: Settings = Depends(settings_dep),
@@ -120,7 +130,7 @@ def resolve_get(
                 }
             ]
         ) from None
-    return answer(req, request, None, settings, principal)
+    return await answered(req, request, settings, principal)
 
 
 def _query_name(loc: tuple[int | str, ...]) -> str:
@@ -130,7 +140,7 @@ def _query_name(loc: tuple[int | str, ...]) -> str:
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-def resolve_post(
+async def resolve_post(
     req: ResolveRequest,
     request: Request,
     settings: Settings = Depends(settings_dep),
@@ -139,4 +149,4 @@ def resolve_post(
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")
-    return answer(req, request, None, settings, principal)
+    return await answered(req, request, settings, principal)

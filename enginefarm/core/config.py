@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     # the delay before an engine, benchmark, verdict or version written by another process changes an answer or a
     # 304 (0: read them on every request). A change made through the process itself counts at once.
     resolve_fresh_seconds: float = Field(default=1.0, ge=0, le=5)
+    # Threads of each API process that compute resolve answers (api/routes/resolve.py). Few: a computed answer is
+    # mostly Python holding the GIL, and many threads handing it to each other cost more than they overlap.
+    resolve_threads: int = Field(default=2, ge=1, le=64)
 
     # Dashboard sign-ins: sessions one token may open a minute (in the catalog, across API processes), and attempts
     # one client address may make a minute (in each API process). Past either, a 429 with Retry-After.

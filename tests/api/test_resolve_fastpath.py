@@ -7,7 +7,10 @@ In process (TestClient) against PostgreSQL, with engine rows written as the work
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
@@ -82,8 +85,8 @@ def test_a_question_gets_the_same_answer_and_tag_before_routing_as_through_the_r
         routed = [_ask(http, q) for q in questions]
     # Before routing: another fresh process (nothing kept), its token cached by one request first.
     taken = []
-    real = fastpath.answer
-    monkeypatch.setattr(fastpath, "answer", lambda *a: taken.append(a[0].model) or real(*a))
+    real = fastpath.answered
+    monkeypatch.setattr(fastpath, "answered", lambda *a: taken.append(a[0].model) or real(*a))
     with _client(settings, token) as http:
         assert http.get("/v1/resolve", params={"model": name}).status_code in (200, 404)  # caches the token
         assert not taken, "the first request of a token goes through the route"
@@ -108,8 +111,8 @@ def test_a_question_gets_the_same_answer_and_tag_before_routing_as_through_the_r
 def test_what_the_route_refuses_is_left_to_the_route(catalog, monkeypatch, extra, words):
     settings, token, name = catalog
     taken = []
-    real = fastpath.answer
-    monkeypatch.setattr(fastpath, "answer", lambda *a: taken.append(a) or real(*a))
+    real = fastpath.answered
+    monkeypatch.setattr(fastpath, "answered", lambda *a: taken.append(a) or real(*a))
     with _client(settings, token) as http:
         http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
         taken.clear()
@@ -122,8 +125,8 @@ def test_what_the_route_refuses_is_left_to_the_route(catalog, monkeypatch, extra
 def test_build_true_is_left_to_the_route_which_checks_the_scope(catalog, monkeypatch):
     settings, token, name = catalog
     taken = []
-    real = fastpath.answer
-    monkeypatch.setattr(fastpath, "answer", lambda *a: taken.append(a) or real(*a))
+    real = fastpath.answered
+    monkeypatch.setattr(fastpath, "answered", lambda *a: taken.append(a) or real(*a))
     with _client(settings, token) as http:
         http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
         taken.clear()
@@ -131,3 +134,41 @@ def test_build_true_is_left_to_the_route_which_checks_the_scope(catalog, monkeyp
     assert r.status_code == 403, r.text
     assert "resolve with build=true needs 'build'" in r.text
     assert not taken
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_answers_are_computed_on_at_most_the_resolve_threads(catalog, monkeypatch, threads):
+    """ENGINEFARM_RESOLVE_THREADS bounds the answers computed at once in a process (the server's pool has 40
+    threads): through the route (POST) and before it (GET) alike."""
+    settings, token, name = catalog
+    from enginefarm.api.routes import resolve as resolve_routes
+
+    busy, most, lock = [0], [0], threading.Lock()
+    real = resolve_routes.answer
+
+    def counted(*a):
+        with lock:
+            busy[0] += 1
+            most[0] = max(most[0], busy[0])
+        try:
+            time.sleep(0.05)
+            return real(*a)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(resolve_routes, "answer", counted)
+    settings = settings.model_copy(update={"resolve_threads": threads})
+    with _client(settings, token) as http:
+        http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
+        most[0] = 0
+
+        def ask(i: int) -> int:
+            if i % 2:
+                body = {"model": name, "machine": {"compute_capability": "8.6", "trt_rtx_version": RTX_VERSION}}
+                return http.post("/v1/resolve", json=body).status_code
+            return http.get("/v1/resolve", params={"model": name, **MACHINE, "memory_mib": str(1000 + i)}).status_code
+
+        with ThreadPoolExecutor(12) as pool:
+            assert set(pool.map(ask, range(12))) == {200}
+    assert most[0] == threads
