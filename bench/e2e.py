@@ -3,7 +3,8 @@
 For the same model and targets, one run measures
 
   a  the builders alone: ``worker.pipeline.engine_from_model`` for each target, sequentially,
-     in this process, from a model file in a tmpfs directory;
+     in this process, from a model file in a tmpfs directory (``--direct-on disk``: in the directory on the
+     disk the farm's data directory is on, where the farm's worker writes its plans);
   b  moving the bytes alone: the model and every engine put into a blob store of the mode's kind
      (LocalBlobStore for embedded, S3BlobStore on SeaweedFS for distributed) with its own client,
      plus the one get of the model that a worker makes;
@@ -279,7 +280,8 @@ def run_mode(mode: str, args, work: Path) -> dict:
                     settle(client, warm_farm(client, work, f"{mode}-{ci}", 10_000 + ci, spec_payload), args.settle)
                     for rep in range(args.repeat):
                         seed = 1000 * (ci + 1) + rep
-                        model_dir = Path(tempfile.mkdtemp(dir=TMPFS, prefix="efbench-model-"))
+                        direct_dir = TMPFS if args.direct_on == "tmpfs" else work
+                        model_dir = Path(tempfile.mkdtemp(dir=direct_dir, prefix="efbench-model-"))
                         try:
                             model = save_conv_net(
                                 model_dir / "model.onnx", channels=args.channels, blocks=args.blocks, seed=seed
@@ -499,6 +501,13 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration"
     )
+    parser.add_argument(
+        "--direct-on",
+        choices=["tmpfs", "disk"],
+        default="tmpfs",
+        help="where a's builders read the model and write their plans: a tmpfs (the strictest baseline) or the "
+        "disk the farm's data directory is on (where trtexec --saveEngine would write)",
+    )
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs, data)")
     parser.add_argument(
@@ -524,6 +533,7 @@ def main() -> None:
         "repeat": args.repeat,
         "targets": TARGETS,
         "poll_s": args.poll,
+        "direct_on": args.direct_on,
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "work_dir": str(work),
     }

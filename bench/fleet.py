@@ -11,7 +11,7 @@ with the fingerprints of seven kinds of machine. Phases:
   conditional   closed loop, the fleet's questions with If-None-Match: 304s
   open-fleet    open loop at --rate over --open-connections keep-alive connections, the fleet's questions,
                 latency from each request's scheduled time (no coordinated omission)
-  open-cold     the same with the cold questions
+  open-cold     the same with the cold questions, at --cold-rate
 
 For each it prints throughput, p50/p90/p99/max, errors, and the CPU the API processes and PostgreSQL spent per
 request; then the ratios: conditional/cold and fleet/cold CPU per request, and each phase against /healthz.
@@ -153,13 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-workers", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20, help="measured seconds per phase")
     parser.add_argument("--connections", type=int, default=64, help="closed-loop connections")
-    parser.add_argument("--rate", type=float, default=500, help="open-loop requests/s")
+    parser.add_argument("--rate", type=float, default=500, help="open-fleet requests/s")
+    parser.add_argument("--cold-rate", type=float, default=400, help="open-cold requests/s")
     parser.add_argument("--open-connections", type=int, default=200)
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     parser.add_argument("--smoke", action="store_true", help="50 models x 25 engines (one of each kind), 1 s phases")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.models, args.engines, args.seconds, args.rate = 50, 25, 1.0, 50
+        args.models, args.engines, args.seconds, args.rate, args.cold_rate = 50, 25, 1.0, 50, 50
         args.connections, args.open_connections = 4, 8
     if not (localservers.port_open(5432) and localservers.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
@@ -213,16 +214,16 @@ def main(argv: list[str] | None = None) -> int:
         def closed(pick):
             return lambda: httpload.closed_loop(host, port, pick, args.connections, args.seconds)
 
-        def opened(pick):
-            return lambda: httpload.open_loop(host, port, pick, args.rate, args.open_connections, args.seconds)
+        def opened(pick, rate):
+            return lambda: httpload.open_loop(host, port, pick, rate, args.open_connections, args.seconds)
 
         phases = {
             "healthz": closed(lambda k: health[0]),
             "cold": closed(cold),
             "fleet": closed(lambda k: fleet[k % len(fleet)]),
             "conditional": closed(lambda k: conds[k % len(conds)]),
-            "open-fleet": opened(lambda k: fleet[k % len(fleet)]),
-            "open-cold": opened(cold),
+            "open-fleet": opened(lambda k: fleet[k % len(fleet)], args.rate),
+            "open-cold": opened(cold, args.cold_rate),
         }
         results = []
         for name, coro_of in phases.items():
@@ -249,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(
         f"{filled['engines']} engines, {args.api_workers} API workers, {os.cpu_count()} CPUs; open loop "
-        f"{args.rate:.0f} req/s over {args.open_connections} connections; closed loop {args.connections}"
+        f"{args.rate:.0f} req/s (fleet) and {args.cold_rate:.0f} req/s (cold) over {args.open_connections} "
+        f"connections; closed loop {args.connections}"
     )
     for k, v in ratios.items():
         print(f"  {k:36s} {v:6.3f}")

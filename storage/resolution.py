@@ -153,7 +153,7 @@ ENGINES_OF = _engines_of(of_ids=False)
 ENGINES_BY_ID = _engines_of(of_ids=True)
 
 # The kinds of engine of these bytes (KIND_FACTS: all but an engine's own bytes, size, memory and profiles), each
-# with the ids of its engines, comma-separated: a machine judges a kind once, and reads only the engines of the
+# with the ids of its engines: a machine judges a kind once, and reads only the engines of the
 # kinds that may run on it (``kind_table``). A model's 100 engines are a few dozen kinds.
 KIND_COLUMNS = tuple(
     cast(getattr(EngineRow, name), Text).label(name) if name in JSON_FACTS else getattr(EngineRow, name)
@@ -167,8 +167,8 @@ def _kinds_of(ids):
 
 
 KINDS_OF = {
-    "postgresql": _kinds_of(func.string_agg(cast(EngineRow.id, Text), ",")),
-    "sqlite": _kinds_of(func.group_concat(EngineRow.id, ",")),
+    "postgresql": _kinds_of(func.array_agg(EngineRow.id)),  # a list of ints
+    "sqlite": _kinds_of(func.group_concat(EngineRow.id, ",")),  # their text
 }
 
 
@@ -337,11 +337,10 @@ def kind_table(session: Session, owner: dict[str, Row]) -> KindTable:
     """The kinds of these models' engines (KINDS_OF): one statement, a row per kind."""
     connection = session.connection()
     rows = connection.execute(KINDS_OF[connection.dialect.name], {"shas": list(owner)}).all()
-    return KindTable(
-        ("kinds", table_key(owner)),
-        tuple(tuple(r[:-1]) for r in rows),
-        tuple(tuple(sorted(int(i) for i in str(r[-1]).split(","))) for r in rows),
-    )
+    ids = [r[-1] for r in rows]
+    if connection.dialect.name != "postgresql":
+        ids = [[int(i) for i in text.split(",")] for text in ids]
+    return KindTable(("kinds", table_key(owner)), tuple(r[:-1] for r in rows), tuple(map(tuple, ids)))
 
 
 _CC_AT = KIND_FACTS.index("compute_capabilities")
