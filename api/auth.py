@@ -26,10 +26,13 @@ log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
 READ_METHODS = {"GET", "HEAD", "OPTIONS"}
 READ_POSTS = {"/v1/resolve"}  # a query sent as a body: still a read
+CURRENT_TOKEN = "/v1/tokens/current"
 
 
 def needed_scope(request: Request) -> str:
     path = request.url.path
+    if path == CURRENT_TOKEN:  # any valid token may ask what it may do
+        return "read"
     if path.startswith("/v1/tokens"):
         return "admin"
     if request.method in READ_METHODS or path in READ_POSTS:

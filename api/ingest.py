@@ -12,7 +12,7 @@ from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import Conflict, Forbidden, ModelRejected
-from enginefarm.core.names import check_model_name, project_problem
+from enginefarm.core.names import upload_problems
 from enginefarm.core.worklock import Scratch
 from enginefarm.graph.inputs import SamplesInvalid, load_samples
 from enginefarm.graph.modelfile import inspect_upload
@@ -53,10 +53,7 @@ def ingest_model(
     written to scratch (workers unpack the bundle when they build, ``model_path_for``). The spooled file
     itself becomes the blob: a local store links it into place, so its bytes are written once.
     """
-    problems = check_model_name(name, version)
-    if project and (problem := project_problem(project)):
-        problems.append({"loc": ["project"], "msg": problem})
-    if problems:
+    if problems := upload_problems(name, version, project):
         raise ModelRejected("the upload's form fields are invalid", problems=problems)
     store, key = get_blob_store(settings), model_key(sha256)
 

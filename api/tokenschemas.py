@@ -41,6 +41,16 @@ class TokenIn(BaseModel):
         return project
 
 
+class CurrentTokenOut(BaseModel):
+    """The asking token: its name, its highest scope (read < build < admin), the one project it belongs to (null:
+    the whole farm), and when it expires (null: until revoked)."""
+
+    name: str
+    scope: str
+    project: str | None
+    expires_at: datetime | None
+
+
 class TokenOut(BaseModel):
     id: int
     name: str

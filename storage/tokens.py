@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
+from enginefarm.core.domain import SCOPES
 from enginefarm.core.errors import NotFound, SignInsTooFast, SpecInvalid
 from enginefarm.core.names import project_problem
 from enginefarm.storage.db import as_utc
 from enginefarm.storage.tables import ApiTokenRow, utcnow
 
-SCOPES = ("read", "build", "admin")  # each includes the ones before it
 TOKEN_PREFIX = "ef_"
 MAX_TOKEN_CHARS = 200
 # Expiry times are stored to the microsecond, but a token that is gone before a client can use it is a mistake,

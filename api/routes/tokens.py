@@ -1,16 +1,17 @@
-"""POST/GET/DELETE /v1/tokens: API tokens, for admins. The token itself is shown once, in the POST answer."""
+"""POST/GET/DELETE /v1/tokens: API tokens, for admins. The token itself is shown once, in the POST answer.
+GET /v1/tokens/current: what the asking token may do, for any valid token."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy.orm import Session
 
-from enginefarm.api.auth import Tenant
+from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.deps import CatalogRoute, session_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId
-from enginefarm.api.tokenschemas import NewTokenOut, TokenIn, TokenOut
+from enginefarm.api.tokenschemas import CurrentTokenOut, NewTokenOut, TokenIn, TokenOut
 from enginefarm.core.errors import Forbidden
-from enginefarm.storage.tokens import create_token, lifetime, list_tokens, revoke_token
+from enginefarm.storage.tokens import Principal, create_token, lifetime, list_tokens, revoke_token
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
@@ -24,6 +25,15 @@ def new_token(body: TokenIn, tenant: Tenant, session: Session = Depends(session_
         session, body.name, body.scopes, lifetime(body.expires_in_days), tenant if tenant is not None else body.project
     )
     return NewTokenOut(**TokenOut.of(row).model_dump(), token=token)
+
+
+@router.get("/current", response_model=CurrentTokenOut)
+def current_token(principal: Principal = Depends(authorize)) -> CurrentTokenOut:
+    """The asking token's name, scope and project: what it may do, asked by any valid token. A client checks it
+    before sending a large upload that the token may not make (the 403 would come only after the last byte)."""
+    return CurrentTokenOut(
+        name=principal.name, scope=principal.scope, project=principal.project, expires_at=principal.expires_at
+    )
 
 
 @router.get("", response_model=list[TokenOut])

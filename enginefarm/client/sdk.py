@@ -15,13 +15,15 @@ from typing import Any, cast
 
 from enginefarm.client.artifacts import check_bytes, destination, place_cached
 from enginefarm.client.cache import TMP_PREFIX, EngineCache
+from enginefarm.client.errors import ApiError, api_error
 from enginefarm.client.jobs import BuildJob
 from enginefarm.client.offline import with_cpu
 from enginefarm.client.transport import ProgressReader, Transport
-from enginefarm.core.domain import FINAL_STATES
-from enginefarm.core.errors import BuildFailed, NotFound
+from enginefarm.core.domain import FINAL_STATES, scope_allows
+from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.machine import Machine
+from enginefarm.core.names import upload_problems
 
 
 class Client(Transport):
@@ -50,10 +52,13 @@ class Client(Transport):
         if isinstance(model, bytes):
             if not name:
                 raise ValueError("name the model: upload(data, name=...)")
+            self._may_upload(name, version, project)
             sha, filename = hashlib.sha256(model).hexdigest(), f"{name}.onnx"
         else:
             path = Path(model)
-            sha, filename, name = sha256_file(path), path.name, name or path.stem
+            name = name or path.stem
+            self._may_upload(name, version, project)
+            sha, filename = sha256_file(path), path.name
         held = [
             m
             for m in self.models(name=name, sha256=sha, project=project, limit=500)["items"]
@@ -71,6 +76,25 @@ class Client(Transport):
             if not isinstance(body, bytes):
                 body.close()
         return self._json(response), response.status_code == 201
+
+    def _may_upload(self, name: str, version: str | None, project: str | None) -> None:
+        """What the farm would refuse only after the last byte of an upload, refused before the first: form fields
+        it does not take (the same rules, ``core.names.upload_problems``), a token that may not upload, and a
+        project's token naming another project. A farm without GET /v1/tokens/current says so after the upload."""
+        if problems := upload_problems(name, version, project):
+            raise api_error(422, ModelRejected("the upload's form fields are invalid", problems=problems).to_dict())
+        try:
+            me = self.get("/v1/tokens/current")
+        except ApiError as exc:
+            if exc.status_code in (403, 404, 405):  # a farm from before it (where /v1/tokens/* needed admin)
+                return
+            raise
+        if not scope_allows(me["scope"], "build"):
+            refused = f"token '{me['name']}' has scope '{me['scope']}'; POST /v1/models needs 'build'"
+            raise api_error(403, Forbidden(refused).to_dict())
+        if me["project"] is not None and project not in (None, me["project"]):
+            refused = f"this token belongs to project {me['project']!r}; it cannot upload to project {project!r}"
+            raise api_error(403, Forbidden(refused).to_dict())
 
     def upload_samples(self, model_id: int, path: Path) -> dict[str, Any]:
         """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""

@@ -233,6 +233,14 @@ class TaskState(StrEnum):
 
 FINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
 
+# An API token's scopes, each including the ones before it: reads, then uploads and builds, then managing tokens.
+SCOPES = ("read", "build", "admin")
+
+
+def scope_allows(scope: str, needed: str) -> bool:
+    """Whether a token of ``scope`` may do what needs ``needed``."""
+    return SCOPES.index(scope) >= SCOPES.index(needed)
+
 
 @dataclass
 class EngineDescriptor:
