@@ -39,3 +39,13 @@ def test_every_command_and_option_has_help():
 def test_version():
     out = subprocess.run([sys.executable, "-m", "enginefarm", "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == f"enginefarm {__version__}"
+
+
+def test_the_token_given_after_the_command_is_moved_before_it():
+    from enginefarm.client.cli import hoisted
+
+    assert hoisted(["ls", "models", "--token", "T", "--api", "u"]) == ["--token", "T", "ls", "models", "--api", "u"]
+    assert hoisted(["fetch", "m", "--token=T"]) == ["--token=T", "fetch", "m"]
+    # after "--" nothing is an option; a --token without its value is left for the parser to refuse
+    assert hoisted(["ci", "m", "--", "--token", "T"]) == ["ci", "m", "--", "--token", "T"]
+    assert hoisted(["ls", "--token"]) == ["ls", "--token"]

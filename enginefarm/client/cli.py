@@ -326,13 +326,40 @@ fetchcli.register(app)  # fetch, export
 lscli.register(app)
 
 
+GLOBAL = ("--token",)  # the farm-wide options a command's own options do not repeat
+
+
+def hoisted(argv: list[str]) -> list[str]:
+    """``argv`` with each global option given after the command (``enginefarm ls models --token T``, as a user
+    types it after --api) moved before it, where the parser takes it; nothing after ``--`` is touched."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg in GLOBAL and i + 1 < len(argv):
+            front += argv[i : i + 2]
+            i += 2
+            continue
+        if "=" in arg and arg.split("=", 1)[0] in GLOBAL:
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
     """``enginefarm``: the client commands, and the farm's own (``enginefarm.commands`` entry points)."""
+    import sys
     from importlib.metadata import entry_points
 
     for plugin in entry_points(group="enginefarm.commands"):
         plugin.load()(app)
-    app()
+    app(args=hoisted(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,15 @@ def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
         env={k: v for k, v in os.environ.items() if k != "ENGINEFARM_API_URL"},
     )
     assert before.returncode == 1 and "HTTP 401" in before.stderr, before.stdout + before.stderr
+    # --token after the command, where --api goes, is the farm's --token (it was "No such option: --token").
+    for given in (["--token", "ef_wrong"], ["--token=ef_wrong"]):
+        after = subprocess.run(
+            [sys.executable, "-m", "enginefarm", "ls", "models", *given, "--api", farm.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert after.returncode == 1 and "HTTP 401" in after.stderr, after.stdout + after.stderr
     missing = run_cli(farm.url, "build", "no-such-model-x", "-t", ORT_TARGET, expect=1)
     assert "no model 'no-such-model-x'" in missing and "Traceback" not in missing
     # The fingerprint's own rules, as the API applies them, refuse a bad flag before any request.
