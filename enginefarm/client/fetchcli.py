@@ -176,6 +176,7 @@ def fetch(
                     explain=explain,
                     allow_cpu=allow_cpu,
                     on_bytes=lambda n: shown().advance(progress, n),
+                    on_size=lambda n: bar.update(progress, total=n),
                     on_build=lambda b: shown().update(progress, description=_build_line(b)),
                     **filters,
                 )

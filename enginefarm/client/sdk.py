@@ -295,6 +295,7 @@ class Client(Transport):
         allow_cpu: bool = False,
         on_bytes: Callable[[int], None] | None = None,
         on_build: Callable[[dict[str, Any]], None] | None = None,
+        on_size: Callable[[int], None] | None = None,
         **filters: Any,
     ) -> Fetched:
         """Resolve the engine for ``machine`` and put it at ``dest``, verified.
@@ -305,7 +306,8 @@ class Client(Transport):
         bytes that are not the kind the catalog records raise IntegrityError. Either way nothing is written there.
         ``allow_cpu``: see ``resolve``. With a cache, an engine already cached (by sha256) is copied from it and
         not downloaded. With ``build``, a machine nothing fits gets a build submitted; with ``wait`` too, the
-        engine is fetched once that build is done.
+        engine is fetched once that build is done. ``on_size`` hears the engine's size in bytes before
+        ``on_bytes`` hears the first of them (a progress bar's total).
         """
         answer = self.resolve(model, machine, build=build, explain=explain, cache=cache, allow_cpu=allow_cpu, **filters)
         if "build_id" in answer:
@@ -323,6 +325,8 @@ class Client(Transport):
             submitted = None
         eng = answer["engine"]
         dest = destination(eng, dest)
+        if on_size is not None:
+            on_size(eng["size"])
         if cache is None:
             # Staged beside the destination and checked there: a file of the wrong kind never takes its name.
             staged = dest.parent / f".{dest.name}{TMP_PREFIX}{secrets.token_hex(8)}"

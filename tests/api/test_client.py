@@ -131,9 +131,13 @@ def two_kinds(farm):
 
 def test_fetch_names_the_file_by_what_it_is_and_refuses_another_name(client, two_kinds, tmp_path):
     name, engines, machine = two_kinds
-    got = client.fetch(name, tmp_path, machine)  # a folder: the file is named there
-    assert got.path == tmp_path / f"{name}-tensorrt-rtx-sm86.plan"
+    sizes: list[int] = []
+    heard: list[int] = []
+    got = client.fetch(name, tmp_path, machine, on_size=sizes.append, on_bytes=lambda n: heard.append(len(sizes)))
+    assert got.path == tmp_path / f"{name}-tensorrt-rtx-sm86.plan"  # a folder: the file is named there
     assert hashlib.sha256(got.path.read_bytes()).hexdigest() == engines[SM86]["sha256"]
+    assert sizes == [got.path.stat().st_size]  # a progress bar's total, heard before the first byte
+    assert heard and set(heard) == {1}
     cache = EngineCache(tmp_path / "cache")
     for dest, backend in (("x.plan", "onnxruntime"), ("x.onnx", "tensorrt-rtx")):
         with pytest.raises(WrongArtifact, match=f"not writing {dest}"):
