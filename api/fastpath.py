@@ -17,12 +17,14 @@ the same ETag (``tests/api/test_resolve_fastpath.py``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, get_args, get_origin
 from urllib.parse import parse_qsl
 
 from fastapi import Request, Response
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
 from enginefarm.api.answers import PATH, cached_reader, fleet_answer
@@ -77,7 +79,9 @@ async def direct_answer(app, scope, principal) -> Response | None:
         if handler is None:
             log.debug("resolve fast path: taking the route", exc_info=True)
             return None
-        return await handler(request, exc)
+        if asyncio.iscoroutinefunction(handler):
+            return await handler(request, exc)
+        return await run_in_threadpool(handler, request, exc)
 
 
 class FleetPath:

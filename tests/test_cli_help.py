@@ -49,3 +49,7 @@ def test_the_token_given_after_the_command_is_moved_before_it():
     # after "--" nothing is an option; a --token without its value is left for the parser to refuse
     assert hoisted(["ci", "m", "--", "--token", "T"]) == ["ci", "m", "--", "--token", "T"]
     assert hoisted(["ls", "--token"]) == ["ls", "--token"]
+    # given before and after: the one after is the later, and wins, as it would in place
+    assert hoisted(["--token", "A", "--api", "u", "ls", "--token", "B"]) == [
+        "--token", "A", "--api", "u", "--token", "B", "ls",
+    ]  # fmt: skip

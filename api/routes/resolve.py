@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from enginefarm.api import resolver
-from enginefarm.api.answers import HEADERS
+from enginefarm.api.answers import HEADERS, PATH
 from enginefarm.api.auth import authorize, require
 from enginefarm.api.deps import CatalogRoute, settings_dep
 from enginefarm.api.routes import UNPROCESSABLE
@@ -64,7 +64,9 @@ def answer(
             versions=state.versions,
             tables=state.tables,
             if_none_match=request.headers.get("if-none-match"),
-            query=request.scope["query_string"] if request.method == "GET" else None,
+            # remembered for the fleet's path: a GET of this API's own question (not the dashboard's page, whose
+            # query string reads otherwise)
+            query=request.scope["query_string"] if request.method == "GET" and request.scope["path"] == PATH else None,
         )
 
     try:
@@ -88,7 +90,8 @@ async def answered(req: ResolveRequest, request: Request, settings: Settings, pr
     computed answer is mostly Python holding the GIL, and with the forty threads of the server's pool taking turns
     at it, a cold answer cost 2.55 ms of API CPU against 2.31 ms on two threads, and 506 against 592 answers a
     second (docs/performance.md, round 6). The event loop never waits on the catalog."""
-    limiter = request.app.state.resolve_threads
+    # A build for the machine writes and queues: never in the way of the answers (the server's own pool).
+    limiter = None if req.build else request.app.state.resolve_threads
     return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal, limiter=limiter)
 
 

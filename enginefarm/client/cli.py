@@ -327,29 +327,34 @@ lscli.register(app)
 
 
 GLOBAL = ("--token",)  # the farm-wide options a command's own options do not repeat
+_TAKES_VALUE = ("--token", "--api")
 
 
 def hoisted(argv: list[str]) -> list[str]:
     """``argv`` with each global option given after the command (``enginefarm ls models --token T``, as a user
-    types it after --api) moved before it, where the parser takes it; nothing after ``--`` is touched."""
-    front: list[str] = []
+    types it after --api) moved to just before the command, after any given before it, so that the last one given
+    wins as it would in place; nothing after ``--`` is touched."""
+    start = 0  # where the command is: past the global options given before it
+    while start < len(argv) and argv[start].startswith("-"):
+        start += 2 if argv[start] in _TAKES_VALUE else 1
+    moved: list[str] = []
     rest: list[str] = []
-    i = 0
+    i = start
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             rest += argv[i:]
             break
         if arg in GLOBAL and i + 1 < len(argv):
-            front += argv[i : i + 2]
+            moved += argv[i : i + 2]
             i += 2
             continue
         if "=" in arg and arg.split("=", 1)[0] in GLOBAL:
-            front.append(arg)
+            moved.append(arg)
         else:
             rest.append(arg)
         i += 1
-    return front + rest
+    return argv[:start] + moved + rest
 
 
 def main() -> None:

@@ -19,8 +19,8 @@ from enginefarm.client.errors import ApiError, api_error
 from enginefarm.client.jobs import BuildJob
 from enginefarm.client.offline import with_cpu
 from enginefarm.client.transport import ProgressReader, Transport
-from enginefarm.core.domain import FINAL_STATES, scope_allows
-from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound
+from enginefarm.core.domain import FINAL_STATES, SCOPES, scope_allows
+from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound, Unauthorized
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.machine import Machine
 from enginefarm.core.names import upload_problems
@@ -49,15 +49,16 @@ class Client(Transport):
         Idempotent by sha256: when the farm already holds these bytes under this name (and version, when given),
         that model is returned and nothing is sent. ``name`` defaults to the file's stem; bytes need one. Streams
         from disk."""
+        version, project = version or None, project or None  # the form leaves an empty one out
         if isinstance(model, bytes):
             if not name:
                 raise ValueError("name the model: upload(data, name=...)")
-            self._may_upload(name, version, project)
+            _check_form(name, version, project)
             sha, filename = hashlib.sha256(model).hexdigest(), f"{name}.onnx"
         else:
             path = Path(model)
             name = name or path.stem
-            self._may_upload(name, version, project)
+            _check_form(name, version, project)
             sha, filename = sha256_file(path), path.name
         held = [
             m
@@ -66,6 +67,7 @@ class Client(Transport):
         ]
         if held:
             return held[0], False
+        self._may_upload(project)
         data = {"name": name} | ({"version": version} if version else {}) | ({"project": project} if project else {})
         body: Any = model if isinstance(model, bytes) else ProgressReader(path, on_bytes)  # httpx reads it as a file
         try:
@@ -77,19 +79,22 @@ class Client(Transport):
                 body.close()
         return self._json(response), response.status_code == 201
 
-    def _may_upload(self, name: str, version: str | None, project: str | None) -> None:
-        """What the farm would refuse only after the last byte of an upload, refused before the first: form fields
-        it does not take (the same rules, ``core.names.upload_problems``), a token that may not upload, and a
-        project's token naming another project. A farm without GET /v1/tokens/current says so after the upload."""
-        if problems := upload_problems(name, version, project):
-            raise api_error(422, ModelRejected("the upload's form fields are invalid", problems=problems).to_dict())
+    def _may_upload(self, project: str | None) -> None:
+        """What the farm would refuse only after the last byte of an upload, refused before the first: a token that
+        may not upload, none where one is needed, and a project's token naming another project. A farm without GET
+        /v1/tokens/current says so after the upload."""
         try:
             me = self.get("/v1/tokens/current")
         except ApiError as exc:
             if exc.status_code in (403, 404, 405):  # a farm from before it (where /v1/tokens/* needed admin)
                 return
             raise
+        if me["scope"] not in SCOPES:  # a scope this client does not know: the farm decides
+            return
         if not scope_allows(me["scope"], "build"):
+            if not self.http.headers.get("authorization"):  # a farm that lets anyone read
+                refused = "uploading needs an API token with scope 'build': set ENGINEFARM_TOKEN or pass --token"
+                raise api_error(401, Unauthorized(refused).to_dict())
             refused = f"token '{me['name']}' has scope '{me['scope']}'; POST /v1/models needs 'build'"
             raise api_error(403, Forbidden(refused).to_dict())
         if me["project"] is not None and project not in (None, me["project"]):
@@ -339,6 +344,13 @@ class Client(Transport):
             return Fetched(answer, dest, False, submitted)
         _, hit = self.cached(eng, cache, on_bytes)
         return Fetched(answer, place_cached(cache, eng, dest), hit, submitted)
+
+
+def _check_form(name: str, version: str | None, project: str | None) -> None:
+    """The upload's form fields, by the farm's own rules (``core.names.upload_problems``): refused before hashing or
+    sending anything, with the 422 the farm would answer after the upload."""
+    if problems := upload_problems(name, version, project):
+        raise api_error(422, ModelRejected("the upload's form fields are invalid", problems=problems).to_dict())
 
 
 @dataclass

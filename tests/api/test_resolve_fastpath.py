@@ -172,3 +172,18 @@ def test_answers_are_computed_on_at_most_the_resolve_threads(catalog, monkeypatc
         with ThreadPoolExecutor(12) as pool:
             assert set(pool.map(ask, range(12))) == {200}
     assert most[0] == threads
+
+
+def test_the_dashboards_question_is_never_taken_for_the_apis(catalog):
+    """The dashboard's resolve page answers through the route's function with ``explain`` and its own reading of its
+    query string; a fleet's GET of the same query string must get the API's answer, not the page's kept one."""
+    from enginefarm.api.ui.session import COOKIE
+
+    settings, token, name = catalog
+    query = {"model": name, "platform": "x86_64"}
+    with _client(settings, token) as http:
+        page = http.get("/ui/resolve", params=query, headers={"Cookie": f"{COOKIE}={token}"})
+        assert page.status_code == 200, page.text
+        api = http.get("/v1/resolve", params=query)
+    assert api.status_code == 200, api.text
+    assert api.json()["candidates"] is None and api.json()["rejected"] is None  # not the page's explained answer

@@ -70,6 +70,21 @@ def test_an_allowed_upload_still_goes_through(farm, dist_settings, tmp_path):
     assert created and model["project"] == "team-c"
 
 
+def test_what_the_farm_takes_is_not_refused(farm, dist_settings, tmp_path):
+    """Bytes the farm holds under the name come back to any token that may read them (nothing is sent); an empty
+    version or project is left out of the form, as it always was, not refused."""
+    path = save_conv_net(tmp_path / "held.onnx", channels=4, blocks=1, seed=43)
+    name = unique_name("held")
+    builder = issue_token(dist_settings, unique_name("builder"), ["build"], project="team-d")
+    with Client(farm.url, token=builder) as client:
+        first, created = client.upload(path, name=name, version="", project="")
+    assert created and first["project"] == "team-d" and first["version"] == "1"
+    reader = issue_token(dist_settings, unique_name("reader"), ["read"], project="team-d")
+    with Client(farm.url, token=reader) as client:
+        again, created = client.upload(path, name=name, project="team-d")
+    assert not created and again["id"] == first["id"]
+
+
 def test_the_current_token_says_what_it_may_do(farm, dist_settings):
     token = issue_token(dist_settings, "who", ["read"], project="team-a")
     me = httpx.get(f"{farm.url}/v1/tokens/current", headers={"Authorization": f"Bearer {token}"}, timeout=30)
