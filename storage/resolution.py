@@ -16,8 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sqlalchemy import Row, Text, and_, any_, bindparam, cast, func, select
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Row, Text, and_, bindparam, cast, func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.core.compat import KIND_FACTS
@@ -91,23 +90,13 @@ ANSWER_COLUMNS = (
 )
 
 
-DIALECTS = ("postgresql", "sqlite")
-
-
-def _among(column, name: str, dialect: str):
-    """``column`` is one of the list bound as ``name``: ``= ANY(array)`` on PostgreSQL, one statement text for any
-    number of values (so the driver prepares it once per connection, and the server plans it once), where an
-    expanding ``IN`` is a new text, planned again, for every length; ``IN (...)`` on SQLite."""
-    if dialect == "postgresql":
-        return column == any_(bindparam(name, type_=ARRAY(column.type)))
-    return column.in_(bindparam(name, expanding=True))
-
-
 # The project's best median latency at the default shape of each engine, per device it was measured on: one
 # aggregate, joined to the engines below; of the engines of these bytes, or of these engines.
-def _best(of_ids: bool, dialect: str):
+def _best(of_ids: bool):
     engines = (
-        _among(BenchmarkRow.engine_id, "ids", dialect) if of_ids else _among(EngineRow.model_sha256, "shas", dialect)
+        BenchmarkRow.engine_id.in_(bindparam("ids", expanding=True))
+        if of_ids
+        else EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
     )
     query = select(
         BenchmarkRow.engine_id,
@@ -132,9 +121,13 @@ def _best(of_ids: bool, dialect: str):
     )
 
 
-def _engines_of(of_ids: bool, dialect: str):
-    best = _best(of_ids, dialect)
-    engines = _among(EngineRow.id, "ids", dialect) if of_ids else _among(EngineRow.model_sha256, "shas", dialect)
+def _engines_of(of_ids: bool):
+    best = _best(of_ids)
+    engines = (
+        EngineRow.id.in_(bindparam("ids", expanding=True))
+        if of_ids
+        else EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
+    )
     measured = (
         best.c.gpu_name.label("measured_gpu"),
         best.c.compute_capability.label("measured_cc"),
@@ -156,8 +149,8 @@ def _engines_of(of_ids: bool, dialect: str):
 # row per engine and device class it was measured on (one with nulls when never measured), in the order of the
 # engines' build key (the unique index the engines are found by), so an engine's rows come together and the
 # engines in the same order every time. ENGINES_OF: every engine of the bytes; ENGINES_BY_ID: the ones named.
-ENGINES_OF = {d: _engines_of(False, d) for d in DIALECTS}
-ENGINES_BY_ID = {d: _engines_of(True, d) for d in DIALECTS}
+ENGINES_OF = _engines_of(of_ids=False)
+ENGINES_BY_ID = _engines_of(of_ids=True)
 
 # The kinds of engine of these bytes (KIND_FACTS: all but an engine's own bytes, size, memory and profiles), each
 # with the ids of its engines: a machine judges a kind once, and reads only the engines of the
@@ -168,14 +161,15 @@ KIND_COLUMNS = tuple(
 )
 
 
-def _kinds_of(dialect: str):
-    # PostgreSQL gives the ids as a list of ints, SQLite as their text
-    ids = func.array_agg(EngineRow.id) if dialect == "postgresql" else func.group_concat(EngineRow.id, ",")
-    shas = _among(EngineRow.model_sha256, "shas", dialect)
+def _kinds_of(ids):
+    shas = EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
     return select(*KIND_COLUMNS, ids).where(shas).group_by(*KIND_COLUMNS)
 
 
-KINDS_OF = {d: _kinds_of(d) for d in DIALECTS}
+KINDS_OF = {
+    "postgresql": _kinds_of(func.array_agg(EngineRow.id)),  # a list of ints
+    "sqlite": _kinds_of(func.group_concat(EngineRow.id, ",")),  # their text
+}
 
 
 # Where an ENGINES_OF row holds what compiling reads (positions: a row's attributes by name cost more, per row).
@@ -295,15 +289,14 @@ def engine_table(session: Session, owner: dict[str, Row], ids: tuple[int, ...] |
     ORM)."""
     key = table_key(owner)
     params: dict[str, Any] = {"project": project_of(owner)}
-    connection = session.connection()
     if ids is None:
-        statement, params["shas"] = ENGINES_OF[connection.dialect.name], list(owner)
+        statement, params["shas"] = ENGINES_OF, list(owner)
     else:
-        statement, params["ids"], key = ENGINES_BY_ID[connection.dialect.name], list(ids), (key, ids)
+        statement, params["ids"], key = ENGINES_BY_ID, list(ids), (key, ids)
     rows: dict[int, Row] = {}  # an engine's first row: the others differ only in their measurement
     latency: dict[int, dict[str, float]] = {}
     shapes: dict[int, dict[str, str]] = {}
-    for r in connection.execute(statement, params).all():
+    for r in session.connection().execute(statement, params).all():
         if (mine := latency.get(r[0])) is None:
             rows[r[0]], mine = r, latency.setdefault(r[0], {})
             shapes[r[0]] = {}

@@ -1,6 +1,6 @@
 """A computed /v1/resolve answer that explains costs two statements: the versions, then the engines with their
-verdicts, their best latencies and every column the answer's engine shows (``storage.resolution.ENGINES_OF``, by
-dialect); the chosen engine needs none of its own. A second machine asking about the same model costs one (the
+verdicts, their best latencies and every column the answer's engine shows (``storage.resolution.ENGINES_OF``); the
+chosen engine needs none of its own. A second machine asking about the same model costs one (the
 versions: the engines are kept). Without ``explain`` they are judged by kind (tests/api/test_resolve_by_kind.py).
 
 The answer's engine must be what GET /v1/engines/{id} says of it (built from ORM rows), verdict metrics, the
