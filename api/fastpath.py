@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, get_args, get_origin
+from typing import Any
 from urllib.parse import parse_qsl
 
 from fastapi import Request, Response
@@ -29,15 +29,9 @@ from starlette.datastructures import Headers
 
 from enginefarm.api.answers import PATH, cached_reader, fleet_answer
 from enginefarm.api.routes.resolve import answered
-from enginefarm.api.schemas import ResolveQuery, ResolveRequest, request_of
+from enginefarm.api.schemas import LISTS, ResolveQuery, ResolveRequest, request_of
 
 log = logging.getLogger(__name__)
-# The query's repeatable parameters (precisions=fp16&precisions=fp32), as FastAPI reads a list field: every value.
-_REPEATABLE = frozenset(
-    name
-    for name, info in ResolveQuery.model_fields.items()
-    if list in {get_origin(info.annotation), *map(get_origin, get_args(info.annotation))}
-)
 _KNOWN = frozenset(ResolveQuery.model_fields)
 
 
@@ -52,7 +46,7 @@ def parsed(query_string: bytes) -> ResolveRequest | None:
     for name, value in pairs:
         if name not in _KNOWN:
             return None
-        if name in _REPEATABLE:
+        if name in LISTS:  # every value, as FastAPI reads a list field
             values.setdefault(name, []).append(value)
         else:
             values[name] = value

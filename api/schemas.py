@@ -227,7 +227,8 @@ SHAPE_PARAMETERS = {
     "max_shapes": "with min_shapes: the range you will run",
 }
 # Repeatable query parameters that also take a comma-separated list (precisions=fp16,fp32).
-_LISTS = ("precisions", "accept")
+# GET /v1/resolve's repeatable parameters (precisions=fp16&precisions=fp32, or precisions=fp16,fp32).
+LISTS = ("precisions", "accept")
 
 
 def _as_parameter(info: FieldInfo) -> tuple[Any, FieldInfo]:
@@ -270,7 +271,7 @@ ResolveQuery: Any = create_model(
     # A parameter it does not know is refused, not ignored: a misspelt filter (precison=int8, trt_version=10.3)
     # would otherwise change the answer without a word.
     __config__=ConfigDict(extra="forbid"),
-    __validators__={"lists": field_validator(*_LISTS, mode="before")(_lists)},
+    __validators__={"lists": field_validator(*LISTS, mode="before")(_lists)},
     **_query_fields(),
 )
 

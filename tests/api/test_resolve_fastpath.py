@@ -12,6 +12,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -98,6 +99,18 @@ def test_a_question_gets_the_same_answer_and_tag_before_routing_as_through_the_r
     assert routed[6][3] == "no-store" and b"tensorrt-rtx/sm86" in routed[6][1]  # the 404 says why, per engine
 
 
+def _after_the_token_is_cached(catalog, monkeypatch, params) -> tuple[httpx.Response, list]:
+    """GET /v1/resolve with ``params`` from a token the process has cached, and the questions the fast path took."""
+    settings, token, name = catalog
+    taken: list = []
+    real = fastpath.answered
+    monkeypatch.setattr(fastpath, "answered", lambda *a: taken.append(a) or real(*a))
+    with _client(settings, token) as http:
+        http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
+        taken.clear()
+        return http.get("/v1/resolve", params=params), taken
+
+
 @pytest.mark.parametrize(
     "extra, words",
     [
@@ -109,28 +122,15 @@ def test_a_question_gets_the_same_answer_and_tag_before_routing_as_through_the_r
     ],
 )
 def test_what_the_route_refuses_is_left_to_the_route(catalog, monkeypatch, extra, words):
-    settings, token, name = catalog
-    taken = []
-    real = fastpath.answered
-    monkeypatch.setattr(fastpath, "answered", lambda *a: taken.append(a) or real(*a))
-    with _client(settings, token) as http:
-        http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
-        taken.clear()
-        r = http.get("/v1/resolve", params=[("model", name), *MACHINE.items(), *extra])
+    r, taken = _after_the_token_is_cached(catalog, monkeypatch, [("model", catalog[2]), *MACHINE.items(), *extra])
     assert r.status_code == 422, r.text
     assert words in r.text
     assert not taken
 
 
 def test_build_true_is_left_to_the_route_which_checks_the_scope(catalog, monkeypatch):
-    settings, token, name = catalog
-    taken = []
-    real = fastpath.answered
-    monkeypatch.setattr(fastpath, "answered", lambda *a: taken.append(a) or real(*a))
-    with _client(settings, token) as http:
-        http.get("/v1/resolve", params={"model": name, **MACHINE})  # caches the token
-        taken.clear()
-        r = http.get("/v1/resolve", params={"model": name, "cc": "7.5", "trt_rtx": RTX_VERSION, "build": "true"})
+    query = {"model": catalog[2], "cc": "7.5", "trt_rtx": RTX_VERSION, "build": "true"}
+    r, taken = _after_the_token_is_cached(catalog, monkeypatch, query)
     assert r.status_code == 403, r.text
     assert "resolve with build=true needs 'build'" in r.text
     assert not taken
