@@ -27,11 +27,9 @@ import argparse
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlencode
@@ -41,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bench import catalogfill, httpload  # noqa: E402
+from bench import catalogfill, floorapp, httpload  # noqa: E402
 from bench.procstat import cpu_of  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.server import localservers  # noqa: E402
@@ -69,6 +67,7 @@ MACHINES = {
     },
     "CPU server": {"platform": "x86_64"},
 }
+PHASES = ("healthz", "cold", "fleet", "conditional", "open-fleet", "open-cold")
 
 
 def run_phase(name: str, coro_of, api_pid: int) -> dict:
@@ -117,18 +116,8 @@ def show(r: dict) -> None:
 def floor_phases(args) -> list[dict]:
     """The server's own floor (bench/floorapp.py: a bare app served as the API is, same workers): a 4.5 KB answer
     and a 304, closed loop, so the farm's cached answer and 304 can be read against what any app costs here."""
-    port = localservers.free_port_pair()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "bench.floorapp", "--port", str(port), "--workers", str(args.api_workers)],
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not localservers.port_open(port):
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the floor server did not listen on {port}")
-            time.sleep(0.1)
+    with floorapp.served(args.api_workers) as server:
+        port = server.port
         host, out = "127.0.0.1", []
         auth = {"Authorization": "Bearer floor"}
         full = httpload.request_bytes("/v1/resolve?model=m", f"{host}:{port}", auth)
@@ -139,9 +128,6 @@ def floor_phases(args) -> list[dict]:
             out.append(run_phase(name, lambda c=loop: c, server.pid))
             show(out[-1])
         return out
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold-rate", type=float, default=400, help="open-cold requests/s")
     parser.add_argument("--open-connections", type=int, default=200)
     parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument(
+        "--phases", help="comma-separated phases to run (default: all, then the bare server's floor)", default=""
+    )
     parser.add_argument("--smoke", action="store_true", help="50 models x 25 engines (one of each kind), 1 s phases")
     args = parser.parse_args(argv)
+    wanted = [p for p in args.phases.split(",") if p] or list(PHASES)
+    if unknown := set(wanted) - set(PHASES):
+        parser.error(f"unknown phase(s) {sorted(unknown)}; the phases are {', '.join(PHASES)}")
     if args.smoke:
         args.models, args.engines, args.seconds, args.rate, args.cold_rate = 50, 25, 1.0, 50, 50
         args.connections, args.open_connections = 4, 8
@@ -226,11 +218,14 @@ def main(argv: list[str] | None = None) -> int:
             "open-cold": opened(cold, args.cold_rate),
         }
         results = []
-        for name, coro_of in phases.items():
+        for name in wanted:
+            coro_of = phases[name]
             httpload.run(httpload.closed_loop(host, port, lambda k: health[0], 4, min(1.0, args.seconds)))  # settle
             results.append(run_phase(name, coro_of, farm.api.pid))
             show(results[-1])
         farm.stop()
+        if args.phases:
+            return 0
         results += floor_phases(args)
     by = {r["phase"]: r for r in results}
 

@@ -8,14 +8,19 @@ the same disk, and measures
   cp        ``cp`` of the bundle to a new file in that directory (the baseline; also with its fsync, since an
             upload answers only once its bytes are on disk)
   floor     what any upload of it must do at least, with no HTTP and no Python per chunk: a socket's bytes
-            read into one reused buffer, hashed (sha256), written and fsynced, then every stored entry's CRC
-            checked from the written file (mapped, not copied). One thread, as the farm's receiving thread is;
+            read into one reused buffer, hashed (sha256), written, then fsynced while every stored entry's CRC
+            is checked from the written file (mapped, not copied). One thread, as the farm's receiving thread is;
             the sender runs beside it. The upload cannot beat this on the same machine.
+  server    the same POST to a bare app under the same server (bench/floorapp.py), which reads the body and
+            drops it: what the HTTP server alone costs to receive the bytes, before any app does anything
   upload    POST /v1/models of the bundle, from the first byte sent until the 201: spooled, hashed, inspected
             and stored. The client sends with sendfile(2), so it takes almost no CPU from the API.
   healthz   sequential keep-alive GET /healthz, first with the farm idle, then while two uploads run at once
 
-and prints the ratios. Every upload sends bytes of its own (the zip comment differs), so none is a repeat the
+Each upload is measured right after a floor of its own, both after a sync, so that the pair meets the same page
+cache (on a virtual machine, how much memory must be reclaimed or first touched for new pages swings the write's
+cost by 2-3x from minute to minute); the ratio upload/floor is given per pair and as their median. It prints the
+ratios. Every upload sends bytes of its own (the zip comment differs), so none is a repeat the
 farm recognises.
 
     python bench/upload.py                  # a 1600 MB bundle, 3 uploads (needs about 15 GB of free disk)
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import http.client
+import json
 import mmap
 import os
 import shutil
@@ -41,6 +47,7 @@ import time
 import uuid
 import zipfile
 import zlib
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +57,11 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 import numpy as np  # noqa: E402
 from onnx import TensorProto, helper  # noqa: E402
 
+from bench import floorapp  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from enginefarm.storage.blobs import model_key  # noqa: E402
+from enginefarm.storage.blobs.local import LocalBlobStore  # noqa: E402
 
 BOUNDARY = "benchUpl0adB0undary"
 MB = 1 << 20
@@ -128,9 +138,9 @@ def check_stored_crcs(path: Path) -> int:
             view.release()
 
 
-def timed_floor(src: Path, dest: Path) -> float:
+def timed_floor(src: Path, dest: Path, keep: bool = False) -> float:
     """Seconds for the floor (module docstring): from the first byte sent until the receiver has the bytes
-    hashed, on disk and their CRCs checked."""
+    hashed, on disk and their CRCs checked. ``dest`` is removed afterwards, unless ``keep``."""
     size = src.stat().st_size
     listener = socket.create_server(("127.0.0.1", 0))
     failed: list[BaseException] = []
@@ -148,8 +158,11 @@ def timed_floor(src: Path, dest: Path) -> float:
                 while done < n:
                     done += os.write(fd, buf[done:n])
                 got += n
-            os.fsync(fd)
+            # The fsync and the CRC checks at once, as the farm overlaps its spool's fsync with the inspection.
+            syncing = threading.Thread(target=os.fsync, args=(fd,), daemon=True)
+            syncing.start()
             check_stored_crcs(dest)
+            syncing.join()
             conn.sendall(b"k")
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             failed.append(exc)
@@ -166,7 +179,8 @@ def timed_floor(src: Path, dest: Path) -> float:
         elapsed = time.perf_counter() - started
     receiver.join()
     listener.close()
-    dest.unlink()
+    if not keep:
+        dest.unlink()
     if failed:
         raise failed[0]
     return elapsed
@@ -175,9 +189,9 @@ def timed_floor(src: Path, dest: Path) -> float:
 # ------------------------------------------------------------------------------ the farm's side
 
 
-def upload(host: str, port: int, token: str, path: Path, name: str) -> tuple[float, float]:
+def upload(host: str, port: int, token: str, path: Path, name: str) -> tuple[float, float, str]:
     """POST the bundle as multipart (sendfile for the file part); returns (seconds until the last byte was sent,
-    seconds until the answer). Raises unless the farm answers 201."""
+    seconds until the answer, the stored model's sha256). Raises unless the farm answers 201."""
     head = (
         f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="name"\r\n\r\n{name}\r\n'
         f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
@@ -202,7 +216,7 @@ def upload(host: str, port: int, token: str, path: Path, name: str) -> tuple[flo
         done = time.perf_counter()
     if answer.status != 201:
         raise RuntimeError(f"upload of {path.name} answered {answer.status}: {body[:500]!r}")
-    return sent - started, done - started
+    return sent - started, done - started, json.loads(body)["sha256"]
 
 
 class HealthProbe(threading.Thread):
@@ -248,6 +262,17 @@ def percentiles(times: list[float]) -> tuple[float, float]:
 # ------------------------------------------------------------------------------ one run
 
 
+def settle_cache(drop: bool, bundle: Path) -> None:
+    """Before a measurement: every dirty page on disk; with ``drop`` (root only) the page cache emptied, then the
+    bundle about to be sent read back into it (the sender reads from memory, as in every other measurement)."""
+    os.sync()
+    if drop:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        with open(bundle, "rb") as fh:
+            while fh.read(16 * MB):
+                pass
+
+
 def run(args, work: Path) -> int:
     data = work / "farm-data"
     env = embedded_env(data)
@@ -267,20 +292,33 @@ def run(args, work: Path) -> int:
     cps = [timed_cp(bundles[0], settings.work_dir / "cp-baseline") for _ in range(args.repeat)]
     cp_s = statistics.median(c[0] for c in cps)
     cp_sync_s = statistics.median(c[1] for c in cps)
-    floor_s = statistics.median(timed_floor(bundles[0], settings.work_dir / "floor") for _ in range(args.repeat))
 
     farm = Farm(env, log_dir=work, token=token)
-    try:
+    with ExitStack() as stack:
+        server_port = stack.enter_context(floorapp.served()).port
+        stack.callback(farm.stop)
         farm.start_api(timeout=120)
         host, port = farm.host, farm.port
         tag = uuid.uuid4().hex[:8]
-        runs = []
+        runs, floors, servers = [], [], []
+        store = LocalBlobStore(settings.resolved_blob_dir)
         for i in range(args.repeat):
+            # The floor and the upload in pairs, each after a sync, and each pair's two files removed only after
+            # both ran: the two meet the same page cache (how much of it is dirty, how many free pages the last
+            # pair's files left), which on its own swings a write's cost by 2-3x from minute to minute.
             bundle = bundles[i % 2]
             recomment(bundle, f"{tag}-{i}".encode())
+            settle_cache(args.drop_caches, bundles[0])
+            floors.append(timed_floor(bundles[0], settings.work_dir / "floor", keep=True))
+            servers.append(upload("127.0.0.1", server_port, token, bundle, "bare")[1])
+            settle_cache(args.drop_caches, bundle)
             runs.append(upload(host, port, token, bundle, f"bench-upload-{tag}-{i}"))
+            (settings.work_dir / "floor").unlink()
+            store.delete(model_key(runs[-1][2]))  # the bench's own farm: its catalog row is thrown away with it
+        floor_s, server_s = statistics.median(floors), statistics.median(servers)
         sent_s = statistics.median(r[0] for r in runs)
         up_s = statistics.median(r[1] for r in runs)
+        pair_ratios = [f / r[1] for f, r in zip(floors, runs)]
 
         probe = HealthProbe(host, port)
         probe.start()
@@ -310,8 +348,6 @@ def run(args, work: Path) -> int:
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-    finally:
-        farm.stop()
 
     up_mbs, cp_mbs, cp_sync_mbs = size / MB / up_s, size / MB / cp_s, size / MB / cp_sync_s
     floor_mbs = size / MB / floor_s
@@ -321,6 +357,8 @@ def run(args, work: Path) -> int:
     print(f"  cp                      {cp_s:7.2f} s  {cp_mbs:8.0f} MB/s")
     print(f"  cp + fsync              {cp_sync_s:7.2f} s  {cp_sync_mbs:8.0f} MB/s")
     print(f"  floor                   {floor_s:7.2f} s  {floor_mbs:8.0f} MB/s   (hash, write, fsync, CRCs)")
+    server_mbs = size / MB / server_s
+    print(f"  server alone            {server_s:7.2f} s  {server_mbs:8.0f} MB/s   (a bare app: body read, dropped)")
     print(f"  upload (201 answered)   {up_s:7.2f} s  {up_mbs:8.0f} MB/s   (last byte sent after {sent_s:.2f} s)")
     print(f"  two uploads at once     {both_s:7.2f} s  {2 * size / MB / both_s:8.0f} MB/s together")
     print("GET /healthz (ms):            p50      p99   requests")
@@ -333,6 +371,14 @@ def run(args, work: Path) -> int:
     print(
         f"floor/cp throughput: {floor_mbs / cp_mbs:.2f}x  (floor/(cp + fsync): {floor_mbs / cp_sync_mbs:.2f}x); "
         f"upload/floor: {up_mbs / floor_mbs:.2f}x"
+    )
+    print(
+        f"upload/floor per pair (each floor measured just before its upload): "
+        f"{', '.join(f'{r:.2f}' for r in pair_ratios)}; median {statistics.median(pair_ratios):.2f}x"
+    )
+    print(
+        f"the server alone takes {server_s / floor_s:.2f}x the floor's time (receiving the body, before any app "
+        f"does anything); the upload {up_s - server_s:.2f} s more than the server alone"
     )
     print(
         f"healthz during/idle: p50 {busy_p50 / idle_p50:.1f}x, p99 {busy_p99 / idle_p99:.1f}x "
@@ -351,6 +397,11 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="where the bundle and the farm's data go (default: a temporary folder)",
+    )
+    parser.add_argument(
+        "--drop-caches",
+        action="store_true",
+        help="empty the page cache before each floor and each upload (root only): the steadiest pairs",
     )
     parser.add_argument("--smoke", action="store_true", help="a few MB, one upload: checks that it runs")
     args = parser.parse_args(argv)
