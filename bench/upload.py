@@ -308,8 +308,8 @@ def run(args, work: Path) -> int:
             # pair's files left), which on its own swings a write's cost by 2-3x from minute to minute.
             bundle = bundles[i % 2]
             recomment(bundle, f"{tag}-{i}".encode())
-            settle_cache(args.drop_caches, bundles[0])
-            floors.append(timed_floor(bundles[0], settings.work_dir / "floor", keep=True))
+            settle_cache(args.drop_caches, bundle)
+            floors.append(timed_floor(bundle, settings.work_dir / "floor", keep=True))
             servers.append(upload("127.0.0.1", server_port, token, bundle, "bare")[1])
             settle_cache(args.drop_caches, bundle)
             runs.append(upload(host, port, token, bundle, f"bench-upload-{tag}-{i}"))
@@ -375,6 +375,10 @@ def run(args, work: Path) -> int:
     print(
         f"upload/floor per pair (each floor measured just before its upload): "
         f"{', '.join(f'{r:.2f}' for r in pair_ratios)}; median {statistics.median(pair_ratios):.2f}x"
+    )
+    print(
+        "  floor, server alone, upload per pair (s): "
+        + "; ".join(f"{f:.2f} {b:.2f} {r[1]:.2f}" for f, b, r in zip(floors, servers, runs))
     )
     print(
         f"the server alone takes {server_s / floor_s:.2f}x the floor's time (receiving the body, before any app "
