@@ -38,10 +38,9 @@ MAX_FIELD_BYTES = 64 << 10
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
 MAX_PART_HEADER_BYTES = PART_HEADERS * (PART_HEADER_LINE_BYTES + 2)
 PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) and its line breaks
-# The most of the file's bytes hashed and written at once. A batch of chunks (up to bulkwork.BATCH_BYTES, 4 MiB) written
-# with one write(2) cost the kernel 2-3x the time of the same bytes written a MiB at a time (the copy into the page
-# cache; an 800 MB upload 2.2 s against 1.35 s, docs/performance.md), and joining the chunks a MiB at a time still
-# lets go of the GIL once per MiB, not once per chunk.
+# The most of the file's bytes hashed and written at once. A batch of chunks (up to bulkwork.BATCH_BYTES, 4 MiB)
+# joined and written whole took the receiving thread 2-3x the system time of the same bytes a MiB at a time: an 800
+# MB upload 2.1-2.2 s against 1.15-1.2 s, after an emptied page cache (docs/performance.md, uploads a MiB at a time).
 WRITE_BYTES = 1 << 20
 
 

@@ -98,9 +98,9 @@ def test_the_loop_stays_free_while_a_body_is_parsed_hashed_and_written(tmp_path)
 
 
 def test_a_batch_of_chunks_is_written_a_mib_at_a_time(tmp_path):
-    """The receiving thread takes up to 4 MiB of chunks per hop; written with one write(2), such a batch cost the
-    kernel 2-3x the time of the same bytes a MiB at a time (docs/performance.md). Every byte is written once, in
-    order, in pieces of about WRITE_BYTES."""
+    """The receiving thread takes up to 4 MiB of chunks per hop; joined and written whole, such a batch cost 2-3x
+    the system time of the same bytes a MiB at a time (docs/performance.md). Every byte is written once, in order,
+    in pieces of about WRITE_BYTES."""
     limits = UploadLimits(file_bytes=1 << 40, file_setting="X", form_fields=4, form_bytes=1 << 16, idle_timeout_s=60)
     receiver = _Receiver(tmp_path, limits, "file")
     written: list[bytes] = []
