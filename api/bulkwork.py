@@ -15,8 +15,8 @@ import anyio.from_thread
 import anyio.lowlevel
 
 T = TypeVar("T")
-# Between the loop and the thread that parses, hashes and writes: at most this many chunks wait (each at most
-# about 64 KiB as the server hands them over), and the thread takes up to BATCH_BYTES of them per hop.
+# Between the loop and the thread that parses, hashes and writes: at most this many chunks wait (each about
+# 64-256 KiB as the server hands them over), and the thread takes up to BATCH_BYTES of them per hop.
 QUEUED_CHUNKS, BATCH_BYTES = 128, 4 << 20
 BULK_NICE = 10  # how much lower than the API's other threads the one that receives an upload runs
 

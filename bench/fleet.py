@@ -19,6 +19,7 @@ request; then the ratios: conditional/cold and fleet/cold CPU per request, and e
     python bench/fleet.py                       # 1,000,000 engines, 2 API workers, 20 s phases
     python bench/fleet.py --models 1000         # 100,000 engines
     python bench/fleet.py --smoke               # 50 models x 25 engines, 1 s phases: checks that it runs
+    python bench/fleet.py --phases cold         # only the phases named (no bare-server floor, no ratios)
 """
 
 from __future__ import annotations
@@ -224,25 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_phase(name, coro_of, farm.api.pid))
             show(results[-1])
         farm.stop()
-        if args.phases:
-            return 0
-        results += floor_phases(args)
-    by = {r["phase"]: r for r in results}
-
-    def cost(p: str) -> float:
-        return by[p]["api_cpu_ms"] + by[p]["pg_cpu_ms"]
-
-    ratios = {
-        "conditional/cold CPU per request": cost("conditional") / cost("cold"),
-        "fleet/cold CPU per request": cost("fleet") / cost("cold"),
-        "conditional/fleet CPU per request": cost("conditional") / cost("fleet"),
-        "floor 304/200 CPU per request": cost("floor-304") / cost("floor-200"),
-        "fleet/floor-200 CPU per request": cost("fleet") / cost("floor-200"),
-        "conditional/floor-304 CPU per request": cost("conditional") / cost("floor-304"),
-        "cold/healthz throughput": by["cold"]["rps"] / by["healthz"]["rps"],
-        "fleet/healthz throughput": by["fleet"]["rps"] / by["healthz"]["rps"],
-        "conditional/healthz throughput": by["conditional"]["rps"] / by["healthz"]["rps"],
-    }
+        if not args.phases:
+            results += floor_phases(args)
+    ratios = {} if args.phases else the_ratios({r["phase"]: r for r in results})
     print(
         f"{filled['engines']} engines, {args.api_workers} API workers, {os.cpu_count()} CPUs; open loop "
         f"{args.rate:.0f} req/s (fleet) and {args.cold_rate:.0f} req/s (cold) over {args.open_connections} "
@@ -263,6 +248,25 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def the_ratios(by: dict[str, dict]) -> dict[str, float]:
+    """Each phase against the others and against the bare server's floor (every phase run)."""
+
+    def cost(p: str) -> float:
+        return by[p]["api_cpu_ms"] + by[p]["pg_cpu_ms"]
+
+    return {
+        "conditional/cold CPU per request": cost("conditional") / cost("cold"),
+        "fleet/cold CPU per request": cost("fleet") / cost("cold"),
+        "conditional/fleet CPU per request": cost("conditional") / cost("fleet"),
+        "floor 304/200 CPU per request": cost("floor-304") / cost("floor-200"),
+        "fleet/floor-200 CPU per request": cost("fleet") / cost("floor-200"),
+        "conditional/floor-304 CPU per request": cost("conditional") / cost("floor-304"),
+        "cold/healthz throughput": by["cold"]["rps"] / by["healthz"]["rps"],
+        "fleet/healthz throughput": by["fleet"]["rps"] / by["healthz"]["rps"],
+        "conditional/healthz throughput": by["conditional"]["rps"] / by["healthz"]["rps"],
+    }
 
 
 if __name__ == "__main__":

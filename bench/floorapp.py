@@ -10,6 +10,7 @@ bench/upload.py an upload against what the server alone costs to receive its byt
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -78,8 +79,13 @@ def served(workers: int = 1) -> Iterator[subprocess.Popen]:
             time.sleep(0.1)
         yield server
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # it may have exited already (it never listened)
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
 
 
 def main() -> None:

@@ -17,10 +17,11 @@ the same disk, and measures
             and stored. The client sends with sendfile(2), so it takes almost no CPU from the API.
   healthz   sequential keep-alive GET /healthz, first with the farm idle, then while two uploads run at once
 
-Each upload is measured right after a floor of its own, both after a sync, so that the pair meets the same page
-cache (on a virtual machine, how much memory must be reclaimed or first touched for new pages swings the write's
-cost by 2-3x from minute to minute); the ratio upload/floor is given per pair and as their median. It prints the
-ratios. Every upload sends bytes of its own (the zip comment differs), so none is a repeat the
+Each repeat measures the floor, the bare server and the upload of the same bundle back to back, each after a sync
+(``--drop-caches``, as root: with the page cache emptied and the bundle read back in), each one's file removed as
+soon as it is measured, so that the three meet the same page cache (whose state swings a write's cost by 2-3x from
+minute to minute on some machines). It prints upload/floor per repeat and their median, and the other ratios.
+Every upload sends bytes of its own (the zip comment differs), so none is a repeat the
 farm recognises.
 
     python bench/upload.py                  # a 1600 MB bundle, 3 uploads (needs about 15 GB of free disk)
@@ -138,9 +139,9 @@ def check_stored_crcs(path: Path) -> int:
             view.release()
 
 
-def timed_floor(src: Path, dest: Path, keep: bool = False) -> float:
+def timed_floor(src: Path, dest: Path) -> float:
     """Seconds for the floor (module docstring): from the first byte sent until the receiver has the bytes
-    hashed, on disk and their CRCs checked. ``dest`` is removed afterwards, unless ``keep``."""
+    hashed, on disk and their CRCs checked. ``dest`` is removed afterwards."""
     size = src.stat().st_size
     listener = socket.create_server(("127.0.0.1", 0))
     failed: list[BaseException] = []
@@ -161,8 +162,10 @@ def timed_floor(src: Path, dest: Path, keep: bool = False) -> float:
             # The fsync and the CRC checks at once, as the farm overlaps its spool's fsync with the inspection.
             syncing = threading.Thread(target=os.fsync, args=(fd,), daemon=True)
             syncing.start()
-            check_stored_crcs(dest)
-            syncing.join()
+            try:
+                check_stored_crcs(dest)
+            finally:
+                syncing.join()  # before the descriptor is closed below
             conn.sendall(b"k")
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             failed.append(exc)
@@ -179,8 +182,7 @@ def timed_floor(src: Path, dest: Path, keep: bool = False) -> float:
         elapsed = time.perf_counter() - started
     receiver.join()
     listener.close()
-    if not keep:
-        dest.unlink()
+    dest.unlink()
     if failed:
         raise failed[0]
     return elapsed
@@ -303,17 +305,17 @@ def run(args, work: Path) -> int:
         runs, floors, servers = [], [], []
         store = LocalBlobStore(settings.resolved_blob_dir)
         for i in range(args.repeat):
-            # The floor and the upload in pairs, each after a sync, and each pair's two files removed only after
-            # both ran: the two meet the same page cache (how much of it is dirty, how many free pages the last
-            # pair's files left), which on its own swings a write's cost by 2-3x from minute to minute.
+            # The floor, the bare server and the upload of one bundle back to back, each after a sync (and with
+            # --drop-caches an emptied page cache), each one's file removed as soon as it is measured: the three
+            # meet the same page cache, which on its own swings a write's cost by 2-3x from minute to minute.
             bundle = bundles[i % 2]
             recomment(bundle, f"{tag}-{i}".encode())
             settle_cache(args.drop_caches, bundle)
-            floors.append(timed_floor(bundle, settings.work_dir / "floor", keep=True))
+            floors.append(timed_floor(bundle, settings.work_dir / "floor"))
+            settle_cache(args.drop_caches, bundle)
             servers.append(upload("127.0.0.1", server_port, token, bundle, "bare")[1])
             settle_cache(args.drop_caches, bundle)
             runs.append(upload(host, port, token, bundle, f"bench-upload-{tag}-{i}"))
-            (settings.work_dir / "floor").unlink()
             store.delete(model_key(runs[-1][2]))  # the bench's own farm: its catalog row is thrown away with it
         floor_s, server_s = statistics.median(floors), statistics.median(servers)
         sent_s = statistics.median(r[0] for r in runs)
