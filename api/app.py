@@ -9,10 +9,10 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -97,6 +97,11 @@ def _answer(exc: EnginefarmError) -> JSONResponse:
 GC_YOUNG = 20_000  # allocations between young collections (the interpreter's default: 700)
 
 
+def resolve_pool(settings: Settings) -> ThreadPoolExecutor:
+    """The threads that compute resolve answers (``ENGINEFARM_RESOLVE_THREADS``): made as they are first used."""
+    return ThreadPoolExecutor(settings.resolve_threads, thread_name_prefix="resolve")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -123,6 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             changes.stop()
+            # its threads end; a fresh pool (threads made when first used) for an app started again
+            threads, app.state.resolve_threads = app.state.resolve_threads, resolve_pool(settings)
+            threads.shutdown(wait=False)
             if reconciler is not None:
                 reconciler.stop()
 
@@ -131,6 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         lifespan=lifespan,
         description="Upload ONNX once; get the right TensorRT engine for every GPU.",
+        telemetry=None if settings.opentelemetry else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
@@ -138,7 +147,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.answers = Answers(settings.resolve_cache_entries)
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()
-    app.state.resolve_threads = anyio.CapacityLimiter(settings.resolve_threads)  # api/routes/resolve.py
+    app.state.resolve_threads = resolve_pool(settings)  # api/routes/resolve.py
     # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -39,6 +40,18 @@ UPLOAD_BYTES = Counter(
 )
 
 
+_SERIES: dict[tuple[str, str, int], Any] = {}
+
+
+def series(method: str, route: str, status: int) -> Any:
+    """REQUEST_SECONDS' series for these labels, kept once looked up (``labels`` locks and builds its key on every
+    call; the series are as many as the labels' combinations either way)."""
+    key = (method, route, status)
+    if (found := _SERIES.get(key)) is None:
+        found = _SERIES[key] = REQUEST_SECONDS.labels(method, route, str(status))
+    return found
+
+
 class Observe:
     """ASGI middleware: every HTTP request's latency, by its route's template (not its path, which would give a
     series per engine id); a path no route matched counts as ``unmatched``."""
@@ -61,7 +74,7 @@ class Observe:
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or scope.get("metrics_route") or "unmatched"
-            REQUEST_SECONDS.labels(scope["method"], label, str(status[0])).observe(time.perf_counter() - started)
+            series(scope["method"], label, status[0]).observe(time.perf_counter() - started)
 
 
 class CatalogCollector:

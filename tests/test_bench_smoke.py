@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
         ("upload.py", "upload/floor"),
         ("fleet.py", "conditional/cold CPU per request"),
         ("tail.py", "resolve/healthz p99"),
+        ("appcpu.py", "hop executor/anyio"),
     ],
 )
 def test_bench_smoke(script, says, tmp_path):

@@ -12,6 +12,7 @@ of the fleet is answered from the process's cache without judging anything again
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 import anyio
@@ -90,9 +91,12 @@ async def answered(req: ResolveRequest, request: Request, settings: Settings, pr
     computed answer is mostly Python holding the GIL, and with the forty threads of the server's pool taking turns
     at it, a cold answer cost 2.55 ms of API CPU against 2.31 ms on two threads, and 506 against 592 answers a
     second (docs/performance.md, round 6). The event loop never waits on the catalog."""
-    # A build for the machine writes and queues: never in the way of the answers (the server's own pool).
-    limiter = None if req.build else request.app.state.resolve_threads
-    return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal, limiter=limiter)
+    if req.build:  # a build for the machine writes and queues: never in the way of the answers (the server's pool)
+        return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal)
+    # The process's own pool of resolve threads, through asyncio's executor hand-off: anyio's (its capacity limiter,
+    # its run-time lookups of the event loop's library) was about a tenth of a cold answer's GIL time.
+    pool = request.app.state.resolve_threads
+    return await asyncio.get_running_loop().run_in_executor(pool, answer, req, request, None, settings, principal)
 
 
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)

@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     # Threads of each API process that compute resolve answers (api/routes/resolve.py). Few: a computed answer is
     # mostly Python holding the GIL, and many threads handing it to each other cost more than they overlap.
     resolve_threads: int = Field(default=2, ge=1, le=64)
+    # FastAPI's own OpenTelemetry spans, metrics and logs of each request, sent to the OpenTelemetry providers the
+    # process is run with (e.g. under ``opentelemetry-instrument``). Off, the farm's metrics are GET /metrics'
+    # (Prometheus) and no request looks for a provider: that look, on every request, was about a twentieth of a
+    # 304's CPU (docs/performance.md).
+    opentelemetry: bool = False
 
     # Dashboard sign-ins: sessions one token may open a minute (in the catalog, across API processes), and attempts
     # one client address may make a minute (in each API process). Past either, a 429 with Retry-After.
