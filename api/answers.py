@@ -32,7 +32,7 @@ from sqlalchemy import Row
 from starlette.datastructures import Headers
 
 from enginefarm.api.auth import refresh_soon
-from enginefarm.api.metrics import RESOLVES
+from enginefarm.api.metrics import RESOLVES, labelled
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
@@ -188,9 +188,9 @@ async def fleet_answer(app, scope, headers: Headers, principal: Principal) -> Re
     tag = etag_of(known.digest, principal.project, models)
     out = {"ETag": tag, **HEADERS}
     if matches(headers.get("if-none-match"), tag):
-        RESOLVES.labels("not_modified").inc()
+        labelled(RESOLVES, "not_modified").inc()
         return Response(status_code=304, headers=out)
     if (kept := answers.get(tag)) is not None:
-        RESOLVES.labels(kept[1]).inc()
+        labelled(RESOLVES, kept[1]).inc()
         return Response(kept[0], media_type="application/json", headers=out)
     return None

@@ -40,15 +40,15 @@ UPLOAD_BYTES = Counter(
 )
 
 
-_SERIES: dict[tuple[str, str, int], Any] = {}
+_SERIES: dict[tuple, Any] = {}
 
 
-def series(method: str, route: str, status: int) -> Any:
-    """REQUEST_SECONDS' series for these labels, kept once looked up (``labels`` locks and builds its key on every
-    call; the series are as many as the labels' combinations either way)."""
-    key = (method, route, status)
+def labelled(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, kept once looked up: ``labels`` takes a lock and builds its key on every call
+    (a twentieth of a 304's CPU in the app). The series are as many as the labels' combinations either way."""
+    key = (id(metric), values)
     if (found := _SERIES.get(key)) is None:
-        found = _SERIES[key] = REQUEST_SECONDS.labels(method, route, str(status))
+        found = _SERIES[key] = metric.labels(*values)
     return found
 
 
@@ -74,7 +74,7 @@ class Observe:
         finally:
             route = scope.get("route")
             label = getattr(route, "path", None) or scope.get("metrics_route") or "unmatched"
-            series(scope["method"], label, status[0]).observe(time.perf_counter() - started)
+            labelled(REQUEST_SECONDS, scope["method"], label, str(status[0])).observe(time.perf_counter() - started)
 
 
 class CatalogCollector:

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from enginefarm.api import machinebuilds
 from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
-from enginefarm.api.metrics import RESOLVES
+from enginefarm.api.metrics import RESOLVES, labelled
 from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
 from enginefarm.api.versions import Versions
 from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose, judged_by_kind, kind_rules
@@ -217,10 +217,10 @@ def resolve(
     digest = digest_of(req)
     tag = etag_of(digest, project, models)
     if matches(if_none_match, tag):
-        RESOLVES.labels("not_modified").inc()
+        labelled(RESOLVES, "not_modified").inc()
         return Outcome(304, tag=tag)
     if (kept := answers.get(tag)) is not None:
-        RESOLVES.labels(kept[1]).inc()
+        labelled(RESOLVES, kept[1]).inc()
         return Outcome(200, kept[0], tag)
     owner = resolution.owners(models)
     if (kinds := by_kind(session, tables, owner, machine, req)) is not None:
@@ -237,7 +237,7 @@ def resolve(
         if machine.shapes and (wrong := shapes_problem(table, machine.shapes)):
             raise SpecInvalid(wrong, problems=[{"loc": ["shapes"], "msg": wrong}])
         error = no_fit_error(choice, rows, req.model, req.version)
-        RESOLVES.labels("build" if req.build else "no_fit").inc()
+        labelled(RESOLVES, "build" if req.build else "no_fit").inc()
         if not req.build:
             error.context["build"] = fit = machinebuilds.what_would_fit(req)
             if fit["command"]:
@@ -278,7 +278,7 @@ def resolve(
     )
     body = out.model_dump_json().encode()
     answers.put(tag, body, out.match)
-    RESOLVES.labels(out.match).inc()
+    labelled(RESOLVES, out.match).inc()
     if query is not None:
         answers.remember(query, project, Known(req.model, req.version, digest))
     return Outcome(200, body, tag)
