@@ -84,7 +84,14 @@ class Answers:
         self._lock = threading.Lock()  # routes run in a thread pool
 
     def known(self, query: bytes, project: str | None) -> Known | None:
-        return self._queries.get((query, project))
+        """What a query string answered before asked; kept least recently used out, as the bodies are: a fleet's
+        question asked all the time must not fall out behind thousands asked once."""
+        key = (query, project)
+        with self._lock:
+            known = self._queries.get(key)
+            if known is not None:
+                self._queries.move_to_end(key)
+            return known
 
     def remember(self, query: bytes, project: str | None, known: Known) -> None:
         if self.entries <= 0:

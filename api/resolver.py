@@ -216,12 +216,18 @@ def resolve(
     versions.put((req.model, req.version, project), models, stamp)
     digest = digest_of(req)
     tag = etag_of(digest, project, models)
+
+    def answered(outcome: Outcome) -> Outcome:
+        if query is not None:  # every answer from here on, kept or not: the fleet's path has it from now on
+            answers.remember(query, project, Known(req.model, req.version, digest))
+        return outcome
+
     if matches(if_none_match, tag):
         labelled(RESOLVES, "not_modified").inc()
-        return Outcome(304, tag=tag)
+        return answered(Outcome(304, tag=tag))
     if (kept := answers.get(tag)) is not None:
         labelled(RESOLVES, kept[1]).inc()
-        return Outcome(200, kept[0], tag)
+        return answered(Outcome(200, kept[0], tag))
     owner = resolution.owners(models)
     if (kinds := by_kind(session, tables, owner, machine, req)) is not None:
         table, choice, excluded = kinds
@@ -279,6 +285,4 @@ def resolve(
     body = out.model_dump_json().encode()
     answers.put(tag, body, out.match)
     labelled(RESOLVES, out.match).inc()
-    if query is not None:
-        answers.remember(query, project, Known(req.model, req.version, digest))
-    return Outcome(200, body, tag)
+    return answered(Outcome(200, body, tag))

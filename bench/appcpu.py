@@ -9,7 +9,7 @@ and counts the process's CPU (every thread: the resolve threads' too) per reques
   healthz       GET /healthz through the whole app
   fleet         a fleet's resolve GETs, answered from the kept answers
   conditional   the same with If-None-Match: 304s
-  cold          each GET a random model and machine: nearly every answer computed
+  cold          each GET a model and kind of machine not asked before: every answer computed
 
 and, in the same run, two comparisons of what the app's code chose against what it replaced:
 
@@ -18,7 +18,7 @@ and, in the same run, two comparisons of what the app's code chose against what 
   telemetry     the fleet's 304s with FastAPI's OpenTelemetry look on every request (its default) against off
                 (``ENGINEFARM_OPENTELEMETRY``, the farm's default)
 
-Phases alternate over ``--rounds``; each prints the median of its rounds and the spread.
+Phases alternate over ``--rounds``; each prints the median of its rounds and every round's figure.
 
     python bench/appcpu.py                  # 2,000 models x 100 engines, 3 rounds
     python bench/appcpu.py --smoke          # 50 models x 25 engines: checks that it runs
@@ -156,10 +156,15 @@ def questions(token: str, names: list[str]) -> tuple[list[Question], Callable[[i
         for m in random.Random(3).sample(names, min(20, len(names)))
         for fp in MACHINES.values()
     ]
-    rng, fps = random.Random(11), list(MACHINES.values())
+    # Every (model, machine) question once, in a shuffled order, so no cold question is answered from the cache
+    # (with fewer of them than cold requests, they come round again)
+    pairs = [(m, fp) for m in names for fp in MACHINES.values()]
+    random.Random(11).shuffle(pairs)
+    asked = iter(range(1 << 62))
 
     def cold(_k: int) -> Question:
-        return (b"/v1/resolve", urlencode({"model": rng.choice(names), **rng.choice(fps)}).encode(), [host, auth])
+        m, fp = pairs[next(asked) % len(pairs)]
+        return (b"/v1/resolve", urlencode({"model": m, **fp}).encode(), [host, auth])
 
     return fleet, cold
 
@@ -236,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     med = {name: statistics.median(us) for name, us in rounds.items()}
     print(f"{filled['engines']} engines, {args.tasks} requests in flight, {args.rounds} round(s); CPU us/request:")
     for name, us in rounds.items():
-        print(f"  {name:28s} {med[name]:8.1f}   ({min(us):.1f}-{max(us):.1f})")
+        print(f"  {name:28s} {med[name]:8.1f}   (rounds: {', '.join(f'{u:.1f}' for u in us)})")
     app = {name: med[name] - med["null"] for name in ("healthz", "fleet", "conditional", "cold")}
     print("ratios (medians; 'app' less the driver's null floor):")
     for label, value in (

@@ -187,3 +187,32 @@ def test_the_dashboards_question_is_never_taken_for_the_apis(catalog):
         api = http.get("/v1/resolve", params=query)
     assert api.status_code == 200, api.text
     assert api.json()["candidates"] is None and api.json()["rejected"] is None  # not the page's explained answer
+
+
+def test_a_fleets_question_stays_on_the_fast_path_among_many_asked_once(catalog, monkeypatch):
+    """The query strings answered before are kept least recently used out, and one the full path answers from a
+    kept body (or with a 304) is taken back: with room for 8, a fleet's question asked between each of 20 others,
+    each asked once, is answered before routing every time after its first. It used to fall out after 8 others
+    (first in, first out) and then went through the full path for good, its body still kept."""
+    settings, token, name = catalog
+    settings = settings.model_copy(update={"resolve_cache_entries": 8})
+    fleet = [("model", name), *MACHINE.items()]
+    computed: list[bytes] = []
+    real = fastpath.direct_answer
+
+    async def counted(app, scope, principal):
+        computed.append(scope["query_string"])
+        return await real(app, scope, principal)
+
+    monkeypatch.setattr(fastpath, "direct_answer", counted)
+    with _client(settings, token) as http:
+        first = http.get("/v1/resolve", params=fleet)
+        assert first.status_code == 200, first.text
+        tag = first.headers["etag"]
+        del computed[:]
+        for i in range(20):
+            other = http.get("/v1/resolve", params=[*fleet, ("memory_mib", str(4000 + i))])
+            assert other.status_code == 200, other.text
+            again = http.get("/v1/resolve", params=fleet, headers={"If-None-Match": tag} if i % 2 else {})
+            assert again.status_code == (304 if i % 2 else 200) and again.headers["etag"] == tag
+    assert len(computed) == 20, computed  # the 20 others, each once; the fleet's question never
