@@ -109,7 +109,7 @@ def by_kind(
         tables.put(kinds)
     excluded: Counter[str] = Counter()
     ids: list[int] = []
-    for rule, engines in zip(kind_rules(kinds.kinds, resolution.kind_of, machine, req), kinds.ids):
+    for rule, engines in zip(kind_rules(kinds.kinds, kinds.describe, machine, req), kinds.ids):
         if rule is not None:
             excluded[rule.value] += len(engines)
         else:

@@ -8,6 +8,7 @@ about a third benchmarked on the GPU model it was built for. 1,000,000 engines t
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -53,6 +54,7 @@ ENGINE_COLS = (
     "built_by",
     "created_at",
     "profiles",
+    "kind_key",
 )
 VERDICT_COLS = ("engine_id", "project", "accuracy", "accuracy_pass", "checked_at")
 MODEL_COLS = (
@@ -119,6 +121,27 @@ def model_name(i: int) -> str:
     return f"fleet-{i:05d}"
 
 
+@functools.cache
+def kind_key_of(target, backend, version, precision, trt, plat, cc) -> int:
+    """The kind key the farm writes with an engine of these facts (``compat.kind_key``)."""
+    from enginefarm.core.compat import kind_key
+
+    return kind_key(
+        {
+            "target": target,
+            "backend": backend,
+            "backend_version": version,
+            "precision": precision,
+            "platform": plat,
+            "compute_capability": cc,
+            "compute_capabilities": [cc] if cc else [],
+            "trt_version": trt,
+            "cuda_version": "13.0" if cc else None,
+            "driver_version": "580.82.07" if cc else None,
+        }
+    )
+
+
 def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
     """COPY the zoo into the catalog at ``pg_url`` (migrated, empty); returns counts and seconds."""
     import psycopg
@@ -142,6 +165,7 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                     for i in range(engines):
                         eid += 1
                         target, backend, version, trt, plat, cc = all_kinds[i % len(all_kinds)]
+                        precision = PRECISIONS[(i // len(all_kinds)) % len(PRECISIONS)]
                         batch_max = rng.choice([1, 8, 16, 32])
                         profile = {
                             "images": {
@@ -159,7 +183,7 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                                 target,
                                 backend,
                                 version,
-                                PRECISIONS[(i // len(all_kinds)) % len(PRECISIONS)],
+                                precision,
                                 cc,
                                 json.dumps([cc] if cc else []),
                                 None,
@@ -176,6 +200,7 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
                                 "fill",
                                 now,
                                 json.dumps([profile]),
+                                kind_key_of(target, backend, version, precision, trt, plat, cc),
                             )
                         )
                         if (passed := accuracy(rng, cc)) is not None:

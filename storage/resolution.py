@@ -152,24 +152,34 @@ def _engines_of(of_ids: bool):
 ENGINES_OF = _engines_of(of_ids=False)
 ENGINES_BY_ID = _engines_of(of_ids=True)
 
+
 # The kinds of engine of these bytes (KIND_FACTS: all but an engine's own bytes, size, memory and profiles), each
-# with the ids of its engines: a machine judges a kind once, and reads only the engines of the
-# kinds that may run on it (``kind_table``). A model's 100 engines are a few dozen kinds.
-KIND_COLUMNS = tuple(
-    cast(getattr(EngineRow, name), Text).label(name) if name in JSON_FACTS else getattr(EngineRow, name)
-    for name in KIND_FACTS
-)
-
-
+# with the ids of its engines: a machine judges a kind once, and reads only the engines of the kinds that may run
+# on it (``kind_table``). A model's 100 engines are a few dozen kinds, grouped by the one column each engine's
+# kind key is written in (``compat.kind_key``); a kind's facts are read once per process (KIND_FACTS_OF), since
+# the same kinds recur across models.
 def _kinds_of(ids):
     shas = EngineRow.model_sha256.in_(bindparam("shas", expanding=True))
-    return select(*KIND_COLUMNS, ids).where(shas).group_by(*KIND_COLUMNS)
+    return select(EngineRow.kind_key, ids).where(shas).group_by(EngineRow.kind_key)
 
 
 KINDS_OF = {
     "postgresql": _kinds_of(func.array_agg(EngineRow.id)),  # a list of ints
     "sqlite": _kinds_of(func.group_concat(EngineRow.id, ",")),  # their text
 }
+KIND_COLUMNS = tuple(
+    cast(getattr(EngineRow, name), Text).label(name) if name in JSON_FACTS else getattr(EngineRow, name)
+    for name in KIND_FACTS
+)
+# The facts of these kinds, from these bytes' engines (a kind's engines all have the same; one row a kind).
+KIND_FACTS_OF = (
+    select(EngineRow.kind_key, *KIND_COLUMNS)
+    .where(
+        EngineRow.model_sha256.in_(bindparam("shas", expanding=True)),
+        EngineRow.kind_key.in_(bindparam("keys", expanding=True)),
+    )
+    .group_by(EngineRow.kind_key, *KIND_COLUMNS)
+)
 
 
 # Where an ENGINES_OF row holds what compiling reads (positions: a row's attributes by name cost more, per row).
@@ -324,30 +334,50 @@ def engine_table(session: Session, owner: dict[str, Row], ids: tuple[int, ...] |
 
 @dataclass(frozen=True)
 class KindTable:
-    """The kinds of engine of a set of model versions' bytes, each a row of KIND_FACTS (``kind_of`` makes it an
-    EngineDescriptor), with its engines' ids. A function of what an EngineTable is (``key``: ``("kinds",
-    table_key)``)."""
+    """The kinds of engine of a set of model versions' bytes, each by its kind key, with its engines' ids and its
+    facts as an EngineDescriptor (``describe``; its own facts empty). A function of what an EngineTable is
+    (``key``: ``("kinds", table_key)``)."""
 
     key: tuple
-    kinds: tuple[tuple, ...]
+    kinds: tuple[int, ...]
     ids: tuple[tuple[int, ...], ...]
+    facts: dict[int, EngineDescriptor]
+
+    def describe(self, kind: int) -> EngineDescriptor:
+        return self.facts[kind]
+
+
+# Every kind's facts seen by this process, by kind key: a few hundred in a farm of a million engines.
+_KINDS: dict[int, EngineDescriptor] = {}
+_KINDS_KEPT = 65536
 
 
 def kind_table(session: Session, owner: dict[str, Row]) -> KindTable:
-    """The kinds of these models' engines (KINDS_OF): one statement, a row per kind."""
+    """The kinds of these models' engines (KINDS_OF): one statement, a row per kind; and the facts of a kind this
+    process has not seen before (KIND_FACTS_OF), one statement more."""
     connection = session.connection()
-    rows = connection.execute(KINDS_OF[connection.dialect.name], {"shas": list(owner)}).all()
-    ids = [r[-1] for r in rows]
+    shas = list(owner)
+    rows = connection.execute(KINDS_OF[connection.dialect.name], {"shas": shas}).all()
+    kinds, ids = zip(*rows) if rows else ((), ())
     if connection.dialect.name != "postgresql":
-        ids = [[int(i) for i in text.split(",")] for text in ids]
-    return KindTable(("kinds", table_key(owner)), tuple(r[:-1] for r in rows), tuple(map(tuple, ids)))
+        ids = tuple(map(int, text.split(",")) for text in ids)
+    facts = {k: d for k in kinds if (d := _KINDS.get(k)) is not None}
+    if missing := [k for k in kinds if k not in facts]:
+        if len(_KINDS) >= _KINDS_KEPT:
+            _KINDS.clear()
+        for r in connection.execute(KIND_FACTS_OF, {"shas": shas, "keys": missing}):
+            facts[r[0]] = _KINDS[r[0]] = kind_of(r[1:])
+        # a kind whose engines went in between the two reads (no transaction holds them together) is gone
+        kinds, ids = zip(*[(k, i) for k, i in zip(kinds, ids) if k in facts]) or ((), ())
+    return KindTable(("kinds", table_key(owner)), kinds, tuple(map(tuple, ids)), facts)
 
 
 _CC_AT = KIND_FACTS.index("compute_capabilities")
 
 
 def kind_of(kind: tuple) -> EngineDescriptor:
-    """An EngineDescriptor of a KindTable's kind (its JSON facts parsed; its own facts empty)."""
+    """An EngineDescriptor of a kind's facts (a row of KIND_COLUMNS: its JSON facts parsed; its own facts empty)."""
     facts = dict(zip(KIND_FACTS, kind))
     facts["compute_capabilities"] = json_loads(kind[_CC_AT]) if kind[_CC_AT] else []
+    facts["version_compatible"] = bool(facts["version_compatible"])
     return EngineDescriptor(**facts)

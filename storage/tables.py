@@ -4,9 +4,22 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from enginefarm.core.compat import KIND_FACTS, kind_key
 from enginefarm.core.domain import Target
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY, BuildSpec
 
@@ -133,6 +146,9 @@ class EngineRow(Base):
     build_seconds: Mapped[float] = mapped_column(Float)
     built_by: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # ``compat.kind_key`` of its kind facts, written with the row (``_keyed``): a model's engines are grouped into
+    # kinds by this one column (``storage.resolution.kind_table``).
+    kind_key: Mapped[int] = mapped_column(BigInteger)
     # GPU activation memory the engine asks for when it is loaded, once a GPU worker has seen it.
     device_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     # An engine's accuracy verdicts and benchmarks belong to the project that asked for them (VerdictRow,
@@ -143,6 +159,12 @@ class EngineRow(Base):
 
     model: Mapped[ModelRow] = relationship()
     benchmarks: Mapped[list[BenchmarkRow]] = relationship(back_populates="engine", order_by="BenchmarkRow.id")
+
+
+@event.listens_for(EngineRow, "before_insert")
+@event.listens_for(EngineRow, "before_update")
+def _keyed(_mapper, _connection, row: EngineRow) -> None:
+    row.kind_key = kind_key({name: getattr(row, name) for name in KIND_FACTS})
 
 
 class BenchmarkRow(Base):

@@ -75,3 +75,70 @@ def test_resolution_reads_the_facts_positionally_from_where_its_columns_hold_the
     assert EngineDescriptor.from_values(values) == FACTS
     nulls = [None if name in ("compute_capabilities", "profiles") else v for name, v in zip(ENGINE_FACTS, values)]
     assert EngineDescriptor.from_values(nulls) == EngineDescriptor.of(dict(zip(ENGINE_FACTS, nulls)))
+
+
+def test_an_engine_is_written_with_the_kind_key_of_its_kind_facts(tmp_path):
+    """The kind key goes with the row on every write through the ORM (resolution groups a model's engines by it):
+    the key of its kind facts, whatever its own facts (bytes, size, memory, profiles), and a new one when a kind
+    fact changes. Unset facts count as the catalog's defaults."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from enginefarm.core.compat import KIND_FACTS, kind_key
+    from enginefarm.storage.tables import Base
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    Base.metadata.create_all(engine)
+    own = {"sha256": "01" * 32, "size": 1, "device_memory_bytes": None, "profiles": []}
+
+    def row(eid: int, **facts) -> EngineRow:
+        return EngineRow(
+            id=eid,
+            model_id=7,
+            model_sha256="cd" * 32,
+            spec_hash=f"{eid:064x}",
+            blob_key="k",
+            build_seconds=1.0,
+            **facts,
+        )
+
+    with Session(engine) as s:
+        s.add(
+            ModelRow(
+                id=7, name="net", version="1", seq=1, sha256="cd" * 32, format="onnx", blob_key="m", size=1, info={}
+            )
+        )
+        first = row(1, **FACTS.facts())
+        second = row(2, **(FACTS.facts() | own))
+        bare = row(
+            3,
+            target="onnxruntime/cpu-x86_64",
+            backend="onnxruntime",
+            backend_version="1.23.2",
+            precision="fp32",
+            platform="x86_64",
+            sha256="02" * 32,
+            size=2,
+        )
+        s.add_all([first, second, bare])
+        s.commit()
+        assert first.kind_key == second.kind_key == kind_key({n: getattr(FACTS, n) for n in KIND_FACTS})
+        assert bare.kind_key == kind_key(
+            {
+                "target": "onnxruntime/cpu-x86_64",
+                "backend": "onnxruntime",
+                "backend_version": "1.23.2",
+                "precision": "fp32",
+                "platform": "x86_64",
+                "compute_capabilities": [],
+                "hardware_compat": "none",
+                "version_compatible": False,
+            }
+        )
+        assert bare.kind_key != first.kind_key
+        before = second.kind_key
+        second.precision = "int8"
+        s.commit()
+        assert second.kind_key != before and second.kind_key == kind_key(
+            {n: getattr(FACTS, n) for n in KIND_FACTS} | {"precision": "int8"}
+        )

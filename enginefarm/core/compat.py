@@ -12,6 +12,8 @@ engine for a runtime it did not name is rejected.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import fields
 from operator import attrgetter
@@ -229,6 +231,24 @@ _OWN_FACTS = frozenset({"sha256", "size", "device_memory_bytes", "profiles"})
 KIND_FACTS = tuple(name for name in ENGINE_FACTS if name not in _OWN_FACTS)
 _MACHINE_KIND = tuple(f.name for f in fields(Machine) if f.name not in ("memory_mib", "shapes", "precisions"))
 _KINDS_KEPT = 4096
+# What a kind's fact is where a row leaves it unset (the catalog's column defaults).
+_KIND_DEFAULTS = {"compute_capabilities": [], "hardware_compat": HardwareCompat.NONE.value, "version_compatible": False}
+
+
+def kind_key(facts: dict[str, Any]) -> int:
+    """A kind's facts (KIND_FACTS, by name) as a signed 64-bit number: the same facts, the same number; written with
+    each engine (``storage.tables``) so a model's engines are grouped into kinds by one column. Two numbers for
+    one kind would only mean judging it twice."""
+    values = []
+    for name in KIND_FACTS:
+        value = facts.get(name)
+        if value is None:
+            value = _KIND_DEFAULTS.get(name)
+        values.append(bool(value) if name == "version_compatible" else value)
+    text = json.dumps(values, separators=(",", ":")).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
+
+
 Key = tuple[Any, ...]
 # Per kind pair: the kind's checks; the whole verdict where nothing else is judged; the verdict of a kind that fails
 # (shared, for callers that read only whether, why and by which rule an engine does not run).

@@ -227,3 +227,71 @@ def test_verdict_migration_gives_each_check_to_the_project_of_the_model_it_was_b
             assert row[0] in (False, 0)
     finally:
         engine.dispose()
+
+
+def test_kind_key_migration_keys_every_engine_as_a_new_one_would_be(database_url, tmp_path):
+    """0011 writes each engine's kind key from its kind facts: the key an engine of the same facts gets when it is
+    written today, one key for two engines of one kind (other bytes, other size), another for another kind; the
+    column is then required."""
+    from enginefarm.core.compat import kind_key
+
+    cfg = alembic_config(database_url)
+    command.upgrade(cfg, "0010")
+    engine = create_engine(database_url)
+    sha = "a" * 64
+    insert = text(
+        "INSERT INTO engines (id, model_id, model_sha256, spec_hash, target, backend, backend_version, precision, "
+        "compute_capability, compute_capabilities, platform, hardware_compat, version_compatible, sha256, size, "
+        "blob_key, build_seconds, created_at, profiles) VALUES (:id, 1, :sha, :spec, :target, 'tensorrt-rtx', "
+        "'1.7', 'fp16', '8.6', '[\"8.6\"]', 'x86_64', 'none', :vc, :bytes, :size, 'e', 0.1, CURRENT_TIMESTAMP, '[]')"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO models (id, name, version, seq, sha256, format, blob_key, size, info, created_at) "
+                    "VALUES (1, 'm', '1', 1, :sha, 'onnx', 'k', 1, '{}', CURRENT_TIMESTAMP)"
+                ),
+                {"sha": sha},
+            )
+            for eid, spec, target, vc, size in (
+                (1, "a", "tensorrt-rtx/sm86", False, 10),
+                (2, "b", "tensorrt-rtx/sm86", False, 20),  # the same kind, other bytes
+                (3, "a", "tensorrt-rtx/sm89", False, 10),  # another target
+                (4, "c", "tensorrt-rtx/sm86", True, 10),  # version-compatible: another kind
+            ):
+                conn.execute(
+                    insert,
+                    {
+                        "id": eid,
+                        "sha": sha,
+                        "spec": spec * 64,
+                        "target": target,
+                        "vc": vc,
+                        "bytes": str(eid) * 64,
+                        "size": size,
+                    },
+                )
+        command.upgrade(cfg, "0011")
+        with engine.connect() as conn:
+            keys = dict(conn.execute(text("SELECT id, kind_key FROM engines")).all())
+        facts = {
+            "target": "tensorrt-rtx/sm86",
+            "backend": "tensorrt-rtx",
+            "backend_version": "1.7",
+            "precision": "fp16",
+            "platform": "x86_64",
+            "compute_capability": "8.6",
+            "compute_capabilities": ["8.6"],
+        }
+        assert keys[1] == keys[2] == kind_key(facts)
+        assert keys[3] == kind_key(facts | {"target": "tensorrt-rtx/sm89"})
+        assert keys[4] == kind_key(facts | {"version_compatible": True})
+        assert len({keys[1], keys[3], keys[4]}) == 3
+        with pytest.raises(Exception, match="(?i)null|constraint"), engine.begin() as conn:
+            conn.execute(
+                insert,
+                {"id": 5, "sha": sha, "spec": "d" * 64, "target": "x", "vc": False, "bytes": "5" * 64, "size": 1},
+            )
+    finally:
+        engine.dispose()
