@@ -130,7 +130,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             changes.stop()
             # its threads end; a fresh pool (threads made when first used) for an app started again
             threads, app.state.resolve_threads = app.state.resolve_threads, resolve_pool(settings)
-            threads.shutdown(wait=False)
+            threads.shutdown(wait=False, cancel_futures=True)
             if reconciler is not None:
                 reconciler.stop()
 

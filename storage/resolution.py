@@ -368,7 +368,7 @@ def kind_table(session: Session, owner: dict[str, Row]) -> KindTable:
         for r in connection.execute(KIND_FACTS_OF, {"shas": shas, "keys": missing}):
             facts[r[0]] = _KINDS[r[0]] = kind_of(r[1:])
         # a kind whose engines went in between the two reads (no transaction holds them together) is gone
-        kinds, ids = zip(*[(k, i) for k, i in zip(kinds, ids) if k in facts]) or ((), ())
+        kinds, ids = tuple(zip(*[(k, i) for k, i in zip(kinds, ids) if k in facts])) or ((), ())
     return KindTable(("kinds", table_key(owner)), kinds, tuple(map(tuple, ids)), facts)
 
 
@@ -378,6 +378,6 @@ _CC_AT = KIND_FACTS.index("compute_capabilities")
 def kind_of(kind: tuple) -> EngineDescriptor:
     """An EngineDescriptor of a kind's facts (a row of KIND_COLUMNS: its JSON facts parsed; its own facts empty)."""
     facts = dict(zip(KIND_FACTS, kind))
-    facts["compute_capabilities"] = json_loads(kind[_CC_AT]) if kind[_CC_AT] else []
+    facts["compute_capabilities"] = (json_loads(kind[_CC_AT]) if kind[_CC_AT] else None) or []
     facts["version_compatible"] = bool(facts["version_compatible"])
     return EngineDescriptor(**facts)

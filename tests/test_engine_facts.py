@@ -142,3 +142,37 @@ def test_an_engine_is_written_with_the_kind_key_of_its_kind_facts(tmp_path):
         assert second.kind_key != before and second.kind_key == kind_key(
             {n: getattr(FACTS, n) for n in KIND_FACTS} | {"precision": "int8"}
         )
+
+
+def test_the_kind_facts_and_their_key_are_what_the_stored_keys_were_made_of():
+    """Every engine row holds a kind key made of these facts by this function (migration 0011 keyed the engines
+    there were), and resolution keeps a kind's facts and rules by its key alone. A change to either, or a kind fact
+    changed outside the ORM (a migration's UPDATE), needs a migration that keys every engine again: otherwise an
+    engine is judged by another kind's facts."""
+    from enginefarm.core.compat import KIND_FACTS, kind_key
+
+    assert KIND_FACTS == (
+        "target",
+        "backend",
+        "backend_version",
+        "precision",
+        "platform",
+        "compute_capability",
+        "compute_capabilities",
+        "gpu_name",
+        "trt_version",
+        "cuda_version",
+        "driver_version",
+        "hardware_compat",
+        "version_compatible",
+    )
+    facts = {
+        "target": "tensorrt-rtx/sm86",
+        "backend": "tensorrt-rtx",
+        "backend_version": "1.7.1.116",
+        "precision": "fp16",
+        "platform": "x86_64",
+        "compute_capability": "8.6",
+        "compute_capabilities": ["8.6"],
+    }
+    assert kind_key(facts) == 4290317141883035710

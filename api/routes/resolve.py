@@ -13,6 +13,7 @@ of the fleet is answered from the process's cache without judging anything again
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from typing import Annotated
 
 import anyio
@@ -54,6 +55,7 @@ def answer(
     that died under it (a database restart) is discarded and the question asked once more on a fresh one. The
     ``session`` is not used (the dashboard passes the one it holds)."""
     state = request.app.state
+    fleets = request.method == "GET" and request.scope["path"] == PATH
 
     def ask(reads: Session) -> resolver.Outcome:
         return resolver.resolve(
@@ -66,8 +68,8 @@ def answer(
             tables=state.tables,
             if_none_match=request.headers.get("if-none-match"),
             # remembered for the fleet's path: a GET of this API's own question (not the dashboard's page, whose
-            # query string reads otherwise)
-            query=request.scope["query_string"] if request.method == "GET" and request.scope["path"] == PATH else None,
+            # query string reads otherwise), never one with build=true (the route checks its scope every time)
+            query=request.scope["query_string"] if fleets and not req.build else None,
         )
 
     try:
@@ -95,8 +97,8 @@ async def answered(req: ResolveRequest, request: Request, settings: Settings, pr
         return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal)
     # The process's own pool of resolve threads, through asyncio's executor hand-off: anyio's (its capacity limiter,
     # its run-time lookups of the event loop's library) was about a tenth of a cold answer's GIL time.
-    pool = request.app.state.resolve_threads
-    return await asyncio.get_running_loop().run_in_executor(pool, answer, req, request, None, settings, principal)
+    pool, run = request.app.state.resolve_threads, contextvars.copy_context().run  # the request's context goes along
+    return await asyncio.get_running_loop().run_in_executor(pool, run, answer, req, request, None, settings, principal)
 
 
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)

@@ -238,7 +238,9 @@ _KIND_DEFAULTS = {"compute_capabilities": [], "hardware_compat": HardwareCompat.
 def kind_key(facts: dict[str, Any]) -> int:
     """A kind's facts (KIND_FACTS, by name) as a signed 64-bit number: the same facts, the same number; written with
     each engine (``storage.tables``) so a model's engines are grouped into kinds by one column. Two numbers for
-    one kind would only mean judging it twice."""
+    one kind would only mean judging it twice; a stored number whose facts changed would judge engines by another
+    kind's facts, so a change to KIND_FACTS, to this function or to a kind fact outside the ORM needs a migration
+    that keys every engine again (``tests/test_engine_facts.py`` pins both)."""
     values = []
     for name in KIND_FACTS:
         value = facts.get(name)

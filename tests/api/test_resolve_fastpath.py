@@ -216,3 +216,21 @@ def test_a_fleets_question_stays_on_the_fast_path_among_many_asked_once(catalog,
             again = http.get("/v1/resolve", params=fleet, headers={"If-None-Match": tag} if i % 2 else {})
             assert again.status_code == (304 if i % 2 else 200) and again.headers["etag"] == tag
     assert len(computed) == 20, computed  # the 20 others, each once; the fleet's question never
+
+
+def test_a_build_question_is_never_remembered_for_the_fast_path(catalog):
+    """build=true may write (a build where nothing fits), so the route checks the token's scope every time: a build
+    token's build=true question answered with an engine (200) is not remembered, and a read token of the same
+    project asking the same query string is told 403 by the route, not handed the kept answer before routing."""
+    settings, reader, name = catalog
+    builder = issue_token(settings, "fastpath-build", ["build"])
+    query = {"model": name, **MACHINE, "build": "true"}
+    with _client(settings, builder) as http:
+        for _ in range(2):
+            r = http.get("/v1/resolve", params=query)
+            assert r.status_code == 200, r.text
+        as_reader = {"Authorization": f"Bearer {reader}"}
+        assert http.get("/v1/resolve", params={"model": name, **MACHINE}, headers=as_reader).status_code == 200
+        r = http.get("/v1/resolve", params=query, headers=as_reader)
+        assert r.status_code == 403, r.text
+        assert "resolve with build=true needs 'build'" in r.text

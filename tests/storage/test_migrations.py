@@ -3,6 +3,8 @@ and the newest one upgrades a catalog that already holds data."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
@@ -233,7 +235,7 @@ def test_kind_key_migration_keys_every_engine_as_a_new_one_would_be(database_url
     """0011 writes each engine's kind key from its kind facts: the key an engine of the same facts gets when it is
     written today, one key for two engines of one kind (other bytes, other size), another for another kind; the
     column is then required."""
-    from enginefarm.core.compat import kind_key
+    from enginefarm.core.compat import KIND_FACTS, kind_key
 
     cfg = alembic_config(database_url)
     command.upgrade(cfg, "0010")
@@ -288,6 +290,8 @@ def test_kind_key_migration_keys_every_engine_as_a_new_one_would_be(database_url
         assert keys[3] == kind_key(facts | {"target": "tensorrt-rtx/sm89"})
         assert keys[4] == kind_key(facts | {"version_compatible": True})
         assert len({keys[1], keys[3], keys[4]}) == 3
+        migration = importlib.import_module("enginefarm.storage.migrations.versions.0011_engine_kind_key")
+        assert migration.KIND_FACTS == KIND_FACTS  # its frozen copy, equal to the farm's while they stay so
         with pytest.raises(Exception, match="(?i)null|constraint"), engine.begin() as conn:
             conn.execute(
                 insert,

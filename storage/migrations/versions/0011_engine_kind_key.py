@@ -4,10 +4,11 @@ Revision ID: 0011
 Revises: 0010
 """
 
+import hashlib
+import json
+
 import sqlalchemy as sa
 from alembic import op
-
-from enginefarm.core.compat import KIND_FACTS, kind_key
 
 revision = '0011'
 down_revision = '0010'
@@ -15,6 +16,36 @@ branch_labels = None
 depends_on = None
 
 _PAGE = 5000  # engines read and keyed at a time
+# The kind facts and their key as they are at this revision (enginefarm.core.compat.KIND_FACTS and kind_key, copied,
+# so a later change there does not change what this revision writes; tests/storage/test_migrations.py holds the two
+# equal as long as they are).
+KIND_FACTS = (
+    'target',
+    'backend',
+    'backend_version',
+    'precision',
+    'platform',
+    'compute_capability',
+    'compute_capabilities',
+    'gpu_name',
+    'trt_version',
+    'cuda_version',
+    'driver_version',
+    'hardware_compat',
+    'version_compatible',
+)
+_DEFAULTS = {'compute_capabilities': [], 'hardware_compat': 'none', 'version_compatible': False}
+
+
+def kind_key(facts: dict) -> int:
+    values = []
+    for name in KIND_FACTS:
+        value = facts.get(name)
+        if value is None:
+            value = _DEFAULTS.get(name)
+        values.append(bool(value) if name == 'version_compatible' else value)
+    text = json.dumps(values, separators=(',', ':')).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), 'big', signed=True)
 
 
 def upgrade() -> None:
