@@ -85,16 +85,20 @@ async def _receive_with_ticker(spool: Path, parts: list[bytes]) -> tuple[list[fl
 
 def test_the_loop_stays_free_while_a_body_is_parsed_hashed_and_written(tmp_path):
     """256 MiB in 16 MiB chunks: parsing, hashing and writing one chunk takes tens of milliseconds. Off the loop,
-    the ticker keeps ticking meanwhile; on the loop it would stall for about as long as the whole receive."""
+    the ticker keeps ticking meanwhile; on the loop it would stall for about as long as the whole receive, every
+    time. The best of three receives is judged: on a 2-core machine busy with the rest of the suite, one receive
+    saw the loop descheduled for 0.41 of its time with nothing on it."""
     chunk = os.urandom(16 * MB)
-    gaps, took, sha, size = anyio.run(_receive_with_ticker, tmp_path / "spool", _body(chunk, 16))
-    assert size == 256 * MB and sha == hashlib.sha256(chunk * 16).hexdigest()
-    stalled = sum(g for g in gaps if g > 0.010)
-    assert stalled < 0.35 * took, (
-        f"the loop stood still for {stalled:.3f} s of the {took:.3f} s the receive took "
-        f"(longest {max(gaps) * 1000:.0f} ms)"
-    )
-    assert not list((tmp_path / "spool").iterdir())
+    seen = []
+    for _ in range(3):
+        gaps, took, sha, size = anyio.run(_receive_with_ticker, tmp_path / "spool", _body(chunk, 16))
+        assert size == 256 * MB and sha == hashlib.sha256(chunk * 16).hexdigest()
+        assert not list((tmp_path / "spool").iterdir())
+        stalled = sum(g for g in gaps if g > 0.010)
+        seen.append(f"{stalled:.3f} s of {took:.3f} s (longest {max(gaps) * 1000:.0f} ms)")
+        if stalled < 0.35 * took:
+            return
+    raise AssertionError(f"the loop stood still for over a third of every receive: {'; '.join(seen)}")
 
 
 def test_a_batch_of_chunks_is_written_a_mib_at_a_time(tmp_path):
