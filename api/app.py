@@ -22,7 +22,7 @@ from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError,
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from enginefarm import __version__
-from enginefarm.api import ui
+from enginefarm.api import buildwait, ui
 from enginefarm.api.answers import Answers
 from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.cachecontrol import NoStoreByDefault
@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             reconciler = Reconciler(settings).start()
         changes = app.state.versions.changes = changes_for(settings.resolved_database_url)
+        app.state.build_feed = buildwait.Feed(changes)
         # What is alive after start-up (modules, the app, the ORM's mappers) lives as long as the process: frozen
         # out of the collector's generations, a full collection no longer walks it. Those collections made the
         # p99 of a resolve (in process: 47-71 ms, 11-12 ms with the freeze).

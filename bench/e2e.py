@@ -420,7 +420,7 @@ def print_report(summary: dict, meta: dict) -> None:
         ("Σ builder", "build_sum_s"),
         ("Σ in-task overhead", "task_overhead_s"),
         ("Σ idle gaps", "gap_sum_s"),
-        ("poll tail", "tail_s"),
+        ("wait tail", "tail_s"),
     ]
     where.add_column("mode / config")
     for label, _ in cols:
@@ -497,7 +497,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="builds per configuration, each with a new model seed")
     parser.add_argument("--channels", type=int, default=384, help="conv_net channels (384 x 6 blocks: ~27 MB)")
     parser.add_argument("--blocks", type=int, default=6, help="conv_net blocks")
-    parser.add_argument("--poll", type=float, default=0.05, help="the client's wait_build poll interval")
+    parser.add_argument(
+        "--poll", type=float, default=0.05, help="wait_build's poll interval where a farm does not wait (it long-polls)"
+    )
     parser.add_argument(
         "--workers", type=int, choices=[1, 2], help="run only the 1-worker or the 2-worker configuration"
     )

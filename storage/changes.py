@@ -11,6 +11,12 @@ stands still, so a fleet's repeated question is answered without a query:
   commit of any other connection, in any process; exact, and a read of shared memory, not of the file.
 
 Either way the number also counts this process's own commits (``storage.generation.local_changes``).
+
+A second number, ``builds()``, moves whenever a build's progress may have changed: a build, a build task, a
+benchmark task, an engine, a benchmark or a verdict written (what ``GET /v1/builds/{id}`` shows). A client waiting
+for a build (``?wait=``) is answered as soon as it moves. On PostgreSQL a trigger on each of those tables sends
+``NOTIFY enginefarm_builds`` for any statement that writes them (migration 0012: bulk updates and raw SQL
+included); on SQLite it is the same ``data_version``. It is a hint to look again, never trusted on its own.
 """
 
 from __future__ import annotations
@@ -26,12 +32,18 @@ from enginefarm.storage.generation import CHANNEL, local_changes
 
 log = logging.getLogger(__name__)
 
+BUILDS_CHANNEL = "enginefarm_builds"  # notified by migration 0012's triggers
+
 
 class Changes:
     """``current()``: a token that is equal between two calls only if nothing changed in between; None: unknown
     (this base, for a database with no feed: nothing kept is ever trusted)."""
 
     def current(self) -> tuple | None:
+        return None
+
+    def builds(self) -> tuple | None:
+        """A token that moves when a build's progress may have changed; None: unknown (look again by time)."""
         return None
 
     def stop(self) -> None:
@@ -51,17 +63,22 @@ class SqliteChanges(Changes):
             return None
         return (local_changes(), version)
 
+    def builds(self) -> tuple | None:
+        return self.current()  # any commit of any connection moves data_version
+
     def stop(self) -> None:
         self._conn.close()
 
 
 class PostgresChanges(Changes):
-    """Counts ``NOTIFY enginefarm_resolve`` on a connection of its own, in a daemon thread that reconnects."""
+    """Counts ``NOTIFY enginefarm_resolve`` and ``NOTIFY enginefarm_builds`` apart, on a connection of its own, in
+    a daemon thread that reconnects."""
 
     def __init__(self, url: str, retry_s: float = 1.0):
         self._dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         self._retry_s = retry_s
         self._count = 0
+        self._builds = 0
         self._listening = False
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="resolve-changes", daemon=True)
@@ -69,6 +86,9 @@ class PostgresChanges(Changes):
 
     def current(self) -> tuple | None:
         return (local_changes(), self._count) if self._listening else None
+
+    def builds(self) -> tuple | None:
+        return (self._builds,) if self._listening else None
 
     def wait_listening(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -83,11 +103,16 @@ class PostgresChanges(Changes):
             try:
                 with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
+                    conn.execute(f"LISTEN {BUILDS_CHANNEL}")
                     self._count += 1  # anything may have changed while nobody listened
+                    self._builds += 1
                     self._listening = True
                     while not self._stopped.is_set():
-                        for _ in conn.notifies(timeout=0.5):
-                            self._count += 1
+                        for note in conn.notifies(timeout=0.5):
+                            if note.channel == BUILDS_CHANNEL:
+                                self._builds += 1
+                            else:
+                                self._count += 1
             except Exception:  # the database restarting: nothing kept is trusted until listening again
                 log.debug("resolve change feed: reconnecting", exc_info=True)
             self._listening = False

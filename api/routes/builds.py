@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-from enginefarm.api import admission, reports, services
+from enginefarm.api import admission, buildwait, reports, services
+from enginefarm.api.answers import matches
 from enginefarm.api.auth import Tenant, authorize
 from enginefarm.api.buildschemas import BuildOut, BuildRequest, build_out
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from enginefarm.core.config import Settings
 from enginefarm.storage import catalog, liveness
+from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import BuildRow
 from enginefarm.storage.tokens import Principal
 
@@ -25,6 +28,11 @@ def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
         {t.id: services.wait_reason(t.target, t.state, served, row.quantize) for t in row.tasks},
         reports.build_checks(session, settings, row),
     )
+
+
+def build_of(session: Session, settings: Settings, build_id: int, tenant: str | None) -> BuildOut:
+    """A build as ``GET /v1/builds/{id}`` answers it (the dashboard's build page reads it too)."""
+    return _out(session, settings, catalog.get_build(session, build_id, tenant))
 
 
 @router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
@@ -75,11 +83,40 @@ def list_builds(
     return [_out(session, settings, r) for r in rows]
 
 
-@router.get("/{build_id}", response_model=BuildOut)
-def get_build(
+@router.get(
+    "/{build_id}",
+    response_model=BuildOut,
+    responses={304: {"description": "nothing changed since the answer whose ETag If-None-Match names, for `wait` s"}},
+)
+async def get_build(
     build_id: RowId,
     tenant: Tenant,
-    session: Session = Depends(session_dep, scope="function"),
+    request: Request,
+    wait: float = Query(
+        0,
+        ge=0,
+        le=buildwait.WAIT_MAX_S,
+        description="with If-None-Match: answer as soon as the build's answer differs from the one held, or 304 "
+        "after this many seconds (a long poll; see the ETag of each answer)",
+    ),
+    seen: str | None = Query(
+        None,
+        max_length=100,
+        description="the ETag held, for a client behind a caching proxy that drops If-None-Match (nginx's "
+        "proxy_cache does): waits as If-None-Match does, and answers 200 with the same answer after the wait",
+    ),
+    if_none_match: str | None = Header(None),
     settings: Settings = Depends(settings_dep),
-) -> BuildOut:
-    return _out(session, settings, catalog.get_build(session, build_id, tenant))
+) -> Response:
+    """A build, its tasks and their checks, with an ETag. With ``wait`` and ``If-None-Match`` (or ``seen``), a
+    long poll."""
+
+    def read() -> bytes:
+        with session_scope(settings) as session:
+            return build_of(session, settings, build_id, tenant).model_dump_json().encode()
+
+    held = if_none_match or seen
+    body, tag = await buildwait.next_answer(read, held, wait, request.app.state.build_feed, request)
+    if matches(if_none_match, tag):
+        return Response(status_code=304, headers={"ETag": tag})
+    return Response(body, media_type="application/json", headers={"ETag": tag})

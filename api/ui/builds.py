@@ -25,7 +25,7 @@ LIVE = {"queued", "running", "waiting"}
 
 
 def _build_context(session: Session, settings: Settings, build_id: int, principal: Principal) -> dict:
-    build: BuildOut = build_routes.get_build(build_id, principal.project, session, settings)
+    build: BuildOut = build_routes.build_of(session, settings, build_id, principal.project)
     model = catalog.get_model(session, build.model_id, principal.project)
     live = any(t.state in LIVE or (t.check or {}).get("in_progress") for t in build.tasks) or build.state in LIVE
     return {"build": build, "model": model, "live": live, "now": datetime.now(timezone.utc)}

@@ -23,6 +23,7 @@ import typer
 from enginefarm.client import ApiError, Client
 from enginefarm.client.cirepair import REPAIR, with_repair
 from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
+from enginefarm.client.sdk import BUILD_WAIT_S
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.trtexec import TRTEXEC_FLAGS, spec_from_trtexec
 
@@ -127,13 +128,18 @@ def wait_or_fail(
     (a task still waiting is named with why, e.g. no live worker serves its target)."""
     deadline = time.monotonic() + timeout
     seen: dict[int, tuple[str, str | None]] = {}
+    tag: str | None = None  # the last answer's: each request waits at the farm for the next (a long poll)
     while True:
         try:
-            build = client.get(f"/v1/builds/{build['id']}")
+            changed, tag = client.get_changed(
+                f"/v1/builds/{build['id']}", tag, min(BUILD_WAIT_S, max(0.0, deadline - time.monotonic()))
+            )
+            build = changed or build
         except Exception as exc:
             if not _transient(exc) or time.monotonic() > deadline:
                 raise
             log(f"build {build['id']}: the farm did not answer ({exc}); asking again")
+            tag = None
         for t in build["tasks"]:
             now = (t["state"], t.get("error") or t.get("status_detail"))
             if seen.get(t["id"]) != now:
@@ -150,7 +156,8 @@ def wait_or_fail(
                 why = t.get("status_detail") or t["state"]
                 log(f"build {build['id']} {t['target']}: not done after {timeout:g} s: {why}")
             return build, 1
-        time.sleep(poll)
+        if tag is None:  # a farm that does not wait, or one that did not answer
+            time.sleep(poll)
 
 
 def _refused(options: CiOptions, reason: str, model: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from enginefarm.core.hashing import sha256_file
 from enginefarm.core.machine import Machine
 from enginefarm.core.names import upload_problems
 
+BUILD_WAIT_S = 20.0  # how long one request for a build's next answer waits at the farm (its limit: 30 s)
+
 
 class Client(Transport):
     """The farm's API: upload and build models, wait for builds and checks, resolve and fetch engines. Made with
@@ -209,17 +211,28 @@ class Client(Transport):
         poll: float = 0.5,
         on_update: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Poll a build until every task is final; returns the build."""
+        """Wait until every task of a build is final; returns the build. Each request waits at the farm until the
+        build's answer changes (a long poll, ``GET /v1/builds/{id}?wait=`` with the last answer's ETag), so a
+        finished build is seen at once; ``on_update`` gets every new answer. A farm that does not wait (no ETag) is
+        asked again every ``poll`` seconds."""
         deadline = time.monotonic() + timeout
+        path = f"/v1/builds/{build_id}"
+        first, tag = self.get_changed(path, None, 0)
+        build: dict[str, Any] = first
         while True:
-            build = self.get(f"/v1/builds/{build_id}")
             if on_update:
                 on_update(build)
             if all(t["state"] in FINAL_STATES for t in build["tasks"]):
-                return cast("dict[str, Any]", build)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"build {build_id} not finished after {timeout} s")
-            time.sleep(poll)
+                return build
+            changed = None
+            while changed is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"build {build_id} not finished after {timeout} s")
+                if tag is None:
+                    time.sleep(min(poll, left))
+                changed, tag = self.get_changed(path, tag, min(BUILD_WAIT_S, left))
+            build = changed
 
     def models(self, **filters: Any) -> dict[str, Any]:
         return cast("dict[str, Any]", self.get("/v1/models", **filters))

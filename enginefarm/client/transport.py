@@ -80,6 +80,31 @@ class Transport:
     def get(self, path: str, **params: Any) -> Any:
         return self._json(self.http.get(path, params={k: v for k, v in params.items() if v is not None}))
 
+    def get_changed(self, path: str, held: str | None, wait: float) -> tuple[Any, str | None]:
+        """A long poll: the answer at ``path`` once it differs from the one whose ETag is ``held``, waiting up to
+        ``wait`` seconds at the farm. Returns the answer and its ETag, or (None, held) when nothing changed: a
+        304, or the same answer again (a caching proxy that drops If-None-Match passes the tag on as ``seen``
+        instead); (None, None) when nothing changed but the farm did not wait (something in between answered). A
+        tag of None means the next request would not wait either (so is a farm that sends no ETag): the caller
+        waits before asking again."""
+        started = time.monotonic()
+        if held is None or wait <= 0:
+            response = self.http.get(path)
+        else:
+            response = self.http.get(
+                path,
+                params={"wait": f"{wait:.3f}", "seen": held},
+                headers={"If-None-Match": held},
+                timeout=wait + 30,
+            )
+        waited = time.monotonic() - started >= wait / 2
+        if response.status_code == 304:
+            return None, held if waited else None
+        answer, tag = self._json(response), response.headers.get("etag")
+        if held is not None and tag == held:
+            return None, held if waited else None
+        return answer, tag
+
     # ------------------------------------------------------------------ downloads
 
     def _stream(self, url: str, out: Any, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:

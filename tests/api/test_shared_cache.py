@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
+from enginefarm.core.errors import NotFound
 from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.server.embedded import Farm
 from tests.helpers import unique_name
@@ -189,3 +191,32 @@ def test_another_project_or_no_token_never_gets_a_projects_records_from_a_shared
                 assert theirs.status_code == 404, (path, theirs.status_code, theirs.headers[CACHE_STATUS])
             assert theirs.headers[CACHE_STATUS] == nobody.headers[CACHE_STATUS] == "MISS", path
             assert mine.status_code == 200 and mine.headers["cache-control"] == "no-store", (path, mine.headers)
+
+
+def test_a_build_long_poll_through_a_shared_cache_waits_and_keeps_nothing(tenants, proxies):
+    """Waiting for a build through the proxy, as the client waits: nginx's cache drops If-None-Match, so the held tag
+    also goes as ``seen``; the farm holds the request for the wait and answers the same build (no 304 reaches a
+    client that did not send If-None-Match), which the client reads as "nothing changed". Another project's token
+    with the same tag gets its 404 at once."""
+    build = next(p for p in tenants["records"] if p.startswith("/v1/builds/"))
+    with httpx.Client(base_url=proxies["redirect"], timeout=60) as http:
+        first = http.get(build, headers=bearer(tenants["a"]))
+        assert first.status_code == 200 and first.headers["cache-control"] == "no-store", first.headers
+        tag = first.headers["etag"]
+        t0 = time.monotonic()
+        waited = http.get(
+            build, params={"wait": 1.5, "seen": tag}, headers={**bearer(tenants["a"]), "If-None-Match": tag}
+        )
+        took = time.monotonic() - t0
+    assert waited.status_code == 200 and waited.headers["etag"] == tag, waited.headers
+    assert waited.headers[CACHE_STATUS] == "MISS" and waited.headers["cache-control"] == "no-store"
+    assert 1.5 <= took < 10, took
+    with Client(proxies["redirect"], token=tenants["a"]) as a:
+        t0 = time.monotonic()
+        assert a.get_changed(build, tag, 1.5) == (None, tag)
+        assert time.monotonic() - t0 >= 1.5
+    with Client(proxies["redirect"], token=tenants["b"]) as b:
+        t0 = time.monotonic()
+        with pytest.raises(NotFound):
+            b.get_changed(build, tag, 1.5)
+        assert time.monotonic() - t0 < 1.0

@@ -299,3 +299,33 @@ def test_kind_key_migration_keys_every_engine_as_a_new_one_would_be(database_url
             )
     finally:
         engine.dispose()
+
+
+def test_build_progress_migration_notifies_any_write_on_postgresql(base_services):
+    """0012's triggers: a raw UPDATE of a build task (no ORM, as a bulk update writes) sends NOTIFY enginefarm_builds
+    at its commit, and nothing before; a read sends none; downgrading removes them."""
+    import psycopg
+
+    from enginefarm.storage.changes import BUILDS_CHANNEL
+
+    with localservers.scratch_postgres("enginefarm_migrations") as url:
+        cfg = alembic_config(url)
+        command.upgrade(cfg, "0012")
+        dsn = url.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(dsn, autocommit=True) as listener, psycopg.connect(dsn) as writer:
+            listener.execute(f"LISTEN {BUILDS_CHANNEL}")
+
+            def heard() -> list[str]:
+                return [n.channel for n in listener.notifies(timeout=0.5, stop_after=1)]
+
+            writer.execute("UPDATE build_tasks SET state = 'failed' WHERE id = 0")  # no row: still a write statement
+            assert heard() == []  # not before the commit
+            writer.commit()
+            assert heard() == [BUILDS_CHANNEL]
+            writer.execute("SELECT count(*) FROM build_tasks")
+            writer.commit()
+            assert heard() == []  # a read notifies nothing
+            command.downgrade(cfg, "0011")
+            writer.execute("UPDATE build_tasks SET state = 'failed' WHERE id = 0")
+            writer.commit()
+            assert heard() == []

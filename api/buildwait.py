@@ -1,0 +1,88 @@
+"""Waiting for a build: ``GET /v1/builds/{id}?wait=S`` with ``If-None-Match`` (a long poll).
+
+A client that holds a build's answer (its ETag) and asks with ``wait`` gets the next answer as soon as it differs
+(200, with its ETag), or a 304 once ``wait`` seconds pass with nothing new. Without ``If-None-Match``, or with a
+tag that is no longer current, the answer comes at once. So a CI job or ``enginefarm build --wait`` learns of a
+finished build within milliseconds instead of a poll interval, and asks a few times a minute instead of twice a
+second.
+
+The waiting costs no query while nothing moves, and nothing per waiter: one task per process (``Feed``), running
+while anyone waits, looks at the catalog's build feed (``storage.changes.Changes.builds``: PostgreSQL's ``NOTIFY
+enginefarm_builds``, sent by a trigger on every table a build's answer is read from; SQLite's ``data_version``)
+every ``LOOK_S`` and wakes the waiters when it moved. Each waiter then reads its build again (on a thread, as any
+catalog read), or every ``AGAIN_S`` regardless (a wait reason also changes by time alone, when a worker stops
+beating), or every ``UNKNOWN_S`` while the feed is unknown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable
+
+import anyio.to_thread
+from fastapi import Request
+
+from enginefarm.api.answers import matches
+from enginefarm.storage.changes import Changes
+
+WAIT_MAX_S = 30.0  # under a proxy's usual read timeout (nginx: 60 s) and a rolling update's grace (Kubernetes: 30 s)
+LOOK_S = 0.02
+AGAIN_S = 5.0  # a wait reason that changes by time alone (a worker's heartbeat lapsed) shows within this
+UNKNOWN_S = 1.0  # how often a waiter reads again while the feed is unknown (PostgreSQL's listener reconnecting)
+
+
+def tag_of(body: bytes) -> str:
+    return f'"{hashlib.blake2b(body, digest_size=16).hexdigest()}"'
+
+
+class Feed:
+    """Wakes every waiter of this process when the build feed moves; one watching task while anyone waits."""
+
+    def __init__(self, changes: Changes):
+        self.changes = changes
+        self._moved = asyncio.Event()
+        self._waiters = 0
+        self._watching: asyncio.Task | None = None
+
+    async def moved(self, timeout: float) -> None:
+        """Return when the feed moves, or after ``timeout`` seconds."""
+        self._waiters += 1
+        if self._watching is None or self._watching.done():
+            self._watching = asyncio.get_running_loop().create_task(self._watch())
+        try:
+            await asyncio.wait_for(self._moved.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._waiters -= 1
+
+    async def _watch(self) -> None:
+        last = self.changes.builds()
+        while self._waiters:
+            await asyncio.sleep(LOOK_S)
+            if (now := self.changes.builds()) != last:
+                last = now
+                self._moved.set()  # every waiter of this moment wakes; later ones wait on a new event
+                self._moved = asyncio.Event()
+
+
+async def next_answer(
+    read: Callable[[], bytes], held: str | None, wait: float, feed: Feed, request: Request
+) -> tuple[bytes, str]:
+    """The build's answer (``read``: its JSON, read on a thread) and its tag: the first whose tag is not ``held``,
+    or the last one read when ``wait`` seconds pass (the caller answers 304 when its tag is still ``held``), or
+    when the client hung up."""
+    deadline = time.monotonic() + wait
+    while True:
+        seen = feed.changes.builds()  # before the read: a change during it is read again at once
+        body = await anyio.to_thread.run_sync(read)
+        tag = tag_of(body)
+        left = deadline - time.monotonic()
+        if not matches(held, tag) or left <= 0:
+            return body, tag
+        if feed.changes.builds() == seen:
+            await feed.moved(min(AGAIN_S if seen is not None else UNKNOWN_S, left))
+        if await request.is_disconnected():
+            return body, tag
