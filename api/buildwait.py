@@ -27,9 +27,14 @@ from fastapi import Request
 from enginefarm.api.answers import matches
 from enginefarm.storage.changes import Changes
 
-WAIT_MAX_S = 30.0  # under a proxy's usual read timeout (nginx: 60 s) and a rolling update's grace (Kubernetes: 30 s)
+# Under a proxy's usual read timeout (nginx: 60 s). uvicorn lets a request in flight finish before it stops, so a
+# waiter may hold a stopping API process this long (deploy/k8s gives the API 120 s).
+WAIT_MAX_S = 30.0
 LOOK_S = 0.02
-AGAIN_S = 5.0  # a wait reason that changes by time alone (a worker's heartbeat lapsed) shows within this
+AGAIN_S = 5.0  # a wait reason that changes by time alone (a worker's heartbeat lapsed or began) shows within this
+# Waiters' reads at once per process: a burst of them (every waiter wakes at any build's write) never takes all of
+# the threads and connections the other routes read with.
+_READS = anyio.CapacityLimiter(4)
 UNKNOWN_S = 1.0  # how often a waiter reads again while the feed is unknown (PostgreSQL's listener reconnecting)
 
 
@@ -46,20 +51,20 @@ class Feed:
         self._waiters = 0
         self._watching: asyncio.Task | None = None
 
-    async def moved(self, timeout: float) -> None:
-        """Return when the feed moves, or after ``timeout`` seconds."""
+    async def moved(self, seen: tuple | None, timeout: float) -> None:
+        """Return when the feed moves from ``seen`` (the waiter's last look), or after ``timeout`` seconds."""
         self._waiters += 1
         if self._watching is None or self._watching.done():
-            self._watching = asyncio.get_running_loop().create_task(self._watch())
+            # from the waiter's look, not the task's first one: a change in between wakes it
+            self._watching = asyncio.get_running_loop().create_task(self._watch(seen))
         try:
             await asyncio.wait_for(self._moved.wait(), timeout)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the built-in TimeoutError before Python 3.11
             pass
         finally:
             self._waiters -= 1
 
-    async def _watch(self) -> None:
-        last = self.changes.builds()
+    async def _watch(self, last: tuple | None) -> None:
         while self._waiters:
             await asyncio.sleep(LOOK_S)
             if (now := self.changes.builds()) != last:
@@ -77,12 +82,12 @@ async def next_answer(
     deadline = time.monotonic() + wait
     while True:
         seen = feed.changes.builds()  # before the read: a change during it is read again at once
-        body = await anyio.to_thread.run_sync(read)
+        body = await anyio.to_thread.run_sync(read, limiter=_READS)
         tag = tag_of(body)
         left = deadline - time.monotonic()
         if not matches(held, tag) or left <= 0:
             return body, tag
         if feed.changes.builds() == seen:
-            await feed.moved(min(AGAIN_S if seen is not None else UNKNOWN_S, left))
+            await feed.moved(seen, min(AGAIN_S if seen is not None else UNKNOWN_S, left))
         if await request.is_disconnected():
             return body, tag

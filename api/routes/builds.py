@@ -96,6 +96,7 @@ async def get_build(
         0,
         ge=0,
         le=buildwait.WAIT_MAX_S,
+        allow_inf_nan=False,
         description="with If-None-Match: answer as soon as the build's answer differs from the one held, or 304 "
         "after this many seconds (a long poll; see the ETag of each answer)",
     ),
