@@ -4,7 +4,8 @@ For the same model and targets, one run measures
 
   a  the builders alone: ``worker.pipeline.engine_from_model`` for each target, sequentially,
      in this process, from a model file in a tmpfs directory (``--direct-on disk``: in the directory on the
-     disk the farm's data directory is on, where the farm's worker writes its plans);
+     disk the farm's data directory is on, where the farm's worker writes its plans), keeping freed memory as
+     the farm's workers do (``worker/malloc.py``; ``--direct-malloc default``: glibc's own thresholds);
   b  moving the bytes alone: the model and every engine put into a blob store of the mode's kind
      (LocalBlobStore for embedded, S3BlobStore on SeaweedFS for distributed) with its own client,
      plus the one get of the model that a worker makes;
@@ -57,6 +58,7 @@ from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: 
 from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
 from enginefarm.storage.blobs.base import BlobStore  # noqa: E402
 from enginefarm.worker.backends import BuildLog  # noqa: E402
+from enginefarm.worker.malloc import keep_freed_memory  # noqa: E402
 from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 
 TARGETS = [
@@ -510,6 +512,13 @@ def main() -> None:
         help="where a's builders read the model and write their plans: a tmpfs (the strictest baseline) or the "
         "disk the farm's data directory is on (where trtexec --saveEngine would write)",
     )
+    parser.add_argument(
+        "--direct-malloc",
+        choices=["kept", "default"],
+        default="kept",
+        help="a's process keeps freed memory as the farm's workers do (ENGINEFARM_WORKER_MALLOC_KEEP_MIB; the "
+        "strictest baseline), or uses glibc's own thresholds (a plain Python process calling the builder)",
+    )
     parser.add_argument("--json", type=Path, help="write every measurement to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (farm logs, data)")
     parser.add_argument(
@@ -525,6 +534,8 @@ def main() -> None:
     if args.smoke:
         args.mode, args.repeat, args.channels, args.blocks, args.workers = "embedded", 1, 16, 1, 1
 
+    if args.direct_malloc == "kept":  # a's builders fault no fresh pages either (worker/malloc.py)
+        keep_freed_memory(Settings().worker_malloc_keep_mib)
     modes = ["embedded", "distributed"] if args.mode == "both" else [args.mode]
     work = Path(tempfile.mkdtemp(prefix="efbench-"))
     meta = {

@@ -141,7 +141,10 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
                 raise
             time.sleep(1 + attempt)
     from enginefarm.core.domain import build_queues as queues_for
+    from enginefarm.worker.malloc import keep_freed_memory
     from enginefarm.worker.tasks import app as celery_app
+
+    keep_freed_memory(settings.worker_malloc_keep_mib)  # before the pool forks: its processes inherit it
 
     heartbeat = Heartbeat(
         settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench], row=not in_lane
