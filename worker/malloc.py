@@ -33,5 +33,5 @@ def keep_freed_memory(keep_mib: int) -> bool:
     except (OSError, AttributeError, TypeError):
         log.info("malloc thresholds left as they are: no glibc mallopt here")
         return False
-    size = keep_mib << 20
+    size = min(keep_mib, 2047) << 20  # mallopt's value is a C int
     return bool(mallopt(M_MMAP_THRESHOLD, size)) and bool(mallopt(M_TRIM_THRESHOLD, size))

@@ -7,6 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+from pydantic import ValidationError
+
+from enginefarm.core.config import Settings
+
 ALLOCATE_AND_FREE = """
 import resource, sys
 from enginefarm.worker.malloc import keep_freed_memory
@@ -41,3 +46,14 @@ def test_glibcs_own_thresholds_fault_every_round_the_control():
     applied, faults = _faults(0)
     assert applied == "False"  # 0 leaves glibc's thresholds as they are
     assert faults > 10 * (48 << 20) // 4096 // 2, f"only {faults} page faults: the control no longer shows the cost"
+
+
+def test_the_setting_stays_within_what_mallopt_takes():
+    """mallopt's value is a C int of bytes: 2047 MiB is the most (set in a process of its own); a larger setting is
+    refused when the settings are read."""
+    probe = "from enginefarm.worker.malloc import keep_freed_memory; print(keep_freed_memory(2047))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == (
+        "True"
+    )
+    with pytest.raises(ValidationError, match="worker_malloc_keep_mib"):
+        Settings(worker_malloc_keep_mib=2048)
