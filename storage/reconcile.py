@@ -98,12 +98,9 @@ class Reconciler:
         self._thread.start()
         return self
 
-    def run(self) -> None:
-        """Work in this thread until ``stop()`` (from a signal handler or another thread)."""
-        try:
-            self._loop()
-        finally:
-            self.leader.release()
+    def running(self) -> bool:
+        """Whether its thread still works (a pass's error is logged and the next pass comes; anything else ends it)."""
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()

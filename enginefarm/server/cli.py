@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -93,7 +94,6 @@ def reconcile(
     """Requeue tasks of workers that died and republish queued tasks whose broker message was lost. With --loop,
     the farm's background service: it works while it holds the farm's job lock, so any number of them (and of
     API processes, which run the same loop unless ENGINEFARM_RECONCILE_SECONDS=0) do the work once."""
-    from enginefarm.server.embedded import stop_on_sigterm
     from enginefarm.storage.reconcile import Reconciler, reconcile_once
 
     settings = get_settings()
@@ -107,17 +107,25 @@ def reconcile(
     if settings.reconcile_seconds <= 0:
         err.print("error: ENGINEFARM_RECONCILE_SECONDS is 0 here; give the service an interval, e.g. 15")
         raise typer.Exit(2)
+    # Ctrl-C and SIGTERM are taken by sigtimedwait below, never raised as KeyboardInterrupt: one raised inside a
+    # library's exec() (an import, a dataclass) leaves CPython set to end the process by SIGINT at exit even though
+    # it was caught, so a clean stop ended as "killed by SIGINT". The service's thread inherits the mask.
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     console.print(
         f"reconciling every {settings.reconcile_seconds:g} s and sweeping blobs every "
         f"{settings.gc_interval_seconds:g} s while this process holds the farm's job lock; Ctrl-C stops",
         highlight=False,
     )
-    service = Reconciler(settings)
+    service = Reconciler(settings).start()
     try:
-        with stop_on_sigterm():
-            service.run()
-    except KeyboardInterrupt:
-        pass
+        while service.running():
+            if signal.sigtimedwait(stops, 1.0) is not None:
+                return
+        err.print("error: the reconciler stopped by itself (its error is above)")
+        raise typer.Exit(1)
+    finally:
+        service.stop()
 
 
 @app.command()

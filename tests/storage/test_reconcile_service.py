@@ -56,3 +56,34 @@ def test_services_take_the_job_one_at_a_time_and_hand_it_over(settings, tmp_path
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+# Loaded by the service's interpreter (PYTHONPATH): its first pass stops it from inside code run by exec(), as a
+# library's import or dataclass does.
+STOP_INSIDE_EXEC = '''
+import enginefarm.storage.reconcile as reconcile
+
+def first_pass(settings, _once=reconcile.reconcile_once):
+    exec("import os, signal, time\\nos.kill(os.getpid(), signal.SIGTERM)\\ntime.sleep(0.5)")
+    return _once(settings)
+
+reconcile.reconcile_once = first_pass
+'''
+
+
+def test_a_stop_that_lands_inside_library_code_still_ends_the_service_cleanly(settings, tmp_path):
+    """SIGTERM turned into KeyboardInterrupt and raised inside exec() left CPython set to end the process by SIGINT
+    at exit, though the service caught it: systemd and Kubernetes saw a clean stop as a crash (-2)."""
+    (tmp_path / "sitecustomize.py").write_text(STOP_INSIDE_EXEC)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | {
+        "ENGINEFARM_DATA_DIR": str(settings.data_dir),
+        "ENGINEFARM_RECONCILE_SECONDS": "0.2",
+        "PYTHONPATH": str(tmp_path),
+        **({"ENGINEFARM_DATABASE_URL": settings.database_url} if settings.database_url else {}),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "reconcile", "--loop"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "holds the farm's job lock" in done.stdout
+    assert not held_by_someone(settings, within=1)
