@@ -1,4 +1,5 @@
-// The dashboard's own script: the upload drop zone with progress. Everything else is htmx attributes.
+// The dashboard's own script: the upload drop zone with progress, and the clocks of a live build page (its tasks
+// come by a long poll, only when they change). Everything else is htmx attributes.
 "use strict";
 
 function setupUpload() {
@@ -61,3 +62,14 @@ function setupUpload() {
 }
 
 document.addEventListener("DOMContentLoaded", setupUpload);
+
+// "running for N s": N as the server rendered it, counted on here, so the page needs no request to tick.
+function tickElapsed() {
+  const now = performance.now();
+  document.querySelectorAll("[data-elapsed]").forEach((el) => {
+    if (!el.dataset.t0) el.dataset.t0 = String(now);
+    el.textContent = String(Math.round(Number(el.dataset.elapsed) + (now - Number(el.dataset.t0)) / 1000));
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => setInterval(tickElapsed, 1000));

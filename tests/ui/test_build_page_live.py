@@ -1,0 +1,128 @@
+"""A build's page follows the build by a long poll on the API's build feed: an open page costs no request while
+nothing moves, shows a change at once, and counts its clocks itself. Against a real API process with no worker
+(a task changes only when the test writes it, as a worker's failure is written), over plain HTTP and in Chromium."""
+
+from __future__ import annotations
+
+import html
+import re
+import threading
+import time
+
+import httpx
+import pytest
+
+from enginefarm.client import Client
+from enginefarm.core.config import Settings
+from enginefarm.graph.samples import conv_net, sample_spec
+from enginefarm.server.embedded import Farm, embedded_env, issue_token
+from enginefarm.storage import catalog
+from enginefarm.storage.db import in_transaction
+from tests.ui.browser import launch_chromium
+from tests.ui.test_session import signed_in
+
+UNSERVED = "tensorrt-rtx/sm120"  # no worker: the task stays queued until the test writes it
+SPEC = {**sample_spec(), "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
+TAG = re.compile(r'data-tag="([^"]+)"')
+
+
+def tag_in(fragment: str) -> str:
+    return html.unescape(TAG.search(fragment)[1])
+
+
+@pytest.fixture(scope="module")
+def quiet_farm(base_services, tmp_path_factory):
+    data = tmp_path_factory.mktemp("live-page-farm")
+    env = embedded_env(data) | {"ENGINEFARM_QUEUE_WITHOUT_WORKER": "true", "ENGINEFARM_RECONCILE_SECONDS": "0"}
+    settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
+    f = Farm(env, log_dir=data, token=issue_token(settings, "live-page", ["admin"]))
+    try:
+        f.start_api()
+        with Client(f.url, token=f.token) as c:
+            f.model_id = c.upload(conv_net(seed=5151).SerializeToString(), "live-page")[0]["id"]
+        f.settings = settings
+        yield f
+    finally:
+        f.stop()
+
+
+def queued_build(farm) -> tuple[int, int]:
+    with Client(farm.url, token=farm.token) as c:
+        build = c.build(farm.model_id, [UNSERVED], SPEC, queue_without_worker=True)
+    (task,) = build["tasks"]
+    return build["id"], task["id"]
+
+
+def fail_later(farm, task_id: int, after_s: float) -> None:
+    def run() -> None:
+        time.sleep(after_s)
+        in_transaction(catalog.fail_task, task_id, "stopped by the test", settings=farm.settings)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.fixture
+def browserless(quiet_farm):
+    with httpx.Client(base_url=quiet_farm.url, timeout=60, follow_redirects=False) as client:
+        signed_in(client, quiet_farm.token)
+        yield client
+
+
+def test_the_tasks_fragment_answers_when_the_build_changes(quiet_farm, browserless):
+    build_id, task_id = queued_build(quiet_farm)
+    first = browserless.get(f"/ui/builds/{build_id}/tasks")
+    assert first.status_code == 200 and 'data-live="true"' in first.text, first.text[:500]
+    tag = tag_in(first.text)
+    fail_later(quiet_farm, task_id, 1.0)
+    t0 = time.monotonic()
+    changed = browserless.get(f"/ui/builds/{build_id}/tasks", params={"wait": 20, "seen": tag})
+    took = time.monotonic() - t0
+    assert changed.status_code == 200
+    assert 'data-state="failed"' in changed.text and 'data-live="false"' in changed.text, changed.text[:800]
+    assert "stopped by the test" in changed.text
+    assert tag_in(changed.text) != tag
+    assert 0.9 <= took < 5, took  # held until the write, answered soon after it
+
+
+def test_nothing_changing_holds_the_fragment_for_the_wait(quiet_farm, browserless):
+    build_id, _ = queued_build(quiet_farm)
+    tag = tag_in(browserless.get(f"/ui/builds/{build_id}/tasks").text)
+    t0 = time.monotonic()
+    same = browserless.get(f"/ui/builds/{build_id}/tasks", params={"wait": 2, "seen": tag})
+    assert 1.9 <= time.monotonic() - t0 < 10
+    assert same.status_code == 200 and tag_in(same.text) == tag
+    for wait in ("-1", "31", "nan"):
+        refused = browserless.get(f"/ui/builds/{build_id}/tasks", params={"wait": wait, "seen": tag})
+        assert refused.status_code == 422, (wait, refused.status_code, refused.text[:300])
+
+
+def test_an_open_build_page_asks_only_when_something_changes(quiet_farm):
+    build_id, task_id = queued_build(quiet_farm)
+    with launch_chromium() as chromium:
+        context = chromium.new_context()
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{quiet_farm.url}/ui/signin?next=/ui/builds/{build_id}")
+        page.fill("#token", quiet_farm.token)
+        page.keyboard.press("Enter")
+        page.wait_for_url(f"{quiet_farm.url}/ui/builds/{build_id}")
+        asked: list[str] = []
+        page.on("request", lambda r: asked.append(r.url) if f"/ui/builds/{build_id}/tasks" in r.url else None)
+        clock = page.locator(f"tr.task[data-target='{UNSERVED}'] [data-elapsed]")
+        before = int(clock.inner_text())
+        page.wait_for_timeout(4000)
+        # The clock ticks in the page, and the page has one question in flight, not one a second.
+        assert int(clock.inner_text()) >= before + 3
+        assert len(asked) <= 1, asked
+        fail_later(quiet_farm, task_id, 0.0)
+        page.wait_for_selector("#tasks[data-live='false']", timeout=5000)
+        row = page.locator(f"tr.task[data-target='{UNSERVED}']")
+        assert row.get_attribute("data-state") == "failed"
+        assert "stopped by the test" in row.inner_text()
+        settled = len(asked)
+        page.wait_for_timeout(2000)
+        assert len(asked) == settled  # a finished build is not asked about again
+        assert errors == []
+        context.close()
