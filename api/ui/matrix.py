@@ -76,6 +76,12 @@ class Matrix:
     def cell(self, version_id: int, column: Column) -> Cell | None:
         return self.cells.get((version_id, column))
 
+    def state(self) -> bytes:
+        """What the page shows of it, as bytes whose tag (``buildwait.tag_of``) moves with any change: the page's
+        long poll holds that tag. A running cell's clock is not in it (the page counts it)."""
+        versions = [(v.id, v.version) for v in self.versions]
+        return repr((versions, self.columns, sorted(self.cells.items()))).encode()
+
 
 def _precisions(build: BuildRow) -> dict[int, str]:
     """Per task, the precision its target builds for the build's spec (a CPU builds fp32 for an fp16 spec)."""

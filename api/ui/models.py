@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from enginefarm.api import services
+from enginefarm.api import buildwait, services
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
 from enginefarm.api.routes import RowId, page_offset
 from enginefarm.api.routes import models as model_routes
@@ -55,7 +55,8 @@ async def upload(
 
 def _model_context(session: Session, settings: Settings, model_id: int, principal: Principal) -> dict:
     row = catalog.get_model(session, model_id, principal.project)
-    return {"model": ModelOut.of(row), "matrix": model_matrix(session, settings, row, principal.project)}
+    matrix = model_matrix(session, settings, row, principal.project)
+    return {"model": ModelOut.of(row), "matrix": matrix, "tag": buildwait.tag_of(matrix.state())}
 
 
 @router.get("/models/{model_id}")
@@ -73,14 +74,31 @@ def model_page(
 
 
 @router.get("/models/{model_id}/matrix")
-def matrix_fragment(
+async def matrix_fragment(
     request: Request,
     model_id: RowId,
+    wait: float = Query(
+        0,
+        ge=0,
+        le=buildwait.WAIT_MAX_S,
+        allow_inf_nan=False,
+        description="with seen: answer as soon as the matrix differs from the one seen, or after this many seconds",
+    ),
+    seen: str | None = Query(None, max_length=100, description="the tag of the matrix the page shows"),
     principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
     settings: Settings = Depends(settings_dep),
 ) -> Response:
-    return page(request, "fragments/matrix.html", **_model_context(session, settings, model_id, principal))
+    """The model page's live part, by the same long poll as a build page's tasks (``api.ui.builds``): answered
+    when a build of the model changes, or after ``wait`` s with the same matrix."""
+    context: dict = {}
+
+    def read() -> bytes:
+        with session_scope(settings) as session:
+            context.update(_model_context(session, settings, model_id, principal))
+        return context["matrix"].state()
+
+    await buildwait.next_answer(read, seen, wait, request.app.state.build_feed, request)
+    return page(request, "fragments/matrix.html", **context)
 
 
 @router.post("/models/{model_id}/builds")

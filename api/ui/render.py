@@ -44,13 +44,18 @@ def size(value: int | None) -> str:
     return str(value)
 
 
-def age(when: datetime | None) -> str:
-    """ "12 s ago", "3 min ago": how long since ``when``."""
-    if when is None:
-        return "–"
+def elapsed(when: datetime) -> int:
+    """Whole seconds since ``when`` (a naive time is UTC)."""
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
-    seconds = max(0.0, (datetime.now(timezone.utc) - when).total_seconds())
+    return round(max(0.0, (datetime.now(timezone.utc) - when).total_seconds()))
+
+
+def age(when: datetime | None) -> str:
+    """ "12 s ago", "3 min ago": how long since ``when`` (``app.js`` counts on in the same words)."""
+    if when is None:
+        return "–"
+    seconds = elapsed(when)
     if seconds < 90:
         return f"{seconds:.0f} s ago"
     if seconds < 5400:
@@ -62,7 +67,7 @@ def dims(values: list | None) -> str:
     return "×".join(str(d) for d in values) if values else "scalar"
 
 
-templates.env.filters.update(ms=ms, size=size, age=age, dims=dims)
+templates.env.filters.update(ms=ms, size=size, age=age, elapsed=elapsed, dims=dims)
 templates.env.globals.update(version=__version__)
 
 

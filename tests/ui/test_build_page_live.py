@@ -96,6 +96,24 @@ def test_nothing_changing_holds_the_fragment_for_the_wait(quiet_farm, browserles
         assert refused.status_code == 422, (wait, refused.status_code, refused.text[:300])
 
 
+def test_the_model_matrix_answers_when_a_build_of_the_model_changes(quiet_farm, browserless):
+    _, task_id = queued_build(quiet_farm)
+    path = f"/ui/models/{quiet_farm.model_id}/matrix"
+    first = browserless.get(path)
+    assert 'data-live="true"' in first.text and 'data-state="queued"' in first.text, first.text[:600]
+    tag = tag_in(first.text)
+    t0 = time.monotonic()
+    assert tag_in(browserless.get(path, params={"wait": 1.5, "seen": tag}).text) == tag  # nothing moved: held
+    assert time.monotonic() - t0 >= 1.4
+    fail_later(quiet_farm, task_id, 1.0)
+    t0 = time.monotonic()
+    changed = browserless.get(path, params={"wait": 20, "seen": tag})
+    took = time.monotonic() - t0
+    assert 'data-state="failed"' in changed.text and 'data-live="false"' in changed.text, changed.text[:600]
+    assert tag_in(changed.text) != tag
+    assert 0.9 <= took < 5, took
+
+
 def test_an_open_build_page_asks_only_when_something_changes(quiet_farm):
     build_id, task_id = queued_build(quiet_farm)
     with launch_chromium() as chromium:

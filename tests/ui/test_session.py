@@ -129,7 +129,8 @@ def test_the_build_form_takes_trtexec_flags_and_submits_what_the_api_would(farm,
     answer = browserless.post(f"/ui/models/{model_id}/builds", data=form, headers={"HX-Request": "true"})
     assert answer.status_code == 200, answer.text
     build_id = int(re.search(r'href="/ui/builds/(\d+)"', answer.text).group(1))
-    assert 'hx-trigger="every 1s"' in answer.text  # the matrix it answers polls while the build runs
+    # the matrix it answers follows the build
+    assert 'data-live="true"' in answer.text and f"/ui/models/{model_id}/matrix?wait=" in answer.text
     spec = api.get(f"/v1/builds/{build_id}").json()["spec"]
     assert spec["precision"] == "fp16"  # the flags win over the fields
     assert spec["profiles"] == [{"input": {"min": [1, 3, 32, 32], "opt": [2, 3, 32, 32], "max": [4, 3, 32, 32]}}]

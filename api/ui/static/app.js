@@ -63,12 +63,20 @@ function setupUpload() {
 
 document.addEventListener("DOMContentLoaded", setupUpload);
 
-// "running for N s": N as the server rendered it, counted on here, so the page needs no request to tick.
+// "running for N s": N as the server rendered it, counted on here, so the page needs no request to tick;
+// data-style="age" writes it as the server's age filter does ("12 s", "3 min", "1.5 h").
+function asAge(seconds) {
+  if (seconds < 90) return `${Math.round(seconds)} s`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min`;
+  return `${(seconds / 3600).toFixed(1)} h`;
+}
+
 function tickElapsed() {
   const now = performance.now();
   document.querySelectorAll("[data-elapsed]").forEach((el) => {
     if (!el.dataset.t0) el.dataset.t0 = String(now);
-    el.textContent = String(Math.round(Number(el.dataset.elapsed) + (now - Number(el.dataset.t0)) / 1000));
+    const seconds = Number(el.dataset.elapsed) + (now - Number(el.dataset.t0)) / 1000;
+    el.textContent = el.dataset.style === "age" ? asAge(seconds) : String(Math.round(seconds));
   });
 }
 
