@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 import anyio.to_thread
-from fastapi import Request
+from fastapi import Query, Request
 
 from enginefarm.api.answers import matches
 from enginefarm.storage.changes import Changes
@@ -36,6 +36,23 @@ AGAIN_S = 5.0  # a wait reason that changes by time alone (a worker's heartbeat 
 # the threads and connections the other routes read with.
 _READS = anyio.CapacityLimiter(4)
 UNKNOWN_S = 1.0  # how often a waiter reads again while the feed is unknown (PostgreSQL's listener reconnecting)
+
+
+def wait_query(what: str) -> float:
+    """The ``wait`` parameter of a long poll on ``what``: 0 to WAIT_MAX_S, finite."""
+    return Query(
+        0,
+        ge=0,
+        le=WAIT_MAX_S,
+        allow_inf_nan=False,
+        description=f"with the tag held: answer as soon as {what} differs from the one held, or after this many "
+        "seconds (a long poll)",
+    )
+
+
+def seen_query(what: str) -> str | None:
+    """The ``seen`` parameter of a long poll: the tag held of ``what``."""
+    return Query(None, max_length=100, description=f"the tag of {what} held (the ETag, or the page's data-tag)")
 
 
 def tag_of(body: bytes) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from datetime import datetime, timezone
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy.orm import Session
 
 from enginefarm.api import buildwait
@@ -51,14 +51,8 @@ def build_page(
 async def build_tasks(
     request: Request,
     build_id: RowId,
-    wait: float = Query(
-        0,
-        ge=0,
-        le=buildwait.WAIT_MAX_S,
-        allow_inf_nan=False,
-        description="with seen: answer as soon as the build differs from the one seen, or after this many seconds",
-    ),
-    seen: str | None = Query(None, max_length=100, description="the tag of the build the page shows"),
+    wait: float = buildwait.wait_query("the build"),
+    seen: str | None = buildwait.seen_query("the build"),
     principal: Principal = Depends(ui_session.viewer),
     settings: Settings = Depends(settings_dep),
 ) -> Response:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -77,14 +77,8 @@ def model_page(
 async def matrix_fragment(
     request: Request,
     model_id: RowId,
-    wait: float = Query(
-        0,
-        ge=0,
-        le=buildwait.WAIT_MAX_S,
-        allow_inf_nan=False,
-        description="with seen: answer as soon as the matrix differs from the one seen, or after this many seconds",
-    ),
-    seen: str | None = Query(None, max_length=100, description="the tag of the matrix the page shows"),
+    wait: float = buildwait.wait_query("the matrix"),
+    seen: str | None = buildwait.seen_query("the matrix"),
     principal: Principal = Depends(ui_session.viewer),
     settings: Settings = Depends(settings_dep),
 ) -> Response:
