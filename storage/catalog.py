@@ -19,6 +19,7 @@ from enginefarm.core.errors import Conflict, NotFound
 from enginefarm.core.spec import BuildSpec
 from enginefarm.storage.builtengines import find_engine
 from enginefarm.storage.checks import ensure_benchmark_task
+from enginefarm.storage.driverrows import driver_rows
 from enginefarm.storage.rows import claim_row, get_row, in_project
 from enginefarm.storage.tables import (
     BenchmarkTaskRow,
@@ -127,8 +128,8 @@ def find_models(
     is the farm's own (''). ``columns`` (which must include ``ModelRow.project``): plain rows of only these."""
     query = _models_query(version is not None, project is not None, columns)
     params = {"name": name, "version": version, "project": project}
-    if columns:  # plain rows: run on the connection, past the ORM's statement handling (resolve's hot path)
-        rows = list(session.connection().execute(query, params).all())
+    if columns:  # plain rows: on the driver's cursor, past SQLAlchemy's statement handling (resolve's hot path)
+        rows = driver_rows(session.connection(), query, params)
     else:
         rows = list(session.execute(query, params).scalars().all())
     if len(projects := {r.project for r in rows}) > 1:

@@ -25,6 +25,7 @@ from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from enginefarm.storage.catalog import find_models, latest_of
 from enginefarm.storage.db import json_loads
+from enginefarm.storage.driverrows import driver_rows
 from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 # What an answer says about a model version, and what its ETag is made of.
@@ -306,7 +307,7 @@ def engine_table(session: Session, owner: dict[str, Row], ids: tuple[int, ...] |
     rows: dict[int, Row] = {}  # an engine's first row: the others differ only in their measurement
     latency: dict[int, dict[str, float]] = {}
     shapes: dict[int, dict[str, str]] = {}
-    for r in session.connection().execute(statement, params).all():
+    for r in driver_rows(session.connection(), statement, params):
         if (mine := latency.get(r[0])) is None:
             rows[r[0]], mine = r, latency.setdefault(r[0], {})
             shapes[r[0]] = {}
@@ -357,7 +358,7 @@ def kind_table(session: Session, owner: dict[str, Row]) -> KindTable:
     process has not seen before (KIND_FACTS_OF), one statement more."""
     connection = session.connection()
     shas = list(owner)
-    rows = connection.execute(KINDS_OF[connection.dialect.name], {"shas": shas}).all()
+    rows = driver_rows(connection, KINDS_OF[connection.dialect.name], {"shas": shas})
     kinds, ids = zip(*rows) if rows else ((), ())
     if connection.dialect.name != "postgresql":
         ids = tuple(map(int, text.split(",")) for text in ids)
@@ -365,7 +366,7 @@ def kind_table(session: Session, owner: dict[str, Row]) -> KindTable:
     if missing := [k for k in kinds if k not in facts]:
         if len(_KINDS) >= _KINDS_KEPT:
             _KINDS.clear()
-        for r in connection.execute(KIND_FACTS_OF, {"shas": shas, "keys": missing}):
+        for r in driver_rows(connection, KIND_FACTS_OF, {"shas": shas, "keys": missing}):
             facts[r[0]] = _KINDS[r[0]] = kind_of(r[1:])
         # a kind whose engines went in between the two reads (no transaction holds them together) is gone
         kinds, ids = tuple(zip(*[(k, i) for k, i in zip(kinds, ids) if k in facts])) or ((), ())
