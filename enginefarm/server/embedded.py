@@ -261,7 +261,13 @@ class Farm:
 
 @contextmanager
 def stop_on_sigterm():
-    """SIGTERM (systemd, kill) ends the block as Ctrl-C does, so the farm's ``with`` stops its children in order."""
+    """SIGTERM (systemd, kill) ends the block as Ctrl-C does, so the farm's ``with`` stops its children in order.
+
+    A KeyboardInterrupt that leaves code run by ``exec()`` of a string (a library's import, a dataclass being made)
+    sets CPython's "unhandled KeyboardInterrupt" mark even when the caller catches it, and the process then ends by
+    SIGINT at exit: a clean stop that systemd reads as a crash. Any later ``exec()`` of a string clears the mark,
+    so the block's end runs one. (``enginefarm reconcile --loop``, which starts no children, takes its signals with
+    ``sigtimedwait`` instead.)"""
 
     def interrupt(*_):
         raise KeyboardInterrupt
@@ -271,6 +277,7 @@ def stop_on_sigterm():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        exec("pass")  # a constant: clears the mark described above
 
 
 def embedded_env(data_dir: Path) -> dict[str, str]:
