@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from enginefarm.api import buildwait, services
 from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import RowId, page_offset
+from enginefarm.api.routes import ID_MAX, RowId, page_offset
 from enginefarm.api.routes import models as model_routes
 from enginefarm.api.schemas import ModelOut
 from enginefarm.api.ui import session as ui_session
@@ -79,6 +79,9 @@ async def matrix_fragment(
     model_id: RowId,
     wait: float = buildwait.wait_query("the matrix"),
     seen: str | None = buildwait.seen_query("the matrix"),
+    submitted: int | None = Query(
+        None, ge=1, le=ID_MAX, description="a build this page submitted: its notice stays above the matrix"
+    ),
     principal: Principal = Depends(ui_session.viewer),
     settings: Settings = Depends(settings_dep),
 ) -> Response:
@@ -92,7 +95,7 @@ async def matrix_fragment(
         return context["matrix"].state()
 
     await buildwait.next_answer(read, seen, wait, request.app.state.build_feed, request)
-    return page(request, "fragments/matrix.html", **context)
+    return page(request, "fragments/matrix.html", submitted=submitted, **context)
 
 
 @router.post("/models/{model_id}/builds")
