@@ -20,12 +20,15 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio.to_thread
 from fastapi import Query, Request
 
 from enginefarm.api.answers import matches
+from enginefarm.core.config import Settings
 from enginefarm.storage.changes import Changes
+from enginefarm.storage.db import session_scope
 
 # Under a proxy's usual read timeout (nginx: 60 s). uvicorn lets a request in flight finish before it stops, so a
 # waiter may hold a stopping API process this long (deploy/k8s gives the API 120 s).
@@ -108,3 +111,24 @@ async def next_answer(
             await feed.moved(seen, min(AGAIN_S if seen is not None else UNKNOWN_S, left))
         if await request.is_disconnected():
             return body, tag
+
+
+async def next_context(
+    request: Request,
+    settings: Settings,
+    context_of: Callable[[Any], dict],
+    answer_of: Callable[[dict], bytes],
+    held: str | None,
+    wait: float,
+) -> dict:
+    """A dashboard fragment's long poll (``next_answer``): ``context_of(session)`` read in a session of its own,
+    again until ``answer_of(context)`` is no longer tagged ``held`` or ``wait`` passes; the last context read."""
+    context: dict = {}
+
+    def read() -> bytes:
+        with session_scope(settings) as session:
+            context.update(context_of(session))
+        return answer_of(context)
+
+    await next_answer(read, held, wait, request.app.state.build_feed, request)
+    return context

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shlex
-from datetime import datetime, timezone
 
 from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy.orm import Session
@@ -19,7 +18,6 @@ from enginefarm.api.ui import session as ui_session
 from enginefarm.api.ui.render import page
 from enginefarm.core.config import Settings
 from enginefarm.storage import builtengines, catalog
-from enginefarm.storage.db import session_scope
 from enginefarm.storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
@@ -33,7 +31,7 @@ def _build_context(session: Session, settings: Settings, build_id: int, principa
     model = catalog.get_model(session, build.model_id, principal.project)
     live = any(t.state in LIVE or (t.check or {}).get("in_progress") for t in build.tasks) or build.state in LIVE
     tag = buildwait.tag_of(build.model_dump_json().encode())
-    return {"build": build, "model": model, "live": live, "now": datetime.now(timezone.utc), "tag": tag}
+    return {"build": build, "model": model, "live": live, "tag": tag}
 
 
 @router.get("/builds/{build_id}")
@@ -59,14 +57,14 @@ async def build_tasks(
     """The page's live part: the build's tasks. The page asks again as soon as each answer arrives, with the tag it
     shows and ``wait``: a long poll on the API's build feed (``api.buildwait``), so an open page learns of a change
     within milliseconds and costs no read while nothing moves, where it asked every second before."""
-    context: dict = {}
-
-    def read() -> bytes:
-        with session_scope(settings) as session:
-            context.update(_build_context(session, settings, build_id, principal))
-        return context["build"].model_dump_json().encode()
-
-    await buildwait.next_answer(read, seen, wait, request.app.state.build_feed, request)
+    context = await buildwait.next_context(
+        request,
+        settings,
+        lambda session: _build_context(session, settings, build_id, principal),
+        lambda context: context["build"].model_dump_json().encode(),
+        seen,
+        wait,
+    )
     return page(request, "fragments/tasks.html", **context)
 
 

@@ -87,14 +87,14 @@ async def matrix_fragment(
 ) -> Response:
     """The model page's live part, by the same long poll as a build page's tasks (``api.ui.builds``): answered
     when a build of the model changes, or after ``wait`` s with the same matrix."""
-    context: dict = {}
-
-    def read() -> bytes:
-        with session_scope(settings) as session:
-            context.update(_model_context(session, settings, model_id, principal))
-        return context["matrix"].state()
-
-    await buildwait.next_answer(read, seen, wait, request.app.state.build_feed, request)
+    context = await buildwait.next_context(
+        request,
+        settings,
+        lambda session: _model_context(session, settings, model_id, principal),
+        lambda context: context["matrix"].state(),
+        seen,
+        wait,
+    )
     return page(request, "fragments/matrix.html", submitted=submitted, **context)
 
 

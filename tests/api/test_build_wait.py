@@ -4,7 +4,6 @@ test writes it, with the same bulk UPDATE a worker's failure writes."""
 
 from __future__ import annotations
 
-import threading
 import time
 from contextlib import nullcontext
 
@@ -12,68 +11,27 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
-from enginefarm.core.config import Settings
-from enginefarm.graph.samples import conv_net, sample_spec
 from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
 from enginefarm.storage import catalog
 from enginefarm.storage.db import in_transaction
 from tests.conftest import PG_DB
-
-UNSERVED = "tensorrt-rtx/sm120"  # no worker here: a task stays queued until the test writes it
-SPEC = {**sample_spec(), "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
+from tests.queuedbuilds import fail_later, queue_only_farm, queued_build
 
 
 @pytest.fixture(scope="module", params=["postgresql", "sqlite"])
 def waiting_farm(request, base_services, tmp_path_factory):
     data = tmp_path_factory.mktemp(f"wait-farm-{request.param}")
-    env = embedded_env(data) | {"ENGINEFARM_QUEUE_WITHOUT_WORKER": "true", "ENGINEFARM_RECONCILE_SECONDS": "0"}
     pg = localservers.scratch_postgres(f"{PG_DB}_wait") if request.param == "postgresql" else nullcontext()
-    with pg as url:
-        if url:
-            env["ENGINEFARM_DATABASE_URL"] = url
-        settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
-        f = Farm(env, log_dir=data, token=issue_token(settings, "wait-admin", ["admin"]))
-        try:
-            f.start_api()
-            with Client(f.url, token=f.token) as c:
-                f.model_id = c.upload(conv_net(seed=4242).SerializeToString(), "waiting")[0]["id"]
-            f.settings = settings
-            yield f
-        finally:
-            f.stop()
-
-
-def _queued_build(farm) -> tuple[int, int]:
-    with Client(farm.url, token=farm.token) as c:
-        build = c.build(farm.model_id, [UNSERVED], SPEC, queue_without_worker=True)
-    (task,) = build["tasks"]
-    assert task["state"] == "queued"
-    return build["id"], task["id"]
-
-
-def _fail_later(farm, task_id: int, after_s: float) -> dict[str, float]:
-    """Fail the task ``after_s`` from now, in a thread, as a worker's failure is written; the dict gets the time
-    the write committed."""
-    done: dict[str, float] = {}
-
-    def run() -> None:
-        time.sleep(after_s)
-        try:
-            in_transaction(catalog.fail_task, task_id, "stopped by the test", settings=farm.settings)
-        finally:
-            done["at"] = time.monotonic()
-
-    threading.Thread(target=run, daemon=True).start()
-    return done
+    with pg as url, queue_only_farm(data, "waiting", seed=4242, database_url=url) as farm:
+        yield farm
 
 
 def test_a_waiting_client_gets_the_build_as_soon_as_a_task_changes(waiting_farm):
-    build_id, task_id = _queued_build(waiting_farm)
+    build_id, task_id = queued_build(waiting_farm)
     with httpx.Client(base_url=waiting_farm.url, headers=waiting_farm.headers, timeout=60) as c:
         first = c.get(f"/v1/builds/{build_id}")
         assert first.status_code == 200 and first.headers["etag"], first.text
-        done = _fail_later(waiting_farm, task_id, 1.0)
+        done = fail_later(waiting_farm, task_id, 1.0)
         t0 = time.monotonic()
         r = c.get(f"/v1/builds/{build_id}", params={"wait": 20}, headers={"If-None-Match": first.headers["etag"]})
         answered = time.monotonic()
@@ -85,7 +43,7 @@ def test_a_waiting_client_gets_the_build_as_soon_as_a_task_changes(waiting_farm)
 
 
 def test_nothing_changing_answers_304_after_the_wait_with_the_same_tag(waiting_farm):
-    build_id, task_id = _queued_build(waiting_farm)
+    build_id, task_id = queued_build(waiting_farm)
     with httpx.Client(base_url=waiting_farm.url, headers=waiting_farm.headers, timeout=60) as c:
         tag = c.get(f"/v1/builds/{build_id}").headers["etag"]
         t0 = time.monotonic()
@@ -113,11 +71,11 @@ def test_a_wait_out_of_range_is_a_422_that_names_it(waiting_farm, wait):
 
 
 def test_the_client_sees_a_finished_build_at_once_with_few_requests(waiting_farm):
-    build_id, task_id = _queued_build(waiting_farm)
+    build_id, task_id = queued_build(waiting_farm)
     asked: list[str] = []
     with Client(waiting_farm.url, token=waiting_farm.token) as c:
         c.http.event_hooks["request"].append(lambda request: asked.append(str(request.url)))
-        done = _fail_later(waiting_farm, task_id, 2.0)
+        done = fail_later(waiting_farm, task_id, 2.0)
         build = c.wait_build(build_id, timeout=30)
         answered = time.monotonic()
     assert build["tasks"][0]["state"] == "failed"

@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import html
 import re
-import threading
 import time
 
 import httpx
 import pytest
 
-from enginefarm.client import Client
-from enginefarm.core.config import Settings
-from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage import catalog
-from enginefarm.storage.db import in_transaction
+from tests.queuedbuilds import UNSERVED, fail_later, queue_only_farm, queued_build
 from tests.ui.browser import launch_chromium
 from tests.ui.test_session import signed_in
 
-UNSERVED = "tensorrt-rtx/sm120"  # no worker: the task stays queued until the test writes it
-SPEC = {**sample_spec(), "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
 TAG = re.compile(r'data-tag="([^"]+)"')
 
 
@@ -32,33 +24,8 @@ def tag_in(fragment: str) -> str:
 
 @pytest.fixture(scope="module")
 def quiet_farm(base_services, tmp_path_factory):
-    data = tmp_path_factory.mktemp("live-page-farm")
-    env = embedded_env(data) | {"ENGINEFARM_QUEUE_WITHOUT_WORKER": "true", "ENGINEFARM_RECONCILE_SECONDS": "0"}
-    settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
-    f = Farm(env, log_dir=data, token=issue_token(settings, "live-page", ["admin"]))
-    try:
-        f.start_api()
-        with Client(f.url, token=f.token) as c:
-            f.model_id = c.upload(conv_net(seed=5151).SerializeToString(), "live-page")[0]["id"]
-        f.settings = settings
-        yield f
-    finally:
-        f.stop()
-
-
-def queued_build(farm) -> tuple[int, int]:
-    with Client(farm.url, token=farm.token) as c:
-        build = c.build(farm.model_id, [UNSERVED], SPEC, queue_without_worker=True)
-    (task,) = build["tasks"]
-    return build["id"], task["id"]
-
-
-def fail_later(farm, task_id: int, after_s: float) -> None:
-    def run() -> None:
-        time.sleep(after_s)
-        in_transaction(catalog.fail_task, task_id, "stopped by the test", settings=farm.settings)
-
-    threading.Thread(target=run, daemon=True).start()
+    with queue_only_farm(tmp_path_factory.mktemp("live-page-farm"), "live-page", seed=5151) as farm:
+        yield farm
 
 
 @pytest.fixture
