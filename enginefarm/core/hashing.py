@@ -24,7 +24,7 @@ def sha256_file(path: Path) -> str:
 class HashingWriter(io.RawIOBase):
     """A binary file that hashes and counts what is written through it to ``fh``."""
 
-    def __init__(self, fh: BinaryIO):
+    def __init__(self, fh: BinaryIO | io.RawIOBase):
         super().__init__()
         self._fh = fh
         self._digest = hashlib.sha256()
@@ -51,7 +51,7 @@ class HashingWriter(io.RawIOBase):
         self.size = 0
 
 
-def copy_hashed(src: BinaryIO, dst: BinaryIO) -> str:
+def copy_hashed(src: BinaryIO, dst: BinaryIO | io.RawIOBase) -> str:
     """Copy ``src`` to ``dst``; return the sha256 of what was written."""
     out = HashingWriter(dst)
     shutil.copyfileobj(src, out, CHUNK)

@@ -140,11 +140,13 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             if attempt == 4:
                 raise
             time.sleep(1 + attempt)
+    from enginefarm.core.directwrite import write_plans_direct
     from enginefarm.core.domain import build_queues as queues_for
     from enginefarm.worker.malloc import keep_freed_memory
     from enginefarm.worker.tasks import app as celery_app
 
     keep_freed_memory(settings.worker_malloc_keep_mib)  # before the pool forks: its processes inherit it
+    write_plans_direct(settings.blob_store == "local")  # engines a local store fsyncs: around the page cache
 
     heartbeat = Heartbeat(
         settings, worker_id, [str(t) for t in targets], machine.to_dict(), [str(t) for t in bench], row=not in_lane

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+from enginefarm.core.directwrite import DirectFile
 from enginefarm.core.errors import IntegrityError, NotFound
 from enginefarm.core.hashing import copy_hashed, sha256_file
 from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
@@ -49,10 +50,9 @@ class LocalBlobStore(BlobStore):
         # Copy to a temp file beside the final name, verify, then rename: readers never see a half blob.
         fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=TMP_PREFIX)
         try:
-            with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+            with DirectFile(fd) as out, open(path, "rb") as src:
                 got = copy_hashed(src, out)  # hash what is written, in the same pass
-                out.flush()
-                os.fsync(out.fileno())
+                out.sync()
             if got != sha256:
                 raise IntegrityError(f"blob {key}: wrote sha256 {got}, expected {sha256}")
             os.replace(tmp, final)
@@ -93,7 +93,7 @@ class LocalBlobStore(BlobStore):
             dest.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=TMP_PREFIX)
             try:
-                with os.fdopen(fd, "wb") as out:
+                with DirectFile(fd) as out:
                     shutil.copyfileobj(fh, out, CHUNK)
                 os.replace(tmp, dest)
             finally:

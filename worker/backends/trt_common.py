@@ -16,6 +16,7 @@ from types import ModuleType
 
 import onnx
 
+from enginefarm.core.directwrite import write_hashed
 from enginefarm.core.domain import ANONYMOUS_DIMS, EngineDescriptor, HardwareCompat, Target
 from enginefarm.core.errors import BackendMissing, BuildFailed, SpecInvalid
 from enginefarm.core.probe.machineprobe import MachineProbe
@@ -154,17 +155,16 @@ def config_from_spec(trt: ModuleType, builder, network, spec: BuildSpec, strongl
     return config
 
 
-def engine_from_network(builder, network, config, out_path: Path, log: BuildLog) -> int:
-    """Build and write the serialized engine; returns its size. None from the builder is a model error."""
+def engine_from_network(builder, network, config, out_path: Path, log: BuildLog) -> tuple[str, int]:
+    """Build and write the serialized engine, around the page cache where the file system allows
+    (``core.directwrite``); returns its sha256 and size. None from the builder is a model error."""
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         errors = [line for line in log.lines if line.startswith("[ERROR]") or line.startswith("[INTERNAL_ERROR]")]
         cause = errors[-1] if errors else "unsupported layer, shape or precision, or out of memory; see the log tail"
         raise BuildFailed(f"the builder produced no engine: {cause}")
     data = memoryview(plan)
-    with open(out_path, "wb") as fh:
-        fh.write(data)
-    return data.nbytes
+    return write_hashed(out_path, data), data.nbytes
 
 
 class TrtFamilyBackend(BuildBackend):
@@ -219,11 +219,13 @@ class TrtFamilyBackend(BuildBackend):
         config = config_from_spec(trt, builder, network, spec, strongly_typed, log)
         self.select_target(trt, config, target, machine, log)
         save_cache = self.prepare_timing_cache(trt, config, target, machine, log) if spec.timing_cache else None
-        engine_from_network(builder, network, config, out_path, log)
+        sha256, size = engine_from_network(builder, network, config, out_path, log)
         if save_cache is not None:
             save_cache(config)
         log.add(f"built {target} in {time.perf_counter() - started:.2f} s")
-        return self.describe(target, spec, machine)
+        descriptor = self.describe(target, spec, machine)
+        descriptor.sha256, descriptor.size = sha256, size  # hashed as written: the file is not read again
+        return descriptor
 
 
 @functools.cache
