@@ -9,7 +9,11 @@ import fcntl
 import hashlib
 import os
 import random
+import resource
+import shutil
+import signal
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,9 @@ from enginefarm.storage.blobs.local import LocalBlobStore
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, STAGE - 1, STAGE, STAGE + 7, 2 * STAGE + ALIGN + 3]
 TMPFS = Path("/dev/shm")
+# The page cache is only skipped on a disk: pytest's own temp folder may be a tmpfs (where every file is page
+# cache), so what is checked against the page cache lives beside the checkout, as a farm's data directory does.
+ON_DISK = Path(__file__).resolve().parents[1] / "build" / "test-directwrite"
 
 
 def cached_bytes(path: Path) -> int:
@@ -32,6 +39,14 @@ def cached_bytes(path: Path) -> int:
 
 def new_file(path: Path) -> DirectFile:
     return DirectFile(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+
+
+@pytest.fixture
+def disk():
+    folder = ON_DISK / uuid.uuid4().hex
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -68,29 +83,29 @@ def test_the_bytes_and_the_hash_are_those_given_for_every_size_and_any_pieces(wh
             folder.rmdir()
 
 
-def test_a_plan_written_direct_leaves_nothing_in_the_page_cache_and_a_plain_one_does(tmp_path):
+def test_a_plan_written_direct_leaves_nothing_in_the_page_cache_and_a_plain_one_does(disk):
     data = random.Random(3).randbytes(3 * STAGE + 5)
     directwrite.write_plans_direct(True)
     try:
-        write_hashed(tmp_path / "direct.plan", data)
+        write_hashed(disk / "direct.plan", data)
     finally:
         directwrite.write_plans_direct(False)
-    write_hashed(tmp_path / "plain.plan", data)
-    assert cached_bytes(tmp_path / "direct.plan") <= ALIGN  # at most the last, padded block's page
-    assert cached_bytes(tmp_path / "plain.plan") >= len(data) - ALIGN
-    assert (tmp_path / "direct.plan").read_bytes() == (tmp_path / "plain.plan").read_bytes() == data
+    write_hashed(disk / "plain.plan", data)
+    assert cached_bytes(disk / "direct.plan") <= ALIGN  # at most the last, padded block's page
+    assert cached_bytes(disk / "plain.plan") >= len(data) - ALIGN
+    assert (disk / "direct.plan").read_bytes() == (disk / "plain.plan").read_bytes() == data
 
 
-def test_the_local_store_copies_and_fetches_around_the_page_cache(tmp_path):
+def test_the_local_store_copies_and_fetches_around_the_page_cache(disk):
     data = random.Random(5).randbytes(2 * STAGE + 99)
-    src = tmp_path / "src.bin"
+    src = disk / "src.bin"
     src.write_bytes(data)
-    store = LocalBlobStore(tmp_path / "blobs")
+    store = LocalBlobStore(disk / "blobs")
     sha = hashlib.sha256(data).hexdigest()
     store.put_file("models/x", src, sha)  # not hashed by the caller: copied, verified, fsynced
     stored = store.local_path("models/x")
     assert cached_bytes(stored) <= ALIGN
-    fetched = tmp_path / "cache" / "model.onnx"
+    fetched = disk / "cache" / "model.onnx"
     store.get_file("models/x", fetched)
     assert cached_bytes(fetched) <= ALIGN
     assert stored.read_bytes() == fetched.read_bytes() == data
@@ -132,20 +147,20 @@ def test_a_file_system_that_refuses_the_writes_gets_the_rest_written_plainly(tmp
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["local-store worker", "s3 worker"])
-def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_store_takes_it(direct, tmp_path):
+def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_store_takes_it(direct, disk):
     from enginefarm.core.domain import Target
     from enginefarm.core.spec import BuildSpec
     from enginefarm.graph.samples import conv_net, sample_spec
     from enginefarm.worker.backends import BuildLog
     from enginefarm.worker.pipeline import engine_from_model
 
-    model = tmp_path / "model.onnx"
+    model = disk / "model.onnx"
     model.write_bytes(conv_net(channels=160, blocks=3, seed=21).SerializeToString())  # a plan of a few MB
-    (tmp_path / "s").mkdir()
+    (disk / "s").mkdir()
     directwrite.write_plans_direct(direct)
     try:
         built = engine_from_model(
-            model, BuildSpec(**sample_spec()), Target.parse("tensorrt-rtx/sm86"), None, tmp_path / "s", BuildLog()
+            model, BuildSpec(**sample_spec()), Target.parse("tensorrt-rtx/sm86"), None, disk / "s", BuildLog()
         )
     finally:
         directwrite.write_plans_direct(False)
@@ -154,3 +169,74 @@ def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_
     cached = cached_bytes(built.path)
     assert cached <= ALIGN if direct else cached >= size - ALIGN
     assert (built.descriptor.sha256, built.descriptor.size) == (sha256_file(built.path), size)
+
+
+def test_a_write_after_close_is_refused_and_one_after_sync_follows_the_bytes(tmp_path):
+    closed = new_file(tmp_path / "closed")
+    closed.write(b"x" * 5000)
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        closed.write(b"more")
+    assert (tmp_path / "closed").read_bytes() == b"x" * 5000
+    synced = new_file(tmp_path / "synced")
+    synced.write(b"a" * 5000)
+    synced.sync()
+    synced.write(b"b" * 100)
+    synced.close()
+    assert (tmp_path / "synced").read_bytes() == b"a" * 5000 + b"b" * 100
+
+
+def test_a_write_that_fails_midway_closes_the_file_and_the_store_keeps_no_part(disk):
+    """EFBIG from a file size limit stands for any write error (ENOSPC alike): raised, the descriptor closed, and
+    the local store's temporary file gone."""
+    data = random.Random(13).randbytes(3 * STAGE)
+    src = disk / "src.bin"
+    src.write_bytes(data)
+    store = LocalBlobStore(disk / "blobs")
+    open_fds = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (STAGE + ALIGN, hard))
+    try:
+        with pytest.raises(OSError) as failed:
+            store.put_file("engines/x", src, hashlib.sha256(data).hexdigest())
+        with pytest.raises(OSError):
+            write_hashed(disk / "plan", data)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    assert failed.value.errno == errno.EFBIG
+    assert not store.exists("engines/x")
+    assert [p.name for p in (disk / "blobs").rglob("*") if p.is_file()] == []
+    assert len(os.listdir("/proc/self/fd")) == open_fds
+
+
+def test_a_local_store_workers_engines_are_written_around_the_page_cache(disk, base_services):
+    """The worker process itself (``enginefarm worker``) chooses O_DIRECT for a local store before its pool forks:
+    an engine it built and stored, which nothing has read since, is not in the page cache."""
+    from enginefarm.client import Client
+    from enginefarm.core.config import Settings
+    from enginefarm.graph.samples import conv_net, sample_spec
+    from enginefarm.server.embedded import Farm, embedded_env, issue_token
+    from enginefarm.storage.blobs import engine_key, get_blob_store
+
+    env = embedded_env(disk / "farm")
+    settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
+    farm = Farm(env, log_dir=disk, token=issue_token(settings, "direct", ["admin"]))
+    try:
+        farm.start_api()
+        farm.start_worker("direct", ["tensorrt-rtx/sm86"], concurrency=1)
+        farm.wait_workers(["direct"])
+        spec = {**sample_spec(), "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
+        with Client(farm.url, token=farm.token) as c:
+            model = c.upload(conv_net(channels=160, blocks=3, seed=31).SerializeToString(), "direct")[0]
+            build = c.build(model["id"], ["tensorrt-rtx/sm86"], spec)
+            (task,) = c.wait_build(build["id"], timeout=300)["tasks"]
+            assert task["state"] == "succeeded", task
+            engine = c.get(f"/v1/engines/{task['engine_id']}")
+    finally:
+        farm.stop()
+    stored = get_blob_store(settings).local_path(engine_key(engine["sha256"]))
+    assert stored.stat().st_size == engine["size"] > 1 << 20
+    assert cached_bytes(stored) <= ALIGN
+    assert sha256_file(stored) == engine["sha256"]

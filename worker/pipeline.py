@@ -49,8 +49,11 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
 
 
 def fetch_verified(store: BlobStore, key: str, sha256: str, dest: Path) -> Path:
-    """Download a blob and check it against the catalog's sha256 before anything uses it."""
-    store.get_file(key, dest)
+    """Download a blob and check it against the catalog's sha256 before anything uses it. A local store's blob is
+    linked instead (``BlobStore.link_file``): no copy of a model that may be gigabytes, and no second one on disk;
+    the worker only reads it."""
+    if not store.link_file(key, dest):
+        store.get_file(key, dest)
     got = sha256_file(dest)
     if got != sha256:
         dest.unlink(missing_ok=True)
@@ -87,6 +90,7 @@ def engine_from_model(
 
         check_loadable(out)
     seconds = time.perf_counter() - started
-    if not desc.sha256:  # a backend that hashed its artifact as it wrote it has filled both
-        desc.sha256, desc.size = sha256_file(out), out.stat().st_size
+    size = out.stat().st_size
+    if not desc.sha256 or desc.size != size:  # a backend that hashed its artifact as it wrote it filled both
+        desc.sha256, desc.size = sha256_file(out), size
     return BuiltEngine(desc, out, seconds, log)

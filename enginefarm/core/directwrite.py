@@ -46,10 +46,14 @@ class DirectFile(io.RawIOBase):
         super().__init__()
         self.fd = fd
         self.size = 0
-        self.direct = _direct_on(fd)
-        self._stage: mmap.mmap | None = mmap.mmap(-1, STAGE) if self.direct else None  # page-aligned
-        self._staged = memoryview(self._stage) if self._stage is not None else None
         self._filled = 0
+        try:
+            self.direct = _direct_on(fd)
+            self._stage: mmap.mmap | None = mmap.mmap(-1, STAGE) if self.direct else None  # page-aligned
+        except BaseException:
+            os.close(fd)  # it is ours from the start
+            raise
+        self._staged = memoryview(self._stage) if self._stage is not None else None
 
     def writable(self) -> bool:
         return True
@@ -58,6 +62,7 @@ class DirectFile(io.RawIOBase):
         return self.fd
 
     def write(self, data: Any) -> int:
+        self._checkClosed()  # io's own check: never a write to a reused fd number
         view = memoryview(data).cast("B")
         written = len(view)
         self.size += written
@@ -72,7 +77,8 @@ class DirectFile(io.RawIOBase):
         return written
 
     def sync(self) -> None:
-        """Write what is staged and fsync: every byte is on disk. The last write: close next."""
+        """Write what is staged and fsync: every byte is on disk. Writes after it go on at the end, the usual
+        way."""
         self._write_staged()
         os.fsync(self.fd)
 
@@ -82,9 +88,11 @@ class DirectFile(io.RawIOBase):
         try:
             self._write_staged()
         finally:
-            self._release()
-            os.close(self.fd)
-            super().close()
+            try:
+                self._release()
+            finally:
+                os.close(self.fd)
+                super().close()
 
     def _write_staged(self) -> None:
         if self._staged is not None and self._filled:
@@ -92,6 +100,7 @@ class DirectFile(io.RawIOBase):
             self._staged[self._filled : padded] = bytes(padded - self._filled)
             self._drain(padded)
             os.ftruncate(self.fd, self.size)  # the last block's padding off
+            os.lseek(self.fd, self.size, os.SEEK_SET)  # a later write follows the bytes, unaligned: the usual way
 
     def _drain(self, length: int) -> None:
         """Write the first ``length`` staged bytes (aligned); a file system that refuses them direct gets them and
@@ -100,7 +109,8 @@ class DirectFile(io.RawIOBase):
         done = 0
         while done < length:
             try:
-                done += os.write(self.fd, self._staged[done:length])
+                with self._staged[done:length] as part:  # released even when the write raises
+                    done += os.write(self.fd, part)
             except OSError as exc:
                 if exc.errno != errno.EINVAL or not self.direct:
                     raise

@@ -69,6 +69,12 @@ class BlobStore(ABC):
     def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
         """Stream the blob's bytes, from ``start`` up to and including ``end`` (default: to the last)."""
 
+    def link_file(self, key: str, dest: Path) -> bool:
+        """Put the blob under ``dest`` as a hard link, where this store keeps it on the same file system: no copy,
+        for a reader that never writes the file in place (a store writes a blob anew and renames it over the old
+        name). False where it cannot; the caller copies with ``get_file``. Raises NotFound when it is missing."""
+        return False
+
     def local_path(self, key: str) -> Path | None:
         """The blob's file, where the store keeps it on this host's disk (served without copying); else None.
         Raises NotFound when it is missing."""

@@ -62,23 +62,22 @@ class LocalBlobStore(BlobStore):
 
     @staticmethod
     def _link(path: Path, final: Path) -> bool:
-        """Put ``path``'s bytes under ``final`` with no copy: a hard link beside it, renamed into place. False
-        where the file system cannot (another device, no hard links): the caller copies instead."""
-        tmp = final.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+        """Put ``path``'s bytes under ``final`` with no copy, once they are on disk. False where the file system
+        cannot (another device, no hard links): the caller copies instead."""
         try:
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.fsync(fd)  # the bytes are on disk before any row points at them
             finally:
                 os.close(fd)
-            os.link(path, tmp)
         except OSError:
             return False
-        try:
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return True
+        return _link_as(path, final)
+
+    def link_file(self, key: str, dest: Path) -> bool:
+        dest = Path(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return _link_as(self.local_path(key), dest)
 
     def _open(self, key: str):
         """The blob opened for reading; NotFound, as S3 answers, when it is not there (never a FileNotFoundError)."""
@@ -170,3 +169,18 @@ class LocalBlobStore(BlobStore):
             raise ValueError(f"{partial.key!r} is not a temp file: refusing to discard it as a partial upload")
         # A writer still holding it open fails at its rename, so no blob is ever stored from it.
         path.unlink(missing_ok=True)
+
+
+def _link_as(path: Path, final: Path) -> bool:
+    """``path`` also under ``final``: a hard link beside it, renamed into place (never a half file under that
+    name). False where the file system cannot (another device, no hard links)."""
+    tmp = final.parent / f"{TMP_PREFIX}{secrets.token_hex(8)}"
+    try:
+        os.link(path, tmp)
+    except OSError:
+        return False
+    try:
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True

@@ -48,8 +48,9 @@ class BuildBackend(ABC):
         log: BuildLog,
         machine: MachineProbe | None,
     ) -> EngineDescriptor:
-        """Build ``model_path`` for ``target`` into ``out_path``; returns the engine's descriptor
-        (sha256 and size are filled in by the caller). Model errors raise BuildFailed."""
+        """Build ``model_path`` for ``target`` into ``out_path``; returns the engine's descriptor. A backend that
+        hashed the file as it wrote it fills sha256 and size, and vouches for them: whatever rewrites the file
+        afterwards clears them. Otherwise the caller fills them from the file. Model errors raise BuildFailed."""
 
     @staticmethod
     def host_platform() -> str:
