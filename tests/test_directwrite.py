@@ -13,6 +13,7 @@ import resource
 import shutil
 import signal
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -51,45 +52,44 @@ def disk():
 
 @pytest.fixture
 def plans_direct():
-    directwrite.write_plans_direct(True)
-    yield
+    """``write_plans_direct``, for the test to call; this process's plain default again afterwards."""
+    yield directwrite.write_plans_direct
     directwrite.write_plans_direct(False)
 
 
+@pytest.fixture
+def tmpfs():
+    folder = Path(tempfile.mkdtemp(dir=TMPFS))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("where", ["disk", "tmpfs"])
-def test_the_bytes_and_the_hash_are_those_given_for_every_size_and_any_pieces(where, tmp_path, plans_direct):
-    folder = tmp_path if where == "disk" else Path(os.path.join(TMPFS, f"dw-{os.getpid()}"))
-    folder.mkdir(exist_ok=True)
+def test_the_bytes_and_the_hash_are_those_given_for_every_size_and_any_pieces(where, request, plans_direct):
+    folder = request.getfixturevalue(where)
+    plans_direct(True)
     rng = random.Random(7)
-    try:
-        for size in SIZES:
-            data = rng.randbytes(size)
-            whole = folder / f"whole-{size}"
-            assert write_hashed(whole, data) == hashlib.sha256(data).hexdigest()
-            assert whole.read_bytes() == data, size
-            pieces = folder / f"pieces-{size}"
-            with new_file(pieces) as out:
-                at = 0
-                while at < size:
-                    step = rng.choice([1, 511, ALIGN, 65536, 300_001, STAGE + 1])
-                    assert out.write(memoryview(data)[at : at + step]) == len(data[at : at + step])
-                    at += step
-                assert out.size == size
-            assert pieces.read_bytes() == data, size
-    finally:
-        if where == "tmpfs":
-            for f in folder.iterdir():
-                f.unlink()
-            folder.rmdir()
+    for size in SIZES:
+        data = rng.randbytes(size)
+        whole = folder / f"whole-{size}"
+        assert write_hashed(whole, data) == hashlib.sha256(data).hexdigest()
+        assert whole.read_bytes() == data, size
+        pieces = folder / f"pieces-{size}"
+        with new_file(pieces) as out:
+            at = 0
+            while at < size:
+                step = rng.choice([1, 511, ALIGN, 65536, 300_001, STAGE + 1])
+                assert out.write(memoryview(data)[at : at + step]) == len(data[at : at + step])
+                at += step
+            assert out.size == size
+        assert pieces.read_bytes() == data, size
 
 
-def test_a_plan_written_direct_leaves_nothing_in_the_page_cache_and_a_plain_one_does(disk):
+def test_a_plan_written_direct_leaves_nothing_in_the_page_cache_and_a_plain_one_does(disk, plans_direct):
     data = random.Random(3).randbytes(3 * STAGE + 5)
-    directwrite.write_plans_direct(True)
-    try:
-        write_hashed(disk / "direct.plan", data)
-    finally:
-        directwrite.write_plans_direct(False)
+    plans_direct(True)
+    write_hashed(disk / "direct.plan", data)
+    plans_direct(False)
     write_hashed(disk / "plain.plan", data)
     assert cached_bytes(disk / "direct.plan") <= ALIGN  # at most the last, padded block's page
     assert cached_bytes(disk / "plain.plan") >= len(data) - ALIGN
@@ -147,7 +147,9 @@ def test_a_file_system_that_refuses_the_writes_gets_the_rest_written_plainly(tmp
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["local-store worker", "s3 worker"])
-def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_store_takes_it(direct, disk):
+def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_store_takes_it(
+    direct, disk, plans_direct
+):
     from enginefarm.core.domain import Target
     from enginefarm.core.spec import BuildSpec
     from enginefarm.graph.samples import conv_net, sample_spec
@@ -157,13 +159,10 @@ def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_
     model = disk / "model.onnx"
     model.write_bytes(conv_net(channels=160, blocks=3, seed=21).SerializeToString())  # a plan of a few MB
     (disk / "s").mkdir()
-    directwrite.write_plans_direct(direct)
-    try:
-        built = engine_from_model(
-            model, BuildSpec(**sample_spec()), Target.parse("tensorrt-rtx/sm86"), None, disk / "s", BuildLog()
-        )
-    finally:
-        directwrite.write_plans_direct(False)
+    plans_direct(direct)
+    built = engine_from_model(
+        model, BuildSpec(**sample_spec()), Target.parse("tensorrt-rtx/sm86"), None, disk / "s", BuildLog()
+    )
     size = built.path.stat().st_size
     assert size > 1 << 20
     cached = cached_bytes(built.path)

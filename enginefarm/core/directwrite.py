@@ -1,8 +1,8 @@
-"""Large files written around the page cache (``O_DIRECT``): engine plans and uploaded models.
+"""Large files written around the page cache (``O_DIRECT``): engine plans, and a local store's copies.
 
-An engine plan is tens to hundreds of MB that the builder hands over in memory; an upload is as large and arrives
-from a socket. The farm then stores each (a local store links the file in and fsyncs it; an S3 store reads it once
-to send it), and nobody reads it again on this machine soon. A buffered write first copies every page into the
+An engine plan is tens to hundreds of MB that the builder hands over in memory. The farm then stores it (a local
+store links the file in and fsyncs it; an S3 store reads it once to send it), and nobody reads it again on this
+machine soon. A buffered write first copies every page into the
 page cache and leaves it dirty for the fsync that follows. On the 2-core VMs this project is measured on, that copy
 ran at 400 MB/s as often as not (67 ms for 27 MB, and 14 ms more for the fsync), against 16 ms for the same bytes
 written with ``O_DIRECT`` and about 1 ms for the fsync after it (docs/performance.md, round 10). Object stores
