@@ -11,7 +11,8 @@ tags, and old ones fall out.
 
 A fleet's GET is answered before FastAPI routes it and parses its thirty-odd query parameters (which costs more
 than the rest of a cached answer): a query string that was answered before, from a token in the token cache, needs
-only the versions' generations to be answered from the cache or with a 304 (``FleetPath``), and those are kept
+only the versions' generations to be answered from the cache or with a 304 (``FleetPath``; the 304 even before
+the app is called, by the server's protocol: ``not_modified``), and those are kept
 while the catalog's change feed stands still (``enginefarm.api.versions``), so a steady fleet's request reads
 nothing. Anything else, and anything that goes wrong on the way, takes the route's full path
 (``enginefarm.api.resolver``).
@@ -23,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -32,7 +34,7 @@ from sqlalchemy import Row
 from starlette.datastructures import Headers
 
 from enginefarm.api.auth import refresh_soon
-from enginefarm.api.metrics import RESOLVES, labelled
+from enginefarm.api.metrics import REQUEST_SECONDS, RESOLVES, labelled
 from enginefarm.api.schemas import ResolveRequest
 from enginefarm.storage import resolution
 from enginefarm.storage.db import quick_read
@@ -41,6 +43,7 @@ from enginefarm.storage.tokens import Principal, hash_token
 log = logging.getLogger(__name__)
 PATH = "/v1/resolve"
 HEADERS = {"Cache-Control": "private, no-cache"}
+_CACHE_CONTROL = b"cache-control: private, no-cache\r\n"
 
 
 def digest_of(req: ResolveRequest) -> bytes:
@@ -169,7 +172,12 @@ def _start_read(app, known: Known, project: str | None, key) -> asyncio.Future:
 def cached_reader(app, headers: Headers) -> Principal | None:
     """The principal of the request's bearer token where the token cache holds it and it may read; None where only
     the full path can tell (no token, an unknown one, one that may not read)."""
-    scheme, _, token = (headers.get("authorization") or "").partition(" ")
+    return reader_of(app, headers.get("authorization"))
+
+
+def reader_of(app, authorization: str | None) -> Principal | None:
+    """``cached_reader`` of an Authorization header's value."""
+    scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
     cache = app.state.token_cache
@@ -179,6 +187,33 @@ def cached_reader(app, headers: Headers) -> Principal | None:
         return None
     refresh_soon(cache, app.state.settings, key, token)
     return principal
+
+
+def not_modified(app, query: bytes, authorization: bytes, if_none_match: bytes) -> bytes | None:
+    """A fleet's conditional GET /v1/resolve answered by the server's HTTP protocol before the app is called
+    (``enginefarm.server.serve``): the 304's own header lines (ETag, Cache-Control, as ``fleet_answer`` gives
+    them), counted as the app counts a 304. Only where nothing would be read: the token cache holds the token
+    with ``read``, the query string was answered before, its versions are kept and no read of them is due, and
+    If-None-Match names the current tag. None: the app answers, as it would have (it reads what is missing, says
+    what is wrong, answers a changed question)."""
+    started = time.perf_counter()
+    principal = reader_of(app, authorization.decode("latin-1"))
+    if principal is None:
+        return None
+    known = app.state.answers.known(query, principal.project)
+    if known is None:
+        return None
+    versions = app.state.versions
+    key = (known.model, known.version, principal.project)
+    models = versions.get(key)
+    if models is None or (key not in versions.reading and versions.due(key)):  # the app starts the read
+        return None
+    tag = etag_of(known.digest, principal.project, models)
+    if not matches(if_none_match.decode("latin-1"), tag):
+        return None
+    labelled(RESOLVES, "not_modified").inc()
+    labelled(REQUEST_SECONDS, "GET", PATH, "304").observe(time.perf_counter() - started)
+    return b"etag: " + tag.encode() + b"\r\n" + _CACHE_CONTROL
 
 
 async def fleet_answer(app, scope, headers: Headers, principal: Principal) -> Response | None:

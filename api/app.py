@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import functools
 import gc
 import json
 import logging
@@ -23,7 +24,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from enginefarm import __version__
 from enginefarm.api import buildwait, ui
-from enginefarm.api.answers import Answers
+from enginefarm.api.answers import Answers, not_modified
 from enginefarm.api.auth import TokenCache, authorize
 from enginefarm.api.cachecontrol import NoStoreByDefault
 from enginefarm.api.fastpath import FleetPath
@@ -146,6 +147,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.answers = Answers(settings.resolve_cache_entries)
+    if not settings.opentelemetry:  # a traced request gets its span from the app
+        # a fleet's 304s, answered by the server's protocol before the app is called (enginefarm.server.serve)
+        app.state.not_modified = functools.partial(not_modified, app)
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()
     app.state.resolve_threads = resolve_pool(settings)  # api/routes/resolve.py

@@ -9,7 +9,14 @@ uvicorn bounds only the idle time between requests (``timeout_keep_alive``), whi
 complete: a new connection, and a request whose headers arrive a byte at a time, are held for ever. So the
 protocol here gives a request's line and headers ``ENGINEFARM_HEADER_TIMEOUT_S`` to arrive, counted from the
 connection's opening or the request's first byte, as nginx's ``client_header_timeout`` does; past that the client
-gets a 408 and the connection is closed. The body has its own bounds (the upload idle timeout)."""
+gets a 408 and the connection is closed. The body has its own bounds (the upload idle timeout).
+
+A fleet's conditional resolve (``GET /v1/resolve`` with ``If-None-Match`` and a bearer token) whose answer has
+not changed gets its 304 here, from the farm app's ``not_modified`` (``enginefarm.api.answers``), as soon as its
+headers are parsed: no ASGI scope, task, middleware or response object. That work cost about as much as a cached
+200 in the app (docs/performance.md, round 11). Only a request this can answer exactly as the app would: HTTP/1.1
+kept alive, no body, no ``Origin`` (CORS), no earlier request still being answered on the connection, its writes
+not paused; the app's metrics counted and uvicorn's access line logged. Anything else goes to the app."""
 
 from __future__ import annotations
 
@@ -17,9 +24,13 @@ import asyncio
 import functools
 import logging
 import socket
+from collections.abc import Callable
 
+import httptools
 import uvicorn
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.supervisors import Multiprocess
 
 from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
@@ -31,6 +42,36 @@ _TIMED_OUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
     b"content-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY)
 )
+_NOT_MODIFIED = b"HTTP/1.1 304 Not Modified\r\n"
+_RESOLVE = b"/v1/resolve"
+# A request with any of these is the app's: a body, a CORS answer, an upgrade, a 100-continue.
+_APP_ONLY = frozenset({b"content-length", b"transfer-encoding", b"origin", b"upgrade", b"expect"})
+NotModified = Callable[[bytes, bytes, bytes], "bytes | None"]
+
+
+def not_modified_of(app) -> NotModified | None:
+    """The farm app's ``not_modified`` (``app.state``), found through the server's wrappers (proxy headers); None
+    for another app (bench/floorapp.py) or one that answers every request itself (OpenTelemetry on)."""
+    for _ in range(8):
+        state = getattr(app, "state", None)
+        if state is not None:
+            return getattr(state, "not_modified", None)
+        app = getattr(app, "app", None)
+    return None
+
+
+async def _nothing(scope, receive, send) -> None:
+    return None
+
+
+def _forwarded_client(proxy: ProxyHeadersMiddleware, scope: dict) -> None:
+    """Rewrite the scope's client as the proxy-headers middleware would (it has no await before its app's)."""
+    call = ProxyHeadersMiddleware(_nothing, [])
+    call.trusted_hosts = proxy.trusted_hosts
+    try:
+        call(scope, None, None).send(None)  # type: ignore[arg-type]
+    except StopIteration:
+        pass
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):
@@ -40,6 +81,9 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout
         self._header_deadline: asyncio.TimerHandle | None = None
+        # The deadline is armed when a read ends inside a request's headers, not for each request: most come whole
+        # in one read, and a timer armed and cancelled per request was a tenth of a 304's CPU.
+        self._in_headers = False
 
     def _arm(self) -> None:
         if self._header_deadline is None:
@@ -54,11 +98,17 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._arm()  # a connection that never sends a byte is bounded too
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._in_headers:  # this read ended inside a request's line and headers
+            self._arm()
+
     def on_message_begin(self) -> None:
-        self._arm()
+        self._in_headers = True
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
+        self._in_headers = False
         self._disarm()
         super().on_headers_complete()
 
@@ -75,6 +125,99 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(_TIMED_OUT)
         self.transport.close()
+
+
+class FarmProtocol(HeaderTimeoutProtocol):
+    """HeaderTimeoutProtocol that answers a fleet's unchanged conditional resolve with a 304 itself."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.not_modified = not_modified_of(self.app)
+        self._answered = False  # the request being parsed was answered here: its body and end are nobody's
+
+    def on_message_begin(self) -> None:
+        self._answered = False
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        if self.not_modified is not None and self._answer_not_modified():
+            self._in_headers = False
+            self._disarm()
+            self._answered = True
+            return
+        # A request that follows an answer given here in the same read: the keep-alive timer that answer armed
+        # must not run while the app answers this one (uvicorn arms it only once no request is left).
+        self._unset_keepalive_if_required()
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._answered:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if not self._answered:
+            super().on_message_complete()
+
+    def _answer_not_modified(self) -> bool:
+        parser = self.parser
+        if (
+            (self.cycle is not None and not self.cycle.response_complete)
+            or self.pipeline
+            or self.flow.write_paused
+            or self.root_path
+            or self.limit_concurrency is not None
+            or parser.get_method() != b"GET"
+            or parser.get_http_version() != "1.1"
+            or not parser.should_keep_alive()
+        ):
+            return False
+        url = httptools.parse_url(self.url)
+        if url.path != _RESOLVE:
+            return False
+        authorization = if_none_match = None
+        forwarded = False
+        for name, value in self.headers:
+            if name == b"authorization":
+                if authorization is not None:
+                    return False
+                authorization = value
+            elif name == b"if-none-match":
+                if if_none_match is not None:
+                    return False
+                if_none_match = value
+            elif name in _APP_ONLY:
+                return False
+            elif name == b"x-forwarded-for":
+                forwarded = True
+        if authorization is None or if_none_match is None:
+            return False
+        query = url.query or b""
+        lines = self.not_modified(query, authorization, if_none_match)  # type: ignore[misc]
+        if lines is None:
+            return False
+        out = [_NOT_MODIFIED]
+        for name, value in self.server_state.default_headers:  # date and server, as uvicorn writes them
+            out += [name, b": ", value, b"\r\n"]
+        out += [lines, b"\r\n"]
+        self.transport.write(b"".join(out))
+        if self.access_log and self.access_logger.isEnabledFor(logging.INFO):
+            self._log_access(query, forwarded)
+        self.on_response_complete()  # counted, keep-alive timer armed, as after the app's answer
+        return True
+
+    def _log_access(self, query: bytes, forwarded: bool) -> None:
+        scope = self.scope
+        scope.update(method="GET", path=_RESOLVE.decode(), raw_path=_RESOLVE, query_string=query)
+        if forwarded and isinstance(self.app, ProxyHeadersMiddleware):
+            _forwarded_client(self.app, scope)  # type: ignore[arg-type]
+        self.access_logger.info(
+            '%s - "%s %s HTTP/%s" %d',
+            get_client_addr(scope),
+            "GET",
+            get_path_with_query_string(scope),  # type: ignore[arg-type]
+            "1.1",
+            304,
+        )
 
 
 def listening_socket(config: uvicorn.Config) -> socket.socket:
@@ -99,7 +242,7 @@ def serve_api(
     if header_timeout_s is None:
         header_timeout_s = settings.header_timeout_s
     # A partial of a module-level class: it crosses to the worker processes (pickled) with the config.
-    protocol = functools.partial(HeaderTimeoutProtocol, header_timeout=header_timeout_s)
+    protocol = functools.partial(FarmProtocol, header_timeout=header_timeout_s)
     config = uvicorn.Config(
         app,
         host=host,
