@@ -195,7 +195,7 @@ def not_modified(app, query: bytes, authorization: bytes, if_none_match: bytes) 
     them), counted as the app counts a 304. Only where nothing would be read: the token cache holds the token
     with ``read``, the query string was answered before, its versions are kept and no read of them is due, and
     If-None-Match names the current tag. None: the app answers, as it would have (it reads what is missing, says
-    what is wrong, answers a changed question)."""
+    what is wrong, answers a changed question). Its latency, as the metrics record it, is the time to decide."""
     started = time.perf_counter()
     principal = reader_of(app, authorization.decode("latin-1"))
     if principal is None:

@@ -100,7 +100,28 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._in_headers:  # this read ended inside a request's line and headers
+        self._bound_the_wait()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._bound_the_wait()
+
+    def _bound_the_wait(self) -> None:
+        """Arm the deadline where the connection now waits on the client's headers and no answer is being written
+        (one that is, and what is queued behind it, looks again when done): a read that ended inside a request's
+        line and headers (the keep-alive timer stopped: this deadline bounds the wait), or one that began no
+        request and left no timer running (a bare CRLF between requests stops the keep-alive's)."""
+        if (
+            self.transport.is_closing()
+            or self not in self.connections  # upgraded: the connection is another protocol's
+            or self.pipeline
+            or (self.cycle is not None and not self.cycle.response_complete)
+        ):
+            return
+        if self._in_headers:
+            self._unset_keepalive_if_required()
+            self._arm()
+        elif self.timeout_keep_alive_task is None:
             self._arm()
 
     def on_message_begin(self) -> None:
@@ -140,10 +161,12 @@ class FarmProtocol(HeaderTimeoutProtocol):
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
-        if self.not_modified is not None and self._answer_not_modified():
+        answer = self._not_modified() if self.not_modified is not None else None
+        if answer is not None:
             self._in_headers = False
             self._disarm()
             self._answered = True
+            self._send_not_modified(*answer)
             return
         # A request that follows an answer given here in the same read: the keep-alive timer that answer armed
         # must not run while the app answers this one (uvicorn arms it only once no request is left).
@@ -158,7 +181,9 @@ class FarmProtocol(HeaderTimeoutProtocol):
         if not self._answered:
             super().on_message_complete()
 
-    def _answer_not_modified(self) -> bool:
+    def _not_modified(self) -> tuple[bytes, bytes, bool] | None:
+        """The 304's header lines, the query string and whether X-Forwarded-For came, where this request may be
+        answered here and the app's ``not_modified`` says the answer has not changed; None: the app's."""
         parser = self.parser
         if (
             (self.cycle is not None and not self.cycle.response_complete)
@@ -170,40 +195,47 @@ class FarmProtocol(HeaderTimeoutProtocol):
             or parser.get_http_version() != "1.1"
             or not parser.should_keep_alive()
         ):
-            return False
+            return None
         url = httptools.parse_url(self.url)
         if url.path != _RESOLVE:
-            return False
+            return None
         authorization = if_none_match = None
         forwarded = False
         for name, value in self.headers:
             if name == b"authorization":
                 if authorization is not None:
-                    return False
+                    return None
                 authorization = value
             elif name == b"if-none-match":
                 if if_none_match is not None:
-                    return False
+                    return None
                 if_none_match = value
             elif name in _APP_ONLY:
-                return False
+                return None
             elif name == b"x-forwarded-for":
                 forwarded = True
         if authorization is None or if_none_match is None:
-            return False
+            return None
         query = url.query or b""
-        lines = self.not_modified(query, authorization, if_none_match)  # type: ignore[misc]
-        if lines is None:
-            return False
+        try:
+            lines = self.not_modified(query, authorization, if_none_match)  # type: ignore[misc]
+        except Exception:  # the app answers, and says what is wrong; here it would end as a 400 and a close
+            log.warning("not_modified failed; the app answers", exc_info=True)
+            return None
+        return None if lines is None else (lines, query, forwarded)
+
+    def _send_not_modified(self, lines: bytes, query: bytes, forwarded: bool) -> None:
         out = [_NOT_MODIFIED]
         for name, value in self.server_state.default_headers:  # date and server, as uvicorn writes them
             out += [name, b": ", value, b"\r\n"]
         out += [lines, b"\r\n"]
         self.transport.write(b"".join(out))
         if self.access_log and self.access_logger.isEnabledFor(logging.INFO):
-            self._log_access(query, forwarded)
+            try:
+                self._log_access(query, forwarded)
+            except Exception:  # the answer is written: a failed log line must not turn it into a 400
+                log.debug("access line of a 304 not written", exc_info=True)
         self.on_response_complete()  # counted, keep-alive timer armed, as after the app's answer
-        return True
 
     def _log_access(self, query: bytes, forwarded: bool) -> None:
         scope = self.scope

@@ -87,3 +87,32 @@ def test_the_next_request_on_a_kept_alive_connection_has_the_same_limit(api_port
         time.sleep(LIMIT_S * 2)
         got, took = _dribble(conn, b"GET /healthz HTTP/1.1\r\nHost: farm\r\nX-Slow: ")
     assert got is not None and got.startswith(b"HTTP/1.1 408 "), (got, took)
+
+
+def test_the_start_of_a_request_that_came_with_the_one_before_is_bounded(api_port):
+    """One read holds a whole request and the start of the next: the second's headers have the limit too."""
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: farm\r\n\r\nGET /healthz HTTP/1.1\r\nHost: fa")
+        start = time.monotonic()
+        got = b""
+        while time.monotonic() - start < DRIBBLE_FOR_S and b"408" not in got:
+            more = _answer(conn, 1.0)
+            if more == b"":
+                break
+            got += more or b""
+    assert got.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408 " in got, got
+    assert time.monotonic() - start < LIMIT_S + 5
+
+
+def test_a_bare_line_break_between_requests_does_not_hold_the_connection(api_port):
+    """An empty line between requests is no request (the parser skips it), but the read stopped the keep-alive
+    timer: the connection is bounded by this limit instead of held for ever."""
+    with socket.create_connection(("127.0.0.1", api_port)) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: farm\r\n\r\n")
+        first = _answer(conn, 10)
+        assert first is not None and first.startswith(b"HTTP/1.1 200 "), first
+        conn.sendall(b"\r\n")
+        start = time.monotonic()
+        got = _answer(conn, DRIBBLE_FOR_S)
+    assert got is not None, f"still open {DRIBBLE_FOR_S:.0f} s after a bare CRLF"
+    assert time.monotonic() - start < LIMIT_S + 5
