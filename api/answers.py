@@ -63,6 +63,8 @@ def matches(if_none_match: str | None, etag: str) -> bool:
     """Whether a request's If-None-Match names this ETag (weak comparison, as RFC 9110 asks for it)."""
     if not if_none_match:
         return False
+    if if_none_match == etag:  # a client sends back the one tag it holds
+        return True
     if if_none_match.strip() == "*":
         return True
     return any(t.strip().removeprefix("W/") == etag for t in if_none_match.split(","))
@@ -84,6 +86,9 @@ class Answers:
         self.entries = entries
         self._bodies: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
         self._queries: OrderedDict[tuple[bytes, str | None], Known] = OrderedDict()
+        # A known question's tag with the versions' rows it was made of: the same rows (as ``api.versions`` keeps
+        # them, one list until they are read again) make the same tag.
+        self._tags: dict[tuple[bytes, str | None], tuple[list[Row], str]] = {}
         self._lock = threading.Lock()  # routes run in a thread pool
 
     def known(self, query: bytes, project: str | None) -> Known | None:
@@ -103,6 +108,18 @@ class Answers:
             self._queries[(query, project)] = known
             while len(self._queries) > self.entries:
                 self._queries.popitem(last=False)
+
+    def tag_of(self, known: Known, project: str | None, models: list[Row]) -> str:
+        """``etag_of`` the question and these versions, made once per list of rows; on the event loop."""
+        key = (known.digest, project)
+        kept = self._tags.get(key)
+        if kept is not None and kept[0] is models:
+            return kept[1]
+        tag = etag_of(known.digest, project, models)
+        if len(self._tags) >= 2 * max(self.entries, 1):
+            self._tags.clear()
+        self._tags[key] = (models, tag)
+        return tag
 
     def get(self, etag: str) -> tuple[bytes, str] | None:
         """The body kept under this tag, and its outcome (the chosen engine's match tier)."""
@@ -208,7 +225,7 @@ def not_modified(app, query: bytes, authorization: bytes, if_none_match: bytes) 
     models = versions.get(key)
     if models is None or (key not in versions.reading and versions.due(key)):  # the app starts the read
         return None
-    tag = etag_of(known.digest, principal.project, models)
+    tag = app.state.answers.tag_of(known, principal.project, models)
     if not matches(if_none_match.decode("latin-1"), tag):
         return None
     labelled(RESOLVES, "not_modified").inc()
@@ -227,7 +244,7 @@ async def fleet_answer(app, scope, headers: Headers, principal: Principal) -> Re
     except Exception:  # the full path says what is wrong (a 404, a 503)
         log.debug("fleet path: falling back", exc_info=True)
         return None
-    tag = etag_of(known.digest, principal.project, models)
+    tag = answers.tag_of(known, principal.project, models)
     out = {"ETag": tag, **HEADERS}
     if matches(headers.get("if-none-match"), tag):
         labelled(RESOLVES, "not_modified").inc()
