@@ -24,10 +24,16 @@ LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
 
 def engine_checks(
-    session: Session, settings: Settings, engines: list[EngineRow], view: ProjectView
+    session: Session,
+    settings: Settings,
+    engines: list[EngineRow],
+    view: ProjectView,
+    tasks: dict[int, list[BenchmarkTaskRow]] | None = None,
 ) -> dict[int, dict[str, Any]]:
-    """Engine id → the state of the project's benchmark and accuracy check of it, with the pending reason."""
-    tasks = project_checks.benchmark_tasks_of(session, [e.id for e in engines], view.project)
+    """Engine id → the state of the project's benchmark and accuracy check of it, with the pending reason.
+    ``tasks``: the checks as read before the engines (``model_report``), else read here."""
+    if tasks is None:
+        tasks = project_checks.benchmark_tasks_of(session, [e.id for e in engines], view.project)
     served = liveness.served_bench_targets(session, settings.worker_ttl_seconds)
     return {e.id: check_status(e, tasks.get(e.id, []), served, view) for e in engines}
 
@@ -237,10 +243,16 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     if model.source_model_id:  # a derived model reports under its source, where its engines are listed
         model = catalog.get_model(session, model.source_model_id)
     family = [model, *catalog.derived_models(session, model)]
+    # The checks are read before their evidence. Each statement sees what was committed when it ran (PostgreSQL's
+    # read committed; SQLite outside a transaction), and a check's measurements, verdict and end are committed
+    # together: a check read as finished had its figures committed before, so the reads after see them. The
+    # other way round, a report could call a check finished with nothing measured, and a client waiting for the
+    # checks (``Client.wait_checks``, the demo) stopped before the figures came.
+    tasks = project_checks.benchmark_tasks_of_shas(session, sorted({m.sha256 for m in family}), model.project)
     engines = builtengines.engines_of_models(session, family)
     # The model's project's evidence only: another project's checks of the same bytes are not this report's.
     view = project_checks.project_view(session, engines, model.project)
-    checks = engine_checks(session, settings, engines, view)
+    checks = engine_checks(session, settings, engines, view, tasks)
     builds = catalog.builds_by_spec(session, [m.id for m in family])
     best = best_per_target(engines, view)
     previous, before, before_view = previous_measurements(session, model)

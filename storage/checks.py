@@ -170,6 +170,20 @@ def benchmark_tasks_of(session: Session, engine_ids: list[int], project: str) ->
     return by_engine
 
 
+def benchmark_tasks_of_shas(session: Session, shas: list[str], project: str) -> dict[int, list[BenchmarkTaskRow]]:
+    """``benchmark_tasks_of`` the engines of these model bytes, found without reading the engines first."""
+    by_engine: dict[int, list[BenchmarkTaskRow]] = {}
+    if shas:
+        query = (
+            select(BenchmarkTaskRow)
+            .join(EngineRow, EngineRow.id == BenchmarkTaskRow.engine_id)
+            .where(EngineRow.model_sha256.in_(shas), BenchmarkTaskRow.project == project)
+        )
+        for row in session.scalars(query.order_by(BenchmarkTaskRow.id)).all():
+            by_engine.setdefault(row.engine_id, []).append(row)
+    return by_engine
+
+
 class ProjectView:
     """One project's evidence on a set of engines: its verdicts and its benchmarks, nothing another project
     measured. Reports, the release gate and the dashboard read engines through one."""
