@@ -86,10 +86,13 @@ def evaluate(
             missing,
             f"build {build_id} has no task for {', '.join(missing)}; its targets: {', '.join(tasks)}",
         )
-    engines = builtengines.engines_by_id(session, [t.engine_id for t in tasks.values() if t.engine_id])
+    ids = [t.engine_id for t in tasks.values() if t.engine_id]
+    # The checks before their evidence, as the report reads them (``reports.model_report`` says why).
+    benchmark_tasks = project_checks.benchmark_tasks_of(session, ids, model.project)
+    engines = builtengines.engines_by_id(session, ids)
     # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
     view = project_checks.project_view(session, list(engines.values()), model.project)
-    checks = reports.engine_checks(session, settings, list(engines.values()), view)
+    checks = reports.engine_checks(session, settings, list(engines.values()), view, benchmark_tasks)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
     previous, baseline, _ = reports.previous_measurements(session, model)
     judge = _Judge(max_regression_pct, previous, baseline, view)

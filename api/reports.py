@@ -40,9 +40,11 @@ def engine_checks(
 
 def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
     """Build task id → the check of the engine it made (or reused), with the build's project's accuracy verdict."""
-    engines = builtengines.engines_by_id(session, [t.engine_id for t in build.tasks if t.engine_id])
+    ids = [t.engine_id for t in build.tasks if t.engine_id]
+    tasks = project_checks.benchmark_tasks_of(session, ids, build.model.project)  # before their evidence
+    engines = builtengines.engines_by_id(session, ids)
     view = project_checks.project_view(session, list(engines.values()), build.model.project)
-    checks = engine_checks(session, settings, list(engines.values()), view)
+    checks = engine_checks(session, settings, list(engines.values()), view, tasks)
     out = {}
     for task in build.tasks:
         if task.engine_id in checks:
