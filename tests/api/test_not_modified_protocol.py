@@ -43,6 +43,27 @@ def catalog(base_services, tmp_path_factory):
         yield settings, token, name
 
 
+class AccessLines(logging.Handler):
+    """uvicorn's access lines, kept; ``attach`` once the server's Config has set its loggers up."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record) -> None:
+        self.lines.append(record.getMessage())
+
+    def attach(self) -> None:
+        logging.getLogger("uvicorn.access").addHandler(self)
+
+
+@pytest.fixture
+def access_lines():
+    keep = AccessLines()
+    yield keep
+    logging.getLogger("uvicorn.access").removeHandler(keep)
+
+
 class Transport(asyncio.Transport):
     """What a protocol writes, kept; a socket's addresses."""
 
@@ -320,21 +341,14 @@ def test_a_new_engine_ends_the_304s_at_once(catalog):
     assert new_tag
 
 
-def test_the_access_line_names_the_client_as_the_apps_does(catalog):
+def test_the_access_line_names_the_client_as_the_apps_does(catalog, access_lines):
     settings, token, name = catalog
     query = f"model={name}&{MACHINE}"
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    access = logging.getLogger("uvicorn.access")
-    keep = Keep()
+    lines = access_lines.lines
 
     async def main():
         async with Server(settings) as server:  # uvicorn's Config sets its loggers up: a handler goes on after
-            access.addHandler(keep)
+            access_lines.attach()
             tag = await first_answer(server, query, token)
             lines.clear()
             asked = get(query, token, f"If-None-Match: {tag}", "X-Forwarded-For: 203.0.113.7")
@@ -343,10 +357,7 @@ def test_the_access_line_names_the_client_as_the_apps_does(catalog):
                 protocol.data_received(asked)
                 assert (await answered(transport, 1))[0][0] == 304
 
-    try:
-        asyncio.run(main())
-    finally:
-        access.removeHandler(keep)
+    asyncio.run(main())
     assert len(lines) == 2 and lines[0] == lines[1], lines
     assert lines[0].startswith("203.0.113.7:") and f"GET /v1/resolve?{query} HTTP/1.1" in lines[0] and "304" in lines[0]
 
@@ -394,29 +405,19 @@ def test_versions_due_for_a_read_are_left_to_the_app_which_reads_them(catalog, m
     assert status == 304
 
 
-def test_an_untrusted_peers_forwarded_for_is_not_believed_in_the_access_line(catalog):
+def test_an_untrusted_peers_forwarded_for_is_not_believed_in_the_access_line(catalog, access_lines):
     settings, token, name = catalog
     query = f"model={name}&{MACHINE}"
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    access = logging.getLogger("uvicorn.access")
-    keep = Keep()
+    lines = access_lines.lines
 
     async def main():
         async with Server(settings) as server:
-            access.addHandler(keep)
+            access_lines.attach()
             tag = await first_answer(server, query, token)
             lines.clear()
             protocol, transport = server.connect(peer="198.51.100.9")
             protocol.data_received(get(query, token, f"If-None-Match: {tag}", "X-Forwarded-For: 203.0.113.7"))
             assert responses(bytes(transport.out))[0][0] == 304  # answered here
 
-    try:
-        asyncio.run(main())
-    finally:
-        access.removeHandler(keep)
+    asyncio.run(main())
     assert len(lines) == 1 and lines[0].startswith("198.51.100.9:"), lines
