@@ -12,6 +12,13 @@ contended for the file's write lock with the API and every other worker. Here on
 consumer's queues; the write lock is taken only when a message is waiting, to take the oldest one (first in, first
 out across the queues, as the builds were submitted).
 
+Connections: kombu's channel opens a session on first use and never closes it, and its ``_size`` (a queue's
+depth, asked by ``queue_size``) leaves the session's read open. A channel made per question, as the reconciler's
+``queue_size`` makes one per pass while a GPU benchmark waits for a worker that never comes, so kept one connection
+of the broker's pool checked out until the garbage collector happened to free the channel: after 15 passes the pool
+was spent, every publish waited 30 s and failed, and new builds stayed queued. Here a read ends when it is answered
+and a channel gives its session's connection back when it closes.
+
 Waking: between two polls kombu sleeps the polling interval, also when it polls nothing because the worker is
 busy (its one prefetched task unacknowledged). Here that sleep ends as soon as a message is acknowledged or
 rejected, so a worker that finishes a task asks for the next one at once rather than up to one interval later.
@@ -79,6 +86,20 @@ class Channel(_Channel):
             raise Empty()
         payload, queue = taken
         self.connection._deliver(payload, queue)
+
+    def _size(self, queue):
+        try:
+            return super()._size(queue)
+        finally:
+            self.session.commit()  # ends the read: its connection goes back to the pool
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            session, self._session = self._session, None
+            if session is not None:
+                session.close()  # kombu leaves it to the garbage collector, holding a pooled connection
 
     def basic_ack(self, delivery_tag, multiple=False):
         super().basic_ack(delivery_tag, multiple)
