@@ -12,6 +12,11 @@ contended for the file's write lock with the API and every other worker. Here on
 consumer's queues; the write lock is taken only when a message is waiting, to take the oldest one (first in, first
 out across the queues, as the builds were submitted).
 
+Rows: kombu marks a message taken (``visible``) and keeps its row for ever; nothing makes it visible again (an
+unacknowledged message goes back as a new one when its channel closes). So the table grew by a row per task for
+the farm's whole life, and every poll's scan with it. Here a taken message's row is deleted in the transaction
+that takes it, and the rows that earlier farms left in the file are deleted when a process first opens it.
+
 Connections: kombu's channel opens a session on first use and never closes it, and its ``_size`` (a queue's
 depth, asked by ``queue_size``) leaves the session's read open. A channel made per question, as the reconciler's
 ``queue_size`` makes one per pass while a GPU benchmark waits for a worker that never comes, so kept one connection
@@ -35,15 +40,27 @@ from kombu.transport.sqlalchemy import Channel as _Channel
 from kombu.transport.sqlalchemy import Transport as _Transport
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
-from sqlalchemy import select, text
+from sqlalchemy import delete, select, text
 
 from enginefarm.storage.db import make_engine
 
 
 class Channel(_Channel):
+    _swept: set[str] = set()  # broker URLs whose taken rows this process has deleted
+
     def _engine_from_config(self):
         # Same engine setup as the catalog's (WAL, busy timeout for SQLite; pre-ping for servers).
         return make_engine(self.connection.client.hostname)
+
+    def _open(self):
+        engine, session_maker = super()._open()
+        url = self.connection.client.hostname
+        if url not in Channel._swept:
+            Channel._swept.add(url)
+            message = self.message_cls
+            with engine.begin() as conn:  # taken before messages were deleted when taken; no one reads them again
+                conn.execute(delete(message).where(message.visible == False))  # noqa: E712 (SQL, not Python)
+        return engine, session_maker
 
     def _waiting(self, queues: list[str]):
         """The oldest visible message in any of ``queues`` and its queue's name (a select, not yet taken)."""
@@ -74,10 +91,17 @@ class Channel(_Channel):
             if row is None:  # another consumer took it between the read and the lock
                 return None
             message, name = row
-            message.visible = False
-            return loads(bytes_to_str(message.payload)), name
+            payload = loads(bytes_to_str(message.payload))
+            session.delete(message)
+            return payload, name
         finally:
             session.commit()
+
+    def _get(self, queue):
+        taken = self._take([queue])
+        if taken is None:
+            raise Empty()
+        return taken[0]
 
     def _get_many(self, queues, timeout=None):
         """Deliver one message from any of ``queues`` (kombu's virtual channel calls this when it exists)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,40 @@ def test_a_message_published_and_counted_is_still_delivered(tmp_path, no_cycle_c
         assert channel.queue_declare(queue="q", passive=True).message_count == 0
         writer.SimpleQueue("q").put({"n": 1})
         assert channel.queue_declare(queue="q", passive=True).message_count == 1
+
+
+def test_a_taken_message_leaves_no_row(tmp_path):
+    """kombu kept every taken message's row for ever: the table, and every poll's scan, grew by one per task."""
+    settings = Settings(data_dir=tmp_path, blob_store="local")
+    app = make_celery(settings)
+    with app.connection_for_write() as conn:
+        queue = conn.SimpleQueue("q")
+        for n in range(25):
+            queue.put({"n": n})
+        got = [queue.get(timeout=5) for _ in range(25)]
+        for message in got:
+            message.ack()
+        assert [m.payload["n"] for m in got] == list(range(25))  # first in, first out
+        queue.close()
+    assert message_rows(tmp_path / "broker.db") == 0
+
+
+def test_rows_an_earlier_farm_left_are_deleted_when_the_file_is_opened(tmp_path):
+    db = tmp_path / "broker.db"
+    make_celery(Settings(data_dir=tmp_path, blob_store="local")).connection_for_write().SimpleQueue("q").put({})
+    with sqlite3.connect(db) as conn:  # as kombu's own channel left a taken message, and one still waiting
+        conn.execute(
+            "INSERT INTO kombu_message (visible, timestamp, payload, version, queue_id) "
+            "SELECT 0, timestamp, payload, version, queue_id FROM kombu_message"
+        )
+    assert message_rows(db) == 2
+    broker.Channel._swept.clear()  # a new process
+    app = make_celery(Settings(data_dir=tmp_path, blob_store="local"))
+    with app.connection_for_read() as conn:
+        assert conn.default_channel.queue_declare(queue="q", passive=True).message_count == 1
+    assert message_rows(db) == 1
+
+
+def message_rows(db: Path) -> int:
+    with sqlite3.connect(db) as conn:
+        return conn.execute("SELECT count(*) FROM kombu_message").fetchone()[0]
