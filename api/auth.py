@@ -17,10 +17,12 @@ from typing import Annotated
 import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
 
 from enginefarm.core.errors import Forbidden, Unauthorized
 from enginefarm.storage.db import session_scope
-from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate, hash_token
+from enginefarm.storage.tables import ApiTokenRow
+from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate, hash_token, revoke_token
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
@@ -43,23 +45,40 @@ def needed_scope(request: Request) -> str:
 class TokenCache:
     """Principals of tokens seen in the last ``seconds``, so a fleet's requests skip the token lookup.
 
-    The price is the stated revocation delay: a token revoked or expired in another process (another API worker,
-    `enginefarm token revoke`) is refused here within ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5).
-    A revocation through this process's own API takes effect at once. Unknown tokens are never cached, so a
-    token just made works at once.
+    Revocation. Through this API process (``revoke_now``: DELETE /v1/tokens/{id}, the dashboard's revoke, signing
+    out) a token is refused by every request that starts after the revocation has answered. Two rules make it so:
+
+    - the cache forgets a token only after its revocation has committed (forgetting before left a gap in which a
+      request read the token as still valid and cached it again, for ``seconds``);
+    - a lookup takes a ``ticket`` before it reads the catalog, and ``put`` refuses its answer when the token (or
+      the token that opened it, for a dashboard session) was forgotten since: a lookup that read the catalog
+      before the revocation committed cannot cache the token after the revocation dropped it.
+
+    A request that started before the revocation answered may still be accepted: it read the token valid.
+
+    Another process's revocation (another API worker under ``--workers N`` or another replica, `enginefarm token
+    revoke`, a token's expiry) reaches this process's cache by time only: the token is accepted here for at most
+    ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5) after it committed, plus the time a lookup that read
+    it before takes to return. Nothing tells the other processes of a revocation: the catalog's change feed
+    (``storage.changes``) carries model and build changes only, and moves far too often to drop tokens on. Unknown
+    tokens are never cached, so a token just made works at once.
 
     A token in use is looked up again in the background in the last ``REFRESH_S`` of its entry's life
     (``refresh_soon``), one lookup at a time, so its entry never lapses under a steady stream of requests: when
     it did, every request in flight at that moment took the slow path at once, a token lookup each (the resolve
-    tail on the embedded farm, every 5 s). A lookup that finds the token revoked drops it."""
+    tail on the embedded farm, every 5 s). A lookup that finds the token revoked drops it; a refresh takes its
+    ticket when it is due, so it never undoes a revocation either."""
 
     REFRESH_S = 1.0
+    MAX_FORGOTTEN = 10_000  # revocations told apart; past it, a lookup older than all of them caches nothing
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self._entries: dict[str, tuple[Principal, float]] = {}
-        self._refreshing: dict[str, int] = {}  # token hash → the number of forgets when its refresh began
-        self._forgets = 0
+        self._refreshing: dict[str, int] = {}  # token hash → the ticket its refresh took
+        self._forgets = 0  # moves with every forget: a ticket is its value
+        self._forgotten: dict[int, int] = {}  # token id → the value of _forgets its last forget gave
+        self._floor = 0  # forgets up to this one are no longer told apart
         self._lock = threading.Lock()
 
     def get(self, token_hash: str) -> Principal | None:
@@ -68,17 +87,34 @@ class TokenCache:
             return None
         return entry[0]
 
-    def put(self, token_hash: str, principal: Principal) -> None:
+    def ticket(self) -> int:
+        """Take one before reading the catalog, and pass it to ``put`` with what was read."""
+        return self._forgets
+
+    def put(self, token_hash: str, principal: Principal, ticket: int | None = None) -> bool:
+        """Keep a principal read from the catalog; with ``ticket``, only if its token (or the token that opened
+        it) has not been forgotten since the ticket was taken. Whether it was kept."""
         if self.seconds <= 0:
-            return
+            return False
         keep = self.seconds
         if principal.expires_at is not None:  # never past the token's own expiry
             keep = min(keep, (principal.expires_at - datetime.now(timezone.utc)).total_seconds())
-        with self._lock:
+        with self._lock:  # the check and the insert, atomic with respect to forget
+            if ticket is not None and self._forgotten_since(principal, ticket):
+                return False
             if len(self._entries) > 10_000:  # tokens come and go: drop the stale ones now and then
                 now = time.monotonic()
                 self._entries = {k: v for k, v in self._entries.items() if v[1] > now}
             self._entries[token_hash] = (principal, time.monotonic() + keep)
+            return True
+
+    def _forgotten_since(self, principal: Principal, ticket: int) -> bool:
+        if ticket < self._floor:  # older than the revocations still told apart: it may have missed one
+            return True
+        return any(
+            token_id is not None and self._forgotten.get(token_id, -1) > ticket
+            for token_id in (principal.token_id, principal.parent_id)
+        )
 
     def due(self, token_hash: str) -> bool:
         """Whether this token's entry is in its last ``REFRESH_S`` and no refresh of it runs: then the caller
@@ -89,7 +125,7 @@ class TokenCache:
         with self._lock:
             if token_hash in self._refreshing:
                 return False
-            self._refreshing[token_hash] = self._forgets
+            self._refreshing[token_hash] = self._forgets  # its ticket: taken before the lookup reads
             return True
 
     def refreshed(self, token_hash: str, principal: Principal | None, looked_up: bool = True) -> None:
@@ -100,14 +136,46 @@ class TokenCache:
             if principal is None and looked_up:
                 self._entries.pop(token_hash, None)
         # A revocation through this process while the lookup ran is not undone by what the lookup read before it.
-        if principal is not None and began == self._forgets:
-            self.put(token_hash, principal)
+        if principal is not None and began is not None:
+            self.put(token_hash, principal, began)
 
     def forget(self, token_id: int) -> None:
-        """Drop a revoked token, and the dashboard sessions it opened, which its revocation revoked too."""
+        """Drop a revoked token, and the dashboard sessions it opened, which its revocation revoked too; and refuse
+        what any lookup that began before now reads of them. Call it once the revocation has committed."""
         with self._lock:
             self._forgets += 1
+            if len(self._forgotten) >= self.MAX_FORGOTTEN:
+                self._forgotten.clear()
+                self._floor = self._forgets - 1  # a ticket older than the forgets cleared caches nothing
+            self._forgotten[token_id] = self._forgets
             self._entries = {k: v for k, v in self._entries.items() if token_id not in (v[0].token_id, v[0].parent_id)}
+
+
+def revoke_now(cache: TokenCache, session: Session, token_id: int, project: str | None = None) -> ApiTokenRow:
+    """Revoke a token (and the dashboard sessions it opened), commit, then drop it from this process's cache:
+    every revocation through the API process goes through here (DELETE /v1/tokens/{id}, the dashboard, signing
+    out). Once it returns, no request that starts in this process accepts the token; other processes accept it
+    for at most ``TokenCache.seconds`` more."""
+    row = revoke_token(session, token_id, project)
+    session.commit()  # before the cache forgets: a lookup in between would read the token valid and keep it
+    cache.forget(token_id)
+    return row
+
+
+async def cached_principal(cache: TokenCache, settings, token: str) -> Principal | None:
+    """The principal of a token (an API token or a dashboard session credential): from the cache, else looked
+    up in the catalog (on a thread) and kept unless it was revoked while the lookup ran. None: unknown, revoked or
+    expired. On the event loop."""
+    key = hash_token(token)
+    principal = cache.get(key)
+    if principal is not None:
+        refresh_soon(cache, settings, key, token)
+        return principal
+    ticket = cache.ticket()  # before the catalog is read
+    principal = await anyio.to_thread.run_sync(_lookup, settings, token)
+    if principal is not None:
+        cache.put(key, principal, ticket)
+    return principal
 
 
 def refresh_soon(cache: TokenCache, settings, token_hash: str, token: str) -> None:
@@ -160,15 +228,7 @@ async def authorize(request: Request, credentials: HTTPAuthorizationCredentials 
             f"this request needs an API token with scope '{needed}': send 'Authorization: Bearer "
             f"<token>' (an admin makes one with `enginefarm token create --scope {needed}`)"
         )
-    cache: TokenCache = request.app.state.token_cache
-    key = hash_token(credentials.credentials)
-    principal = cache.get(key)
-    if principal is None:
-        principal = await anyio.to_thread.run_sync(_lookup, settings, credentials.credentials)
-        if principal is not None:
-            cache.put(key, principal)
-    else:
-        refresh_soon(cache, settings, key, credentials.credentials)
+    principal = await cached_principal(request.app.state.token_cache, settings, credentials.credentials)
     if principal is None:
         raise _challenge("the API token is not valid: it is unknown, revoked or expired")
     require(principal, needed, f"{request.method} {request.url.path}")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy.orm import Session
 
-from enginefarm.api.auth import Tenant, authorize
+from enginefarm.api.auth import Tenant, authorize, revoke_now
 from enginefarm.api.deps import CatalogRoute, session_dep
 from enginefarm.api.routes import UNPROCESSABLE, RowId
 from enginefarm.api.tokenschemas import CurrentTokenOut, NewTokenOut, TokenIn, TokenOut
 from enginefarm.core.errors import Forbidden
-from enginefarm.storage.tokens import Principal, create_token, lifetime, list_tokens, revoke_token
+from enginefarm.storage.tokens import Principal, create_token, lifetime, list_tokens
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
@@ -45,8 +45,7 @@ def tokens(tenant: Tenant, session: Session = Depends(session_dep, scope="functi
 def revoke(
     token_id: RowId, tenant: Tenant, request: Request, session: Session = Depends(session_dep, scope="function")
 ) -> TokenOut:
-    """Revoke a token: refused at once by this API process, by the farm's others within
-    ENGINEFARM_TOKEN_CACHE_SECONDS."""
-    row = revoke_token(session, token_id, tenant)
-    request.app.state.token_cache.forget(token_id)
-    return TokenOut.of(row)
+    """Revoke a token, and the dashboard sessions it opened. Committed before it answers: this API process refuses
+    the token in every request that starts after the answer; the farm's other API processes (``--workers N``,
+    other replicas) refuse it within ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5 s."""
+    return TokenOut.of(revoke_now(request.app.state.token_cache, session, token_id, tenant))

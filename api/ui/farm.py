@@ -104,8 +104,7 @@ async def revoke_token(
     session: Session = Depends(session_dep, scope="function"),
 ) -> Response:
     def revoke() -> None:
-        token_routes.revoke(token_id, principal.project, request, session)
-        session.commit()
+        token_routes.revoke(token_id, principal.project, request, session)  # the API's revocation: it commits
 
     await run_in_threadpool(revoke)
     return RedirectResponse("/ui/tokens", status_code=303, headers=HEADERS)

@@ -41,11 +41,11 @@ from datetime import timedelta
 import anyio
 from fastapi import Request, Response
 
-from enginefarm.api.auth import TokenCache, require
+from enginefarm.api.auth import TokenCache, cached_principal, require, revoke_now
 from enginefarm.core.errors import EnginefarmError, Forbidden, SignInsTooFast
 from enginefarm.storage.db import session_scope
 from enginefarm.storage.tables import utcnow
-from enginefarm.storage.tokens import Principal, authenticate, hash_token, open_session, revoke_token
+from enginefarm.storage.tokens import Principal, authenticate, open_session
 
 COOKIE = "ef_session"
 SIGNIN_COOKIE = "ef_signin"
@@ -152,40 +152,26 @@ async def sign_in(request: Request, token: str) -> tuple[Principal, str] | None:
     return await anyio.to_thread.run_sync(_open, settings, token)
 
 
-def _close(settings, credential: str) -> int | None:
+def _close(settings, cache: TokenCache, credential: str) -> None:
     with session_scope(settings) as s:
         principal = authenticate(s, credential)
-        if principal is None or principal.token_id is None:
-            return None
-        revoke_token(s, principal.token_id)
-        return principal.token_id
+        if principal is not None and principal.token_id is not None:
+            revoke_now(cache, s, principal.token_id)  # as any revocation: committed, then out of the cache
 
 
 async def sign_out(request: Request) -> None:
     credential = request.cookies.get(COOKIE)
     if credential:
-        token_id = await anyio.to_thread.run_sync(_close, request.app.state.settings, credential)
-        if token_id is not None:
-            request.app.state.token_cache.forget(token_id)
-
-
-def _lookup(settings, credential: str) -> Principal | None:
-    with session_scope(settings) as s:
-        return authenticate(s, credential)
+        await anyio.to_thread.run_sync(_close, request.app.state.settings, request.app.state.token_cache, credential)
 
 
 async def current(request: Request) -> Principal | None:
-    """The signed-in principal of this request, or None. Uses the API's token cache (5 s at most)."""
+    """The signed-in principal of this request, or None. Uses the API's token cache and its revocation rules
+    (``enginefarm.api.auth.TokenCache``)."""
     credential = request.cookies.get(COOKIE)
     if not credential:
         return None
-    cache: TokenCache = request.app.state.token_cache
-    key = hash_token(credential)
-    principal = cache.get(key)
-    if principal is None:
-        principal = await anyio.to_thread.run_sync(_lookup, request.app.state.settings, credential)
-        if principal is not None:
-            cache.put(key, principal)
+    principal = await cached_principal(request.app.state.token_cache, request.app.state.settings, credential)
     if principal is not None:
         request.state.csrf = csrf_token(credential)
         request.state.principal = principal
