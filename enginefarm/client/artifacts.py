@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from enginefarm.client.cache import EngineCache
+from enginefarm.client.safepaths import in_folder, inside, safe_name
 from enginefarm.core.errors import IntegrityError, WrongArtifact
 
 ONNX, PLAN = "onnx", "plan"
@@ -45,11 +46,11 @@ def kind_of_name(path: Path | str) -> str | None:
 
 
 def default_name(engine: dict[str, Any]) -> str:
-    """The file ``fetch`` writes when given no name: the model and target, and the suffix of what it is."""
+    """The file ``fetch`` writes when given no name: the model and target made a strict name
+    (``safepaths.safe_name``), and the suffix of what it is, from the backend (a plan for any other)."""
     target = str(engine.get("target") or "engine").replace("/", "-")
-    stem = f"{engine.get('model_name') or 'model'}-{target}"
-    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in stem).lstrip(".") or "engine"
-    return safe + SUFFIX.get(kind_of_backend(engine.get("backend")) or PLAN, "")
+    stem = safe_name(f"{engine.get('model_name') or 'model'}-{target}", "engine")
+    return stem + SUFFIX[kind_of_backend(engine.get("backend")) or PLAN]
 
 
 def _varint(fh: BinaryIO) -> int | None:
@@ -136,9 +137,9 @@ def destination(engine: dict[str, Any], dest: Path | str | None) -> Path:
     """Where ``fetch`` writes ``engine``: ``dest``, or in the folder ``dest`` (default: here) the file named by
     what it is. Raises WrongArtifact when ``dest``'s name says another kind of file."""
     if dest is None or Path(dest).is_dir():
-        return Path(dest or ".") / default_name(engine)
+        return in_folder(dest or ".", default_name(engine))
     check_name(engine, dest)
-    return Path(dest)
+    return inside(Path(dest).parent, dest)
 
 
 def place_cached(cache: EngineCache, engine: dict[str, Any], dest: Path | str | None) -> Path:

@@ -17,7 +17,6 @@ import io
 import json
 import os
 import re
-import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -25,10 +24,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from enginefarm.client.safepaths import TMP_PREFIX, atomic_write
 from enginefarm.core.errors import IntegrityError, NotFound
 from enginefarm.core.hashing import CHUNK, HashingWriter, sha256_file
 
-TMP_PREFIX = ".tmp-"
+__all__ = ["TMP_PREFIX", "EngineCache", "HashingWriter", "atomic_write", "check_sha256", "default_cache_dir"]
 STALE_TMP_SECONDS = 24 * 3600
 _SHA = re.compile(r"[0-9a-f]{64}")
 
@@ -48,37 +48,6 @@ def check_sha256(sha256: Any) -> str:
     if not isinstance(sha256, str) or not _SHA.fullmatch(sha256):
         raise ValueError(f"not a sha256 (64 lowercase hex digits): {sha256!r}")
     return sha256
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable, where the platform lets a directory be fsynced."""
-    with suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-@contextmanager
-def atomic_write(final: Path, expected: str | None, prefix: str = TMP_PREFIX) -> Iterator[HashingWriter]:
-    """Yield a hashing writer on a temp file beside ``final``; on clean exit check the digest (when
-    ``expected``) and rename into place. On any error nothing is left under ``final`` or beside it."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f"{prefix}{secrets.token_hex(8)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # mode through the umask, unlike mkstemp
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            out = HashingWriter(fh)
-            yield out
-            fh.flush()
-            os.fsync(fh.fileno())
-        if expected is not None and (got := out.hexdigest()) != expected:
-            raise IntegrityError(f"{final.name}: wrote sha256 {got}, expected {expected}", sha256=expected)
-        os.replace(tmp, final)
-        _fsync_dir(final.parent)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class EngineCache:
@@ -117,10 +86,11 @@ class EngineCache:
         return True
 
     @contextmanager
-    def writer(self, sha256: str) -> Iterator[io.RawIOBase]:
-        """Yield a binary file to stream the engine into; it lands under ``path(sha256)`` only if the digest matches."""
+    def writer(self, sha256: str, size: int | None = None) -> Iterator[io.RawIOBase]:
+        """Yield a binary file to stream the engine into; it lands under ``path(sha256)`` only if the digest (and
+        ``size``, when given) match."""
         final = self.path(sha256)
-        with atomic_write(final, sha256) as out:
+        with atomic_write(final, sha256, size=size) as out:
             yield out
         self._touch(final)
 

@@ -23,6 +23,7 @@ import typer
 from enginefarm.client import ApiError, Client
 from enginefarm.client.cirepair import REPAIR, with_repair
 from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
+from enginefarm.client.safepaths import UnsafePath
 from enginefarm.client.sdk import BUILD_WAIT_S
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.trtexec import TRTEXEC_FLAGS, spec_from_trtexec
@@ -386,7 +387,7 @@ def ci_command(
     except httpx.TransportError as exc:
         log_line(f"error: cannot reach the farm at {api or 'ENGINEFARM_API_URL / http://127.0.0.1:8321'} ({exc})")
         raise typer.Exit(2) from None
-    except ApiError as exc:
+    except (ApiError, UnsafePath) as exc:  # UnsafePath: --junit or --summary refused (a symbolic link)
         log_line(f"error: {exc}")
         raise typer.Exit(2) from None
     raise typer.Exit(result.exit_code)

@@ -9,19 +9,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from enginefarm.client.safepaths import write_text
+
 
 def write_atomic(path: Path, text: str, append: bool = False) -> None:
-    """Write ``text`` whole: a summary is appended (the CI's job summary file collects every step's), a report
-    is replaced through a temporary file so a reader never sees half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if append:
-        with path.open("a", encoding="utf-8") as f:
-            f.write(text)
-        return
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    """Write ``text`` whole: a summary is appended (the CI's job summary file collects every step's) to a file that
+    is no symbolic link, a report is replaced through a new temporary file so a reader never sees half of it
+    (``safepaths.write_text``)."""
+    write_text(path, text, append=append)
 
 
 # ------------------------------------------------------------------------------------------------ reports

@@ -5,19 +5,18 @@ reads the answer keeps working."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from enginefarm.client.artifacts import PLAN, SUFFIX, kind_of_backend
+from enginefarm.client.safepaths import UnsafeAnswer, in_folder, record_id, safe_name
+from enginefarm.client.transport import size_of
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.errors import BuildFailed
 
 if TYPE_CHECKING:
     from enginefarm.client.sdk import Client
-
-# The file each backend's engine is saved as.
-SUFFIX = {"onnxruntime": ".onnx"}
 
 
 class BuildJob(dict[str, Any]):
@@ -58,25 +57,27 @@ class BuildJob(dict[str, Any]):
 
     def engines(self) -> dict[str, dict[str, Any]]:
         """The catalog record of each built engine, by target."""
-        return {
-            t["target"]: self._client.get(f"/v1/engines/{t['engine_id']}")
-            for t in self.tasks
-            if t["state"] == "succeeded" and t["engine_id"]
-        }
+        built = [t for t in self.tasks if t["state"] == "succeeded" and t["engine_id"]]
+        ids = {t["target"]: record_id(t["engine_id"], "the engine of " + str(t["target"])) for t in built}
+        return {target: self._client.get(f"/v1/engines/{engine_id}") for target, engine_id in ids.items()}
 
     def download_all(self, dest: Path, *, strict: bool = True) -> dict[str, Path]:
-        """Download every built engine into the folder ``dest`` (``<target>.plan``, ``.onnx`` for ONNX Runtime),
-        each verified by sha256; returns the paths by target. ``strict``: raise BuildFailed when a task did
-        not succeed (after downloading the others); a task not final yet is an error either way."""
+        """Download every built engine into the folder ``dest`` (``<target>.plan``, ``.onnx`` for ONNX Runtime, the
+        target made a strict file name), each verified by sha256 and size; returns the paths by target. Two targets
+        that would share a file name are refused before anything is downloaded. ``strict``: raise BuildFailed when a
+        task did not succeed (after downloading the others); a task not final yet is an error either way."""
         if not self.done:
             raise RuntimeError(f"build {self.id} is still running: wait() for it first")
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        paths = {}
-        for target, engine in self.engines().items():
-            path = dest / (re.sub(r"[^\w.-]+", "-", target) + SUFFIX.get(engine["backend"], ".plan"))
-            self._client.download(engine["id"], path, engine["sha256"])
-            paths[target] = path
+        engines, paths = self.engines(), {}
+        for target, engine in engines.items():
+            name = safe_name(target.replace("/", "-"), "engine") + SUFFIX[kind_of_backend(engine["backend"]) or PLAN]
+            paths[target] = in_folder(dest, name)
+        if len(set(paths.values())) < len(paths):
+            raise UnsafeAnswer(f"build {self.id}: targets {sorted(paths)} would share a file name in {dest}")
+        for target, engine in engines.items():
+            self._client.download(engine["id"], paths[target], engine["sha256"], size=size_of(engine))
         failed = [t for t in self.tasks if t["state"] != "succeeded"]
         if strict and failed:
             raise BuildFailed(

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
 from enginefarm.client.artifacts import check_bytes, destination, place_cached
-from enginefarm.client.cache import TMP_PREFIX, EngineCache
+from enginefarm.client.cache import EngineCache
 from enginefarm.client.errors import ApiError, api_error
 from enginefarm.client.jobs import BuildJob
 from enginefarm.client.offline import with_cpu
-from enginefarm.client.transport import ProgressReader, Transport
+from enginefarm.client.transport import ProgressReader, Transport, size_of
 from enginefarm.core.domain import FINAL_STATES, SCOPES, scope_allows
 from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound, Unauthorized
 from enginefarm.core.hashing import sha256_file
@@ -347,13 +346,8 @@ class Client(Transport):
             on_size(eng["size"])
         if cache is None:
             # Staged beside the destination and checked there: a file of the wrong kind never takes its name.
-            staged = dest.parent / f".{dest.name}{TMP_PREFIX}{secrets.token_hex(8)}"
-            try:
-                self.download(eng["id"], staged, eng["sha256"], on_bytes)
-                check_bytes(eng, staged)
-                os.replace(staged, dest)
-            finally:
-                staged.unlink(missing_ok=True)
+            size, check = size_of(eng), partial(check_bytes, eng)
+            self.download(eng["id"], dest, eng["sha256"], on_bytes, size=size, verify=check)
             return Fetched(answer, dest, False, submitted)
         _, hit = self.cached(eng, cache, on_bytes)
         return Fetched(answer, place_cached(cache, eng, dest), hit, submitted)

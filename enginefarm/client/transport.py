@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
-from enginefarm.client.cache import TMP_PREFIX, EngineCache, atomic_write
+from enginefarm.client.cache import EngineCache
 from enginefarm.client.errors import api_error
+from enginefarm.client.safepaths import TMP_PREFIX, atomic_write, record_id
 from enginefarm.core.config import get_settings
 from enginefarm.core.errors import IntegrityError
 from enginefarm.core.hashing import CHUNK, SHA_HEADER
@@ -124,10 +125,13 @@ class Transport:
                     header = r.headers.get(SHA_HEADER) or header
                     if ranged and r.status_code != 206:
                         out.restart()
+                    elif ranged:
+                        _check_resumed(url, r, out.size)
                     for chunk in r.iter_bytes(CHUNK):
                         out.write(chunk)
                         if on_bytes:
                             on_bytes(len(chunk))
+                    _check_length(url, r)
                     return header
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ConnectError):
                 if attempt == attempts - 1:
@@ -136,11 +140,20 @@ class Transport:
         return header
 
     def _download(
-        self, url: str, dest: Path, expected_sha256: str | None, on_bytes: Callable[[int], None] | None
+        self,
+        url: str,
+        dest: Path,
+        expected_sha256: str | None,
+        on_bytes: Callable[[int], None] | None,
+        *,
+        size: int | None = None,
+        verify: Callable[[Path], None] | None = None,
     ) -> str:
-        """Stream ``url`` to ``dest`` atomically; its sha256 must match ``expected_sha256`` and the server's header."""
+        """Stream ``url`` to ``dest`` atomically (``safepaths.atomic_write``): its sha256 must match
+        ``expected_sha256`` and the server's header, its size ``size`` (when known), and ``verify`` must pass on the
+        temporary file; otherwise nothing is left at ``dest`` or beside it."""
         dest = Path(dest)
-        with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
+        with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}", size=size, verify=verify) as out:
             self._check_header(url, out, self._stream(url, out, on_bytes))
         return out.hexdigest()
 
@@ -155,13 +168,21 @@ class Transport:
         dest: Path,
         expected_sha256: str | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        *,
+        size: int | None = None,
+        verify: Callable[[Path], None] | None = None,
     ) -> str:
-        """Download an engine to ``dest`` atomically, verifying its sha256; returns the sha256."""
-        return self._download(f"/v1/engines/{engine_id}/content", dest, expected_sha256, on_bytes)
+        """Download an engine to ``dest`` atomically, verifying its sha256 (and ``size``, and ``verify`` on the bytes
+        before they take the name); returns the sha256."""
+        url = f"/v1/engines/{record_id(engine_id, 'the engine')}/content"
+        return self._download(url, dest, expected_sha256, on_bytes, size=size, verify=verify)
 
-    def download_model(self, model_id: int, dest: Path, expected_sha256: str | None = None) -> str:
+    def download_model(
+        self, model_id: int, dest: Path, expected_sha256: str | None = None, *, size: int | None = None
+    ) -> str:
         """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
-        return self._download(f"/v1/models/{model_id}/content", dest, expected_sha256, None)
+        url = f"/v1/models/{record_id(model_id, 'the model')}/content"
+        return self._download(url, dest, expected_sha256, None, size=size)
 
     def cached(
         self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None
@@ -170,8 +191,31 @@ class Transport:
         sha = engine["sha256"]
         hit = cache.has(sha)
         if not hit:
-            url = f"/v1/engines/{engine['id']}/content"
-            with cache.writer(sha) as out:
+            url = f"/v1/engines/{record_id(engine.get('id'), 'the engine')}/content"
+            with cache.writer(sha, size_of(engine)) as out:
                 self._check_header(url, out, self._stream(url, out, on_bytes))
         cache.remember(engine, self.base_url)
         return cache.path(sha), hit
+
+
+def size_of(record: Mapping[str, Any]) -> int | None:
+    """The size in bytes a catalog record gives its file, where it gives one."""
+    size = record.get("size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+
+
+def _check_length(url: str, response: httpx.Response) -> None:
+    """The bytes that came (before any decoding) must be the Content-Length the answer declared."""
+    declared = response.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) != response.num_bytes_downloaded):
+        raise IntegrityError(
+            f"{url}: the farm declared Content-Length {declared} and sent {response.num_bytes_downloaded} bytes"
+        )
+
+
+def _check_resumed(url: str, response: httpx.Response, have: int) -> None:
+    """A resumed download's part must start where the bytes already written end."""
+    unit, _, span = response.headers.get("content-range", "").partition(" ")
+    first = span.partition("-")[0]
+    if unit != "bytes" or not first.isdigit() or int(first) != have:
+        raise IntegrityError(f"{url}: asked to resume at byte {have}, the farm sent {unit} {span or 'no range'}")

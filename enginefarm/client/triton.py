@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginefarm.client.safepaths import check_name, in_folder
 from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
 from enginefarm.core.domain import cc_tuple
 
@@ -276,7 +277,7 @@ def write_repository(
         text = render_config(
             model, spec, name=base, platform="tensorrt_plan", cc_model_filenames=files, default_model_filename=default
         )
-        copies = {files[cc]: Path(path) for cc, (_, path) in engines.items()}
+        copies = {check_name(files[cc]): Path(path) for cc, (_, path) in engines.items()}
         staged[base] = (text, [(path, filename) for filename, path in copies.items()])
     if onnx_source is not None:
         member = onnx_member if onnx_member is not None else "model.onnx"
@@ -290,6 +291,8 @@ def write_repository(
         staged[f"{base}_onnx"] = (text, [(Path(onnx_source), "." if onnx_member is not None else member)])
 
     out = Path(out)
+    for model_name in staged:
+        in_folder(out, model_name)  # a model's directory is a strict name, inside the repository
     taken = [m for m in staged if (out / m).exists() or (out / m).is_symlink()]
     if taken and not overwrite:
         raise FileExistsError(

@@ -9,13 +9,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from enginefarm.client.safepaths import UnsafeAnswer, in_folder, record_id
+from enginefarm.client.transport import size_of
 from enginefarm.client.triton import PLAN_BACKENDS, TritonRepository, batching, write_repository
 from enginefarm.core.domain import cc_tuple
 from enginefarm.core.machine import Machine
 
-__all__ = ["PLAN_PREFERENCE", "config_spec", "export_from_farm", "triton_machine"]
+__all__ = ["PLAN_PREFERENCE", "UPLOAD_FILES", "config_spec", "export_from_farm", "triton_machine", "upload_name"]
 
 QUANTIZED = ("int8", "fp8")
+# The scratch file of each upload format the farm takes (``core.bundle.FORMATS``).
+UPLOAD_FILES = {"onnx": "upload.onnx", "zip": "upload.zip", "tar": "upload.tar"}
 
 # Triton's TensorRT backend links full TensorRT: its plans are preferred, TensorRT-RTX ones taken where no full
 # TensorRT engine runs on a compute capability.
@@ -76,6 +80,7 @@ def export_from_farm(
     if not versions:
         raise NotFound(f"no model {model_name!r}" + (f" version {version!r}" if version else "") + " in the catalog")
     model = max(versions, key=lambda m: m["id"])
+    scratch_name = upload_name(model)  # before anything is written: an unknown format is refused here
     listed = client.engines(model=model_name, limit=500)["items"]
     # A portable engine serves every compute capability it lists: each is asked for, and may get it.
     ccs = sorted(
@@ -108,11 +113,11 @@ def export_from_farm(
     spec, warnings = config_spec(model, list(chosen.values()))
     files = {cc: (e, client.cached(e, cache)[0]) for cc, e in chosen.items()}
     with tempfile.TemporaryDirectory(prefix="enginefarm-export-") as tmp:
-        upload = Path(tmp) / f"upload.{model['format']}"
-        client.download_model(model["id"], upload, model["sha256"])
+        upload = in_folder(tmp, scratch_name)
+        client.download_model(model["id"], upload, model["sha256"], size=size_of(model))
         member = None
         if model["format"] != "onnx":
-            bundle = Path(tmp) / "bundle"
+            bundle = in_folder(tmp, "bundle")
             onnx_path = unpack_bundle(upload, model["format"], bundle, BundleLimits())
             upload, member = bundle, onnx_path.relative_to(bundle).as_posix()
         repo = write_repository(
@@ -120,6 +125,20 @@ def export_from_farm(
         )
     repo.warnings += warnings
     return repo
+
+
+def upload_name(model: Mapping[str, Any]) -> str:
+    """The scratch file a model's upload is saved as, from its ``format`` by a fixed map; UnsafeAnswer for a format
+    this client does not know (a farm's answer never names a file)."""
+    record_id(model.get("id"), f"model {model.get('name')!r}")
+    fmt = model.get("format")
+    name = UPLOAD_FILES.get(fmt) if isinstance(fmt, str) else None
+    if name is None:
+        raise UnsafeAnswer(
+            f"the farm says model {model.get('name')!r} {model.get('version')!r} is of format "
+            f"{model.get('format')!r}; this client exports only {', '.join(UPLOAD_FILES)}: nothing was written"
+        )
+    return name
 
 
 def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[str]) -> None:
@@ -133,7 +152,7 @@ def _check_quantized(client: Any, engine: Mapping[str, Any], accept: Sequence[st
     state = "failed" if passed is False else "unchecked"
     if state in accept:
         return
-    checks = client.get(f"/v1/engines/{engine['id']}").get("checks") or {}
+    checks = client.get(f"/v1/engines/{record_id(engine.get('id'), 'the engine')}").get("checks") or {}
     where = checks.get("state") or "none"
     raise Conflict(
         f"not exporting engine {engine['id']} ({engine['target']}, {engine['precision']}): its accuracy check "

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from enginefarm.client.safepaths import check_name, record_id
 from enginefarm.core.domain import arch_of_cc, cc_tuple
 
 RTX_WARNING = (
@@ -47,8 +48,8 @@ def _plan_name(cc: str, engine: Mapping[str, Any], taken: set[str]) -> str:
     else:
         name = f"model_{arch_of_cc(cc)}.plan"
     if name in taken:  # a second engine of the same kind: its id tells them apart
-        name = name.replace(".plan", f"_{engine.get('id')}.plan")
-    return name
+        name = name.replace(".plan", f"_{record_id(engine.get('id'), 'the engine for ' + cc)}.plan")
+    return check_name(name)
 
 
 def plan_layout(engines: Mapping[str, tuple[Mapping[str, Any], Any]]) -> tuple[dict[str, str], str | None, list[str]]:
