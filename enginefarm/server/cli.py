@@ -7,11 +7,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -166,6 +168,52 @@ def migrate() -> None:
     console.print("catalog is at the newest revision")
 
 
+# ------------------------------------------------------------------------------ a farm that does not start
+
+MISSING_MODULE = re.compile(r"No module named '(enginefarm\.\w+)")
+
+
+def checkout_advice(missing: str, command: str) -> str | None:
+    """What to do when ``missing`` (``enginefarm.api``) cannot be imported because the current directory's
+    enginefarm/ folder, a source checkout's, shadows the installed package: ``python -m enginefarm``, as the farm
+    starts its processes, imports from the current directory first, and a checkout's enginefarm/ lacks what
+    pyproject's package-dir installs into the package from other folders (api/, worker/, storage/). None when that is
+    not why."""
+    folder = Path.cwd() / "enginefarm"
+    sub = missing.split(".")[1]
+    if not (folder / "__init__.py").is_file() or (folder / sub).exists() or (folder / f"{sub}.py").exists():
+        return None
+    return (
+        f"{folder} is a source checkout's package folder, without {sub}/, and `python -m enginefarm` (how the farm "
+        f"starts its processes) imports it from the current directory instead of the installed package: run "
+        f"`enginefarm {command}` from another directory (e.g. cd ~ first), or, in the checkout, `make demo`"
+    )
+
+
+def farm_failed(exc: Exception, command: str) -> NoReturn:
+    """End ``enginefarm COMMAND`` with why its farm did not start (``embedded.FarmError``, or a module of the
+    package that would not import): one message, what to do where it is known, exit 1."""
+    from rich.markup import escape
+
+    text = str(exc)
+    if isinstance(exc, ModuleNotFoundError):
+        text = f"the farm's code would not import: {exc}"
+    found = MISSING_MODULE.search(text)
+    advice = checkout_advice(found[1], command) if found else None
+    err.print(f"[red]error:[/red] enginefarm {command}: {escape(text)}", highlight=False, soft_wrap=True)
+    if advice:
+        err.print(escape(advice), highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def not_importable(exc: ModuleNotFoundError, command: str) -> NoReturn:
+    """A module of this package that would not import (not a missing extra, which ``need`` reports first) ends the
+    command as ``farm_failed`` does; any other missing module is raised again."""
+    if not (exc.name or "").startswith("enginefarm."):
+        raise exc
+    farm_failed(exc, command)
+
+
 @app.command()
 def up(
     port: int = typer.Option(8321, help="the API's port"),
@@ -178,10 +226,21 @@ def up(
     ),
 ) -> None:
     """Run an all-in-one farm (API + workers) with no external services, until Ctrl-C. A worker or API process
-    that dies is started again; when this command ends, however it ends, they end with it."""
+    that dies is started again; when this command ends, however it ends, they end with it. A process that fails
+    while the farm starts ends the command with that process's own error, from its log."""
     import logging
 
-    from enginefarm.server.embedded import Farm, issue_token, stop_on_sigterm
+    from enginefarm.server.port import HOST, free_port_after, port_in_use
+
+    if port and port_in_use(port, HOST):  # before anything is made; 2, as `make demo` and demo --serve exit
+        other = free_port_after(port, HOST)
+        instead = f"choose another, e.g. enginefarm up --port {other}" if other else "choose another with --port"
+        err.print(f"[red]error:[/red] enginefarm up: port {port} on {HOST} is in use; {instead}", highlight=False)
+        raise typer.Exit(2)
+    try:
+        from enginefarm.server.embedded import Farm, FarmError, issue_token, stop_on_sigterm
+    except ModuleNotFoundError as exc:
+        not_importable(exc, "up")
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     if data_dir is not None:  # the API and the workers read it from the environment they inherit
@@ -189,10 +248,10 @@ def up(
         get_settings.cache_clear()
     settings = get_settings()
     metrics_dir(settings.data_dir / "metrics")  # one folder: the API's /metrics counts the workers' builds too
-    token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
-    # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
-    farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)
     try:
+        token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
+        # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
+        farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)
         with stop_on_sigterm(), farm:
             farm.start_api()
             names = [f"embedded-{i}" for i in range(workers)]
@@ -210,6 +269,8 @@ def up(
                 time.sleep(1)
     except KeyboardInterrupt:
         pass
+    except FarmError as exc:  # the farm's processes are stopped by now
+        farm_failed(exc, "up")
 
 
 # ------------------------------------------------------------------------------ client commands
@@ -227,13 +288,18 @@ def demo(
 ) -> None:
     """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine; with
     --serve, then serve the dashboard (/ui) on that farm until Ctrl-C."""
-    if serve:
+    try:
+        from enginefarm.server.demo import run_demo
         from enginefarm.server.demoserve import serve_demo
-
-        sys.exit(serve_demo(data_dir, console, port))
-    from enginefarm.server.demo import run_demo
-    from enginefarm.server.embedded import stop_on_sigterm
-
-    with stop_on_sigterm():
-        code = run_demo(data_dir, console)
+        from enginefarm.server.embedded import FarmError, stop_on_sigterm
+    except ModuleNotFoundError as exc:
+        not_importable(exc, "demo")
+    try:
+        if serve:
+            code = serve_demo(data_dir, console, port)
+        else:
+            with stop_on_sigterm():
+                code = run_demo(data_dir, console)
+    except FarmError as exc:
+        farm_failed(exc, "demo")
     sys.exit(code)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,6 +32,95 @@ log = logging.getLogger(__name__)
 # long as the last, up to RESTART_MAX_DELAY_S.
 HEALTHY_AFTER_S = 60.0
 RESTART_MAX_DELAY_S = 60.0
+# A child that dies this many times in a row before the farm is up fails the start, with its own error: one death
+# may be bad luck (killed, starved of CPU), the same one three times is not.
+START_TRIES = 3
+# At most this many lines of a child's log in the error that says why it failed.
+EXCERPT_LINES = 20
+
+
+class FarmError(RuntimeError):
+    """Why a farm could not start, in words for its user (``str``); the commands print it without a traceback."""
+
+
+class CatalogUnreachable(FarmError):
+    """The farm's catalog database could not be opened or migrated."""
+
+
+class StartFailed(FarmError):
+    """A process the farm started exited, or never became ready, while the farm was starting: which one, how, and
+    the lines of its own log that say why. ``notes``: what else is known (a taken port, what to do)."""
+
+    def __init__(self, process: str, how: str, log: Path | None, excerpt: list[str], notes: list[str] | None = None):
+        self.process, self.how, self.log, self.excerpt, self.notes = process, how, log, excerpt, list(notes or [])
+        super().__init__(process, how)
+
+    @property
+    def message(self) -> str:
+        head = f"{self.process} {self.how} while the farm was starting"
+        if self.log is None:
+            lines = [f"{head} (its output was not kept)"]
+        elif self.excerpt:
+            lines = [f"{head}; its log, {self.log}, says:", *(f"    {line}" for line in self.excerpt)]
+        else:
+            lines = [f"{head}; its log, {self.log}, has nothing from this start"]
+        return "\n".join([*lines, *self.notes])
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# A traceback's first line, plain or as typer/rich draw it (a box); its frames are indented or inside the box.
+_TRACEBACK = re.compile(r"^(?:╭[─ ]*)?Traceback \(most recent call last\)")
+_FRAME = re.compile(r"^(?:\s|[│╭╰┃]|$)")
+# A new log record: a timestamp ("2026-01-01 10:00:00", Celery's "[2026-01-01 ..."), or a level first (uvicorn).
+_RECORD = re.compile(r"^(?:\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b)")
+# Lines that report an error outside a traceback: a level, a command's own "error:", an exception, glog's E/F.
+_ERROR_LINE = re.compile(
+    r"\b(?:ERROR|CRITICAL|FATAL|PANIC)\b|^(?:[Ee]rror|[Ff]atal)\b|^[\w.]*(?:Error|Exception)\b|^[EF]\d{4} \d\d:"
+    r"|(?i:address already in use|connection refused)"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def error_lines(text: str, limit: int = EXCERPT_LINES, width: int = 400) -> list[str]:
+    """The lines of a process's log that say why it failed: the exception that ended its last traceback (with what
+    follows it on further lines) and the error lines after it; without a traceback, the last error lines; without
+    those, the log's last lines. At most ``limit`` lines of at most ``width`` characters."""
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if _TRACEBACK.match(line)]
+    picked: list[str] = []
+    if starts:
+        i = starts[-1] + 1
+        while i < len(lines) and _FRAME.match(lines[i]):
+            i += 1
+        if i < len(lines):
+            picked.append(lines[i])
+            i += 1
+            while i < len(lines) and lines[i].strip() and not _RECORD.match(lines[i]):
+                picked.append(lines[i])
+                i += 1
+        picked = picked[:limit]
+        picked += [line for line in lines[i:] if _ERROR_LINE.search(line)][: limit - len(picked)]
+    if not picked:
+        picked = [line for line in lines if _ERROR_LINE.search(line)][-limit:]
+    if not picked:
+        picked = [line for line in lines if line.strip()][-limit:]
+    return [line if len(line) <= width else line[: width - 3] + "..." for line in picked]
+
+
+def log_excerpt(path: Path | None, offset: int = 0, limit: int = EXCERPT_LINES) -> list[str]:
+    """``error_lines`` of the part of the log file ``path`` from ``offset`` on (what one start of a process wrote; its
+    last MiB at most)."""
+    if path is None:
+        return []
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - (1 << 20)))
+            return error_lines(f.read().decode(errors="replace"), limit)
+    except OSError:
+        return []
 
 
 def free_port() -> int:
@@ -68,6 +158,8 @@ class _Child:
 
     args: list[str]
     extra_env: dict[str, str] | None
+    log: Path | None = None
+    log_offset: int = 0  # where this start's output begins in ``log`` (logs are appended to)
     started: float = 0.0
     quick_exits: int = 0  # exits in a row, each sooner than HEALTHY_AFTER_S after its start
     restart_at: float | None = None
@@ -110,7 +202,9 @@ class Farm:
         """``child``: the record of an earlier start of the same command (its restart history)."""
         child = self._children[name] = child or _Child(args, extra_env)
         child.started, child.restart_at = time.monotonic(), None
-        out = open(self.log_dir / f"{name}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115 - closed below, once the child has its own
+        child.log = self.log_dir / f"{name}.log" if self.log_dir else None
+        child.log_offset = child.log.stat().st_size if child.log is not None and child.log.exists() else 0
+        out = open(child.log, "ab") if child.log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below, once the child has its own
         try:
             # Own process group, so stopping the farm also stops Celery's pool children.
             return lifeline.spawn(
@@ -144,7 +238,28 @@ class Farm:
             ],
             extra_env,
         )
-        wait_http(f"{self.url}/healthz", timeout, self.api)
+        try:
+            wait_http(f"{self.url}/healthz", timeout, self.api)
+        except RuntimeError:  # it exited
+            raise self.start_failed("api", exit_reason(self.api.returncode)) from None
+        except TimeoutError:
+            raise self.start_failed("api", f"did not answer {self.url}/healthz within {timeout:g} s") from None
+
+    def describe(self, key: str) -> str:
+        """A child, by its log name ("api", "worker-NAME"), in words."""
+        if key == "api":
+            return f"the farm's API (enginefarm api on port {self.port})"
+        return f"worker {key.removeprefix('worker-')} (enginefarm worker)"
+
+    def start_failed(self, key: str, how: str) -> StartFailed:
+        """The error for the child ``key`` that failed the start ``how`` ("exited with code 1"), with the lines of
+        its log, since its last start, that say why."""
+        child = self._children.get(key)
+        log, excerpt = (child.log, log_excerpt(child.log, child.log_offset)) if child else (None, [])
+        notes = []
+        if key == "api" and any("address already in use" in line.lower() for line in excerpt):
+            notes.append(f"port {self.port} on {self.host} is in use by another process")
+        return StartFailed(self.describe(key), how, log, excerpt, notes)
 
     def start_worker(
         self,
@@ -177,20 +292,37 @@ class Farm:
         return proc
 
     def wait_workers(self, names: list[str], timeout: float = 90.0, restart: bool = False) -> list[dict]:
-        """Block until every named worker has sent a heartbeat; returns the live workers. A worker that exits
-        meanwhile is an error, unless ``restart``: then it is started again (``supervise``), as it would be later."""
+        """Block until every named worker has sent a heartbeat; returns the live workers. A worker (or the API) that
+        exits meanwhile fails the start (``StartFailed``), unless ``restart``: then it is started again
+        (``supervise``), as it would be later, and fails the start only once it has died START_TRIES times in a
+        row."""
         deadline = time.monotonic() + timeout
+        seen: set[str] = set()
         while time.monotonic() < deadline:
             if restart:
-                self.supervise()
-            for name, proc in self.workers.items():
-                if proc.poll() is not None and not restart:
-                    raise RuntimeError(f"worker {name} exited with code {proc.returncode}")
-            live = httpx.get(f"{self.url}/v1/workers", timeout=5, headers=self.headers).json()
-            if set(names) <= {worker_name(w["id"]) for w in live}:
-                return live
+                self.supervise(give_up_after=START_TRIES)
+            else:
+                self._check_running()
+            try:
+                answer = httpx.get(f"{self.url}/v1/workers", timeout=5, headers=self.headers)
+                answer.raise_for_status()
+                live = answer.json()
+            except httpx.HTTPError:  # the API is being started again (``restart``), or is busy: ask again
+                live = None
+            if live is not None:
+                seen = {worker_name(w["id"]) for w in live}
+                if set(names) <= seen:
+                    return live
             time.sleep(0.3)
-        raise TimeoutError(f"workers {names} did not report within {timeout} s")
+        silent = [n for n in names if n not in seen]
+        raise self.start_failed(f"worker-{silent[0]}", f"sent no heartbeat within {timeout:g} s")
+
+    def _check_running(self) -> None:
+        """Raise ``StartFailed`` for the API or a worker that exited."""
+        running = {"api": self.api, **{f"worker-{n}": p for n, p in self.workers.items()}}
+        for key, proc in running.items():
+            if proc is not None and proc.poll() is not None:
+                raise self.start_failed(key, exit_reason(proc.returncode))
 
     @staticmethod
     def stop_process(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
@@ -228,9 +360,10 @@ class Farm:
         if self.api is not None:
             self.stop_processes([self.api], self.stop_timeout)
 
-    def supervise(self, now: float | None = None) -> None:
+    def supervise(self, now: float | None = None, give_up_after: int | None = None) -> None:
         """Start again every child that exited, the API or a worker: at once the first time, then after a delay
-        that doubles while it keeps dying young. Call it every second or so."""
+        that doubles while it keeps dying young. Call it every second or so. ``give_up_after``: a child that has
+        died young this many times in a row is not started again: ``StartFailed`` says why it died."""
         now = time.monotonic() if now is None else now
         running = {"api": self.api, **{f"worker-{n}": p for n, p in self.workers.items()}}
         for key, child in self._children.items():
@@ -240,6 +373,9 @@ class Farm:
             if child.restart_at is None:
                 lived = now - child.started
                 child.quick_exits = child.quick_exits + 1 if lived < HEALTHY_AFTER_S else 0
+                if give_up_after is not None and child.quick_exits >= give_up_after:
+                    how = exit_reason(proc.returncode)
+                    raise self.start_failed(key, f"failed {child.quick_exits} starts in a row, the last {how},")
                 delay = min(RESTART_MAX_DELAY_S, 2.0 ** (child.quick_exits - 1)) if child.quick_exits else 0.0
                 child.restart_at = now + delay
                 log.warning(
@@ -290,11 +426,35 @@ def prepare(settings) -> None:
     migrate(settings)
 
 
+def shown_url(url: str) -> str:
+    """A database URL with its password hidden."""
+    return re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", url)
+
+
+def open_catalog(settings) -> None:
+    """``prepare``, whose failure to reach or migrate the catalog's database is a ``CatalogUnreachable`` that says
+    which database and what its driver said."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        prepare(settings)
+    except SQLAlchemyError as exc:
+        said = [line.rstrip() for line in str(exc).splitlines() if line.strip()][:EXCERPT_LINES]
+        where = " (ENGINEFARM_DATABASE_URL)" if settings.database_url else ""
+        refused = "; the database refused the connection" if "connection refused" in str(exc).lower() else ""
+        raise CatalogUnreachable(
+            "\n".join(
+                [f"cannot open the farm's catalog, {shown_url(settings.resolved_database_url)}{where}{refused}:"]
+                + [f"    {line}" for line in said]
+            )
+        ) from exc
+
+
 def issue_token(settings, name: str, scopes: list[str], project: str | None = None) -> str:
     """Make an API token in the farm's catalog (migrating it first); returns the token."""
     from enginefarm.storage.db import session_scope
     from enginefarm.storage.tokens import create_token
 
-    prepare(settings)
+    open_catalog(settings)
     with session_scope(settings) as session:
         return create_token(session, name, scopes, project=project)[1]

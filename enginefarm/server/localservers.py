@@ -18,7 +18,7 @@ from pathlib import Path
 
 import boto3
 
-from enginefarm.server.embedded import Farm
+from enginefarm.server.embedded import Farm, StartFailed, exit_reason, log_excerpt
 
 S3_KEY, S3_SECRET = "enginefarm-local", "enginefarm-local-secret"
 PG_ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
@@ -75,16 +75,18 @@ def seaweedfs(data_dir: Path, timeout: float = 90.0) -> Iterator[str]:
         "s3", endpoint_url=endpoint, aws_access_key_id=S3_KEY, aws_secret_access_key=S3_SECRET, region_name="us-east-1"
     )
     deadline = time.monotonic() + timeout
+    what = f"SeaweedFS (weed server, S3 on port {s3})"
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"weed exited with {proc.returncode}; see {data_dir / 'weed.log'}")
+                raise StartFailed(what, exit_reason(proc.returncode), Path(log.name), log_excerpt(Path(log.name)))
             try:
                 client.list_buckets()
                 break
-            except Exception:
+            except Exception as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    how = f"did not answer S3 at {endpoint} within {timeout:g} s ({exc})"
+                    raise StartFailed(what, how, Path(log.name), log_excerpt(Path(log.name))) from exc
                 time.sleep(0.5)
         yield endpoint
     finally:

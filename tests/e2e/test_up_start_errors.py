@@ -1,0 +1,242 @@
+"""A farm that fails to start says why: ``enginefarm up`` (and ``demo``, which shares the code) names the process
+that failed and quotes that process's own error from its log, with the log's path, instead of its own traceback.
+
+Real processes throughout: ``python -m enginefarm up`` as a user runs it, its API and worker processes as it starts
+them. The checkout case is played as it happens to a user: the package installed (not editable: an editable
+install's import hook finds ``enginefarm.api`` wherever ``enginefarm`` came from) and the command run from a folder
+whose ``enginefarm/`` is a source checkout's, without ``api/``."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from enginefarm.server.embedded import Farm, embedded_env, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACEBACK = "Traceback (most recent call last)"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the farm's settings or an import path of its own, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_") and k != "PYTHONPATH"}
+    return env | {"PYTHONUNBUFFERED": "1"} | extra
+
+
+def up(*args: str, python: str = sys.executable, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([python, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env=clean_env(**env))
+
+
+def link_entries(source: Path, dest: Path, skip: tuple[str, ...] = ()) -> None:
+    """``dest``: a folder of links to the entries of ``source`` (not its bytecode caches nor ``skip``)."""
+    dest.mkdir(parents=True)
+    for entry in source.iterdir():
+        if entry.name != "__pycache__" and entry.name not in skip:
+            (dest / entry.name).symlink_to(entry)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A virtual environment with the package laid out as ``pip install .`` lays it out (pyproject's package-dir:
+    api/ becomes enginefarm/api, ...), in links to this checkout, and the test environment's other packages
+    reachable without running their .pth files (so no editable install's import hook); returns its python."""
+    root = tmp_path_factory.mktemp("installed")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=60)
+    python = root / "venv" / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (site / "test-environment.pth").write_text("".join(f"{path}\n" for path in ours))
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for package, folder in sorted(folders.items()):  # enginefarm before enginefarm.api
+        where = site.joinpath(*package.split("."))
+        if package == "enginefarm":
+            link_entries(ROOT / folder, where)
+        else:
+            where.symlink_to(ROOT / folder)
+    return python
+
+
+@pytest.fixture
+def checkout(tmp_path) -> Path:
+    """A folder laid out as a source checkout is: an enginefarm/ package folder without api/."""
+    link_entries(ROOT / "enginefarm", tmp_path / "checkout" / "enginefarm", skip=("api",))
+    return tmp_path / "checkout"
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_run_from_a_checkout_names_the_api_its_missing_module_and_what_to_do(installed, checkout, tmp_path, command):
+    data = tmp_path / "data"
+    # -P: this process imports the installed package, as the `enginefarm` script does; the farm's processes,
+    # started as `python -m enginefarm` in the checkout, import the checkout's enginefarm/.
+    args = ["up", "--port", "0"] if command == "up" else ["demo"]
+    done = up("-P", "-m", "enginefarm", *args, "--data-dir", str(data), python=str(installed), cwd=checkout)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert TRACEBACK not in done.stderr, done.stderr
+    assert f"error: enginefarm {command}: the farm's API (enginefarm api on port" in said, said
+    assert "exited with code 1 while the farm was starting" in said, said
+    assert f"its log, {data / 'api.log'}, says: ModuleNotFoundError: No module named 'enginefarm.api'" in said, said
+    assert f"{checkout / 'enginefarm'} is a source checkout's package folder, without api/" in said, said
+    assert "from another directory" in said and "make demo" in said, said
+
+
+def test_the_command_itself_run_from_a_checkout_says_what_to_do(installed, checkout, tmp_path):
+    """Without -P the command's own process imports the checkout too; it fails before starting anything."""
+    done = up(
+        "-m", "enginefarm", "up", "--port", "0", "--data-dir", str(tmp_path / "d"), python=str(installed), cwd=checkout
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert TRACEBACK not in done.stderr, done.stderr
+    assert "error: enginefarm up: the farm's code would not import: No module named 'enginefarm." in said, said
+    assert "is a source checkout's package folder" in said and "make demo" in said, said
+
+
+def test_a_taken_port_is_one_line_and_exit_2_before_anything_is_made(tmp_path):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = up("-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(tmp_path / "data"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert TRACEBACK not in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"error: enginefarm up: port {port} on 127.0.0.1 is in use; choose another" in said, said
+    assert "enginefarm up --port" in said, said
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_port_taken_after_the_check_is_the_apis_own_error(tmp_path):
+    """The API's bind fails (the port was taken after `up` checked it, or by whoever starts a Farm on it): the
+    API's own "address already in use" from its log, the port and the log's path."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with Farm(embedded_env(tmp_path), port=port, log_dir=tmp_path) as farm, pytest.raises(RuntimeError) as failed:
+            farm.start_api(timeout=40)
+    said = str(failed.value)
+    assert f"the farm's API (enginefarm api on port {port}) exited with code" in said, said
+    assert f"its log, {tmp_path / 'api.log'}, says:" in said, said
+    assert "address already in use" in said.lower(), said
+    assert f"port {port} on 127.0.0.1 is in use by another process" in said, said
+
+
+def test_a_worker_that_keeps_failing_ends_the_start_with_its_error(tmp_path):
+    data = tmp_path / "data"
+    done = up(
+        "-m", "enginefarm", "up", "--port", "0", "--data-dir", str(data), ENGINEFARM_WORKER_TARGETS="no-such-target"
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert TRACEBACK not in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())
+    assert "error: enginefarm up: worker embedded-0 (enginefarm worker) failed 3 starts in a row" in said, said
+    assert f"its log, {data / 'worker-embedded-0.log'}, says: error: target 'no-such-target'" in said, said
+
+
+def test_a_database_that_refuses_says_so(tmp_path):
+    url = f"postgresql+psycopg://postgres:hidden-secret@127.0.0.1:{free_port()}/enginefarm"  # nothing listens
+    done = up(
+        "-m", "enginefarm", "up", "--port", "0", "--data-dir", str(tmp_path / "data"), ENGINEFARM_DATABASE_URL=url
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert TRACEBACK not in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())
+    assert "error: enginefarm up: cannot open the farm's catalog, postgresql+psycopg://postgres:***@127.0.0.1:" in said
+    assert "(ENGINEFARM_DATABASE_URL); the database refused the connection" in said, said
+    assert "Connection refused" in said and "hidden-secret" not in said, said
+
+
+# ------------------------------------------------------------------------------ which lines of a log say why
+
+
+PLAIN = """\
+INFO starting
+Traceback (most recent call last):
+  File "a.py", line 1, in <module>
+psycopg.OperationalError: connection failed
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "b.py", line 2, in <module>
+    connect()
+    ^^^^^^^^^
+sqlalchemy.exc.OperationalError: (psycopg.OperationalError) connection failed: Connection refused
+\tIs the server running on that host and accepting TCP/IP connections?
+(Background on this error at: https://sqlalche.me/e/20/e3q8)
+2026-01-01 10:00:00,000 INFO shutting down
+ERROR:    Application startup failed. Exiting.
+"""
+
+BOXED = """\
+╭───────────── Traceback (most recent call last) ─────────────╮
+│ /x/cli.py:39 in run                                         │
+│ ❱  39 │   │   return fn(*args, **kwargs)                    │
+╰─────────────────────────────────────────────────────────────╯
+ModuleNotFoundError: No module named 'enginefarm.api'
+"""
+
+
+def test_error_lines_take_the_last_exception_and_the_errors_after_it():
+    from enginefarm.server.embedded import error_lines
+
+    assert error_lines(PLAIN) == [
+        "sqlalchemy.exc.OperationalError: (psycopg.OperationalError) connection failed: Connection refused",
+        "\tIs the server running on that host and accepting TCP/IP connections?",
+        "(Background on this error at: https://sqlalche.me/e/20/e3q8)",
+        "ERROR:    Application startup failed. Exiting.",
+    ]
+    assert error_lines(BOXED) == ["ModuleNotFoundError: No module named 'enginefarm.api'"]
+
+
+def test_error_lines_without_a_traceback_are_the_error_lines_else_the_last_lines():
+    from enginefarm.server.embedded import error_lines
+
+    celery = "\n".join(
+        ["[2026-01-01 10:00:00,000: INFO/MainProcess] Connected"]
+        + [
+            f"[2026-01-01 10:00:0{i},000: ERROR/MainProcess] consumer: Cannot connect: Connection refused."
+            for i in range(30)
+        ]
+    )
+    assert len(error_lines(celery)) == 20 and all("Cannot connect" in line for line in error_lines(celery))
+    assert error_lines("one\n\ntwo\nthree\n", limit=2) == ["two", "three"]
+    assert error_lines("x" * 1000)[0].endswith("...") and len(error_lines("x" * 1000)[0]) == 400
+
+
+def test_a_local_server_that_exits_says_why(tmp_path, monkeypatch):
+    """``localservers.seaweedfs`` (the tests' and benchmarks' S3 server): a ``weed`` that exits at once is named,
+    with its own last error line and its log's path."""
+    from enginefarm.server.embedded import StartFailed
+    from enginefarm.server.localservers import seaweedfs
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    weed = bin_dir / "weed"
+    weed.write_text(
+        "#!/bin/sh\necho 'I1207 01:02:03.000 master.go:1] starting'\n"
+        "echo 'F1207 01:02:03.100 server.go:2] listen tcp 127.0.0.1:9333: bind: address already in use'\nexit 1\n"
+    )
+    weed.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(StartFailed) as failed, seaweedfs(tmp_path / "s3", timeout=20):
+        pass
+    said = str(failed.value)
+    assert said.startswith("SeaweedFS (weed server, S3 on port "), said
+    assert f"exited with code 1 while the farm was starting; its log, {tmp_path / 's3' / 'weed.log'}, says:" in said
+    assert said.endswith("    F1207 01:02:03.100 server.go:2] listen tcp 127.0.0.1:9333: bind: address already in use")
