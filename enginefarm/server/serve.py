@@ -9,7 +9,10 @@ uvicorn bounds only the idle time between requests (``timeout_keep_alive``), whi
 complete: a new connection, and a request whose headers arrive a byte at a time, are held for ever. So the
 protocol here gives a request's line and headers ``ENGINEFARM_HEADER_TIMEOUT_S`` to arrive, counted from the
 connection's opening or the request's first byte, as nginx's ``client_header_timeout`` does; past that the client
-gets a 408 and the connection is closed. The body has its own bounds (the upload idle timeout).
+gets a 408 and the connection is closed. That bounds the head's time; its bytes are bounded as they arrive, before
+they are parsed (``HeadLimitProtocol``, enginefarm/server/headlimits.py: a request line past 8 KiB gets a 414, a
+header block past 64 KiB or 100 header lines a 431). The body has its own bounds (the upload idle timeout, the
+app's body limits).
 
 A fleet's conditional resolve (``GET /v1/resolve`` with ``If-None-Match`` and a bearer token) whose answer has
 not changed gets its 304 here, from the farm app's ``not_modified`` (``enginefarm.api.answers``), as soon as its
@@ -29,11 +32,11 @@ from collections.abc import Callable
 import httptools
 import uvicorn
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.supervisors import Multiprocess
 
 from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
+from enginefarm.server.headlimits import HeadLimitProtocol, HeadLimits
 
 APP = "enginefarm.api.main:app"
 log = logging.getLogger(__name__)
@@ -74,8 +77,9 @@ def _forwarded_client(proxy: ProxyHeadersMiddleware, scope: dict) -> None:
         pass
 
 
-class HeaderTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline on each request's line and headers."""
+class HeaderTimeoutProtocol(HeadLimitProtocol):
+    """uvicorn's httptools protocol with a deadline on each request's line and headers (and their bytes bounded,
+    ``HeadLimitProtocol``)."""
 
     def __init__(self, *args, header_timeout: float, **kwargs):
         super().__init__(*args, **kwargs)
@@ -113,6 +117,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
         request and left no timer running (a bare CRLF between requests stops the keep-alive's)."""
         if (
             self.transport.is_closing()
+            or self.refused  # answered 414/431 and closing: no 408 after that
             or self not in self.connections  # upgraded: the connection is another protocol's
             or self.pipeline
             or (self.cycle is not None and not self.cycle.response_complete)
@@ -139,7 +144,7 @@ class HeaderTimeoutProtocol(HttpToolsProtocol):
 
     def _headers_too_slow(self) -> None:
         self._header_deadline = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self.refused:
             return
         log.info("%s: request headers not complete after %g s, connection closed", self.client, self.header_timeout)
         # A 408 only where no answer to an earlier (pipelined) request is still being written.
@@ -178,7 +183,9 @@ class FarmProtocol(HeaderTimeoutProtocol):
             super().on_body(body)
 
     def on_message_complete(self) -> None:
-        if not self._answered:
+        if self._answered:
+            self._message_ended()  # the head limits' framing: the next request's head follows
+        else:
             super().on_message_complete()
 
     def _not_modified(self) -> tuple[bytes, bytes, bool] | None:
@@ -273,8 +280,10 @@ def serve_api(
     settings = Settings()
     if header_timeout_s is None:
         header_timeout_s = settings.header_timeout_s
-    # A partial of a module-level class: it crosses to the worker processes (pickled) with the config.
-    protocol = functools.partial(FarmProtocol, header_timeout=header_timeout_s)
+    limits = HeadLimits(settings.max_request_line_bytes, settings.max_header_bytes, settings.max_header_fields)
+    # A partial of a module-level class: it crosses to the worker processes (pickled) with the config, and each
+    # process's connections have the same deadline and head limits.
+    protocol = functools.partial(FarmProtocol, header_timeout=header_timeout_s, limits=limits)
     config = uvicorn.Config(
         app,
         host=host,
@@ -282,6 +291,9 @@ def serve_api(
         workers=workers,
         log_level=log_level,
         http=protocol,
+        # The API has no websocket route: an upgrade is answered as a plain request, never handed to a websocket
+        # protocol with buffers of its own (uvicorn's "auto" would take one wherever a websocket library is found).
+        ws="none",
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         proxy_headers=True,
         forwarded_allow_ips=settings.forwarded_allow_ips,
