@@ -40,7 +40,7 @@ from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.server import localservers  # noqa: E402
 from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 
-REDIS_DB = 7
+REDIS_DB = int(os.environ.get("ENGINEFARM_SOAK_REDIS_DB", "7"))  # flushed at the start: a db of its own
 LOG_PROBLEMS = re.compile(r"Traceback|reconciler pass failed|could not publish")
 
 
