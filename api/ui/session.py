@@ -33,9 +33,11 @@ import hashlib
 import hmac
 import math
 import secrets
+import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from datetime import timedelta
 
 import anyio
@@ -96,30 +98,113 @@ def check_signin_csrf(request: Request, submitted: str | None) -> None:
 
 
 class AddressLimiter:
-    """Sign-in attempts per client address over the last minute, in this API process."""
+    """Sign-in attempts per client over the last minute, in this API process, in bounded memory and time.
+
+    A client is its address for IPv4 (and for an IPv4-mapped IPv6 address) and its /64 prefix for IPv6: whoever
+    holds one IPv6 address usually holds its whole /64 (a host's SLAAC and privacy addresses, a site's prefix), so
+    counting each address would let one machine rotate through 2**64 fresh counts. It is the per-client key of
+    nginx's and most rate limiters' IPv6 setups; its cost: clients behind one /64, as behind one NAT's IPv4 address,
+    share a count.
+
+    At most ``max_keys`` clients (10,000) are tracked, each with the times of at most ``per_minute`` attempts. The
+    table is ordered by each client's latest counted attempt, so finding the oldest entry, dropping one quiet for a
+    minute and moving a client to the end are O(1): an attempt's work does not grow with the number of clients
+    the table holds or that have come and gone (it drops at most two quiet entries, and its client's own times).
+
+    When the table is full of clients that tried within the minute and one it does not hold tries, room is made by
+    evicting the client whose latest attempt is oldest, and that client's count is forgotten. Refusing every new
+    client instead would let anyone with enough addresses lock everybody out of the dashboard; evicting without
+    limit would let anyone with enough addresses make every count forget, and so guess without limit. So while the
+    table is full, the attempts of clients it does not hold share one budget, ``overflow_per_minute`` a minute (600)
+    across all addresses; each one admitted evicts the oldest entry, and past the budget they get the same 429 with
+    Retry-After (and evict nothing). Clients already in the table keep their own counts and are not charged. Hence:
+
+    - in one process, at most ``max_keys + overflow_per_minute`` clients a minute get ``per_minute`` attempts each,
+      however many addresses try;
+    - a flood of new addresses evicts at most ``overflow_per_minute`` entries a minute, those whose latest attempt
+      is oldest, so a client's count is forgotten early only at that rate;
+    - while such a flood lasts, it can spend the budget: a client that has not tried within the last minute (or
+      was evicted) may be refused until the flood ends; clients in the table are not.
+    """
 
     WINDOW = 60.0
+    MAX_KEYS = 10_000
+    OVERFLOW_PER_MINUTE = 600
+    # Entries quiet for a minute dropped from the table's old end per attempt, at most: a constant, so no attempt
+    # pays for a sweep; one that finds the table full drops a quiet oldest entry before it evicts a live one.
+    _EXPIRE_PER_ATTEMPT = 2
+    _V4_MAPPED = bytes(10) + b"\xff\xff"  # the first 12 bytes of an IPv4-mapped IPv6 address
 
-    def __init__(self) -> None:
-        self._seen: dict[str, deque[float]] = {}
+    def __init__(
+        self,
+        max_keys: int = MAX_KEYS,
+        overflow_per_minute: int = OVERFLOW_PER_MINUTE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_keys = max_keys
+        self.overflow_per_minute = overflow_per_minute
+        self._clock = clock
+        self._seen: OrderedDict[str, deque[float]] = OrderedDict()  # by latest counted attempt, oldest first
+        self._overflow: deque[float] = deque()  # attempts admitted past a full table in the last minute
         self._lock = threading.Lock()
 
+    @staticmethod
+    def key(address: str) -> str:
+        """The client an address counts for: the address itself for IPv4, its /64 prefix for IPv6."""
+        if ":" not in address:
+            return address  # IPv4, or no address ("unknown", a test client's name): itself
+        try:
+            packed = socket.inet_pton(socket.AF_INET6, address.partition("%")[0])  # without a zone ("%eth0")
+        except (OSError, ValueError):
+            return address
+        if packed[:12] == AddressLimiter._V4_MAPPED:
+            return socket.inet_ntop(socket.AF_INET, packed[12:])
+        return socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
+
     def attempt(self, address: str, per_minute: int) -> None:
-        """Count one attempt from ``address``; SignInsTooFast if it already made ``per_minute`` this minute."""
-        now = time.monotonic()
+        """Count one attempt from ``address``'s client; SignInsTooFast if it already made ``per_minute`` this
+        minute, or if the table is full, the client not in it, and the overflow budget spent."""
+        client = self.key(address)
         with self._lock:
-            if len(self._seen) > 10_000:  # addresses come and go: drop those quiet for a minute
-                self._seen = {a: q for a, q in self._seen.items() if q and q[-1] > now - self.WINDOW}
-            seen = self._seen.setdefault(address, deque())
-            while seen and seen[0] <= now - self.WINDOW:
-                seen.popleft()
-            if len(seen) >= per_minute:
-                raise SignInsTooFast(
-                    f"{len(seen)} sign-ins from {address} in the last minute, the most one address may "
-                    "(ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS): try again later",
-                    retry_after=max(1, math.ceil(seen[0] + self.WINDOW - now)),
-                )
-            seen.append(now)
+            now = self._clock()
+            horizon = now - self.WINDOW
+            seen = self._seen
+            for _ in range(self._EXPIRE_PER_ATTEMPT):
+                if not seen or next(iter(seen.values()))[-1] > horizon:
+                    break
+                seen.popitem(last=False)
+            times = seen.get(client)
+            if times is not None:
+                while times and times[0] <= horizon:
+                    times.popleft()
+                if len(times) >= per_minute:
+                    raise SignInsTooFast(
+                        f"{len(times)} sign-ins from {client} in the last minute, the most one client address (an "
+                        "IPv6 one's /64) may (ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS): try again later",
+                        retry_after=max(1, math.ceil(times[0] + self.WINDOW - now)),
+                    )
+                times.append(now)
+                seen.move_to_end(client)
+                return
+            if len(seen) >= self.max_keys:
+                if next(iter(seen.values()))[-1] <= horizon:
+                    seen.popitem(last=False)  # the oldest was quiet for a minute: room without forgetting
+                else:
+                    self._admit_past_full_table(now, horizon)
+                    seen.popitem(last=False)  # evict the live client whose latest attempt is oldest
+            seen[client] = deque((now,))
+
+    def _admit_past_full_table(self, now: float, horizon: float) -> None:
+        overflow = self._overflow
+        while overflow and overflow[0] <= horizon:
+            overflow.popleft()
+        if len(overflow) >= self.overflow_per_minute:
+            raise SignInsTooFast(
+                f"over {self.max_keys:,} client addresses tried to sign in within the last minute, and {len(overflow)} "
+                "sign-ins came from addresses beyond them, the most this process admits a minute: try again later",
+                retry_after=max(1, math.ceil(overflow[0] + self.WINDOW - now)),
+            )
+        overflow.append(now)
 
 
 def _open(settings, token: str) -> tuple[Principal, str] | None:
