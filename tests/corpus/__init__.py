@@ -28,6 +28,10 @@ SQL = "' OR 1=1 --"
 RTL = "\u202egnp.exe"  # right-to-left override: renders as "exe.png"
 EMOJI = "\U0001f4a3\U0001f525"
 LONG = "x" * 10_000
+# Long, but a request line that holds it stays within the server's 8 KiB: what the app itself says of it.
+HALF_LONG = "x" * 5_000
+# The server refuses a request line past 8 KiB before the app sees it (enginefarm/server/headlimits.py).
+LINE_TOO_LONG = "the request line is longer than 8192 bytes"
 PROFILE = sample_spec()["profiles"]  # the sample model's dynamic batch: 1..8, opt 4
 
 
@@ -753,7 +757,8 @@ QUERIES = [
     E("models-name-sql", "query", get("/v1/models", name=SQL), 200, EMPTY_PAGE),
     E("models-name-rtl", "query", get("/v1/models", name=RTL), 200, EMPTY_PAGE),
     E("models-name-emoji", "query", get("/v1/models", name=EMOJI), 200, EMPTY_PAGE),
-    E("models-name-10000-chars", "query", get("/v1/models", name=LONG), 200, EMPTY_PAGE),
+    E("models-name-5000-chars", "query", get("/v1/models", name=HALF_LONG), 200, EMPTY_PAGE),
+    E("models-name-10000-chars", "query", get("/v1/models", name=LONG), 414, LINE_TOO_LONG),
     E("models-name-nul", "query", get("/v1/models", name="resnet\x00' OR 1=1 --"), 422, "must not contain a NUL"),
     E("models-offset-over-int64", "query", get("/v1/models", offset=str(HUGE_ID)), 200, '"items":[]'),
     E("models-limit-sql", "query", get("/v1/models", limit="10; DROP TABLE models"), 422, "valid integer"),
@@ -764,7 +769,8 @@ QUERIES = [
     E("report-unknown-model", "query", get(f"/v1/models/{ID_MAX}/report"), 404, f"no model with id {ID_MAX}"),
     E("engines-model-sql", "query", get("/v1/engines", model=SQL), 200, EMPTY_PAGE),
     E("engines-cc-sql", "query", get("/v1/engines", cc="8.6' OR '1'='1"), 200, EMPTY_PAGE),
-    E("engines-target-10000-chars", "query", get("/v1/engines", target=LONG), 200, EMPTY_PAGE),
+    E("engines-target-5000-chars", "query", get("/v1/engines", target=HALF_LONG), 200, EMPTY_PAGE),
+    E("engines-target-10000-chars", "query", get("/v1/engines", target=LONG), 414, LINE_TOO_LONG),
     E("engines-rtl-emoji", "query", get("/v1/engines", model=RTL, backend=EMOJI), 200, EMPTY_PAGE),
     E("engines-backend-nul", "query", get("/v1/engines", backend="tensorrt\x00"), 422, "must not contain a NUL"),
     E("engines-spec-hash-nul", "query", get("/v1/engines", spec_hash="\x00" * 64), 422, "must not contain a NUL"),
@@ -790,11 +796,12 @@ QUERIES = [
     E("resolve-model-rtl", "query", get("/v1/resolve", model=RTL), 404, "no model"),
     E("resolve-model-emoji", "query", get("/v1/resolve", model=EMOJI, cc="8.6"), 404, "no model"),
     E("resolve-model-nul", "query", get("/v1/resolve", model="m\x00"), 422, "must not contain a NUL"),
-    E("resolve-model-10000-chars", "query", get("/v1/resolve", model=LONG), 422, "at most 200 characters"),
+    E("resolve-model-5000-chars", "query", get("/v1/resolve", model=HALF_LONG), 422, "at most 200 characters"),
+    E("resolve-model-10000-chars", "query", get("/v1/resolve", model=LONG), 414, LINE_TOO_LONG),
     E(
-        "resolve-version-10000-chars",
+        "resolve-version-5000-chars",
         "query",
-        get("/v1/resolve", model="m", version=LONG),
+        get("/v1/resolve", model="m", version=HALF_LONG),
         422,
         "at most 100 characters",
     ),
@@ -807,7 +814,7 @@ QUERIES = [
         "no model",
     ),
     E("resolve-cc-sql", "query", get("/v1/resolve", model="m", cc="8.6' OR 1=1 --"), 422, "should match pattern"),
-    E("resolve-gpu-10000-chars", "query", get("/v1/resolve", model="m", gpu=LONG), 422, "at most 200 characters"),
+    E("resolve-gpu-5000-chars", "query", get("/v1/resolve", model="m", gpu=HALF_LONG), 422, "at most 200 characters"),
     E("resolve-platform-rtl", "query", get("/v1/resolve", model="m", platform=RTL), 422, "should match pattern"),
     E(
         "resolve-max-latency-nan",

@@ -3,7 +3,7 @@ ranges upside down, precisions and acceptances the farm does not know. Each is a
 
 from __future__ import annotations
 
-from tests.corpus import LONG, E, Entry, get, resolve_post
+from tests.corpus import LINE_TOO_LONG, LONG, E, Entry, get, resolve_post
 
 SHAPE_HINT = "write shapes as trtexec does"
 
@@ -49,8 +49,8 @@ ENTRIES: list[Entry] = [
         "resolve-shapes-10001-chars",
         "query",
         get("/v1/resolve", model="m", shapes=LONG + "x"),
-        422,
-        "at most 10000 characters",
+        414,  # the app's own 10,000-character bound on shapes is past the server's 8 KiB request line
+        LINE_TOO_LONG,
     ),
     E(
         "resolve-min-shapes-without-max",
