@@ -238,7 +238,8 @@ def up(
         err.print(f"[red]error:[/red] enginefarm up: port {port} on {HOST} is in use; {instead}", highlight=False)
         raise typer.Exit(2)
     try:
-        from enginefarm.server.embedded import Farm, FarmError, issue_token, stop_on_sigterm
+        from enginefarm.server.embedded import Farm, issue_token, stop_on_sigterm
+        from enginefarm.server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "up")
 
@@ -291,7 +292,8 @@ def demo(
     try:
         from enginefarm.server.demo import run_demo
         from enginefarm.server.demoserve import serve_demo
-        from enginefarm.server.embedded import FarmError, stop_on_sigterm
+        from enginefarm.server.embedded import stop_on_sigterm
+        from enginefarm.server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "demo")
     try:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import boto3
 
-from enginefarm.server.embedded import Farm, StartFailed, exit_reason, log_excerpt
+from enginefarm.server.embedded import Farm
+from enginefarm.server.starterrors import StartFailed, exit_reason, log_excerpt
 
 S3_KEY, S3_SECRET = "enginefarm-local", "enginefarm-local-secret"
 PG_ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"

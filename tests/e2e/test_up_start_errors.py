@@ -193,7 +193,7 @@ ModuleNotFoundError: No module named 'enginefarm.api'
 
 
 def test_error_lines_take_the_last_exception_and_the_errors_after_it():
-    from enginefarm.server.embedded import error_lines
+    from enginefarm.server.starterrors import error_lines
 
     assert error_lines(PLAIN) == [
         "sqlalchemy.exc.OperationalError: (psycopg.OperationalError) connection failed: Connection refused",
@@ -205,7 +205,7 @@ def test_error_lines_take_the_last_exception_and_the_errors_after_it():
 
 
 def test_error_lines_without_a_traceback_are_the_error_lines_else_the_last_lines():
-    from enginefarm.server.embedded import error_lines
+    from enginefarm.server.starterrors import error_lines
 
     celery = "\n".join(
         ["[2026-01-01 10:00:00,000: INFO/MainProcess] Connected"]
@@ -222,8 +222,8 @@ def test_error_lines_without_a_traceback_are_the_error_lines_else_the_last_lines
 def test_a_local_server_that_exits_says_why(tmp_path, monkeypatch):
     """``localservers.seaweedfs`` (the tests' and benchmarks' S3 server): a ``weed`` that exits at once is named,
     with its own last error line and its log's path."""
-    from enginefarm.server.embedded import StartFailed
     from enginefarm.server.localservers import seaweedfs
+    from enginefarm.server.starterrors import StartFailed
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
