@@ -6,8 +6,10 @@ generations (``enginefarm.storage.generation`` raises a row's generation with ev
 their benchmarks), so the ETag is a hash of the three: a client holding it gets a 304 while it is current, and
 the API process keeps the body under it and answers again without judging anything.
 
-The cache is per API process and bounded (least recently used out). Nothing needs clearing: a change makes new
-tags, and old ones fall out.
+The cache is per API process and bounded twice, by entries and by the bodies' bytes (least recently used out). A
+question keeps one body: a change makes a new tag, and the body under its old tag, which nothing can ask for any
+more, is dropped when the new one is kept. So a farm whose versions keep changing holds its live answers, not
+their history.
 
 A fleet's GET is answered before FastAPI routes it and parses its thirty-odd query parameters (which costs more
 than the rest of a cached answer): a query string that was answered before, from a token in the token cache, needs
@@ -70,6 +72,9 @@ def matches(if_none_match: str | None, etag: str) -> bool:
     return any(t.strip().removeprefix("W/") == etag for t in if_none_match.split(","))
 
 
+Question = tuple[bytes, "str | None"]  # a question's digest (``digest_of``) and the asking project
+
+
 @dataclass(frozen=True)
 class Known:
     """A GET query string answered before: what it asked."""
@@ -80,16 +85,23 @@ class Known:
 
 
 class Answers:
-    """Answer bodies by ETag, at most ``entries`` of them, and the GET query strings answered before."""
+    """Answer bodies by ETag, at most ``entries`` of them and ``max_bytes`` of body in all, one per question, and
+    the GET query strings answered before."""
 
-    def __init__(self, entries: int = 4096):
+    def __init__(self, entries: int = 4096, max_bytes: int = 16 << 20):
         self.entries = entries
-        self._bodies: OrderedDict[str, tuple[bytes, str]] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._bodies: OrderedDict[str, tuple[bytes, str, Question]] = OrderedDict()
+        self._current: dict[Question, str] = {}  # a question's tag whose body is kept
         self._queries: OrderedDict[tuple[bytes, str | None], Known] = OrderedDict()
         # A known question's tag with the versions' rows it was made of: the same rows (as ``api.versions`` keeps
         # them, one list until they are read again) make the same tag.
-        self._tags: dict[tuple[bytes, str | None], tuple[list[Row], str]] = {}
+        self._tags: dict[Question, tuple[list[Row], str]] = {}
         self._lock = threading.Lock()  # routes run in a thread pool
+
+    def __len__(self) -> int:
+        return len(self._bodies)
 
     def known(self, query: bytes, project: str | None) -> Known | None:
         """What a query string answered before asked; kept least recently used out, as the bodies are: a fleet's
@@ -125,18 +137,35 @@ class Answers:
         """The body kept under this tag, and its outcome (the chosen engine's match tier)."""
         with self._lock:
             kept = self._bodies.get(etag)
-            if kept is not None:
-                self._bodies.move_to_end(etag)
-            return kept
+            if kept is None:
+                return None
+            self._bodies.move_to_end(etag)
+            return kept[0], kept[1]
 
-    def put(self, etag: str, body: bytes, outcome: str) -> None:
-        if self.entries <= 0:
+    def put(self, etag: str, body: bytes, outcome: str, question: Question) -> None:
+        """Keep ``body`` under ``etag`` as the answer to ``question`` (its digest and project), dropping the body of
+        its previous tag."""
+        if self.entries <= 0 or len(body) > self.max_bytes:
             return
         with self._lock:
-            self._bodies[etag] = (body, outcome)
-            self._bodies.move_to_end(etag)
-            while len(self._bodies) > self.entries:
-                self._bodies.popitem(last=False)
+            old = self._current.get(question)
+            if old is not None and old != etag:
+                self._drop(old)
+            if (kept := self._bodies.pop(etag, None)) is not None:
+                self.bytes -= len(kept[0])
+            self._bodies[etag] = (body, outcome, question)
+            self._current[question] = etag
+            self.bytes += len(body)
+            while len(self._bodies) > self.entries or self.bytes > self.max_bytes:
+                self._drop(next(iter(self._bodies)))
+
+    def _drop(self, etag: str) -> None:
+        kept = self._bodies.pop(etag, None)
+        if kept is None:
+            return
+        self.bytes -= len(kept[0])
+        if self._current.get(kept[2]) == etag:
+            del self._current[kept[2]]
 
 
 def _versions(settings, known: Known, project: str | None) -> list[Row]:

@@ -146,7 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.upload_slots = UploadSlots()
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
-    app.state.answers = Answers(settings.resolve_cache_entries)
+    app.state.answers = Answers(settings.resolve_cache_entries, settings.resolve_cache_mib << 20)
     if not settings.opentelemetry:  # a traced request gets its span from the app
         # a fleet's 304s, answered by the server's protocol before the app is called (enginefarm.server.serve)
         app.state.not_modified = functools.partial(not_modified, app)

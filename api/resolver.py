@@ -283,6 +283,6 @@ def resolve(
         candidates=ranked + rejected if explain else None,
     )
     body = out.model_dump_json().encode()
-    answers.put(tag, body, out.match)
+    answers.put(tag, body, out.match, (digest, project))
     labelled(RESOLVES, out.match).inc()
     return answered(Outcome(200, body, tag))

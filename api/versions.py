@@ -69,3 +69,8 @@ class Versions:
             self._kept.move_to_end(key)
             while len(self._kept) > self.entries:
                 self._kept.popitem(last=False)
+            # Entries are in the order they were put, so those past their time lead: drop them, so that a farm
+            # whose questions move on keeps rows for the questions of the last ``seconds``, not for all it was asked.
+            now = time.monotonic()
+            while self._kept and next(iter(self._kept.values()))[1] <= now:
+                self._kept.popitem(last=False)

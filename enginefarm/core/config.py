@@ -123,8 +123,10 @@ class Settings(BaseSettings):
     # How long an API process trusts a token it has looked up: the delay before a token revoked or expired
     # elsewhere is refused (0: look every token up on every request).
     token_cache_seconds: float = Field(default=5.0, ge=0, le=5)
-    # Resolve answers each API process keeps by ETag (0: none). An answer is a few KB.
+    # Resolve answers each API process keeps by ETag (0: none), at most this many and this many MiB of bodies in all.
+    # An answer is a few KB; an --explain answer of a model with many engines, tens of KB.
     resolve_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
+    resolve_cache_mib: int = Field(default=16, ge=0, le=4096)
     # How long an API process trusts the model versions and generations it read for a resolve (api/versions.py):
     # the delay before an engine, benchmark, verdict or version written by another process changes an answer or a
     # 304 (0: read them on every request). A change made through the process itself counts at once.
