@@ -8,7 +8,7 @@ PORT ?= 8321
 NEED_PYTHON := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "enginefarm needs Python 3.11 or newer")'
 # The demo installs the package itself (not editable: an editable install of this layout makes setuptools warn),
 # so it installs again when one of the package's files changes.
-PACKAGE_FILES := $(shell find enginefarm api worker storage -type f ! -name '*.pyc' 2>/dev/null)
+PACKAGE_FILES := $(shell find enginefarm api worker storage server -type f ! -name '*.pyc' 2>/dev/null)
 
 .PHONY: demo test setup demo-setup lint typecheck services bench clean compose-test
 
@@ -34,10 +34,9 @@ demo-setup: $(DEMO_VENV)/.installed
 ## serve the dashboard on it at http://127.0.0.1:$(PORT)/ui (the address and a token are printed) until Ctrl-C.
 ## The port is checked first: a taken one is one line and exit code 2 before anything is installed or built.
 demo:
-	@$(PYTHON) -m enginefarm.server.port $(PORT)
+	@$(PYTHON) -m server.port $(PORT)
 	@$(MAKE) --no-print-directory demo-setup
-	@# Run from the venv's folder: from the checkout, `python -m enginefarm` (how the farm starts its processes)
-	@# would import the checkout's enginefarm/ folder rather than the installed package.
+	@# From the venv's folder, so that the farm runs the package as it installs, as a user's farm does.
 	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT)
 
 ## The full test suite against real PostgreSQL, Redis, SeaweedFS and Celery worker processes.
@@ -51,15 +50,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	@$(MAKE) --no-print-directory typecheck
 
-## mypy over the package as it installs (pyproject's package-dir: api/ is enginefarm.api, ...), laid out with links
-## under build/typecheck: strict for the kernel and the client, plain elsewhere ([tool.mypy] in pyproject.toml).
-TYPECHECK := build/typecheck
+## mypy over the checkout's packages, as they stand: strict for the kernel, the graph and the client, plain elsewhere
+## ([tool.mypy] in pyproject.toml).
 typecheck: setup
-	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/enginefarm
-	@for f in enginefarm/*; do [ "$${f##*/}" = __pycache__ ] || ln -s "$(CURDIR)/$$f" $(TYPECHECK)/enginefarm/; done
-	@for d in api worker storage; do ln -s "$(CURDIR)/$$d" $(TYPECHECK)/enginefarm/$$d; done
-	cd $(TYPECHECK) && "$(abspath $(VENV))/bin/mypy" --config-file "$(CURDIR)/pyproject.toml" --cache-dir ../mypy-cache \
-		-p enginefarm
+	$(VENV)/bin/mypy --config-file pyproject.toml -p enginefarm -p storage -p api -p worker -p server
 
 services:
 	bash deploy/services.sh

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from enginefarm.api.schemas import ErrorOut
+from api.schemas import ErrorOut
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import QueueFull, TargetUnavailable
-from enginefarm.storage import catalog
-from enginefarm.storage.tables import BuildRow
+from storage import catalog
+from storage.tables import BuildRow
 
 # What the build and sweep routes declare they may answer besides 202 and 422.
 RESPONSES: dict[int | str, dict] = {

@@ -2,7 +2,7 @@
 
 An answer is a function of the request (model, version, fingerprint, filters, explain), the asking token's
 project, and the catalog's state for the model's versions. That state is summed up by the rows' ids and
-generations (``enginefarm.storage.generation`` raises a row's generation with every change to its engines or
+generations (``storage.generation`` raises a row's generation with every change to its engines or
 their benchmarks), so the ETag is a hash of the three: a client holding it gets a 304 while it is current, and
 the API process keeps the body under it and answers again without judging anything.
 
@@ -15,9 +15,9 @@ A fleet's GET is answered before FastAPI routes it and parses its thirty-odd que
 than the rest of a cached answer): a query string that was answered before, from a token in the token cache, needs
 only the versions' generations to be answered from the cache or with a 304 (``FleetPath``; the 304 even before
 the app is called, by the server's protocol: ``not_modified``), and those are kept
-while the catalog's change feed stands still (``enginefarm.api.versions``), so a steady fleet's request reads
+while the catalog's change feed stands still (``api.versions``), so a steady fleet's request reads
 nothing. Anything else, and anything that goes wrong on the way, takes the route's full path
-(``enginefarm.api.resolver``).
+(``api.resolver``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from fastapi import Response
 from sqlalchemy import Row
 from starlette.datastructures import Headers
 
-from enginefarm.api.auth import refresh_soon
-from enginefarm.api.metrics import REQUEST_SECONDS, RESOLVES, labelled
-from enginefarm.api.schemas import ResolveRequest
-from enginefarm.storage import resolution
-from enginefarm.storage.db import quick_read
-from enginefarm.storage.tokens import Principal, hash_token
+from api.auth import refresh_soon
+from api.metrics import REQUEST_SECONDS, RESOLVES, labelled
+from api.schemas import ResolveRequest
+from storage import resolution
+from storage.db import quick_read
+from storage.tokens import Principal, hash_token
 
 log = logging.getLogger(__name__)
 PATH = "/v1/resolve"
@@ -237,7 +237,7 @@ def reader_of(app, authorization: str | None) -> Principal | None:
 
 def not_modified(app, query: bytes, authorization: bytes, if_none_match: bytes) -> bytes | None:
     """A fleet's conditional GET /v1/resolve answered by the server's HTTP protocol before the app is called
-    (``enginefarm.server.serve``): the 304's own header lines (ETag, Cache-Control, as ``fleet_answer`` gives
+    (``server.serve``): the 304's own header lines (ETag, Cache-Control, as ``fleet_answer`` gives
     them), counted as the app counts a 304. Only where nothing would be read: the token cache holds the token
     with ``read``, the query string was answered before, its versions are kept and no read of them is due, and
     If-None-Match names the current tag. None: the app answers, as it would have (it reads what is missing, says

@@ -22,24 +22,24 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from api import buildwait, ui
+from api.answers import Answers, not_modified
+from api.auth import TokenCache, authorize
+from api.cachecontrol import NoStoreByDefault
+from api.fastpath import FleetPath
+from api.metrics import Observe
+from api.resolver import Tables
+from api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
+from api.schemas import ResolveQuery
+from api.upload import UploadSlots
+from api.versions import Versions
 from enginefarm import __version__
-from enginefarm.api import buildwait, ui
-from enginefarm.api.answers import Answers, not_modified
-from enginefarm.api.auth import TokenCache, authorize
-from enginefarm.api.cachecontrol import NoStoreByDefault
-from enginefarm.api.fastpath import FleetPath
-from enginefarm.api.metrics import Observe
-from enginefarm.api.resolver import Tables
-from enginefarm.api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
-from enginefarm.api.schemas import ResolveQuery
-from enginefarm.api.upload import UploadSlots
-from enginefarm.api.versions import Versions
 from enginefarm.core.config import Settings, get_settings
 from enginefarm.core.errors import CatalogUnavailable, EnginefarmError, StorageFull
 from enginefarm.core.hashing import SHA_HEADER
 from enginefarm.core.machine import SHORT_NAMES
-from enginefarm.storage.changes import changes_for
-from enginefarm.storage.db import migrate
+from storage.changes import changes_for
+from storage.db import migrate
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         migrate(settings)
         reconciler = None
         if settings.reconcile_seconds > 0:
-            from enginefarm.storage.reconcile import Reconciler
+            from storage.reconcile import Reconciler
 
             reconciler = Reconciler(settings).start()
         changes = app.state.versions.changes = changes_for(settings.resolved_database_url)
@@ -148,7 +148,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.token_cache = TokenCache(settings.token_cache_seconds)
     app.state.answers = Answers(settings.resolve_cache_entries, settings.resolve_cache_mib << 20)
     if not settings.opentelemetry:  # a traced request gets its span from the app
-        # a fleet's 304s, answered by the server's protocol before the app is called (enginefarm.server.serve)
+        # a fleet's 304s, answered by the server's protocol before the app is called (server.serve)
         app.state.not_modified = functools.partial(not_modified, app)
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()

@@ -20,9 +20,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from enginefarm.core.errors import Forbidden, Unauthorized
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import ANONYMOUS, Principal, authenticate, hash_token, revoke_token
+from storage.db import session_scope
+from storage.tables import ApiTokenRow
+from storage.tokens import ANONYMOUS, Principal, authenticate, hash_token, revoke_token
 
 log = logging.getLogger(__name__)
 bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")

@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field, StrictBool, StrictInt
 from enginefarm.core.domain import ModelInfo, TaskState
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.validation import target_precision
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import BuildRow, BuildTaskRow
+from storage.db import as_utc
+from storage.tables import BuildRow, BuildTaskRow
 
 
 # JSON bodies take ids, numbers and flags only as JSON numbers and booleans (Strict*): lax parsing would read true

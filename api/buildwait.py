@@ -25,10 +25,10 @@ from typing import Any
 import anyio.to_thread
 from fastapi import Query, Request
 
-from enginefarm.api.answers import matches
+from api.answers import matches
 from enginefarm.core.config import Settings
-from enginefarm.storage.changes import Changes
-from enginefarm.storage.db import session_scope
+from storage.changes import Changes
+from storage.db import session_scope
 
 # Under a proxy's usual read timeout (nginx: 60 s). uvicorn lets a request in flight finish before it stops, so a
 # waiter may hold a stopping API process this long (deploy/k8s gives the API 120 s).

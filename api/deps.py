@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
 from enginefarm.core.config import Settings
-from enginefarm.storage.db import new_session
+from storage.db import new_session
 
 # Ending a session (rollback after an error, close) runs on threads of its own, never queued behind routes.
 _ENDINGS = anyio.CapacityLimiter(16)

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from enginefarm.core.config import Settings
 from enginefarm.core.hashing import SHA_HEADER
-from enginefarm.storage.blobs import get_blob_store
+from storage.blobs import get_blob_store
 
 IMMUTABLE = "private, max-age=31536000, immutable"
 # Streams read their chunks on threads of their own: on the shared pool they queued behind the routes.

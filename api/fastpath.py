@@ -27,9 +27,9 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from enginefarm.api.answers import PATH, cached_reader, fleet_answer
-from enginefarm.api.routes.resolve import answered
-from enginefarm.api.schemas import LISTS, ResolveQuery, ResolveRequest, request_of
+from api.answers import PATH, cached_reader, fleet_answer
+from api.routes.resolve import answered
+from api.schemas import LISTS, ResolveQuery, ResolveRequest, request_of
 
 log = logging.getLogger(__name__)
 _KNOWN = frozenset(ResolveQuery.model_fields)

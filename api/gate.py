@@ -11,14 +11,14 @@ from typing import Any, Literal
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
-from enginefarm.api import reports, services
-from enginefarm.api.gateschemas import CHECKS, GateCheck, GateModel, GateOut, GateTarget, Verdict
+from api import reports, services
+from api.gateschemas import CHECKS, GateCheck, GateModel, GateOut, GateTarget, Verdict
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Target, TaskState
-from enginefarm.storage import builtengines, catalog, liveness
-from enginefarm.storage import checks as project_checks
-from enginefarm.storage.checks import ProjectView
-from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow
+from storage import builtengines, catalog, liveness
+from storage import checks as project_checks
+from storage.checks import ProjectView
+from storage.tables import BuildTaskRow, EngineRow, ModelRow
 
 
 def _ident(model: ModelRow | None) -> GateModel | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
-from enginefarm.api.bulkwork import run_below
+from api.bulkwork import run_below
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo
@@ -16,11 +16,11 @@ from enginefarm.core.names import upload_problems
 from enginefarm.core.worklock import Scratch
 from enginefarm.graph.inputs import SamplesInvalid, load_samples
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.storage import catalog
-from enginefarm.storage.blobs import get_blob_store, model_key, samples_key
-from enginefarm.storage.blobwrite import start_flush, store_with_row
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ModelRow
+from storage import catalog
+from storage.blobs import get_blob_store, model_key, samples_key
+from storage.blobwrite import start_flush, store_with_row
+from storage.db import session_scope
+from storage.tables import ModelRow
 
 
 def upload_project(tenant: str | None, asked: str | None) -> str:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from enginefarm.storage.tables import BenchmarkRow, BuildRow, EngineRow
+from storage.tables import BenchmarkRow, BuildRow, EngineRow
 
 
 class GateFigure(BaseModel):

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from enginefarm.api.services import submit_build, wait_reason
+from api.services import submit_build, wait_reason
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, Target, arch_of_cc
 from enginefarm.core.errors import SpecInvalid, TargetUnavailable
 from enginefarm.core.machine import Machine
 from enginefarm.core.profilefit import profile_covers
 from enginefarm.core.spec import BuildSpec
-from enginefarm.storage import catalog, liveness
-from enginefarm.storage.db import session_scope
+from storage import catalog, liveness
+from storage.db import session_scope
 
 
 def targets_for_machine(machine: Machine) -> list[Target]:

@@ -1,13 +1,13 @@
-"""The farm's ASGI app, ``enginefarm.api.main:app``: the one ``enginefarm api`` serves (``APP`` in
-enginefarm/server/serve.py).
+"""The farm's ASGI app, ``api.main:app``: the one ``enginefarm api`` serves (``APP`` in
+server/serve.py).
 
 Run the API with ``enginefarm api`` (options ``--host`` (127.0.0.1), ``--port`` (8321), ``--workers`` (1),
-``--log-level`` (info); enginefarm/server/cli.py), as every deployed form does: ``enginefarm up`` and the files
+``--log-level`` (info); server/cli.py), as every deployed form does: ``enginefarm up`` and the files
 in deploy/. It serves this app under uvicorn with the server's own HTTP protocol and socket
-(enginefarm/server/serve.py), which a bare ``uvicorn enginefarm.api.main:app`` does not have. Served that way,
+(server/serve.py), which a bare ``uvicorn api.main:app`` does not have. Served that way,
 the API loses:
 
-- the bounds on a request's head, judged before it is parsed (enginefarm/server/headlimits.py): a request line
+- the bounds on a request's head, judged before it is parsed (server/headlimits.py): a request line
   past ``ENGINEFARM_MAX_REQUEST_LINE_BYTES`` (414), a header block past ``ENGINEFARM_MAX_HEADER_BYTES`` or
   ``ENGINEFARM_MAX_HEADER_FIELDS`` lines (431), at most 32 pipelined requests waiting parsed. uvicorn's own
   protocol keeps whatever a client sends before the end of its headers;
@@ -23,6 +23,6 @@ the API loses:
 Serve it otherwise only to measure the server itself (docs/performance.md's comparisons, bench/serve.py).
 """
 
-from enginefarm.api.app import create_app
+from api.app import create_app
 
 app = create_app()

@@ -19,8 +19,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from enginefarm.core.config import Settings
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.observe import queue_state
+from storage.db import session_scope
+from storage.observe import queue_state
 
 REQUEST_SECONDS = Histogram(
     "enginefarm_http_request_duration_seconds",

@@ -8,17 +8,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from enginefarm.api.int8stage import engine_int8
+from api.int8stage import engine_int8
 from enginefarm.core.choose import QUANTIZED, most_shared
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
 from enginefarm.core.probe.policy import benchmark_pending_reason
 from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
-from enginefarm.storage import builtengines, catalog, liveness, quantizing
-from enginefarm.storage import checks as project_checks
-from enginefarm.storage.checks import ProjectView
-from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
+from storage import builtengines, catalog, liveness, quantizing
+from storage import checks as project_checks
+from storage.checks import ProjectView
+from storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
 
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
@@ -395,6 +395,6 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
 
 
 def _state(build: BuildRow) -> str:
-    from enginefarm.api.buildschemas import build_state
+    from api.buildschemas import build_state
 
     return build_state(build.tasks)

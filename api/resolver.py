@@ -25,19 +25,19 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from enginefarm.api import machinebuilds
-from enginefarm.api.answers import Answers, Known, digest_of, etag_of, matches
-from enginefarm.api.metrics import RESOLVES, labelled
-from enginefarm.api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
-from enginefarm.api.versions import Versions
+from api import machinebuilds
+from api.answers import Answers, Known, digest_of, etag_of, matches
+from api.metrics import RESOLVES, labelled
+from api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
+from api.versions import Versions
 from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose, judged_by_kind, kind_rules
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine, SpecInvalid
 from enginefarm.core.machine import Machine
 from enginefarm.core.verdicts import Match
-from enginefarm.storage import resolution
-from enginefarm.storage.resolution import EngineTable, KindTable
-from enginefarm.storage.tokens import Principal
+from storage import resolution
+from storage.resolution import EngineTable, KindTable
+from storage.tokens import Principal
 
 
 @dataclass

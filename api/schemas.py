@@ -13,14 +13,14 @@ from typing import Any, Generic, Literal, TypeVar, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_validator
 from pydantic.fields import FieldInfo
 
-from enginefarm.api.int8stage import EngineInt8
+from api.int8stage import EngineInt8
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.text import CatalogText, VersionText
 from enginefarm.core.wanted import Wanted
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import EngineRow, ModelRow, WorkerRow
+from storage.db import as_utc
+from storage.tables import EngineRow, ModelRow, WorkerRow
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from enginefarm.api import admission
+from api import admission
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import (
     FP16_REPAIR_STAGE,
@@ -23,9 +23,9 @@ from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.core.validation import parse_targets, validate_spec
 from enginefarm.graph.inputs import benchmark_shape_problems
-from enginefarm.storage import catalog, liveness, queue
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BuildRow, ModelRow
+from storage import catalog, liveness, queue
+from storage.db import session_scope
+from storage.tables import BuildRow, ModelRow
 
 log = logging.getLogger(__name__)
 

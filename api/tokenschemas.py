@@ -9,9 +9,9 @@ from pydantic import BaseModel, Field, StrictFloat, field_validator
 
 from enginefarm.core.names import project_problem
 from enginefarm.core.text import CatalogText
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import lifetime_problem, token_state
+from storage.db import as_utc
+from storage.tables import ApiTokenRow
+from storage.tokens import lifetime_problem, token_state
 
 
 class TokenIn(BaseModel):

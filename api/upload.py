@@ -25,13 +25,13 @@ from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
-from enginefarm.api.bulkwork import pump
-from enginefarm.api.metrics import UPLOAD_BYTES
+from api.bulkwork import pump
+from api.metrics import UPLOAD_BYTES
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
 from enginefarm.core.hashing import HashingWriter
-from enginefarm.storage.tokens import Principal
+from storage.tokens import Principal
 
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.

@@ -26,7 +26,7 @@ from collections import OrderedDict
 
 from sqlalchemy import Row
 
-from enginefarm.storage.changes import Changes
+from storage.changes import Changes
 
 Key = tuple[str, "str | None", "str | None"]
 

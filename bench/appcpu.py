@@ -50,8 +50,8 @@ import uvloop  # noqa: E402
 from bench import catalogfill  # noqa: E402
 from bench.fleet import MACHINES  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from enginefarm.server import localservers  # noqa: E402
-from enginefarm.server.embedded import issue_token  # noqa: E402
+from server import localservers  # noqa: E402
+from server.embedded import issue_token  # noqa: E402
 
 Question = tuple[bytes, bytes, list[tuple[bytes, bytes]]]  # path, query string, headers
 
@@ -170,7 +170,7 @@ def questions(token: str, names: list[str]) -> tuple[list[Question], Callable[[i
 
 
 async def measure(args, settings: Settings, token: str, names: list[str]) -> dict[str, list[float]]:
-    from enginefarm.api.app import create_app
+    from api.app import create_app
 
     app = create_app(settings)
     traced = create_app(settings.model_copy(update={"opentelemetry": True}))

@@ -25,9 +25,9 @@ from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.graph.inputs import random_inputs
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.worker.backends import BuildLog
-from enginefarm.worker.evaluate import OrtRunner
-from enginefarm.worker.pipeline import engine_from_model
+from worker.backends import BuildLog
+from worker.evaluate import OrtRunner
+from worker.pipeline import engine_from_model
 
 
 def bare_loop(runner: OrtRunner, inputs: dict, iterations: int) -> list[float]:

@@ -53,13 +53,13 @@ from enginefarm.core.domain import Target  # noqa: E402
 from enginefarm.core.hashing import sha256_file  # noqa: E402
 from enginefarm.core.spec import BuildSpec  # noqa: E402
 from enginefarm.graph.samples import sample_spec, save_conv_net  # noqa: E402
-from enginefarm.server import localservers  # noqa: E402
-from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
-from enginefarm.storage.blobs import engine_key, model_key  # noqa: E402
-from enginefarm.storage.blobs.base import BlobStore  # noqa: E402
-from enginefarm.worker.backends import BuildLog  # noqa: E402
-from enginefarm.worker.malloc import keep_freed_memory  # noqa: E402
-from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
+from server import localservers  # noqa: E402
+from server.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from storage.blobs import engine_key, model_key  # noqa: E402
+from storage.blobs.base import BlobStore  # noqa: E402
+from worker.backends import BuildLog  # noqa: E402
+from worker.malloc import keep_freed_memory  # noqa: E402
+from worker.pipeline import engine_from_model  # noqa: E402
 
 TARGETS = [
     "tensorrt-rtx/sm80",
@@ -239,13 +239,13 @@ def run_mode(mode: str, args, work: Path) -> dict:
         data = work / mode / "farm-data"
         if mode == "embedded":
             env = embedded_env(data)
-            from enginefarm.storage.blobs.local import LocalBlobStore
+            from storage.blobs.local import LocalBlobStore
 
             store: BlobStore = LocalBlobStore(work / mode / "bench-blobs")  # same file system as the farm's blobs
         else:
             import redis
 
-            from enginefarm.storage.blobs.s3 import S3BlobStore
+            from storage.blobs.s3 import S3BlobStore
 
             endpoint = stack.enter_context(localservers.seaweedfs(work / mode / "seaweedfs"))
             pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_bench"))

@@ -43,8 +43,8 @@ import httpx  # noqa: E402
 from bench import catalogfill, floorapp, httpload  # noqa: E402
 from bench.procstat import cpu_of  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from enginefarm.server import localservers  # noqa: E402
-from enginefarm.server.embedded import Farm, issue_token  # noqa: E402
+from server import localservers  # noqa: E402
+from server.embedded import Farm, issue_token  # noqa: E402
 
 REDIS_DB = 15
 # A fleet's GPU machines accept the CPU artifact where no GPU engine of theirs is built (accept=cpu), so every kind

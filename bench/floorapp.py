@@ -62,7 +62,7 @@ async def drain(receive, send) -> None:
 def served(workers: int = 1) -> Iterator[subprocess.Popen]:
     """This app served on a free port (``serve_api``, ``workers`` processes) for the block; yields its process, whose
     ``port`` attribute is the port. Stopped (its whole process group) at the end."""
-    from enginefarm.server import localservers
+    from server import localservers
 
     port = localservers.free_port_pair()
     server = subprocess.Popen(
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    from enginefarm.server.serve import serve_api
+    from server.serve import serve_api
 
     serve_api("127.0.0.1", args.port, args.workers, log_level="warning", app="bench.floorapp:app")
 

@@ -72,7 +72,7 @@ install)
         "$STASH"/wheels/*.whl
     PYTHONPATH="$STASH/site" "$PY" -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())" ;;
 test)
-    # From outside the checkout, so that `enginefarm` is the installed package (whose enginefarm.worker is the
+    # From outside the checkout, so that `enginefarm` is the installed package (whose worker is the
     # checkout's worker/ folder), and without tests/conftest.py, whose services (PostgreSQL, Redis) are not there.
     cd "$STASH"
     PYTHONPATH="$STASH/site:$here" "$PY" -m pytest -q -c /dev/null --rootdir "$here" --noconftest -p tests.gpumark \

@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from enginefarm.core import stats  # noqa: E402
 from enginefarm.core.errors import BackendMissing  # noqa: E402
-from enginefarm.worker import cuda_driver as D  # noqa: E402
-from enginefarm.worker import gpu_timing as G  # noqa: E402
-from enginefarm.worker import trt_runner as R  # noqa: E402
+from worker import cuda_driver as D  # noqa: E402
+from worker import gpu_timing as G  # noqa: E402
+from worker import trt_runner as R  # noqa: E402
 
 KERNEL = r"""
 extern "C" __global__ void fma_chain(const float* __restrict__ x, float* __restrict__ y,

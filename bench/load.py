@@ -171,10 +171,10 @@ def setup_farm(args, work: Path, stack: ExitStack, console) -> dict:
 
     from enginefarm.core.config import Settings
     from enginefarm.graph.samples import sample_spec, save_conv_net
-    from enginefarm.server import localservers
-    from enginefarm.server.embedded import Farm
-    from enginefarm.storage.blobs import engine_key
-    from enginefarm.storage.blobs.s3 import S3BlobStore
+    from server import localservers
+    from server.embedded import Farm
+    from storage.blobs import engine_key
+    from storage.blobs.s3 import S3BlobStore
 
     if not (localservers.port_open(5432) and localservers.port_open(6379)):
         subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)

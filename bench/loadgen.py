@@ -223,7 +223,7 @@ class CpuMeter:
         misses its health check) and the scratch database's connections by state (pg_stat_activity)."""
         import psycopg
 
-        from enginefarm.server.localservers import PG_ADMIN
+        from server.localservers import PG_ADMIN
 
         seen: set[int] = set()
         conns: Counter = Counter()
@@ -265,7 +265,7 @@ class CpuMeter:
     def _pg_stats(self) -> dict[str, float]:
         import psycopg
 
-        from enginefarm.server.localservers import PG_ADMIN
+        from server.localservers import PG_ADMIN
 
         try:
             with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

@@ -47,14 +47,14 @@ from rich.table import Table  # noqa: E402
 
 from enginefarm.core.domain import Target  # noqa: E402
 from enginefarm.core.spec import BuildSpec  # noqa: E402
-from enginefarm.worker.backends import BuildLog  # noqa: E402
-from enginefarm.worker.pipeline import engine_from_model  # noqa: E402
 from tests.realmodels import (  # noqa: E402
     MODELS,
     large,
     path,
     samples,
 )
+from worker.backends import BuildLog  # noqa: E402
+from worker.pipeline import engine_from_model  # noqa: E402
 
 TARGETS = [
     "tensorrt-rtx/sm80",
@@ -91,7 +91,7 @@ def through_the_farm(name: str, targets: list[str], work: Path) -> dict:
     # Imported here so that part 3 alone (--int8-only) needs only the worker's packages, not the server's.
     from enginefarm.client import Client
     from enginefarm.core.config import Settings
-    from enginefarm.server.embedded import Farm, embedded_env, issue_token
+    from server.embedded import Farm, embedded_env, issue_token
 
     data = work / "farm"
     env = embedded_env(data)
@@ -162,11 +162,11 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved. With ``repair``,
     the quantize stage's accuracy repair runs first and its kept layers stay float in the artifact timed."""
     from enginefarm.graph.modelfile import inspect_upload
-    from enginefarm.worker import int8_vs_fp32 as compare
-    from enginefarm.worker.backends.base import BuildBackend
-    from enginefarm.worker.cleanup import prepared_model
-    from enginefarm.worker.evaluate import OrtRunner
-    from enginefarm.worker.int8_choice import quantize_for_cpu
+    from worker import int8_vs_fp32 as compare
+    from worker.backends.base import BuildBackend
+    from worker.cleanup import prepared_model
+    from worker.evaluate import OrtRunner
+    from worker.int8_choice import quantize_for_cpu
 
     model, source, sampler = _model(name)
     spec = BuildSpec(**{**model.shapes, **model.spec, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}})
@@ -181,7 +181,7 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     repaired = None
     unrepaired_model = None
     if repair:
-        from enginefarm.worker.int8_repair import repair as find_layers
+        from worker.int8_repair import repair as find_layers
 
         int8_check = spec.model_copy(update={"accuracy": spec.accuracy.model_copy(update={"enabled": True})})
         repaired = find_layers(float_model, calibration, int8_check, info, work, lambda p: OrtRunner(p))
@@ -344,7 +344,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
     try:
         if args.all_optimizations:
-            from enginefarm.worker.backends import onnxruntime as ort_backend
+            from worker.backends import onnxruntime as ort_backend
 
             ort_backend.cpu_has_vnni = lambda: True
         int8_names = args.models or (["ppocr-cls"] if args.smoke else [*MODELS, *large.LARGE])

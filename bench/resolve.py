@@ -35,15 +35,15 @@ from fastapi.testclient import TestClient  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from enginefarm.api.app import create_app  # noqa: E402
+from api.app import create_app  # noqa: E402
 from enginefarm.core.choose import Option, choose  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
 from enginefarm.core.machine import Machine  # noqa: E402
-from enginefarm.server import localservers  # noqa: E402
-from enginefarm.server.embedded import issue_token  # noqa: E402
-from enginefarm.storage.db import session_scope  # noqa: E402
-from enginefarm.storage.resolution import descriptor_of  # noqa: E402
-from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow  # noqa: E402
+from server import localservers  # noqa: E402
+from server.embedded import issue_token  # noqa: E402
+from storage.db import session_scope  # noqa: E402
+from storage.resolution import descriptor_of  # noqa: E402
+from storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow  # noqa: E402
 
 RTX = "1.7.1.116"
 MACHINE = Machine(

@@ -1,12 +1,12 @@
 """Keep-alive latency and CPU per request of the API: Nagle's algorithm against TCP_NODELAY, h11 against httptools.
 
 With ``uvicorn --workers N`` > 1, each keep-alive answer waited about 40 ms for Nagle's algorithm. ``enginefarm
-api`` listens on a socket with TCP_NODELAY (enginefarm/server/serve.py). This starts, one after the other,
+api`` listens on a socket with TCP_NODELAY (server/serve.py). This starts, one after the other,
 
-  baseline   uvicorn enginefarm.api.main:app --workers 2
+  baseline   uvicorn api.main:app --workers 2
   ours       enginefarm api --workers 2
-  one        uvicorn enginefarm.api.main:app (one worker, where Nagle never bit)
-  h11        uvicorn enginefarm.api.main:app --http h11 --loop asyncio (one worker: pure-Python HTTP parsing)
+  one        uvicorn api.main:app (one worker, where Nagle never bit)
+  h11        uvicorn api.main:app --http h11 --loop asyncio (one worker: pure-Python HTTP parsing)
 
 on an embedded catalog, sends N sequential keep-alive GET /healthz to each, and prints p50/p95, the server's CPU
 per request, and the ratios ours/baseline (p50) and one/h11 (CPU per request: httptools and uvloop, which
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from bench.procstat import cpu_of  # noqa: E402
-from enginefarm.server.embedded import free_port  # noqa: E402
+from server.embedded import free_port  # noqa: E402
 
 
 def measure(cmd: list[str], env: dict[str, str], requests: int) -> tuple[float, float, float]:
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             "PYTHONPATH": str(ROOT),
         }
         subprocess.run([py, "-m", "enginefarm", "migrate"], env=env, check=True, capture_output=True)
-        uvicorn = [py, "-m", "uvicorn", "enginefarm.api.main:app", "--port", "PORT", "--log-level", "warning"]
+        uvicorn = [py, "-m", "uvicorn", "api.main:app", "--port", "PORT", "--log-level", "warning"]
         baseline = measure([*uvicorn, "--workers", "2"], env, requests)
         ours = measure([py, "-m", "enginefarm", "api", "--port", "PORT", "--workers", "2"], env, requests)
         one = measure(uvicorn, env, requests)

@@ -37,8 +37,8 @@ from bench import soak_judge  # noqa: E402
 from bench.soak_load import CPU, GPUS, Bounds, Rates, Record, Workload  # noqa: E402
 from bench.soak_sample import Sampler, du_mb, redis_queue_depths, sqlite_queue_depths  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from enginefarm.server import localservers  # noqa: E402
-from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from server import localservers  # noqa: E402
+from server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 
 REDIS_DB = int(os.environ.get("ENGINEFARM_SOAK_REDIS_DB", "7"))  # flushed at the start: a db of its own
 WAL_MAX_MB = 16.0  # four autocheckpoints

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 from enginefarm.core.config import Settings  # noqa: E402
-from enginefarm.server.embedded import free_port, issue_token  # noqa: E402
+from server.embedded import free_port, issue_token  # noqa: E402
 
 MACHINE = {"cc": "8.6", "trt_rtx": "1.7.1.116", "platform": "x86_64", "accept": "cpu"}
 ARCHES = ("sm75", "sm80", "sm86", "sm89", "sm120", "cpu")
@@ -48,8 +48,8 @@ LUA = {
 
 def fill(settings: Settings, models: int) -> None:
     """``models`` models of one version, each with an engine per architecture, written as the workers write them."""
-    from enginefarm.storage.db import session_scope
-    from enginefarm.storage.tables import EngineRow, ModelRow
+    from storage.db import session_scope
+    from storage.tables import EngineRow, ModelRow
 
     with session_scope(settings) as s:
         for i in range(models):

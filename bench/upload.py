@@ -60,9 +60,9 @@ from onnx import TensorProto, helper  # noqa: E402
 
 from bench import floorapp  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from enginefarm.server.embedded import Farm, embedded_env, issue_token  # noqa: E402
-from enginefarm.storage.blobs import model_key  # noqa: E402
-from enginefarm.storage.blobs.local import LocalBlobStore  # noqa: E402
+from server.embedded import Farm, embedded_env, issue_token  # noqa: E402
+from storage.blobs import model_key  # noqa: E402
+from storage.blobs.local import LocalBlobStore  # noqa: E402
 
 BOUNDARY = "benchUpl0adB0undary"
 MB = 1 << 20

@@ -29,9 +29,9 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from enginefarm.core.config import Settings
-from enginefarm.storage.blobs.base import BlobStore
-from enginefarm.storage.db import UNAVAILABLE, advisory_key, lock_file, session_scope, uses_sqlite, with_patience
-from enginefarm.storage.tables import EngineRow, ModelRow
+from storage.blobs.base import BlobStore
+from storage.db import UNAVAILABLE, advisory_key, lock_file, session_scope, uses_sqlite, with_patience
+from storage.tables import EngineRow, ModelRow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

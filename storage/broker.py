@@ -42,7 +42,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from sqlalchemy import delete, select, text
 
-from enginefarm.storage.db import make_engine
+from storage.db import make_engine
 
 
 class Channel(_Channel):
@@ -160,5 +160,5 @@ class Transport(_Transport):
 
 
 def register() -> None:
-    TRANSPORT_ALIASES["sqla"] = "enginefarm.storage.broker:Transport"
-    TRANSPORT_ALIASES["sqlalchemy"] = "enginefarm.storage.broker:Transport"
+    TRANSPORT_ALIASES["sqla"] = "storage.broker:Transport"
+    TRANSPORT_ALIASES["sqlalchemy"] = "storage.broker:Transport"

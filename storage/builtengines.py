@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session, joinedload
 from enginefarm.core.domain import Backend, EngineDescriptor, TaskState
 from enginefarm.core.errors import NotFound
 from enginefarm.core.shapes import engine_profiles
-from enginefarm.storage.rows import get_row, in_project
-from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow, utcnow
+from storage.rows import get_row, in_project
+from storage.tables import BuildTaskRow, EngineRow, ModelRow, utcnow
 
 
 def find_engine(

@@ -2,8 +2,8 @@
 and sweeps, and the life cycle of a build's tasks (admission, claim, reuse, failure, requeue).
 
 Routes and tasks call these with a session from ``storage.db.session_scope``. The other tables have modules of their
-own under ``enginefarm.storage`` (built engines, a project's checks, the quantization stage, workers and the tasks
-that change hands, resolution's reads, tokens); only ``enginefarm.storage`` queries the tables.
+own under ``storage`` (built engines, a project's checks, the quantization stage, workers and the tasks
+that change hands, resolution's reads, tokens); only ``storage`` queries the tables.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session, joinedload, selectinload
 from enginefarm.core.domain import ModelInfo, Target, TaskState
 from enginefarm.core.errors import Conflict, NotFound
 from enginefarm.core.spec import BuildSpec
-from enginefarm.storage.builtengines import find_engine
-from enginefarm.storage.checks import ensure_benchmark_task
-from enginefarm.storage.driverrows import driver_rows
-from enginefarm.storage.rows import claim_row, get_row, in_project
-from enginefarm.storage.tables import (
+from storage.builtengines import find_engine
+from storage.checks import ensure_benchmark_task
+from storage.driverrows import driver_rows
+from storage.rows import claim_row, get_row, in_project
+from storage.tables import (
     BenchmarkTaskRow,
     BuildRow,
     BuildTaskRow,

@@ -1,6 +1,6 @@
 """A number that moves whenever any process commits a change to what /v1/resolve answers.
 
-An API process keeps the version rows and generations it read (``enginefarm.api.versions``) while this number
+An API process keeps the version rows and generations it read (``api.versions``) while this number
 stands still, so a fleet's repeated question is answered without a query:
 
 - **PostgreSQL**: a commit that changes a model row or raises a generation sends ``NOTIFY enginefarm_resolve``
@@ -28,7 +28,7 @@ import time
 
 from sqlalchemy.engine import make_url
 
-from enginefarm.storage.generation import CHANNEL, local_changes
+from storage.generation import CHANNEL, local_changes
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import TaskState
 from enginefarm.core.spec import BuildSpec
-from enginefarm.storage.generation import bump
-from enginefarm.storage.rows import claim_row, get_row
-from enginefarm.storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, VerdictRow, utcnow
+from storage.generation import bump
+from storage.rows import claim_row, get_row
+from storage.tables import BenchmarkRow, BenchmarkTaskRow, EngineRow, VerdictRow, utcnow
 
 
 def ensure_benchmark_task(

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from enginefarm.core.config import Settings, get_settings
-from enginefarm.storage.generation import after_commit, before_flush
+from storage.generation import after_commit, before_flush
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 T = TypeVar("T")

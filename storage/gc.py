@@ -42,10 +42,10 @@ from pathlib import Path
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import EnginefarmError
-from enginefarm.storage.blobs import get_blob_store
-from enginefarm.storage.blobs.base import BlobObject, BlobStore
-from enginefarm.storage.blobwrite import is_referenced, locked_session, referenced_keys
-from enginefarm.storage.db import session_scope
+from storage.blobs import get_blob_store
+from storage.blobs.base import BlobObject, BlobStore
+from storage.blobwrite import is_referenced, locked_session, referenced_keys
+from storage.db import session_scope
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ engines or benchmarks (which skips the flush) must bump by hand with :func:`bump
 
 Each process also counts the commits it made that changed a model row or a generation (:func:`local_changes`), and
 on PostgreSQL such a commit notifies every API process (``storage.changes``): what an API process keeps of the
-versions' generations (``enginefarm.api.versions``) is dropped when either moves.
+versions' generations (``api.versions``) is dropped when either moves.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import itertools
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
+from storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 CHANNEL = "enginefarm_resolve"  # PostgreSQL's NOTIFY channel for such commits (storage/changes.py)
 _changes = itertools.count(1)

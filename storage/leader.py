@@ -16,7 +16,7 @@ from typing import IO
 from sqlalchemy import Connection, text
 
 from enginefarm.core.config import Settings
-from enginefarm.storage.db import UNAVAILABLE, advisory_key, get_engine, lock_file, uses_sqlite
+from storage.db import UNAVAILABLE, advisory_key, get_engine, lock_file, uses_sqlite
 
 log = logging.getLogger(__name__)
 

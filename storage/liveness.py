@@ -12,9 +12,9 @@ from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import BACKEND_MODULES, Target, TaskState
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.queue import Message
-from enginefarm.storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, WorkerRow, utcnow
+from storage.db import as_utc
+from storage.queue import Message
+from storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, WorkerRow, utcnow
 
 # --------------------------------------------------------------------------- workers
 
@@ -103,7 +103,7 @@ def requeue_abandoned_quantize(
     one whose worker was lost ``max_attempts`` times is failed with the reason, and the build's waiting tasks with it
     (a model whose calibration kills its worker must not loop forever). Returns (build id, the stage as requeued) for
     each stage requeued, and the build ids failed."""
-    from enginefarm.storage.quantizing import fail_quantize
+    from storage.quantizing import fail_quantize
 
     waiting = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
     requeued, failed = [], []

@@ -14,8 +14,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import TaskState
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import BenchmarkTaskRow, BuildTaskRow, WorkerRow
+from storage.db import as_utc
+from storage.tables import BenchmarkTaskRow, BuildTaskRow, WorkerRow
 
 KINDS = {"build": BuildTaskRow, "benchmark": BenchmarkTaskRow}
 

@@ -11,10 +11,10 @@ from sqlalchemy.orm import Session
 
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import FP16_REPAIR_STAGE, Target, TaskState
-from enginefarm.storage.builtengines import find_engine
-from enginefarm.storage.catalog import finish_task_reused, get_build
-from enginefarm.storage.checks import ensure_benchmark_task
-from enginefarm.storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, ModelRow, utcnow
+from storage.builtengines import find_engine
+from storage.catalog import finish_task_reused, get_build
+from storage.checks import ensure_benchmark_task
+from storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, ModelRow, utcnow
 
 
 def claim_quantize(session: Session, build_id: int, worker_id: str) -> bool:
@@ -89,8 +89,8 @@ def finish_stage(
     """End a quantize or fp16 repair stage: ``release`` (the stage's report recorded, its waiting tasks queued or
     answered from the catalog) in one transaction, then the benchmark checks it queued published; returns the build
     tasks to publish."""
-    from enginefarm.storage import queue
-    from enginefarm.storage.db import session_scope
+    from storage import queue
+    from storage.db import session_scope
 
     with session_scope(settings) as s:
         queued, checks = release(s)

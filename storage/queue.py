@@ -30,11 +30,11 @@ VISIBILITY_TIMEOUT_S = 6 * 3600
 def make_celery(settings: Settings | None = None) -> Celery:
     settings = settings or get_settings()
     if settings.resolved_broker_url.startswith("sqla+"):
-        from enginefarm.storage.broker import register
+        from storage.broker import register
 
         register()
     # The worker's tasks, by module name: a worker process imports them; the API only publishes.
-    app = Celery("enginefarm", broker=settings.resolved_broker_url, include=["enginefarm.worker.tasks"])
+    app = Celery("enginefarm", broker=settings.resolved_broker_url, include=["worker.tasks"])
     transport_options: dict = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
     if settings.resolved_broker_url.startswith("sqla+"):
         transport_options["polling_interval"] = settings.broker_poll_seconds  # the database broker polls

@@ -16,10 +16,10 @@ import time
 from datetime import datetime, timedelta, timezone
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import liveness, tokens
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.leader import Leadership
-from enginefarm.storage.queue import Message, publish, queue_size
+from storage import liveness, tokens
+from storage.db import session_scope
+from storage.leader import Leadership
+from storage.queue import Message, publish, queue_size
 
 log = logging.getLogger(__name__)
 # A dead worker stays listed (as not live) this long, so an operator can still see which one went silent.
@@ -85,7 +85,7 @@ class Reconciler:
                 self._collect()
 
     def _collect(self) -> None:
-        from enginefarm.storage.gc import collect_garbage
+        from storage.gc import collect_garbage
 
         try:
             report = collect_garbage(self.settings, grace_seconds=self.settings.gc_grace_seconds)

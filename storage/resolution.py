@@ -6,7 +6,7 @@ JSON it parses unless it is used (a verdict's metrics are parsed for the chosen 
 are not read), and the engines, their verdicts and their best latencies (an aggregate, not every benchmark row) in
 one statement, on the session's connection (Core statements built once). The engines come back compiled
 (``EngineTable``: descriptors and evidence, ready to judge, and the rows an answer's engine is made from), keyed by
-what they are a function of, so the API may keep them. Judging and answering are ``enginefarm.api.resolver``'s;
+what they are a function of, so the API may keep them. Judging and answering are ``api.resolver``'s;
 this module only reads.
 """
 
@@ -23,10 +23,10 @@ from enginefarm.core.compat import KIND_FACTS
 from enginefarm.core.domain import ENGINE_FACTS, JSON_FACTS, EngineDescriptor
 from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
-from enginefarm.storage.catalog import find_models, latest_of
-from enginefarm.storage.db import json_loads
-from enginefarm.storage.driverrows import driver_rows
-from enginefarm.storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
+from storage.catalog import find_models, latest_of
+from storage.db import json_loads
+from storage.driverrows import driver_rows
+from storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
 
 # What an answer says about a model version, and what its ETag is made of.
 MODEL_COLUMNS = (

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import TaskState
 from enginefarm.core.errors import NotFound
-from enginefarm.storage.tables import ModelRow, utcnow
+from storage.tables import ModelRow, utcnow
 
 T = TypeVar("T")
 

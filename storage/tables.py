@@ -55,7 +55,7 @@ class ModelRow(Base):
     samples_sha256: Mapped[str | None] = mapped_column(String(64))
     samples_key: Mapped[str | None] = mapped_column(String(200))
     samples_info: Mapped[dict | None] = mapped_column(JSON)  # input name -> shape and dtype, sample count
-    # Raised whenever an engine of these bytes, or one of its benchmarks, changes (enginefarm.storage.generation):
+    # Raised whenever an engine of these bytes, or one of its benchmarks, changes (storage.generation):
     # resolve answers are cached and tagged by it.
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 

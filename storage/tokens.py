@@ -19,8 +19,8 @@ from sqlalchemy.orm import Session
 from enginefarm.core.domain import SCOPES
 from enginefarm.core.errors import NotFound, SignInsTooFast, SpecInvalid
 from enginefarm.core.names import project_problem
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import ApiTokenRow, utcnow
+from storage.db import as_utc
+from storage.tables import ApiTokenRow, utcnow
 
 TOKEN_PREFIX = "ef_"
 MAX_TOKEN_CHARS = 200

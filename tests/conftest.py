@@ -17,8 +17,8 @@ import redis
 
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import save_conv_net
-from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm, issue_token
+from server import localservers
+from server.embedded import Farm, issue_token
 from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]

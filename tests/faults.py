@@ -6,10 +6,10 @@ from __future__ import annotations
 import socket
 import threading
 
-from enginefarm.server import localservers
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.gc import referenced_keys
-from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from server import localservers
+from storage.db import session_scope
+from storage.gc import referenced_keys
+from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 
 
 def slow(seconds: float) -> dict[str, str]:
@@ -92,7 +92,7 @@ class TcpProxy:
 
 
 def bucket_keys(settings) -> set[str]:
-    from enginefarm.storage.blobs import get_blob_store
+    from storage.blobs import get_blob_store
 
     return set(get_blob_store(settings).keys())
 
@@ -102,7 +102,7 @@ def audit(settings) -> dict[str, int]:
     or model lacks its row, no build lacks its tasks, no succeeded task lacks its engine. Returns counts."""
     from sqlalchemy import select
 
-    from enginefarm.storage.blobs import get_blob_store
+    from storage.blobs import get_blob_store
 
     store = get_blob_store(settings)
     keys = bucket_keys(settings)

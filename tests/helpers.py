@@ -39,8 +39,8 @@ def rtx_build(path: Path, shapes: dict[str, tuple], arch: str = "sm86") -> tuple
     from enginefarm.core.domain import Target
     from enginefarm.core.errors import BuildFailed
     from enginefarm.core.spec import BuildSpec
-    from enginefarm.worker.backends.base import BuildLog
-    from enginefarm.worker.pipeline import engine_from_model
+    from worker.backends.base import BuildLog
+    from worker.pipeline import engine_from_model
 
     spec = BuildSpec(
         profiles=[
@@ -64,7 +64,7 @@ ROW_INFO = {"inputs": [], "outputs": [], "opset": 17, "ir_version": 8, "producer
 
 def catalog_model(s, name: str, sha: str, version: str = "1", seq: int = 1):
     """A model row, as an upload writes it, in session ``s``; returns it (flushed, with its id)."""
-    from enginefarm.storage.tables import ModelRow
+    from storage.tables import ModelRow
 
     row = ModelRow(
         name=name, version=version, seq=seq, sha256=sha, format="onnx", blob_key=f"models/{sha}", size=1, info=ROW_INFO
@@ -77,7 +77,7 @@ def catalog_model(s, name: str, sha: str, version: str = "1", seq: int = 1):
 def catalog_engine(s, model, arch: str) -> int:
     """An engine row of ``model``'s bytes, as a worker writes it: TensorRT-RTX for ``arch`` ("sm86"), or the CPU
     artifact for "cpu". Its blob does not exist: keep such rows out of the session farm's catalog."""
-    from enginefarm.storage.tables import EngineRow
+    from storage.tables import EngineRow
 
     cpu = arch == "cpu"
     cc = None if cpu else f"{arch[2:-1]}.{arch[-1]}"

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from enginefarm.server.embedded import free_port, wait_http
+from server.embedded import free_port, wait_http
 
 CACHE_STATUS = "x-cache-status"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage import catalog
-from enginefarm.storage.db import in_transaction
+from server.embedded import Farm, embedded_env, issue_token
+from storage import catalog
+from storage.db import in_transaction
 
 UNSERVED = "tensorrt-rtx/sm120"  # no worker: the task stays queued until the test writes it
 SPEC = {**sample_spec(), "benchmark": {"enabled": False}, "accuracy": {"enabled": False}}

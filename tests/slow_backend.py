@@ -12,7 +12,7 @@ from pathlib import Path
 from enginefarm.core.domain import EngineDescriptor, Target
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
-from enginefarm.worker.backends.base import BuildBackend, BuildLog
+from worker.backends.base import BuildBackend, BuildLog
 
 
 class SlowBackend(BuildBackend):

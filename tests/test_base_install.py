@@ -76,9 +76,19 @@ def test_base_install_is_the_client_only(tmp_path, wheel, version):
     names = {p["name"].lower() for p in listed} - {"pip", "setuptools", "wheel"}
     assert not names & SERVER_PACKAGES, sorted(names & SERVER_PACKAGES)
     site = Path(run(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
-    # The design card's folders install inside the namespace, never as top-level api/, worker/, storage/.
-    assert not [d for d in ("api", "worker", "storage") if (site / d).exists()]
-    assert (site / "enginefarm" / "api" / "app.py").exists()
+    # A folder's path is its import name: the farm's layers install under their own names beside enginefarm/,
+    # which holds the kernel, the graph and the client.
+    assert [d for d in ("api", "worker", "storage", "server") if (site / d / "__init__.py").exists()] == [
+        "api",
+        "worker",
+        "storage",
+        "server",
+    ]
+    assert sorted(p.name for p in (site / "enginefarm").iterdir() if p.is_dir() and p.name != "__pycache__") == [
+        "client",
+        "core",
+        "graph",
+    ]
 
     fetch = run(venv / "bin" / "enginefarm", "fetch", "--help")
     assert fetch.returncode == 0 and "Fetch the engine" in fetch.stdout, fetch.stdout + fetch.stderr
@@ -86,10 +96,12 @@ def test_base_install_is_the_client_only(tmp_path, wheel, version):
     probe = run(
         py,
         "-c",
-        "from enginefarm.core.probe.machineprobe import this_machine; from enginefarm.client import Client, "
-        "resolve_offline; m = this_machine(); print(m.platform)",
+        "import sys; from enginefarm.core.probe.machineprobe import this_machine; from enginefarm.client import "
+        "Client, resolve_offline; m = this_machine(); print(m.platform); "
+        "print(sorted({n.split('.')[0] for n in sys.modules} & {'api', 'worker', 'storage', 'server'}))",
     )
     assert probe.returncode == 0 and probe.stdout.strip(), probe.stderr[-2000:]
+    assert probe.stdout.splitlines()[-1] == "[]", "the client imported a farm layer: " + probe.stdout
     # A farm command says which extra it needs, without a traceback.
     up = run(venv / "bin" / "enginefarm", "up")
     assert up.returncode == 2 and "pip install 'enginefarm[" in up.stderr and "Traceback" not in up.stderr, up.stderr

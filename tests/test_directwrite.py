@@ -22,7 +22,7 @@ import pytest
 from enginefarm.core import directwrite
 from enginefarm.core.directwrite import ALIGN, STAGE, DirectFile, write_hashed
 from enginefarm.core.hashing import sha256_file
-from enginefarm.storage.blobs.local import LocalBlobStore
+from storage.blobs.local import LocalBlobStore
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, STAGE - 1, STAGE, STAGE + 7, 2 * STAGE + ALIGN + 3]
 TMPFS = Path("/dev/shm")
@@ -153,8 +153,8 @@ def test_a_tensorrt_rtx_plan_is_hashed_as_written_and_direct_only_where_a_local_
     from enginefarm.core.domain import Target
     from enginefarm.core.spec import BuildSpec
     from enginefarm.graph.samples import conv_net, sample_spec
-    from enginefarm.worker.backends import BuildLog
-    from enginefarm.worker.pipeline import engine_from_model
+    from worker.backends import BuildLog
+    from worker.pipeline import engine_from_model
 
     model = disk / "model.onnx"
     model.write_bytes(conv_net(channels=160, blocks=3, seed=21).SerializeToString())  # a plan of a few MB
@@ -216,8 +216,8 @@ def test_a_local_store_workers_engines_are_written_around_the_page_cache(disk, b
     from enginefarm.client import Client
     from enginefarm.core.config import Settings
     from enginefarm.graph.samples import conv_net, sample_spec
-    from enginefarm.server.embedded import Farm, embedded_env, issue_token
-    from enginefarm.storage.blobs import engine_key, get_blob_store
+    from server.embedded import Farm, embedded_env, issue_token
+    from storage.blobs import engine_key, get_blob_store
 
     env = embedded_env(disk / "farm")
     settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})

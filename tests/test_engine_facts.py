@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import fields
 from datetime import datetime, timezone
 
-from enginefarm.api.schemas import EngineOut
+from api.schemas import EngineOut
 from enginefarm.core.domain import ENGINE_FACTS, EngineDescriptor
-from enginefarm.storage.resolution import ENGINE_COLUMNS, descriptor_of
-from enginefarm.storage.tables import EngineRow, ModelRow
+from storage.resolution import ENGINE_COLUMNS, descriptor_of
+from storage.tables import EngineRow, ModelRow
 
 FACTS = EngineDescriptor(
     target="tensorrt-rtx/sm86",
@@ -68,7 +68,7 @@ def test_a_descriptor_goes_through_row_answer_and_record_unchanged():
 
 
 def test_resolution_reads_the_facts_positionally_from_where_its_columns_hold_them():
-    from enginefarm.storage.resolution import _FACTS
+    from storage.resolution import _FACTS
 
     assert tuple(c.key for c in ENGINE_COLUMNS[_FACTS]) == ENGINE_FACTS
     values = [getattr(FACTS, name) for name in ENGINE_FACTS]
@@ -85,7 +85,7 @@ def test_an_engine_is_written_with_the_kind_key_of_its_kind_facts(tmp_path):
     from sqlalchemy.orm import Session
 
     from enginefarm.core.compat import KIND_FACTS, kind_key
-    from enginefarm.storage.tables import Base
+    from storage.tables import Base
 
     engine = create_engine(f"sqlite:///{tmp_path / 'c.db'}")
     Base.metadata.create_all(engine)

@@ -15,51 +15,44 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BIN = Path(sys.executable).parent
 
 
-def installed_layout(dest: Path) -> Path:
-    """The packages as an install lays them out (pyproject's package-dir: api/ → enginefarm/api, ...)."""
-    for package, folder in sorted(PYPROJECT["tool"]["setuptools"]["package-dir"].items()):
-        shutil.copytree(
-            ROOT / folder,
-            dest.joinpath(*package.split(".")),
-            dirs_exist_ok=True,
-            ignore=shutil.ignore_patterns("__pycache__"),
-        )
-    return dest
+PACKAGES = ("enginefarm", "api", "worker", "storage", "server")
 
 
-def lint_imports(layout: Path) -> subprocess.CompletedProcess:
-    # From the layout's folder, so the checkout's own enginefarm/ (without api/ etc.) is not the one analysed.
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """lint-imports over a checkout, run from its root: the folders are the packages."""
     return subprocess.run(
-        [str(BIN / "lint-imports"), "--no-cache", "--config", str(ROOT / "pyproject.toml")],
-        cwd=layout,
-        env={"PATH": str(BIN), "PYTHONPATH": str(layout)},
+        [str(BIN / "lint-imports"), "--no-cache", "--config", str(root / "pyproject.toml")],
+        cwd=root,
+        env={"PATH": str(BIN), "PYTHONPATH": str(root)},
         capture_output=True,
         text=True,
         timeout=300,
     )
 
 
-def test_imports_point_down(tmp_path):
-    out = lint_imports(installed_layout(tmp_path))
+def test_imports_point_down():
+    out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
     assert "4 kept, 0 broken" in out.stdout, out.stdout[-2000:]
 
 
 def test_the_contracts_catch_an_import_that_points_up(tmp_path):
-    layout = installed_layout(tmp_path)
-    with open(layout / "enginefarm" / "core" / "domain.py", "a") as f:
-        f.write("\nfrom enginefarm.storage import db  # noqa\n")
-    with open(layout / "enginefarm" / "api" / "services.py", "a") as f:
-        f.write("\nfrom enginefarm.worker import pipeline  # noqa\n")
-    out = lint_imports(layout)
+    for name in (*PACKAGES, "pyproject.toml"):
+        copy = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy(ROOT / name, tmp_path / name)
+    with open(tmp_path / "enginefarm" / "core" / "domain.py", "a") as f:
+        f.write("\nfrom storage import db  # noqa\n")
+    with open(tmp_path / "api" / "services.py", "a") as f:
+        f.write("\nfrom worker import pipeline  # noqa\n")
+    out = lint_imports(tmp_path)
     assert out.returncode == 1
-    assert "enginefarm.core.domain -> enginefarm.storage.db" in out.stdout
-    assert "enginefarm.api.services -> enginefarm.worker.pipeline" in out.stdout
+    assert "enginefarm.core.domain -> storage.db" in out.stdout
+    assert "api.services -> worker.pipeline" in out.stdout
 
 
 def test_every_kernel_module_is_under_the_kernel_contract():
-    """The kernel is enginefarm.core, whole; the package root holds only its own __init__ and __main__, beside the
-    kernel, the client, graph and server folders."""
+    """The kernel is enginefarm.core, whole; enginefarm/ holds only its own __init__ and __main__, beside the
+    kernel, the graph and the client."""
     contract = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"].startswith("The kernel"))
     assert contract["source_modules"] == ["enginefarm.core"]
     assert {p.name for p in (ROOT / "enginefarm").glob("*.py")} == {"__init__.py", "__main__.py"}
@@ -67,18 +60,24 @@ def test_every_kernel_module_is_under_the_kernel_contract():
         "core",
         "client",
         "graph",
-        "server",
     }
 
 
-def test_no_top_level_package_but_enginefarm():
-    assert [p for p in PYPROJECT["tool"]["setuptools"]["packages"] if not p.startswith("enginefarm")] == []
-    assert set(PYPROJECT["tool"]["setuptools"]["package-dir"]) == {
-        "enginefarm",
-        "enginefarm.api",
-        "enginefarm.worker",
-        "enginefarm.storage",
-    }
+def test_a_folders_path_is_its_import_name():
+    """No package-dir mapping: what installs is the checkout's folders under their own names, and nothing else."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    assert "package-dir" not in setuptools and set(setuptools["packages"]) == {"find"}
+    assert {p.rstrip("*") for p in setuptools["packages"]["find"]["include"]} == set(PACKAGES)
+    assert set(PYPROJECT["tool"]["importlinter"]["root_packages"]) == set(PACKAGES)
+
+
+def test_the_farm_runs_from_the_checkouts_root():
+    """`python -m enginefarm` from the root imports the checkout's folders, the farm's commands included."""
+    out = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "up", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "--data-dir" in out.stdout
 
 
 def test_client_and_kernel_run_on_python_3_10():
@@ -114,13 +113,13 @@ def test_every_import_of_the_project_resolves():
     import importlib
 
     broken = []
-    for folder in ("enginefarm", "api", "worker", "storage", "tests", "bench"):
+    for folder in (*PACKAGES, "tests", "bench"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
                 if (
                     isinstance(node, ast.ImportFrom)
                     and node.level == 0
-                    and (node.module or "").startswith("enginefarm")
+                    and (node.module or "").split(".")[0] in PACKAGES
                 ):
                     try:
                         module = importlib.import_module(node.module)
@@ -137,7 +136,7 @@ def test_every_import_of_the_project_resolves():
                                 )
                 elif isinstance(node, ast.Import):
                     for alias in node.names:
-                        if alias.name.startswith("enginefarm"):
+                        if alias.name.split(".")[0] in PACKAGES:
                             try:
                                 importlib.import_module(alias.name)
                             except ImportError as exc:

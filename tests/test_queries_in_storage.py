@@ -1,4 +1,4 @@
-"""Only enginefarm.storage queries the catalog's tables: the API and the worker call its functions, and take from
+"""Only storage queries the catalog's tables: the API and the worker call its functions, and take from
 SQLAlchemy only the types those functions hand them (a Session, a plain Row) and its exceptions."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 STOPPED_INSIDE_EXEC = """
-from enginefarm.server.embedded import stop_on_sigterm
+from server.embedded import stop_on_sigterm
 try:
     with stop_on_sigterm():
         exec("import os, signal, time\\nos.kill(os.getpid(), signal.SIGTERM)\\ntime.sleep(5)")

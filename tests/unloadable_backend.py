@@ -12,7 +12,7 @@ import onnx
 from enginefarm.core.domain import EngineDescriptor, Target
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
-from enginefarm.worker.backends.base import BuildBackend, BuildLog
+from worker.backends.base import BuildBackend, BuildLog
 
 MISSING = "weights.bin"
 

@@ -27,9 +27,9 @@ import threading
 import time
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import liveness
-from enginefarm.storage.db import in_transaction
-from enginefarm.storage.queue import KINDS, Message, publish
+from storage import liveness
+from storage.db import in_transaction
+from storage.queue import KINDS, Message, publish
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2

@@ -40,10 +40,10 @@ import onnx
 
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.evaluate import accuracy_inputs, compare
-from enginefarm.worker.onnxgraph import all_nodes
-from enginefarm.worker.repair_search import RANKING_SHOWN, Timed, budget_of, not_needed, search
+from worker.backends import BuildLog, get_backend
+from worker.evaluate import accuracy_inputs, compare
+from worker.onnxgraph import all_nodes
+from worker.repair_search import RANKING_SHOWN, Timed, budget_of, not_needed, search
 
 # Up to this many candidates, each node is measured alone; above, regions are bisected.
 NODE_LIMIT = 48
@@ -196,7 +196,7 @@ class _Judge:
         make_runner,
         target: Target | None = None,
     ):
-        from enginefarm.worker.fp16 import fp16_model
+        from worker.fp16 import fp16_model
 
         self.float_model, self.spec, self.work, self.make_runner = float_model, spec, work, make_runner
         self.calls = 0

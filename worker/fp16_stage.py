@@ -16,13 +16,13 @@ from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.core.probe.policy import ort_cuda_targets
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.worklock import Scratch
-from enginefarm.storage import catalog, liveness, quantizing
-from enginefarm.storage.blobs import BlobStore
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import utcnow
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.cleanup import prepared_model
-from enginefarm.worker.pipeline import model_file_from_store, samples_of
+from storage import catalog, liveness, quantizing
+from storage.blobs import BlobStore
+from storage.db import session_scope
+from storage.tables import utcnow
+from worker.backends.base import BuildLog
+from worker.cleanup import prepared_model
+from worker.pipeline import model_file_from_store, samples_of
 
 
 def is_fp16_repair(stage: dict | None) -> bool:
@@ -41,7 +41,7 @@ def spec_of_task(build) -> BuildSpec:
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Find the nodes to keep in fp32 once for the build; returns the build tasks to publish."""
-    from enginefarm.worker.quantize import family_of
+    from worker.quantize import family_of
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -94,16 +94,16 @@ def repair_on(
 ) -> dict:
     """The fp16 repair report, judged on ``gpu`` (an ``onnxruntime/cuda`` target this worker runs, from
     ``judge_target``) with the benchmark stage's CUDA runner, or on this worker's CPU when None."""
-    from enginefarm.worker.fp16_repair import repair
+    from worker.fp16_repair import repair
 
     if gpu is None:
-        from enginefarm.worker.evaluate import OrtRunner
+        from worker.evaluate import OrtRunner
 
         return repair(
             float_model, reference, samples, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads)
         )
-    from enginefarm.worker.backends.onnxruntime_cuda import gpu_for
-    from enginefarm.worker.ort_cuda_runner import OrtCudaRunner
+    from worker.backends.onnxruntime_cuda import gpu_for
+    from worker.ort_cuda_runner import OrtCudaRunner
 
     index = gpu_for(gpu, probe_machine()).index  # the GPU of the target's compute capability, as its build uses
 

@@ -7,8 +7,8 @@ import socket
 import threading
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import liveness
-from enginefarm.storage.db import session_scope
+from storage import liveness
+from storage.db import session_scope
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +17,7 @@ def running_tasks() -> tuple[list[int], list[int]]:
     """The catalog ids of the build and benchmark tasks this worker's pool is executing now."""
     from celery.worker import state
 
-    from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK
+    from storage.queue import BENCHMARK_TASK, BUILD_TASK
 
     ids: dict[str, list[int]] = {BUILD_TASK: [], BENCHMARK_TASK: []}
     for _ in range(5):  # the consumer thread changes the set while this thread copies it
@@ -38,7 +38,7 @@ class Heartbeat:
     """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it. Each beat
     also takes back this worker's running tasks that were requeued while it was silent (``reclaim_tasks``).
 
-    ``row=False``: a benchmark lane (``enginefarm.worker.lanes``) under its build lane's worker id: it only takes
+    ``row=False``: a benchmark lane (``worker.lanes``) under its build lane's worker id: it only takes
     back its own running tasks; the row is the build lane's to write and remove."""
 
     def __init__(

@@ -25,10 +25,10 @@ from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
-from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.int8_vs_fp32 import interleaved_rounds, verdict
-from enginefarm.worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
-from enginefarm.worker.quantize.files import remove_model_files
+from worker.backends import BuildLog, get_backend
+from worker.int8_vs_fp32 import interleaved_rounds, verdict
+from worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
+from worker.quantize.files import remove_model_files
 
 log = logging.getLogger(__name__)
 

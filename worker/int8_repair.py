@@ -37,10 +37,10 @@ from onnxruntime.quantization import QuantFormat
 
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.int8_choice import calibration_feeds, gate_figure, gate_of
-from enginefarm.worker.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
-from enginefarm.worker.repair_search import (
+from worker.backends import BuildLog, get_backend
+from worker.int8_choice import calibration_feeds, gate_figure, gate_of
+from worker.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
+from worker.repair_search import (
     RANKING_SHOWN,
     Timed,
     budget_of,

@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from enginefarm.storage import liveness
-from enginefarm.storage.db import session_scope
+from storage import liveness
+from storage.db import session_scope
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from enginefarm.core.errors import BuildFailed, TargetUnavailable
 from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
 from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.stats import Measurement
-from enginefarm.worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
-from enginefarm.worker.backends.trt_common import load_module
-from enginefarm.worker.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
-from enginefarm.worker.gpu_timing import TimedPipeline, benchmark_pipeline
+from worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
+from worker.backends.trt_common import load_module
+from worker.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
+from worker.gpu_timing import TimedPipeline, benchmark_pipeline
 
 # ONNX Runtime's tensor type names → numpy.
 ORT_DTYPES: dict[str, Any] = {

@@ -18,10 +18,10 @@ from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import BundleLimits, model_path_for
-from enginefarm.storage.blobs import BlobStore
-from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.cleanup import prepared_model
-from enginefarm.worker.diagnose import explain
+from storage.blobs import BlobStore
+from worker.backends import BuildLog, get_backend
+from worker.cleanup import prepared_model
+from worker.diagnose import explain
 
 
 def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str, settings: Settings) -> Path:
@@ -86,7 +86,7 @@ def engine_from_model(
     except BuildFailed as exc:  # name the node and the next step; the builder's full text stays in the log
         raise BuildFailed(explain(exc.message, model_path)) from exc
     if target.backend is Backend.ONNXRUNTIME:  # whatever built it, an artifact that does not load is never stored
-        from enginefarm.worker.backends.onnxruntime import check_loadable
+        from worker.backends.onnxruntime import check_loadable
 
         check_loadable(out)
     seconds = time.perf_counter() - started

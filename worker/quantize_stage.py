@@ -15,17 +15,17 @@ from enginefarm.core.hashing import sha256_file
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.worklock import Scratch
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.storage import catalog, liveness, quantizing
-from enginefarm.storage.blobs import BlobStore, model_key
-from enginefarm.storage.blobwrite import store_with_row
-from enginefarm.storage.db import session_scope
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.cleanup import prepared_model
-from enginefarm.worker.pipeline import model_file_from_store, samples_of
+from storage import catalog, liveness, quantizing
+from storage.blobs import BlobStore, model_key
+from storage.blobwrite import store_with_row
+from storage.db import session_scope
+from worker.backends.base import BuildLog
+from worker.cleanup import prepared_model
+from worker.pipeline import model_file_from_store, samples_of
 
 
 def family_of_target(target: Target) -> str:
-    from enginefarm.worker.quantize import family_of
+    from worker.quantize import family_of
 
     return family_of(target.backend.value)
 
@@ -40,7 +40,7 @@ def model_of_task(session, task):
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Quantize the build's model from its samples, once per target family; returns the build tasks to publish.
     An fp16 build's accuracy repair stage, queued the same way, runs worker/fp16_stage.py instead."""
-    from enginefarm.worker import fp16_stage
+    from worker import fp16_stage
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -100,7 +100,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 report["repair"] = repaired  # one repair for the build: the same figures on every family
             derived[family], reports[family] = model_id, report
         if repaired is not None:
-            from enginefarm.worker.repair_variant import latency
+            from worker.repair_variant import latency
 
             repaired.update(latency(reports.get("onnxruntime"), timed, kept_anything=bool(beside)))
             if beside:
@@ -160,13 +160,13 @@ def _derive(
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
     report and the derived model's id. On the CPU, the models of ``beside`` are timed with the candidates, their
     figures put in ``timed``."""
-    from enginefarm.worker.quantize import quantize_qdq
+    from worker.quantize import quantize_qdq
 
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
     if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
-        from enginefarm.worker.evaluate import OrtRunner
-        from enginefarm.worker.int8_choice import quantize_for_cpu_beside
+        from worker.evaluate import OrtRunner
+        from worker.int8_choice import quantize_for_cpu_beside
 
         report, figures = quantize_for_cpu_beside(
             float_model, samples, out, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads), beside
@@ -271,8 +271,8 @@ def _catalogue(
 def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path) -> dict:
     """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
     (worker/int8_repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
-    from enginefarm.worker.evaluate import OrtRunner
-    from enginefarm.worker.int8_repair import repair
+    from worker.evaluate import OrtRunner
+    from worker.int8_repair import repair
 
     def runner(path: Path) -> OrtRunner:
         return OrtRunner(path, spec.benchmark.threads)

@@ -19,17 +19,17 @@ from enginefarm.core.spec import Precision
 from enginefarm.core.validation import target_precision
 from enginefarm.core.workerid import current_worker_id
 from enginefarm.core.worklock import Scratch
-from enginefarm.storage import builtengines, catalog, checks, quantizing, queue
-from enginefarm.storage.blobs import engine_key, get_blob_store
-from enginefarm.storage.blobwrite import store_with_row
-from enginefarm.storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
-from enginefarm.storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
-from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.fp16_stage import spec_of_task
-from enginefarm.worker.lanes import wait_for_builds
-from enginefarm.worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
-from enginefarm.worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
-from enginefarm.worker.quantize_stage import model_of_task
+from storage import builtengines, catalog, checks, quantizing, queue
+from storage.blobs import engine_key, get_blob_store
+from storage.blobwrite import store_with_row
+from storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
+from storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
+from worker.backends import BuildLog, get_backend
+from worker.fp16_stage import spec_of_task
+from worker.lanes import wait_for_builds
+from worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
+from worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
+from worker.quantize_stage import model_of_task
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
@@ -237,7 +237,7 @@ def _gpu(probe: MachineProbe) -> dict | None:
 
 
 def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
-    from enginefarm.worker.evaluate import evaluate
+    from worker.evaluate import evaluate
 
     settings, store = get_settings(), blob_store()
     with session_scope() as s:
@@ -322,7 +322,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
 
 @app.task(name=QUANTIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
 def quantize_model(self, build_id: int) -> None:
-    from enginefarm.worker import quantize_stage
+    from worker import quantize_stage
 
     me = current_worker_id()
     if not in_transaction(quantizing.claim_quantize, build_id, me):

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Path
 from fastapi.exceptions import RequestValidationError
 
-from enginefarm.api.schemas import ErrorOut
+from api.schemas import ErrorOut
 from enginefarm.core.text import text_problem
 
 # A 422 is either FastAPI's request validation or the farm's own (ModelRejected, SpecInvalid): ErrorOut is both.

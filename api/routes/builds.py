@@ -6,17 +6,17 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-from enginefarm.api import admission, buildwait, reports, services
-from enginefarm.api.answers import matches
-from enginefarm.api.auth import Tenant, authorize
-from enginefarm.api.buildschemas import BuildOut, BuildRequest, build_out
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
+from api import admission, buildwait, reports, services
+from api.answers import matches
+from api.auth import Tenant, authorize
+from api.buildschemas import BuildOut, BuildRequest, build_out
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from enginefarm.core.config import Settings
-from enginefarm.storage import catalog, liveness
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BuildRow
-from enginefarm.storage.tokens import Principal
+from storage import catalog, liveness
+from storage.db import session_scope
+from storage.tables import BuildRow
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
-from enginefarm.api.auth import Tenant
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.downloads import blob_response
-from enginefarm.api.int8stage import EngineInt8, engine_int8
-from enginefarm.api.reports import engine_checks
-from enginefarm.api.routes import RowId, check_no_nul, page_offset
-from enginefarm.api.schemas import EngineOut, ErrorOut, Page
+from api.auth import Tenant
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.downloads import blob_response
+from api.int8stage import EngineInt8, engine_int8
+from api.reports import engine_checks
+from api.routes import RowId, check_no_nul, page_offset
+from api.schemas import EngineOut, ErrorOut, Page
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
 from enginefarm.core.hashing import SHA_HEADER
-from enginefarm.storage import builtengines, quantizing
-from enginefarm.storage import checks as project_checks
-from enginefarm.storage.tables import EngineRow, ModelRow
+from storage import builtengines, quantizing
+from storage import checks as project_checks
+from storage.tables import EngineRow, ModelRow
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 CONTENT_RESPONSES = {

@@ -7,11 +7,11 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from enginefarm.api import gate
-from enginefarm.api.auth import Tenant
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.gateschemas import GateOut
-from enginefarm.api.routes import ID_MAX, UNPROCESSABLE, RowId
+from api import gate
+from api.auth import Tenant
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.gateschemas import GateOut
+from api.routes import ID_MAX, UNPROCESSABLE, RowId
 from enginefarm.core.config import Settings
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)

@@ -13,12 +13,12 @@ import anyio
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
+from api.deps import settings_dep
+from api.metrics import exposition
 from enginefarm import __version__
-from enginefarm.api.deps import settings_dep
-from enginefarm.api.metrics import exposition
 from enginefarm.core.config import Settings
-from enginefarm.storage.blobs import get_blob_store
-from enginefarm.storage.db import ping
+from storage.blobs import get_blob_store
+from storage.db import ping
 
 router = APIRouter(tags=["health"])
 READY_TIMEOUT_S = 3.0

@@ -6,19 +6,19 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from enginefarm.api import ingest, reports
-from enginefarm.api.auth import Tenant, authorize
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.downloads import blob_response
-from enginefarm.api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
-from enginefarm.api.routes.engines import CONTENT_RESPONSES
-from enginefarm.api.schemas import ModelOut, ModelReportOut, Page
-from enginefarm.api.upload import UploadLimits, receive_upload
+from api import ingest, reports
+from api.auth import Tenant, authorize
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.downloads import blob_response
+from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
+from api.routes.engines import CONTENT_RESPONSES
+from api.schemas import ModelOut, ModelReportOut, Page
+from api.upload import UploadLimits, receive_upload
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
-from enginefarm.storage import catalog
-from enginefarm.storage.tokens import Principal
+from storage import catalog
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 

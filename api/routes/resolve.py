@@ -3,9 +3,9 @@
 GET takes the fingerprint as query parameters (curl-friendly); POST takes it as JSON. Both answer
 the same: 200 with the choice, 404 with a reason per engine when nothing fits, or 202 with a build
 id when nothing fits and the caller asked for ``build``. The routes parse the question and answer;
-``enginefarm.api.resolver.resolve`` decides what.
+``api.resolver.resolve`` decides what.
 
-A 200 carries an ETag (``enginefarm.api.answers``): the same question asked again with ``If-None-Match`` gets a
+A 200 carries an ETag (``api.answers``): the same question asked again with ``If-None-Match`` gets a
 304 until the model's versions, engines or their benchmarks change, and the same question from another machine
 of the fleet is answered from the process's cache without judging anything again.
 """
@@ -24,16 +24,16 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from enginefarm.api import resolver
-from enginefarm.api.answers import HEADERS, PATH
-from enginefarm.api.auth import authorize, require
-from enginefarm.api.deps import CatalogRoute, settings_dep
-from enginefarm.api.routes import UNPROCESSABLE
-from enginefarm.api.schemas import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
+from api import resolver
+from api.answers import HEADERS, PATH
+from api.auth import authorize, require
+from api.deps import CatalogRoute, settings_dep
+from api.routes import UNPROCESSABLE
+from api.schemas import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
 from enginefarm.core.config import Settings
 from enginefarm.core.machine import SHORT_NAMES
-from enginefarm.storage.db import quick_read
-from enginefarm.storage.tokens import Principal
+from storage.db import quick_read
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 

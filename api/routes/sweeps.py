@@ -5,13 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from enginefarm.api import admission, reports, services
-from enginefarm.api.auth import Tenant, authorize
-from enginefarm.api.buildschemas import SweepOut, SweepRequest
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import UNPROCESSABLE, RowId, check_body_id
+from api import admission, reports, services
+from api.auth import Tenant, authorize
+from api.buildschemas import SweepOut, SweepRequest
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.routes import UNPROCESSABLE, RowId, check_body_id
 from enginefarm.core.config import Settings
-from enginefarm.storage.tokens import Principal
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy.orm import Session
 
-from enginefarm.api.auth import Tenant, authorize, revoke_now
-from enginefarm.api.deps import CatalogRoute, session_dep
-from enginefarm.api.routes import UNPROCESSABLE, RowId
-from enginefarm.api.tokenschemas import CurrentTokenOut, NewTokenOut, TokenIn, TokenOut
+from api.auth import Tenant, authorize, revoke_now
+from api.deps import CatalogRoute, session_dep
+from api.routes import UNPROCESSABLE, RowId
+from api.tokenschemas import CurrentTokenOut, NewTokenOut, TokenIn, TokenOut
 from enginefarm.core.errors import Forbidden
-from enginefarm.storage.tokens import Principal, create_token, lifetime, list_tokens
+from storage.tokens import Principal, create_token, lifetime, list_tokens
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 

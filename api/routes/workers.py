@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from enginefarm.api.auth import authorize
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.schemas import WorkerOut
+from api.auth import authorize
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.schemas import WorkerOut
 from enginefarm.core.config import Settings
-from enginefarm.storage import liveness
+from storage import liveness
 
 router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from enginefarm.api.ui.render import HERE, error_response
+from api.ui.render import HERE, error_response
 
 __all__ = ["error_response", "mount"]
 
 
 def mount(app: FastAPI) -> None:
     """Add the dashboard's pages and its static files to ``app``."""
-    from enginefarm.api.ui import builds, farm, models, reports, resolve, signin
+    from api.ui import builds, farm, models, reports, resolve, signin
 
     for module in (signin, models, builds, reports, resolve, farm):
         app.include_router(module.router, include_in_schema=False)

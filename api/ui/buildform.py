@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from enginefarm.api.schemas import ModelOut
-from enginefarm.api.services import spec_from
+from api.schemas import ModelOut
+from api.services import spec_from
 from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.trtexec import spec_from_trtexec

@@ -7,18 +7,18 @@ import shlex
 from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy.orm import Session
 
-from enginefarm.api import buildwait
-from enginefarm.api.buildschemas import BuildOut
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import RowId
-from enginefarm.api.routes import builds as build_routes
-from enginefarm.api.routes import engines as engine_routes
-from enginefarm.api.schemas import EngineOut
-from enginefarm.api.ui import session as ui_session
-from enginefarm.api.ui.render import page
+from api import buildwait
+from api.buildschemas import BuildOut
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.routes import RowId
+from api.routes import builds as build_routes
+from api.routes import engines as engine_routes
+from api.schemas import EngineOut
+from api.ui import session as ui_session
+from api.ui.render import page
 from enginefarm.core.config import Settings
-from enginefarm.storage import builtengines, catalog
-from enginefarm.storage.tokens import Principal
+from storage import builtengines, catalog
+from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 LIVE = {"queued", "running", "waiting"}

@@ -10,17 +10,17 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import RowId
-from enginefarm.api.routes import tokens as token_routes
-from enginefarm.api.routes import workers as worker_routes
-from enginefarm.api.tokenschemas import TokenIn
-from enginefarm.api.ui import session as ui_session
-from enginefarm.api.ui.render import HEADERS, page
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.routes import RowId
+from api.routes import tokens as token_routes
+from api.routes import workers as worker_routes
+from api.tokenschemas import TokenIn
+from api.ui import session as ui_session
+from api.ui.render import HEADERS, page
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import SpecInvalid
-from enginefarm.storage.observe import queue_state
-from enginefarm.storage.tokens import Principal
+from storage.observe import queue_state
+from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 

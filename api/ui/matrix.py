@@ -9,14 +9,14 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from enginefarm.api import reports, services
+from api import reports, services
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.validation import target_precision
-from enginefarm.storage import builtengines, catalog, liveness
-from enginefarm.storage import checks as project_checks
-from enginefarm.storage.db import as_utc
-from enginefarm.storage.tables import BuildRow, BuildTaskRow, ModelRow
+from storage import builtengines, catalog, liveness
+from storage import checks as project_checks
+from storage.db import as_utc
+from storage.tables import BuildRow, BuildTaskRow, ModelRow
 
 MAX_VERSIONS = 8
 LIVE = {"queued", "running", "waiting"}

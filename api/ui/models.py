@@ -7,19 +7,19 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from enginefarm.api import buildwait, services
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import ID_MAX, RowId, page_offset
-from enginefarm.api.routes import models as model_routes
-from enginefarm.api.schemas import ModelOut
-from enginefarm.api.ui import session as ui_session
-from enginefarm.api.ui.buildform import form_fields, spec_from_form
-from enginefarm.api.ui.matrix import model_matrix
-from enginefarm.api.ui.render import is_fragment, page
+from api import buildwait, services
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.routes import ID_MAX, RowId, page_offset
+from api.routes import models as model_routes
+from api.schemas import ModelOut
+from api.ui import session as ui_session
+from api.ui.buildform import form_fields, spec_from_form
+from api.ui.matrix import model_matrix
+from api.ui.render import is_fragment, page
 from enginefarm.core.config import Settings
-from enginefarm.storage import catalog, liveness
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tokens import Principal
+from storage import catalog, liveness
+from storage.db import session_scope
+from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 PAGE = 50

@@ -87,7 +87,7 @@ def is_fragment(request: Request) -> bool:
 def error_response(request: Request, exc: EnginefarmError) -> Response:
     """An error on a dashboard path: sign-in needed → the sign-in form (a 401 with HX-Redirect for htmx and
     scripts); anything else → the error page (or, for htmx, a message it shows in place) with the error's code."""
-    from enginefarm.api.ui.session import SignInNeeded
+    from api.ui.session import SignInNeeded
 
     if isinstance(exc, SignInNeeded):
         target = "/ui/signin?next=" + quote(request.url.path + (f"?{request.url.query}" if request.url.query else ""))

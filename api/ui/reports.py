@@ -7,15 +7,15 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from enginefarm.api import reports
-from enginefarm.api.deps import CatalogRoute, session_dep, settings_dep
-from enginefarm.api.routes import RowId
-from enginefarm.api.ui import session as ui_session
-from enginefarm.api.ui.render import page
+from api import reports
+from api.deps import CatalogRoute, session_dep, settings_dep
+from api.routes import RowId
+from api.ui import session as ui_session
+from api.ui.render import page
 from enginefarm.core.config import Settings
 from enginefarm.core.repairs import repair_groups
-from enginefarm.storage import catalog
-from enginefarm.storage.tokens import Principal
+from storage import catalog
+from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 

@@ -17,18 +17,18 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from enginefarm.api.routes import resolve as resolve_routes
-from enginefarm.api.schemas import ResolveRequest
-from enginefarm.api.ui import session as ui_session
-from enginefarm.api.ui.render import page
+from api.routes import resolve as resolve_routes
+from api.schemas import ResolveRequest
+from api.ui import session as ui_session
+from api.ui.render import page
 from enginefarm.core.errors import EnginefarmError, NoCompatibleEngine
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.probe.machineprobe import MachineProbe, machine_fingerprint
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.text import text_problem
-from enginefarm.storage import catalog
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tokens import Principal
+from storage import catalog
+from storage.db import session_scope
+from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui")
 FIELDS = (

@@ -43,11 +43,11 @@ from datetime import timedelta
 import anyio
 from fastapi import Request, Response
 
-from enginefarm.api.auth import TokenCache, cached_principal, require, revoke_now
+from api.auth import TokenCache, cached_principal, require, revoke_now
 from enginefarm.core.errors import EnginefarmError, Forbidden, SignInsTooFast
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import utcnow
-from enginefarm.storage.tokens import Principal, authenticate, open_session
+from storage.db import session_scope
+from storage.tables import utcnow
+from storage.tokens import Principal, authenticate, open_session
 
 COOKIE = "ef_session"
 SIGNIN_COOKIE = "ef_signin"
@@ -252,7 +252,7 @@ async def sign_out(request: Request) -> None:
 
 async def current(request: Request) -> Principal | None:
     """The signed-in principal of this request, or None. Uses the API's token cache and its revocation rules
-    (``enginefarm.api.auth.TokenCache``)."""
+    (``api.auth.TokenCache``)."""
     credential = request.cookies.get(COOKIE)
     if not credential:
         return None

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import RedirectResponse, Response
 
-from enginefarm.api.ui import session
-from enginefarm.api.ui.render import HEADERS, page
+from api.ui import session
+from api.ui.render import HEADERS, page
 from enginefarm.core.errors import SignInsTooFast
 
 router = APIRouter(prefix="/ui")

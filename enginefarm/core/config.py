@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     # How long a request's line and headers may take to arrive, from the connection's opening or the request's
     # first byte (a client dribbling headers holds a connection only this long); past it a 408 and a close.
     header_timeout_s: float = Field(default=30.0, gt=0)
-    # What a request's head may hold, judged as it arrives, before it is parsed (enginefarm/server/headlimits.py):
+    # What a request's head may hold, judged as it arrives, before it is parsed (server/headlimits.py):
     # its request line without the CRLF (past it a 414), its header block after the request line (bytes) and its
     # header lines (past either a 431); then a close.
     max_request_line_bytes: int = Field(default=8 << 10, ge=256)

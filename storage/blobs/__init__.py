@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from enginefarm.core.config import Settings, get_settings
-from enginefarm.storage.blobs.base import BlobStore, engine_key, model_key, samples_key
+from storage.blobs.base import BlobStore, engine_key, model_key, samples_key
 
 
 def get_blob_store(settings: Settings | None = None) -> BlobStore:
@@ -24,11 +24,11 @@ def _store_for(key: tuple, settings: Settings) -> BlobStore:
     with _lock:
         if key not in _stores:
             if settings.blob_store == "s3":
-                from enginefarm.storage.blobs.s3 import S3BlobStore
+                from storage.blobs.s3 import S3BlobStore
 
                 _stores[key] = S3BlobStore.from_settings(settings)
             else:
-                from enginefarm.storage.blobs.local import LocalBlobStore
+                from storage.blobs.local import LocalBlobStore
 
                 _stores[key] = LocalBlobStore(settings.resolved_blob_dir)
         return _stores[key]

@@ -14,7 +14,7 @@ from pathlib import Path
 from enginefarm.core.directwrite import DirectFile
 from enginefarm.core.errors import IntegrityError, NotFound
 from enginefarm.core.hashing import copy_hashed, sha256_file
-from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
+from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
 
 TMP_PREFIX = ".incoming-"  # a write in progress, or one a crash interrupted: never a blob
 

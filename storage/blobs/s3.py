@@ -18,8 +18,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import InfrastructureError, IntegrityError, NotFound
 from enginefarm.core.hashing import sha256_file
-from enginefarm.storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
-from enginefarm.storage.metrics import BLOB_ERRORS
+from storage.blobs.base import CHUNK, BlobObject, BlobStore, PartialUpload
+from storage.metrics import BLOB_ERRORS
 
 # Multipart above 64 MiB, in 64 MiB parts: big engines stream without being held in memory.
 STREAMS = 64  # S3 connections kept per process (botocore keeps 10)

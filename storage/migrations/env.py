@@ -3,8 +3,8 @@
 from alembic import context
 
 from enginefarm.core.config import get_settings
-from enginefarm.storage.db import make_engine
-from enginefarm.storage.tables import Base
+from storage.db import make_engine
+from storage.tables import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or get_settings().resolved_database_url

@@ -17,11 +17,11 @@ from sqlalchemy import delete, func, select, update
 from enginefarm.client import ApiError, Client
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow, utcnow
-from enginefarm.storage.tokens import hash_token
+from server import localservers
+from server.embedded import Farm, embedded_env, issue_token
+from storage.db import session_scope
+from storage.tables import ApiTokenRow, BuildRow, BuildTaskRow, SweepRow, utcnow
+from storage.tokens import hash_token
 from tests.api.test_body_limits import Drip, spool_files, wait_for
 from tests.conftest import PG_DB
 from tests.helpers import WORKER_A, WORKER_B, unique_name

@@ -15,11 +15,11 @@ from sqlalchemy import select
 
 from enginefarm.client import ApiError, Client
 from enginefarm.graph.samples import save_conv_net
-from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import (
+from server import localservers
+from server.embedded import Farm
+from storage.db import session_scope
+from storage.tables import ApiTokenRow
+from storage.tokens import (
     MAX_SESSIONS_PER_TOKEN,
     authenticate,
     create_token,

@@ -24,10 +24,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage import catalog
-from enginefarm.storage.blobs import model_key
-from enginefarm.storage.db import session_scope
+from server.embedded import Farm, embedded_env, issue_token
+from storage import catalog
+from storage.blobs import model_key
+from storage.db import session_scope
 from tests.corpus.bodies import npz_claiming_shape
 from tests.helpers import unique_name
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
-from enginefarm.api.app import create_app
+from api.app import create_app
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage import catalog
-from enginefarm.storage.db import session_scope
+from server.embedded import issue_token
+from storage import catalog
+from storage.db import session_scope
 
 
 def test_a_database_failing_after_the_commit_does_not_hide_the_build(tmp_path, monkeypatch):

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from enginefarm.client import Client
-from enginefarm.server import localservers
-from enginefarm.storage import catalog
-from enginefarm.storage.db import in_transaction
+from server import localservers
+from storage import catalog
+from storage.db import in_transaction
 from tests.conftest import PG_DB
 from tests.queuedbuilds import fail_later, queue_only_farm, queued_build
 

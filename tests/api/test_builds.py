@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.storage import catalog
-from enginefarm.storage.db import session_scope
+from storage import catalog
+from storage.db import session_scope
 from tests.helpers import unique_name
 
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 import uvicorn
 
-from enginefarm.api.app import create_app
+from api.app import create_app
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net
-from enginefarm.server.embedded import free_port, issue_token
+from server.embedded import free_port, issue_token
 from tests.helpers import unique_name
 
 

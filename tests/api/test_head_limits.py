@@ -1,5 +1,5 @@
 """A request's head is bounded as its bytes arrive, before they are parsed or copied (``HeadLimitProtocol``,
-enginefarm/server/headlimits.py): a request line past 8 KiB gets a 414, a header block past 64 KiB or more than
+server/headlimits.py): a request line past 8 KiB gets a 414, a header block past 64 KiB or more than
 100 header lines a 431, and the connection is closed. Against the API as deployed (``enginefarm api``, one
 process and two) with raw sockets: a flood of endless header lines leaves its memory flat, an endless request line
 leaves /healthz as fast as before, the exact edges, and keep-alive, pipelined and large requests as before. The
@@ -20,9 +20,9 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from enginefarm.server.embedded import Farm, embedded_env
-from enginefarm.server.headlimits import MAX_PIPELINED, HeadLimits
-from enginefarm.server.serve import FarmProtocol
+from server.embedded import Farm, embedded_env
+from server.headlimits import MAX_PIPELINED, HeadLimits
+from server.serve import FarmProtocol
 
 LINE_LIMIT = HeadLimits().request_line  # 8 KiB
 BLOCK_LIMIT = HeadLimits().header_bytes  # 64 KiB

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from enginefarm.server.embedded import Farm, embedded_env
+from server.embedded import Farm, embedded_env
 
 LIMIT_S = 1.0
 # Far past the limit: a server without one keeps the connection for as long as the client dribbles.

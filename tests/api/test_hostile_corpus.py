@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from enginefarm.graph.samples import conv_net
-from enginefarm.storage import catalog
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tokens import create_token, revoke_token
+from storage import catalog
+from storage.db import session_scope
+from storage.tokens import create_token, revoke_token
 from tests.corpus import CORPUS, Context, Entry, by_category
 from tests.faults import bucket_keys
 from tests.helpers import unique_name

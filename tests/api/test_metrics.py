@@ -12,7 +12,7 @@ import httpx
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from enginefarm.api.app import create_app
+from api.app import create_app
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.core.machine import Machine

@@ -1,5 +1,5 @@
 """A fleet's unchanged conditional resolve gets its 304 from the server's HTTP protocol (``FarmProtocol`` in
-``enginefarm/server/serve.py``), as soon as its headers are parsed, with the headers, metrics and access line the
+``server/serve.py``), as soon as its headers are parsed, with the headers, metrics and access line the
 app gives a 304; everything else goes to the app, which answers it as before.
 
 The real app (``create_app``, its start-up run, PostgreSQL) under the real protocol class, fed bytes as a socket
@@ -18,12 +18,12 @@ import uvicorn
 from prometheus_client import REGISTRY
 from uvicorn.server import ServerState
 
-from enginefarm.api.app import create_app
+from api.app import create_app
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.server.serve import FarmProtocol, HeaderTimeoutProtocol
-from enginefarm.storage.db import session_scope
+from server import localservers
+from server.embedded import issue_token
+from server.serve import FarmProtocol, HeaderTimeoutProtocol
+from storage.db import session_scope
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 MACHINE = f"cc=8.6&trt_rtx={RTX_VERSION}&platform=x86_64&gpu=NVIDIA+GeForce+RTX+3090"
@@ -321,7 +321,7 @@ def test_a_new_engine_ends_the_304s_at_once(catalog):
             protocol.data_received(conditional)
             assert responses(bytes(transport.out))[0][0] == 304
             with session_scope(settings) as s:
-                from enginefarm.storage.tables import ModelRow
+                from storage.tables import ModelRow
 
                 catalog_engine(s, s.query(ModelRow).filter_by(name=name).one(), "sm89")
             changed_at = asyncio.get_running_loop().time()
@@ -386,7 +386,7 @@ def test_a_connection_whose_writes_are_paused_is_the_apps(catalog):
 def test_versions_due_for_a_read_are_left_to_the_app_which_reads_them(catalog, monkeypatch):
     """Versions in the last quarter of their stated time: the app answers and reads them again in the background
     (``api.answers.versions_of``); the protocol, which cannot start that read, leaves the request to it."""
-    from enginefarm.api.versions import Versions
+    from api.versions import Versions
 
     settings, token, name = catalog
     query = f"model={name}&{MACHINE}"

@@ -30,7 +30,7 @@ class Provider(trace.TracerProvider):
 
 
 trace.set_tracer_provider(Provider())
-from enginefarm.api.app import create_app
+from api.app import create_app
 from enginefarm.core.config import Settings
 
 seen = {}

@@ -13,15 +13,15 @@ import uuid
 
 import pytest
 
-from enginefarm.api import reports
+from api import reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
 from enginefarm.core.spec import BuildSpec
-from enginefarm.server import localservers
-from enginefarm.server.embedded import prepare
-from enginefarm.storage import builtengines, checks
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BenchmarkTaskRow, EngineRow
+from server import localservers
+from server.embedded import prepare
+from storage import builtengines, checks
+from storage.db import session_scope
+from storage.tables import BenchmarkTaskRow, EngineRow
 from tests.helpers import catalog_engine, catalog_model, unique_name
 
 STATS = {"e2e": {"median": 1.0, "p99": 2.0}, "throughput_qps": 1000.0}

@@ -14,14 +14,14 @@ from contextlib import ExitStack
 import pytest
 from fastapi.testclient import TestClient
 
-from enginefarm.api import resolver
-from enginefarm.api.app import create_app
+from api import resolver
+from api.app import create_app
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage import checks, resolution
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import EngineRow
+from server import localservers
+from server.embedded import issue_token
+from storage import checks, resolution
+from storage.db import session_scope
+from storage.tables import EngineRow
 from tests.helpers import RTX_VERSION, catalog_model, unique_name
 
 PROFILE = {"images": {"min": [1, 3, 640, 640], "opt": [1, 3, 640, 640], "max": [1, 3, 640, 640]}}

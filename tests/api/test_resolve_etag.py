@@ -11,15 +11,15 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from enginefarm.api import resolver
-from enginefarm.api.app import create_app
-from enginefarm.api.routes import resolve as resolve_routes
+from api import resolver
+from api.app import create_app
+from api.routes import resolve as resolve_routes
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage import checks
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ModelRow
+from server import localservers
+from server.embedded import issue_token
+from storage import checks
+from storage.db import session_scope
+from storage.tables import ModelRow
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 GPU = "NVIDIA GeForce RTX 3090"

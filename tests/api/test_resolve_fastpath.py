@@ -16,12 +16,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from enginefarm.api import fastpath
-from enginefarm.api.app import create_app
+from api import fastpath
+from api.app import create_app
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage.db import session_scope
+from server import localservers
+from server.embedded import issue_token
+from storage.db import session_scope
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 GPU = "NVIDIA GeForce RTX 3090"
@@ -141,7 +141,7 @@ def test_answers_are_computed_on_at_most_the_resolve_threads(catalog, monkeypatc
     """ENGINEFARM_RESOLVE_THREADS bounds the answers computed at once in a process (the server's pool has 40
     threads): through the route (POST) and before it (GET) alike."""
     settings, token, name = catalog
-    from enginefarm.api.routes import resolve as resolve_routes
+    from api.routes import resolve as resolve_routes
 
     busy, most, lock = [0], [0], threading.Lock()
     real = resolve_routes.answer
@@ -177,7 +177,7 @@ def test_answers_are_computed_on_at_most_the_resolve_threads(catalog, monkeypatc
 def test_the_dashboards_question_is_never_taken_for_the_apis(catalog):
     """The dashboard's resolve page answers through the route's function with ``explain`` and its own reading of its
     query string; a fleet's GET of the same query string must get the API's answer, not the page's kept one."""
-    from enginefarm.api.ui.session import COOKIE
+    from api.ui.session import COOKIE
 
     settings, token, name = catalog
     query = {"model": name, "platform": "x86_64"}

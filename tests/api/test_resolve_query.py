@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from enginefarm.api.answers import digest_of
-from enginefarm.api.schemas import SHAPE_PARAMETERS, ResolveQuery, ResolveRequest, request_of
+from api.answers import digest_of
+from api.schemas import SHAPE_PARAMETERS, ResolveQuery, ResolveRequest, request_of
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.wanted import Wanted
 
@@ -87,9 +87,9 @@ def test_an_unknown_query_parameter_is_refused_with_the_one_meant(tmp_path):
     (trt_version=10.3.0 served a TensorRT-RTX engine to a TensorRT machine): a 422 names it and the one meant."""
     from fastapi.testclient import TestClient
 
-    from enginefarm.api.app import create_app
+    from api.app import create_app
     from enginefarm.core.config import Settings
-    from enginefarm.server.embedded import issue_token
+    from server.embedded import issue_token
 
     settings = Settings(data_dir=tmp_path, reconcile_seconds=0, gc_interval_seconds=0)
     with TestClient(create_app(settings)) as http:

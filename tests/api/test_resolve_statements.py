@@ -17,12 +17,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import event
 
-from enginefarm.api.app import create_app
+from api.app import create_app
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage import checks
-from enginefarm.storage.db import _quick_engine_for, session_scope
+from server import localservers
+from server.embedded import issue_token
+from storage import checks
+from storage.db import _quick_engine_for, session_scope
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 GPU = "NVIDIA GeForce RTX 3090"
@@ -116,7 +116,7 @@ def test_latencies_measured_at_different_input_shapes_are_not_compared(farm):
     """Two builds of one model with different opt shapes are each benchmarked at their own: a smaller input's
     latency must not make a slower int8 artifact win over fp32 (the int8 one measured 0.79 ms at 2x3x32x96, the fp32
     one 1.28 ms at 4x3x48x192). Measured at the same shapes, the faster one wins."""
-    from enginefarm.storage.tables import EngineRow
+    from storage.tables import EngineRow
 
     settings, http = farm
     name = unique_name("shapes")
@@ -169,7 +169,7 @@ def test_latencies_measured_at_different_input_shapes_are_not_compared(farm):
 def test_shapes_that_name_no_input_of_the_model_get_a_422_not_a_404(farm):
     """`fetch --shapes y:4x3x48x192` (no input y) or `x:4x3x48` (rank 3) answered "none of the engines runs" and
     suggested a build that then failed with 422: both are the request's mistake, said at once."""
-    from enginefarm.storage.tables import EngineRow
+    from storage.tables import EngineRow
 
     settings, http = farm
     name = unique_name("inputs")

@@ -18,15 +18,15 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from enginefarm.api import answers as answers_module
-from enginefarm.api.app import create_app
-from enginefarm.api.versions import Versions
+from api import answers as answers_module
+from api.app import create_app
+from api.versions import Versions
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage import resolution
-from enginefarm.storage.changes import changes_for
-from enginefarm.storage.db import session_scope
+from server import localservers
+from server.embedded import issue_token
+from storage import resolution
+from storage.changes import changes_for
+from storage.db import session_scope
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 GPU = "NVIDIA GeForce RTX 3090"
@@ -57,9 +57,9 @@ def elsewhere(settings: Settings, code: str) -> None:
     script = textwrap.dedent(f"""
         import uuid
         from enginefarm.core.config import Settings
-        from enginefarm.storage import checks
-        from enginefarm.storage.db import session_scope
-        from enginefarm.storage.tables import ModelRow
+        from storage import checks
+        from storage.db import session_scope
+        from storage.tables import ModelRow
         from tests.helpers import catalog_engine, catalog_model
         with session_scope(Settings(data_dir={str(settings.data_dir)!r}, database_url={settings.database_url!r})) as s:
     """) + textwrap.indent(textwrap.dedent(code), "    ")

@@ -21,16 +21,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from enginefarm.api import auth
-from enginefarm.api.app import create_app
-from enginefarm.api.auth import TokenCache
-from enginefarm.api.ui.session import COOKIE, csrf_token
+from api import auth
+from api.app import create_app
+from api.auth import TokenCache
+from api.ui.session import COOKIE, csrf_token
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.server.embedded import issue_token
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import Principal, create_token
+from server import localservers
+from server.embedded import issue_token
+from storage.db import session_scope
+from storage.tables import ApiTokenRow
+from storage.tokens import Principal, create_token
 from tests.helpers import unique_name
 
 CURRENT = "/v1/tokens/current"

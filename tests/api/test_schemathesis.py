@@ -35,7 +35,7 @@ from tests.helpers import unique_name
 SEED = 20240611
 MAX_EXAMPLES = 60  # per operation, in the fuzzing phase; the coverage phase adds its own fixed set
 # The server refuses a head past its bounds before any route or token check runs (414 for a request line over
-# 8 KiB, 431 for the header block: enginefarm/server/headlimits.py), so a generated request that long and without
+# 8 KiB, 431 for the header block: server/headlimits.py), so a generated request that long and without
 # its token is told that, not 401. Any other answer is judged as schemathesis judges it.
 HEAD_REFUSED = {414, 431}
 

@@ -21,7 +21,7 @@ import pytest
 from enginefarm.client import Client
 from enginefarm.core.errors import NotFound
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.server.embedded import Farm
+from server.embedded import Farm
 from tests.helpers import unique_name
 from tests.proxy import CACHE_STATUS, CachingProxy
 

@@ -4,9 +4,9 @@ a failed lookup."""
 
 from __future__ import annotations
 
-from enginefarm.api import auth
-from enginefarm.api.auth import TokenCache
-from enginefarm.storage.tokens import Principal
+from api import auth
+from api.auth import TokenCache
+from storage.tokens import Principal
 
 P = Principal(7, "fleet", "read")
 

@@ -13,7 +13,7 @@ import pytest
 from enginefarm.client import Client
 from enginefarm.core.errors import Forbidden, ModelRejected, Unauthorized
 from enginefarm.graph.samples import save_conv_net
-from enginefarm.server.embedded import issue_token
+from server.embedded import issue_token
 from tests.helpers import unique_name
 
 

@@ -16,12 +16,12 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from enginefarm.api.upload import WRITE_BYTES, UploadLimits, _Receiver, receive_upload
+from api.upload import WRITE_BYTES, UploadLimits, _Receiver, receive_upload
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.graph.modelfile import model_path_for
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage.blobs import model_key
+from server.embedded import Farm, embedded_env, issue_token
+from storage.blobs import model_key
 from tests.corpus import files as f
 from tests.helpers import unique_name
 

@@ -16,9 +16,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from enginefarm.graph.samples import conv_net
-from enginefarm.storage import catalog
-from enginefarm.storage.blobs import get_blob_store, model_key
-from enginefarm.storage.db import session_scope
+from storage import catalog
+from storage.blobs import get_blob_store, model_key
+from storage.db import session_scope
 from tests.helpers import UPLOAD_LIMIT, unique_name
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from enginefarm.core.errors import SpecInvalid
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ApiTokenRow
-from enginefarm.storage.tokens import create_token
+from storage.db import session_scope
+from storage.tables import ApiTokenRow
+from storage.tokens import create_token
 from tests.helpers import unique_name
 
 PROFILE = sample_spec()["profiles"]

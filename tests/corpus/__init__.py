@@ -30,7 +30,7 @@ EMOJI = "\U0001f4a3\U0001f525"
 LONG = "x" * 10_000
 # Long, but a request line that holds it stays within the server's 8 KiB: what the app itself says of it.
 HALF_LONG = "x" * 5_000
-# The server refuses a request line past 8 KiB before the app sees it (enginefarm/server/headlimits.py).
+# The server refuses a request line past 8 KiB before the app sees it (server/headlimits.py).
 LINE_TOO_LONG = "the request line is longer than 8192 bytes"
 PROFILE = sample_spec()["profiles"]  # the sample model's dynamic batch: 1..8, opt 4
 

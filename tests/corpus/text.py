@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from enginefarm.api.ui.session import COOKIE, csrf_token
+from api.ui.session import COOKIE, csrf_token
 from tests.corpus import Context, E, Entry, Request, resolve_post, upload
 from tests.corpus import files as f
 

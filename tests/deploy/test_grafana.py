@@ -12,12 +12,12 @@ import promql_parser
 import pytest
 from prometheus_client.metrics import MetricWrapperBase
 
-from enginefarm.api import metrics as api_metrics
-from enginefarm.api.metrics import CatalogCollector
+from api import metrics as api_metrics
+from api.metrics import CatalogCollector
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import prepare
-from enginefarm.storage import metrics as storage_metrics
-from enginefarm.worker import metrics as worker_metrics
+from server.embedded import prepare
+from storage import metrics as storage_metrics
+from worker import metrics as worker_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "enginefarm.json"
 SAMPLE_SUFFIXES = {

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from enginefarm.server import healthcheck
+from server import healthcheck
 
 
 def cmdline(tmp_path, *args: str):

@@ -13,8 +13,8 @@ import redis
 
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import RTX_PORTABLE_CCS, Backend, Target, all_targets
-from enginefarm.server.embedded import free_port
-from enginefarm.storage.queue import BUILD_TASK, make_celery
+from server.embedded import free_port
+from storage.queue import BUILD_TASK, make_celery
 from tests.deploy import manifests as m
 from tests.deploy.placement import GPU, GPU_TAINT, NODES, Node, fits, tolerates, why_not
 

@@ -18,10 +18,10 @@ import redis
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BenchmarkTaskRow, BuildTaskRow, EngineRow
+from server import localservers
+from server.embedded import Farm, embedded_env, issue_token
+from storage.db import session_scope
+from storage.tables import BenchmarkTaskRow, BuildTaskRow, EngineRow
 from tests.helpers import unique_name
 
 CPU, GPU = "onnxruntime/cpu-x86_64", "tensorrt-rtx/sm86"

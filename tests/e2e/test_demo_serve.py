@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from enginefarm.server.embedded import free_port
+from server.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = re.compile(r"ef_[A-Za-z0-9_-]{20,}")

@@ -17,7 +17,7 @@ from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.core.probe.machineprobe import normalize_platform
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.server.embedded import Farm, issue_token
+from server.embedded import Farm, issue_token
 from tests.helpers import unique_name
 
 ORT_TARGET = f"onnxruntime/cpu-{normalize_platform(platform.machine())}"

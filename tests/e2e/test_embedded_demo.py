@@ -8,8 +8,8 @@ import sys
 
 from enginefarm.core.config import Settings
 from enginefarm.core.hashing import sha256_file
-from enginefarm.storage import builtengines
-from enginefarm.storage.db import session_scope
+from storage import builtengines
+from storage.db import session_scope
 
 
 def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):

@@ -8,10 +8,10 @@ import time
 from enginefarm.client import Client
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.storage import builtengines
-from enginefarm.storage.blobs import get_blob_store
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.gc import referenced_keys
+from storage import builtengines
+from storage.blobs import get_blob_store
+from storage.db import session_scope
+from storage.gc import referenced_keys
 from tests.faults import bucket_keys
 from tests.helpers import WORKER_A, WORKER_B, run_cli, unique_name
 

@@ -20,13 +20,13 @@ from sqlalchemy import select
 from enginefarm.client import Client
 from enginefarm.core.domain import TaskState
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.storage import liveness
-from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
-from enginefarm.storage.blobs.base import PartialUpload
-from enginefarm.storage.blobs.s3 import S3BlobStore
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.gc import collect_garbage, referenced_keys
-from enginefarm.storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from storage import liveness
+from storage.blobs import engine_key, get_blob_store, model_key
+from storage.blobs.base import PartialUpload
+from storage.blobs.s3 import S3BlobStore
+from storage.db import session_scope
+from storage.gc import collect_garbage, referenced_keys
+from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
 from tests.helpers import unique_name
 
 TARGETS = ["onnxruntime/cpu-x86_64", "tensorrt-rtx/sm86"]
@@ -211,7 +211,7 @@ def test_the_api_sweeps_periodically(farm, dist_settings, catalogued, store, tmp
     Background work runs in one API process of the farm at a time (storage.leader): the session's API holds it,
     so the test ends that API's hold (its lock's connection, as a crashed host would) and the sweeper, asking
     five times as often, takes the job over."""
-    from enginefarm.server.embedded import Farm
+    from server.embedded import Farm
 
     orphan, _ = put_orphan(store)
     wait_until_no_blob_writes(dist_settings)
@@ -236,7 +236,7 @@ def end_hold(settings, job: str) -> None:
     """Terminate the connection that holds ``job``'s advisory lock (storage.leader), if one does."""
     from sqlalchemy import text
 
-    from enginefarm.storage.db import advisory_key, get_engine
+    from storage.db import advisory_key, get_engine
 
     key = advisory_key("job", job) & 0xFFFFFFFFFFFFFFFF
     with get_engine(settings).connect() as conn:

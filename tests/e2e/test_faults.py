@@ -16,9 +16,9 @@ import redis
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
-from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm, issue_token
-from enginefarm.storage.gc import collect_garbage
+from server import localservers
+from server.embedded import Farm, issue_token
+from storage.gc import collect_garbage
 from tests.faults import TcpProxy, audit, slow
 from tests.helpers import unique_name
 
@@ -120,7 +120,7 @@ def test_same_task_twice_at_once_gives_one_engine(farm, tmp_path, dist_settings)
     """Fault 5, both ways it happens: (a) one task's message delivered twice at once, to two workers; (b) two
     tasks for the same engine (identical bytes under two names, same spec and target) built at the same time.
     Each ends with one engine row and one blob."""
-    from enginefarm.storage.queue import BUILD_TASK, make_celery
+    from storage.queue import BUILD_TASK, make_celery
 
     spec = {**sample_spec(), **NO_CHECKS}
     for name in ("twin-1", "twin-2"):
@@ -336,8 +336,8 @@ def test_redis_restarted_empty_with_20_tasks_queued_all_complete(farm, tmp_path,
 def test_a_task_of_a_dead_worker_is_requeued_and_finished_by_another(farm, tmp_path, dist_settings):
     """A worker that died mid-task leaves its row running; once its heartbeats stop, the reconciler puts the
     task back in the queue and a live worker finishes it: one engine, no second row."""
-    from enginefarm.storage import catalog
-    from enginefarm.storage.db import session_scope
+    from storage import catalog
+    from storage.db import session_scope
 
     target = "tensorrt-rtx/portable"
     with Client(farm.url) as c:
@@ -360,8 +360,8 @@ def test_a_task_of_a_dead_worker_is_requeued_and_finished_by_another(farm, tmp_p
 
 
 def test_a_task_delivered_too_often_is_failed_with_the_reason(dist_settings, tmp_path, farm):
-    from enginefarm.storage import catalog
-    from enginefarm.storage.db import session_scope
+    from storage import catalog
+    from storage.db import session_scope
 
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=83), unique_name("faults"))

@@ -32,12 +32,12 @@ from sqlalchemy import func, select
 
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.server import localservers
-from enginefarm.server.embedded import Farm, issue_token
-from enginefarm.storage.blobs import get_blob_store
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.gc import collect_garbage
-from enginefarm.storage.tables import BuildTaskRow, EngineRow, ModelRow
+from server import localservers
+from server.embedded import Farm, issue_token
+from storage.blobs import get_blob_store
+from storage.db import session_scope
+from storage.gc import collect_garbage
+from storage.tables import BuildTaskRow, EngineRow, ModelRow
 from tests.faults import slow
 
 # Its own Redis database: the session's workers must never take this farm's tasks.

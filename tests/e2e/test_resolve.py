@@ -19,9 +19,9 @@ from enginefarm.client.cache import EngineCache
 from enginefarm.core.errors import NoCompatibleEngine
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.storage import checks
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BenchmarkRow, EngineRow
+from storage import checks
+from storage.db import session_scope
+from storage.tables import BenchmarkRow, EngineRow
 from tests.helpers import run_cli, unique_name
 
 TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "onnxruntime/cpu-x86_64"]

@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from enginefarm.client import Client
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.storage.db import as_utc, session_scope
-from enginefarm.storage.tables import BenchmarkTaskRow, BuildTaskRow, WorkerRow
+from storage.db import as_utc, session_scope
+from storage.tables import BenchmarkTaskRow, BuildTaskRow, WorkerRow
 from tests.e2e.test_faults import NO_CHECKS, PORTABLE, wait_task
 from tests.faults import audit, slow
 from tests.helpers import unique_name

@@ -20,10 +20,10 @@ from sqlalchemy import select
 from enginefarm.client import Client
 from enginefarm.core.config import Settings
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.server.embedded import Farm, issue_token
-from enginefarm.storage.blobs import get_blob_store
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import BenchmarkTaskRow, EngineRow
+from server.embedded import Farm, issue_token
+from storage.blobs import get_blob_store
+from storage.db import session_scope
+from storage.tables import BenchmarkTaskRow, EngineRow
 from tests.helpers import unique_name
 
 ORT = "onnxruntime/cpu-x86_64"

@@ -2,23 +2,21 @@
 that failed and quotes that process's own error from its log, with the log's path, instead of its own traceback.
 
 Real processes throughout: ``python -m enginefarm up`` as a user runs it, its API and worker processes as it starts
-them. The checkout case is played as it happens to a user: the package installed (not editable: an editable
-install's import hook finds ``enginefarm.api`` wherever ``enginefarm`` came from) and the command run from a folder
-whose ``enginefarm/`` is a source checkout's, without ``api/``."""
+them."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
-import sysconfig
+import time
 from pathlib import Path
 
 import pytest
-import tomllib
 
-from enginefarm.server.embedded import Farm, embedded_env, free_port
+from server.embedded import Farm, embedded_env, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACEBACK = "Traceback (most recent call last)"
@@ -34,76 +32,41 @@ def up(*args: str, python: str = sys.executable, cwd: Path | None = None, **env:
     return subprocess.run([python, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env=clean_env(**env))
 
 
-def link_entries(source: Path, dest: Path, skip: tuple[str, ...] = ()) -> None:
-    """``dest``: a folder of links to the entries of ``source`` (not its bytecode caches nor ``skip``)."""
-    dest.mkdir(parents=True)
-    for entry in source.iterdir():
-        if entry.name != "__pycache__" and entry.name not in skip:
-            (dest / entry.name).symlink_to(entry)
+def test_a_farm_runs_from_the_checkouts_root(tmp_path):
+    """`python -m enginefarm up` in the checkout's root, as a new user first tries it: the folders are the
+    packages, so the farm's processes (started as `python -m enginefarm`, in that folder) import them and serve."""
+    import httpx
 
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A virtual environment with the package laid out as ``pip install .`` lays it out (pyproject's package-dir:
-    api/ becomes enginefarm/api, ...), in links to this checkout, and the test environment's other packages
-    reachable without running their .pth files (so no editable install's import hook); returns its python."""
-    root = tmp_path_factory.mktemp("installed")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=60)
-    python = root / "venv" / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
-    (site / "test-environment.pth").write_text("".join(f"{path}\n" for path in ours))
-    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for package, folder in sorted(folders.items()):  # enginefarm before enginefarm.api
-        where = site.joinpath(*package.split("."))
-        if package == "enginefarm":
-            link_entries(ROOT / folder, where)
-        else:
-            where.symlink_to(ROOT / folder)
-    return python
-
-
-@pytest.fixture
-def checkout(tmp_path) -> Path:
-    """A folder laid out as a source checkout is: an enginefarm/ package folder without api/."""
-    link_entries(ROOT / "enginefarm", tmp_path / "checkout" / "enginefarm", skip=("api",))
-    return tmp_path / "checkout"
-
-
-@pytest.mark.parametrize("command", ["up", "demo"])
-def test_run_from_a_checkout_names_the_api_its_missing_module_and_what_to_do(installed, checkout, tmp_path, command):
+    port = free_port()
     data = tmp_path / "data"
-    # -P: this process imports the installed package, as the `enginefarm` script does; the farm's processes,
-    # started as `python -m enginefarm` in the checkout, import the checkout's enginefarm/.
-    args = ["up", "--port", "0"] if command == "up" else ["demo"]
-    done = up("-P", "-m", "enginefarm", *args, "--data-dir", str(data), python=str(installed), cwd=checkout)
-    assert done.returncode == 1, done.stdout + done.stderr
-    said = " ".join(done.stderr.split())
-    assert TRACEBACK not in done.stderr, done.stderr
-    assert f"error: enginefarm {command}: the farm's API (enginefarm api on port" in said, said
-    assert "exited with code 1 while the farm was starting" in said, said
-    assert f"its log, {data / 'api.log'}, says: ModuleNotFoundError: No module named 'enginefarm.api'" in said, said
-    assert f"{checkout / 'enginefarm'} is a source checkout's package folder, without api/" in said, said
-    assert "from another directory" in said and "make demo" in said, said
-
-
-def test_the_command_itself_run_from_a_checkout_says_what_to_do(installed, checkout, tmp_path):
-    """Without -P the command's own process imports the checkout too; it fails before starting anything."""
-    done = up(
-        "-m", "enginefarm", "up", "--port", "0", "--data-dir", str(tmp_path / "d"), python=str(installed), cwd=checkout
+    env = clean_env()
+    farm = subprocess.Popen(
+        [sys.executable, "-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(data), "--workers", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
-    assert done.returncode == 1, done.stdout + done.stderr
-    said = " ".join(done.stderr.split())
-    assert TRACEBACK not in done.stderr, done.stderr
-    assert "error: enginefarm up: the farm's code would not import: No module named 'enginefarm." in said, said
-    assert "is a source checkout's package folder" in said and "make demo" in said, said
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and farm.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        assert farm.poll() is None, farm.stdout.read() if farm.stdout else ""
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert ready.status_code == 200, ready.text
+    finally:
+        farm.send_signal(signal.SIGINT)
+        try:
+            farm.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            farm.kill()
+    assert farm.returncode == 0, farm.stdout.read() if farm.stdout else ""
 
 
 def test_a_taken_port_is_one_line_and_exit_2_before_anything_is_made(tmp_path):
@@ -188,12 +151,12 @@ BOXED = """\
 │ /x/cli.py:39 in run                                         │
 │ ❱  39 │   │   return fn(*args, **kwargs)                    │
 ╰─────────────────────────────────────────────────────────────╯
-ModuleNotFoundError: No module named 'enginefarm.api'
+ModuleNotFoundError: No module named 'api'
 """
 
 
 def test_error_lines_take_the_last_exception_and_the_errors_after_it():
-    from enginefarm.server.starterrors import error_lines
+    from server.starterrors import error_lines
 
     assert error_lines(PLAIN) == [
         "sqlalchemy.exc.OperationalError: (psycopg.OperationalError) connection failed: Connection refused",
@@ -201,11 +164,11 @@ def test_error_lines_take_the_last_exception_and_the_errors_after_it():
         "(Background on this error at: https://sqlalche.me/e/20/e3q8)",
         "ERROR:    Application startup failed. Exiting.",
     ]
-    assert error_lines(BOXED) == ["ModuleNotFoundError: No module named 'enginefarm.api'"]
+    assert error_lines(BOXED) == ["ModuleNotFoundError: No module named 'api'"]
 
 
 def test_error_lines_without_a_traceback_are_the_error_lines_else_the_last_lines():
-    from enginefarm.server.starterrors import error_lines
+    from server.starterrors import error_lines
 
     celery = "\n".join(
         ["[2026-01-01 10:00:00,000: INFO/MainProcess] Connected"]
@@ -222,8 +185,8 @@ def test_error_lines_without_a_traceback_are_the_error_lines_else_the_last_lines
 def test_a_local_server_that_exits_says_why(tmp_path, monkeypatch):
     """``localservers.seaweedfs`` (the tests' and benchmarks' S3 server): a ``weed`` that exits at once is named,
     with its own last error line and its log's path."""
-    from enginefarm.server.localservers import seaweedfs
-    from enginefarm.server.starterrors import StartFailed
+    from server.localservers import seaweedfs
+    from server.starterrors import StartFailed
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

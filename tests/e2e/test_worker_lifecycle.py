@@ -19,7 +19,7 @@ from enginefarm.core.config import Settings
 from enginefarm.core.probe.machineprobe import normalize_platform
 from enginefarm.core.workerid import worker_name
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.server.embedded import free_port, issue_token
+from server.embedded import free_port, issue_token
 from tests.e2e.test_faults import NO_CHECKS, PORTABLE, wait_task
 from tests.faults import audit, slow
 from tests.helpers import unique_name
@@ -337,7 +337,7 @@ def test_a_child_started_from_a_short_lived_thread_outlives_the_thread():
     (as the race test does) must live on after that thread ends, and still die with the process."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from enginefarm.server import lifeline
+    from server import lifeline
 
     def start() -> subprocess.Popen:
         proc = lifeline.spawn(["sleep", "60"])

@@ -28,12 +28,12 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.core.validation import validate_spec
 from enginefarm.graph.inputs import load_samples
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.cleanup import prepared_model
-from enginefarm.worker.evaluate import evaluate
-from enginefarm.worker.pipeline import engine_from_model
-from enginefarm.worker.quantize import family_of
 from tests.realmodels import MODELS, RealModel, path, samples
+from worker.backends.base import BuildLog
+from worker.cleanup import prepared_model
+from worker.evaluate import evaluate
+from worker.pipeline import engine_from_model
+from worker.quantize import family_of
 
 TARGETS = (
     "tensorrt-rtx/sm75",
@@ -99,9 +99,9 @@ def prepare(name: str, work: Path) -> Prepared:
 
 def _quantized(prep: Prepared, work: Path, family: str) -> None:
     """The int8 stage once per model and target family, as worker/quantize_stage.py runs it."""
-    from enginefarm.worker.evaluate import OrtRunner
-    from enginefarm.worker.int8_choice import quantize_for_cpu
-    from enginefarm.worker.quantize import quantize_qdq
+    from worker.evaluate import OrtRunner
+    from worker.int8_choice import quantize_for_cpu
+    from worker.quantize import quantize_qdq
 
     if family in prep.int8_path or family in prep.int8_error:
         return

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.storage.db import migrate
+from server import localservers
+from storage.db import migrate
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

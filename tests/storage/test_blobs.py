@@ -16,11 +16,11 @@ from botocore.config import Config
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import InfrastructureError, IntegrityError, NotFound
 from enginefarm.core.hashing import sha256_file
-from enginefarm.server import localservers
-from enginefarm.storage.blobs import engine_key, get_blob_store, model_key
-from enginefarm.storage.blobs import s3 as s3_module
-from enginefarm.storage.blobs.local import LocalBlobStore
-from enginefarm.storage.blobs.s3 import S3BlobStore
+from server import localservers
+from storage.blobs import engine_key, get_blob_store, model_key
+from storage.blobs import s3 as s3_module
+from storage.blobs.local import LocalBlobStore
+from storage.blobs.s3 import S3BlobStore
 
 
 def s3_settings(endpoint: str, bucket: str | None = None) -> Settings:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from enginefarm.core.errors import Conflict
-from enginefarm.storage.blobs import get_blob_store, model_key
-from enginefarm.storage.blobwrite import give_up_if_unreferenced, store_with_row
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import ModelRow
+from storage.blobs import get_blob_store, model_key
+from storage.blobwrite import give_up_if_unreferenced, store_with_row
+from storage.db import session_scope
+from storage.tables import ModelRow
 
 
 def _blob(tmp_path: Path) -> tuple[Path, str, str]:

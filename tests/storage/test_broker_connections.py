@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import broker
-from enginefarm.storage.queue import make_celery
+from storage import broker
+from storage.queue import make_celery
 
 
 def open_files_on(path: Path) -> int:

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
-from enginefarm.storage import resolution
-from enginefarm.storage.catalog import _models_query
-from enginefarm.storage.db import quick_read, session_scope, uses_sqlite
-from enginefarm.storage.driverrows import driver_rows
+from storage import resolution
+from storage.catalog import _models_query
+from storage.db import quick_read, session_scope, uses_sqlite
+from storage.driverrows import driver_rows
 from tests.helpers import catalog_engine, catalog_model
 
 ARCHS = ("sm75", "sm86", "sm89", "sm120", "cpu")

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from enginefarm.core.domain import QUANTIZE_QUEUE, Target, build_queues
 from enginefarm.core.spec import BuildSpec
-from enginefarm.storage import liveness, quantizing, reconcile
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.queue import Message
+from storage import liveness, quantizing, reconcile
+from storage.db import session_scope
+from storage.queue import Message
 from tests.storage.test_quantize_recovery import tiny_model
 
 CPU, SM90, RTX = (Target.parse(t) for t in ("onnxruntime/cpu-x86_64", "onnxruntime/cuda-sm90", "tensorrt-rtx/sm86"))
@@ -17,7 +17,7 @@ FP16_REPAIR = BuildSpec(precision="fp16", accuracy_repair=True)
 
 
 def _fp16_repair_build(settings, targets: list[Target]) -> tuple[int, dict, Message]:
-    from enginefarm.api import services
+    from api import services
 
     with session_scope(settings) as s:
         served = liveness.served_targets(s, settings.worker_ttl_seconds)

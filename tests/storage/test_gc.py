@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import blobwrite, gc
-from enginefarm.storage.blobs import engine_key, get_blob_store, model_key, samples_key
-from enginefarm.storage.blobs.local import TMP_PREFIX, LocalBlobStore
-from enginefarm.storage.db import migrate, session_scope
-from enginefarm.storage.gc import GcRefused, collect_garbage
-from enginefarm.storage.tables import Base, EngineRow, ModelRow
+from storage import blobwrite, gc
+from storage.blobs import engine_key, get_blob_store, model_key, samples_key
+from storage.blobs.local import TMP_PREFIX, LocalBlobStore
+from storage.db import migrate, session_scope
+from storage.gc import GcRefused, collect_garbage
+from storage.tables import Base, EngineRow, ModelRow
 
 GRACE = 3600.0
 OLD = 2 * 3600.0  # seconds: older than the grace period

@@ -18,9 +18,9 @@ import pytest
 
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
-from enginefarm.storage.db import migrate
-from enginefarm.storage.gc import collect_garbage
+from server.embedded import Farm, embedded_env, issue_token
+from storage.db import migrate
+from storage.gc import collect_garbage
 
 ROOT = Path(__file__).resolve().parents[2]
 GRACE = 3600.0

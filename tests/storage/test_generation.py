@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import select
 
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.storage import catalog, checks
-from enginefarm.storage.db import migrate, session_scope
-from enginefarm.storage.tables import ModelRow
+from server import localservers
+from storage import catalog, checks
+from storage.db import migrate, session_scope
+from storage.tables import ModelRow
 from tests.helpers import catalog_engine, catalog_model, unique_name
 
 

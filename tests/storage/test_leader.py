@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import text
 
 from enginefarm.core.config import Settings
-from enginefarm.storage.db import get_engine
-from enginefarm.storage.leader import Leadership
+from storage.db import get_engine
+from storage.leader import Leadership
 
 
 def test_one_holder_at_a_time_and_the_next_takes_over(settings):

@@ -12,9 +12,9 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
 from enginefarm.core.config import Settings
-from enginefarm.server import localservers
-from enginefarm.storage.db import alembic_config, migrate
-from enginefarm.storage.tables import Base
+from server import localservers
+from storage.db import alembic_config, migrate
+from storage.tables import Base
 
 
 def _diff(url: str) -> list:
@@ -78,7 +78,7 @@ def test_evidence_migration_upgrades_a_catalog_with_engines(database_url, tmp_pa
 
 def test_build_token_migration_keeps_builds_and_forgets_deleted_tokens(database_url, tmp_path):
     """Builds made before builds recorded their token have none; a deleted token leaves its builds, unowned."""
-    from enginefarm.storage.db import make_engine
+    from storage.db import make_engine
 
     cfg = alembic_config(database_url)
     command.upgrade(cfg, "0005")
@@ -290,7 +290,7 @@ def test_kind_key_migration_keys_every_engine_as_a_new_one_would_be(database_url
         assert keys[3] == kind_key(facts | {"target": "tensorrt-rtx/sm89"})
         assert keys[4] == kind_key(facts | {"version_compatible": True})
         assert len({keys[1], keys[3], keys[4]}) == 3
-        migration = importlib.import_module("enginefarm.storage.migrations.versions.0011_engine_kind_key")
+        migration = importlib.import_module("storage.migrations.versions.0011_engine_kind_key")
         assert migration.KIND_FACTS == KIND_FACTS  # its frozen copy, equal to the farm's while they stay so
         with pytest.raises(Exception, match="(?i)null|constraint"), engine.begin() as conn:
             conn.execute(
@@ -306,7 +306,7 @@ def test_build_progress_migration_notifies_any_write_on_postgresql(base_services
     at its commit, and nothing before; a read sends none; downgrading removes them."""
     import psycopg
 
-    from enginefarm.storage.changes import BUILDS_CHANNEL
+    from storage.changes import BUILDS_CHANNEL
 
     with localservers.scratch_postgres("enginefarm_migrations") as url:
         cfg = alembic_config(url)

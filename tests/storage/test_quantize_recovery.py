@@ -9,9 +9,9 @@ from datetime import datetime, timedelta, timezone
 
 from enginefarm.core.domain import ModelInfo, Target, TaskState, TensorInfo
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.storage import catalog, liveness, quantizing
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.tables import WorkerRow
+from storage import catalog, liveness, quantizing
+from storage.db import session_scope
+from storage.tables import WorkerRow
 
 ORT = Target.parse("onnxruntime/cpu-x86_64")
 

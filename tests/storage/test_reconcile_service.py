@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from enginefarm.storage.leader import Leadership
+from storage.leader import Leadership
 
 
 def held_by_someone(settings, within: float = 20) -> bool:
@@ -61,7 +61,7 @@ def test_services_take_the_job_one_at_a_time_and_hand_it_over(settings, tmp_path
 # Loaded by the service's interpreter (PYTHONPATH): its first pass stops it from inside code run by exec(), as a
 # library's import or dataclass does.
 STOP_INSIDE_EXEC = '''
-import enginefarm.storage.reconcile as reconcile
+import storage.reconcile as reconcile
 
 def first_pass(settings, _once=reconcile.reconcile_once):
     exec("import os, signal, time\\nos.kill(os.getpid(), signal.SIGTERM)\\ntime.sleep(0.5)")

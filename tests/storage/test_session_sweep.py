@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from enginefarm.storage import tokens
-from enginefarm.storage.db import session_scope
-from enginefarm.storage.reconcile import reconcile_once
-from enginefarm.storage.tables import ApiTokenRow, utcnow
+from storage import tokens
+from storage.db import session_scope
+from storage.reconcile import reconcile_once
+from storage.tables import ApiTokenRow, utcnow
 
 
 def test_the_reconciler_removes_ended_sessions(settings):

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 from enginefarm.core.config import Settings
-from enginefarm.storage import liveness
-from enginefarm.storage.db import migrate, session_scope
-from enginefarm.storage.tables import WorkerRow
+from storage import liveness
+from storage.db import migrate, session_scope
+from storage.tables import WorkerRow
 
 
 def test_workers_silent_past_the_limit_are_forgotten_and_live_ones_kept(tmp_path):

@@ -1,4 +1,4 @@
-"""What a new user sees after the demo: ``python -m enginefarm.server.demoserve`` (the code behind
+"""What a new user sees after the demo: ``python -m server.demoserve`` (the code behind
 ``enginefarm demo --serve``) runs the demo, keeps its farm serving, and prints the dashboard's address and a token.
 In a real browser: sign in with it, find the demo's model, its build matrix, its report chart and the resolver."""
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from enginefarm.server.embedded import free_port
+from server.embedded import free_port
 from tests.ui.browser import launch_chromium
 from tests.ui.test_dashboard import DESKTOP, shot
 
@@ -29,7 +29,7 @@ def demo_farm(tmp_path_factory):
             [
                 sys.executable,
                 "-m",
-                "enginefarm.server.demoserve",
+                "server.demoserve",
                 "--data-dir",
                 str(data / "farm"),
                 "--port",

@@ -4,8 +4,8 @@ passed and why, and keeps no layer; a stop without a passing form still reads as
 
 from __future__ import annotations
 
-from enginefarm.api.int8stage import _repair
-from enginefarm.api.ui.render import templates
+from api.int8stage import _repair
+from api.ui.render import templates
 
 FORM_NOTE = (
     "no set of up to 1 of the 6 quantized layers kept in float passes the int8 gate with the operator form (best "

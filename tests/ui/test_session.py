@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from enginefarm.server.embedded import Farm
+from server.embedded import Farm
 
 FIELD = re.compile(r'name="csrf" value="([^"]+)"')
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from enginefarm.api.ui.session import AddressLimiter
+from api.ui.session import AddressLimiter
 from enginefarm.core.errors import SignInsTooFast
 
 BATCH = 10_000

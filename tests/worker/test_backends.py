@@ -21,8 +21,8 @@ from enginefarm.core.domain import Backend, Target
 from enginefarm.core.errors import BackendMissing, BuildFailed, TargetUnavailable
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
-from enginefarm.worker.backends import BuildLog, get_backend
-from enginefarm.worker.pipeline import engine_from_model
+from worker.backends import BuildLog, get_backend
+from worker.pipeline import engine_from_model
 
 
 def T(text: str) -> Target:

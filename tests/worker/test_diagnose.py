@@ -12,9 +12,9 @@ from onnx import TensorProto, helper, numpy_helper
 from enginefarm.core.domain import Target
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.diagnose import explain, first_sentence
-from enginefarm.worker.pipeline import engine_from_model
+from worker.backends.base import BuildLog
+from worker.diagnose import explain, first_sentence
+from worker.pipeline import engine_from_model
 
 # The TensorRT-RTX 1.7.1 builder's text for an all-fp16 YOLOv8 (its last sentence arrives cut: "It is no)").
 YOLO_FP16 = (

@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from enginefarm.api.buildschemas import build_summary
+from api.buildschemas import build_summary
 from enginefarm.core.domain import Target
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.worker import evaluate as stage
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.pipeline import engine_from_model
+from worker import evaluate as stage
+from worker.backends.base import BuildLog
+from worker.pipeline import engine_from_model
 
 CPU = "onnxruntime/cpu-x86_64"
 

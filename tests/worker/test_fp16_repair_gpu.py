@@ -15,13 +15,13 @@ from enginefarm.core.domain import Target, arch_of_cc
 from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.worker import fp16_repair as F
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
-from enginefarm.worker.evaluate import OrtRunner, check_accuracy
-from enginefarm.worker.fp16_stage import judge_target, repair_on
-from enginefarm.worker.ort_cuda_runner import OrtCudaRunner
 from tests.worker.test_fp16_repair import SHAPES, hidden_overflow_model, overflow_samples
+from worker import fp16_repair as F
+from worker.backends.base import BuildLog
+from worker.backends.onnxruntime_cuda import build_cuda
+from worker.evaluate import OrtRunner, check_accuracy
+from worker.fp16_stage import judge_target, repair_on
+from worker.ort_cuda_runner import OrtCudaRunner
 
 pytestmark = pytest.mark.gpu
 

@@ -15,9 +15,9 @@ from cuda.bindings import nvrtc
 
 from enginefarm.core import stats
 from enginefarm.core.errors import BackendMissing, BuildFailed
-from enginefarm.worker import cuda_driver as D
-from enginefarm.worker import gpu_timing as G
-from enginefarm.worker import trt_runner as R
+from worker import cuda_driver as D
+from worker import gpu_timing as G
+from worker import trt_runner as R
 
 NO_DRIVER = "no CUDA driver on this worker: "
 

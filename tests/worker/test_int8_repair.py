@@ -11,9 +11,9 @@ import pytest
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
-from enginefarm.worker import int8_repair as R
-from enginefarm.worker.evaluate import OrtRunner
 from tests.worker.test_int8_vs_fp32 import _wide_add
+from worker import int8_repair as R
+from worker.evaluate import OrtRunner
 
 
 def _runner(path: Path) -> OrtRunner:

@@ -14,8 +14,8 @@ import pytest
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
 from enginefarm.graph.samples import conv_net
-from enginefarm.storage.blobs import BlobStore, get_blob_store, model_key
-from enginefarm.worker.pipeline import fetch_verified, model_file_from_store
+from storage.blobs import BlobStore, get_blob_store, model_key
+from worker.pipeline import fetch_verified, model_file_from_store
 
 
 def stored_model(tmp_path: Path, seed: int) -> tuple[Settings, BlobStore, bytes, str]:

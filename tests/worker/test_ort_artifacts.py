@@ -16,10 +16,10 @@ from enginefarm.core.domain import Target
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.samples import conv_net, sample_spec
-from enginefarm.worker.backends import BuildLog
-from enginefarm.worker.backends import onnxruntime as ort_backend
-from enginefarm.worker.pipeline import engine_from_model
 from tests.unloadable_backend import point_outside
+from worker.backends import BuildLog
+from worker.backends import onnxruntime as ort_backend
+from worker.pipeline import engine_from_model
 
 ORT = Target.parse("onnxruntime/cpu-x86_64")
 

@@ -12,9 +12,9 @@ from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.worker import evaluate as stage
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.pipeline import engine_from_model
+from worker import evaluate as stage
+from worker.backends.base import BuildLog
+from worker.pipeline import engine_from_model
 
 CUDA = Target.parse("onnxruntime/cuda-sm90")
 

@@ -17,10 +17,10 @@ from enginefarm.core.probe.machineprobe import machine_fingerprint, probe_machin
 from enginefarm.core.probe.policy import buildable_targets
 from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
-from enginefarm.worker.evaluate import OrtRunner, check_accuracy, evaluate
-from enginefarm.worker.ort_cuda_runner import OrtCudaRunner
+from worker.backends.base import BuildLog
+from worker.backends.onnxruntime_cuda import build_cuda
+from worker.evaluate import OrtRunner, check_accuracy, evaluate
+from worker.ort_cuda_runner import OrtCudaRunner
 
 pytestmark = pytest.mark.gpu
 QUICK = BenchmarkSpec(warmup_ms=50, duration_s=0.3, iterations=10)

@@ -16,12 +16,12 @@ from onnx import TensorProto, numpy_helper
 from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import conv_net, save_conv_net
-from enginefarm.worker import quantize as Q
-from enginefarm.worker.quantize import QuantizeReport, quantize_qdq
-from enginefarm.worker.quantize import preprocess as QP
-from enginefarm.worker.quantize import recipes as QR
-from enginefarm.worker.quantize.qdq import check_for_tensorrt
 from tests.helpers import rtx_build
+from worker import quantize as Q
+from worker.quantize import QuantizeReport, quantize_qdq
+from worker.quantize import preprocess as QP
+from worker.quantize import recipes as QR
+from worker.quantize.qdq import check_for_tensorrt
 
 CALIBRATION = 16
 HELD_OUT = 64
@@ -296,8 +296,8 @@ def test_model_already_quantized(quantized, tmp_path: Path) -> None:
 def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, monkeypatch):
     """On x86 without VNNI, ONNX Runtime's fused int8 kernels saturate; the CPU engine and its runner keep the
     basic optimization level for Q/DQ models there, and the int8 engine stays close to FP32."""
-    from enginefarm.worker.backends import onnxruntime as backend
-    from enginefarm.worker.evaluate import OrtRunner
+    from worker.backends import onnxruntime as backend
+    from worker.evaluate import OrtRunner
 
     fp32_path = save_conv_net(tmp_path / "m.onnx", seed=42)
     x = _images(16, seed=42)
@@ -609,7 +609,7 @@ def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_cwd(tmp_path:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    caplog.set_level("INFO", logger="enginefarm.worker.quantize.preprocess")
+    caplog.set_level("INFO", logger="worker.quantize.preprocess")
     rng = np.random.default_rng(1)
     samples = {name: rng.standard_normal((8, 32)).astype(np.float32) for name in ("x", "y")}
     report = quantize_qdq(path, samples, tmp_path / "q.onnx")
@@ -671,10 +671,10 @@ def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path
     computes every convolution in an integer kernel, and stays close to fp32."""
     from enginefarm.core.domain import Target
     from enginefarm.core.spec import BuildSpec
-    from enginefarm.worker.backends import BuildLog
-    from enginefarm.worker.backends.onnxruntime import optimization_level
-    from enginefarm.worker.pipeline import engine_from_model
     from tests.realmodels import MODELS, path, samples
+    from worker.backends import BuildLog
+    from worker.backends.onnxruntime import optimization_level
+    from worker.pipeline import engine_from_model
 
     source = path("ppocr-cls")
     convs = sum(1 for n in onnx.load(str(source)).graph.node if n.op_type == "Conv")

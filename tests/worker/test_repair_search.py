@@ -3,7 +3,7 @@ covers a set (worker/repair_search.py). The judge here is the gate's rule on a k
 
 from __future__ import annotations
 
-from enginefarm.worker.repair_search import groups_covering, search, within
+from worker.repair_search import groups_covering, search, within
 
 GROUPS = [["a"], ["b"], ["c"], ["d", "e"], ["f"], ["g"], ["h"], ["i"]]
 

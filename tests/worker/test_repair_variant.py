@@ -16,12 +16,12 @@ import onnx
 
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
-from enginefarm.worker import int8_choice as C
-from enginefarm.worker import int8_repair as R
-from enginefarm.worker.evaluate import OrtRunner
-from enginefarm.worker.int8_choice import calibration_feeds, gate_figure
-from enginefarm.worker.repair_variant import latency
 from tests.worker.test_int8_vs_fp32 import _wide_add
+from worker import int8_choice as C
+from worker import int8_repair as R
+from worker.evaluate import OrtRunner
+from worker.int8_choice import calibration_feeds, gate_figure
+from worker.repair_variant import latency
 
 
 def _runner(path: Path) -> OrtRunner:

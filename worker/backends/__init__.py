@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 from enginefarm.core.domain import Backend
-from enginefarm.worker.backends.base import BuildBackend, BuildLog
+from worker.backends.base import BuildBackend, BuildLog
 
 
 def get_backend(backend: Backend) -> BuildBackend:
@@ -20,14 +20,14 @@ def get_backend(backend: Backend) -> BuildBackend:
 
 def _backend(backend: Backend) -> BuildBackend:
     if backend is Backend.TENSORRT:
-        from enginefarm.worker.backends.tensorrt import TensorRTBackend
+        from worker.backends.tensorrt import TensorRTBackend
 
         return TensorRTBackend()
     if backend is Backend.TENSORRT_RTX:
-        from enginefarm.worker.backends.tensorrt_rtx import TensorRTRTXBackend
+        from worker.backends.tensorrt_rtx import TensorRTRTXBackend
 
         return TensorRTRTXBackend()
-    from enginefarm.worker.backends.onnxruntime import OnnxRuntimeBackend
+    from worker.backends.onnxruntime import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend()
 

@@ -21,9 +21,9 @@ from enginefarm.core.domain import Backend, EngineDescriptor, Target
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.worker.backends.base import BuildBackend, BuildLog
-from enginefarm.worker.backends.trt_common import fp16_graph, load_module
-from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_tensors, save_model
+from worker.backends.base import BuildBackend, BuildLog
+from worker.backends.trt_common import fp16_graph, load_module
+from worker.onnxgraph import INLINE_LIMIT, all_tensors, save_model
 
 
 @lru_cache
@@ -127,7 +127,7 @@ class OnnxRuntimeBackend(BuildBackend):
         machine: MachineProbe | None,
     ) -> EngineDescriptor:
         if target.is_ort_cuda:  # the CUDA provider's graph: worker/backends/onnxruntime_cuda.py
-            from enginefarm.worker.backends.onnxruntime_cuda import build_cuda
+            from worker.backends.onnxruntime_cuda import build_cuda
 
             return build_cuda(model_path, spec, target, out_path, log, machine)
         ort = load_module("onnxruntime")

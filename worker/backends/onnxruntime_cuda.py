@@ -19,8 +19,8 @@ from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
 from enginefarm.core.probe.gpus import GpuInfo
 from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.backends.trt_common import fp16_graph, load_module
+from worker.backends.base import BuildLog
+from worker.backends.trt_common import fp16_graph, load_module
 
 # What the saved graph was optimized at (see the module's docstring).
 SAVED_LEVEL = "ORT_ENABLE_EXTENDED"

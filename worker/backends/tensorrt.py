@@ -19,8 +19,8 @@ from enginefarm.core.domain import Backend, EngineDescriptor, Target
 from enginefarm.core.errors import TargetUnavailable
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
+from worker.backends.base import BuildLog
+from worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
 
 
 def _gpu_for(target: Target, machine: MachineProbe | None):

@@ -7,8 +7,8 @@ from types import ModuleType
 from enginefarm.core.domain import RTX_PORTABLE_CCS, Backend, EngineDescriptor, Target
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
-from enginefarm.worker.backends.base import BuildLog
-from enginefarm.worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
+from worker.backends.base import BuildLog
+from worker.backends.trt_common import TrtFamilyBackend, cuda_major_of
 
 
 class TensorRTRTXBackend(TrtFamilyBackend):

@@ -21,8 +21,8 @@ from enginefarm.core.domain import ANONYMOUS_DIMS, EngineDescriptor, HardwareCom
 from enginefarm.core.errors import BackendMissing, BuildFailed, SpecInvalid
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.worker.backends.base import BuildBackend, BuildLog
-from enginefarm.worker.onnxgraph import INLINE_LIMIT, save_model
+from worker.backends.base import BuildBackend, BuildLog
+from worker.onnxgraph import INLINE_LIMIT, save_model
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
 PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
@@ -62,7 +62,7 @@ def make_logger(trt: ModuleType, log: BuildLog):
 
 def fp16_graph(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
     """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/fp16/ says what stays fp32)."""
-    from enginefarm.worker.fp16 import fp16_model
+    from worker.fp16 import fp16_model
 
     out = out_dir / "model.fp16.onnx"
     try:

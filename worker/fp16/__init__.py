@@ -59,8 +59,8 @@ import onnx
 from onnx.external_data_helper import uses_external_data
 
 from enginefarm.core.errors import SpecInvalid
-from enginefarm.worker.fp16.convert import Options, check, convert_graph
-from enginefarm.worker.fp16.keep_fp32 import (
+from worker.fp16.convert import Options, check, convert_graph
+from worker.fp16.keep_fp32 import (
     CHAIN,
     CONST_RANGE,
     CONTROL_FLOW,
@@ -78,11 +78,11 @@ from enginefarm.worker.fp16.keep_fp32 import (
     USER_OP,
     classify,
 )
-from enginefarm.worker.fp16.prepare import prepare
-from enginefarm.worker.fp16.report import Fp16Report, Tally
-from enginefarm.worker.fp16.subgraphs import convert_bodies, move_weights_into_bodies
-from enginefarm.worker.fp16.weights import FP16_MAX, TensorReader, free_file_name, write_initializers
-from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_graphs, all_nodes, all_tensors, save_model, tensor_types
+from worker.fp16.prepare import prepare
+from worker.fp16.report import Fp16Report, Tally
+from worker.fp16.subgraphs import convert_bodies, move_weights_into_bodies
+from worker.fp16.weights import FP16_MAX, TensorReader, free_file_name, write_initializers
+from worker.onnxgraph import INLINE_LIMIT, all_graphs, all_nodes, all_tensors, save_model, tensor_types
 
 __all__ = [
     "CHAIN",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from enginefarm.worker.fp16.keep_fp32 import float_only_inputs
-from enginefarm.worker.fp16.weights import FLOAT
-from enginefarm.worker.onnxgraph import (
+from worker.fp16.keep_fp32 import float_only_inputs
+from worker.fp16.weights import FLOAT
+from worker.onnxgraph import (
     CONTROL_FLOW_OPS,
     all_graphs,
     consumers,

@@ -43,12 +43,12 @@ import onnxruntime as ort
 
 from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.graphfacts import QDQ_OPS
-from enginefarm.worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
-from enginefarm.worker.quantize.files import load_graph, remove_model_files, stored_bytes, verify
-from enginefarm.worker.quantize.opset import raise_opset
-from enginefarm.worker.quantize.preprocess import preprocessed_model, stage_raw
-from enginefarm.worker.quantize.qdq import check_for_tensorrt, float_for_other_readers
-from enginefarm.worker.quantize.recipes import (
+from worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
+from worker.quantize.files import load_graph, remove_model_files, stored_bytes, verify
+from worker.quantize.opset import raise_opset
+from worker.quantize.preprocess import preprocessed_model, stage_raw
+from worker.quantize.qdq import check_for_tensorrt, float_for_other_readers
+from worker.quantize.recipes import (
     CPU_CANDIDATES,
     FAMILIES,
     METHODS,
@@ -59,7 +59,7 @@ from enginefarm.worker.quantize.recipes import (
     quantize_with,
     recipe_of,
 )
-from enginefarm.worker.quantize.samples import model_inputs, validate
+from worker.quantize.samples import model_inputs, validate
 
 __all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "family_of", "quantize_qdq"]
 

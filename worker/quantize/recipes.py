@@ -21,8 +21,8 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from enginefarm.core.errors import SpecInvalid
-from enginefarm.worker.onnxgraph import save_model
-from enginefarm.worker.quantize.samples import SampleReader, problem
+from worker.onnxgraph import save_model
+from worker.quantize.samples import SampleReader, problem
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class Recipe:
         """Whether weights are stored in 7 bits on this worker."""
         if self.reduce_range is not None:
             return self.reduce_range
-        from enginefarm.worker.backends.onnxruntime import cpu_has_vnni
+        from worker.backends.onnxruntime import cpu_has_vnni
 
         return not cpu_has_vnni()
 

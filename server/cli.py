@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import signal
 import socket
 import sys
@@ -19,9 +18,9 @@ import typer
 
 from enginefarm.client.terminal import console, err, fail, need
 from enginefarm.core.config import get_settings
-from enginefarm.server.metricsdir import metrics_dir
-from enginefarm.server.tokencli import token_create, token_list, token_revoke
-from enginefarm.server.workercli import worker
+from server.metricsdir import metrics_dir
+from server.tokencli import token_create, token_list, token_revoke
+from server.workercli import worker
 
 app = typer.Typer()
 token_app = typer.Typer(
@@ -74,7 +73,7 @@ def api(
 ) -> None:
     """Run the REST API (OpenAPI at /docs): uvicorn, its connections with TCP_NODELAY (no 40 ms Nagle waits
     under several workers). /metrics sums its worker processes (prometheus-client's multiprocess mode)."""
-    from enginefarm.server.serve import serve_api
+    from server.serve import serve_api
 
     metrics_dir(get_settings().data_dir / "metrics" / f"api-{port}")
     serve_api(host, port, workers, log_level)
@@ -96,7 +95,7 @@ def reconcile(
     """Requeue tasks of workers that died and republish queued tasks whose broker message was lost. With --loop,
     the farm's background service: it works while it holds the farm's job lock, so any number of them (and of
     API processes, which run the same loop unless ENGINEFARM_RECONCILE_SECONDS=0) do the work once."""
-    from enginefarm.storage.reconcile import Reconciler, reconcile_once
+    from storage.reconcile import Reconciler, reconcile_once
 
     settings = get_settings()
     if not loop:
@@ -141,7 +140,7 @@ def gc(
 ) -> None:
     """Delete blobs that no catalog row references, once older than the grace period (the API's background
     sweep does the same every ENGINEFARM_GC_INTERVAL_SECONDS). A referenced blob is never deleted."""
-    from enginefarm.storage.gc import collect_garbage
+    from storage.gc import collect_garbage
 
     settings = get_settings()
     grace = grace_hours * 3600 if grace_hours is not None else settings.gc_grace_seconds
@@ -162,32 +161,13 @@ def gc(
 @app.command()
 def migrate() -> None:
     """Create or upgrade the catalog's tables (the API also does this at start)."""
-    from enginefarm.server.embedded import prepare
+    from server.embedded import prepare
 
     prepare(get_settings())
     console.print("catalog is at the newest revision")
 
 
 # ------------------------------------------------------------------------------ a farm that does not start
-
-MISSING_MODULE = re.compile(r"No module named '(enginefarm\.\w+)")
-
-
-def checkout_advice(missing: str, command: str) -> str | None:
-    """What to do when ``missing`` (``enginefarm.api``) cannot be imported because the current directory's
-    enginefarm/ folder, a source checkout's, shadows the installed package: ``python -m enginefarm``, as the farm
-    starts its processes, imports from the current directory first, and a checkout's enginefarm/ lacks what
-    pyproject's package-dir installs into the package from other folders (api/, worker/, storage/). None when that is
-    not why."""
-    folder = Path.cwd() / "enginefarm"
-    sub = missing.split(".")[1]
-    if not (folder / "__init__.py").is_file() or (folder / sub).exists() or (folder / f"{sub}.py").exists():
-        return None
-    return (
-        f"{folder} is a source checkout's package folder, without {sub}/, and `python -m enginefarm` (how the farm "
-        f"starts its processes) imports it from the current directory instead of the installed package: run "
-        f"`enginefarm {command}` from another directory (e.g. cd ~ first), or, in the checkout, `make demo`"
-    )
 
 
 def farm_failed(exc: Exception, command: str) -> NoReturn:
@@ -198,18 +178,14 @@ def farm_failed(exc: Exception, command: str) -> NoReturn:
     text = str(exc)
     if isinstance(exc, ModuleNotFoundError):
         text = f"the farm's code would not import: {exc}"
-    found = MISSING_MODULE.search(text)
-    advice = checkout_advice(found[1], command) if found else None
     err.print(f"[red]error:[/red] enginefarm {command}: {escape(text)}", highlight=False, soft_wrap=True)
-    if advice:
-        err.print(escape(advice), highlight=False, soft_wrap=True)
     raise typer.Exit(1)
 
 
 def not_importable(exc: ModuleNotFoundError, command: str) -> NoReturn:
     """A module of this package that would not import (not a missing extra, which ``need`` reports first) ends the
     command as ``farm_failed`` does; any other missing module is raised again."""
-    if not (exc.name or "").startswith("enginefarm."):
+    if (exc.name or "").split(".")[0] not in ("enginefarm", "api", "worker", "storage", "server"):
         raise exc
     farm_failed(exc, command)
 
@@ -230,7 +206,7 @@ def up(
     while the farm starts ends the command with that process's own error, from its log."""
     import logging
 
-    from enginefarm.server.port import HOST, free_port_after, port_in_use
+    from server.port import HOST, free_port_after, port_in_use
 
     if port and port_in_use(port, HOST):  # before anything is made; 2, as `make demo` and demo --serve exit
         other = free_port_after(port, HOST)
@@ -238,8 +214,8 @@ def up(
         err.print(f"[red]error:[/red] enginefarm up: port {port} on {HOST} is in use; {instead}", highlight=False)
         raise typer.Exit(2)
     try:
-        from enginefarm.server.embedded import Farm, issue_token, stop_on_sigterm
-        from enginefarm.server.starterrors import FarmError
+        from server.embedded import Farm, issue_token, stop_on_sigterm
+        from server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "up")
 
@@ -290,10 +266,10 @@ def demo(
     """Start an embedded farm, build a small model for 5 targets, print the catalog, fetch the sm86 engine; with
     --serve, then serve the dashboard (/ui) on that farm until Ctrl-C."""
     try:
-        from enginefarm.server.demo import run_demo
-        from enginefarm.server.demoserve import serve_demo
-        from enginefarm.server.embedded import stop_on_sigterm
-        from enginefarm.server.starterrors import FarmError
+        from server.demo import run_demo
+        from server.demoserve import serve_demo
+        from server.embedded import stop_on_sigterm
+        from server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "demo")
     try:

@@ -24,15 +24,15 @@ from pathlib import Path
 import httpx
 
 from enginefarm.core.workerid import worker_name
-from enginefarm.server import lifeline
-from enginefarm.server.starterrors import (
+from server import lifeline
+from server.starterrors import (
     EXCERPT_LINES,
     CatalogUnreachable,
     StartFailed,
     exit_reason,
     log_excerpt,
 )
-from enginefarm.storage.db import migrate
+from storage.db import migrate
 
 log = logging.getLogger(__name__)
 # A child that dies sooner than this after its start is failing, not unlucky: its next start waits twice as
@@ -364,8 +364,8 @@ def open_catalog(settings) -> None:
 
 def issue_token(settings, name: str, scopes: list[str], project: str | None = None) -> str:
     """Make an API token in the farm's catalog (migrating it first); returns the token."""
-    from enginefarm.storage.db import session_scope
-    from enginefarm.storage.tokens import create_token
+    from storage.db import session_scope
+    from storage.tokens import create_token
 
     open_catalog(settings)
     with session_scope(settings) as session:

@@ -21,7 +21,7 @@ from enginefarm.core.machine import Machine
 from enginefarm.core.probe.machineprobe import normalize_platform
 from enginefarm.core.probe.modules import probe_modules
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from enginefarm.server.embedded import Farm, embedded_env, issue_token
+from server.embedded import Farm, embedded_env, issue_token
 
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 

@@ -1,5 +1,5 @@
 """``enginefarm token create|list|revoke``: API tokens, made and revoked on the catalog database directly (run where
-the farm's settings are). Registered by ``enginefarm.server.cli``."""
+the farm's settings are). Registered by ``server.cli``."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def token_create(
 ) -> None:
     """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
     from enginefarm.core.errors import EnginefarmError
-    from enginefarm.server.embedded import prepare
-    from enginefarm.storage.db import has_catalog, session_scope
-    from enginefarm.storage.tokens import create_token, lifetime
+    from server.embedded import prepare
+    from storage.db import has_catalog, session_scope
+    from storage.tokens import create_token, lifetime
 
     settings = get_settings()
     if not init and not has_catalog(settings):
@@ -49,8 +49,8 @@ def token_create(
 
 def token_list() -> None:
     """Tokens with their scopes and state (never the tokens themselves)."""
-    from enginefarm.storage.db import session_scope
-    from enginefarm.storage.tokens import list_tokens, token_state
+    from storage.db import session_scope
+    from storage.tokens import list_tokens, token_state
 
     table = Table(title="API tokens")
     for col in ("id", "name", "starts with", "scopes", "project", "state", "created", "last used"):
@@ -73,8 +73,8 @@ def token_list() -> None:
 def token_revoke(token_id: int) -> None:
     """Revoke a token: requests with it get 401 from now on."""
     from enginefarm.core.errors import EnginefarmError
-    from enginefarm.storage.db import session_scope
-    from enginefarm.storage.tokens import revoke_token
+    from storage.db import session_scope
+    from storage.tokens import revoke_token
 
     try:
         with session_scope(get_settings()) as session:

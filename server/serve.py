@@ -10,12 +10,12 @@ complete: a new connection, and a request whose headers arrive a byte at a time,
 protocol here gives a request's line and headers ``ENGINEFARM_HEADER_TIMEOUT_S`` to arrive, counted from the
 connection's opening or the request's first byte, as nginx's ``client_header_timeout`` does; past that the client
 gets a 408 and the connection is closed. That bounds the head's time; its bytes are bounded as they arrive, before
-they are parsed (``HeadLimitProtocol``, enginefarm/server/headlimits.py: a request line past 8 KiB gets a 414, a
+they are parsed (``HeadLimitProtocol``, server/headlimits.py: a request line past 8 KiB gets a 414, a
 header block past 64 KiB or 100 header lines a 431). The body has its own bounds (the upload idle timeout, the
 app's body limits).
 
 A fleet's conditional resolve (``GET /v1/resolve`` with ``If-None-Match`` and a bearer token) whose answer has
-not changed gets its 304 here, from the farm app's ``not_modified`` (``enginefarm.api.answers``), as soon as its
+not changed gets its 304 here, from the farm app's ``not_modified`` (``api.answers``), as soon as its
 headers are parsed: no ASGI scope, task, middleware or response object. That work cost about as much as a cached
 200 in the app (docs/performance.md, round 11). Only a request this can answer exactly as the app would: HTTP/1.1
 kept alive, no body, no ``Origin`` (CORS), no earlier request still being answered on the connection, its writes
@@ -36,9 +36,9 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.supervisors import Multiprocess
 
 from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
-from enginefarm.server.headlimits import HeadLimitProtocol, HeadLimits
+from server.headlimits import HeadLimitProtocol, HeadLimits
 
-APP = "enginefarm.api.main:app"
+APP = "api.main:app"
 log = logging.getLogger(__name__)
 _TIMED_OUT_BODY = b"the request's line and headers took too long\n"
 _TIMED_OUT = (

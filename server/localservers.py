@@ -18,8 +18,8 @@ from pathlib import Path
 
 import boto3
 
-from enginefarm.server.embedded import Farm
-from enginefarm.server.starterrors import StartFailed, exit_reason, log_excerpt
+from server.embedded import Farm
+from server.starterrors import StartFailed, exit_reason, log_excerpt
 
 S3_KEY, S3_SECRET = "enginefarm-local", "enginefarm-local-secret"
 PG_ADMIN = "host=127.0.0.1 user=postgres dbname=postgres"
@@ -107,7 +107,7 @@ def scratch_postgres(prefix: str = "enginefarm_scratch") -> Iterator[str]:
     try:
         yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}"
     finally:
-        from enginefarm.storage.db import _engine_for
+        from storage.db import _engine_for
 
         _engine_for.cache_clear()
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:

@@ -19,10 +19,10 @@ from pathlib import Path
 from rich.console import Console
 
 from enginefarm.core.config import Settings
-from enginefarm.server.demo import run_demo
-from enginefarm.server.embedded import Farm, embedded_env, issue_token, stop_on_sigterm
-from enginefarm.server.metricsdir import metrics_dir
-from enginefarm.server.port import HOST, taken_message
+from server.demo import run_demo
+from server.embedded import Farm, embedded_env, issue_token, stop_on_sigterm
+from server.metricsdir import metrics_dir
+from server.port import HOST, taken_message
 
 DEFAULT_PORT = 8321
 
@@ -83,7 +83,7 @@ def serve_demo(data_dir: Path | None, console: Console, port: int = DEFAULT_PORT
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m enginefarm.server.demoserve", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m server.demoserve", description=__doc__.split("\n")[0])
     parser.add_argument("--data-dir", type=Path, default=None)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--skip-demo", action="store_true", help="serve the data folder of a demo that already ran")

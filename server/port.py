@@ -1,7 +1,7 @@
 """Is a TCP port free to serve on? Asked before any work that ends by serving on it (``make demo``,
 ``enginefarm demo --serve``), so a taken port is one line at once rather than a failure after the demo ran.
 
-Standard library only: ``make demo`` runs it with the system Python (``python3 -m enginefarm.server.port PORT``)
+Standard library only: ``make demo`` runs it with the system Python (``python3 -m server.port PORT``)
 before it sets up the demo's environment.
 """
 
@@ -44,11 +44,11 @@ def taken_message(port: int, host: str = HOST) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m enginefarm.server.port PORT``: exit 0 if the port is free, else one line on stderr and exit 2."""
+    """``python -m server.port PORT``: exit 0 if the port is free, else one line on stderr and exit 2."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not args[0].isdigit() or not 0 < int(args[0]) < 65536:
         print(
-            f"usage: python -m enginefarm.server.port PORT (1-65535), not {' '.join(args) or 'nothing'}",
+            f"usage: python -m server.port PORT (1-65535), not {' '.join(args) or 'nothing'}",
             file=sys.stderr,
         )
         return 2

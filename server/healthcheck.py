@@ -1,4 +1,4 @@
-"""A container's health check, for whichever role its command gave it: ``python -m enginefarm.server.healthcheck``.
+"""A container's health check, for whichever role its command gave it: ``python -m server.healthcheck``.
 
 The farm's image runs every role (API, worker, reconciler, migrations) with ``enginefarm`` as its entry point, so
 one HEALTHCHECK serves them all by reading the container's own command (``/proc/1/cmdline``):
@@ -58,9 +58,9 @@ def check_worker(args: list[str]) -> str:
     from sqlalchemy import select
 
     from enginefarm.core.config import get_settings
-    from enginefarm.storage.db import quick_read
-    from enginefarm.storage.liveness import live_workers
-    from enginefarm.storage.tables import WorkerRow
+    from storage.db import quick_read
+    from storage.liveness import live_workers
+    from storage.tables import WorkerRow
 
     settings = get_settings()
     prefix = f"{option(args, '--name') or socket.gethostname()}@{socket.gethostname()}/"

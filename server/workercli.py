@@ -1,6 +1,6 @@
 """``enginefarm worker``: probe this machine, choose the queues it serves, and run the Celery worker with its
 heartbeat, its shutdown grace and, where it builds and benchmarks, its benchmark lane. Registered by
-``enginefarm.server.cli``."""
+``server.cli``."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import typer
 
 from enginefarm.client.terminal import console, err, fail
 from enginefarm.core.config import get_settings
-from enginefarm.server.metricsdir import metrics_dir
+from server.metricsdir import metrics_dir
 
 
 def worker(
@@ -72,7 +72,7 @@ def worker(
         fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
     if metrics_port is not None and lane == "both":
         metrics_dir(settings.data_dir / "metrics" / f"worker-{name}-{os.getpid()}")  # the lane inherits it
-        from enginefarm.worker import metrics  # after the folder is set: prometheus-client reads it at import
+        from worker import metrics  # after the folder is set: prometheus-client reads it at import
 
         metrics.serve(metrics_port)
     _run_worker(
@@ -82,8 +82,8 @@ def worker(
 
 def _bench_lane(name: str, worker_id: str, targets, bench, pool: str, loglevel: str):
     """The benchmark lane of this worker: its own process and pool, tied to this process (``lifeline``)."""
-    from enginefarm.server import lifeline
-    from enginefarm.worker.lanes import BUILD_TARGETS_ENV, LANE_OF_ENV, LANE_POLL_S, BenchmarkLane
+    from server import lifeline
+    from worker.lanes import BUILD_TARGETS_ENV, LANE_OF_ENV, LANE_POLL_S, BenchmarkLane
 
     args = [
         sys.executable,
@@ -119,10 +119,10 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
     from enginefarm.core.workerid import WORKER_ID_ENV, new_worker_id
-    from enginefarm.server.embedded import prepare
-    from enginefarm.worker.drain import LANE_EXIT_S, Drain
-    from enginefarm.worker.heartbeat import Heartbeat
-    from enginefarm.worker.lanes import LANE_OF_ENV
+    from server.embedded import prepare
+    from worker.drain import LANE_EXIT_S, Drain
+    from worker.heartbeat import Heartbeat
+    from worker.lanes import LANE_OF_ENV
 
     in_lane = lane == "benchmarks"
     if in_lane and not os.environ.get(LANE_OF_ENV):
@@ -142,8 +142,8 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             time.sleep(1 + attempt)
     from enginefarm.core.directwrite import write_plans_direct
     from enginefarm.core.domain import build_queues as queues_for
-    from enginefarm.worker.malloc import keep_freed_memory
-    from enginefarm.worker.tasks import app as celery_app
+    from worker.malloc import keep_freed_memory
+    from worker.tasks import app as celery_app
 
     keep_freed_memory(settings.worker_malloc_keep_mib)  # before the pool forks: its processes inherit it
     write_plans_direct(settings.blob_store == "local")  # engines a local store fsyncs: around the page cache
@@ -153,7 +153,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     )
     build_queues = queues_for(list(targets))
     bench_queues = [t.bench_queue for t in bench]
-    # A worker that builds and benchmarks serves its benchmark queues from a second pool (enginefarm.worker.lanes).
+    # A worker that builds and benchmarks serves its benchmark queues from a second pool (worker.lanes).
     split = lane == "both" and bool(build_queues) and bool(bench_queues)
     bench_lane = _bench_lane(name, worker_id, targets, bench, pool, loglevel) if split else None
     queues = bench_queues if in_lane else build_queues if split else build_queues + bench_queues
