@@ -10,7 +10,7 @@ NEED_PYTHON := $(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 1
 # so it installs again when one of the package's files changes.
 PACKAGE_FILES := $(shell find enginefarm api worker storage server -type f ! -name '*.pyc' 2>/dev/null)
 
-.PHONY: demo test setup demo-setup lint typecheck services bench clean compose-test
+.PHONY: demo test test-fast setup demo-setup lint typecheck services bench clean compose-test
 
 $(VENV)/.installed: pyproject.toml
 	@$(NEED_PYTHON)
@@ -39,9 +39,14 @@ demo:
 	@# From the venv's folder, so that the farm runs the package as it installs, as a user's farm does.
 	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT)
 
-## The full test suite against real PostgreSQL, Redis, SeaweedFS and Celery worker processes.
+## The full test suite, three tiers (tests/tiers.py): unit, integration (in process, SQLite and a local store) and
+## e2e, against real PostgreSQL, Redis, SeaweedFS, Celery worker processes, podman and Chromium.
 test: setup services
 	$(PY) -m pytest -q
+
+## The unit tier alone: no service, no process, no database (about a minute).
+test-fast: setup
+	$(PY) -m pytest -q tests/unit
 
 ## ruff (lint, then the formatter's check) and mypy. .ci/run runs it before the tests; .pre-commit-config.yaml
 ## runs the same.
@@ -60,7 +65,7 @@ services:
 
 ## deploy/compose.yaml under podman: images built, the stack up, upload/build/fetch, queued tasks across a Redis crash.
 compose-test: setup
-	$(PY) -m pytest -q tests/deploy/test_compose.py
+	$(PY) -m pytest -q tests/e2e/deploy/test_compose.py
 
 bench: setup services
 	$(PY) bench/e2e.py --mode both

@@ -12,7 +12,7 @@ Anything this path cannot answer exactly as the route would goes to the route, w
 parameter it does not take, a value that does not validate, ``build=true`` (a write), a token not in the cache, and
 an error no handler of the app's words. An error on the way (a 404 with the reasons, a 503) is answered by the app's
 own handler for it, as the route's would be. A question asked here and through the route gets the same answer and
-the same ETag (``tests/api/test_resolve_fastpath.py``).
+the same ETag (``tests/e2e/api/test_resolve_fastpath.py``).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def by_kind(
     under its rule without reading its engines, and only the engines of the other kinds are read and judged
     (``resolution.kind_table``, then ``engine_table`` of their ids). A cold answer's engines are mostly of kinds
     that do not run on the asking machine (nine in ten of a fleet's). The same choice, ranking and counts as
-    judging every engine (``tests/api/test_resolve_by_kind.py``); None where this does not apply and every
+    judging every engine (``tests/e2e/api/test_resolve_by_kind.py``); None where this does not apply and every
     engine is judged: ``explain`` (every engine's checks), a build (the reasons per engine), a filter that reads
     an engine's own facts, and an answer where nothing runs (the 404 says why per engine)."""
     if req.explain or req.build or not judged_by_kind(req):

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Every catalog column that holds a blob key. A new column that points at a blob belongs here, or its
-# blobs will be collected (tests/storage/test_gc.py checks that no *_key column is left out).
+# blobs will be collected (tests/e2e/storage/test_gc.py checks that no *_key column is left out).
 REFERENCE_COLUMNS = (ModelRow.blob_key, ModelRow.samples_key, EngineRow.blob_key)
 
 # File locks for a SQLite catalog: one file per stripe, not per key, so they never pile up.

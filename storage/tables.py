@@ -115,7 +115,7 @@ class BuildTaskRow(Base):
 
 class EngineRow(Base):
     """A built engine: where its bytes are, what it was built from and by whom, and its facts, one column for each
-    of ``EngineDescriptor``'s fields under the same name (tests/test_engine_facts.py holds them to it)."""
+    of ``EngineDescriptor``'s fields under the same name (tests/unit/test_engine_facts.py holds them to it)."""
 
     __tablename__ = "engines"
     __table_args__ = (

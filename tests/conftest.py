@@ -88,7 +88,7 @@ def farm(dist_env, dist_settings, tmp_path_factory) -> Farm:
     """A distributed farm: the API under uvicorn and two Celery worker processes with different targets."""
     logs = tmp_path_factory.mktemp("farm-logs")
     # One prometheus-client multiprocess folder for the API and the workers, as `enginefarm up` makes: the API's
-    # /metrics then counts the workers' builds too (tests/api/test_metrics.py).
+    # /metrics then counts the workers' builds too (tests/e2e/api/test_metrics.py).
     f = Farm({**dist_env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path_factory.mktemp("metrics"))}, log_dir=logs)
     try:
         f.start_api()

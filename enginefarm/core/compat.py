@@ -240,7 +240,7 @@ def kind_key(facts: dict[str, Any]) -> int:
     each engine (``storage.tables``) so a model's engines are grouped into kinds by one column. Two numbers for
     one kind would only mean judging it twice; a stored number whose facts changed would judge engines by another
     kind's facts, so a change to KIND_FACTS, to this function or to a kind fact outside the ORM needs a migration
-    that keys every engine again (``tests/test_engine_facts.py`` pins both)."""
+    that keys every engine again (``tests/unit/test_engine_facts.py`` pins both)."""
     values = []
     for name in KIND_FACTS:
         value = facts.get(name)

@@ -333,7 +333,7 @@ BUNDLES = [
     # The test farm's uploads are limited to 32 MiB, so bundles may expand to 64 MiB: 300 MiB is over that, and 40 MiB
     # is under it but over the whole archive's ratio.
     # The message both limits give: the farm's unpacked-size limit (64 MiB here) and, with the default limits
-    # (tests/storage/test_inspect_in_place.py), the whole archive's ratio.
+    # (tests/unit/storage/test_inspect_in_place.py), the whole archive's ratio.
     E(
         "zip-bomb-300-small-entries",
         "bundle",

@@ -14,7 +14,7 @@ import numpy as np
 from enginefarm.graph.samples import sample_spec
 from tests.e2e.test_ci import junit_cases, run_ci
 from tests.helpers import run_cli, unique_name
-from tests.worker.test_int8_vs_fp32 import _wide_add
+from tests.unit.worker.test_int8_vs_fp32 import _wide_add
 
 CPU = "onnxruntime/cpu-x86_64"
 QUICK = {"warmup_ms": 20, "duration_s": 0.3, "iterations": 10}

@@ -14,7 +14,7 @@ import numpy as np
 from enginefarm.client import Client
 from tests.e2e.test_ci import junit_cases, run_ci
 from tests.helpers import run_cli, unique_name
-from tests.worker.test_fp16_repair import SHAPES, overflow_model, overflow_samples
+from tests.unit.worker.test_fp16_repair import SHAPES, overflow_model, overflow_samples
 
 CPU = "onnxruntime/cpu-x86_64"
 GPU = "tensorrt-rtx/sm86"

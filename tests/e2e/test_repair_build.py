@@ -12,7 +12,7 @@ import onnx
 from enginefarm.client import Client
 from enginefarm.graph.samples import sample_spec
 from tests.helpers import run_cli, unique_name
-from tests.worker.test_int8_vs_fp32 import _wide_add
+from tests.unit.worker.test_int8_vs_fp32 import _wide_add
 
 CPU = "onnxruntime/cpu-x86_64"
 GPU = "tensorrt-rtx/sm86"

@@ -15,7 +15,7 @@ from enginefarm.client import Client
 from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec
 from tests.helpers import run_cli, unique_name
-from tests.worker.test_int8_vs_fp32 import _wide_add
+from tests.unit.worker.test_int8_vs_fp32 import _wide_add
 
 CPU = "onnxruntime/cpu-x86_64"
 QUICK = {"warmup_ms": 20, "duration_s": 0.3, "iterations": 10}

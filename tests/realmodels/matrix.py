@@ -251,7 +251,7 @@ HEADER = """# Real models: the build matrix
 
 Eight networks we did not write, each built for four TensorRT-RTX targets and ONNX Runtime on the CPU, in fp32,
 fp16 and int8, through the farm's own stages (tests/realmodels/matrix.py; the test command runs the same matrix in
-tests/realmodels/test_matrix.py and asserts every cell). Regenerate this page with:
+tests/e2e/realmodels/test_matrix.py and asserts every cell). Regenerate this page with:
 
     .venv/bin/python -m tests.realmodels.matrix --write docs/models.md
 
@@ -285,7 +285,7 @@ by agreement (the share of equal elements).
 - **fp32** (atol 1e-4, rtol 1e-3, no element outside): every fp32 CPU artifact above matches to about 1e-6. The old
   gate (relative L2 1e-3, cosine 0.99999) failed the PP-OCR detector's fp32 artifact (cosine 0.99997 on a probability
   map that is mostly near zero); the elementwise gate passes it and still fails one element off by 1e-2
-  (tests/test_stats.py).
+  (tests/unit/test_stats.py).
 - **fp16** (atol 1e-2, rtol 1e-2, at most 0.5% of elements outside): the PP-OCR detector's fp16 graph puts 0.17% of
   its probability-map elements outside 1e-2 + 1e-2|ref| (max abs 0.075 at text edges, cosine 0.99999); 0.1% would
   fail a conversion that is visibly right. Every other model has no element outside.

@@ -17,7 +17,7 @@ depends_on = None
 
 _PAGE = 5000  # engines read and keyed at a time
 # The kind facts and their key as they are at this revision (enginefarm.core.compat.KIND_FACTS and kind_key, copied,
-# so a later change there does not change what this revision writes; tests/storage/test_migrations.py holds the two
+# so a later change there does not change what this revision writes; tests/e2e/storage/test_migrations.py holds the two
 # equal as long as they are).
 KIND_FACTS = (
     'target',
