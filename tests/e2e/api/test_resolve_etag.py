@@ -15,7 +15,6 @@ from api import resolver
 from api.app import create_app
 from api.routes import resolve as resolve_routes
 from enginefarm.core.config import Settings
-from server import localservers
 from server.embedded import issue_token
 from storage import checks
 from storage.db import session_scope
@@ -24,13 +23,6 @@ from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_nam
 
 GPU = "NVIDIA GeForce RTX 3090"
 QUERY = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64", "accept": "cpu"}
-
-
-@pytest.fixture(scope="module")
-def own_pg(base_services):
-    """A database of its own: these engines have no bytes, and the suite's farm must never list them."""
-    with localservers.scratch_postgres("enginefarm_etag") as url:
-        yield url
 
 
 @pytest.fixture

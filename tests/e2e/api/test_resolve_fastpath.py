@@ -19,20 +19,12 @@ from fastapi.testclient import TestClient
 from api import fastpath
 from api.app import create_app
 from enginefarm.core.config import Settings
-from server import localservers
 from server.embedded import issue_token
 from storage.db import session_scope
 from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_name
 
 GPU = "NVIDIA GeForce RTX 3090"
 MACHINE = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64"}
-
-
-@pytest.fixture(scope="module")
-def own_pg(base_services):
-    """A database of its own: these engines have no bytes, and the suite's farm must never list them."""
-    with localservers.scratch_postgres("enginefarm_fastpath") as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from sqlalchemy import event
 
 from api.app import create_app
 from enginefarm.core.config import Settings
-from server import localservers
 from server.embedded import issue_token
 from storage import checks
 from storage.db import _quick_engine_for, session_scope
@@ -31,16 +30,9 @@ CATALOG = re.compile(r"\b(models|engines|benchmarks|engine_verdicts)\b")
 METRICS = {"pass": True, "outputs": {"y": {"max_abs": 0.0012, "cosine": 0.99999}}}
 
 
-@pytest.fixture(scope="module")
-def own_pg(base_services):
-    with localservers.scratch_postgres("enginefarm_statements") as url:
-        yield url
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def farm(request, tmp_path):
-    url = request.getfixturevalue("own_pg") if request.param == "postgresql" else None
-    settings = Settings(data_dir=tmp_path, database_url=url, reconcile_seconds=0, gc_interval_seconds=0)
+@pytest.fixture
+def farm(catalog_settings):
+    settings = catalog_settings
     with TestClient(create_app(settings)) as http:
         http.headers["Authorization"] = f"Bearer {issue_token(settings, 'statements', ['read'])}"
         yield settings, http

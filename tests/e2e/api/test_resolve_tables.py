@@ -22,7 +22,6 @@ from api import answers as answers_module
 from api.app import create_app
 from api.versions import Versions
 from enginefarm.core.config import Settings
-from server import localservers
 from server.embedded import issue_token
 from storage import resolution
 from storage.changes import changes_for
@@ -32,12 +31,6 @@ from tests.helpers import RTX_VERSION, catalog_engine, catalog_model, unique_nam
 GPU = "NVIDIA GeForce RTX 3090"
 QUERY = {"cc": "8.6", "trt_rtx": RTX_VERSION, "gpu": GPU, "platform": "x86_64", "accept": "cpu"}
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(scope="module")
-def own_pg(base_services):
-    with localservers.scratch_postgres("enginefarm_tables") as url:
-        yield url
 
 
 @pytest.fixture

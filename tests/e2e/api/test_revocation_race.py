@@ -26,7 +26,6 @@ from api.app import create_app
 from api.auth import TokenCache
 from api.ui.session import COOKIE, csrf_token
 from enginefarm.core.config import Settings
-from server import localservers
 from server.embedded import issue_token
 from storage.db import session_scope
 from storage.tables import ApiTokenRow
@@ -37,17 +36,10 @@ CURRENT = "/v1/tokens/current"
 WAIT_S = 10.0  # for a hook's event: far longer than any step takes
 
 
-@pytest.fixture(scope="module")
-def own_pg(base_services):
-    with localservers.scratch_postgres("enginefarm_revocation") as url:
-        yield url
-
-
-@pytest.fixture(params=["postgresql", "sqlite"])
-def farm(request, tmp_path):
+@pytest.fixture
+def farm(catalog_settings):
     """The app with an admin token, and a dashboard session of that admin (the client's cookie)."""
-    url = request.getfixturevalue("own_pg") if request.param == "postgresql" else None
-    settings = Settings(data_dir=tmp_path, database_url=url, reconcile_seconds=0, gc_interval_seconds=0)
+    settings = catalog_settings
     with TestClient(create_app(settings)) as http:
         admin = issue_token(settings, "revoker", ["admin"])
         http.headers["Authorization"] = f"Bearer {admin}"
