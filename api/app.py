@@ -116,6 +116,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
             reconciler = Reconciler(settings).start()
         changes = app.state.versions.changes = changes_for(settings.resolved_database_url)
+        changes.watch_revocations(app.state.token_cache.forget, app.state.token_cache.forget_all)
         app.state.build_feed = buildwait.Feed(changes)
         # What is alive after start-up (modules, the app, the ORM's mappers) lives as long as the process: frozen
         # out of the collector's generations, a full collection no longer walks it. Those collections made the

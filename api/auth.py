@@ -57,11 +57,11 @@ class TokenCache:
     A request that started before the revocation answered may still be accepted: it read the token valid.
 
     Another process's revocation (another API worker under ``--workers N`` or another replica, `enginefarm token
-    revoke`, a token's expiry) reaches this process's cache by time only: the token is accepted here for at most
-    ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5) after it committed, plus the time a lookup that read
-    it before takes to return. Nothing tells the other processes of a revocation: the catalog's change feed
-    (``storage.changes``) carries model and build changes only, and moves far too often to drop tokens on. Unknown
-    tokens are never cached, so a token just made works at once.
+    revoke`) reaches this process through the catalog's change feed on PostgreSQL (``storage.changes``: the
+    revocation's commit notifies every API process with the token's id, and ``forget`` runs here within
+    milliseconds; a feed that reconnects forgets everything). On SQLite, and for a token's expiry, it reaches the
+    cache by time only: the token is accepted here for at most ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most
+    5) after it committed. Unknown tokens are never cached, so a token just made works at once.
 
     A token in use is looked up again in the background in the last ``REFRESH_S`` of its entry's life
     (``refresh_soon``), one lookup at a time, so its entry never lapses under a steady stream of requests: when
@@ -149,6 +149,15 @@ class TokenCache:
                 self._floor = self._forgets - 1  # a ticket older than the forgets cleared caches nothing
             self._forgotten[token_id] = self._forgets
             self._entries = {k: v for k, v in self._entries.items() if token_id not in (v[0].token_id, v[0].parent_id)}
+
+    def forget_all(self) -> None:
+        """Drop every entry, and refuse what any lookup that began before now reads: a revocation may have gone
+        unheard (the change feed was not listening)."""
+        with self._lock:
+            self._forgets += 1
+            self._forgotten.clear()
+            self._floor = self._forgets
+            self._entries = {}
 
 
 def revoke_now(cache: TokenCache, session: Session, token_id: int, project: str | None = None) -> ApiTokenRow:

@@ -17,6 +17,12 @@ benchmark task, an engine, a benchmark or a verdict written (what ``GET /v1/buil
 for a build (``?wait=``) is answered as soon as it moves. On PostgreSQL a trigger on each of those tables sends
 ``NOTIFY enginefarm_builds`` for any statement that writes them (migration 0012: bulk updates and raw SQL
 included); on SQLite it is the same ``data_version``. It is a hint to look again, never trusted on its own.
+
+Revocations (``watch_revocations``): on PostgreSQL a revocation's commit sends ``NOTIFY enginefarm_tokens`` with
+the token's id (``storage.tokens.revoke_token``), whoever revoked it (any API process, ``enginefarm token
+revoke``), and the listening thread hands the id to the API's token cache, which drops it at once. Whenever the
+feed starts listening again it hands over "forget everything": a revocation may have gone unheard meanwhile. On
+SQLite a revocation by another process reaches a cache by time only (``api.auth.TokenCache``).
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 
 from sqlalchemy.engine import make_url
 
 from storage.generation import CHANNEL, local_changes
+from storage.tokens import TOKENS_CHANNEL
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +53,10 @@ class Changes:
     def builds(self) -> tuple | None:
         """A token that moves when a build's progress may have changed; None: unknown (look again by time)."""
         return None
+
+    def watch_revocations(self, forget: Callable[[int], None], forget_all: Callable[[], None]) -> None:
+        """Call ``forget(token_id)`` for every revocation any process commits from now on, and ``forget_all()``
+        whenever one may have gone unheard; a feed that cannot tell does nothing."""
 
     def stop(self) -> None:
         pass
@@ -80,6 +92,7 @@ class PostgresChanges(Changes):
         self._count = 0
         self._builds = 0
         self._listening = False
+        self._revocations: list[tuple[Callable[[int], None], Callable[[], None]]] = []
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="resolve-changes", daemon=True)
         self._thread.start()
@@ -89,6 +102,19 @@ class PostgresChanges(Changes):
 
     def builds(self) -> tuple | None:
         return (self._builds,) if self._listening else None
+
+    def watch_revocations(self, forget: Callable[[int], None], forget_all: Callable[[], None]) -> None:
+        self._revocations.append((forget, forget_all))
+        forget_all()  # whatever was kept before the watch began was not watched
+
+    def _revoked(self, payload: str) -> None:
+        try:
+            token_id = int(payload)
+        except ValueError:
+            log.warning("token revocation with a payload that is no token id: %r", payload[:40])
+            return
+        for forget, _ in self._revocations:
+            forget(token_id)
 
     def wait_listening(self, timeout: float = 5.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -104,13 +130,18 @@ class PostgresChanges(Changes):
                 with psycopg.connect(self._dsn, autocommit=True, connect_timeout=5) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     conn.execute(f"LISTEN {BUILDS_CHANNEL}")
+                    conn.execute(f"LISTEN {TOKENS_CHANNEL}")
                     self._count += 1  # anything may have changed while nobody listened
                     self._builds += 1
+                    for _, forget_all in self._revocations:
+                        forget_all()
                     self._listening = True
                     while not self._stopped.is_set():
                         for note in conn.notifies(timeout=0.5):
                             if note.channel == BUILDS_CHANNEL:
                                 self._builds += 1
+                            elif note.channel == TOKENS_CHANNEL:
+                                self._revoked(note.payload)
                             else:
                                 self._count += 1
             except Exception:  # the database restarting: nothing kept is trusted until listening again

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import SCOPES
@@ -22,6 +22,7 @@ from enginefarm.core.names import project_problem
 from storage.db import as_utc
 from storage.tables import ApiTokenRow, utcnow
 
+TOKENS_CHANNEL = "enginefarm_tokens"  # PostgreSQL's NOTIFY channel for revocations (storage/changes.py)
 TOKEN_PREFIX = "ef_"
 MAX_TOKEN_CHARS = 200
 # Expiry times are stored to the microsecond, but a token that is gone before a client can use it is a mistake,
@@ -220,6 +221,9 @@ def list_tokens(session: Session, project: str | None = None) -> list[ApiTokenRo
 
 
 def revoke_token(session: Session, token_id: int, project: str | None = None) -> ApiTokenRow:
+    """Revoke a token and the dashboard sessions it opened. On PostgreSQL the commit also tells every API process
+    (``NOTIFY enginefarm_tokens`` with the token's id, delivered only if the transaction commits), whose token
+    caches drop it at once (``storage.changes``)."""
     row = session.get(ApiTokenRow, token_id)
     if row is None or (project is not None and row.project != project):
         raise NotFound(f"no token with id {token_id}")
@@ -232,6 +236,8 @@ def revoke_token(session: Session, token_id: int, project: str | None = None) ->
         .where(ApiTokenRow.parent_id == row.id, ApiTokenRow.revoked_at.is_(None))
         .values(revoked_at=now)
     )
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_notify(TOKENS_CHANNEL, str(row.id))))
     return row
 
 
