@@ -38,9 +38,8 @@ MAX_FIELD_BYTES = 64 << 10
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
 MAX_PART_HEADER_BYTES = PART_HEADERS * (PART_HEADER_LINE_BYTES + 2)
 PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) and its line breaks
-# The most of the file's bytes joined, hashed and written at once. A batch of chunks (up to bulkwork.BATCH_BYTES,
-# 4 MiB) joined and written whole made an 800 MB upload take 2.1-2.2 s against 1.15-1.2 s written a MiB at a time,
-# after an emptied page cache (docs/performance.md, uploads a MiB at a time).
+# The most of the file's bytes joined, hashed and written at once: a batch of chunks (up to bulkwork.BATCH_BYTES,
+# 4 MiB) joined and written whole is slower than the same bytes a MiB at a time.
 WRITE_BYTES = 1 << 20
 
 

@@ -1,9 +1,8 @@
 """The rows of a Core read statement, run straight on the driver's cursor on PostgreSQL: the resolver's hot reads.
 
 SQLAlchemy's execution around a statement (its execution context, the compiled form's cache lookup, the expanding
-IN lists rendered per call, the cursor's description turned into result metadata, a processor per column) cost
-about a fifth of a cold resolve's CPU in the API: 0.2 of 1.25 ms for its three statements
-(docs/performance.md, round 9). Here a statement is compiled once per dialect, its IN lists are written per call
+IN lists rendered per call, the cursor's description turned into result metadata, a processor per column) is
+a fair share of a cold resolve's CPU in the API. Here a statement is compiled once per dialect, its IN lists are written per call
 as SQLAlchemy writes them (one placeholder per value, so PostgreSQL plans each length as before: binding a list
 as one array made the database's share a third larger), and its rows come as psycopg's named tuples, read by
 position and by name as a Row is.

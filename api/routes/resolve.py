@@ -90,9 +90,8 @@ def answer(
 
 async def answered(req: ResolveRequest, request: Request, settings: Settings, principal: Principal) -> Response:
     """``answer`` on one of the process's resolve threads (``ENGINEFARM_RESOLVE_THREADS``, ``app.state``): a
-    computed answer is mostly Python holding the GIL, and with the forty threads of the server's pool taking turns
-    at it, a cold answer cost 2.55 ms of API CPU against 2.31 ms on two threads, and 506 against 592 answers a
-    second (docs/performance.md, round 6). The event loop never waits on the catalog."""
+    computed answer is mostly Python holding the GIL, so a few threads answer more a second, each for less CPU, than
+    the forty threads of the server's pool taking turns at it. The event loop never waits on the catalog."""
     if req.build:  # a build for the machine writes and queues: never in the way of the answers (the server's pool)
         return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal)
     # The process's own pool of resolve threads, through asyncio's executor hand-off: anyio's (its capacity limiter,

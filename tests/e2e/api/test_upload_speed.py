@@ -103,7 +103,7 @@ def test_the_loop_stays_free_while_a_body_is_parsed_hashed_and_written(tmp_path)
 
 def test_a_batch_of_chunks_is_written_a_mib_at_a_time(tmp_path):
     """The receiving thread takes up to 4 MiB of chunks per hop; joined and written whole, such a batch made an
-    upload nearly twice as slow as the same bytes a MiB at a time (docs/performance.md). Every byte is written once,
+    upload nearly twice as slow as the same bytes a MiB at a time. Every byte is written once,
     in order, in pieces of a MiB up to its last chunk; a chunk of a MiB or more on its own."""
     limits = UploadLimits(file_bytes=1 << 40, file_setting="X", form_fields=4, form_bytes=1 << 16, idle_timeout_s=60)
     receiver = _Receiver(tmp_path, limits, "file")
