@@ -40,6 +40,13 @@ from server.headlimits import HeadLimitProtocol, HeadLimits
 
 APP = "api.main:app"
 log = logging.getLogger(__name__)
+# The protocols here (and server/headlimits.py) subclass uvicorn's httptools protocol and use what it keeps on a
+# connection (its parser, flow control, request cycle, pipeline), which is not uvicorn's public interface. They run
+# only on the releases tested against that (pyproject.toml pins them; tests/unit/test_uvicorn_contract.py checks
+# every name used). On any other release ``serve_api`` serves with uvicorn's own h11 protocol and its head bound
+# (``h11_max_incomplete_event_size``) instead, and says so: slower, and without the header deadline or the 304s
+# answered here, but never broken by a change it was not tested against.
+TESTED_UVICORN = ("0.55",)
 _TIMED_OUT_BODY = b"the request's line and headers took too long\n"
 _TIMED_OUT = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
@@ -259,6 +266,29 @@ class FarmProtocol(HeaderTimeoutProtocol):
         )
 
 
+def tested_uvicorn(version: str | None = None) -> bool:
+    """Whether this uvicorn release (``uvicorn.__version__`` by default) is one the protocols here were tested on."""
+    version = version or uvicorn.__version__
+    return any(version == tested or version.startswith(tested + ".") for tested in TESTED_UVICORN)
+
+
+def http_protocol(header_timeout_s: float, limits: HeadLimits) -> tuple[object, dict]:
+    """uvicorn's ``http`` setting and its other settings: the farm's protocol on a tested uvicorn, else h11 with
+    the head bounded by uvicorn's own setting."""
+    if tested_uvicorn():
+        # A partial of a module-level class: it crosses to the worker processes (pickled) with the config, and
+        # each process's connections have the same deadline and head limits.
+        return functools.partial(FarmProtocol, header_timeout=header_timeout_s, limits=limits), {}
+    log.warning(
+        "uvicorn %s is not a release this farm was tested on (%s): serving with uvicorn's h11 protocol and a %d-byte "
+        "head bound, without the header deadline or the 304s answered before the app",
+        uvicorn.__version__,
+        ", ".join(f"{v}.*" for v in TESTED_UVICORN),
+        limits.request_line + limits.header_bytes,
+    )
+    return "h11", {"h11_max_incomplete_event_size": limits.request_line + limits.header_bytes}
+
+
 def listening_socket(config: uvicorn.Config) -> socket.socket:
     sock = config.bind_socket()
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -281,9 +311,7 @@ def serve_api(
     if header_timeout_s is None:
         header_timeout_s = settings.header_timeout_s
     limits = HeadLimits(settings.max_request_line_bytes, settings.max_header_bytes, settings.max_header_fields)
-    # A partial of a module-level class: it crosses to the worker processes (pickled) with the config, and each
-    # process's connections have the same deadline and head limits.
-    protocol = functools.partial(FarmProtocol, header_timeout=header_timeout_s, limits=limits)
+    protocol, http_settings = http_protocol(header_timeout_s, limits)
     config = uvicorn.Config(
         app,
         host=host,
@@ -297,6 +325,7 @@ def serve_api(
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
         proxy_headers=True,
         forwarded_allow_ips=settings.forwarded_allow_ips,
+        **http_settings,
     )
     sock = listening_socket(config)
     try:

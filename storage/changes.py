@@ -105,6 +105,9 @@ class PostgresChanges(Changes):
 
     def watch_revocations(self, forget: Callable[[int], None], forget_all: Callable[[], None]) -> None:
         self._revocations.append((forget, forget_all))
+        # Listening before the first request is served (the API's start-up calls this), so that the first
+        # connection's "forget everything" drops nothing a request has just looked up.
+        self.wait_listening(5.0)
         forget_all()  # whatever was kept before the watch began was not watched
 
     def _revoked(self, payload: str) -> None:
