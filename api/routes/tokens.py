@@ -47,5 +47,6 @@ def revoke(
 ) -> TokenOut:
     """Revoke a token, and the dashboard sessions it opened. Committed before it answers: this API process refuses
     the token in every request that starts after the answer; the farm's other API processes (``--workers N``,
-    other replicas) refuse it within ENGINEFARM_TOKEN_CACHE_SECONDS, at most 5 s."""
+    other replicas) as soon as the commit's notification reaches them on PostgreSQL, and within
+    ENGINEFARM_TOKEN_CACHE_SECONDS (at most 5 s) on SQLite."""
     return TokenOut.of(revoke_now(request.app.state.token_cache, session, token_id, tenant))
