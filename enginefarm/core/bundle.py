@@ -87,7 +87,7 @@ class _Entry:
     name: str  # normalized: components joined by "/", no "." or empty parts
     is_dir: bool
     size: int
-    member: object  # the ZipInfo or TarInfo to open
+    member: zipfile.ZipInfo | tarfile.TarInfo  # the member to open
 
 
 _NATIVE_LIBRARY = re.compile(r"\.(so(\.\d+)*|dll|dylib|pyd)$", re.IGNORECASE)
@@ -199,8 +199,8 @@ def _check_sizes(entries: list[_Entry], limits: BundleLimits, fmt: str, archive_
         )
     if fmt == "zip":
         for e in entries:
-            packed = e.member.compress_size  # type: ignore[attr-defined]
-            _check_ratio(f"bundle entry {e.name!r}", e.size, packed, limits.max_compression_ratio)
+            assert isinstance(e.member, zipfile.ZipInfo)  # a zip's entries hold its ZipInfo (_zip_entries)
+            _check_ratio(f"bundle entry {e.name!r}", e.size, e.member.compress_size, limits.max_compression_ratio)
         _check_ratio("the bundle", total, archive_size, limits.max_compression_ratio, _ARCHIVE_RATIO_MIN_BYTES)
     else:
         # A compressed tar is one stream, so only the whole archive's ratio can be judged.

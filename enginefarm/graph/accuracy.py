@@ -13,16 +13,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any, TypedDict, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
 from enginefarm.core.spec import ACCURACY_LIMITS, ELEMENTWISE_PARAMS
 
 REFERENCE = "onnxruntime fp32 on the original model"
 
+# The stored accuracy result ``judge`` makes ("pass" is a keyword, hence the functional form).
+Judgement = TypedDict(
+    "Judgement",
+    {
+        "reference": str,
+        "outputs": dict[str, dict[str, float]],  # per output, its figures (the worst over batches)
+        "worst": dict[str, float],  # each figure's worst over the outputs
+        "limits": dict[str, float],
+        "pass": bool,
+        "failures": dict[str, list[str]],  # per failing output, the limits it breaks, in words
+    },
+)
+
 
 def metrics(
-    reference: np.ndarray, candidate: np.ndarray, atol: float | None = None, rtol: float | None = None
+    reference: NDArray[Any], candidate: NDArray[Any], atol: float | None = None, rtol: float | None = None
 ) -> dict[str, float]:
     """The figures of one output on one batch, computed in float64.
 
@@ -74,7 +89,7 @@ def metrics(
     return out
 
 
-def _exact_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
+def _exact_metrics(reference: NDArray[Any], candidate: NDArray[Any]) -> dict[str, float]:
     if reference.size == 0:
         return {"agreement": 1.0, "max_abs": 0.0}
     equal = np.count_nonzero(reference == candidate) / reference.size
@@ -115,7 +130,7 @@ def failures(values: dict[str, float], limits: dict[str, float]) -> list[str]:
     return broken
 
 
-def judge(outputs: dict[str, dict[str, float]], limits: dict[str, float]) -> dict:
+def judge(outputs: dict[str, dict[str, float]], limits: dict[str, float]) -> Judgement:
     """The stored accuracy result: per-output figures, the worst over outputs, the limits, pass or fail."""
     problems = {name: broken for name, m in outputs.items() if (broken := failures(m, limits))}
     return {
@@ -128,7 +143,11 @@ def judge(outputs: dict[str, dict[str, float]], limits: dict[str, float]) -> dic
     }
 
 
-def json_safe(value):
+@overload
+def json_safe(value: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def json_safe(value: object) -> object: ...
+def json_safe(value: object) -> object:
     """inf/NaN are not JSON: store them as strings the report prints as they are."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)

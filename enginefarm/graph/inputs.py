@@ -7,8 +7,10 @@ import io
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
+from numpy.typing import NDArray
 from onnx import TensorProto, helper
 
 from enginefarm.core.domain import ModelInfo, TensorInfo
@@ -17,7 +19,7 @@ from enginefarm.core.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, Buil
 MAX_SAMPLE_ARRAYS = 64
 
 
-def np_dtype(tensor: TensorInfo) -> np.dtype:
+def np_dtype(tensor: TensorInfo) -> np.dtype[Any]:
     """The numpy dtype of an ONNX tensor type name such as ``FLOAT`` or ``INT64``."""
     try:
         return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(tensor.dtype)))
@@ -41,8 +43,13 @@ class ShapeSet:
     batch: int | None
 
 
+def _static_dims(tensor: TensorInfo) -> list[int]:
+    """The dims of an input without a dynamic axis, every one of which is then a positive int."""
+    return [int(d) for d in tensor.dims if isinstance(d, int)]
+
+
 def _static_shapes(info: ModelInfo) -> dict[str, list[int]]:
-    return {t.name: [int(d) for d in t.dims] for t in info.inputs if not t.dynamic_axes}
+    return {t.name: _static_dims(t) for t in info.inputs if not t.dynamic_axes}
 
 
 def _batch_of(shapes: dict[str, list[int]]) -> int | None:
@@ -62,15 +69,15 @@ def opt_shape_set(spec: BuildSpec, info: ModelInfo) -> ShapeSet:
     return ShapeSet(DEFAULT_SHAPE_KEY, shapes, batch)
 
 
-def fixed_arrays(spec: BuildSpec, info: ModelInfo) -> dict[str, np.ndarray]:
+def fixed_arrays(spec: BuildSpec, info: ModelInfo) -> dict[str, NDArray[Any]]:
     """The values of the inputs the spec fixes, as the reference model is fed them (the engine does not take them)."""
     by_name = {t.name: t for t in info.inputs}
-    out = {}
+    out: dict[str, NDArray[Any]] = {}
     for name, value in spec.fixed_inputs.items():
         tensor = by_name[name]
         array = np.asarray(value, dtype=np_dtype(tensor))
         if array.ndim == 0 and tensor.dims and not tensor.dynamic_axes:
-            array = np.full([int(d) for d in tensor.dims], array)
+            array = np.full(_static_dims(tensor), array)
         out[name] = array
     return out
 
@@ -96,9 +103,9 @@ def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:
     return [default]
 
 
-def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict]:
+def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict[str, Any]]:
     """Every benchmark shape that the engine could not run: unknown inputs, wrong ranks, outside the profile."""
-    problems: list[dict] = []
+    problems: list[dict[str, Any]] = []
     by_name = {t.name: t for t in info.inputs}
     profiles = spec.normalized_profiles()
     ranges = profiles[0] if profiles else {}
@@ -134,12 +141,13 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict]:
         for tensor in info.inputs:
             if 0 not in tensor.dynamic_axes:
                 continue
-            rng = ranges.get(tensor.name)
-            if rng and not rng.min[0] <= b <= rng.max[0]:
+            batch_range = ranges.get(tensor.name)
+            if batch_range and not batch_range.min[0] <= b <= batch_range.max[0]:
                 problems.append(
                     {
                         "loc": ["spec", "benchmark", "batch_sizes"],
-                        "msg": f"batch {b} is outside the profile's batch range {rng.min[0]}..{rng.max[0]} "
+                        "msg": f"batch {b} is outside the profile's batch range "
+                        f"{batch_range.min[0]}..{batch_range.max[0]} "
                         f"for input {tensor.name!r}",
                     }
                 )
@@ -155,7 +163,8 @@ def value_range(
     """The range generated values of this input keep to: the spec's (Polygraphy's --val-range), else the table an
     integer input indexes, else None (the type's default)."""
     if given and tensor.name in given:
-        return tuple(given[tensor.name])  # type: ignore[return-value]
+        low, high = given[tensor.name]
+        return low, high
     if tensor.name in info.index_ranges:
         low, high = info.index_ranges[tensor.name]
         return float(low), float(high)
@@ -164,12 +173,12 @@ def value_range(
 
 def random_inputs(
     info: ModelInfo, shapes: dict[str, list[int]], seed: int, value_ranges: dict[str, tuple[float, float]] | None = None
-) -> dict[str, np.ndarray]:
+) -> dict[str, NDArray[Any]]:
     """Seeded random data within the declared shapes. Floats are standard normal, or uniform within a given
     range; integers are uniform within their range (the spec's, or the table they index), else 0..1 as
     Polygraphy's default; booleans are random. The same seed gives the same inputs on every worker."""
     rng = np.random.default_rng(seed)
-    out = {}
+    out: dict[str, NDArray[Any]] = {}
     for tensor in info.inputs:
         dims, dtype = shapes[tensor.name], np_dtype(tensor)
         bounds = value_range(tensor, info, value_ranges)
@@ -189,15 +198,15 @@ def random_inputs(
 def timing_inputs(
     info: ModelInfo,
     shape: ShapeSet,
-    samples: dict[str, np.ndarray] | None,
+    samples: dict[str, NDArray[Any]] | None,
     seed: int,
     value_ranges: dict[str, tuple[float, float]] | None = None,
-) -> tuple[dict[str, np.ndarray], str]:
+) -> tuple[dict[str, NDArray[Any]], str]:
     """The inputs one benchmark shape is timed with, and where they came from. The user's samples where every
     input's sample fits the shape (axis 0 of a dynamic batch taken or repeated to the batch size), as trtexec's
     --loadInputs; otherwise generated values within each input's range."""
     if samples:
-        fitted = {}
+        fitted: dict[str, NDArray[Any]] = {}
         dynamic = {t.name for t in info.inputs if 0 in t.dynamic_axes}
         for tensor in info.inputs:
             want, have = shape.shapes[tensor.name], samples.get(tensor.name)
@@ -216,12 +225,12 @@ def timing_inputs(
 
 
 class SamplesInvalid(ValueError):
-    def __init__(self, problems: list[dict]):
+    def __init__(self, problems: list[dict[str, Any]]):
         super().__init__("; ".join(p["msg"] for p in problems))
         self.problems = problems
 
 
-def _claimed_bytes(member) -> tuple[list[int], np.dtype, int]:
+def _claimed_bytes(member: IO[bytes]) -> tuple[list[int], np.dtype[Any], int]:
     """An .npy member's shape, dtype and size in bytes as its header states them, read without its data."""
     version = np.lib.format.read_magic(member)
     if version == (1, 0):
@@ -264,14 +273,14 @@ def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
         raise SamplesInvalid(problems)
 
 
-def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30) -> dict[str, np.ndarray]:
+def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30) -> dict[str, NDArray[Any]]:
     """Read an ``.npz`` of samples (no pickles) and check it against the model's inputs.
 
     Each array holds one input; axis 0 stacks samples where the model's batch axis is dynamic. Raises
     SamplesInvalid listing every problem.
     """
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
-    problems: list[dict] = []
+    problems: list[dict[str, Any]] = []
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             entries = zf.infolist()
@@ -357,7 +366,7 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
     return arrays
 
 
-def sample_batches(samples: dict[str, np.ndarray], info: ModelInfo, batch: int) -> list[dict[str, np.ndarray]]:
+def sample_batches(samples: dict[str, NDArray[Any]], info: ModelInfo, batch: int) -> list[dict[str, NDArray[Any]]]:
     """Split samples into feeds of ``batch`` along the dynamic batch axis (the rest is dropped).
     Inputs without a dynamic batch axis are passed whole in every feed."""
     dynamic = {t.name for t in info.inputs if 0 in t.dynamic_axes}

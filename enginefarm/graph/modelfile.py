@@ -20,7 +20,7 @@ from typing import BinaryIO
 import onnx
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto, OperatorSetIdProto, TensorProto
 
 from enginefarm.core.bundle import FORMATS, MODEL_NAME, BundleLimits, detect_format, unpack_bundle, unpack_model
 from enginefarm.core.domain import ModelInfo, TensorInfo
@@ -217,6 +217,8 @@ def _check_inputs(inputs: list[onnx.ValueInfoProto]) -> None:
 
 def _default_opset(model: ModelProto) -> int:
     """Return the default-domain opset version the model imports."""
+    # protobuf's repeated-field containers are untyped here (no stubs for google.protobuf): the item type is named.
+    op: OperatorSetIdProto
     for op in model.opset_import:
         if op.domain in _DEFAULT_DOMAINS:
             return op.version

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11+; annotations only, and the graph still imports on 3.10
 
 
 def conv_net(
@@ -49,14 +53,28 @@ def conv_net(
     return model
 
 
-def save_conv_net(path: Path, **kwargs) -> Path:
+class ConvNetOptions(TypedDict, total=False):
+    """``conv_net``'s parameters, as ``save_conv_net`` passes them on."""
+
+    channels: int
+    blocks: int
+    image: int
+    seed: int
+    dynamic_batch: bool
+
+
+def save_conv_net(path: Path, **kwargs: Unpack[ConvNetOptions]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(conv_net(**kwargs), str(path))
     return path
 
 
-def sample_spec(batch: tuple[int, int, int] = (1, 4, 8), image: int = 32) -> dict:
+# A profile as a build spec's JSON gives it: per input, its "min", "opt" and "max" dims.
+ProfileJson = dict[str, dict[str, list[int]]]
+
+
+def sample_spec(batch: tuple[int, int, int] = (1, 4, 8), image: int = 32) -> dict[str, list[ProfileJson]]:
     """A build spec for ``conv_net``: one dynamic-batch profile."""
     lo, opt, hi = batch
     return {
