@@ -9,7 +9,7 @@ import gc
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
@@ -220,12 +220,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def _named_unknowns(errors: Sequence[Any]) -> list[Any]:
+def _named_unknowns(errors: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """A query parameter a route does not take (a model of ``extra="forbid"``: GET /v1/resolve's), said as such,
     with the nearest one it takes: "trt_version" → "did you mean trt?"."""
     out = []
     for e in errors:
-        loc = e.get("loc") or ()
+        loc: Sequence[int | str] = e.get("loc") or ()
         if e.get("type") == "extra_forbidden" and len(loc) == 2 and loc[0] == "query":
             name = str(loc[1])
             near = [SHORT_NAMES[name]] if name in SHORT_NAMES else []  # the fingerprint's long name: trt_version

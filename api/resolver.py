@@ -261,18 +261,20 @@ def resolve(
             project=project,
             token_id=principal.family_id,
         )
-        out = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
-        return Outcome(202, out.model_dump_json().encode())
+        accepted = BuildForMachineOut(**built, reasons=error.problems, fallback=fallback)
+        return Outcome(202, accepted.model_dump_json().encode())
     explain = req.explain
     ranked = [_candidate(j, rows, owner, explain) for j in choice.ranked]
     rejected = [_candidate(j, rows, owner, explain) for j in choice.rejected] if explain else None
+    match = chosen.verdict.match
+    assert match is not None  # a ranked engine runs, and the verdict of one that runs has its match
     engine, version, variant_of, verdict = resolution.chosen_engine(session, table, chosen.option.id, owner, models)
     out = ResolveOut(
         model=req.model,
         machine=req.machine,
         engine=EngineOut.of(engine, version, variant_of=variant_of, verdict=verdict),
         ranked_by=choice.ranked_by,
-        match=chosen.verdict.match.label,
+        match=match.label,
         reason=chosen.verdict.reason,
         unchecked=chosen.verdict.unchecked,
         accuracy=chosen.option.evidence.accuracy or "unchecked",
@@ -280,7 +282,7 @@ def resolve(
         fallbacks=ranked[1:],
         excluded=dict(sorted(excluded.items())),
         rejected=rejected,
-        candidates=ranked + rejected if explain else None,
+        candidates=None if rejected is None else ranked + rejected,  # rejected is a list with explain only
     )
     body = out.model_dump_json().encode()
     answers.put(tag, body, out.match, (digest, project))

@@ -8,9 +8,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeVar, get_type_hints
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_validator
+from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
 from api.int8stage import EngineInt8
@@ -21,6 +22,11 @@ from enginefarm.core.text import CatalogText, VersionText
 from enginefarm.core.wanted import Wanted
 from storage.db import as_utc
 from storage.tables import EngineRow, ModelRow, WorkerRow
+
+if TYPE_CHECKING:
+    from sqlalchemy import Row
+
+    from storage.resolution import Parsed
 
 T = TypeVar("T")
 
@@ -143,8 +149,8 @@ class EngineOut(_EngineFacts):
     @classmethod
     def of(
         cls,
-        row: EngineRow,
-        model: ModelRow | None = None,
+        row: EngineRow | Parsed,
+        model: ModelRow | Row[Any] | None = None,
         checks: dict[str, Any] | None = None,
         variant_of: Any = ...,
         verdict: Any = None,
@@ -239,6 +245,14 @@ def _as_parameter(info: FieldInfo) -> tuple[Any, FieldInfo]:
     return info.annotation, lax
 
 
+def _machine_fields() -> dict[str, FieldInfo]:
+    """The fields of the machine's fingerprint, as pydantic made them. ``Machine`` is a pydantic dataclass; the
+    check narrows it, for the type checker, to the type that declares ``__pydantic_fields__``."""
+    if not is_pydantic_dataclass(Machine):
+        raise TypeError("Machine is not a pydantic dataclass")
+    return Machine.__pydantic_fields__
+
+
 # GET /v1/resolve's query: ResolveRequest's fields with the machine's flattened under their short names
 # (``enginefarm.core.machine.SHORT_NAMES``) and its shapes as trtexec-style text. Derived, not written again.
 def _query_fields() -> dict[str, Any]:
@@ -248,7 +262,7 @@ def _query_fields() -> dict[str, Any]:
         "version": _as_parameter(body["version"]),
         **{
             SHORT_NAMES.get(name, name): _as_parameter(info)
-            for name, info in Machine.__pydantic_fields__.items()
+            for name, info in _machine_fields().items()
             if name != "shapes"
         },
         **{
@@ -281,9 +295,7 @@ def request_of(query: BaseModel) -> ResolveRequest:
     ValidationError where the fingerprint's own rules refuse the combination."""
     values = dict(query)
     shapes = shape_request(*(values.pop(name) for name in SHAPE_PARAMETERS))
-    machine = {
-        name: values.pop(SHORT_NAMES.get(name, name)) for name in Machine.__pydantic_fields__ if name != "shapes"
-    }
+    machine = {name: values.pop(SHORT_NAMES.get(name, name)) for name in _machine_fields() if name != "shapes"}
     return ResolveRequest.model_validate({**values, "machine": {**machine, "shapes": shapes}}, strict=False)
 
 

@@ -8,6 +8,7 @@ that change hands, resolution's reads, tokens); only ``storage`` queries the tab
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import cache
 
 from sqlalchemy import bindparam, func, select, text, update
@@ -227,7 +228,8 @@ def add_build(
         task = BuildTaskRow(
             build_id=build.id, target=str(target), state=(TaskState.WAITING if waiting else TaskState.QUEUED).value
         )
-        versions = backend_versions.get(str(target)) or {None}
+        # The live workers' backend versions for the target; without any, the newest engine of any version.
+        versions: Iterable[str | None] = backend_versions.get(str(target)) or {None}
         existing = (
             None
             if waiting

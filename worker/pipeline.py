@@ -10,6 +10,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Backend, EngineDescriptor, ModelInfo, Target
 from enginefarm.core.errors import BuildFailed, IntegrityError
@@ -17,7 +18,7 @@ from enginefarm.core.hashing import sha256_file
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.inputs import load_samples
-from enginefarm.graph.modelfile import BundleLimits, model_path_for
+from enginefarm.graph.modelfile import model_path_for
 from storage.blobs import BlobStore
 from worker.backends import BuildLog, get_backend
 from worker.cleanup import prepared_model
@@ -48,10 +49,10 @@ def model_file_from_store(store: BlobStore, blob_key: str, sha256: str, fmt: str
         return path
 
 
-def fetch_verified(store: BlobStore, key: str, sha256: str, dest: Path) -> Path:
+def fetch_verified(store: BlobStore, key: str, sha256: str | None, dest: Path) -> Path:
     """Download a blob and check it against the catalog's sha256 before anything uses it. A local store's blob is
     linked instead (``BlobStore.link_file``): no copy of a model that may be gigabytes, and no second one on disk;
-    the worker only reads it."""
+    the worker only reads it. A catalog row without a sha256 (None) matches no blob: the check fails."""
     if not store.link_file(key, dest):
         store.get_file(key, dest)
     got = sha256_file(dest)

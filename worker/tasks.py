@@ -89,7 +89,7 @@ def build_engine(self, task_id: int) -> None:
         in_transaction(catalog.requeue_task, task_id, _infra_reason(exc))
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
     except (BuildFailed, TargetUnavailable) as exc:
-        in_transaction(catalog.fail_task, task_id, exc.message, getattr(exc, "log_tail", None))
+        in_transaction(catalog.fail_task, task_id, exc.message, exc.log_tail)
     except SoftTimeLimitExceeded:
         in_transaction(
             catalog.fail_task,

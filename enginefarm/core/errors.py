@@ -15,6 +15,9 @@ class EnginefarmError(Exception):
 
     status_code = 500
     retry_after: int | None = None
+    # The build log's last lines, where a worker's build failed with this error (set by the worker, stored with
+    # the failed task).
+    log_tail: str | None = None
 
     def __init__(self, message: str, *, problems: list[dict[str, Any]] | None = None, **context: Any):
         super().__init__(message)
