@@ -1,15 +1,15 @@
 """The rows of a Core read statement, run straight on the driver's cursor on PostgreSQL: the resolver's hot reads.
 
-SQLAlchemy's execution around a statement (its execution context, the compiled form's cache lookup, the expanding
-IN lists rendered per call, the cursor's description turned into result metadata, a processor per column) is
-a fair share of a cold resolve's CPU in the API. Here a statement is compiled once per dialect, its IN lists are written per call
-as SQLAlchemy writes them (one placeholder per value, so PostgreSQL plans each length as before: binding a list
-as one array made the database's share a third larger), and its rows come as psycopg's named tuples, read by
+SQLAlchemy's execution around a statement (its execution context, the compiled form's cache lookup, the expanding IN
+lists rendered per call, the cursor's description turned into result metadata, a processor per column) is a fair
+share of a cold resolve's CPU in the API. Here a statement is compiled once per dialect, its IN lists are written
+per call as SQLAlchemy writes them (one placeholder per value, so PostgreSQL plans each length as before: binding a
+list as one array made the database's share a third larger), and its rows come as psycopg's named tuples, read by
 position and by name as a Row is.
 
-Errors come out as SQLAlchemy's (``DBAPIError.instance``), a connection that died is invalidated first, so
-callers and the API's handlers treat them as any other. Other databases run the statement as before, and so does
-a connection whose statements someone watches (a ``before_cursor_execute`` listener: tracing, a test's count).
+Errors come out as SQLAlchemy's (``DBAPIError.instance``), a connection that died is invalidated first, so callers
+and the API's handlers treat them as any other. Other databases run the statement as before, and so does a
+connection whose statements someone watches (a ``before_cursor_execute`` listener: tracing, a test's count).
 """
 
 from __future__ import annotations

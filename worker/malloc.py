@@ -3,9 +3,10 @@
 glibc's malloc serves a large allocation with its own mmap and unmaps it when freed, and gives the top of the heap
 back past a trim threshold (both adjusted as the process goes). A build allocates and frees tens of megabytes of
 weights and plans every time, so each build in a worker's pool process would touch every page afresh, tens of
-thousands of page faults, and the builder would run slower in the worker than in a plain process. With both thresholds at ``keep_mib``, allocations
-under it come from the heap and freed memory stays in the process up to that much: the builds fault almost never.
-The cost is that much resident memory kept between builds. Set before the pool processes fork, which inherit it.
+thousands of page faults, and the builder would run slower in the worker than in a plain process. With both
+thresholds at ``keep_mib``, allocations under it come from the heap and freed memory stays in the process up to that
+much: the builds fault almost never. The cost is that much resident memory kept between builds. Set before the pool
+processes fork, which inherit it.
 """
 
 from __future__ import annotations
