@@ -3,10 +3,10 @@
 keep each in float, the layers kept in fp32, the cosine against fp32 before and after, the failed original kept as a
 derived model, and the CPU latency of fp32, int8 without repair and int8 repaired from one run) and the latency
 figures measured. Read from the quantize report on the build that made the engine's model (``BuildRow.quantize``,
-written by worker/quantize_stage.py) and from the engine's own benchmarks against its fp32 sibling.
+written by worker/int8/stage.py) and from the engine's own benchmarks against its fp32 sibling.
 
 An fp16 engine whose build asked ``accuracy_repair`` has the same view of its build's fp16 repair stage
-(worker/fp16_stage.py): ``precision: fp16``, the nodes ranked by the fp16 gate measured with each kept in fp32 alone,
+(worker/fp16/stage.py): ``precision: fp16``, the nodes ranked by the fp16 gate measured with each kept in fp32 alone,
 the nodes kept, the gate before and after; no candidates and no latency (fp16 has no stage that times)."""
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def _create_build(
             "samples_sha256": model.samples_sha256,
             "detail": "making an int8 Q/DQ model from the samples with ONNX Runtime",
         }
-    elif fp16_repair:  # the same waiting stage: worker/fp16_stage.py, on a GPU worker's queue where it judges there
+    elif fp16_repair:  # the same waiting stage: worker/fp16/stage.py, on a GPU worker's queue where it judges there
         gpu = next((t for t in sorted(targets, key=str) if t.is_ort_cuda and str(t) in served), None)
         build.quantize = {
             "state": TaskState.QUEUED.value,

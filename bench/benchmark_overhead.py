@@ -1,7 +1,7 @@
 """What the benchmark stage's measurement adds on top of running the engine.
 
 Baseline: a bare ``session.run`` loop over the same ONNX Runtime engine and inputs, timed with
-``time.perf_counter``, for the same number of iterations. Measured: ``worker.evaluate.OrtRunner.benchmark``
+``time.perf_counter``, for the same number of iterations. Measured: ``worker.measure.evaluate.OrtRunner.benchmark``
 (trtexec's loop, io-binding, four clock reads per iteration, the summary). Both run in this process, one
 after the other and then in the opposite order, and the script prints median(measured) / median(baseline)
 per model size. A ratio near 1.0 means the numbers the farm stores are the engine's, not the harness's.
@@ -26,7 +26,7 @@ from enginefarm.graph.inputs import random_inputs
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from worker.backends import BuildLog
-from worker.evaluate import OrtRunner
+from worker.measure.evaluate import OrtRunner
 from worker.pipeline import engine_from_model
 
 

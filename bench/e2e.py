@@ -5,7 +5,7 @@ For the same model and targets, one run measures
   a  the builders alone: ``worker.pipeline.engine_from_model`` for each target, sequentially,
      in this process, from a model file in a tmpfs directory (``--direct-on disk``: in the directory on the
      disk the farm's data directory is on, where the farm's worker writes its plans), keeping freed memory as
-     the farm's workers do (``worker/malloc.py``; ``--direct-malloc default``: glibc's own thresholds);
+     the farm's workers do (``worker/process/malloc.py``; ``--direct-malloc default``: glibc's own thresholds);
   b  moving the bytes alone: the model and every engine put into a blob store of the mode's kind
      (LocalBlobStore for embedded, S3BlobStore on SeaweedFS for distributed) with its own client,
      plus the one get of the model that a worker makes;
@@ -58,8 +58,8 @@ from server.embedded import Farm, embedded_env, issue_token  # noqa: E402
 from storage.blobs import engine_key, model_key  # noqa: E402
 from storage.blobs.base import BlobStore  # noqa: E402
 from worker.backends import BuildLog  # noqa: E402
-from worker.malloc import keep_freed_memory  # noqa: E402
 from worker.pipeline import engine_from_model  # noqa: E402
+from worker.process.malloc import keep_freed_memory  # noqa: E402
 
 TARGETS = [
     "tensorrt-rtx/sm80",
@@ -534,7 +534,7 @@ def main() -> None:
     if args.smoke:
         args.mode, args.repeat, args.channels, args.blocks, args.workers = "embedded", 1, 16, 1, 1
 
-    if args.direct_malloc == "kept":  # a's builders fault no fresh pages either (worker/malloc.py)
+    if args.direct_malloc == "kept":  # a's builders fault no fresh pages either (worker/process/malloc.py)
         keep_freed_memory(Settings().worker_malloc_keep_mib)
     modes = ["embedded", "distributed"] if args.mode == "both" else [args.mode]
     work = Path(tempfile.mkdtemp(prefix="efbench-"))

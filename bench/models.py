@@ -9,9 +9,9 @@ against the builder alone measured in the same run, and per task the worker's ru
 Benchmarks and accuracy checks are switched off in part 2: it measures the build path only.
 
 Part 3 times, per model, the CPU int8 artifact against the fp32 one, both made by the farm's own stages in this
-process: the quantize stage's ONNX Runtime recipe (``worker.quantize``, calibrated on 16 of the model's samples,
+process: the quantize stage's ONNX Runtime recipe (``worker.int8.quantize``, calibrated on 16 of the model's samples,
 one for a streaming model), the ONNX Runtime build stage, and the benchmark stage's runner, timed interleaved
-(``worker.int8_vs_fp32``, the code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as
+(``worker.int8.vs_fp32``, the code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as
 speed-ups from one run, with the int8 output's cosine against fp32, and the same two timed each alone afterwards
 (``alone``): where the two speed-ups differ by more than a fifth the row says "disagrees". The corpus plus
 ResNet-50, ConvNeXt-Tiny and a GPT-2 style decoder (``tests/realmodels/large.py``).
@@ -162,11 +162,11 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved. With ``repair``,
     the quantize stage's accuracy repair runs first and its kept layers stay float in the artifact timed."""
     from enginefarm.graph.modelfile import inspect_upload
-    from worker import int8_vs_fp32 as compare
     from worker.backends.base import BuildBackend
     from worker.cleanup import prepared_model
-    from worker.evaluate import OrtRunner
-    from worker.int8_choice import quantize_for_cpu
+    from worker.int8 import vs_fp32 as compare
+    from worker.int8.choice import quantize_for_cpu
+    from worker.measure.evaluate import OrtRunner
 
     model, source, sampler = _model(name)
     spec = BuildSpec(**{**model.shapes, **model.spec, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}})
@@ -181,7 +181,7 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     repaired = None
     unrepaired_model = None
     if repair:
-        from worker.int8_repair import repair as find_layers
+        from worker.int8.repair import repair as find_layers
 
         int8_check = spec.model_copy(update={"accuracy": spec.accuracy.model_copy(update={"enabled": True})})
         repaired = find_layers(float_model, calibration, int8_check, info, work, lambda p: OrtRunner(p))

@@ -72,7 +72,7 @@ def worker(
         fail(RuntimeError("this machine can build no target and run no engine; see `enginefarm worker --probe`"))
     if metrics_port is not None and lane == "both":
         metrics_dir(settings.data_dir / "metrics" / f"worker-{name}-{os.getpid()}")  # the lane inherits it
-        from worker import metrics  # after the folder is set: prometheus-client reads it at import
+        from worker.process import metrics  # after the folder is set: prometheus-client reads it at import
 
         metrics.serve(metrics_port)
     _run_worker(
@@ -83,7 +83,7 @@ def worker(
 def _bench_lane(name: str, worker_id: str, targets, bench, pool: str, loglevel: str):
     """The benchmark lane of this worker: its own process and pool, tied to this process (``lifeline``)."""
     from server import lifeline
-    from worker.lanes import BUILD_TARGETS_ENV, LANE_OF_ENV, LANE_POLL_S, BenchmarkLane
+    from worker.process.lanes import BUILD_TARGETS_ENV, LANE_OF_ENV, LANE_POLL_S, BenchmarkLane
 
     args = [
         sys.executable,
@@ -120,9 +120,9 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
 
     from enginefarm.core.workerid import WORKER_ID_ENV, new_worker_id
     from server.embedded import prepare
-    from worker.drain import LANE_EXIT_S, Drain
-    from worker.heartbeat import Heartbeat
-    from worker.lanes import LANE_OF_ENV
+    from worker.process.drain import LANE_EXIT_S, Drain
+    from worker.process.heartbeat import Heartbeat
+    from worker.process.lanes import LANE_OF_ENV
 
     in_lane = lane == "benchmarks"
     if in_lane and not os.environ.get(LANE_OF_ENV):
@@ -142,7 +142,7 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
             time.sleep(1 + attempt)
     from enginefarm.core.directwrite import write_plans_direct
     from enginefarm.core.domain import build_queues as queues_for
-    from worker.malloc import keep_freed_memory
+    from worker.process.malloc import keep_freed_memory
     from worker.tasks import app as celery_app
 
     keep_freed_memory(settings.worker_malloc_keep_mib)  # before the pool forks: its processes inherit it
@@ -153,11 +153,11 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     )
     build_queues = queues_for(list(targets))
     bench_queues = [t.bench_queue for t in bench]
-    # A worker that builds and benchmarks serves its benchmark queues from a second pool (worker.lanes).
+    # A worker that builds and benchmarks serves its benchmark queues from a second pool (worker.process.lanes).
     split = lane == "both" and bool(build_queues) and bool(bench_queues)
     bench_lane = _bench_lane(name, worker_id, targets, bench, pool, loglevel) if split else None
     queues = bench_queues if in_lane else build_queues if split else build_queues + bench_queues
-    # SIGTERM: running tasks get ENGINEFARM_SHUTDOWN_GRACE_SECONDS, then go back to the queue (worker/drain.py).
+    # SIGTERM: running tasks get ENGINEFARM_SHUTDOWN_GRACE_SECONDS, then go back to the queue (worker/process/drain.py).
     drain = Drain(settings, worker_id, sweep=not in_lane).install()
 
     def ready(**_) -> None:

@@ -1,5 +1,5 @@
 """Metrics the storage layer counts itself: the API and the workers expose them (``api.metrics``,
-``worker.metrics``)."""
+``worker.process.metrics``)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,8 @@ def delayed(fn: Callable, env: str) -> Callable:
 def install() -> None:
     """Wrap the stages where the worker's tasks look them up at each call (pool processes are forked from this one,
     so they inherit the wrapped functions)."""
-    from worker import evaluate, quantize
+    from worker.int8 import quantize
+    from worker.measure import evaluate
 
     quantize.quantize_qdq = delayed(quantize.quantize_qdq, "ENGINEFARM_TEST_QUANTIZE_DELAY_S")
     evaluate.evaluate = delayed(evaluate.evaluate, "ENGINEFARM_TEST_BENCH_DELAY_S")

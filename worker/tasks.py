@@ -25,11 +25,11 @@ from storage.blobwrite import store_with_row
 from storage.db import PATIENCE_S, UNAVAILABLE, get_engine, in_transaction, session_scope
 from storage.queue import BENCHMARK_TASK, BUILD_TASK, QUANTIZE_TASK, celery_app
 from worker.backends import BuildLog, get_backend
-from worker.fp16_stage import spec_of_task
-from worker.lanes import wait_for_builds
-from worker.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
+from worker.fp16.stage import spec_of_task
+from worker.int8.stage import model_of_task
 from worker.pipeline import engine_from_model, fetch_verified, model_file_from_store, samples_of
-from worker.quantize_stage import model_of_task
+from worker.process.lanes import wait_for_builds
+from worker.process.metrics import BENCHMARK_SECONDS, BUILD_SECONDS
 
 log = logging.getLogger(__name__)
 MAX_INFRA_RETRIES = 5
@@ -117,9 +117,9 @@ def _run(task_id: int, me: str) -> None:
     store = blob_store()
     with session_scope() as s:
         task = catalog.get_task(s, task_id)
-        # An int8 build may have one derived model per target family (worker/quantize_stage.py).
+        # An int8 build may have one derived model per target family (worker/int8/stage.py).
         build, model = task.build, model_of_task(s, task)
-        # An fp16 build with accuracy repair keeps the nodes its repair stage found in fp32 (worker/fp16_stage.py).
+        # An fp16 build with accuracy repair keeps the nodes its repair stage found in fp32 (worker/fp16/stage.py).
         target, spec = task.parsed_target, spec_of_task(build)
         repaired = spec.keep_fp32_layers != build.build_spec.keep_fp32_layers
         # A target that cannot build the spec's precision builds the nearest it can (enginefarm.core.validation);
@@ -237,7 +237,7 @@ def _gpu(probe: MachineProbe) -> dict | None:
 
 
 def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
-    from worker.evaluate import evaluate
+    from worker.measure.evaluate import evaluate
 
     settings, store = get_settings(), blob_store()
     with session_scope() as s:
@@ -322,7 +322,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
 
 @app.task(name=QUANTIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
 def quantize_model(self, build_id: int) -> None:
-    from worker import quantize_stage
+    from worker.int8 import stage as quantize_stage
 
     me = current_worker_id()
     if not in_transaction(quantizing.claim_quantize, build_id, me):

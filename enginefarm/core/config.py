@@ -71,8 +71,8 @@ class Settings(BaseSettings):
 
     # How often a worker polls the embedded (database) broker: lower means less queue wait, more idle CPU.
     broker_poll_seconds: float = Field(default=0.05, gt=0)
-    # A worker keeps up to this much memory its builds freed (glibc's mmap and trim thresholds; worker/malloc.py):
-    # builds then fault in no fresh pages. 0: glibc's own thresholds.
+    # A worker keeps up to this much memory its builds freed (glibc's mmap and trim thresholds;
+    # worker/process/malloc.py): builds then fault in no fresh pages. 0: glibc's own thresholds.
     worker_malloc_keep_mib: int = Field(default=256, ge=0, le=2047)  # mallopt takes a C int of bytes
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     worker_ttl_seconds: float = Field(default=20.0, gt=0)

@@ -31,9 +31,9 @@ from enginefarm.graph.modelfile import inspect_upload
 from tests.realmodels import MODELS, RealModel, path, samples
 from worker.backends.base import BuildLog
 from worker.cleanup import prepared_model
-from worker.evaluate import evaluate
+from worker.int8.quantize import family_of
+from worker.measure.evaluate import evaluate
 from worker.pipeline import engine_from_model
-from worker.quantize import family_of
 
 TARGETS = (
     "tensorrt-rtx/sm75",
@@ -98,10 +98,10 @@ def prepare(name: str, work: Path) -> Prepared:
 
 
 def _quantized(prep: Prepared, work: Path, family: str) -> None:
-    """The int8 stage once per model and target family, as worker/quantize_stage.py runs it."""
-    from worker.evaluate import OrtRunner
-    from worker.int8_choice import quantize_for_cpu
-    from worker.quantize import quantize_qdq
+    """The int8 stage once per model and target family, as worker/int8/stage.py runs it."""
+    from worker.int8.choice import quantize_for_cpu
+    from worker.int8.quantize import quantize_qdq
+    from worker.measure.evaluate import OrtRunner
 
     if family in prep.int8_path or family in prep.int8_error:
         return
@@ -270,7 +270,7 @@ tests/e2e/realmodels/test_matrix.py and asserts every cell). Regenerate this pag
   the original model with the same samples. **TensorRT-RTX engines are built for real** but need an RTX-class GPU
   of that compute capability to run; none is available here, so their cells carry no latency or accuracy. For
   fp16, the ONNX Runtime cell of the same row measures the same converted graph; for int8 it measures the model
-  quantized for ONNX Runtime (each target family gets its own int8 model, `worker/quantize/recipes.py`).
+  quantized for ONNX Runtime (each target family gets its own int8 model, `worker/int8/quantize/recipes.py`).
 - **ops** counts nodes including those inside If/Loop bodies.
 
 """
@@ -308,7 +308,7 @@ The CPU int8 form is now chosen per model by measurement among several candidate
 
 For each model, the farm's own stages in one process: the quantize stage's ONNX Runtime recipe calibrated on 16
 samples (one chunk for Silero), the ONNX Runtime build of the int8 and of the fp32 model, and the benchmark
-stage's runner timing the two in alternating blocks, 10 rounds (`worker/int8_vs_fp32.py`, the code that stores
+stage's runner timing the two in alternating blocks, 10 rounds (`worker/int8/vs_fp32.py`, the code that stores
 `vs_fp32` on every int8 CPU engine's benchmark). Speed-up = fp32 median / int8 median; cosine of the int8 output
 against fp32 on an input not used for calibration. ResNet-50 (torchvision's layers), ConvNeXt-Tiny (timm's) and a
 GPT-2 style decoder are exported by `tests/realmodels/export_large.py` with random weights.
@@ -354,7 +354,7 @@ took the PP-OCR classifier to cosine 0.55 against fp32, so it is not used. QDQ s
 quantization: it folds constants and gives the quantizer the shapes it needs.
 
 TensorRT targets get their own int8 model (symmetric int8 Q/DQ on the inputs of Conv, ConvTranspose, Gemm and
-MatMul with a constant weight; `worker/quantize/recipes.py`). No GPU here runs TensorRT engines, so there is no
+MatMul with a constant weight; `worker/int8/quantize/recipes.py`). No GPU here runs TensorRT engines, so there is no
 int8-against-fp32 figure for them; they build with TensorRT-RTX (the matrix above). NVIDIA Model Optimizer's ONNX
 PTQ was not used: nvidia-modelopt 0.47 needs torch, and its `[onnx]` extra pins `onnxruntime-gpu~=1.24.2`,
 `cupy-cuda12x` and `onnx~=1.21.0` on Linux x86_64, which would replace the CPU worker's ONNX Runtime 1.32.

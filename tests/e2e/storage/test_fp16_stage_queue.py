@@ -1,5 +1,5 @@
 """An fp16 repair stage of a build with an ``onnxruntime/cuda`` target is queued for the workers serving that target,
-so that it is judged on their GPU (worker/fp16_stage.py); requeued, released and republished, it keeps that queue. On
+so that it is judged on their GPU (worker/fp16/stage.py); requeued, released and republished, it keeps that queue. On
 both catalogs (the ``settings`` fixture: SQLite and PostgreSQL)."""
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from tests.unit.worker.test_fp16_repair import SHAPES, hidden_overflow_model, overflow_samples
-from worker import fp16_repair as F
 from worker.backends.base import BuildLog
 from worker.backends.onnxruntime_cuda import build_cuda
-from worker.evaluate import OrtRunner, check_accuracy
-from worker.fp16_stage import judge_target, repair_on
-from worker.ort_cuda_runner import OrtCudaRunner
+from worker.fp16 import repair as F
+from worker.fp16.stage import judge_target, repair_on
+from worker.measure.evaluate import OrtRunner, check_accuracy
+from worker.measure.ort_cuda_runner import OrtCudaRunner
 
 pytestmark = pytest.mark.gpu
 

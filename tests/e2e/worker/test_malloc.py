@@ -1,5 +1,5 @@
-"""A worker keeps the memory its builds free (worker/malloc.py): a process that allocates and frees the same large
-buffers again and again, as a build does, faults in fresh pages only the first time. Each case runs in a process
+"""A worker keeps the memory its builds free (worker/process/malloc.py): a process that allocates and frees the same
+large buffers again and again, as a build does, faults in fresh pages only the first time. Each case runs in a process
 of its own, since the thresholds are the process's."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from enginefarm.core.config import Settings
 
 ALLOCATE_AND_FREE = """
 import resource, sys
-from worker.malloc import keep_freed_memory
+from worker.process.malloc import keep_freed_memory
 print(keep_freed_memory(int(sys.argv[1])))
 def round_trip():
     for size in (48 << 20, 20 << 20, 3 << 20):  # a plan, weights, a tensor: each written whole, then freed
@@ -51,7 +51,7 @@ def test_glibcs_own_thresholds_fault_every_round_the_control():
 def test_the_setting_stays_within_what_mallopt_takes():
     """mallopt's value is a C int of bytes: 2047 MiB is the most (set in a process of its own); a larger setting is
     refused when the settings are read."""
-    probe = "from worker.malloc import keep_freed_memory; print(keep_freed_memory(2047))"
+    probe = "from worker.process.malloc import keep_freed_memory; print(keep_freed_memory(2047))"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == (
         "True"
     )

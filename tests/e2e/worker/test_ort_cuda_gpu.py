@@ -19,8 +19,8 @@ from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from worker.backends.base import BuildLog
 from worker.backends.onnxruntime_cuda import build_cuda
-from worker.evaluate import OrtRunner, check_accuracy, evaluate
-from worker.ort_cuda_runner import OrtCudaRunner
+from worker.measure.evaluate import OrtRunner, check_accuracy, evaluate
+from worker.measure.ort_cuda_runner import OrtCudaRunner
 
 pytestmark = pytest.mark.gpu
 QUICK = BenchmarkSpec(warmup_ms=50, duration_s=0.3, iterations=10)

@@ -17,11 +17,11 @@ from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import conv_net, save_conv_net
 from tests.helpers import rtx_build
-from worker import quantize as Q
-from worker.quantize import QuantizeReport, quantize_qdq
-from worker.quantize import preprocess as QP
-from worker.quantize import recipes as QR
-from worker.quantize.qdq import check_for_tensorrt
+from worker.int8 import quantize as Q
+from worker.int8.quantize import QuantizeReport, quantize_qdq
+from worker.int8.quantize import preprocess as QP
+from worker.int8.quantize import recipes as QR
+from worker.int8.quantize.qdq import check_for_tensorrt
 
 CALIBRATION = 16
 HELD_OUT = 64
@@ -297,7 +297,7 @@ def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, m
     """On x86 without VNNI, ONNX Runtime's fused int8 kernels saturate; the CPU engine and its runner keep the
     basic optimization level for Q/DQ models there, and the int8 engine stays close to FP32."""
     from worker.backends import onnxruntime as backend
-    from worker.evaluate import OrtRunner
+    from worker.measure.evaluate import OrtRunner
 
     fp32_path = save_conv_net(tmp_path / "m.onnx", seed=42)
     x = _images(16, seed=42)
@@ -609,7 +609,7 @@ def test_incomplete_symbolic_shape_inference_leaves_nothing_in_the_cwd(tmp_path:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
-    caplog.set_level("INFO", logger="worker.quantize.preprocess")
+    caplog.set_level("INFO", logger="worker.int8.quantize.preprocess")
     rng = np.random.default_rng(1)
     samples = {name: rng.standard_normal((8, 32)).astype(np.float32) for name in ("x", "y")}
     report = quantize_qdq(path, samples, tmp_path / "q.onnx")
@@ -685,7 +685,7 @@ def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path
     (tmp_path / "build").mkdir()
     built = engine_from_model(q, spec, Target.parse("onnxruntime/cpu-x86_64"), None, tmp_path / "build", BuildLog())
     options = ort.SessionOptions()
-    options.graph_optimization_level = optimization_level(ort, built.path)[0]  # as worker/evaluate.py's runner
+    options.graph_optimization_level = optimization_level(ort, built.path)[0]  # as worker/measure/evaluate.py's runner
     options.optimized_model_filepath = str(tmp_path / "runs.onnx")
     session = ort.InferenceSession(str(built.path), options, providers=["CPUExecutionProvider"])
     ran = [n.op_type for n in onnx.load(str(tmp_path / "runs.onnx")).graph.node]

@@ -17,7 +17,7 @@ from api.metrics import CatalogCollector
 from enginefarm.core.config import Settings
 from server.embedded import prepare
 from storage import metrics as storage_metrics
-from worker import metrics as worker_metrics
+from worker.process import metrics as worker_metrics
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "enginefarm.json"
 SAMPLE_SUFFIXES = {

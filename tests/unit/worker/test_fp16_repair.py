@@ -17,10 +17,10 @@ from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.validation import validate_spec
 from enginefarm.graph.modelfile import inspect_upload
-from worker import fp16_repair as F
 from worker.backends import BuildLog, get_backend
-from worker.evaluate import OrtRunner, check_accuracy
-from worker.fp16_stage import judge_target
+from worker.fp16 import repair as F
+from worker.fp16.stage import judge_target
+from worker.measure.evaluate import OrtRunner, check_accuracy
 
 SHAPES = {"input": [1, 16]}
 

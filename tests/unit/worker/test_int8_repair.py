@@ -12,8 +12,8 @@ from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
 from tests.unit.worker.test_int8_vs_fp32 import _wide_add
-from worker import int8_repair as R
-from worker.evaluate import OrtRunner
+from worker.int8 import repair as R
+from worker.measure.evaluate import OrtRunner
 
 
 def _runner(path: Path) -> OrtRunner:

@@ -12,10 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
-from worker import int8_choice as C
-from worker import int8_vs_fp32 as V
-from worker.evaluate import OrtRunner
-from worker.quantize import cpu_candidates
+from worker.int8 import choice as C
+from worker.int8 import vs_fp32 as V
+from worker.int8.quantize import cpu_candidates
+from worker.measure.evaluate import OrtRunner
 
 
 def test_interleaved_alternates_the_order_and_times_both():

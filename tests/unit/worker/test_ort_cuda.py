@@ -12,8 +12,8 @@ from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
-from worker import evaluate as stage
 from worker.backends.base import BuildLog
+from worker.measure import evaluate as stage
 from worker.pipeline import engine_from_model
 
 CUDA = Target.parse("onnxruntime/cuda-sm90")

@@ -1,9 +1,9 @@
 """The search a repair runs along its ranking: where it starts, how much it trims, and the count of top groups that
-covers a set (worker/repair_search.py). The judge here is the gate's rule on a known set of needed layers."""
+covers a set (worker/repair.py). The judge here is the gate's rule on a known set of needed layers."""
 
 from __future__ import annotations
 
-from worker.repair_search import groups_covering, search, within
+from worker.repair import groups_covering, search, within
 
 GROUPS = [["a"], ["b"], ["c"], ["d", "e"], ["f"], ["g"], ["h"], ["i"]]
 

@@ -17,11 +17,11 @@ import onnx
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from tests.unit.worker.test_int8_vs_fp32 import _wide_add
-from worker import int8_choice as C
-from worker import int8_repair as R
-from worker.evaluate import OrtRunner
-from worker.int8_choice import calibration_feeds, gate_figure
-from worker.repair_variant import latency
+from worker.int8 import choice as C
+from worker.int8 import repair as R
+from worker.int8.choice import calibration_feeds, gate_figure
+from worker.int8.variant import latency
+from worker.measure.evaluate import OrtRunner
 
 
 def _runner(path: Path) -> OrtRunner:

@@ -25,7 +25,7 @@ from worker.pipeline import model_file_from_store, samples_of
 
 
 def family_of_target(target: Target) -> str:
-    from worker.quantize import family_of
+    from worker.int8.quantize import family_of
 
     return family_of(target.backend.value)
 
@@ -39,8 +39,8 @@ def model_of_task(session, task):
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Quantize the build's model from its samples, once per target family; returns the build tasks to publish.
-    An fp16 build's accuracy repair stage, queued the same way, runs worker/fp16_stage.py instead."""
-    from worker import fp16_stage
+    An fp16 build's accuracy repair stage, queued the same way, runs worker/fp16/stage.py instead."""
+    from worker.fp16 import stage as fp16_stage
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -100,7 +100,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 report["repair"] = repaired  # one repair for the build: the same figures on every family
             derived[family], reports[family] = model_id, report
         if repaired is not None:
-            from worker.repair_variant import latency
+            from worker.int8.variant import latency
 
             repaired.update(latency(reports.get("onnxruntime"), timed, kept_anything=bool(beside)))
             if beside:
@@ -160,13 +160,13 @@ def _derive(
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
     report and the derived model's id. On the CPU, the models of ``beside`` are timed with the candidates, their
     figures put in ``timed``."""
-    from worker.quantize import quantize_qdq
+    from worker.int8.quantize import quantize_qdq
 
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
     if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
-        from worker.evaluate import OrtRunner
-        from worker.int8_choice import quantize_for_cpu_beside
+        from worker.int8.choice import quantize_for_cpu_beside
+        from worker.measure.evaluate import OrtRunner
 
         report, figures = quantize_for_cpu_beside(
             float_model, samples, out, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads), beside
@@ -270,9 +270,9 @@ def _catalogue(
 
 def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path) -> dict:
     """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
-    (worker/int8_repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
-    from worker.evaluate import OrtRunner
-    from worker.int8_repair import repair
+    (worker/int8/repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
+    from worker.int8.repair import repair
+    from worker.measure.evaluate import OrtRunner
 
     def runner(path: Path) -> OrtRunner:
         return OrtRunner(path, spec.benchmark.threads)

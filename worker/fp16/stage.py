@@ -1,10 +1,10 @@
 """The fp16 accuracy repair stage before a build that asks ``accuracy_repair`` at fp16: source model (+ samples) →
-the nodes to keep in fp32 (worker/fp16_repair.py, measured once: on this worker's GPU when the build has an
+the nodes to keep in fp32 (worker/fp16/repair.py, measured once: on this worker's GPU when the build has an
 ``onnxruntime/cuda`` target this worker runs, else on its CPU; ``judge_target``) → recorded on the build →
 the build's waiting tasks queued. It runs as the int8 quantization stage does (the same queue, task and
 ``BuildRow.quantize`` column, with ``kind: fp16-repair``), but derives no model: every target builds from the uploaded
 model, and its fp16 graph keeps the found nodes in fp32 (``spec_of_task``). Called by the quantize task
-(worker/tasks.py) through worker/quantize_stage.py."""
+(worker/tasks.py) through worker/int8/stage.py."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def spec_of_task(build) -> BuildSpec:
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Find the nodes to keep in fp32 once for the build; returns the build tasks to publish."""
-    from worker.quantize import family_of
+    from worker.int8.quantize import family_of
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -94,16 +94,16 @@ def repair_on(
 ) -> dict:
     """The fp16 repair report, judged on ``gpu`` (an ``onnxruntime/cuda`` target this worker runs, from
     ``judge_target``) with the benchmark stage's CUDA runner, or on this worker's CPU when None."""
-    from worker.fp16_repair import repair
+    from worker.fp16.repair import repair
 
     if gpu is None:
-        from worker.evaluate import OrtRunner
+        from worker.measure.evaluate import OrtRunner
 
         return repair(
             float_model, reference, samples, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads)
         )
     from worker.backends.onnxruntime_cuda import gpu_for
-    from worker.ort_cuda_runner import OrtCudaRunner
+    from worker.measure.ort_cuda_runner import OrtCudaRunner
 
     index = gpu_for(gpu, probe_machine()).index  # the GPU of the target's compute capability, as its build uses
 

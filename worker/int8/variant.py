@@ -2,8 +2,8 @@
 from one interleaved run, and the honest stop on speed.
 
 When the repair keeps layers in fp32, the int8 model it judged ``before`` (every layer int8, the repair's recipe) is
-kept as a variant of the build: catalogued as its own derived model (worker/quantize_stage.py) and timed by
-worker/int8_choice.py in the same interleaved run as fp32 and the CPU candidates made with the kept layers. This
+kept as a variant of the build: catalogued as its own derived model (worker/int8/stage.py) and timed by
+worker/int8/choice.py in the same interleaved run as fp32 and the CPU candidates made with the kept layers. This
 module turns those figures into the repair report's ``latency_ms``, ``speedup`` and, when the repaired int8 is not
 faster than fp32 (the rule the candidates and the benchmark stage use: a speed-up of 1.0 or less), a ``speed_note``
 with the figures and ``recommend: fp32``. Nothing here touches a file or the catalog.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.int8_vs_fp32 import FASTER_THAN
+from worker.int8.vs_fp32 import FASTER_THAN
 
 WHERE = "the spec's opt shapes on the quantizing worker's CPU (ONNX Runtime), one interleaved run"
 

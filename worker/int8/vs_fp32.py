@@ -4,7 +4,7 @@ The fp32 sibling is the artifact the ONNX Runtime backend builds from the source
 fp32 (built here on the fly, in seconds). Both are run by the benchmark stage's own runner, alternating in
 rounds, so that whatever else the machine is doing falls on both alike. The ratio is stored on each of the
 int8 engine's benchmark rows as ``stats["vs_fp32"]``; an int8 artifact that is not faster says so there, with
-the figure (``faster: false`` and a ``note``). Called from worker/evaluate.py.
+the figure (``faster: false`` and a ``note``). Called from worker/measure/evaluate.py.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import onnx
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from enginefarm.core.errors import BuildFailed
+from worker.int8.quantize.files import remove_model_files
 from worker.onnxgraph import save_model
-from worker.quantize.files import remove_model_files
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ Which int8 form pays depends on the network and on the CPU (docs/models.md): eve
 suits a CNN on a CPU with VNNI; attention, LayerNorm-heavy and tiny networks run faster with int8 matrix
 products whose activations are quantized at run time, or with only their convolutions in int8. The figures of
 every candidate go into the quantize report (``candidates``), so a build shows what was tried and why one was
-kept. Called by the quantize stage (worker/quantize_stage.py) for the ``onnxruntime`` family.
+kept. Called by the quantize stage (worker/int8/stage.py) for the ``onnxruntime`` family.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
 from worker.backends import BuildLog, get_backend
-from worker.int8_vs_fp32 import interleaved_rounds, verdict
-from worker.quantize import QuantizeReport, cpu_candidates, quantize_qdq
-from worker.quantize.files import remove_model_files
+from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
+from worker.int8.quantize.files import remove_model_files
+from worker.int8.vs_fp32 import interleaved_rounds, verdict
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 
 from enginefarm.core.errors import BuildFailed
+from worker.int8.quantize.samples import SampleReader
 from worker.onnxgraph import default_opset, save_model
-from worker.quantize.samples import SampleReader
 
 # DequantizeLinear has an axis (per-channel scales) from opset 13; TensorRT parses Q/DQ from there on.
 _MIN_OPSET = 13

@@ -8,7 +8,7 @@ should look like depends on who runs it, so there is one recipe per target famil
   layer; the same on convolutions alone; dynamic quantization of the matrix products (MatMulInteger, activations
   quantized at run time, ONNX Runtime's recipe for transformers). Weights are per-channel int8 in 7 bits
   (``reduce_range`` keeps AVX2's u8*s8 products from saturating), activations uint8. ``cpu_candidates`` says which
-  differ on a model; worker/int8_choice.py measures them on the worker and keeps the fastest that passes the gate.
+  differ on a model; worker/int8/choice.py measures them on the worker and keeps the fastest that passes the gate.
   uint8 weights ran faster on ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower
   at the basic level that CPUs without VNNI get (docs/models.md).
 - ``tensorrt`` (TensorRT and TensorRT-RTX): explicit QuantizeLinear/DequantizeLinear as TensorRT documents
@@ -43,12 +43,11 @@ import onnxruntime as ort
 
 from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.graph.graphfacts import QDQ_OPS
-from worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
-from worker.quantize.files import load_graph, remove_model_files, stored_bytes, verify
-from worker.quantize.opset import raise_opset
-from worker.quantize.preprocess import preprocessed_model, stage_raw
-from worker.quantize.qdq import check_for_tensorrt, float_for_other_readers
-from worker.quantize.recipes import (
+from worker.int8.quantize.files import load_graph, remove_model_files, stored_bytes, verify
+from worker.int8.quantize.opset import raise_opset
+from worker.int8.quantize.preprocess import preprocessed_model, stage_raw
+from worker.int8.quantize.qdq import check_for_tensorrt, float_for_other_readers
+from worker.int8.quantize.recipes import (
     CPU_CANDIDATES,
     FAMILIES,
     METHODS,
@@ -59,7 +58,8 @@ from worker.quantize.recipes import (
     quantize_with,
     recipe_of,
 )
-from worker.quantize.samples import model_inputs, validate
+from worker.int8.quantize.samples import model_inputs, validate
+from worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
 
 __all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "family_of", "quantize_qdq"]
 

@@ -1,5 +1,5 @@
-"""The search an accuracy repair runs once its layers are ranked, shared by int8 (worker/int8_repair.py) and fp16
-(worker/fp16_repair.py): the layers of the top 1, 2, 4, ... ranked groups are kept in float until the gate passes,
+"""The search an accuracy repair runs once its layers are ranked, shared by int8 (worker/int8/repair.py) and fp16
+(worker/fp16/repair.py): the layers of the top 1, 2, 4, ... ranked groups are kept in float until the gate passes,
 within a budget of a quarter of the candidate layers; then each kept group the gate does not need is dropped again,
 least sensitive first. ``judge(layers)`` returns a gate figure (``pass`` and the figures ``score`` orders by)."""
 

@@ -1,7 +1,7 @@
 """Runs an ``onnxruntime/cuda-smXY`` artifact on the GPU for the benchmark and accuracy stage.
 
-The benchmark is the farm's CUDA timing (worker/gpu_timing.py), not ONNX Runtime's profiler: inputs and outputs are
-bound to device buffers of our own (I/O binding), the CUDA provider enqueues its kernels on our stream
+The benchmark is the farm's CUDA timing (worker/measure/gpu_timing.py), not ONNX Runtime's profiler: inputs and outputs
+are bound to device buffers of our own (I/O binding), the CUDA provider enqueues its kernels on our stream
 (``user_compute_stream``), and ``TimedPipeline`` brackets the host-to-device copies, ``run_with_iobinding`` and the
 device-to-host copies with CUDA events on that stream, at trtexec's warm-up, duration and percentiles
 (enginefarm/core/stats.py). GPU memory in use is the driver's free memory before the session was made minus the lowest
@@ -21,8 +21,8 @@ from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.stats import Measurement
 from worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
 from worker.backends.trt_common import load_module
-from worker.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
-from worker.gpu_timing import TimedPipeline, benchmark_pipeline
+from worker.measure.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
+from worker.measure.gpu_timing import TimedPipeline, benchmark_pipeline
 
 # ONNX Runtime's tensor type names → numpy.
 ORT_DTYPES: dict[str, Any] = {

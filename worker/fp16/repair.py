@@ -1,7 +1,7 @@
 """Accuracy repair of fp16: which nodes break the fp16 gate, measured, and the fewest kept in fp32 that let it pass.
 
 Every figure here is the fp16 gate itself, measured on the farm's ONNX Runtime artifact, on the GPU where the build
-has an ``onnxruntime/cuda`` target this worker runs (worker/fp16_stage.py picks it), else on the CPU: the model
+has an ``onnxruntime/cuda`` target this worker runs (worker/fp16/stage.py picks it), else on the CPU: the model
 converted by ``worker/fp16`` with a set of nodes kept in fp32 (``keep_fp32_layers``), optimized as the
 ``onnxruntime`` backend builds it, run on the accuracy check's inputs (the model's samples, else its seeded random
 inputs) and judged against ONNX Runtime fp32 on the original model under the spec's fp16 limits (elementwise
@@ -15,7 +15,7 @@ the same model, samples and spec give the same ranking and the same kept set.
    then the region that helped most is halved and both halves measured, best first, until single nodes or
    ``PROBE_LIMIT`` measurements. Every group measured is ranked by the share of output elements left outside the
    tolerance with it in fp32, then the relative L2 error (the fewer nodes first on a tie).
-3. **Search** (worker/repair_search.py, as for int8): the top 1, 2, 4, ... groups are kept in fp32 until the gate
+3. **Search** (worker/repair.py, as for int8): the top 1, 2, 4, ... groups are kept in fp32 until the gate
    passes, within a budget of a quarter of the candidates; then each group the gate does not need is dropped again.
 4. **An honest stop.** If the budget passes nothing, the report says so with the best figure reached and
    recommends fp32.
@@ -24,7 +24,7 @@ ONNX Runtime's CPU provider has fp16 kernels for few operators (data movement, M
 in fp32 between casts, and drops a cast to fp16 followed by one back. fp16 rounding and overflow show on the CPU
 only where an fp16 tensor is materialized, so the error measured on the CPU can be lower than a GPU's, and the kept
 set is the one the CPU shows; judged on the GPU, it is the one the CUDA provider's fp16 kernels show. Called by the
-fp16 repair stage (worker/fp16_stage.py); every target's fp16 graph then keeps the set in fp32."""
+fp16 repair stage (worker/fp16/stage.py); every target's fp16 graph then keeps the set in fp32."""
 
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ import onnx
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends import BuildLog, get_backend
-from worker.evaluate import accuracy_inputs, compare
+from worker.measure.evaluate import accuracy_inputs, compare
 from worker.onnxgraph import all_nodes
-from worker.repair_search import RANKING_SHOWN, Timed, budget_of, not_needed, search
+from worker.repair import RANKING_SHOWN, Timed, budget_of, not_needed, search
 
 # Up to this many candidates, each node is measured alone; above, regions are bisected.
 NODE_LIMIT = 48

@@ -4,7 +4,7 @@ TensorRT targets get one recipe. ONNX Runtime's CPU targets get candidates (``CP
 form runs fastest depends on the network and the CPU: integer kernels for every layer suit a CNN on a CPU with
 VNNI, and lose to fp32 on attention, LayerNorm-heavy or tiny networks, where int8 matrix products with activations
 quantized at run time (ONNX Runtime's dynamic quantization, its recipe for transformers) or int8 convolutions alone
-do better. worker/int8_choice.py measures the candidates that apply to a model and keeps the fastest that passes."""
+do better. worker/int8/choice.py measures the candidates that apply to a model and keeps the fastest that passes."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from enginefarm.core.errors import SpecInvalid
+from worker.int8.quantize.samples import SampleReader, problem
 from worker.onnxgraph import save_model
-from worker.quantize.samples import SampleReader, problem
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ class Heartbeat:
     """Writes this worker's row every ``settings.heartbeat_seconds`` until stopped, then removes it. Each beat
     also takes back this worker's running tasks that were requeued while it was silent (``reclaim_tasks``).
 
-    ``row=False``: a benchmark lane (``worker.lanes``) under its build lane's worker id: it only takes
+    ``row=False``: a benchmark lane (``worker.process.lanes``) under its build lane's worker id: it only takes
     back its own running tasks; the row is the build lane's to write and remove."""
 
     def __init__(

@@ -17,7 +17,7 @@
 3. **An honest stop.** If the budget passes nothing, the report says so with the figures and recommends fp16.
 
 The same samples and spec give the same ranking and the same kept set: nothing here is timed. Called by the
-quantize stage (worker/quantize_stage.py) when the spec asks ``accuracy_repair``; the kept set then applies to
+quantize stage (worker/int8/stage.py) when the spec asks ``accuracy_repair``; the kept set then applies to
 every target family's int8 model.
 """
 
@@ -38,9 +38,9 @@ from onnxruntime.quantization import QuantFormat
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends import BuildLog, get_backend
-from worker.int8_choice import calibration_feeds, gate_figure, gate_of
-from worker.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
-from worker.repair_search import (
+from worker.int8.choice import calibration_feeds, gate_figure, gate_of
+from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
+from worker.repair import (
     RANKING_SHOWN,
     Timed,
     budget_of,
@@ -236,7 +236,7 @@ def repair(
 
 
 def _other_forms(judge, float_model: Path, recipe: str, base: list[str]) -> dict[str, dict[str, Any]]:
-    """Each other CPU form that applies to the model (worker/quantize/recipes.py: convolutions alone, dense
+    """Each other CPU form that applies to the model (worker/int8/quantize/recipes.py: convolutions alone, dense
     convolutions alone, dynamic matrix products) judged as it is, in order, until one passes."""
     forms: dict[str, dict[str, Any]] = {}
     for name in cpu_candidates(float_model):

@@ -2,7 +2,7 @@
 ONNX Runtime FP32 on the original model. No Celery here (worker/tasks.py wraps it).
 
 An engine is run by a runner: ONNX Runtime on the CPU for ``onnxruntime`` engines, the TensorRT runtime
-through cuda-python (worker/gpu_timing.py) for ``tensorrt`` and ``tensorrt-rtx`` engines.
+through cuda-python (worker/measure/gpu_timing.py) for ``tensorrt`` and ``tensorrt-rtx`` engines.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from enginefarm.graph.inputs import (
     shape_sets,
     timing_inputs,
 )
-from worker import int8_vs_fp32
 from worker.backends.onnxruntime import optimization_level
 from worker.backends.trt_common import load_module
+from worker.int8 import vs_fp32 as int8_vs_fp32
 
 
 class Runner(Protocol):
@@ -129,14 +129,14 @@ def make_runner(
     """The runner for an engine of this backend (and target) on this worker, and the device it runs on. ``gpu``:
     the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer."""
     if target and target.is_ort_cuda:
-        from worker.ort_cuda_runner import OrtCudaRunner
+        from worker.measure.ort_cuda_runner import OrtCudaRunner
 
         cuda = OrtCudaRunner(engine_path, tf32=spec.tf32)
         return cuda, Device(cuda.label, cuda.gpu_name, cuda.compute_capability)
     if backend == Backend.ONNXRUNTIME.value:
         runner = OrtRunner(engine_path, spec.benchmark.threads)
         return runner, Device(runner.label)
-    from worker.trt_runner import TensorRTEngineRunner
+    from worker.measure.trt_runner import TensorRTEngineRunner
 
     runner = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
     name = (gpu or {}).get("name") or runner.device.name

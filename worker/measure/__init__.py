@@ -1,0 +1,1 @@
+"""Measuring an engine: the runners, CUDA timing, and the benchmark and accuracy stage."""
