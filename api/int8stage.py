@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from enginefarm.core.domain import quantize_family
 from storage.tables import BenchmarkRow, BuildRow, EngineRow
 
 
@@ -83,7 +84,9 @@ class Int8Repair(BaseModel):
     precision: Literal["int8", "fp16"] = Field("int8", description="the precision repaired")
     needed: bool = Field(description="false when the artifact passed its gate as built (quantized, or converted)")
     passed: bool = Field(description="whether the artifact passes its gate after the repair")
-    recipe: str = Field(description="the CPU int8 recipe the repair judged (fp16: worker/fp16, the farm's converter)")
+    recipe: str = Field(
+        description="the CPU int8 recipe the repair judged (fp16: worker/rewrite/fp16, the farm's converter)"
+    )
     measured_on: str | None = Field(
         None, description="fp16: where the gate was measured, and why a GPU's fp16 error can be larger"
     )
@@ -168,15 +171,10 @@ class EngineInt8(BaseModel):
     latency: list[Int8Timing] = Field(description="fp32 and int8 medians where measured")
 
 
-def family_of(backend: str) -> Literal["onnxruntime", "tensorrt"]:
-    """The quantize recipe family of a backend's engines, as the quantize stage picks it."""
-    return "onnxruntime" if backend == "onnxruntime" else "tensorrt"
-
-
 def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[BenchmarkRow]) -> EngineInt8 | None:
     """The int8 stage of ``engine`` from ``build``'s quantize report; None when it is not int8 or the build's stage
     left no report for its family."""
-    family = family_of(engine.backend)
+    family = quantize_family(engine.backend)
     if build is None or engine.precision not in ("int8", "fp16"):
         return None
     report = ((build.quantize or {}).get("reports") or {}).get(family)

@@ -11,7 +11,7 @@ Benchmarks and accuracy checks are switched off in part 2: it measures the build
 Part 3 times, per model, the CPU int8 artifact against the fp32 one, both made by the farm's own stages in this
 process: the quantize stage's ONNX Runtime recipe (``worker.int8.quantize``, calibrated on 16 of the model's samples,
 one for a streaming model), the ONNX Runtime build stage, and the benchmark stage's runner, timed interleaved
-(``worker.int8.vs_fp32``, the code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as
+(``worker.measure.int8_vs_fp32``, the code that puts ``vs_fp32`` on an int8 engine's benchmark). It prints int8/fp32 as
 speed-ups from one run, with the int8 output's cosine against fp32, and the same two timed each alone afterwards
 (``alone``): where the two speed-ups differ by more than a fifth the row says "disagrees". The corpus plus
 ResNet-50, ConvNeXt-Tiny and a GPT-2 style decoder (``tests/realmodels/large.py``).
@@ -164,8 +164,8 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     from enginefarm.graph.modelfile import inspect_upload
     from worker.backends.base import BuildBackend
     from worker.cleanup import prepared_model
-    from worker.int8 import vs_fp32 as compare
     from worker.int8.choice import quantize_for_cpu
+    from worker.measure import int8_vs_fp32 as compare
     from worker.measure.evaluate import OrtRunner
 
     model, source, sampler = _model(name)

@@ -18,7 +18,7 @@ from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, GraphCleanup
 from enginefarm.graph.graphfacts import QDQ_OPS
 from worker.backends.base import BuildLog
-from worker.onnxgraph import INLINE_LIMIT, save_model
+from worker.rewrite.onnxgraph import INLINE_LIMIT, save_model
 
 
 def prepared_model(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:

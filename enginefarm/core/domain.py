@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 # --------------------------------------------------------------------------- backends and targets
 
@@ -29,6 +29,17 @@ class Backend(StrEnum):
     TENSORRT = "tensorrt"
     TENSORRT_RTX = "tensorrt-rtx"
     ONNXRUNTIME = "onnxruntime"
+
+
+# The int8 recipe family a backend's engines are quantized by: ONNX Runtime's own, or TensorRT's Q/DQ (TensorRT and
+# TensorRT-RTX alike).
+QuantizeFamily = Literal["onnxruntime", "tensorrt"]
+QUANTIZE_FAMILIES: tuple[QuantizeFamily, ...] = ("onnxruntime", "tensorrt")
+
+
+def quantize_family(backend: str) -> QuantizeFamily:
+    """The int8 recipe family of a backend's engines (``backend``: a ``Backend`` value)."""
+    return "onnxruntime" if backend == Backend.ONNXRUNTIME else "tensorrt"
 
 
 # The Python module each backend imports; the worker probe and the backends share this.

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.core.domain import ModelInfo, Target
+from enginefarm.core.domain import ModelInfo, Target, quantize_family
 from enginefarm.core.errors import EnginefarmError
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.core.validation import validate_spec
@@ -31,7 +31,6 @@ from enginefarm.graph.modelfile import inspect_upload
 from tests.realmodels import MODELS, RealModel, path, samples
 from worker.backends.base import BuildLog
 from worker.cleanup import prepared_model
-from worker.int8.quantize import family_of
 from worker.measure.evaluate import evaluate
 from worker.pipeline import engine_from_model
 
@@ -146,7 +145,7 @@ def run_cell(prep: Prepared, target_text: str, precision: str, work: Path, evalu
         return Cell(name, target_text, precision, "refused", "; ".join(p["msg"] for p in problems))
     source = prep.path
     if Precision(precision) is Precision.INT8 and not prep.info.has_qdq:
-        family = family_of(target.backend.value)
+        family = quantize_family(target.backend.value)
         _quantized(prep, work, family)
         if family not in prep.int8_path:
             return Cell(name, target_text, precision, "failed", prep.int8_error.get(family, ""))
@@ -308,7 +307,7 @@ The CPU int8 form is now chosen per model by measurement among several candidate
 
 For each model, the farm's own stages in one process: the quantize stage's ONNX Runtime recipe calibrated on 16
 samples (one chunk for Silero), the ONNX Runtime build of the int8 and of the fp32 model, and the benchmark
-stage's runner timing the two in alternating blocks, 10 rounds (`worker/int8/vs_fp32.py`, the code that stores
+stage's runner timing the two in alternating blocks, 10 rounds (`worker/measure/int8_vs_fp32.py`, the code that stores
 `vs_fp32` on every int8 CPU engine's benchmark). Speed-up = fp32 median / int8 median; cosine of the int8 output
 against fp32 on an input not used for calibration. ResNet-50 (torchvision's layers), ConvNeXt-Tiny (timm's) and a
 GPT-2 style decoder are exported by `tests/realmodels/export_large.py` with random weights.
@@ -426,7 +425,7 @@ BEFORE_AFTER = """
 
 | seen before | now |
 |---|---|
-| YOLOv8 fp16 failed on every TensorRT-RTX target: `Input 0's element type (float) differs from input 1's element type (half)` at a `Range`, message cut (`It is no`) | shape and index arithmetic stays fp32 (`worker/fp16/`); YOLOv8 fp16 builds on sm75/86/89/120 and its CPU fp16 artifact matches fp32 (cosine 1.00000). A mixed-type failure would now name the ONNX node and point to `keep_fp32_ops`/`keep_fp32_layers`; only complete sentences of the builder reach the message |
+| YOLOv8 fp16 failed on every TensorRT-RTX target: `Input 0's element type (float) differs from input 1's element type (half)` at a `Range`, message cut (`It is no`) | shape and index arithmetic stays fp32 (`worker/rewrite/fp16/`); YOLOv8 fp16 builds on sm75/86/89/120 and its CPU fp16 artifact matches fp32 (cosine 1.00000). A mixed-type failure would now name the ONNX node and point to `keep_fp32_ops`/`keep_fp32_layers`; only complete sentences of the builder reach the message |
 | int8 on an opset-12 model: `Unrecognized attribute: axis for operator DequantizeLinear` | the quantizer raises the opset to 13 and checks the outputs match; PP-OCR det and rec int8 build on sm86/89/120 |
 | BERT and YOLOv8 int8 on TensorRT-RTX: `Quantized constant (...) is only allowed before DQ` | ONNX Runtime's `quantize_static` with TensorRT's options (symmetric int8, Q/DQ on the inputs of weighted ops only, per-channel weights, float bias, a float copy of a weight shared with a Gather); both build |
 | benchmarks crashed on BERT's integer inputs (`idx=6 must be within [-2,1]`) | integer inputs that index a table stay inside it (read from the graph at upload); uploaded samples are used for timing; `value_ranges` for the rest |

@@ -23,7 +23,7 @@ from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends.base import BuildBackend, BuildLog
 from worker.backends.trt_common import fp16_graph, load_module
-from worker.onnxgraph import INLINE_LIMIT, all_tensors, save_model
+from worker.rewrite.onnxgraph import INLINE_LIMIT, all_tensors, save_model
 
 
 @lru_cache

@@ -1,12 +1,12 @@
 """ONNX Runtime with its CUDA execution provider: the prepared graph for ``onnxruntime/cuda-smXY``.
 
-The artifact is an ONNX graph, not GPU code: the farm's own fp16 stage (worker/fp16) or int8 stage (the Q/DQ model
-quantize_stage made) gives the precision, and ONNX Runtime's graph optimizations up to the extended level, run with
-the CUDA provider, are saved into it, so a deploy machine loads it without redoing them. The extended level fuses
-operators the CUDA provider has kernels for and applies no layout change for one CPU (the ``all`` level's NCHWc),
-so the graph stays portable across GPUs; the build still runs on a GPU of the target's compute capability, because
-that is where its benchmark and accuracy figures are measured and where the provider proves it can run the graph.
-"""
+The artifact is an ONNX graph, not GPU code: the farm's own fp16 conversion (worker/rewrite/fp16) or int8 stage (the
+Q/DQ model worker/int8/stage.py made) gives the precision, and ONNX Runtime's graph optimizations up to the extended
+level, run with the CUDA provider, are saved into it, so a deploy machine loads it without redoing them. The
+extended level fuses operators the CUDA provider has kernels for and applies no layout change for one CPU (the
+``all`` level's NCHWc), so the graph stays portable across GPUs; the build still runs on a GPU of the target's
+compute capability, because that is where its benchmark and accuracy figures are measured and where the provider
+proves it can run the graph."""
 
 from __future__ import annotations
 

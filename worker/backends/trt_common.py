@@ -22,7 +22,7 @@ from enginefarm.core.errors import BackendMissing, BuildFailed, SpecInvalid
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends.base import BuildBackend, BuildLog
-from worker.onnxgraph import INLINE_LIMIT, save_model
+from worker.rewrite.onnxgraph import INLINE_LIMIT, save_model
 
 # Without strong typing, precision is a set of builder flags; Q/DQ models also allow fp16 fallback.
 PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
@@ -61,8 +61,8 @@ def make_logger(trt: ModuleType, log: BuildLog):
 
 
 def fp16_graph(model_path: Path, spec: BuildSpec, out_dir: Path, log: BuildLog) -> Path:
-    """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/fp16/ says what stays fp32)."""
-    from worker.fp16 import fp16_model
+    """The mixed fp16/fp32 graph a strongly typed fp16 build parses (worker/rewrite/fp16/ says what stays fp32)."""
+    from worker.rewrite.fp16 import fp16_model
 
     out = out_dir / "model.fp16.onnx"
     try:

@@ -2,7 +2,7 @@
 
 Every figure here is the fp16 gate itself, measured on the farm's ONNX Runtime artifact, on the GPU where the build
 has an ``onnxruntime/cuda`` target this worker runs (worker/fp16/stage.py picks it), else on the CPU: the model
-converted by ``worker/fp16`` with a set of nodes kept in fp32 (``keep_fp32_layers``), optimized as the
+converted by ``worker/rewrite/fp16`` with a set of nodes kept in fp32 (``keep_fp32_layers``), optimized as the
 ``onnxruntime`` backend builds it, run on the accuracy check's inputs (the model's samples, else its seeded random
 inputs) and judged against ONNX Runtime fp32 on the original model under the spec's fp16 limits (elementwise
 atol/rtol with the share of elements allowed outside them, by default). Nothing is estimated and nothing is timed:
@@ -42,8 +42,8 @@ from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends import BuildLog, get_backend
 from worker.measure.evaluate import accuracy_inputs, compare
-from worker.onnxgraph import all_nodes
 from worker.repair import RANKING_SHOWN, Timed, budget_of, not_needed, search
+from worker.rewrite.onnxgraph import all_nodes
 
 # Up to this many candidates, each node is measured alone; above, regions are bisected.
 NODE_LIMIT = 48
@@ -79,7 +79,7 @@ def repair(
         before = judge(base)
         report: dict[str, Any] = {
             "precision": Precision.FP16.value,
-            "recipe": "worker/fp16",
+            "recipe": "worker/rewrite/fp16",
             "measured_on": measured_on,
             "judged_on": str(judge.target),
             "inputs": judge.inputs.origin,
@@ -196,7 +196,7 @@ class _Judge:
         make_runner,
         target: Target | None = None,
     ):
-        from worker.fp16 import fp16_model
+        from worker.rewrite.fp16 import fp16_model
 
         self.float_model, self.spec, self.work, self.make_runner = float_model, spec, work, make_runner
         self.calls = 0

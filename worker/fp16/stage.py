@@ -41,7 +41,7 @@ def spec_of_task(build) -> BuildSpec:
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Find the nodes to keep in fp32 once for the build; returns the build tasks to publish."""
-    from worker.int8.quantize import family_of
+    from enginefarm.core.domain import quantize_family
 
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
@@ -52,7 +52,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         info = ModelInfo.from_dict(source.info)
         targets = [t.parsed_target for t in build.tasks]
         families = sorted(
-            {family_of(t.parsed_target.backend.value) for t in build.tasks}, key=lambda f: f != "tensorrt"
+            {quantize_family(t.parsed_target.backend.value) for t in build.tasks}, key=lambda f: f != "tensorrt"
         )
     model_path = model_file_from_store(store, *fields, settings)
     with Scratch(settings) as scratch:

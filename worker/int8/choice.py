@@ -28,7 +28,7 @@ from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
 from worker.backends import BuildLog, get_backend
 from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
 from worker.int8.quantize.files import remove_model_files
-from worker.int8.vs_fp32 import interleaved_rounds, verdict
+from worker.measure.int8_vs_fp32 import interleaved_rounds, verdict
 
 log = logging.getLogger(__name__)
 

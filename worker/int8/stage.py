@@ -25,9 +25,9 @@ from worker.pipeline import model_file_from_store, samples_of
 
 
 def family_of_target(target: Target) -> str:
-    from worker.int8.quantize import family_of
+    from enginefarm.core.domain import quantize_family
 
-    return family_of(target.backend.value)
+    return quantize_family(target.backend.value)
 
 
 def model_of_task(session, task):

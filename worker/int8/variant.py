@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.int8.vs_fp32 import FASTER_THAN
+from worker.measure.int8_vs_fp32 import FASTER_THAN
 
 WHERE = "the spec's opt shapes on the quantizing worker's CPU (ONNX Runtime), one interleaved run"
 

@@ -33,7 +33,7 @@ from enginefarm.graph.inputs import (
 )
 from worker.backends.onnxruntime import optimization_level
 from worker.backends.trt_common import load_module
-from worker.int8 import vs_fp32 as int8_vs_fp32
+from worker.measure import int8_vs_fp32
 
 
 class Runner(Protocol):

@@ -13,8 +13,8 @@ from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
 from worker.int8 import choice as C
-from worker.int8 import vs_fp32 as V
 from worker.int8.quantize import cpu_candidates
+from worker.measure import int8_vs_fp32 as V
 from worker.measure.evaluate import OrtRunner
 
 

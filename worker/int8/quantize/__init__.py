@@ -54,14 +54,13 @@ from worker.int8.quantize.recipes import (
     Recipe,
     check_options,
     cpu_candidates,
-    family_of,
     quantize_with,
     recipe_of,
 )
 from worker.int8.quantize.samples import model_inputs, validate
-from worker.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
+from worker.rewrite.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
 
-__all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "family_of", "quantize_qdq"]
+__all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "quantize_qdq"]
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from onnx import ModelProto
 
 from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
-from worker.onnxgraph import all_nodes
+from worker.rewrite.onnxgraph import all_nodes
 
 
 def load_graph(model_path: Path) -> ModelProto:

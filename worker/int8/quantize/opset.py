@@ -12,7 +12,7 @@ import onnxruntime as ort
 
 from enginefarm.core.errors import BuildFailed
 from worker.int8.quantize.samples import SampleReader
-from worker.onnxgraph import default_opset, save_model
+from worker.rewrite.onnxgraph import default_opset, save_model
 
 # DequantizeLinear has an axis (per-channel scales) from opset 13; TensorRT parses Q/DQ from there on.
 _MIN_OPSET = 13

@@ -13,7 +13,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from enginefarm.core.errors import BuildFailed
 from worker.int8.quantize.files import remove_model_files
-from worker.onnxgraph import save_model
+from worker.rewrite.onnxgraph import save_model
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from onnx import ModelProto, TensorProto, numpy_helper
 
 from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
-from worker.onnxgraph import consumers
+from worker.rewrite.onnxgraph import consumers
 
 # The weighted operations TensorRT runs in int8 when their inputs come through Q/DQ.
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")

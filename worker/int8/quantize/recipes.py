@@ -20,9 +20,10 @@ import onnx
 from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
 from onnxruntime.quantization.registry import QLinearOpsRegistry
 
+from enginefarm.core.domain import QUANTIZE_FAMILIES
 from enginefarm.core.errors import SpecInvalid
 from worker.int8.quantize.samples import SampleReader, problem
-from worker.onnxgraph import save_model
+from worker.rewrite.onnxgraph import save_model
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ METHODS: dict[str, CalibrationMethod] = {
     "entropy": CalibrationMethod.Entropy,
     "percentile": CalibrationMethod.Percentile,
 }
-FAMILIES = ("onnxruntime", "tensorrt")
+FAMILIES = QUANTIZE_FAMILIES
 # Calibrators keep every batch's intermediate tensors until they merge them: merge every this many.
 _CHUNK_BATCHES = 32
 # The operations TensorRT runs in int8 when their inputs come through Q/DQ.
@@ -192,11 +193,6 @@ def recipe_of(family: str, candidate: str | Recipe | None) -> Recipe:
     if family != "onnxruntime" or candidate not in CPU_CANDIDATES:
         raise ValueError(f"no int8 recipe {candidate!r} for the {family} family")
     return CPU_CANDIDATES[candidate]
-
-
-def family_of(backend: str) -> str:
-    """The recipe a build backend's engines are made from: ONNX Runtime's own, else TensorRT's."""
-    return "onnxruntime" if backend == "onnxruntime" else "tensorrt"
 
 
 def check_options(method: str, calibration_batch: int, family: str = "tensorrt") -> CalibrationMethod:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import onnx
 from onnx import GraphProto, NodeProto, TensorProto, helper
 
-from worker.fp16.convert import Options, convert_graph
-from worker.fp16.report import Tally
-from worker.fp16.weights import FLOAT, convert_initializers_in_memory
-from worker.onnxgraph import CONTROL_FLOW_OPS, attr_graphs, free_names, rename_in_graph, rename_tensors
+from worker.rewrite.fp16.convert import Options, convert_graph
+from worker.rewrite.fp16.report import Tally
+from worker.rewrite.fp16.weights import FLOAT, convert_initializers_in_memory
+from worker.rewrite.onnxgraph import CONTROL_FLOW_OPS, attr_graphs, free_names, rename_in_graph, rename_tensors
 
 
 def move_weights_into_bodies(graph: GraphProto) -> None:

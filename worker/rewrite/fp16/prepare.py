@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from worker.fp16.keep_fp32 import float_only_inputs
-from worker.fp16.weights import FLOAT
-from worker.onnxgraph import (
+from worker.rewrite.fp16.keep_fp32 import float_only_inputs
+from worker.rewrite.fp16.weights import FLOAT
+from worker.rewrite.onnxgraph import (
     CONTROL_FLOW_OPS,
     all_graphs,
     consumers,

@@ -17,8 +17,8 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 
-from worker.fp16.weights import FLOAT, FP16_MAX, TensorReader
-from worker.onnxgraph import (
+from worker.rewrite.fp16.weights import FLOAT, FP16_MAX, TensorReader
+from worker.rewrite.onnxgraph import (
     CONTROL_FLOW_OPS,
     DEFAULT_DOMAINS,
     constant_tensors,

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from worker.fp16.keep_fp32 import REASONS
+from worker.rewrite.fp16.keep_fp32 import REASONS
 
 
 @dataclass

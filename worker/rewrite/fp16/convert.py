@@ -13,11 +13,11 @@ import onnx
 from onnx import GraphProto, ModelProto
 
 from enginefarm.core.errors import BuildFailed
-from worker.fp16.keep_fp32 import SHAPE_READERS, classify, float_only_inputs, is_float_node
-from worker.fp16.prepare import cast_outer_scope_inputs, fp16_initializers, split_shared_constants
-from worker.fp16.report import Tally
-from worker.fp16.weights import FLOAT, FLOAT16, FP16_MAX, TensorReader
-from worker.onnxgraph import (
+from worker.rewrite.fp16.keep_fp32 import SHAPE_READERS, classify, float_only_inputs, is_float_node
+from worker.rewrite.fp16.prepare import cast_outer_scope_inputs, fp16_initializers, split_shared_constants
+from worker.rewrite.fp16.report import Tally
+from worker.rewrite.fp16.weights import FLOAT, FLOAT16, FP16_MAX, TensorReader
+from worker.rewrite.onnxgraph import (
     CONTROL_FLOW_OPS,
     cast_to,
     default_opset,

@@ -15,7 +15,7 @@ from onnx import AttributeProto, ModelProto, TensorProto, helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from enginefarm.core.errors import BuildFailed
-from worker.onnxgraph import all_graphs
+from worker.rewrite.onnxgraph import all_graphs
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
