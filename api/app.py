@@ -22,17 +22,19 @@ from fastapi_offline import FastAPIOffline
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, PendingRollbackError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from api import buildwait, ui
-from api.answers import Answers, not_modified
-from api.auth import TokenCache, authorize
-from api.cachecontrol import NoStoreByDefault
-from api.fastpath import FleetPath
+from api import ui
+from api.http import buildwait
+from api.http.answers import not_modified
+from api.http.auth import TokenCache, authorize
+from api.http.cachecontrol import NoStoreByDefault
+from api.http.fastpath import FleetPath
+from api.http.upload import UploadSlots
 from api.metrics import Observe
-from api.resolver import Tables
 from api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
 from api.schemas import ResolveQuery
-from api.upload import UploadSlots
-from api.versions import Versions
+from api.services.answers import Answers
+from api.services.resolve import Tables
+from api.services.versions import Versions
 from enginefarm import __version__
 from enginefarm.core.config import Settings, get_settings
 from enginefarm.core.errors import CatalogUnavailable, EnginefarmError, StorageFull
@@ -44,7 +46,7 @@ from storage.db import migrate
 log = logging.getLogger(__name__)
 
 
-# Uploads stream to disk under their own limits (api/upload.py): the API's and the dashboard's.
+# Uploads stream to disk under their own limits (api/http/upload.py): the API's and the dashboard's.
 UPLOAD_PATHS = ("/v1/models", "/ui/models/upload")
 
 
@@ -154,7 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()
     app.state.resolve_threads = resolve_pool(settings)  # api/routes/resolve.py
-    # Uploads stream to disk under their own limits (api/upload.py); a JSON body is read whole, so it gets a small
+    # Uploads stream to disk under their own limits (api/http/upload.py); a JSON body is read whole, so it gets a small
     # one (JsonBodyLimit).
     for module in (models, gate, builds, sweeps, engines, resolve, tokens):
         app.include_router(module.router, dependencies=[Depends(authorize)])
@@ -162,8 +164,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)  # /healthz, /readyz and /metrics are open
     ui.mount(app)  # the dashboard, /ui: its pages take a session cookie instead of a bearer token
     app.add_middleware(JsonBodyLimit, limit=settings.max_json_bytes)
-    app.add_middleware(FleetPath)  # a fleet's resolve GETs skip routing (api/fastpath.py)
-    app.add_middleware(NoStoreByDefault)  # no shared cache keeps a token's answers (api/cachecontrol.py)
+    app.add_middleware(FleetPath)  # a fleet's resolve GETs skip routing (api/http/fastpath.py)
+    app.add_middleware(NoStoreByDefault)  # no shared cache keeps a token's answers (api/http/cachecontrol.py)
     app.add_middleware(Observe)  # outermost of ours: every request's latency, the fleet's included
     if settings.cors_origins:  # off unless the deployment names the browser origins it trusts
         from fastapi.middleware.cors import CORSMiddleware

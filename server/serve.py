@@ -15,7 +15,7 @@ header block past 64 KiB or 100 header lines a 431). The body has its own bounds
 app's body limits).
 
 A fleet's conditional resolve (``GET /v1/resolve`` with ``If-None-Match`` and a bearer token) whose answer has
-not changed gets its 304 here, from the farm app's ``not_modified`` (``api.answers``), as soon as its
+not changed gets its 304 here, from the farm app's ``not_modified`` (``api.http.answers``), as soon as its
 headers are parsed: no ASGI scope, task, middleware or response object, which together cost as much as a cached
 200 in the app. Only a request this can answer exactly as the app would: HTTP/1.1
 kept alive, no body, no ``Origin`` (CORS), no earlier request still being answered on the connection, its writes

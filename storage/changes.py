@@ -1,6 +1,6 @@
 """A number that moves whenever any process commits a change to what /v1/resolve answers.
 
-An API process keeps the version rows and generations it read (``api.versions``) while this number
+An API process keeps the version rows and generations it read (``api.services.versions``) while this number
 stands still, so a fleet's repeated question is answered without a query:
 
 - **PostgreSQL**: a commit that changes a model row or raises a generation sends ``NOTIFY enginefarm_resolve``
@@ -22,7 +22,7 @@ Revocations (``watch_revocations``): on PostgreSQL a revocation's commit sends `
 the token's id (``storage.tokens.revoke_token``), whoever revoked it (any API process, ``enginefarm token
 revoke``), and the listening thread hands the id to the API's token cache, which drops it at once. Whenever the
 feed starts listening again it hands over "forget everything": a revocation may have gone unheard meanwhile. On
-SQLite a revocation by another process reaches a cache by time only (``api.auth.TokenCache``).
+SQLite a revocation by another process reaches a cache by time only (``api.http.auth.TokenCache``).
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # Up to 40 at once: the API's 40 route threads hold at most one each; a session being ended gives its
-    # connection back on threads of its own (api/deps.py), so a route waiting here never waits on itself.
+    # connection back on threads of its own (api/http/deps.py), so a route waiting here never waits on itself.
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30, json_deserializer=json_loads)
 
 

@@ -12,7 +12,7 @@ engines or benchmarks (which skips the flush) must bump by hand with :func:`bump
 
 Each process also counts the commits it made that changed a model row or a generation (:func:`local_changes`), and
 on PostgreSQL such a commit notifies every API process (``storage.changes``): what an API process keeps of the
-versions' generations (``api.versions``) is dropped when either moves.
+versions' generations (``api.services.versions``) is dropped when either moves.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ JSON it parses unless it is used (a verdict's metrics are parsed for the chosen 
 are not read), and the engines, their verdicts and their best latencies (an aggregate, not every benchmark row) in
 one statement, on the session's connection (Core statements built once). The engines come back compiled
 (``EngineTable``: descriptors and evidence, ready to judge, and the rows an answer's engine is made from), keyed by
-what they are a function of, so the API may keep them. Judging and answering are ``api.resolver``'s;
+what they are a function of, so the API may keep them. Judging and answering are ``api.services.resolve``'s;
 this module only reads.
 """
 

@@ -6,33 +6,21 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-from api import admission, buildwait, reports, services
-from api.answers import matches
-from api.auth import Tenant, authorize
-from api.buildschemas import BuildOut, BuildRequest, build_out
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
+from api.http import buildwait
+from api.http.auth import Tenant, authorize
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
+from api.schemas.builds import BuildOut, BuildRequest, build_out
+from api.services import admission
+from api.services import builds as services
+from api.services.answers import matches
 from enginefarm.core.config import Settings
-from storage import catalog, liveness
+from storage import catalog
 from storage.db import session_scope
 from storage.tables import BuildRow
 from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
-
-
-def _out(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
-    served = liveness.served_targets(session, settings.worker_ttl_seconds)
-    return build_out(
-        row,
-        {t.id: services.wait_reason(t.target, t.state, served, row.quantize) for t in row.tasks},
-        reports.build_checks(session, settings, row),
-    )
-
-
-def build_of(session: Session, settings: Settings, build_id: int, tenant: str | None) -> BuildOut:
-    """A build as ``GET /v1/builds/{id}`` answers it (the dashboard's build page reads it too)."""
-    return _out(session, settings, catalog.get_build(session, build_id, tenant))
 
 
 @router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
@@ -80,7 +68,7 @@ def list_builds(
         offset=page_offset(offset),
         project=tenant,
     )
-    return [_out(session, settings, r) for r in rows]
+    return [services.answer_of(session, settings, r) for r in rows]
 
 
 @router.get(
@@ -114,7 +102,7 @@ async def get_build(
 
     def read() -> bytes:
         with session_scope(settings) as session:
-            return build_of(session, settings, build_id, tenant).model_dump_json().encode()
+            return services.build_of(session, settings, build_id, tenant).model_dump_json().encode()
 
     held = if_none_match or seen
     body, tag = await buildwait.next_answer(read, held, wait, request.app.state.build_feed, request)

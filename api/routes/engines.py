@@ -5,19 +5,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
-from api.auth import Tenant
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.downloads import blob_response
-from api.int8stage import EngineInt8, engine_int8
-from api.reports import engine_checks
-from api.routes import RowId, check_no_nul, page_offset
+from api.http.auth import Tenant
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import RowId, check_no_nul, page_offset
 from api.schemas import EngineOut, ErrorOut, Page
+from api.schemas.int8 import EngineInt8
+from api.services import engines
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
 from enginefarm.core.hashing import SHA_HEADER
-from storage import builtengines, quantizing
-from storage import checks as project_checks
-from storage.tables import EngineRow, ModelRow
+from storage import builtengines
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 CONTENT_RESPONSES = {
@@ -74,17 +71,7 @@ def list_engines(
         offset=offset,
         project=tenant,
     )
-    return Page(items=_answers(session, settings, rows), total=total, limit=limit, offset=offset)
-
-
-def _answers(session: Session, settings: Settings, rows: list[tuple[EngineRow, ModelRow]]) -> list[EngineOut]:
-    """Each engine as the project of the model it is seen through sees it: that project's checks and verdict."""
-    by_project: dict[str, list[EngineRow]] = {}
-    for e, m in rows:
-        by_project.setdefault(m.project, []).append(e)
-    views = {p: project_checks.project_view(session, es, p) for p, es in by_project.items()}
-    checks = {p: engine_checks(session, settings, es, views[p]) for p, es in by_project.items()}
-    return [EngineOut.of(e, m, checks[m.project][e.id], verdict=views[m.project].verdict(e)) for e, m in rows]
+    return Page(items=engines.answers(session, settings, rows), total=total, limit=limit, offset=offset)
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
@@ -94,8 +81,7 @@ def get_engine(
     session: Session = Depends(session_dep, scope="function"),
     settings: Settings = Depends(settings_dep),
 ) -> EngineOut:
-    row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    return _answers(session, settings, [(row, model)])[0]
+    return engines.engine(session, settings, engine_id, tenant)
 
 
 @router.get("/{engine_id}/benchmarks")
@@ -104,25 +90,7 @@ def engine_benchmarks(
 ) -> list[dict]:
     """Every measurement of the engine its project made: per shape and device, all statistics and the machine
     fingerprint."""
-    row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    return [
-        {
-            "id": b.id,
-            "shape_key": b.shape_key,
-            "shapes": b.shapes,
-            "gpu_name": b.gpu_name,
-            "cpu_name": b.cpu_name,
-            "compute_capability": b.compute_capability,
-            "median_ms": b.median_ms,
-            "p99_ms": b.p99_ms,
-            "throughput_qps": b.throughput_qps,
-            "stats": b.stats,
-            "machine": b.machine,
-            "created_at": b.created_at.isoformat(),
-        }
-        for b in row.benchmarks
-        if b.project == model.project
-    ]
+    return engines.benchmarks(session, engine_id, tenant)
 
 
 @router.get(
@@ -137,7 +105,7 @@ def engine_int8_stage(
     repair (the ranking by measured sensitivity with ONNX node names, the layers kept in fp32, the cosine before
     and after) and the fp32/int8 latency measured. 404 for an engine the farm did not quantize."""
     row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    found = stage_of(session, row, model) if row.precision == "int8" else None
+    found = engines.stage_of(session, row, model) if row.precision == "int8" else None
     if found is None:
         raise NotFound(
             f"engine {row.id} ({row.target}, {row.precision}) has no int8 stage: only int8 engines the farm "
@@ -159,20 +127,13 @@ def engine_fp16_repair(
     fp32 alone (ONNX node names), the nodes kept in fp32, the gate before and after, or the budget stop's note.
     404 for an engine without one."""
     row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    found = stage_of(session, row, model) if row.precision == "fp16" else None
+    found = engines.stage_of(session, row, model) if row.precision == "fp16" else None
     if found is None:
         raise NotFound(
             f"engine {row.id} ({row.target}, {row.precision}) has no fp16 repair: only fp16 engines of a build "
             "that asked accuracy_repair have one"
         )
     return found
-
-
-def stage_of(session: Session, row: EngineRow, model: ModelRow) -> EngineInt8 | None:
-    """The engine's int8 stage, or its build's fp16 repair, as its model's project sees it (that project's
-    benchmarks), or None."""
-    build = quantizing.quantizing_builds(session, [row.id], model.project).get(row.id)
-    return engine_int8(row, build, [b for b in row.benchmarks if b.project == model.project])
 
 
 @router.get("/{engine_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
@@ -185,13 +146,4 @@ def engine_content(
 ) -> Response:
     """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
     S3 where the store is S3)."""
-    row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    suffix = "onnx" if row.backend == "onnxruntime" else "plan"
-    filename = f"{model.name}-{model.version}-{row.target.replace('/', '-')}.{suffix}"
-    try:
-        return blob_response(request, settings, row.blob_key, row.sha256, filename)
-    except NotFound:
-        raise NotFound(
-            f"the bytes of engine {row.id} ({row.target}, sha256 {row.sha256}) are missing from the blob "
-            "store; the farm's operator can see every missing blob with `enginefarm gc --dry-run`"
-        ) from None
+    return engine_content(request, session, settings, engine_id, tenant)

@@ -1,4 +1,4 @@
-"""GET /v1/models/{id}/gate: the release gate of a model version (api/gate.py)."""
+"""GET /v1/models/{id}/gate: the release gate of a model version (api/services/gate.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy.orm import Session
 
-from api import gate
-from api.auth import Tenant
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.gateschemas import GateOut
-from api.routes import ID_MAX, UNPROCESSABLE, RowId
+from api.http.auth import Tenant
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import ID_MAX, UNPROCESSABLE, RowId
+from api.schemas.gate import GateOut
+from api.services import gate
 from enginefarm.core.config import Settings
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)

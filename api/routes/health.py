@@ -13,7 +13,7 @@ import anyio
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
-from api.deps import settings_dep
+from api.http.deps import settings_dep
 from api.metrics import exposition
 from enginefarm import __version__
 from enginefarm.core.config import Settings

@@ -6,14 +6,14 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import ingest, reports
-from api.auth import Tenant, authorize
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.downloads import blob_response
-from api.routes import UNPROCESSABLE, RowId, check_no_nul, page_offset
+from api.http.auth import Tenant, authorize
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.downloads import blob_response
+from api.http.params import UNPROCESSABLE, RowId, check_no_nul, page_offset
+from api.http.upload import UploadLimits, model_upload, receive_upload
 from api.routes.engines import CONTENT_RESPONSES
 from api.schemas import ModelOut, ModelReportOut, Page
-from api.upload import UploadLimits, receive_upload
+from api.services import ingest, reports
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
@@ -66,23 +66,9 @@ async def upload_model(
     settings: Settings = Depends(settings_dep),
 ) -> ModelOut:
     """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
-    limits = UploadLimits.of(settings, settings.max_upload_bytes, "ENGINEFARM_MAX_UPLOAD_BYTES")
-    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
-        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
-        try:
-            row, created = await run_in_threadpool(
-                ingest.ingest_model,
-                settings,
-                upload.path,
-                upload.sha256,
-                upload.fields.get("name"),
-                upload.fields.get("version"),
-                ingest.upload_project(tenant, upload.fields.get("project")),
-            )
-        finally:
-            upload.discard()
+    model, created = await model_upload(request, tenant, principal, settings)
     response.status_code = 201 if created else 200
-    return ModelOut.of(row)
+    return model
 
 
 @router.get("", response_model=Page[ModelOut])

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 from sqlalchemy.orm import Session
 
-from api import admission, reports, services
-from api.auth import Tenant, authorize
-from api.buildschemas import SweepOut, SweepRequest
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import UNPROCESSABLE, RowId, check_body_id
+from api.http.auth import Tenant, authorize
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import UNPROCESSABLE, RowId, check_body_id
+from api.schemas.builds import SweepOut, SweepRequest
+from api.services import admission, reports
+from api.services import builds as services
 from enginefarm.core.config import Settings
 from storage.tokens import Principal
 

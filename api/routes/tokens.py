@@ -6,12 +6,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from sqlalchemy.orm import Session
 
-from api.auth import Tenant, authorize, revoke_now
-from api.deps import CatalogRoute, session_dep
-from api.routes import UNPROCESSABLE, RowId
-from api.tokenschemas import CurrentTokenOut, NewTokenOut, TokenIn, TokenOut
-from enginefarm.core.errors import Forbidden
-from storage.tokens import Principal, create_token, lifetime, list_tokens
+from api.http.auth import Tenant, authorize, revoke_now
+from api.http.deps import CatalogRoute, session_dep
+from api.http.params import UNPROCESSABLE, RowId
+from api.schemas.tokens import CurrentTokenOut, NewTokenOut, TokenIn, TokenOut
+from api.services import tokens as tokens_service
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"], responses=UNPROCESSABLE)
 
@@ -19,12 +19,7 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/tokens", tags=["tokens"
 @router.post("", status_code=201, response_model=NewTokenOut)
 def new_token(body: TokenIn, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> NewTokenOut:
     """A new token, shown once. An admin of one project makes tokens of that project only."""
-    if tenant is not None and body.project not in (None, tenant):
-        raise Forbidden(f"this token belongs to project {tenant!r}; it cannot make tokens of project {body.project!r}")
-    row, token = create_token(
-        session, body.name, body.scopes, lifetime(body.expires_in_days), tenant if tenant is not None else body.project
-    )
-    return NewTokenOut(**TokenOut.of(row).model_dump(), token=token)
+    return tokens_service.made(session, body, tenant)
 
 
 @router.get("/current", response_model=CurrentTokenOut)
@@ -38,7 +33,7 @@ def current_token(principal: Principal = Depends(authorize)) -> CurrentTokenOut:
 
 @router.get("", response_model=list[TokenOut])
 def tokens(tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> list[TokenOut]:
-    return [TokenOut.of(r) for r in list_tokens(session, tenant)]
+    return tokens_service.listed(session, tenant)
 
 
 @router.delete("/{token_id}", response_model=TokenOut)

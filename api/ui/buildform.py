@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from api.schemas import ModelOut
-from api.services import spec_from
+from api.services.builds import spec_from
 from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.trtexec import spec_from_trtexec

@@ -1,4 +1,4 @@
-"""A build's page (live progress per task) and an engine's page, read through the API's own route functions."""
+"""A build's page (live progress per task) and an engine's page, from the services the API's routes answer with."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import shlex
 from fastapi import APIRouter, Depends, Request, Response
 from sqlalchemy.orm import Session
 
-from api import buildwait
-from api.buildschemas import BuildOut
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import RowId
-from api.routes import builds as build_routes
-from api.routes import engines as engine_routes
+from api.http import buildwait
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.downloads import engine_content
+from api.http.params import RowId
 from api.schemas import EngineOut
+from api.schemas.builds import BuildOut
+from api.services import builds, engines
 from api.ui import session as ui_session
 from api.ui.render import page
 from enginefarm.core.config import Settings
@@ -27,7 +27,7 @@ LIVE = {"queued", "running", "waiting"}
 def _build_context(session: Session, settings: Settings, build_id: int, principal: Principal) -> dict:
     """What the build page and its tasks fragment show, with the ``tag`` of the build's answer (the API's ETag of
     ``GET /v1/builds/{id}``): the page's long poll holds it."""
-    build: BuildOut = build_routes.build_of(session, settings, build_id, principal.project)
+    build: BuildOut = builds.build_of(session, settings, build_id, principal.project)
     model = catalog.get_model(session, build.model_id, principal.project)
     live = any(t.state in LIVE or (t.check or {}).get("in_progress") for t in build.tasks) or build.state in LIVE
     tag = buildwait.tag_of(build.model_dump_json().encode())
@@ -55,7 +55,7 @@ async def build_tasks(
     settings: Settings = Depends(settings_dep),
 ) -> Response:
     """The page's live part: the build's tasks. The page asks again as soon as each answer arrives, with the tag it
-    shows and ``wait``: a long poll on the API's build feed (``api.buildwait``), so an open page learns of a change
+    shows and ``wait``: a long poll on the API's build feed (``api.http.buildwait``), so an open page learns of a change
     within milliseconds and costs no read while nothing moves, where it asked every second before."""
     context = await buildwait.next_context(
         request,
@@ -112,9 +112,9 @@ def engine_page(
     session: Session = Depends(session_dep, scope="function"),
     settings: Settings = Depends(settings_dep),
 ) -> Response:
-    engine = engine_routes.get_engine(engine_id, principal.project, session, settings)
-    benchmarks = engine_routes.engine_benchmarks(engine_id, principal.project, session)
-    int8 = engine_routes.stage_of(session, *builtengines.engine_in_project(session, engine_id, principal.project))
+    engine = engines.engine(session, settings, engine_id, principal.project)
+    benchmarks = engines.benchmarks(session, engine_id, principal.project)
+    int8 = engines.stage_of(session, *builtengines.engine_in_project(session, engine_id, principal.project))
     base = str(request.base_url).rstrip("/")
     return page(
         request,
@@ -136,4 +136,4 @@ def engine_download(
     settings: Settings = Depends(settings_dep),
 ) -> Response:
     """The engine's bytes for a signed-in browser: the API's download (sha256 ETag, Range, S3 redirect)."""
-    return engine_routes.engine_content(engine_id, principal.project, request, session, settings)
+    return engine_content(request, session, settings, engine_id, principal.project)

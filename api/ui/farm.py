@@ -10,11 +10,12 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import RowId
-from api.routes import tokens as token_routes
-from api.routes import workers as worker_routes
-from api.tokenschemas import TokenIn
+from api.http.auth import revoke_now
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import RowId
+from api.schemas.tokens import TokenIn
+from api.services import tokens
+from api.services.workers import live as live_workers
 from api.ui import session as ui_session
 from api.ui.render import HEADERS, page
 from enginefarm.core.config import Settings
@@ -32,7 +33,7 @@ def workers_page(
     session: Session = Depends(session_dep, scope="function"),
     settings: Settings = Depends(settings_dep),
 ) -> Response:
-    workers = worker_routes.list_workers(session, settings)
+    workers = live_workers(session, settings)
     state = queue_state(session, settings.worker_ttl_seconds)
     queues = []
     for (kind, target), (count, oldest) in sorted(state.waiting.items()):
@@ -67,7 +68,7 @@ def tokens_page(
     principal: Principal = Depends(ui_session.admin),
     session: Session = Depends(session_dep, scope="function"),
 ) -> Response:
-    return page(request, "tokens.html", tokens=token_routes.tokens(principal.project, session), made=None)
+    return page(request, "tokens.html", tokens=tokens.listed(session, principal.project), made=None)
 
 
 @router.post("/tokens")
@@ -89,9 +90,9 @@ async def make_token(
         raise SpecInvalid(f"the token form is not valid: {exc}") from None
 
     def make() -> Response:
-        made = token_routes.new_token(body, principal.project, session)
+        made = tokens.made(session, body, principal.project)
         session.commit()
-        return page(request, "tokens.html", tokens=token_routes.tokens(principal.project, session), made=made)
+        return page(request, "tokens.html", tokens=tokens.listed(session, principal.project), made=made)
 
     return await run_in_threadpool(make)
 
@@ -104,7 +105,7 @@ async def revoke_token(
     session: Session = Depends(session_dep, scope="function"),
 ) -> Response:
     def revoke() -> None:
-        token_routes.revoke(token_id, principal.project, request, session)  # the API's revocation: it commits
+        revoke_now(request.app.state.token_cache, session, token_id, principal.project)  # commits, then forgets
 
     await run_in_threadpool(revoke)
     return RedirectResponse("/ui/tokens", status_code=303, headers=HEADERS)

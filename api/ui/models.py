@@ -7,11 +7,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from api import buildwait, services
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import ID_MAX, RowId, page_offset
-from api.routes import models as model_routes
+from api.http import buildwait
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import ID_MAX, RowId, page_offset
+from api.http.upload import model_upload
 from api.schemas import ModelOut
+from api.services import builds as services
 from api.ui import session as ui_session
 from api.ui.buildform import form_fields, spec_from_form
 from api.ui.matrix import model_matrix
@@ -44,12 +45,11 @@ def models_page(
 async def upload(
     request: Request, principal: Principal = Depends(ui_session.builder), settings: Settings = Depends(settings_dep)
 ) -> Response:
-    """The browser's upload (multipart, sent by a script with the CSRF header): the API's own upload route."""
-    response = Response()
-    model = await model_routes.upload_model(request, response, principal.project, principal, settings)
+    """The browser's upload (multipart, sent by a script with the CSRF header): the API's own upload."""
+    model, created = await model_upload(request, principal.project, principal, settings)
     return JSONResponse(
         {"id": model.id, "name": model.name, "version": model.version, "url": f"/ui/models/{model.id}"},
-        status_code=response.status_code or 201,
+        status_code=201 if created else 200,
     )
 
 

@@ -7,9 +7,9 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 
-from api import reports
-from api.deps import CatalogRoute, session_dep, settings_dep
-from api.routes import RowId
+from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.params import RowId
+from api.services import reports
 from api.ui import session as ui_session
 from api.ui.render import page
 from enginefarm.core.config import Settings

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api.routes import resolve as resolve_routes
+from api.http import answers as resolve_answers
 from api.schemas import ResolveRequest
 from api.ui import session as ui_session
 from api.ui.render import page
@@ -145,7 +145,7 @@ def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[s
         return {"problem": f"the machine as given is not valid: {exc}", "status": 422}
     with session_scope(settings) as s:
         try:
-            response = resolve_routes.answer(req, request, s, settings, principal)
+            response = resolve_answers.answer(req, request, s, settings, principal)
         except NoCompatibleEngine as exc:
             return {"none": exc.message, "problems": exc.problems, "status": 200}
         except EnginefarmError as exc:  # an unknown model, a name in several projects

@@ -43,7 +43,7 @@ from datetime import timedelta
 import anyio
 from fastapi import Request, Response
 
-from api.auth import TokenCache, cached_principal, require, revoke_now
+from api.http.auth import TokenCache, cached_principal, require, revoke_now
 from enginefarm.core.errors import EnginefarmError, Forbidden, SignInsTooFast
 from storage.db import session_scope
 from storage.tables import utcnow
@@ -252,7 +252,7 @@ async def sign_out(request: Request) -> None:
 
 async def current(request: Request) -> Principal | None:
     """The signed-in principal of this request, or None. Uses the API's token cache and its revocation rules
-    (``api.auth.TokenCache``)."""
+    (``api.http.auth.TokenCache``)."""
     credential = request.cookies.get(COOKIE)
     if not credential:
         return None

@@ -127,9 +127,10 @@ class Settings(BaseSettings):
     # An answer is a few KB; an --explain answer of a model with many engines, tens of KB.
     resolve_cache_entries: int = Field(default=4096, ge=0, le=1_000_000)
     resolve_cache_mib: int = Field(default=16, ge=0, le=4096)
-    # How long an API process trusts the model versions and generations it read for a resolve (api/versions.py):
-    # the delay before an engine, benchmark, verdict or version written by another process changes an answer or a
-    # 304 (0: read them on every request). A change made through the process itself counts at once.
+    # How long an API process trusts the model versions and generations it read for a resolve
+    # (api/services/versions.py): the delay before an engine, benchmark, verdict or version written by another process
+    # changes an answer or a 304 (0: read them on every request). A change made through the process itself counts at
+    # once.
     resolve_fresh_seconds: float = Field(default=1.0, ge=0, le=5)
     # Threads of each API process that compute resolve answers (api/routes/resolve.py). Few: a computed answer is
     # mostly Python holding the GIL, and many threads handing it to each other cost more than they overlap.

@@ -2,7 +2,7 @@
 
 Targets, tensor and model descriptions, task states, engine descriptors and the compatibility levels they are
 judged by. Build specs are in ``enginefarm.core.spec``, shapes as users write them in ``enginefarm.core.shapes``. Plain
-typed objects: SQLAlchemy tables (storage/tables.py) and public API schemas (api/schemas.py) wrap them.
+typed objects: SQLAlchemy tables (storage/tables.py) and public API schemas (api/schemas/__init__.py) wrap them.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def check_model_name(name: str | None, version: str | None) -> list[dict[str, An
 
 def upload_problems(name: str | None, version: str | None, project: str | None) -> list[dict[str, Any]]:
     """Problems with an upload's form fields (name, version, project), as validation problems: what the farm refuses
-    after the upload (``api.ingest``) and the client checks before sending a byte."""
+    after the upload (``api.services.ingest``) and the client checks before sending a byte."""
     problems = check_model_name(name, version)
     if project and (problem := project_problem(project)):
         problems.append({"loc": ["project"], "msg": problem})

@@ -398,7 +398,7 @@ def test_status_cell_names_the_status_once() -> None:
 
 def test_two_specs_under_one_label_are_told_apart_by_their_spec():
     """Two int8 builds of one target with other shapes both read "int8 opt3": the report named them alike."""
-    from api.reports import distinguish_variants
+    from api.services.reports import distinguish_variants
 
     rows = [
         {"target": "onnxruntime/cpu-x86_64", "variant": "int8 opt3", "spec_hash": "a" * 64},
@@ -421,7 +421,7 @@ def test_a_task_answered_from_the_catalog_never_waited_a_negative_time():
     """`build` showed "wait s -0.00" for a reused task: started and queued are taken in one moment, in either order."""
     from datetime import datetime, timedelta, timezone
 
-    from api.buildschemas import TaskOut
+    from api.schemas.builds import TaskOut
     from storage.tables import BuildTaskRow
 
     queued = datetime(2026, 11, 27, tzinfo=timezone.utc)

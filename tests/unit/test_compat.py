@@ -1207,7 +1207,7 @@ def test_gpu_latency_counts_only_on_the_asking_gpu_model_or_its_compute_capabili
 
 
 def test_a_machine_that_runs_onnxruntime_cuda_is_offered_that_target_to_build():
-    from api.machinebuilds import targets_for_machine
+    from api.services.machinebuilds import targets_for_machine
 
     hopper = Machine(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0", platform="x86_64", ort_cuda=True)
     assert [str(t) for t in targets_for_machine(hopper)] == ["onnxruntime/cuda-sm90"]

@@ -385,8 +385,8 @@ def test_a_connection_whose_writes_are_paused_is_the_apps(catalog):
 
 def test_versions_due_for_a_read_are_left_to_the_app_which_reads_them(catalog, monkeypatch):
     """Versions in the last quarter of their stated time: the app answers and reads them again in the background
-    (``api.answers.versions_of``); the protocol, which cannot start that read, leaves the request to it."""
-    from api.versions import Versions
+    (``api.http.answers.versions_of``); the protocol, which cannot start that read, leaves the request to it."""
+    from api.services.versions import Versions
 
     settings, token, name = catalog
     query = f"model={name}&{MACHINE}"

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from api import reports
+from api.services import reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
 from enginefarm.core.spec import BuildSpec

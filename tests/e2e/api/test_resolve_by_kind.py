@@ -1,4 +1,5 @@
-"""A cold /v1/resolve answer judges the model's engines kind by kind (``api.resolver.by_kind``): a kind of engine
+"""A cold /v1/resolve answer judges the model's engines kind by kind (``api.services.resolve.by_kind``): a kind of
+engine
 that cannot run on the asking machine, or that a filter refuses, is counted under its rule without its engines being
 read, and only the engines of the other kinds are read and judged. It must answer exactly as judging every engine
 does: the same choice, fallbacks, ranking words and counts of what each rule excluded, for every kind of machine and
@@ -14,8 +15,8 @@ from contextlib import ExitStack
 import pytest
 from fastapi.testclient import TestClient
 
-from api import resolver
 from api.app import create_app
+from api.services import resolve as resolver
 from enginefarm.core.config import Settings
 from server import localservers
 from server.embedded import issue_token

@@ -11,9 +11,9 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from api import resolver
 from api.app import create_app
-from api.routes import resolve as resolve_routes
+from api.http import answers as resolve_routes
+from api.services import resolve as resolver
 from enginefarm.core.config import Settings
 from server.embedded import issue_token
 from storage import checks

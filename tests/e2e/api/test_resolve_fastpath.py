@@ -1,4 +1,4 @@
-"""GET /v1/resolve from a cached token is answered before routing (``api/fastpath.py``): the same question gets the
+"""GET /v1/resolve from a cached token is answered before routing (``api/http/fastpath.py``): the same question gets the
 same status, body and ETag there as through the route, and whatever that path cannot answer exactly as the route
 would (an unknown parameter, a value that does not validate, build=true) is left to the route, which words the 422.
 
@@ -16,8 +16,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from api import fastpath
 from api.app import create_app
+from api.http import fastpath
 from enginefarm.core.config import Settings
 from server.embedded import issue_token
 from storage.db import session_scope
@@ -133,7 +133,7 @@ def test_answers_are_computed_on_at_most_the_resolve_threads(catalog, monkeypatc
     """ENGINEFARM_RESOLVE_THREADS bounds the answers computed at once in a process (the server's pool has 40
     threads): through the route (POST) and before it (GET) alike."""
     settings, token, name = catalog
-    from api.routes import resolve as resolve_routes
+    from api.http import answers as resolve_routes
 
     busy, most, lock = [0], [0], threading.Lock()
     real = resolve_routes.answer

@@ -1,6 +1,6 @@
 """The computed path of /v1/resolve keeps each model's kinds of engine and its engines compiled
-(``api.resolver.Tables``) and the fleet's path keeps the versions' generations (``api.versions``): neither may ever
-answer from a state the catalog left.
+(``api.services.resolve.Tables``) and the fleet's path keeps the versions' generations (``api.services.versions``):
+neither may ever answer from a state the catalog left.
 
 The same changes as tests/e2e/api/test_resolve_etag.py (a benchmark, an accuracy verdict, a new engine, a new version),
 made here by another process, and another project's verdict, which must not move this project's answer. In process
@@ -18,9 +18,9 @@ import uuid
 import pytest
 from fastapi.testclient import TestClient
 
-from api import answers as answers_module
 from api.app import create_app
-from api.versions import Versions
+from api.http import answers as answers_module
+from api.services.versions import Versions
 from enginefarm.core.config import Settings
 from server.embedded import issue_token
 from storage import resolution

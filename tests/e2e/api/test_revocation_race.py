@@ -1,4 +1,4 @@
-"""A revoked token stops working in this API process as soon as the revocation has answered (api/auth.py,
+"""A revoked token stops working in this API process as soon as the revocation has answered (api/http/auth.py,
 TokenCache): no request sent after the answer is accepted, through the API's DELETE /v1/tokens/{id} or the
 dashboard's revoke.
 
@@ -21,9 +21,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from api import auth
 from api.app import create_app
-from api.auth import TokenCache
+from api.http import auth
+from api.http.auth import TokenCache
 from api.ui.session import COOKIE, csrf_token
 from enginefarm.core.config import Settings
 from server.embedded import issue_token

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from api.upload import WRITE_BYTES, UploadLimits, _Receiver, receive_upload
+from api.http.upload import WRITE_BYTES, UploadLimits, _Receiver, receive_upload
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.graph.modelfile import model_path_for

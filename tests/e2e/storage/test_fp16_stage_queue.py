@@ -17,7 +17,7 @@ FP16_REPAIR = BuildSpec(precision="fp16", accuracy_repair=True)
 
 
 def _fp16_repair_build(settings, targets: list[Target]) -> tuple[int, dict, Message]:
-    from api import services
+    from api.services import builds as services
 
     with session_scope(settings) as s:
         served = liveness.served_targets(s, settings.worker_ttl_seconds)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from api.answers import digest_of
 from api.schemas import SHAPE_PARAMETERS, ResolveQuery, ResolveRequest, request_of
+from api.services.answers import digest_of
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.wanted import Wanted
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 from collections import namedtuple
 
-from api.answers import Answers, Known, etag_of
-from api.versions import Versions
+from api.services.answers import Answers, Known, etag_of
+from api.services.versions import Versions
 
 Row = namedtuple("Row", "id generation")
 

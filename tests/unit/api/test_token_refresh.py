@@ -1,11 +1,11 @@
 """A token in use is looked up again before its cache entry lapses, so a steady stream of requests never meets the
-lapse all at once (api/auth.py, TokenCache); a refresh never undoes a revocation, and never stretches an entry on
+lapse all at once (api/http/auth.py, TokenCache); a refresh never undoes a revocation, and never stretches an entry on
 a failed lookup."""
 
 from __future__ import annotations
 
-from api import auth
-from api.auth import TokenCache
+from api.http import auth
+from api.http.auth import TokenCache
 from storage.tokens import Principal
 
 P = Principal(7, "fleet", "read")

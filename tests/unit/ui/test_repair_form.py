@@ -1,10 +1,10 @@
 """The dashboard's repair fragment for an int8 repair that passed by a CPU form (no set of layers within the budget
-passed): rendered by the dashboard's own templates from the API's schema (api/int8stage.py), it says which form
+passed): rendered by the dashboard's own templates from the API's schema (api/schemas/int8.py), it says which form
 passed and why, and keeps no layer; a stop without a passing form still reads as failed."""
 
 from __future__ import annotations
 
-from api.int8stage import _repair
+from api.schemas.int8 import _repair
 from api.ui.render import templates
 
 FORM_NOTE = (

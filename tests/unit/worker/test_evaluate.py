@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from api.buildschemas import build_summary
+from api.schemas.builds import build_summary
 from enginefarm.core.domain import Target
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload

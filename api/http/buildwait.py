@@ -25,7 +25,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import Query, Request
 
-from api.answers import matches
+from api.services.answers import matches
 from enginefarm.core.config import Settings
 from storage.changes import Changes
 from storage.db import session_scope

@@ -3,7 +3,7 @@
 Every resolve answer, a 304 included, starts from the rows of the versions it names and their generations (what
 its ETag is made of). Reading them is one query, and on the way a thread hop; a fleet asking the same questions
 hundreds of times a second needs them only as often as they can change. So each API process keeps what it read,
-by (model, version, project), and the fleet's path (``api.fastpath.FleetPath``) trusts it while both hold:
+by (model, version, project), and the fleet's path (``api.http.fastpath.FleetPath``) trusts it while both hold:
 
 - the catalog's change feed (``storage.changes``) has not moved since the read began: any commit, by any process,
   that adds or removes a version or raises a generation (a new engine, benchmark or verdict) moves it; on
@@ -12,7 +12,7 @@ by (model, version, project), and the fleet's path (``api.fastpath.FleetPath``) 
 - at most ``ENGINEFARM_RESOLVE_FRESH_SECONDS`` (default 1 s; 0: read every time) have passed: the bound on what a
   lost notification could cost.
 
-The full path (``api.resolver``) always reads, and refreshes what is kept. What is kept is the plain rows
+The full path (``api.services.resolve``) always reads, and refreshes what is kept. What is kept is the plain rows
 ``storage.resolution.model_versions`` returned; errors (no such model) are never kept. Lookups run on the event
 loop: no thread.
 """

@@ -5,8 +5,8 @@ into a ``ResolveRequest`` and turn the ``Outcome`` into a response; storage (``s
 rows. In order, and each step only when the one before could not answer:
 
 1. the versions the question names, with their generations, read (and kept for the fleet's path,
-   ``api.versions``), make the ETag; a client holding it gets a 304 (nothing else is read or built);
-2. the answer kept under the tag (``api.answers``) is sent as it is;
+   ``api.services.versions``), make the ETag; a client holding it gets a 304 (nothing else is read or built);
+2. the answer kept under the tag (``api.http.answers``) is sent as it is;
 3. the engines of those versions are judged and ranked for the machine (``enginefarm.core.choose``), and the
    answer is built and kept. Kind by kind where the answer needs no engine's every check (``by_kind``): the
    model's kinds of engine (``Tables``: one per versions-and-generations, shared by every machine that asks about
@@ -25,11 +25,11 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from api import machinebuilds
-from api.answers import Answers, Known, digest_of, etag_of, matches
 from api.metrics import RESOLVES, labelled
 from api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
-from api.versions import Versions
+from api.services import machinebuilds
+from api.services.answers import Answers, Known, digest_of, etag_of, matches
+from api.services.versions import Versions
 from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose, judged_by_kind, kind_rules
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine, SpecInvalid
@@ -207,7 +207,7 @@ def resolve(
     query: bytes | None = None,
 ) -> Outcome:
     """Answer one resolve question (see the module's docstring). ``query``: a GET's query string, remembered so the
-    fleet's path (``api.fastpath.FleetPath``) answers it next time before routing. Raises NoCompatibleEngine (404),
+    fleet's path (``api.http.fastpath.FleetPath``) answers it next time before routing. Raises NoCompatibleEngine (404),
     NotFound or Conflict for the model."""
     project = principal.project
     machine = req.machine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from api.services import submit_build, wait_reason
+from api.services.builds import submit_build, wait_reason
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ARCHES, ORT_CUDA_PREFIX, Backend, Target, arch_of_cc
 from enginefarm.core.errors import SpecInvalid, TargetUnavailable

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tenacity import retry, retry_if_exception_type, stop_after_attempt
 
-from api.bulkwork import run_below
+from api.services.bulkwork import run_below
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo

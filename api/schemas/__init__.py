@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_v
 from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
-from api.int8stage import EngineInt8
+from api.schemas.int8 import EngineInt8
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.shapes import shape_request

@@ -22,10 +22,13 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 from fastapi import Request, Response
 from fastapi.responses import FileResponse, RedirectResponse, StreamingResponse
+from sqlalchemy.orm import Session
 from starlette.types import Receive, Scope, Send
 
 from enginefarm.core.config import Settings
+from enginefarm.core.errors import NotFound
 from enginefarm.core.hashing import SHA_HEADER
+from storage import builtengines
 from storage.blobs import get_blob_store
 
 IMMUTABLE = "private, max-age=31536000, immutable"
@@ -136,3 +139,20 @@ async def _off_the_route_threads(chunks: Iterator[bytes]) -> AsyncIterator[bytes
     finally:
         with anyio.CancelScope(shield=True):  # a client that hung up: still give the S3 connection back
             await anyio.to_thread.run_sync(chunks.close, limiter=_STREAMS)
+
+
+def engine_content(
+    request: Request, session: Session, settings: Settings, engine_id: int, project: str | None
+) -> Response:
+    """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
+    S3 where the store is S3)."""
+    row, model = builtengines.engine_in_project(session, engine_id, project)
+    suffix = "onnx" if row.backend == "onnxruntime" else "plan"
+    filename = f"{model.name}-{model.version}-{row.target.replace('/', '-')}.{suffix}"
+    try:
+        return blob_response(request, settings, row.blob_key, row.sha256, filename)
+    except NotFound:
+        raise NotFound(
+            f"the bytes of engine {row.id} ({row.target}, sha256 {row.sha256}) are missing from the blob "
+            "store; the farm's operator can see every missing blob with `enginefarm gc --dry-run`"
+        ) from None

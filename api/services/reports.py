@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.int8stage import engine_int8
+from api.schemas.int8 import engine_int8
 from enginefarm.core.choose import QUANTIZED, most_shared
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
@@ -395,6 +395,6 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
 
 
 def _state(build: BuildRow) -> str:
-    from api.buildschemas import build_state
+    from api.schemas.builds import build_state
 
     return build_state(build.tasks)

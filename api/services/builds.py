@@ -9,8 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
-from api import admission
+from api.schemas.builds import BuildOut, build_out
+from api.services import admission, reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import (
     FP16_REPAIR_STAGE,
@@ -262,3 +264,18 @@ def task_wait_reason(task, served: dict[str, set[str]]) -> str | None:
 
 
 # --------------------------------------------------------------------------- builds for an asking machine
+
+
+def answer_of(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
+    """A build as its answer shows it: each task's wait reason and each engine's checks."""
+    served = liveness.served_targets(session, settings.worker_ttl_seconds)
+    return build_out(
+        row,
+        {t.id: wait_reason(t.target, t.state, served, row.quantize) for t in row.tasks},
+        reports.build_checks(session, settings, row),
+    )
+
+
+def build_of(session: Session, settings: Settings, build_id: int, project: str | None) -> BuildOut:
+    """A build of the project as ``GET /v1/builds/{id}`` and the dashboard's build page show it."""
+    return answer_of(session, settings, catalog.get_build(session, build_id, project))

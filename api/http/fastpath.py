@@ -3,7 +3,7 @@ and parsing of their thirty-odd query parameters, which cost a cold answer about
 
 ``FleetPath`` (ASGI middleware) takes a GET /v1/resolve whose bearer token the token cache holds with ``read``:
 
-1. a query string answered before is answered from the kept answer or with a 304 (``api.answers.fleet_answer``);
+1. a query string answered before is answered from the kept answer or with a 304 (``api.http.answers.fleet_answer``);
 2. any other is parsed here into the route's own query model (``ResolveQuery``: the same fields, constraints and
    list splitting) and answered by the route's own function (``api.routes.resolve.answer``) on a worker thread,
    as the route runs it.
@@ -27,8 +27,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from api.answers import PATH, cached_reader, fleet_answer
-from api.routes.resolve import answered
+from api.http.answers import PATH, answered, cached_reader, fleet_answer
 from api.schemas import LISTS, ResolveQuery, ResolveRequest, request_of
 
 log = logging.getLogger(__name__)

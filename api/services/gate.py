@@ -11,8 +11,9 @@ from typing import Any, Literal
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
-from api import reports, services
-from api.gateschemas import CHECKS, GateCheck, GateModel, GateOut, GateTarget, Verdict
+from api.schemas.gate import CHECKS, GateCheck, GateModel, GateOut, GateTarget, Verdict
+from api.services import builds as services
+from api.services import reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Target, TaskState
 from storage import builtengines, catalog, liveness

@@ -24,9 +24,12 @@ import anyio
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
 
-from api.bulkwork import pump
 from api.metrics import UPLOAD_BYTES
+from api.schemas import ModelOut
+from api.services import ingest
+from api.services.bulkwork import pump
 from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
@@ -330,3 +333,27 @@ async def receive_upload(
         raise ModelRejected("the uploaded file is empty")
     UPLOAD_BYTES.labels(file_field).inc(receiver.result.size)
     return receiver.result
+
+
+async def model_upload(
+    request: Request, project: str | None, principal: Principal, settings: Settings
+) -> tuple[ModelOut, bool]:
+    """An ONNX model uploaded through the API or the dashboard: streamed to disk, hashed on the way, validated and
+    stored content-addressed within the token's upload slots; with whether it is new (False: identical bytes were
+    already uploaded under this name)."""
+    limits = UploadLimits.of(settings, settings.max_upload_bytes, "ENGINEFARM_MAX_UPLOAD_BYTES")
+    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
+        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
+        try:
+            row, created = await run_in_threadpool(
+                ingest.ingest_model,
+                settings,
+                upload.path,
+                upload.sha256,
+                upload.fields.get("name"),
+                upload.fields.get("version"),
+                ingest.upload_project(project, upload.fields.get("project")),
+            )
+        finally:
+            upload.discard()
+    return ModelOut.of(row), created
