@@ -17,7 +17,6 @@ from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.trtexec import spec_from_trtexec
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 MAX_FORM_TARGETS = 64
 
 

@@ -13,6 +13,7 @@ from fastapi.templating import Jinja2Templates
 
 from enginefarm import __version__
 from enginefarm.core.errors import EnginefarmError
+from enginefarm.core.spec import PRECISIONS
 
 HERE = Path(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")
@@ -68,7 +69,7 @@ def dims(values: list | None) -> str:
 
 
 templates.env.filters.update(ms=ms, size=size, age=age, elapsed=elapsed, dims=dims)
-templates.env.globals.update(version=__version__)
+templates.env.globals.update(version=__version__, precisions=PRECISIONS)
 
 
 def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

@@ -25,6 +25,7 @@ from enginefarm.client.cirepair import REPAIR, with_repair
 from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
 from enginefarm.client.safepaths import UnsafePath
 from enginefarm.client.sdk import BUILD_WAIT_S
+from enginefarm.client.terminal import PRECISION_HELP
 from enginefarm.core.domain import FINAL_STATES
 from enginefarm.core.trtexec import TRTEXEC_FLAGS, spec_from_trtexec
 
@@ -319,7 +320,7 @@ def ci_command(
     model_file: Path = typer.Argument(..., exists=True, dir_okay=False, help=".onnx file or .zip/.tar bundle"),
     name: str = typer.Option(..., "--name", help="the model's name in the catalog; each new file is a new version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. onnxruntime/cpu-x86_64; repeat for more"),
-    precision: str | None = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
+    precision: str | None = typer.Option(None, help=PRECISION_HELP),
     trtexec_args: str | None = TRTEXEC_ARGS_OPT,
     spec_file: Path | None = typer.Option(
         None, exists=True, dir_okay=False, help="a JSON build spec; flags override its fields"

@@ -16,6 +16,7 @@ from enginefarm.client import fetchcli, lscli
 from enginefarm.client.ci import TRTEXEC_ARGS_OPT, TRTEXEC_CONTEXT, TRTEXEC_HELP, build_spec, ci_command, trtexec_flags
 from enginefarm.client.terminal import (
     API_OPT,
+    PRECISION_HELP,
     QUEUE_OPT,
     client_for,
     console,
@@ -98,7 +99,7 @@ def build(
     ctx: typer.Context,
     model: str = typer.Argument(..., help="model id, name (its newest version) or name:version"),
     target: list[str] = typer.Option(..., "--target", "-t", help="e.g. tensorrt-rtx/sm86; repeat for more"),
-    precision: str | None = typer.Option(None, help="fp32 (default), fp16, bf16, int8 or fp8"),
+    precision: str | None = typer.Option(None, help=PRECISION_HELP),
     trtexec_args: str | None = TRTEXEC_ARGS_OPT,
     spec_file: Path | None = typer.Option(None, help="a JSON build spec; flags override its fields"),
     batch_sizes: str | None = typer.Option(None, "--batch-sizes", help="benchmark at these batch sizes, e.g. 1,8,32"),

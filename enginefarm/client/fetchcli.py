@@ -15,7 +15,7 @@ from enginefarm.client.report import profiles_label
 from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
 from enginefarm.core.machine import Machine
 from enginefarm.core.shapes import shape_request
-from enginefarm.core.spec import Precision
+from enginefarm.core.spec import PRECISIONS, Precision
 from enginefarm.core.wanted import ACCEPT
 
 export_app = typer.Typer(help="Export a catalogued model for a serving system.", no_args_is_help=True)
@@ -47,7 +47,7 @@ def fetch(
     cuda: str | None = typer.Option(None, help="CUDA version the runtime uses (default: this machine's)"),
     platform: str | None = typer.Option(None, help="x86_64 or aarch64"),
     jetpack: str | None = typer.Option(None, help="JetPack release on a Jetson (default: read from the device)"),
-    precision: str | None = typer.Option(None, help="only engines of this precision: fp32, fp16, bf16, int8, fp8"),
+    precision: str | None = typer.Option(None, help=f"only engines of this precision: {', '.join(PRECISIONS)}"),
     spec_hash: str | None = typer.Option(None, "--spec-hash", help="only engines built with this spec"),
     backend: str | None = typer.Option(
         None,

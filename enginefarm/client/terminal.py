@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from enginefarm.core.spec import PRECISIONS
+
 if TYPE_CHECKING:
     from enginefarm.client import Client
 
@@ -88,6 +90,7 @@ def fail(exc: Exception) -> None:
     raise typer.Exit(1)
 
 
+PRECISION_HELP = f"{PRECISIONS[0]} (default), {', '.join(PRECISIONS[1:-1])} or {PRECISIONS[-1]}"
 API_OPT = typer.Option(None, "--api", envvar="ENGINEFARM_API_URL", help="farm URL (default http://127.0.0.1:8321)")
 QUEUE_OPT = typer.Option(
     False, "--queue-without-worker", help="queue targets no live worker serves now, to wait for one (default: refused)"

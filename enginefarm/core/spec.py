@@ -21,6 +21,9 @@ class Precision(StrEnum):
     FP8 = "fp8"
 
 
+PRECISIONS: tuple[str, ...] = tuple(p.value for p in Precision)  # in the order help and forms list them
+
+
 class GraphCleanup(StrEnum):
     NONE = "none"
     ONNXSLIM = "onnxslim"

@@ -12,9 +12,12 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from enginefarm.core.domain import Backend
+from enginefarm.core.spec import PRECISIONS
+
 SPEC_HASH_PATTERN = r"^[0-9a-f]{64}$"
-PRECISION_PATTERN = r"^(fp32|fp16|bf16|int8|fp8)$"
-BACKEND_PATTERN = r"^(tensorrt|tensorrt-rtx|onnxruntime)$"
+PRECISION_PATTERN = rf"^({'|'.join(PRECISIONS)})$"
+BACKEND_PATTERN = rf"^({'|'.join(b.value for b in Backend)})$"
 Accept = Literal["unchecked", "failed", "cpu"]
 ACCEPT: tuple[str, ...] = get_args(Accept)
 
