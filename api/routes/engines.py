@@ -9,7 +9,7 @@ from api.http.auth import Tenant
 from api.http.deps import CatalogRoute, session_dep, settings_dep
 from api.http.params import RowId, check_no_nul, page_offset
 from api.schemas import EngineOut, ErrorOut, Page
-from api.schemas.int8 import EngineInt8
+from api.schemas.int8 import PrecisionStage
 from api.services import engines
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
@@ -95,12 +95,12 @@ def engine_benchmarks(
 
 @router.get(
     "/{engine_id}/int8",
-    response_model=EngineInt8,
+    response_model=PrecisionStage,
     responses={404: {"model": ErrorOut, "description": "not an int8 engine the farm quantized"}},
 )
 def engine_int8_stage(
     engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
-) -> EngineInt8:
+) -> PrecisionStage:
     """What the int8 stage did for an int8 engine the farm quantized: the CPU candidates measured, the accuracy
     repair (the ranking by measured sensitivity with ONNX node names, the layers kept in fp32, the cosine before
     and after) and the fp32/int8 latency measured. 404 for an engine the farm did not quantize."""
@@ -116,12 +116,12 @@ def engine_int8_stage(
 
 @router.get(
     "/{engine_id}/fp16",
-    response_model=EngineInt8,
+    response_model=PrecisionStage,
     responses={404: {"model": ErrorOut, "description": "not an fp16 engine whose build ran an accuracy repair"}},
 )
 def engine_fp16_repair(
     engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
-) -> EngineInt8:
+) -> PrecisionStage:
     """The fp16 accuracy repair of an fp16 engine whose build asked ``accuracy_repair``, in the int8 stage's shape
     (``precision: fp16``, ``repair`` only): the nodes ranked by the fp16 gate measured on the CPU with each kept in
     fp32 alone (ONNX node names), the nodes kept in fp32, the gate before and after, or the budget stop's note.

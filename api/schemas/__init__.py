@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, field_v
 from pydantic.dataclasses import is_pydantic_dataclass
 from pydantic.fields import FieldInfo
 
-from api.schemas.int8 import EngineInt8
+from api.schemas.int8 import PrecisionStage
+from api.schemas.reports import ReportRow
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.shapes import shape_request
@@ -198,17 +199,17 @@ class ModelReportOut(BaseModel):
 
     model: dict[str, Any] = Field(description="id, name, version, sha256 of the version reported on")
     previous: dict[str, Any] | None = Field(description="version N-1, the baseline of each row's regression")
-    rows: list[dict[str, Any]] = Field(
-        description="target, variant, shape_key, device, status, latency_ms (median, p90, p99, ...), "
-        "throughput_qps, accuracy, size, regression against N-1"
+    rows: list[ReportRow] = Field(
+        description="per engine and measured shape: target, variant, shape_key, device, status, latency_ms "
+        "(median, p90, p99, ...), throughput_qps, accuracy, size, regression against N-1"
     )
     checks_in_progress: list[int] = Field(description="engines whose benchmark a live worker is still running")
-    int8: list[EngineInt8] = Field(
+    int8: list[PrecisionStage] = Field(
         default_factory=list,
         description="per int8 engine made from the farm's own quantization: the CPU candidates measured, the "
         "accuracy repair when the spec asked for one, and the fp32/int8 latency measured",
     )
-    fp16: list[EngineInt8] = Field(
+    fp16: list[PrecisionStage] = Field(
         default_factory=list,
         description="per fp16 engine of a build that asked accuracy_repair: its build's fp16 repair "
         "(precision fp16, the nodes ranked and kept in fp32, the gate before and after)",

@@ -156,10 +156,11 @@ class Int8Timing(BaseModel):
     speedup: float | None = None
 
 
-class EngineInt8(BaseModel):
-    """An int8 engine's int8 stage. Its ``latency`` is that of the model as built; with a repair that kept layers,
-    int8 without them is timed once, beside fp32 and the repaired int8, in the repair's ``latency_ms``. For an fp16
-    engine (``precision: fp16``), its build's fp16 repair stage: ``repair`` only, no candidates, no latency."""
+class PrecisionStage(BaseModel):
+    """The stage that made an engine's reduced precision, of the kind its ``precision`` says. ``int8``: the int8
+    stage (the CPU candidates, the accuracy repair, the latency of the model as built; with a repair that kept
+    layers, int8 without them is timed once, beside fp32 and the repaired int8, in the repair's ``latency_ms``).
+    ``fp16``: its build's fp16 repair stage (``repair`` only, no candidates, no latency)."""
 
     engine_id: int
     precision: Literal["int8", "fp16"] = Field("int8", description="the engine's precision, and the stage's")
@@ -171,7 +172,7 @@ class EngineInt8(BaseModel):
     latency: list[Int8Timing] = Field(description="fp32 and int8 medians where measured")
 
 
-def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[BenchmarkRow]) -> EngineInt8 | None:
+def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[BenchmarkRow]) -> PrecisionStage | None:
     """The int8 stage of ``engine`` from ``build``'s quantize report; None when it is not int8 or the build's stage
     left no report for its family."""
     family = quantize_family(engine.backend)
@@ -207,7 +208,7 @@ def engine_int8(engine: EngineRow, build: BuildRow | None, benchmarks: list[Benc
                     speedup=vs.get("speedup"),
                 )
             )
-    return EngineInt8(
+    return PrecisionStage(
         engine_id=engine.id,
         precision=engine.precision,
         target=engine.target,

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.schemas import EngineOut
-from api.schemas.int8 import EngineInt8, engine_int8
+from api.schemas.int8 import PrecisionStage, engine_int8
 from api.services.reports import engine_checks
 from enginefarm.core.config import Settings
 from storage import builtengines, quantizing
@@ -56,7 +56,7 @@ def benchmarks(session: Session, engine_id: int, project: str | None) -> list[di
     ]
 
 
-def stage_of(session: Session, row: EngineRow, model: ModelRow) -> EngineInt8 | None:
+def stage_of(session: Session, row: EngineRow, model: ModelRow) -> PrecisionStage | None:
     """The engine's int8 stage, or its build's fp16 repair, as its model's project sees it (that project's
     benchmarks), or None."""
     build = quantizing.quantizing_builds(session, [row.id], model.project).get(row.id)

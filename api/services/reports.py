@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from api.schemas.int8 import engine_int8
+from api.schemas.reports import LATENCY_KEYS
 from enginefarm.core.choose import QUANTIZED, most_shared
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TaskState
@@ -19,8 +20,6 @@ from storage import builtengines, catalog, liveness, quantizing
 from storage import checks as project_checks
 from storage.checks import ProjectView
 from storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
-
-LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
 
 def engine_checks(

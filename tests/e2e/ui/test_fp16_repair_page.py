@@ -72,8 +72,8 @@ def test_openapi_documents_the_fp16_repair(farm):
         doc = http.get("/openapi.json").json()
     paths, schemas = doc["paths"], doc["components"]["schemas"]
     ok = paths["/v1/engines/{engine_id}/fp16"]["get"]["responses"]
-    assert ok["200"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/EngineInt8"
+    assert ok["200"]["content"]["application/json"]["schema"]["$ref"] == "#/components/schemas/PrecisionStage"
     assert "404" in ok
     assert {"precision", "measured_on", "judged_on", "candidate_layers"} <= set(schemas["Int8Repair"]["properties"])
     assert {"violations_alone_float", "violations_fp16", "ops"} <= set(schemas["RankedTensor"]["properties"])
-    assert "fp16" in schemas["ModelReportOut"]["properties"] and "precision" in schemas["EngineInt8"]["properties"]
+    assert "fp16" in schemas["ModelReportOut"]["properties"] and "precision" in schemas["PrecisionStage"]["properties"]

@@ -158,7 +158,7 @@ def test_the_api_answers_the_int8_stage_and_documents_it(farm, repaired):
     }
     paths, schemas = doc["paths"], doc["components"]["schemas"]
     ok = paths["/v1/engines/{engine_id}/int8"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
-    assert ok["$ref"] == "#/components/schemas/EngineInt8"
+    assert ok["$ref"] == "#/components/schemas/PrecisionStage"
     fields = set(schemas["Int8Repair"]["properties"])
     assert {"ranking", "kept", "before", "after", "unrepaired", "latency_ms", "speed_note"} <= fields, fields
     assert {"fp32", "unrepaired", "repaired"} == set(schemas["RepairLatency"]["properties"])
