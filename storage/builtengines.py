@@ -3,8 +3,6 @@ listing them with the model version each is seen through, and reading them by id
 
 from __future__ import annotations
 
-from typing import Any
-
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError as SAIntegrityError
 from sqlalchemy.orm import Session, joinedload
@@ -12,6 +10,7 @@ from sqlalchemy.orm import Session, joinedload
 from enginefarm.core.domain import Backend, EngineDescriptor, TaskState
 from enginefarm.core.errors import NotFound
 from enginefarm.core.shapes import engine_profiles
+from enginefarm.core.wanted import EngineFilter
 from storage.rows import get_row, in_project
 from storage.tables import BuildTaskRow, EngineRow, ModelRow, utcnow
 
@@ -73,22 +72,18 @@ def _gpu_profiles(desc: EngineDescriptor, spec: dict, info: dict) -> list:
     return [] if desc.backend == Backend.ONNXRUNTIME.value else engine_profiles(spec, info)
 
 
-ENGINE_FILTERS = ("target", "backend", "compute_capability", "trt_version", "precision", "spec_hash")
-
-
 def list_engines(
     session: Session,
+    filters: EngineFilter,
     *,
-    model: str | None = None,
-    version: str | None = None,
     limit: int = 50,
     offset: int = 0,
     project: str | None = None,
-    **filters: Any,
 ) -> tuple[list[tuple[EngineRow, ModelRow]], int]:
     """Engines with the model version they are listed under. An engine belongs to the model's bytes, so a
     model uploaded again under another name (or in another project) lists the engines its identical bytes
     already have."""
+    model, version = filters.model, filters.version
     if model or version or project is not None:
         query = in_project(
             select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_sha256 == ModelRow.sha256), project
@@ -97,9 +92,8 @@ def list_engines(
         query = query.where(ModelRow.version == version) if version else query
     else:
         query = select(EngineRow, ModelRow).join(ModelRow, EngineRow.model_id == ModelRow.id)
-    for name in ENGINE_FILTERS:
-        if filters.get(name) is not None:
-            query = query.where(getattr(EngineRow, name) == filters[name])
+    for column, value in filters.columns().items():
+        query = query.where(getattr(EngineRow, column) == value)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.execute(query.order_by(EngineRow.id, ModelRow.id).limit(limit).offset(offset)).all()
     return [(e, m) for e, m in rows], total

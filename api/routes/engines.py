@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
+from api.http import downloads
 from api.http.auth import Tenant
 from api.http.deps import CatalogRoute, session_dep, settings_dep
 from api.http.params import RowId, check_no_nul, page_offset
-from api.schemas import EngineOut, ErrorOut, Page
+from api.schemas import EngineOut, EngineQuery, ErrorOut, Page
 from api.schemas.int8 import PrecisionStage
 from api.services import engines
 from enginefarm.core.config import Settings
@@ -32,45 +35,13 @@ CONTENT_RESPONSES = {
 @router.get("", response_model=Page[EngineOut])
 def list_engines(
     tenant: Tenant,
-    model: str | None = None,
-    version: str | None = None,
-    target: str | None = None,
-    backend: str | None = None,
-    cc: str | None = Query(None, description="compute capability, e.g. 8.6"),
-    trt: str | None = None,
-    precision: str | None = None,
-    spec_hash: str | None = None,
-    limit: int = 50,
-    offset: int = 0,
+    query: Annotated[EngineQuery, Query()],
     session: Session = Depends(session_dep, scope="function"),
     settings: Settings = Depends(settings_dep),
 ) -> Page[EngineOut]:
-    check_no_nul(
-        "query",
-        model=model,
-        version=version,
-        target=target,
-        backend=backend,
-        cc=cc,
-        trt=trt,
-        precision=precision,
-        spec_hash=spec_hash,
-    )
-    limit, offset = max(1, min(limit, 500)), page_offset(offset)
-    rows, total = builtengines.list_engines(
-        session,
-        model=model,
-        version=version,
-        target=target,
-        backend=backend,
-        compute_capability=cc,
-        trt_version=trt,
-        precision=precision,
-        spec_hash=spec_hash,
-        limit=limit,
-        offset=offset,
-        project=tenant,
-    )
+    check_no_nul("query", **query.model_dump())
+    limit, offset = max(1, min(query.limit, 500)), page_offset(query.offset)
+    rows, total = builtengines.list_engines(session, query, limit=limit, offset=offset, project=tenant)
     return Page(items=engines.answers(session, settings, rows), total=total, limit=limit, offset=offset)
 
 
@@ -146,4 +117,4 @@ def engine_content(
 ) -> Response:
     """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
     S3 where the store is S3)."""
-    return engine_content(request, session, settings, engine_id, tenant)
+    return downloads.engine_content(request, session, settings, engine_id, tenant)

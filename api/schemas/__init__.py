@@ -20,7 +20,7 @@ from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.text import CatalogText, VersionText
-from enginefarm.core.wanted import Wanted
+from enginefarm.core.wanted import EngineFilter, Wanted
 from storage.db import as_utc
 from storage.tables import EngineRow, ModelRow, WorkerRow
 
@@ -389,3 +389,10 @@ class WorkerOut(BaseModel):
             last_seen=as_utc(row.last_seen),
             probe=row.probe,
         )
+
+
+class EngineQuery(EngineFilter):
+    """GET /v1/engines's query: the filters and the page."""
+
+    limit: int = Field(50, description="engines per page, at most 500")
+    offset: int = Field(0, description="engines skipped before the page")

@@ -23,6 +23,7 @@ from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFou
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.machine import Machine
 from enginefarm.core.names import upload_problems
+from enginefarm.core.wanted import EngineFilter
 
 BUILD_WAIT_S = 20.0  # how long one request for a build's next answer waits at the farm (its limit: 30 s)
 
@@ -236,8 +237,11 @@ class Client(Transport):
     def models(self, **filters: Any) -> dict[str, Any]:
         return cast("dict[str, Any]", self.get("/v1/models", **filters))
 
-    def engines(self, **filters: Any) -> dict[str, Any]:
-        return cast("dict[str, Any]", self.get("/v1/engines", **filters))
+    def engines(self, limit: int = 50, offset: int = 0, **filters: Any) -> dict[str, Any]:
+        """A page of engines; ``filters`` are ``EngineFilter``'s (model, version, target, backend, cc, trt,
+        precision, spec_hash), checked before anything is sent."""
+        wanted = EngineFilter(**filters).model_dump(exclude_none=True)
+        return cast("dict[str, Any]", self.get("/v1/engines", **wanted, limit=limit, offset=offset))
 
     def builds(self, **filters: Any) -> list[dict[str, Any]]:
         """Builds, newest first; filters: model_id, spec_hash, limit, offset."""

@@ -46,3 +46,34 @@ class Wanted(BaseModel):
         "'failed': also engines whose accuracy check failed (ranked last); "
         "'cpu': also the ONNX Runtime CPU artifact on a machine that names a GPU runtime",
     )
+
+
+# An engine listing's filter -> the engine row's column it compares with (the rest name the model).
+ENGINE_COLUMNS = {
+    "target": "target",
+    "backend": "backend",
+    "cc": "compute_capability",
+    "trt": "trt_version",
+    "precision": "precision",
+    "spec_hash": "spec_hash",
+}
+
+
+class EngineFilter(BaseModel):
+    """Which engines a listing shows (GET /v1/engines, the client's ``engines``, ``enginefarm ls engines``): each
+    filter given keeps only the engines that match it exactly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(None, description="the model's name")
+    version: str | None = Field(None, description="the model's version")
+    target: str | None = Field(None, description="the target, e.g. tensorrt-rtx/sm86")
+    backend: str | None = Field(None, description="tensorrt, tensorrt-rtx or onnxruntime")
+    cc: str | None = Field(None, description="compute capability, e.g. 8.6")
+    trt: str | None = Field(None, description="the TensorRT (or TensorRT-RTX) version it was built with")
+    precision: str | None = Field(None, description=", ".join(PRECISIONS))
+    spec_hash: str | None = Field(None, description="the build spec's sha256")
+
+    def columns(self) -> dict[str, str]:
+        """The engine row's columns and the values they must have."""
+        return {column: value for name, column in ENGINE_COLUMNS.items() if (value := getattr(self, name)) is not None}

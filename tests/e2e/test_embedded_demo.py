@@ -8,6 +8,7 @@ import sys
 
 from enginefarm.core.config import Settings
 from enginefarm.core.hashing import sha256_file
+from enginefarm.core.wanted import EngineFilter
 from storage import builtengines
 from storage.db import session_scope
 
@@ -28,7 +29,7 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
 
     settings = Settings(data_dir=tmp_path)
     with session_scope(settings) as s:
-        pairs, total = builtengines.list_engines(s, model="convnet")
+        pairs, total = builtengines.list_engines(s, EngineFilter(model="convnet"))
         engines = [e for e, _ in pairs]
         assert total == 5
         assert {e.target for e in engines} >= {
@@ -74,6 +75,6 @@ def test_demo_without_tensorrt_rtx_says_so_and_shows_the_cpu_path(tmp_path):
     assert "TensorRT-RTX is not installed here" in text and "pip install 'enginefarm[rtx]'" in text
     assert "matches the catalog" in text and "tensorrt-rtx" not in text.split("2. build", 1)[1].split("3.")[0]
     with session_scope(Settings(data_dir=tmp_path / "data")) as s:
-        pairs, total = builtengines.list_engines(s, model="convnet")
+        pairs, total = builtengines.list_engines(s, EngineFilter(model="convnet"))
     assert total == 1 and pairs[0][0].target.startswith("onnxruntime/cpu-")
     assert (tmp_path / "data" / "fetched" / "convnet-cpu.onnx").is_file()
