@@ -137,8 +137,7 @@ class Settings(BaseSettings):
     resolve_threads: int = Field(default=2, ge=1, le=64)
     # FastAPI's own OpenTelemetry spans, metrics and logs of each request, sent to the OpenTelemetry providers the
     # process is run with (e.g. under ``opentelemetry-instrument``). Off, the farm's metrics are GET /metrics'
-    # (Prometheus) and no request looks for a provider: that look, on every request, was about a twentieth of a
-    # 304's CPU (docs/performance.md).
+    # (Prometheus) and no request looks for a provider, a look that costs a share of every small answer's CPU.
     opentelemetry: bool = False
 
     # Dashboard sign-ins: sessions one token may open a minute (in the catalog, across API processes), and attempts

@@ -2,11 +2,9 @@
 
 An engine plan is tens to hundreds of MB that the builder hands over in memory. The farm then stores it (a local
 store links the file in and fsyncs it; an S3 store reads it once to send it), and nobody reads it again on this
-machine soon. A buffered write first copies every page into the
-page cache and leaves it dirty for the fsync that follows. On the 2-core VMs this project is measured on, that copy
-ran at 400 MB/s as often as not (67 ms for 27 MB, and 14 ms more for the fsync), against 16 ms for the same bytes
-written with ``O_DIRECT`` and about 1 ms for the fsync after it (docs/performance.md, round 10). Object stores
-write large objects the same way for the same reason.
+machine soon. A buffered write first copies every page into the page cache and leaves it dirty for the fsync that
+follows; written with ``O_DIRECT`` the same bytes skip that copy, and the fsync after them has almost nothing left
+to do. Object stores write large objects the same way for the same reason.
 
 ``O_DIRECT`` needs the buffer's address, the length and the file offset aligned to the device's blocks:
 ``DirectFile`` stages what is written through a page-aligned buffer, writes it a stage at a time, pads the last
