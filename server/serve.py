@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import socket
 from collections.abc import Callable
 
@@ -37,6 +38,7 @@ from uvicorn.supervisors import Multiprocess
 
 from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
 from server.headlimits import HeadLimitProtocol, HeadLimits
+from worker.process.malloc import limit_arenas
 
 APP = "api.main:app"
 log = logging.getLogger(__name__)
@@ -308,6 +310,9 @@ def serve_api(
     Forwarded headers (X-Forwarded-Proto, -For) are trusted only from ``forwarded_allow_ips``. ``app``: the ASGI
     app's import string (another than the farm's only to measure the server itself, bench/floorapp.py)."""
     settings = Settings()
+    # Before the server's threads start; the processes of --workers N are spawned, and glibc reads the variable there.
+    if limit_arenas(settings.api_malloc_arenas):
+        os.environ.setdefault("MALLOC_ARENA_MAX", str(settings.api_malloc_arenas))
     if header_timeout_s is None:
         header_timeout_s = settings.header_timeout_s
     limits = HeadLimits(settings.max_request_line_bytes, settings.max_header_bytes, settings.max_header_fields)

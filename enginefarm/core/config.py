@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     # A worker keeps up to this much memory its builds freed (glibc's mmap and trim thresholds;
     # worker/process/malloc.py): builds then fault in no fresh pages. 0: glibc's own thresholds.
     worker_malloc_keep_mib: int = Field(default=256, ge=0, le=2047)  # mallopt takes a C int of bytes
+    # The malloc arenas an API process uses, at most (worker/process/malloc.py, limit_arenas; 0: glibc's own limit).
+    api_malloc_arenas: int = Field(default=2, ge=0, le=64)
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     worker_ttl_seconds: float = Field(default=20.0, gt=0)
     worker_targets: str | None = None  # comma-separated override of the probed targets

@@ -7,6 +7,11 @@ thousands of page faults, and the builder would run slower in the worker than in
 thresholds at ``keep_mib``, allocations under it come from the heap and freed memory stays in the process up to that
 much: the builds fault almost never. The cost is that much resident memory kept between builds. Set before the pool
 processes fork, which inherit it.
+
+An API process, whose threads (the server's pool, the resolve threads) allocate and free small objects all day,
+is limited to a few malloc arenas instead (``limit_arenas``): glibc gives each thread that contends for one an arena
+of its own, up to eight per core, and memory freed into one arena serves only that arena, so a long-lived threaded
+process's resident memory creeps up while what it holds stays flat.
 """
 
 from __future__ import annotations
@@ -19,6 +24,17 @@ log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
+
+
+def mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's ``mallopt`` for each (option, value); False where one cannot be set (another C library)."""
+    try:
+        call = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
+    except (OSError, AttributeError, TypeError):
+        log.info("malloc settings left as they are: no glibc mallopt here")
+        return False
+    return all(bool(call(option, value)) for option, value in settings)
 
 
 def keep_freed_memory(keep_mib: int) -> bool:
@@ -26,12 +42,11 @@ def keep_freed_memory(keep_mib: int) -> bool:
     dynamic thresholds; another C library)."""
     if keep_mib <= 0:
         return False
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        log.info("malloc thresholds left as they are: no glibc mallopt here")
-        return False
     size = min(keep_mib, 2047) << 20  # mallopt's value is a C int
-    return bool(mallopt(M_MMAP_THRESHOLD, size)) and bool(mallopt(M_TRIM_THRESHOLD, size))
+    return mallopt((M_MMAP_THRESHOLD, size), (M_TRIM_THRESHOLD, size))
+
+
+def limit_arenas(arenas: int) -> bool:
+    """At most ``arenas`` malloc arenas in this process (0: glibc's own limit, eight per core); set before its
+    threads start."""
+    return arenas > 0 and mallopt((M_ARENA_MAX, arenas))
