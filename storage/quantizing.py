@@ -66,7 +66,7 @@ def release_waiting(
         if task.state != TaskState.WAITING.value:
             continue
         source = model_for(task) if model_for else model
-        versions = backend_versions.get(task.target) or {None}
+        versions: set[str | None] = {*backend_versions.get(task.target, ())} or {None}
         existing = next(
             (e for v in versions if (e := find_engine(session, source.sha256, build.spec_hash, task.target, v))),
             None,
@@ -115,6 +115,6 @@ def quantizing_builds(session: Session, engine_ids: list[int], project: str) -> 
     out: dict[int, BuildRow] = {}
     # Those that reused it first, then those that built it, each oldest first: the last one kept is the answer.
     for engine_id, _, build in sorted(rows, key=lambda r: (not r[1], r[2].id)):
-        if (build.quantize or {}).get("reports"):
+        if engine_id is not None and (build.quantize or {}).get("reports"):
             out[engine_id] = build
     return out

@@ -3,9 +3,9 @@ conditional claim of a queued task."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
-from sqlalchemy import update
+from sqlalchemy import CursorResult, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import TaskState
@@ -32,23 +32,27 @@ def claim_row(session: Session, table, task_id: int, worker_id: str, max_deliver
     worker has it or it is done, or when it was already delivered ``max_deliveries`` times: then it is
     failed with that reason, so a task that kills its worker cannot loop forever."""
     queued = (table.id == task_id) & (table.state == TaskState.QUEUED.value)
-    if (
-        max_deliveries is not None
-        and session.execute(
-            update(table)
-            .where(queued, table.attempts >= max_deliveries)
-            .values(
-                state=TaskState.FAILED.value,
-                finished_at=utcnow(),
-                error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
-                f"(its worker died or it hit the hard time limit)",
-            )
-        ).rowcount
+    if max_deliveries is not None and _updated(
+        session,
+        update(table)
+        .where(queued, table.attempts >= max_deliveries)
+        .values(
+            state=TaskState.FAILED.value,
+            finished_at=utcnow(),
+            error=f"gave up after {max_deliveries} deliveries: each attempt ended without a result "
+            f"(its worker died or it hit the hard time limit)",
+        ),
     ):
         return False
-    result = session.execute(
+    claimed = _updated(
+        session,
         update(table)
         .where(queued)
-        .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), attempts=table.attempts + 1)
+        .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), attempts=table.attempts + 1),
     )
-    return result.rowcount == 1
+    return claimed == 1
+
+
+def _updated(session: Session, statement: Any) -> int:
+    """The number of rows an UPDATE changed."""
+    return cast("CursorResult[Any]", session.execute(statement)).rowcount

@@ -12,7 +12,7 @@ of the fleet is answered from the process's cache without judging anything again
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,7 +29,7 @@ from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
-RESPONSES = {
+RESPONSES: dict[int | str, dict[str, Any]] = {
     304: {"description": "the answer has not changed since the one whose ETag If-None-Match names"},
     202: {
         "model": BuildForMachineOut,

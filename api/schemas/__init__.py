@@ -127,8 +127,15 @@ def _fact_fields() -> dict[str, Any]:
     return out
 
 
-# The engine's facts come from EngineDescriptor, the one list of them; typed Any, as a class made at run time is.
-_EngineFacts: Any = create_model("_EngineFacts", __base__=_EngineListing, **_fact_fields())
+# The engine's facts come from EngineDescriptor, the one list of them. The class is made at run time; the checker
+# sees the same fields through the descriptor.
+if TYPE_CHECKING:
+
+    class _EngineFacts(_EngineListing, EngineDescriptor):
+        pass
+
+else:
+    _EngineFacts = create_model("_EngineFacts", __base__=_EngineListing, **_fact_fields())
 
 
 class EngineOut(_EngineFacts):
@@ -281,14 +288,23 @@ def _lists(cls: Any, value: Any) -> Any:
     return value
 
 
-ResolveQuery: Any = create_model(
-    "ResolveQuery",
-    # A parameter it does not know is refused, not ignored: a misspelt filter (precison=int8, trt_version=10.3)
-    # would otherwise change the answer without a word.
-    __config__=ConfigDict(extra="forbid"),
-    __validators__={"lists": field_validator(*LISTS, mode="before")(_lists)},
-    **_query_fields(),
-)
+if TYPE_CHECKING:
+
+    class ResolveQuery(BaseModel):
+        """What the checker sees of the class made below: the fields the routes read by name."""
+
+        build: bool
+        shapes: str | None
+
+else:
+    ResolveQuery = create_model(
+        "ResolveQuery",
+        # A parameter it does not know is refused, not ignored: a misspelt filter (precison=int8, trt_version=10.3)
+        # would otherwise change the answer without a word.
+        __config__=ConfigDict(extra="forbid"),
+        __validators__={"lists": field_validator(*LISTS, mode="before")(_lists)},
+        **_query_fields(),
+    )
 
 
 def request_of(query: BaseModel) -> ResolveRequest:

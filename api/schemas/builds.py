@@ -78,7 +78,7 @@ class TaskOut(BaseModel):
             finished_at=f,
             # A task answered from the catalog is started in the same moment it is queued, the two instants taken
             # in either order: never a negative wait ("-0.00").
-            wait_seconds=max((s - q).total_seconds(), 0.0) if s else None,
+            wait_seconds=max((s - q).total_seconds(), 0.0) if s and q else None,
             run_seconds=(f - s).total_seconds() if f and s else None,
             check=check,
             precision=precision[0] if precision else None,
