@@ -45,10 +45,17 @@ WAL_MAX_MB = 16.0  # four autocheckpoints
 LOG_PROBLEMS = re.compile(r"Traceback|reconciler pass failed|could not publish")
 
 
-def start_farm(mode: str, work: Path, stack: ExitStack, reconcile: float | None) -> tuple[Farm, dict, dict]:
-    """The farm of ``mode``, started; returns it, its workers' arguments and what the sampler reads."""
+def start_farm(
+    mode: str, work: Path, stack: ExitStack, reconcile: float | None, trace: Path | None = None
+) -> tuple[Farm, dict, dict]:
+    """The farm of ``mode``, started; returns it, its workers' arguments and what the sampler reads. ``trace``: a
+    folder for the API's allocation growth (bench/soakprobe: slower, and its traces cost memory)."""
     data = work / "data"
     extra = {"PROMETHEUS_MULTIPROC_DIR": str(work / "metrics")}
+    if trace:
+        trace.mkdir(parents=True, exist_ok=True)
+        path = os.pathsep.join(filter(None, [str(ROOT / "bench" / "soakprobe"), os.environ.get("PYTHONPATH")]))
+        extra |= {"PYTHONPATH": path, "ENGINEFARM_SOAK_TRACE_DIR": str(trace.resolve())}
     (work / "metrics").mkdir()
     if reconcile is not None:  # frequent passes show a leak of something per pass within minutes
         extra |= {"ENGINEFARM_RECONCILE_SECONDS": str(reconcile), "ENGINEFARM_REPUBLISH_AFTER_SECONDS": "5"}
@@ -156,7 +163,8 @@ def soak(mode: str, args, rates: Rates, bounds: Bounds) -> bool:
     print(f"soak: {mode}, {duration:.0f} s, out {out}", flush=True)
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"soak-{mode}-")))
-        farm, workers, info = start_farm(mode, work, stack, args.reconcile_seconds)
+        trace = Path(args.trace_api) / mode if args.trace_api else None
+        farm, workers, info = start_farm(mode, work, stack, args.reconcile_seconds, trace)
         data = info["data"]
         db_files = None
         if mode == "embedded":
@@ -207,6 +215,9 @@ def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime
         # while checkpoints complete; one starved by a read never ended grows without end (judged below).
         "-wal": "SQLite's WAL, reused after each checkpoint",
         "disk_mb|metrics": "prometheus-client keeps a file per process that ever ran",
+        # The two parts of rss_mb, which is judged: they tell a heap that grows from files mapped.
+        "rss_anon_mb": "the anonymous part of rss_mb (the heaps)",
+        "rss_file_mb": "the rest of rss_mb (files mapped, shared memory)",
     }
     if mode == "embedded":
         by_design["disk_mb|data_dir"] = "holds the catalog, which grows by design"
@@ -303,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="~150 s per mode, frequent reconciler passes")
     p.add_argument("--sample-seconds", type=float, default=10.0)
     p.add_argument("--kill-every", type=float, default=600.0, help="seconds between worker kills")
+    p.add_argument(
+        "--trace-api", metavar="DIR", help="trace the API's Python allocations (bench/soakprobe), growth written to DIR"
+    )
     p.add_argument("--reconcile-seconds", type=float, help="ENGINEFARM_RECONCILE_SECONDS (default: the farm's)")
     p.add_argument("--upload-every", type=float, default=20.0)
     p.add_argument("--build-every", type=float, default=30.0)

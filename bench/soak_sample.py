@@ -21,15 +21,27 @@ MB = 1 << 20
 
 
 def proc_row(pid: int) -> dict[str, float] | None:
-    """RSS (MB), open descriptors and threads of one process; None when it is gone."""
+    """RSS (MB), its anonymous part (the heaps) and the rest (mapped files and shared memory), open descriptors and
+    threads of one process; None when it is gone."""
     try:
         rss_pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
         stat = Path(f"/proc/{pid}/stat").read_text()
         threads = int(stat[stat.rindex(")") + 2 :].split()[17])
         fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except (OSError, ValueError, IndexError):
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
+        anon_kb = int(status["RssAnon"].split()[0])
+    except (OSError, ValueError, IndexError, KeyError):
         return None
-    return {"rss_mb": rss_pages * PAGE / MB, "fds": fds, "threads": threads}
+    rss = rss_pages * PAGE / MB
+    return {
+        "rss_mb": rss,
+        "rss_anon_mb": anon_kb / 1024,
+        "rss_file_mb": rss - anon_kb / 1024,
+        "fds": fds,
+        "threads": threads,
+    }
 
 
 def fds_on(pid: int, names: set[str]) -> int:
