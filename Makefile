@@ -73,6 +73,7 @@ bench: setup services
 	$(PY) bench/benchmark_overhead.py
 	$(PY) bench/serve.py
 	$(PY) bench/fleet.py
+	$(PY) bench/edge.py
 	$(PY) bench/upload.py
 
 clean:

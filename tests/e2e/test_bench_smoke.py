@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
         ("upload.py", "upload/floor"),
         ("fleet.py", "conditional/cold CPU per request"),
         ("tail.py", "resolve/healthz p99"),
+        ("edge.py", "route/304 CPU per request"),
         ("appcpu.py", "hop executor/anyio"),
     ],
 )
