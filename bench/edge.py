@@ -91,7 +91,8 @@ def phases(port: int, token: str, question: dict[str, str], args, work: Path) ->
     }
     out = {}
     for name, (url, headers, lua) in runs.items():
-        run_wrk(url, headers, 1.0, args.connections, lua)  # warm
+        if not args.smoke:
+            run_wrk(url, headers, 1.0, args.connections, lua)  # warm
         cpu0 = cpu_of(lambda p: p.pgrp == args.api_pgrp)
         r = run_wrk(url, headers, args.seconds, args.connections, lua)
         r["cpu_ms"] = (cpu_of(lambda p: p.pgrp == args.api_pgrp) - cpu0) * 1000 / max(r["requests"], 1)
