@@ -70,6 +70,12 @@ def longest(series: dict[str, list[tuple[float, float]]]) -> dict[str, str]:
     return best
 
 
+def halved(points: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """The points of the first and of the second half of their time span."""
+    middle = (points[0][0] + points[-1][0]) / 2
+    return [p for p in points if p[0] < middle], [p for p in points if p[0] >= middle]
+
+
 def calm(pts: list[tuple[float, float]], events: list[float]) -> list[tuple[float, float]]:
     """A farm-wide series' longest stretch between two process restarts (``events``): each restart drops and
     rebuilds what the process held, a step no slope should be fitted across."""
@@ -88,7 +94,9 @@ def judge(
     gross: bool = False,
 ) -> list[Verdict]:
     """One verdict per KIND|ROLE. ``by_design``: a substring of a series' name -> why it grows by design (reported,
-    not failed). FAIL when slope x ``horizon`` exceeds the mean level after the warm-up (the first ``warmup_s`` of a
+    not failed). FAIL when slope x ``horizon`` exceeds the mean level after the warm-up, and so does the slope of
+    each half of that stretch (a leak rises in both; a pool or cache filling towards its bound, or a single step,
+    rises in one) (the first ``warmup_s`` of a
     process's life; of a farm-wide series, of its longest stretch between restarts, at most a third of it).
     ``gross`` (a run of minutes): also only when the fitted rise over the judged points exceeds the kind's floor
     (a step of one thread or connection as a pool warms is no leak; one per reconciler pass is hundreds)."""
@@ -103,16 +111,22 @@ def judge(
         kept = [p for p in pts if p[0] >= start]
         mean = sum(v for _, v in kept) / len(kept) if kept else float("nan")
         slope = fit(kept) if len(kept) >= 2 else 0.0
-        ratio = slope * DAY / max(mean, FLOOR.get(kind, 1.0)) if kept else 0.0
+        level = max(mean, FLOOR.get(kind, 1.0))
+        ratio = slope * DAY / level if kept else 0.0
         reason = next((why for key, why in by_design.items() if key in name), "")
         if len(kept) < min_points:
             verdict, why = "short", f"{len(kept)} points after the warm-up"
         elif reason:
             verdict, why = "report", reason
-        elif slope * horizon > max(mean, FLOOR.get(kind, 1.0)) and (
-            not gross or slope * (kept[-1][0] - kept[0][0]) > FLOOR.get(kind, 1.0)
-        ):
-            verdict, why = "FAIL", f"would double within {horizon / HOUR:.0f} h"
+        elif slope * horizon > level and (not gross or slope * (kept[-1][0] - kept[0][0]) > FLOOR.get(kind, 1.0)):
+            halves = [fit(h) if len(h) >= 2 else 0.0 for h in halved(kept)]
+            if all(h * horizon > level for h in halves):
+                verdict, why = "FAIL", f"would double within {horizon / HOUR:.0f} h"
+            else:  # a leak rises in every stretch of a life; a pool or a cache filling, or one step, does not
+                verdict = "ok"
+                why = "rises in one half only ({:+.2f}/h, then {:+.2f}/h): a step or a fill, not a steady leak".format(
+                    *(h * HOUR for h in halves)
+                )
         else:
             verdict, why = "ok", ""
         out.append(

@@ -1,0 +1,52 @@
+"""The soak's judge (bench/soak_judge.py) on series of known shape: a steady leak fails; a pool or cache filling
+towards its bound, or a single step, does not, however steep its rise over the whole window."""
+
+from __future__ import annotations
+
+import math
+
+from bench.soak_judge import DAY, judge
+
+MINUTE = 60.0
+
+
+def samples(values) -> list[dict]:
+    """One sample every 10 s for 80 minutes of a process ``api#1``: RSS in MB from ``values(t)``."""
+    return [{"t": t, "series": {"rss_mb|api#1": values(t)}} for t in (i * 10.0 for i in range(481))]
+
+
+def verdict_of(values) -> tuple[str, str]:
+    (v,) = judge(samples(values), warmup_s=10 * MINUTE, horizon=DAY, by_design={})
+    return v.verdict, v.why
+
+
+def test_a_steady_leak_fails():
+    # 150 MB, +8 MB an hour: doubles in under a day.
+    assert verdict_of(lambda t: 150 + 8 * t / 3600)[0] == "FAIL"
+
+
+def test_a_leak_in_steps_fails():
+    # +2 MB every 10 minutes, the way a per-pass leak of a periodic job shows.
+    assert verdict_of(lambda t: 150 + 2 * (t // 600))[0] == "FAIL"
+
+
+def test_a_resource_that_stays_flat_passes():
+    assert verdict_of(lambda t: 150 + 0.5 * math.sin(t / 100)) == ("ok", "")
+
+
+def test_a_fill_towards_its_bound_is_not_a_leak():
+    # Rises 40 MB towards 200 with a 15-minute time constant: its slope over the window after the warm-up
+    # (+13 MB/h) would double it within a day, but its second half is nearly flat.
+    verdict, why = verdict_of(lambda t: 200 - 40 * math.exp(-t / 900))
+    assert verdict == "ok" and "one half only" in why
+
+
+def test_a_single_step_is_not_a_leak():
+    # A pool that opens one more 40 MB buffer at minute 30, then nothing.
+    verdict, why = verdict_of(lambda t: 150 + (40 if t > 30 * MINUTE else 0))
+    assert verdict == "ok" and "one half only" in why
+
+
+def test_the_whole_window_slope_is_what_the_table_shows():
+    (v,) = judge(samples(lambda t: 150 + 8 * t / 3600), warmup_s=10 * MINUTE, horizon=DAY, by_design={})
+    assert abs(v.slope_h - 8.0) < 0.01
