@@ -12,6 +12,7 @@ day (``--smoke``: in an hour: the run is too short for more than gross leaks).
 
     python bench/soak.py --mode both --minutes 60 [--out soak-out]
     python bench/soak.py --mode embedded --smoke        # ~150 s per mode, reconciler every 0.5 s
+    python bench/soak.py --judge soak-out/embedded/soak.json   # a saved run's samples judged again
 
 Exit code 1 and a ``FAIL`` line per cause on any error, request over its bound, task not done in its bound,
 growing resource, or a traceback in the farm's logs. Plots and soak.json go to OUT/<mode>/.
@@ -20,6 +21,7 @@ growing resource, or a traceback in the farm's logs. Plots and soak.json go to O
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -202,17 +204,14 @@ def soak(mode: str, args, rates: Rates, bounds: Bounds) -> bool:
     return report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime, unsettled)
 
 
-def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime, unsettled) -> bool:
-    smoke = args.smoke
-    duration = args.minutes * 60
-    # Caches fill and pools open in a process's first minutes: judged after 10 min or a third of the run.
-    warmup = max(duration / 3, 600.0) if not smoke else 0.3 * duration
+def by_design_of(mode: str, smoke: bool) -> dict[str, str]:
+    """A substring of a series' name -> why it grows by design (reported, not failed)."""
     by_design = {
         "queue|bench.tensorrt-rtx": "one message per GPU benchmark that waits for a GPU this farm lacks",
         "catalog.db": "catalog rows: every upload adds a model version, every build its rows",
         "|broker.db": "the broker's file keeps the GPU benchmarks' messages",
         # A WAL is reused after each checkpoint: it stays at the autocheckpoint's size (1,000 pages, about 4 MB)
-        # while checkpoints complete; one starved by a read never ended grows without end (judged below).
+        # while checkpoints complete; one starved by a read never ended grows without end (judged in report).
         "-wal": "SQLite's WAL, reused after each checkpoint",
         "disk_mb|metrics": "prometheus-client keeps a file per process that ever ran",
         # The two parts of rss_mb, which is judged: they tell a heap that grows from files mapped.
@@ -227,9 +226,34 @@ def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime
         by_design["disk_mb|seaweedfs"] = "SeaweedFS appends to its volumes and logs; compaction is its own"
     if smoke:  # the fixed set of engines is still being built: bytes on disk rise towards their bound
         by_design["disk_mb"] = "disk in a smoke run: engines of the fixed set are still being added"
+    return by_design
+
+
+def judged(samples: list[dict], mode: str, smoke: bool, duration: float, events: list[float]):
+    """The verdicts on a run's samples, its warm-up and horizon."""
+    # Caches fill and pools open in a process's first minutes: judged after 10 min or a third of the run.
+    warmup = max(duration / 3, 600.0) if not smoke else 0.3 * duration
     horizon = soak_judge.HOUR if smoke else soak_judge.DAY
+    by_design = by_design_of(mode, smoke)
+    return soak_judge.judge(samples, warmup, horizon, by_design, events, gross=smoke), warmup, horizon
+
+
+def rejudge(path: Path) -> int:
+    """Judge a saved run's samples (``OUT/MODE/soak.json``) again, with this judge; exit 1 on a slope's FAIL."""
+    saved = json.loads(path.read_text())
+    events = saved.get("events")
+    if events is None:  # a report saved before its events were: they are in its notes
+        events = [float(m) for n in saved["notes"] for m in re.findall(r"^t=(\d+) s", n)]
+    verdicts, _, _ = judged(saved["samples"], saved["mode"], saved["smoke"], saved["seconds"], events)
+    print(soak_judge.table(verdicts))
+    return 1 if any(v.verdict == "FAIL" for v in verdicts) else 0
+
+
+def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime, unsettled) -> bool:
+    smoke = args.smoke
+    duration = args.minutes * 60
     events = [e - rec.t0 for e in rec.events]
-    verdicts = soak_judge.judge(sampler.samples, warmup, horizon, by_design, events, gross=smoke)
+    verdicts, warmup, horizon = judged(sampler.samples, mode, smoke, duration, events)
     print(soak_judge.table(verdicts))
     fails = [
         f"FAIL slope: {v.series}: {v.per_day:+.1f}/day against a mean of {v.mean:.1f} ({v.why})"
@@ -295,6 +319,7 @@ def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime
             "worker_kills": kills,
             "tasks_in_flight_at_kills": in_flight,
             "notes": rec.notes,
+            "events": events,
             "fails": fails,
         },
     )
@@ -323,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resolve-every", type=float, default=1.0, help="seconds between resolve rounds")
     p.add_argument("--token-every", type=float, default=20.0)
     p.add_argument("--build-bound", type=float, default=300.0, help="seconds from submit to a settled build")
+    p.add_argument("--judge", type=Path, metavar="SOAK_JSON", help="judge a saved run's samples again, and stop")
     args = p.parse_args(argv)
+    if args.judge:
+        return rejudge(args.judge)
     if args.smoke:
         args.minutes, args.sample_seconds = 2.5, 5.0
         args.upload_every, args.build_every, args.token_every = 10.0, 12.0, 8.0

@@ -3,8 +3,10 @@ towards its bound, or a single step, does not, however steep its rise over the w
 
 from __future__ import annotations
 
+import json
 import math
 
+from bench.soak import rejudge
 from bench.soak_judge import DAY, judge
 
 MINUTE = 60.0
@@ -50,3 +52,15 @@ def test_a_single_step_is_not_a_leak():
 def test_the_whole_window_slope_is_what_the_table_shows():
     (v,) = judge(samples(lambda t: 150 + 8 * t / 3600), warmup_s=10 * MINUTE, horizon=DAY, by_design={})
     assert abs(v.slope_h - 8.0) < 0.01
+
+
+def test_a_saved_run_is_judged_again_by_the_judge_of_today(tmp_path, capsys):
+    saved = {"mode": "embedded", "smoke": False, "seconds": 4800.0, "notes": ["t=2400 s: worker w SIGKILLed"]}
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps(saved | {"samples": samples(lambda t: 200 - 40 * math.exp(-t / 900))}))
+    assert rejudge(path) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert row.startswith("rss_mb|api#1") and row.endswith("ok")
+    assert row.split()[1] == "321"  # judged after the warm-up of a 80-minute run: its third
+    path.write_text(json.dumps(saved | {"samples": samples(lambda t: 150 + 8 * t / 3600)}))
+    assert rejudge(path) == 1
