@@ -30,6 +30,8 @@ token_app = typer.Typer(
 
 
 # The extras each command needs besides [server].
+# The checkout's top-level packages, each its own import name (docs/architecture.md, "The tree").
+PACKAGES = ("enginefarm", "api", "worker", "storage", "server")
 NEEDS = {"worker": ("server", "worker"), "up": ("server", "worker"), "demo": ("server", "worker")}
 
 
@@ -185,7 +187,7 @@ def farm_failed(exc: Exception, command: str) -> NoReturn:
 def not_importable(exc: ModuleNotFoundError, command: str) -> NoReturn:
     """A module of this package that would not import (not a missing extra, which ``need`` reports first) ends the
     command as ``farm_failed`` does; any other missing module is raised again."""
-    if (exc.name or "").split(".")[0] not in ("enginefarm", "api", "worker", "storage", "server"):
+    if (exc.name or "").split(".")[0] not in PACKAGES:
         raise exc
     farm_failed(exc, command)
 

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import tomllib
 
+from server.cli import PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 BIN = Path(sys.executable).parent
-
-
-PACKAGES = ("enginefarm", "api", "worker", "storage", "server")
 
 
 def lint_imports(root: Path) -> subprocess.CompletedProcess:
