@@ -39,10 +39,12 @@ demo:
 	@# From the venv's folder, so that the farm runs the package as it installs, as a user's farm does.
 	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT)
 
-## The full test suite, three tiers (tests/tiers.py): unit, integration (in process, SQLite and a local store) and
-## e2e, against real PostgreSQL, Redis, SeaweedFS, Celery worker processes, podman and Chromium.
+## The full test suite, three tiers (tests/tiers.py): unit, integration (in process, SQLite and a local store), both
+## over two processes (pytest-xdist), then e2e, in order, against real PostgreSQL, Redis, SeaweedFS, Celery worker
+## processes, podman and Chromium.
 test: setup services
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 tests/unit tests/integration
+	$(PY) -m pytest -q tests/e2e
 
 ## The unit tier alone: no service, no process, no database (about a minute).
 test-fast: setup

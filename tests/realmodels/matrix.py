@@ -13,10 +13,13 @@ GPU to run, which this machine does not have: their cells record the build only.
 from __future__ import annotations
 
 import io
+import multiprocessing
+import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -169,18 +172,48 @@ def run_cell(prep: Prepared, target_text: str, precision: str, work: Path, evalu
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def model_cells(
+    name: str, targets: tuple[str, ...], precisions: tuple[str, ...], work: Path
+) -> tuple[list[Cell], Prepared]:
+    """Every cell of one model, in order, and what they shared (its int8 models are made once, by the first cell
+    that needs each)."""
+    prep = prepare(name, work)
+    return [run_cell(prep, t, p, work) for p in precisions for t in targets], prep
+
+
+def _sent_back(
+    name: str, targets: tuple[str, ...], precisions: tuple[str, ...], work: Path
+) -> tuple[list[Cell], Prepared]:
+    """``model_cells`` in a pool's process: its Prepared without what cannot travel back (the corpus entry, which
+    holds its sample generator, is put back by the caller) or need not (the samples)."""
+    cells, prep = model_cells(name, targets, precisions, work)
+    return cells, replace(prep, model=None, samples={})  # type: ignore[arg-type]
+
+
 def run_matrix(
     names: list[str] | None = None,
     targets: tuple[str, ...] = TARGETS,
     precisions: tuple[str, ...] = PRECISIONS,
     work: Path | None = None,
+    jobs: int | None = None,
 ) -> tuple[list[Cell], dict[str, Prepared]]:
+    """``jobs``: models run at once, each in a process of its own (default: one per core, at most two). A build
+    and an evaluation each keep about one core busy."""
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="matrix-")) if own else work
+    names = names or list(MODELS)
+    jobs = jobs or min(2, os.cpu_count() or 1, len(names))
     try:
-        preps = {n: prepare(n, work) for n in (names or list(MODELS))}
-        cells = [run_cell(preps[n], t, p, work) for n in preps for p in precisions for t in targets]
-        return cells, preps
+        if jobs == 1:
+            done = [model_cells(n, targets, precisions, work) for n in names]
+        else:
+            # Spawned, not forked: the calling process may hold threads (a test session's farm).
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                n = len(names)
+                done = list(pool.map(_sent_back, names, [targets] * n, [precisions] * n, [work] * n))
+            for name, (_, prep) in zip(names, done):
+                prep.model = MODELS[name]
+        return [c for cells, _ in done for c in cells], {p.model.name: p for _, p in done}
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
