@@ -49,6 +49,7 @@ def register(root: typer.Typer) -> None:
     if any(group.name == "token" for group in root.registered_groups):
         return  # already added (the entry point loaded twice in one process)
     for command in app.registered_commands + token_app.registered_commands:
+        assert command.callback is not None  # each is registered by decorating its function
         name = command.name or command.callback.__name__
         command.callback = _needing(NEEDS.get(name, ("server",)), command.callback)
     root.add_typer(token_app, name="token")

@@ -55,9 +55,9 @@ ENGINE_COLUMNS = (
 )
 
 
-def model_versions(session: Session, model: str, version: str | None, project: str | None) -> list[Row]:
-    """The model rows a request names (plain rows of MODEL_COLUMNS): one version, the newest with "latest", or
-    every version. Raises NotFound or Conflict as ``find_models`` does."""
+def model_versions(session: Session, model: str, version: str | None, project: str | None) -> list[Any]:
+    """The model rows a request names (plain rows of MODEL_COLUMNS, as ``driver_rows`` returns them): one version,
+    the newest with "latest", or every version. Raises NotFound or Conflict as ``find_models`` does."""
     rows = find_models(session, model, None if version == "latest" else version, project, columns=MODEL_COLUMNS)
     return latest_of(rows) if version == "latest" else rows
 

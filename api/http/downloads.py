@@ -17,7 +17,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator
+from typing import Literal
 
 import anyio
 from fastapi import Request, Response
@@ -103,7 +104,7 @@ def blob_response(request: Request, settings: Settings, key: str, sha256: str, f
     )
 
 
-def _span(header: str | None, size: int) -> tuple[int, int] | None | bool:
+def _span(header: str | None, size: int) -> tuple[int, int] | None | Literal[False]:
     """The one byte range a Range header asks for (first and last byte); None for the whole blob; False when
     it cannot be satisfied (RFC 9110 14.1.1: it starts past the end, or asks for the last 0 bytes).
 
@@ -132,7 +133,7 @@ class _WholeFile(FileResponse):
         await super().__call__({**scope, "headers": headers}, receive, send)
 
 
-async def _off_the_route_threads(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+async def _off_the_route_threads(chunks: Generator[bytes, None, None]) -> AsyncIterator[bytes]:
     try:
         while (chunk := await anyio.to_thread.run_sync(next, chunks, None, limiter=_STREAMS)) is not None:
             yield chunk

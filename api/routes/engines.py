@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
@@ -20,7 +20,7 @@ from enginefarm.core.hashing import SHA_HEADER
 from storage import builtengines
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
-CONTENT_RESPONSES = {
+CONTENT_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "content": {"application/octet-stream": {}},
         "description": f"the bytes; {SHA_HEADER} and ETag hold their sha256",

@@ -158,6 +158,7 @@ async def upload_samples(
     async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
         upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
         try:
+            assert upload.path is not None  # receive_upload refuses a form without the file
             row = await run_in_threadpool(ingest.attach_samples, settings, model_id, upload.path, upload.sha256, tenant)
         finally:
             upload.discard()

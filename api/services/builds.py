@@ -222,7 +222,9 @@ def submit_sweep(
         problems = [p for _, (*_, found) in checked for p in found]
         if problems:
             raise SpecInvalid(f"the sweep has {len(problems)} problem(s)", problems=problems)
-        hashes = {spec.spec_hash() for _, (_, _, spec, _) in checked}
+        # A spec is None only where its fields had problems: with none, every variant has its spec.
+        specs = [(label, spec) for label, (_, _, spec, _) in checked if spec is not None]
+        hashes = {spec.spec_hash() for _, spec in specs}
         if len(hashes) < len(checked):
             raise SpecInvalid(
                 "two variants of the sweep are the same spec",
@@ -233,7 +235,7 @@ def submit_sweep(
         catalog.hold_admission(s)
         sweep = catalog.add_sweep(s, model, axes, [str(t) for t in targets])
         builds = []
-        for label, (_, _, spec, _) in checked:
+        for label, spec in specs:
             build, items = _create_build(
                 s, model, targets, spec, served, sweep_id=sweep.id, variant=label, token_id=token_id
             )

@@ -53,7 +53,7 @@ def ingest_model(
     written to scratch (workers unpack the bundle when they build, ``model_path_for``). The spooled file
     itself becomes the blob: a local store links it into place, so its bytes are written once.
     """
-    if problems := upload_problems(name, version, project):
+    if (problems := upload_problems(name, version, project)) or name is None:  # no name is one of the problems
         raise ModelRejected("the upload's form fields are invalid", problems=problems)
     store, key = get_blob_store(settings), model_key(sha256)
 

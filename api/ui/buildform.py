@@ -31,12 +31,12 @@ class InputField:
 
 
 def _fill(dims: list, axis_value: tuple[int, int, int]) -> tuple[str, str, str]:
-    out = [[], [], []]
+    out: list[list[str]] = [[], [], []]
     for axis, d in enumerate(dims):
         guess = axis_value if axis == 0 else (1, 64, 256)
         for i in range(3):
             out[i].append(str(d) if isinstance(d, int) and d > 0 else str(guess[i]))
-    return tuple("x".join(o) for o in out)  # type: ignore[return-value]
+    return "x".join(out[0]), "x".join(out[1]), "x".join(out[2])
 
 
 def form_fields(model: ModelOut) -> list[InputField]:

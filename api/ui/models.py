@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
@@ -37,7 +39,13 @@ def models_page(
     q = q.replace("\x00", "")[:200]
     offset = page_offset(offset)
     rows, total = catalog.list_models(session, contains=q or None, limit=PAGE, offset=offset, project=principal.project)
-    context = {"models": [ModelOut.of(r) for r in rows], "total": total, "q": q, "offset": offset, "page_size": PAGE}
+    context: dict[str, Any] = {
+        "models": [ModelOut.of(r) for r in rows],
+        "total": total,
+        "q": q,
+        "offset": offset,
+        "page_size": PAGE,
+    }
     return page(request, "fragments/model_rows.html" if is_fragment(request) else "models.html", **context)
 
 

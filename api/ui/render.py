@@ -35,7 +35,7 @@ def ms(value: float | None) -> str:
     return f"{value:.3f} ms" if value < 10 else f"{value:.1f} ms"
 
 
-def size(value: int | None) -> str:
+def size(value: float | None) -> str:
     if value is None:
         return "–"
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -42,6 +42,7 @@ from datetime import timedelta
 
 import anyio
 from fastapi import Request, Response
+from starlette.datastructures import UploadFile
 
 from api.http.auth import TokenCache, cached_principal, require, revoke_now
 from enginefarm.core.errors import EnginefarmError, Forbidden, SignInsTooFast
@@ -288,7 +289,7 @@ async def admin(request: Request) -> Principal:
 
 async def check_csrf(request: Request) -> None:
     """The CSRF token from the X-CSRF-Token header (htmx, uploads) or the form's hidden field."""
-    submitted = request.headers.get(CSRF_HEADER)
+    submitted: str | UploadFile | None = request.headers.get(CSRF_HEADER)
     if submitted is None and request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
         submitted = (await request.form()).get(CSRF_FIELD)
     expected = getattr(request.state, "csrf", None)

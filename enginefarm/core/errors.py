@@ -141,6 +141,7 @@ class Unauthorized(EnginefarmError):
     """No API token, or one the farm does not know (unknown, revoked or expired)."""
 
     status_code = 401
+    headers: dict[str, str]  # the API's challenge (WWW-Authenticate), set where it raises one
 
 
 class Forbidden(EnginefarmError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -66,8 +66,11 @@ class BlobStore(ABC):
         """Write the blob to ``dest`` atomically (never a half file under that name)."""
 
     @abstractmethod
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
-        """Stream the blob's bytes, from ``start`` up to and including ``end`` (default: to the last)."""
+    def iter_chunks(
+        self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None
+    ) -> Generator[bytes, None, None]:
+        """Stream the blob's bytes, from ``start`` up to and including ``end`` (default: to the last); a generator,
+        which a reader that stops early closes."""
 
     def link_file(self, key: str, dest: Path) -> bool:
         """Put the blob under ``dest`` as a hard link, where this store keeps it on the same file system: no copy,

@@ -7,7 +7,7 @@ import secrets
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -99,7 +99,9 @@ class LocalBlobStore(BlobStore):
                 if os.path.exists(tmp):
                     os.unlink(tmp)
 
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    def iter_chunks(
+        self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None
+    ) -> Generator[bytes, None, None]:
         with self._open(key) as fh:
             fh.seek(start)
             left = None if end is None else end - start + 1

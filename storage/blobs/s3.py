@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -144,7 +144,9 @@ class S3BlobStore(BlobStore):
             if os.path.exists(tmp):
                 os.unlink(tmp)
 
-    def iter_chunks(self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None) -> Iterator[bytes]:
+    def iter_chunks(
+        self, key: str, chunk_size: int = CHUNK, start: int = 0, end: int | None = None
+    ) -> Generator[bytes, None, None]:
         ranged = {"Range": f"bytes={start}-{'' if end is None else end}"} if start or end is not None else {}
         with _mapped(key):
             body = self.client.get_object(Bucket=self.bucket, Key=key, **ranged)["Body"]

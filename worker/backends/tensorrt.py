@@ -52,7 +52,7 @@ class TensorRTBackend(TrtFamilyBackend):
 
     def _cache_path(self, target: Target, machine: MachineProbe | None) -> Path:
         gpu = _gpu_for(target, machine)
-        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", getattr(gpu, "name", None) or getattr(gpu, "model", "gpu"))
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", getattr(gpu, "name", "") or getattr(gpu, "model", "gpu"))
         return get_settings().data_dir / "timing-caches" / f"trt-{self.version()}-{name}.cache"
 
     def prepare_timing_cache(
@@ -82,6 +82,7 @@ class TensorRTBackend(TrtFamilyBackend):
     def describe(self, target: Target, spec: BuildSpec, machine: MachineProbe | None) -> EngineDescriptor:
         gpu = _gpu_for(target, machine)
         cuda = cuda_major_of("tensorrt")
+        cc = target.compute_capability  # every TensorRT architecture is an smXY: it has one
         return EngineDescriptor(
             target=str(target),
             backend=self.backend.value,
@@ -89,7 +90,7 @@ class TensorRTBackend(TrtFamilyBackend):
             precision=spec.precision.value,
             platform=self.host_platform(),
             compute_capability=target.compute_capability,
-            compute_capabilities=[target.compute_capability],
+            compute_capabilities=[cc] if cc is not None else [],
             gpu_name=getattr(gpu, "name", None) or getattr(gpu, "model", None),
             trt_version=self.version(),
             cuda_version=(

@@ -39,6 +39,7 @@ class TensorRTRTXBackend(TrtFamilyBackend):
     def describe(self, target: Target, spec: BuildSpec, machine: MachineProbe | None) -> EngineDescriptor:
         version = self.version()
         cuda = cuda_major_of("tensorrt_rtx")
+        cc = target.compute_capability  # None for "portable", the one architecture that is not an smXY
         return EngineDescriptor(
             target=str(target),
             backend=self.backend.value,
@@ -46,7 +47,7 @@ class TensorRTRTXBackend(TrtFamilyBackend):
             precision=spec.precision.value,
             platform=self.host_platform(),
             compute_capability=target.compute_capability,
-            compute_capabilities=list(RTX_PORTABLE_CCS) if target.arch == "portable" else [target.compute_capability],
+            compute_capabilities=list(RTX_PORTABLE_CCS) if cc is None else [cc],
             trt_version=version,
             cuda_version=f"{cuda}.0" if cuda else None,
             hardware_compat=spec.hardware_compatibility.value,

@@ -13,6 +13,7 @@ import time
 from abc import abstractmethod
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import onnx
 
@@ -48,8 +49,9 @@ def load_module(name: str) -> ModuleType:
 
 def make_logger(trt: ModuleType, log: BuildLog):
     """A TensorRT ILogger that keeps the tail of the builder's messages in ``log``."""
+    ilogger: Any = trt.ILogger  # a class of the module loaded at run time
 
-    class _Logger(trt.ILogger):
+    class _Logger(ilogger):
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
 

@@ -49,7 +49,7 @@ def gpu_clocks(index: int = 0, *, pci_bus_id: str | None = None) -> dict[str, An
                 if pci_bus_id
                 else pynvml.nvmlDeviceGetHandleByIndex(index)
             )
-            readings: dict[str, Callable[[], Any]] = {}
+            readings: dict[str, Callable[..., Any]] = {}
             for key, clock in (
                 ("sm", pynvml.NVML_CLOCK_SM),
                 ("memory", pynvml.NVML_CLOCK_MEM),

@@ -59,11 +59,11 @@ class OrtCudaRunner:
         if not self.probe.ort_cuda:
             raise TargetUnavailable(f"ONNX Runtime's CUDA provider is not usable here: {self.probe.ort_cuda_error}")
         self.model_path, self.tf32, self.device_index = model_path, tf32, device_index
-        self.device = CudaDevice(device_index)
+        self.device: CudaDevice | None = CudaDevice(device_index)  # None once closed
         self._buffers: list[Any] = []
         try:
             self.free_before = self.device.mem_info()[0]
-            self.stream = Stream()
+            self.stream: Stream | None = Stream()  # None once closed
             self.session, self.provider_options = self._session(tf32, self.stream.handle)
         except BaseException:
             self.close()
@@ -111,6 +111,7 @@ class OrtCudaRunner:
     def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement:
         """The farm's CUDA timing of one inference at these inputs' shapes (``spec``: a BenchmarkSpec)."""
         binding = self.session.io_binding()
+        assert self.device is not None  # open while the session is: close() drops both
         idx = self.device_index
         pairs_in: list[tuple[DeviceBuffer, PinnedArray]] = []
         pairs_out: list[tuple[PinnedArray, DeviceBuffer]] = []

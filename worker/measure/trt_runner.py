@@ -57,8 +57,9 @@ def io_tensors(engine: Any, trt_module: ModuleType) -> list[TensorSpec]:
 
 def _error_logger(trt_module: ModuleType) -> Any:
     """A TensorRT logger that prints nothing and keeps the last errors, to put in our exceptions."""
+    ilogger: Any = trt_module.ILogger  # a class of the module it is given
 
-    class _Logger(trt_module.ILogger):
+    class _Logger(ilogger):
         def __init__(self) -> None:
             trt_module.ILogger.__init__(self)
             self.errors: list[str] = []

@@ -95,6 +95,7 @@ class Drain:
         )
 
     def _watch(self) -> None:
+        assert self.deadline is not None  # begin() sets it before it starts this thread
         if running := len(running_requests()):
             log.warning(
                 "stopping: %d running task(s) get %g s to finish; what still runs then goes back to the queue",

@@ -83,6 +83,7 @@ class BenchmarkLane:
 
     def _watch(self) -> None:
         while True:
+            assert self.proc is not None  # start() spawns it before it starts this thread
             code = self.proc.wait()
             if self._stopping.wait(RESTART_DELAY_S):
                 return

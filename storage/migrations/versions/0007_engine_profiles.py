@@ -26,7 +26,7 @@ def _profiles(spec: dict | None, info: dict | None) -> list:
     """A copy of enginefarm.core.domain.engine_profiles as of this revision: a migration must not change with the
     code."""
     fixed = set((spec or {}).get("fixed_inputs") or {})
-    static = {}
+    static: dict[str, dict[str, list] | None] = {}
     for t in (info or {}).get("inputs", []):
         dims = t.get("dims") or []
         if t["name"] in fixed or not dims:

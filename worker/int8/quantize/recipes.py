@@ -207,9 +207,9 @@ def check_options(method: str, calibration_batch: int, family: str = "tensorrt")
         problems.append(problem(["calibration_batch"], msg))
     if family not in RECIPES:
         problems.append(problem(["family"], f"unknown target family {family!r}; use one of {', '.join(RECIPES)}"))
-    if problems:
+    if problems or calibrate is None:  # an unknown method is one of the problems
         raise SpecInvalid("; ".join(p["msg"] for p in problems), problems=problems)
-    return calibrate  # type: ignore[return-value]
+    return calibrate
 
 
 def quantize_with(

@@ -27,7 +27,9 @@ class ModelInput:
     @property
     def splittable(self) -> bool:
         """Samples stack along axis 0 only where the model takes a variable or size-1 first dim."""
-        return bool(self.dims) and self.dims[0] in (None, 1)
+        if not self.dims:
+            return False
+        return self.dims[0] in (None, 1)
 
 
 class SampleReader(CalibrationDataReader):
@@ -58,7 +60,7 @@ class SampleReader(CalibrationDataReader):
 
     def take(self, batches: int) -> list[dict[str, np.ndarray]]:
         """Return up to ``batches`` next batches; empty when the samples are used up."""
-        out = []
+        out: list[dict[str, np.ndarray]] = []
         while len(out) < batches and (feed := self.get_next()) is not None:
             out.append(feed)
         return out

@@ -93,7 +93,7 @@ def write_initializers(
             convert = tensor.name in fp16_inits
             n_fp16 += convert
             n_fp32 += not convert and tensor.data_type == FLOAT
-            if fh is not None and uses_external_data(tensor):
+            if fh is not None and data_name is not None and uses_external_data(tensor):
                 # Straight from the source file to the new one, never whole in memory (nor in the proto).
                 _append(
                     fh,
@@ -113,7 +113,7 @@ def write_initializers(
                 for t in ([a.t] if a.type == AttributeProto.TENSOR else a.tensors)
             ]
             for tensor in tensors:
-                if fh is not None and uses_external_data(tensor):
+                if fh is not None and data_name is not None and uses_external_data(tensor):
                     _append(fh, tensor, data_name, reader.raw_chunks(tensor), tensor.data_type)
     finally:
         if fh is not None:
