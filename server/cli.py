@@ -231,7 +231,14 @@ def up(
     try:
         token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
         # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
-        farm = Farm({}, port=port, log_dir=settings.data_dir, token=token, stop_timeout=8)
+        farm = Farm(
+            {},
+            port=port,
+            log_dir=settings.data_dir,
+            token=token,
+            stop_timeout=8,
+            log_max_bytes=int(settings.log_max_mb * 2**20),
+        )
         with stop_on_sigterm(), farm:
             farm.start_api()
             names = [f"embedded-{i}" for i in range(workers)]

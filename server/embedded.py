@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,9 +89,12 @@ class Farm:
         log_dir: Path | None = None,
         token: str | None = None,
         stop_timeout: float = 20.0,
+        log_max_bytes: int = 64 << 20,
     ):
         """``token``: an API token this object uses to watch the farm (workers' heartbeats). ``stop_timeout``: how
-        long the workers, then the API, have to stop when the farm stops, before they are killed."""
+        long the workers, then the API, have to stop when the farm stops, before they are killed.
+        ``log_max_bytes``: a child's log past this size is moved to NAME.log.1 (``supervise``)."""
+        self.log_max_bytes = log_max_bytes
         self.env = {**os.environ, **env}
         self.stop_timeout = stop_timeout
         self.token = token
@@ -299,6 +303,23 @@ class Farm:
                     self.api = fresh
                 else:
                     self.workers[key.removeprefix("worker-")] = fresh
+        for child in self._children.values():
+            self._cap_log(child)
+
+    def _cap_log(self, child: _Child) -> None:
+        """A log past ``log_max_bytes`` is copied to NAME.log.1 (the one before goes) and emptied in place: the
+        child appends (O_APPEND) and goes on writing at its new end. A line written between the copy and the
+        truncation is lost, as with logrotate's copytruncate."""
+        path = child.log
+        try:
+            if path is None or path.stat().st_size <= self.log_max_bytes:
+                return
+            shutil.copyfile(path, f"{path}.1")
+            os.truncate(path, 0)
+        except OSError as exc:  # a full disk: the next pass tries again
+            log.warning("could not cut %s: %s", path, exc)
+            return
+        child.log_offset = 0
 
     def __enter__(self) -> Farm:
         return self

@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     # must be before it goes (longer than any upload or build takes between storing a blob and its row).
     gc_interval_seconds: float = Field(default=3600.0, ge=0)
     gc_grace_seconds: float = Field(default=24 * 3600.0, ge=0)
+    # ``enginefarm up``/``demo``: each child's log in the data dir (api.log, worker-NAME.log) is cut at this size,
+    # its older half kept as NAME.log.1, so a farm that runs for months keeps at most twice this per child.
+    log_max_mb: float = Field(default=64.0, gt=0)
 
     # Downloads from an S3 store: a 307 to a presigned URL valid this long (the bytes never pass through the API),
     # or, off, streamed through the API (for clients that cannot reach S3).
