@@ -29,6 +29,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import httptools
 import uvicorn
@@ -234,7 +235,7 @@ class FarmProtocol(HeaderTimeoutProtocol):
             return None
         query = url.query or b""
         try:
-            lines = self.not_modified(query, authorization, if_none_match)  # type: ignore[misc]
+            lines = self.not_modified(query, authorization, if_none_match)
         except Exception:  # the app answers, and says what is wrong; here it would end as a 400 and a close
             log.warning("not_modified failed; the app answers", exc_info=True)
             return None
@@ -255,14 +256,14 @@ class FarmProtocol(HeaderTimeoutProtocol):
 
     def _log_access(self, query: bytes, forwarded: bool) -> None:
         scope = self.scope
-        scope.update(method="GET", path=_RESOLVE.decode(), raw_path=_RESOLVE, query_string=query)
+        scope.update({"method": "GET", "path": _RESOLVE.decode(), "raw_path": _RESOLVE, "query_string": query})
         if forwarded and isinstance(self.app, ProxyHeadersMiddleware):
             _forwarded_client(self.app, scope)  # type: ignore[arg-type]
         self.access_logger.info(
             '%s - "%s %s HTTP/%s" %d',
             get_client_addr(scope),
             "GET",
-            get_path_with_query_string(scope),  # type: ignore[arg-type]
+            get_path_with_query_string(scope),
             "1.1",
             304,
         )
@@ -274,7 +275,9 @@ def tested_uvicorn(version: str | None = None) -> bool:
     return any(version == tested or version.startswith(tested + ".") for tested in TESTED_UVICORN)
 
 
-def http_protocol(header_timeout_s: float, limits: HeadLimits) -> tuple[object, dict]:
+def http_protocol(
+    header_timeout_s: float, limits: HeadLimits
+) -> tuple[Callable[..., asyncio.Protocol] | str, dict[str, Any]]:
     """uvicorn's ``http`` setting and its other settings: the farm's protocol on a tested uvicorn, else h11 with
     the head bounded by uvicorn's own setting."""
     if tested_uvicorn():
@@ -323,7 +326,7 @@ def serve_api(
         port=port,
         workers=workers,
         log_level=log_level,
-        http=protocol,
+        http=protocol,  # type: ignore[arg-type]  # uvicorn calls it for each connection: any protocol factory does
         # The API has no websocket route: an upgrade is answered as a plain request, never handed to a websocket
         # protocol with buffers of its own (uvicorn's "auto" would take one wherever a websocket library is found).
         ws="none",

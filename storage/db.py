@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import orjson
 from sqlalchemy import Engine, create_engine, event, text
@@ -224,6 +224,12 @@ def has_catalog(settings: Settings) -> bool:
         engine.dispose()
 
 
+@overload
+def as_utc(value: datetime) -> datetime: ...
+@overload
+def as_utc(value: None) -> None: ...
+@overload
+def as_utc(value: datetime | None) -> datetime | None: ...
 def as_utc(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; every time the catalog stores is UTC."""
     if value is None or value.tzinfo is not None:

@@ -6,9 +6,9 @@ caller's transaction."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, delete, func, or_, select, update
+from sqlalchemy import CursorResult, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import BACKEND_MODULES, Target, TaskState
@@ -48,7 +48,8 @@ def prune_workers(session: Session, older_than_seconds: float) -> int:
     killed worker's row is never removed by its own shutdown. One that was only stalled writes its row again
     at its next heartbeat."""
     cutoff = datetime.now(timezone.utc) - timedelta(seconds=older_than_seconds)
-    return session.execute(delete(WorkerRow).where(WorkerRow.last_seen < cutoff)).rowcount or 0
+    pruned = cast("CursorResult[Any]", session.execute(delete(WorkerRow).where(WorkerRow.last_seen < cutoff)))
+    return pruned.rowcount or 0
 
 
 def live_workers(session: Session, ttl_seconds: float) -> list[WorkerRow]:
@@ -90,7 +91,8 @@ def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list
         for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
         if t.worker_id not in live_worker_ids
     ]
-    for t in [*builds, *benches]:
+    abandoned: list[BuildTaskRow | BenchmarkTaskRow] = [*builds, *benches]
+    for t in abandoned:
         t.error = abandoned_reason(t.worker_id)
         t.state, t.worker_id, t.started_at = TaskState.QUEUED.value, None, None
     return builds, benches
@@ -134,7 +136,7 @@ def requeue_abandoned_quantize(
     return requeued, failed
 
 
-def abandoned_reason(worker_id: str) -> str:
+def abandoned_reason(worker_id: str | None) -> str:
     return f"requeued: worker {worker_id} stopped sending heartbeats"
 
 
@@ -145,15 +147,18 @@ def reclaim_tasks(session: Session, worker_id: str, build_ids: list[int], bench_
     taken = 0
     for table, ids in ((BuildTaskRow, build_ids), (BenchmarkTaskRow, bench_ids)):
         if ids:
-            taken += session.execute(
-                update(table)
-                .where(
-                    table.id.in_(ids),
-                    table.state == TaskState.QUEUED.value,
-                    table.worker_id.is_(None),
-                    table.error == abandoned_reason(worker_id),
-                )
-                .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), error=None)
+            taken += cast(
+                "CursorResult[Any]",
+                session.execute(
+                    update(table)
+                    .where(
+                        table.id.in_(ids),
+                        table.state == TaskState.QUEUED.value,
+                        table.worker_id.is_(None),
+                        table.error == abandoned_reason(worker_id),
+                    )
+                    .values(state=TaskState.RUNNING.value, worker_id=worker_id, started_at=utcnow(), error=None)
+                ),
             ).rowcount
     return taken
 
@@ -199,6 +204,7 @@ def release_quantize(session: Session, build_id: int, worker_id: str, reason: st
     stage = (build.quantize or {}) if build is not None else {}
     if stage.get("state") != TaskState.RUNNING.value or stage.get("worker_id") != worker_id:
         return None
+    assert build is not None  # without a build the stage is empty, and returned above
     build.quantize = {**stage, "state": TaskState.QUEUED.value, "worker_id": None, "started_at": None, "error": reason}
     return dict(build.quantize)
 

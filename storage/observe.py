@@ -17,7 +17,7 @@ from enginefarm.core.domain import TaskState
 from storage.db import as_utc
 from storage.tables import BenchmarkTaskRow, BuildTaskRow, WorkerRow
 
-KINDS = {"build": BuildTaskRow, "benchmark": BenchmarkTaskRow}
+KINDS: dict[str, type[BuildTaskRow] | type[BenchmarkTaskRow]] = {"build": BuildTaskRow, "benchmark": BenchmarkTaskRow}
 
 
 @dataclass
@@ -30,7 +30,8 @@ class QueueState:
 
 def queue_state(session: Session, worker_ttl_s: float) -> QueueState:
     now = datetime.now(timezone.utc)
-    waiting, by_state = {}, {}
+    waiting: dict[tuple[str, str], tuple[int, float]] = {}
+    by_state: dict[tuple[str, str], int] = {}
     for kind, table in KINDS.items():
         rows = session.execute(
             select(table.target, func.count(), func.min(table.queued_at))
@@ -41,7 +42,8 @@ def queue_state(session: Session, worker_ttl_s: float) -> QueueState:
             waiting[(kind, target)] = (count, max(0.0, (now - as_utc(oldest)).total_seconds()))
         for state, count in session.execute(select(table.state, func.count()).group_by(table.state)).all():
             by_state[(kind, state)] = count
-    live, bench = {}, {}
+    live: dict[str, int] = {}
+    bench: dict[str, int] = {}
     cutoff = now - timedelta(seconds=worker_ttl_s)
     for targets, bench_targets in session.execute(
         select(WorkerRow.targets, WorkerRow.bench_targets).where(WorkerRow.last_seen >= cutoff)

@@ -12,8 +12,9 @@ import math
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any, cast
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import CursorResult, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import SCOPES
@@ -126,6 +127,7 @@ def create_token(
     now = utcnow()
     expires_at = now + expires_in if expires_in is not None else None
     if expires_at is not None and expires_at <= now:
+        assert expires_in is not None  # expires_at is set only from it
         raise SpecInvalid(
             f"a token's expiry must be in the future, and a lifetime of {expires_in.total_seconds():g} "
             f"seconds puts it at the moment it is made; give at least {MIN_LIFETIME.total_seconds():g} "
@@ -211,7 +213,7 @@ def remove_ended_sessions(session: Session, now: datetime | None = None, opened_
     )
     if opened_before is not None:
         ended = ended.where(ApiTokenRow.created_at < opened_before)
-    return session.execute(ended).rowcount or 0
+    return cast("CursorResult[Any]", session.execute(ended)).rowcount or 0
 
 
 def list_tokens(session: Session, project: str | None = None) -> list[ApiTokenRow]:

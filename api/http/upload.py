@@ -12,6 +12,7 @@ bounded buffer (``bulkwork.pump``).
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from collections import Counter
@@ -19,6 +20,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from fastapi import Request
@@ -35,6 +37,9 @@ from enginefarm.core.config import Settings
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
 from enginefarm.core.hashing import HashingWriter
 from storage.tokens import Principal
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.
@@ -141,11 +146,11 @@ class _Receiver:
         self._form_bytes = 0
         self._name: str | None = None
         self._buf = bytearray()
-        self._fh = None
+        self._fh: io.BufferedWriter | None = None
         self._out: HashingWriter | None = None
         self._pending: list[memoryview] = []  # the file's bytes from the batch being parsed (``flush``)
 
-    def callbacks(self) -> dict:
+    def callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self._part_begin,
             "on_part_data": self._part_data,
@@ -218,6 +223,7 @@ class _Receiver:
                 if piece:
                     self._write(piece)
                     piece, size = [], 0
+                assert self._out is not None  # the file's bytes are pending only once its part opened the writer
                 self._out.write(chunk)
                 continue
             piece.append(chunk)
@@ -230,6 +236,7 @@ class _Receiver:
         self._pending = []
 
     def _write(self, piece: list[memoryview]) -> None:
+        assert self._out is not None  # the file's bytes are pending only once its part opened the writer
         self._out.write(piece[0] if len(piece) == 1 else b"".join(piece))
 
     def _part_end(self) -> None:
@@ -237,6 +244,7 @@ class _Receiver:
             self.flush()
             fh, self._fh = self._fh, None
             fh.close()
+            assert self._out is not None  # opened with the file, in _headers_done
             self.result.sha256 = self._out.hexdigest()
         elif self._name:
             self.result.fields[self._name] = self._buf.decode("utf-8", "replace")
@@ -345,6 +353,7 @@ async def model_upload(
     async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
         upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
         try:
+            assert upload.path is not None  # receive_upload refuses a form without the file
             row, created = await run_in_threadpool(
                 ingest.ingest_model,
                 settings,

@@ -182,6 +182,7 @@ class _Judge:
                     for c in CHECKS[1:]
                 ),
             ]
+        assert check is not None  # engine_checks has an entry for every engine it was given
         return [
             build,
             self._benchmark(name, engine, check),

@@ -4,7 +4,7 @@ regression against version N-1, and a sweep's variants with the best per target.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.orm import Session
 
@@ -158,6 +158,7 @@ def _fastest(passed: list[tuple[BenchmarkRow, EngineRow]]) -> EngineRow:
     for h, _ in passed:
         at.setdefault(shapes_key(h.shapes), []).append(h.median_ms)
     common = most_shared(at)
+    assert common is not None  # passed, so at, is never empty
     alike = len(at[common]) == len(passed)
 
     def rank(item: tuple[BenchmarkRow, EngineRow]) -> tuple[int, float]:
@@ -341,14 +342,18 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
 def sweep_report(session: Session, settings: Settings, sweep_id: int, project: str | None = None) -> dict[str, Any]:
     """A sweep's variants, each with its engine per target, its headline latency and accuracy, and the best."""
     sweep: SweepRow = catalog.get_sweep(session, sweep_id, project)
-    engines = [session.get(EngineRow, t.engine_id) for b in sweep.builds for t in b.tasks if t.engine_id]
+    # A task's engine_id is a foreign key to a stored engine, which the catalog never deletes.
+    engines = cast(
+        "list[EngineRow]", [session.get(EngineRow, t.engine_id) for b in sweep.builds for t in b.tasks if t.engine_id]
+    )
     view = project_checks.project_view(session, engines, catalog.get_model(session, sweep.model_id).project)
     checks = engine_checks(session, settings, engines, view)
     best_engine = best_per_target(engines, view)
-    variants, best_build = [], {t: None for t in sweep.targets}
+    variants = []
+    best_build: dict[str, int | None] = {t: None for t in sweep.targets}
     states = set()
     for build in sweep.builds:
-        items = []
+        items: list[dict[str, Any]] = []
         for task in build.tasks:
             states.add(task.state)
             engine = session.get(EngineRow, task.engine_id) if task.engine_id else None

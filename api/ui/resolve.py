@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Request, Response
 from pydantic import TypeAdapter, ValidationError
@@ -109,22 +109,20 @@ def machine_from_form(form: dict[str, str]) -> Machine:
         machine = machine_from_probe(form["probe"][:MAX_PROBE_CHARS])
     else:
         memory = form.get("memory_mib", "").strip()
-        machine = Machine(
-            **{
-                k: (form.get(k, "").strip() or None)
-                for k in (
-                    "gpu_name",
-                    "compute_capability",
-                    "driver_version",
-                    "cuda_version",
-                    "trt_version",
-                    "trt_rtx_version",
-                    "platform",
-                    "jetpack",
-                )
-            },
-            memory_mib=int(memory) if memory else None,
-        )
+        texts: dict[str, Any] = {
+            k: (form.get(k, "").strip() or None)
+            for k in (
+                "gpu_name",
+                "compute_capability",
+                "driver_version",
+                "cuda_version",
+                "trt_version",
+                "trt_rtx_version",
+                "platform",
+                "jetpack",
+            )
+        }
+        machine = Machine(**texts, memory_mib=int(memory) if memory else None)
     if form.get("shapes", "").strip():
         machine = replace(machine, shapes=shape_request(form["shapes"]))
     return machine
@@ -150,7 +148,8 @@ def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[s
             return {"none": exc.message, "problems": exc.problems, "status": 200}
         except EnginefarmError as exc:  # an unknown model, a name in several projects
             return {"problem": exc.message, "status": exc.status_code}
-    return {"answer": json.loads(response.body), "status": 200}
+    # The answer's Response is made from bytes, so its body is bytes.
+    return {"answer": json.loads(cast("bytes", response.body)), "status": 200}
 
 
 def _result(request: Request, principal: Principal, form: dict[str, str]) -> Awaitable[dict[str, Any]]:

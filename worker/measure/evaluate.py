@@ -13,7 +13,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -138,9 +138,9 @@ def make_runner(
         return runner, Device(runner.label)
     from worker.measure.trt_runner import TensorRTEngineRunner
 
-    runner = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
-    name = (gpu or {}).get("name") or runner.device.name
-    return runner, Device(name, name, (gpu or {}).get("compute_capability") or runner.device.compute_capability)
+    trt = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
+    name = (gpu or {}).get("name") or trt.device.name
+    return trt, Device(name, name, (gpu or {}).get("compute_capability") or trt.device.compute_capability)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -236,7 +236,8 @@ def _compare(runner: Runner, feeds: list[dict], wanted: list[dict], names: list[
             if name not in got:
                 raise BuildFailed(f"the engine has no output {name!r} (it has {', '.join(got)})")
             per_output[name].append(accuracy.metrics(want[name], got[name], atol, rtol))
-    return accuracy.judge({n: accuracy.merge(m) for n, m in per_output.items()}, limits)
+    # A Judgement is a plain dict, which the callers extend.
+    return cast("dict[str, Any]", accuracy.judge({n: accuracy.merge(m) for n, m in per_output.items()}, limits))
 
 
 def _tf32_verdict(result: dict, runner, feeds: list[dict], wanted: list[dict], names: list[str], limits: dict) -> dict:

@@ -10,6 +10,7 @@ float32 nodes.
 from __future__ import annotations
 
 import functools
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -175,9 +176,9 @@ def classify(
     model: ModelProto,
     types: dict[str, int],
     *,
-    keep_ops: set[str] = frozenset(),
-    keep_nodes: set[str] = frozenset(),
-    sensitive_ops: set[str] = PRECISION_SENSITIVE_OPS,
+    keep_ops: AbstractSet[str] = frozenset(),
+    keep_nodes: AbstractSet[str] = frozenset(),
+    sensitive_ops: AbstractSet[str] = PRECISION_SENSITIVE_OPS,
     reader: TensorReader | None = None,
 ) -> dict[str, str]:
     """Node name -> reason, for the main-graph nodes that must stay float32.
@@ -243,7 +244,7 @@ def classify(
             and all(
                 x in fp32_out
                 or x in const
-                or reasons.get(getattr(producers.get(x), "name", None)) in (SHAPE, SHAPE_DERIVED)
+                or (x in producers and reasons.get(producers[x].name) in (SHAPE, SHAPE_DERIVED))
                 for x in float_inputs
             )
         ):
