@@ -246,7 +246,24 @@ def rejudge(path: Path) -> int:
         events = [float(m) for n in saved["notes"] for m in re.findall(r"^t=(\d+) s", n)]
     verdicts, _, _ = judged(saved["samples"], saved["mode"], saved["smoke"], saved["seconds"], events)
     print(soak_judge.table(verdicts))
-    return 1 if any(v.verdict == "FAIL" for v in verdicts) else 0
+    fails = verdict_fails(verdicts)
+    for line in fails:
+        print(line)
+    return 1 if fails else 0
+
+
+def verdict_fails(verdicts) -> list[str]:
+    """The FAIL lines the verdicts give: a slope, or a WAL past its bound."""
+    fails = [
+        f"FAIL slope: {v.series}: {v.per_day:+.1f}/day against a mean of {v.mean:.1f} ({v.why})"
+        for v in verdicts
+        if v.verdict == "FAIL"
+    ]
+    return fails + [
+        f"FAIL {v.series}: {v.last:.1f} MB, past {WAL_MAX_MB} MB: checkpoints starved (a read never ended)"
+        for v in verdicts
+        if v.series.endswith("-wal") and max(v.last, v.mean) > WAL_MAX_MB
+    ]
 
 
 def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime, unsettled) -> bool:
@@ -255,21 +272,12 @@ def report(mode, out, args, sampler, rec, load, logs, kills, in_flight, downtime
     events = [e - rec.t0 for e in rec.events]
     verdicts, warmup, horizon = judged(sampler.samples, mode, smoke, duration, events)
     print(soak_judge.table(verdicts))
-    fails = [
-        f"FAIL slope: {v.series}: {v.per_day:+.1f}/day against a mean of {v.mean:.1f} ({v.why})"
-        for v in verdicts
-        if v.verdict == "FAIL"
-    ]
+    fails = verdict_fails(verdicts)
     fails += [f"FAIL error: {e}" for e in rec.errors[:30]]
     if len(rec.errors) > 30:
         fails.append(f"FAIL error: ... and {len(rec.errors) - 30} more")
     fails += [f"FAIL over bound: {s}" for s in rec.slow[:30]]
     fails += [f"FAIL sampler: {e}" for e in sampler.errors]
-    fails += [
-        f"FAIL {v.series}: {v.last:.1f} MB, past {WAL_MAX_MB} MB: checkpoints starved (a read never ended)"
-        for v in verdicts
-        if v.series.endswith("-wal") and max(v.last, v.mean) > WAL_MAX_MB
-    ]
     fails += [f"FAIL build {i} ({b['kind']}) never settled" for i, b in load.builds.items() if b in unsettled]
     if downtime is not None and downtime > rec.bounds.api_down:
         fails.append(f"FAIL API restart: {downtime:.1f} s without answers (bound {rec.bounds.api_down:.0f} s)")

@@ -316,6 +316,8 @@ class Farm:
                 return
             shutil.copyfile(path, f"{path}.1")
             os.truncate(path, 0)
+        except FileNotFoundError:  # removed by hand: the child writes on into the unlinked file, as it would anyway
+            return
         except OSError as exc:  # a full disk: the next pass tries again
             log.warning("could not cut %s: %s", path, exc)
             return

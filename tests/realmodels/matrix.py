@@ -176,7 +176,9 @@ def model_cells(
     name: str, targets: tuple[str, ...], precisions: tuple[str, ...], work: Path
 ) -> tuple[list[Cell], Prepared]:
     """Every cell of one model, in order, and what they shared (its int8 models are made once, by the first cell
-    that needs each)."""
+    that needs each). In a folder of its own: two models' stages, run at once, write files of the same names."""
+    work = work / name
+    work.mkdir(parents=True, exist_ok=True)
     prep = prepare(name, work)
     return [run_cell(prep, t, p, work) for p in precisions for t in targets], prep
 
