@@ -46,9 +46,9 @@ test: setup services
 	$(PY) -m pytest -q -n 2 tests/unit tests/integration
 	$(PY) -m pytest -q tests/e2e
 
-## The unit tier alone: no service, no process, no database (about a minute).
+## The unit tier alone: no service, no process, no database, over two processes (well under a minute).
 test-fast: setup
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 tests/unit
 
 ## ruff (lint, then the formatter's check) and mypy. .ci/run runs it before the tests; .pre-commit-config.yaml
 ## runs the same.
