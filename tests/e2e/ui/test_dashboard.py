@@ -126,7 +126,8 @@ def built(farm, browser, tmp_path_factory):
     cpu_cell = page.locator(f"td.cell[data-target='{CPU}']")
     cpu_cell.wait_for()
     first_state = cpu_cell.get_attribute("data-state")
-    assert first_state in ("queued", "running"), first_state  # new bytes: nothing to reuse, so it starts queued
+    # New bytes start queued; a quiet machine's worker may have built the CPU artifact before the cell is drawn.
+    assert first_state in ("queued", "running", "succeeded"), first_state
     build_link = page.locator(".notice a").get_attribute("href")
     # The cells turn to succeeded by polling, in this same document.
     page.wait_for_selector(f"td.cell[data-target='{CPU}'][data-state='succeeded']", timeout=240_000)
