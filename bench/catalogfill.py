@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 RTX_VERSIONS = ["1.7.1.116", "1.6.0.41"]
 RTX_ARCHES = ["sm75", "sm80", "sm86", "sm89", "sm90", "sm100", "sm120"]
@@ -246,3 +253,31 @@ def fill(pg_url: str, models: int, engines: int, seed: int = 7) -> dict:
         "benchmarks": benchmarks,
         "seconds": time.perf_counter() - started,
     }
+
+
+@contextmanager
+def scratch_catalog(name: str, redis_db: int) -> Iterator[tuple[Path, str, dict[str, str]]]:
+    """A scratch folder, a fresh PostgreSQL database ``name``, migrated, and the ENGINEFARM_* settings of a farm on
+    them (Redis db ``redis_db``, no reconciler, no collector): yields the folder, the database's URL and the
+    settings. PostgreSQL and Redis are started where they are not running."""
+    from server import localservers
+
+    if not (localservers.port_open(5432) and localservers.port_open(6379)):
+        root = Path(__file__).resolve().parents[1]
+        subprocess.run(["bash", str(root / "deploy" / "services.sh")], check=True)
+    with tempfile.TemporaryDirectory(prefix=f"{name}-") as folder, localservers.scratch_postgres(name) as pg_url:
+        work = Path(folder)
+        env = {
+            "ENGINEFARM_DATA_DIR": str(work / "data"),
+            "ENGINEFARM_DATABASE_URL": pg_url,
+            "ENGINEFARM_BROKER_URL": f"redis://127.0.0.1:6379/{redis_db}",
+            "ENGINEFARM_RECONCILE_SECONDS": "0",
+            "ENGINEFARM_GC_INTERVAL_SECONDS": "0",
+        }
+        subprocess.run(
+            [sys.executable, "-m", "enginefarm", "migrate"],
+            env={k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        yield work, pg_url, env

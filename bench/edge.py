@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -45,7 +44,6 @@ from bench.fleet import MACHINES  # noqa: E402
 from bench.procstat import cpu_of  # noqa: E402
 from bench.tail import parse, wrk  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from server import localservers  # noqa: E402
 from server.embedded import free_port, issue_token, wait_http  # noqa: E402
 
 REDIS_DB = int(os.environ.get("ENGINEFARM_EDGE_REDIS_DB", "14"))
@@ -112,20 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         args.seconds, args.connections = 1.0, 4
     if shutil.which("wrk") is None:  # Debian's package
         subprocess.run(["bash", str(ROOT / "deploy" / "wrk.sh")], check=True)
-    if not (localservers.port_open(5432) and localservers.port_open(6379)):
-        subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edge-")))
-        pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_edge"))
-        env = {
-            "ENGINEFARM_DATA_DIR": str(work / "data"),
-            "ENGINEFARM_DATABASE_URL": pg_url,
-            "ENGINEFARM_BROKER_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
-            "ENGINEFARM_RECONCILE_SECONDS": "0",
-            "ENGINEFARM_GC_INTERVAL_SECONDS": "0",
-        }
+        work, pg_url, env = stack.enter_context(catalogfill.scratch_catalog("enginefarm_edge", REDIS_DB))
         penv = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | env
-        subprocess.run([sys.executable, "-m", "enginefarm", "migrate"], env=penv, check=True, capture_output=True)
         catalogfill.fill(pg_url, 20, 25)
         token = issue_token(
             Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()}), "edge", ["read"]

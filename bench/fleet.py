@@ -28,9 +28,7 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
-import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlencode
@@ -43,7 +41,6 @@ import httpx  # noqa: E402
 from bench import catalogfill, floorapp, httpload  # noqa: E402
 from bench.procstat import cpu_of  # noqa: E402
 from enginefarm.core.config import Settings  # noqa: E402
-from server import localservers  # noqa: E402
 from server.embedded import Farm, issue_token  # noqa: E402
 
 REDIS_DB = 15
@@ -155,25 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.models, args.engines, args.seconds, args.rate, args.cold_rate = 50, 25, 1.0, 50, 50
         args.connections, args.open_connections = 4, 8
-    if not (localservers.port_open(5432) and localservers.port_open(6379)):
-        subprocess.run(["bash", str(ROOT / "deploy" / "services.sh")], check=True)
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-")))
-        pg_url = stack.enter_context(localservers.scratch_postgres("enginefarm_fleet"))
-        env = {
-            "ENGINEFARM_DATA_DIR": str(work / "data"),
-            "ENGINEFARM_DATABASE_URL": pg_url,
-            "ENGINEFARM_BROKER_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
-            "ENGINEFARM_RECONCILE_SECONDS": "0",
-            "ENGINEFARM_GC_INTERVAL_SECONDS": "0",
-        }
+        work, pg_url, env = stack.enter_context(catalogfill.scratch_catalog("enginefarm_fleet", REDIS_DB))
         settings = Settings(**{k.removeprefix("ENGINEFARM_").lower(): v for k, v in env.items()})
-        subprocess.run(
-            [sys.executable, "-m", "enginefarm", "migrate"],
-            env={**os.environ, **env},
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
         filled = catalogfill.fill(pg_url, args.models, args.engines)
         print(
             f"catalog: {filled['models']} models, {filled['engines']} engines, {filled['benchmarks']} benchmarks "
