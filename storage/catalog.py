@@ -41,6 +41,14 @@ def find_model_by_content(session: Session, name: str, sha256: str, project: str
     ).first()
 
 
+def find_derived(session: Session, source: ModelRow, sha256: str) -> ModelRow | None:
+    """The model derived from ``source`` with these bytes. Each version has its own derived row even where two
+    versions' bytes (and so their derived bytes) are the same: resolving a version reaches its engines through it."""
+    return session.scalars(
+        select(ModelRow).where(ModelRow.source_model_id == source.id, ModelRow.sha256 == sha256).order_by(ModelRow.id)
+    ).first()
+
+
 def add_model(
     session: Session,
     *,

@@ -251,7 +251,7 @@ def _catalogue(
 
     def write(s) -> int:
         source = catalog.get_model(s, source_id)
-        derived = catalog.find_model_by_content(s, name, sha, source.project) or catalog.add_model(
+        derived = catalog.find_derived(s, source, sha) or catalog.add_model(
             s,
             name=name,
             version=f"{version}-{suffix}-{sha[:8]}",
