@@ -44,7 +44,7 @@ demo:
 ## processes, podman and Chromium.
 test: setup services
 	$(PY) -m pytest -q -n 2 tests/unit tests/integration
-	$(PY) -m pytest -q tests/e2e
+	$(PY) -m pytest -q --durations=25 tests/e2e
 
 ## The unit tier alone: no service, no process, no database, over two processes (well under a minute).
 test-fast: setup
