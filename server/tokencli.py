@@ -8,10 +8,13 @@ from rich.table import Table
 
 from enginefarm.client.terminal import console, err, fail
 from enginefarm.core.config import get_settings
+from enginefarm.core.domain import SCOPES
+
+SCOPE_HELP = f"{', '.join(SCOPES[:-1])} or {SCOPES[-1]}, each allowing the ones before it (repeatable)"
 
 
 def token_create(
-    scope: list[str] = typer.Option(..., "--scope", help="read, build or admin (repeatable)"),
+    scope: list[str] = typer.Option(..., "--scope", help=SCOPE_HELP),
     name: str = typer.Option(..., help="who or what uses it"),
     expires_days: float | None = typer.Option(None, help="valid for this many days (default: until revoked)"),
     project: str | None = typer.Option(None, help="limit it to one project's models (default: the whole farm)"),

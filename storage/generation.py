@@ -22,7 +22,7 @@ import itertools
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage.tables import BenchmarkRow, EngineRow, ModelRow, VerdictRow
+from storage.tables import BenchmarkRow, DeviceMeasurementRow, EngineRow, ModelRow, VerdictRow
 
 CHANNEL = "enginefarm_resolve"  # PostgreSQL's NOTIFY channel for such commits (storage/changes.py)
 _changes = itertools.count(1)
@@ -45,7 +45,7 @@ def bump(session: Session, model_shas: set[str]) -> None:
 
 
 def _touched(session: Session) -> set[str]:
-    """The model bytes whose engines, benchmarks or verdicts this flush writes."""
+    """The model bytes whose engines, benchmarks (the farm's or the fleet's) or verdicts this flush writes."""
     shas: set[str] = set()
     engine_ids: set[int] = set()
     for obj in (*session.new, *session.dirty, *session.deleted):
@@ -53,7 +53,7 @@ def _touched(session: Session) -> set[str]:
             if obj in session.dirty and not session.is_modified(obj, include_collections=False):
                 continue  # only its benchmarks list was touched: those rows are counted themselves
             shas.add(obj.model_sha256)
-        elif isinstance(obj, (BenchmarkRow, VerdictRow)):
+        elif isinstance(obj, (BenchmarkRow, VerdictRow, DeviceMeasurementRow)):
             engine = obj.__dict__.get("engine")  # set when the row was made with its engine; else by id
             if engine is not None:
                 shas.add(engine.model_sha256)

@@ -21,8 +21,10 @@ from sqlalchemy.orm import Session
 
 from enginefarm.core.compat import KIND_FACTS
 from enginefarm.core.domain import ENGINE_FACTS, JSON_FACTS, EngineDescriptor
+from enginefarm.core.fleet import class_figures
 from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
+from storage import fleet
 from storage.catalog import find_models, latest_of
 from storage.db import json_loads
 from storage.driverrows import driver_rows
@@ -275,6 +277,7 @@ class Facts(NamedTuple):
     latencies: dict[str, float]
     model_seq: int
     shapes: dict[str, str]  # the input shapes of each latency, by device class (``canonical_shapes``)
+    machines: dict[str, int]  # for a fleet class: how many machines its latency is the median of
 
 
 @dataclass(frozen=True)
@@ -326,8 +329,23 @@ def engine_table(session: Session, owner: dict[str, Row], ids: tuple[int, ...] |
             values[at] = value
         return EngineDescriptor.from_values(values)
 
+    machines: dict[int, dict[str, int]] = {}
+    for engine_id, figures in fleet.figures_of(session, list(rows), params["project"]).items():
+        for c, f in class_figures(figures).items():  # the fleet's classes: beside the farm's, never mixed
+            latency[engine_id][c], shapes[engine_id][c] = f.median_ms, f.shapes
+            machines.setdefault(engine_id, {})[c] = f.machines
     facts = tuple(
-        Facts(r[0], r[2], r, descriptor(r), _ACCURACY[r[_PASSED]], latency[r[0]], seq[r[1]], shapes[r[0]])
+        Facts(
+            r[0],
+            r[2],
+            r,
+            descriptor(r),
+            _ACCURACY[r[_PASSED]],
+            latency[r[0]],
+            seq[r[1]],
+            shapes[r[0]],
+            machines.get(r[0], {}),
+        )
         for r in rows.values()
     )
     return EngineTable(key, facts, rows)

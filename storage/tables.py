@@ -191,6 +191,39 @@ class BenchmarkRow(Base):
     engine: Mapped[EngineRow] = relationship(back_populates="benchmarks")
 
 
+class DeviceMeasurementRow(Base):
+    """A figure a deploy machine measured of one engine on its own GPU (or CPU) and posted back: the fleet's
+    benchmark, beside the farm's own (BenchmarkRow). It is the project's whose token posted it: another project's
+    devices never change a ranking or a gate. ``machine_id`` is the machine's stable anonymous id (the client's),
+    so a machine counts once in its class however often it posts."""
+
+    __tablename__ = "device_measurements"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    engine_id: Mapped[int] = mapped_column(ForeignKey("engines.id"), index=True)
+    project: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    source: Mapped[str] = mapped_column(String(16), default="fleet")
+    machine_id: Mapped[str] = mapped_column(String(64))
+    gpu_name: Mapped[str | None] = mapped_column(String(200))
+    compute_capability: Mapped[str | None] = mapped_column(String(8))
+    cpu_name: Mapped[str | None] = mapped_column(String(200))
+    machine: Mapped[dict] = mapped_column(JSON, default=dict)  # the full fingerprint it was measured on
+    runtime: Mapped[str] = mapped_column(String(64))  # what ran it: "onnxruntime/CPUExecutionProvider", ...
+    runtime_version: Mapped[str] = mapped_column(String(64))
+    shapes: Mapped[dict] = mapped_column(JSON, default=dict)  # input name -> dims measured at
+    median_ms: Mapped[float] = mapped_column(Float)
+    p99_ms: Mapped[float | None] = mapped_column(Float)
+    throughput_qps: Mapped[float | None] = mapped_column(Float)
+    stats: Mapped[dict] = mapped_column(JSON, default=dict)
+    # The device's accuracy check against the farm's fp32 reference outputs; None where it did not check.
+    accuracy: Mapped[dict | None] = mapped_column(JSON)
+    accuracy_pass: Mapped[bool | None] = mapped_column(Boolean)
+    token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id"), index=True)  # its poster (quotas)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+    engine: Mapped[EngineRow] = relationship()
+
+
 class BenchmarkTaskRow(Base):
     """The benchmark and accuracy check of one engine with one set of check settings, on a capable worker."""
 
@@ -283,7 +316,7 @@ class ApiTokenRow(Base):
     name: Mapped[str] = mapped_column(String(100))
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(16))  # the token's first characters, to tell tokens apart
-    scopes: Mapped[list] = mapped_column(JSON)  # read, build, admin
+    scopes: Mapped[list] = mapped_column(JSON)  # of enginefarm.core.domain.SCOPES
     project: Mapped[str | None] = mapped_column(String(64))  # None: the whole farm; else only that project
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

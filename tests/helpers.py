@@ -74,7 +74,7 @@ def catalog_model(s, name: str, sha: str, version: str = "1", seq: int = 1):
     return row
 
 
-def catalog_engine(s, model, arch: str) -> int:
+def catalog_engine(s, model, arch: str, *, precision: str = "fp16", spec_hash: str = "0" * 64) -> int:
     """An engine row of ``model``'s bytes, as a worker writes it: TensorRT-RTX for ``arch`` ("sm86"), or the CPU
     artifact for "cpu". Its blob does not exist: keep such rows out of the session farm's catalog."""
     from storage.tables import EngineRow
@@ -84,11 +84,11 @@ def catalog_engine(s, model, arch: str) -> int:
     row = EngineRow(
         model_id=model.id,
         model_sha256=model.sha256,
-        spec_hash="0" * 64,
+        spec_hash=spec_hash,
         target="onnxruntime/cpu-x86_64" if cpu else f"tensorrt-rtx/{arch}",
         backend="onnxruntime" if cpu else "tensorrt-rtx",
         backend_version="1.23.2" if cpu else RTX_VERSION,
-        precision="fp16",
+        precision=precision,
         compute_capability=cc,
         compute_capabilities=[cc] if cc else [],
         platform="x86_64",

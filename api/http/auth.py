@@ -1,14 +1,15 @@
 """Who may do what: every request but /healthz carries an API token (``Authorization: Bearer ef_…``).
 
-Reads need ``read`` (or nothing, where the deployment sets ``ENGINEFARM_ANONYMOUS_READ``), writes need
-``build``, managing tokens needs ``admin``. The check runs before the body is read, so an unauthenticated
-upload is refused before a byte of it is stored.
+Reads need ``read`` (or nothing, where the deployment sets ``ENGINEFARM_ANONYMOUS_READ``), a deploy machine's
+measurements of an engine need ``measure``, other writes ``build``, managing tokens needs ``admin``. The check
+runs before the body is read, so an unauthenticated upload is refused before a byte of it is stored.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from datetime import datetime, timezone
@@ -19,16 +20,18 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from enginefarm.core.domain import SCOPES
 from enginefarm.core.errors import Forbidden, Unauthorized
 from storage.db import session_scope
 from storage.tables import ApiTokenRow
 from storage.tokens import ANONYMOUS, Principal, authenticate, hash_token, revoke_token
 
 log = logging.getLogger(__name__)
-bearer = HTTPBearer(auto_error=False, description="an API token: `enginefarm token create --scope read|build|admin`")
+bearer = HTTPBearer(auto_error=False, description=f"an API token: `enginefarm token create --scope {'|'.join(SCOPES)}`")
 READ_METHODS = {"GET", "HEAD", "OPTIONS"}
 READ_POSTS = {"/v1/resolve"}  # a query sent as a body: still a read
 CURRENT_TOKEN = "/v1/tokens/current"
+MEASUREMENTS = re.compile(r"/v1/engines/[0-9]+/measurements")
 
 
 def needed_scope(request: Request) -> str:
@@ -39,6 +42,8 @@ def needed_scope(request: Request) -> str:
         return "admin"
     if request.method in READ_METHODS or path in READ_POSTS:
         return "read"
+    if MEASUREMENTS.fullmatch(path):  # a deploy machine's figures of an engine
+        return "measure"
     return "build"
 
 

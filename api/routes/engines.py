@@ -1,4 +1,4 @@
-"""GET /v1/engines, /v1/engines/{id} and the engine's bytes."""
+"""GET /v1/engines, /v1/engines/{id}, the engine's bytes, and its measurements (the fleet posts its own)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.orm import Session
 
 from api.http import downloads
-from api.http.auth import Tenant
+from api.http.auth import Tenant, authorize
 from api.http.deps import CatalogRoute, session_dep, settings_dep
 from api.http.params import RowId, check_no_nul, page_offset
 from api.schemas import EngineOut, EngineQuery, ErrorOut, Page
+from api.schemas.fleet import MeasurementOut, MeasurementsOut, Source
 from api.schemas.int8 import PrecisionStage
-from api.services import engines
+from api.services import engines, fleet
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
+from enginefarm.core.fleet import Measurement
 from enginefarm.core.hashing import SHA_HEADER
 from storage import builtengines
+from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 CONTENT_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -62,6 +65,40 @@ def engine_benchmarks(
     """Every measurement of the engine its project made: per shape and device, all statistics and the machine
     fingerprint."""
     return engines.benchmarks(session, engine_id, tenant)
+
+
+@router.post(
+    "/{engine_id}/measurements",
+    status_code=201,
+    response_model=MeasurementOut,
+    responses={
+        422: {"model": ErrorOut, "description": "figures that cannot be, or a machine the engine cannot run on"},
+        429: {"model": ErrorOut, "description": "the token posted more than the farm takes a minute"},
+    },
+)
+def post_measurement(
+    engine_id: RowId,
+    body: Measurement,
+    principal: Principal = Depends(authorize),
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> MeasurementOut:
+    """What a deploy machine measured of an engine of the token's project (``enginefarm measure``; scope
+    ``measure``). It counts in the project's ranking for the machine's class (its GPU model, its compute
+    capability, or its CPU for the CPU artifact), as the median over machines, beside the farm's own figures."""
+    return fleet.post(session, settings, engine_id, principal, body)
+
+
+@router.get("/{engine_id}/measurements", response_model=MeasurementsOut)
+def engine_measurements(
+    engine_id: RowId,
+    tenant: Tenant,
+    source: Source | None = Query(None, description="only the farm's workers' figures, or only the fleet's"),
+    session: Session = Depends(session_dep, scope="function"),
+) -> MeasurementsOut:
+    """Every figure of the engine its project has: the farm's benchmarks and the fleet's posts side by side, each
+    fleet post flagged where it is far off its class, and the fleet's median per device class."""
+    return fleet.listing(session, engine_id, tenant, source)
 
 
 @router.get(

@@ -128,7 +128,7 @@ def judge(table: EngineTable, machine: Machine, req: ResolveRequest) -> Choice:
     """Judge and rank the table's engines for this machine and these filters. The compiled facts are shared; the
     options and their evidence are this request's (ranking writes the latency it compared into the evidence)."""
     options = [
-        Option(f.id, f.descriptor, f.model_seq, f.spec_hash, Evidence(f.accuracy, f.latencies, f.shapes))
+        Option(f.id, f.descriptor, f.model_seq, f.spec_hash, Evidence(f.accuracy, f.latencies, f.shapes, f.machines))
         for f in table.facts
     ]
     return choose(options, machine, req, checks=req.explain)

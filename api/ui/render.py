@@ -12,6 +12,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from fastapi.templating import Jinja2Templates
 
 from enginefarm import __version__
+from enginefarm.core.domain import SCOPES
 from enginefarm.core.errors import EnginefarmError
 from enginefarm.core.spec import PRECISIONS
 
@@ -69,7 +70,7 @@ def dims(values: list | None) -> str:
 
 
 templates.env.filters.update(ms=ms, size=size, age=age, elapsed=elapsed, dims=dims)
-templates.env.globals.update(version=__version__, precisions=PRECISIONS)
+templates.env.globals.update(version=__version__, precisions=PRECISIONS, scopes=SCOPES)
 
 
 def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:

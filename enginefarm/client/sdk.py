@@ -20,6 +20,7 @@ from enginefarm.client.offline import with_cpu
 from enginefarm.client.transport import ProgressReader, Transport, size_of
 from enginefarm.core.domain import FINAL_STATES, SCOPES, scope_allows
 from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound, Unauthorized
+from enginefarm.core.fleet import Measurement
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.machine import Machine
 from enginefarm.core.names import upload_problems
@@ -249,6 +250,16 @@ class Client(Transport):
 
     def workers(self) -> list[dict[str, Any]]:
         return cast("list[dict[str, Any]]", self.get("/v1/workers"))
+
+    def post_measurement(self, engine_id: int, measurement: Measurement) -> dict[str, Any]:
+        """Post what this machine measured of an engine (a token of scope ``measure``); returns it as recorded."""
+        body = measurement.model_dump(mode="json", exclude_none=True)
+        return cast("dict[str, Any]", self._json(self.http.post(f"/v1/engines/{engine_id}/measurements", json=body)))
+
+    def measurements(self, engine_id: int, source: str | None = None) -> dict[str, Any]:
+        """An engine's figures, the farm's and the fleet's (``source``: only one), with the fleet's per class."""
+        query = {"source": source} if source else {}
+        return cast("dict[str, Any]", self.get(f"/v1/engines/{engine_id}/measurements", **query))
 
     # ------------------------------------------------------------------ resolution and fetch
 

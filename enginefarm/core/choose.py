@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from enginefarm.core.compat import judge, kind_verdict, machine_kind
 from enginefarm.core.domain import EngineDescriptor
+from enginefarm.core.fleet import FLEET, describe_class
 from enginefarm.core.machine import Machine
 from enginefarm.core.profilefit import shape_fit
 from enginefarm.core.verdicts import Check, Outcome, Rule, Verdict, check_fail, check_ok, check_relaxed, check_unchecked
@@ -29,6 +30,8 @@ class Evidence:
     # The input shapes each of those latencies was measured at, by device class (canonical JSON text): two engines'
     # latencies are compared only where they were measured at the same shapes. Absent: not known, taken as alike.
     shapes: dict[str, str] = field(default_factory=dict)
+    # For a fleet class (``enginefarm.core.fleet``): how many machines its latency is the median of.
+    machines: dict[str, int] = field(default_factory=dict)
     # Set by ``choose``: the latency on the device class the ranking compared, and that class.
     latency_ms: float | None = None
     latency_on: str | None = None
@@ -194,8 +197,9 @@ def is_cpu_artifact(e: EngineDescriptor) -> bool:
 
 
 def device_classes(m: Machine) -> list[str]:
-    """The device classes a latency may have been measured on that stand for this machine, nearest first."""
-    return [
+    """The device classes a latency may have been measured on that stand for this machine, nearest first: its GPU
+    model, its compute capability, its CPU, each measured by the farm's workers, then by the fleet."""
+    own = [
         c
         for c in (
             m.gpu_name and f"gpu:{m.gpu_name}",
@@ -204,9 +208,12 @@ def device_classes(m: Machine) -> list[str]:
         )
         if c
     ]
+    return [x for c in own for x in (c, FLEET + c)]
 
 
-def _on(device_class: str) -> str:
+def _on(device_class: str, machines: int | None = None) -> str:
+    if device_class.startswith(FLEET):
+        return describe_class(device_class, machines)
     kind, _, name = device_class.partition(":")
     return {"gpu": name, "cc": f"compute capability {name}", "cpu": f"the CPU {name}"}.get(kind, device_class)
 
@@ -227,7 +234,7 @@ def reference_class(group: list[Judged], m: Machine) -> str | None:
     counts: dict[str, int] = {}
     for j in group:
         for c in j.option.evidence.latencies:
-            if c in own or (c.startswith("cpu:") and is_cpu_artifact(j.option.engine)):
+            if c in own or (c.removeprefix(FLEET).startswith("cpu:") and is_cpu_artifact(j.option.engine)):
                 counts[c] = counts.get(c, 0) + 1
     if not counts:
         return None
@@ -266,7 +273,7 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
         if ref and ev.latency_ms is not None and ev.shapes.get(ref) != at:
             ev.latency_ms = None
             elsewhere.add(id(j))
-        ev.latency_on = _on(ref) if ref and ev.latency_ms is not None else None
+        ev.latency_on = _on(ref, ev.machines.get(ref)) if ref and ev.latency_ms is not None else None
     measured = ref is not None and all(j.option.evidence.latency_ms is not None for j in group)
 
     def key(j: Judged) -> tuple[Any, ...]:
@@ -280,17 +287,24 @@ def _ranked(group: list[Judged], m: Machine) -> tuple[list[Judged], str]:
     if len(group) < 2:
         return group, ""
     figures = ", ".join(
-        f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms"
+        f"{_label(j)} {j.option.evidence.latency_ms:.3g} ms{_machines(j, ref)}"
         if j.option.evidence.latency_ms is not None
         else f"{_label(j)} {'measured only at other input shapes' if id(j) in elsewhere else 'not measured'}"
         for j in group[:6]
     )
     if measured and ref:
-        return group, f"fastest measured on {_on(ref)}: {figures}"
+        most = max((j.option.evidence.machines.get(ref, 0) for j in group), default=0)
+        return group, f"fastest measured on {_on(ref, most or None)}: {figures}"
     where = f" on {_on(ref)}" if ref else ""
     return group, (
         f"not every engine was measured{where}, so fp32/fp16 rank before int8/fp8, then measured latency: {figures}"
     )
+
+
+def _machines(j: Judged, ref: str | None) -> str:
+    """ " on 3 machines" after a fleet figure: the number of machines its median is of."""
+    n = j.option.evidence.machines.get(ref) if ref else None
+    return f" on {n} machine{'s' if n != 1 else ''}" if n else ""
 
 
 def _label(j: Judged) -> str:

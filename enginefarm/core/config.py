@@ -149,6 +149,9 @@ class Settings(BaseSettings):
     # one client address may make a minute (in each API process). Past either, a 429 with Retry-After.
     signin_per_minute_per_token: int = Field(default=10, ge=1)
     signin_per_minute_per_address: int = Field(default=30, ge=1)
+    # Device measurements one token may post a minute (POST /v1/engines/{id}/measurements; in the catalog, across
+    # API processes). Past it, a 429 with Retry-After.
+    measurements_per_minute_per_token: int = Field(default=60, ge=1)
     # The proxies whose X-Forwarded-Proto and X-Forwarded-For the API believes (uvicorn's forwarded_allow_ips):
     # comma-separated addresses or CIDR ranges, or "*" where nothing but the proxy can reach the API. A TLS-terminating
     # proxy must be listed, or the API takes its requests for plain http (no Secure session cookie).

@@ -244,8 +244,9 @@ class TaskState(StrEnum):
 
 FINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
 
-# An API token's scopes, each including the ones before it: reads, then uploads and builds, then managing tokens.
-SCOPES = ("read", "build", "admin")
+# An API token's scopes, each including the ones before it: reads, then posting what a deploy machine measured of
+# an engine (enginefarm measure), then uploads and builds, then managing tokens.
+SCOPES = ("read", "measure", "build", "admin")
 
 
 def scope_allows(scope: str, needed: str) -> bool:

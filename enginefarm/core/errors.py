@@ -120,8 +120,8 @@ class QueueFull(TooBusy):
     retry_after = 60
 
 
-class SignInsTooFast(TooBusy):
-    """A token, or a client address, signing in to the dashboard faster than the farm allows."""
+class RateLimited(TooBusy):
+    """Requests of one kind faster than the farm allows one token (or address) in a window."""
 
     retry_after = 60
 
@@ -129,6 +129,14 @@ class SignInsTooFast(TooBusy):
         super().__init__(message, **context)
         if retry_after is not None:  # when the window frees a place, where that is known
             self.retry_after = retry_after
+
+
+class SignInsTooFast(RateLimited):
+    """A token, or a client address, signing in to the dashboard faster than the farm allows."""
+
+
+class MeasurementsTooFast(RateLimited):
+    """A token posting device measurements faster than the farm allows."""
 
 
 class IntegrityError(EnginefarmError):
