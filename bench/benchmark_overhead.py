@@ -25,8 +25,8 @@ from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.graph.inputs import random_inputs
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.measure.ort_runner import OrtRunner
 from worker.backends import BuildLog
-from worker.measure.evaluate import OrtRunner
 from worker.pipeline import engine_from_model
 
 

@@ -1,6 +1,6 @@
 """The engine benchmark's GPU timing, proven on a real GPU with a kernel in place of the engine.
 
-worker/measure/gpu_timing.py times an engine as trtexec does: CUDA events around the host→device copies, the
+enginefarm/measure/gpu_timing.py times an engine as trtexec does: CUDA events around the host→device copies, the
 compute and the device→host copies on one stream. TensorRT engines cannot run everywhere we can test,
 so this script runs the same ``TimedPipeline`` and ``benchmark_pipeline`` with an NVRTC-compiled kernel
 (a chain of FMAs over a 64 MiB float buffer, about 1 ms on a Hopper GPU) as the compute step, 64 MiB
@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 
 from enginefarm.core import stats  # noqa: E402
 from enginefarm.core.errors import BackendMissing  # noqa: E402
-from worker.measure import cuda_driver as D  # noqa: E402
-from worker.measure import gpu_timing as G  # noqa: E402
-from worker.measure import trt_runner as R  # noqa: E402
+from enginefarm.measure import cuda_driver as D  # noqa: E402
+from enginefarm.measure import gpu_timing as G  # noqa: E402
+from enginefarm.measure import trt_runner as R  # noqa: E402
 
 KERNEL = r"""
 extern "C" __global__ void fma_chain(const float* __restrict__ x, float* __restrict__ y,

@@ -162,11 +162,11 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
     """The CPU int8 artifact against the fp32 one, as the farm makes and times them, interleaved. With ``repair``,
     the quantize stage's accuracy repair runs first and its kept layers stay float in the artifact timed."""
     from enginefarm.graph.modelfile import inspect_upload
+    from enginefarm.measure.ort_runner import OrtRunner
     from worker.backends.base import BuildBackend
     from worker.cleanup import prepared_model
     from worker.int8.choice import quantize_for_cpu
     from worker.measure import int8_vs_fp32 as compare
-    from worker.measure.evaluate import OrtRunner
 
     model, source, sampler = _model(name)
     spec = BuildSpec(**{**model.shapes, **model.spec, "benchmark": {"enabled": False}, "accuracy": {"enabled": False}})
@@ -344,9 +344,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-models-"))
     try:
         if args.all_optimizations:
-            from worker.backends import onnxruntime as ort_backend
+            from enginefarm.measure import ort_runner
 
-            ort_backend.cpu_has_vnni = lambda: True
+            ort_runner.cpu_has_vnni = lambda: True
         int8_names = args.models or (["ppocr-cls"] if args.smoke else [*MODELS, *large.LARGE])
         int8 = {}
         for n in int8_names:

@@ -32,7 +32,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_imports_point_down():
     out = lint_imports(ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "5 kept, 0 broken" in out.stdout, out.stdout[-2000:]
+    assert "6 kept, 0 broken" in out.stdout, out.stdout[-2000:]
 
 
 def test_the_contracts_catch_an_import_that_points_up(tmp_path):
@@ -45,16 +45,19 @@ def test_the_contracts_catch_an_import_that_points_up(tmp_path):
         f.write("\nfrom worker import pipeline  # noqa\n")
     with open(tmp_path / "api" / "ui" / "farm.py", "a") as f:
         f.write("\nfrom api.routes import tokens  # noqa\n")
+    with open(tmp_path / "enginefarm" / "measure" / "ort_runner.py", "a") as f:
+        f.write("\nimport onnx  # noqa\n")
     out = lint_imports(tmp_path)
     assert out.returncode == 1
     assert "enginefarm.core.domain -> storage.db" in out.stdout
     assert "api.services.builds -> worker.pipeline" in out.stdout
     assert "api.ui.farm -> api.routes.tokens" in out.stdout  # the dashboard calls services, never a route
+    assert "enginefarm.measure.ort_runner -> onnx" in out.stdout  # a deploy machine's runner needs no onnx
 
 
 def test_every_kernel_module_is_under_the_kernel_contract():
     """The kernel is enginefarm.core, whole; enginefarm/ holds only its own __init__ and __main__, beside the
-    kernel, the graph and the client."""
+    kernel, the graph, the client and the runners."""
     contract = next(c for c in PYPROJECT["tool"]["importlinter"]["contracts"] if c["name"].startswith("The kernel"))
     assert contract["source_modules"] == ["enginefarm.core"]
     assert {p.name for p in (ROOT / "enginefarm").glob("*.py")} == {"__init__.py", "__main__.py"}
@@ -62,6 +65,7 @@ def test_every_kernel_module_is_under_the_kernel_contract():
         "core",
         "client",
         "graph",
+        "measure",
     }
 
 
@@ -82,12 +86,13 @@ def test_the_farm_runs_from_the_checkouts_root():
     assert "--data-dir" in out.stdout
 
 
-def test_client_and_kernel_run_on_python_3_10():
+def test_client_kernel_and_runners_run_on_python_3_10():
     files = [
         str(ROOT / "enginefarm" / "__init__.py"),
         str(ROOT / "enginefarm" / "__main__.py"),
         str(ROOT / "enginefarm" / "core"),
         str(ROOT / "enginefarm" / "client"),
+        str(ROOT / "enginefarm" / "measure"),
     ]
     out = subprocess.run(
         [str(BIN / "vermin"), "--no-tips", "--eval-annotations", "--target=3.10-", "--violations", *files],

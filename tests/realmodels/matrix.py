@@ -101,9 +101,9 @@ def prepare(name: str, work: Path) -> Prepared:
 
 def _quantized(prep: Prepared, work: Path, family: str) -> None:
     """The int8 stage once per model and target family, as worker/int8/stage.py runs it."""
+    from enginefarm.measure.ort_runner import OrtRunner
     from worker.int8.choice import quantize_for_cpu
     from worker.int8.quantize import quantize_qdq
-    from worker.measure.evaluate import OrtRunner
 
     if family in prep.int8_path or family in prep.int8_error:
         return

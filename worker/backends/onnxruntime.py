@@ -14,47 +14,17 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 from enginefarm.core.domain import Backend, EngineDescriptor, Target
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.measure.modules import load_module
+from enginefarm.measure.ort_runner import optimization_level
 from worker.backends.base import BuildBackend, BuildLog
-from worker.backends.trt_common import fp16_graph, load_module
+from worker.backends.trt_common import fp16_graph
 from worker.rewrite.onnxgraph import INLINE_LIMIT, all_tensors, save_model
-
-
-@lru_cache
-def cpu_has_vnni() -> bool:
-    """Whether the CPU has VNNI int8 dot products (x86); other architectures are not affected."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return True
-    return "vnni" in flags or not any(f in flags for f in (" avx2", " avx512"))
-
-
-def has_qdq(model_path: Path) -> bool:
-    import onnx
-
-    model = onnx.load(str(model_path), load_external_data=False)
-    return any(n.op_type == "QuantizeLinear" for n in model.graph.node)
-
-
-def optimization_level(ort, model_path: Path) -> tuple[object, str]:
-    """The graph optimization level for this model on this CPU, and why. ONNX Runtime fuses Q/DQ pairs into
-    integer kernels (QLinearConv, …) from ORT_ENABLE_EXTENDED up; on x86 CPUs with AVX2/AVX-512 but no VNNI
-    those kernels saturate their u8·s8 products (measured: rel L2 0.105 against FP32 instead of 0.020 on a
-    small conv net). There a Q/DQ model keeps the basic level, which runs the Q/DQ arithmetic exactly."""
-    levels = ort.GraphOptimizationLevel
-    if not cpu_has_vnni() and has_qdq(model_path):
-        return (
-            levels.ORT_ENABLE_BASIC,
-            "ORT_ENABLE_BASIC: Q/DQ model on a CPU without VNNI, fused int8 kernels would saturate",
-        )
-    return levels.ORT_ENABLE_ALL, "ORT_ENABLE_ALL"
 
 
 def _external(model) -> list:

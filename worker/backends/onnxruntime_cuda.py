@@ -11,7 +11,6 @@ proves it can run the graph."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from enginefarm.core.domain import Backend, EngineDescriptor, Target
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
@@ -19,44 +18,13 @@ from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
 from enginefarm.core.probe.gpus import GpuInfo
 from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.measure.modules import load_module
+from enginefarm.measure.ort_cuda_runner import cuda_provider_options, runtime_facts
 from worker.backends.base import BuildLog
-from worker.backends.trt_common import fp16_graph, load_module
+from worker.backends.trt_common import fp16_graph
 
 # What the saved graph was optimized at (see the module's docstring).
 SAVED_LEVEL = "ORT_ENABLE_EXTENDED"
-
-
-def cuda_provider_options(tf32: bool, device_id: int = 0, stream: int | None = None) -> dict[str, str]:
-    """The CUDA provider's options, as strings (the form ONNX Runtime takes and the catalog records).
-
-    ``use_tf32``: TF32 tensor-core math in fp32 convolutions and matrix products, on by default as in the
-    runtime itself. ``cudnn_conv_algo_search`` EXHAUSTIVE: cuDNN times every convolution algorithm once per
-    shape and keeps the fastest (the runtime's default too). ``stream``: a caller's CUDA stream that the
-    provider enqueues all its work on, so that events on that stream bracket exactly one inference."""
-    options = {
-        "device_id": str(device_id),
-        "use_tf32": "1" if tf32 else "0",
-        "cudnn_conv_algo_search": "EXHAUSTIVE",
-        "arena_extend_strategy": "kNextPowerOfTwo",
-    }
-    if stream is not None:
-        options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
-    return options
-
-
-def runtime_facts(probe: MachineProbe, gpu: GpuInfo | None, session_options: dict[str, Any]) -> dict[str, Any]:
-    """GPU model, compute capability, driver, CUDA, cuDNN and ONNX Runtime versions and the session options: what
-    the catalog keeps with each ONNX Runtime CUDA artifact and each of its measurements."""
-    return {
-        "gpu": gpu.name if gpu else None,
-        "compute_capability": gpu.compute_capability if gpu else None,
-        "driver": probe.driver_version,
-        "driver_cuda": probe.cuda_version,
-        "cuda": probe.ort_cuda,
-        "cudnn": probe.cudnn_version,
-        "onnxruntime": probe.modules.get("onnxruntime"),
-        "session": session_options,
-    }
 
 
 def gpu_for(target: Target, probe: MachineProbe) -> GpuInfo:

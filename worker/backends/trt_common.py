@@ -8,7 +8,6 @@ which they supply through ``TrtFamilyBackend.select_target``.
 from __future__ import annotations
 
 import functools
-import importlib
 import time
 from abc import abstractmethod
 from pathlib import Path
@@ -19,9 +18,10 @@ import onnx
 
 from enginefarm.core.directwrite import write_hashed
 from enginefarm.core.domain import ANONYMOUS_DIMS, EngineDescriptor, HardwareCompat, Target
-from enginefarm.core.errors import BackendMissing, BuildFailed, SpecInvalid
+from enginefarm.core.errors import BuildFailed, SpecInvalid
 from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec, Precision
+from enginefarm.measure.modules import load_module
 from worker.backends.base import BuildBackend, BuildLog
 from worker.rewrite.onnxgraph import INLINE_LIMIT, save_model
 
@@ -33,18 +33,6 @@ PRECISION_FLAGS: dict[Precision, tuple[str, ...]] = {
     Precision.INT8: ("INT8", "FP16"),
     Precision.FP8: ("FP8", "FP16"),
 }
-
-_modules: dict[str, ModuleType] = {}
-
-
-def load_module(name: str) -> ModuleType:
-    """Import a TensorRT-family module once; a worker without it gets BackendMissing saying so."""
-    if name not in _modules:
-        try:
-            _modules[name] = importlib.import_module(name)
-        except Exception as exc:  # ImportError, or OSError when libnvinfer is missing
-            raise BackendMissing(f"the {name} module is not importable on this worker: {exc}") from exc
-    return _modules[name]
 
 
 def make_logger(trt: ModuleType, log: BuildLog):

@@ -97,13 +97,13 @@ def repair_on(
     from worker.fp16.repair import repair
 
     if gpu is None:
-        from worker.measure.evaluate import OrtRunner
+        from enginefarm.measure.ort_runner import OrtRunner
 
         return repair(
             float_model, reference, samples, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads)
         )
+    from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
     from worker.backends.onnxruntime_cuda import gpu_for
-    from worker.measure.ort_cuda_runner import OrtCudaRunner
 
     index = gpu_for(gpu, probe_machine()).index  # the GPU of the target's compute capability, as its build uses
 

@@ -165,8 +165,8 @@ def _derive(
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
     if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
+        from enginefarm.measure.ort_runner import OrtRunner
         from worker.int8.choice import quantize_for_cpu_beside
-        from worker.measure.evaluate import OrtRunner
 
         report, figures = quantize_for_cpu_beside(
             float_model, samples, out, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads), beside
@@ -271,8 +271,8 @@ def _catalogue(
 def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path) -> dict:
     """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
     (worker/int8/repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
+    from enginefarm.measure.ort_runner import OrtRunner
     from worker.int8.repair import repair
-    from worker.measure.evaluate import OrtRunner
 
     def runner(path: Path) -> OrtRunner:
         return OrtRunner(path, spec.benchmark.threads)

@@ -2,15 +2,11 @@
 ONNX Runtime FP32 on the original model. No Celery here (worker/tasks.py wraps it).
 
 An engine is run by a runner: ONNX Runtime on the CPU for ``onnxruntime`` engines, the TensorRT runtime
-through cuda-python (worker/measure/gpu_timing.py) for ``tensorrt`` and ``tensorrt-rtx`` engines.
+through cuda-python (enginefarm/measure/gpu_timing.py) for ``tensorrt`` and ``tensorrt-rtx`` engines.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import resource
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -20,7 +16,7 @@ import numpy as np
 from enginefarm.core.domain import BACKEND_MODULES, Backend, ModelInfo, Target
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec
-from enginefarm.core.stats import Iteration, Measurement, measure
+from enginefarm.core.stats import Measurement
 from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import (
     ShapeSet,
@@ -31,8 +27,8 @@ from enginefarm.graph.inputs import (
     shape_sets,
     timing_inputs,
 )
-from worker.backends.onnxruntime import optimization_level
-from worker.backends.trt_common import load_module
+from enginefarm.measure.modules import load_module
+from enginefarm.measure.ort_runner import OrtRunner
 from worker.measure import int8_vs_fp32
 
 
@@ -44,74 +40,6 @@ class Runner(Protocol):
     def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement: ...
 
     def close(self) -> None: ...
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-class OrtRunner:
-    """An ONNX Runtime CPU session. Each timed step binds the inputs (``h2d``: handing numpy buffers to ONNX
-    Runtime), runs the graph (``compute``) and copies the outputs back to numpy (``d2h``)."""
-
-    def __init__(self, model_path: Path, threads: int | None = None):
-        ort = load_module("onnxruntime")
-        self.ort = ort
-        options = ort.SessionOptions()
-        options.graph_optimization_level = optimization_level(ort, model_path)[0]  # as the engine was built
-        self.threads = threads or len(os.sched_getaffinity(0))
-        options.intra_op_num_threads = self.threads
-        options.inter_op_num_threads = 1
-        try:
-            self.session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise BuildFailed(f"ONNX Runtime could not load the engine: {exc}") from exc
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.label = f"CPU {platform.machine()} ({cpu_name()}), {self.threads} threads"
-
-    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(self.outputs, self.session.run(self.outputs, inputs)))
-
-    def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement:
-        binding = self.session.io_binding()
-        for name in self.outputs:
-            binding.bind_output(name, "cpu")
-        clock = time.perf_counter
-
-        def step() -> Iteration:
-            t0 = clock()
-            for name, array in inputs.items():
-                binding.bind_cpu_input(name, array)
-            t1 = clock()
-            self.session.run_with_iobinding(binding)
-            t2 = clock()
-            binding.copy_outputs_to_cpu()
-            t3 = clock()
-            return Iteration(e2e=(t3 - t0) * 1e3, compute=(t2 - t1) * 1e3, h2d=(t1 - t0) * 1e3, d2h=(t3 - t2) * 1e3)
-
-        before = _peak_rss_bytes()
-        result = measure(step, warmup_ms=spec.warmup_ms, duration_s=spec.duration_s, min_iterations=spec.iterations)
-        result.extra.update(
-            threads=self.threads,
-            cpu=cpu_name(),
-            onnxruntime=self.ort.__version__,
-            peak_rss_bytes=_peak_rss_bytes(),
-            peak_rss_growth_bytes=_peak_rss_bytes() - before,
-        )
-        return result
-
-    def close(self) -> None:
-        self.session = None
 
 
 @dataclass
@@ -129,14 +57,14 @@ def make_runner(
     """The runner for an engine of this backend (and target) on this worker, and the device it runs on. ``gpu``:
     the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer."""
     if target and target.is_ort_cuda:
-        from worker.measure.ort_cuda_runner import OrtCudaRunner
+        from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
 
         cuda = OrtCudaRunner(engine_path, tf32=spec.tf32)
         return cuda, Device(cuda.label, cuda.gpu_name, cuda.compute_capability)
     if backend == Backend.ONNXRUNTIME.value:
         runner = OrtRunner(engine_path, spec.benchmark.threads)
         return runner, Device(runner.label)
-    from worker.measure.trt_runner import TensorRTEngineRunner
+    from enginefarm.measure.trt_runner import TensorRTEngineRunner
 
     trt = TensorRTEngineRunner(engine_path.read_bytes(), load_module(BACKEND_MODULES[Backend(backend)]))
     name = (gpu or {}).get("name") or trt.device.name

@@ -20,8 +20,8 @@ import numpy as np
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph.inputs import timing_inputs
+from enginefarm.measure.ort_runner import has_qdq
 from worker.backends import BuildLog, get_backend
-from worker.backends.onnxruntime import has_qdq
 from worker.cleanup import prepared_model
 
 # Rounds of int8 then fp32 (then fp32 then int8: the order alternates); each block runs for about this long.

@@ -15,13 +15,14 @@ from enginefarm.core.domain import Target, arch_of_cc
 from enginefarm.core.probe.machineprobe import probe_machine
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
+from enginefarm.measure.ort_runner import OrtRunner
 from tests.unit.worker.test_fp16_repair import SHAPES, hidden_overflow_model, overflow_samples
 from worker.backends.base import BuildLog
 from worker.backends.onnxruntime_cuda import build_cuda
 from worker.fp16 import repair as F
 from worker.fp16.stage import judge_target, repair_on
-from worker.measure.evaluate import OrtRunner, check_accuracy
-from worker.measure.ort_cuda_runner import OrtCudaRunner
+from worker.measure.evaluate import check_accuracy
 
 pytestmark = pytest.mark.gpu
 

@@ -17,10 +17,11 @@ from enginefarm.core.probe.machineprobe import machine_fingerprint, probe_machin
 from enginefarm.core.probe.policy import buildable_targets
 from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
+from enginefarm.measure.ort_runner import OrtRunner
 from worker.backends.base import BuildLog
 from worker.backends.onnxruntime_cuda import build_cuda
-from worker.measure.evaluate import OrtRunner, check_accuracy, evaluate
-from worker.measure.ort_cuda_runner import OrtCudaRunner
+from worker.measure.evaluate import check_accuracy, evaluate
 
 pytestmark = pytest.mark.gpu
 QUICK = BenchmarkSpec(warmup_ms=50, duration_s=0.3, iterations=10)

@@ -296,8 +296,8 @@ def test_model_already_quantized(quantized, tmp_path: Path) -> None:
 def test_q_dq_models_skip_the_fused_int8_kernels_where_they_saturate(tmp_path, monkeypatch):
     """On x86 without VNNI, ONNX Runtime's fused int8 kernels saturate; the CPU engine and its runner keep the
     basic optimization level for Q/DQ models there, and the int8 engine stays close to FP32."""
-    from worker.backends import onnxruntime as backend
-    from worker.measure.evaluate import OrtRunner
+    from enginefarm.measure import ort_runner as backend
+    from enginefarm.measure.ort_runner import OrtRunner
 
     fp32_path = save_conv_net(tmp_path / "m.onnx", seed=42)
     x = _images(16, seed=42)
@@ -671,9 +671,9 @@ def test_the_cpu_artifact_of_a_real_conv_net_runs_integer_kernels(tmp_path: Path
     computes every convolution in an integer kernel, and stays close to fp32."""
     from enginefarm.core.domain import Target
     from enginefarm.core.spec import BuildSpec
+    from enginefarm.measure.ort_runner import optimization_level
     from tests.realmodels import MODELS, path, samples
     from worker.backends import BuildLog
-    from worker.backends.onnxruntime import optimization_level
     from worker.pipeline import engine_from_model
 
     source = path("ppocr-cls")

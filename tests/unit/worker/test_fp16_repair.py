@@ -17,10 +17,11 @@ from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.validation import validate_spec
 from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.measure.ort_runner import OrtRunner
 from worker.backends import BuildLog, get_backend
 from worker.fp16 import repair as F
 from worker.fp16.stage import judge_target
-from worker.measure.evaluate import OrtRunner, check_accuracy
+from worker.measure.evaluate import check_accuracy
 
 SHAPES = {"input": [1, 16]}
 

@@ -15,9 +15,9 @@ from cuda.bindings import nvrtc
 
 from enginefarm.core import stats
 from enginefarm.core.errors import BackendMissing, BuildFailed
-from worker.measure import cuda_driver as D
-from worker.measure import gpu_timing as G
-from worker.measure import trt_runner as R
+from enginefarm.measure import cuda_driver as D
+from enginefarm.measure import gpu_timing as G
+from enginefarm.measure import trt_runner as R
 
 NO_DRIVER = "no CUDA driver on this worker: "
 

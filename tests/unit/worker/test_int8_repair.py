@@ -11,9 +11,9 @@ import pytest
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
+from enginefarm.measure.ort_runner import OrtRunner
 from tests.unit.worker.test_int8_vs_fp32 import _wide_add
 from worker.int8 import repair as R
-from worker.measure.evaluate import OrtRunner
 
 
 def _runner(path: Path) -> OrtRunner:

@@ -12,10 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import save_conv_net
+from enginefarm.measure.ort_runner import OrtRunner
 from worker.int8 import choice as C
 from worker.int8.quantize import cpu_candidates
 from worker.measure import int8_vs_fp32 as V
-from worker.measure.evaluate import OrtRunner
 
 
 def test_interleaved_alternates_the_order_and_times_both():

@@ -16,12 +16,12 @@ import onnx
 
 from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.modelfile import inspect_upload
+from enginefarm.measure.ort_runner import OrtRunner
 from tests.unit.worker.test_int8_vs_fp32 import _wide_add
 from worker.int8 import choice as C
 from worker.int8 import repair as R
 from worker.int8.choice import calibration_feeds, gate_figure
 from worker.int8.variant import latency
-from worker.measure.evaluate import OrtRunner
 
 
 def _runner(path: Path) -> OrtRunner:

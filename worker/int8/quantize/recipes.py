@@ -61,7 +61,7 @@ class Recipe:
         """Whether weights are stored in 7 bits on this worker."""
         if self.reduce_range is not None:
             return self.reduce_range
-        from worker.backends.onnxruntime import cpu_has_vnni
+        from enginefarm.measure.ort_runner import cpu_has_vnni
 
         return not cpu_has_vnni()
 

@@ -1,7 +1,7 @@
 """A TensorRT engine on the GPU, timed: ``TensorRTEngineRunner`` deserializes an engine with the TensorRT (or
 TensorRT-RTX) runtime module it is given, binds every I/O tensor to device memory and pinned host arrays, and
 enqueues ``execute_async_v3`` inside ``gpu_timing.TimedPipeline``'s CUDA events. The CUDA side (device, memory,
-streams, events) is ``worker.measure.cuda_driver``, the timed loop ``worker.measure.gpu_timing``; what is here
+streams, events) is ``enginefarm.measure.cuda_driver``, the timed loop ``enginefarm.measure.gpu_timing``; what is here
 is TensorRT's."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 
 from enginefarm.core import stats
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
-from worker.measure.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray
-from worker.measure.gpu_timing import TimedPipeline, benchmark_pipeline
+from enginefarm.measure.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray
+from enginefarm.measure.gpu_timing import TimedPipeline, benchmark_pipeline
 
 if TYPE_CHECKING:
     from enginefarm.core.spec import BenchmarkSpec

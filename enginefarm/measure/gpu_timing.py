@@ -7,8 +7,8 @@ launch overhead. ``stats.measure`` drives the loop (trtexec's 200 ms warm-up, at
 iterations) and ``stats.summarize`` reports trtexec's percentiles; the GPU's clocks (NVML) go with every result.
 
 Everything here is engine-agnostic (``TimedPipeline`` times any ``enqueue_compute(stream_handle)``); the
-TensorRT engine that runs inside it is ``worker.measure.trt_runner``, and the CUDA calls, device, memory,
-streams and events are ``worker.measure.cuda_driver``'s. bench/gpu_timing.py proves this part on a real GPU
+TensorRT engine that runs inside it is ``enginefarm.measure.trt_runner``, and the CUDA calls, device, memory,
+streams and events are ``enginefarm.measure.cuda_driver``'s. bench/gpu_timing.py proves this part on a real GPU
 with a hand-written kernel in place of ``execute_async_v3``.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from enginefarm.core import stats
 from enginefarm.core.nvml import NvmlUnavailable, nvml_session
-from worker.measure.cuda_driver import (
+from enginefarm.measure.cuda_driver import (
     CudaDevice,
     DeviceBuffer,
     Event,

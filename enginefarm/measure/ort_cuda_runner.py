@@ -1,11 +1,12 @@
-"""Runs an ``onnxruntime/cuda-smXY`` artifact on the GPU for the benchmark and accuracy stage.
+"""Runs an ``onnxruntime/cuda-smXY`` artifact on the GPU for the benchmark and accuracy stage, on a farm's worker or
+on a deploy machine (``enginefarm measure``).
 
-The benchmark is the farm's CUDA timing (worker/measure/gpu_timing.py), not ONNX Runtime's profiler: inputs and outputs
-are bound to device buffers of our own (I/O binding), the CUDA provider enqueues its kernels on our stream
+The benchmark is the farm's CUDA timing (enginefarm/measure/gpu_timing.py), not ONNX Runtime's profiler: inputs and
+outputs are bound to device buffers of our own (I/O binding), the CUDA provider enqueues its kernels on our stream
 (``user_compute_stream``), and ``TimedPipeline`` brackets the host-to-device copies, ``run_with_iobinding`` and the
 device-to-host copies with CUDA events on that stream, at trtexec's warm-up, duration and percentiles
-(enginefarm/core/stats.py). GPU memory in use is the driver's free memory before the session was made minus the lowest
-seen during the run.
+(enginefarm/core/stats.py). GPU memory in use is the driver's free memory before the session was made minus the
+lowest seen during the run.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import numpy as np
 
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
 from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
-from enginefarm.core.probe.machineprobe import probe_machine
+from enginefarm.core.probe.gpus import GpuInfo
+from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.core.stats import Measurement
-from worker.backends.onnxruntime_cuda import cuda_provider_options, runtime_facts
-from worker.backends.trt_common import load_module
-from worker.measure.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
-from worker.measure.gpu_timing import TimedPipeline, benchmark_pipeline
+from enginefarm.measure.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
+from enginefarm.measure.gpu_timing import TimedPipeline, benchmark_pipeline
+from enginefarm.measure.modules import load_module
 
 # ONNX Runtime's tensor type names → numpy.
 ORT_DTYPES: dict[str, Any] = {
@@ -48,6 +49,39 @@ def numpy_dtype(ort_type: str) -> np.dtype:
         return np.dtype(ORT_DTYPES[ort_type])
     except KeyError:
         raise BuildFailed(f"an output of type {ort_type} has no numpy type to copy it into") from None
+
+
+def cuda_provider_options(tf32: bool, device_id: int = 0, stream: int | None = None) -> dict[str, str]:
+    """The CUDA provider's options, as strings (the form ONNX Runtime takes and the catalog records).
+
+    ``use_tf32``: TF32 tensor-core math in fp32 convolutions and matrix products, on by default as in the
+    runtime itself. ``cudnn_conv_algo_search`` EXHAUSTIVE: cuDNN times every convolution algorithm once per
+    shape and keeps the fastest (the runtime's default too). ``stream``: a caller's CUDA stream that the
+    provider enqueues all its work on, so that events on that stream bracket exactly one inference."""
+    options = {
+        "device_id": str(device_id),
+        "use_tf32": "1" if tf32 else "0",
+        "cudnn_conv_algo_search": "EXHAUSTIVE",
+        "arena_extend_strategy": "kNextPowerOfTwo",
+    }
+    if stream is not None:
+        options.update(has_user_compute_stream="1", user_compute_stream=str(stream))
+    return options
+
+
+def runtime_facts(probe: MachineProbe, gpu: GpuInfo | None, session_options: dict[str, Any]) -> dict[str, Any]:
+    """GPU model, compute capability, driver, CUDA, cuDNN and ONNX Runtime versions and the session options: what
+    the catalog keeps with each ONNX Runtime CUDA artifact and each of its measurements."""
+    return {
+        "gpu": gpu.name if gpu else None,
+        "compute_capability": gpu.compute_capability if gpu else None,
+        "driver": probe.driver_version,
+        "driver_cuda": probe.cuda_version,
+        "cuda": probe.ort_cuda,
+        "cudnn": probe.cudnn_version,
+        "onnxruntime": probe.modules.get("onnxruntime"),
+        "session": session_options,
+    }
 
 
 class OrtCudaRunner:
