@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from enginefarm.core.domain import ModelInfo, Target
 from enginefarm.core.spec import BenchmarkSpec, BuildSpec
-from enginefarm.graph.inputs import random_inputs
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import sample_spec, save_conv_net
+from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.ort_runner import OrtRunner
 from worker.backends import BuildLog
 from worker.pipeline import engine_from_model

@@ -123,3 +123,21 @@ def conv_model(tmp_path_factory) -> Path:
 def auth_headers(farm) -> dict[str, str]:
     """Headers that authenticate as the session's admin token."""
     return farm.headers
+
+
+@pytest.fixture(scope="session")
+def client_wheel(tmp_path_factory) -> Path:
+    """The package's wheel, as `pip install enginefarm` would get it (built once a session)."""
+    import shutil
+
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "enginefarm"
+    # From a copy: an in-tree build leaves build/lib behind, whose stale modules a later wheel would carry.
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__"))
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    return next(out.glob("enginefarm-*.whl"))

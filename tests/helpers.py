@@ -101,3 +101,15 @@ def catalog_engine(s, model, arch: str, *, precision: str = "fp16", spec_hash: s
     s.add(row)
     s.flush()
     return row.id
+
+
+def python(version: str) -> str:
+    """An interpreter of this version: this one, a pyenv install, or one on PATH."""
+    import shutil
+
+    if sys.version_info[:2] == tuple(map(int, version.split("."))):
+        return sys.executable
+    pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
+    found = str(pyenv[-1]) if pyenv else shutil.which(f"python{version}")
+    assert found, f"python{version} is needed to check the client on it (pyenv install {version})"
+    return found

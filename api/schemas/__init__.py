@@ -344,6 +344,14 @@ class CandidateOut(BaseModel):
     checks: list[CheckOut] | None = Field(None, description="every check, with explain=true")
 
 
+class MeasuredOut(BaseModel):
+    source: Literal["farm", "fleet"] = Field(description="the farm's workers, or deploy machines that posted it")
+    device_class: str
+    on: str = Field(description="e.g. NVIDIA GeForce RTX 4090, or 3 machines of class NVIDIA GeForce RTX 4090")
+    latency_ms: float
+    machines: int | None = Field(None, description="for the fleet's figure: how many machines its median is of")
+
+
 class ResolveOut(BaseModel):
     model: str
     machine: Machine
@@ -366,6 +374,11 @@ class ResolveOut(BaseModel):
     ranked_by: str = Field(
         "",
         description="how the chosen engine won over the others that run: the latencies compared, and on which device",
+    )
+    measured: list[MeasuredOut] = Field(
+        default_factory=list,
+        description="the chosen engine's latencies on this machine's classes (its GPU model, compute capability, "
+        "CPU), the farm's and the fleet's side by side, nearest first",
     )
 
 

@@ -22,6 +22,7 @@ class MeasurementOut(BaseModel):
     cpu_name: str | None
     runtime: str | None = Field(description="what ran it (fleet only)")
     runtime_version: str | None
+    shape_key: str | None = Field(description="which of the build's shape sets the farm measured at (farm only)")
     shapes: dict[str, Any]
     median_ms: float
     p99_ms: float | None

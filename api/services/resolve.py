@@ -17,6 +17,7 @@ rows. In order, and each step only when the one before could not answer:
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -26,11 +27,28 @@ from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from api.metrics import RESOLVES, labelled
-from api.schemas import BuildForMachineOut, CandidateOut, CheckOut, EngineOut, ResolveOut, ResolveRequest
+from api.schemas import (
+    BuildForMachineOut,
+    CandidateOut,
+    CheckOut,
+    EngineOut,
+    MeasuredOut,
+    ResolveOut,
+    ResolveRequest,
+)
 from api.services import machinebuilds
 from api.services.answers import Answers, Known, digest_of, etag_of, matches
 from api.services.versions import Versions
-from enginefarm.core.choose import Choice, Evidence, Judged, Option, choose, judged_by_kind, kind_rules
+from enginefarm.core.choose import (
+    Choice,
+    Evidence,
+    Judged,
+    Option,
+    choose,
+    figures_for,
+    judged_by_kind,
+    kind_rules,
+)
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import NoCompatibleEngine, SpecInvalid
 from enginefarm.core.machine import Machine
@@ -283,6 +301,7 @@ def resolve(
         excluded=dict(sorted(excluded.items())),
         rejected=rejected,
         candidates=None if rejected is None else ranked + rejected,  # rejected is a list with explain only
+        measured=[MeasuredOut(**dataclasses.asdict(f)) for f in figures_for(chosen.option.evidence, machine)],
     )
     body = out.model_dump_json().encode()
     answers.put(tag, body, out.match, (digest, project))

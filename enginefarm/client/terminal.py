@@ -107,6 +107,11 @@ EXTRA_MODULES = {
     "worker": ("celery", "onnx", "onnxruntime", "numpy"),
     "rtx": ("tensorrt_rtx",),
     "plot": ("matplotlib",),
+    # enginefarm measure: a deploy machine's runtime for each kind of engine (enginefarm.measure.cli)
+    "measure-ort": ("numpy", "onnxruntime"),
+    "measure-cuda": ("numpy", "onnxruntime", "cuda.bindings"),
+    "measure-rtx": ("numpy", "tensorrt_rtx", "cuda.bindings"),
+    "measure-trt": ("numpy", "tensorrt", "cuda.bindings"),
 }
 
 

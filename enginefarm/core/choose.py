@@ -211,6 +211,27 @@ def device_classes(m: Machine) -> list[str]:
     return [x for c in own for x in (c, FLEET + c)]
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One latency of an engine on one of the asking machine's device classes: the farm's or the fleet's."""
+
+    source: str  # "farm" or "fleet"
+    device_class: str
+    on: str  # the class in words
+    latency_ms: float
+    machines: int | None = None  # for the fleet's: how many machines its median is of
+
+
+def figures_for(ev: Evidence, m: Machine) -> list[Figure]:
+    """Every latency of an engine on the machine's own classes, nearest first, the farm's and the fleet's side by
+    side (never mixed): what an answer shows beside the figure its ranking compared."""
+    return [
+        Figure("fleet" if c.startswith(FLEET) else "farm", c, _on(c, ev.machines.get(c)), ms, ev.machines.get(c))
+        for c in device_classes(m)
+        if (ms := ev.latencies.get(c)) is not None
+    ]
+
+
 def _on(device_class: str, machines: int | None = None) -> str:
     if device_class.startswith(FLEET):
         return describe_class(device_class, machines)

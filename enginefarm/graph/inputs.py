@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from enginefarm.core.domain import ModelInfo, TensorInfo
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, fixed_input_shape
+from enginefarm.measure.inputs import random_inputs
 
 MAX_SAMPLE_ARRAYS = 64
 
@@ -155,44 +156,6 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict[str,
 
 
 # --------------------------------------------------------------------------- data
-
-
-def value_range(
-    tensor: TensorInfo, info: ModelInfo, given: dict[str, tuple[float, float]] | None
-) -> tuple[float, float] | None:
-    """The range generated values of this input keep to: the spec's (Polygraphy's --val-range), else the table an
-    integer input indexes, else None (the type's default)."""
-    if given and tensor.name in given:
-        low, high = given[tensor.name]
-        return low, high
-    if tensor.name in info.index_ranges:
-        low, high = info.index_ranges[tensor.name]
-        return float(low), float(high)
-    return None
-
-
-def random_inputs(
-    info: ModelInfo, shapes: dict[str, list[int]], seed: int, value_ranges: dict[str, tuple[float, float]] | None = None
-) -> dict[str, NDArray[Any]]:
-    """Seeded random data within the declared shapes. Floats are standard normal, or uniform within a given
-    range; integers are uniform within their range (the spec's, or the table they index), else 0..1 as
-    Polygraphy's default; booleans are random. The same seed gives the same inputs on every worker."""
-    rng = np.random.default_rng(seed)
-    out: dict[str, NDArray[Any]] = {}
-    for tensor in info.inputs:
-        dims, dtype = shapes[tensor.name], np_dtype(tensor)
-        bounds = value_range(tensor, info, value_ranges)
-        if dtype.kind == "f":
-            data = rng.standard_normal(dims) if bounds is None else rng.uniform(bounds[0], bounds[1], size=dims)
-            out[tensor.name] = data.astype(dtype)
-        elif dtype.kind in "iu":
-            low, high = (0, 1) if bounds is None else (int(np.ceil(bounds[0])), int(np.floor(bounds[1])))
-            out[tensor.name] = rng.integers(low, max(low, high) + 1, size=dims).astype(dtype)
-        elif dtype.kind == "b":
-            out[tensor.name] = rng.integers(0, 2, size=dims).astype(bool)
-        else:
-            raise ValueError(f"input {tensor.name!r} has type {tensor.dtype}; random data is not defined for it")
-    return out
 
 
 def timing_inputs(

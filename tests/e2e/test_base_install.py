@@ -6,12 +6,12 @@ Prints the install's size and package count (docs/performance.md records them)."
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import python
 
 ROOT = Path(__file__).resolve().parents[2]
 # What the base install must never pull in: the farm's own dependencies (the extras).
@@ -45,32 +45,12 @@ def run(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, **kw)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "enginefarm"
-    # From a copy: an in-tree build leaves build/lib behind, whose stale modules a later wheel would carry.
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__"))
-    built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", out, src)
-    assert built.returncode == 0, built.stderr[-3000:]
-    return next(out.glob("enginefarm-*.whl"))
-
-
-def python(version: str) -> str:
-    """An interpreter of this version: this one, a pyenv install, or one on PATH."""
-    if sys.version_info[:2] == tuple(map(int, version.split("."))):
-        return sys.executable
-    pyenv = sorted(Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}"))
-    found = str(pyenv[-1]) if pyenv else shutil.which(f"python{version}")
-    assert found, f"python{version} is needed to check the client on it (pyenv install {version})"
-    return found
-
-
 @pytest.mark.parametrize("version", ["3.11", "3.10"])
-def test_base_install_is_the_client_only(tmp_path, wheel, version):
+def test_base_install_is_the_client_only(tmp_path, client_wheel, version):
     venv = tmp_path / "venv"
     assert run(python(version), "-m", "venv", venv).returncode == 0
     py = venv / "bin" / "python"
-    installed = run(py, "-m", "pip", "install", "-q", wheel)
+    installed = run(py, "-m", "pip", "install", "-q", client_wheel)
     assert installed.returncode == 0, installed.stderr[-3000:]
     listed = json.loads(run(py, "-m", "pip", "list", "--format", "json").stdout)
     names = {p["name"].lower() for p in listed} - {"pip", "setuptools", "wheel"}
@@ -88,6 +68,7 @@ def test_base_install_is_the_client_only(tmp_path, wheel, version):
         "client",
         "core",
         "graph",
+        "measure",
     ]
 
     fetch = run(venv / "bin" / "enginefarm", "fetch", "--help")

@@ -7,7 +7,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.domain import ModelInfo, TensorInfo
 from enginefarm.graph.graphfacts import index_ranges, op_counts
-from enginefarm.graph.inputs import ShapeSet, random_inputs, timing_inputs
+from enginefarm.graph.inputs import ShapeSet, timing_inputs
+from enginefarm.measure.inputs import random_inputs
 
 
 def _embedding_graph(rows: int = 50):

@@ -19,10 +19,10 @@ from enginefarm.graph.inputs import (
     SamplesInvalid,
     benchmark_shape_problems,
     load_samples,
-    random_inputs,
     sample_batches,
     shape_sets,
 )
+from enginefarm.measure.inputs import random_inputs
 
 # ------------------------------------------------------------------ statistics (trtexec's definitions)
 

@@ -22,11 +22,11 @@ from enginefarm.graph.inputs import (
     ShapeSet,
     fixed_arrays,
     opt_shape_set,
-    random_inputs,
     sample_batches,
     shape_sets,
     timing_inputs,
 )
+from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.modules import load_module
 from enginefarm.measure.ort_runner import OrtRunner
 from worker.measure import int8_vs_fp32

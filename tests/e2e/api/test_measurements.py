@@ -87,6 +87,11 @@ def test_the_fleets_figures_rank_its_class_and_an_outlier_is_left_out(farm):
     assert answer["engine"]["id"] == engines["fp32"], answer
     assert f"fastest measured on 3 machines of class {GPU}" in answer["ranked_by"], answer["ranked_by"]
     assert "1.1 ms on 3 machines" in answer["ranked_by"] and "2 ms on 3 machines" in answer["ranked_by"]
+    # The chosen engine's figures on this machine's classes, beside each other: here the fleet's only.
+    assert [(m["source"], m["device_class"], m["latency_ms"], m["machines"]) for m in answer["measured"]] == [
+        ("fleet", f"fleet:gpu:{GPU}", 1.1, 3),
+        ("fleet", "fleet:cc:8.6", 1.1, 3),
+    ]
     # A fourth machine claims fp16 runs in 0.01 ms, 200 times faster than its class: flagged, left out.
     r = post(http, measure, engines["fp16"], figure("hostile-0001", 0.01))
     assert r.status_code == 201 and r.json()["flagged"] is True, r.text
