@@ -269,6 +269,7 @@ def run(
             done["engines"] = engines_of(env, report)
             if fetch:
                 done["choice"] = fetch_and_verify(cli, name, entry["opt"], work, log)
+                done["measured"] = measure_here(cli, name, seconds, log)
             _save(results_path, results, out)
     finally:
         farm.terminate()
@@ -368,6 +369,32 @@ def fetch_and_verify(cli: Cli, name: str, opt: dict[str, list[int]], work: Path,
         f"{'matches' if out['sha256_matches'] else 'DIFFERS FROM'} the catalog's, runs on "
         f"{out.get('runs_on') or out.get('run_error')}"
     )
+    return out
+
+
+def measure_here(cli: Cli, name: str, seconds: float, log) -> dict[str, Any]:
+    """`enginefarm measure` on this machine, as a deploy machine runs it: the engine resolve hands it, timed in a
+    process of its own at the shapes the farm's worker measured it at, its figure posted, and set beside the
+    worker's."""
+    text = cli("measure", name, "--json", "--duration", str(seconds), check=False)
+    try:
+        said = json.loads(text)
+    except ValueError:
+        return {"error": text[-2000:]}
+    device, farm = said["measurement"], said.get("farm") or {}
+    out = {
+        "engine_id": said["engine"]["id"],
+        "target": said["engine"]["target"],
+        "precision": said["engine"]["precision"],
+        "shapes": device["shapes"],
+        "device_p50_ms": device["median_ms"],
+        "device_p99_ms": device["p99_ms"],
+        "farm_p50_ms": farm.get("median_ms"),
+        "posted": (said.get("recorded") or {}).get("id"),
+    }
+    if out["farm_p50_ms"]:
+        out["device_over_farm"] = device["median_ms"] / out["farm_p50_ms"]
+    log(f"measured here by the light client: {out}")
     return out
 
 
@@ -492,6 +519,27 @@ def matrix_markdown(results: dict, targets: list[str]) -> str:
             f"{_f(_ms(c, 'latency_ms', 'p99'))} | {_f(_ms(cm, 'latency_ms', 'median'))} | "
             f"{((c or {}).get('stats') or {}).get('threads', '—')} | {_accuracy(c, {})} |"
         )
+    measured = [(n, d["measured"]) for n, d in results["models"].items() if d.get("measured")]
+    if measured:
+        lines += [
+            "",
+            "The engine resolve hands this machine, measured by `enginefarm measure` (the light client's command, a "
+            "process of its own) against the farm's worker's figure of the same engine at the same shapes:",
+            "",
+            "| model | engine | target | prec | shapes | device p50 ms | device p99 ms | worker p50 ms "
+            "| device / worker |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, m in measured:
+            if "error" in m:
+                lines.append(f"| {name} | not measured: {m['error'][:200]} |" + " |" * 7)
+                continue
+            shapes = ", ".join(f"{k}:{'x'.join(map(str, v))}" for k, v in m["shapes"].items())
+            lines.append(
+                f"| {name} | {m['engine_id']} | {m['target']} | {m['precision']} | {shapes} | "
+                f"{_f(m['device_p50_ms'])} | {_f(m['device_p99_ms'])} | {_f(m.get('farm_p50_ms'))} | "
+                f"{_f(m.get('device_over_farm'))} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -108,7 +108,8 @@ def _report(
     engine: dict[str, Any], figure: Any, origin: str, farm: dict[str, Any] | None, recorded: Any, as_json: bool
 ) -> None:
     if as_json:
-        console.print_json(json.dumps({"measurement": figure.model_dump(mode="json"), "recorded": recorded}))
+        said = {"engine": engine, "measurement": figure.model_dump(mode="json"), "farm": farm, "recorded": recorded}
+        console.print_json(json.dumps(said))
         return
     shapes = ", ".join(f"{n}:{'x'.join(map(str, d))}" for n, d in figure.shapes.items())
     console.print(
