@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.schemas.fleet import FleetClassOut
+
 LATENCY_KEYS = ("min", "mean", "median", "p90", "p95", "p99", "max", "count")
 
 
@@ -92,3 +94,6 @@ class ReportRow(BaseModel):
     stats: dict[str, Any] | None = None
     measured_at: str | None = None
     regression: Regression | None
+    fleet: list[FleetClassOut] = Field(
+        default_factory=list, description="what deploy machines measured of the engine, per device class"
+    )

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from api.schemas.builds import BuildOut, build_out
-from api.services import admission, reports
+from api.services import admission, checkstates
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import (
     FP16_REPAIR_STAGE,
@@ -274,7 +274,7 @@ def answer_of(session: Session, settings: Settings, row: BuildRow) -> BuildOut:
     return build_out(
         row,
         {t.id: wait_reason(t.target, t.state, served, row.quantize) for t in row.tasks},
-        reports.build_checks(session, settings, row),
+        checkstates.build_checks(session, settings, row),
     )
 
 

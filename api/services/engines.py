@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from api.schemas import EngineOut
 from api.schemas.int8 import PrecisionStage, engine_int8
-from api.services.reports import engine_checks
+from api.services.checkstates import engine_checks
 from enginefarm.core.config import Settings
 from storage import builtengines, quantizing
 from storage import checks as project_checks

@@ -15,7 +15,7 @@ from enginefarm.core.compat import judge
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import EngineDescriptor
 from enginefarm.core.errors import MeasurementsTooFast, SpecInvalid
-from enginefarm.core.fleet import Measurement, class_figures, describe_class
+from enginefarm.core.fleet import ClassFigure, Measurement, class_figures, describe_class
 from storage import builtengines, fleet
 from storage.db import as_utc
 from storage.tables import BenchmarkRow, DeviceMeasurementRow, EngineRow, utcnow
@@ -89,18 +89,27 @@ def listing(session: Session, engine_id: int, project: str | None, source: Sourc
     if source in (None, "fleet"):
         items += [_fleet_out(r, r.id in flagged) for r in posted]
     figures = class_figures([fleet.figure_of(r) for r in posted])
-    classes = [
-        FleetClassOut(
-            device_class=c,
-            label=describe_class(c, f.machines),
-            median_ms=f.median_ms,
-            machines=f.machines,
-            shapes=json.loads(f.shapes),
-            flagged=f.flagged,
-        )
-        for c, f in sorted(figures.items())
-    ]
+    classes = [_class_out(c, f) for c, f in sorted(figures.items())]
     return MeasurementsOut(engine_id=row.id, items=items, fleet=classes)
+
+
+def by_engine(session: Session, engine_ids: list[int], project: str) -> dict[int, list[FleetClassOut]]:
+    """Each engine's fleet figures per device class (the project's), for reports and the dashboard."""
+    out: dict[int, list[FleetClassOut]] = {}
+    for engine_id, figures in fleet.figures_of(session, engine_ids, project).items():
+        out[engine_id] = [_class_out(c, f) for c, f in sorted(class_figures(figures).items())]
+    return out
+
+
+def _class_out(device_class: str, f: ClassFigure) -> FleetClassOut:
+    return FleetClassOut(
+        device_class=device_class,
+        label=describe_class(device_class, f.machines),
+        median_ms=f.median_ms,
+        machines=f.machines,
+        shapes=json.loads(f.shapes),
+        flagged=f.flagged,
+    )
 
 
 def _farm_out(b: BenchmarkRow) -> MeasurementOut:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from api.schemas.gate import CHECKS, GateCheck, GateModel, GateOut, GateTarget, Verdict
 from api.services import builds as services
-from api.services import reports
+from api.services import checkstates, reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Target, TaskState
 from storage import builtengines, catalog, liveness
@@ -93,7 +93,7 @@ def evaluate(
     engines = builtengines.engines_by_id(session, ids)
     # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
     view = project_checks.project_view(session, list(engines.values()), model.project)
-    checks = reports.engine_checks(session, settings, list(engines.values()), view, benchmark_tasks)
+    checks = checkstates.engine_checks(session, settings, list(engines.values()), view, benchmark_tasks)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
     previous, baseline, _ = reports.previous_measurements(session, model)
     judge = _Judge(max_regression_pct, previous, baseline, view)

@@ -1,5 +1,5 @@
-"""The read side of the benchmark stage: where each engine's checks stand, a model's report with the
-regression against version N-1, and a sweep's variants with the best per target."""
+"""The read side of the benchmark stage: a model's report with the regression against version N-1, and a sweep's
+variants with the best per target (where each engine's checks stand is ``checkstates``)."""
 
 from __future__ import annotations
 
@@ -10,88 +10,16 @@ from sqlalchemy.orm import Session
 
 from api.schemas.int8 import engine_int8
 from api.schemas.reports import LATENCY_KEYS
+from api.services import fleet
+from api.services.checkstates import engine_checks
 from enginefarm.core.choose import QUANTIZED, most_shared
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import TaskState
-from enginefarm.core.probe.policy import benchmark_pending_reason
 from enginefarm.core.shapes import shapes_key
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY
-from storage import builtengines, catalog, liveness, quantizing
+from storage import builtengines, catalog, quantizing
 from storage import checks as project_checks
 from storage.checks import ProjectView
-from storage.tables import BenchmarkRow, BenchmarkTaskRow, BuildRow, EngineRow, ModelRow, SweepRow
-
-
-def engine_checks(
-    session: Session,
-    settings: Settings,
-    engines: list[EngineRow],
-    view: ProjectView,
-    tasks: dict[int, list[BenchmarkTaskRow]] | None = None,
-) -> dict[int, dict[str, Any]]:
-    """Engine id → the state of the project's benchmark and accuracy check of it, with the pending reason.
-    ``tasks``: the checks as read before the engines (``model_report``), else read here."""
-    if tasks is None:
-        tasks = project_checks.benchmark_tasks_of(session, [e.id for e in engines], view.project)
-    served = liveness.served_bench_targets(session, settings.worker_ttl_seconds)
-    return {e.id: check_status(e, tasks.get(e.id, []), served, view) for e in engines}
-
-
-def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
-    """Build task id → the check of the engine it made (or reused), with the build's project's accuracy verdict."""
-    ids = [t.engine_id for t in build.tasks if t.engine_id]
-    tasks = project_checks.benchmark_tasks_of(session, ids, build.model.project)  # before their evidence
-    engines = builtengines.engines_by_id(session, ids)
-    view = project_checks.project_view(session, list(engines.values()), build.model.project)
-    checks = engine_checks(session, settings, list(engines.values()), view, tasks)
-    out = {}
-    for task in build.tasks:
-        if task.engine_id in checks:
-            engine = engines[task.engine_id]
-            out[task.id] = {**checks[task.engine_id], "accuracy_pass": view.accuracy_pass(engine)}
-    return out
-
-
-def check_status(
-    engine: EngineRow, tasks: list[BenchmarkTaskRow], bench_served: set[str], view: ProjectView
-) -> dict[str, Any]:
-    """Where an engine's benchmark and accuracy check stand, in one line a user can act on."""
-    latest = tasks[-1] if tasks else None
-    status = _check_status(engine, latest, bench_served, view)
-    # A check a live worker will finish (queued where one serves it, or running): worth waiting for.
-    status["in_progress"] = latest is not None and (
-        latest.state == TaskState.RUNNING.value
-        or (latest.state == TaskState.QUEUED.value and latest.target in bench_served)
-    )
-    if latest is not None:
-        status.update(task_id=latest.id, worker_id=latest.worker_id, attempts=latest.attempts)
-    return status
-
-
-def _check_status(
-    engine: EngineRow, latest: BenchmarkTaskRow | None, bench_served: set[str], view: ProjectView
-) -> dict[str, Any]:
-    if latest is None:
-        done = bool(view.benchmarks(engine)) or view.verdict(engine) is not None
-        return {
-            "state": "succeeded" if done else "none",
-            "detail": None
-            if done
-            else "never benchmarked: built before the benchmark stage, or with checks turned "
-            "off; build it again with checks on to queue them (the engine is reused)",
-        }
-    if latest.state == TaskState.QUEUED.value:
-        detail = (
-            benchmark_pending_reason(latest.parsed_target)
-            if latest.target not in bench_served
-            else "benchmark queued: a worker that can run it will take it"
-        )
-        return {"state": "pending", "detail": detail}
-    if latest.state == TaskState.RUNNING.value:
-        return {"state": "running", "detail": f"benchmark running on {latest.worker_id}"}
-    if latest.state == TaskState.FAILED.value:
-        return {"state": "failed", "detail": f"benchmark failed: {latest.error}"}
-    return {"state": latest.state, "detail": None}
+from storage.tables import BenchmarkRow, BuildRow, EngineRow, ModelRow, SweepRow
 
 
 def _label(spec: dict[str, Any]) -> str:
@@ -259,6 +187,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     best = best_per_target(engines, view)
     previous, before, before_view = previous_measurements(session, model)
     view.verdicts.update(before_view.verdicts)
+    measured_by_fleet = fleet.by_engine(session, [e.id for e in engines], model.project)
     rows = []
     for e in engines:
         build = builds.get(e.spec_hash)
@@ -280,6 +209,7 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
             "derived_from": model.id if e.model_sha256 != model.sha256 else None,
             "preparation": _preparation(build.spec) if build else None,
             "check": {"state": checks[e.id]["state"], "detail": checks[e.id]["detail"]},
+            "fleet": [f.model_dump(mode="json") for f in measured_by_fleet.get(e.id, [])],
         }
         measured = view.benchmarks(e)
         if not measured:

@@ -1,6 +1,6 @@
 """The build matrix of a model: its versions × the targets they were built for, one column per target and precision
 (and build spec, where one version has several of a target and precision), assembled from the same catalog reads
-the API's build and report routes use (``catalog.list_builds``, ``reports.engine_checks``)."""
+the API's build and report routes use (``catalog.list_builds``, ``checkstates.engine_checks``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from api.services import builds as services
-from api.services import reports
+from api.services import checkstates, fleet, reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.validation import target_precision
@@ -38,6 +38,7 @@ class Cell:
     check: str | None = None  # the benchmark and accuracy check: none, pending, running, succeeded, failed
     check_detail: str | None = None
     checking: bool = False  # a live worker will finish the check
+    fleet: str | None = None  # what deploy machines measured of its engine, on the nearest class they report
 
     @property
     def verdict(self) -> str:
@@ -135,7 +136,8 @@ def model_matrix(session: Session, settings: Settings, model: ModelRow, project:
     matrix.columns = sorted({column for _, column in matrix.cells})
     engines = builtengines.engines_by_id(session, [c.engine_id for c in matrix.cells.values() if c.engine_id])
     view = project_checks.project_view(session, list(engines.values()), model.project)
-    checks = reports.engine_checks(session, settings, list(engines.values()), view)
+    checks = checkstates.engine_checks(session, settings, list(engines.values()), view)
+    by_fleet = fleet.by_engine(session, list(engines), model.project)
     for cell in matrix.cells.values():
         engine = engines.get(cell.engine_id) if cell.engine_id else None
         if engine is None:
@@ -146,4 +148,7 @@ def model_matrix(session: Session, settings: Settings, model: ModelRow, project:
         cell.accuracy = None if passed is None else ("pass" if passed else "fail")
         check = checks[engine.id]
         cell.check, cell.check_detail, cell.checking = check["state"], check["detail"], check["in_progress"]
+        if figures := by_fleet.get(engine.id):  # the GPU model's class before the compute capability's
+            f = min(figures, key=lambda f: (not f.device_class.startswith("fleet:gpu:"), f.device_class))
+            cell.fleet = f"fleet p50 {f.median_ms:.3g} ms on {f.label}"
     return matrix

@@ -285,6 +285,7 @@ def report(
 ) -> None:
     """Latency percentiles, throughput, accuracy and size for every target and shape, the change since the
     previous version, and the int8 accuracy repair of builds that asked for one."""
+    from enginefarm.client.fleetview import fleet_table
     from enginefarm.client.int8view import repair_sections
     from enginefarm.client.report import plot_report, regression_table, report_table
 
@@ -300,6 +301,8 @@ def report(
         console.print(report_table(data))
         if (regression := regression_table(data)) is not None:
             console.print(regression)
+        if (measured := fleet_table(data)) is not None:
+            console.print(measured)
         for section in repair_sections(data):
             console.print(section)
         if plot:

@@ -28,7 +28,7 @@ def extra_for(target: str) -> str:
 
 
 def measure(
-    model: str = typer.Argument(..., help="the model whose engine for this machine to measure"),
+    model: str | None = typer.Argument(None, help="the model whose engine for this machine to measure"),
     version: str | None = typer.Option(None, help="a model version (default: every version, ranked)"),
     engine_id: int | None = typer.Option(None, "--engine", help="measure this engine id, not the one resolve picks"),
     shapes: str | None = typer.Option(
@@ -60,6 +60,8 @@ def measure(
     from enginefarm.core.spec import BenchmarkSpec
 
     try:
+        if model is None and engine_id is None:
+            raise ValueError("name the MODEL whose engine for this machine to measure, or the engine: --engine ID")
         given = parse_trtexec_shapes(shapes) if shapes else {}
         bench = BenchmarkSpec(warmup_ms=warmup_ms, duration_s=duration_s, iterations=iterations, threads=threads)
         machine = this_machine()
@@ -70,6 +72,7 @@ def measure(
         if engine_id is not None:
             engine: dict[str, Any] = c.get(f"/v1/engines/{engine_id}")
         else:
+            assert model is not None
             engine = c.resolve(model, machine, version=version, allow_cpu=allow_cpu)["engine"]
         record = c.get(f"/v1/models/{engine['model_id']}")
         farm = c.measurements(engine["id"], source="farm")["items"]

@@ -69,7 +69,11 @@ def test_cpu_engine_measured_with_trtexec_defaults_and_gpu_engine_pending(farm, 
 
         (gpu,) = _rows(report, "tensorrt-rtx/sm86")
         assert gpu["status"] == "pending"
-        assert gpu["detail"] == "benchmark pending: no worker with an sm86 GPU and tensorrt_rtx"
+        # The exact command that gets it measured on a machine that has the GPU.
+        assert gpu["detail"] == (
+            "benchmark pending: no worker with an sm86 GPU and tensorrt_rtx; a machine that has one measures it "
+            f"with `enginefarm measure --engine {gpu['engine_id']}`"
+        )
         engines = {e["target"]: e for e in c.engines(model=model["name"])["items"]}
         assert engines["tensorrt-rtx/sm86"]["checks"]["detail"] == gpu["detail"]
         assert engines[CPU]["checks"]["state"] == "succeeded" and engines[CPU]["accuracy_pass"] is True
@@ -252,9 +256,8 @@ def test_benchmark_waits_for_a_capable_worker_then_one_takes_it(farm, tmp_path):
         with Client(farm.url) as c:
             _build(c, model["id"], [target], benchmark=QUICK)
             (row,) = _rows(c.report(model["id"]), target)
-            assert (
-                row["status"] == "pending"
-                and row["detail"] == "benchmark pending: no worker with an sm121 GPU and tensorrt_rtx"
+            assert row["status"] == "pending" and row["detail"].startswith(
+                "benchmark pending: no worker with an sm121 GPU and tensorrt_rtx; "
             )
             time.sleep(1.0)  # still waiting: nobody consumes bench.tensorrt-rtx.sm121
             assert _rows(c.report(model["id"]), target)[0]["detail"] == row["detail"]

@@ -16,7 +16,7 @@ from enginefarm.core.machine import Machine
 from enginefarm.graph.samples import sample_spec, save_conv_net
 from enginefarm.measure.ort_runner import cpu_name
 from server.embedded import issue_token
-from tests.helpers import python, unique_name
+from tests.helpers import python, run_cli, unique_name
 
 CPU = "onnxruntime/cpu-x86_64"
 QUICK = {"warmup_ms": 50, "duration_s": 0.5, "iterations": 10}
@@ -81,6 +81,13 @@ def test_the_light_client_measures_the_cpu_artifact_and_the_answer_shows_it(
     assert shown["farm"]["latency_ms"] == pytest.approx(farm_figure["median_ms"])
     assert shown["fleet"]["latency_ms"] == pytest.approx(fleet[-1]["median_ms"])
     assert shown["fleet"]["on"] == f"1 machine of the CPU {cpu_name()}"
+    # The report shows it too: in its rows, and as a table of its own in the terminal.
+    with Client(farm.url) as c:
+        (row,) = [r for r in c.report(model["id"])["rows"] if r["engine_id"] == engine_id]
+    assert [(f["label"], f["median_ms"]) for f in row["fleet"]] == [
+        (f"1 machine of the CPU {cpu_name()}", pytest.approx(fleet[-1]["median_ms"]))
+    ]
+    assert "measured by the fleet (enginefarm measure)" in run_cli(farm.url, "report", name)
 
 
 def test_measure_without_a_measure_token_says_what_it_needs(farm, dist_settings, light_client, tmp_path):
@@ -88,6 +95,13 @@ def test_measure_without_a_measure_token_says_what_it_needs(farm, dist_settings,
     with Client(farm.url) as c:
         model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=92), name)
         c.wait_build(c.build(model["id"], [CPU], {**sample_spec(), "benchmark": QUICK})["id"], timeout=300)
+    env = os.environ | {"ENGINEFARM_CACHE_DIR": str(tmp_path / "cache")}
+    # Before the farm measured it, a dynamic input's shape is not known: the command says how to give it.
+    early = run(light_client / "enginefarm", "measure", name, "--allow-cpu", "--no-post", "--api", farm.url, env=env)
+    if early.returncode != 0:  # the farm's benchmark may have landed already
+        assert "give its shape with --shapes input:<dims>" in early.stderr, early.stderr
+    with Client(farm.url) as c:
+        c.wait_checks(model["id"], timeout=300)
     env = os.environ | {
         "ENGINEFARM_TOKEN": issue_token(dist_settings, "read-device", ["read"]),
         "ENGINEFARM_CACHE_DIR": str(tmp_path / "cache"),

@@ -55,7 +55,8 @@ def test_a_good_build_passes_and_pending_hardware_counts_as_asked(api, built):
     assert rtx["build"]["verdict"] == "pass"
     for name in ("benchmark", "accuracy"):
         assert rtx[name]["verdict"] == "pending" and rtx[name]["in_progress"] is False
-    assert rtx["benchmark"]["reason"] == "benchmark pending: no worker with an sm86 GPU and tensorrt_rtx"
+    assert rtx["benchmark"]["reason"].startswith("benchmark pending: no worker with an sm86 GPU and tensorrt_rtx; ")
+    assert "`enginefarm measure --engine " in rtx["benchmark"]["reason"]
     assert gate["counts"]["pending"] == 3 and "counted as passed (pending=pass)" in gate["reason"]
 
     strict = api.get(f"/v1/models/{model['id']}/gate", params={"pending": "fail"}).json()

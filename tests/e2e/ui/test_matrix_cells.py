@@ -81,3 +81,31 @@ def test_the_engine_page_names_its_runtime(farm, three_ways, page):
     assert "TensorRT\n" not in page.inner_text(".facts") and "TensorRT\t" not in page.inner_text(".facts")
     page.goto(f"{farm.url}/ui/engines/{engines['cpu']['id']}")
     assert page.inner_text("#engine-runtime") == f"ONNX Runtime {engines['cpu']['backend_version']}"
+
+
+def test_a_pending_gpu_cell_says_how_to_measure_it_then_shows_the_fleets_figure(farm, dist_settings, three_ways, page):
+    """The sm86 cell waits for a GPU this farm lacks: it names the command that measures it on such a machine; once
+    two machines of that class posted, it shows their median."""
+    from server.embedded import issue_token
+
+    model, engines = three_ways
+    cell = f"td.cell[data-target='{SM86}'][data-precision='fp32']"
+    page.goto(f"{farm.url}/ui/models/{model['id']}")
+    page.wait_for_selector("#matrix[data-live='false']", timeout=120_000)
+    engine_id = engines["fp32"]["id"]
+    assert page.inner_text(f"{cell} [data-measure]") == (
+        f"measure it on such a machine: enginefarm measure --engine {engine_id}"
+    )
+    assert page.locator(f"{cell} [data-fleet]").count() == 0
+    rtx = engines["fp32"]["trt_version"]
+    machine = {"gpu_name": "NVIDIA GeForce RTX 3090", "compute_capability": "8.6", "platform": "x86_64"}
+    token = issue_token(dist_settings, "matrix-device", ["measure"])
+    with Client(farm.url, token=token) as c:
+        for i, ms in enumerate((2.0, 3.0)):
+            body = {"machine_id": f"rtx-{i:06d}", "machine": {**machine, "trt_rtx_version": rtx}}
+            body |= {"runtime": "tensorrt-rtx", "runtime_version": rtx, "median_ms": ms}
+            r = c.http.post(f"/v1/engines/{engine_id}/measurements", json=body)
+            assert r.status_code == 201, r.text
+    page.reload()
+    page.wait_for_selector("#matrix[data-live='false']", timeout=120_000)
+    assert page.inner_text(f"{cell} [data-fleet]") == "fleet p50 2.5 ms on 2 machines of class NVIDIA GeForce RTX 3090"
