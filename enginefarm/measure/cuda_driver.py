@@ -34,11 +34,12 @@ def driver() -> ModuleType:
     try:
         from cuda.bindings import driver as bindings
     except ImportError as exc:
-        raise BackendMissing(f"cuda-bindings is not importable on this worker: {exc}") from exc
-    return bindings
+        raise BackendMissing(f"cuda-bindings is not importable on this machine: {exc}") from exc
+    module: ModuleType = bindings
+    return module
 
 
-def check(call: str, result: tuple) -> Any:
+def check(call: str, result: tuple[Any, ...]) -> Any:
     """Unpack a ``cuda.bindings`` result ``(err, *values)``: raise ``CudaError`` unless err is success (0),
     else return nothing, the one value, or the tuple of values."""
     err, *values = result
@@ -98,7 +99,8 @@ class CudaDevice:
 
     @property
     def name(self) -> str:
-        return cu("cuDeviceGetName", 256, self.device).split(b"\0", 1)[0].decode(errors="replace")
+        name: bytes = cu("cuDeviceGetName", 256, self.device)
+        return name.split(b"\0", 1)[0].decode(errors="replace")
 
     def attribute(self, name: str) -> int:
         """A ``CU_DEVICE_ATTRIBUTE_*`` value, e.g. ``attribute("MULTIPROCESSOR_COUNT")``."""
@@ -112,7 +114,8 @@ class CudaDevice:
     @property
     def pci_bus_id(self) -> str:
         """ "0000:19:00.0": how NVML finds the same GPU whatever CUDA_VISIBLE_DEVICES renumbered."""
-        return cu("cuDeviceGetPCIBusId", 32, self.device).split(b"\0", 1)[0].decode()
+        bus: bytes = cu("cuDeviceGetPCIBusId", 32, self.device)
+        return bus.split(b"\0", 1)[0].decode()
 
     @staticmethod
     def driver_cuda_version() -> str:

@@ -12,7 +12,7 @@ lowest seen during the run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -24,6 +24,11 @@ from enginefarm.core.stats import Measurement
 from enginefarm.measure.cuda_driver import CudaDevice, DeviceBuffer, PinnedArray, Stream, cu
 from enginefarm.measure.gpu_timing import TimedPipeline, benchmark_pipeline
 from enginefarm.measure.modules import load_module
+
+if TYPE_CHECKING:
+    from enginefarm.core.spec import BenchmarkSpec
+
+B = TypeVar("B", DeviceBuffer, PinnedArray)
 
 # ONNX Runtime's tensor type names → numpy.
 ORT_DTYPES: dict[str, Any] = {
@@ -44,9 +49,10 @@ ORT_DTYPES: dict[str, Any] = {
 RUN_LEVEL = "ORT_ENABLE_ALL"
 
 
-def numpy_dtype(ort_type: str) -> np.dtype:
+def numpy_dtype(ort_type: str) -> np.dtype[Any]:
     try:
-        return np.dtype(ORT_DTYPES[ort_type])
+        dtype: np.dtype[Any] = np.dtype(ORT_DTYPES[ort_type])
+        return dtype
     except KeyError:
         raise BuildFailed(f"an output of type {ort_type} has no numpy type to copy it into") from None
 
@@ -122,7 +128,7 @@ class OrtCudaRunner:
         # The stream's address means nothing outside this process.
         return {k: v for k, v in options.items() if k != "user_compute_stream"}
 
-    def _session(self, tf32: bool, stream: int | None):
+    def _session(self, tf32: bool, stream: int | None) -> tuple[Any, dict[str, str]]:
         ort = self.ort
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, RUN_LEVEL)
@@ -142,7 +148,7 @@ class OrtCudaRunner:
         """The same artifact with TF32 off, to tell TF32's differences from real ones; None when TF32 is off."""
         return OrtCudaRunner(self.model_path, tf32=False, device_index=self.device_index) if self.tf32 else None
 
-    def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement:
+    def benchmark(self, inputs: dict[str, np.ndarray], spec: BenchmarkSpec) -> Measurement:
         """The farm's CUDA timing of one inference at these inputs' shapes (``spec``: a BenchmarkSpec)."""
         binding = self.session.io_binding()
         assert self.device is not None  # open while the session is: close() drops both
@@ -202,7 +208,7 @@ class OrtCudaRunner:
         )
         return m
 
-    def _keep(self, buffer):
+    def _keep(self, buffer: B) -> B:
         self._buffers.append(buffer)
         return buffer
 

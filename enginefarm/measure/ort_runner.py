@@ -11,12 +11,17 @@ import resource
 import time
 from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.stats import Iteration, Measurement, measure
 from enginefarm.measure.modules import load_module
+
+if TYPE_CHECKING:
+    from enginefarm.core.spec import BenchmarkSpec
 
 QDQ_OP = b"QuantizeLinear"  # an op type is plain text in the model's protobuf (and DequantizeLinear holds it too)
 
@@ -41,7 +46,7 @@ def has_qdq(model_path: Path) -> bool:
             return view.find(QDQ_OP) >= 0
 
 
-def optimization_level(ort, model_path: Path) -> tuple[object, str]:
+def optimization_level(ort: ModuleType, model_path: Path) -> tuple[object, str]:
     """The graph optimization level for this model on this CPU, and why. ONNX Runtime fuses Q/DQ pairs into
     integer kernels (QLinearConv, …) from ORT_ENABLE_EXTENDED up; on x86 CPUs with AVX2/AVX-512 but no VNNI
     those kernels saturate their u8·s8 products (measured: rel L2 0.105 against FP32 instead of 0.020 on a
@@ -92,7 +97,7 @@ class OrtRunner:
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(self.outputs, self.session.run(self.outputs, inputs)))
 
-    def benchmark(self, inputs: dict[str, np.ndarray], spec) -> Measurement:
+    def benchmark(self, inputs: dict[str, np.ndarray], spec: BenchmarkSpec) -> Measurement:
         binding = self.session.io_binding()
         for name in self.outputs:
             binding.bind_output(name, "cpu")

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from enginefarm.core.spec import BenchmarkSpec
 
 
-def numpy_dtype(trt_module: ModuleType, trt_dtype: Any) -> np.dtype:
+def numpy_dtype(trt_module: ModuleType, trt_dtype: Any) -> np.dtype[Any]:
     """The numpy dtype of a TensorRT DataType; BF16, FP8, FP4 and INT4 have none, and say so."""
     try:
-        return np.dtype(trt_module.nptype(trt_dtype))
+        dtype: np.dtype[Any] = np.dtype(trt_module.nptype(trt_dtype))
+        return dtype
     except TypeError as exc:
         raise BuildFailed(
             f"an engine tensor has data type {getattr(trt_dtype, 'name', trt_dtype)}, "
