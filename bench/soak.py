@@ -235,7 +235,9 @@ def judged(samples: list[dict], mode: str, smoke: bool, duration: float, events:
     warmup = max(duration / 3, 600.0) if not smoke else 0.3 * duration
     horizon = soak_judge.HOUR if smoke else soak_judge.DAY
     by_design = by_design_of(mode, smoke)
-    return soak_judge.judge(samples, warmup, horizon, by_design, events, gross=smoke), warmup, horizon
+    # A day's slope is judged over 10 minutes at least (a smoke run's few minutes are judged for gross leaks only).
+    span = 0.0 if smoke else 600.0
+    return soak_judge.judge(samples, warmup, horizon, by_design, events, gross=smoke, min_span_s=span), warmup, horizon
 
 
 def rejudge(path: Path) -> int:

@@ -92,6 +92,7 @@ def judge(
     events: list[float] = (),
     min_points: int = 6,
     gross: bool = False,
+    min_span_s: float = 0.0,
 ) -> list[Verdict]:
     """One verdict per KIND|ROLE. ``by_design``: a substring of a series' name -> why it grows by design (reported,
     not failed). FAIL when slope x ``horizon`` exceeds the mean level after the warm-up, and the slope of each half
@@ -99,7 +100,9 @@ def judge(
     single step, rises in one) (the first ``warmup_s`` of a
     process's life; of a farm-wide series, of its longest stretch between restarts, at most a third of it).
     ``gross`` (a run of minutes): also only when the fitted rise over the judged points exceeds the kind's floor
-    (a step of one thread or connection as a pool warms is no leak; one per reconciler pass is hundreds)."""
+    (a step of one thread or connection as a pool warms is no leak; one per reconciler pass is hundreds).
+    ``min_span_s``: a stretch shorter than this after the warm-up is too short to judge a daily slope by (a process
+    killed soon after its warm-up, whose first large build was still filling it)."""
     series = series_of(samples)
     out = []
     for name in sorted(longest(series).values()):
@@ -114,8 +117,11 @@ def judge(
         level = max(mean, FLOOR.get(kind, 1.0))
         ratio = slope * DAY / level if kept else 0.0
         reason = next((why for key, why in by_design.items() if key in name), "")
+        span = kept[-1][0] - kept[0][0] if kept else 0.0
         if len(kept) < min_points:
             verdict, why = "short", f"{len(kept)} points after the warm-up"
+        elif span < min_span_s:
+            verdict, why = "short", f"{span / 60:.1f} min after the warm-up, under {min_span_s / 60:.0f} min"
         elif reason:
             verdict, why = "report", reason
         elif slope * horizon > level and (not gross or slope * (kept[-1][0] - kept[0][0]) > FLOOR.get(kind, 1.0)):

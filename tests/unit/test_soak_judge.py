@@ -64,3 +64,13 @@ def test_a_saved_run_is_judged_again_by_the_judge_of_today(tmp_path, capsys):
     assert row.split()[1] == "321"  # judged after the warm-up of a 80-minute run: its third
     path.write_text(json.dumps(saved | {"samples": samples(lambda t: 150 + 8 * t / 3600)}))
     assert rejudge(path) == 1
+
+
+def test_a_life_too_short_after_its_warm_up_is_not_judged():
+    """A process killed two minutes after its warm-up: too short a stretch to judge a daily slope by. The same
+    steady rise judged over its whole life (15 minutes) still fails."""
+    life = [{"t": t, "series": {"rss_mb|w.child2#7": 135 + 0.35 * t}} for t in range(0, 940, 10)]
+    (short,) = judge(life, warmup_s=800, horizon=DAY, by_design={}, min_span_s=10 * MINUTE)
+    assert short.verdict == "short" and "under 10 min" in short.why
+    (whole,) = judge(life, warmup_s=0, horizon=DAY, by_design={}, min_span_s=10 * MINUTE)
+    assert whole.verdict == "FAIL"
