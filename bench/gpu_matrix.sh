@@ -52,7 +52,7 @@ ort_pieces() {  # DEST: onnxruntime-gpu as xz pieces plus their sha256
 
 case "${1:-}" in
 prepare)
-    carry="${2:?CARRY folder}"
+    carry="$(realpath -m "${2:?CARRY folder}")"  # absolute: ort_pieces writes from inside a temp dir
     wheels_for_gpu_machine "$carry/wheels"
     ort_pieces "$carry/ort"
     (cd "$here" && "$PY" bench/gpu_matrix.py prepare "$carry/models")
