@@ -74,7 +74,7 @@ def test_cli_token_lifecycle_and_scopes(farm, dist_settings, tmp_path):
         assert s.get(ApiTokenRow, row.id).last_used_at is not None  # the upload recorded its use
 
     bad = cli("token", "create", "--scope", "root", "--name", "x", env=env, expect=1)
-    assert "unknown scope 'root'" in bad.stderr and "read, build, admin" in bad.stderr
+    assert "unknown scope 'root'" in bad.stderr and "read, measure, build, admin" in bad.stderr
     assert "no token with id 999999" in cli("token", "revoke", "999999", env=env, expect=1).stderr
 
 
