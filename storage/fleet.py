@@ -75,15 +75,25 @@ _FIGURES = (
 
 
 def figures_of(session: Session, engine_ids: list[int], project: str) -> dict[int, list[DeviceFigure]]:
-    """Each engine's fleet figures posted for ``project``, oldest first (resolution sums them per class)."""
+    """Each engine's fleet figures posted for ``project``: each machine's latest only, so what resolution reads
+    grows with the machines that measured, not with how often they posted."""
     if not engine_ids:
         return {}
     out: dict[int, list[DeviceFigure]] = {}
-    rows = session.execute(
-        select(*_FIGURES)
+    latest = (
+        select(func.max(DeviceMeasurementRow.id))
         .where(DeviceMeasurementRow.engine_id.in_(engine_ids), DeviceMeasurementRow.project == project)
-        .order_by(DeviceMeasurementRow.id)
+        .group_by(DeviceMeasurementRow.engine_id, DeviceMeasurementRow.machine_id)
+    )
+    rows = session.execute(
+        select(*_FIGURES).where(DeviceMeasurementRow.id.in_(latest)).order_by(DeviceMeasurementRow.id)
     )
     for engine_id, machine_id, gpu, cc, cpu, shapes, ms in rows:
         out.setdefault(engine_id, []).append(DeviceFigure(machine_id, gpu, cc, cpu, shapes_key(shapes), ms))
     return out
+
+
+def flagged_machines(session: Session, engine_id: int, project: str) -> set[str]:
+    """The machines whose latest figure of this engine is left out of its class's median as an outlier."""
+    figures = class_figures(figures_of(session, [engine_id], project).get(engine_id, []))
+    return {m for f in figures.values() for m in f.flagged}

@@ -68,8 +68,7 @@ def post(session: Session, settings: Settings, engine_id: int, principal: Princi
         accuracy=m.accuracy.model_dump() if m.accuracy else None,
         accuracy_pass=m.accuracy.passed if m.accuracy else None,
     )
-    flagged = fleet.flagged_ids(fleet.measurements_of(session, row.id, model.project))
-    return _fleet_out(added, added.id in flagged)
+    return _fleet_out(added, added.machine_id in fleet.flagged_machines(session, row.id, model.project))
 
 
 def _unfit(row: EngineRow, why: str) -> SpecInvalid:

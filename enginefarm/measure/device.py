@@ -4,6 +4,7 @@ at, the farm's inputs and trtexec rules, and the figure as the farm takes it (``
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 from pathlib import Path
@@ -105,7 +106,9 @@ def figure(
     stats = timed.summary(batch)
     e2e = stats["e2e"]
     numbers = {
-        k: float(v) for k, v in e2e.items() if isinstance(v, (int, float)) and k != "count" and v == v and v >= 0
+        k: float(v)
+        for k, v in e2e.items()
+        if isinstance(v, (int, float)) and k != "count" and math.isfinite(v) and v >= 0
     }
     return Measurement(
         machine_id=machine_id,
