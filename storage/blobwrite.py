@@ -31,14 +31,14 @@ from sqlalchemy.orm import Session
 from enginefarm.core.config import Settings
 from storage.blobs.base import BlobStore
 from storage.db import UNAVAILABLE, advisory_key, lock_file, session_scope, uses_sqlite, with_patience
-from storage.tables import EngineRow, ModelRow
+from storage.tables import EngineRow, ModelRow, ReferenceRow
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Every catalog column that holds a blob key. A new column that points at a blob belongs here, or its
 # blobs will be collected (tests/e2e/storage/test_gc.py checks that no *_key column is left out).
-REFERENCE_COLUMNS = (ModelRow.blob_key, ModelRow.samples_key, EngineRow.blob_key)
+REFERENCE_COLUMNS = (ModelRow.blob_key, ModelRow.samples_key, EngineRow.blob_key, ReferenceRow.blob_key)
 
 # File locks for a SQLite catalog: one file per stripe, not per key, so they never pile up.
 LOCK_STRIPES = 256

@@ -42,6 +42,9 @@ def ensure_benchmark_task(
         )
     ).first()
     if found is not None:
+        gate = spec.stored()["gate"]
+        if found.spec.get("gate") != gate:  # the project's latest word on its evidence applies from now on
+            found.spec = {**found.spec, "gate": gate}
         return None
     task = BenchmarkTaskRow(
         engine_id=engine.id,
@@ -209,3 +212,19 @@ class ProjectView:
 def project_view(session: Session, engines: list[EngineRow], project: str) -> ProjectView:
     """The view of ``project`` (a model's own project: what its owner and its readers are shown) on these engines."""
     return ProjectView(project, verdicts_of(session, [e.id for e in engines], project))
+
+
+def latest_check(session: Session, engine_id: int, project: str) -> BenchmarkTaskRow | None:
+    """The project's latest check of the engine: the settings (and gate) a device's check is held to."""
+    return session.scalars(
+        select(BenchmarkTaskRow)
+        .where(BenchmarkTaskRow.engine_id == engine_id, BenchmarkTaskRow.project == project)
+        .order_by(BenchmarkTaskRow.id.desc())
+        .limit(1)
+    ).first()
+
+
+def verdict_of(session: Session, engine_id: int, project: str) -> VerdictRow | None:
+    return session.scalars(
+        select(VerdictRow).where(VerdictRow.engine_id == engine_id, VerdictRow.project == project)
+    ).first()

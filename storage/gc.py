@@ -50,7 +50,7 @@ from storage.db import session_scope
 log = logging.getLogger(__name__)
 
 # The namespaces the farm writes blobs under (storage.blobs.base); anything else in a shared bucket is not ours.
-MANAGED_PREFIXES = ("models/", "engines/", "samples/")
+MANAGED_PREFIXES = ("models/", "engines/", "samples/", "references/")
 # Uploads and builds commit their row within seconds of storing the blob; a day also dwarfs any clock skew.
 DEFAULT_GRACE_SECONDS = 24 * 3600.0
 # A spool file or scratch folder exists a moment before its process locks it: one younger than this is never

@@ -224,6 +224,23 @@ class DeviceMeasurementRow(Base):
     engine: Mapped[EngineRow] = relationship()
 
 
+class ReferenceRow(Base):
+    """The inputs of an accuracy check and ONNX Runtime FP32's outputs on them, one ``.npz`` blob per distinct set
+    (``enginefarm.measure.check.Reference``). A worker computes it once per reference model and inputs
+    (``identity``); the farm's checks and deploy machines' (``GET /v1/engines/{id}/reference``) judge against it."""
+
+    __tablename__ = "accuracy_references"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    identity: Mapped[str] = mapped_column(String(64), unique=True)  # the reference model's sha and the inputs'
+    model_id: Mapped[int] = mapped_column(ForeignKey("models.id"), index=True)  # the model run in fp32
+    blob_key: Mapped[str] = mapped_column(String(200))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BigInteger)
+    origin: Mapped[str] = mapped_column(Text)  # where the inputs came from, in words
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 class BenchmarkTaskRow(Base):
     """The benchmark and accuracy check of one engine with one set of check settings, on a capable worker."""
 
@@ -246,8 +263,11 @@ class BenchmarkTaskRow(Base):
     queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The reference outputs this check's settings judge against (None until a worker computed them).
+    reference_id: Mapped[int | None] = mapped_column(ForeignKey("accuracy_references.id", ondelete="SET NULL"))
 
     engine: Mapped[EngineRow] = relationship()
+    reference: Mapped[ReferenceRow | None] = relationship()
 
     @property
     def build_spec(self) -> BuildSpec:

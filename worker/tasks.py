@@ -113,6 +113,8 @@ def _after_build(check_id: int | None, target: Target) -> None:
 
 
 def _run(task_id: int, me: str) -> None:
+    from worker.measure.reference import ensure_reference  # numpy and ONNX Runtime: in the pool process only
+
     settings = get_settings()
     store = blob_store()
     with session_scope() as s:
@@ -129,11 +131,13 @@ def _run(task_id: int, me: str) -> None:
         spec_hash, model_fields = build.spec_hash, (model.blob_key, model.sha256, model.format)
         backend_version = get_backend(target.backend).version()
         existing = builtengines.find_engine(s, model.sha256, spec_hash, str(target), backend_version)
+        project = model.project
         if existing is not None:  # identical work never runs twice
             catalog.finish_task_reused(s, task, existing)
             check = checks.ensure_benchmark_task(s, existing, spec, model.project)
-            check_id = check.id if check else None
+            check_id, engine_id = (check.id if check else None), existing.id
     if existing is not None:
+        ensure_reference(engine_id, project)
         _after_build(check_id, target)
         return
     log_buf = BuildLog(limit=settings.log_tail_lines)
@@ -156,7 +160,7 @@ def _run(task_id: int, me: str) -> None:
         BUILD_SECONDS.labels(str(target)).observe(built.seconds)
         key = engine_key(built.descriptor.sha256)
 
-        def record(s) -> int | None:
+        def record(s) -> tuple[int, int | None]:
             task = catalog.get_task(s, task_id)
             engine = builtengines.record_engine(
                 s,
@@ -170,13 +174,14 @@ def _run(task_id: int, me: str) -> None:
                 log_tail=log_buf.tail(),
             )
             check = checks.ensure_benchmark_task(s, engine, spec, task.build.model.project)
-            return check.id if check else None
+            return engine.id, (check.id if check else None)
 
         # The blob is complete and verified before the row points at it. If another task catalogued the same
         # engine first (engines are not always bit-identical), our bytes are left to no row and go again.
-        check_id = store_with_row(
+        engine_id, check_id = store_with_row(
             settings, store, key, built.path, built.descriptor.sha256, record, patience_s=PATIENCE_S
         )
+    ensure_reference(engine_id, project)
     _after_build(check_id, target)
 
 

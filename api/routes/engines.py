@@ -12,7 +12,7 @@ from api.http.auth import Tenant, authorize
 from api.http.deps import CatalogRoute, session_dep, settings_dep
 from api.http.params import RowId, check_no_nul, page_offset
 from api.schemas import EngineOut, EngineQuery, ErrorOut, Page
-from api.schemas.fleet import MeasurementOut, MeasurementsOut, Source
+from api.schemas.fleet import MeasurementOut, MeasurementsOut, ReferenceOut, Source
 from api.schemas.int8 import PrecisionStage
 from api.services import engines, fleet
 from enginefarm.core.config import Settings
@@ -99,6 +99,33 @@ def engine_measurements(
     """Every figure of the engine its project has: the farm's benchmarks and the fleet's posts side by side, each
     fleet post flagged where it is far off its class, and the fleet's median per device class."""
     return fleet.listing(session, engine_id, tenant, source)
+
+
+@router.get(
+    "/{engine_id}/reference",
+    response_model=ReferenceOut,
+    responses={404: {"model": ErrorOut, "description": "no reference outputs computed for the engine yet"}},
+)
+def engine_reference(
+    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
+) -> ReferenceOut:
+    """What a deploy machine checks the engine's accuracy against (``enginefarm measure``): the inputs of the
+    project's check and ONNX Runtime FP32's outputs on them, as one .npz (``content``), with the limits of the
+    engine's precision. The farm's own check judges against the same."""
+    return fleet.reference_of(session, engine_id, tenant)[0]
+
+
+@router.get("/{engine_id}/reference/content", response_class=Response, responses=CONTENT_RESPONSES)
+def engine_reference_content(
+    engine_id: RowId,
+    tenant: Tenant,
+    request: Request,
+    session: Session = Depends(session_dep, scope="function"),
+    settings: Settings = Depends(settings_dep),
+) -> Response:
+    """The reference file's bytes (.npz), with their sha256 for the client to check."""
+    _, ref = fleet.reference_of(session, engine_id, tenant)
+    return downloads.blob_response(request, settings, ref.blob_key, ref.sha256, f"reference-{engine_id}.npz")
 
 
 @router.get(

@@ -47,3 +47,15 @@ class MeasurementsOut(BaseModel):
     engine_id: int
     items: list[MeasurementOut]
     fleet: list[FleetClassOut]
+
+
+class ReferenceOut(BaseModel):
+    """The reference outputs a deploy machine checks an engine against, and the limits of its precision's gate."""
+
+    engine_id: int
+    precision: str
+    limits: dict[str, float] = Field(description="the gate the engine's precision is judged by (the farm's own)")
+    inputs: str = Field(description="where the check's inputs came from: the model's samples or seeded random ones")
+    sha256: str = Field(description="the reference file's sha256 (.npz, no pickles: enginefarm.measure.check)")
+    size: int
+    content: str = Field(description="where its bytes are")

@@ -6,19 +6,21 @@ from __future__ import annotations
 import dataclasses
 import json
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session
 
-from api.schemas.fleet import FleetClassOut, MeasurementOut, MeasurementsOut, Source
+from api.schemas.fleet import FleetClassOut, MeasurementOut, MeasurementsOut, ReferenceOut, Source
 from enginefarm.core.choose import is_cpu_artifact
 from enginefarm.core.compat import judge
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import EngineDescriptor
-from enginefarm.core.errors import MeasurementsTooFast, SpecInvalid
+from enginefarm.core.errors import MeasurementsTooFast, NotFound, SpecInvalid
 from enginefarm.core.fleet import ClassFigure, Measurement, class_figures, describe_class
-from storage import builtengines, fleet
+from enginefarm.measure import accuracy
+from storage import builtengines, checks, fleet, references
 from storage.db import as_utc
-from storage.tables import BenchmarkRow, DeviceMeasurementRow, EngineRow, utcnow
+from storage.tables import BenchmarkRow, DeviceMeasurementRow, EngineRow, ReferenceRow, utcnow
 from storage.tokens import Principal
 
 WINDOW = timedelta(minutes=1)  # the rate limit's window
@@ -47,6 +49,7 @@ def post(session: Session, settings: Settings, engine_id: int, principal: Princi
                 f"{settings.measurements_per_minute_per_token} a minute from one token",
                 retry_after=int(WINDOW.total_seconds()),
             )
+    judged = _judged(session, row, model.project, m) if m.accuracy else None
     added = fleet.add_measurement(
         session,
         row,
@@ -68,12 +71,70 @@ def post(session: Session, settings: Settings, engine_id: int, principal: Princi
         accuracy=m.accuracy.model_dump() if m.accuracy else None,
         accuracy_pass=m.accuracy.passed if m.accuracy else None,
     )
+    if judged is not None and judged.accepted:
+        _take_verdict(session, row, model.project, judged, added, machine)
     return _fleet_out(added, added.machine_id in fleet.flagged_machines(session, row.id, model.project))
 
 
-def _unfit(row: EngineRow, why: str) -> SpecInvalid:
-    message = f"engine {row.id} ({row.target}) cannot have run on the machine this measurement names: {why}"
-    return SpecInvalid(message, problems=[{"loc": ["body", "machine"], "msg": why}])
+@dataclasses.dataclass
+class Judged:
+    """A device's accuracy check judged again by the farm, under the gate of the project's check settings."""
+
+    result: dict[str, Any]
+    accepted: bool  # the project's gate takes fleet checks as verdicts (``gate.accept_fleet_checks``)
+
+
+def _judged(session: Session, row: EngineRow, project: str, m: Measurement) -> Judged | None:
+    """The device's figures judged by the engine's gate: a 422 where its pass or fail is not what they say. None
+    where the project never asked the engine checked (no limits to hold them to): the figures are only kept."""
+    assert m.accuracy is not None
+    task = checks.latest_check(session, row.id, project)
+    if task is None or not task.build_spec.accuracy.enabled:
+        return None
+    spec = task.build_spec
+    limits = spec.accuracy.limits(row.precision)
+    outputs = m.accuracy.outputs
+    judgement = accuracy.judge(outputs, limits)
+    if judgement["pass"] != m.accuracy.passed:
+        said = "passed" if m.accuracy.passed else "failed"
+        broken = judgement["failures"].items()
+        why = "; ".join(f"{n}: {', '.join(b)}" for n, b in broken) or "every figure is in bounds"
+        raise _unfit(
+            row,
+            f"the accuracy check says it {said}, but its figures under the gate of {row.precision} say "
+            f"otherwise ({why})",
+            loc="accuracy",
+        )
+    result: dict[str, Any] = {**judgement, "inputs": m.accuracy.inputs, "precision": row.precision, "source": "fleet"}
+    return Judged(result, spec.gate.accept_fleet_checks)
+
+
+def _take_verdict(
+    session: Session, row: EngineRow, project: str, judged: Judged, added: DeviceMeasurementRow, machine: Any
+) -> None:
+    """With the project's consent, a device's check is the engine's verdict where the farm has none, and one that
+    fails is a failure whatever the farm's said: a fault on a real machine of the fleet is not averaged away."""
+    current = checks.verdict_of(session, row.id, project)
+    result = {
+        **judged.result,
+        "fleet": {
+            "measurement_id": added.id,
+            "machine_id": added.machine_id,
+            "gpu_name": machine.gpu_name,
+            "cpu_name": machine.cpu_name,
+        },
+    }
+    if not result["pass"]:
+        if current is None or current.accuracy_pass is not False:
+            checks.record_verdict(session, row.id, project, result)
+    elif current is None or (current.accuracy_pass is None):
+        checks.record_verdict(session, row.id, project, result)
+
+
+def _unfit(row: EngineRow, why: str, loc: str = "machine") -> SpecInvalid:
+    what = "cannot have run on the machine this measurement names" if loc == "machine" else "was not judged right"
+    message = f"engine {row.id} ({row.target}) {what}: {why}"
+    return SpecInvalid(message, problems=[{"loc": ["body", loc], "msg": why}])
 
 
 def listing(session: Session, engine_id: int, project: str | None, source: Source | None) -> MeasurementsOut:
@@ -98,6 +159,31 @@ def by_engine(session: Session, engine_ids: list[int], project: str) -> dict[int
     for engine_id, figures in fleet.figures_of(session, engine_ids, project).items():
         out[engine_id] = [_class_out(c, f) for c, f in sorted(class_figures(figures).items())]
     return out
+
+
+def reference_of(session: Session, engine_id: int, project: str | None) -> tuple[ReferenceOut, ReferenceRow]:
+    """The reference outputs the project's check of the engine judges against, with the limits of its precision;
+    a 404 that says why where there are none yet."""
+    row, model = builtengines.engine_in_project(session, engine_id, project)
+    found = references.of_engine(session, row.id, model.project)
+    if found is None:
+        raise NotFound(
+            f"engine {row.id} ({row.target}, {row.precision}) has no reference outputs yet: a worker computes them "
+            "when it builds an engine with the accuracy check on; build the model again (the engine is reused, "
+            "the reference computed) and ask again"
+        )
+    task, ref = found
+    spec = task.build_spec
+    out = ReferenceOut(
+        engine_id=row.id,
+        precision=row.precision,
+        limits=spec.accuracy.limits(row.precision),
+        inputs=ref.origin,
+        sha256=ref.sha256,
+        size=ref.size,
+        content=f"/v1/engines/{row.id}/reference/content",
+    )
+    return out, ref
 
 
 def _class_out(device_class: str, f: ClassFigure) -> FleetClassOut:

@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import httpx
 
@@ -183,6 +183,14 @@ class Transport:
         """Download a model as it was uploaded (.onnx or bundle), atomically and verified."""
         url = f"/v1/models/{record_id(model_id, 'the model')}/content"
         return self._download(url, dest, expected_sha256, None, size=size)
+
+    def download_reference(self, engine_id: int, dest: Path) -> dict[str, Any]:
+        """The reference outputs a deploy machine checks an engine against (``enginefarm.measure.check``): their
+        record (the limits of the engine's gate), with the .npz at ``dest``, atomically and verified."""
+        eid = record_id(engine_id, "the engine")
+        record = cast("dict[str, Any]", self.get(f"/v1/engines/{eid}/reference"))
+        self._download(f"/v1/engines/{eid}/reference/content", dest, record["sha256"], None, size=size_of(record))
+        return record
 
     def cached(
         self, engine: dict[str, Any], cache: EngineCache, on_bytes: Callable[[int], None] | None = None

@@ -112,6 +112,8 @@ class Accuracy(BaseModel):
     outputs: dict[Name, dict[Name, Annotated[float, Field(allow_inf_nan=False)]]] = Field(
         default_factory=dict, max_length=256, description="per output, its metrics (max_abs, cosine, ...)"
     )
+    inputs: str | None = Field(None, max_length=500, description="where the check's inputs came from (the farm's)")
+    reference: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="the reference file's sha256")
 
 
 class Measurement(BaseModel):

@@ -63,6 +63,8 @@ MAX_DIM = 1 << 20
 # one is tuned on its own, so build time and engine size grow with every profile.
 MAX_PROFILES = 32
 CHECK_FIELDS = ("benchmark", "accuracy")
+# How the project judges its engines' evidence: neither the engine nor how it is checked, so in neither hash.
+POLICY_FIELDS = ("gate",)
 # Spec fields that change the engine but came after the first catalogs: hashed only when not at their default.
 LATER_FIELDS = (
     "keep_fp32_ops",
@@ -151,6 +153,18 @@ DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
     "int8": {"cosine": 0.98, "rel_l2": 0.2, "agreement": 0.9},
     "fp8": {"cosine": 0.98, "rel_l2": 0.2, "agreement": 0.9},
 }
+
+
+class GateSpec(BaseModel):
+    """What counts as an engine's evidence for this project's gate and resolve."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    accept_fleet_checks: StrictBool = Field(
+        default=False,
+        description="a deploy machine's accuracy check (enginefarm measure) counts as the engine's verdict where "
+        "the farm has none, and one that fails counts as a failure; off, they are only shown",
+    )
 
 
 class AccuracySpec(BaseModel):
@@ -257,6 +271,8 @@ class BuildSpec(BaseModel):
     # How the engines are checked after the build. Not part of the spec hash: they do not change the engine.
     benchmark: BenchmarkSpec = Field(default_factory=BenchmarkSpec)
     accuracy: AccuracySpec = Field(default_factory=AccuracySpec)
+    # What the project takes as an engine's evidence. In neither hash: it changes no engine and no check.
+    gate: GateSpec = Field(default_factory=GateSpec)
 
     @field_validator("profiles")
     @classmethod
@@ -307,7 +323,9 @@ class BuildSpec(BaseModel):
     def canonical(self) -> dict[str, Any]:
         """The spec with defaults filled and static shapes folded into profiles: what the hash covers. Fields
         added later are left out while they hold their defaults, so earlier specs keep their hash."""
-        data = self.model_dump(mode="json", exclude={"shapes", "profiles", *CHECK_FIELDS, *LATER_FIELDS})
+        data = self.model_dump(
+            mode="json", exclude={"shapes", "profiles", *CHECK_FIELDS, *LATER_FIELDS, *POLICY_FIELDS}
+        )
         for name in LATER_FIELDS:
             value = getattr(self, name)
             if value != type(self).model_fields[name].get_default(call_default_factory=True):
@@ -323,7 +341,7 @@ class BuildSpec(BaseModel):
 
     def stored(self) -> dict[str, Any]:
         """What a build row keeps: the canonical spec plus how its engines are checked."""
-        return {**self.canonical(), **self.model_dump(mode="json", include=set(CHECK_FIELDS))}
+        return {**self.canonical(), **self.model_dump(mode="json", include={*CHECK_FIELDS, *POLICY_FIELDS})}
 
     def checks_hash(self) -> str:
         """The hash of the benchmark and accuracy settings: an engine is checked once per distinct value."""

@@ -39,6 +39,9 @@ def measure(
     duration_s: float = typer.Option(3.0, "--duration", help="minimum measured seconds (trtexec's --duration)"),
     iterations: int = typer.Option(10, "--iterations", help="minimum measured iterations (trtexec's --iterations)"),
     threads: int | None = typer.Option(None, "--threads", help="ONNX Runtime CPU threads (default: every core)"),
+    check: bool = typer.Option(
+        True, "--check/--no-check", help="check the engine's outputs against the farm's fp32 reference outputs"
+    ),
     post: bool = typer.Option(True, "--post/--no-post", help="post the figure to the farm (scope measure)"),
     as_json: bool = typer.Option(False, "--json", help="print the figure (and the farm's record of it) as JSON"),
     cache_dir: Path | None = typer.Option(
@@ -78,6 +81,7 @@ def measure(
         farm = c.measurements(engine["id"], source="farm")["items"]
         need(extra_for(engine["target"]))
         path, _ = c.cached(engine, cache)
+        reference, unchecked = _reference(c, engine, cache.root) if check else (None, "--no-check")
     from enginefarm.measure import device
 
     info = ModelInfo(
@@ -93,25 +97,56 @@ def measure(
     try:
         timing_at, origin = device.timing_shapes(engine, info, at["shapes"] if at else None, given)
         runner, runtime, runtime_version = device.runner_for(engine, path, threads)
-        timed = device.run(runner, info, timing_at, bench, seed=0)
+        try:
+            timed = device.run(runner, info, timing_at, bench, seed=0)
+            checked = device.check(runner, reference[0], reference[1]) if reference else None
+        finally:
+            runner.close()
         batch = next(iter(timing_at.values()), [1])[0] if timing_at else 1
         figure = device.figure(
             timed, machine, device.machine_id(cache.root), (runtime, runtime_version), timing_at, batch
         )
+        figure.accuracy = checked
     except Exception as exc:  # noqa: BLE001 - a runtime's own error types: each ends the command with its line
         fail(exc)
     recorded = None
     if post:
         with farm_call(api) as c:
             recorded = c.post_measurement(engine["id"], figure)
-    _report(engine, figure, origin, at, recorded, as_json)
+    _report(engine, figure, origin, at, recorded, as_json, unchecked)
+
+
+def _reference(c: Any, engine: dict[str, Any], folder: Path) -> tuple[tuple[Path, dict[str, Any]] | None, str]:
+    """The farm's reference outputs for the engine, downloaded (verified) into the cache folder, or why not."""
+    from enginefarm.client.errors import ApiError
+
+    dest = folder / "references" / f"engine-{engine['id']}.npz"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return (dest, c.download_reference(engine["id"], dest)), ""
+    except ApiError as exc:
+        if exc.status_code != 404:
+            raise
+        return None, str(exc.message).removeprefix(f"HTTP {exc.status_code}: ")
 
 
 def _report(
-    engine: dict[str, Any], figure: Any, origin: str, farm: dict[str, Any] | None, recorded: Any, as_json: bool
+    engine: dict[str, Any],
+    figure: Any,
+    origin: str,
+    farm: dict[str, Any] | None,
+    recorded: Any,
+    as_json: bool,
+    unchecked: str,
 ) -> None:
     if as_json:
-        said = {"engine": engine, "measurement": figure.model_dump(mode="json"), "farm": farm, "recorded": recorded}
+        said = {
+            "engine": engine,
+            "measurement": figure.model_dump(mode="json"),
+            "farm": farm,
+            "recorded": recorded,
+            "unchecked": unchecked or None,
+        }
         console.print_json(json.dumps(said))
         return
     shapes = ", ".join(f"{n}:{'x'.join(map(str, d))}" for n, d in figure.shapes.items())
@@ -121,6 +156,17 @@ def _report(
         f"({origin})",
         highlight=False,
     )
+    if figure.accuracy is not None:
+        a = figure.accuracy
+        worst = min((f["cosine"] for f in a.outputs.values() if "cosine" in f), default=None)
+        verdict = "passed" if a.passed else "FAILED"
+        console.print(
+            f"accuracy {verdict} against the farm's fp32 reference outputs ({a.inputs})"
+            + (f", worst cosine {worst:.6f}" if worst is not None else ""),
+            highlight=False,
+        )
+    else:
+        err.print(f"accuracy not checked: {unchecked}", highlight=False)
     if farm:
         where = farm["gpu_name"] or farm["cpu_name"] or "its worker"
         console.print(f"the farm measured it at {farm['median_ms']:.3g} ms on {where}", highlight=False)

@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.core.domain import BACKEND_MODULES, Backend, ModelInfo
-from enginefarm.core.fleet import Measurement
+from enginefarm.core.fleet import Accuracy, Measurement
 from enginefarm.core.machine import Machine
 from enginefarm.core.spec import BenchmarkSpec, BuildSpec
 from enginefarm.core.stats import Measurement as Timing
+from enginefarm.measure.check import Reference, verdict
 from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.modules import load_module
 
+LARGEST = 1e300  # what a figure that is not finite is sent as
 MACHINE_ID_FILE = "machine-id"
 MACHINE_ID = r"[A-Za-z0-9_-]{8,64}"  # what the farm takes (enginefarm.core.fleet.Measurement.machine_id)
 
@@ -86,11 +88,31 @@ def timing_shapes(
 def run(runner: Any, info: ModelInfo, shapes: dict[str, list[int]], bench: BenchmarkSpec, seed: int) -> Timing:
     """Time the engine at these shapes by the farm's trtexec rules, with the farm's generated inputs."""
     inputs = random_inputs(info, shapes, seed, bench.value_ranges)
-    try:
-        timed: Timing = runner.benchmark(inputs, bench)
-        return timed
-    finally:
-        runner.close()
+    timed: Timing = runner.benchmark(inputs, bench)
+    return timed
+
+
+def check(runner: Any, reference_file: Path, record: dict[str, Any]) -> Accuracy:
+    """The engine's accuracy check here, against the farm's reference outputs (``record``: the farm's answer for
+    them, with the limits of the engine's precision), by the farm's own gate and code. Figures that are not finite
+    (an engine that answered NaN) are sent as the largest the farm takes: the verdict fails either way."""
+    ref = Reference.load(reference_file)
+    limits = {str(k): float(v) for k, v in record["limits"].items()}
+    result = verdict(runner, ref, limits, str(record["precision"]))
+    outputs = {
+        name: {k: _finite(v) for k, v in figures.items() if isinstance(v, (int, float)) or _is_inf_text(v)}
+        for name, figures in result["outputs"].items()
+    }
+    return Accuracy(passed=bool(result["pass"]), outputs=outputs, inputs=ref.origin[:500], reference=record["sha256"])
+
+
+def _is_inf_text(v: object) -> bool:
+    return isinstance(v, str) and v in ("inf", "-inf", "nan")
+
+
+def _finite(v: float | str) -> float:
+    value = float(v)
+    return value if math.isfinite(value) else (-LARGEST if value < 0 else LARGEST)
 
 
 def figure(

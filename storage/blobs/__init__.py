@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from enginefarm.core.config import Settings, get_settings
-from storage.blobs.base import BlobStore, engine_key, model_key, samples_key
+from storage.blobs.base import BlobStore, engine_key, model_key, reference_key, samples_key
 
 
 def get_blob_store(settings: Settings | None = None) -> BlobStore:
@@ -34,4 +34,4 @@ def _store_for(key: tuple, settings: Settings) -> BlobStore:
         return _stores[key]
 
 
-__all__ = ["BlobStore", "engine_key", "get_blob_store", "model_key", "samples_key"]
+__all__ = ["BlobStore", "engine_key", "get_blob_store", "model_key", "reference_key", "samples_key"]

@@ -23,6 +23,10 @@ def samples_key(sha256: str) -> str:
     return f"samples/{sha256[:2]}/{sha256}"
 
 
+def reference_key(sha256: str) -> str:
+    return f"references/{sha256[:2]}/{sha256}"
+
+
 @dataclass(frozen=True)
 class BlobObject:
     """One complete object as a listing sees it; ``modified`` (UTC) is when it was last written or refreshed."""

@@ -62,6 +62,14 @@ def test_the_light_client_measures_the_cpu_artifact_and_the_answer_shows_it(
     assert recorded["source"] == "fleet" and recorded["runtime"] == "onnxruntime/CPUExecutionProvider", recorded
     assert figure["shapes"] == farm_figure["shapes"]  # at the shapes the farm measured: the figures compare
     assert recorded["cpu_name"] == cpu_name() and recorded["gpu_name"] is None
+    # Checked against the farm's own fp32 reference outputs for the model's samples, with no fp32 pass of its own.
+    checked = figure["accuracy"]
+    assert checked["passed"] is True and recorded["accuracy_pass"] is True, checked
+    assert "seeded random inputs (seed 0) at opt shapes" in checked["inputs"], checked
+    assert checked["outputs"] and all(f["violations"] == 0.0 for f in checked["outputs"].values()), checked
+    with Client(farm.url) as c:
+        ref = c.get(f"/v1/engines/{engine_id}/reference")
+    assert (ref["precision"], ref["limits"]["atol"], ref["sha256"]) == ("fp32", 1e-4, checked["reference"])
     # Measured apart, by another process on this machine: a figure of the same order as the farm's own.
     ratio = recorded["median_ms"] / farm_figure["median_ms"]
     print(f"fleet {recorded['median_ms']:.3f} ms / farm {farm_figure['median_ms']:.3f} ms = {ratio:.2f}")

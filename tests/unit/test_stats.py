@@ -14,7 +14,6 @@ from enginefarm.core.probe.machineprobe import MachineProbe
 from enginefarm.core.probe.policy import benchmark_pending_reason, benchmark_targets
 from enginefarm.core.spec import AccuracySpec, BenchmarkSpec, BuildSpec
 from enginefarm.core.stats import Iteration, measure, median, percentile, summarize
-from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import (
     SamplesInvalid,
     benchmark_shape_problems,
@@ -22,6 +21,7 @@ from enginefarm.graph.inputs import (
     sample_batches,
     shape_sets,
 )
+from enginefarm.measure import accuracy
 from enginefarm.measure.inputs import random_inputs
 
 # ------------------------------------------------------------------ statistics (trtexec's definitions)

@@ -23,8 +23,8 @@ import numpy as np
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
+from enginefarm.measure import accuracy
 from worker.backends import BuildLog, get_backend
 from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
 from worker.int8.quantize.files import remove_model_files

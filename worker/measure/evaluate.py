@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,7 +17,6 @@ from enginefarm.core.domain import BACKEND_MODULES, Backend, ModelInfo, Target
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.stats import Measurement
-from enginefarm.graph import accuracy
 from enginefarm.graph.inputs import (
     ShapeSet,
     fixed_arrays,
@@ -26,6 +25,8 @@ from enginefarm.graph.inputs import (
     shape_sets,
     timing_inputs,
 )
+from enginefarm.measure import check
+from enginefarm.measure.check import Reference
 from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.modules import load_module
 from enginefarm.measure.ort_runner import OrtRunner
@@ -114,19 +115,14 @@ def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarr
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
 
 
-@dataclass
-class AccuracyInputs:
-    """What an accuracy check feeds the engine (fixed inputs left out) and what the reference answered."""
-
-    feeds: list[dict]
-    wanted: list[dict]
-    names: list[str]
-    origin: str
+# What an accuracy check feeds the engine and what the reference answered (enginefarm.measure.check): a deploy
+# machine's check reads the same thing from the farm.
+AccuracyInputs = Reference
 
 
 def accuracy_inputs(
     reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
-) -> AccuracyInputs:
+) -> Reference:
     """The accuracy check's inputs and the reference's outputs on them (ONNX Runtime fp32 on ``reference_model``)."""
     feeds, origin = accuracy_feeds(spec, info, samples)
     reference = _reference_session(reference_model)
@@ -134,74 +130,25 @@ def accuracy_inputs(
     fixed = fixed_arrays(spec, info)
     wanted = [dict(zip(names, reference.run(names, {**feed, **fixed}))) for feed in feeds]
     feeds = [{n: a for n, a in feed.items() if n not in fixed} for feed in feeds]
-    return AccuracyInputs(feeds, wanted, names, origin)
+    return Reference(feeds, wanted, names, origin)
 
 
-def compare(runner: Runner, inputs: AccuracyInputs, limits: dict) -> dict:
+def compare(runner: Runner, inputs: Reference, limits: dict) -> dict:
     """The engine's outputs on the check's inputs against the reference's, judged under ``limits``."""
-    return _compare(runner, inputs.feeds, inputs.wanted, inputs.names, limits)
+    try:
+        return check.compare(runner, inputs, limits)
+    except ValueError as exc:  # an output the engine lacks, shapes that differ
+        raise BuildFailed(str(exc)) from exc
 
 
 def check_accuracy(
     runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
 ) -> dict:
     inputs = accuracy_inputs(reference_model, spec, info, samples)
-    feeds, wanted, names, origin = inputs.feeds, inputs.wanted, inputs.names, inputs.origin
-    limits = spec.accuracy.limits(spec.precision.value)
-    result = _compare(runner, feeds, wanted, names, limits)
-    if not result["pass"] and spec.precision.value == "fp32" and hasattr(runner, "without_tf32"):
-        result = _tf32_verdict(result, runner, feeds, wanted, names, limits)
-    result.update(inputs=origin, precision=spec.precision.value)
-    return accuracy.json_safe(result)
-
-
-def _compare(runner: Runner, feeds: list[dict], wanted: list[dict], names: list[str], limits: dict) -> dict:
-    per_output: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-    atol, rtol = limits.get("atol"), limits.get("rtol")
-    for feed, want in zip(feeds, wanted):
-        got = runner.infer(feed)
-        for name in names:
-            if name not in got:
-                raise BuildFailed(f"the engine has no output {name!r} (it has {', '.join(got)})")
-            per_output[name].append(accuracy.metrics(want[name], got[name], atol, rtol))
-    # A Judgement is a plain dict, which the callers extend.
-    return cast("dict[str, Any]", accuracy.judge({n: accuracy.merge(m) for n, m in per_output.items()}, limits))
-
-
-def _tf32_verdict(result: dict, runner, feeds: list[dict], wanted: list[dict], names: list[str], limits: dict) -> dict:
-    """An fp32 artifact run with TF32 that misses the fp32 limits is run again with TF32 off, on the same GPU and
-    inputs. If it then passes, the differences are what TF32's 10-bit mantissa explains: the verdict passes and
-    says so, with both sets of figures. If it fails without TF32 too, the error is real and the verdict fails."""
-    exact = runner.without_tf32()
-    if exact is None:
-        return result
     try:
-        off = _compare(exact, feeds, wanted, names, limits)
-    finally:
-        exact.close()
-    worst_on, worst_off = result["worst"], off["worst"]
-    summary = {"worst_with_tf32": worst_on, "worst_without_tf32": worst_off, "pass_without_tf32": off["pass"]}
-    if not off["pass"]:
-        return {
-            **off,
-            "tf32": {
-                **summary,
-                "explains": False,
-                "note": "fails with TF32 off as well: the differences are not TF32's",
-            },
-        }
-    note = (
-        f"differences beyond the fp32 limits are TF32's: with TF32 on, max abs "
-        f"{worst_on.get('max_abs', 0):.3g}; with TF32 off on the same GPU and inputs, "
-        f"{worst_off.get('max_abs', 0):.3g}, within the limits"
-    )
-    return {
-        **result,
-        "pass": True,
-        "failures": {},
-        "explained_by": "tf32",
-        "tf32": {**summary, "explains": True, "failures_with_tf32": result["failures"], "note": note},
-    }
+        return check.verdict(runner, inputs, spec.accuracy.limits(spec.precision.value), spec.precision.value)
+    except ValueError as exc:
+        raise BuildFailed(str(exc)) from exc
 
 
 def evaluate(
