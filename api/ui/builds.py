@@ -13,7 +13,7 @@ from api.http.downloads import engine_content
 from api.http.params import RowId
 from api.schemas import EngineOut
 from api.schemas.builds import BuildOut
-from api.services import builds, engines
+from api.services import builds, engines, fleet
 from api.ui import session as ui_session
 from api.ui.render import page
 from enginefarm.core.config import Settings
@@ -115,12 +115,16 @@ def engine_page(
     engine = engines.engine(session, settings, engine_id, principal.project)
     benchmarks = engines.benchmarks(session, engine_id, principal.project)
     int8 = engines.stage_of(session, *builtengines.engine_in_project(session, engine_id, principal.project))
+    measured = fleet.listing(session, engine_id, principal.project, "fleet")
     base = str(request.base_url).rstrip("/")
     return page(
         request,
         "engine.html",
         engine=engine,
         benchmarks=benchmarks,
+        fleet=measured,
+        fleet_failed=[m for m in measured.items if m.accuracy_pass is False],
+        measure=shlex.join(["enginefarm", "measure", "--engine", str(engine.id), "--api", base]),
         fetch=fetch_command(engine, base),
         runtime=runtime_label(engine),
         int8=int8.model_dump(mode="json") if int8 else None,

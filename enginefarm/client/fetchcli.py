@@ -25,6 +25,7 @@ FILTER_HELP = "keep only engines that passed their accuracy gate"
 
 
 def fetch(
+    ctx: typer.Context,
     model: str,
     output: Path | None = typer.Option(
         None,
@@ -89,6 +90,9 @@ def fetch(
         None, "--cache-dir", envvar="ENGINEFARM_CACHE_DIR", help="local engine cache (default ~/.cache/enginefarm)"
     ),
     no_cache: bool = typer.Option(False, "--no-cache", help="download without keeping a copy in the cache"),
+    measure: bool = typer.Option(
+        False, "--measure", help="then time and check it here and post the figures (enginefarm measure --engine)"
+    ),
     api: str | None = API_OPT,
 ) -> None:
     """Fetch the engine that runs on this machine (or the one the flags describe), verified by sha256.
@@ -140,8 +144,8 @@ def fetch(
         accept=accept or None,
     )
     cache = None if no_cache else EngineCache(cache_dir)
-    if (wait and not build) or (offline and (build or no_cache)):
-        fail(ValueError("--wait goes with --build; --offline needs the cache and cannot build"))
+    if (wait and not build) or (offline and (build or no_cache or measure)):
+        fail(ValueError("--wait goes with --build; --offline needs the cache, and cannot build or post a measurement"))
     only_explain = explain and not output
     try:
         if offline:
@@ -203,6 +207,23 @@ def fetch(
             "--precision or --spec-hash choose another)"
         )
     _print_answer(got.answer, got.path, from_cache=got.from_cache, explain=explain)
+    if measure:
+        _measure(ctx, got.answer["engine"]["id"], cache_dir, api)
+
+
+def _measure(ctx: typer.Context, engine_id: int, cache_dir: Path | None, api: str | None) -> None:
+    """``enginefarm measure --engine ID``, as registered on the root command (by ``enginefarm.measure``, whose
+    runtimes come from the ``measure-*`` extras)."""
+    root = ctx.find_root()
+    group = getattr(root.command, "get_command", None)
+    command = group(root, "measure") if group else None
+    if command is None:
+        fail(ValueError("--measure needs the measure command of enginefarm.measure, which this install lacks"))
+        return
+    args = ["--engine", str(engine_id), *(["--cache-dir", str(cache_dir)] if cache_dir else [])]
+    code = command.main([*args, *(["--api", api] if api else [])], "enginefarm measure", standalone_mode=False)
+    if code:  # its failure is printed already: exit as it did
+        raise typer.Exit(code)
 
 
 def _spec_of(build: dict[str, Any]) -> str:

@@ -75,9 +75,12 @@ def test_the_light_client_measures_the_cpu_artifact_and_the_answer_shows_it(
     print(f"fleet {recorded['median_ms']:.3f} ms / farm {farm_figure['median_ms']:.3f} ms = {ratio:.2f}")
     assert 0.2 < ratio < 5, ratio
 
-    # The same machine again: a second figure, but still one machine of its class.
-    again = run(*measure, env=env)
+    # The same machine again, as `fetch --measure`: a second figure, but still one machine of its class.
+    fetch = [light_client / "enginefarm", "fetch", name, "--allow-cpu", "-o", tmp_path / "m-cpu.onnx", "--measure"]
+    again = run(*fetch, "--api", farm.url, env=env)
     assert again.returncode == 0 and "posted as measurement" in again.stdout, again.stdout + again.stderr
+    assert "accuracy passed against the farm's fp32 reference outputs" in again.stdout, again.stdout
+    assert (tmp_path / "m-cpu.onnx").stat().st_size > 0
     with Client(farm.url) as c:
         listed = c.measurements(engine_id)
         answer = c.resolve(name, Machine(platform="x86_64", cpu_name=cpu_name()))

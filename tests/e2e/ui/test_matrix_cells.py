@@ -109,3 +109,28 @@ def test_a_pending_gpu_cell_says_how_to_measure_it_then_shows_the_fleets_figure(
     page.reload()
     page.wait_for_selector("#matrix[data-live='false']", timeout=120_000)
     assert page.inner_text(f"{cell} [data-fleet]") == "fleet p50 2.5 ms on 2 machines of class NVIDIA GeForce RTX 3090"
+
+    # A third machine checks it against the farm's reference outputs and finds it failing: the engine page shows
+    # the failure at once, though this project's spec does not take fleet checks as verdicts.
+    with Client(farm.url, token=token) as c:
+        ref = c.get(f"/v1/engines/{engine_id}/reference")
+        bad = {"passed": False, "outputs": {"output": {"violations": 0.5, "max_abs": 2.0}}, "reference": ref["sha256"]}
+        body = {"machine_id": "rtx-000009", "machine": {**machine, "trt_rtx_version": rtx}, "accuracy": bad}
+        body |= {"runtime": "tensorrt-rtx", "runtime_version": rtx, "median_ms": 2.6}
+        r = c.http.post(f"/v1/engines/{engine_id}/measurements", json=body)
+        assert r.status_code == 201, r.text
+    page.goto(f"{farm.url}/ui/engines/{engine_id}")
+    assert page.inner_text("#fleet-failed").startswith("1 check by the fleet failed: machine rtx-000009 (NVIDIA")
+    rows = page.locator("#fleet tbody tr")
+    assert rows.count() == 3 and "fail" in rows.nth(0).inner_text() and "2.600 ms" in rows.nth(0).inner_text()
+    assert "p50 2.600 ms on 3 machines of class NVIDIA GeForce RTX 3090" in page.inner_text("#fleet-classes")
+    assert page.inner_text("#measure-command").startswith(f"enginefarm measure --engine {engine_id} --api http")
+    assert page.locator("#verdict-source").count() == 0  # shown, not taken as the verdict
+    # The report's chart gets a series of the fleet's figures, and its table a column.
+    page.goto(f"{farm.url}/ui/models/{model['id']}/report")
+    page.wait_for_selector("#latency-figure[data-series]", timeout=30_000)
+    assert page.get_attribute("#latency-figure", "data-series").split("|")[-1] == "p50 measured on the fleet"
+    fleet_cells = [t.strip() for t in page.locator("#report-table td.fleet").all_inner_texts()]
+    assert [c.splitlines() for c in fleet_cells if c != "–"] == [  # the GPU model's class first, as resolve ranks
+        ["2.600 ms on 3 machines of class NVIDIA GeForce RTX 3090", "2.600 ms on 3 machines of compute capability 8.6"]
+    ]
