@@ -376,11 +376,25 @@ def measure_here(cli: Cli, name: str, seconds: float, log) -> dict[str, Any]:
     """`enginefarm measure` on this machine, as a deploy machine runs it: the engine resolve hands it, timed in a
     process of its own at the shapes the farm's worker measured it at, its figure posted, and set beside the
     worker's."""
-    text = cli("measure", name, "--json", "--duration", str(seconds), check=False)
+    site = os.environ.get("ENGINEFARM_CLIENT_SITE")  # the light client alone (gpu_matrix.sh client)
+    env = {**cli.env, "PYTHONPATH": site} if site else cli.env
+    alone = None
+    if site:  # what the light client's site lacks: the farm's server and worker dependencies
+        probe = "import importlib.util as u; print([m for m in ('fastapi', 'sqlalchemy', 'celery') if u.find_spec(m)])"
+        alone = subprocess.run([PY, "-c", probe], capture_output=True, text=True, env=env).stdout.strip()
+    done = subprocess.run(
+        [PY, "-m", "enginefarm", "measure", name, "--json", "--duration", str(seconds)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    log(f"$ enginefarm measure {name} (light client alone: {bool(site)}; farm modules importable there: {alone})\n"
+        f"{done.stdout[-6000:]}{done.stderr[-3000:]}")  # fmt: skip
     try:
-        said = json.loads(text)
+        said = json.loads(done.stdout)
     except ValueError:
-        return {"error": text[-2000:]}
+        return {"error": (done.stdout + done.stderr)[-2000:]}
     device, farm = said["measurement"], said.get("farm") or {}
     out = {
         "engine_id": said["engine"]["id"],
@@ -391,6 +405,9 @@ def measure_here(cli: Cli, name: str, seconds: float, log) -> dict[str, Any]:
         "device_p99_ms": device["p99_ms"],
         "farm_p50_ms": farm.get("median_ms"),
         "posted": (said.get("recorded") or {}).get("id"),
+        "light_client_alone": bool(site) and alone == "[]",
+        "accuracy_pass": (device.get("accuracy") or {}).get("passed"),
+        "unchecked": said.get("unchecked"),
     }
     if out["farm_p50_ms"]:
         out["device_over_farm"] = device["median_ms"] / out["farm_p50_ms"]

@@ -4,6 +4,7 @@
 #   bench/gpu_matrix.sh prepare CARRY      # here, with internet: wheels, onnxruntime-gpu in pieces, models, samples
 #   bench/gpu_matrix.sh stash CARRY        # there, once per piece carried: keeps what CARRY holds in $STASH
 #   bench/gpu_matrix.sh install            # there: onnxruntime-gpu and the farm's wheels into $STASH/site
+#   bench/gpu_matrix.sh client             # there: the light client alone into $STASH/client-site (run measures with it)
 #   bench/gpu_matrix.sh test               # there: the tests marked gpu
 #   bench/gpu_matrix.sh run OUT [ARGS...]  # there: the matrix through an embedded farm (gpu_matrix.py run ARGS)
 #
@@ -71,17 +72,27 @@ install)
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STASH/site" \
         "$STASH"/wheels/*.whl
     PYTHONPATH="$STASH/site" "$PY" -c "import onnxruntime as o; o.preload_dlls(); print('onnxruntime', o.__version__, o.get_available_providers())" ;;
+client)
+    # The light client alone, as a deploy machine installs it: enginefarm with its base dependencies (no server, no
+    # worker) and onnxruntime-gpu, in a site of its own; `run` measures with it (ENGINEFARM_CLIENT_SITE).
+    rm -rf "$STASH/client-site" && mkdir -p "$STASH/client-site"
+    tar -C "$STASH/client-site" -xJf "$STASH/ort.tar.xz"
+    "$PY" -m pip install -q --no-index --find-links "$STASH/wheels" --no-compile --no-cache-dir \
+        --target "$STASH/client-site" enginefarm
+    ls "$STASH/client-site" ;;
 test)
     # From outside the checkout, so that `enginefarm` is the installed package (whose worker is the
     # checkout's worker/ folder), and without tests/conftest.py, whose services (PostgreSQL, Redis) are not there.
     cd "$STASH"
     PYTHONPATH="$STASH/site:$here" "$PY" -m pytest -q -c /dev/null --rootdir "$here" --noconftest -p tests.gpumark \
-        --gpu -m gpu "$here/tests/worker/test_ort_cuda_gpu.py" "${@:2}" ;;
+        --gpu -m gpu "$here/tests/e2e/worker/test_ort_cuda_gpu.py" "${@:2}" ;;
 run)
     out="$(realpath -m "${2:?OUT folder}")"
     cd "$STASH"
-    PATH="$STASH/site/bin:$PATH" PYTHONPATH="$STASH/site" "$PY" "$here/bench/gpu_matrix.py" run "$STASH/models" \
-        --out "$out" "${@:3}" ;;
+    client=""
+    [ -d "$STASH/client-site" ] && client="$STASH/client-site"
+    ENGINEFARM_CLIENT_SITE="$client" PATH="$STASH/site/bin:$PATH" PYTHONPATH="$STASH/site" "$PY" \
+        "$here/bench/gpu_matrix.py" run "$STASH/models" --out "$out" "${@:3}" ;;
 *)
     sed -n '2,10p' "$0"; exit 2 ;;
 esac
