@@ -112,6 +112,12 @@ class Accuracy(BaseModel):
     outputs: dict[Name, dict[Name, Annotated[float, Field(allow_inf_nan=False)]]] = Field(
         default_factory=dict, max_length=256, description="per output, its metrics (max_abs, cosine, ...)"
     )
+    without_tf32: dict[Name, dict[Name, Annotated[float, Field(allow_inf_nan=False)]]] | None = Field(
+        None,
+        max_length=256,
+        description="an fp32 engine run with TF32 whose figures miss the fp32 gate: its figures run again with TF32 "
+        "off; it passes when these do (the differences are TF32's), as the farm's own check judges",
+    )
     inputs: str | None = Field(None, max_length=500, description="where the check's inputs came from (the farm's)")
     reference: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="the reference file's sha256")
 

@@ -111,7 +111,12 @@ def tf32_verdict(result: dict[str, Any], runner: Any, ref: Reference, limits: di
     finally:
         exact.close()
     worst_on, worst_off = result["worst"], off["worst"]
-    summary = {"worst_with_tf32": worst_on, "worst_without_tf32": worst_off, "pass_without_tf32": off["pass"]}
+    summary = {
+        "worst_with_tf32": worst_on,
+        "worst_without_tf32": worst_off,
+        "pass_without_tf32": off["pass"],
+        "outputs_without_tf32": off["outputs"],
+    }
     if not off["pass"]:
         return {
             **off,

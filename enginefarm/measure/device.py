@@ -99,11 +99,21 @@ def check(runner: Any, reference_file: Path, record: dict[str, Any]) -> Accuracy
     ref = Reference.load(reference_file)
     limits = {str(k): float(v) for k, v in record["limits"].items()}
     result = verdict(runner, ref, limits, str(record["precision"]))
-    outputs = {
+    tf32 = result.get("tf32") or {}
+    return Accuracy(
+        passed=bool(result["pass"]),
+        outputs=_figures(result["outputs"]),
+        without_tf32=_figures(tf32["outputs_without_tf32"]) if tf32.get("explains") else None,
+        inputs=ref.origin[:500],
+        reference=record["sha256"],
+    )
+
+
+def _figures(outputs: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    return {
         name: {k: _finite(v) for k, v in figures.items() if isinstance(v, (int, float)) or _is_inf_text(v)}
-        for name, figures in result["outputs"].items()
+        for name, figures in outputs.items()
     }
-    return Accuracy(passed=bool(result["pass"]), outputs=outputs, inputs=ref.origin[:500], reference=record["sha256"])
 
 
 def _is_inf_text(v: object) -> bool:

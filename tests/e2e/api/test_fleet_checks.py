@@ -102,3 +102,25 @@ def test_another_projects_device_never_touches_this_projects_verdict(farm):
     assert post(http, tokens["beta", "measure"], fp16, checked("hostile-0001", FAILING, False)).status_code == 201
     assert verdict(settings, fp16, "alpha").accuracy_pass is True
     assert verdict(settings, fp16, "beta").accuracy_pass is False
+
+
+def test_an_fp32_check_that_passes_only_with_tf32_off_is_judged_as_the_farm_judges_it(farm):  # noqa: F811
+    """An fp32 engine on a GPU with TF32 misses the fp32 gate; run again with TF32 off it passes: the farm's own
+    check calls that a pass explained by TF32, and a device's check with both sets of figures is judged the same."""
+    settings, http, _, engines, tokens = farm
+    fp32, measure = engines["fp32"], tokens["alpha", "measure"]
+    ask_checks(settings, fp32, "alpha", accept=True)
+    tf32_on = {"out": {"max_abs": 0.004, "cosine": 0.99999, "rel_l2": 0.001, "violations": 0.2}}
+    tf32_off = {"out": {"max_abs": 3e-5, "cosine": 1.0, "rel_l2": 1e-6, "violations": 0.0}}
+    alone = checked("machine-0001", tf32_on, True)
+    r = post(http, measure, fp32, alone)
+    assert r.status_code == 422 and "says it passed" in r.text, r.text  # without the TF32-off figures: not a pass
+    both = {**alone, "accuracy": {**alone["accuracy"], "without_tf32": tf32_off}}
+    r = post(http, measure, fp32, both)
+    assert r.status_code == 201 and r.json()["accuracy_pass"] is True, r.text
+    taken = verdict(settings, fp32, "alpha")
+    assert taken.accuracy_pass is True and taken.accuracy["explained_by"] == "tf32", taken.accuracy
+    assert "20.000% of elements" in taken.accuracy["tf32"]["failures_with_tf32"]["out"][0]
+    worse = {"out": {**tf32_off["out"], "violations": 0.1}}  # wrong with TF32 off as well: a failure
+    r = post(http, measure, fp32, {**alone, "accuracy": {**alone["accuracy"], "without_tf32": worse}})
+    assert r.status_code == 422, r.text
