@@ -40,11 +40,12 @@ demo:
 	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT)
 
 ## The full test suite, three tiers (tests/tiers.py): unit, integration (in process, SQLite and a local store), both
-## over two processes (pytest-xdist), then e2e, in order, against real PostgreSQL, Redis, SeaweedFS, Celery worker
-## processes, podman and Chromium.
+## over two processes (pytest-xdist), then e2e against real PostgreSQL, Redis, SeaweedFS, Celery worker processes,
+## podman and Chromium, over two processes too: a test module runs whole on one of them, and each has its own session
+## farm, scratch databases and Redis db (tests/conftest.py).
 test: setup services
 	$(PY) -m pytest -q -n 2 tests/unit tests/integration
-	$(PY) -m pytest -q --durations=25 tests/e2e
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests/e2e
 
 ## The unit tier alone: no service, no process, no database, over two processes (well under a minute).
 test-fast: setup

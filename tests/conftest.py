@@ -23,9 +23,13 @@ from tests.helpers import UPLOAD_LIMIT, WORKER_A, WORKER_B
 
 ROOT = Path(__file__).resolve().parents[1]
 pytest_plugins = ["tests.gpumark"]
-# Another checkout's suite may run on this machine at the same time: each names its own scratch database.
-REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_REDIS_DB", "11"))
-PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test")
+# Another checkout's suite may run on this machine at the same time: each names its own Redis db. So does each
+# pytest-xdist worker of one suite (`make test` runs the e2e tier on two, a module whole on one of them).
+# Redis dbs of the suite: 7 the soak's smoke, 8 the build-priority farm, 9 the race farm, 10 the fault farm, 11 the
+# session farm (13 on the second worker), 12 and 14 the benches' smokes.
+XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_REDIS_DB", "11")) + 2 * XDIST_WORKER
+PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test")  # a prefix: scratch_postgres adds a random part
 
 
 @pytest.fixture(scope="session")
@@ -132,7 +136,8 @@ def client_wheel(tmp_path_factory) -> Path:
 
     out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "enginefarm"
     # From a copy: an in-tree build leaves build/lib behind, whose stale modules a later wheel would carry.
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "*.egg-info", "__pycache__"))
+    ignore = shutil.ignore_patterns(".git", ".venv*", ".gpu-carry", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, src, ignore=ignore)
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
         capture_output=True,

@@ -25,7 +25,7 @@ from storage.tables import BenchmarkTaskRow, BuildTaskRow, EngineRow
 from tests.helpers import unique_name
 
 CPU, GPU = "onnxruntime/cpu-x86_64", "tensorrt-rtx/sm86"
-REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_FAULT_REDIS_DB", "10"))
+REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_PRIO_REDIS_DB", "8"))  # its own: the fault farm's runs beside it
 PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test") + "_prio"
 # Long enough that the sm86 build, submitted once the first benchmark runs, is done well before it ends.
 BENCH_S = 45.0

@@ -41,9 +41,11 @@ def test_demo_builds_five_targets_and_fetches_sm86(tmp_path):
         sm86 = next(e for e in engines if e.target == "tensorrt-rtx/sm86")
     fetched = tmp_path / "fetched" / "convnet-sm86.plan"
     assert sha256_file(fetched) == sm86.sha256
-    # The local blob directory holds each engine under its content address, and the model.
-    blobs = sorted(p for p in (tmp_path / "blobs").rglob("*") if p.is_file())
-    assert len(blobs) == 6
+    # The local blob directory holds each engine under its content address, the model, and the reference outputs
+    # of its accuracy check (one: every target's check feeds the same inputs).
+    blobs = sorted(p.relative_to(tmp_path / "blobs") for p in (tmp_path / "blobs").rglob("*") if p.is_file())
+    kinds = sorted(p.parts[0] for p in blobs)
+    assert kinds == ["engines"] * 5 + ["models", "references"], blobs
 
 
 def test_demo_without_tensorrt_rtx_says_so_and_shows_the_cpu_path(tmp_path):

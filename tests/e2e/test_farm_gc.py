@@ -26,7 +26,7 @@ from storage.blobs.base import PartialUpload
 from storage.blobs.s3 import S3BlobStore
 from storage.db import session_scope
 from storage.gc import collect_garbage, referenced_keys
-from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
+from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow, ReferenceRow
 from tests.helpers import unique_name
 
 TARGETS = ["onnxruntime/cpu-x86_64", "tensorrt-rtx/sm86"]
@@ -109,10 +109,11 @@ def test_sweep_deletes_orphans_and_keeps_every_catalogued_blob_intact(farm, dist
         rows = [(m.blob_key, m.sha256) for m in s.scalars(select(ModelRow))]
         rows += [(m.samples_key, m.samples_sha256) for m in s.scalars(select(ModelRow)) if m.samples_key]
         rows += [(e.blob_key, e.sha256) for e in s.scalars(select(EngineRow))]
+        rows += [(r.blob_key, r.sha256) for r in s.scalars(select(ReferenceRow))]
         assert {key for key, _ in rows} == referenced_keys(s)
     assert report.referenced == len({key for key, _ in rows})
     kinds = {key.split("/")[0] for key, _ in rows}
-    assert kinds == {"models", "samples", "engines"}, kinds
+    assert kinds == {"models", "samples", "engines", "references"}, kinds
     for key, sha in rows:
         assert sha256_of(store, key) == sha, key
     # The farm still serves what the sweep kept.
