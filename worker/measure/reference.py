@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from enginefarm.core.config import get_settings
 from enginefarm.core.domain import ModelInfo
+from enginefarm.core.errors import EnginefarmError
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.spec import BuildSpec
 from enginefarm.core.worklock import Scratch
@@ -45,6 +46,8 @@ def ensure_reference(engine_id: int, project: str) -> None:
     storing it unless another engine's check made the same one. Logs and returns on any failure."""
     try:
         _ensure(engine_id, project)
+    except (ImportError, EnginefarmError) as exc:  # no ONNX Runtime here, a reference model it cannot load
+        log.warning("could not keep the reference outputs of engine %s: %s", engine_id, exc)
     except Exception:  # the build succeeded; a missing reference only delays a device's check
         log.warning("could not keep the reference outputs of engine %s", engine_id, exc_info=True)
 
