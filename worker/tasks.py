@@ -181,6 +181,7 @@ def _run(task_id: int, me: str) -> None:
         engine_id, check_id = store_with_row(
             settings, store, key, built.path, built.descriptor.sha256, record, patience_s=PATIENCE_S
         )
+    # Before the check is published: once an engine's check is done, its reference outputs are there for devices.
     ensure_reference(engine_id, project)
     _after_build(check_id, target)
 
