@@ -120,14 +120,19 @@ def failures(values: dict[str, float], limits: dict[str, float]) -> list[str]:
         if ACCURACY_LIMITS[key] == "max" and not value <= limit:
             if key == "violations":
                 broken.append(
-                    f"{value:.3%} of elements outside atol {limits.get('atol', 0):g} + rtol "
-                    f"{limits.get('rtol', 0):g}*|ref| (allowed: {limit:.3%})"
+                    f"{percent(value)} of elements outside atol {limits.get('atol', 0):g} + rtol "
+                    f"{limits.get('rtol', 0):g}*|ref| (allowed: {percent(limit)})"
                 )
             else:
                 broken.append(f"{key} {value:.3g} > {limit:g}")
         if ACCURACY_LIMITS[key] == "min" and not value >= limit:
             broken.append(f"{key} {value:.6g} < {limit:g}")
     return broken
+
+
+def percent(share: float) -> str:
+    """A share as a percentage with three significant digits, so a small one still reads: "0.000325%", "33.5%"."""
+    return "0%" if share == 0 else f"{share * 100:.3g}%"
 
 
 def judge(outputs: dict[str, dict[str, float]], limits: dict[str, float]) -> Judgement:

@@ -216,7 +216,10 @@ def test_judge_against_precision_tolerances():
     far = ref.copy()
     far[:10] += 1.0  # 1% of the elements off by far more than atol + rtol*|ref|
     bad = accuracy.judge({"y": accuracy.metrics(ref, far, limits["atol"], limits["rtol"])}, limits)
-    assert bad["pass"] is False and "1.000% of elements outside atol 0.01" in bad["failures"]["y"][0]
+    assert bad["pass"] is False and "1% of elements outside atol 0.01" in bad["failures"]["y"][0]
+    # A share too small for three decimals still reads: 4 of 1.23 million elements outside the fp32 tolerance.
+    tiny = accuracy.failures({"violations": 4 / 1_230_000}, AccuracySpec().limits("fp32"))
+    assert tiny == ["0.000325% of elements outside atol 0.0001 + rtol 0.001*|ref| (allowed: 0%)"], tiny
     override = AccuracySpec(tolerances={"violations": 0.05}).limits("fp16")
     assert accuracy.judge({"y": accuracy.metrics(ref, far, 1e-2, 1e-2)}, override)["pass"] is True
     assert accuracy.merge([{"cosine": 0.99, "max_abs": 1.0}, {"cosine": 0.98, "max_abs": 0.5}]) == {
