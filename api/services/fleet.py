@@ -102,7 +102,8 @@ def _judged(session: Session, row: EngineRow, project: str, m: Measurement) -> J
         tf32 = {
             "explains": True,
             "failures_with_tf32": judgement["failures"],
-            "note": "differences beyond the fp32 limits are TF32's: with TF32 off on the same GPU and inputs, within the limits",
+            "note": "differences beyond the fp32 limits are TF32's: with TF32 off on the same GPU and inputs, "
+            "within the limits",
         }
         judgement = {**judgement, "pass": True, "failures": {}}
         extra = {"explained_by": "tf32", "tf32": tf32}

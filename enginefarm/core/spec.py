@@ -145,9 +145,11 @@ AT_MOST_ONE = frozenset({"cosine", "violations", "agreement"})
 
 # Default pass/fail limits per precision, against ONNX Runtime FP32 on the original model. Float precisions are
 # gated elementwise as Polygraphy compares; quantized ones on cosine and relative L2, because their error scales
-# with each tensor's range. The figures that chose them are in docs/models.md ("Accuracy gates").
+# with each tensor's range. The figures that chose them are in docs/models.md ("Accuracy gates"). fp32 lets 10
+# elements in a million fall outside: an optimized graph's rounding near an output's exact zeros (4 of 1.23 million,
+# 2.4e-4 off on outputs of about 30, in a depth network) is not an error; a wrong artifact puts far more outside.
 DEFAULT_TOLERANCES: dict[str, dict[str, float]] = {
-    "fp32": {"atol": 1e-4, "rtol": 1e-3, "violations": 0.0, "agreement": 1.0},
+    "fp32": {"atol": 1e-4, "rtol": 1e-3, "violations": 1e-5, "agreement": 1.0},
     "fp16": {"atol": 1e-2, "rtol": 1e-2, "violations": 5e-3, "agreement": 0.99},
     "bf16": {"atol": 5e-2, "rtol": 5e-2, "violations": 5e-3, "agreement": 0.98},
     "int8": {"cosine": 0.98, "rel_l2": 0.2, "agreement": 0.9},

@@ -217,8 +217,8 @@ def test_judge_against_precision_tolerances():
     far[:10] += 1.0  # 1% of the elements off by far more than atol + rtol*|ref|
     bad = accuracy.judge({"y": accuracy.metrics(ref, far, limits["atol"], limits["rtol"])}, limits)
     assert bad["pass"] is False and "1% of elements outside atol 0.01" in bad["failures"]["y"][0]
-    # A share too small for three decimals still reads: 4 of 1.23 million elements outside the fp32 tolerance.
-    tiny = accuracy.failures({"violations": 4 / 1_230_000}, AccuracySpec().limits("fp32"))
+    # A share too small for three decimals still reads.
+    tiny = accuracy.failures({"violations": 4 / 1_230_000}, {**AccuracySpec().limits("fp32"), "violations": 0.0})
     assert tiny == ["0.000325% of elements outside atol 0.0001 + rtol 0.001*|ref| (allowed: 0%)"], tiny
     override = AccuracySpec(tolerances={"violations": 0.05}).limits("fp16")
     assert accuracy.judge({"y": accuracy.metrics(ref, far, 1e-2, 1e-2)}, override)["pass"] is True
@@ -292,3 +292,26 @@ def test_benchmark_targets_follow_the_gpu_and_runtimes():
         benchmark_pending_reason(Target.parse("tensorrt-rtx/sm86"))
         == "benchmark pending: no worker with an sm86 GPU and tensorrt_rtx"
     )
+
+
+def test_the_fp32_gate_passes_rounding_near_exact_zeros_and_fails_a_wrong_artifact():
+    """A depth network's outputs are about 30 with exact zeros; its optimized fp32 graph put 4 of 1.23 million
+    elements 2.4e-4 off, all near zero (max abs 2.4e-4): a correct artifact, and it passes. One that is wrong in a
+    few hundred places, or an fp16 one that overflows, still fails."""
+    rng = np.random.default_rng(7)
+    ref = (30 + rng.standard_normal(1_230_000)).astype(np.float32)
+    ref[::1000] = 0.0  # exact zeros, where rtol*|ref| allows nothing
+    rounded = ref.copy()
+    rounded[[0, 1000, 2000, 3000]] = 2.4e-4
+    fp32 = AccuracySpec().limits("fp32")
+    near = accuracy.metrics(ref, rounded, fp32["atol"], fp32["rtol"])
+    assert near["violations"] == pytest.approx(4 / 1_230_000) and near["max_abs"] == pytest.approx(2.4e-4)
+    assert accuracy.judge({"depth": near}, fp32)["pass"] is True
+    wrong = ref.copy()
+    wrong[:300] += 0.5  # 300 elements (0.024%) off by 0.5
+    bad = accuracy.judge({"depth": accuracy.metrics(ref, wrong, fp32["atol"], fp32["rtol"])}, fp32)
+    assert bad["pass"] is False and bad["failures"]["depth"][0].startswith("0.0244% of elements outside"), bad
+    overflow = ref.copy()
+    overflow[5] = np.inf
+    fp16 = AccuracySpec().limits("fp16")
+    assert accuracy.judge({"depth": accuracy.metrics(ref, overflow, fp16["atol"], fp16["rtol"])}, fp16)["pass"] is False

@@ -104,7 +104,7 @@ def test_another_projects_device_never_touches_this_projects_verdict(farm):
     assert verdict(settings, fp16, "beta").accuracy_pass is False
 
 
-def test_an_fp32_check_that_passes_only_with_tf32_off_is_judged_as_the_farm_judges_it(farm):  # noqa: F811
+def test_an_fp32_check_that_passes_only_with_tf32_off_is_judged_as_the_farm_judges_it(farm):
     """An fp32 engine on a GPU with TF32 misses the fp32 gate; run again with TF32 off it passes: the farm's own
     check calls that a pass explained by TF32, and a device's check with both sets of figures is judged the same."""
     settings, http, _, engines, tokens = farm
