@@ -120,7 +120,7 @@ def test_an_fp32_check_that_passes_only_with_tf32_off_is_judged_as_the_farm_judg
     assert r.status_code == 201 and r.json()["accuracy_pass"] is True, r.text
     taken = verdict(settings, fp32, "alpha")
     assert taken.accuracy_pass is True and taken.accuracy["explained_by"] == "tf32", taken.accuracy
-    assert "20.000% of elements" in taken.accuracy["tf32"]["failures_with_tf32"]["out"][0]
+    assert "20% of elements" in taken.accuracy["tf32"]["failures_with_tf32"]["out"][0]
     worse = {"out": {**tf32_off["out"], "violations": 0.1}}  # wrong with TF32 off as well: a failure
     r = post(http, measure, fp32, {**alone, "accuracy": {**alone["accuracy"], "without_tf32": worse}})
     assert r.status_code == 422, r.text
