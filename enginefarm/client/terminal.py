@@ -87,6 +87,9 @@ def fail(exc: Exception) -> None:
     for problem in getattr(exc, "problems", None) or []:
         where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
         err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")
+    if getattr(exc, "status_code", None) == 401:  # the farm speaks HTTP; a CLI user gives the token thus
+        given = "ENGINEFARM_TOKEN is set" if os.environ.get("ENGINEFARM_TOKEN") else "no ENGINEFARM_TOKEN is set"
+        err.print(f"  the CLI sends the token in ENGINEFARM_TOKEN or --token TOKEN ({given})", highlight=False)
     raise typer.Exit(1)
 
 

@@ -65,6 +65,16 @@ def test_one_line_errors_for_a_bad_token_and_an_unknown_model(farm):
     )
     assert bad.returncode == 1 and "HTTP 401" in bad.stderr and "Traceback" not in bad.stderr + bad.stdout
     assert len(bad.stderr.strip().splitlines()) <= 2, bad.stderr
+    # Without a token, the CLI says how a CLI user gives one, not only the HTTP header.
+    bare = subprocess.run(
+        [sys.executable, "-m", "enginefarm", "ls", "models", "--api", farm.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "ENGINEFARM_TOKEN"},
+    )
+    assert bare.returncode == 1 and "needs an API token with scope 'read'" in bare.stderr, bare.stderr
+    assert "the CLI sends the token in ENGINEFARM_TOKEN or --token TOKEN (no ENGINEFARM_TOKEN is set)" in bare.stderr
     # --api before the command, where --token goes, reaches the same farm (it was "No such option: --api").
     before = subprocess.run(
         [sys.executable, "-m", "enginefarm", "--token", "ef_wrong", "--api", farm.url, "ls", "models"],
