@@ -107,7 +107,7 @@ def test_a_worker_killed_while_it_quantizes_has_its_stage_finished_by_another(lo
     start(lone, "quantizer", [ORT], [], {"ENGINEFARM_TEST_QUANTIZE_DELAY_S": str(STAGE_DELAY_S)}, slow_stages=True)
     lone.wait_workers(["quantizer"], timeout=120)
     with Client(lone.url, token=lone.token) as c:
-        model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=91), unique_name("int8-kill"))
+        model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=9191), unique_name("int8-kill"))
         np.savez(tmp_path / "s.npz", input=np.random.default_rng(9).standard_normal((8, 3, 32, 32)).astype(np.float32))
         c.upload_samples(model["id"], tmp_path / "s.npz")
         build = c.build(model["id"], [ORT], {**sample_spec(), "precision": "int8", **NO_CHECKS})
@@ -142,7 +142,7 @@ def test_a_worker_killed_while_it_benchmarks_has_its_check_finished_by_another(l
     lone.wait_workers(["builder", "bencher"], timeout=120)
     try:
         with Client(lone.url, token=lone.token) as c:
-            model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=92), unique_name("bench-kill"))
+            model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=9192), unique_name("bench-kill"))
             build = c.build(model["id"], [ORT], {**sample_spec(), "benchmark": QUICK})
             engine_id = c.wait_build(build["id"], timeout=180, poll=0.3)["tasks"][0]["engine_id"]
 
@@ -182,7 +182,7 @@ def test_an_artifact_that_does_not_load_fails_its_build_and_nothing_is_stored(lo
     before = set(store.keys("engines/"))
     try:
         with Client(lone.url, token=lone.token) as c:
-            model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=93), unique_name("unloadable"))
+            model, _ = c.upload(save_conv_net(tmp_path / "m.onnx", seed=9193), unique_name("unloadable"))
             build = c.build(model["id"], [ORT], sample_spec())
             done = c.wait_build(build["id"], timeout=180, poll=0.3)
     finally:

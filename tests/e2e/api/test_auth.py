@@ -57,7 +57,7 @@ def test_cli_token_lifecycle_and_scopes(farm, dist_settings, tmp_path):
         assert row.scopes == ["build"] and row.last_used_at is None
 
     with Client(farm.url, token=token) as c:
-        model, created = c.upload(save_conv_net(tmp_path / "m.onnx", seed=91), unique_name("auth"))
+        model, created = c.upload(save_conv_net(tmp_path / "m.onnx", seed=9101), unique_name("auth"))
         assert created and c.get(f"/v1/models/{model['id']}")["sha256"] == model["sha256"]  # build includes read
         with pytest.raises(ApiError) as denied:
             c.get("/v1/tokens")

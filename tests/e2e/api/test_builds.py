@@ -18,7 +18,7 @@ def model_id(farm):
         r = c.post(
             "/v1/models",
             data={"name": unique_name("spec")},
-            files={"file": ("m.onnx", conv_net(seed=21).SerializeToString())},
+            files={"file": ("m.onnx", conv_net(seed=2101).SerializeToString())},
         )
         return r.json()["id"]
 

@@ -44,7 +44,7 @@ def corpus_ctx(farm, dist_settings, tmp_path_factory):
         r = c.post(
             "/v1/models",
             data={"name": unique_name("corpus")},
-            files={"file": ("m.onnx", conv_net(seed=4242).SerializeToString())},
+            files={"file": ("m.onnx", conv_net(seed=4245).SerializeToString())},
         )
         assert r.status_code == 201, r.text
     ctx = Context(model_id=r.json()["id"], model_name=r.json()["name"], tmp=tmp_path_factory.mktemp("corpus"))

@@ -38,7 +38,7 @@ def total(samples: dict[str, dict[tuple, float]], name: str, **labels: str) -> f
 
 def test_metrics_after_a_build(farm, tmp_path):
     before = scrape(farm.url)
-    path = save_conv_net(tmp_path / "m.onnx", seed=41)
+    path = save_conv_net(tmp_path / "m.onnx", seed=4101)
     target = "onnxruntime/cpu-x86_64"
     with Client(farm.url) as c:
         model, _ = c.upload(path, unique_name("metrics"))

@@ -55,7 +55,7 @@ def _resolve(farm, token: str, name: str, **extra) -> httpx.Response:
 
 def test_another_project_cannot_fail_your_engine(farm, teams, tmp_path):
     a_project, b_project = teams
-    path = save_conv_net(tmp_path / "m.onnx", seed=611)
+    path = save_conv_net(tmp_path / "m.onnx", seed=6111)
     name = unique_name("shared-bytes")
     with Client(farm.url, token=teams[a_project]) as a, Client(farm.url, token=teams[b_project]) as b:
         ma, _ = a.upload(path, name)

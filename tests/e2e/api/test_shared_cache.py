@@ -47,7 +47,7 @@ def tenants(farm):
         )
         assert made.status_code == 201, made.text
         tokens[f"{who}-{scope}"] = made.json()["token"]
-    data = conv_net(seed=4242).SerializeToString()
+    data = conv_net(seed=4244).SerializeToString()
     name = unique_name("cached")
     with Client(farm.url, token=tokens["a-build"]) as a:
         model, _ = a.upload(data, name)
