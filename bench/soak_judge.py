@@ -139,6 +139,43 @@ def judge(
         out.append(
             Verdict(name, len(kept), pts[0][1], pts[-1][1], mean, slope * HOUR, slope * DAY, ratio, verdict, why)
         )
+    out += across_lives(series, horizon, by_design)
+    return out
+
+
+def across_lives(
+    series: dict[str, list[tuple[float, float]]], horizon: float, by_design: dict[str, str], min_lives: int = 3
+) -> list[Verdict]:
+    """A process killed and started again many times is judged across its lives as well: each life's level (the mean
+    of its second half, once it has warmed) against when it lived. A leak that each life starts from afresh does not
+    show here; one that outlives the process (on disk, in a cache it reloads) rises from life to life, even where no
+    single life is long enough to be judged alone. FAIL when the rise would double the level within ``horizon``."""
+    lives: dict[str, list[tuple[float, float]]] = {}
+    for name, pts in series.items():
+        if "#" in name and len(pts) >= 4:
+            second = halved(pts)[1]
+            lives.setdefault(name.split("#")[0], []).append((pts[0][0], sum(v for _, v in second) / len(second)))
+    out = []
+    for group, levels in sorted(lives.items()):
+        if len(levels) < min_lives:
+            continue
+        levels.sort()
+        kind = group.split("|")[0]
+        mean = sum(v for _, v in levels) / len(levels)
+        level = max(mean, FLOOR.get(kind, 1.0))
+        slope = fit(levels)
+        reason = next((why for key, why in by_design.items() if key in group), "")
+        if reason:
+            verdict, why = "report", reason
+        elif slope * horizon > level:
+            verdict, why = "FAIL", f"rises from life to life: would double within {horizon / HOUR:.0f} h"
+        else:
+            verdict, why = "ok", "life to life"
+        name = f"{group} ({len(levels)} lives)"
+        first, last = levels[0][1], levels[-1][1]
+        out.append(
+            Verdict(name, len(levels), first, last, mean, slope * HOUR, slope * DAY, slope * DAY / level, verdict, why)
+        )
     return out
 
 

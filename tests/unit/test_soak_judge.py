@@ -74,3 +74,26 @@ def test_a_life_too_short_after_its_warm_up_is_not_judged():
     assert short.verdict == "short" and "under 10 min" in short.why
     (whole,) = judge(life, warmup_s=0, horizon=DAY, by_design={}, min_span_s=10 * MINUTE)
     assert whole.verdict == "FAIL"
+
+
+def lives(level_of_life) -> list[dict]:
+    """A worker killed every 25 minutes over two hours (five lives, pids 1..5), none long enough to judge alone after
+    a 40-minute warm-up; in each, RSS warms from 135 MB to ``level_of_life(i)`` and stays there."""
+    out = []
+    for t in (i * 10.0 for i in range(720)):
+        i = int(t // 1500)
+        warm = min((t - i * 1500) / 300, 1.0)
+        out.append({"t": t, "series": {f"rss_mb|w.child2#{i + 1}": 135 + (level_of_life(i) - 135) * warm}})
+    return out
+
+
+def test_a_process_killed_before_its_warm_up_ends_is_judged_across_its_lives():
+    """Each life alone is too short to judge; across lives, flat levels pass and a level that rises from life to life
+    (a leak that outlives the process) fails."""
+    flat = judge(lives(lambda i: 430), warmup_s=40 * MINUTE, horizon=DAY, by_design={}, min_span_s=10 * MINUTE)
+    assert [v.verdict for v in flat if "lives" not in v.series] == ["short"]
+    (across,) = [v for v in flat if "lives" in v.series]
+    assert (across.series, across.verdict, across.points) == ("rss_mb|w.child2 (5 lives)", "ok", 5)
+    rising = judge(lives(lambda i: 430 + 60 * i), warmup_s=40 * MINUTE, horizon=DAY, by_design={})
+    (across,) = [v for v in rising if "lives" in v.series]
+    assert across.verdict == "FAIL" and "rises from life to life" in across.why, across
