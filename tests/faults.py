@@ -97,6 +97,24 @@ def bucket_keys(settings) -> set[str]:
     return set(get_blob_store(settings).keys())
 
 
+def orphans(settings, prefixes: tuple[str, ...] = ("models/", "engines/", "samples/", "references/")) -> set[str]:
+    """Stored blobs under ``prefixes`` that no committed row points at. A key listed before its writer's row
+    committed is looked at again under the key's lock (the one its writer holds from storing the blob until
+    the commit, as the collector's last look does), so a write in flight is not taken for an orphan."""
+    from storage.blobs import get_blob_store
+    from storage.blobwrite import is_referenced, locked_session
+
+    store = get_blob_store(settings)
+    with session_scope(settings) as s:
+        referenced = referenced_keys(s)
+    left = set()
+    for key in {k for k in store.keys() if k.startswith(prefixes)} - referenced:
+        with locked_session(settings, key) as s:
+            if not is_referenced(s, key) and store.exists(key):
+                left.add(key)
+    return left
+
+
 def audit(settings) -> dict[str, int]:
     """Nothing lost, nothing half-written: every row's blob exists with the catalogued size, no stored engine
     or model lacks its row, no build lacks its tasks, no succeeded task lacks its engine. Returns counts."""
@@ -116,10 +134,8 @@ def audit(settings) -> dict[str, int]:
         assert m.samples_key is None or m.samples_key in keys, f"model {m.id}: samples blob missing"
     for e in engines:
         assert e.blob_key in keys and store.size(e.blob_key) == e.size, f"engine {e.id}: blob {e.blob_key} missing"
-    with session_scope(settings) as s:
-        referenced = referenced_keys(s)
-    orphans = {k for k in keys if k.startswith(("models/", "engines/"))} - referenced
-    assert not orphans, f"blobs no row references: {sorted(orphans)[:5]}"
+    left = orphans(settings, ("models/", "engines/"))
+    assert not left, f"blobs no row references: {sorted(left)[:5]}"
     with_tasks = {t.build_id for t in tasks}
     assert all(b.id in with_tasks for b in builds), "a build without tasks"
     assert all(t.engine_id is not None for t in tasks if t.state == "succeeded"), "a succeeded task without engine"
