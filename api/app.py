@@ -31,7 +31,7 @@ from api.http.fastpath import FleetPath
 from api.http.upload import UploadSlots
 from api.metrics import Observe
 from api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
-from api.schemas import ResolveQuery
+from api.schemas.resolve import ResolveQuery
 from api.services.answers import Answers
 from api.services.resolve import Tables
 from api.services.versions import Versions

@@ -27,7 +27,7 @@ from starlette.datastructures import Headers
 
 from api.http.auth import refresh_soon
 from api.metrics import REQUEST_SECONDS, RESOLVES, labelled
-from api.schemas import ResolveRequest
+from api.schemas.resolve import ResolveRequest
 from api.services import resolve as resolver
 from api.services.answers import Answers, Known, matches
 from enginefarm.core.config import Settings

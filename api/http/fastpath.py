@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
 from api.http.answers import PATH, answered, cached_reader, fleet_answer
-from api.schemas import LISTS, ResolveQuery, ResolveRequest, request_of
+from api.schemas.resolve import LISTS, ResolveQuery, ResolveRequest, request_of
 
 log = logging.getLogger(__name__)
 _KNOWN = frozenset(ResolveQuery.model_fields)

@@ -22,7 +22,7 @@ from api.http.answers import answered
 from api.http.auth import authorize, require
 from api.http.deps import CatalogRoute, settings_dep
 from api.http.params import UNPROCESSABLE
-from api.schemas import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
+from api.schemas.resolve import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
 from enginefarm.core.config import Settings
 from enginefarm.core.machine import SHORT_NAMES
 from storage.tokens import Principal

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import Row
 
-from api.schemas import ResolveRequest
+from api.schemas.resolve import ResolveRequest
 
 
 def digest_of(req: ResolveRequest) -> bytes:

@@ -27,15 +27,8 @@ from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from api.metrics import RESOLVES, labelled
-from api.schemas import (
-    BuildForMachineOut,
-    CandidateOut,
-    CheckOut,
-    EngineOut,
-    MeasuredOut,
-    ResolveOut,
-    ResolveRequest,
-)
+from api.schemas import EngineOut
+from api.schemas.resolve import BuildForMachineOut, CandidateOut, CheckOut, MeasuredOut, ResolveOut, ResolveRequest
 from api.services import machinebuilds
 from api.services.answers import Answers, Known, digest_of, etag_of, matches
 from api.services.versions import Versions

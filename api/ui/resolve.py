@@ -18,7 +18,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api.http import answers as resolve_answers
-from api.schemas import ResolveRequest
+from api.schemas.resolve import ResolveRequest
 from api.ui import session as ui_session
 from api.ui.render import page
 from enginefarm.core.errors import EnginefarmError, NoCompatibleEngine

@@ -1,8 +1,8 @@
 """The caller's filters on top of the compatibility rules, as one model.
 
 ``Wanted`` is read by ``enginefarm.core.choose.choose``; POST /v1/resolve's body extends it
-(``api.schemas.ResolveRequest``), and GET /v1/resolve's query parameters are derived from that body's
-fields (``api.schemas.ResolveQuery``), so a filter, its constraint and its description are written here
+(``api.schemas.resolve.ResolveRequest``), and GET /v1/resolve's query parameters are derived from that body's
+fields (``api.schemas.resolve.ResolveQuery``), so a filter, its constraint and its description are written here
 and nowhere else. The offline client validates its filters with it too.
 """
 

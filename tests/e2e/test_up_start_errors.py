@@ -39,7 +39,7 @@ def test_a_farm_runs_from_the_checkouts_root(tmp_path):
 
     port = free_port()
     data = tmp_path / "data"
-    env = clean_env()
+    env = {**clean_env(), "PYTHONFAULTHANDLER": "1"}  # SIGABRT prints every thread's stack: where a stop hangs
     farm = subprocess.Popen(
         [sys.executable, "-m", "enginefarm", "up", "--port", str(port), "--data-dir", str(data), "--workers", "0"],
         cwd=ROOT,
@@ -66,11 +66,13 @@ def test_a_farm_runs_from_the_checkouts_root(tmp_path):
         try:  # 0.5 s on a quiet machine; once over 30 s with the e2e tier's two processes beside it
             farm.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            farm.kill()
+            farm.send_signal(signal.SIGABRT)
             farm.wait()
     took = time.monotonic() - stopping
     said = farm.stdout.read() if farm.stdout else ""
-    assert farm.returncode == 0, f"exit {farm.returncode} after {took:.1f} s: {said}"
+    api_log = data / "api.log"
+    api_said = api_log.read_text(errors="replace")[-4000:] if api_log.exists() else "(no api.log)"
+    assert farm.returncode == 0, f"exit {farm.returncode} after {took:.1f} s: {said}\napi.log:\n{api_said}"
 
 
 def test_a_taken_port_is_one_line_and_exit_2_before_anything_is_made(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from api.schemas import SHAPE_PARAMETERS, ResolveQuery, ResolveRequest, request_of
+from api.schemas.resolve import SHAPE_PARAMETERS, ResolveQuery, ResolveRequest, request_of
 from api.services.answers import digest_of
 from enginefarm.core.machine import SHORT_NAMES, Machine
 from enginefarm.core.wanted import Wanted
