@@ -55,7 +55,10 @@ def reconcile_once(settings: Settings) -> dict[str, int]:
     publish(requeued + again)
     if requeued or again:
         log.warning(
-            "reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)", len(requeued), len(again)
+            "reconciler: requeued %d task(s) of dead workers, republished %d lost message(s)%s",
+            len(requeued),
+            len(again),
+            "".join(f"; {m.kind} {m.ident} to {m.queue}" for m in again[:20]),
         )
     return {"requeued": len(requeued), "republished": len(again), "sessions_removed": sessions}
 

@@ -5,6 +5,7 @@ the queue at once for another worker. No task is lost or left running, and there
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -131,6 +132,15 @@ def test_sigterm_past_the_grace_puts_the_build_back_for_another_worker(farm, tmp
             taken_after = (datetime.fromisoformat(taken["started_at"]) - sigterm_at).total_seconds()
             assert taken["worker_id"].startswith("drain-rescuer@"), taken
             done = c.wait_build(build["id"], timeout=120, poll=0.3)
+            # The row is done before the Celery task returns. Stopped in between, the rescuer's pool process dies
+            # of the SIGTERM sent to its group, and Celery puts the message back (it is skipped where it lands):
+            # wait for the task's return, so that a stray message below is the drain's own.
+            rescuer_log = farm.log_dir / "worker-drain-rescuer.log"
+            deadline = time.monotonic() + 60
+            returned = re.compile(r"Task enginefarm\.build_engine\[[^\]]+\] succeeded in")
+            while not returned.search(rescuer_log.read_text(errors="replace")):
+                assert time.monotonic() < deadline, "the rescuer's Celery task never returned"
+                time.sleep(0.3)
         finally:
             farm.stop_process(farm.workers.pop("drain-rescuer"))
             farm.workers.pop("drain-b", None)
@@ -138,7 +148,14 @@ def test_sigterm_past_the_grace_puts_the_build_back_for_another_worker(farm, tmp
         assert task["state"] == "succeeded" and task["worker_id"] == taken["worker_id"], task
         assert task["attempts"] == 1 and not task["reused"], task  # the stopped worker's attempt does not count
         assert c.engines(model=model["name"], target=PORTABLE)["total"] == 1
-    assert redis.Redis.from_url(redis_url).llen(QUEUE) == 0, "a second message for the task was left in the queue"
+    # The worker put back one message. A second is the reconciler's only where it took the first for lost (the
+    # rescuer, slow under load, had it but had not yet claimed the task after REPUBLISH_AFTER s): any worker then
+    # skips it, and here none serves the queue any more, so it goes.
+    broker = redis.Redis.from_url(redis_url)
+    if broker.llen(QUEUE):
+        api_log = (farm.log_dir / "api.log").read_text(errors="replace")
+        assert f"; build {task['id']} to {QUEUE}" in api_log, "a second message for the task was left in the queue"
+        broker.delete(QUEUE)
     log = (farm.log_dir / "worker-drain-b.log").read_text(errors="replace")
     assert f"put 1 running task(s) back in the queue: build {task['id']}" in log
     print(

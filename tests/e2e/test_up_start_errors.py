@@ -61,6 +61,10 @@ def test_a_farm_runs_from_the_checkouts_root(tmp_path):
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
         assert ready.status_code == 200, ready.text
     finally:
+        # How the farm's process takes signals (masks in hex): a SIGINT blocked or ignored, inherited from this
+        # process, would read as a hang below.
+        status = Path(f"/proc/{farm.pid}/status")
+        masks = [ln for ln in status.read_text().splitlines() if ln.startswith("Sig")] if status.exists() else []
         stopping = time.monotonic()
         farm.send_signal(signal.SIGINT)
         try:  # 0.5 s on a quiet machine; once over 30 s with the e2e tier's two processes beside it
@@ -72,7 +76,7 @@ def test_a_farm_runs_from_the_checkouts_root(tmp_path):
     said = farm.stdout.read() if farm.stdout else ""
     api_log = data / "api.log"
     api_said = api_log.read_text(errors="replace")[-4000:] if api_log.exists() else "(no api.log)"
-    assert farm.returncode == 0, f"exit {farm.returncode} after {took:.1f} s: {said}\napi.log:\n{api_said}"
+    assert farm.returncode == 0, f"exit {farm.returncode} after {took:.1f} s: {said}\n{masks}\napi.log:\n{api_said}"
 
 
 def test_a_taken_port_is_one_line_and_exit_2_before_anything_is_made(tmp_path):
