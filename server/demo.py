@@ -26,10 +26,10 @@ from server.embedded import Farm, embedded_env, issue_token
 RTX_TARGETS = ["tensorrt-rtx/sm80", "tensorrt-rtx/sm86", "tensorrt-rtx/sm89", "tensorrt-rtx/sm120"]
 
 
-def run_demo(data_dir: Path | None, console: Console, token: str | None = None) -> int:
+def run_demo(data_dir: Path | None, console: Console, token: str | None = None, port: int | None = None) -> int:
     """Build, check, resolve and export a small model on an embedded farm, then stop it; 0 if every step gave what
     it should. ``token``: the admin token to use (``demo --serve`` prints it with the dashboard's address at the
-    end); by default one is made and printed here."""
+    end); by default one is made and printed here. ``port``: the API's (default: a free one)."""
     import platform
 
     from enginefarm.client.lscli import engines_table
@@ -41,7 +41,7 @@ def run_demo(data_dir: Path | None, console: Console, token: str | None = None) 
     rtx_version = probe_modules()[0].get("tensorrt_rtx")
     targets = (RTX_TARGETS if rtx_version else []) + [f"onnxruntime/cpu-{arch}"]
     console.rule("enginefarm demo")
-    console.print(f"data: {data_dir} (SQLite catalog, local blob directory, database broker)")
+    console.print(f"data: {data_dir} (SQLite catalog, local blob directory, database broker)", soft_wrap=True)
     if not rtx_version:
         console.print(
             "[yellow]TensorRT-RTX is not installed here, so this demo builds no GPU engine: it builds, "
@@ -50,7 +50,7 @@ def run_demo(data_dir: Path | None, console: Console, token: str | None = None) 
         )
     show_token = token is None
     token = token or issue_token(Settings(data_dir=data_dir, blob_store="local"), "demo", ["admin"])
-    with Farm(embedded_env(data_dir), log_dir=data_dir, token=token) as farm:
+    with Farm(embedded_env(data_dir), port=port, log_dir=data_dir, token=token) as farm:
         started = time.monotonic()
         farm.start_api()
         farm.start_worker("demo", concurrency=2)

@@ -11,6 +11,7 @@ a taken one is a line on stderr and exit code 2 at once.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 import time
@@ -55,8 +56,10 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
             farm.start_worker("demo", concurrency=2)
             farm.wait_workers(["demo"], restart=True)
             console.rule("the dashboard")
-            console.print(f"open {farm.url}/ui and sign in with this token (Ctrl-C stops the farm):", highlight=False)
-            print(f"ENGINEFARM_UI={farm.url}/ui\nENGINEFARM_TOKEN={token}", flush=True)
+            console.print("open the dashboard and sign in with the token below; Ctrl-C stops the farm", highlight=False)
+            print(f"ENGINEFARM_UI={farm.url}/ui", flush=True)
+            console.print("the CLI, in another shell (the tour in the README):", highlight=False)
+            print(cli_exports(farm.url, token), flush=True)
             if ready is not None:
                 ready(farm.url, token)
             while True:
@@ -67,19 +70,34 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
     return 0
 
 
+def cli_exports(url: str, token: str) -> str:
+    """The lines that point a shell's ``enginefarm`` at this farm: this installation's folder on the PATH where
+    the shell would not find it, the API's address and the token."""
+    here = Path(sys.executable).parent
+    found = shutil.which("enginefarm")
+    lines = [] if found and Path(found).parent == here else [f'export PATH="{here}:$PATH"']
+    return "\n".join([*lines, f"export ENGINEFARM_API_URL={url}", f"export ENGINEFARM_TOKEN={token}"])
+
+
 def serve_demo(data_dir: Path | None, console: Console, port: int = DEFAULT_PORT) -> int:
-    """The demo, then its farm served (``serve_farm``) with the same token; the demo's exit code if it failed, 2 at
-    once if ``port`` is taken."""
+    """The demo, then its farm served (``serve_farm``) with the same token, on ``port`` from the start; the demo's
+    exit code if it failed, 2 at once if ``port`` is taken. A data folder it made (no ``data_dir``) is removed
+    when it ends."""
     if port_refused(port):
         return 2
+    made = data_dir is None
     data_dir = Path(data_dir or tempfile.mkdtemp(prefix="enginefarm-demo-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     token = demo_token(data_dir)
     with stop_on_sigterm():
-        code = run_demo(data_dir, console, token=token)
-    if code != 0:
+        code = run_demo(data_dir, console, token=token, port=port)
+    if code != 0:  # its logs stay, to read
         return code
-    return serve_farm(data_dir, console, port, token=token)
+    code = serve_farm(data_dir, console, port, token=token)
+    if made:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        console.print(f"removed the demo's data ({data_dir}); --data-dir DIR keeps it", highlight=False, soft_wrap=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -179,6 +179,7 @@ def no_fit_error(choice: Choice, rows: dict[int, Row], model: str, version: str 
             {
                 "engine_id": j.option.id,
                 "target": rows[j.option.id].target,
+                "precision": rows[j.option.id].precision,
                 "rule": j.verdict.rule,
                 "reason": j.verdict.reason,
             }

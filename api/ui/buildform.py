@@ -50,6 +50,12 @@ def form_fields(model: ModelOut) -> list[InputField]:
     return fields
 
 
+def example_shapes(inputs: list[dict]) -> str:
+    """The model's inputs at a shape it takes, in trtexec's syntax: its own dims, a dynamic one at the opt
+    shape suggested above (batch 4)."""
+    return ",".join(f"{i['name']}:{_fill(list(i.get('dims') or []), (1, 4, 8))[1]}" for i in inputs if i.get("name"))
+
+
 def _dims(text: str, where: str, problems: list[dict]) -> list[int] | None:
     try:
         dims = [int(d) for d in text.lower().replace("×", "x").split("x")]

@@ -47,6 +47,8 @@ class Cell:
             return self.state
         if self.accuracy == "fail" or self.check == "failed":
             return "check-failed"
+        if self.check in ("pending", "running") or self.checking:
+            return "built"  # not measured nor checked yet: not the green of a measured and checked engine
         return "succeeded"
 
 

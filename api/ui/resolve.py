@@ -20,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from api.http import answers as resolve_answers
 from api.schemas.resolve import ResolveRequest
 from api.ui import session as ui_session
+from api.ui.buildform import example_shapes
 from api.ui.render import page
 from enginefarm.core.errors import EnginefarmError, NoCompatibleEngine
 from enginefarm.core.machine import SHORT_NAMES, Machine
@@ -162,10 +163,13 @@ def _result(request: Request, principal: Principal, form: dict[str, str]) -> Awa
     return run_in_threadpool(_ask, request, principal, form)
 
 
-def _model_names(principal: Principal, settings) -> list[str]:
+def _model_names(principal: Principal, settings) -> dict[str, str]:
+    """The models the form offers, each with its newest version's inputs at a shape they take (the shapes
+    field's placeholder)."""
     with session_scope(settings) as s:
         rows, _ = catalog.list_models(s, limit=500, project=principal.project)
-        return sorted({r.name for r in rows})
+        newest = {r.name: r for r in sorted(rows, key=lambda r: r.id)}
+        return {name: example_shapes(newest[name].info.get("inputs") or []) for name in sorted(newest)}
 
 
 def form_from_query(query: Mapping[str, str]) -> dict[str, str]:

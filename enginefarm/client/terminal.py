@@ -85,12 +85,20 @@ def fail(exc: Exception) -> None:
         raise typer.Exit(1)
     err.print(f"[red]error:[/red] {getattr(exc, 'message', exc)}", soft_wrap=True)  # one line, however long
     for problem in getattr(exc, "problems", None) or []:
-        where = ".".join(str(p) for p in problem.get("loc", [])) or problem.get("target", "")
-        err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}")
+        where = ".".join(str(p) for p in problem.get("loc", [])) or engine_words(problem)
+        err.print(f"  - {where}: {problem.get('msg') or problem.get('reason')}", highlight=False)
     if getattr(exc, "status_code", None) == 401:  # the farm speaks HTTP; a CLI user gives the token thus
         given = "ENGINEFARM_TOKEN is set" if os.environ.get("ENGINEFARM_TOKEN") else "no ENGINEFARM_TOKEN is set"
         err.print(f"  the CLI sends the token in ENGINEFARM_TOKEN or --token TOKEN ({given})", highlight=False)
     raise typer.Exit(1)
+
+
+def engine_words(problem: dict[str, Any]) -> str:
+    """An engine a resolve answer names, told apart from its siblings: "engine 12 (tensorrt-rtx/sm86 fp16, v2)"."""
+    what = " ".join(str(problem[k]) for k in ("target", "precision") if problem.get(k))
+    version = problem.get("version") or problem.get("model_version")
+    what += f", v{version}" if version else ""
+    return f"engine {problem['engine_id']} ({what})" if problem.get("engine_id") is not None else what
 
 
 PRECISION_HELP = f"{PRECISIONS[0]} (default), {', '.join(PRECISIONS[1:-1])} or {PRECISIONS[-1]}"

@@ -7,6 +7,7 @@ the caller's machine, or one the farm sets itself, is refused with the reason; n
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from typing import Any
@@ -69,6 +70,16 @@ def memory_mib(text: str) -> int:
     return int(mib)
 
 
+# Every flag spec_from_trtexec reads, for the did-you-mean of one it does not know.
+KNOWN_FLAGS = (
+    *PRECISION_FLAGS,
+    *VALUE_FLAGS,
+    "--stronglyTyped",
+    "--versionCompatible",
+    "--vc",
+)
+
+
 def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
     """The spec fields these trtexec flags set. Raises ValueError naming every flag it cannot take."""
     tokens = shlex.split(args) if isinstance(args, str) else list(args)
@@ -116,7 +127,9 @@ def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
         elif flag in NOT_TAKEN:
             problems.append(f"{flag}: {NOT_TAKEN[flag]}")
         else:
-            problems.append(f"{token}: not a trtexec build flag the farm takes")
+            near = difflib.get_close_matches(flag, KNOWN_FLAGS, n=1, cutoff=0.6)
+            hint = f"; did you mean {near[0]}?" if near and flag.startswith("-") else ""
+            problems.append(f"{token}: not a trtexec build flag the farm takes{hint}")
     if precisions:
         spec["precision"] = min(precisions, key=list(PRECISION_FLAGS.values()).index)
     if shapes:

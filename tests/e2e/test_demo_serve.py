@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,7 +89,10 @@ def test_make_demo_on_a_taken_port_stops_before_installing_anything(tmp_path):
 
 
 def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
+    """As `make demo` runs it: no --data-dir. One port from the start, the lines that point a shell's CLI at the
+    farm, one token; the data folder it made is gone once it stops."""
     port = free_port()
+    (tmp_path / "tmp").mkdir()
     log = tmp_path / "stdout.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen(
@@ -100,12 +104,10 @@ def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
                 "--serve",
                 "--port",
                 str(port),
-                "--data-dir",
-                str(tmp_path / "farm"),
             ],
             stdout=sink,
             stderr=subprocess.STDOUT,
-            env=demo_env(),
+            env={**demo_env(), "TMPDIR": str(tmp_path / "tmp")},  # where its data folder goes
         )
     try:
         deadline = time.monotonic() + DEMO_TIMEOUT_S
@@ -114,6 +116,12 @@ def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
             assert time.monotonic() < deadline, f"the demo did not serve within {DEMO_TIMEOUT_S} s:\n{text[-3000:]}"
             time.sleep(1)
         assert f"ENGINEFARM_UI=http://127.0.0.1:{port}/ui" in text
+        assert f"farm up at http://127.0.0.1:{port} " in text  # the demo's own farm ran on that port too
+        assert re.search(rf"^export ENGINEFARM_API_URL=http://127.0.0.1:{port}$", text, re.M), text[-2000:]
+        bin_dir = Path(sys.executable).parent
+        assert f'export PATH="{bin_dir}:$PATH"' in text or shutil.which("enginefarm") == str(bin_dir / "enginefarm")
+        data = Path(re.search(r"^data: (\S+)", text, re.M).group(1))
+        assert data.parent == tmp_path / "tmp" and (data / "catalog.db").exists()
         tokens = set(TOKEN.findall(text))
         assert len(tokens) == 1, tokens
         token = tokens.pop()
@@ -131,3 +139,4 @@ def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
         finally:
             if proc.poll() is None:
                 proc.kill()
+    assert not data.exists() and f"removed the demo's data ({data})" in log.read_text(errors="replace")

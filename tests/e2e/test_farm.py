@@ -158,6 +158,8 @@ def test_resolve_explains_when_nothing_fits(farm, api, tmp_path):
     body = r.json()
     assert "none of the 1 engines" in body["detail"]
     assert "built for compute capability 8.6, you have 9.0" in body["problems"][0]["reason"]
+    problem = body["problems"][0]  # its precision tells an fp16 engine from the fp32 one of the same target
+    assert problem["precision"] == api.get(f"/v1/engines/{problem['engine_id']}").json()["precision"]
     assert api.get("/v1/resolve", params={"model": "no-such-model"}).status_code == 404
     assert api.get("/v1/resolve", params={"model": model["name"], "cc": "eight"}).status_code == 422
 

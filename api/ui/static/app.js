@@ -81,3 +81,16 @@ function tickElapsed() {
 }
 
 document.addEventListener("DOMContentLoaded", () => setInterval(tickElapsed, 1000));
+
+// The resolver's shapes field suggests the chosen model's own inputs (its datalist option carries them).
+function followModelShapes() {
+  const model = document.getElementById("r-model");
+  const shapes = document.getElementById("r-shapes");
+  if (!model || !shapes) return;
+  model.addEventListener("input", () => {
+    const option = [...document.querySelectorAll("#model-names option")].find((o) => o.value === model.value);
+    if (option && option.dataset.shapes) shapes.placeholder = option.dataset.shapes;
+  });
+}
+
+document.addEventListener("DOMContentLoaded", followModelShapes);

@@ -142,8 +142,11 @@ def built(farm, browser, tmp_path_factory):
     assert len(navigations) == before, navigations[before:]
     assert "s-succeeded" in cpu_cell.get_attribute("class")
     assert "✔ succeeded" in cpu_cell.inner_text()  # the state in text, not only in colour
-    sm86_text = page.locator(f"td.cell[data-target='{SM86}']").inner_text()
+    sm86_cell = page.locator(f"td.cell[data-target='{SM86}']")
+    sm86_text = sm86_cell.inner_text()
     assert "engine" in sm86_text and "accuracy" in sm86_text
+    # No worker here has an sm86 GPU: built, not measured, and not the green of a measured and checked engine.
+    assert "✔ built · benchmark pending" in sm86_text and "s-built" in sm86_cell.get_attribute("class"), sm86_text
     # Once settled the matrix stops polling.
     page.wait_for_selector("#matrix[data-live='false']", timeout=60_000)
     assert errors == []
@@ -247,6 +250,13 @@ def test_which_engine_for_an_sm86_machine(built, farm):
     page = built["page"]
     page.goto(f"{farm.url}/ui/resolve?model={built['name']}")
     assert page.input_value("#r-model") == built["name"]
+    # The shapes field suggests this model's own inputs, at a shape they take.
+    inputs = httpx.get(f"{farm.url}/v1/models/{built['model_id']}", headers=farm.headers, timeout=30).json()["inputs"]
+    want = ",".join(
+        f"{i['name']}:" + "x".join(str(d) if isinstance(d, int) else "4" for d in i["dims"]) for i in inputs
+    )
+    assert page.get_attribute("#r-shapes", "placeholder") == want
+    assert page.get_attribute(f"#model-names option[value='{built['name']}']", "data-shapes") == want
     page.fill("#r-cc", "8.6")
     page.fill("#r-gpu", "NVIDIA GeForce RTX 3090")
     page.fill("#r-rtx", probe_modules()[0]["tensorrt_rtx"])
@@ -292,6 +302,9 @@ def test_workers_page_lists_live_workers_and_queues(built, farm, tmp_path):
         rf"\d+ build task\(s\) for {lonely}, the oldest for \d+ s: no live worker builds it",
         page.inner_text("#orphans"),
     )
+    # The sm86 engine built above waits for a GPU no worker here has: a note, not the alarm of a missing builder.
+    assert "benchmark" not in page.inner_text("#orphans")
+    assert re.search(rf"\d+ engine\(s\) for {SM86}, the oldest for \d+ s", page.inner_text("#unmeasured"))
     # Other tests of the session may leave tasks of their own (a benchmark for sm75, say): only these rows count.
     row = page.locator("#queues tr.orphan th", has_text=f"build {lonely}")
     assert row.count() == 1 and page.locator("#queues tr.orphan", has_text=f"build {CPU}").count() == 0  # served
