@@ -184,13 +184,19 @@ def int8_vs_fp32(name: str, work: Path, rounds: int, repair: bool = False) -> di
         from worker.int8.repair import repair as find_layers
 
         int8_check = spec.model_copy(update={"accuracy": spec.accuracy.model_copy(update={"enabled": True})})
-        repaired = find_layers(float_model, calibration, int8_check, info, work, lambda p: OrtRunner(p))
+        repaired = find_layers(
+            float_model, calibration, int8_check, info, work, lambda p: OrtRunner(p), reference_model=source
+        )
         if repaired["needed"] and repaired["kept"]:  # the int8 artifact as it would be without the repair
             (work / "u").mkdir()
             unrepaired_model = work / "u" / "int8.onnx"
-            quantize_for_cpu(float_model, calibration, unrepaired_model, spec, info, work / "u", lambda p: OrtRunner(p))
+            quantize_for_cpu(
+                float_model, calibration, unrepaired_model, spec, info, work / "u", lambda p: OrtRunner(p), source
+            )
         spec = spec.model_copy(update={"keep_fp32_layers": repaired["kept"]})
-    report = quantize_for_cpu(float_model, calibration, work / "int8.onnx", spec, info, work, lambda p: OrtRunner(p))
+    report = quantize_for_cpu(
+        float_model, calibration, work / "int8.onnx", spec, info, work, lambda p: OrtRunner(p), source
+    )
     quantize_s = time.perf_counter() - started
     int8_spec = BuildSpec(**{**spec.model_dump(mode="json"), "precision": "int8"})
     (work / "a").mkdir(), (work / "b").mkdir()

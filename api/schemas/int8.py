@@ -22,8 +22,7 @@ from storage.tables import BenchmarkRow, BuildRow, EngineRow
 class GateFigure(BaseModel):
     passed: bool = Field(description="whether the artifact passed its precision's accuracy gate against fp32")
     cosine: float = Field(
-        description="the worst output cosine against fp32 (int8: on the calibration batches; fp16: on the accuracy "
-        "check's inputs)"
+        description="the worst output cosine against fp32, on the accuracy check's inputs, as the engine's check judges"
     )
     failures: dict[str, list[str]] = Field(default_factory=dict, description="per output, the limits it broke")
     violations: float | None = Field(
@@ -100,6 +99,11 @@ class Int8Repair(BaseModel):
     before: GateFigure
     after: GateFigure
     ranking: list[RankedTensor] = Field(description="the most sensitive tensors first (at most 20)")
+    ranked_on: str | None = Field(
+        None,
+        description="int8: the inputs the ranking and the search's screening ran on (before and after are "
+        "judged on the accuracy check's)",
+    )
     budget: int | None = Field(None, description="the most layers the repair could keep in fp32")
     note: str | None = Field(
         None, description="why the repair stopped without a passing set, and what to do; or which form passed instead"
@@ -137,6 +141,7 @@ class Int8Candidate(BaseModel):
     kept: bool = Field(description="the candidate this engine's model was made with")
     passed: bool | None = Field(None, description="whether it passed the int8 gate (null: it did not quantize)")
     cosine: float | None = None
+    judged_on: str | None = Field(None, description="the inputs its gate was judged on: the accuracy check's")
     speedup: float | None = Field(None, description="fp32's median over the candidate's on the quantizing worker")
     int8_median_ms: float | None = None
     why: str | None = Field(None, description="on the kept one: why it was kept")
@@ -231,6 +236,7 @@ def _candidate(c: dict[str, Any]) -> Int8Candidate:
         kept=bool(c.get("kept")),
         passed=c.get("pass"),
         cosine=c.get("cosine"),
+        judged_on=c.get("judged_on"),
         speedup=c.get("speedup"),
         int8_median_ms=c.get("int8_median_ms"),
         why=c.get("why"),
@@ -282,6 +288,7 @@ def _repair(r: dict[str, Any]) -> Int8Repair:
         before=_figure(r["before"]),
         after=_figure(r.get("after") or r["before"]),
         ranking=[_ranked(t, kept) for t in r.get("ranking") or []],
+        ranked_on=r.get("ranked_on"),
         budget=r.get("budget"),
         note=r.get("note"),
         form=r.get("form"),

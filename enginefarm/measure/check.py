@@ -78,10 +78,14 @@ class Reference:
 def compare(runner: Inferring, ref: Reference, limits: dict[str, float]) -> dict[str, Any]:
     """The engine's outputs on the reference's inputs against the reference's outputs, judged under ``limits``
     (``accuracy.judge``'s result, a plain dict the callers extend)."""
+    return judge([runner.infer(feed) for feed in ref.feeds], ref, limits)
+
+
+def judge(outputs: list[dict[str, Any]], ref: Reference, limits: dict[str, float]) -> dict[str, Any]:
+    """``compare`` on outputs already computed, one dict per reference feed."""
     per_output: dict[str, list[dict[str, float]]] = {n: [] for n in ref.names}
     atol, rtol = limits.get("atol"), limits.get("rtol")
-    for feed, want in zip(ref.feeds, ref.wanted, strict=True):
-        got = runner.infer(feed)
+    for got, want in zip(outputs, ref.wanted, strict=True):
         for name in ref.names:
             if name not in got:
                 raise ValueError(f"the engine has no output {name!r} (it has {', '.join(got)})")

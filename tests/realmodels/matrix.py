@@ -122,6 +122,7 @@ def _quantized(prep: Prepared, work: Path, family: str) -> None:
                 prep.info,
                 work / "quantize",
                 lambda p: OrtRunner(p, spec.benchmark.threads),
+                reference_model=prep.path,
             )
             prep.int8_candidates = report.candidates or []
         else:

@@ -24,10 +24,12 @@ from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
-from enginefarm.measure import accuracy
+from enginefarm.measure import check
+from enginefarm.measure.check import Reference
 from worker.backends import BuildLog, get_backend
 from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
 from worker.int8.quantize.files import remove_model_files
+from worker.measure.evaluate import accuracy_inputs, reference_session
 from worker.measure.int8_vs_fp32 import interleaved_rounds, verdict
 
 log = logging.getLogger(__name__)
@@ -97,11 +99,16 @@ def quantize_for_cpu(
     info: ModelInfo,
     scratch: Path,
     make_runner,
+    reference_model: Path | None = None,
 ) -> QuantizeReport:
     """Quantize ``float_model`` for ONNX Runtime's CPU into ``out`` with the candidate that measured best here.
-    ``make_runner(path)`` opens an artifact as the benchmark stage does. A bad spec or bad samples raise as the
-    quantizer raises them; BuildFailed only when every candidate failed to quantize."""
-    return quantize_for_cpu_beside(float_model, samples, out, spec, info, scratch, make_runner, {})[0]
+    ``make_runner(path)`` opens an artifact as the benchmark stage does. ``reference_model``: the model the
+    accuracy check runs in fp32, the uploaded one (default ``float_model``, which must then take every input the
+    spec fixes). A bad spec or bad samples raise as the quantizer raises them; BuildFailed only when every
+    candidate failed to quantize."""
+    return quantize_for_cpu_beside(
+        float_model, samples, out, spec, info, scratch, make_runner, {}, reference_model or float_model
+    )[0]
 
 
 def quantize_for_cpu_beside(
@@ -113,6 +120,7 @@ def quantize_for_cpu_beside(
     scratch: Path,
     make_runner,
     beside: dict[str, Path],
+    reference_model: Path,
 ) -> tuple[QuantizeReport, dict[str, dict[str, Any]]]:
     """``quantize_for_cpu``, with the int8 models of ``beside`` (name -> model; never kept) judged and timed in the
     same interleaved run as fp32 and the candidates; returns the report and each of those models' figures (as a
@@ -147,7 +155,14 @@ def quantize_for_cpu_beside(
     others = {f"beside-{n}": path for n, path in beside.items()}  # never a candidate's name
     try:
         figures += _measure(
-            {**{n: work / n / out.name for n in reports}, **others}, float_model, samples, spec, info, work, make_runner
+            {**{n: work / n / out.name for n in reports}, **others},
+            float_model,
+            reference_model,
+            samples,
+            spec,
+            info,
+            work,
+            make_runner,
         )
     except Exception as exc:
         log.warning("int8 candidates could not be measured: %s", exc, exc_info=True)
@@ -177,23 +192,15 @@ def quantize_for_cpu_beside(
     return report, {n: {**c, "name": n} for n, c in measured_beside.items()}
 
 
-def gate_figure(
-    runner, feeds: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]], limits: dict[str, float]
-) -> dict[str, Any]:
-    """An int8 artifact's outputs on ``feeds`` against the fp32 artifact's (``reference``), under ``limits``:
-    pass, the worst cosine, and the limits it broke."""
-    return gate_of([runner.infer(feed) for feed in feeds], reference, limits)
+def gate_figure(runner, ref: Reference, limits: dict[str, float]) -> dict[str, Any]:
+    """An int8 artifact's outputs on ``ref``'s inputs against its outputs, under ``limits``, by the accuracy
+    check's own code (``enginefarm.measure.check``): pass, the worst cosine, and the limits it broke."""
+    return gate_of([runner.infer(feed) for feed in ref.feeds], ref, limits)
 
 
-def gate_of(
-    outputs: list[dict[str, np.ndarray]], reference: list[dict[str, np.ndarray]], limits: dict[str, float]
-) -> dict[str, Any]:
-    """``gate_figure`` on outputs already computed, one dict per feed."""
-    per_output: dict[str, list[dict[str, float]]] = {}
-    for got, want in zip(outputs, reference):
-        for output, value in want.items():
-            per_output.setdefault(output, []).append(accuracy.metrics(value, got[output]))
-    judged = accuracy.judge({o: accuracy.merge(m) for o, m in per_output.items()}, limits)
+def gate_of(outputs: list[dict[str, np.ndarray]], ref: Reference, limits: dict[str, float]) -> dict[str, Any]:
+    """``gate_figure`` on outputs already computed, one dict per feed of ``ref``."""
+    judged = check.judge(outputs, ref, limits)
     return {
         "pass": judged["pass"],
         "cosine": round(judged["worst"].get("cosine", 1.0), 6),
@@ -201,22 +208,31 @@ def gate_of(
     }
 
 
-def calibration_feeds(samples: dict[str, np.ndarray], info: ModelInfo) -> list[dict[str, np.ndarray]]:
-    """The feeds a candidate is judged on: the first two calibration batches."""
-    return [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
+def screening_inputs(float_model: Path, samples: dict[str, np.ndarray], info: ModelInfo) -> Reference:
+    """What the accuracy repair's search screens each set of layers on, many times over: the first two calibration
+    samples, one per batch, against ONNX Runtime fp32 on ``float_model`` (the model as quantized, its fixed inputs
+    already constants). Candidates and the kept form are judged on the accuracy check's own inputs instead
+    (``worker.measure.evaluate.accuracy_inputs``)."""
+    feeds = [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
+    session = reference_session(float_model)
+    names = [o.name for o in session.get_outputs()]
+    wanted = [dict(zip(names, session.run(names, feed))) for feed in feeds]
+    return Reference(feeds, wanted, names, f"the first {len(feeds)} calibration sample(s), one per batch (screening)")
 
 
 def _measure(
     models: dict[str, Path],
     float_model: Path,
+    reference_model: Path,
     samples: dict[str, np.ndarray],
     spec: BuildSpec,
     info: ModelInfo,
     work: Path,
     make_runner,
 ) -> list[dict[str, Any]]:
-    """Each int8 model built as a CPU artifact, judged against the fp32 artifact on the first two calibration
-    batches, and timed against it, interleaved, at the spec's opt shapes."""
+    """Each int8 model built as a CPU artifact, judged as the engine's accuracy check will judge it (its inputs,
+    ONNX Runtime fp32 on ``reference_model``, its code), and timed against the fp32 artifact, interleaved, at the
+    spec's opt shapes."""
     backend = get_backend(Backend.ONNXRUNTIME)
     target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
     built: dict[str, Path] = {}
@@ -226,14 +242,13 @@ def _measure(
         artifact.parent.mkdir(exist_ok=True)
         backend.build(model, spec.model_copy(update={"precision": precision}), target, artifact, BuildLog(), None)
         built[name] = artifact
-    feeds = calibration_feeds(samples, info)
+    ref = accuracy_inputs(reference_model, spec, info, samples)
     runners = {name: make_runner(path) for name, path in built.items()}
     try:
-        reference = [runners["fp32"].infer(feed) for feed in feeds]
         limits = spec.accuracy.limits(Precision.INT8.value)
         out: list[dict[str, Any]] = []
         for name in models:
-            out.append({"name": name, **gate_figure(runners[name], feeds, reference, limits)})
+            out.append({"name": name, **gate_figure(runners[name], ref, limits), "judged_on": ref.origin})
         # Timed at the shape the benchmark stage times first (the spec's opt shapes), on the same inputs.
         timed, _ = timing_inputs(
             info,

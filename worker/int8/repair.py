@@ -38,8 +38,9 @@ from onnxruntime.quantization import QuantFormat
 from enginefarm.core.domain import Backend, ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends import BuildLog, get_backend
-from worker.int8.choice import calibration_feeds, gate_figure, gate_of
+from worker.int8.choice import gate_figure, gate_of, screening_inputs
 from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
+from worker.measure.evaluate import accuracy_inputs
 from worker.repair import (
     RANKING_SHOWN,
     Timed,
@@ -86,11 +87,10 @@ class _Probe:
             keep_fp32_ops=spec.keep_fp32_ops,
         )
         model = onnx.load(str(qdq))
-        self.feeds = calibration_feeds(samples, info)
+        self.reference = screening_inputs(float_model, samples, info)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # pairs as written
-        self.reference = _outputs(ort.InferenceSession(str(float_model), options, providers=CPU), self.feeds)
         from onnxruntime.quantization.registry import QLinearOpsRegistry
 
         graph = model.graph
@@ -132,7 +132,7 @@ class _Probe:
         switches = np.array(
             [name in layers or (plain and made_by in layers) for name, plain, made_by in self.edges], dtype=bool
         )
-        feeds = [{**feed, SWITCHES: switches} for feed in self.feeds]
+        feeds = [{**feed, SWITCHES: switches} for feed in self.reference.feeds]
         return gate_of(_outputs(self.session, feeds), self.reference, self.limits)
 
     def ranking(self) -> list[dict[str, Any]]:
@@ -162,6 +162,7 @@ def repair(
     make_runner,
     recipe: str = "operator",
     unrepaired_to: Path | None = None,
+    reference_model: Path | None = None,
 ) -> dict[str, Any]:
     """Find the layers to keep in float so that the CPU int8 artifact (``recipe``) passes the gate; returns the
     repair report (``kept``: the node names, empty when nothing was needed or nothing passed; ``passed``).
@@ -170,7 +171,7 @@ def repair(
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="int8-repair-", dir=scratch))
     try:
-        judge = Timed(_Judge(float_model, samples, spec, info, work, make_runner, recipe))
+        judge = Timed(_Judge(float_model, samples, spec, info, work, make_runner, recipe, reference_model))
         before = judge(spec.keep_fp32_layers)
         report: dict[str, Any] = {
             "recipe": recipe,
@@ -184,6 +185,7 @@ def repair(
         ranking = probe.ranking()
         groups = [r["layers"] for r in ranking]
         report["ranking"] = ranking[:RANKING_SHOWN]
+        report["ranked_on"] = probe.reference.origin  # before and after are judged as the engine's check judges
         budget = budget_of(len(probe.quantizable))
         report["budget"] = budget
         base = list(spec.keep_fp32_layers)
@@ -248,24 +250,28 @@ def _other_forms(judge, float_model: Path, recipe: str, base: list[str]) -> dict
 
 
 class _Judge:
-    """The CPU int8 artifact with a given set of layers kept in float, against fp32 on the calibration batches."""
+    """The CPU int8 artifact with a given set of layers kept in float, judged as the engine's accuracy check will
+    judge it: its inputs, ONNX Runtime fp32 on ``reference_model`` (the uploaded model; default ``float_model``,
+    which must then take every input the spec fixes), its code."""
 
     def __init__(
-        self, float_model: Path, samples, spec: BuildSpec, info: ModelInfo, work: Path, make_runner, recipe: str
+        self,
+        float_model: Path,
+        samples,
+        spec: BuildSpec,
+        info: ModelInfo,
+        work: Path,
+        make_runner,
+        recipe: str,
+        reference_model: Path | None = None,
     ):
         self.float_model, self.samples, self.spec, self.work, self.recipe = float_model, samples, spec, work, recipe
         self.make_runner, self.calls = make_runner, 0
         self.first: tuple[Path, QuantizeReport] | None = None  # the model of the first call, and its report
         self.backend = get_backend(Backend.ONNXRUNTIME)
         self.target = Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
-        self.feeds = calibration_feeds(samples, info)
+        self.reference = accuracy_inputs(reference_model or float_model, spec, info, samples)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
-        fp32 = self._built(float_model, Precision.FP32, "fp32")
-        runner = make_runner(fp32)
-        try:
-            self.reference = [runner.infer(feed) for feed in self.feeds]
-        finally:
-            runner.close()
 
     def _built(self, model: Path, precision: Precision, name: str) -> Path:
         out = self.work / "artifacts" / f"{name}.onnx"
@@ -296,7 +302,7 @@ class _Judge:
         self.first = self.first or (model, quantized)
         runner = self.make_runner(self._built(model, Precision.INT8, f"try-{self.calls}"))
         try:
-            return {**gate_figure(runner, self.feeds, self.reference, self.limits), "kept": len(set(keep))}
+            return {**gate_figure(runner, self.reference, self.limits), "kept": len(set(keep))}
         finally:
             runner.close()
 

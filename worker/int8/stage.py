@@ -71,7 +71,9 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
         unrepaired = scratch / "unrepaired" / "model.int8.onnx"  # the failed original, where the repair keeps layers
-        repaired = _repair(float_model, samples, spec, info, scratch, unrepaired) if spec.accuracy_repair else None
+        repaired = (
+            _repair(float_model, model_path, samples, spec, info, scratch, unrepaired) if spec.accuracy_repair else None
+        )
         quantized = spec
         if repaired and repaired["kept"]:  # every family's int8 model keeps the same layers in float
             kept = sorted({*spec.keep_fp32_layers, *repaired["kept"]})
@@ -82,6 +84,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
             report, model_id = _derive(
                 family,
                 float_model,
+                model_path,
                 samples,
                 quantized,
                 info,
@@ -142,6 +145,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
 def _derive(
     family: str,
     float_model: Path,
+    reference_model: Path,
     samples,
     spec: BuildSpec,
     info: ModelInfo,
@@ -169,7 +173,15 @@ def _derive(
         from worker.int8.choice import quantize_for_cpu_beside
 
         report, figures = quantize_for_cpu_beside(
-            float_model, samples, out, spec, info, scratch, lambda p: OrtRunner(p, spec.benchmark.threads), beside
+            float_model,
+            samples,
+            out,
+            spec,
+            info,
+            scratch,
+            lambda p: OrtRunner(p, spec.benchmark.threads),
+            beside,
+            reference_model,
         )
         timed.update(figures)
     else:
@@ -268,7 +280,9 @@ def _catalogue(
     return store_with_row(settings, store, key, out, sha, write)
 
 
-def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path) -> dict:
+def _repair(
+    float_model: Path, reference_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path
+) -> dict:
     """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
     (worker/int8/repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
     from enginefarm.measure.ort_runner import OrtRunner
@@ -277,4 +291,13 @@ def _repair(float_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratc
     def runner(path: Path) -> OrtRunner:
         return OrtRunner(path, spec.benchmark.threads)
 
-    return repair(float_model, samples, spec, info, scratch, runner, unrepaired_to=unrepaired.parent)
+    return repair(
+        float_model,
+        samples,
+        spec,
+        info,
+        scratch,
+        runner,
+        unrepaired_to=unrepaired.parent,
+        reference_model=reference_model,
+    )

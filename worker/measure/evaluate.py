@@ -92,7 +92,7 @@ class Evaluation:
     errors: list[str] = field(default_factory=list)  # what could not be measured, and why
 
 
-def _reference_session(model_path: Path):
+def reference_session(model_path: Path):
     ort = load_module("onnxruntime")
     options = ort.SessionOptions()
     # The reference is the model as written: no graph rewrites that could move its numbers.
@@ -125,7 +125,7 @@ def accuracy_inputs(
 ) -> Reference:
     """The accuracy check's inputs and the reference's outputs on them (ONNX Runtime fp32 on ``reference_model``)."""
     feeds, origin = accuracy_feeds(spec, info, samples)
-    reference = _reference_session(reference_model)
+    reference = reference_session(reference_model)
     names = [o.name for o in reference.get_outputs()]
     fixed = fixed_arrays(spec, info)
     wanted = [dict(zip(names, reference.run(names, {**feed, **fixed}))) for feed in feeds]

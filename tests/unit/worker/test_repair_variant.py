@@ -20,8 +20,9 @@ from enginefarm.measure.ort_runner import OrtRunner
 from tests.unit.worker.test_int8_vs_fp32 import _wide_add
 from worker.int8 import choice as C
 from worker.int8 import repair as R
-from worker.int8.choice import calibration_feeds, gate_figure
+from worker.int8.choice import gate_figure
 from worker.int8.variant import latency
+from worker.measure.evaluate import accuracy_inputs, check_accuracy
 
 
 def _runner(path: Path) -> OrtRunner:
@@ -43,7 +44,7 @@ def test_the_repair_leaves_the_failed_original_and_it_is_timed_with_fp32_and_the
     repaired_spec = spec.model_copy(update={"keep_fp32_layers": report["kept"]})
     out = tmp_path / "model.int8.onnx"
     cpu, timed = C.quantize_for_cpu_beside(
-        source, samples, out, repaired_spec, info, tmp_path, _runner, {"unrepaired": original}
+        source, samples, out, repaired_spec, info, tmp_path, _runner, {"unrepaired": original}, source
     )
     # Beside the candidates, never one of them: the stored model is a candidate with the Add in float.
     assert [c["name"] for c in cpu.candidates] == ["operator", "convolutions"] and out.exists()
@@ -81,16 +82,43 @@ def test_the_failed_original_is_left_only_when_the_repair_keeps_layers(tmp_path:
     assert not (tmp_path / "unrepaired").exists()
     # The original judged as the artifact it is: its cosine is the repair's before.
     report = R.repair(source, samples, spec, info, tmp_path, _runner, unrepaired_to=tmp_path / "unrepaired")
-    feeds = calibration_feeds(samples, info)
-    fp32 = _runner(source)
     original = _runner(tmp_path / "unrepaired" / "model.int8.onnx")
     try:
-        reference = [fp32.infer(f) for f in feeds]
-        judged = gate_figure(original, feeds, reference, spec.accuracy.limits("int8"))
+        judged = gate_figure(original, accuracy_inputs(source, spec, info, samples), spec.accuracy.limits("int8"))
     finally:
-        fp32.close()
         original.close()
-    assert judged["pass"] is False and abs(judged["cosine"] - report["before"]["cosine"]) < 1e-3, judged
+    assert judged["pass"] is False and judged["cosine"] == report["before"]["cosine"], judged
+
+
+def test_the_int8_stage_and_the_engines_check_judge_the_kept_artifact_alike(tmp_path: Path):
+    """The stage's figure of the candidate it keeps, and of the repair's before and after, are the figures the
+    engine's accuracy check then measures for that artifact: the same inputs (all the samples, at the opt batch),
+    the same reference, the same code. (They once judged on the first two samples only, and said 0.889 where
+    the check said 0.935.)"""
+    source = _wide_add(tmp_path / "m.onnx")
+    samples = {"input": np.random.default_rng(5).standard_normal((12, 3, 16, 16)).astype(np.float32)}
+    spec = BuildSpec(
+        precision="int8",
+        profiles=[{"input": {"min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [4, 3, 16, 16]}}],
+        accuracy_repair=True,
+    )
+    info = inspect_upload(source, tmp_path / "inspect").info
+    report = R.repair(source, samples, spec, info, tmp_path, _runner, unrepaired_to=tmp_path / "unrepaired")
+    assert report["kept"], report  # the wide Add is kept in float, so there is a before and an after
+    repaired = spec.model_copy(update={"keep_fp32_layers": report["kept"]})
+    out = tmp_path / "stored" / "model.int8.onnx"
+    out.parent.mkdir()
+    cpu = C.quantize_for_cpu(source, samples, out, repaired, info, tmp_path, _runner, source)
+    kept = next(c for c in cpu.candidates if c["kept"])
+    assert kept["judged_on"] == "12 user samples in 3 batch(es)", kept
+    for model, figure in ((out, kept), (tmp_path / "unrepaired" / "model.int8.onnx", report["before"])):
+        runner = _runner(model)
+        try:
+            checked = check_accuracy(runner, source, repaired, info, samples)
+        finally:
+            runner.close()
+        assert round(checked["worst"]["cosine"], 6) == figure["cosine"], (checked["worst"], figure)
+        assert checked["pass"] is figure["pass"]
 
 
 def test_the_speed_stop_follows_the_candidates_rule():
