@@ -305,6 +305,7 @@ def test_workers_page_lists_live_workers_and_queues(built, farm, tmp_path):
     # The sm86 engine built above waits for a GPU no worker here has: a note, not the alarm of a missing builder.
     assert "benchmark" not in page.inner_text("#orphans")
     assert re.search(rf"\d+ engine\(s\) for {SM86}, the oldest for \d+ s", page.inner_text("#unmeasured"))
+    assert page.locator("#queues tr.unmeasured th", has_text=f"benchmark {SM86}").count() == 1  # not in alarm red
     # Other tests of the session may leave tasks of their own (a benchmark for sm75, say): only these rows count.
     row = page.locator("#queues tr.orphan th", has_text=f"build {lonely}")
     assert row.count() == 1 and page.locator("#queues tr.orphan", has_text=f"build {CPU}").count() == 0  # served
@@ -334,6 +335,40 @@ def test_phone_width_has_no_sideways_scroll(built, farm, browser):
         shot(page, "model-phone")
     finally:
         context.close()
+
+
+# Targets no worker of the session farm serves (and no other test's worker): their tasks stay queued, cells drawn.
+UNSERVED = [
+    "tensorrt/sm87",
+    "tensorrt/sm90",
+    "onnxruntime/cuda-sm86",
+    "onnxruntime/cuda-sm90",
+    "onnxruntime/cpu-aarch64",
+]
+
+
+def test_a_wide_matrix_scrolls_inside_its_box(built, farm, browser, tmp_path):
+    """Ten columns (five targets, two specs): the page itself never scrolls sideways, at 1280 or 1920 px; the matrix
+    scrolls inside its own box where it is wider than the page."""
+    with Client(farm.url, token=farm.token) as client:
+        model, _ = client.upload(save_conv_net(tmp_path / "wide.onnx", seed=4343), unique_name("ui-wide"))
+        for spec in (sample_spec(), {**sample_spec(), "workspace_mib": 1024}):
+            client.build(model["id"], UNSERVED, spec, queue_without_worker=True)
+    for width in (1280, 1920):
+        context = browser.new_context(
+            viewport={"width": width, "height": 900}, storage_state=built["context"].storage_state()
+        )
+        page = context.new_page()
+        try:
+            page.goto(f"{farm.url}/ui/models/{model['id']}")
+            assert page.locator("#matrix thead th[data-target]").count() == 10
+            assert page.evaluate("document.documentElement.scrollWidth") <= width
+            box = page.locator("#matrix .scroll")
+            inner, outer = box.evaluate("e => [e.scrollWidth, e.clientWidth]")
+            assert outer <= width and (inner <= outer or box.evaluate("e => getComputedStyle(e).overflowX") == "auto")
+            shot(page, f"matrix-wide-{width}", full_page=False)
+        finally:
+            context.close()
 
 
 def test_a_form_post_without_the_csrf_token_is_refused(built, farm):
