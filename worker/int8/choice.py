@@ -29,7 +29,7 @@ from enginefarm.measure.check import Reference
 from worker.backends import BuildLog, get_backend
 from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
 from worker.int8.quantize.files import remove_model_files
-from worker.measure.evaluate import accuracy_inputs, reference_session
+from worker.measure.evaluate import accuracy_inputs, reference_outputs
 from worker.measure.int8_vs_fp32 import interleaved_rounds, verdict
 
 log = logging.getLogger(__name__)
@@ -214,10 +214,7 @@ def screening_inputs(float_model: Path, samples: dict[str, np.ndarray], info: Mo
     already constants). Candidates and the kept form are judged on the accuracy check's own inputs instead
     (``worker.measure.evaluate.accuracy_inputs``)."""
     feeds = [{n: a for n, a in feed.items() if n in samples} for feed in sample_batches(samples, info, 1)[:2]]
-    session = reference_session(float_model)
-    names = [o.name for o in session.get_outputs()]
-    wanted = [dict(zip(names, session.run(names, feed))) for feed in feeds]
-    return Reference(feeds, wanted, names, f"the first {len(feeds)} calibration sample(s), one per batch (screening)")
+    return reference_outputs(float_model, feeds, f"the first {len(feeds)} calibration sample(s), one per batch")
 
 
 def _measure(

@@ -125,11 +125,18 @@ def accuracy_inputs(
 ) -> Reference:
     """The accuracy check's inputs and the reference's outputs on them (ONNX Runtime fp32 on ``reference_model``)."""
     feeds, origin = accuracy_feeds(spec, info, samples)
-    reference = reference_session(reference_model)
-    names = [o.name for o in reference.get_outputs()]
     fixed = fixed_arrays(spec, info)
-    wanted = [dict(zip(names, reference.run(names, {**feed, **fixed}))) for feed in feeds]
     feeds = [{n: a for n, a in feed.items() if n not in fixed} for feed in feeds]
+    return reference_outputs(reference_model, feeds, origin, fixed)
+
+
+def reference_outputs(
+    model: Path, feeds: list[dict[str, np.ndarray]], origin: str, fixed: dict[str, np.ndarray] | None = None
+) -> Reference:
+    """``feeds`` and ONNX Runtime fp32's outputs of ``model`` on them (each run with ``fixed`` added)."""
+    session = reference_session(model)
+    names = [o.name for o in session.get_outputs()]
+    wanted = [dict(zip(names, session.run(names, {**feed, **(fixed or {})}))) for feed in feeds]
     return Reference(feeds, wanted, names, origin)
 
 
