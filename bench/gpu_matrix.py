@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # bench.torch_anchors, tests.realmodels
 PY = sys.executable
 CUDA_TARGET_RE = re.compile(r"onnxruntime/cuda-sm\d+")
 
@@ -178,6 +179,8 @@ def run(
     port: int,
     given_targets: list[str] | None = None,
     fetch: bool = True,
+    anchors: bool = True,
+    max_autotune: bool = False,
 ) -> int:
     out.mkdir(parents=True, exist_ok=True)
     logfile = open(out / "log.txt", "a")  # noqa: SIM115 - the run's log, open until it ends
@@ -270,6 +273,8 @@ def run(
             if fetch:
                 done["choice"] = fetch_and_verify(cli, name, entry["opt"], work, log)
                 done["measured"] = measure_here(cli, name, seconds, log)
+            if anchors and name in EXPORTED and "torch" not in done:
+                done["torch"] = torch_anchors(name, entry, src, seconds, work, max_autotune, log)
             _save(results_path, results, out)
     finally:
         farm.terminate()
@@ -278,9 +283,21 @@ def run(
         except subprocess.TimeoutExpired:
             farm.kill()
         _save(results_path, results, out)
-    (out / "matrix.md").write_text(matrix_markdown(results, targets))
+    from bench.torch_anchors import against_torch
+
+    (out / "matrix.md").write_text(matrix_markdown(results, targets) + against_torch(results))
     log((out / "matrix.md").read_text())
     return 0
+
+
+def torch_anchors(name: str, entry: dict, src: Path, seconds: float, work: Path, max_autotune: bool, log) -> Any:
+    """bench/torch_anchors.py on the same GPU, model, weights, samples and batch (its rows, or why there are none)."""
+    dest = work / f"{name}-torch.json"
+    cmd = [PY, str(ROOT / "bench" / "torch_anchors.py"), name, "--samples", str(src / entry["samples"])]
+    cmd += ["--shapes", json.dumps(entry["opt"]), "--seconds", str(seconds), "--out", str(dest)]
+    done = subprocess.run(cmd + (["--max-autotune"] if max_autotune else []), capture_output=True, text=True)
+    log(f"$ torch_anchors {name}\n{done.stdout[-4000:]}{done.stderr[-3000:]}")
+    return json.loads(dest.read_text()) if done.returncode == 0 else {"error": done.stderr[-2000:]}
 
 
 def _save(path: Path, results: dict, out: Path | None = None) -> None:
@@ -316,9 +333,15 @@ def engines_of(env: dict[str, str], report: dict) -> dict[str, Any]:
         "device_memory_bytes",
         "accuracy_pass",
         "accuracy",
+        "run_options",
     )
     ids = sorted({r["engine_id"] for r in report.get("rows", []) if r.get("engine_id")})
-    return {str(i): {k: v for k, v in _api_get(env, f"/v1/engines/{i}").items() if k in keep} for i in ids}
+    out = {str(i): {k: v for k, v in _api_get(env, f"/v1/engines/{i}").items() if k in keep} for i in ids}
+    for engine in out.values():  # the session sweep of a CUDA artifact: what each provider option measured
+        if str(engine.get("target", "")).startswith("onnxruntime/cuda-"):
+            rows = _api_get(env, f"/v1/engines/{engine['id']}/benchmarks")
+            engine["sessions"] = next((b["stats"]["sessions"] for b in rows if "sessions" in b.get("stats", {})), None)
+    return out
 
 
 def fetch_and_verify(cli: Cli, name: str, opt: dict[str, list[int]], work: Path, log) -> dict[str, Any]:
@@ -575,6 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--port", type=int, default=8321)
     r.add_argument("--targets", help="MEASURED,BASELINE instead of the probed CUDA target and this CPU's")
     r.add_argument("--no-fetch", action="store_true", help="skip resolving and fetching for this machine")
+    r.add_argument("--no-torch", action="store_true", help="skip the torch anchors (bench/torch_anchors.py)")
+    r.add_argument("--max-autotune", action="store_true", help="add torch.compile max-autotune (minutes a model)")
     t = sub.add_parser("table", help="matrix.md again from a results.json")
     t.add_argument("results", type=Path)
     args = parser.parse_args(argv)
@@ -588,7 +613,10 @@ def main(argv: list[str] | None = None) -> int:
             {r["target"] for d in results["models"].values() for r in (d.get("report") or {}).get("rows", [])}
         )
         cuda = next(t for t in targets if CUDA_TARGET_RE.fullmatch(t))
+        from bench.torch_anchors import against_torch
+
         print(matrix_markdown(results, [cuda, next(t for t in targets if t.startswith("onnxruntime/cpu-"))]))
+        print(against_torch(results))
         return 0
     return run(
         args.dir,
@@ -599,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
         args.port,
         args.targets.split(",") if args.targets else None,
         not args.no_fetch,
+        not args.no_torch,
+        args.max_autotune,
     )
 
 

@@ -130,13 +130,17 @@ def record_verdict(
     *,
     task_id: int | None = None,
     device_memory_bytes: int | None = None,
+    run_options: dict[str, str] | None = None,
 ) -> None:
     """Store a project's accuracy verdict on an engine: its last finished check replaces its earlier one (one
-    upsert, so two checks of one project finishing together cannot both insert). The engine's device memory is a
-    fact of its bytes on a GPU, not a verdict, so it stays on the engine."""
+    upsert, so two checks of one project finishing together cannot both insert). The engine's device memory and the
+    provider options measured fastest for it are facts of its bytes on a GPU, not verdicts, so they stay on the
+    engine."""
     engine = get_row(session, EngineRow, engine_id, "engine")
     if device_memory_bytes is not None:
         engine.device_memory_bytes = device_memory_bytes
+    if run_options is not None:
+        engine.run_options = run_options
     insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     values = {
         "accuracy": result,

@@ -156,6 +156,8 @@ class EngineRow(Base):
     # The optimization profiles it was built with, per input min/opt/max (enginefarm.core.domain.engine_profiles);
     # empty when not known. Resolution judges a machine's shapes against them.
     profiles: Mapped[list] = mapped_column(JSON, default=list, server_default="[]")
+    # An onnxruntime/cuda artifact's CUDA provider options measured fastest on its GPU (EngineDescriptor.run_options).
+    run_options: Mapped[dict] = mapped_column(JSON, default=dict, server_default="{}")
 
     model: Mapped[ModelRow] = relationship()
     benchmarks: Mapped[list[BenchmarkRow]] = relationship(back_populates="engine", order_by="BenchmarkRow.id")

@@ -308,7 +308,13 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
             )
         if result.accuracy is not None:
             checks.record_verdict(
-                s, engine_id, project, result.accuracy, task_id=task_id, device_memory_bytes=result.device_memory_bytes
+                s,
+                engine_id,
+                project,
+                result.accuracy,
+                task_id=task_id,
+                device_memory_bytes=result.device_memory_bytes,
+                run_options=result.run_options,
             )
         elif result.errors and (spec.accuracy.enabled or not result.benchmarks):
             # The check was asked for and could not run on the engine, or nothing ran at all: a failed verdict,

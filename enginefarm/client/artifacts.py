@@ -11,11 +11,12 @@ with ``vtrt``/``ftrt``, which read as a field of wire type 6, which protobuf doe
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from enginefarm.client.cache import EngineCache
-from enginefarm.client.safepaths import in_folder, inside, safe_name
+from enginefarm.client.safepaths import in_folder, inside, safe_name, write_text
 from enginefarm.core.errors import IntegrityError, WrongArtifact
 
 ONNX, PLAN = "onnx", "plan"
@@ -154,3 +155,42 @@ def place_cached(cache: EngineCache, engine: dict[str, Any], dest: Path | str | 
     except FileNotFoundError:
         pass  # copy_to says the engine is not cached, in its words
     return cache.copy_to(engine["sha256"], dest)
+
+
+# Beside an onnxruntime/cuda artifact, what to load it with: the CUDA provider options its GPU worker measured
+# fastest among those that pass its check (EngineDescriptor.run_options).
+SESSION_FILE_SUFFIX = ".session.json"
+SESSION_FORMAT = "enginefarm-session/1"
+# The provider options an engine's record may carry (any other key is not written).
+RUN_OPTION_KEYS = frozenset({"prefer_nhwc", "enable_cuda_graph"})
+
+
+def session_file(path: Path | str) -> Path:
+    """The file beside ``path`` that says how to load it: ``<name>.session.json``."""
+    path = Path(path)
+    return path.with_name(path.name + SESSION_FILE_SUFFIX)
+
+
+def write_session_file(engine: dict[str, Any], path: Path | str) -> Path | None:
+    """Write (or, for an engine that runs best on the defaults, remove) the session file beside a fetched
+    ``onnxruntime/cuda`` artifact. Its name comes from ``path``, never from the answer; only known options with the
+    values "0" or "1" are written. Returns the file written, or None."""
+    side = session_file(path)
+    options = engine.get("run_options") or {}
+    kept = {k: v for k, v in options.items() if k in RUN_OPTION_KEYS and v in ("0", "1")}
+    if not str(engine.get("target") or "").startswith("onnxruntime/cuda-") or not kept:
+        if side.is_file() and not side.is_symlink():
+            side.unlink()
+        return None
+    record = {
+        "format": SESSION_FORMAT,
+        "engine": engine.get("id"),
+        "sha256": engine.get("sha256"),
+        "provider": "CUDAExecutionProvider",
+        "provider_options": kept,
+        "note": "add provider_options to the CUDA provider's options of the session that loads the file; "
+        "enable_cuda_graph needs static input shapes and inputs and outputs bound at fixed device addresses "
+        "(I/O binding)",
+    }
+    write_text(side, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return side

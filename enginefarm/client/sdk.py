@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
-from enginefarm.client.artifacts import check_bytes, destination, place_cached
+from enginefarm.client.artifacts import check_bytes, destination, place_cached, write_session_file
 from enginefarm.client.cache import EngineCache
 from enginefarm.client.errors import ApiError, api_error
 from enginefarm.client.jobs import BuildJob
@@ -363,9 +363,12 @@ class Client(Transport):
             # Staged beside the destination and checked there: a file of the wrong kind never takes its name.
             size, check = size_of(eng), partial(check_bytes, eng)
             self.download(eng["id"], dest, eng["sha256"], on_bytes, size=size, verify=check)
+            write_session_file(eng, dest)
             return Fetched(answer, dest, False, submitted)
         _, hit = self.cached(eng, cache, on_bytes)
-        return Fetched(answer, place_cached(cache, eng, dest), hit, submitted)
+        placed = place_cached(cache, eng, dest)
+        write_session_file(eng, placed)
+        return Fetched(answer, placed, hit, submitted)
 
 
 def _check_form(name: str, version: str | None, project: str | None) -> None:

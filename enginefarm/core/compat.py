@@ -224,10 +224,11 @@ def _check_shapes(e: EngineDescriptor, m: Machine) -> Check | None:
 
 
 # What the kind checks below read: every fact but the ones each engine has of its own (its bytes, its size and
-# activation memory, its profiles), and every field of the machine but its memory and the shapes it will run. The
-# same kind of engine (a target, runtime versions, a platform...) repeats across models, so a model never seen
-# before is judged mostly from what other models' engines of its kinds were judged to be on this kind of machine.
-_OWN_FACTS = frozenset({"sha256", "size", "device_memory_bytes", "profiles"})
+# activation memory, its profiles, the provider options measured fastest for it), and every field of the machine but
+# its memory and the shapes it will run. The same kind of engine (a target, runtime versions, a platform...) repeats
+# across models, so a model never seen before is judged mostly from what other models' engines of its kinds were
+# judged to be on this kind of machine.
+_OWN_FACTS = frozenset({"sha256", "size", "device_memory_bytes", "profiles", "run_options"})
 KIND_FACTS = tuple(name for name in ENGINE_FACTS if name not in _OWN_FACTS)
 _MACHINE_KIND = tuple(f.name for f in fields(Machine) if f.name not in ("memory_mib", "shapes", "precisions"))
 _KINDS_KEPT = 4096

@@ -295,6 +295,16 @@ class EngineDescriptor:
             "static input); empty when not known",
         },
     )
+    # See enginefarm.measure.ort_cuda_runner.SessionChoice.
+    run_options: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "optional": True,
+            "doc": "an onnxruntime/cuda artifact: the CUDA provider options its GPU worker measured fastest among "
+            "those that pass its check (prefer_nhwc, enable_cuda_graph), to add to the session that loads it; "
+            "empty: the provider's defaults, or not measured yet",
+        },
+    )
 
     @classmethod
     def of(cls, source: Any) -> EngineDescriptor:
@@ -306,7 +316,7 @@ class EngineDescriptor:
             given = {name: getattr(source, name) for name in ENGINE_FACTS}
         for name in JSON_FACTS:  # JSON columns: a row may hold null
             if name in given:
-                given[name] = list(given[name] or [])
+                given[name] = dict(given[name] or {}) if name in DICT_FACTS else list(given[name] or [])
         return cls(**given)
 
     @classmethod
@@ -316,6 +326,7 @@ class EngineDescriptor:
         e = cls(*values)
         e.compute_capabilities = e.compute_capabilities or []
         e.profiles = e.profiles or []
+        e.run_options = e.run_options or {}
         return e
 
     def facts(self) -> dict[str, Any]:
@@ -326,4 +337,5 @@ class EngineDescriptor:
 # The names of an engine's facts, in EngineDescriptor's order.
 ENGINE_FACTS: tuple[str, ...] = tuple(f.name for f in fields(EngineDescriptor))
 # The facts the catalog keeps as JSON.
-JSON_FACTS = ("compute_capabilities", "profiles")
+JSON_FACTS = ("compute_capabilities", "profiles", "run_options")
+DICT_FACTS = ("run_options",)

@@ -49,9 +49,10 @@ def runner_for(engine: dict[str, Any], path: Path, threads: int | None) -> tuple
         cpu = OrtRunner(path, threads)
         return cpu, "onnxruntime/CPUExecutionProvider", cpu.ort.__version__
     if target.startswith("onnxruntime/cuda-"):
-        from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
+        from enginefarm.measure.ort_cuda_runner import OrtCudaRunner, SessionChoice
 
-        cuda = OrtCudaRunner(path, tf32=BuildSpec().tf32)
+        # With the provider options the farm's GPU worker measured fastest for it, as a deploy machine loads it.
+        cuda = OrtCudaRunner(path, tf32=BuildSpec().tf32, choice=SessionChoice.of(engine.get("run_options")))
         return cuda, "onnxruntime/CUDAExecutionProvider", cuda.ort.__version__
     from enginefarm.measure.trt_runner import TensorRTEngineRunner
 

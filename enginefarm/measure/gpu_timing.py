@@ -97,7 +97,8 @@ class TimedPipeline:
     (``execute_async_v3`` for an engine) and must not synchronize. With ``cuda_graph`` the compute is
     enqueued once for real (TensorRT does its lazy set-up there, and it must not happen under capture),
     then captured once and replayed each step with cuGraphLaunch, as trtexec's ``--useCudaGraph`` does;
-    the copies stay outside the graph.
+    the copies stay outside the graph. ``stream``: a stream of the caller's that the compute is enqueued on anyway
+    (a runtime given it once, as ONNX Runtime's CUDA provider is); the pipeline makes its own otherwise.
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class TimedPipeline:
         outputs: Sequence[tuple[PinnedArray, DeviceBuffer]],
         *,
         cuda_graph: bool = False,
+        stream: Stream | None = None,
     ):
         for dev, host in [*inputs, *((d, h) for h, d in outputs)]:
             if host.nbytes > dev.nbytes:
@@ -115,7 +117,8 @@ class TimedPipeline:
         self.outputs = list(outputs)
         self.enqueue_compute = enqueue_compute
         self.cuda_graph = cuda_graph
-        self.stream = Stream()
+        self._own_stream = stream is None
+        self.stream = Stream() if stream is None else stream
         self.events = [Event() for _ in range(4)]
         self._graph = self._graph_exec = None
         try:
@@ -166,7 +169,8 @@ class TimedPipeline:
             self._graph = None
         for event in self.events:
             event.close()
-        self.stream.close()
+        if self._own_stream:
+            self.stream.close()
 
 
 def benchmark_pipeline(

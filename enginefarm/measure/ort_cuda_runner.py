@@ -11,6 +11,8 @@ lowest seen during the run.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -57,6 +59,53 @@ def numpy_dtype(ort_type: str) -> np.dtype[Any]:
         raise BuildFailed(f"an output of type {ort_type} has no numpy type to copy it into") from None
 
 
+@dataclass(frozen=True)
+class SessionChoice:
+    """How the CUDA provider runs an artifact, beyond its defaults: ``prefer_nhwc`` (convolutions in NHWC, the
+    layout Hopper's and Ampere's tensor cores read; the provider adds the transposes) and ``enable_cuda_graph`` (the
+    whole graph captured once and replayed by one launch: no per-kernel launch gaps; it needs static shapes and
+    inputs and outputs bound at fixed addresses, which the benchmark's I/O binding has). The GPU worker times each
+    and keeps the fastest whose outputs pass the check (worker/measure/sessions.py); the engine carries its
+    ``provider_options`` (``EngineDescriptor.run_options``) to every machine that loads it."""
+
+    nhwc: bool = False
+    cuda_graph: bool = False
+
+    @property
+    def name(self) -> str:
+        parts = [p for p, on in (("nhwc", self.nhwc), ("cuda-graph", self.cuda_graph)) if on]
+        return "+".join(parts) or "default"
+
+    def provider_options(self) -> dict[str, str]:
+        """What this choice adds to the provider's options (none for the defaults)."""
+        return {
+            **({"prefer_nhwc": "1"} if self.nhwc else {}),
+            **({"enable_cuda_graph": "1"} if self.cuda_graph else {}),
+        }
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any] | None) -> SessionChoice:
+        """The choice an engine's ``run_options`` record (unknown keys are left to the caller)."""
+        options = options or {}
+        return cls(
+            nhwc=str(options.get("prefer_nhwc", "0")) == "1",
+            cuda_graph=str(options.get("enable_cuda_graph", "0")) == "1",
+        )
+
+    def plain(self) -> SessionChoice:
+        """The same kernels without the graph: what runs one inference on arrays (the accuracy check's feeds)."""
+        return SessionChoice(nhwc=self.nhwc)
+
+
+# The choices the GPU worker times, the defaults first.
+SESSION_CHOICES = (
+    SessionChoice(),
+    SessionChoice(nhwc=True),
+    SessionChoice(cuda_graph=True),
+    SessionChoice(nhwc=True, cuda_graph=True),
+)
+
+
 def cuda_provider_options(tf32: bool, device_id: int = 0, stream: int | None = None) -> dict[str, str]:
     """The CUDA provider's options, as strings (the form ONNX Runtime takes and the catalog records).
 
@@ -91,9 +140,16 @@ def runtime_facts(probe: MachineProbe, gpu: GpuInfo | None, session_options: dic
 
 
 class OrtCudaRunner:
-    """An ONNX Runtime CUDA session on GPU ``device_index``, on a stream of ours. ``tf32`` as the spec says."""
+    """An ONNX Runtime CUDA session on GPU ``device_index``, on a stream of ours. ``tf32`` as the spec says,
+    ``choice``: the provider options beyond the defaults. With a CUDA graph, each ``benchmark`` captures its own (a
+    graph holds one shape), and ``infer`` runs the same kernels without one (``SessionChoice.plain``)."""
 
-    def __init__(self, model_path: Path, tf32: bool = True, device_index: int = 0):
+    def __init__(
+        self, model_path: Path, tf32: bool = True, device_index: int = 0, choice: SessionChoice = SessionChoice()
+    ):
+        self.choice = choice
+        self._plain: OrtCudaRunner | None = None
+        self._benchmarked = False
         self.ort = load_module("onnxruntime")
         self.probe = probe_machine()  # preloads CUDA and cuDNN from the nvidia-* wheels where ORT needs them
         if not self.probe.ort_cuda:
@@ -112,7 +168,9 @@ class OrtCudaRunner:
         gpu = next((g for g in self.probe.gpus if g.index == device_index), None)
         self.gpu_name = gpu.name if gpu else self.device.name
         self.compute_capability = self.device.compute_capability
-        self.label = f"{self.gpu_name} (ONNX Runtime {self.ort.__version__} CUDA, TF32 {'on' if tf32 else 'off'})"
+        options = "" if choice == SessionChoice() else f", {choice.name}"
+        tf32_word = "on" if tf32 else "off"
+        self.label = f"{self.gpu_name} (ONNX Runtime {self.ort.__version__} CUDA, TF32 {tf32_word}{options})"
         self.facts = runtime_facts(
             self.probe,
             gpu,
@@ -132,7 +190,7 @@ class OrtCudaRunner:
         ort = self.ort
         options = ort.SessionOptions()
         options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, RUN_LEVEL)
-        provider = cuda_provider_options(tf32, self.device_index, stream)
+        provider = {**cuda_provider_options(tf32, self.device_index, stream), **self.choice.provider_options()}
         try:
             session = ort.InferenceSession(str(self.model_path), options, providers=[(ORT_CUDA_PROVIDER, provider)])
         except Exception as exc:
@@ -142,16 +200,26 @@ class OrtCudaRunner:
         return session, provider
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.choice.cuda_graph:  # a graph replays the addresses it was captured with: arrays need a plain run
+            if self._plain is None:
+                self._plain = OrtCudaRunner(self.model_path, self.tf32, self.device_index, self.choice.plain())
+            return self._plain.infer(inputs)
         return dict(zip(self.outputs, self.session.run(self.outputs, inputs)))
 
     def without_tf32(self) -> OrtCudaRunner | None:
         """The same artifact with TF32 off, to tell TF32's differences from real ones; None when TF32 is off."""
-        return OrtCudaRunner(self.model_path, tf32=False, device_index=self.device_index) if self.tf32 else None
+        if not self.tf32:
+            return None
+        return OrtCudaRunner(self.model_path, tf32=False, device_index=self.device_index, choice=self.choice.plain())
 
     def benchmark(self, inputs: dict[str, np.ndarray], spec: BenchmarkSpec) -> Measurement:
         """The farm's CUDA timing of one inference at these inputs' shapes (``spec``: a BenchmarkSpec)."""
+        assert self.device is not None and self.stream is not None  # open while the session is: close() drops all
+        if self.choice.cuda_graph and self._benchmarked:  # a graph holds one shape: a new session captures anew
+            self.session = None
+            self.session, _ = self._session(self.tf32, self.stream.handle)
+        self._benchmarked = True
         binding = self.session.io_binding()
-        assert self.device is not None  # open while the session is: close() drops both
         idx = self.device_index
         pairs_in: list[tuple[DeviceBuffer, PinnedArray]] = []
         pairs_out: list[tuple[PinnedArray, DeviceBuffer]] = []
@@ -177,7 +245,10 @@ class OrtCudaRunner:
                 dev = self._keep(DeviceBuffer(host.nbytes))
                 binding.bind_output(name, "cuda", idx, dtype, list(shape), dev.ptr)
                 pairs_out.append((host, dev))
-            pipeline = TimedPipeline(pairs_in, lambda _stream: self.session.run_with_iobinding(binding), pairs_out)
+            # On the provider's own stream: the events bracket its kernels, and a graph it captured replays there.
+            pipeline = TimedPipeline(
+                pairs_in, lambda _stream: self.session.run_with_iobinding(binding), pairs_out, stream=self.stream
+            )
             m = benchmark_pipeline(
                 pipeline,
                 self.device,
@@ -186,6 +257,8 @@ class OrtCudaRunner:
                 min_iterations=spec.iterations,
                 free_before=self.free_before,
             )
+            if self.choice.cuda_graph:
+                m.extra["replay_max_abs_diff"] = self._replay_difference(inputs, pairs_out)
         except (BuildFailed, TargetUnavailable):
             raise
         except Exception as exc:  # ORT's run errors (a shape the graph refuses, out of memory) are the model's
@@ -202,11 +275,29 @@ class OrtCudaRunner:
             device_memory_bytes=max(peak - size, 0) if peak is not None else None,
             gpu_memory_in_use_bytes=peak,
             runtime=self.facts,
-            cuda_graph=False,
+            cuda_graph=self.choice.cuda_graph,
+            session=self.choice.name,
             onnxruntime=self.ort.__version__,
             tf32=self.tf32,
         )
         return m
+
+    def _replay_difference(
+        self, inputs: dict[str, np.ndarray], outputs: list[tuple[PinnedArray, DeviceBuffer]]
+    ) -> float:
+        """The largest difference between what the last replay of the graph wrote and a plain run of the same
+        inputs: a graph that replays stale addresses, or never ran, shows here. BuildFailed past 1e-2."""
+        plain = self.infer(inputs)
+        worst = 0.0
+        for name, (host, _dev) in zip(self.outputs, outputs):
+            got, want = host.array.astype(np.float64), np.asarray(plain[name], dtype=np.float64)
+            if got.shape != want.shape:
+                raise BuildFailed(f"the CUDA graph's output {name} has shape {got.shape}, a plain run's {want.shape}")
+            if got.size:
+                worst = max(worst, float(np.nanmax(np.abs(got - want) / (1.0 + np.abs(want)))))
+        if not worst <= 1e-2:
+            raise BuildFailed(f"the CUDA graph's replay differs from a plain run by {worst:.3g} (relative)")
+        return worst
 
     def _keep(self, buffer: B) -> B:
         self._buffers.append(buffer)
@@ -218,6 +309,9 @@ class OrtCudaRunner:
 
     def close(self) -> None:
         self.session = None
+        if self._plain is not None:
+            self._plain.close()
+            self._plain = None
         self._free()
         stream = getattr(self, "stream", None)
         if stream is not None:

@@ -48,11 +48,16 @@ class _Logits(torch.nn.Module):
         return self.model(pixel_values=pixel_values).logits
 
 
-def bert(out: str) -> None:
-    """BERT encoder, int64 token inputs; batch and sequence dims symbolic and shared by all three inputs."""
+def bert_model() -> torch.nn.Module:
+    """BERT-Tiny's encoder with the corpus's random weights (torch seeded first), as exported."""
     from transformers import BertConfig, BertModel
 
-    model = _Bert(BertModel(BertConfig(**BERT))).eval()
+    return _Bert(BertModel(BertConfig(**BERT))).eval()
+
+
+def bert(out: str) -> None:
+    """BERT encoder, int64 token inputs; batch and sequence dims symbolic and shared by all three inputs."""
+    model = bert_model()
     ids = torch.randint(0, BERT["vocab_size"], (2, 16), dtype=torch.int64)
     args = (ids, torch.ones_like(ids), torch.zeros_like(ids))
     batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("sequence", max=BERT["max_position_embeddings"])
@@ -70,8 +75,8 @@ def bert(out: str) -> None:
     )
 
 
-def mobilenet_v2(out: str) -> None:
-    """MobileNetV2 1.0/224 image classifier (TF "SAME" padding, ReLU6) with a dynamic batch."""
+def mobilenet_v2_model() -> torch.nn.Module:
+    """MobileNetV2 1.0/224 with the corpus's random weights (torch seeded first), as exported."""
     from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
 
     model = _Logits(MobileNetV2ForImageClassification(MobileNetV2Config(**MOBILENET_V2))).eval()
@@ -82,6 +87,12 @@ def mobilenet_v2(out: str) -> None:
             torch.nn.init.kaiming_normal_(module.weight, mode="fan_in")
         elif isinstance(module, torch.nn.Linear):
             torch.nn.init.normal_(module.weight, 0, 0.01)
+    return model
+
+
+def mobilenet_v2(out: str) -> None:
+    """MobileNetV2 1.0/224 image classifier (TF "SAME" padding, ReLU6) with a dynamic batch."""
+    model = mobilenet_v2_model()
     x = torch.rand(2, 3, 224, 224)
     # opset 18, torch's own: converting this graph down to 17 fails ("No Adapter To Version $17 for Pad").
     torch.onnx.export(

@@ -29,6 +29,7 @@ FACTS = EngineDescriptor(
     sha256="ab" * 32,
     device_memory_bytes=4096,
     profiles=[{"input": {"min": [1, 3], "opt": [4, 3], "max": [8, 3]}}],
+    run_options={"prefer_nhwc": "1"},
 )
 
 
@@ -43,7 +44,7 @@ def test_every_fact_is_in_the_answer_and_required_unless_it_may_be_unknown():
     schema = EngineOut.model_json_schema()
     assert set(ENGINE_FACTS) <= set(schema["properties"])
     optional = {f.name for f in fields(EngineDescriptor) if f.metadata.get("optional")}
-    assert optional == {"device_memory_bytes", "profiles"}
+    assert optional == {"device_memory_bytes", "profiles", "run_options"}
     assert set(ENGINE_FACTS) - optional <= set(schema["required"])
     assert not optional & set(schema["required"])
 

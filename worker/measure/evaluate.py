@@ -29,6 +29,7 @@ from enginefarm.measure import check
 from enginefarm.measure.check import Reference
 from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.modules import load_module
+from enginefarm.measure.ort_cuda_runner import SessionChoice
 from enginefarm.measure.ort_runner import OrtRunner
 from worker.measure import int8_vs_fp32
 
@@ -53,14 +54,20 @@ class Device:
 
 
 def make_runner(
-    backend: str, engine_path: Path, spec: BuildSpec, gpu: dict | None, target: Target | None = None
+    backend: str,
+    engine_path: Path,
+    spec: BuildSpec,
+    gpu: dict | None,
+    target: Target | None = None,
+    choice: SessionChoice | None = None,
 ) -> tuple[Runner, Device]:
     """The runner for an engine of this backend (and target) on this worker, and the device it runs on. ``gpu``:
-    the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer."""
+    the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer. ``choice``: an
+    ``onnxruntime/cuda`` artifact's provider options (worker/measure/sessions.py)."""
     if target and target.is_ort_cuda:
         from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
 
-        cuda = OrtCudaRunner(engine_path, tf32=spec.tf32)
+        cuda = OrtCudaRunner(engine_path, tf32=spec.tf32, choice=choice or SessionChoice())
         return cuda, Device(cuda.label, cuda.gpu_name, cuda.compute_capability)
     if backend == Backend.ONNXRUNTIME.value:
         runner = OrtRunner(engine_path, spec.benchmark.threads)
@@ -90,6 +97,8 @@ class Evaluation:
     gpu_name: str | None = None
     compute_capability: str | None = None
     errors: list[str] = field(default_factory=list)  # what could not be measured, and why
+    # An onnxruntime/cuda artifact's provider options kept by the session sweep (None: no sweep ran).
+    run_options: dict[str, str] | None = None
 
 
 def reference_session(model_path: Path):
@@ -151,7 +160,11 @@ def compare(runner: Runner, inputs: Reference, limits: dict) -> dict:
 def check_accuracy(
     runner: Runner, reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
 ) -> dict:
-    inputs = accuracy_inputs(reference_model, spec, info, samples)
+    return judge_on(runner, accuracy_inputs(reference_model, spec, info, samples), spec)
+
+
+def judge_on(runner: Runner, inputs: Reference, spec: BuildSpec) -> dict:
+    """The check's verdict on the engine's outputs for ``inputs`` (computed once per stage)."""
     try:
         return check.verdict(runner, inputs, spec.accuracy.limits(spec.precision.value), spec.precision.value)
     except ValueError as exc:
@@ -172,12 +185,31 @@ def evaluate(
     """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result.
     A shape that fails to run is recorded in ``errors`` with the reason, and the accuracy check still runs:
     one failure never hides the other figures. ``reraise``: exceptions that must end the stage (time limits)."""
-    runner, device = make_runner(backend, engine_path, spec, gpu, target)
+    reference, reference_error = None, None
+    if spec.accuracy.enabled:
+        try:
+            reference = accuracy_inputs(reference_model, spec, info, samples)
+        except reraise:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the reference model does not run: reported with the figures
+            reference_error = f"accuracy check did not run: {_reason(exc)}"
+    swept = None
+    if target and target.is_ort_cuda and spec.benchmark.enabled:
+        from worker.measure import sessions
+
+        opt = opt_shape_set(spec, info)
+        swept = sessions.sweep(engine_path, spec, _timing_inputs(spec, info, opt, samples)[0], reference, reraise)
+    runner, device = make_runner(backend, engine_path, spec, gpu, target, swept.chosen if swept else None)
     try:
         out = Evaluation(device=device.label, gpu_name=device.gpu_name, compute_capability=device.compute_capability)
+        if swept is not None:
+            out.run_options = swept.chosen.provider_options()
         if spec.benchmark.enabled:
+            opt_key = opt_shape_set(spec, info).key
             for shape in shape_sets(spec, info):
                 _benchmark_shape(runner, device, backend, spec, info, shape, samples, out, reraise)
+                if swept is not None and out.benchmarks and out.benchmarks[-1].shape.key == shape.key == opt_key:
+                    out.benchmarks[-1].stats["sessions"] = swept.record()
             if int8_vs_fp32.applies(backend, spec):  # an int8 CPU artifact is timed against its fp32 sibling
                 int8_vs_fp32.compare(
                     runner,
@@ -189,9 +221,11 @@ def evaluate(
                     out.benchmarks,
                     reraise,
                 )
-        if spec.accuracy.enabled:
+        if reference_error:
+            out.errors.append(reference_error)
+        if reference is not None:
             try:
-                out.accuracy = check_accuracy(runner, reference_model, spec, info, samples)
+                out.accuracy = judge_on(runner, reference, spec)
             except reraise:
                 raise
             except Exception as exc:  # noqa: BLE001 - the runner's own error types; all mean "did not run"
@@ -212,10 +246,7 @@ def _benchmark_shape(
     out: Evaluation,
     reraise: tuple[type[BaseException], ...],
 ) -> None:
-    inputs, origin = timing_inputs(
-        info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed, spec.benchmark.value_ranges
-    )
-    inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}  # constants inside the engine
+    inputs, origin = _timing_inputs(spec, info, shape, samples)
     try:
         measured = runner.benchmark(inputs, spec.benchmark)
     except reraise:
@@ -238,6 +269,16 @@ def _benchmark_shape(
     out.device_memory_bytes = max(
         filter(None, (stats.get("device_memory_bytes"), out.device_memory_bytes)), default=None
     )
+
+
+def _timing_inputs(
+    spec: BuildSpec, info: ModelInfo, shape: ShapeSet, samples: dict[str, np.ndarray] | None
+) -> tuple[dict[str, np.ndarray], str]:
+    """What the benchmark feeds at ``shape``, and where it came from (fixed inputs are constants in the engine)."""
+    inputs, origin = timing_inputs(
+        info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed, spec.benchmark.value_ranges
+    )
+    return {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}, origin
 
 
 def _shapes_text(shape: ShapeSet) -> str:
