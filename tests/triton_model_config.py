@@ -87,6 +87,21 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     _field(batching, "preferred_batch_size", 1, F.TYPE_INT32, repeated=True)
     _field(batching, "max_queue_delay_microseconds", 2, F.TYPE_UINT64)
 
+    policy = fd.message_type.add(name="ModelOptimizationPolicy")
+    accelerators = policy.nested_type.add(name="ExecutionAccelerators")
+    accelerator = accelerators.nested_type.add(name="Accelerator")
+    param = accelerator.nested_type.add(name="ParametersEntry")
+    param.options.map_entry = True
+    _field(param, "key", 1, F.TYPE_STRING)
+    _field(param, "value", 2, F.TYPE_STRING)
+    _field(accelerator, "name", 1, F.TYPE_STRING)
+    accel = ".inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator"
+    _field(accelerator, "parameters", 2, F.TYPE_MESSAGE, accel + ".ParametersEntry", repeated=True)
+    _field(accelerators, "gpu_execution_accelerator", 1, F.TYPE_MESSAGE, accel, repeated=True)
+    _field(accelerators, "cpu_execution_accelerator", 2, F.TYPE_MESSAGE, accel, repeated=True)
+    accels = ".inference.ModelOptimizationPolicy.ExecutionAccelerators"
+    _field(policy, "execution_accelerators", 4, F.TYPE_MESSAGE, accels)
+
     config = fd.message_type.add(name="ModelConfig")
     entry = config.nested_type.add(name="CcModelFilenamesEntry")
     entry.options.map_entry = True
@@ -103,6 +118,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
         config, "cc_model_filenames", 9, F.TYPE_MESSAGE, ".inference.ModelConfig.CcModelFilenamesEntry", repeated=True
     )
     _field(config, "dynamic_batching", 11, F.TYPE_MESSAGE, ".inference.ModelDynamicBatching")
+    _field(config, "optimization", 12, F.TYPE_MESSAGE, ".inference.ModelOptimizationPolicy")
     return fd
 
 

@@ -11,6 +11,7 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
+from enginefarm.client.artifacts import session_file
 from enginefarm.client.report import profiles_label
 from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
 from enginefarm.core.machine import Machine
@@ -290,6 +291,9 @@ def _print_answer(answer: dict[str, Any], output: Path | None, from_cache: bool,
         f"{where}engine {eng.get('id')} ({eng['target']}, {answer['match']}): {answer['reason']}; {digest}",
         highlight=False,
     )
+    if output and (side := session_file(output)).is_file() and eng.get("run_options"):
+        options = ", ".join(f"{k}={v}" for k, v in sorted(eng["run_options"].items()))
+        console.print(f"{side}: load it with the CUDA provider options {options} (measured fastest)", highlight=False)
 
 
 @export_app.command("triton")

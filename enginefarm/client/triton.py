@@ -1,8 +1,10 @@
 """Lay out a Triton Inference Server model repository from catalog data.
 
-Two models per catalog model: ``<name>`` (platform ``tensorrt_plan``, one plan per compute
-capability via ``cc_model_filenames``) and ``<name>_onnx`` (platform ``onnxruntime_onnx`` on CPU,
-the fallback). ``config.pbtxt`` is rendered by hand in protobuf text format. Which engines go in it, as a farm
+Up to three models per catalog model: ``<name>`` (platform ``tensorrt_plan``, one plan per compute
+capability via ``cc_model_filenames``), ``<name>_ort_gpu`` (platform ``onnxruntime_onnx`` on GPU: the farm's
+``onnxruntime/cuda`` artifacts, one per compute capability, with the CUDA provider options their GPU worker measured
+fastest as the ``cuda`` execution accelerator's parameters) and ``<name>_onnx`` (platform ``onnxruntime_onnx`` on
+CPU, the fallback). ``config.pbtxt`` is rendered by hand in protobuf text format. Which engines go in it, as a farm
 resolves them, is ``enginefarm.client.tritonexport``.
 """
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginefarm.client.artifacts import RUN_OPTION_KEYS
 from enginefarm.client.safepaths import check_name, in_folder
 from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
 from enginefarm.core.domain import cc_tuple
@@ -186,10 +189,14 @@ def render_config(
     platform: str,
     cc_model_filenames: Mapping[str, str] | None = None,
     default_model_filename: str | None = None,
+    cuda_options: Mapping[str, str] | None = None,
 ) -> str:
-    """``config.pbtxt`` text for ``platform`` ``tensorrt_plan`` (KIND_GPU) or ``onnxruntime_onnx`` (KIND_CPU)."""
+    """``config.pbtxt`` text for ``platform`` ``tensorrt_plan`` (KIND_GPU) or ``onnxruntime_onnx`` (KIND_CPU; with
+    ``cuda_options``, KIND_GPU and those options as the ``cuda`` execution accelerator's parameters, which Triton's
+    ONNX Runtime backend hands to the CUDA provider)."""
     if platform not in _KIND_OF_PLATFORM:
         raise ValueError(f"platform {platform!r} is not one of {sorted(_KIND_OF_PLATFORM)}")
+    instance_kind = "KIND_GPU" if cuda_options is not None else _KIND_OF_PLATFORM[platform]
     max_batch, preferred, _ = batching(model, spec)
     lines = [f"name: {_quote(name)}", f"platform: {_quote(platform)}", f"max_batch_size: {max_batch}"]
     fixed = fixed_dims(model, spec)
@@ -198,13 +205,31 @@ def render_config(
             lines += _tensor_block(kind, model[f"{kind}s"], drop_batch=max_batch > 0, fixed=fixed)
     if preferred:
         lines.append(f"dynamic_batching {{ preferred_batch_size: [ {', '.join(map(str, preferred))} ] }}")
-    lines.append(f"instance_group [ {{ kind: {_KIND_OF_PLATFORM[platform]} count: 1 }} ]")
+    lines.append(f"instance_group [ {{ kind: {instance_kind} count: 1 }} ]")
+    if cuda_options:
+        params = " ".join(
+            f"parameters {{ key: {_quote(k)} value: {_quote(v)} }}" for k, v in sorted(cuda_options.items())
+        )
+        accelerator = f'gpu_execution_accelerator: [ {{ name: "cuda" {params} }} ]'
+        lines.append(f"optimization {{ execution_accelerators {{ {accelerator} }} }}")
     if default_model_filename:
         lines.append(f"default_model_filename: {_quote(default_model_filename)}")
     filenames = cc_model_filenames or {}
     for cc in sorted(filenames, key=cc_tuple):
         lines.append(f"cc_model_filenames {{ key: {_quote(cc)} value: {_quote(filenames[cc])} }}")
     return "\n".join(lines) + "\n"
+
+
+def ort_gpu_options(engines: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The CUDA provider options every one of ``engines`` was measured fastest with (one config serves all their
+    files); an option they disagree on is left at the provider's default."""
+    options = [
+        {k: v for k, v in (e.get("run_options") or {}).items() if k in RUN_OPTION_KEYS and v in ("0", "1")}
+        for e in engines
+    ]
+    if not options:
+        return {}
+    return {k: v for k, v in options[0].items() if all(o.get(k) == v for o in options[1:])}
 
 
 def _check_onnx_member(root: Path, member: str) -> None:
@@ -231,6 +256,7 @@ def write_repository(
     version: int = 1,
     name: str | None = None,
     overwrite: bool = False,
+    ort_gpu: Mapping[str, tuple[Mapping[str, Any], Path]] | None = None,
 ) -> TritonRepository:
     """Write ``<out>/<name>`` (TensorRT plans) and ``<out>/<name>_onnx`` (ONNX Runtime on CPU).
 
@@ -241,7 +267,10 @@ def write_repository(
     built on (``plan_layout``); otherwise there is none, and a warning says which GPUs the model loads on.
     ``onnx_source`` is the ``.onnx`` file, or with ``onnx_member`` the unpacked bundle directory and
     the ``.onnx`` path inside it (the whole tree is copied, keeping external data beside the graph).
-    An empty ``engines`` or a None ``onnx_source`` leaves that model out. Models are staged in a
+    An empty ``engines`` or a None ``onnx_source`` leaves that model out. ``ort_gpu`` maps a compute capability to an
+    ``onnxruntime/cuda`` artifact and its file, written to ``<name>_ort_gpu`` as ``model_sm90.onnx`` and so on (the
+    newest also the default: the graph runs on any GPU the provider supports), with the provider options every one
+    of them was measured fastest with (``ort_gpu_options``). Models are staged in a
     temporary directory beside ``out`` (inside it when its parent is not writable) and renamed into
     place; an existing model directory raises ``FileExistsError`` unless ``overwrite``.
     """
@@ -252,8 +281,14 @@ def write_repository(
             f"model name {name!r} may hold only ASCII letters, digits, '_', '-' and '.', and not start with '.'"
         )
     base = name if name is not None else sanitize_model_name(model["name"])
-    if not engines and onnx_source is None:
+    ort_gpu = dict(ort_gpu or {})
+    if not engines and onnx_source is None and not ort_gpu:
         raise ValueError("nothing to write: no engines and no ONNX model")
+    for cc, (engine, path) in ort_gpu.items():
+        if not _CC.match(cc) or not str(engine.get("target", "")).startswith("onnxruntime/cuda-"):
+            raise ValueError(f"engine {engine.get('id')} for {cc} is not an onnxruntime/cuda artifact")
+        if not Path(path).is_file():
+            raise ValueError(f"engine file {path} for {cc} does not exist")
     for cc, (engine, path) in engines.items():
         if not _CC.match(cc):
             raise ValueError(f"compute capability {cc!r} must be written MAJOR.MINOR, for example 8.6")
@@ -279,6 +314,19 @@ def write_repository(
         )
         copies = {check_name(files[cc]): Path(path) for cc, (_, path) in engines.items()}
         staged[base] = (text, [(path, filename) for filename, path in copies.items()])
+    if ort_gpu:
+        ccs = sorted(ort_gpu, key=cc_tuple)
+        files = {cc: f"model_sm{cc.replace('.', '')}.onnx" for cc in ccs}
+        text = render_config(
+            model,
+            spec,
+            name=f"{base}_ort_gpu",
+            platform="onnxruntime_onnx",
+            cc_model_filenames=files,
+            default_model_filename=files[ccs[-1]],
+            cuda_options=ort_gpu_options([e for e, _ in ort_gpu.values()]),
+        )
+        staged[f"{base}_ort_gpu"] = (text, [(Path(ort_gpu[cc][1]), check_name(files[cc])) for cc in ccs])
     if onnx_source is not None:
         member = onnx_member if onnx_member is not None else "model.onnx"
         text = render_config(

@@ -63,7 +63,8 @@ def export_from_farm(
     overwrite: bool = False,
 ) -> TritonRepository:
     """Write a Triton repository for a catalogued model: one plan per compute capability (downloaded through the
-    engine cache, verified) and its ONNX file as the CPU fallback.
+    engine cache, verified), the farm's onnxruntime/cuda artifacts with the provider options measured fastest for
+    them, and its ONNX file as the CPU fallback.
 
     Each plan is the engine the farm's resolution picks for a GPU of that compute capability (the same
     ``/v1/resolve`` that ``enginefarm fetch`` asks, with the same filters), among full TensorRT engines first and
@@ -108,10 +109,37 @@ def export_from_farm(
             if answer is not None:
                 chosen[cc] = answer["engine"]
                 break
-    for engine in chosen.values():
+    # The farm's onnxruntime/cuda artifacts, one per compute capability it built them on, as resolve hands them to a
+    # GPU of that capability whose ONNX Runtime has its CUDA provider.
+    ort_ccs = sorted(
+        {
+            e["compute_capability"]
+            for e in listed
+            if str(e["target"]).startswith("onnxruntime/cuda-")
+            and e["compute_capability"]
+            and model["version"] in (e["model_version"], e.get("variant_of"))
+        },
+        key=cc_tuple,
+    )
+    ort_chosen: dict[str, Mapping[str, Any]] = {}
+    for cc in ort_ccs if backend in (None, "onnxruntime") else []:
+        answer = _resolve_or_none(
+            client,
+            model_name,
+            Machine(compute_capability=cc, ort_cuda=True),
+            version=model["version"],
+            spec_hash=spec_hash,
+            precision=precision,
+            backend="onnxruntime",
+            accept=accept,
+        )
+        if answer is not None and str(answer["engine"]["target"]).startswith("onnxruntime/cuda-"):
+            ort_chosen[cc] = answer["engine"]
+    for engine in [*chosen.values(), *ort_chosen.values()]:
         _check_quantized(client, engine, accept or [])
     spec, warnings = config_spec(model, list(chosen.values()))
     files = {cc: (e, client.cached(e, cache)[0]) for cc, e in chosen.items()}
+    ort_files = {cc: (e, client.cached(e, cache)[0]) for cc, e in ort_chosen.items()}
     with tempfile.TemporaryDirectory(prefix="enginefarm-export-") as tmp:
         upload = in_folder(tmp, scratch_name)
         client.download_model(model["id"], upload, model["sha256"], size=size_of(model))
@@ -121,7 +149,16 @@ def export_from_farm(
             onnx_path = unpack_bundle(upload, model["format"], bundle, BundleLimits())
             upload, member = bundle, onnx_path.relative_to(bundle).as_posix()
         repo = write_repository(
-            out, model, spec, files, upload, onnx_member=member, version=triton_version, name=name, overwrite=overwrite
+            out,
+            model,
+            spec,
+            files,
+            upload,
+            onnx_member=member,
+            version=triton_version,
+            name=name,
+            overwrite=overwrite,
+            ort_gpu=ort_files,
         )
     repo.warnings += warnings
     return repo

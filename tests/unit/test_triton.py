@@ -168,6 +168,38 @@ def test_static_model_layout_and_config(tmp_path: Path) -> None:
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".repo.staging-")]
 
 
+def test_the_farms_cuda_artifacts_go_on_the_gpu_with_the_options_measured_fastest(tmp_path: Path) -> None:
+    model, onnx_path = model_of(conv_net(dynamic_batch=False), tmp_path, "resnet")
+    artifacts = {}
+    for cc, options in (("8.6", {"prefer_nhwc": "1", "enable_cuda_graph": "1"}), ("9.0", {"prefer_nhwc": "1"})):
+        path = tmp_path / "downloads" / f"cuda-{cc}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(f"graph for {cc}".encode())
+        record = {**engine(cc, "onnxruntime", "fp16"), "run_options": {**options, "gpu_mem_limit": "1"}}
+        record["target"] = f"onnxruntime/cuda-sm{cc.replace('.', '')}"
+        artifacts[cc] = (record, path)
+    repo = tmp_path / "repo"
+    result = write_repository(repo, model, {"profiles": []}, {}, onnx_path, ort_gpu=artifacts)
+    assert result.models == ["resnet_ort_gpu", "resnet_onnx"]
+    cfg = load_config(repo / "resnet_ort_gpu")
+    assert cfg.platform == "onnxruntime_onnx" and [(g.kind, g.count) for g in cfg.instance_group] == [(GPU, 1)]
+    assert dict(cfg.cc_model_filenames) == {"8.6": "model_sm86.onnx", "9.0": "model_sm90.onnx"}
+    assert cfg.default_model_filename == "model_sm90.onnx"
+    (accelerator,) = cfg.optimization.execution_accelerators.gpu_execution_accelerator
+    # Only what both were measured fastest with, and only options the farm chooses.
+    assert accelerator.name == "cuda" and dict(accelerator.parameters) == {"prefer_nhwc": "1"}
+    for cc, filename in cfg.cc_model_filenames.items():
+        assert (repo / "resnet_ort_gpu" / "1" / filename).read_bytes() == artifacts[cc][1].read_bytes()
+    assert not load_config(repo / "resnet_onnx").HasField("optimization")
+
+
+def test_a_plan_is_not_taken_for_a_cuda_artifact(tmp_path: Path) -> None:
+    model, onnx_path = model_of(conv_net(dynamic_batch=False), tmp_path, "resnet")
+    with pytest.raises(ValueError, match="not an onnxruntime/cuda artifact"):
+        write_repository(tmp_path / "repo", model, {}, {}, onnx_path, ort_gpu=plans(tmp_path, "8.6"))
+    assert not (tmp_path / "repo").exists()
+
+
 def test_dynamic_batch_drops_batch_axis(tmp_path: Path) -> None:
     model, onnx_path = model_of(conv_net(dynamic_batch=True), tmp_path)
     result = write_repository(tmp_path / "repo", model, sample_spec(batch=(1, 4, 8)), plans(tmp_path, "8.6"), onnx_path)
@@ -508,8 +540,16 @@ def test_definition_numbers_and_map() -> None:
         "default_model_filename": 8,
         "cc_model_filenames": 9,
         "dynamic_batching": 11,
+        "optimization": 12,
     }
     fields = ModelConfig.DESCRIPTOR.fields_by_name
+    # model_config.proto: ModelOptimizationPolicy.execution_accelerators = 4, its gpu_execution_accelerator = 1,
+    # an Accelerator's name = 1 and parameters = 2.
+    accelerators = fields["optimization"].message_type.fields_by_name["execution_accelerators"]
+    assert accelerators.number == 4
+    accelerator = accelerators.message_type.fields_by_name["gpu_execution_accelerator"]
+    assert accelerator.number == 1
+    assert {f.name: f.number for f in accelerator.message_type.fields} == {"name": 1, "parameters": 2}
     assert {f.name: f.number for f in fields["input"].message_type.fields} == {
         "name": 1,
         "data_type": 2,
