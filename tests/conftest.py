@@ -26,7 +26,8 @@ pytest_plugins = ["tests.gpumark"]
 # Another checkout's suite may run on this machine at the same time: each names its own Redis db. So does each
 # pytest-xdist worker of one suite (`make test` runs the e2e tier on two, a module whole on one of them).
 # Redis dbs of the suite: 7 the soak's smoke, 8 the build-priority farm, 9 the race farm, 10 the fault farm, 11 the
-# session farm (13 on the second worker), 12 and 14 the benches' smokes.
+# session farm (13 on the second worker), and the benches' smokes: 4 bench/load.py, 12 bench/e2e.py, 14 bench/edge.py,
+# 15 bench/fleet.py (tests/e2e/test_bench_smoke.py holds them apart from the session farms').
 XDIST_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 REDIS_DB = int(os.environ.get("ENGINEFARM_TEST_REDIS_DB", "11")) + 2 * XDIST_WORKER
 PG_DB = os.environ.get("ENGINEFARM_TEST_PG_DB", "enginefarm_test")  # a prefix: scratch_postgres adds a random part

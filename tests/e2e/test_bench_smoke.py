@@ -4,6 +4,7 @@ bench/gpu_timing.py, which needs an NVIDIA GPU (docs/gpu-timing.md has its runs 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,21 @@ def test_bench_smoke(script, says, tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert says in done.stdout, done.stdout[-3000:]
     print(done.stdout[-1500:])
+
+
+def test_no_bench_shares_a_redis_db_with_a_session_farm():
+    """A bench smoke that flushed a session farm's Redis db (bench/load.py used 13, the second worker's) lost that
+    farm's queued builds, which waited for the reconciler: the load smoke took 299 s in a run where alone it took 44."""
+    import re
+
+    from tests.conftest import REDIS_DB
+
+    session_dbs = {REDIS_DB - 2 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0) + 2 * w
+                   for w in range(2)}  # fmt: skip
+    used = {}
+    for script in sorted((ROOT / "bench").glob("*.py")):
+        for m in re.finditer(r'REDIS_DB", "(\d+)"\)|^REDIS_DB = (\d+)$', script.read_text(), re.M):
+            used[script.name] = int(m.group(1) or m.group(2))
+    assert used, "no bench names its Redis db"
+    clashes = {name: db for name, db in used.items() if db in session_dbs}
+    assert not clashes, f"benches on a session farm's Redis db {sorted(session_dbs)}: {clashes}"
