@@ -257,6 +257,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
         spec = task.build_spec.model_copy(update={"precision": Precision(engine.precision)})
         info = ModelInfo.from_dict(reference.info)
         engine_fields = (engine.id, engine.blob_key, engine.sha256, engine.backend)
+        run_options = dict(engine.run_options or {})
         target = task.parsed_target
         ref_fields = (reference.blob_key, reference.sha256, reference.format)
         samples_fields = (reference.samples_key, reference.samples_sha256)
@@ -280,6 +281,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
                 _gpu(probe),
                 target=target,
                 reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE),
+                run_options=run_options,
             )
         except BuildFailed as exc:  # the engine does not load here: it must never be handed out as unchecked
             in_transaction(

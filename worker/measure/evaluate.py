@@ -181,10 +181,13 @@ def evaluate(
     gpu: dict | None = None,
     reraise: tuple[type[BaseException], ...] = (),
     target: Target | None = None,
+    run_options: dict[str, str] | None = None,
 ) -> Evaluation:
     """Benchmark the engine at every shape set, then run the accuracy check; the caller stores the result.
     A shape that fails to run is recorded in ``errors`` with the reason, and the accuracy check still runs:
-    one failure never hides the other figures. ``reraise``: exceptions that must end the stage (time limits)."""
+    one failure never hides the other figures. ``reraise``: exceptions that must end the stage (time limits).
+    An ``onnxruntime/cuda`` artifact measured at its opt shape gets the session sweep first (worker/measure/
+    sessions.py); measured only at other shapes, it runs with the options it was kept with (``run_options``)."""
     reference, reference_error = None, None
     if spec.accuracy.enabled:
         try:
@@ -194,21 +197,21 @@ def evaluate(
         except Exception as exc:  # noqa: BLE001 - the reference model does not run: reported with the figures
             reference_error = f"accuracy check did not run: {_reason(exc)}"
     swept = None
-    if target and target.is_ort_cuda and spec.benchmark.enabled:
+    opt = opt_shape_set(spec, info)
+    if target and target.is_ort_cuda and spec.benchmark.enabled and opt.key in {s.key for s in shape_sets(spec, info)}:
         from worker.measure import sessions
 
-        opt = opt_shape_set(spec, info)
         swept = sessions.sweep(engine_path, spec, _timing_inputs(spec, info, opt, samples)[0], reference, reraise)
-    runner, device = make_runner(backend, engine_path, spec, gpu, target, swept.chosen if swept else None)
+    choice = swept.chosen if swept else SessionChoice.of(run_options)
+    runner, device = make_runner(backend, engine_path, spec, gpu, target, choice)
     try:
         out = Evaluation(device=device.label, gpu_name=device.gpu_name, compute_capability=device.compute_capability)
         if swept is not None:
             out.run_options = swept.chosen.provider_options()
         if spec.benchmark.enabled:
-            opt_key = opt_shape_set(spec, info).key
             for shape in shape_sets(spec, info):
                 _benchmark_shape(runner, device, backend, spec, info, shape, samples, out, reraise)
-                if swept is not None and out.benchmarks and out.benchmarks[-1].shape.key == shape.key == opt_key:
+                if swept is not None and out.benchmarks and out.benchmarks[-1].shape.key == shape.key == opt.key:
                     out.benchmarks[-1].stats["sessions"] = swept.record()
             if int8_vs_fp32.applies(backend, spec):  # an int8 CPU artifact is timed against its fp32 sibling
                 int8_vs_fp32.compare(
