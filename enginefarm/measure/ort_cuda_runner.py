@@ -231,15 +231,20 @@ class OrtCudaRunner:
                 host.array[...] = value
                 binding.bind_input(name, "cuda", idx, value.dtype, list(value.shape), dev.ptr)
                 pairs_in.append((dev, host))
-            # One run with outputs on the device, allocated by ONNX Runtime, tells their shapes; then they are bound
-            # to buffers of ours, so every timed run writes to the same addresses the copies read from.
+            # The outputs' shapes, then buffers of ours bound to them, so every timed run writes to the addresses the
+            # copies read from. A graph session captures in its first runs, so they must already have our buffers:
+            # its shapes come from a plain run of the same kernels.
             for dev, host in pairs_in:
                 cu("cuMemcpyHtoD", dev.ptr, host.ptr, host.nbytes)
-            for name in self.outputs:
-                binding.bind_output(name, "cuda", idx)
-            self.session.run_with_iobinding(binding)
-            shapes = [(v.shape(), numpy_dtype(v.data_type())) for v in binding.get_outputs()]
-            binding.clear_binding_outputs()
+            if self.choice.cuda_graph:
+                plain = self.infer(inputs)
+                shapes = [(list(plain[n].shape), np.dtype(plain[n].dtype)) for n in self.outputs]
+            else:  # one run with outputs on the device, allocated by ONNX Runtime
+                for name in self.outputs:
+                    binding.bind_output(name, "cuda", idx)
+                self.session.run_with_iobinding(binding)
+                shapes = [(v.shape(), numpy_dtype(v.data_type())) for v in binding.get_outputs()]
+                binding.clear_binding_outputs()
             for name, (shape, dtype) in zip(self.outputs, shapes):
                 host = self._keep(PinnedArray(shape, dtype))
                 dev = self._keep(DeviceBuffer(host.nbytes))
