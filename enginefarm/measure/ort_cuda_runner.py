@@ -239,6 +239,7 @@ class OrtCudaRunner:
             if self.choice.cuda_graph:
                 plain = self.infer(inputs)
                 shapes = [(list(plain[n].shape), np.dtype(plain[n].dtype)) for n in self.outputs]
+                self._close_plain()  # its weights and arena are no part of this session's memory figure
             else:  # one run with outputs on the device, allocated by ONNX Runtime
                 for name in self.outputs:
                     binding.bind_output(name, "cuda", idx)
@@ -293,6 +294,7 @@ class OrtCudaRunner:
         """The largest difference between what the last replay of the graph wrote and a plain run of the same
         inputs: a graph that replays stale addresses, or never ran, shows here. BuildFailed past 1e-2."""
         plain = self.infer(inputs)
+        self._close_plain()
         worst = 0.0
         for name, (host, _dev) in zip(self.outputs, outputs):
             got, want = host.array.astype(np.float64), np.asarray(plain[name], dtype=np.float64)
@@ -312,11 +314,14 @@ class OrtCudaRunner:
         while self._buffers:
             self._buffers.pop().close()
 
-    def close(self) -> None:
-        self.session = None
+    def _close_plain(self) -> None:
         if self._plain is not None:
             self._plain.close()
             self._plain = None
+
+    def close(self) -> None:
+        self.session = None
+        self._close_plain()
         self._free()
         stream = getattr(self, "stream", None)
         if stream is not None:
