@@ -52,6 +52,14 @@ def _field(
         f.type_name = type_name
 
 
+def _string_map(parent: descriptor_pb2.DescriptorProto, entry_name: str) -> None:
+    """A ``map<string, string>``'s entry type, nested in ``parent``."""
+    entry = parent.nested_type.add(name=entry_name)
+    entry.options.map_entry = True
+    _field(entry, "key", 1, F.TYPE_STRING)
+    _field(entry, "value", 2, F.TYPE_STRING)
+
+
 def _file() -> descriptor_pb2.FileDescriptorProto:
     fd = descriptor_pb2.FileDescriptorProto(
         name="enginefarm_tests/triton_model_config.proto", package=PACKAGE, syntax="proto3"
@@ -90,10 +98,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     policy = fd.message_type.add(name="ModelOptimizationPolicy")
     accelerators = policy.nested_type.add(name="ExecutionAccelerators")
     accelerator = accelerators.nested_type.add(name="Accelerator")
-    param = accelerator.nested_type.add(name="ParametersEntry")
-    param.options.map_entry = True
-    _field(param, "key", 1, F.TYPE_STRING)
-    _field(param, "value", 2, F.TYPE_STRING)
+    _string_map(accelerator, "ParametersEntry")
     _field(accelerator, "name", 1, F.TYPE_STRING)
     accel = ".inference.ModelOptimizationPolicy.ExecutionAccelerators.Accelerator"
     _field(accelerator, "parameters", 2, F.TYPE_MESSAGE, accel + ".ParametersEntry", repeated=True)
@@ -103,10 +108,7 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     _field(policy, "execution_accelerators", 4, F.TYPE_MESSAGE, accels)
 
     config = fd.message_type.add(name="ModelConfig")
-    entry = config.nested_type.add(name="CcModelFilenamesEntry")
-    entry.options.map_entry = True
-    _field(entry, "key", 1, F.TYPE_STRING)
-    _field(entry, "value", 2, F.TYPE_STRING)
+    _string_map(config, "CcModelFilenamesEntry")
     _field(config, "name", 1, F.TYPE_STRING)
     _field(config, "platform", 2, F.TYPE_STRING)
     _field(config, "max_batch_size", 4, F.TYPE_INT32)

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 from enginefarm.client.cache import EngineCache
 from enginefarm.client.safepaths import in_folder, inside, safe_name, write_text
 from enginefarm.core.errors import IntegrityError, WrongArtifact
+from enginefarm.core.ortcuda import known_run_options
 
 ONNX, PLAN = "onnx", "plan"
 # What each backend's artifact is.
@@ -161,8 +162,6 @@ def place_cached(cache: EngineCache, engine: dict[str, Any], dest: Path | str | 
 # fastest among those that pass its check (EngineDescriptor.run_options).
 SESSION_FILE_SUFFIX = ".session.json"
 SESSION_FORMAT = "enginefarm-session/1"
-# The provider options an engine's record may carry (any other key is not written).
-RUN_OPTION_KEYS = frozenset({"prefer_nhwc", "enable_cuda_graph"})
 
 
 def session_file(path: Path | str) -> Path:
@@ -176,8 +175,7 @@ def write_session_file(engine: dict[str, Any], path: Path | str) -> Path | None:
     ``onnxruntime/cuda`` artifact. Its name comes from ``path``, never from the answer; only known options with the
     values "0" or "1" are written. Returns the file written, or None."""
     side = session_file(path)
-    options = engine.get("run_options") or {}
-    kept = {k: v for k, v in options.items() if k in RUN_OPTION_KEYS and v in ("0", "1")}
+    kept = known_run_options(engine.get("run_options"))
     if not str(engine.get("target") or "").startswith("onnxruntime/cuda-") or not kept:
         if side.is_file() and not side.is_symlink():
             side.unlink()

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from enginefarm.client.artifacts import RUN_OPTION_KEYS
 from enginefarm.client.safepaths import check_name, in_folder
 from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
 from enginefarm.core.domain import cc_tuple
+from enginefarm.core.ortcuda import known_run_options
 
 __all__ = [
     "ONNX_TO_TRITON",
@@ -223,10 +223,7 @@ def render_config(
 def ort_gpu_options(engines: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """The CUDA provider options every one of ``engines`` was measured fastest with (one config serves all their
     files); an option they disagree on is left at the provider's default."""
-    options = [
-        {k: v for k, v in (e.get("run_options") or {}).items() if k in RUN_OPTION_KEYS and v in ("0", "1")}
-        for e in engines
-    ]
+    options = [known_run_options(e.get("run_options")) for e in engines]
     if not options:
         return {}
     return {k: v for k, v in options[0].items() if all(o.get(k) == v for o in options[1:])}

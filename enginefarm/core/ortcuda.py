@@ -16,6 +16,16 @@ from pathlib import Path
 ORT_MODULE = "onnxruntime"
 
 ORT_CUDA_PROVIDER = "CUDAExecutionProvider"
+# The provider options the GPU worker chooses by measurement (enginefarm.measure.ort_cuda_runner.SessionChoice) and an
+# engine carries as its ``run_options``: each "0" or "1".
+RUN_OPTION_KEYS = ("prefer_nhwc", "enable_cuda_graph")
+
+
+def known_run_options(options: object) -> dict[str, str]:
+    """Of an engine's ``run_options`` (from a farm's answer: anything), the known keys with "0" or "1" only."""
+    if not isinstance(options, dict):
+        return {}
+    return {k: v for k, v in options.items() if k in RUN_OPTION_KEYS and v in ("0", "1")}
 
 
 def _cudnn_version() -> str | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from enginefarm.core.errors import BuildFailed, TargetUnavailable
-from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER
+from enginefarm.core.ortcuda import ORT_CUDA_PROVIDER, RUN_OPTION_KEYS, known_run_options
 from enginefarm.core.probe.gpus import GpuInfo
 from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.core.stats import Measurement
@@ -78,19 +78,15 @@ class SessionChoice:
 
     def provider_options(self) -> dict[str, str]:
         """What this choice adds to the provider's options (none for the defaults)."""
-        return {
-            **({"prefer_nhwc": "1"} if self.nhwc else {}),
-            **({"enable_cuda_graph": "1"} if self.cuda_graph else {}),
-        }
+        nhwc, graph = RUN_OPTION_KEYS
+        return {**({nhwc: "1"} if self.nhwc else {}), **({graph: "1"} if self.cuda_graph else {})}
 
     @classmethod
     def of(cls, options: Mapping[str, Any] | None) -> SessionChoice:
         """The choice an engine's ``run_options`` record (unknown keys are left to the caller)."""
-        options = options or {}
-        return cls(
-            nhwc=str(options.get("prefer_nhwc", "0")) == "1",
-            cuda_graph=str(options.get("enable_cuda_graph", "0")) == "1",
-        )
+        known = known_run_options(dict(options or {}))
+        nhwc, graph = RUN_OPTION_KEYS
+        return cls(nhwc=known.get(nhwc) == "1", cuda_graph=known.get(graph) == "1")
 
     def plain(self) -> SessionChoice:
         """The same kernels without the graph: what runs one inference on arrays (the accuracy check's feeds)."""

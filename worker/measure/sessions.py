@@ -46,7 +46,7 @@ def sweep(
     """Time each choice at ``inputs`` (the opt shape's), then keep the fastest whose outputs pass the check on
     ``reference`` (None: no check asked for; the fastest that ran is kept)."""
     out = Sweep()
-    timed: list[tuple[float, SessionChoice]] = []
+    timed: list[tuple[float, SessionChoice, dict[str, Any]]] = []
     for choice in SESSION_CHOICES:
         row: dict[str, Any] = {"session": choice.name, "provider_options": choice.provider_options()}
         out.rows.append(row)
@@ -74,10 +74,9 @@ def sweep(
         )
         if "replay_max_abs_diff" in m.extra:
             row["replay_max_abs_diff"] = m.extra["replay_max_abs_diff"]
-        timed.append((row["median_ms"], choice))
+        timed.append((row["median_ms"], choice, row))
     limits = spec.accuracy.limits(spec.precision.value)
-    for _ms, choice in sorted(timed, key=lambda t: t[0]):
-        row = next(r for r in out.rows if r["session"] == choice.name)
+    for _ms, choice, row in sorted(timed, key=lambda t: t[0]):
         if reference is None or choice.plain() == SessionChoice():
             # The defaults' kernels: the benchmark stage's own check judges them.
             out.chosen = choice
