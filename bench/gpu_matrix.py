@@ -274,7 +274,8 @@ def run(
                 done["choice"] = fetch_and_verify(cli, name, entry["opt"], work, log)
                 done["measured"] = measure_here(cli, name, seconds, log)
             if anchors and name in EXPORTED and "torch" not in done:
-                done["torch"] = torch_anchors(name, entry, src, seconds, work, max_autotune, log)
+                ref = reference_of(env, done["engines"], work / f"{name}-reference.npz", log)
+                done["torch"] = torch_anchors(name, entry, src, seconds, work, max_autotune, log, ref)
             _save(results_path, results, out)
     finally:
         farm.terminate()
@@ -290,11 +291,34 @@ def run(
     return 0
 
 
-def torch_anchors(name: str, entry: dict, src: Path, seconds: float, work: Path, max_autotune: bool, log) -> Any:
-    """bench/torch_anchors.py on the same GPU, model, weights, samples and batch (its rows, or why there are none)."""
+def reference_of(env: dict[str, str], engines: dict[str, Any], dest: Path, log) -> Path | None:
+    """The farm's reference outputs for the model's CUDA fp32 artifact (what its check compared with), saved at
+    ``dest``; None where there is none yet."""
+    import httpx
+
+    cuda = [e for e in engines.values() if str(e.get("target", "")).startswith("onnxruntime/cuda-")]
+    for engine in sorted(cuda, key=lambda e: e.get("precision") != "fp32"):
+        got = httpx.get(
+            f"{env['ENGINEFARM_API_URL']}/v1/engines/{engine['id']}/reference/content",
+            headers={"Authorization": f"Bearer {env['ENGINEFARM_TOKEN']}"},
+            timeout=60,
+        )
+        if got.status_code == 200:
+            dest.write_bytes(got.content)
+            return dest
+        log(f"engine {engine['id']}: no reference ({got.status_code})")
+    return None
+
+
+def torch_anchors(
+    name: str, entry: dict, src: Path, seconds: float, work: Path, max_autotune: bool, log, ref: Path | None = None
+) -> Any:
+    """bench/torch_anchors.py on the same GPU, model, weights, samples and batch (its rows, or why there are none),
+    each way judged against the farm's reference where there is one."""
     dest = work / f"{name}-torch.json"
     cmd = [PY, str(ROOT / "bench" / "torch_anchors.py"), name, "--samples", str(src / entry["samples"])]
     cmd += ["--shapes", json.dumps(entry["opt"]), "--seconds", str(seconds), "--out", str(dest)]
+    cmd += ["--reference", str(ref)] if ref else []
     done = subprocess.run(cmd + (["--max-autotune"] if max_autotune else []), capture_output=True, text=True)
     log(f"$ torch_anchors {name}\n{done.stdout[-4000:]}{done.stderr[-3000:]}")
     return json.loads(dest.read_text()) if done.returncode == 0 else {"error": done.stderr[-2000:]}

@@ -1,6 +1,7 @@
 """What a team with a GPU and the PyTorch model would run instead of the farm's artifact: the anchors of the GPU matrix.
 
-``python bench/torch_anchors.py NAME --samples S.npz --shapes JSON --seconds 3 --out OUT.json [--max-autotune]``
+``python bench/torch_anchors.py NAME --samples S.npz --shapes JSON --seconds 3 --out OUT.json [--reference R.npz]
+[--max-autotune]``
 
 The torch model is built as the corpus exports it, with the same seeded random weights (tests/realmodels/export.py
 for BERT and MobileNetV2; torchvision's ResNet-50 as bench/gpu_matrix.py exports it), and fed the same samples at the
@@ -11,10 +12,14 @@ the farm's artifacts. The ways:
 
 - ``eager fp32``, ``eager fp16`` (autocast; channels-last for convolutional nets);
 - ``compile fp32`` and ``compile fp16`` (``torch.compile``, inductor's default mode);
-- ``compile fp16 reduce-overhead`` (inductor with CUDA graphs);
+- ``compile fp32 reduce-overhead`` and ``compile fp16 reduce-overhead`` (inductor with CUDA graphs);
 - ``compile fp16 max-autotune`` with ``--max-autotune`` (minutes of autotuning per model).
 
-Each row keeps the first call's time (the compile), and how far its outputs are from eager fp32's.
+Each row keeps the first call's time (the compile), and how far its outputs are from eager fp32's. With
+``--reference`` (the farm's reference for the model: ONNX Runtime FP32's outputs on the check's inputs, as
+``GET /v1/engines/{id}/reference/content`` serves it), each way is also judged as the farm judges its artifacts: on
+the same inputs, by the same code (``enginefarm.measure.check.judge``) and the same default limits for its
+precision; an fp32 way that misses the fp32 limits with TF32 is judged again with TF32 off, as the farm's check does.
 bench/gpu_matrix.py runs it for each model with a torch source and tables it beside the farm's artifacts.
 """
 
@@ -32,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from enginefarm.core import stats  # noqa: E402
+from enginefarm.core.spec import DEFAULT_TOLERANCES  # noqa: E402
+from enginefarm.measure import check  # noqa: E402
 
 CONV_NETS = {"resnet50", "mobilenet-v2"}
 
@@ -90,12 +97,49 @@ def time_it(run: Any, host_inputs: list[Any], seconds: float) -> dict[str, Any]:
     }
 
 
-def anchors(name: str, feeds: dict[str, Any], seconds: float, max_autotune: bool) -> list[dict[str, Any]]:
+def set_tf32(on: bool) -> None:
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
+
+
+def gate(run: Any, order: list[str], ref: check.Reference, fp16: bool) -> dict[str, Any]:
+    """One way judged as the farm judges an artifact of its precision, on the reference's inputs."""
     import numpy as np
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    def outputs() -> list[dict[str, Any]]:
+        got = []
+        for feed in ref.feeds:
+            devs = [torch.from_numpy(np.ascontiguousarray(feed[k])).to("cuda") for k in order]
+            outs = [o.float().cpu().numpy() for o in _outputs(run(devs))]
+            got.append(dict(zip(ref.names, outs)))
+        return got
+
+    precision = "fp16" if fp16 else "fp32"
+    limits = DEFAULT_TOLERANCES[precision]
+    result = check.judge(outputs(), ref, limits)
+    if not result["pass"] and not fp16:  # the farm's TF32 rule: the same again with TF32 off
+        set_tf32(False)
+        try:
+            exact = check.judge(outputs(), ref, limits)
+        finally:
+            set_tf32(True)
+        if exact["pass"]:
+            result = {**exact, "tf32_explains": True}
+    broken = [f"{n}: {'; '.join(why)}" for n, why in (result.get("failures") or {}).items()]
+    return {"precision": precision, "pass": bool(result["pass"]), "tf32": bool(result.get("tf32_explains")),
+            "failures": broken[:3]}  # fmt: skip
+
+
+def anchors(
+    name: str, feeds: dict[str, Any], seconds: float, max_autotune: bool, ref: check.Reference | None = None
+) -> list[dict[str, Any]]:
+    import numpy as np
+    import torch
+
+    set_tf32(True)
     torch.backends.cudnn.benchmark = True
     model = build(name).cuda()
     conv = name in CONV_NETS
@@ -107,6 +151,7 @@ def anchors(name: str, feeds: dict[str, Any], seconds: float, max_autotune: bool
     ways: list[tuple[str, str | None, bool]] = [  # (the way, torch.compile's mode or None for eager, fp16)
         ("eager fp32", None, False),
         ("compile fp32", "default", False),
+        ("compile fp32 reduce-overhead", "reduce-overhead", False),
         ("eager fp16", None, True),
         ("compile fp16", "default", True),
         ("compile fp16 reduce-overhead", "reduce-overhead", True),
@@ -144,6 +189,11 @@ def anchors(name: str, feeds: dict[str, Any], seconds: float, max_autotune: bool
             reference = outs
         row["max_abs_vs_eager_fp32"] = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, reference))
         row.update(timed)
+        if ref is not None:
+            try:
+                row["gate"] = gate(run, order, ref, fp16)
+            except Exception as exc:  # noqa: BLE001 - a way that cannot be judged says why
+                row["gate"] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -179,15 +229,40 @@ def _farm(engines: dict[str, Any], precision: str) -> dict[str, Any]:
     }
 
 
+WAYS = ("eager fp32", "eager fp16", "compile fp32", "compile fp32 reduce-overhead", "compile fp16",
+        "compile fp16 reduce-overhead", "compile fp16 max-autotune")  # fmt: skip
+
+
+def _way(row: dict[str, Any] | None) -> str:
+    """A torch way's cell: its e2e p50, marked where it fails the gate its precision's artifact must pass."""
+    if not row or "median_ms" not in row:
+        return "-" if not row else "error"
+    gated = row.get("gate") or {}
+    mark = " (fails gate)" if gated.get("pass") is False else ""
+    return f"{_ms(row['median_ms'])}{mark}"
+
+
+def _best(rows: list[dict[str, Any]], passing: bool) -> float | None:
+    times = [
+        r["median_ms"]
+        for r in rows
+        if r["way"].startswith("compile") and "median_ms" in r and (not passing or (r.get("gate") or {}).get("pass"))
+    ]
+    return min(times) if times else None
+
+
 def against_torch(results: dict[str, Any]) -> str:
     """The matrix's second table: per model, torch's ways and the farm's artifacts at the opt shape (e2e p50 ms)."""
+    ways = [w for w in WAYS if any(
+        r.get("way") == w for d in results.get("models", {}).values() if isinstance(d.get("torch"), list)
+        for r in d["torch"])]  # fmt: skip
     lines = [
         "",
         "## Against torch on the same GPU (opt shape, e2e p50 ms: copies in, inference, copies out)",
         "",
-        "| model | batch | eager fp32 | eager fp16 | compile fp32 | compile fp16 | compile fp16 reduce-overhead "
-        "| farm fp32 default → chosen | farm fp16 default → chosen | best farm / best compile | farm checks |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"| model | batch | {' | '.join(ways)} | farm fp32 default → chosen | farm fp16 default → chosen "
+        "| best farm / best compile | best farm / best compile that passes the gate | farm checks |",
+        "|---|---|" + "---|" * len(ways) + "---|---|---|---|---|",
     ]
     sweeps = []
     for name, done in results.get("models", {}).items():
@@ -197,21 +272,26 @@ def against_torch(results: dict[str, Any]) -> str:
         by = {r["way"]: r for r in rows}
         engines = done.get("engines") or {}
         fp32, fp16 = _farm(engines, "fp32"), _farm(engines, "fp16")
-        compiled = [r["median_ms"] for w, r in by.items() if w.startswith("compile") and "median_ms" in r]
         farm = [f["chosen_ms"] for f in (fp32, fp16) if f.get("chosen_ms") and f.get("pass")]
-        ratio = f"{min(farm) / min(compiled):.2f}x" if farm and compiled else "-"
-        cells = [_ms(by.get(w, {}).get("median_ms")) for w in (
-            "eager fp32", "eager fp16", "compile fp32", "compile fp16", "compile fp16 reduce-overhead")]  # fmt: skip
+        ratios = []
+        for passing in (False, True):
+            best = _best(rows, passing)
+            ratios.append(f"{min(farm) / best:.2f}x" if farm and best else "-")
         farms = [f"{_ms(f.get('default'))} → {_ms(f.get('chosen_ms'))} ({f.get('chosen', '-')})" if f else "-"
                  for f in (fp32, fp16)]  # fmt: skip
         pairs = (("fp32", fp32), ("fp16", fp16))
         checks = ", ".join(f"{p} {'pass' if f.get('pass') else 'FAIL'}" for p, f in pairs if f)
         batch = rows[0].get("batch") if rows else "-"
-        lines.append(f"| {name} | {batch} | {' | '.join(cells)} | {' | '.join(farms)} | {ratio} | {checks} |")
+        cells = " | ".join(_way(by.get(w)) for w in ways)
+        lines.append(f"| {name} | {batch} | {cells} | {' | '.join(farms)} | {' | '.join(ratios)} | {checks} |")
         sweeps += [f"- {name} {p}: {f['sweep']}" for p, f in (("fp32", fp32), ("fp16", fp16)) if f]
         compile_s = ", ".join(f"{r['way']} {r['first_call_s']} s" for r in rows if "first_call_s" in r)
         sweeps.append(f"- {name} torch first calls: {compile_s}")
-    lines += ["", "Session sweeps (e2e p50 ms per choice) and torch's first calls:", "", *sweeps]
+        for r in rows:
+            if (r.get("gate") or {}).get("pass") is False:
+                sweeps.append(f"- {name} {r['way']} fails the {r['gate']['precision']} gate: "
+                              f"{'; '.join(r['gate'].get('failures') or [])}")  # fmt: skip
+    lines += ["", "Session sweeps (e2e p50 ms per choice), torch's first calls and gate failures:", "", *sweeps]
     return "\n".join(lines) + "\n"
 
 
@@ -222,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", required=True, help="the opt shapes, JSON: {input: dims}")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--max-autotune", action="store_true")
+    parser.add_argument("--reference", type=Path, help="the farm's reference file for the model: judge each way")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     import numpy as np
@@ -234,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         have = samples[k]
         reps = -(-dims[0] // have.shape[0])
         feeds[k] = np.concatenate([have] * reps)[: dims[0]]
-    rows = anchors(args.name, feeds, args.seconds, args.max_autotune)
+    ref = check.Reference.load(args.reference) if args.reference else None
+    rows = anchors(args.name, feeds, args.seconds, args.max_autotune, ref)
     args.out.write_text(json.dumps(rows, indent=1))
     return 0
 
