@@ -222,7 +222,8 @@ def _farm(engines: dict[str, Any], precision: str) -> dict[str, Any]:
         "chosen": chosen,
         "chosen_ms": (by.get(chosen) or {}).get("median_ms"),
         "pass": engine.get("accuracy_pass"),
-        "sweep": ", ".join(
+        "sweep": (f"{engine['sessions']['seconds']} s: " if "seconds" in engine["sessions"] else "")
+        + ", ".join(
             f"{k} {_ms(v.get('median_ms'))}" if "median_ms" in v else f"{k}: {v.get('error', '?')[:60]}"
             for k, v in by.items()
         ),  # fmt: skip

@@ -11,6 +11,7 @@ with the kept choice, and the engine carries its options (``EngineDescriptor.run
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,16 @@ class Sweep:
 
     chosen: SessionChoice = SessionChoice()
     rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0  # what the sweep cost: every session's creation, timing and check
 
     def record(self) -> dict[str, Any]:
         """As the opt shape's benchmark keeps it (``stats["sessions"]``)."""
-        return {"chosen": self.chosen.name, "run_options": self.chosen.provider_options(), "choices": self.rows}
+        return {
+            "chosen": self.chosen.name,
+            "run_options": self.chosen.provider_options(),
+            "choices": self.rows,
+            "seconds": round(self.seconds, 2),
+        }
 
 
 def sweep(
@@ -45,6 +52,19 @@ def sweep(
 ) -> Sweep:
     """Time each choice at ``inputs`` (the opt shape's), then keep the fastest whose outputs pass the check on
     ``reference`` (None: no check asked for; the fastest that ran is kept)."""
+    started = time.monotonic()
+    out = _sweep(engine_path, spec, inputs, reference, reraise)
+    out.seconds = time.monotonic() - started
+    return out
+
+
+def _sweep(
+    engine_path: Path,
+    spec: BuildSpec,
+    inputs: dict[str, np.ndarray],
+    reference: Reference | None,
+    reraise: tuple[type[BaseException], ...],
+) -> Sweep:
     out = Sweep()
     timed: list[tuple[float, SessionChoice, dict[str, Any]]] = []
     for choice in SESSION_CHOICES:

@@ -71,6 +71,7 @@ def test_the_fastest_choice_whose_outputs_pass_is_kept(conv, monkeypatch):
     assert [c["session"] for c in record["choices"]] == [c.name for c in SESSION_CHOICES]
     assert {c["session"]: c["median_ms"] for c in record["choices"]}["default"] == pytest.approx(2.0)
     assert record["choices"][-1]["accuracy_pass"] is True
+    assert record["seconds"] > 0  # what the sweep cost is kept with it
 
 
 def test_nhwc_whose_outputs_fail_the_check_is_passed_over_for_the_graph_of_the_default_kernels(conv, monkeypatch):
