@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from enginefarm.client import fetchcli, lscli
@@ -80,8 +80,14 @@ def upload(
     try:
         with client_for(api) as c:
             with transfer_bar() as bar:
-                task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
-                model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n), project=project)
+                tasks: list[TaskID] = []  # the bar shows once the first byte goes, not before a refusal
+
+                def sent(n: int) -> None:
+                    if not tasks:
+                        tasks.append(bar.add_task(f"upload {file.name}", total=file.stat().st_size))
+                    bar.advance(tasks[0], n)
+
+                model, created = c.upload(file, name, version, on_bytes=sent, project=project)
             if samples:
                 model = c.upload_samples(model["id"], samples)
     except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1

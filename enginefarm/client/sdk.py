@@ -26,6 +26,7 @@ from enginefarm.core.machine import Machine
 from enginefarm.core.names import upload_problems
 from enginefarm.core.wanted import EngineFilter
 
+NO_UPLOAD_TOKEN = "uploading needs an API token with scope 'build': set ENGINEFARM_TOKEN or pass --token"
 BUILD_WAIT_S = 20.0  # how long one request for a build's next answer waits at the farm (its limit: 30 s)
 
 
@@ -63,10 +64,14 @@ class Client(Transport):
             name = name or path.stem
             _check_form(name, version, project)
             sha, filename = sha256_file(path), path.name
+        try:
+            found = self.models(name=name, sha256=sha, project=project, limit=500)["items"]
+        except ApiError as exc:  # no token at all: say what an upload needs, not what the lookup did
+            if exc.status_code == 401 and not self.http.headers.get("authorization"):
+                raise api_error(401, Unauthorized(NO_UPLOAD_TOKEN).to_dict()) from None
+            raise
         held = [
-            m
-            for m in self.models(name=name, sha256=sha, project=project, limit=500)["items"]
-            if (not version or m["version"] == version) and (m.get("project") or "") == (project or "")
+            m for m in found if (not version or m["version"] == version) and (m.get("project") or "") == (project or "")
         ]
         if held:
             return held[0], False
@@ -96,8 +101,7 @@ class Client(Transport):
             return
         if not scope_allows(me["scope"], "build"):
             if not self.http.headers.get("authorization"):  # a farm that lets anyone read
-                refused = "uploading needs an API token with scope 'build': set ENGINEFARM_TOKEN or pass --token"
-                raise api_error(401, Unauthorized(refused).to_dict())
+                raise api_error(401, Unauthorized(NO_UPLOAD_TOKEN).to_dict())
             refused = f"token '{me['name']}' has scope '{me['scope']}'; POST /v1/models needs 'build'"
             raise api_error(403, Forbidden(refused).to_dict())
         if me["project"] is not None and project not in (None, me["project"]):

@@ -24,7 +24,7 @@ def big_model(tmp_path) -> Path:
     return path
 
 
-def _refused(farm, token: str, path: Path, **kw) -> tuple[Exception, list[int]]:
+def _refused(farm, token: str | None, path: Path, **kw) -> tuple[Exception, list[int]]:
     sent: list[int] = []
     with Client(farm.url, token=token) as client, pytest.raises(Exception) as caught:
         client.upload(path, on_bytes=sent.append, **kw)
@@ -36,6 +36,16 @@ def test_a_read_token_is_refused_before_a_byte_is_sent(farm, dist_settings, big_
     error, sent = _refused(farm, token, big_model, name=unique_name("big"))
     assert isinstance(error, Forbidden), error
     assert "has scope 'read'; POST /v1/models needs 'build'" in str(error)
+    assert sum(sent) == 0
+
+
+def test_no_token_is_refused_naming_what_an_upload_needs_and_the_clis_way(farm, big_model, monkeypatch):
+    """Not the scope of the lookup that found no token ('read'), nor an HTTP header: the scope an upload needs and
+    how a CLI user gives a token."""
+    monkeypatch.delenv("ENGINEFARM_TOKEN", raising=False)
+    error, sent = _refused(farm, None, big_model, name=unique_name("big"))
+    assert isinstance(error, Unauthorized), error
+    assert "scope 'build'" in str(error) and "ENGINEFARM_TOKEN or pass --token" in str(error)
     assert sum(sent) == 0
 
 
