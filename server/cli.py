@@ -143,9 +143,11 @@ def gc(
 ) -> None:
     """Delete blobs that no catalog row references, once older than the grace period (the API's background
     sweep does the same every ENGINEFARM_GC_INTERVAL_SECONDS). A referenced blob is never deleted."""
+    from server.tokencli import need_catalog
     from storage.gc import collect_garbage
 
     settings = get_settings()
+    need_catalog(settings)
     grace = grace_hours * 3600 if grace_hours is not None else settings.gc_grace_seconds
     try:
         report = collect_garbage(

@@ -7,10 +7,27 @@ import typer
 from rich.table import Table
 
 from enginefarm.client.terminal import console, err, fail
-from enginefarm.core.config import get_settings
+from enginefarm.core.config import Settings, get_settings
 from enginefarm.core.domain import SCOPES
 
 SCOPE_HELP = f"{', '.join(SCOPES[:-1])} or {SCOPES[-1]}, each allowing the ones before it (repeatable)"
+
+
+def need_catalog(settings: Settings, why: str = "", or_else: str = "") -> None:
+    """One line and exit 1 where the settings name no farm's catalog (a farm run with another data folder or
+    database), instead of what the database driver says on the first query."""
+    from storage.db import has_catalog
+
+    if has_catalog(settings):
+        return
+    where = settings.database_url and "ENGINEFARM_DATABASE_URL's database" or f"{settings.data_dir / 'catalog.db'}"
+    why, or_else = (f", {why}" if why else ""), (f", {or_else}" if or_else else "")
+    err.print(
+        f"error: no farm's catalog at {where}{why}. Run it where the farm's settings are (ENGINEFARM_DATA_DIR or "
+        f"ENGINEFARM_DATABASE_URL, as the farm printed them){or_else}.",
+        highlight=False,
+    )
+    raise typer.Exit(1)
 
 
 def token_create(
@@ -23,19 +40,12 @@ def token_create(
     """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
     from enginefarm.core.errors import EnginefarmError
     from server.embedded import prepare
-    from storage.db import has_catalog, session_scope
+    from storage.db import session_scope
     from storage.tokens import create_token, lifetime
 
     settings = get_settings()
-    if not init and not has_catalog(settings):
-        where = settings.database_url and "ENGINEFARM_DATABASE_URL's database" or f"{settings.data_dir / 'catalog.db'}"
-        err.print(
-            f"error: no farm's catalog at {where}, so no farm would know this token. Run it where the farm's "
-            f"settings are (ENGINEFARM_DATA_DIR or ENGINEFARM_DATABASE_URL), or pass --init to start a new "
-            f"catalog there.",
-            highlight=False,
-        )
-        raise typer.Exit(1)
+    if not init:
+        need_catalog(settings, "so no farm would know this token", "or pass --init to start a new catalog there")
     prepare(settings)
     try:
         expires = lifetime(expires_days)
@@ -55,10 +65,12 @@ def token_list() -> None:
     from storage.db import session_scope
     from storage.tokens import list_tokens, token_state
 
+    settings = get_settings()
+    need_catalog(settings)
     table = Table(title="API tokens")
     for col in ("id", "name", "starts with", "scopes", "project", "state", "created", "last used"):
         table.add_column(col)
-    with session_scope(get_settings()) as session:
+    with session_scope(settings) as session:
         for r in list_tokens(session):
             table.add_row(
                 str(r.id),
@@ -79,8 +91,10 @@ def token_revoke(token_id: int) -> None:
     from storage.db import session_scope
     from storage.tokens import revoke_token
 
+    settings = get_settings()
+    need_catalog(settings)
     try:
-        with session_scope(get_settings()) as session:
+        with session_scope(settings) as session:
             row = revoke_token(session, token_id)
     except EnginefarmError as exc:
         fail(exc)

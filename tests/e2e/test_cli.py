@@ -110,6 +110,14 @@ def test_token_create_will_not_start_a_catalog_nobody_uses(tmp_path):
     refused = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
     assert refused.returncode == 1 and "no farm's catalog at" in refused.stderr and "--init" in refused.stderr
     assert not (tmp_path / "typo" / "catalog.db").exists()
+    # The commands that read the catalog say the same in one line, not the database driver's traceback.
+    for cmd in (["token", "list"], ["token", "revoke", "3"], ["gc", "--dry-run"]):
+        other = subprocess.run(
+            [sys.executable, "-m", "enginefarm", *cmd], capture_output=True, text=True, timeout=120, env=env
+        )
+        assert other.returncode == 1 and "no farm's catalog at" in other.stderr, (cmd, other.stderr[-2000:])
+        assert "Traceback" not in other.stderr and len(other.stderr.strip().splitlines()) <= 3, cmd
+    assert not (tmp_path / "typo" / "catalog.db").exists()
     made = subprocess.run([*args, "--init"], capture_output=True, text=True, timeout=120, env=env)
     assert made.returncode == 0 and made.stdout.strip().startswith("ef_"), made.stderr
     again = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)  # now a catalog is there
