@@ -247,7 +247,8 @@ def run(
                     spec = json.loads(json.dumps(entry["spec"]))
                     # As a user after the fastest artifact that passes would: an fp16 or int8 artifact that fails its
                     # gate keeps the fewest layers in fp32 that make it pass (judged on this GPU).
-                    spec.setdefault("accuracy_repair", True)
+                    if precision in ("fp16", "int8"):  # the farm refuses it for fp32 (nothing to repair)
+                        spec.setdefault("accuracy_repair", True)
                     spec.setdefault("benchmark", {}).update(shapes=shapes, duration_s=seconds)
                     spec_file = work / f"{name}-{precision}-{which}.json"
                     spec_file.write_text(json.dumps(spec))
