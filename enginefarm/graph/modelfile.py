@@ -28,8 +28,6 @@ from enginefarm.core.errors import ModelRejected
 from enginefarm.graph.external import all_nodes, check_external_data, uses_external_data
 from enginefarm.graph.graphfacts import QDQ_OPS, index_ranges, op_counts
 
-_check_external_data = check_external_data  # the name the tests know it by
-
 # No builder takes a dimension this large; a model declaring one is broken or hostile.
 _MAX_DECLARED_DIM = (1 << 31) - 1
 # Graph input and output names (and dim names) are stored with the model, shown in every listing and build log,
