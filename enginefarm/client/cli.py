@@ -22,6 +22,7 @@ from enginefarm.client.terminal import (
     console,
     err,
     fail,
+    farm_call,
     need,
     print_quantize,
     print_tasks,
@@ -77,15 +78,12 @@ def upload(
     api: str | None = API_OPT,
 ) -> None:
     """Upload an .onnx file, or a .zip/.tar bundle of model.onnx and its external data."""
-    try:
-        with client_for(api) as c:
-            with transfer_bar() as bar:
-                task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
-                model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n), project=project)
-            if samples:
-                model = c.upload_samples(model["id"], samples)
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
+    with farm_call(api) as c:
+        with transfer_bar() as bar:
+            task = bar.add_task(f"upload {file.name}", total=file.stat().st_size)
+            model, created = c.upload(file, name, version, on_bytes=lambda n: bar.advance(task, n), project=project)
+        if samples:
+            model = c.upload_samples(model["id"], samples)
     console.print(
         f"{'uploaded' if created else 'already present'}: model {model['id']} "
         f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}"
@@ -186,11 +184,8 @@ def logs(
     api: str | None = API_OPT,
 ) -> None:
     """Print the builder log of each task of a build (the log's tail as the worker kept it), and its error."""
-    try:
-        with client_for(api) as c:
-            build = c.get(f"/v1/builds/{build_id}")
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
+    with farm_call(api) as c:
+        build = c.get(f"/v1/builds/{build_id}")
     tasks = [t for t in build["tasks"] if target in (None, t["target"])]
     if not tasks:
         console.print(f"[red]build {build_id} has no task for {target}; its targets: {', '.join(build['targets'])}")
@@ -291,10 +286,9 @@ def report(
 
     if plot:
         need("plot")
-    try:
-        with client_for(api) as c:
-            model_id = c.model_id(f"{model}:{version}" if version and not model.isdigit() else model)
-            data = c.wait_checks(model_id) if wait else c.report(model_id)
+    with farm_call(api) as c:
+        model_id = c.model_id(f"{model}:{version}" if version and not model.isdigit() else model)
+        data = c.wait_checks(model_id) if wait else c.report(model_id)
         if as_json:
             console.print_json(json.dumps(data))
             return
@@ -307,8 +301,6 @@ def report(
             console.print(section)
         if plot:
             console.print(f"plot: {plot_report(data, plot)}")
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
 
 
 def _wait_with_progress(c: Client, build: dict[str, Any], timeout: float) -> dict[str, Any]:
