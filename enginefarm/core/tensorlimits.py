@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from enginefarm.core.domain import ModelInfo
+from enginefarm.core.errors import problem
 from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims, volume
 from enginefarm.core.spec import MAX_DIM, BuildSpec
 
@@ -93,13 +94,11 @@ def tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits)
                 else f"{limits.max_elements} elements a tensor (ENGINEFARM_MAX_TENSOR_ELEMENTS)"
             )
             problems.append(
-                {
-                    "loc": loc + [name],
-                    "msg": (
-                        f"input {name!r} at {format_dims(dims)} ({what}) is {elements} {tensor.dtype} elements, "
-                        f"{format_bytes(size)}: over the limit of {limit}; give it smaller shapes"
-                    ),
-                }
+                problem(
+                    loc + [name],
+                    f"input {name!r} at {format_dims(dims)} ({what}) is {elements} {tensor.dtype} elements, "
+                    f"{format_bytes(size)}: over the limit of {limit}; give it smaller shapes",
+                )
             )
         total = sum(sizes.values())
         key = tuple(sorted((name, tuple(shapes[name])) for name in sizes))
@@ -107,13 +106,11 @@ def tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits)
             seen_sets.add(key)
             each = ", ".join(f"{name!r} {format_bytes(size)}" for name, size in sizes.items())
             problems.append(
-                {
-                    "loc": loc,
-                    "msg": (
-                        f"the inputs at {what} take {format_bytes(total)} together ({each}): over the limit of "
-                        f"{format_bytes(limits.max_total_bytes)} for all inputs (ENGINEFARM_MAX_INPUTS_BYTES); "
-                        f"give them smaller shapes"
-                    ),
-                }
+                problem(
+                    loc,
+                    f"the inputs at {what} take {format_bytes(total)} together ({each}): over the limit of "
+                    f"{format_bytes(limits.max_total_bytes)} for all inputs (ENGINEFARM_MAX_INPUTS_BYTES); "
+                    "give them smaller shapes",
+                )
             )
     return problems

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -15,14 +14,11 @@ from numpy.typing import NDArray
 from onnx import TensorProto, helper
 
 from enginefarm.core.domain import ModelInfo, TensorInfo
+from enginefarm.core.errors import problem
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, fixed_input_shape
 from enginefarm.measure.inputs import random_inputs
 
 MAX_SAMPLE_ARRAYS = 64
-
-
-def _problem(loc: Sequence[object], msg: str) -> dict[str, Any]:
-    return {"loc": loc, "msg": msg}
 
 
 def np_dtype(tensor: TensorInfo) -> np.dtype[Any]:
@@ -120,26 +116,26 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict[str,
             loc = ["spec", "benchmark", "shapes", i, name]
             tensor = by_name.get(name)
             if tensor is None:
-                problems.append(_problem(loc, f"unknown input {name!r} (model inputs: {', '.join(by_name)})"))
+                problems.append(problem(loc, f"unknown input {name!r} (model inputs: {', '.join(by_name)})"))
             elif len(dims) != len(tensor.dims):
                 problems.append(
-                    _problem(loc, f"input {name!r} has rank {len(tensor.dims)}, shape {dims} has rank {len(dims)}")
+                    problem(loc, f"input {name!r} has rank {len(tensor.dims)}, shape {dims} has rank {len(dims)}")
                 )
             elif any(d < 1 or d > MAX_DIM for d in dims):
-                problems.append(_problem(loc, f"input {name!r}: shape {dims} has a dim outside 1..{MAX_DIM}"))
+                problems.append(problem(loc, f"input {name!r}: shape {dims} has a dim outside 1..{MAX_DIM}"))
             elif name in ranges and not all(
                 lo <= d <= hi for lo, d, hi in zip(ranges[name].min, dims, ranges[name].max)
             ):
                 rng = ranges[name]
                 problems.append(
-                    _problem(
+                    problem(
                         loc,
                         f"input {name!r}: shape {dims} is outside the profile (min {rng.min}, max {rng.max}); the "
                         "engine cannot run it",
                     )
                 )
             elif name not in ranges and tensor.dims != dims:
-                problems.append(_problem(loc, f"input {name!r} is fixed at {tensor.dims}, not {dims}"))
+                problems.append(problem(loc, f"input {name!r} is fixed at {tensor.dims}, not {dims}"))
     for b in spec.benchmark.batch_sizes:
         for tensor in info.inputs:
             if 0 not in tensor.dynamic_axes:
@@ -147,7 +143,7 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict[str,
             batch_range = ranges.get(tensor.name)
             if batch_range and not batch_range.min[0] <= b <= batch_range.max[0]:
                 problems.append(
-                    _problem(
+                    problem(
                         ["spec", "benchmark", "batch_sizes"],
                         f"batch {b} is outside the profile's batch range {batch_range.min[0]}..{batch_range.max[0]} "
                         f"for input {tensor.name!r}",
@@ -217,7 +213,7 @@ def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
         total += size
         if size > max_bytes:
             problems.append(
-                _problem(
+                problem(
                     ["samples", name],
                     f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} "
                     "bytes samples may unpack to; send fewer or smaller samples",
@@ -225,7 +221,7 @@ def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
             )
     if not problems and total > max_bytes:
         problems.append(
-            _problem(
+            problem(
                 ["samples"],
                 f"the arrays claim {total} bytes together, more than the {max_bytes} bytes samples may unpack to; "
                 "send fewer samples",
@@ -247,11 +243,11 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             entries = zf.infolist()
             if len(entries) > MAX_SAMPLE_ARRAYS:
-                raise SamplesInvalid([_problem(["samples"], f"at most {MAX_SAMPLE_ARRAYS} arrays in a samples file")])
+                raise SamplesInvalid([problem(["samples"], f"at most {MAX_SAMPLE_ARRAYS} arrays in a samples file")])
             unpacked = sum(e.file_size for e in entries)
             if unpacked > max_bytes:
                 raise SamplesInvalid(
-                    [_problem(["samples"], f"samples unpack to {unpacked} bytes, more than {max_bytes}")]
+                    [problem(["samples"], f"samples unpack to {unpacked} bytes, more than {max_bytes}")]
                 )
             _check_claimed_sizes(zf, max_bytes)
         arrays = dict(np.load(io.BytesIO(data), allow_pickle=False))
@@ -259,43 +255,43 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
         raise
     # zipfile raises NotImplementedError for an unknown compression and RuntimeError for an encrypted member.
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
-        raise SamplesInvalid([_problem(["samples"], f"not a readable .npz file of plain arrays: {exc}")]) from None
+        raise SamplesInvalid([problem(["samples"], f"not a readable .npz file of plain arrays: {exc}")]) from None
     by_name = {t.name: t for t in info.inputs}
     for name in sorted(set(arrays) - set(by_name)):
         problems.append(
-            _problem(["samples", name], f"array {name!r} is not a model input (inputs: {', '.join(by_name)})")
+            problem(["samples", name], f"array {name!r} is not a model input (inputs: {', '.join(by_name)})")
         )
     for name, tensor in by_name.items():
         loc = ["samples", name]
         if name not in arrays:
-            problems.append(_problem(loc, f"input {name!r} has no array in the samples"))
+            problems.append(problem(loc, f"input {name!r} has no array in the samples"))
             continue
         arr = arrays[name]
         if arr.ndim != len(tensor.dims):
             problems.append(
-                _problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the array has shape {list(arr.shape)}")
+                problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the array has shape {list(arr.shape)}")
             )
             continue
         if arr.size == 0:
-            problems.append(_problem(loc, f"input {name!r}: the array is empty"))
+            problems.append(problem(loc, f"input {name!r}: the array is empty"))
             continue
         for axis, (want, got) in enumerate(zip(tensor.dims, arr.shape)):
             if isinstance(want, int) and want > 0 and want != got:
-                problems.append(_problem(loc, f"input {name!r} axis {axis} is fixed at {want}, the array has {got}"))
+                problems.append(problem(loc, f"input {name!r} axis {axis} is fixed at {want}, the array has {got}"))
         try:
             expected = np_dtype(tensor)
         except ValueError as exc:
-            problems.append(_problem(loc, str(exc)))
+            problems.append(problem(loc, str(exc)))
             continue
         if not np.can_cast(arr.dtype, expected, casting="same_kind"):
-            problems.append(_problem(loc, f"input {name!r} is {expected}, the array is {arr.dtype}"))
+            problems.append(problem(loc, f"input {name!r} is {expected}, the array is {arr.dtype}"))
         else:
             arrays[name] = arr.astype(expected, copy=False)
             if name in info.index_ranges and arr.size:
                 low, high = info.index_ranges[name]
                 if arr.min() < low or arr.max() > high:
                     problems.append(
-                        _problem(
+                        problem(
                             loc,
                             f"input {name!r} indexes a table of {high + 1} rows, so its values must be within "
                             f"{low}..{high}; the array holds {arr.min()}..{arr.max()}",
@@ -306,7 +302,7 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
     }
     if len(counts) > 1:
         problems.append(
-            _problem(["samples"], f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}")
+            problem(["samples"], f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}")
         )
     if problems:
         raise SamplesInvalid(problems)
