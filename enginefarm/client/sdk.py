@@ -16,7 +16,7 @@ from enginefarm.client.artifacts import check_bytes, destination, place_cached, 
 from enginefarm.client.cache import EngineCache
 from enginefarm.client.errors import ApiError, api_error
 from enginefarm.client.jobs import BuildJob
-from enginefarm.client.offline import with_cpu
+from enginefarm.client.offline import query_filters
 from enginefarm.client.transport import ProgressReader, Transport, size_of
 from enginefarm.core.domain import FINAL_STATES, SCOPES, scope_allows
 from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound, Unauthorized
@@ -291,14 +291,13 @@ class Client(Transport):
             from enginefarm.core.probe.machineprobe import this_machine
 
             machine = this_machine()
-        filters = with_cpu(filters) if allow_cpu else filters
         body = {
             "model": model,
             "version": version,
             "machine": asdict(machine),
             "explain": explain,
             "build": build,
-            **{k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in filters.items() if v is not None},
+            **query_filters(filters, allow_cpu),
         }
         if cache is None:
             return cast("dict[str, Any]", self._json(self.http.post("/v1/resolve", json=body)))
