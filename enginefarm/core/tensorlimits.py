@@ -4,13 +4,14 @@ when the spec is accepted, so a worker never tries to allocate more."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import problem
-from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims, volume
+from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims
 from enginefarm.core.spec import MAX_DIM, BuildSpec
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits)
             # Unknown inputs, wrong ranks and dims out of range are problems of their own (validate_spec's).
             if tensor is None or len(dims) != len(tensor.dims) or any(not 1 <= d <= MAX_DIM for d in dims):
                 continue
-            elements = volume(dims)
+            elements = math.prod(dims)
             sizes[name] = size = elements * dtype_bytes(tensor.dtype)
             if size <= limits.max_bytes and elements <= limits.max_elements:
                 continue

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from enginefarm.core.domain import ModelInfo, TensorInfo
 from enginefarm.core.errors import problem
+from enginefarm.core.shapes import format_dims
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, fixed_input_shape
 from enginefarm.measure.inputs import random_inputs
 
@@ -27,10 +28,6 @@ def np_dtype(tensor: TensorInfo) -> np.dtype[Any]:
         return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(tensor.dtype)))
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"input {tensor.name!r} has type {tensor.dtype}, which has no numpy equivalent") from None
-
-
-def dims_text(dims: list[int]) -> str:
-    return "x".join(str(d) for d in dims)
 
 
 # --------------------------------------------------------------------------- shapes to measure at
@@ -93,7 +90,7 @@ def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:
         out = []
         for given in bench.shapes:
             shapes = {**opt, **{k: list(v) for k, v in given.items()}}
-            key = ",".join(f"{n}={dims_text(d)}" for n, d in sorted(given.items()))
+            key = ",".join(f"{n}={format_dims(d)}" for n, d in sorted(given.items()))
             out.append(ShapeSet(key, shapes, _batch_of(shapes)))
         return out
     if bench.batch_sizes:
