@@ -20,6 +20,7 @@ import math
 import os
 import re
 import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -350,13 +351,8 @@ def regression_table(report: Report) -> Table | None:
     table.add_column("target", no_wrap=True)
     table.add_column("variant")
     table.add_column("shape")
-    table.add_column("p50 ms", justify="right", no_wrap=True)
-    table.add_column("Δ ms", justify="right", no_wrap=True)
-    table.add_column("Δ %", justify="right", no_wrap=True)
-    table.add_column("p99 Δ ms", justify="right", no_wrap=True)
-    table.add_column("qps Δ", justify="right", no_wrap=True)
-    table.add_column("size Δ", justify="right", no_wrap=True)
-    table.add_column("cosine Δ", justify="right", no_wrap=True)
+    for name in ("p50 ms", "Δ ms", "Δ %", "p99 Δ ms", "qps Δ", "size Δ", "cosine Δ"):
+        table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         regression = row["regression"]
         previous, now, delta, percent = _median_change(row)
@@ -412,9 +408,7 @@ def _nothing_measured(report: Report) -> ValueError:
     rows = report.get("rows") or []
     if not rows:
         return ValueError(f"nothing measured yet: {model_title(report)} has no engines to report on")
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+    counts = Counter(str(row.get("status")) for row in rows)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     details = sorted({str(row["detail"]) for row in rows if row.get("detail")})
     why = f" ({'; '.join(details[:3])})" if details else ""
