@@ -17,19 +17,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.table import Column, Table
 from rich.text import Text
+
+from enginefarm.client.safepaths import atomic_write
 
 Report = Mapping[str, Any]
 Row = Mapping[str, Any]
@@ -431,8 +431,8 @@ def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
     """Grouped bars of median latency per target and shape, with whiskers up to p99, written as PNG.
 
     Uses the object-oriented Agg API rather than pyplot, so it needs no display and leaves no global
-    figure state behind in a long-running process. The file is written to a temp name in the same
-    directory and renamed, so a reader never sees half a PNG and a failure leaves no partial file.
+    figure state behind in a long-running process. The file is written as every file of the client is
+    (``safepaths.atomic_write``): a reader never sees half a PNG and a failure leaves no partial file.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -494,16 +494,6 @@ def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
     ax.set_axisbelow(True)
     ax.legend(title="shape", fontsize="small")
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            os.fchmod(tmp.fileno(), 0o644)  # mkstemp's 0600 would hide the chart from a web server
-            fig.savefig(tmp, format="png", dpi=dpi)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, None, prefix=f".tmp-{path.name}.") as out:
+        fig.savefig(cast("IO[bytes]", out), format="png", dpi=dpi)  # a binary file, though typed RawIOBase
     return path
