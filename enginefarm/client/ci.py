@@ -22,8 +22,8 @@ import typer
 
 from enginefarm.client import ApiError, Client
 from enginefarm.client.cirepair import REPAIR, recount, with_repair
-from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
-from enginefarm.client.safepaths import UnsafePath
+from enginefarm.client.cisummary import junit_xml, markdown_summary
+from enginefarm.client.safepaths import UnsafePath, write_text
 from enginefarm.client.sdk import BUILD_WAIT_S
 from enginefarm.client.terminal import PRECISION_HELP
 from enginefarm.core.domain import FINAL_STATES
@@ -298,9 +298,9 @@ def _api_detail(exc: ApiError) -> str:
 
 def _finish(options: CiOptions, result: CiResult) -> CiResult:
     if options.junit:
-        write_atomic(options.junit, junit_xml(result.gate, options.pending))
-    if options.summary:
-        write_atomic(options.summary, markdown_summary(result.gate, result.build_id), append=True)
+        write_text(options.junit, junit_xml(result.gate, options.pending))
+    if options.summary:  # appended: a CI's job summary file collects every step's
+        write_text(options.summary, markdown_summary(result.gate, result.build_id), append=True)
     return result
 
 
