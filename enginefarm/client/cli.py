@@ -355,7 +355,6 @@ def hoisted(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """``enginefarm``: the client commands, and the farm's own (``enginefarm.commands`` entry points)."""
-    import sys
     from importlib.metadata import entry_points
 
     for plugin in entry_points(group="enginefarm.commands"):
