@@ -167,19 +167,9 @@ class Client(Transport):
         spec: dict[str, Any] | None = None,
         queue_without_worker: bool | None = None,
     ) -> dict[str, Any]:
-        sweep: dict[str, Any] = self._json(
-            self.http.post(
-                "/v1/sweeps",
-                json={
-                    "model_id": model_id,
-                    "targets": targets,
-                    "spec": spec or {},
-                    "axes": axes,
-                    **_queueing(queue_without_worker),
-                },
-            )
-        )
-        return sweep
+        body = {"model_id": model_id, "targets": targets, "spec": spec or {}, "axes": axes}
+        body |= _queueing(queue_without_worker)
+        return cast("dict[str, Any]", self._json(self.http.post("/v1/sweeps", json=body)))
 
     def report(self, model_id: int) -> dict[str, Any]:
         return cast("dict[str, Any]", self.get(f"/v1/models/{model_id}/report"))
