@@ -108,14 +108,9 @@ class Client(Transport):
         """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""
         path = Path(path)
         with path.open("rb") as f:
-            model: dict[str, Any] = self._json(
-                self.http.post(
-                    f"/v1/models/{model_id}/samples",
-                    files={"file": (path.name, f, "application/octet-stream")},
-                    timeout=None,
-                )
-            )
-            return model
+            files = {"file": (path.name, f, "application/octet-stream")}
+            response = self.http.post(f"/v1/models/{model_id}/samples", files=files, timeout=None)
+        return cast("dict[str, Any]", self._json(response))
 
     def build(
         self,
