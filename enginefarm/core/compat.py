@@ -53,13 +53,9 @@ CROSS_MAJOR: frozenset[tuple[int, int]] = frozenset({(8, 9), (8, 10), (10, 11)})
 VERSION_COMPAT_FLOOR = (8, 6)
 
 
-def _names_runtimes(m: Machine) -> bool:
-    return bool(m.trt_version or m.trt_rtx_version)
-
-
 def _runtime_missing(rule: Rule, built: str, runtime: str, other: str, m: Machine) -> Check:
     """The machine did not name this engine's runtime: absent if it named another, else unknown."""
-    if _names_runtimes(m):
+    if m.trt_version or m.trt_rtx_version:
         return check_fail(Rule.RUNTIME, f"built with {built}; you run no {runtime} runtime (only {other})")
     return check_unchecked(rule, f"built with {built}; your {runtime} version is unknown")
 
