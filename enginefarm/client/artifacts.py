@@ -42,11 +42,6 @@ def kind_of_backend(backend: str | None) -> str | None:
     return KIND_OF_BACKEND.get(backend or "")
 
 
-def kind_of_name(path: Path | str) -> str | None:
-    """The kind a file name claims by its suffix, or None when it claims none."""
-    return KIND_OF_SUFFIX.get(Path(path).suffix.lower())
-
-
 def default_name(engine: dict[str, Any]) -> str:
     """The file ``fetch`` writes when given no name: the model and target made a strict name
     (``safepaths.safe_name``), and the suffix of what it is, from the backend (a plan for any other)."""
@@ -109,7 +104,7 @@ def kind_of_file(path: Path | str) -> str:
 
 def check_name(engine: dict[str, Any], dest: Path | str) -> None:
     """Raise WrongArtifact when ``dest``'s name says another kind of file than the engine the farm chose is."""
-    claimed, kind = kind_of_name(dest), kind_of_backend(engine.get("backend"))
+    claimed, kind = KIND_OF_SUFFIX.get(Path(dest).suffix.lower()), kind_of_backend(engine.get("backend"))
     if claimed is None or kind is None or claimed == kind:
         return
     right = Path(dest).with_suffix(SUFFIX[kind]).name

@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -103,8 +104,7 @@ class EngineCache:
             raise NotFound(f"engine {sha256} is not in the cache at {self.root}", sha256=sha256) from None
         try:
             with fh, atomic_write(dest, sha256, prefix=f".{dest.name}{TMP_PREFIX}") as out:
-                while chunk := fh.read(CHUNK):
-                    out.write(chunk)
+                shutil.copyfileobj(fh, out, CHUNK)
         except IntegrityError:
             self.evict(sha256)
             raise
@@ -155,11 +155,9 @@ class EngineCache:
         """Delete the blob and record for ``sha256``; returns whether anything was there."""
         removed = False
         for path in (self.path(sha256), self._record_path(sha256)):
-            try:
+            with suppress(FileNotFoundError):
                 path.unlink()
                 removed = True
-            except FileNotFoundError:
-                pass
         return removed
 
     def _blobs(self) -> Iterator[tuple[Path, os.stat_result]]:

@@ -21,9 +21,9 @@ import httpx
 import typer
 
 from enginefarm.client import ApiError, Client
-from enginefarm.client.cirepair import REPAIR, with_repair
-from enginefarm.client.cisummary import junit_xml, markdown_summary, write_atomic
-from enginefarm.client.safepaths import UnsafePath
+from enginefarm.client.cirepair import REPAIR, recount, with_repair
+from enginefarm.client.cisummary import junit_xml, markdown_summary
+from enginefarm.client.safepaths import UnsafePath, write_text
 from enginefarm.client.sdk import BUILD_WAIT_S
 from enginefarm.client.terminal import PRECISION_HELP
 from enginefarm.core.domain import FINAL_STATES
@@ -213,15 +213,7 @@ def _past_deadline(gate: dict[str, Any], timeout: float) -> dict[str, Any]:
                 why = c["reason"].removeprefix("waiting: ")
                 c.update(verdict="fail", reason=f"not done after {timeout:g} s: {why}")
                 target["verdict"] = "fail"
-    failed = [c for t in gate["targets"] for c in t["checks"] if c["verdict"] == "fail"]
-    gate["verdict"] = "fail"
-    gate["counts"] = {
-        v: sum(c["verdict"] == v for t in gate["targets"] for c in t["checks"]) for v in ("pass", "fail", "pending")
-    }
-    gate["reason"] = f"{len(failed)} check(s) failed: " + "; ".join(
-        f"{c['target']} {c['check']}: {c['reason']}" for c in failed
-    )
-    return gate
+    return recount(gate, failed=True)
 
 
 def _wait_gate(client: Client, options: CiOptions, model_id: int, build_id: int, log: Log) -> dict[str, Any]:
@@ -306,9 +298,9 @@ def _api_detail(exc: ApiError) -> str:
 
 def _finish(options: CiOptions, result: CiResult) -> CiResult:
     if options.junit:
-        write_atomic(options.junit, junit_xml(result.gate, options.pending))
-    if options.summary:
-        write_atomic(options.summary, markdown_summary(result.gate, result.build_id), append=True)
+        write_text(options.junit, junit_xml(result.gate, options.pending))
+    if options.summary:  # appended: a CI's job summary file collects every step's
+        write_text(options.summary, markdown_summary(result.gate, result.build_id), append=True)
     return result
 
 

@@ -38,16 +38,7 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
         return _fp16_verdict(repair)
     before, after = repair["before"], repair["after"]
     numbers = {
-        "needed": repair["needed"],
-        "passed": repair["passed"],
-        "kept": repair["kept"],
-        "cosine_before": before["cosine"],
-        "cosine_after": after["cosine"],
-        "budget": repair.get("budget"),
-        "ranking": [
-            {"layers": r["layers"], "cosine_alone_float": r["cosine_alone_float"]}
-            for r in repair.get("ranking", [])[:5]
-        ],
+        **_numbers(repair, "cosine_alone_float"),
         **{k: repair[k] for k in ("latency_ms", "speedup", "faster_than_fp32", "recommend") if k in repair},
         **({"unrepaired_model_id": repair["unrepaired"]["model_id"]} if repair.get("unrepaired") else {}),
     }
@@ -68,24 +59,27 @@ def repair_verdict(build: dict[str, Any] | None) -> tuple[str, str, dict[str, An
     return "fail", f"repair failed: {repair.get('note') or 'no set of layers within the budget passes'}", numbers
 
 
-def _fp16_verdict(repair: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
-    from enginefarm.client.terminal import fp16_change
-
-    before, after = repair["before"], repair["after"]
-    numbers = {
-        "precision": "fp16",
+def _numbers(repair: dict[str, Any], alone: str) -> dict[str, Any]:
+    """The figures of a repair every precision has, its five most sensitive layers by their figure ``alone``."""
+    return {
         "needed": repair["needed"],
         "passed": repair["passed"],
         "kept": repair["kept"],
-        "violations_before": before.get("violations"),
-        "violations_after": after.get("violations"),
-        "cosine_before": before["cosine"],
-        "cosine_after": after["cosine"],
+        "cosine_before": repair["before"]["cosine"],
+        "cosine_after": repair["after"]["cosine"],
         "budget": repair.get("budget"),
-        "ranking": [
-            {"layers": r["layers"], "violations_alone_float": r["violations_alone_float"]}
-            for r in repair.get("ranking", [])[:5]
-        ],
+        "ranking": [{"layers": r["layers"], alone: r[alone]} for r in repair.get("ranking", [])[:5]],
+    }
+
+
+def _fp16_verdict(repair: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    from enginefarm.client.terminal import fp16_change
+
+    numbers = {
+        **_numbers(repair, "violations_alone_float"),
+        "precision": "fp16",
+        "violations_before": repair["before"].get("violations"),
+        "violations_after": repair["after"].get("violations"),
     }
     if not repair["needed"]:
         return "pass", f"not needed: fp16 passes its accuracy gate as converted ({fp16_change(repair)})", numbers
@@ -111,14 +105,21 @@ def with_repair(gate: dict[str, Any], build: dict[str, Any] | None) -> dict[str,
         target["checks"].insert(at, check)
         if verdict == "fail":
             target["verdict"] = "fail"
+    recount(gate, failed=verdict == "fail")
+    if verdict != "fail" and gate["targets"]:
+        gate["reason"] += f"; {precision} {reason}"
+    return gate
+
+
+def recount(gate: dict[str, Any], failed: bool) -> dict[str, Any]:
+    """The gate with its counts redone from its checks and, where ``failed``, its verdict fail and every failed check
+    in its reason."""
     every = [c for t in gate["targets"] for c in t["checks"]]
     gate["counts"] = {v: sum(c["verdict"] == v for c in every) for v in ("pass", "fail", "pending")}
-    if verdict == "fail":
-        failed = [c for c in every if c["verdict"] == "fail"]
+    if failed:
+        bad = [c for c in every if c["verdict"] == "fail"]
         gate["verdict"] = "fail"
-        gate["reason"] = f"{len(failed)} check(s) failed: " + "; ".join(
-            f"{c['target']} {c['check']}: {c['reason']}" for c in failed
+        gate["reason"] = f"{len(bad)} check(s) failed: " + "; ".join(
+            f"{c['target']} {c['check']}: {c['reason']}" for c in bad
         )
-    elif gate["targets"]:
-        gate["reason"] += f"; {precision} {reason}"
     return gate

@@ -6,18 +6,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
-
-from enginefarm.client.safepaths import write_text
-
-
-def write_atomic(path: Path, text: str, append: bool = False) -> None:
-    """Write ``text`` whole: a summary is appended (the CI's job summary file collects every step's) to a file that
-    is no symbolic link, a report is replaced through a new temporary file so a reader never sees half of it
-    (``safepaths.write_text``)."""
-    write_text(path, text, append=append)
-
 
 # ------------------------------------------------------------------------------------------------ reports
 

@@ -22,6 +22,7 @@ from enginefarm.client.terminal import (
     console,
     err,
     fail,
+    farm_call,
     need,
     print_quantize,
     print_tasks,
@@ -77,21 +78,18 @@ def upload(
     api: str | None = API_OPT,
 ) -> None:
     """Upload an .onnx file, or a .zip/.tar bundle of model.onnx and its external data."""
-    try:
-        with client_for(api) as c:
-            with transfer_bar() as bar:
-                tasks: list[TaskID] = []  # the bar shows once the first byte goes, not before a refusal
+    with farm_call(api) as c:
+        with transfer_bar() as bar:
+            tasks: list[TaskID] = []  # the bar shows once the first byte goes, not before a refusal
 
-                def sent(n: int) -> None:
-                    if not tasks:
-                        tasks.append(bar.add_task(f"upload {file.name}", total=file.stat().st_size))
-                    bar.advance(tasks[0], n)
+            def sent(n: int) -> None:
+                if not tasks:
+                    tasks.append(bar.add_task(f"upload {file.name}", total=file.stat().st_size))
+                bar.advance(tasks[0], n)
 
-                model, created = c.upload(file, name, version, on_bytes=sent, project=project)
-            if samples:
-                model = c.upload_samples(model["id"], samples)
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
+            model, created = c.upload(file, name, version, on_bytes=sent, project=project)
+        if samples:
+            model = c.upload_samples(model["id"], samples)
     console.print(
         f"{'uploaded' if created else 'already present'}: model {model['id']} "
         f"{model['name']} v{model['version']} sha256 {model['sha256'][:12]}"
@@ -192,11 +190,8 @@ def logs(
     api: str | None = API_OPT,
 ) -> None:
     """Print the builder log of each task of a build (the log's tail as the worker kept it), and its error."""
-    try:
-        with client_for(api) as c:
-            build = c.get(f"/v1/builds/{build_id}")
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
+    with farm_call(api) as c:
+        build = c.get(f"/v1/builds/{build_id}")
     tasks = [t for t in build["tasks"] if target in (None, t["target"])]
     if not tasks:
         console.print(f"[red]build {build_id} has no task for {target}; its targets: {', '.join(build['targets'])}")
@@ -297,10 +292,9 @@ def report(
 
     if plot:
         need("plot")
-    try:
-        with client_for(api) as c:
-            model_id = c.model_id(f"{model}:{version}" if version and not model.isdigit() else model)
-            data = c.wait_checks(model_id) if wait else c.report(model_id)
+    with farm_call(api) as c:
+        model_id = c.model_id(f"{model}:{version}" if version and not model.isdigit() else model)
+        data = c.wait_checks(model_id) if wait else c.report(model_id)
         if as_json:
             console.print_json(json.dumps(data))
             return
@@ -313,8 +307,6 @@ def report(
             console.print(section)
         if plot:
             console.print(f"plot: {plot_report(data, plot)}")
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
 
 
 def _wait_with_progress(c: Client, build: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -369,7 +361,6 @@ def hoisted(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """``enginefarm``: the client commands, and the farm's own (``enginefarm.commands`` entry points)."""
-    import sys
     from importlib.metadata import entry_points
 
     for plugin in entry_points(group="enginefarm.commands"):

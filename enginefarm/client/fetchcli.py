@@ -13,7 +13,7 @@ from rich.table import Table
 
 from enginefarm.client.artifacts import session_file
 from enginefarm.client.report import profiles_label
-from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, transfer_bar
+from enginefarm.client.terminal import API_OPT, client_for, console, err, fail, farm_call, transfer_bar
 from enginefarm.core.machine import Machine
 from enginefarm.core.shapes import shape_request
 from enginefarm.core.spec import PRECISIONS, Precision
@@ -324,24 +324,21 @@ def export_triton(
     from enginefarm.client.cache import EngineCache
     from enginefarm.client.tritonexport import export_from_farm
 
-    try:
-        with client_for(api) as c:
-            repo = export_from_farm(
-                c,
-                model,
-                out,
-                EngineCache(cache_dir),
-                version=version,
-                spec_hash=spec_hash,
-                backend=backend,
-                precision=precision,
-                accept=accept,
-                triton_version=triton_version,
-                name=name,
-                overwrite=overwrite,
-            )
-    except Exception as exc:  # noqa: BLE001 - every failure is printed in one line, then the command exits 1
-        fail(exc)
+    with farm_call(api) as c:
+        repo = export_from_farm(
+            c,
+            model,
+            out,
+            EngineCache(cache_dir),
+            version=version,
+            spec_hash=spec_hash,
+            backend=backend,
+            precision=precision,
+            accept=accept,
+            triton_version=triton_version,
+            name=name,
+            overwrite=overwrite,
+        )
     console.print(f"wrote {', '.join(repo.models)} under {repo.root}:")
     for f in repo.files:
         console.print(f"  {f.relative_to(repo.root)}", highlight=False)

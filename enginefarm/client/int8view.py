@@ -33,14 +33,14 @@ def gate_change(repair: Mapping[str, Any]) -> str:
     if precision_of(repair) != "fp16":
         return cosine
     return (
-        f"outside the fp16 tolerance {_share(before)} ({_gate(before)}) -> {_share(after)} ({_gate(after)}) of "
+        f"outside the fp16 tolerance {share(before)} ({_gate(before)}) -> {share(after)} ({_gate(after)}) of "
         f"output elements; cosine {before['cosine']:.4f} -> {after['cosine']:.4f}"
     )
 
 
-def _share(figure: Mapping[str, Any]) -> str:
-    share = f"{100 * (figure.get('violations') or 0.0):.2f}%"
-    return share + (" (inf/NaN)" if figure.get("non_finite") else "")
+def share(figure: Mapping[str, Any]) -> str:
+    """ "0.42%", the share of output elements outside the fp16 tolerance, with "(inf/NaN)" where some are."""
+    return f"{100 * (figure.get('violations') or 0.0):.2f}%" + (" (inf/NaN)" if figure.get("non_finite") else "")
 
 
 def outcome_line(repair: Mapping[str, Any]) -> Text:
@@ -48,7 +48,7 @@ def outcome_line(repair: Mapping[str, Any]) -> Text:
     before = repair["before"]
     cosine = gate_change(repair)
     if not repair["needed"] and precision_of(repair) == "fp16":
-        return Text(f"not needed: fp16 passes its accuracy gate as converted ({_share(before)} outside the tolerance)")
+        return Text(f"not needed: fp16 passes its accuracy gate as converted ({share(before)} outside the tolerance)")
     if not repair["needed"]:
         return Text(
             f"not needed: the {repair.get('recipe', 'operator')} form passes the int8 gate as quantized (cosine "

@@ -16,9 +16,12 @@ from enginefarm.core.wanted import Wanted
 _ACCURACY_OF: dict[Any, str] = {True: "pass", False: "fail"}
 
 
-def with_cpu(filters: dict[str, Any]) -> dict[str, Any]:
-    """``filters`` whose ``accept`` also takes an ONNX Runtime artifact on a GPU machine (``accept: cpu``)."""
-    return {**filters, "accept": sorted(set(filters.get("accept") or ()) | {"cpu"})}
+def query_filters(filters: dict[str, Any], allow_cpu: bool) -> dict[str, Any]:
+    """A resolve's filters as its query sends them: those given, sets as sorted lists; with ``allow_cpu``, ``accept``
+    also takes an ONNX Runtime artifact on a GPU machine (``accept: cpu``)."""
+    if allow_cpu:
+        filters = {**filters, "accept": sorted(set(filters.get("accept") or ()) | {"cpu"})}
+    return {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in filters.items() if v is not None}
 
 
 def resolve_offline(
@@ -50,11 +53,7 @@ def resolve_offline(
         )
         for sha, r in records.items()
     ]
-    filters = with_cpu(filters) if allow_cpu else filters
-    wanted = Wanted.model_validate(
-        {k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in filters.items() if v is not None}
-    )
-    choice = choose(options, machine, wanted)
+    choice = choose(options, machine, Wanted.model_validate(query_filters(filters, allow_cpu)))
 
     def row(j: Judged) -> dict[str, Any]:
         r, v = records[j.option.id], j.verdict

@@ -14,16 +14,22 @@ Conventions of the report that the rendering relies on:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
-import os
 import re
-import tempfile
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
-from rich.table import Table
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.table import Column, Table
 from rich.text import Text
+
+from enginefarm.client.safepaths import atomic_write
 
 Report = Mapping[str, Any]
 Row = Mapping[str, Any]
@@ -35,6 +41,8 @@ SLOWER_TOLERANCE = 0.05
 # Above this max/min ratio of the plotted values, a linear axis flattens the small bars to nothing.
 LOG_SPAN = 100.0
 _BATCH_KEY = re.compile(r"batch=(\d+)")
+# The width, in cells, below which a column that wraps reads badly (a status of three words a line).
+ROOMY = 20
 
 
 # ------------------------------------------------------------------------------ formatting
@@ -131,41 +139,151 @@ def profiles_label(profiles: Sequence[dict[str, Any]] | None) -> str:
     return "\n".join(lines) or DASH
 
 
-def _accuracy_cell(row: Row) -> Text:
+class Words:
+    """Text that wraps only between its units: a word, or words that read as one (``cos 0.999987``, a `code span` to
+    copy). A unit wider than the width breaks between its words, an option kept with its value."""
+
+    CODE_OR_WORD = re.compile(r"\S*`[^`]*`\S*|\S+")
+    PART = re.compile(r"-\S+ (?!-)\S+|\S+")
+
+    def __init__(self, *lines: Sequence[str | tuple[str, str]], style: str = "") -> None:
+        self.lines = [[(u, "") if isinstance(u, str) else u for u in line] for line in lines]
+        self.style = style
+
+    @classmethod
+    def of(cls, text: str, style: str = "") -> Words:
+        """``text``'s lines, a code span (with what touches it) one unit, any other word one unit."""
+        return cls(*(cls.CODE_OR_WORD.findall(line) for line in text.splitlines()), style=style)
+
+    @property
+    def whole(self) -> int:
+        """The width that keeps every unit whole."""
+        return max((cell_len(u) for line in self.lines for u, _ in line), default=0)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        parts = [cell_len(p) for line in self.lines for u, _ in line for p in self.PART.findall(u)]
+        lines = [cell_len(" ".join(u for u, _ in line)) for line in self.lines]
+        return Measurement(max(parts, default=0), max(lines, default=0))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width, text = options.max_width, Text(style=self.style)
+        for n, line in enumerate(self.lines):
+            used = 0
+            if n:
+                text.append("\n")
+            for unit, style in line:
+                for part in [unit] if cell_len(unit) <= width else self.PART.findall(unit):
+                    if used and used + 1 + cell_len(part) > width:
+                        text.append("\n")
+                        used = 0
+                    elif used:
+                        text.append(" ")
+                        used += 1
+                    text.append(part, style)
+                    used += cell_len(part)
+        yield text
+
+
+def _accuracy_cell(row: Row) -> Text | Words:
     accuracy = row.get("accuracy")
     if not accuracy:
         return Text(DASH, style="dim")
-    verdict = accuracy.get("pass")
-    text = {True: Text("PASS", style="bold green"), False: Text("FAIL", style="bold red")}.get(
-        verdict, Text(DASH, style="dim")
-    )
+    verdict = {True: ("PASS", "bold green"), False: ("FAIL", "bold red")}.get(accuracy.get("pass"), (DASH, "dim"))
+    units: list[str | tuple[str, str]] = [verdict]
     metrics = accuracy.get("metrics") or {}
     if (cosine := metrics.get("cosine")) is not None:
-        text.append(f" cos {cosine:.6f}")
+        units.append(f"cos {cosine:.6f}")
     if (mean_abs := metrics.get("mean_abs")) is not None:
-        text.append(f" mae {fmt_small(mean_abs)}")
-    return text
+        units.append(f"mae {fmt_small(mean_abs)}")
+    return Words(units)
 
 
-def _status_cell(row: Row) -> Text:
+def _status_cell(row: Row) -> Words:
     status = str(row.get("status") or "?")
     check = row.get("check") or {}
     if status == "measured" and check.get("state") == "failed":  # some shapes measured, the check still failed
-        return Text(f"measured; {check.get('detail')}", style="red")
+        return Words.of(f"measured; {check.get('detail')}", style="red")
     style = {"measured": "green", "pending": "yellow", "failed": "red"}.get(status, "")
     detail = str(row.get("detail") or "") if status != "measured" else ""
     if not detail:
-        return Text(status, style=style)
+        return Words.of(status, style=style)
     # Details usually say "benchmark pending: …" already; don't print the status twice.
-    return Text(detail if status in detail.lower() else f"{status}: {detail}", style=style)
+    return Words.of(detail if status in detail.lower() else f"{status}: {detail}", style=style)
 
 
 # ------------------------------------------------------------------------------ tables
 
 
+class FittedTable(Table):
+    """A table that fits the width it is drawn at without breaking a word or a number: it leaves out its optional
+    columns, least important first, until every column that wraps can have ``ROOMY`` cells (or its widest line), says
+    which it left out in its caption, and shares the width left among the columns that wrap at one level, none
+    narrower than its longest word nor, where the width allows, than its widest unit of ``Words``. Where even the
+    longest words can't fit, rich lays it out as any table."""
+
+    def __init__(self, *args: Any, optional: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.optional = tuple(optional)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        sizes = {id(c): _column_sizes(console, options, c) for c in self.columns}
+        kept = list(self.columns)
+        left_out: list[str] = []
+        for name in self.optional:
+            if self._fill(kept, sizes, width, ROOMY) is not None:
+                break
+            kept = [c for c in kept if c.header != name]
+            left_out.append(name)
+        widths = self._fill(kept, sizes, width, 0) or self._fill(kept, sizes, width, 0, whole=False)
+        if widths is None:
+            yield from super().__rich_console__(console, options)
+            return
+        table = copy.copy(self)
+        table.columns = [dataclasses.replace(c, width=w, _index=i) for i, (c, w) in enumerate(zip(kept, widths))]
+        if left_out:
+            table.caption = f"left out to fit {width} columns: {', '.join(left_out)}"
+        yield from Table.__rich_console__(table, console, options)
+
+    def _fill(
+        self,
+        columns: Sequence[Column],
+        sizes: Mapping[int, tuple[int, int, int]],
+        width: int,
+        floor: int,
+        whole: bool = True,
+    ) -> list[int] | None:
+        """Content widths of ``columns`` within ``width``, each wrapping column at least ``floor`` cells (or its widest
+        line), its longest word and, with ``whole``, its widest unit; None where they can't fit."""
+        edges = len(columns) + 1 if self.box and self.show_edge else len(columns) - 1 if self.box else 0
+        room = width - edges - (self.padding[1] + self.padding[3]) * len(columns)
+        tops, lows = [], []
+        for c in columns:
+            word, top, unit = sizes[id(c)]
+            tops.append(top)
+            lows.append(top if c.no_wrap else max(word, min(top, floor), unit if whole else 0))
+        if sum(lows) > room:
+            return None
+        level = max(tops, default=0)
+        while sum(max(low, min(top, level)) for low, top in zip(lows, tops)) > room:
+            level -= 1
+        return [max(low, min(top, level)) for low, top in zip(lows, tops)]
+
+
+def _column_sizes(console: Console, options: ConsoleOptions, column: Column) -> tuple[int, int, int]:
+    """A column's longest word, longest line and widest unit of ``Words``, header included, padding left out."""
+    wide = options.update_width(10_000)  # measured at any width
+    ranges = [Measurement.get(console, wide, cell) for cell in (column.header, *column.cells)]
+    unit = max((cell.whole for cell in column.cells if isinstance(cell, Words)), default=0)
+    return max(r.minimum for r in ranges), max(r.maximum for r in ranges), unit
+
+
 def report_table(report: Report) -> Table:
-    """Every engine × measured shape on one line, pending and failed ones with the reason why."""
-    table = Table(title=model_title(report), title_style="bold")
+    """Every engine × measured shape on one line, pending and failed ones with the reason why. Where the width is
+    short, the profiles, p90, size and device columns are left out, in that order."""
+    table = FittedTable(
+        title=model_title(report), title_style="bold", optional=("profiles", "p90 ms", "size", "device")
+    )
     table.add_column("target", no_wrap=True)
     table.add_column("variant")
     table.add_column("profiles")
@@ -225,17 +343,16 @@ def regression_table(report: Report) -> Table | None:
     rows = [row for row in report.get("rows") or [] if row.get("regression")]
     if not previous_model or not rows:
         return None
-    table = Table(title=f"{model_title(report)} vs version {previous_model.get('version', '?')}", title_style="bold")
+    table = FittedTable(
+        title=f"{model_title(report)} vs version {previous_model.get('version', '?')}",
+        title_style="bold",
+        optional=("size Δ", "qps Δ", "cosine Δ", "p99 Δ ms"),
+    )
     table.add_column("target", no_wrap=True)
     table.add_column("variant")
     table.add_column("shape")
-    table.add_column("p50 ms", justify="right", no_wrap=True)
-    table.add_column("Δ ms", justify="right", no_wrap=True)
-    table.add_column("Δ %", justify="right", no_wrap=True)
-    table.add_column("p99 Δ ms", justify="right", no_wrap=True)
-    table.add_column("qps Δ", justify="right", no_wrap=True)
-    table.add_column("size Δ", justify="right", no_wrap=True)
-    table.add_column("cosine Δ", justify="right", no_wrap=True)
+    for name in ("p50 ms", "Δ ms", "Δ %", "p99 Δ ms", "qps Δ", "size Δ", "cosine Δ"):
+        table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         regression = row["regression"]
         previous, now, delta, percent = _median_change(row)
@@ -291,9 +408,7 @@ def _nothing_measured(report: Report) -> ValueError:
     rows = report.get("rows") or []
     if not rows:
         return ValueError(f"nothing measured yet: {model_title(report)} has no engines to report on")
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[str(row.get("status"))] = counts.get(str(row.get("status")), 0) + 1
+    counts = Counter(str(row.get("status")) for row in rows)
     summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
     details = sorted({str(row["detail"]) for row in rows if row.get("detail")})
     why = f" ({'; '.join(details[:3])})" if details else ""
@@ -316,8 +431,8 @@ def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
     """Grouped bars of median latency per target and shape, with whiskers up to p99, written as PNG.
 
     Uses the object-oriented Agg API rather than pyplot, so it needs no display and leaves no global
-    figure state behind in a long-running process. The file is written to a temp name in the same
-    directory and renamed, so a reader never sees half a PNG and a failure leaves no partial file.
+    figure state behind in a long-running process. The file is written as every file of the client is
+    (``safepaths.atomic_write``): a reader never sees half a PNG and a failure leaves no partial file.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -379,16 +494,6 @@ def plot_report(report: Report, path: Path, *, dpi: int = 120) -> Path:
     ax.set_axisbelow(True)
     ax.legend(title="shape", fontsize="small")
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".tmp-{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            os.fchmod(tmp.fileno(), 0o644)  # mkstemp's 0600 would hide the chart from a web server
-            fig.savefig(tmp, format="png", dpi=dpi)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, None, prefix=f".tmp-{path.name}.") as out:
+        fig.savefig(cast("IO[bytes]", out), format="png", dpi=dpi)  # a binary file, though typed RawIOBase
     return path

@@ -16,7 +16,7 @@ from enginefarm.client.artifacts import check_bytes, destination, place_cached, 
 from enginefarm.client.cache import EngineCache
 from enginefarm.client.errors import ApiError, api_error
 from enginefarm.client.jobs import BuildJob
-from enginefarm.client.offline import with_cpu
+from enginefarm.client.offline import query_filters
 from enginefarm.client.transport import ProgressReader, Transport, size_of
 from enginefarm.core.domain import FINAL_STATES, SCOPES, scope_allows
 from enginefarm.core.errors import BuildFailed, Forbidden, ModelRejected, NotFound, Unauthorized
@@ -112,14 +112,9 @@ class Client(Transport):
         """Store an .npz of sample inputs with a model (int8 calibration, accuracy checks); returns the model."""
         path = Path(path)
         with path.open("rb") as f:
-            model: dict[str, Any] = self._json(
-                self.http.post(
-                    f"/v1/models/{model_id}/samples",
-                    files={"file": (path.name, f, "application/octet-stream")},
-                    timeout=None,
-                )
-            )
-            return model
+            files = {"file": (path.name, f, "application/octet-stream")}
+            response = self.http.post(f"/v1/models/{model_id}/samples", files=files, timeout=None)
+        return cast("dict[str, Any]", self._json(response))
 
     def build(
         self,
@@ -171,19 +166,9 @@ class Client(Transport):
         spec: dict[str, Any] | None = None,
         queue_without_worker: bool | None = None,
     ) -> dict[str, Any]:
-        sweep: dict[str, Any] = self._json(
-            self.http.post(
-                "/v1/sweeps",
-                json={
-                    "model_id": model_id,
-                    "targets": targets,
-                    "spec": spec or {},
-                    "axes": axes,
-                    **_queueing(queue_without_worker),
-                },
-            )
-        )
-        return sweep
+        body = {"model_id": model_id, "targets": targets, "spec": spec or {}, "axes": axes}
+        body |= _queueing(queue_without_worker)
+        return cast("dict[str, Any]", self._json(self.http.post("/v1/sweeps", json=body)))
 
     def report(self, model_id: int) -> dict[str, Any]:
         return cast("dict[str, Any]", self.get(f"/v1/models/{model_id}/report"))
@@ -295,14 +280,13 @@ class Client(Transport):
             from enginefarm.core.probe.machineprobe import this_machine
 
             machine = this_machine()
-        filters = with_cpu(filters) if allow_cpu else filters
         body = {
             "model": model,
             "version": version,
             "machine": asdict(machine),
             "explain": explain,
             "build": build,
-            **{k: sorted(v) if isinstance(v, (set, frozenset)) else v for k, v in filters.items() if v is not None},
+            **query_filters(filters, allow_cpu),
         }
         if cache is None:
             return cast("dict[str, Any]", self._json(self.http.post("/v1/resolve", json=body)))

@@ -240,11 +240,9 @@ def print_quantize(build: dict[str, Any]) -> None:
 def fp16_change(repair: dict[str, Any]) -> str:
     """ "100.00% (inf/NaN) -> 0.00% of output elements outside the fp16 tolerance, cosine -1.0000 -> 1.0000" from a
     build's fp16 repair report."""
+    from enginefarm.client.int8view import share
+
     before, after = repair["before"], repair["after"]
-
-    def share(f: dict[str, Any]) -> str:
-        return f"{100 * (f.get('violations') or 0.0):.2f}%" + (" (inf/NaN)" if f.get("non_finite") else "")
-
     return (
         f"{share(before)} -> {share(after)} of output elements outside the fp16 tolerance, cosine "
         f"{before['cosine']:.4f} -> {after['cosine']:.4f}"

@@ -108,8 +108,8 @@ class Transport:
 
     # ------------------------------------------------------------------ downloads
 
-    def _stream(self, url: str, out: Any, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> str | None:
-        """Write a blob's bytes to ``out`` (a HashingWriter); returns the sha256 the farm sent in its header.
+    def _stream(self, url: str, out: Any, on_bytes: Callable[[int], None] | None, attempts: int = 4) -> None:
+        """Write a blob's bytes to ``out`` (a HashingWriter), checked against the sha256 the farm sends in its header.
 
         Follows the farm's redirect to S3 (httpx drops the token on the way to another host). A connection that
         breaks mid-download is resumed from the bytes already written (``Range``), up to ``attempts`` times; a
@@ -132,12 +132,13 @@ class Transport:
                         if on_bytes:
                             on_bytes(len(chunk))
                     _check_length(url, r)
-                    return header
+                    break
             except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ReadTimeout, httpx.ConnectError):
                 if attempt == attempts - 1:
                     raise
                 time.sleep(min(0.5 * 2**attempt, 5))
-        return header
+        if header and out.hexdigest() != header:
+            raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header}")
 
     def _download(
         self,
@@ -154,13 +155,8 @@ class Transport:
         temporary file; otherwise nothing is left at ``dest`` or beside it."""
         dest = Path(dest)
         with atomic_write(dest, expected_sha256, prefix=f".{dest.name}{TMP_PREFIX}", size=size, verify=verify) as out:
-            self._check_header(url, out, self._stream(url, out, on_bytes))
+            self._stream(url, out, on_bytes)
         return out.hexdigest()
-
-    @staticmethod
-    def _check_header(url: str, out: Any, header_sha: str | None) -> None:
-        if header_sha and out.hexdigest() != header_sha:
-            raise IntegrityError(f"{url}: downloaded sha256 {out.hexdigest()}, the server says {header_sha}")
 
     def download(
         self,
@@ -201,7 +197,7 @@ class Transport:
         if not hit:
             url = f"/v1/engines/{record_id(engine.get('id'), 'the engine')}/content"
             with cache.writer(sha, size_of(engine)) as out:
-                self._check_header(url, out, self._stream(url, out, on_bytes))
+                self._stream(url, out, on_bytes)
         cache.remember(engine, self.base_url)
         return cache.path(sha), hit
 

@@ -19,23 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from enginefarm.client.safepaths import check_name, in_folder
-from enginefarm.client.tritonplans import RTX_WARNING, engine_warnings, plan_layout
+from enginefarm.client.tritonplans import engine_warnings, plan_layout
 from enginefarm.core.domain import cc_tuple
 from enginefarm.core.ortcuda import known_run_options
-
-__all__ = [
-    "ONNX_TO_TRITON",
-    "PLAN_BACKENDS",
-    "RTX_WARNING",
-    "TritonRepository",
-    "batching",
-    "fixed_dims",
-    "plan_layout",
-    "render_config",
-    "sanitize_model_name",
-    "triton_dtype",
-    "write_repository",
-]
 
 ONNX_TO_TRITON: dict[str, str] = {
     "BOOL": "TYPE_BOOL",
@@ -90,24 +76,13 @@ def sanitize_model_name(name: str) -> str:
     return safe
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _quote(text: str) -> str:
     """A protobuf text-format string literal; non-printable and non-ASCII bytes as octal escapes."""
-    out = []
-    for byte in text.encode("utf-8"):
-        char = chr(byte)
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\r":
-            out.append("\\r")
-        elif char == "\t":
-            out.append("\\t")
-        elif 32 <= byte < 127:
-            out.append(char)
-        else:
-            out.append(f"\\{byte:03o}")
-    return '"' + "".join(out) + '"'
+    body = "".join(_ESCAPES.get(chr(b)) or (chr(b) if 32 <= b < 127 else f"\\{b:03o}") for b in text.encode())
+    return f'"{body}"'
 
 
 def _dynamic(dim: Any) -> bool:

@@ -15,8 +15,6 @@ from enginefarm.client.triton import PLAN_BACKENDS, TritonRepository, batching, 
 from enginefarm.core.domain import cc_tuple
 from enginefarm.core.machine import Machine
 
-__all__ = ["PLAN_PREFERENCE", "UPLOAD_FILES", "config_spec", "export_from_farm", "triton_machine", "upload_name"]
-
 QUANTIZED = ("int8", "fp8")
 # The scratch file of each upload format the farm takes (``core.bundle.FORMATS``).
 UPLOAD_FILES = {"onnx": "upload.onnx", "zip": "upload.zip", "tar": "upload.tar"}
@@ -82,57 +80,35 @@ def export_from_farm(
         raise NotFound(f"no model {model_name!r}" + (f" version {version!r}" if version else "") + " in the catalog")
     model = max(versions, key=lambda m: m["id"])
     scratch_name = upload_name(model)  # before anything is written: an unknown format is refused here
-    listed = client.engines(model=model_name, limit=500)["items"]
+    listed = [
+        e
+        for e in client.engines(model=model_name, limit=500)["items"]
+        if model["version"] in (e["model_version"], e.get("variant_of"))
+    ]
+
+    def ask(machine: Machine, backend: str | None) -> dict[str, Any] | None:
+        filters = {"spec_hash": spec_hash, "precision": precision, "backend": backend, "accept": accept}
+        return _resolve_or_none(client, model_name, machine, version=model["version"], **filters)
+
     # A portable engine serves every compute capability it lists: each is asked for, and may get it.
-    ccs = sorted(
-        {
-            cc
-            for e in listed
-            if e["backend"] in PLAN_BACKENDS and model["version"] in (e["model_version"], e.get("variant_of"))
-            for cc in ([e["compute_capability"]] if e["compute_capability"] else e["compute_capabilities"])
-        },
-        key=cc_tuple,
-    )
+    ccs = {
+        cc
+        for e in listed
+        if e["backend"] in PLAN_BACKENDS
+        for cc in ([e["compute_capability"]] if e["compute_capability"] else e["compute_capabilities"])
+    }
     chosen: dict[str, Mapping[str, Any]] = {}
-    for cc in ccs:
+    for cc in sorted(ccs, key=cc_tuple):
         for b in [backend] if backend else PLAN_PREFERENCE:
-            answer = _resolve_or_none(
-                client,
-                model_name,
-                triton_machine(cc),
-                version=model["version"],
-                spec_hash=spec_hash,
-                precision=precision,
-                backend=b,
-                accept=accept,
-            )
-            if answer is not None:
+            if (answer := ask(triton_machine(cc), backend=b)) is not None:
                 chosen[cc] = answer["engine"]
                 break
     # The farm's onnxruntime/cuda artifacts, one per compute capability it built them on, as resolve hands them to a
     # GPU of that capability whose ONNX Runtime has its CUDA provider.
-    ort_ccs = sorted(
-        {
-            e["compute_capability"]
-            for e in listed
-            if str(e["target"]).startswith("onnxruntime/cuda-")
-            and e["compute_capability"]
-            and model["version"] in (e["model_version"], e.get("variant_of"))
-        },
-        key=cc_tuple,
-    )
+    ort_ccs = {e["compute_capability"] for e in listed if str(e["target"]).startswith("onnxruntime/cuda-")} - {None, ""}
     ort_chosen: dict[str, Mapping[str, Any]] = {}
-    for cc in ort_ccs if backend in (None, "onnxruntime") else []:
-        answer = _resolve_or_none(
-            client,
-            model_name,
-            Machine(compute_capability=cc, ort_cuda=True),
-            version=model["version"],
-            spec_hash=spec_hash,
-            precision=precision,
-            backend="onnxruntime",
-            accept=accept,
-        )
+    for cc in sorted(ort_ccs, key=cc_tuple) if backend in (None, "onnxruntime") else []:
+        answer = ask(Machine(compute_capability=cc, ort_cuda=True), backend="onnxruntime")
         if answer is not None and str(answer["engine"]["target"]).startswith("onnxruntime/cuda-"):
             ort_chosen[cc] = answer["engine"]
     for engine in [*chosen.values(), *ort_chosen.values()]:

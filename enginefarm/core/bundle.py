@@ -292,48 +292,26 @@ def _extract(
             used += put(src, target, e, limits.max_unpacked_bytes - used)
 
 
-def _open_archive(path: Path, fmt: str) -> zipfile.ZipFile | tarfile.TarFile:
-    """Open a bundle for reading; the caller closes it."""
-    if fmt == "zip":
-        return zipfile.ZipFile(path)
-    if fmt == "tar":
-        return tarfile.open(path, mode="r")
-    raise ValueError(f"unknown bundle format {fmt!r}")
-
-
-def _list_entries(archive: zipfile.ZipFile | tarfile.TarFile, limits: BundleLimits) -> list[_Entry]:
-    """Return the bundle's members, each vetted on its own."""
-    if isinstance(archive, zipfile.ZipFile):
-        return list(_zip_entries(archive))
-    return list(_tar_entries(archive, limits.max_files))
-
-
-def _unpack_open(
-    archive: zipfile.ZipFile | tarfile.TarFile,
-    fmt: str,
-    dest: Path,
-    limits: BundleLimits,
-    packed: int,
-    only: str | None,
-) -> None:
-    """Vet the whole listing before writing a byte, then extract."""
-    entries = _list_entries(archive, limits)
-    _check_layout(entries)
-    _check_sizes(entries, limits, fmt, packed)
-    entries = _strip_single_top_dir(entries)
-    if not any(e.name == MODEL_NAME and not e.is_dir for e in entries):
-        raise ModelRejected(f"bundle has no {MODEL_NAME} at its top level")
-    open_member = archive.open if isinstance(archive, zipfile.ZipFile) else archive.extractfile
-    _extract(entries, open_member, dest, limits, only)
-
-
 def _unpack(path: Path, fmt: str, dest: Path, limits: BundleLimits, only: str | None) -> Path:
+    """Vet the whole listing before writing a byte, then extract."""
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):
         raise ValueError(f"{dest} must be empty to unpack a bundle into it")
+    if fmt not in ("zip", "tar"):
+        raise ValueError(f"unknown bundle format {fmt!r}")
     try:
-        with _open_archive(path, fmt) as archive:
-            _unpack_open(archive, fmt, dest, limits, path.stat().st_size, only)
+        with zipfile.ZipFile(path) if fmt == "zip" else tarfile.open(path, mode="r") as archive:
+            open_member: Callable[[Any], Any]
+            if isinstance(archive, zipfile.ZipFile):
+                entries, open_member = list(_zip_entries(archive)), archive.open
+            else:
+                entries, open_member = list(_tar_entries(archive, limits.max_files)), archive.extractfile
+            _check_layout(entries)
+            _check_sizes(entries, limits, fmt, path.stat().st_size)
+            entries = _strip_single_top_dir(entries)
+            if not any(e.name == MODEL_NAME and not e.is_dir for e in entries):
+                raise ModelRejected(f"bundle has no {MODEL_NAME} at its top level")
+            _extract(entries, open_member, dest, limits, only)
     except _ARCHIVE_ERRORS as exc:
         raise ModelRejected(f"not a readable {fmt} bundle: {exc}") from None
     return dest / MODEL_NAME

@@ -19,7 +19,7 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
-from enginefarm.core.compat_ortcuda import check_ort_cuda, check_ort_version, is_ort_cuda, ort_cuda_verdict
+from enginefarm.core.compat_ortcuda import check_ort_cuda, check_ort_version, is_ort_cuda
 from enginefarm.core.domain import (
     ENGINE_FACTS,
     Backend,
@@ -53,13 +53,9 @@ CROSS_MAJOR: frozenset[tuple[int, int]] = frozenset({(8, 9), (8, 10), (10, 11)})
 VERSION_COMPAT_FLOOR = (8, 6)
 
 
-def _names_runtimes(m: Machine) -> bool:
-    return bool(m.trt_version or m.trt_rtx_version)
-
-
 def _runtime_missing(rule: Rule, built: str, runtime: str, other: str, m: Machine) -> Check:
     """The machine did not name this engine's runtime: absent if it named another, else unknown."""
-    if _names_runtimes(m):
+    if m.trt_version or m.trt_rtx_version:
         return check_fail(Rule.RUNTIME, f"built with {built}; you run no {runtime} runtime (only {other})")
     return check_unchecked(rule, f"built with {built}; your {runtime} version is unknown")
 
@@ -336,21 +332,24 @@ def judge(e: EngineDescriptor, m: Machine, full: bool = True) -> Verdict:
         return failing
     if whole is not None:
         return Verdict(whole.runs, whole.match, whole.reason, list(whole.checks))
-    checks = list(kept)
-    if is_ort_cuda(e):
-        return ort_cuda_verdict(e, m, [*checks, _check_memory(e, m)])
-    checks += [c for c in (_check_memory(e, m), _check_shapes(e, m)) if c is not None]
+    # An ONNX Runtime CUDA artifact is a prepared graph: judged with its memory, not by profiles.
+    ort = is_ort_cuda(e)
+    checks = [*kept, _check_memory(e, m)]
+    if not ort and (shapes := _check_shapes(e, m)) is not None:
+        checks.append(shapes)
     failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
     if failed:
         return Verdict(False, None, failed.detail, checks)
     relaxed = [c for c in checks if c.outcome is Outcome.RELAXED]
     if relaxed:
-        version = any(c.rule is Rule.TRT_VERSION for c in relaxed)
+        rules = {c.rule for c in relaxed}
+        version = bool(rules & {Rule.TRT_VERSION, Rule.ORT_VERSION}) and Rule.ORT_CUDA not in rules
         match = Match.VERSION_COMPAT if version else Match.HARDWARE_COMPAT
         return Verdict(True, match, "; ".join(c.detail for c in relaxed), checks)
+    built = "ONNX Runtime CUDA graph prepared" if ort else "built"
     if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
-        return Verdict(True, Match.EXACT_GPU, f"built on your GPU model, {e.gpu_name}", checks)
-    reason = f"built for your compute capability {e.compute_capability}"
-    if e.gpu_name and m.gpu_name and e.hardware_compat == HardwareCompat.NONE.value:
+        return Verdict(True, Match.EXACT_GPU, f"{built} on your GPU model, {e.gpu_name}", checks)
+    reason = f"{built} for your compute capability {e.compute_capability}"
+    if e.gpu_name and m.gpu_name and e.hardware_compat == HardwareCompat.NONE.value and not ort:
         reason += f" (on an {e.gpu_name}, not your {m.gpu_name})"
     return Verdict(True, Match.EXACT_CC, reason, checks)

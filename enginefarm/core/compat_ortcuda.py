@@ -1,6 +1,6 @@
 """The rules for an ONNX Runtime CUDA artifact (target ``onnxruntime/cuda-smXY``): a prepared graph, not GPU code,
 so it runs on any GPU the CUDA build of ONNX Runtime supports, on an ONNX Runtime as new as the one that prepared it.
-Called by ``enginefarm.core.compat.judge``."""
+Called by ``enginefarm.core.compat.judge``, whose verdict they make."""
 
 from __future__ import annotations
 
@@ -9,10 +9,7 @@ from enginefarm.core.machine import Machine
 from enginefarm.core.verdicts import (
     NO_CC,
     Check,
-    Match,
-    Outcome,
     Rule,
-    Verdict,
     check_fail,
     check_ok,
     check_relaxed,
@@ -78,26 +75,4 @@ def check_ort_version(e: EngineDescriptor, m: Machine) -> Check:
         )
     return check_relaxed(
         Rule.ORT_VERSION, f"prepared by ONNX Runtime {e.backend_version}, runs on your later {m.ort_version}"
-    )
-
-
-def ort_cuda_verdict(e: EngineDescriptor, m: Machine, checks: list[Check]) -> Verdict:
-    """The verdict on an ONNX Runtime CUDA artifact from its checks (the kind's, then its memory's)."""
-    failed = next((c for c in checks if c.outcome is Outcome.FAIL), None)
-    if failed:
-        return Verdict(False, None, failed.detail, checks)
-    relaxed = [c for c in checks if c.outcome is Outcome.RELAXED]
-    if any(c.rule is Rule.ORT_CUDA for c in relaxed):
-        return Verdict(True, Match.HARDWARE_COMPAT, "; ".join(c.detail for c in relaxed), checks)
-    if relaxed:
-        return Verdict(True, Match.VERSION_COMPAT, "; ".join(c.detail for c in relaxed), checks)
-    if e.gpu_name and m.gpu_name and e.gpu_name == m.gpu_name:
-        return Verdict(
-            True, Match.EXACT_GPU, f"ONNX Runtime CUDA graph prepared on your GPU model, {e.gpu_name}", checks
-        )
-    return Verdict(
-        True,
-        Match.EXACT_CC,
-        f"ONNX Runtime CUDA graph prepared for your compute capability {e.compute_capability}",
-        checks,
     )

@@ -1,22 +1,12 @@
-"""Large files written around the page cache (``O_DIRECT``): engine plans, and a local store's copies.
+"""Large files written around the page cache (``O_DIRECT``): engine plans, and a local store's copies, which are
+fsynced after and not read again soon, so the fsync has almost nothing left to write.
 
-An engine plan is tens to hundreds of MB that the builder hands over in memory. The farm then stores it (a local
-store links the file in and fsyncs it; an S3 store reads it once to send it), and nobody reads it again on this
-machine soon. A buffered write first copies every page into the page cache and leaves it dirty for the fsync that
-follows; written with ``O_DIRECT`` the same bytes skip that copy, and the fsync after them has almost nothing left
-to do. Object stores write large objects the same way for the same reason.
-
-``O_DIRECT`` needs the buffer's address, the length and the file offset aligned to the device's blocks:
-``DirectFile`` stages what is written through a page-aligned buffer, writes it a stage at a time, pads the last
-block and cuts the file back to its length when closed. Where the file system refuses ``O_DIRECT`` (``EINVAL``,
-at the flag or at the first write: some network and FUSE file systems) or the platform has none, it writes the
-usual way from that point on. Nothing is fsynced here: a caller that needs the bytes on disk fsyncs
-(``LocalBlobStore.put_file``), and that fsync then has nothing left to write.
-
-Only where that fsync follows: a worker whose engines go to an S3 store never fsyncs them and sends them from the
-page cache, so there the plans are written the usual way (``write_plans_direct``), and only hashed as written.
-An upload is spooled the usual way too: its inspection reads the spool right after, from the page cache, while
-the fsync runs beside it (measured: 57 ms buffered against 79 ms direct for 27 MB, spool to stored).
+``DirectFile`` stages what is written through a page-aligned buffer (``O_DIRECT`` needs the address, the length and
+the offset aligned to the device's blocks), writes it a stage at a time, pads the last block and cuts the file back
+to its length when closed. Where the file system refuses ``O_DIRECT`` (``EINVAL``, at the flag or at the first
+write) or the platform has none, it writes the usual way from that point on. Nothing is fsynced here: the caller
+does (``LocalBlobStore.put_file``). A worker whose engines go to an S3 store writes its plans the usual way
+(``write_plans_direct``), only hashed as written.
 """
 
 from __future__ import annotations
@@ -147,9 +137,8 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 def write_plans_direct(on: bool) -> None:
-    """Whether ``write_hashed`` writes around the page cache in this process (and the processes it forks): yes
-    where what it writes is fsynced next (a worker whose engines go to a local store), no where it is read once
-    and never fsynced (an S3 store sends it from the page cache: measured 0.03 s a task slower with O_DIRECT)."""
+    """Whether ``write_hashed`` writes around the page cache in this process (and the processes it forks): where
+    what it writes is fsynced next (a worker whose engines go to a local store)."""
     global _around_cache
     _around_cache = on
 

@@ -6,7 +6,13 @@ things are wrong at once, the list of problems.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+
+def problem(loc: Sequence[object], msg: str) -> dict[str, Any]:
+    """One of the problems an error lists: where (``loc``, a path into the request) and what."""
+    return {"loc": loc, "msg": msg}
 
 
 class EnginefarmError(Exception):

@@ -7,6 +7,8 @@ import string
 import unicodedata
 from typing import Any
 
+from enginefarm.core.errors import problem
+
 NAME_MAX = 200
 VERSION_MAX = 100
 PROJECT_MAX = 64
@@ -49,21 +51,16 @@ def check_model_name(name: str | None, version: str | None) -> list[dict[str, An
     """Problems with an upload's model name and version, as validation problems (none when both are fine)."""
     problems = []
     if not name or not name.strip():
-        problems.append({"loc": ["name"], "msg": "give the model a 'name'"})
+        problems.append(problem(["name"], "give the model a 'name'"))
     elif msg := name_problem("name", name, NAME_MAX):
-        problems.append({"loc": ["name"], "msg": msg})
+        problems.append(problem(["name"], msg))
     if version is not None:
         if msg := name_problem("version", version, VERSION_MAX, extra="+"):
-            problems.append({"loc": ["version"], "msg": msg})
+            problems.append(problem(["version"], msg))
         elif version.lower() in RESERVED_VERSIONS:
-            problems.append(
-                {
-                    "loc": ["version"],
-                    "msg": f"version {version!r} is reserved: resolve and fetch read "
-                    f"'{version.lower()}' as the newest version; choose another "
-                    "version, or leave it out to get the next number",
-                }
-            )
+            newest = f"resolve and fetch read '{version.lower()}' as the newest version"
+            other = "choose another version, or leave it out to get the next number"
+            problems.append(problem(["version"], f"version {version!r} is reserved: {newest}; {other}"))
     return problems
 
 
@@ -71,6 +68,6 @@ def upload_problems(name: str | None, version: str | None, project: str | None) 
     """Problems with an upload's form fields (name, version, project), as validation problems: what the farm refuses
     after the upload (``api.services.ingest``) and the client checks before sending a byte."""
     problems = check_model_name(name, version)
-    if project and (problem := project_problem(project)):
-        problems.append({"loc": ["project"], "msg": problem})
+    if project and (why := project_problem(project)):
+        problems.append(problem(["project"], why))
     return problems

@@ -4,7 +4,7 @@ the driver (or without pynvml) gets NvmlUnavailable saying which, and nothing el
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 
@@ -30,7 +30,5 @@ def nvml_session() -> Iterator[Any]:
     try:
         yield pynvml
     finally:
-        try:
+        with suppress(Exception):  # shutting down is best effort
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutting down is best effort
-            pass

@@ -38,11 +38,6 @@ def profile_covers(profile: dict[str, dict[str, list[int]]], shapes: dict[str, d
     return profile_gap(0, profile, shapes) is None
 
 
-def covering_profiles(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> list[int]:
-    """The indices of the engine's profiles that cover every requested shape range."""
-    return [i for i, p in enumerate(e.profiles) if profile_gap(i, p, shapes) is None]
-
-
 def profile_fit(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float]:
     """How tightly a covering profile fits the request, smaller is better: first its width, the number of distinct
     shapes it admits for the requested inputs (the product over their dims of max - min + 1), then how far its opt
@@ -59,5 +54,5 @@ def profile_fit(profile: dict[str, dict[str, list[int]]], shapes: dict[str, dict
 def shape_fit(e: EngineDescriptor, shapes: dict[str, dict[str, list[int]]]) -> tuple[int, float] | None:
     """The fit of the engine's best covering profile; None when the request names no shapes or the profiles
     are unknown."""
-    fits = [profile_fit(e.profiles[i], shapes) for i in covering_profiles(e, shapes)] if shapes else []
+    fits = [profile_fit(p, shapes) for p in e.profiles if profile_covers(p, shapes)] if shapes else []
     return min(fits) if fits else None

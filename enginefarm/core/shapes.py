@@ -145,14 +145,6 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES.get(dtype.upper(), UNKNOWN_DTYPE_BYTES)
 
 
-def volume(dims: list[int]) -> int:
-    """The number of elements of a tensor of these dims (1 for a scalar)."""
-    out = 1
-    for d in dims:
-        out *= d
-    return out
-
-
 def format_bytes(size: int) -> str:
     """1073741824 → '1 GiB', 805306368 → '768 MiB' (binary units, at most one decimal)."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
-PERCENTILES = (90, 95, 99)
 # The phases of one inference: host→device copy, compute, device→host copy, and all of it end to end.
 PHASES = ("e2e", "compute", "h2d", "d2h")
 

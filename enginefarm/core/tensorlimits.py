@@ -4,12 +4,14 @@ when the spec is accepted, so a worker never tries to allocate more."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from enginefarm.core.domain import ModelInfo
-from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims, volume
+from enginefarm.core.errors import problem
+from enginefarm.core.shapes import dtype_bytes, format_bytes, format_dims
 from enginefarm.core.spec import MAX_DIM, BuildSpec
 
 if TYPE_CHECKING:
@@ -79,7 +81,7 @@ def tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits)
             # Unknown inputs, wrong ranks and dims out of range are problems of their own (validate_spec's).
             if tensor is None or len(dims) != len(tensor.dims) or any(not 1 <= d <= MAX_DIM for d in dims):
                 continue
-            elements = volume(dims)
+            elements = math.prod(dims)
             sizes[name] = size = elements * dtype_bytes(tensor.dtype)
             if size <= limits.max_bytes and elements <= limits.max_elements:
                 continue
@@ -93,13 +95,11 @@ def tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits)
                 else f"{limits.max_elements} elements a tensor (ENGINEFARM_MAX_TENSOR_ELEMENTS)"
             )
             problems.append(
-                {
-                    "loc": loc + [name],
-                    "msg": (
-                        f"input {name!r} at {format_dims(dims)} ({what}) is {elements} {tensor.dtype} elements, "
-                        f"{format_bytes(size)}: over the limit of {limit}; give it smaller shapes"
-                    ),
-                }
+                problem(
+                    loc + [name],
+                    f"input {name!r} at {format_dims(dims)} ({what}) is {elements} {tensor.dtype} elements, "
+                    f"{format_bytes(size)}: over the limit of {limit}; give it smaller shapes",
+                )
             )
         total = sum(sizes.values())
         key = tuple(sorted((name, tuple(shapes[name])) for name in sizes))
@@ -107,13 +107,11 @@ def tensor_size_problems(spec: BuildSpec, info: ModelInfo, limits: TensorLimits)
             seen_sets.add(key)
             each = ", ".join(f"{name!r} {format_bytes(size)}" for name, size in sizes.items())
             problems.append(
-                {
-                    "loc": loc,
-                    "msg": (
-                        f"the inputs at {what} take {format_bytes(total)} together ({each}): over the limit of "
-                        f"{format_bytes(limits.max_total_bytes)} for all inputs (ENGINEFARM_MAX_INPUTS_BYTES); "
-                        f"give them smaller shapes"
-                    ),
-                }
+                problem(
+                    loc,
+                    f"the inputs at {what} take {format_bytes(total)} together ({each}): over the limit of "
+                    f"{format_bytes(limits.max_total_bytes)} for all inputs (ENGINEFARM_MAX_INPUTS_BYTES); "
+                    "give them smaller shapes",
+                )
             )
     return problems

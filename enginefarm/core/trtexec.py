@@ -45,12 +45,10 @@ NOT_TAKEN = {
     "--dynamicPlugins": "the farm never loads plugin libraries that come with a request",
     "--device": "the worker picks its GPU",
 }
-
-
-# Every flag this module reads or refuses by name.
-TRTEXEC_FLAGS = frozenset(
-    {*PRECISION_FLAGS, *VALUE_FLAGS, *NOT_TAKEN, "--stronglyTyped", "--versionCompatible", "--vc"}
-)
+SWITCHES = ("--stronglyTyped", "--versionCompatible", "--vc")
+# Every flag spec_from_trtexec reads, for the did-you-mean of one it does not know; and every one it reads or refuses.
+KNOWN_FLAGS = (*PRECISION_FLAGS, *VALUE_FLAGS, *SWITCHES)
+TRTEXEC_FLAGS = frozenset({*KNOWN_FLAGS, *NOT_TAKEN})
 
 
 def memory_mib(text: str) -> int:
@@ -70,16 +68,6 @@ def memory_mib(text: str) -> int:
     return int(mib)
 
 
-# Every flag spec_from_trtexec reads, for the did-you-mean of one it does not know.
-KNOWN_FLAGS = (
-    *PRECISION_FLAGS,
-    *VALUE_FLAGS,
-    "--stronglyTyped",
-    "--versionCompatible",
-    "--vc",
-)
-
-
 def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
     """The spec fields these trtexec flags set. Raises ValueError naming every flag it cannot take."""
     tokens = shlex.split(args) if isinstance(args, str) else list(args)
@@ -96,7 +84,7 @@ def spec_from_trtexec(args: str | list[str]) -> dict[str, Any]:
             has_value, token = bool(value), f"{flag}={value}"
         if flag in PRECISION_FLAGS and not has_value:
             precisions.append(PRECISION_FLAGS[flag])
-        elif flag in ("--stronglyTyped", "--versionCompatible", "--vc") and not has_value:
+        elif flag in SWITCHES and not has_value:
             spec["strongly_typed" if flag == "--stronglyTyped" else "version_compatible"] = True
         elif flag in ("--shapes", "--minShapes", "--optShapes", "--maxShapes") and value:
             shapes[flag.removeprefix("--")] = value

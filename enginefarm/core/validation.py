@@ -4,7 +4,6 @@ limits are data (``BACKEND_LIMITS``), each with its source. How large the input 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,12 +17,9 @@ from enginefarm.core.domain import (
     TensorInfo,
     cc_tuple,
 )
+from enginefarm.core.errors import problem
 from enginefarm.core.spec import MAX_DIM, BuildSpec, Precision, ShapeRange, nested_values
 from enginefarm.core.tensorlimits import TensorLimits, tensor_size_problems
-
-
-def _problem(loc: Sequence[str | int], msg: str) -> dict[str, Any]:
-    return {"loc": loc, "msg": msg}
 
 
 def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: TensorInfo) -> list[dict[str, Any]]:
@@ -33,23 +29,21 @@ def _check_range(loc: list[str | int], name: str, rng: ShapeRange, tensor: Tenso
         dims = getattr(rng, kind)
         if len(dims) != rank:
             problems.append(
-                _problem(loc + [kind], f"input {name!r} has rank {rank}, {kind} shape {dims} has rank {len(dims)}")
+                problem(loc + [kind], f"input {name!r} has rank {rank}, {kind} shape {dims} has rank {len(dims)}")
             )
         elif any(d < 1 or d > MAX_DIM for d in dims):
             problems.append(
-                _problem(loc + [kind], f"input {name!r}: {kind} shape {dims} has a dim outside 1..{MAX_DIM}")
+                problem(loc + [kind], f"input {name!r}: {kind} shape {dims} has a dim outside 1..{MAX_DIM}")
             )
     if problems:
         return problems
     for axis, (lo, mid, hi) in enumerate(zip(rng.min, rng.opt, rng.max)):
         if not lo <= mid <= hi:
-            problems.append(_problem(loc, f"input {name!r} axis {axis}: need min <= opt <= max, got {lo}, {mid}, {hi}"))
+            problems.append(problem(loc, f"input {name!r} axis {axis}: need min <= opt <= max, got {lo}, {mid}, {hi}"))
         fixed = tensor.dims[axis]
         if isinstance(fixed, int) and fixed > 0 and not lo == mid == hi == fixed:
             problems.append(
-                _problem(
-                    loc, f"input {name!r} axis {axis} is fixed at {fixed} in the model, spec gives {lo}/{mid}/{hi}"
-                )
+                problem(loc, f"input {name!r} axis {axis} is fixed at {fixed} in the model, spec gives {lo}/{mid}/{hi}")
             )
     return problems
 
@@ -61,7 +55,7 @@ def _precision_problems(
     p = spec.precision
     if p is Precision.INT8 and not info.has_qdq and not has_samples:
         problems.append(
-            _problem(
+            problem(
                 ["spec", "precision"],
                 "int8 needs a model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes, or calibration samples to make "
                 "one from: upload them with POST /v1/models/{id}/samples (enginefarm upload --samples FILE.npz)",
@@ -69,14 +63,14 @@ def _precision_problems(
         )
     elif p is Precision.FP8 and not info.has_qdq:
         problems.append(
-            _problem(
+            problem(
                 ["spec", "precision"],
                 "fp8 needs a quantized model with QuantizeLinear/DequantizeLinear (Q/DQ) nodes; this model has none",
             )
         )
     if spec.accuracy_repair and (p not in (Precision.INT8, Precision.FP16) or info.has_qdq):
         problems.append(
-            _problem(
+            problem(
                 ["spec", "accuracy_repair"],
                 "accuracy_repair applies to int8 built from calibration samples (the farm's own quantization) and "
                 "to fp16 (the farm's own conversion), not to "
@@ -87,13 +81,13 @@ def _precision_problems(
         cc = t.compute_capability
         built, why = target_precision(spec, t, info)
         if why and built is p:  # no precision this target can build instead, or the spec asks for none
-            problems.append(_problem(["targets", str(t)], why))
+            problems.append(problem(["targets", str(t)], why))
         if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and t.is_gpu and cc and cc_tuple(cc) < (8, 0):
             problems.append(
-                _problem(["targets", str(t)], f"{t}: hardware compatibility ampere_plus needs an sm80+ target")
+                problem(["targets", str(t)], f"{t}: hardware compatibility ampere_plus needs an sm80+ target")
             )
         if spec.hardware_compatibility is HardwareCompat.AMPERE_PLUS and cc in JETSON_CCS:
-            problems.append(_problem(["targets", str(t)], f"{t}: ampere_plus engines are not supported on Jetson"))
+            problems.append(problem(["targets", str(t)], f"{t}: ampere_plus engines are not supported on Jetson"))
     return problems
 
 
@@ -159,28 +153,24 @@ def validate_spec(
     by_name = {t.name: t for t in info.inputs}
     known = ", ".join(by_name) or "none"
     profiles = spec.normalized_profiles()
-    for name, dims in spec.shapes.items():
+    ranges: list[tuple[list[str | int], str, ShapeRange]] = [
+        (["spec", "shapes", n], n, ShapeRange(min=d, opt=d, max=d)) for n, d in spec.shapes.items()
+    ]
+    ranges += [
+        (["spec", "profiles", i, n], n, rng) for i, profile in enumerate(spec.profiles) for n, rng in profile.items()
+    ]
+    for loc, name, rng in ranges:
         if name not in by_name:
-            problems.append(_problem(["spec", "shapes", name], f"unknown input {name!r} (model inputs: {known})"))
+            problems.append(problem(loc, f"unknown input {name!r} (model inputs: {known})"))
         else:
-            problems += _check_range(
-                ["spec", "shapes", name], name, ShapeRange(min=dims, opt=dims, max=dims), by_name[name]
-            )
-    for i, profile in enumerate(spec.profiles):
-        for name, rng in profile.items():
-            if name not in by_name:
-                problems.append(
-                    _problem(["spec", "profiles", i, name], f"unknown input {name!r} (model inputs: {known})")
-                )
-            else:
-                problems += _check_range(["spec", "profiles", i, name], name, rng, by_name[name])
+            problems += _check_range(loc, name, rng, by_name[name])
     problems += _fixed_input_problems(spec, by_name, known)
     for tensor in info.inputs:
         if not tensor.dynamic_axes or tensor.name in spec.fixed_inputs:
             continue
         if not profiles:
             problems.append(
-                _problem(
+                problem(
                     ["spec", "shapes", tensor.name],
                     f"input {tensor.name!r} has dynamic dims {tensor.dims}: give static 'shapes' or min/opt/max "
                     "'profiles'",
@@ -190,7 +180,7 @@ def validate_spec(
         for i, profile in enumerate(profiles):
             if tensor.name not in profile:
                 problems.append(
-                    _problem(
+                    problem(
                         ["spec", "profiles", i, tensor.name],
                         f"input {tensor.name!r} has dynamic dims {tensor.dims} but profile {i} gives it no shapes",
                     )
@@ -199,12 +189,12 @@ def validate_spec(
     for name, (low, high) in spec.benchmark.value_ranges.items():
         loc = ["spec", "benchmark", "value_ranges", name]
         if name not in by_name:
-            problems.append(_problem(loc, f"unknown input {name!r} (model inputs: {known})"))
+            problems.append(problem(loc, f"unknown input {name!r} (model inputs: {known})"))
         elif name in info.index_ranges:
             lo, hi = info.index_ranges[name]
             if low < lo or high > hi:
                 problems.append(
-                    _problem(
+                    problem(
                         loc,
                         f"input {name!r} indexes a table of {hi + 1} rows: its values must stay "
                         f"within {lo}..{hi}, not [{low:g}, {high:g}]",
@@ -214,7 +204,7 @@ def validate_spec(
         for op in spec.keep_fp32_ops:
             if op not in info.op_types:
                 problems.append(
-                    _problem(
+                    problem(
                         ["spec", "keep_fp32_ops", op],
                         f"the model has no {op!r} nodes to keep in fp32 (its op types: {', '.join(info.op_types)})",
                     )
@@ -222,7 +212,7 @@ def validate_spec(
     seen: set[Target] = set()
     for t in targets:
         if t in seen:
-            problems.append(_problem(["targets", str(t)], f"target {t} is listed twice"))
+            problems.append(problem(["targets", str(t)], f"target {t} is listed twice"))
         seen.add(t)
     problems += _precision_problems(spec, info, targets, has_samples)
     return problems
@@ -237,22 +227,22 @@ def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known
         loc = ["spec", "fixed_inputs", name]
         tensor = by_name.get(name)
         if tensor is None:
-            problems.append(_problem(loc, f"unknown input {name!r} (model inputs: {known})"))
+            problems.append(problem(loc, f"unknown input {name!r} (model inputs: {known})"))
             continue
         shape, flat = nested_values(value)
         # JSON true is not 1, nor 2 a boolean: each input takes the kind of value its type holds.
         is_bool = tensor.dtype.upper() == "BOOL"
         if is_bool and not all(isinstance(x, bool) for x in flat):
-            problems.append(_problem(loc, f"input {name!r} is BOOL: give true or false, not {value!r}"))
+            problems.append(problem(loc, f"input {name!r} is BOOL: give true or false, not {value!r}"))
         elif not is_bool and any(isinstance(x, bool) for x in flat):
-            problems.append(_problem(loc, f"input {name!r} is {tensor.dtype}: give numbers, not true or false"))
+            problems.append(problem(loc, f"input {name!r} is {tensor.dtype}: give numbers, not true or false"))
         elif tensor.dtype.upper() in _INTEGER_TYPES and not all(float(x).is_integer() for x in flat):
-            problems.append(_problem(loc, f"input {name!r} is {tensor.dtype}: give whole numbers, not {value!r}"))
+            problems.append(problem(loc, f"input {name!r} is {tensor.dtype}: give whole numbers, not {value!r}"))
         elif tensor.dynamic_axes and shape != [] and len(shape) != len(tensor.dims):
-            problems.append(_problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the value has shape {shape}"))
+            problems.append(problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the value has shape {shape}"))
         elif not tensor.dynamic_axes and shape not in ([], [int(d) for d in tensor.dims if d is not None]):
             problems.append(
-                _problem(
+                problem(
                     loc,
                     f"input {name!r} has shape {tensor.dims}; give a number or a value of that "
                     f"shape, not one of shape {shape}",
@@ -260,7 +250,7 @@ def _fixed_input_problems(spec: BuildSpec, by_name: dict[str, TensorInfo], known
             )
         elif tensor.dynamic_axes and shape == [] and tensor.dims:
             problems.append(
-                _problem(loc, f"input {name!r} has dynamic dims {tensor.dims}; give the whole value as nested lists")
+                problem(loc, f"input {name!r} has dynamic dims {tensor.dims}; give the whole value as nested lists")
             )
     return problems
 
@@ -287,7 +277,7 @@ def _shared_dim_problems(info: ModelInfo, profiles: list[dict[str, ShapeRange]])
                 if len(set(values.values())) > 1:
                     given = ", ".join(f"{name!r} axis {axis} = {v}" for (name, axis), v in values.items())
                     problems.append(
-                        _problem(
+                        problem(
                             ["spec", "profiles", i],
                             (
                                 f"inputs share the dim {dim!r}, so they must agree in every profile, but profile {i}'s "
@@ -329,10 +319,10 @@ def parse_targets(texts: list[str]) -> tuple[list[Target], list[dict[str, Any]]]
     """Parse target strings, collecting a problem for each bad one instead of stopping at the first."""
     targets, problems = [], []
     if not texts:
-        problems.append(_problem(["targets"], "name at least one target, for example tensorrt-rtx/sm86"))
+        problems.append(problem(["targets"], "name at least one target, for example tensorrt-rtx/sm86"))
     for i, text in enumerate(texts):
         try:
             targets.append(Target.parse(text))
         except ValueError as exc:
-            problems.append(_problem(["targets", i], str(exc)))
+            problems.append(problem(["targets", i], str(exc)))
     return targets, problems

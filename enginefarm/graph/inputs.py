@@ -14,6 +14,8 @@ from numpy.typing import NDArray
 from onnx import TensorProto, helper
 
 from enginefarm.core.domain import ModelInfo, TensorInfo
+from enginefarm.core.errors import problem
+from enginefarm.core.shapes import format_dims
 from enginefarm.core.spec import DEFAULT_SHAPE_KEY, MAX_DIM, BenchmarkSpec, BuildSpec, fixed_input_shape
 from enginefarm.measure.inputs import random_inputs
 
@@ -26,10 +28,6 @@ def np_dtype(tensor: TensorInfo) -> np.dtype[Any]:
         return np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.DataType.Value(tensor.dtype)))
     except (ValueError, KeyError, TypeError):
         raise ValueError(f"input {tensor.name!r} has type {tensor.dtype}, which has no numpy equivalent") from None
-
-
-def dims_text(dims: list[int]) -> str:
-    return "x".join(str(d) for d in dims)
 
 
 # --------------------------------------------------------------------------- shapes to measure at
@@ -92,7 +90,7 @@ def shape_sets(spec: BuildSpec, info: ModelInfo) -> list[ShapeSet]:
         out = []
         for given in bench.shapes:
             shapes = {**opt, **{k: list(v) for k, v in given.items()}}
-            key = ",".join(f"{n}={dims_text(d)}" for n, d in sorted(given.items()))
+            key = ",".join(f"{n}={format_dims(d)}" for n, d in sorted(given.items()))
             out.append(ShapeSet(key, shapes, _batch_of(shapes)))
         return out
     if bench.batch_sizes:
@@ -115,29 +113,26 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict[str,
             loc = ["spec", "benchmark", "shapes", i, name]
             tensor = by_name.get(name)
             if tensor is None:
-                problems.append({"loc": loc, "msg": f"unknown input {name!r} (model inputs: {', '.join(by_name)})"})
+                problems.append(problem(loc, f"unknown input {name!r} (model inputs: {', '.join(by_name)})"))
             elif len(dims) != len(tensor.dims):
                 problems.append(
-                    {
-                        "loc": loc,
-                        "msg": f"input {name!r} has rank {len(tensor.dims)}, shape {dims} has rank {len(dims)}",
-                    }
+                    problem(loc, f"input {name!r} has rank {len(tensor.dims)}, shape {dims} has rank {len(dims)}")
                 )
             elif any(d < 1 or d > MAX_DIM for d in dims):
-                problems.append({"loc": loc, "msg": f"input {name!r}: shape {dims} has a dim outside 1..{MAX_DIM}"})
+                problems.append(problem(loc, f"input {name!r}: shape {dims} has a dim outside 1..{MAX_DIM}"))
             elif name in ranges and not all(
                 lo <= d <= hi for lo, d, hi in zip(ranges[name].min, dims, ranges[name].max)
             ):
                 rng = ranges[name]
                 problems.append(
-                    {
-                        "loc": loc,
-                        "msg": f"input {name!r}: shape {dims} is outside the profile "
-                        f"(min {rng.min}, max {rng.max}); the engine cannot run it",
-                    }
+                    problem(
+                        loc,
+                        f"input {name!r}: shape {dims} is outside the profile (min {rng.min}, max {rng.max}); the "
+                        "engine cannot run it",
+                    )
                 )
             elif name not in ranges and tensor.dims != dims:
-                problems.append({"loc": loc, "msg": f"input {name!r} is fixed at {tensor.dims}, not {dims}"})
+                problems.append(problem(loc, f"input {name!r} is fixed at {tensor.dims}, not {dims}"))
     for b in spec.benchmark.batch_sizes:
         for tensor in info.inputs:
             if 0 not in tensor.dynamic_axes:
@@ -145,12 +140,11 @@ def benchmark_shape_problems(spec: BuildSpec, info: ModelInfo) -> list[dict[str,
             batch_range = ranges.get(tensor.name)
             if batch_range and not batch_range.min[0] <= b <= batch_range.max[0]:
                 problems.append(
-                    {
-                        "loc": ["spec", "benchmark", "batch_sizes"],
-                        "msg": f"batch {b} is outside the profile's batch range "
-                        f"{batch_range.min[0]}..{batch_range.max[0]} "
+                    problem(
+                        ["spec", "benchmark", "batch_sizes"],
+                        f"batch {b} is outside the profile's batch range {batch_range.min[0]}..{batch_range.max[0]} "
                         f"for input {tensor.name!r}",
-                    }
+                    )
                 )
     return problems
 
@@ -216,21 +210,19 @@ def _check_claimed_sizes(zf: zipfile.ZipFile, max_bytes: int) -> None:
         total += size
         if size > max_bytes:
             problems.append(
-                {
-                    "loc": ["samples", name],
-                    "msg": (
-                        f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} "
-                        "bytes samples may unpack to; send fewer or smaller samples"
-                    ),
-                }
+                problem(
+                    ["samples", name],
+                    f"array {name!r} claims shape {shape} of {dtype}: {size} bytes, more than the {max_bytes} "
+                    "bytes samples may unpack to; send fewer or smaller samples",
+                )
             )
     if not problems and total > max_bytes:
         problems.append(
-            {
-                "loc": ["samples"],
-                "msg": f"the arrays claim {total} bytes together, more than the "
-                f"{max_bytes} bytes samples may unpack to; send fewer samples",
-            }
+            problem(
+                ["samples"],
+                f"the arrays claim {total} bytes together, more than the {max_bytes} bytes samples may unpack to; "
+                "send fewer samples",
+            )
         )
     if problems:
         raise SamplesInvalid(problems)
@@ -248,13 +240,11 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
             entries = zf.infolist()
             if len(entries) > MAX_SAMPLE_ARRAYS:
-                raise SamplesInvalid(
-                    [{"loc": ["samples"], "msg": f"at most {MAX_SAMPLE_ARRAYS} arrays in a samples file"}]
-                )
+                raise SamplesInvalid([problem(["samples"], f"at most {MAX_SAMPLE_ARRAYS} arrays in a samples file")])
             unpacked = sum(e.file_size for e in entries)
             if unpacked > max_bytes:
                 raise SamplesInvalid(
-                    [{"loc": ["samples"], "msg": f"samples unpack to {unpacked} bytes, more than {max_bytes}"}]
+                    [problem(["samples"], f"samples unpack to {unpacked} bytes, more than {max_bytes}")]
                 )
             _check_claimed_sizes(zf, max_bytes)
         arrays = dict(np.load(io.BytesIO(data), allow_pickle=False))
@@ -262,67 +252,54 @@ def load_samples(source: Path | bytes, info: ModelInfo, max_bytes: int = 1 << 30
         raise
     # zipfile raises NotImplementedError for an unknown compression and RuntimeError for an encrypted member.
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
-        raise SamplesInvalid(
-            [{"loc": ["samples"], "msg": f"not a readable .npz file of plain arrays: {exc}"}]
-        ) from None
+        raise SamplesInvalid([problem(["samples"], f"not a readable .npz file of plain arrays: {exc}")]) from None
     by_name = {t.name: t for t in info.inputs}
     for name in sorted(set(arrays) - set(by_name)):
         problems.append(
-            {"loc": ["samples", name], "msg": f"array {name!r} is not a model input (inputs: {', '.join(by_name)})"}
+            problem(["samples", name], f"array {name!r} is not a model input (inputs: {', '.join(by_name)})")
         )
     for name, tensor in by_name.items():
+        loc = ["samples", name]
         if name not in arrays:
-            problems.append({"loc": ["samples", name], "msg": f"input {name!r} has no array in the samples"})
+            problems.append(problem(loc, f"input {name!r} has no array in the samples"))
             continue
         arr = arrays[name]
         if arr.ndim != len(tensor.dims):
             problems.append(
-                {
-                    "loc": ["samples", name],
-                    "msg": f"input {name!r} has rank {len(tensor.dims)}, the array has shape {list(arr.shape)}",
-                }
+                problem(loc, f"input {name!r} has rank {len(tensor.dims)}, the array has shape {list(arr.shape)}")
             )
             continue
         if arr.size == 0:
-            problems.append({"loc": ["samples", name], "msg": f"input {name!r}: the array is empty"})
+            problems.append(problem(loc, f"input {name!r}: the array is empty"))
             continue
         for axis, (want, got) in enumerate(zip(tensor.dims, arr.shape)):
             if isinstance(want, int) and want > 0 and want != got:
-                problems.append(
-                    {
-                        "loc": ["samples", name],
-                        "msg": f"input {name!r} axis {axis} is fixed at {want}, the array has {got}",
-                    }
-                )
+                problems.append(problem(loc, f"input {name!r} axis {axis} is fixed at {want}, the array has {got}"))
         try:
             expected = np_dtype(tensor)
         except ValueError as exc:
-            problems.append({"loc": ["samples", name], "msg": str(exc)})
+            problems.append(problem(loc, str(exc)))
             continue
         if not np.can_cast(arr.dtype, expected, casting="same_kind"):
-            problems.append(
-                {"loc": ["samples", name], "msg": f"input {name!r} is {expected}, the array is {arr.dtype}"}
-            )
+            problems.append(problem(loc, f"input {name!r} is {expected}, the array is {arr.dtype}"))
         else:
             arrays[name] = arr.astype(expected, copy=False)
             if name in info.index_ranges and arr.size:
                 low, high = info.index_ranges[name]
                 if arr.min() < low or arr.max() > high:
                     problems.append(
-                        {
-                            "loc": ["samples", name],
-                            "msg": (
-                                f"input {name!r} indexes a table of {high + 1} rows, so its values must be within "
-                                f"{low}..{high}; the array holds {arr.min()}..{arr.max()}"
-                            ),
-                        }
+                        problem(
+                            loc,
+                            f"input {name!r} indexes a table of {high + 1} rows, so its values must be within "
+                            f"{low}..{high}; the array holds {arr.min()}..{arr.max()}",
+                        )
                     )
     counts = {
         arrays[t.name].shape[0] for t in info.inputs if t.name in arrays and 0 in t.dynamic_axes and arrays[t.name].ndim
     }
     if len(counts) > 1:
         problems.append(
-            {"loc": ["samples"], "msg": f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}"}
+            problem(["samples"], f"the arrays stack different numbers of samples along axis 0: {sorted(counts)}")
         )
     if problems:
         raise SamplesInvalid(problems)

@@ -28,8 +28,6 @@ from enginefarm.core.errors import ModelRejected
 from enginefarm.graph.external import all_nodes, check_external_data, uses_external_data
 from enginefarm.graph.graphfacts import QDQ_OPS, index_ranges, op_counts
 
-_check_external_data = check_external_data  # the name the tests know it by
-
 # No builder takes a dimension this large; a model declaring one is broken or hostile.
 _MAX_DECLARED_DIM = (1 << 31) - 1
 # Graph input and output names (and dim names) are stored with the model, shown in every listing and build log,
@@ -152,8 +150,9 @@ def _short(name: str) -> str:
 
 
 def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
-    """Reject graph input or output names (and their dim names) over MAX_TENSOR_NAME_BYTES, and negative dims:
-    ONNX dims are sizes, 0 or more; dynamic ones have a name or no value."""
+    """Reject graph input or output names (and their dim names) over MAX_TENSOR_NAME_BYTES, and negative dims: ONNX
+    dims are sizes, 0 or more; dynamic ones have a name or no value. Inputs no engine can be fed are rejected too:
+    non-tensor types, no element type, absurd dims."""
     for value in values:
         name = _text(value.name, "tensor name")
         if len(name.encode()) > MAX_TENSOR_NAME_BYTES:
@@ -162,6 +161,13 @@ def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
                 f"{MAX_TENSOR_NAME_BYTES} bytes; rename it"
             )
         kind_of = value.type.WhichOneof("value")
+        if kind == "input" and kind_of != "tensor_type":
+            what = (kind_of or "undefined").removesuffix("_type")
+            raise ModelRejected(
+                f"input {value.name!r} is of type {what}, not a tensor; engines take tensor inputs only"
+            )
+        if kind == "input" and value.type.tensor_type.elem_type == TensorProto.UNDEFINED:
+            raise ModelRejected(f"input {value.name!r} has no element type (UNDEFINED)")
         if kind_of not in ("tensor_type", "sparse_tensor_type"):
             continue
         for axis, d in enumerate(getattr(value.type, kind_of).shape.dim):
@@ -171,6 +177,11 @@ def _check_io(kind: str, values: Iterable[onnx.ValueInfoProto]) -> None:
                 raise ModelRejected(
                     f"{kind} {_short(name)} declares dim {d.dim_value} at axis {axis}; a dim is a size, "
                     "0 or more, or -1, a name or nothing for a dynamic one"
+                )
+            if kind == "input" and which == "dim_value" and d.dim_value > _MAX_DECLARED_DIM:
+                raise ModelRejected(
+                    f"input {value.name!r} declares dim {d.dim_value} at axis {axis}, "
+                    f"over the largest buildable dim {_MAX_DECLARED_DIM}"
                 )
             param = _text(d.dim_param, f"dim name of {_short(name)}") if which == "dim_param" else ""
             if len(param.encode()) > MAX_TENSOR_NAME_BYTES:
@@ -193,26 +204,6 @@ def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
         param = _text(d.dim_param, f"dim name of {name!r}") if which == "dim_param" else None
         dims.append(d.dim_value if which == "dim_value" else param)
     return TensorInfo(name, TensorProto.DataType.Name(ttype.elem_type), dims)
-
-
-def _check_inputs(inputs: list[onnx.ValueInfoProto]) -> None:
-    """Reject graph inputs no engine can be fed: non-tensor types, no element type, absurd dims."""
-    for value in inputs:
-        kind = value.type.WhichOneof("value")
-        if kind != "tensor_type":
-            what = (kind or "undefined").removesuffix("_type")
-            raise ModelRejected(
-                f"input {value.name!r} is of type {what}, not a tensor; engines take tensor inputs only"
-            )
-        ttype = value.type.tensor_type
-        if ttype.elem_type == TensorProto.UNDEFINED:
-            raise ModelRejected(f"input {value.name!r} has no element type (UNDEFINED)")
-        for axis, d in enumerate(ttype.shape.dim):
-            if d.WhichOneof("value") == "dim_value" and d.dim_value > _MAX_DECLARED_DIM:
-                raise ModelRejected(
-                    f"input {value.name!r} declares dim {d.dim_value} at axis {axis}, "
-                    f"over the largest buildable dim {_MAX_DECLARED_DIM}"
-                )
 
 
 def _default_opset(model: ModelProto) -> int:
@@ -287,7 +278,6 @@ def _model_info(model: ModelProto, model_path: Path, data_files: dict[Path, int]
     inputs = [v for v in graph.input if v.name not in weights]
     _check_io("input", inputs)
     _check_io("output", graph.output)
-    _check_inputs(inputs)
     return ModelInfo(
         inputs=[_tensor_info(v) for v in inputs],
         outputs=_static_outputs(model, [_tensor_info(v) for v in graph.output]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -381,7 +382,7 @@ def test_plot_report_failed_write_leaves_no_partial_file(tmp_path: Path, monkeyp
 
     monkeypatch.undo()
     fresh = tmp_path / "fresh.png"
-    monkeypatch.setattr(rep.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("rename failed")))
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError("rename failed")))
     with pytest.raises(OSError, match="rename failed"):
         plot_report(make_report(), fresh)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chart.png"]

@@ -19,13 +19,13 @@ from onnx import TensorProto, helper
 
 from enginefarm.client.triton import (
     ONNX_TO_TRITON,
-    RTX_WARNING,
     TritonRepository,
     render_config,
     sanitize_model_name,
     write_repository,
 )
 from enginefarm.client.tritonexport import config_spec
+from enginefarm.client.tritonplans import RTX_WARNING
 from enginefarm.graph.modelfile import inspect_upload
 from enginefarm.graph.samples import conv_net, sample_spec
 from tests.triton_model_config import DataType, ModelConfig, ModelInstanceGroup

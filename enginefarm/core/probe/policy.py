@@ -35,40 +35,36 @@ def gpu_devices(probe: MachineProbe) -> list[tuple[str, str | None]]:
 
 def buildable_targets(probe: MachineProbe) -> list[Target]:
     """Return the sorted targets this machine can build."""
-    targets: set[Target] = set()
-    if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
-        targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
-    targets.update(ort_cuda_targets(probe))
+    targets = _runs_here(probe)
     # TensorRT-RTX compiles ahead of time without a GPU, but only ships x86_64 wheels.
     if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64":
         targets.update(Target(Backend.TENSORRT_RTX, a) for a in ARCHES[Backend.TENSORRT_RTX])
-    # Full TensorRT builds only for the GPU it runs on, and only when its module imports.
+    return sorted(targets)
+
+
+def _runs_here(probe: MachineProbe) -> set[Target]:
+    """The targets whose engines are built and run on this machine's own CPU and GPUs: ONNX Runtime's, and full
+    TensorRT's, which builds only for the GPU it runs on and only when its module imports."""
+    targets = set(ort_cuda_targets(probe))
+    if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
+        targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
     if probe.modules.get(TRT_MODULE):
         for _, cc in gpu_devices(probe):
             if cc and arch_of_cc(cc) in ARCHES[Backend.TENSORRT]:
                 targets.add(Target(Backend.TENSORRT, arch_of_cc(cc)))
-    return sorted(targets)
+    return targets
 
 
 def benchmark_targets(probe: MachineProbe) -> list[Target]:
     """The targets whose engines this machine can run, so benchmark: a GPU of compute capability 8.6 with
     tensorrt_rtx importable serves ``tensorrt-rtx/sm86`` (and ``tensorrt-rtx/portable``, which runs there);
     full TensorRT serves its GPU's architecture; ONNX Runtime serves the worker's CPU."""
-    targets: set[Target] = set()
-    if probe.modules.get(ORT_MODULE) and f"cpu-{probe.platform}" in ARCHES[Backend.ONNXRUNTIME]:
-        targets.add(Target(Backend.ONNXRUNTIME, f"cpu-{probe.platform}"))
-    targets.update(ort_cuda_targets(probe))
-    for _, cc in gpu_devices(probe):
-        if not cc:
-            continue
-        arch = arch_of_cc(cc)
-        if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64":
-            if arch in ARCHES[Backend.TENSORRT_RTX]:
-                targets.add(Target(Backend.TENSORRT_RTX, arch))
-            if cc in RTX_PORTABLE_CCS:
-                targets.add(Target(Backend.TENSORRT_RTX, "portable"))
-        if probe.modules.get(TRT_MODULE) and arch in ARCHES[Backend.TENSORRT]:
-            targets.add(Target(Backend.TENSORRT, arch))
+    targets = _runs_here(probe)
+    for _, cc in gpu_devices(probe) if probe.modules.get(RTX_MODULE) and probe.platform == "x86_64" else []:
+        if cc and arch_of_cc(cc) in ARCHES[Backend.TENSORRT_RTX]:
+            targets.add(Target(Backend.TENSORRT_RTX, arch_of_cc(cc)))
+        if cc in RTX_PORTABLE_CCS:
+            targets.add(Target(Backend.TENSORRT_RTX, "portable"))
     return sorted(targets)
 
 

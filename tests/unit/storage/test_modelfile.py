@@ -17,10 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import TensorInfo
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge
+from enginefarm.graph.external import check_external_data
 from enginefarm.graph.modelfile import (
     MAX_TENSOR_NAME_BYTES,
     BundleLimits,
-    _check_external_data,
     detect_format,
     inspect_upload,
     model_path_for,
@@ -490,7 +490,7 @@ def test_external_symlink_outside(tmp_path):
     (src / "weights.bin").symlink_to(tmp_path / "outside.bin")
     model = onnx.load(str(src / "model.onnx"), load_external_data=False)
     with pytest.raises(ModelRejected, match="resolves outside the bundle"):
-        _check_external_data(model, src)
+        check_external_data(model, src)
 
 
 def test_external_symlink_inside(tmp_path):
@@ -499,7 +499,7 @@ def test_external_symlink_inside(tmp_path):
     (src / "weights.bin").symlink_to("real.bin")
     model = onnx.load(str(src / "model.onnx"), load_external_data=False)
     with pytest.raises(ModelRejected, match="'weights.bin' for tensor 'W' is a symlink"):
-        _check_external_data(model, src)
+        check_external_data(model, src)
 
 
 def test_external_hardlink(tmp_path):
@@ -507,7 +507,7 @@ def test_external_hardlink(tmp_path):
     os.link(src / "weights.bin", tmp_path / "alias.bin")
     model = onnx.load(str(src / "model.onnx"), load_external_data=False)
     with pytest.raises(ModelRejected, match="is a hard link"):
-        _check_external_data(model, src)
+        check_external_data(model, src)
 
 
 def test_external_tensor_in_node_attribute(tmp_path, work):
@@ -557,7 +557,7 @@ def test_external_under_linked_folder(tmp_path):
     model = onnx.load(str(src / "model.onnx"), load_external_data=False)
     model.graph.initializer[0].external_data[0].value = "sub/weights.bin"
     with pytest.raises(ModelRejected, match="'sub/weights.bin' .* lies under one"):
-        _check_external_data(model, src)
+        check_external_data(model, src)
 
 
 def test_external_in_subfolder_accepted(tmp_path, work):
