@@ -211,6 +211,7 @@ def up(
     while the farm starts ends the command with that process's own error, from its log."""
     import logging
 
+    from server.demoserve import cli_exports
     from server.port import HOST, free_port_after, port_in_use
 
     if port and port_in_use(port, HOST):  # before anything is made; 2, as `make demo` and demo --serve exit
@@ -248,11 +249,11 @@ def up(
                 farm.start_worker(n)
             farm.wait_workers(names, restart=True)  # a worker that dies this early is started again too
             console.print(
-                f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
-                f"Ctrl-C stops it. An admin API token was made for you; in another shell:",
+                f"enginefarm is up at {farm.url} (the dashboard: {farm.url}/ui, the API's docs: {farm.url}/docs); "
+                f"data in {settings.data_dir}. Ctrl-C stops it. An admin API token was made for you; in another shell:",
                 highlight=False,
             )
-            print(f"export ENGINEFARM_API_URL={farm.url}\nexport ENGINEFARM_TOKEN={token}", flush=True)
+            print(cli_exports(farm.url, token, settings.data_dir), flush=True)
             while True:
                 farm.supervise()
                 time.sleep(1)

@@ -11,6 +11,7 @@ a taken one is a line on stderr and exit code 2 at once.
 from __future__ import annotations
 
 import argparse
+import shlex
 import shutil
 import sys
 import tempfile
@@ -59,7 +60,7 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
             console.print("open the dashboard and sign in with the token below; Ctrl-C stops the farm", highlight=False)
             print(f"ENGINEFARM_UI={farm.url}/ui", flush=True)
             console.print("the CLI, in another shell (the tour in the README):", highlight=False)
-            print(cli_exports(farm.url, token), flush=True)
+            print(cli_exports(farm.url, token, data_dir), flush=True)
             if ready is not None:
                 ready(farm.url, token)
             while True:
@@ -70,13 +71,15 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
     return 0
 
 
-def cli_exports(url: str, token: str) -> str:
+def cli_exports(url: str, token: str, data_dir: Path) -> str:
     """The lines that point a shell's ``enginefarm`` at this farm: this installation's folder on the PATH where
-    the shell would not find it, the API's address and the token."""
+    the shell would not find it, the API's address, the token, and the data folder (what ``enginefarm token`` and
+    ``gc`` read)."""
     here = Path(sys.executable).parent
     found = shutil.which("enginefarm")
     lines = [] if found and Path(found).parent == here else [f'export PATH="{here}:$PATH"']
-    return "\n".join([*lines, f"export ENGINEFARM_API_URL={url}", f"export ENGINEFARM_TOKEN={token}"])
+    exports = {"ENGINEFARM_API_URL": url, "ENGINEFARM_TOKEN": token, "ENGINEFARM_DATA_DIR": str(data_dir)}
+    return "\n".join([*lines, *(f"export {k}={shlex.quote(v)}" for k, v in exports.items())])
 
 
 def serve_demo(data_dir: Path | None, console: Console, port: int = DEFAULT_PORT) -> int:

@@ -148,6 +148,14 @@ def test_up_takes_a_data_dir_and_prints_the_lines_to_export(tmp_path):
         r = httpx.get(f"{url}/v1/workers", headers={"Authorization": f"Bearer {token}"}, timeout=10)
         assert r.status_code == 200
         assert (data / "catalog.db").is_file() and not (tmp_path / "elsewhere" / "catalog.db").exists()
+        # The printed lines alone are enough for the commands that read the catalog (token, gc).
+        exports = dict(re.findall(r"^export (ENGINEFARM_\w+)=(\S+)$", text, re.M))
+        assert exports["ENGINEFARM_DATA_DIR"] == str(data), exports
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("ENGINEFARM_")} | exports
+        listed = subprocess.run(
+            [sys.executable, "-m", "enginefarm", "token", "list"], capture_output=True, text=True, timeout=120, env=bare
+        )
+        assert listed.returncode == 0 and "enginefarm up" in listed.stdout, listed.stderr[-2000:]
         procs = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(60)

@@ -122,6 +122,7 @@ def test_the_served_demo_prints_one_token_and_the_dashboard_takes_it(tmp_path):
         assert f'export PATH="{bin_dir}:$PATH"' in text or shutil.which("enginefarm") == str(bin_dir / "enginefarm")
         data = Path(re.search(r"^data: (\S+)", text, re.M).group(1))
         assert data.parent == tmp_path / "tmp" and (data / "catalog.db").exists()
+        assert re.search(rf"^export ENGINEFARM_DATA_DIR={re.escape(str(data))}$", text, re.M), text[-2000:]
         tokens = set(TOKEN.findall(text))
         assert len(tokens) == 1, tokens
         token = tokens.pop()
