@@ -37,6 +37,8 @@ def farm_call(api: str | None) -> Iterator[Client]:
     try:
         with client_for(api) as c:
             yield c
+    except typer.Exit:  # a command that ends itself (a missing extra's pip line, exit 2) ends as it said
+        raise
     except Exception as exc:  # noqa: BLE001 - every failure is printed, then the command exits 1
         fail(exc)
 
