@@ -37,12 +37,26 @@ def config_spec(model: Mapping[str, Any], engines: Sequence[Mapping[str, Any]]) 
     if not specs:
         return {}, []
     smallest = min(specs, key=lambda sp: batching(model, sp)[0])
+    warnings = []
     if any(sp != smallest for sp in specs):
-        return smallest, [
+        warnings.append(
             f"the plans were built with different optimization profiles; max_batch_size is "
             f"{batching(model, smallest)[0]}, the largest batch every one of them takes"
-        ]
-    return smallest, []
+        )
+    if batching(model, smallest)[0] and (least := min_batch(model, smallest)) > 1:
+        warnings.append(
+            f"the plans take batches of at least {least} (their profiles' smallest batch), but Triton's dynamic "
+            f"batcher sends smaller ones when fewer requests wait, and those fail: build with a batch range that "
+            f"starts at 1 (--minShapes with batch 1, --optShapes, --maxShapes)"
+        )
+    return smallest, warnings
+
+
+def min_batch(model: Mapping[str, Any], spec: Mapping[str, Any]) -> int:
+    """The smallest batch (axis 0) any of the spec's profiles takes for all of the model's inputs."""
+    names = [t["name"] for t in model.get("inputs") or []]
+    profiles = [p for p in spec.get("profiles") or [] if all(n in p for n in names)]
+    return min((max(int(p[n]["min"][0]) for n in names) for p in profiles), default=1)
 
 
 def export_from_farm(

@@ -686,3 +686,15 @@ def test_output_dims_a_profile_fixes_by_name(tmp_path: Path) -> None:
     assert cfg.max_batch_size == 8 and list(cfg.output[0].dims) == [16, 4] and list(cfg.input[0].dims) == [16, 4]
     ranged = {"profiles": [profile(x=([1, 8, 4], [4, 16, 4], [8, 32, 4]))]}
     assert list(parse(render_config(model, ranged, name="m", platform="tensorrt_plan")).output[0].dims) == [-1, 4]
+
+
+def test_plans_that_take_no_batch_of_1_are_warned_of(tmp_path: Path) -> None:
+    """A plan built for batch 8 only (a fixed shape) gets max_batch_size 8, and Triton's dynamic batcher would send it
+    smaller batches that fail: the export says so; a range from 1 gets no such warning."""
+    model, _ = model_of(elementwise([("x", ["N", 4])], ["N", 4]), tmp_path)
+    fixed = {"profiles": [profile(x=([8, 4], [8, 4], [8, 4]))]}
+    _, warnings = config_spec(model, [fixed])
+    assert batching_of(model, fixed) == 8
+    assert [w for w in warnings if "batches of at least 8" in w and "--minShapes" in w], warnings
+    ranged = {"profiles": [profile(x=([1, 4], [8, 4], [8, 4]))]}
+    assert config_spec(model, [ranged]) == (ranged, [])
