@@ -2,16 +2,12 @@
 
 A client that holds a build's answer (its ETag) and asks with ``wait`` gets the next answer as soon as it differs
 (200, with its ETag), or a 304 once ``wait`` seconds pass with nothing new. Without ``If-None-Match``, or with a
-tag that is no longer current, the answer comes at once. So a CI job or ``enginefarm build --wait`` learns of a
-finished build within milliseconds instead of a poll interval, and asks a few times a minute instead of twice a
-second.
+tag that is no longer current, the answer comes at once.
 
-The waiting costs no query while nothing moves, and nothing per waiter: one task per process (``Feed``), running
-while anyone waits, looks at the catalog's build feed (``storage.changes.Changes.builds``: PostgreSQL's ``NOTIFY
-enginefarm_builds``, sent by a trigger on every table a build's answer is read from; SQLite's ``data_version``)
-every ``LOOK_S`` and wakes the waiters when it moved. Each waiter then reads its build again (on a thread, as any
-catalog read), or every ``AGAIN_S`` regardless (a wait reason also changes by time alone, when a worker stops
-beating), or every ``UNKNOWN_S`` while the feed is unknown.
+One task per process (``Feed``), running while anyone waits, looks at the catalog's build feed
+(``storage.changes.Changes.builds``) every ``LOOK_S`` and wakes the waiters when it moved. Each waiter then reads its
+build again, or every ``AGAIN_S`` regardless (a wait reason also changes by time alone), or every ``UNKNOWN_S``
+while the feed is unknown.
 """
 
 from __future__ import annotations

@@ -54,9 +54,8 @@ def _end(session: Session, commit: bool) -> None:
 
 class CatalogRoute(APIRoute):
     """A route whose (sync) endpoint commits its catalog session in its own thread as it returns, so the
-    connection goes back to the pool before FastAPI serializes the response. Serializing a sync endpoint's
-    answer takes a thread of the shared pool: with 200 clients every thread held a route waiting for a
-    connection, every connection a finished route waiting for a thread, until the pool's 30 s timeout (503)."""
+    connection goes back to the pool before FastAPI serializes the response (which takes another thread of the
+    shared pool: under load, routes holding connections then waited on threads held by routes waiting for one)."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any):
         super().__init__(path, _committing(endpoint), **kwargs)

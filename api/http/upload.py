@@ -1,13 +1,9 @@
 """Streaming multipart uploads: the file goes to disk chunk by chunk, hashed on the way.
 
-FastAPI's ``UploadFile`` would spool the whole body before the route runs and enforces no size
-limit; here every limit is checked while the bytes arrive and the sha256 is ready at the end. The body as a
-whole is bounded too, whatever its framing (a Content-Length or chunks), so bytes outside any part, empty
-parts and long header lines cannot make the API hold or read more than a valid upload would send.
-
-The event loop only takes the body's chunks off the connection. Parsing, hashing and writing run in a thread of
-the upload's own, at a lower priority, a batch of chunks at a time, while the loop goes on receiving into a
-bounded buffer (``bulkwork.pump``).
+Every limit is checked while the bytes arrive (FastAPI's ``UploadFile`` spools the whole body first, unbounded),
+the body as a whole included, whatever its framing. The event loop only takes the body's chunks off the
+connection; parsing, hashing and writing run in a thread of the upload's own, at a lower priority
+(``bulkwork.pump``).
 """
 
 from __future__ import annotations
@@ -85,10 +81,8 @@ class UploadLimits:
 class UploadSlots:
     """The uploads each token has in flight in this API process, from its first byte until its route returns.
 
-    Counted in memory: a spool file and its descriptors are what an upload holds, and those belong to the process
-    too. Under ``uvicorn --workers N`` each process counts on its own, so a token may have up to N times the limit
-    in flight on the host; the limit is per process, not per farm. The check and the increment run on the event
-    loop with no await between them, so two uploads of one token cannot both take the last slot.
+    Counted per process (under ``--workers N`` a token may have N times the limit in flight on the host). The check
+    and the increment run on the event loop with no await between them, so two uploads cannot take one last slot.
     """
 
     def __init__(self) -> None:
@@ -116,8 +110,7 @@ class UploadSlots:
 @dataclass
 class ReceivedUpload:
     """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.core.worklock``) until ``discard``,
-    so the
-    garbage collector never takes it for the leftover of a crashed API."""
+    so the garbage collector never takes it for the leftover of a crashed API."""
 
     fields: dict[str, str] = field(default_factory=dict)
     filename: str | None = None
