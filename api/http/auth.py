@@ -241,6 +241,8 @@ async def project_dep(principal: Principal = Depends(authorize)) -> str | None:
     return principal.project
 
 
+# The request's principal (``authorize``).
+Authorized = Annotated[Principal, Depends(authorize)]
 # A route's ``tenant``: pass it to every catalog lookup, which then sees only that project's models.
 Tenant = Annotated[str | None, Depends(project_dep)]
 

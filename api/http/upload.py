@@ -12,11 +12,11 @@ import io
 import os
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from fastapi import Request
@@ -32,11 +32,13 @@ from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
 from enginefarm.core.hashing import HashingWriter
+from storage.tables import ModelRow
 from storage.tokens import Principal
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
+T = TypeVar("T")
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
@@ -45,6 +47,12 @@ PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) 
 # The most of the file's bytes joined, hashed and written at once: a batch of chunks (up to bulkwork.BATCH_BYTES,
 # 4 MiB) joined and written whole is slower than the same bytes a MiB at a time.
 WRITE_BYTES = 1 << 20
+
+
+def multipart_body(required: list[str], **properties: dict) -> dict:
+    """An upload route's request body for its OpenAPI document: a multipart form with these fields."""
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
 @dataclass(frozen=True)
@@ -336,26 +344,35 @@ async def receive_upload(
     return receiver.result
 
 
+async def spooled(
+    request: Request,
+    principal: Principal,
+    settings: Settings,
+    limits: UploadLimits,
+    store: Callable[[Path, str, dict[str, str]], T],
+) -> T:
+    """``store(path, sha256, fields)`` on a worker thread, of a file uploaded within the token's upload slots and
+    spooled to disk; the spool file is removed once it returns."""
+    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
+        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
+        try:
+            assert upload.path is not None  # receive_upload refuses a form without the file
+            return await run_in_threadpool(store, upload.path, upload.sha256, upload.fields)
+        finally:
+            upload.discard()
+
+
 async def model_upload(
     request: Request, project: str | None, principal: Principal, settings: Settings
 ) -> tuple[ModelOut, bool]:
     """An ONNX model uploaded through the API or the dashboard: streamed to disk, hashed on the way, validated and
     stored content-addressed within the token's upload slots; with whether it is new (False: identical bytes were
     already uploaded under this name)."""
+
+    def store(path: Path, sha256: str, fields: dict[str, str]) -> tuple[ModelRow, bool]:
+        into = ingest.upload_project(project, fields.get("project"))
+        return ingest.ingest_model(settings, path, sha256, fields.get("name"), fields.get("version"), into)
+
     limits = UploadLimits.of(settings, settings.max_upload_bytes, "ENGINEFARM_MAX_UPLOAD_BYTES")
-    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
-        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
-        try:
-            assert upload.path is not None  # receive_upload refuses a form without the file
-            row, created = await run_in_threadpool(
-                ingest.ingest_model,
-                settings,
-                upload.path,
-                upload.sha256,
-                upload.fields.get("name"),
-                upload.fields.get("version"),
-                ingest.upload_project(project, upload.fields.get("project")),
-            )
-        finally:
-            upload.discard()
+    row, created = await spooled(request, principal, settings, limits, store)
     return ModelOut.of(row), created

@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import Response
-from sqlalchemy.orm import Session
 
 from api.http import buildwait
-from api.http.auth import Tenant, authorize
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.auth import Authorized, Tenant
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
 from api.schemas.builds import BuildOut, BuildRequest, build_out
 from api.services import admission
 from api.services import builds as services
 from api.services.answers import matches
-from enginefarm.core.config import Settings
 from storage import catalog
 from storage.db import session_scope
 from storage.tables import BuildRow
-from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
 
 
 @router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
-def submit_build(
-    body: BuildRequest,
-    tenant: Tenant,
-    principal: Principal = Depends(authorize),
-    settings: Settings = Depends(settings_dep),
-) -> BuildOut:
+def submit_build(body: BuildRequest, tenant: Tenant, principal: Authorized, settings: FarmSettings) -> BuildOut:
     """Queue one build task per target; a target already built with identical inputs is answered at once.
     409 for a target no live worker serves unless ``queue_without_worker``; 429 past a queue limit."""
     check_body_id("model_id", body.model_id)
@@ -52,12 +44,12 @@ def submit_build(
 @router.get("", response_model=list[BuildOut])
 def list_builds(
     tenant: Tenant,
+    session: CatalogSession,
+    settings: FarmSettings,
     model_id: int | None = Query(None, ge=1, le=ID_MAX),
     spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$"),
     limit: int = 50,
     offset: int = 0,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
 ) -> list[BuildOut]:
     """Builds, newest first; optionally of one model version and one spec."""
     rows = catalog.list_builds(
@@ -80,6 +72,7 @@ async def get_build(
     build_id: RowId,
     tenant: Tenant,
     request: Request,
+    settings: FarmSettings,
     wait: float = Query(
         0,
         ge=0,
@@ -95,7 +88,6 @@ async def get_build(
         "proxy_cache does): waits as If-None-Match does, and answers 200 with the same answer after the wait",
     ),
     if_none_match: str | None = Header(None),
-    settings: Settings = Depends(settings_dep),
 ) -> Response:
     """A build, its tasks and their checks, with an ETag. With ``wait`` and ``If-None-Match`` (or ``seen``), a
     long poll."""

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Depends, Query
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Query
 
 from api.http.auth import Tenant
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import ID_MAX, UNPROCESSABLE, RowId
 from api.schemas.gate import GateOut
 from api.services import gate
-from enginefarm.core.config import Settings
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
@@ -21,6 +19,8 @@ router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"
 def model_gate(
     model_id: RowId,
     tenant: Tenant,
+    session: CatalogSession,
+    settings: FarmSettings,
     max_regression_pct: float = Query(
         10.0,
         ge=0,
@@ -42,8 +42,6 @@ def model_gate(
         None, ge=1, le=ID_MAX, description="gate this build's tasks; default: per target, the newest build of the model"
     ),
     spec_hash: str | None = Query(None, pattern=r"^[0-9a-f]{64}$", description="only builds of this spec"),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
 ) -> GateOut:
     """Per target and check (build, benchmark, accuracy, latency regression against version N-1): pass, fail or
     pending, with the reason and the numbers; and the verdict over all of them."""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query, Request, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from api.http.auth import Tenant, authorize
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.auth import Authorized, Tenant
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.downloads import blob_response
 from api.http.params import UNPROCESSABLE, RowId, check_no_nul, page_offset
 from api.http.upload import UploadLimits, model_upload, receive_upload
@@ -15,10 +14,8 @@ from api.routes.engines import CONTENT_RESPONSES
 from api.schemas import ModelOut, ModelReportOut, Page
 from api.services import ingest, reports
 from enginefarm.core import worklock
-from enginefarm.core.config import Settings
 from enginefarm.core.errors import NotFound
 from storage import catalog
-from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/models", tags=["models"], responses=UNPROCESSABLE)
 
@@ -59,11 +56,7 @@ UPLOAD_BODY = {
     responses={200: {"description": "identical bytes already uploaded under this name"}},
 )
 async def upload_model(
-    request: Request,
-    response: Response,
-    tenant: Tenant,
-    principal: Principal = Depends(authorize),
-    settings: Settings = Depends(settings_dep),
+    request: Request, response: Response, tenant: Tenant, principal: Authorized, settings: FarmSettings
 ) -> ModelOut:
     """Upload an ONNX model (streamed to disk, hashed on the way, validated, stored content-addressed)."""
     model, created = await model_upload(request, tenant, principal, settings)
@@ -74,6 +67,7 @@ async def upload_model(
 @router.get("", response_model=Page[ModelOut])
 def list_models(
     tenant: Tenant,
+    session: CatalogSession,
     name: str | None = None,
     sha256: str | None = Query(
         None, pattern=r"^[0-9a-f]{64}$", description="only models of these bytes (a client asks before it uploads)"
@@ -86,7 +80,6 @@ def list_models(
     ),
     limit: int = 50,
     offset: int = 0,
-    session: Session = Depends(session_dep, scope="function"),
 ) -> Page[ModelOut]:
     check_no_nul("query", name=name, project=project)
     limit, offset = max(1, min(limit, 500)), page_offset(offset)
@@ -99,17 +92,13 @@ def list_models(
 
 
 @router.get("/{model_id}", response_model=ModelOut)
-def get_model(model_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")) -> ModelOut:
+def get_model(model_id: RowId, tenant: Tenant, session: CatalogSession) -> ModelOut:
     return ModelOut.of(catalog.get_model(session, model_id, tenant))
 
 
 @router.get("/{model_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
 def model_content(
-    model_id: RowId,
-    tenant: Tenant,
-    request: Request,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    model_id: RowId, tenant: Tenant, request: Request, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     """The model's bytes as uploaded (an .onnx file or a bundle), with their sha256."""
     row = catalog.get_model(session, model_id, tenant)
@@ -146,11 +135,7 @@ SAMPLES_BODY = {
 
 @router.post("/{model_id}/samples", response_model=ModelOut, openapi_extra=SAMPLES_BODY)
 async def upload_samples(
-    model_id: RowId,
-    request: Request,
-    tenant: Tenant,
-    principal: Principal = Depends(authorize),
-    settings: Settings = Depends(settings_dep),
+    model_id: RowId, request: Request, tenant: Tenant, principal: Authorized, settings: FarmSettings
 ) -> ModelOut:
     """Store sample inputs with the model: int8 calibration and the accuracy check use them instead of
     random data. Checked against the model's inputs (names, ranks, fixed dims, dtypes); no pickles."""
@@ -166,12 +151,7 @@ async def upload_samples(
 
 
 @router.get("/{model_id}/report", response_model=ModelReportOut)
-def model_report(
-    model_id: RowId,
-    tenant: Tenant,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
-) -> dict:
+def model_report(model_id: RowId, tenant: Tenant, session: CatalogSession, settings: FarmSettings) -> dict:
     """For every target and shape: latency percentiles (end to end and GPU compute), throughput, accuracy and
     engine size, or why an engine has no numbers yet; with the change against model version N-1; and for each
     int8 engine the farm quantized, its int8 stage: CPU candidates, accuracy repair, fp32/int8 latency."""

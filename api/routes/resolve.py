@@ -14,18 +14,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from api.http.answers import answered
-from api.http.auth import authorize, require
-from api.http.deps import CatalogRoute, settings_dep
+from api.http.auth import Authorized, require
+from api.http.deps import CatalogRoute, FarmSettings
 from api.http.params import UNPROCESSABLE
 from api.schemas.resolve import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
-from enginefarm.core.config import Settings
 from enginefarm.core.machine import SHORT_NAMES
-from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
@@ -41,10 +39,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
 async def resolve_get(
-    request: Request,
-    query: Annotated[ResolveQuery, Query()],
-    settings: Settings = Depends(settings_dep),
-    principal: Principal = Depends(authorize),
+    request: Request, query: Annotated[ResolveQuery, Query()], settings: FarmSettings, principal: Authorized
 ):
     """Resolve with the fingerprint in the query string: POST's body flattened, the machine's fields under their
     short names (cc, gpu, trt_rtx), its shapes as trtexec writes them, and repeatable lists that also take commas."""
@@ -87,12 +82,7 @@ def _query_name(loc: tuple[int | str, ...]) -> str:
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-async def resolve_post(
-    req: ResolveRequest,
-    request: Request,
-    settings: Settings = Depends(settings_dep),
-    principal: Principal = Depends(authorize),
-):
+async def resolve_post(req: ResolveRequest, request: Request, settings: FarmSettings, principal: Authorized):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
-from sqlalchemy.orm import Session
+from fastapi import APIRouter
 
-from api.http.auth import Tenant, authorize
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.auth import Authorized, Tenant
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import UNPROCESSABLE, RowId, check_body_id
 from api.schemas.builds import SweepOut, SweepRequest
 from api.services import admission, reports
 from api.services import builds as services
-from enginefarm.core.config import Settings
-from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)
 
 
 @router.post("", status_code=202, response_model=SweepOut, responses=admission.RESPONSES)
 def submit_sweep(
-    body: SweepRequest,
-    tenant: Tenant,
-    principal: Principal = Depends(authorize),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    body: SweepRequest, tenant: Tenant, principal: Authorized, session: CatalogSession, settings: FarmSettings
 ) -> SweepOut:
     """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
     every target. The best variant per target is the fastest that passes the accuracy gate. The sweep is
@@ -43,10 +36,5 @@ def submit_sweep(
 
 
 @router.get("/{sweep_id}", response_model=SweepOut)
-def get_sweep(
-    sweep_id: RowId,
-    tenant: Tenant,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
-) -> SweepOut:
+def get_sweep(sweep_id: RowId, tenant: Tenant, session: CatalogSession, settings: FarmSettings) -> SweepOut:
     return SweepOut(**reports.sweep_report(session, settings, sweep_id, tenant))

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-from sqlalchemy.orm import Session
 
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import RowId
 from api.services import reports
 from api.ui import session as ui_session
 from api.ui.render import page
-from enginefarm.core.config import Settings
 from enginefarm.core.repairs import repair_groups
 from storage import catalog
-from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 
 
 @router.get("/models/{model_id}/report")
 def report_page(
-    request: Request,
-    model_id: RowId,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    request: Request, model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     report = reports.model_report(session, settings, model_id, principal.project)
     model = catalog.get_model(session, report["model"]["id"], principal.project)
@@ -35,10 +28,7 @@ def report_page(
 
 @router.get("/models/{model_id}/report.json")
 def report_json(
-    model_id: RowId,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     body = reports.model_report(session, settings, model_id, principal.project)
     return JSONResponse(

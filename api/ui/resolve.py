@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import replace
 from typing import Any, cast
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -197,14 +197,14 @@ async def _page(request: Request, principal: Principal, form: dict[str, str], as
 
 
 @router.get("/resolve")
-async def resolve_form(request: Request, principal: Principal = Depends(ui_session.viewer)) -> Response:
+async def resolve_form(request: Request, principal: ui_session.Viewer) -> Response:
     """The form; with a model in the query, filled from it and answered (a link to an answer)."""
     form = form_from_query(request.query_params)
     return await _page(request, principal, form, asked=bool(form["model"].strip()))
 
 
 @router.post("/resolve")
-async def resolve_answer(request: Request, principal: Principal = Depends(ui_session.viewer)) -> Response:
+async def resolve_answer(request: Request, principal: ui_session.Viewer) -> Response:
     await ui_session.check_csrf(request)  # a read, but a form like the others
     raw = await request.form()
     return await _page(request, principal, {k: str(raw.get(k) or "") for k in FIELDS}, asked=True)

@@ -28,9 +28,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Annotated
 
 import anyio
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from starlette.datastructures import UploadFile
 
 from api.http.auth import TokenCache, cached_principal, require, revoke_now
@@ -257,6 +258,12 @@ async def admin(request: Request) -> Principal:
     principal = await viewer(request)
     require(principal, "admin", "managing tokens")
     return principal
+
+
+# A page's principal; a form's that changes something; an admin's.
+Viewer = Annotated[Principal, Depends(viewer)]
+Builder = Annotated[Principal, Depends(builder)]
+Admin = Annotated[Principal, Depends(admin)]
 
 
 async def check_csrf(request: Request) -> None:
