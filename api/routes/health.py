@@ -31,10 +31,6 @@ async def healthz(settings: FarmSettings) -> dict:
     return {"status": "ok", "version": __version__, "blob_store": settings.blob_store}
 
 
-def _catalog(settings: Settings) -> None:
-    ping(settings)
-
-
 def _broker(settings: Settings) -> None:
     from kombu import Connection
 
@@ -46,7 +42,7 @@ def _blobs(settings: Settings) -> None:
     get_blob_store(settings).exists(READY_KEY)
 
 
-CHECKS = {"catalog": _catalog, "broker": _broker, "blob_store": _blobs}
+CHECKS = {"catalog": ping, "broker": _broker, "blob_store": _blobs}
 
 
 async def _check(fn, settings: Settings) -> tuple[bool, str, float]:

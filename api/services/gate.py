@@ -16,8 +16,7 @@ from api.services import builds as services
 from api.services import checkstates, reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Target, TaskState
-from storage import builtengines, catalog, liveness
-from storage import checks as project_checks
+from storage import catalog, liveness
 from storage.checks import ProjectView
 from storage.tables import BuildTaskRow, EngineRow, ModelRow
 
@@ -88,12 +87,8 @@ def evaluate(
             f"build {build_id} has no task for {', '.join(missing)}; its targets: {', '.join(tasks)}",
         )
     ids = [t.engine_id for t in tasks.values() if t.engine_id]
-    # The checks before their evidence, as the report reads them (``reports.model_report`` says why).
-    benchmark_tasks = project_checks.benchmark_tasks_of(session, ids, model.project)
-    engines = builtengines.engines_by_id(session, ids)
-    # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
-    view = project_checks.project_view(session, list(engines.values()), model.project)
-    checks = checkstates.engine_checks(session, settings, list(engines.values()), view, benchmark_tasks)
+    # The model's project's own checks: another project sharing these engines cannot move the gate.
+    engines, view, checks = checkstates.checks_of_ids(session, settings, ids, model.project)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
     previous, baseline, _ = reports.previous_measurements(session, model)
     judge = _Judge(max_regression_pct, previous, baseline, view)

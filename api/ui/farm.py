@@ -13,12 +13,13 @@ from starlette.concurrency import run_in_threadpool
 from api.http.auth import revoke_now
 from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import RowId
+from api.schemas import WorkerOut
 from api.schemas.tokens import TokenIn
 from api.services import tokens
-from api.services.workers import live as live_workers
 from api.ui import session as ui_session
 from api.ui.render import HEADERS, page
 from enginefarm.core.errors import SpecInvalid
+from storage import liveness
 from storage.observe import queue_state
 from storage.tokens import Principal
 
@@ -29,7 +30,7 @@ router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 def workers_page(
     request: Request, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
-    workers = live_workers(session, settings)
+    workers = [WorkerOut.of(r) for r in liveness.live_workers(session, settings.worker_ttl_seconds)]
     state = queue_state(session, settings.worker_ttl_seconds)
     queues = []
     for (kind, target), (count, oldest) in sorted(state.waiting.items()):
