@@ -37,21 +37,15 @@ _READS = anyio.CapacityLimiter(4)
 UNKNOWN_S = 1.0  # how often a waiter reads again while the feed is unknown (PostgreSQL's listener reconnecting)
 
 
-def wait_query(what: str) -> float:
-    """The ``wait`` parameter of a long poll on ``what``: 0 to WAIT_MAX_S, finite."""
-    return Query(
-        0,
-        ge=0,
-        le=WAIT_MAX_S,
-        allow_inf_nan=False,
-        description=f"with the tag held: answer as soon as {what} differs from the one held, or after this many "
-        "seconds (a long poll)",
-    )
+def wait_query() -> float:
+    """A dashboard long poll's ``wait`` (its routes are in no schema, so it needs no description): 0 to
+    WAIT_MAX_S, finite."""
+    return Query(0, ge=0, le=WAIT_MAX_S, allow_inf_nan=False)
 
 
-def seen_query(what: str) -> str | None:
-    """The ``seen`` parameter of a long poll: the tag held of ``what``."""
-    return Query(None, max_length=100, description=f"the tag of {what} held (the ETag, or the page's data-tag)")
+def seen_query() -> str | None:
+    """A dashboard long poll's ``seen``: the tag of what the page shows."""
+    return Query(None, max_length=100)
 
 
 def tag_of(body: bytes) -> str:

@@ -1,13 +1,8 @@
 """GET and POST /v1/resolve: the engine that runs on the asking machine, the fallbacks, and why.
 
-GET takes the fingerprint as query parameters (curl-friendly); POST takes it as JSON. Both answer
-the same: 200 with the choice, 404 with a reason per engine when nothing fits, or 202 with a build
-id when nothing fits and the caller asked for ``build``. The routes parse the question and answer;
-``api.services.resolve.resolve`` decides what.
-
-A 200 carries an ETag (``api.http.answers``): the same question asked again with ``If-None-Match`` gets a
-304 until the model's versions, engines or their benchmarks change, and the same question from another machine
-of the fleet is answered from the process's cache without judging anything again.
+GET takes the fingerprint as query parameters, POST as JSON; both answer the same (``api.http.answers``): 200 with
+the choice and an ETag, 304 to If-None-Match while nothing changed, 404 with a reason per engine when nothing fits,
+or 202 with a build id when nothing fits and the caller asked for ``build``.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from pydantic import ValidationError
 from api.http.answers import answered
 from api.http.auth import Authorized, require
 from api.http.deps import CatalogRoute, FarmSettings
-from api.http.params import UNPROCESSABLE
+from api.http.params import UNPROCESSABLE, invalid
 from api.schemas.resolve import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
 from enginefarm.core.machine import SHORT_NAMES
 
@@ -60,17 +55,11 @@ async def resolve_get(
             ]
         ) from None
     except ValueError as exc:  # shapes trtexec would not read
-        raise RequestValidationError(
-            [
-                {
-                    "type": "value_error",
-                    "loc": ("query", "shapes"),
-                    "input": query.shapes,
-                    "msg": f"{exc}; write shapes as trtexec does, e.g. "
-                    "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
-                    "&max_shapes=images:4x3x640x640",
-                }
-            ]
+        raise invalid(
+            ("query", "shapes"),
+            query.shapes,
+            f"{exc}; write shapes as trtexec does, e.g. shapes=images:1x3x640x640 or "
+            "min_shapes=images:1x3x320x320&max_shapes=images:4x3x640x640",
         ) from None
     return await answered(req, request, settings, principal)
 

@@ -47,8 +47,8 @@ async def build_tasks(
     build_id: RowId,
     principal: ui_session.Viewer,
     settings: FarmSettings,
-    wait: float = buildwait.wait_query("the build"),
-    seen: str | None = buildwait.seen_query("the build"),
+    wait: float = buildwait.wait_query(),
+    seen: str | None = buildwait.seen_query(),
 ) -> Response:
     """The page's live part: the build's tasks. The page asks again as soon as each answer arrives, with the tag it
     shows and ``wait``: a long poll on the API's build feed (``api.http.buildwait``), so an open page learns of a change

@@ -77,8 +77,8 @@ async def matrix_fragment(
     model_id: RowId,
     principal: ui_session.Viewer,
     settings: FarmSettings,
-    wait: float = buildwait.wait_query("the matrix"),
-    seen: str | None = buildwait.seen_query("the matrix"),
+    wait: float = buildwait.wait_query(),
+    seen: str | None = buildwait.seen_query(),
     submitted: int | None = Query(
         None, ge=1, le=ID_MAX, description="a build this page submitted: its notice stays above the matrix"
     ),
