@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -111,9 +110,8 @@ def reconcile(
     if settings.reconcile_seconds <= 0:
         err.print("error: ENGINEFARM_RECONCILE_SECONDS is 0 here; give the service an interval, e.g. 15")
         raise typer.Exit(2)
-    # Ctrl-C and SIGTERM are taken by sigtimedwait below, never raised as KeyboardInterrupt: one raised inside a
-    # library's exec() (an import, a dataclass) leaves CPython set to end the process by SIGINT at exit even though
-    # it was caught, so a clean stop ended as "killed by SIGINT". The service's thread inherits the mask.
+    # Ctrl-C and SIGTERM are taken by sigtimedwait below, never raised as KeyboardInterrupt (``stop_on_sigterm`` in
+    # server/embedded.py says why); the service's thread inherits the mask.
     stops = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     console.print(
@@ -217,7 +215,7 @@ def up(
         err.print(f"[red]error:[/red] enginefarm up: port {port} on {HOST} is in use; {instead}", highlight=False)
         raise typer.Exit(2)
     try:
-        from server.embedded import Farm, issue_token, stop_on_sigterm
+        from server.embedded import Farm, issue_token
         from server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "up")
@@ -239,22 +237,17 @@ def up(
             stop_timeout=8,
             log_max_bytes=int(settings.log_max_mb * 2**20),
         )
-        with stop_on_sigterm(), farm:
-            farm.start_api()
-            names = [f"embedded-{i}" for i in range(workers)]
-            for n in names:
-                farm.start_worker(n)
-            farm.wait_workers(names, restart=True)  # a worker that dies this early is started again too
+
+        def announce() -> None:
             console.print(
                 f"enginefarm is up at {farm.url} (docs: {farm.url}/docs); data in {settings.data_dir}. "
                 f"Ctrl-C stops it. An admin API token was made for you; in another shell:",
                 highlight=False,
             )
             print(f"export ENGINEFARM_API_URL={farm.url}\nexport ENGINEFARM_TOKEN={token}", flush=True)
-            while True:
-                farm.supervise()
-                time.sleep(1)
-    except KeyboardInterrupt:
+
+        farm.serve({f"embedded-{i}": 1 for i in range(workers)}, announce)
+    except KeyboardInterrupt:  # before the farm was serving
         pass
     except FarmError as exc:  # the farm's processes are stopped by now
         farm_failed(exc, "up")

@@ -27,7 +27,7 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.supervisors import Multiprocess
 
 from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
-from server.headlimits import HeadLimitProtocol, HeadLimits
+from server.headlimits import HeadLimitProtocol, HeadLimits, refusal
 from worker.process.malloc import limit_arenas
 
 APP = "api.main:app"
@@ -37,11 +37,7 @@ log = logging.getLogger(__name__)
 # checks every name used). On any other release ``serve_api`` serves with uvicorn's h11 protocol and its head bound
 # (``h11_max_incomplete_event_size``), without the header deadline or the 304s, and says so.
 TESTED_UVICORN = ("0.55",)
-_TIMED_OUT_BODY = b"the request's line and headers took too long\n"
-_TIMED_OUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY)
-)
+_TIMED_OUT = refusal(408, "Request Timeout", "the request's line and headers took too long")
 _NOT_MODIFIED = b"HTTP/1.1 304 Not Modified\r\n"
 _RESOLVE = b"/v1/resolve"
 # A request with any of these is the app's: a body, a CORS answer, an upgrade, a 100-continue.
