@@ -30,7 +30,7 @@ from api.http.cachecontrol import NoStoreByDefault
 from api.http.fastpath import FleetPath
 from api.http.upload import UploadSlots
 from api.metrics import Observe
-from api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
+from api.routes import builds, engines, health, models, resolve, tokens, workers
 from api.schemas.resolve import ResolveQuery
 from api.services.answers import Answers
 from api.services.resolve import Tables
@@ -153,8 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()
     app.state.resolve_threads = resolve_pool(settings)  # api/routes/resolve.py
-    for module in (models, gate, builds, sweeps, engines, resolve, tokens):
-        app.include_router(module.router, dependencies=[Depends(authorize)])
+    for router in (models.router, builds.router, builds.sweeps, engines.router, resolve.router, tokens.router):
+        app.include_router(router, dependencies=[Depends(authorize)])
     app.include_router(workers.router)  # /v1/workers checks its token itself
     app.include_router(health.router)  # /healthz, /readyz and /metrics are open
     ui.mount(app)  # the dashboard, /ui: its pages take a session cookie instead of a bearer token

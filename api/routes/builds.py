@@ -1,4 +1,5 @@
-"""POST/GET /v1/builds."""
+"""POST/GET /v1/builds, and /v1/sweeps: a grid of build variants, each built, benchmarked and checked; the best
+marked."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from api.http import buildwait
 from api.http.auth import Authorized, Tenant
 from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import ID_MAX, UNPROCESSABLE, RowId, check_body_id, page_offset
-from api.schemas.builds import BuildOut, BuildRequest, build_out
-from api.services import admission
+from api.schemas.builds import BuildOut, BuildRequest, SweepOut, SweepRequest, build_out
+from api.services import admission, reports
 from api.services import builds as services
 from api.services.answers import matches
 from storage import catalog
@@ -18,6 +19,7 @@ from storage.db import session_scope
 from storage.tables import BuildRow
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/builds", tags=["builds"], responses=UNPROCESSABLE)
+sweeps = APIRouter(route_class=CatalogRoute, prefix="/v1/sweeps", tags=["sweeps"], responses=UNPROCESSABLE)
 
 
 @router.post("", status_code=202, response_model=BuildOut, responses=admission.RESPONSES)
@@ -101,3 +103,29 @@ async def get_build(
     if matches(if_none_match, tag):
         return Response(status_code=304, headers={"ETag": tag})
     return Response(body, media_type="application/json", headers={"ETag": tag})
+
+
+@sweeps.post("", status_code=202, response_model=SweepOut, responses=admission.RESPONSES)
+def submit_sweep(
+    body: SweepRequest, tenant: Tenant, principal: Authorized, session: CatalogSession, settings: FarmSettings
+) -> SweepOut:
+    """One build per combination of the axes' values (e.g. precision × optimization level × profile), on
+    every target. The best variant per target is the fastest that passes the accuracy gate. The sweep is
+    admitted whole or not at all, as one build is."""
+    check_body_id("model_id", body.model_id)
+    sweep_id = services.submit_sweep(
+        settings,
+        body.model_id,
+        body.targets,
+        body.spec,
+        body.axes,
+        tenant,
+        token_id=principal.family_id,
+        queue_without_worker=body.queue_without_worker,
+    )
+    return SweepOut(**reports.sweep_report(session, settings, sweep_id))
+
+
+@sweeps.get("/{sweep_id}", response_model=SweepOut)
+def get_sweep(sweep_id: RowId, tenant: Tenant, session: CatalogSession, settings: FarmSettings) -> SweepOut:
+    return SweepOut(**reports.sweep_report(session, settings, sweep_id, tenant))

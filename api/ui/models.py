@@ -1,10 +1,12 @@
-"""The models list (searchable), a model's page with its build matrix, uploads and builds from the browser."""
+"""The models list (searchable), a model's page with its build matrix, uploads and builds from the browser, and a
+model's report (its latency chart is drawn in the browser from the same JSON as GET /v1/models/{id}/report)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -15,11 +17,13 @@ from api.http.params import ID_MAX, RowId, page_offset
 from api.http.upload import model_upload
 from api.schemas import ModelOut
 from api.services import builds as services
+from api.services import reports
 from api.ui import session as ui_session
 from api.ui.buildform import form_fields, spec_from_form
 from api.ui.matrix import model_matrix
 from api.ui.render import is_fragment, page
 from enginefarm.core.config import Settings
+from enginefarm.core.repairs import repair_groups
 from storage import catalog, liveness
 from storage.db import session_scope
 from storage.tokens import Principal
@@ -120,3 +124,22 @@ async def submit_build(
             )
 
     return await run_in_threadpool(submit_and_render)
+
+
+@router.get("/models/{model_id}/report")
+def report_page(
+    request: Request, model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
+) -> Response:
+    report = reports.model_report(session, settings, model_id, principal.project)
+    model = catalog.get_model(session, report["model"]["id"], principal.project)
+    return page(request, "report.html", model=model, report=report, repairs=repair_groups(report))
+
+
+@router.get("/models/{model_id}/report.json")
+def report_json(
+    model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
+) -> Response:
+    body = reports.model_report(session, settings, model_id, principal.project)
+    return JSONResponse(
+        jsonable_encoder(body), headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    )
