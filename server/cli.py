@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
+from rich.table import Table
 
 from enginefarm.client.terminal import console, err, fail, need
 from enginefarm.core.config import get_settings
+from enginefarm.core.domain import SCOPES
 from server.metricsdir import metrics_dir
-from server.tokencli import token_create, token_list, token_revoke
 from server.workercli import worker
 
 app = typer.Typer()
@@ -58,9 +59,84 @@ def register(root: typer.Typer) -> None:
 # ------------------------------------------------------------------------------ tokens
 
 
-token_app.command("create")(token_create)
-token_app.command("list")(token_list)
-token_app.command("revoke")(token_revoke)
+SCOPE_HELP = f"{', '.join(SCOPES[:-1])} or {SCOPES[-1]}, each allowing the ones before it (repeatable)"
+
+
+@token_app.command("create")
+def token_create(
+    scope: list[str] = typer.Option(..., "--scope", help=SCOPE_HELP),
+    name: str = typer.Option(..., help="who or what uses it"),
+    expires_days: float | None = typer.Option(None, help="valid for this many days (default: until revoked)"),
+    project: str | None = typer.Option(None, help="limit it to one project's models (default: the whole farm)"),
+    init: bool = typer.Option(False, "--init", help="make the catalog first if none is there yet"),
+) -> None:
+    """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
+    from enginefarm.core.errors import EnginefarmError
+    from server.embedded import prepare
+    from storage.db import has_catalog, session_scope
+    from storage.tokens import create_token, lifetime
+
+    settings = get_settings()
+    if not init and not has_catalog(settings):
+        where = settings.database_url and "ENGINEFARM_DATABASE_URL's database" or f"{settings.data_dir / 'catalog.db'}"
+        err.print(
+            f"error: no farm's catalog at {where}, so no farm would know this token. Run it where the farm's "
+            f"settings are (ENGINEFARM_DATA_DIR or ENGINEFARM_DATABASE_URL), or pass --init to start a new "
+            f"catalog there.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    prepare(settings)
+    try:
+        expires = lifetime(expires_days)
+        with session_scope(settings) as session:
+            row, token = create_token(session, name, scope, expires, project)
+    except EnginefarmError as exc:
+        fail(exc)
+    where = f" in project {row.project}" if row.project else ""
+    err.print(
+        f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}{where}; keep it now, it cannot be shown again:"
+    )
+    print(token)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Tokens with their scopes and state (never the tokens themselves)."""
+    from storage.db import session_scope
+    from storage.tokens import list_tokens, token_state
+
+    table = Table(title="API tokens")
+    for col in ("id", "name", "starts with", "scopes", "project", "state", "created", "last used"):
+        table.add_column(col)
+    with session_scope(get_settings()) as session:
+        for r in list_tokens(session):
+            table.add_row(
+                str(r.id),
+                r.name,
+                r.prefix + "…",
+                ", ".join(r.scopes),
+                r.project or "(all)",
+                token_state(r),
+                f"{r.created_at:%Y-%m-%d %H:%M}",
+                f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-",
+            )
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from enginefarm.core.errors import EnginefarmError
+    from storage.db import session_scope
+    from storage.tokens import revoke_token
+
+    try:
+        with session_scope(get_settings()) as session:
+            row = revoke_token(session, token_id)
+    except EnginefarmError as exc:
+        fail(exc)
+    console.print(f"token {row.id} '{row.name}' is revoked")
 
 
 # ------------------------------------------------------------------------------ services
