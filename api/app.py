@@ -30,7 +30,7 @@ from api.http.cachecontrol import NoStoreByDefault
 from api.http.fastpath import FleetPath
 from api.http.upload import UploadSlots
 from api.metrics import Observe
-from api.routes import builds, engines, gate, health, models, resolve, sweeps, tokens, workers
+from api.routes import builds, engines, health, models, resolve, tokens, workers
 from api.schemas.resolve import ResolveQuery
 from api.services.answers import Answers
 from api.services.resolve import Tables
@@ -120,14 +120,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         changes = app.state.versions.changes = changes_for(settings.resolved_database_url)
         changes.watch_revocations(app.state.token_cache.forget, app.state.token_cache.forget_all)
         app.state.build_feed = buildwait.Feed(changes)
-        # What is alive after start-up (modules, the app, the ORM's mappers) lives as long as the process: frozen
-        # out of the collector's generations, a full collection no longer walks it. Those collections made the
-        # p99 of a resolve (in process: 47-71 ms, 11-12 ms with the freeze).
+        # What is alive after start-up lives as long as the process: frozen out of the collector's generations, so
+        # a full collection no longer walks it; and rarer young collections (a computed resolve allocates thousands
+        # of short-lived objects), same older ones.
         gc.collect()
         gc.freeze()
-        # A computed resolve allocates a few thousand objects (rows, descriptors, verdicts) that die with the
-        # request; at the default 700 allocations per young collection that was several collections per answer,
-        # about a third of its CPU (bench/fleet.py's cold phase). Rarer young collections, same older ones.
         gc.set_threshold(GC_YOUNG, 20, 10)
         try:
             yield
@@ -156,10 +153,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.versions = Versions(settings.resolve_fresh_seconds, settings.resolve_cache_entries)  # fed at start-up
     app.state.tables = Tables()
     app.state.resolve_threads = resolve_pool(settings)  # api/routes/resolve.py
-    # Uploads stream to disk under their own limits (api/http/upload.py); a JSON body is read whole, so it gets a small
-    # one (JsonBodyLimit).
-    for module in (models, gate, builds, sweeps, engines, resolve, tokens):
-        app.include_router(module.router, dependencies=[Depends(authorize)])
+    for router in (models.router, builds.router, builds.sweeps, engines.router, resolve.router, tokens.router):
+        app.include_router(router, dependencies=[Depends(authorize)])
     app.include_router(workers.router)  # /v1/workers checks its token itself
     app.include_router(health.router)  # /healthz, /readyz and /metrics are open
     ui.mount(app)  # the dashboard, /ui: its pages take a session cookie instead of a bearer token

@@ -1,11 +1,9 @@
 """Prometheus metrics of the API: GET /metrics.
 
-What the API process counts (request latency per route, resolve outcomes by match tier, upload bytes, blob store
-errors) lives in prometheus-client's metrics; with several processes (``enginefarm api --workers N``, or workers
-on the same host) they share ``PROMETHEUS_MULTIPROC_DIR`` and a scrape sums them all (prometheus-client's
-multiprocess mode; ``enginefarm api`` and ``enginefarm up`` set the folder). What the farm *is* (queue depth and
-the oldest task's age per target, tasks by state, live workers per target) is read from the catalog when
-scraped (``storage/observe.py``), so every API process answers the same.
+What the API process counts (request latency per route, resolve outcomes, upload bytes, blob store errors) is in
+prometheus-client's metrics, summed over the host's processes through ``PROMETHEUS_MULTIPROC_DIR`` where it is set
+(``enginefarm api`` and ``enginefarm up`` set it). The queues, tasks and live workers are read from the catalog at
+each scrape (``storage/observe.py``).
 """
 
 from __future__ import annotations

@@ -10,16 +10,16 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import NoReturn
 
 import typer
+from rich.table import Table
 
 from enginefarm.client.terminal import console, err, fail, need
-from enginefarm.core.config import get_settings
+from enginefarm.core.config import Settings, get_settings
+from enginefarm.core.domain import SCOPES
 from server.metricsdir import metrics_dir
-from server.tokencli import token_create, token_list, token_revoke
 from server.workercli import worker
 
 app = typer.Typer()
@@ -59,9 +59,98 @@ def register(root: typer.Typer) -> None:
 # ------------------------------------------------------------------------------ tokens
 
 
-token_app.command("create")(token_create)
-token_app.command("list")(token_list)
-token_app.command("revoke")(token_revoke)
+SCOPE_HELP = f"{', '.join(SCOPES[:-1])} or {SCOPES[-1]}, each allowing the ones before it (repeatable)"
+
+
+def need_catalog(settings: Settings, why: str = "", or_else: str = "") -> None:
+    """One line and exit 1 where the settings name no farm's catalog (a farm run with another data folder or
+    database), instead of what the database driver says on the first query."""
+    from storage.db import has_catalog
+
+    if has_catalog(settings):
+        return
+    where = settings.database_url and "ENGINEFARM_DATABASE_URL's database" or f"{settings.data_dir / 'catalog.db'}"
+    why, or_else = (f", {why}" if why else ""), (f", {or_else}" if or_else else "")
+    err.print(
+        f"error: no farm's catalog at {where}{why}. Run it where the farm's settings are (ENGINEFARM_DATA_DIR or "
+        f"ENGINEFARM_DATABASE_URL, as the farm printed them){or_else}.",
+        highlight=False,
+    )
+    raise typer.Exit(1)
+
+
+@token_app.command("create")
+def token_create(
+    scope: list[str] = typer.Option(..., "--scope", help=SCOPE_HELP),
+    name: str = typer.Option(..., help="who or what uses it"),
+    expires_days: float | None = typer.Option(None, help="valid for this many days (default: until revoked)"),
+    project: str | None = typer.Option(None, help="limit it to one project's models (default: the whole farm)"),
+    init: bool = typer.Option(False, "--init", help="make the catalog first if none is there yet"),
+) -> None:
+    """Make an API token. It is printed once, alone on stdout, and only its hash is stored."""
+    from enginefarm.core.errors import EnginefarmError
+    from server.embedded import prepare
+    from storage.db import session_scope
+    from storage.tokens import create_token, lifetime
+
+    settings = get_settings()
+    if not init:
+        need_catalog(settings, "so no farm would know this token", "or pass --init to start a new catalog there")
+    prepare(settings)
+    try:
+        expires = lifetime(expires_days)
+        with session_scope(settings) as session:
+            row, token = create_token(session, name, scope, expires, project)
+    except EnginefarmError as exc:
+        fail(exc)
+    where = f" in project {row.project}" if row.project else ""
+    err.print(
+        f"token {row.id} '{row.name}' with scope {', '.join(row.scopes)}{where}; keep it now, it cannot be shown again:"
+    )
+    print(token)
+
+
+@token_app.command("list")
+def token_list() -> None:
+    """Tokens with their scopes and state (never the tokens themselves)."""
+    from storage.db import session_scope
+    from storage.tokens import list_tokens, token_state
+
+    settings = get_settings()
+    need_catalog(settings)
+    table = Table(title="API tokens")
+    for col in ("id", "name", "starts with", "scopes", "project", "state", "created", "last used"):
+        table.add_column(col)
+    with session_scope(settings) as session:
+        for r in list_tokens(session):
+            table.add_row(
+                str(r.id),
+                r.name,
+                r.prefix + "…",
+                ", ".join(r.scopes),
+                r.project or "(all)",
+                token_state(r),
+                f"{r.created_at:%Y-%m-%d %H:%M}",
+                f"{r.last_used_at:%Y-%m-%d %H:%M}" if r.last_used_at else "-",
+            )
+    console.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int) -> None:
+    """Revoke a token: requests with it get 401 from now on."""
+    from enginefarm.core.errors import EnginefarmError
+    from storage.db import session_scope
+    from storage.tokens import revoke_token
+
+    settings = get_settings()
+    need_catalog(settings)
+    try:
+        with session_scope(settings) as session:
+            row = revoke_token(session, token_id)
+    except EnginefarmError as exc:
+        fail(exc)
+    console.print(f"token {row.id} '{row.name}' is revoked")
 
 
 # ------------------------------------------------------------------------------ services
@@ -111,9 +200,8 @@ def reconcile(
     if settings.reconcile_seconds <= 0:
         err.print("error: ENGINEFARM_RECONCILE_SECONDS is 0 here; give the service an interval, e.g. 15")
         raise typer.Exit(2)
-    # Ctrl-C and SIGTERM are taken by sigtimedwait below, never raised as KeyboardInterrupt: one raised inside a
-    # library's exec() (an import, a dataclass) leaves CPython set to end the process by SIGINT at exit even though
-    # it was caught, so a clean stop ended as "killed by SIGINT". The service's thread inherits the mask.
+    # Ctrl-C and SIGTERM are taken by sigtimedwait below, never raised as KeyboardInterrupt (``stop_on_sigterm`` in
+    # server/embedded.py says why); the service's thread inherits the mask.
     stops = {signal.SIGINT, signal.SIGTERM}
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     console.print(
@@ -143,7 +231,6 @@ def gc(
 ) -> None:
     """Delete blobs that no catalog row references, once older than the grace period (the API's background
     sweep does the same every ENGINEFARM_GC_INTERVAL_SECONDS). A referenced blob is never deleted."""
-    from server.tokencli import need_catalog
     from storage.gc import collect_garbage
 
     settings = get_settings()
@@ -220,7 +307,7 @@ def up(
         err.print(f"[red]error:[/red] enginefarm up: port {port} on {HOST} is in use; {instead}", highlight=False)
         raise typer.Exit(2)
     try:
-        from server.embedded import Farm, issue_token, stop_on_sigterm
+        from server.embedded import Farm, issue_token
         from server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "up")
@@ -242,22 +329,17 @@ def up(
             stop_timeout=8,
             log_max_bytes=int(settings.log_max_mb * 2**20),
         )
-        with stop_on_sigterm(), farm:
-            farm.start_api()
-            names = [f"embedded-{i}" for i in range(workers)]
-            for n in names:
-                farm.start_worker(n)
-            farm.wait_workers(names, restart=True)  # a worker that dies this early is started again too
+
+        def announce() -> None:
             console.print(
                 f"enginefarm is up at {farm.url} (the dashboard: {farm.url}/ui, the API's docs: {farm.url}/docs); "
                 f"data in {settings.data_dir}. Ctrl-C stops it. An admin API token was made for you; in another shell:",
                 highlight=False,
             )
             print(cli_exports(farm.url, token, settings.data_dir), flush=True)
-            while True:
-                farm.supervise()
-                time.sleep(1)
-    except KeyboardInterrupt:
+
+        farm.serve({f"embedded-{i}": 1 for i in range(workers)}, announce)
+    except KeyboardInterrupt:  # before the farm was serving
         pass
     except FarmError as exc:  # the farm's processes are stopped by now
         farm_failed(exc, "up")

@@ -1,11 +1,8 @@
 """``enginefarm demo --serve``: the demo, then its farm kept running for the dashboard.
 
-``enginefarm demo`` builds, benchmarks and resolves, then stops its farm and exits (CI and the tests run it). With
-``--serve`` the same demo runs first; then the farm starts again on the demo's data (its SQLite catalog and blob
-directory are kept in the data folder) on a fixed port, and the command prints the dashboard's address and the
-demo's admin token to sign in with, and serves until Ctrl-C: the demo's model, its build matrix, its report chart
-and the resolver are one click away. One token serves the whole demo. The port is checked before the demo starts:
-a taken one is a line on stderr and exit code 2 at once.
+The demo runs first; then its farm starts again on the demo's data folder on a fixed port, prints the dashboard's
+address and the demo's admin token, and serves until Ctrl-C. A taken port is a line on stderr and exit code 2
+before the demo starts.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from rich.console import Console
@@ -51,23 +47,17 @@ def serve_farm(data_dir: Path, console: Console, port: int = DEFAULT_PORT, ready
     token = token or demo_token(data_dir)
     metrics_dir(data_dir / "metrics")  # one folder, as `enginefarm up` has: /metrics counts the worker's builds too
     farm = Farm(embedded_env(data_dir), port=port, log_dir=data_dir, token=token, stop_timeout=8)
-    try:
-        with stop_on_sigterm(), farm:
-            farm.start_api()
-            farm.start_worker("demo", concurrency=2)
-            farm.wait_workers(["demo"], restart=True)
-            console.rule("the dashboard")
-            console.print("open the dashboard and sign in with the token below; Ctrl-C stops the farm", highlight=False)
-            print(f"ENGINEFARM_UI={farm.url}/ui", flush=True)
-            console.print("the CLI, in another shell (the tour in the README):", highlight=False)
-            print(cli_exports(farm.url, token, data_dir), flush=True)
-            if ready is not None:
-                ready(farm.url, token)
-            while True:
-                farm.supervise()
-                time.sleep(1)
-    except KeyboardInterrupt:
-        pass
+
+    def announce() -> None:
+        console.rule("the dashboard")
+        console.print("open the dashboard and sign in with the token below; Ctrl-C stops the farm", highlight=False)
+        print(f"ENGINEFARM_UI={farm.url}/ui", flush=True)
+        console.print("the CLI, in another shell (the tour in the README):", highlight=False)
+        print(cli_exports(farm.url, token, data_dir), flush=True)
+        if ready is not None:
+            ready(farm.url, token)
+
+    farm.serve({"demo": 2}, announce)
     return 0
 
 

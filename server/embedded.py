@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,6 +324,23 @@ class Farm:
             return
         child.log_offset = 0
 
+    def serve(self, workers: dict[str, int], announce: Callable[[], None]) -> None:
+        """Start the API and ``workers`` (name: concurrency), ``announce`` once they are up, then keep them running
+        (``supervise``) until Ctrl-C or SIGTERM, and stop the farm. A worker that dies while it starts is started
+        again."""
+        try:
+            with stop_on_sigterm(), self:
+                self.start_api()
+                for name, concurrency in workers.items():
+                    self.start_worker(name, concurrency=concurrency)
+                self.wait_workers(list(workers), restart=True)
+                announce()
+                while True:
+                    self.supervise()
+                    time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+
     def __enter__(self) -> Farm:
         return self
 
@@ -334,11 +352,8 @@ class Farm:
 def stop_on_sigterm():
     """SIGTERM (systemd, kill) ends the block as Ctrl-C does, so the farm's ``with`` stops its children in order.
 
-    A KeyboardInterrupt that leaves code run by ``exec()`` of a string (a library's import, a dataclass being made)
-    sets CPython's "unhandled KeyboardInterrupt" mark even when the caller catches it, and the process then ends by
-    SIGINT at exit: a clean stop that systemd reads as a crash. Any later ``exec()`` of a string clears the mark,
-    so the block's end runs one. (``enginefarm reconcile --loop``, which starts no children, takes its signals with
-    ``sigtimedwait`` instead.)"""
+    A KeyboardInterrupt that leaves code run by ``exec()`` of a string leaves CPython set to end the process by
+    SIGINT at exit even when caught; the block's end runs one more ``exec()``, which clears that."""
 
     def interrupt(*_):
         raise KeyboardInterrupt

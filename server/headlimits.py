@@ -1,35 +1,24 @@
 """Bounds on a request's head, judged as its bytes arrive, before the HTTP parser sees them.
 
-uvicorn's httptools protocol keeps whatever a client sends before a request's end of headers: the URL grows by a
-copy of itself on every read (``on_url`` concatenates, so its cost goes with the square of its length) and the
-header list grows with every line. One connection sending a request line and then header lines without end filled
-the API's memory (129 to 946 MiB in 17 s), and one endless request line stalled every other request of the
-process (/healthz 8.9 s against 21 ms). nginx, gunicorn and h11 refuse a head past 8-64 KiB; so does this:
+uvicorn's httptools protocol keeps whatever a client sends before a request's end of headers. Here, as nginx,
+gunicorn and h11 do:
 
 - the request line (without its CRLF) past ``ENGINEFARM_MAX_REQUEST_LINE_BYTES`` (8 KiB): 414 URI Too Long;
 - the header block (the lines after the request line, through the empty line that ends them) past
   ``ENGINEFARM_MAX_HEADER_BYTES`` (64 KiB), or more than ``ENGINEFARM_MAX_HEADER_FIELDS`` (100) header lines:
   431 Request Header Fields Too Large. A chunked body's trailer section has the same two bounds.
 
-Each read is scanned for the head's end (the first CRLF CRLF after the request line) before any of it is handed to
-the parser, with the counts carried across reads; a read that breaks a bound reaches no parser: the client gets a
-short plain answer (after the answers to its earlier pipelined requests), the connection stops reading and its
-write side is shut, and it is closed once the client closes, ``LINGER_S`` later or once ``LINGER_BYTES`` more have
-been read and dropped, whichever comes first (a close with the client's bytes still unread resets the connection,
-and a client still sending might never read why; one that sends on regardless costs no more than that).
+Each read is scanned for the head's end before any of it reaches the parser, with the counts carried across
+reads. A refused head gets a short plain answer (after the answers to earlier pipelined requests), the connection
+stops reading, its write side is shut, and it is closed once the client closes, ``LINGER_S`` later or once
+``LINGER_BYTES`` more were read and dropped, whichever comes first.
 
-Bytes of a body are no head's: after a head the parser has parsed (fed up to its end, nothing further), the body's
-length is read from its headers and followed (Content-Length, or chunked framing: sizes, data, trailers) so the
-next request's head is counted from its first byte, in the same read or a later one. The parser stays the judge of
-what is valid; where it and this framing ever disagree on where a message ends, the connection is closed (400)
-rather than a head let through uncounted. Blank lines between requests, which the parser skips and nobody keeps,
-are bounded by the header deadline (serve.py), not here.
+A body is followed by its framing (Content-Length, or chunk sizes, data and trailers) so the next head is counted
+from its first byte; where that framing and the parser disagree on where a message ends, the connection is closed
+(400). Blank lines between requests are bounded by the header deadline (serve.py), not here.
 
-Pipelined requests: uvicorn parses every request of a read and queues those that must wait for the answer before
-them, each with its scope, headers and task state; a read of 256,000 bytes of minimal requests queued 14,562 of
-them, 29 MiB for one read of one connection. Here at most ``MAX_PIPELINED`` wait parsed; the bytes after them
-wait as they came (the rest of that read: reading stays paused meanwhile) until an answer makes room, and a
-connection that has more than ``MAX_HELD_BYTES`` so waiting is closed."""
+Pipelined requests: at most ``MAX_PIPELINED`` wait parsed; the bytes after them wait unparsed, reading paused,
+until an answer makes room, and a connection with more than ``MAX_HELD_BYTES`` so waiting is closed."""
 
 from __future__ import annotations
 
@@ -105,8 +94,7 @@ class HeadLimitProtocol(HttpToolsProtocol):
             return
         n = len(data)
         if self._phase == _HEAD and not self._started and n > 4 and data[0] > 13 and not self.pipeline:
-            # The usual read: one whole head, from its first byte to the read's end. A fleet's 304 costs about 15 µs
-            # of the protocol's CPU; the general path below took 4 more, this one under 1.
+            # The usual read, one whole head from its first byte to the read's end: bounded without the scan below.
             lf = data.find(b"\n")
             limits = self.limits
             if (

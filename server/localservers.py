@@ -4,12 +4,10 @@ distributed mode on one machine."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -126,51 +124,3 @@ def distributed_env(data_dir: Path, database_url: str, broker_url: str, s3_endpo
         "ENGINEFARM_S3_ACCESS_KEY": S3_KEY,
         "ENGINEFARM_S3_SECRET_KEY": S3_SECRET,
     }
-
-
-class PrivatePostgres:
-    """A PostgreSQL server of its own (initdb in a temp dir, a free port), for tests that stop and restart it."""
-
-    def __init__(self, data_dir: Path, port: int):
-        self.data_dir, self.port = data_dir, port
-        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-        bindirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
-        self.bin = bindirs[-1] if bindirs else Path(shutil.which("pg_ctl") or "pg_ctl").parent
-
-    def _run(self, tool: str, *args: str) -> None:
-        # PostgreSQL refuses to run as root: run it as the postgres account there.
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        subprocess.run([*prefix, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
-
-    def init(self) -> None:
-        self._run("initdb", "-D", str(self.data_dir / "db"), "-A", "trust", "-U", "postgres", "--no-sync")
-
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(
-            "pg_ctl", "-D", str(self.data_dir / "db"), "-o", opts, "-l", str(self.data_dir / "pg.log"), "-w", "start"
-        )
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.data_dir / "db"), "-m", mode, "-w", "stop")
-
-
-@contextmanager
-def private_postgres() -> Iterator[PrivatePostgres]:
-    data_dir = Path(tempfile.mkdtemp(prefix="enginefarm-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(data_dir, "postgres", "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    pg = PrivatePostgres(data_dir, port)
-    pg.init()
-    pg.start()
-    try:
-        yield pg
-    finally:
-        try:
-            pg.stop("immediate")
-        except subprocess.CalledProcessError:
-            pass  # already stopped
-        shutil.rmtree(data_dir, ignore_errors=True)

@@ -1,25 +1,14 @@
-"""Running the API under uvicorn with a listening socket of our own.
+"""Running the API under uvicorn with a protocol and a listening socket of our own.
 
-With ``--workers N`` > 1, uvicorn's keep-alive answers waited about 42 ms each on Nagle's algorithm (its open
-TCP_NODELAY issue): /healthz took 44 ms against 1.4 ms with one worker. TCP_NODELAY set on the listening socket is
-inherited by every connection it accepts, in every worker process, and brings it back to about 1.6 ms
-(docs/performance.md has the comparison and the command).
-
-uvicorn bounds only the idle time between requests (``timeout_keep_alive``), which it arms once a response is
-complete: a new connection, and a request whose headers arrive a byte at a time, are held for ever. So the
-protocol here gives a request's line and headers ``ENGINEFARM_HEADER_TIMEOUT_S`` to arrive, counted from the
-connection's opening or the request's first byte, as nginx's ``client_header_timeout`` does; past that the client
-gets a 408 and the connection is closed. That bounds the head's time; its bytes are bounded as they arrive, before
-they are parsed (``HeadLimitProtocol``, server/headlimits.py: a request line past 8 KiB gets a 414, a
-header block past 64 KiB or 100 header lines a 431). The body has its own bounds (the upload idle timeout, the
-app's body limits).
-
-A fleet's conditional resolve (``GET /v1/resolve`` with ``If-None-Match`` and a bearer token) whose answer has
-not changed gets its 304 here, from the farm app's ``not_modified`` (``api.http.answers``), as soon as its
-headers are parsed: no ASGI scope, task, middleware or response object, which together cost as much as a cached
-200 in the app. Only a request this can answer exactly as the app would: HTTP/1.1
-kept alive, no body, no ``Origin`` (CORS), no earlier request still being answered on the connection, its writes
-not paused; the app's metrics counted and uvicorn's access line logged. Anything else goes to the app."""
+- The listening socket has TCP_NODELAY, which every accepted connection inherits in every worker process: with
+  ``--workers N`` > 1, uvicorn's keep-alive answers otherwise wait on Nagle's algorithm.
+- A request's line and headers get ``ENGINEFARM_HEADER_TIMEOUT_S`` to arrive, counted from the connection's
+  opening or the request's first byte (as nginx's ``client_header_timeout``); past it, a 408 and a close. Their
+  bytes are bounded as they arrive (``HeadLimitProtocol``, server/headlimits.py).
+- A fleet's conditional ``GET /v1/resolve`` whose answer has not changed gets its 304 here, from the farm app's
+  ``not_modified`` (``api.http.answers``), as soon as its headers are parsed, where the protocol can answer exactly
+  as the app would: HTTP/1.1 kept alive, no body, no ``Origin``, no earlier request still being answered, writes
+  not paused; the app's metrics counted and uvicorn's access line logged. Anything else goes to the app."""
 
 from __future__ import annotations
 
@@ -38,23 +27,17 @@ from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 from uvicorn.supervisors import Multiprocess
 
 from enginefarm.core.config import KEEP_ALIVE_SECONDS, Settings
-from server.headlimits import HeadLimitProtocol, HeadLimits
+from server.headlimits import HeadLimitProtocol, HeadLimits, refusal
 from worker.process.malloc import limit_arenas
 
 APP = "api.main:app"
 log = logging.getLogger(__name__)
-# The protocols here (and server/headlimits.py) subclass uvicorn's httptools protocol and use what it keeps on a
-# connection (its parser, flow control, request cycle, pipeline), which is not uvicorn's public interface. They run
-# only on the releases tested against that (pyproject.toml pins them; tests/unit/test_uvicorn_contract.py checks
-# every name used). On any other release ``serve_api`` serves with uvicorn's own h11 protocol and its head bound
-# (``h11_max_incomplete_event_size``) instead, and says so: slower, and without the header deadline or the 304s
-# answered here, but never broken by a change it was not tested against.
+# The protocols here (and server/headlimits.py) use uvicorn's httptools protocol's internals (parser, flow control,
+# request cycle, pipeline): only on the releases tested (pyproject.toml pins them; tests/unit/test_uvicorn_contract.py
+# checks every name used). On any other release ``serve_api`` serves with uvicorn's h11 protocol and its head bound
+# (``h11_max_incomplete_event_size``), without the header deadline or the 304s, and says so.
 TESTED_UVICORN = ("0.55",)
-_TIMED_OUT_BODY = b"the request's line and headers took too long\n"
-_TIMED_OUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s" % (len(_TIMED_OUT_BODY), _TIMED_OUT_BODY)
-)
+_TIMED_OUT = refusal(408, "Request Timeout", "the request's line and headers took too long")
 _NOT_MODIFIED = b"HTTP/1.1 304 Not Modified\r\n"
 _RESOLVE = b"/v1/resolve"
 # A request with any of these is the app's: a body, a CORS answer, an upgrade, a 100-continue.
@@ -95,8 +78,7 @@ class HeaderTimeoutProtocol(HeadLimitProtocol):
         super().__init__(*args, **kwargs)
         self.header_timeout = header_timeout
         self._header_deadline: asyncio.TimerHandle | None = None
-        # The deadline is armed when a read ends inside a request's headers, not for each request: most come whole
-        # in one read, and a timer armed and cancelled per request was a tenth of a 304's CPU.
+        # armed when a read ends inside a request's headers, not per request (most come whole in one read)
         self._in_headers = False
 
     def _arm(self) -> None:

@@ -8,7 +8,6 @@ import json
 import os
 import socket
 import sys
-import time
 
 import typer
 
@@ -117,6 +116,7 @@ def _bench_lane(name: str, worker_id: str, targets, bench, pool: str, loglevel: 
 
 def _run_worker(settings, machine, targets, bench, name, concurrency, pool, loglevel, lane="both") -> None:
     from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+    from tenacity import retry, stop_after_attempt, wait_incrementing
 
     from enginefarm.core.workerid import WORKER_ID_ENV, new_worker_id
     from server.embedded import prepare
@@ -132,14 +132,8 @@ def _run_worker(settings, machine, targets, bench, name, concurrency, pool, logl
     # under the id of the worker that started it.
     worker_id = os.environ[LANE_OF_ENV] if in_lane else new_worker_id(name)
     os.environ[WORKER_ID_ENV] = worker_id  # pool children inherit it
-    for attempt in range(5):  # several processes may migrate a fresh catalog at once
-        try:
-            prepare(settings)
-            break
-        except Exception:
-            if attempt == 4:
-                raise
-            time.sleep(1 + attempt)
+    # several processes may migrate a fresh catalog at once
+    retry(stop=stop_after_attempt(5), wait=wait_incrementing(1, 1), reraise=True)(prepare)(settings)
     from enginefarm.core.directwrite import write_plans_direct
     from enginefarm.core.domain import build_queues as queues_for
     from worker.process.malloc import keep_freed_memory

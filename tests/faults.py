@@ -1,12 +1,20 @@
-"""Tools the fault tests use to break things on purpose: a TCP proxy that can be cut, and the catalog-vs-store
-audit each fault test ends with."""
+"""Tools the fault tests use to break things on purpose: a TCP proxy that can be cut, a PostgreSQL server of the
+test's own to stop and restart, and the catalog-vs-store audit each fault test ends with."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from server import localservers
+from server.embedded import free_port
 from storage.db import session_scope
 from storage.gc import referenced_keys
 from storage.tables import BuildRow, BuildTaskRow, EngineRow, ModelRow
@@ -140,3 +148,48 @@ def audit(settings) -> dict[str, int]:
     assert all(b.id in with_tasks for b in builds), "a build without tasks"
     assert all(t.engine_id is not None for t in tasks if t.state == "succeeded"), "a succeeded task without engine"
     return {"models": len(models), "engines": len(engines), "builds": len(builds), "blobs": len(keys)}
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of its own (initdb in a temp dir, a free port), for tests that stop and restart it."""
+
+    def __init__(self, data_dir: Path, port: int):
+        self.data_dir, self.port = data_dir, port
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+        bindirs = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
+        self.bin = bindirs[-1] if bindirs else Path(shutil.which("pg_ctl") or "pg_ctl").parent
+
+    def _run(self, tool: str, *args: str) -> None:
+        # PostgreSQL refuses to run as root: run it as the postgres account there.
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        subprocess.run([*prefix, str(self.bin / tool), *args], check=True, capture_output=True, timeout=120)
+
+    def init(self) -> None:
+        self._run("initdb", "-D", str(self.data_dir / "db"), "-A", "trust", "-U", "postgres", "--no-sync")
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            "pg_ctl", "-D", str(self.data_dir / "db"), "-o", opts, "-l", str(self.data_dir / "pg.log"), "-w", "start"
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data_dir / "db"), "-m", mode, "-w", "stop")
+
+
+@contextmanager
+def private_postgres() -> Iterator[PrivatePostgres]:
+    data_dir = Path(tempfile.mkdtemp(prefix="enginefarm-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(data_dir, "postgres", "postgres")
+    pg = PrivatePostgres(data_dir, free_port())
+    pg.init()
+    pg.start()
+    try:
+        yield pg
+    finally:
+        try:
+            pg.stop("immediate")
+        except subprocess.CalledProcessError:
+            pass  # already stopped
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -3,12 +3,10 @@
 ``answer`` turns the resolve service's outcome (``api.services.resolve``) into a response with its ETag; the GET
 and POST routes, the fleet's path and the dashboard all answer through it.
 
-A fleet's GET is answered before FastAPI routes it and parses its thirty-odd query parameters (which costs more
-than the rest of a cached answer): a query string that was answered before, from a token in the token cache, needs
-only the versions' generations to be answered from the cache (``api.services.answers``) or with a 304
-(``FleetPath``; the 304 even before the app is called, by the server's protocol: ``not_modified``), and those are
-kept while the catalog's change feed stands still (``api.services.versions``), so a steady fleet's request reads
-nothing. Anything else, and anything that goes wrong on the way, takes the full path.
+A GET whose query string was answered before, from a token in the token cache, is answered from the kept answer
+(``api.services.answers``) or with a 304 (``FleetPath``; or by the server's protocol, ``not_modified``) from the
+versions' generations alone, which are kept while the catalog's change feed stands still
+(``api.services.versions``). Anything else, and anything that goes wrong on the way, takes the full path.
 """
 
 from __future__ import annotations
@@ -47,10 +45,9 @@ def _versions(settings, known: Known, project: str | None) -> list[Row]:
 
 
 async def versions_of(app, known: Known, project: str | None) -> list[Row]:
-    """The versions a known question names: kept (``api.services.versions``, on the event loop), else read on a thread,
-    one read per question at a time: the requests that miss while it runs wait for it, rather than each taking a
-    thread and a connection at the moment a change drops what was kept. An entry near the end of its stated time
-    is read again in the background while it still answers."""
+    """The versions a known question names: kept (``api.services.versions``), else read on a thread, one read per
+    question at a time (those that miss while it runs wait for it). A kept entry near the end of its time is read
+    again in the background while it still answers."""
     versions = app.state.versions
     key = (known.model, known.version, project)
     models = versions.get(key)
@@ -88,14 +85,9 @@ def _start_read(app, known: Known, project: str | None, key) -> asyncio.Future:
     return reading
 
 
-def cached_reader(app, headers: Headers) -> Principal | None:
-    """The principal of the request's bearer token where the token cache holds it and it may read; None where only
-    the full path can tell (no token, an unknown one, one that may not read)."""
-    return reader_of(app, headers.get("authorization"))
-
-
 def reader_of(app, authorization: str | None) -> Principal | None:
-    """``cached_reader`` of an Authorization header's value."""
+    """The principal of an Authorization header's bearer token where the token cache holds it and it may read; None
+    where only the full path can tell (no token, an unknown one, one that may not read)."""
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         return None
@@ -110,11 +102,9 @@ def reader_of(app, authorization: str | None) -> Principal | None:
 
 def not_modified(app, query: bytes, authorization: bytes, if_none_match: bytes) -> bytes | None:
     """A fleet's conditional GET /v1/resolve answered by the server's HTTP protocol before the app is called
-    (``server.serve``): the 304's own header lines (ETag, Cache-Control, as ``fleet_answer`` gives
-    them), counted as the app counts a 304. Only where nothing would be read: the token cache holds the token
-    with ``read``, the query string was answered before, its versions are kept and no read of them is due, and
-    If-None-Match names the current tag. None: the app answers, as it would have (it reads what is missing, says
-    what is wrong, answers a changed question). Its latency, as the metrics record it, is the time to decide."""
+    (``server.serve``): the 304's own header lines, counted as the app counts a 304. Only where nothing would be
+    read: the token cache holds the token with ``read``, the query string was answered before, its versions are
+    kept with no read of them due, and If-None-Match names the current tag. None: the app answers."""
     started = time.perf_counter()
     principal = reader_of(app, authorization.decode("latin-1"))
     if principal is None:
@@ -161,9 +151,8 @@ def answer(
     req: ResolveRequest, request: Request, session: Session | None, settings: Settings, principal: Principal
 ) -> Response:
     """The outcome of ``resolver.resolve`` as a response. Its reads run on an autocommit connection without a ping
-    (``quick_read``: no BEGIN, COMMIT or SELECT 1 around them, three round trips of about eight); a connection
-    that died under it (a database restart) is discarded and the question asked once more on a fresh one. The
-    ``session`` is not used (the dashboard passes the one it holds)."""
+    (``quick_read``); a connection that died under it is discarded and the question asked once more on a fresh
+    one. The ``session`` is not used (the dashboard passes the one it holds)."""
     state = request.app.state
     fleets = request.method == "GET" and request.scope["path"] == PATH
 
@@ -200,12 +189,9 @@ def answer(
 
 
 async def answered(req: ResolveRequest, request: Request, settings: Settings, principal: Principal) -> Response:
-    """``answer`` on one of the process's resolve threads (``ENGINEFARM_RESOLVE_THREADS``, ``app.state``): a
-    computed answer is mostly Python holding the GIL, so a few threads answer more a second, each for less CPU, than
-    the forty threads of the server's pool taking turns at it. The event loop never waits on the catalog."""
+    """``answer`` on one of the process's resolve threads (``ENGINEFARM_RESOLVE_THREADS``): a computed answer is
+    mostly Python holding the GIL, so a few threads serve it better than the server's whole pool."""
     if req.build:  # a build for the machine writes and queues: never in the way of the answers (the server's pool)
         return await anyio.to_thread.run_sync(answer, req, request, None, settings, principal)
-    # The process's own pool of resolve threads, through asyncio's executor hand-off: anyio's (its capacity limiter,
-    # its run-time lookups of the event loop's library) was about a tenth of a cold answer's GIL time.
     pool, run = request.app.state.resolve_threads, contextvars.copy_context().run  # the request's context goes along
     return await asyncio.get_running_loop().run_in_executor(pool, run, answer, req, request, None, settings, principal)

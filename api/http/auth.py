@@ -50,29 +50,16 @@ def needed_scope(request: Request) -> str:
 class TokenCache:
     """Principals of tokens seen in the last ``seconds``, so a fleet's requests skip the token lookup.
 
-    Revocation. Through this API process (``revoke_now``: DELETE /v1/tokens/{id}, the dashboard's revoke, signing
-    out) a token is refused by every request that starts after the revocation has answered. Two rules make it so:
-
-    - the cache forgets a token only after its revocation has committed (forgetting before left a gap in which a
-      request read the token as still valid and cached it again, for ``seconds``);
-    - a lookup takes a ``ticket`` before it reads the catalog, and ``put`` refuses its answer when the token (or
-      the token that opened it, for a dashboard session) was forgotten since: a lookup that read the catalog
-      before the revocation committed cannot cache the token after the revocation dropped it.
-
-    A request that started before the revocation answered may still be accepted: it read the token valid.
-
-    Another process's revocation (another API worker under ``--workers N`` or another replica, `enginefarm token
-    revoke`) reaches this process through the catalog's change feed on PostgreSQL (``storage.changes``: the
-    revocation's commit notifies every API process with the token's id, and ``forget`` runs here within
-    milliseconds; a feed that reconnects forgets everything). On SQLite, and for a token's expiry, it reaches the
-    cache by time only: the token is accepted here for at most ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS, at most
-    5) after it committed. Unknown tokens are never cached, so a token just made works at once.
+    A revocation through this process (``revoke_now``) is refused by every request that starts after it answered:
+    the cache forgets a token only once its revocation has committed, and a lookup takes a ``ticket`` before it
+    reads the catalog, so ``put`` refuses what it read where the token (or the token that opened it) was forgotten
+    since. Another process's revocation comes through the catalog's change feed on PostgreSQL (``storage.changes``
+    calls ``forget``; a feed that reconnects calls ``forget_all``); on SQLite, and for a token's expiry, by time only,
+    within ``seconds`` (ENGINEFARM_TOKEN_CACHE_SECONDS). Unknown tokens are never cached.
 
     A token in use is looked up again in the background in the last ``REFRESH_S`` of its entry's life
-    (``refresh_soon``), one lookup at a time, so its entry never lapses under a steady stream of requests: when
-    it did, every request in flight at that moment took the slow path at once, a token lookup each (the resolve
-    tail on the embedded farm, every 5 s). A lookup that finds the token revoked drops it; a refresh takes its
-    ticket when it is due, so it never undoes a revocation either."""
+    (``refresh_soon``), one lookup at a time, so its entry does not lapse under a steady stream of requests; a
+    refresh takes its ticket when it is due, so it never undoes a revocation either."""
 
     REFRESH_S = 1.0
     MAX_FORGOTTEN = 10_000  # revocations told apart; past it, a lookup older than all of them caches nothing
@@ -254,6 +241,8 @@ async def project_dep(principal: Principal = Depends(authorize)) -> str | None:
     return principal.project
 
 
+# The request's principal (``authorize``).
+Authorized = Annotated[Principal, Depends(authorize)]
 # A route's ``tenant``: pass it to every catalog lookup, which then sees only that project's models.
 Tenant = Annotated[str | None, Depends(project_dep)]
 

@@ -2,16 +2,12 @@
 
 A client that holds a build's answer (its ETag) and asks with ``wait`` gets the next answer as soon as it differs
 (200, with its ETag), or a 304 once ``wait`` seconds pass with nothing new. Without ``If-None-Match``, or with a
-tag that is no longer current, the answer comes at once. So a CI job or ``enginefarm build --wait`` learns of a
-finished build within milliseconds instead of a poll interval, and asks a few times a minute instead of twice a
-second.
+tag that is no longer current, the answer comes at once.
 
-The waiting costs no query while nothing moves, and nothing per waiter: one task per process (``Feed``), running
-while anyone waits, looks at the catalog's build feed (``storage.changes.Changes.builds``: PostgreSQL's ``NOTIFY
-enginefarm_builds``, sent by a trigger on every table a build's answer is read from; SQLite's ``data_version``)
-every ``LOOK_S`` and wakes the waiters when it moved. Each waiter then reads its build again (on a thread, as any
-catalog read), or every ``AGAIN_S`` regardless (a wait reason also changes by time alone, when a worker stops
-beating), or every ``UNKNOWN_S`` while the feed is unknown.
+One task per process (``Feed``), running while anyone waits, looks at the catalog's build feed
+(``storage.changes.Changes.builds``) every ``LOOK_S`` and wakes the waiters when it moved. Each waiter then reads its
+build again, or every ``AGAIN_S`` regardless (a wait reason also changes by time alone), or every ``UNKNOWN_S``
+while the feed is unknown.
 """
 
 from __future__ import annotations
@@ -41,21 +37,15 @@ _READS = anyio.CapacityLimiter(4)
 UNKNOWN_S = 1.0  # how often a waiter reads again while the feed is unknown (PostgreSQL's listener reconnecting)
 
 
-def wait_query(what: str) -> float:
-    """The ``wait`` parameter of a long poll on ``what``: 0 to WAIT_MAX_S, finite."""
-    return Query(
-        0,
-        ge=0,
-        le=WAIT_MAX_S,
-        allow_inf_nan=False,
-        description=f"with the tag held: answer as soon as {what} differs from the one held, or after this many "
-        "seconds (a long poll)",
-    )
+def wait_query() -> float:
+    """A dashboard long poll's ``wait`` (its routes are in no schema, so it needs no description): 0 to
+    WAIT_MAX_S, finite."""
+    return Query(0, ge=0, le=WAIT_MAX_S, allow_inf_nan=False)
 
 
-def seen_query(what: str) -> str | None:
-    """The ``seen`` parameter of a long poll: the tag held of ``what``."""
-    return Query(None, max_length=100, description=f"the tag of {what} held (the ETag, or the page's data-tag)")
+def seen_query() -> str | None:
+    """A dashboard long poll's ``seen``: the tag of what the page shows."""
+    return Query(None, max_length=100)
 
 
 def tag_of(body: bytes) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Annotated, Any, get_type_hints
 
 import anyio
-from fastapi import Request
+from fastapi import Depends, Request
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
@@ -52,11 +52,15 @@ def _end(session: Session, commit: bool) -> None:
         session.close()
 
 
+# A route's catalog session (committed as the route returns, ``CatalogRoute``) and the settings.
+CatalogSession = Annotated[Session, Depends(session_dep, scope="function")]
+FarmSettings = Annotated[Settings, Depends(settings_dep)]
+
+
 class CatalogRoute(APIRoute):
     """A route whose (sync) endpoint commits its catalog session in its own thread as it returns, so the
-    connection goes back to the pool before FastAPI serializes the response. Serializing a sync endpoint's
-    answer takes a thread of the shared pool: with 200 clients every thread held a route waiting for a
-    connection, every connection a finished route waiting for a thread, until the pool's 30 s timeout (503)."""
+    connection goes back to the pool before FastAPI serializes the response (which takes another thread of the
+    shared pool: under load, routes holding connections then waited on threads held by routes waiting for one)."""
 
     def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any):
         super().__init__(path, _committing(endpoint), **kwargs)
@@ -65,8 +69,8 @@ class CatalogRoute(APIRoute):
 def _committing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     names = [
         name
-        for name, p in inspect.signature(endpoint).parameters.items()
-        if getattr(p.default, "dependency", None) is session_dep
+        for name, hint in get_type_hints(endpoint, include_extras=True).items()
+        if any(getattr(d, "dependency", None) is session_dep for d in getattr(hint, "__metadata__", ()))
     ]
     if not names or inspect.iscoroutinefunction(endpoint):
         return endpoint

@@ -1,17 +1,13 @@
 """Serving a blob as registries serve content-addressed, immutable bytes.
 
-- ``ETag`` is the sha256 (also in ``X-Content-SHA256``), with ``Cache-Control: private, immutable``: a client that
-  holds the bytes asks with ``If-None-Match`` and gets a 304 with no body and no read of the store. ``private``,
-  because the answer depends on the token: a shared cache keyed by URL alone (a reverse proxy) would hand one
-  project's bytes to another project's token, or to none, where the API answers 404 or 401.
-- ``Range`` as RFC 9110 says, the same for every store: one satisfiable range is a 206, a range that starts past
-  the end a 416, and a range the server may ignore (invalid, several, another unit, an ``If-Range`` that does not
-  match) the whole blob.
-- A local store's whole file is served as a file (``FileResponse``: sendfile where the server offers it).
-- An S3 store answers with a 307 to a short-lived presigned URL by default, as OCI registries do, so the bytes
-  never pass through the API; ``ENGINEFARM_DOWNLOAD_REDIRECT=false`` streams them through the API instead, for
-  deployments whose clients cannot reach S3. The redirect may be kept only by the client, for half the URL's life.
-  A range to serve is redirected too; a range to ignore or refuse, or one with ``If-Range``, is answered here.
+- ``ETag`` is the sha256 (also in ``X-Content-SHA256``), with ``Cache-Control: private, immutable`` (the answer
+  depends on the token, so no shared cache may keep it): ``If-None-Match`` gets a 304 with no read of the store.
+- ``Range`` as RFC 9110 says, the same for every store: one satisfiable range is a 206, one that starts past the
+  end a 416, and one the server may ignore (invalid, several, another unit, a non-matching ``If-Range``) the whole.
+- A local store's whole file is served as a file (sendfile where the server offers it).
+- An S3 store answers with a 307 to a short-lived presigned URL (``ENGINEFARM_DOWNLOAD_REDIRECT=false`` streams
+  through the API instead); the redirect may be kept by the client for half the URL's life. A range to serve is
+  redirected too; a range to ignore or refuse, or one with ``If-Range``, is answered here.
 """
 
 from __future__ import annotations

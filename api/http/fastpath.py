@@ -1,18 +1,15 @@
-"""GET /v1/resolve before routing: the resolve GETs a fleet sends, answered without FastAPI's routing, dependencies
-and parsing of their thirty-odd query parameters, which cost a cold answer about as much as judging its engines.
+"""GET /v1/resolve before routing: the resolve GETs a fleet sends, answered without FastAPI's routing,
+dependencies and parsing of their thirty-odd query parameters.
 
 ``FleetPath`` (ASGI middleware) takes a GET /v1/resolve whose bearer token the token cache holds with ``read``:
 
 1. a query string answered before is answered from the kept answer or with a 304 (``api.http.answers.fleet_answer``);
-2. any other is parsed here into the route's own query model (``ResolveQuery``: the same fields, constraints and
-   list splitting) and answered by the route's own function (``api.routes.resolve.answer``) on a worker thread,
-   as the route runs it.
+2. any other is parsed here into the route's own query model (``ResolveQuery``) and answered by the route's own
+   function on a worker thread.
 
-Anything this path cannot answer exactly as the route would goes to the route, which says what is wrong: a
-parameter it does not take, a value that does not validate, ``build=true`` (a write), a token not in the cache, and
-an error no handler of the app's words. An error on the way (a 404 with the reasons, a 503) is answered by the app's
-own handler for it, as the route's would be. A question asked here and through the route gets the same answer and
-the same ETag (``tests/e2e/api/test_resolve_fastpath.py``).
+Anything it cannot answer exactly as the route would goes to the route: a parameter the route does not take, a
+value that does not validate, ``build=true``, a token not in the cache, an error no handler of the app's words.
+An error on the way is answered by the app's own handler for it (``tests/e2e/api/test_resolve_fastpath.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 
-from api.http.answers import PATH, answered, cached_reader, fleet_answer
+from api.http.answers import PATH, answered, fleet_answer, reader_of
 from api.schemas.resolve import LISTS, ResolveQuery, ResolveRequest, request_of
 
 log = logging.getLogger(__name__)
@@ -88,7 +85,7 @@ class FleetPath:
         if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == PATH:
             app = scope["app"]
             headers = Headers(scope=scope)
-            principal = cached_reader(app, headers)
+            principal = reader_of(app, headers.get("authorization"))
             if principal is not None:
                 response = await fleet_answer(app, scope, headers, principal)
                 if response is None:

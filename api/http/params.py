@@ -24,19 +24,15 @@ def page_offset(offset: int) -> int:
     return max(0, min(offset, ID_MAX))
 
 
+def invalid(loc: tuple[str, ...], value: Any, msg: str, kind: str = "value_error") -> RequestValidationError:
+    """The 422 of a request whose value at ``loc`` does not validate, as FastAPI words its own."""
+    return RequestValidationError([{"type": kind, "loc": loc, "input": value, "msg": msg}])
+
+
 def check_body_id(name: str, value: int) -> None:
     """Reject a JSON body's id outside 1..ID_MAX with the same 422 a path id gets."""
     if not 1 <= value <= ID_MAX:
-        raise RequestValidationError(
-            [
-                {
-                    "type": "int_range",
-                    "loc": ("body", name),
-                    "input": value,
-                    "msg": f"Input should be between 1 and {ID_MAX}",
-                }
-            ]
-        )
+        raise invalid(("body", name), value, f"Input should be between 1 and {ID_MAX}", "int_range")
 
 
 def check_no_nul(where: str, **values: Any) -> None:

@@ -1,13 +1,9 @@
 """Streaming multipart uploads: the file goes to disk chunk by chunk, hashed on the way.
 
-FastAPI's ``UploadFile`` would spool the whole body before the route runs and enforces no size
-limit; here every limit is checked while the bytes arrive and the sha256 is ready at the end. The body as a
-whole is bounded too, whatever its framing (a Content-Length or chunks), so bytes outside any part, empty
-parts and long header lines cannot make the API hold or read more than a valid upload would send.
-
-The event loop only takes the body's chunks off the connection. Parsing, hashing and writing run in a thread of
-the upload's own, at a lower priority, a batch of chunks at a time, while the loop goes on receiving into a
-bounded buffer (``bulkwork.pump``).
+Every limit is checked while the bytes arrive (FastAPI's ``UploadFile`` spools the whole body first, unbounded),
+the body as a whole included, whatever its framing. The event loop only takes the body's chunks off the
+connection; parsing, hashing and writing run in a thread of the upload's own, at a lower priority
+(``bulkwork.pump``).
 """
 
 from __future__ import annotations
@@ -16,11 +12,11 @@ import io
 import os
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio
 from fastapi import Request
@@ -36,11 +32,13 @@ from enginefarm.core import worklock
 from enginefarm.core.config import Settings
 from enginefarm.core.errors import ModelRejected, PayloadTooLarge, TooManyUploads, UploadTimedOut
 from enginefarm.core.hashing import HashingWriter
+from storage.tables import ModelRow
 from storage.tokens import Principal
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
+T = TypeVar("T")
 MAX_FIELD_BYTES = 64 << 10
 # A part's headers, bounded by the parser: this many lines of at most this many bytes each.
 PART_HEADERS, PART_HEADER_LINE_BYTES = 8, 4096
@@ -49,6 +47,12 @@ PART_FRAMING_BYTES = 128  # a boundary line (at most 70 characters by RFC 2046) 
 # The most of the file's bytes joined, hashed and written at once: a batch of chunks (up to bulkwork.BATCH_BYTES,
 # 4 MiB) joined and written whole is slower than the same bytes a MiB at a time.
 WRITE_BYTES = 1 << 20
+
+
+def multipart_body(required: list[str], **properties: dict) -> dict:
+    """An upload route's request body for its OpenAPI document: a multipart form with these fields."""
+    schema = {"type": "object", "required": required, "properties": properties}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,8 @@ class UploadLimits:
 class UploadSlots:
     """The uploads each token has in flight in this API process, from its first byte until its route returns.
 
-    Counted in memory: a spool file and its descriptors are what an upload holds, and those belong to the process
-    too. Under ``uvicorn --workers N`` each process counts on its own, so a token may have up to N times the limit
-    in flight on the host; the limit is per process, not per farm. The check and the increment run on the event
-    loop with no await between them, so two uploads of one token cannot both take the last slot.
+    Counted per process (under ``--workers N`` a token may have N times the limit in flight on the host). The check
+    and the increment run on the event loop with no await between them, so two uploads cannot take one last slot.
     """
 
     def __init__(self) -> None:
@@ -116,8 +118,7 @@ class UploadSlots:
 @dataclass
 class ReceivedUpload:
     """An upload spooled to ``path``. Its spool file stays locked (``enginefarm.core.worklock``) until ``discard``,
-    so the
-    garbage collector never takes it for the leftover of a crashed API."""
+    so the garbage collector never takes it for the leftover of a crashed API."""
 
     fields: dict[str, str] = field(default_factory=dict)
     filename: str | None = None
@@ -343,26 +344,35 @@ async def receive_upload(
     return receiver.result
 
 
+async def spooled(
+    request: Request,
+    principal: Principal,
+    settings: Settings,
+    limits: UploadLimits,
+    store: Callable[[Path, str, dict[str, str]], T],
+) -> T:
+    """``store(path, sha256, fields)`` on a worker thread, of a file uploaded within the token's upload slots and
+    spooled to disk; the spool file is removed once it returns."""
+    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
+        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
+        try:
+            assert upload.path is not None  # receive_upload refuses a form without the file
+            return await run_in_threadpool(store, upload.path, upload.sha256, upload.fields)
+        finally:
+            upload.discard()
+
+
 async def model_upload(
     request: Request, project: str | None, principal: Principal, settings: Settings
 ) -> tuple[ModelOut, bool]:
     """An ONNX model uploaded through the API or the dashboard: streamed to disk, hashed on the way, validated and
     stored content-addressed within the token's upload slots; with whether it is new (False: identical bytes were
     already uploaded under this name)."""
+
+    def store(path: Path, sha256: str, fields: dict[str, str]) -> tuple[ModelRow, bool]:
+        into = ingest.upload_project(project, fields.get("project"))
+        return ingest.ingest_model(settings, path, sha256, fields.get("name"), fields.get("version"), into)
+
     limits = UploadLimits.of(settings, settings.max_upload_bytes, "ENGINEFARM_MAX_UPLOAD_BYTES")
-    async with request.app.state.upload_slots.hold(principal, settings.max_uploads_per_token):
-        upload = await receive_upload(request, settings.work_dir / worklock.SPOOL_FOLDER, limits)
-        try:
-            assert upload.path is not None  # receive_upload refuses a form without the file
-            row, created = await run_in_threadpool(
-                ingest.ingest_model,
-                settings,
-                upload.path,
-                upload.sha256,
-                upload.fields.get("name"),
-                upload.fields.get("version"),
-                ingest.upload_project(project, upload.fields.get("project")),
-            )
-        finally:
-            upload.discard()
+    row, created = await spooled(request, principal, settings, limits, store)
     return ModelOut.of(row), created

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Query, Request, Response
 
 from api.http import downloads
-from api.http.auth import Tenant, authorize
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.auth import Authorized, Tenant
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import RowId, check_no_nul, page_offset
 from api.schemas import EngineOut, EngineQuery, ErrorOut, Page
 from api.schemas.fleet import MeasurementOut, MeasurementsOut, ReferenceOut, Source
 from api.schemas.int8 import PrecisionStage
 from api.services import engines, fleet
-from enginefarm.core.config import Settings
-from enginefarm.core.errors import NotFound
 from enginefarm.core.fleet import Measurement
 from enginefarm.core.hashing import SHA_HEADER
 from storage import builtengines
-from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1/engines", tags=["engines"])
 CONTENT_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -37,10 +33,7 @@ CONTENT_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.get("", response_model=Page[EngineOut])
 def list_engines(
-    tenant: Tenant,
-    query: Annotated[EngineQuery, Query()],
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    tenant: Tenant, query: Annotated[EngineQuery, Query()], session: CatalogSession, settings: FarmSettings
 ) -> Page[EngineOut]:
     check_no_nul("query", **query.model_dump())
     limit, offset = max(1, min(query.limit, 500)), page_offset(query.offset)
@@ -49,19 +42,12 @@ def list_engines(
 
 
 @router.get("/{engine_id}", response_model=EngineOut)
-def get_engine(
-    engine_id: RowId,
-    tenant: Tenant,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
-) -> EngineOut:
+def get_engine(engine_id: RowId, tenant: Tenant, session: CatalogSession, settings: FarmSettings) -> EngineOut:
     return engines.engine(session, settings, engine_id, tenant)
 
 
 @router.get("/{engine_id}/benchmarks")
-def engine_benchmarks(
-    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
-) -> list[dict]:
+def engine_benchmarks(engine_id: RowId, tenant: Tenant, session: CatalogSession) -> list[dict]:
     """Every measurement of the engine its project made: per shape and device, all statistics and the machine
     fingerprint."""
     return engines.benchmarks(session, engine_id, tenant)
@@ -77,11 +63,7 @@ def engine_benchmarks(
     },
 )
 def post_measurement(
-    engine_id: RowId,
-    body: Measurement,
-    principal: Principal = Depends(authorize),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    engine_id: RowId, body: Measurement, principal: Authorized, session: CatalogSession, settings: FarmSettings
 ) -> MeasurementOut:
     """What a deploy machine measured of an engine of the token's project (``enginefarm measure``; scope
     ``measure``). It counts in the project's ranking for the machine's class (its GPU model, its compute
@@ -93,8 +75,8 @@ def post_measurement(
 def engine_measurements(
     engine_id: RowId,
     tenant: Tenant,
+    session: CatalogSession,
     source: Source | None = Query(None, description="only the farm's workers' figures, or only the fleet's"),
-    session: Session = Depends(session_dep, scope="function"),
 ) -> MeasurementsOut:
     """Every figure of the engine its project has: the farm's benchmarks and the fleet's posts side by side, each
     fleet post flagged where it is far off its class, and the fleet's median per device class."""
@@ -106,9 +88,7 @@ def engine_measurements(
     response_model=ReferenceOut,
     responses={404: {"model": ErrorOut, "description": "no reference outputs computed for the engine yet"}},
 )
-def engine_reference(
-    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
-) -> ReferenceOut:
+def engine_reference(engine_id: RowId, tenant: Tenant, session: CatalogSession) -> ReferenceOut:
     """What a deploy machine checks the engine's accuracy against (``enginefarm measure``): the inputs of the
     project's check and ONNX Runtime FP32's outputs on them, as one .npz (``content``), with the limits of the
     engine's precision. The farm's own check judges against the same."""
@@ -117,11 +97,7 @@ def engine_reference(
 
 @router.get("/{engine_id}/reference/content", response_class=Response, responses=CONTENT_RESPONSES)
 def engine_reference_content(
-    engine_id: RowId,
-    tenant: Tenant,
-    request: Request,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    engine_id: RowId, tenant: Tenant, request: Request, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     """The reference file's bytes (.npz), with their sha256 for the client to check."""
     _, ref = fleet.reference_of(session, engine_id, tenant)
@@ -133,20 +109,12 @@ def engine_reference_content(
     response_model=PrecisionStage,
     responses={404: {"model": ErrorOut, "description": "not an int8 engine the farm quantized"}},
 )
-def engine_int8_stage(
-    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
-) -> PrecisionStage:
+def engine_int8_stage(engine_id: RowId, tenant: Tenant, session: CatalogSession) -> PrecisionStage:
     """What the int8 stage did for an int8 engine the farm quantized: the CPU candidates measured, the accuracy
     repair (the ranking by measured sensitivity with ONNX node names, the layers kept in fp32, the cosine before
     and after) and the fp32/int8 latency measured. 404 for an engine the farm did not quantize."""
-    row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    found = engines.stage_of(session, row, model) if row.precision == "int8" else None
-    if found is None:
-        raise NotFound(
-            f"engine {row.id} ({row.target}, {row.precision}) has no int8 stage: only int8 engines the farm "
-            "quantized from calibration samples have one"
-        )
-    return found
+    lacks = "int8 stage: only int8 engines the farm quantized from calibration samples have one"
+    return engines.precision_stage(session, engine_id, tenant, "int8", lacks)
 
 
 @router.get(
@@ -154,30 +122,18 @@ def engine_int8_stage(
     response_model=PrecisionStage,
     responses={404: {"model": ErrorOut, "description": "not an fp16 engine whose build ran an accuracy repair"}},
 )
-def engine_fp16_repair(
-    engine_id: RowId, tenant: Tenant, session: Session = Depends(session_dep, scope="function")
-) -> PrecisionStage:
+def engine_fp16_repair(engine_id: RowId, tenant: Tenant, session: CatalogSession) -> PrecisionStage:
     """The fp16 accuracy repair of an fp16 engine whose build asked ``accuracy_repair``, in the int8 stage's shape
     (``precision: fp16``, ``repair`` only): the nodes ranked by the fp16 gate measured on the CPU with each kept in
     fp32 alone (ONNX node names), the nodes kept in fp32, the gate before and after, or the budget stop's note.
     404 for an engine without one."""
-    row, model = builtengines.engine_in_project(session, engine_id, tenant)
-    found = engines.stage_of(session, row, model) if row.precision == "fp16" else None
-    if found is None:
-        raise NotFound(
-            f"engine {row.id} ({row.target}, {row.precision}) has no fp16 repair: only fp16 engines of a build "
-            "that asked accuracy_repair have one"
-        )
-    return found
+    lacks = "fp16 repair: only fp16 engines of a build that asked accuracy_repair have one"
+    return engines.precision_stage(session, engine_id, tenant, "fp16", lacks)
 
 
 @router.get("/{engine_id}/content", response_class=Response, responses=CONTENT_RESPONSES)
 def engine_content(
-    engine_id: RowId,
-    tenant: Tenant,
-    request: Request,
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    engine_id: RowId, tenant: Tenant, request: Request, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     """The engine's bytes, with their sha256 for the client to check (ETag; 304 to If-None-Match; Range; a 307 to
     S3 where the store is S3)."""

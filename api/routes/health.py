@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 
 import anyio
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from api.http.deps import settings_dep
+from api.http.deps import FarmSettings
 from api.metrics import exposition
 from enginefarm import __version__
 from enginefarm.core.config import Settings
@@ -26,13 +26,9 @@ READY_KEY = "enginefarm-readyz-probe"  # a key no blob has: asking for it costs 
 
 
 @router.get("/healthz")
-async def healthz(settings: Settings = Depends(settings_dep)) -> dict:
+async def healthz(settings: FarmSettings) -> dict:
     """Liveness: the process answers."""
     return {"status": "ok", "version": __version__, "blob_store": settings.blob_store}
-
-
-def _catalog(settings: Settings) -> None:
-    ping(settings)
 
 
 def _broker(settings: Settings) -> None:
@@ -46,7 +42,7 @@ def _blobs(settings: Settings) -> None:
     get_blob_store(settings).exists(READY_KEY)
 
 
-CHECKS = {"catalog": _catalog, "broker": _broker, "blob_store": _blobs}
+CHECKS = {"catalog": ping, "broker": _broker, "blob_store": _blobs}
 
 
 async def _check(fn, settings: Settings) -> tuple[bool, str, float]:
@@ -62,7 +58,7 @@ async def _check(fn, settings: Settings) -> tuple[bool, str, float]:
 
 
 @router.get("/readyz", responses={503: {"description": "a dependency is unavailable; `checks` says which"}})
-async def readyz(settings: Settings = Depends(settings_dep)) -> Response:
+async def readyz(settings: FarmSettings) -> Response:
     """Readiness: the catalog database, the broker and the blob store each answer within 3 s."""
     results = {}
     async with anyio.create_task_group() as tg:
@@ -85,7 +81,7 @@ async def readyz(settings: Settings = Depends(settings_dep)) -> Response:
 
 
 @router.get("/metrics", response_class=Response)
-def metrics(settings: Settings = Depends(settings_dep)) -> Response:
+def metrics(settings: FarmSettings) -> Response:
     """Prometheus text exposition: the API's request latency, resolve outcomes, upload bytes and blob store
     errors (summed over the host's processes), and the queues and workers as the catalog has them."""
     body, content_type = exposition(settings)

@@ -1,31 +1,24 @@
 """GET and POST /v1/resolve: the engine that runs on the asking machine, the fallbacks, and why.
 
-GET takes the fingerprint as query parameters (curl-friendly); POST takes it as JSON. Both answer
-the same: 200 with the choice, 404 with a reason per engine when nothing fits, or 202 with a build
-id when nothing fits and the caller asked for ``build``. The routes parse the question and answer;
-``api.services.resolve.resolve`` decides what.
-
-A 200 carries an ETag (``api.http.answers``): the same question asked again with ``If-None-Match`` gets a
-304 until the model's versions, engines or their benchmarks change, and the same question from another machine
-of the fleet is answered from the process's cache without judging anything again.
+GET takes the fingerprint as query parameters, POST as JSON; both answer the same (``api.http.answers``): 200 with
+the choice and an ETag, 304 to If-None-Match while nothing changed, 404 with a reason per engine when nothing fits,
+or 202 with a build id when nothing fits and the caller asked for ``build``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from api.http.answers import answered
-from api.http.auth import authorize, require
-from api.http.deps import CatalogRoute, settings_dep
-from api.http.params import UNPROCESSABLE
+from api.http.auth import Authorized, require
+from api.http.deps import CatalogRoute, FarmSettings
+from api.http.params import UNPROCESSABLE, invalid
 from api.schemas.resolve import BuildForMachineOut, ResolveOut, ResolveQuery, ResolveRequest, request_of
-from enginefarm.core.config import Settings
 from enginefarm.core.machine import SHORT_NAMES
-from storage.tokens import Principal
 
 router = APIRouter(route_class=CatalogRoute, prefix="/v1", tags=["resolve"], responses=UNPROCESSABLE)
 
@@ -41,10 +34,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 
 @router.get("/resolve", response_model=ResolveOut, responses=RESPONSES)
 async def resolve_get(
-    request: Request,
-    query: Annotated[ResolveQuery, Query()],
-    settings: Settings = Depends(settings_dep),
-    principal: Principal = Depends(authorize),
+    request: Request, query: Annotated[ResolveQuery, Query()], settings: FarmSettings, principal: Authorized
 ):
     """Resolve with the fingerprint in the query string: POST's body flattened, the machine's fields under their
     short names (cc, gpu, trt_rtx), its shapes as trtexec writes them, and repeatable lists that also take commas."""
@@ -65,17 +55,11 @@ async def resolve_get(
             ]
         ) from None
     except ValueError as exc:  # shapes trtexec would not read
-        raise RequestValidationError(
-            [
-                {
-                    "type": "value_error",
-                    "loc": ("query", "shapes"),
-                    "input": query.shapes,
-                    "msg": f"{exc}; write shapes as trtexec does, e.g. "
-                    "shapes=images:1x3x640x640 or min_shapes=images:1x3x320x320"
-                    "&max_shapes=images:4x3x640x640",
-                }
-            ]
+        raise invalid(
+            ("query", "shapes"),
+            query.shapes,
+            f"{exc}; write shapes as trtexec does, e.g. shapes=images:1x3x640x640 or "
+            "min_shapes=images:1x3x320x320&max_shapes=images:4x3x640x640",
         ) from None
     return await answered(req, request, settings, principal)
 
@@ -87,12 +71,7 @@ def _query_name(loc: tuple[int | str, ...]) -> str:
 
 
 @router.post("/resolve", response_model=ResolveOut, responses=RESPONSES)
-async def resolve_post(
-    req: ResolveRequest,
-    request: Request,
-    settings: Settings = Depends(settings_dep),
-    principal: Principal = Depends(authorize),
-):
+async def resolve_post(req: ResolveRequest, request: Request, settings: FarmSettings, principal: Authorized):
     """Resolve with the fingerprint as JSON (what `enginefarm fetch` and the Python client send)."""
     if req.build:  # queueing the missing build is a write
         require(principal, "build", "resolve with build=true")

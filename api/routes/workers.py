@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from sqlalchemy.orm import Session
 
 from api.http.auth import authorize
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.schemas import WorkerOut
-from api.services import workers
-from enginefarm.core.config import Settings
+from storage import liveness
 
 router = APIRouter(route_class=CatalogRoute, tags=["workers"])
 
 
 @router.get("/v1/workers", response_model=list[WorkerOut], dependencies=[Depends(authorize)])
-def list_workers(
-    session: Session = Depends(session_dep, scope="function"), settings: Settings = Depends(settings_dep)
-) -> list[WorkerOut]:
+def list_workers(session: CatalogSession, settings: FarmSettings) -> list[WorkerOut]:
     """Workers that sent a heartbeat within the TTL, with the targets they build."""
-    return workers.live(session, settings)
+    return [WorkerOut.of(r) for r in liveness.live_workers(session, settings.worker_ttl_seconds)]

@@ -1,11 +1,8 @@
 """Admission control for builds: whether a submission's new tasks may join the queue.
 
-Checked in the transaction that records them, after ``catalog.hold_admission`` and the inserts, so a refusal
-rolls every row back and two submissions at a limit cannot both get in.
-
-The token a limit counts is a credential family's (``Principal.family_id``): a dashboard session's builds are
-recorded and counted as those of the token that opened it, so signing in again never buys a fresh allowance, and
-removing an ended session takes nothing off the count.
+Checked in the transaction that records them, after ``catalog.hold_admission`` and the inserts, so a refusal rolls
+every row back and two submissions at a limit cannot both get in. A dashboard session's builds count as those of
+the token that opened it (``Principal.family_id``).
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ RESPONSES: dict[int | str, dict] = {
         "retry after Retry-After seconds",
     },
 }
-# Queued builds drain at the pace of builds, minutes each: asking again sooner would only be refused again.
 
 
 def admit(

@@ -1,15 +1,9 @@
 """Resolve answers by ETag: a fleet asking the same question gets the same bytes without the work.
 
-An answer is a function of the request (model, version, fingerprint, filters, explain), the asking token's
-project, and the catalog's state for the model's versions. That state is summed up by the rows' ids and
-generations (``storage.generation`` raises a row's generation with every change to its engines or their
-benchmarks), so the ETag is a hash of the three: a client holding it gets a 304 while it is current, and the API
-process keeps the body under it and answers again without judging anything.
-
-The cache is per API process and bounded twice, by entries and by the bodies' bytes (least recently used out). A
-question keeps one body: a change makes a new tag, and the body under its old tag, which nothing can ask for any
-more, is dropped when the new one is kept. So a farm whose versions keep changing holds its live answers, not
-their history.
+An answer is a function of the request, the asking token's project, and the ids and generations of the model's
+versions (``storage.generation`` raises a row's generation with every change to its engines or their benchmarks):
+the ETag is a hash of the three, and the body is kept under it. The cache is per API process, bounded by entries
+and by the bodies' bytes (least recently used out), and keeps one body per question: a new tag drops the old body.
 """
 
 from __future__ import annotations

@@ -66,19 +66,12 @@ def _validated(
     return model, targets, spec, problems
 
 
-def _needs_quantizing(model: ModelRow, spec: BuildSpec) -> bool:
-    return spec.precision is Precision.INT8 and not model.info.get("has_qdq", False)
-
-
-def _needs_fp16_repair(spec: BuildSpec) -> bool:
-    return spec.precision is Precision.FP16 and spec.accuracy_repair
-
-
 def _create_build(
     s, model: ModelRow, targets: list[Target], spec: BuildSpec, served: dict[str, set[str]], **extra: Any
 ) -> tuple[BuildRow, list[queue.Message]]:
     """Record one validated build; returns it and what to publish once committed."""
-    quantize, fp16_repair = _needs_quantizing(model, spec), _needs_fp16_repair(spec)
+    quantize = spec.precision is Precision.INT8 and not model.info.get("has_qdq", False)
+    fp16_repair = spec.precision is Precision.FP16 and spec.accuracy_repair
     build, checks = catalog.add_build(s, model, spec, targets, served, waiting=quantize or fp16_repair, **extra)
     if quantize:
         build.quantize = {
@@ -116,17 +109,13 @@ def submit_build(
     queue_without_worker: bool | None = None,
     describe: Callable[[BuildRow, dict[str, set[str]]], Any] | None = None,
 ) -> Any:
-    """Validate the spec against the model and every target, record the build, queue its tasks;
-    returns the build's id, or what ``describe(build, served)`` makes of it.
+    """Validate the spec against the model and every target, record the build, queue its tasks; returns the
+    build's id, or what ``describe(build, served)`` makes of it before the commit (so the answer needs no read
+    after it, which a database failing in between would turn into a 503 for a build that exists).
 
-    ``describe`` runs before the commit, so the answer needs no read after it: a database failing between the
-    commit and a read for the answer would give the client a 503 for a build that exists, and a retry would
-    make it twice.
-
-    Raises SpecInvalid listing every problem at once, and what ``admission.admit`` raises (a target no live
-    worker serves, a full queue) with nothing recorded. Tasks are published only after the catalog commit, so
-    a worker never sees a task the catalog does not have. An int8 build of a model without Q/DQ nodes first
-    queues the quantization stage; its tasks wait for it.
+    Raises SpecInvalid listing every problem at once, and what ``admission.admit`` raises, with nothing recorded.
+    Tasks are published only after the commit. An int8 build of a model without Q/DQ nodes (or an fp16 build with
+    ``accuracy_repair``) first queues its stage; its tasks wait for it.
     """
     with session_scope(settings) as s:
         model, targets, _, problems = _validated(settings, s, model_id, target_texts, spec, project=project)
@@ -263,9 +252,6 @@ def task_wait_reason(task, served: dict[str, set[str]]) -> str | None:
     """``wait_reason`` of a task row; its build's stage is read only for a task that waits on it."""
     stage = task.build.quantize if task.state == TaskState.WAITING.value else None
     return wait_reason(task.target, task.state, served, stage)
-
-
-# --------------------------------------------------------------------------- builds for an asking machine
 
 
 def answer_of(session: Session, settings: Settings, row: BuildRow) -> BuildOut:

@@ -54,13 +54,11 @@ def run_below(fn: Callable[..., T], *args, **kwargs) -> T:
 
 
 async def pump(chunks: AsyncIterator[bytes], write: Callable[[list[bytes]], None]) -> None:
-    """Feed every chunk to ``write``, which runs in a thread of its own (at a lower priority, never shared with
-    other requests) a batch at a time while the loop goes on receiving; at most QUEUED_CHUNKS wait between the
-    two. Nothing is being written any more when this returns or raises.
+    """Feed every chunk to ``write``, run a batch at a time in a thread of its own (at a lower priority) while the
+    loop goes on receiving; at most QUEUED_CHUNKS wait between the two. Nothing is being written when this returns.
 
-    What ``write`` raises ends the receiving at once. What the receiving raises (a body over its limit, an idle
-    client, a disconnect) comes after the chunks already queued are written: a more specific error they raise,
-    such as the file's own limit, is the one the client gets.
+    What ``write`` raises ends the receiving at once; what the receiving raises comes after the chunks already
+    queued are written, so a more specific error they raise (the file's own limit) is the one the client gets.
     """
     send, receive = anyio.create_memory_object_stream[bytes](max_buffer_size=QUEUED_CHUNKS)
     token = anyio.lowlevel.current_token()

@@ -31,19 +31,26 @@ def engine_checks(
     return {e.id: check_status(e, tasks.get(e.id, []), served, view) for e in engines}
 
 
+def checks_of_ids(
+    session: Session, settings: Settings, ids: list[int], project: str
+) -> tuple[dict[int, EngineRow], ProjectView, dict[int, dict[str, Any]]]:
+    """The engines of these ids, the project's view of them and ``engine_checks`` of them; the checks are read
+    before their evidence (``reports.model_report`` says why)."""
+    tasks = project_checks.benchmark_tasks_of(session, ids, project)
+    engines = builtengines.engines_by_id(session, ids)
+    view = project_checks.project_view(session, list(engines.values()), project)
+    return engines, view, engine_checks(session, settings, list(engines.values()), view, tasks)
+
+
 def build_checks(session: Session, settings: Settings, build: BuildRow) -> dict[int, dict[str, Any]]:
     """Build task id → the check of the engine it made (or reused), with the build's project's accuracy verdict."""
     ids = [t.engine_id for t in build.tasks if t.engine_id]
-    tasks = project_checks.benchmark_tasks_of(session, ids, build.model.project)  # before their evidence
-    engines = builtengines.engines_by_id(session, ids)
-    view = project_checks.project_view(session, list(engines.values()), build.model.project)
-    checks = engine_checks(session, settings, list(engines.values()), view, tasks)
-    out = {}
-    for task in build.tasks:
-        if task.engine_id in checks:
-            engine = engines[task.engine_id]
-            out[task.id] = {**checks[task.engine_id], "accuracy_pass": view.accuracy_pass(engine)}
-    return out
+    engines, view, checks = checks_of_ids(session, settings, ids, build.model.project)
+    return {
+        t.id: {**checks[t.engine_id], "accuracy_pass": view.accuracy_pass(engines[t.engine_id])}
+        for t in build.tasks
+        if t.engine_id in checks
+    }
 
 
 def check_status(

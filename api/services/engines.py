@@ -12,6 +12,7 @@ from api.schemas import EngineOut
 from api.schemas.int8 import PrecisionStage, engine_int8
 from api.services.checkstates import engine_checks
 from enginefarm.core.config import Settings
+from enginefarm.core.errors import NotFound
 from storage import builtengines, quantizing
 from storage import checks as project_checks
 from storage.tables import EngineRow, ModelRow
@@ -61,3 +62,15 @@ def stage_of(session: Session, row: EngineRow, model: ModelRow) -> PrecisionStag
     benchmarks), or None."""
     build = quantizing.quantizing_builds(session, [row.id], model.project).get(row.id)
     return engine_int8(row, build, [b for b in row.benchmarks if b.project == model.project])
+
+
+def precision_stage(
+    session: Session, engine_id: int, project: str | None, precision: str, lacks: str
+) -> PrecisionStage:
+    """The int8 stage or fp16 repair (``precision``) of an engine of the project: a 404 that says it has no
+    ``lacks`` where the engine is of another precision or has none."""
+    row, model = builtengines.engine_in_project(session, engine_id, project)
+    found = stage_of(session, row, model) if row.precision == precision else None
+    if found is None:
+        raise NotFound(f"engine {row.id} ({row.target}, {row.precision}) has no {lacks}")
+    return found

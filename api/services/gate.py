@@ -11,13 +11,12 @@ from typing import Any, Literal
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 
-from api.schemas.gate import CHECKS, GateCheck, GateModel, GateOut, GateTarget, Verdict
+from api.schemas.gate import CHECKS, CheckName, GateCheck, GateModel, GateOut, GateTarget, Verdict
 from api.services import builds as services
 from api.services import checkstates, reports
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import Target, TaskState
-from storage import builtengines, catalog, liveness
-from storage import checks as project_checks
+from storage import catalog, liveness
 from storage.checks import ProjectView
 from storage.tables import BuildTaskRow, EngineRow, ModelRow
 
@@ -88,12 +87,8 @@ def evaluate(
             f"build {build_id} has no task for {', '.join(missing)}; its targets: {', '.join(tasks)}",
         )
     ids = [t.engine_id for t in tasks.values() if t.engine_id]
-    # The checks before their evidence, as the report reads them (``reports.model_report`` says why).
-    benchmark_tasks = project_checks.benchmark_tasks_of(session, ids, model.project)
-    engines = builtengines.engines_by_id(session, ids)
-    # The gate reads the model's project's own checks: another project sharing these engines cannot move it.
-    view = project_checks.project_view(session, list(engines.values()), model.project)
-    checks = checkstates.engine_checks(session, settings, list(engines.values()), view, benchmark_tasks)
+    # The model's project's own checks: another project sharing these engines cannot move the gate.
+    engines, view, checks = checkstates.checks_of_ids(session, settings, ids, model.project)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
     previous, baseline, _ = reports.previous_measurements(session, model)
     judge = _Judge(max_regression_pct, previous, baseline, view)
@@ -157,6 +152,14 @@ def _reason(verdict: Verdict, checks: list[GateCheck], pending: str, any_target:
     return f"all {len(checks) - len(waiting)} decided check(s) passed{note}"
 
 
+def _check(
+    target: str, check: CheckName, verdict: Verdict, reason: str, numbers: dict | None = None, in_progress: bool = False
+) -> GateCheck:
+    return GateCheck(
+        target=target, check=check, verdict=verdict, reason=reason, numbers=numbers or {}, in_progress=in_progress
+    )
+
+
 class _Judge:
     def __init__(self, max_regression_pct: float, previous: ModelRow | None, baseline: dict, view: ProjectView):
         self.limit, self.previous, self.baseline, self.view = max_regression_pct, previous, baseline, view
@@ -171,17 +174,10 @@ class _Judge:
     ) -> list[GateCheck]:
         build = self._build(name, task, served)
         if engine is None:  # nothing to measure: every later check follows the build
-            if build.verdict == "pending":
-                verdict, busy, reason = "pending", build.in_progress, f"waits for the build: {build.reason}"
-            else:
-                verdict, busy, reason = "fail", False, "no engine: the build did not succeed"
-            return [
-                build,
-                *(
-                    GateCheck(target=name, check=c, verdict=verdict, in_progress=busy, reason=reason)
-                    for c in CHECKS[1:]
-                ),
-            ]
+            waits = build.verdict == "pending"
+            verdict: Verdict = "pending" if waits else "fail"
+            reason = f"waits for the build: {build.reason}" if waits else "no engine: the build did not succeed"
+            return [build, *(_check(name, c, verdict, reason, None, waits and build.in_progress) for c in CHECKS[1:])]
         assert check is not None  # engine_checks has an entry for every engine it was given
         return [
             build,
@@ -193,12 +189,7 @@ class _Judge:
     @staticmethod
     def _build(name: str, task: BuildTaskRow | None, served: dict[str, set[str]]) -> GateCheck:
         if task is None:
-            return GateCheck(
-                target=name,
-                check="build",
-                verdict="fail",
-                reason=f"the model has no build for {name}; submit one (POST /v1/builds)",
-            )
+            return _check(name, "build", "fail", f"the model has no build for {name}; submit one (POST /v1/builds)")
         numbers = {
             "build_id": task.build_id,
             "task_id": task.id,
@@ -208,26 +199,12 @@ class _Judge:
         }
         if task.state == TaskState.SUCCEEDED.value:
             how = "reused an identical engine" if task.reused else "built"
-            return GateCheck(
-                target=name, check="build", verdict="pass", reason=f"{how}: engine {task.engine_id}", numbers=numbers
-            )
+            return _check(name, "build", "pass", f"{how}: engine {task.engine_id}", numbers)
         if task.state in (TaskState.FAILED.value, TaskState.CANCELLED.value):
-            return GateCheck(
-                target=name,
-                check="build",
-                verdict="fail",
-                numbers=numbers,
-                reason=f"build {task.state}: {task.error or 'no reason recorded'}",
-            )
+            return _check(name, "build", "fail", f"build {task.state}: {task.error or 'no reason recorded'}", numbers)
         detail = services.task_wait_reason(task, served)
-        return GateCheck(
-            target=name,
-            check="build",
-            verdict="pending",
-            numbers=numbers,
-            in_progress=not (task.state == TaskState.QUEUED.value and task.target not in served),
-            reason=detail or f"build {task.state}",
-        )
+        busy = not (task.state == TaskState.QUEUED.value and task.target not in served)
+        return _check(name, "build", "pending", detail or f"build {task.state}", numbers, busy)
 
     def _benchmark(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
         shapes = [
@@ -240,26 +217,13 @@ class _Judge:
             }
             for b in self.view.benchmarks(engine)
         ]
-        state, detail = check["state"], check["detail"]
+        state, detail, numbers = check["state"], check["detail"], {"shapes": shapes}
         if state == "succeeded" and shapes:
             where = ", ".join(f"{s['shape_key']} {s['median_ms']:.3f} ms" for s in shapes)
-            return GateCheck(
-                target=name,
-                check="benchmark",
-                verdict="pass",
-                reason=f"measured: median {where}",
-                numbers={"shapes": shapes},
-            )
+            return _check(name, "benchmark", "pass", f"measured: median {where}", numbers)
         if state == "failed":
-            return GateCheck(target=name, check="benchmark", verdict="fail", reason=detail, numbers={"shapes": shapes})
-        return GateCheck(
-            target=name,
-            check="benchmark",
-            verdict="pending",
-            in_progress=check["in_progress"],
-            reason=detail or f"benchmark {state}",
-            numbers={"shapes": shapes},
-        )
+            return _check(name, "benchmark", "fail", detail, numbers)
+        return _check(name, "benchmark", "pending", detail or f"benchmark {state}", numbers, check["in_progress"])
 
     def _accuracy(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
         result = self.view.accuracy(engine) or {}
@@ -270,48 +234,18 @@ class _Judge:
             "reference": result.get("reference"),
         }
         if check["in_progress"]:  # a new check of this engine is under way: its verdict is the one that counts
-            return GateCheck(
-                target=name,
-                check="accuracy",
-                verdict="pending",
-                in_progress=True,
-                reason=check["detail"] or "accuracy check under way",
-                numbers=numbers,
-            )
+            return _check(name, "accuracy", "pending", check["detail"] or "accuracy check under way", numbers, True)
         if passed is True:
             cosine = numbers["metrics"].get("cosine")
             shown = f" (cosine {cosine:.6f})" if isinstance(cosine, float) else ""
-            return GateCheck(
-                target=name,
-                check="accuracy",
-                verdict="pass",
-                numbers=numbers,
-                reason=f"outputs match {numbers['reference'] or 'the reference'} within the limits{shown}",
-            )
+            reason = f"outputs match {numbers['reference'] or 'the reference'} within the limits{shown}"
+            return _check(name, "accuracy", "pass", reason, numbers)
         if passed is False:
             broken = "; ".join(result.get("failures") or []) or result.get("error") or "outside the limits"
-            return GateCheck(
-                target=name,
-                check="accuracy",
-                verdict="fail",
-                numbers=numbers,
-                reason=f"accuracy check failed: {broken}",
-            )
+            return _check(name, "accuracy", "fail", f"accuracy check failed: {broken}", numbers)
         if check["state"] == "failed":
-            return GateCheck(
-                target=name,
-                check="accuracy",
-                verdict="fail",
-                numbers=numbers,
-                reason=f"the accuracy check did not run: {check['detail']}",
-            )
-        return GateCheck(
-            target=name,
-            check="accuracy",
-            verdict="pending",
-            numbers=numbers,
-            reason=check["detail"] or "no accuracy result yet",
-        )
+            return _check(name, "accuracy", "fail", f"the accuracy check did not run: {check['detail']}", numbers)
+        return _check(name, "accuracy", "pending", check["detail"] or "no accuracy result yet", numbers)
 
     def _latency(self, name: str, engine: EngineRow, check: dict[str, Any]) -> GateCheck:
         numbers: dict[str, Any] = {
@@ -320,30 +254,13 @@ class _Judge:
         }
         measured = self.view.benchmarks(engine)
         if check["in_progress"] or (not measured and check["state"] != "failed"):
-            return GateCheck(
-                target=name,
-                check="latency_regression",
-                verdict="pending",
-                in_progress=check["in_progress"],
-                numbers=numbers,
-                reason=f"no latency to compare yet: {check['detail'] or check['state']}",
-            )
+            reason = f"no latency to compare yet: {check['detail'] or check['state']}"
+            return _check(name, "latency_regression", "pending", reason, numbers, check["in_progress"])
         if not measured:
-            return GateCheck(
-                target=name,
-                check="latency_regression",
-                verdict="fail",
-                numbers=numbers,
-                reason=f"no latency measured: {check['detail']}",
-            )
+            return _check(name, "latency_regression", "fail", f"no latency measured: {check['detail']}", numbers)
         if self.previous is None:
-            return GateCheck(
-                target=name,
-                check="latency_regression",
-                verdict="pass",
-                numbers=numbers,
-                reason="first version of the model: nothing to compare against",
-            )
+            reason = "first version of the model: nothing to compare against"
+            return _check(name, "latency_regression", "pass", reason, numbers)
         compared = []
         for b in measured:
             match = self.baseline.get(reports.measurement_key(engine, b))
@@ -363,35 +280,15 @@ class _Judge:
         numbers["shapes"] = compared
         version = f"version {self.previous.version}"
         if not compared:
-            return GateCheck(
-                target=name,
-                check="latency_regression",
-                verdict="pass",
-                numbers=numbers,
-                reason=f"{version} has no measurement on {name} with the same spec, shape and device "
-                "to compare against",
-            )
+            reason = f"{version} has no measurement on {name} with the same spec, shape and device to compare against"
+            return _check(name, "latency_regression", "pass", reason, numbers)
         worst = max(compared, key=lambda c: c["change_pct"] if c["change_pct"] is not None else float("-inf"))
         if worst["change_pct"] is None:  # a baseline of 0 ms: no ratio to judge
-            return GateCheck(
-                target=name,
-                check="latency_regression",
-                verdict="pass",
-                numbers=numbers,
-                reason=f"{version} measured 0 ms: no ratio to compare",
-            )
+            return _check(name, "latency_regression", "pass", f"{version} measured 0 ms: no ratio to compare", numbers)
         line = (
             f"median {worst['median_ms']:.3f} ms vs {worst['previous_median_ms']:.3f} ms in {version} "
             f"({worst['change_pct']:+.1f}%, limit +{self.limit:g}%) at {worst['shape_key']} on {worst['device']}"
         )
         if worst["change_pct"] > self.limit:
-            return GateCheck(
-                target=name,
-                check="latency_regression",
-                verdict="fail",
-                numbers=numbers,
-                reason=f"latency regressed: {line}",
-            )
-        return GateCheck(
-            target=name, check="latency_regression", verdict="pass", numbers=numbers, reason=f"within the limit: {line}"
-        )
+            return _check(name, "latency_regression", "fail", f"latency regressed: {line}", numbers)
+        return _check(name, "latency_regression", "pass", f"within the limit: {line}", numbers)

@@ -44,14 +44,10 @@ def ingest_model(
 ) -> tuple[ModelRow, bool]:
     """Validate an uploaded file and catalogue it; returns (model, created).
 
-    The same bytes under the same name (and version, if one is given) are the model already catalogued;
-    if its blob went missing, these bytes restore it. Otherwise the file is inspected, and the blob and
-    the row are written together (``storage.blobwrite``): a rejected or failed upload leaves nothing
-    behind, and identical uploads at the same moment make one row and never delete each other's bytes.
-
-    A bundle is inspected in place: every entry is read through and checked, but only its model.onnx is
-    written to scratch (workers unpack the bundle when they build, ``model_path_for``). The spooled file
-    itself becomes the blob: a local store links it into place, so its bytes are written once.
+    The same bytes under the same name (and version, if given) are the model already catalogued; if its blob went
+    missing, these bytes restore it. Otherwise the file is inspected (a bundle in place: only its model.onnx is
+    written to scratch), and the blob and the row are written together (``storage.blobwrite``): a rejected upload
+    leaves nothing behind, and identical uploads at once make one row. A local store links the spool file in place.
     """
     if (problems := upload_problems(name, version, project)) or name is None:  # no name is one of the problems
         raise ModelRejected("the upload's form fields are invalid", problems=problems)

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from sqlalchemy.orm import Session
 
+from api.schemas.builds import build_state
 from api.schemas.int8 import engine_int8
 from api.schemas.reports import LATENCY_KEYS
 from api.services import fleet
@@ -19,7 +20,7 @@ from enginefarm.core.spec import DEFAULT_SHAPE_KEY
 from storage import builtengines, catalog, quantizing
 from storage import checks as project_checks
 from storage.checks import ProjectView
-from storage.tables import BenchmarkRow, BuildRow, EngineRow, ModelRow, SweepRow
+from storage.tables import BenchmarkRow, EngineRow, ModelRow, SweepRow
 
 
 def _label(spec: dict[str, Any]) -> str:
@@ -173,11 +174,8 @@ def model_report(session: Session, settings: Settings, model_id: int, project: s
     if model.source_model_id:  # a derived model reports under its source, where its engines are listed
         model = catalog.get_model(session, model.source_model_id)
     family = [model, *catalog.derived_models(session, model)]
-    # The checks are read before their evidence. Each statement sees what was committed when it ran (PostgreSQL's
-    # read committed; SQLite outside a transaction), and a check's measurements, verdict and end are committed
-    # together: a check read as finished had its figures committed before, so the reads after see them. The
-    # other way round, a report could call a check finished with nothing measured, and a client waiting for the
-    # checks (``Client.wait_checks``, the demo) stopped before the figures came.
+    # The checks are read before their evidence: a check's figures, verdict and end commit together, so a check
+    # read as finished has its figures seen by the reads after (read the other way, a finished check could show none).
     tasks = project_checks.benchmark_tasks_of_shas(session, sorted({m.sha256 for m in family}), model.project)
     engines = builtengines.engines_of_models(session, family)
     # The model's project's evidence only: another project's checks of the same bytes are not this report's.
@@ -310,7 +308,7 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
                 "variant": build.variant,
                 "spec_hash": build.spec_hash,
                 "overrides": {k: build.spec.get(k) for k in sweep.axes},
-                "state": _state(build),
+                "state": build_state(build.tasks),
                 "engines": items,
             }
         )
@@ -326,9 +324,3 @@ def sweep_report(session: Session, settings: Settings, sweep_id: int, project: s
         "variants": variants,
         "best": best_build,
     }
-
-
-def _state(build: BuildRow) -> str:
-    from api.schemas.builds import build_state
-
-    return build_state(build.tasks)

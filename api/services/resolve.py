@@ -1,17 +1,12 @@
 """Resolve, orchestrated: the question's tag, the kept answer or 304, the engines judged, the answer, a build.
 
-``resolve(req, ...)`` is the one service function behind GET and POST /v1/resolve: the routes parse the question
-into a ``ResolveRequest`` and turn the ``Outcome`` into a response; storage (``storage.resolution``) only reads
-rows. In order, and each step only when the one before could not answer:
+``resolve(req, ...)`` is the one service function behind GET and POST /v1/resolve. In order, each step only when
+the one before could not answer:
 
-1. the versions the question names, with their generations, read (and kept for the fleet's path,
-   ``api.services.versions``), make the ETag; a client holding it gets a 304 (nothing else is read or built);
-2. the answer kept under the tag (``api.http.answers``) is sent as it is;
-3. the engines of those versions are judged and ranked for the machine (``enginefarm.core.choose``), and the
-   answer is built and kept. Kind by kind where the answer needs no engine's every check (``by_kind``): the
-   model's kinds of engine (``Tables``: one per versions-and-generations, shared by every machine that asks about
-   the model) are judged from what is kept per kind (``choose.kind_rules``), and only the engines of the kinds
-   that may run here are read and judged; otherwise every engine, compiled once per change and kept alike;
+1. the versions the question names, with their generations, make the ETag; a client holding it gets a 304;
+2. the answer kept under the tag (``api.services.answers``) is sent as it is;
+3. the engines of those versions are judged and ranked for the machine (``enginefarm.core.choose``), kind by kind
+   where possible (``by_kind``), from compiled tables kept per catalog state (``Tables``), and the answer is kept;
 4. when nothing fits: a 404 that says why per engine and what would fit, or with ``build`` the build (202).
 """
 
@@ -63,11 +58,8 @@ class Outcome:
 
 class Tables:
     """Compiled engine tables by their ``key`` (project, version ids and generations; with the engines' ids for a
-    table of some of them, and marked for a KindTable), at most ``entries``
-    of them (least recently used out). A key names one state of the catalog, so nothing needs clearing: a change
-    makes a new key, and the old table falls out. Few: they serve the machines that ask about one model at about
-    the same time (a fleet after new engines land), and every object kept is one more for each full collection of
-    the garbage collector to walk."""
+    table of some of them, and marked for a KindTable), at most ``entries`` of them (least recently used out). A key
+    names one state of the catalog: a change makes a new key, and the old table falls out."""
 
     def __init__(self, entries: int = 64):
         self.entries = entries
@@ -105,12 +97,10 @@ def by_kind(
     session: Session, tables: Tables, owner: dict[str, Row], machine: Machine, req: ResolveRequest
 ) -> tuple[EngineTable, Choice, Counter[str]] | None:
     """Judge the model's engines kind by kind: a kind that cannot run here (or that a filter refuses) is counted
-    under its rule without reading its engines, and only the engines of the other kinds are read and judged
-    (``resolution.kind_table``, then ``engine_table`` of their ids). A cold answer's engines are mostly of kinds
-    that do not run on the asking machine (nine in ten of a fleet's). The same choice, ranking and counts as
-    judging every engine (``tests/e2e/api/test_resolve_by_kind.py``); None where this does not apply and every
-    engine is judged: ``explain`` (every engine's checks), a build (the reasons per engine), a filter that reads
-    an engine's own facts, and an answer where nothing runs (the 404 says why per engine)."""
+    under its rule without reading its engines, and only the engines of the other kinds are read and judged. The
+    same choice, ranking and counts as judging every engine (``tests/e2e/api/test_resolve_by_kind.py``); None where
+    every engine must be judged: ``explain``, a build, a filter on an engine's own facts, and an answer where
+    nothing runs (the 404 says why per engine)."""
     if req.explain or req.build or not judged_by_kind(req):
         return None
     key = ("kinds", resolution.table_key(owner))

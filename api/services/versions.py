@@ -1,20 +1,15 @@
 """The model versions a resolve names, with their generations, kept for a stated time.
 
 Every resolve answer, a 304 included, starts from the rows of the versions it names and their generations (what
-its ETag is made of). Reading them is one query, and on the way a thread hop; a fleet asking the same questions
-hundreds of times a second needs them only as often as they can change. So each API process keeps what it read,
-by (model, version, project), and the fleet's path (``api.http.fastpath.FleetPath``) trusts it while both hold:
+its ETag is made of). Each API process keeps what it read by (model, version, project), and the fleet's path
+(``api.http.fastpath.FleetPath``) trusts it while both hold:
 
-- the catalog's change feed (``storage.changes``) has not moved since the read began: any commit, by any process,
-  that adds or removes a version or raises a generation (a new engine, benchmark or verdict) moves it; on
-  PostgreSQL within the milliseconds a NOTIFY takes to arrive, on SQLite at once; a feed that is down trusts
-  nothing;
-- at most ``ENGINEFARM_RESOLVE_FRESH_SECONDS`` (default 1 s; 0: read every time) have passed: the bound on what a
-  lost notification could cost.
+- the catalog's change feed (``storage.changes``) has not moved since the read began (any commit that adds or
+  removes a version or raises a generation moves it); a feed that is down trusts nothing;
+- at most ``ENGINEFARM_RESOLVE_FRESH_SECONDS`` (0: read every time) have passed.
 
-The full path (``api.services.resolve``) always reads, and refreshes what is kept. What is kept is the plain rows
-``storage.resolution.model_versions`` returned; errors (no such model) are never kept. Lookups run on the event
-loop: no thread.
+The full path (``api.services.resolve``) always reads, and refreshes what is kept; errors are never kept. Lookups
+run on the event loop.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ __all__ = ["error_response", "mount"]
 
 def mount(app: FastAPI) -> None:
     """Add the dashboard's pages and its static files to ``app``."""
-    from api.ui import builds, farm, models, reports, resolve, signin
+    from api.ui import builds, farm, models, resolve, signin
 
-    for module in (signin, models, builds, reports, resolve, farm):
+    for module in (signin, models, builds, resolve, farm):
         app.include_router(module.router, include_in_schema=False)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="ui-static")

@@ -1,9 +1,8 @@
 """The build form: fields pre-filled from a model's inputs, and the spec a submitted form asks for.
 
-Dynamic dims get min/opt/max fields; a trtexec command line (``--fp16 --minShapes=input:1x3x224x224 …``) is read
-with the CLI's own parser (``enginefarm.core.trtexec.spec_from_trtexec``) and wins over the fields. The spec's
-fields are
-parsed as POST /v1/builds parses them, and ``services.submit_build`` validates it against the model as it does there.
+Dynamic dims get min/opt/max fields; a trtexec command line is read with the CLI's own parser
+(``enginefarm.core.trtexec.spec_from_trtexec``) and wins over the fields. The spec is parsed and validated as POST
+/v1/builds does.
 """
 
 from __future__ import annotations

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shlex
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from sqlalchemy.orm import Session
 
 from api.http import buildwait
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.downloads import engine_content
 from api.http.params import RowId
 from api.schemas import EngineOut
@@ -36,11 +36,7 @@ def _build_context(session: Session, settings: Settings, build_id: int, principa
 
 @router.get("/builds/{build_id}")
 def build_page(
-    request: Request,
-    build_id: RowId,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    request: Request, build_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     return page(request, "build.html", **_build_context(session, settings, build_id, principal))
 
@@ -49,10 +45,10 @@ def build_page(
 async def build_tasks(
     request: Request,
     build_id: RowId,
-    wait: float = buildwait.wait_query("the build"),
-    seen: str | None = buildwait.seen_query("the build"),
-    principal: Principal = Depends(ui_session.viewer),
-    settings: Settings = Depends(settings_dep),
+    principal: ui_session.Viewer,
+    settings: FarmSettings,
+    wait: float = buildwait.wait_query(),
+    seen: str | None = buildwait.seen_query(),
 ) -> Response:
     """The page's live part: the build's tasks. The page asks again as soon as each answer arrives, with the tag it
     shows and ``wait``: a long poll on the API's build feed (``api.http.buildwait``), so an open page learns of a change
@@ -106,11 +102,7 @@ def runtime_label(engine: EngineOut) -> str:
 
 @router.get("/engines/{engine_id}")
 def engine_page(
-    request: Request,
-    engine_id: RowId,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    request: Request, engine_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     engine = engines.engine(session, settings, engine_id, principal.project)
     benchmarks = engines.benchmarks(session, engine_id, principal.project)
@@ -133,11 +125,7 @@ def engine_page(
 
 @router.get("/engines/{engine_id}/content")
 def engine_download(
-    request: Request,
-    engine_id: RowId,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    request: Request, engine_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     """The engine's bytes for a signed-in browser: the API's download (sha256 ETag, Range, S3 redirect)."""
     return engine_content(request, session, settings, engine_id, principal.project)

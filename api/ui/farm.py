@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import RedirectResponse
 from pydantic import ValidationError
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.http.auth import revoke_now
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import RowId
+from api.schemas import WorkerOut
 from api.schemas.tokens import TokenIn
 from api.services import tokens
-from api.services.workers import live as live_workers
 from api.ui import session as ui_session
 from api.ui.render import HEADERS, page
-from enginefarm.core.config import Settings
 from enginefarm.core.errors import SpecInvalid
+from storage import liveness
 from storage.observe import queue_state
 from storage.tokens import Principal
 
@@ -28,12 +28,9 @@ router = APIRouter(prefix="/ui", route_class=CatalogRoute)
 
 @router.get("/workers")
 def workers_page(
-    request: Request,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    request: Request, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
-    workers = live_workers(session, settings)
+    workers = [WorkerOut.of(r) for r in liveness.live_workers(session, settings.worker_ttl_seconds)]
     state = queue_state(session, settings.worker_ttl_seconds)
     queues = []
     for (kind, target), (count, oldest) in sorted(state.waiting.items()):
@@ -62,21 +59,16 @@ async def _admin_form(request: Request) -> Principal:
     return principal
 
 
+AdminForm = Annotated[Principal, Depends(_admin_form)]
+
+
 @router.get("/tokens")
-def tokens_page(
-    request: Request,
-    principal: Principal = Depends(ui_session.admin),
-    session: Session = Depends(session_dep, scope="function"),
-) -> Response:
+def tokens_page(request: Request, principal: ui_session.Admin, session: CatalogSession) -> Response:
     return page(request, "tokens.html", tokens=tokens.listed(session, principal.project), made=None)
 
 
 @router.post("/tokens")
-async def make_token(
-    request: Request,
-    principal: Principal = Depends(_admin_form),
-    session: Session = Depends(session_dep, scope="function"),
-) -> Response:
+async def make_token(request: Request, principal: AdminForm, session: CatalogSession) -> Response:
     form = await request.form()
     days = str(form.get("expires_in_days") or "").strip()
     try:
@@ -98,12 +90,7 @@ async def make_token(
 
 
 @router.post("/tokens/{token_id}/revoke")
-async def revoke_token(
-    request: Request,
-    token_id: RowId,
-    principal: Principal = Depends(_admin_form),
-    session: Session = Depends(session_dep, scope="function"),
-) -> Response:
+async def revoke_token(request: Request, token_id: RowId, principal: AdminForm, session: CatalogSession) -> Response:
     def revoke() -> None:
         revoke_now(request.app.state.token_cache, session, token_id, principal.project)  # commits, then forgets
 

@@ -69,10 +69,6 @@ class Matrix:
     cells: dict[tuple[int, Column], Cell] = field(default_factory=dict)
 
     @property
-    def targets(self) -> list[str]:
-        return sorted({c.target for c in self.columns})
-
-    @property
     def live(self) -> bool:
         """Something in it is still changing: worth polling."""
         return any(c.state in LIVE or c.checking for c in self.cells.values())

@@ -1,25 +1,29 @@
-"""The models list (searchable), a model's page with its build matrix, uploads and builds from the browser."""
+"""The models list (searchable), a model's page with its build matrix, uploads and builds from the browser, and a
+model's report (its latency chart is drawn in the browser from the same JSON as GET /v1/models/{id}/report)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.http import buildwait
-from api.http.deps import CatalogRoute, session_dep, settings_dep
+from api.http.deps import CatalogRoute, CatalogSession, FarmSettings
 from api.http.params import ID_MAX, RowId, page_offset
 from api.http.upload import model_upload
 from api.schemas import ModelOut
 from api.services import builds as services
+from api.services import reports
 from api.ui import session as ui_session
 from api.ui.buildform import form_fields, spec_from_form
 from api.ui.matrix import model_matrix
 from api.ui.render import is_fragment, page
 from enginefarm.core.config import Settings
+from enginefarm.core.repairs import repair_groups
 from storage import catalog, liveness
 from storage.db import session_scope
 from storage.tokens import Principal
@@ -30,11 +34,7 @@ PAGE = 50
 
 @router.get("/models")
 def models_page(
-    request: Request,
-    q: str = "",
-    offset: int = 0,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
+    request: Request, principal: ui_session.Viewer, session: CatalogSession, q: str = "", offset: int = 0
 ) -> Response:
     q = q.replace("\x00", "")[:200]
     offset = page_offset(offset)
@@ -50,9 +50,7 @@ def models_page(
 
 
 @router.post("/models/upload")
-async def upload(
-    request: Request, principal: Principal = Depends(ui_session.builder), settings: Settings = Depends(settings_dep)
-) -> Response:
+async def upload(request: Request, principal: ui_session.Builder, settings: FarmSettings) -> Response:
     """The browser's upload (multipart, sent by a script with the CSRF header): the API's own upload."""
     model, created = await model_upload(request, principal.project, principal, settings)
     return JSONResponse(
@@ -69,11 +67,7 @@ def _model_context(session: Session, settings: Settings, model_id: int, principa
 
 @router.get("/models/{model_id}")
 def model_page(
-    request: Request,
-    model_id: RowId,
-    principal: Principal = Depends(ui_session.viewer),
-    session: Session = Depends(session_dep, scope="function"),
-    settings: Settings = Depends(settings_dep),
+    request: Request, model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
 ) -> Response:
     context = _model_context(session, settings, model_id, principal)
     served = liveness.served_targets(session, settings.worker_ttl_seconds)
@@ -85,13 +79,13 @@ def model_page(
 async def matrix_fragment(
     request: Request,
     model_id: RowId,
-    wait: float = buildwait.wait_query("the matrix"),
-    seen: str | None = buildwait.seen_query("the matrix"),
+    principal: ui_session.Viewer,
+    settings: FarmSettings,
+    wait: float = buildwait.wait_query(),
+    seen: str | None = buildwait.seen_query(),
     submitted: int | None = Query(
         None, ge=1, le=ID_MAX, description="a build this page submitted: its notice stays above the matrix"
     ),
-    principal: Principal = Depends(ui_session.viewer),
-    settings: Settings = Depends(settings_dep),
 ) -> Response:
     """The model page's live part, by the same long poll as a build page's tasks (``api.ui.builds``): answered
     when a build of the model changes, or after ``wait`` s with the same matrix."""
@@ -108,10 +102,7 @@ async def matrix_fragment(
 
 @router.post("/models/{model_id}/builds")
 async def submit_build(
-    request: Request,
-    model_id: RowId,
-    principal: Principal = Depends(ui_session.builder),
-    settings: Settings = Depends(settings_dep),
+    request: Request, model_id: RowId, principal: ui_session.Builder, settings: FarmSettings
 ) -> Response:
     """The build form: the same submission as POST /v1/builds; answers the matrix, which then updates itself."""
     form = await request.form()
@@ -133,3 +124,22 @@ async def submit_build(
             )
 
     return await run_in_threadpool(submit_and_render)
+
+
+@router.get("/models/{model_id}/report")
+def report_page(
+    request: Request, model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
+) -> Response:
+    report = reports.model_report(session, settings, model_id, principal.project)
+    model = catalog.get_model(session, report["model"]["id"], principal.project)
+    return page(request, "report.html", model=model, report=report, repairs=repair_groups(report))
+
+
+@router.get("/models/{model_id}/report.json")
+def report_json(
+    model_id: RowId, principal: ui_session.Viewer, session: CatalogSession, settings: FarmSettings
+) -> Response:
+    body = reports.model_report(session, settings, model_id, principal.project)
+    return JSONResponse(
+        jsonable_encoder(body), headers={"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+    )

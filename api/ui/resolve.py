@@ -9,11 +9,11 @@ what is wrong; an unknown model is a 404 page.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -32,22 +32,17 @@ from storage.db import session_scope
 from storage.tokens import Principal
 
 router = APIRouter(prefix="/ui")
-FIELDS = (
-    "model",
-    "version",
+MACHINE_TEXTS = (  # the fingerprint's text fields, as the form names them
     "gpu_name",
     "compute_capability",
-    "memory_mib",
     "driver_version",
     "cuda_version",
     "trt_version",
     "trt_rtx_version",
     "platform",
     "jetpack",
-    "shapes",
-    "probe",
-    "accept",
 )
+FIELDS = ("model", "version", *MACHINE_TEXTS, "memory_mib", "shapes", "probe", "accept")
 # GET /v1/resolve's query names for the form's fields.
 QUERY_NAMES = {short: name for name, short in SHORT_NAMES.items()}  # GET /v1/resolve's names
 CCS = ("7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "12.0", "12.1")
@@ -110,19 +105,7 @@ def machine_from_form(form: dict[str, str]) -> Machine:
         machine = machine_from_probe(form["probe"][:MAX_PROBE_CHARS])
     else:
         memory = form.get("memory_mib", "").strip()
-        texts: dict[str, Any] = {
-            k: (form.get(k, "").strip() or None)
-            for k in (
-                "gpu_name",
-                "compute_capability",
-                "driver_version",
-                "cuda_version",
-                "trt_version",
-                "trt_rtx_version",
-                "platform",
-                "jetpack",
-            )
-        }
+        texts: dict[str, Any] = {k: (form.get(k, "").strip() or None) for k in MACHINE_TEXTS}
         machine = Machine(**texts, memory_mib=int(memory) if memory else None)
     if form.get("shapes", "").strip():
         machine = replace(machine, shapes=shape_request(form["shapes"]))
@@ -153,16 +136,6 @@ def _ask(request: Request, principal: Principal, form: dict[str, str]) -> dict[s
     return {"answer": json.loads(cast("bytes", response.body)), "status": 200}
 
 
-def _result(request: Request, principal: Principal, form: dict[str, str]) -> Awaitable[dict[str, Any]]:
-    if not form["model"].strip():
-
-        async def unnamed() -> dict[str, Any]:
-            return {"problem": "name the model", "status": 422}
-
-        return unnamed()
-    return run_in_threadpool(_ask, request, principal, form)
-
-
 def _model_names(principal: Principal, settings) -> dict[str, str]:
     """The models the form offers, each with its newest version's inputs at a shape they take (the shapes
     field's placeholder)."""
@@ -183,7 +156,11 @@ def form_from_query(query: Mapping[str, str]) -> dict[str, str]:
 
 
 async def _page(request: Request, principal: Principal, form: dict[str, str], asked: bool) -> Response:
-    result = await _result(request, principal, form) if asked else None
+    result: dict[str, Any] | None = None
+    if asked and not form["model"].strip():
+        result = {"problem": "name the model", "status": 422}
+    elif asked:
+        result = await run_in_threadpool(_ask, request, principal, form)
     names = await run_in_threadpool(_model_names, principal, request.app.state.settings)
     return page(
         request,
@@ -197,14 +174,14 @@ async def _page(request: Request, principal: Principal, form: dict[str, str], as
 
 
 @router.get("/resolve")
-async def resolve_form(request: Request, principal: Principal = Depends(ui_session.viewer)) -> Response:
+async def resolve_form(request: Request, principal: ui_session.Viewer) -> Response:
     """The form; with a model in the query, filled from it and answered (a link to an answer)."""
     form = form_from_query(request.query_params)
     return await _page(request, principal, form, asked=bool(form["model"].strip()))
 
 
 @router.post("/resolve")
-async def resolve_answer(request: Request, principal: Principal = Depends(ui_session.viewer)) -> Response:
+async def resolve_answer(request: Request, principal: ui_session.Viewer) -> Response:
     await ui_session.check_csrf(request)  # a read, but a form like the others
     raw = await request.form()
     return await _page(request, principal, {k: str(raw.get(k) or "") for k in FIELDS}, asked=True)

@@ -1,30 +1,19 @@
 """Browser sessions for the dashboard: sign-in, the session cookie, and CSRF tokens.
 
-A session is an API token of its own, made at sign-in (``storage.tokens.create_token``) with the signing-in
-token's scope and project, for at most ``SESSION_HOURS`` and never past that token's own expiry. The cookie
-holds it, HttpOnly (page scripts cannot read it), SameSite=Strict (no other site's page sends it), Secure on
-https, and scoped to ``/ui``. So:
+A session is an API token of its own, made at sign-in (``storage.tokens.open_session``) with the signing-in token's
+scope and project, for at most ``SESSION_HOURS`` and never past that token's own expiry. The typed token is never
+stored in the browser; the session is looked up, cached and revoked as any token is, and ends when the user signs
+out or the token that opened it is revoked. Its cookie is HttpOnly, SameSite=Strict, scoped to ``/ui``, and Secure
+where the client reached the farm over https (the request's scheme, which uvicorn takes from ``X-Forwarded-Proto``
+only from ``ENGINEFARM_FORWARDED_ALLOW_IPS``, or an https ``ENGINEFARM_API_URL``).
 
-- the token the user typed is never stored in the browser: only a session credential that can do no more than it;
-- the server keeps only its sha256, as for every token (a copy of the catalog gives nobody a session);
-- it is checked by the same lookup, cache and revocation as the API's tokens, across all API processes, with no
-  secret to share between them and no table of its own;
-- signing out revokes it on the server, revoking the token that opened it revokes it too, and an admin sees and
-  revokes sessions on the tokens page.
-
-Sign-in is rate-limited: a token opens at most ``ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN`` sessions a minute (counted
-in the catalog, so across API processes) and a client address tries at most
-``ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS`` sign-ins a minute (counted by each API process); past either, a 429
-with Retry-After. A session counts against the quotas of the token that opened it (``Principal.family_id``), and
-ended sessions are removed at each sign-in.
-
-The cookie is Secure when the client reached the farm over https: the request's own scheme, which uvicorn takes from
-``X-Forwarded-Proto`` only when the proxy's address is in ``ENGINEFARM_FORWARDED_ALLOW_IPS``, or an
-``ENGINEFARM_API_URL`` that says https.
+Sign-in is rate-limited: per token (``ENGINEFARM_SIGNIN_PER_MINUTE_PER_TOKEN``, counted in the catalog) and per client
+address (``ENGINEFARM_SIGNIN_PER_MINUTE_PER_ADDRESS``, counted by each API process); past either, a 429 with
+Retry-After. A session counts against the quotas of the token that opened it (``Principal.family_id``).
 
 CSRF: every form that changes anything carries ``csrf_token(session)``, an HMAC of a fixed label keyed by the
-session credential (nothing to store; another site can neither read the cookie nor compute it), checked on POST.
-The sign-in form, which has no session yet, uses a double-submit value: a random cookie the form repeats.
+session credential, checked on POST. The sign-in form, which has no session yet, uses a double-submit value: a
+random cookie the form repeats.
 """
 
 from __future__ import annotations
@@ -39,9 +28,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Annotated
 
 import anyio
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from starlette.datastructures import UploadFile
 
 from api.http.auth import TokenCache, cached_principal, require, revoke_now
@@ -101,31 +91,14 @@ def check_signin_csrf(request: Request, submitted: str | None) -> None:
 class AddressLimiter:
     """Sign-in attempts per client over the last minute, in this API process, in bounded memory and time.
 
-    A client is its address for IPv4 (and for an IPv4-mapped IPv6 address) and its /64 prefix for IPv6: whoever
-    holds one IPv6 address usually holds its whole /64 (a host's SLAAC and privacy addresses, a site's prefix), so
-    counting each address would let one machine rotate through 2**64 fresh counts. It is the per-client key of
-    nginx's and most rate limiters' IPv6 setups; its cost: clients behind one /64, as behind one NAT's IPv4 address,
-    share a count.
+    A client is its address for IPv4 (and an IPv4-mapped IPv6 address) and its /64 prefix for IPv6, which whoever
+    holds one address usually holds whole. At most ``max_keys`` clients are tracked, each with the times of at most
+    ``per_minute`` attempts, ordered by their latest attempt, so an attempt's work is O(1).
 
-    At most ``max_keys`` clients (10,000) are tracked, each with the times of at most ``per_minute`` attempts. The
-    table is ordered by each client's latest counted attempt, so finding the oldest entry, dropping one quiet for a
-    minute and moving a client to the end are O(1): an attempt's work does not grow with the number of clients
-    the table holds or that have come and gone (it drops at most two quiet entries, and its client's own times).
-
-    When the table is full of clients that tried within the minute and one it does not hold tries, room is made by
-    evicting the client whose latest attempt is oldest, and that client's count is forgotten. Refusing every new
-    client instead would let anyone with enough addresses lock everybody out of the dashboard; evicting without
-    limit would let anyone with enough addresses make every count forget, and so guess without limit. So while the
-    table is full, the attempts of clients it does not hold share one budget, ``overflow_per_minute`` a minute (600)
-    across all addresses; each one admitted evicts the oldest entry, and past the budget they get the same 429 with
-    Retry-After (and evict nothing). Clients already in the table keep their own counts and are not charged. Hence:
-
-    - in one process, at most ``max_keys + overflow_per_minute`` clients a minute get ``per_minute`` attempts each,
-      however many addresses try;
-    - a flood of new addresses evicts at most ``overflow_per_minute`` entries a minute, those whose latest attempt
-      is oldest, so a client's count is forgotten early only at that rate;
-    - while such a flood lasts, it can spend the budget: a client that has not tried within the last minute (or
-      was evicted) may be refused until the flood ends; clients in the table are not.
+    When the table is full of clients that tried within the minute, clients it does not hold share one budget,
+    ``overflow_per_minute`` attempts a minute: each one admitted evicts the client whose latest attempt is oldest,
+    and past the budget they get a 429 (and evict nothing). So a flood of addresses can neither lock out the
+    clients in the table nor make more than ``overflow_per_minute`` counts a minute forget.
     """
 
     WINDOW = 60.0
@@ -285,6 +258,12 @@ async def admin(request: Request) -> Principal:
     principal = await viewer(request)
     require(principal, "admin", "managing tokens")
     return principal
+
+
+# A page's principal; a form's that changes something; an admin's.
+Viewer = Annotated[Principal, Depends(viewer)]
+Builder = Annotated[Principal, Depends(builder)]
+Admin = Annotated[Principal, Depends(admin)]
 
 
 async def check_csrf(request: Request) -> None:

@@ -28,10 +28,7 @@ async def home() -> Response:
 
 @router.get("/signin")
 async def signin_form(request: Request, next: str | None = None) -> Response:  # noqa: A002 - the query's name
-    value = session.new_signin_value()
-    response = page(request, "signin.html", next=_local(next), signin_csrf=value, problem=None)
-    session.set_cookie(response, request, session.SIGNIN_COOKIE, value, SIGNIN_MAX_AGE, path="/ui/signin")
-    return response
+    return _form(request, next, 200, None)
 
 
 @router.post("/signin")
@@ -45,11 +42,11 @@ async def signin(
     try:
         opened = await session.sign_in(request, token)
     except SignInsTooFast as exc:
-        response = _form_again(request, next, 429, exc.message)
+        response = _form(request, next, 429, exc.message)
         response.headers["Retry-After"] = str(exc.retry_after)
         return response
     if opened is None:
-        return _form_again(request, next, 401, "That token is not valid: it is unknown, revoked or expired.")
+        return _form(request, next, 401, "That token is not valid: it is unknown, revoked or expired.")
     _principal, credential = opened
     response = RedirectResponse(_local(next), status_code=303, headers=HEADERS)
     session.set_cookie(response, request, session.COOKIE, credential, session.SESSION_HOURS * 3600)
@@ -57,8 +54,8 @@ async def signin(
     return response
 
 
-def _form_again(request: Request, next_path: str, status_code: int, problem: str) -> Response:
-    """The sign-in form again, with what went wrong and a fresh CSRF value."""
+def _form(request: Request, next_path: str | None, status_code: int, problem: str | None) -> Response:
+    """The sign-in form, with what went wrong (if anything) and a fresh CSRF value."""
     value = session.new_signin_value()
     response = page(
         request, "signin.html", status_code=status_code, next=_local(next_path), signin_csrf=value, problem=problem

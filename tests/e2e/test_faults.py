@@ -19,7 +19,7 @@ from enginefarm.graph.samples import conv_net, sample_spec, save_conv_net
 from server import localservers
 from server.embedded import Farm, issue_token
 from storage.gc import collect_garbage
-from tests.faults import TcpProxy, audit, slow
+from tests.faults import TcpProxy, audit, private_postgres, slow
 from tests.helpers import unique_name
 
 NO_CHECKS = {"benchmark": {"enabled": False}, "accuracy": {"enabled": False}}
@@ -203,7 +203,7 @@ def test_postgres_restart_gives_503_and_the_farm_recovers(tmp_path, seaweedfs):
     redis_url = f"redis://127.0.0.1:6379/{FAULT_REDIS_DB}"
     redis.Redis.from_url(redis_url).flushdb()
     target = "onnxruntime/cpu-x86_64"
-    with localservers.private_postgres() as pg:
+    with private_postgres() as pg:
         env = localservers.distributed_env(tmp_path / "data", pg.url, redis_url, seaweedfs)
         env.update(
             {
