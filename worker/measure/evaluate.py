@@ -124,11 +124,6 @@ def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarr
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
 
 
-# What an accuracy check feeds the engine and what the reference answered (enginefarm.measure.check): a deploy
-# machine's check reads the same thing from the farm.
-AccuracyInputs = Reference
-
-
 def accuracy_inputs(
     reference_model: Path, spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarray] | None
 ) -> Reference:
