@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
-from worker.backends import BuildLog, get_backend
+from worker.backends import cpu_target, ort_artifact
 from worker.measure.evaluate import accuracy_inputs, compare
 from worker.repair import RANKING_SHOWN, Timed, budget_of, not_needed, search
 from worker.rewrite.onnxgraph import all_nodes
@@ -201,8 +201,7 @@ class _Judge:
         self.float_model, self.spec, self.work, self.make_runner = float_model, spec, work, make_runner
         self.calls = 0
         self.seen: dict[frozenset[str], dict[str, Any]] = {}
-        self.backend = get_backend(Backend.ONNXRUNTIME)
-        self.target = target or Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
+        self.target = target or cpu_target()
         self.inputs = accuracy_inputs(reference_model, spec, info, samples)
         self.limits = spec.accuracy.limits(Precision.FP16.value)
         graph = onnx.load(str(float_model), load_external_data=False).graph
@@ -227,10 +226,8 @@ class _Judge:
             return self.seen[key]
         self.calls += 1
         out = self.work / f"try-{self.calls}" / "model.onnx"
-        out.parent.mkdir()
         spec = self.spec.model_copy(update={"precision": Precision.FP16, "keep_fp32_layers": sorted(key)})
-        self.backend.build(self.float_model, spec, self.target, out, BuildLog(), None)
-        runner = self.make_runner(out)
+        runner = self.make_runner(ort_artifact(self.float_model, spec, out, target=self.target))
         try:
             figure = {**gate_figure(compare(runner, self.inputs, self.limits)), "kept": len(key)}
         finally:

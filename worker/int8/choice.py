@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
 from enginefarm.measure import check
 from enginefarm.measure.check import Reference
-from worker.backends import BuildLog, get_backend
-from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
+from worker.backends import ort_artifact
+from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_for_spec
 from worker.int8.quantize.files import remove_model_files
 from worker.measure.evaluate import accuracy_inputs, reference_outputs
 from worker.measure.int8_vs_fp32 import interleaved_rounds, verdict
@@ -134,18 +134,7 @@ def quantize_for_cpu_beside(
         path = work / name / out.name
         path.parent.mkdir()
         try:
-            reports[name] = quantize_qdq(
-                float_model,
-                samples,
-                path,
-                method=spec.calibration.method.value,
-                calibration_batch=spec.calibration.batch,
-                family="onnxruntime",
-                scratch=work,
-                recipe=name,
-                keep_fp32_layers=spec.keep_fp32_layers,
-                keep_fp32_ops=spec.keep_fp32_ops,
-            )
+            reports[name] = quantize_for_spec(float_model, samples, path, spec, "onnxruntime", work, recipe=name)
         except BuildFailed as exc:
             first_error = first_error or exc
             figures.append({"name": name, "error": str(exc)})
@@ -230,15 +219,12 @@ def _measure(
     """Each int8 model built as a CPU artifact, judged as the engine's accuracy check will judge it (its inputs,
     ONNX Runtime fp32 on ``reference_model``, its code), and timed against the fp32 artifact, interleaved, at the
     spec's opt shapes."""
-    backend = get_backend(Backend.ONNXRUNTIME)
-    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
-    built: dict[str, Path] = {}
-    for name, model in {"fp32": float_model, **models}.items():
-        precision = Precision.FP32 if name == "fp32" else Precision.INT8
-        artifact = work / "artifacts" / f"{name}.onnx"
-        artifact.parent.mkdir(exist_ok=True)
-        backend.build(model, spec.model_copy(update={"precision": precision}), target, artifact, BuildLog(), None)
-        built[name] = artifact
+    built = {
+        name: ort_artifact(
+            model, spec, work / "artifacts" / f"{name}.onnx", Precision.FP32 if name == "fp32" else Precision.INT8
+        )
+        for name, model in {"fp32": float_model, **models}.items()
+    }
     ref = accuracy_inputs(reference_model, spec, info, samples)
     runners = {name: make_runner(path) for name, path in built.items()}
     try:

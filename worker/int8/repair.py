@@ -35,11 +35,11 @@ import numpy as np
 import onnx
 from onnxruntime.quantization import QuantFormat
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import ModelInfo
 from enginefarm.core.spec import BuildSpec, Precision
-from worker.backends import BuildLog, get_backend
+from worker.backends import ort_artifact
 from worker.int8.choice import gate_figure, gate_of, screening_inputs
-from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
+from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_for_spec
 from worker.measure.evaluate import accuracy_inputs
 from worker.repair import (
     RANKING_SHOWN,
@@ -74,18 +74,7 @@ class _Probe:
 
         qdq = work / "sensitivity.onnx"
         recipe = replace(CPU_CANDIDATES["operator"], quant_format=QuantFormat.QDQ, name="sensitivity")
-        quantize_qdq(
-            float_model,
-            samples,
-            qdq,
-            method=spec.calibration.method.value,
-            calibration_batch=spec.calibration.batch,
-            family="onnxruntime",
-            scratch=work,
-            recipe=recipe,
-            keep_fp32_layers=spec.keep_fp32_layers,
-            keep_fp32_ops=spec.keep_fp32_ops,
-        )
+        quantize_for_spec(float_model, samples, qdq, spec, "onnxruntime", work, recipe=recipe)
         model = onnx.load(str(qdq))
         self.reference = screening_inputs(float_model, samples, info)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
@@ -268,18 +257,8 @@ class _Judge:
         self.float_model, self.samples, self.spec, self.work, self.recipe = float_model, samples, spec, work, recipe
         self.make_runner, self.calls = make_runner, 0
         self.first: tuple[Path, QuantizeReport] | None = None  # the model of the first call, and its report
-        self.backend = get_backend(Backend.ONNXRUNTIME)
-        self.target = Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
         self.reference = accuracy_inputs(reference_model or float_model, spec, info, samples)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
-
-    def _built(self, model: Path, precision: Precision, name: str) -> Path:
-        out = self.work / "artifacts" / f"{name}.onnx"
-        out.parent.mkdir(exist_ok=True)
-        self.backend.build(
-            model, self.spec.model_copy(update={"precision": precision}), self.target, out, BuildLog(), None
-        )
-        return out
 
     def __call__(self, keep: list[str], recipe: str | None = None) -> dict[str, Any]:
         """The gate figure of the CPU artifact with ``keep`` in float, quantized with ``recipe`` (else the
@@ -287,20 +266,19 @@ class _Judge:
         self.calls += 1
         model = self.work / f"try-{self.calls}" / "model.int8.onnx"
         model.parent.mkdir()
-        quantized = quantize_qdq(
+        quantized = quantize_for_spec(
             self.float_model,
             self.samples,
             model,
-            method=self.spec.calibration.method.value,
-            calibration_batch=self.spec.calibration.batch,
-            family="onnxruntime",
-            scratch=self.work,
-            recipe=recipe or self.recipe,
-            keep_fp32_layers=sorted(set(keep)),
-            keep_fp32_ops=self.spec.keep_fp32_ops,
+            self.spec,
+            "onnxruntime",
+            self.work,
+            recipe or self.recipe,
+            sorted(set(keep)),
         )
         self.first = self.first or (model, quantized)
-        runner = self.make_runner(self._built(model, Precision.INT8, f"try-{self.calls}"))
+        artifact = self.work / "artifacts" / f"try-{self.calls}.onnx"
+        runner = self.make_runner(ort_artifact(model, self.spec, artifact, Precision.INT8))
         try:
             return {**gate_figure(runner, self.reference, self.limits), "kept": len(set(keep))}
         finally:

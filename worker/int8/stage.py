@@ -164,7 +164,7 @@ def _derive(
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
     report and the derived model's id. On the CPU, the models of ``beside`` are timed with the candidates, their
     figures put in ``timed``."""
-    from worker.int8.quantize import quantize_qdq
+    from worker.int8.quantize import quantize_for_spec
 
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
@@ -185,17 +185,7 @@ def _derive(
         )
         timed.update(figures)
     else:
-        report = quantize_qdq(
-            float_model,
-            samples,
-            out,
-            method=spec.calibration.method.value,
-            calibration_batch=spec.calibration.batch,
-            family=family,
-            scratch=scratch,
-            keep_fp32_layers=spec.keep_fp32_layers,
-            keep_fp32_ops=spec.keep_fp32_ops,
-        )
+        report = quantize_for_spec(float_model, samples, out, spec, family, scratch)
     derivation = {
         "kind": "int8-qdq",
         "source_model_id": source_id,

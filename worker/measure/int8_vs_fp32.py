@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import Backend, ModelInfo
 from enginefarm.core.spec import BuildSpec, Precision
 from enginefarm.graph.inputs import timing_inputs
 from enginefarm.measure.ort_runner import has_qdq
-from worker.backends import BuildLog, get_backend
+from worker.backends import BuildLog, ort_artifact
 from worker.cleanup import prepared_model
 
 # Rounds of int8 then fp32 (then fp32 then int8: the order alternates); each block runs for about this long.
@@ -44,11 +44,7 @@ def applies(backend: str, spec: BuildSpec) -> bool:
 def fp32_sibling(reference_model: Path, spec: BuildSpec, work: Path) -> Path:
     """Build the fp32 artifact of the source model with the ONNX Runtime backend, as a build task would."""
     fp32 = spec.model_copy(update={"precision": Precision.FP32})
-    backend = get_backend(Backend.ONNXRUNTIME)
-    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
-    out = work / "fp32.onnx"
-    backend.build(prepared_model(reference_model, fp32, work, BuildLog()), fp32, target, out, BuildLog(), None)
-    return out
+    return ort_artifact(prepared_model(reference_model, fp32, work, BuildLog()), fp32, work / "fp32.onnx")
 
 
 def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> tuple[list[float], list[float]]:

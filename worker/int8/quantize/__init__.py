@@ -42,6 +42,7 @@ import onnx
 import onnxruntime as ort
 
 from enginefarm.core.errors import BuildFailed, SpecInvalid
+from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.graphfacts import QDQ_OPS
 from worker.int8.quantize.files import load_graph, remove_model_files, stored_bytes, verify
 from worker.int8.quantize.opset import raise_opset
@@ -198,6 +199,31 @@ def quantize_qdq(
         preprocess_error=pre_error,
         opset=opset,
         opset_converted_from=converted_from,
+    )
+
+
+def quantize_for_spec(
+    model_path: Path,
+    samples: dict[str, np.ndarray],
+    out_path: Path,
+    spec: BuildSpec,
+    family: str,
+    scratch: Path,
+    recipe: str | Recipe | None = None,
+    keep_fp32_layers: Sequence[str] | None = None,
+) -> QuantizeReport:
+    """``quantize_qdq`` with the spec's calibration and what it keeps in float (``keep_fp32_layers``: other layers)."""
+    return quantize_qdq(
+        model_path,
+        samples,
+        out_path,
+        method=spec.calibration.method.value,
+        calibration_batch=spec.calibration.batch,
+        family=family,
+        scratch=scratch,
+        recipe=recipe,
+        keep_fp32_layers=spec.keep_fp32_layers if keep_fp32_layers is None else keep_fp32_layers,
+        keep_fp32_ops=spec.keep_fp32_ops,
     )
 
 
