@@ -15,16 +15,13 @@ the same model, samples and spec give the same ranking and the same kept set.
    then the region that helped most is halved and both halves measured, best first, until single nodes or
    ``PROBE_LIMIT`` measurements. Every group measured is ranked by the share of output elements left outside the
    tolerance with it in fp32, then the relative L2 error (the fewer nodes first on a tie).
-3. **Search** (worker/repair.py, as for int8): the top 1, 2, 4, ... groups are kept in fp32 until the gate
-   passes, within a budget of a quarter of the candidates; then each group the gate does not need is dropped again.
+3. **Search** (worker/repair.py, as for int8).
 4. **An honest stop.** If the budget passes nothing, the report says so with the best figure reached and
    recommends fp32.
 
-ONNX Runtime's CPU provider has fp16 kernels for few operators (data movement, Max, Min, Clip): it runs the others
-in fp32 between casts, and drops a cast to fp16 followed by one back. fp16 rounding and overflow show on the CPU
-only where an fp16 tensor is materialized, so the error measured on the CPU can be lower than a GPU's, and the kept
-set is the one the CPU shows; judged on the GPU, it is the one the CUDA provider's fp16 kernels show. Called by the
-fp16 repair stage (worker/fp16/stage.py); every target's fp16 graph then keeps the set in fp32."""
+On the CPU the kept set is the one the CPU shows (``MEASURED_ON`` says why it can be smaller than a GPU's); judged on
+the GPU, the one the CUDA provider's fp16 kernels show. Called by the fp16 repair stage (worker/fp16/stage.py); every
+target's fp16 graph then keeps the set in fp32."""
 
 from __future__ import annotations
 

@@ -2,11 +2,9 @@
 built as a CPU artifact, checked against the fp32 artifact on a calibration batch and timed against it,
 interleaved, on this worker; the fastest that passes the int8 gate is kept.
 
-Which int8 form pays depends on the network and on the CPU (docs/models.md): every layer in integer kernels
-suits a CNN on a CPU with VNNI; attention, LayerNorm-heavy and tiny networks run faster with int8 matrix
-products whose activations are quantized at run time, or with only their convolutions in int8. The figures of
-every candidate go into the quantize report (``candidates``), so a build shows what was tried and why one was
-kept. Called by the quantize stage (worker/int8/stage.py) for the ``onnxruntime`` family.
+Which int8 form pays depends on the network and on the CPU (worker/int8/quantize/__init__.py, docs/models.md).
+The figures of every candidate go into the quantize report (``candidates``), so a build shows what was tried and
+why one was kept. Called by the quantize stage (worker/int8/stage.py) for the ``onnxruntime`` family.
 """
 
 from __future__ import annotations
@@ -38,8 +36,7 @@ log = logging.getLogger(__name__)
 # CPU_CANDIDATES' order is kept (timing on a shared CPU moves by a few percent from run to run).
 SAME_SPEED = 0.03
 # A candidate whose rounds are faster than another's by this much (the median of the paired ratios) wins with most
-# rounds rather than all but one (PP-OCR rec on a 16-vCPU Xeon: dynamic 0.96x fp32 against dense convolutions 0.73x,
-# faster in 4 of 6 rounds by a median of 1.27x).
+# rounds rather than all but one.
 WIDE_MARGIN = 0.2
 # Rounds of timing blocks per candidate (each block at least one call): enough that a busy CPU falls on all alike.
 TIMING_ROUNDS = 6

@@ -5,15 +5,10 @@
    QuantizeLinear) and the output's cosine against fp32 is measured on the calibration batches (ONNX Runtime on the
    CPU, optimizations off, so every other pair stays as written). A tensor's figure goes to the layer whose
    quantization put the pair there: its producer where the operator format quantizes that op (an Add's output),
-   else the quantized layers reading it. The most improving first is the ranking, by ONNX node name. A tensor-level
-   signal-to-noise ratio was tried first and misranks: a tensor whose one huge channel dominates its power hides
-   the small channels that int8's step wipes out.
-2. **Search.** The top 1, 2, 4, ... layers of the ranking are kept in float until the int8 gate against fp32
-   on the calibration batches passes, within a budget of a quarter of the quantized layers; then each kept layer
-   that the gate does not need is dropped again, least sensitive first. The search judges on the same Q/DQ model
-   with those layers' tensors put back in float (cheap: no quantizing); the set it finds is then quantized for real
-   (``keep_fp32_layers``) and judged as the artifact, and only if that fails does the search run again with real
-   quantization at each step.
+   else the quantized layers reading it. The most improving first is the ranking, by ONNX node name.
+2. **Search** (worker/repair.py) on the calibration batches, judged on the same Q/DQ model with the layers' tensors
+   put back in float (cheap: no quantizing); the set it finds is then quantized for real (``keep_fp32_layers``) and
+   judged as the artifact, and only if that fails does the search run again with real quantization at each step.
 3. **An honest stop.** If the budget passes nothing, the report says so with the figures and recommends fp16.
 
 The same samples and spec give the same ranking and the same kept set: nothing here is timed. Called by the

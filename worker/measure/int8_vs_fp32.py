@@ -28,9 +28,7 @@ from worker.cleanup import prepared_model
 ROUNDS = 8
 _BLOCK_S = 0.1
 # Untimed pause before each block. An ONNX Runtime session's pool threads keep spinning for a while after its last
-# call; without the pause they take the cores from the next block's session. On a 16-vCPU Xeon (ConvNeXt-Tiny, 16
-# threads) the dynamic int8 artifact timed 0.64x fp32 interleaved without a pause, 0.75x after 20 ms, 1.35x after
-# 100 ms and 1.31x after 200 ms, against 1.31x with each session timed alone (docs/int8.md).
+# call; without the pause they take the cores from the next block's session (docs/int8.md).
 SETTLE_S = 0.1
 # Below this int8/fp32 speed-up an int8 artifact counts as not faster (timing noise on a busy CPU is a few %).
 FASTER_THAN = 1.0

@@ -9,8 +9,6 @@ should look like depends on who runs it, so there is one recipe per target famil
   quantized at run time, ONNX Runtime's recipe for transformers). Weights are per-channel int8 in 7 bits
   (``reduce_range`` keeps AVX2's u8*s8 products from saturating), activations uint8. ``cpu_candidates`` says which
   differ on a model; worker/int8/choice.py measures them on the worker and keeps the fastest that passes the gate.
-  uint8 weights ran faster on ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower
-  at the basic level that CPUs without VNNI get (docs/models.md).
 - ``tensorrt`` (TensorRT and TensorRT-RTX): explicit QuantizeLinear/DequantizeLinear as TensorRT documents
   it: symmetric int8 activations and weights (zero points 0), per-channel weights stored int8 behind a
   DequantizeLinear, float bias, Q/DQ only on the inputs of the operations TensorRT runs in int8 (Conv,

@@ -1,10 +1,7 @@
 """The recipes: the options ONNX Runtime's quantization tool gets, and the call itself.
 
-TensorRT targets get one recipe. ONNX Runtime's CPU targets get candidates (``CPU_CANDIDATES``), since which int8
-form runs fastest depends on the network and the CPU: integer kernels for every layer suit a CNN on a CPU with
-VNNI, and lose to fp32 on attention, LayerNorm-heavy or tiny networks, where int8 matrix products with activations
-quantized at run time (ONNX Runtime's dynamic quantization, its recipe for transformers) or int8 convolutions alone
-do better. worker/int8/choice.py measures the candidates that apply to a model and keeps the fastest that passes."""
+TensorRT targets get one recipe, ONNX Runtime's CPU targets candidates (``CPU_CANDIDATES``; which, and why: the
+package's docstring); worker/int8/choice.py measures those that apply to a model and keeps the fastest that passes."""
 
 from __future__ import annotations
 
