@@ -55,6 +55,14 @@ def _backoff(retries: int) -> int:
     return min(60, 2**retries)
 
 
+def _crash_reason(what: str, task_id: int, exc: Exception, limit_s: float) -> str:
+    """Why a task failed that its own error handling did not expect: its time limit, else a crash (logged)."""
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"the {what} ran past its time limit of {limit_s:g} s"
+    log.exception("%s task %s crashed", what, task_id)
+    return f"internal error in the worker: {type(exc).__name__}: {exc}"
+
+
 def _infra_reason(exc: Exception) -> str:
     """Why a task goes back to the queue: S3 or the broker (an InfrastructureError), or the database."""
     message = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
@@ -90,15 +98,9 @@ def build_engine(self, task_id: int) -> None:
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
     except (BuildFailed, TargetUnavailable) as exc:
         in_transaction(catalog.fail_task, task_id, exc.message, exc.log_tail)
-    except SoftTimeLimitExceeded:
-        in_transaction(
-            catalog.fail_task,
-            task_id,
-            f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s",
-        )
-    except Exception as exc:  # an unexpected error must still end the task with its reason
-        log.exception("build task %s crashed", task_id)
-        in_transaction(catalog.fail_task, task_id, f"internal error in the worker: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - logged: an unexpected error (or the time limit) still ends the task
+        reason = _crash_reason("build", task_id, exc, get_settings().build_soft_time_limit_s)
+        in_transaction(catalog.fail_task, task_id, reason)
 
 
 def _after_build(check_id: int | None, target: Target) -> None:
@@ -220,21 +222,9 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool 
             raise
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
         in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, exc.message)
-    except SoftTimeLimitExceeded:
-        in_transaction(
-            checks.end_benchmark,
-            task_id,
-            TaskState.FAILED,
-            f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s",
-        )
-    except Exception as exc:
-        log.exception("benchmark task %s crashed", task_id)
-        in_transaction(
-            checks.end_benchmark,
-            task_id,
-            TaskState.FAILED,
-            f"internal error in the worker: {type(exc).__name__}: {exc}",
-        )
+    except Exception as exc:  # noqa: BLE001 - logged by _crash_reason
+        reason = _crash_reason("benchmark", task_id, exc, get_settings().bench_soft_time_limit_s)
+        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, reason)
 
 
 def _gpu(probe: MachineProbe) -> dict | None:
