@@ -21,13 +21,13 @@ import numpy as np
 from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
+from enginefarm.graph.inputs import opt_shape_set, sample_batches
 from enginefarm.measure import check
 from enginefarm.measure.check import Reference
 from worker.backends import ort_artifact
 from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_for_spec
 from worker.int8.quantize.files import remove_model_files
-from worker.measure.evaluate import accuracy_inputs, reference_outputs
+from worker.measure.evaluate import accuracy_inputs, benchmark_inputs, reference_outputs
 from worker.measure.int8_vs_fp32 import interleaved_rounds, verdict
 
 log = logging.getLogger(__name__)
@@ -230,14 +230,7 @@ def _measure(
         for name in models:
             out.append({"name": name, **gate_figure(runners[name], ref, limits), "judged_on": ref.origin})
         # Timed at the shape the benchmark stage times first (the spec's opt shapes), on the same inputs.
-        timed, _ = timing_inputs(
-            info,
-            opt_shape_set(spec, info),
-            samples if spec.benchmark.use_samples else None,
-            spec.accuracy.seed,
-            spec.benchmark.value_ranges,
-        )
-        timed = {n: a for n, a in timed.items() if n not in spec.fixed_inputs}
+        timed, _ = benchmark_inputs(spec, info, opt_shape_set(spec, info), samples)
         names = ["fp32", *models]
         by_round = interleaved_rounds(
             [lambda r=runners[n]: r.infer(timed) for n in names], rounds=TIMING_ROUNDS, block_s=TIMING_BLOCK_S

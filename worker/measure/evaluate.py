@@ -196,7 +196,7 @@ def evaluate(
     if target and target.is_ort_cuda and spec.benchmark.enabled and opt.key in {s.key for s in shape_sets(spec, info)}:
         from worker.measure import sessions
 
-        swept = sessions.sweep(engine_path, spec, _timing_inputs(spec, info, opt, samples)[0], reference, reraise)
+        swept = sessions.sweep(engine_path, spec, benchmark_inputs(spec, info, opt, samples)[0], reference, reraise)
     choice = swept.chosen if swept else SessionChoice.of(run_options)
     runner, device = make_runner(backend, engine_path, spec, gpu, target, choice)
     try:
@@ -244,7 +244,7 @@ def _benchmark_shape(
     out: Evaluation,
     reraise: tuple[type[BaseException], ...],
 ) -> None:
-    inputs, origin = _timing_inputs(spec, info, shape, samples)
+    inputs, origin = benchmark_inputs(spec, info, shape, samples)
     try:
         measured = runner.benchmark(inputs, spec.benchmark)
     except reraise:
@@ -269,10 +269,10 @@ def _benchmark_shape(
     )
 
 
-def _timing_inputs(
+def benchmark_inputs(
     spec: BuildSpec, info: ModelInfo, shape: ShapeSet, samples: dict[str, np.ndarray] | None
 ) -> tuple[dict[str, np.ndarray], str]:
-    """What the benchmark feeds at ``shape``, and where it came from (fixed inputs are constants in the engine)."""
+    """What the benchmark stage feeds at ``shape``, and where it came from (fixed inputs: constants in the engine)."""
     inputs, origin = timing_inputs(
         info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed, spec.benchmark.value_ranges
     )

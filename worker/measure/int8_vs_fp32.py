@@ -19,7 +19,6 @@ import numpy as np
 
 from enginefarm.core.domain import Backend, ModelInfo
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.graph.inputs import timing_inputs
 from enginefarm.measure.ort_runner import has_qdq
 from worker.backends import BuildLog, ort_artifact
 from worker.cleanup import prepared_model
@@ -138,19 +137,14 @@ def _compare(
     samples: dict[str, np.ndarray] | None,
     shape_results: list,
 ) -> list[str]:
+    from worker.measure.evaluate import benchmark_inputs  # evaluate imports this module
+
     with tempfile.TemporaryDirectory(prefix="fp32-sibling-") as work:
         fp32_runner = make_runner(fp32_sibling(reference_model, spec, Path(work)))
         try:
             notes = []
             for result in shape_results:
-                inputs, _ = timing_inputs(
-                    info,
-                    result.shape,
-                    samples if spec.benchmark.use_samples else None,
-                    spec.accuracy.seed,
-                    spec.benchmark.value_ranges,
-                )
-                inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}
+                inputs, _ = benchmark_inputs(spec, info, result.shape, samples)
                 int8_ms, fp32_ms = interleaved(lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs))  # noqa: B023 - called in this iteration
                 result.stats["vs_fp32"] = figure = verdict(int8_ms, fp32_ms)
                 if "note" in figure:
