@@ -35,6 +35,7 @@ from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends import ort_artifact
 from worker.int8.choice import gate_figure, gate_of, screening_inputs
 from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_for_spec
+from worker.int8.quantize.qdq import qdq_pairs
 from worker.measure.evaluate import accuracy_inputs
 from worker.repair import (
     RANKING_SHOWN,
@@ -80,7 +81,7 @@ class _Probe:
         graph = model.graph
         self.quantizable = {n.name for n in graph.node if n.op_type in QLinearOpsRegistry and n.name}
         produced = {o: n.name for n in graph.node for o in n.output}
-        pairs = _qdq_pairs(graph)
+        pairs = qdq_pairs(graph)
         producer = {before: produced.get(before, "") for before, _ in pairs}  # "": a graph input or initializer
         reading: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
         for n in graph.node:
@@ -288,16 +289,6 @@ class _Judge:
             if f.exists():
                 shutil.copyfile(f, folder / f.name)
         (folder / "report.json").write_text(json.dumps(quantized.to_dict()))
-
-
-def _qdq_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:
-    """(float tensor before QuantizeLinear, float tensor after its DequantizeLinear) for each activation pair."""
-    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    return [
-        (quantized[n.input[0]], n.output[0])
-        for n in graph.node
-        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
-    ]
 
 
 SWITCHES = "enginefarm_repair_switches"

@@ -19,8 +19,9 @@ from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from enginefarm.core.domain import QUANTIZE_FAMILIES
 from enginefarm.core.errors import SpecInvalid
+from worker.int8.quantize.qdq import WEIGHTED_OPS
 from worker.int8.quantize.samples import SampleReader, problem
-from worker.rewrite.onnxgraph import save_model
+from worker.rewrite.onnxgraph import constant_tensors, save_model
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,7 @@ METHODS: dict[str, CalibrationMethod] = {
 FAMILIES = QUANTIZE_FAMILIES
 # Calibrators keep every batch's intermediate tensors until they merge them: merge every this many.
 _CHUNK_BATCHES = 32
-# The operations TensorRT runs in int8 when their inputs come through Q/DQ.
-_TENSORRT_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
+_TENSORRT_OPS = list(WEIGHTED_OPS)
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,7 @@ def cpu_candidates(source: Path) -> list[str]:
     alone where some are grouped (depthwise: ONNX Runtime's int8 kernels for them lose to its float ones);
     dynamic where there are matrix products with a constant weight beyond a classifier's last one, or an LSTM."""
     model = onnx.load(str(source), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = set(constant_tensors(model.graph))
     ops = {n.op_type for n in model.graph.node}
     convs = sum(1 for n in model.graph.node if n.op_type in _CONV_OPS)
     matrices = sum(1 for n in model.graph.node if n.op_type in _MATRIX_OPS and constants.intersection(n.input[1:2]))
@@ -274,8 +273,7 @@ def _activation_matmuls(source: Path) -> list[str]:
     """Names of the MatMul nodes with no constant input: per-tensor ranges of attention probabilities cost
     accuracy for a speed-up that depends on TensorRT's int8 attention kernels."""
     model = onnx.load(str(source), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = set(constant_tensors(model.graph))
     return [
         n.name for n in model.graph.node if n.op_type == "MatMul" and n.name and not constants.intersection(n.input)
     ]
