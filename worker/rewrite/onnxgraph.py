@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
+
+from enginefarm.core.errors import SpecInvalid
 
 # The names of the default ONNX domain.
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -89,6 +91,20 @@ def free_names(graph: GraphProto) -> set[str]:
                 used |= free_names(g)
         defined.update(node.output)
     return used - defined
+
+
+def check_kept_layers(graph: GraphProto, names: Iterable[str]) -> None:
+    """Raise SpecInvalid for the node names in ``names`` (a spec's ``keep_fp32_layers``) the graph does not have."""
+    missing = set(names) - {n.name for n in all_nodes(graph)}
+    if missing:
+        raise SpecInvalid(
+            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
+            "are the ONNX graph's (Netron or onnx.load show them)",
+            problems=[
+                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
+                for name in sorted(missing)
+            ],
+        )
 
 
 def outer_refs(node: NodeProto) -> set[str]:

@@ -57,7 +57,7 @@ from worker.int8.quantize.recipes import (
     recipe_of,
 )
 from worker.int8.quantize.samples import model_inputs, validate
-from worker.rewrite.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
+from worker.rewrite.onnxgraph import INLINE_LIMIT, all_nodes, check_kept_layers, default_opset, save_model
 
 __all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "quantize_qdq"]
 
@@ -132,7 +132,7 @@ def quantize_qdq(
     calibrate = check_options(method, calibration_batch, family)
     chosen = recipe_of(family, recipe)
     model = load_graph(model_path)
-    _check_kept(model, keep_fp32_layers)
+    check_kept_layers(model.graph, keep_fp32_layers)
     reader, count = validate(model_inputs(model), samples, calibration_batch)
     large = stored_bytes(model_path, model) >= INLINE_LIMIT
     del model
@@ -223,20 +223,6 @@ def quantize_for_spec(
         keep_fp32_layers=spec.keep_fp32_layers if keep_fp32_layers is None else keep_fp32_layers,
         keep_fp32_ops=spec.keep_fp32_ops,
     )
-
-
-def _check_kept(model: onnx.ModelProto, layers: Sequence[str]) -> None:
-    """A node name the model does not have is the user's to fix, as in an fp16 build."""
-    missing = set(layers) - {n.name for n in all_nodes(model.graph)}
-    if missing:
-        raise SpecInvalid(
-            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
-            "are the ONNX graph's (Netron or onnx.load show them)",
-            problems=[
-                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
-                for name in sorted(missing)
-            ],
-        )
 
 
 def _kept_nodes(source: Path, layers: Sequence[str], ops: Sequence[str]) -> list[str]:
