@@ -34,31 +34,29 @@ def default_opset(model: ModelProto, *, missing: int) -> int:
 # --------------------------------------------------------------------------- nested graphs
 
 
-def attr_graphs(attr: AttributeProto) -> list[GraphProto]:
-    """The graphs an attribute holds."""
-    if attr.type == AttributeProto.GRAPH:
-        return [attr.g]
-    if attr.type == AttributeProto.GRAPHS:
-        return list(attr.graphs)
-    return []
+def subgraphs(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
+    """(attribute name, graph) for each graph the node's attributes hold (If branches, Loop and Scan bodies)."""
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            yield from ((attr.name, g) for g in attr.graphs)
 
 
 def all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
     """``graph`` and every graph nested in it, outermost first."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in attr_graphs(attr):
-                yield from all_graphs(sub)
+        for _, sub in subgraphs(node):
+            yield from all_graphs(sub)
 
 
 def all_nodes(graph: GraphProto) -> Iterator[NodeProto]:
     """Every node of the graph and of the subgraphs inside it, each node followed by its subgraphs' nodes."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            for sub in attr_graphs(attr):
-                yield from all_nodes(sub)
+        for _, sub in subgraphs(node):
+            yield from all_nodes(sub)
 
 
 def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
@@ -71,26 +69,6 @@ def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
                     yield attr.t
                 elif attr.type == AttributeProto.TENSORS:
                     yield from attr.tensors
-
-
-# --------------------------------------------------------------------------- outer-scope reads
-
-
-def free_names(graph: GraphProto) -> set[str]:
-    """Names ``graph`` (or a graph nested in it) reads without defining them: tensors of enclosing scopes."""
-    defined = (
-        {i.name for i in graph.input}
-        | {t.name for t in graph.initializer}
-        | {t.values.name for t in graph.sparse_initializer}
-    )
-    used: set[str] = {o.name for o in graph.output}
-    for node in graph.node:
-        used.update(x for x in node.input if x)
-        for attr in node.attribute:
-            for g in attr_graphs(attr):
-                used |= free_names(g)
-        defined.update(node.output)
-    return used - defined
 
 
 def check_kept_layers(graph: GraphProto, names: Iterable[str]) -> None:
@@ -107,20 +85,40 @@ def check_kept_layers(graph: GraphProto, names: Iterable[str]) -> None:
         )
 
 
+# --------------------------------------------------------------------------- outer-scope reads
+
+
+def free_names(graph: GraphProto) -> set[str]:
+    """Names ``graph`` (or a graph nested in it) reads without defining them: tensors of enclosing scopes."""
+    defined = (
+        {i.name for i in graph.input}
+        | {t.name for t in graph.initializer}
+        | {t.values.name for t in graph.sparse_initializer}
+    )
+    used: set[str] = {o.name for o in graph.output}
+    for node in graph.node:
+        used.update(x for x in node.input if x)
+        for _, g in subgraphs(node):
+            used |= free_names(g)
+        defined.update(node.output)
+    return used - defined
+
+
 def outer_refs(node: NodeProto) -> set[str]:
     """Names a node's subgraphs read from enclosing scopes."""
-    refs: set[str] = set()
-    for attr in node.attribute:
-        for g in attr_graphs(attr):
-            refs |= free_names(g)
-    return refs
+    return set().union(*(free_names(g) for _, g in subgraphs(node)))
+
+
+def reads(node: NodeProto) -> set[str]:
+    """The tensors a node reads: its inputs and, for control flow, what its subgraphs read from enclosing scopes."""
+    names = {x for x in node.input if x}
+    return names | outer_refs(node) if node.op_type in CONTROL_FLOW_OPS else names
 
 
 def rename_in_subgraphs(node: NodeProto, mapping: dict[str, str]) -> None:
     """Make the subgraphs of ``node`` read outer tensors under new names (old name -> new name)."""
-    for attr in node.attribute:
-        for g in attr_graphs(attr):
-            rename_in_graph(g, mapping)
+    for _, g in subgraphs(node):
+        rename_in_graph(g, mapping)
 
 
 def rename_in_graph(graph: GraphProto, mapping: dict[str, str]) -> None:
@@ -178,10 +176,7 @@ def topological_order(graph: GraphProto) -> list[NodeProto]:
     producer_index = {out: i for i, n in enumerate(nodes) for out in n.output if out}
     deps: list[set[int]] = []
     for n in nodes:
-        names = set(x for x in n.input if x)
-        if n.op_type in CONTROL_FLOW_OPS:
-            names |= outer_refs(n)
-        deps.append({producer_index[x] for x in names if x in producer_index})
+        deps.append({producer_index[x] for x in reads(n) if x in producer_index})
     readers: dict[int, list[int]] = defaultdict(list)
     for i, d in enumerate(deps):
         for j in d:
