@@ -59,16 +59,21 @@ def all_nodes(graph: GraphProto) -> Iterator[NodeProto]:
             yield from all_nodes(sub)
 
 
+def attribute_tensors(node: NodeProto) -> Iterator[TensorProto]:
+    """The tensors stored in the node's attributes (a Constant's value, for one)."""
+    for attr in node.attribute:
+        if attr.type == AttributeProto.TENSOR:
+            yield attr.t
+        elif attr.type == AttributeProto.TENSORS:
+            yield from attr.tensors
+
+
 def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
     """The initializers of every graph and the tensors stored in node attributes."""
     for g in all_graphs(model.graph):
         yield from g.initializer
         for node in g.node:
-            for attr in node.attribute:
-                if attr.type == AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == AttributeProto.TENSORS:
-                    yield from attr.tensors
+            yield from attribute_tensors(node)
 
 
 def check_kept_layers(graph: GraphProto, names: Iterable[str]) -> None:
