@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
@@ -22,6 +23,15 @@ from storage.db import session_scope
 from worker.backends.base import BuildLog
 from worker.cleanup import prepared_model
 from worker.pipeline import model_file_from_store, samples_of
+
+
+class _Source(NamedTuple):
+    """The uploaded model the int8 models derive from, as their catalog rows name it."""
+
+    name: str
+    version: str
+    id: int
+    samples_sha256: str | None
 
 
 def family_of_target(target: Target) -> str:
@@ -54,14 +64,14 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         fields = (source.blob_key, source.sha256, source.format)
         samples_fields = (source.samples_key, source.samples_sha256)
         info = ModelInfo.from_dict(source.info)
-        name, version, source_id = source.name, source.version, source.id
+        origin = _Source(source.name, source.version, source.id, source.samples_sha256)
         # TensorRT first: the build's model_id points at the first family's model, as it did with one model.
         families = sorted(
             {family_of_target(t.parsed_target) for t in build.tasks if t.state == TaskState.WAITING.value},
             key=lambda f: f != "tensorrt",
         ) or ["tensorrt"]
     if not samples_fields[0]:
-        raise SpecInvalid(f"model {name} version {version} has no samples to calibrate int8 with")
+        raise SpecInvalid(f"model {origin.name} version {origin.version} has no samples to calibrate int8 with")
     model_path = model_file_from_store(store, *fields, settings)
     derived: dict[str, int] = {}
     reports: dict[str, dict] = {}
@@ -91,10 +101,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 scratch,
                 store,
                 settings,
-                name=name,
-                version=version,
-                source_id=source_id,
-                samples_sha256=samples_fields[1],
+                origin=origin,
                 cleanup=log.tail() or None,
                 beside=beside,
                 timed=timed,
@@ -114,10 +121,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                     build_id,
                     store,
                     settings,
-                    name=name,
-                    version=version,
-                    source_id=source_id,
-                    samples_sha256=samples_fields[1],
+                    origin,
                 )
 
     def release(s) -> tuple[list[tuple[int, Target]], list]:
@@ -153,10 +157,7 @@ def _derive(
     store: BlobStore,
     settings: Settings,
     *,
-    name: str,
-    version: str,
-    source_id: int,
-    samples_sha256: str | None,
+    origin: _Source,
     cleanup: str | None,
     beside: dict[str, Path],
     timed: dict[str, dict],
@@ -188,14 +189,14 @@ def _derive(
         report = quantize_for_spec(float_model, samples, out, spec, family, scratch)
     derivation = {
         "kind": "int8-qdq",
-        "source_model_id": source_id,
-        "samples_sha256": samples_sha256,
+        "source_model_id": origin.id,
+        "samples_sha256": origin.samples_sha256,
         "graph_cleanup": cleanup,
         **report.to_dict(),
     }
     # The family's suffix keeps the two int8 models of one source apart; TensorRT's keeps the old name.
     suffix = "int8" if family == "tensorrt" else "int8-cpu"
-    model_id = _catalogue(out, derivation, suffix, store, settings, name, version, source_id)
+    model_id = _catalogue(out, derivation, suffix, store, settings, origin)
     return report.to_dict(), model_id
 
 
@@ -206,11 +207,7 @@ def _catalogue_unrepaired(
     build_id: int,
     store: BlobStore,
     settings: Settings,
-    *,
-    name: str,
-    version: str,
-    source_id: int,
-    samples_sha256: str | None,
+    origin: _Source,
 ) -> dict:
     """The int8 model the repair judged before keeping layers in fp32, catalogued as a variant of the build: its
     own derived model with its failed accuracy and its CPU latency (``figure``: its timing beside the candidates,
@@ -219,31 +216,22 @@ def _catalogue_unrepaired(
         "kind": "int8-qdq",
         "variant": "unrepaired",
         "build_id": build_id,
-        "source_model_id": source_id,
-        "samples_sha256": samples_sha256,
+        "source_model_id": origin.id,
+        "samples_sha256": origin.samples_sha256,
         "accuracy": repair["before"],
         "repaired_kept": repair["kept"],
         **{k: repair[k] for k in ("latency_ms", "speedup", "latency_where", "latency_note") if k in repair},
         **json.loads((path.parent / "report.json").read_text()),
         "vs_fp32": (figure or {}).get("vs_fp32"),
     }
-    model_id = _catalogue(path, derivation, "int8-cpu-unrepaired", store, settings, name, version, source_id)
+    model_id = _catalogue(path, derivation, "int8-cpu-unrepaired", store, settings, origin)
     with session_scope(settings) as s:
         row = catalog.get_model(s, model_id)
         found = {"model_id": row.id, "version": row.version, "sha256": row.sha256}
     return {**found, "recipe": repair["recipe"], "accuracy": repair["before"]}
 
 
-def _catalogue(
-    out: Path,
-    derivation: dict,
-    suffix: str,
-    store: BlobStore,
-    settings: Settings,
-    name: str,
-    version: str,
-    source_id: int,
-) -> int:
+def _catalogue(out: Path, derivation: dict, suffix: str, store: BlobStore, settings: Settings, origin: _Source) -> int:
     """Store an int8 model derived from the source and add its catalog row (or find the same bytes catalogued)."""
     sha = sha256_file(out)
     inspect = out.parent / "inspect"
@@ -252,11 +240,11 @@ def _catalogue(
     key = model_key(sha)
 
     def write(s) -> int:
-        source = catalog.get_model(s, source_id)
+        source = catalog.get_model(s, origin.id)
         derived = catalog.find_derived(s, source, sha) or catalog.add_model(
             s,
-            name=name,
-            version=f"{version}-{suffix}-{sha[:8]}",
+            name=origin.name,
+            version=f"{origin.version}-{suffix}-{sha[:8]}",
             sha256=sha,
             fmt=inspected.format,
             size=out.stat().st_size,
