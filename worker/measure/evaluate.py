@@ -214,8 +214,7 @@ def evaluate(
                     lambda p: OrtRunner(p, spec.benchmark.threads),
                     reference_model,
                     spec,
-                    info,
-                    samples,
+                    lambda shape: benchmark_inputs(spec, info, shape, samples)[0],
                     out.benchmarks,
                     reraise,
                 )
