@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -207,8 +207,6 @@ def ping(settings: Settings) -> None:
 
 def has_catalog(settings: Settings) -> bool:
     """Whether the settings' database already holds a catalog (a farm has used it), without making one."""
-    from sqlalchemy import inspect
-
     url = settings.resolved_database_url
     if url.startswith("sqlite") and not (settings.data_dir / "catalog.db").exists() and settings.database_url is None:
         return False

@@ -227,11 +227,6 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool 
         in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, reason)
 
 
-def _gpu(probe: MachineProbe) -> dict | None:
-    gpu = probe.gpus[0] if probe.gpus else None
-    return {"name": gpu.name, "compute_capability": gpu.compute_capability} if gpu else None
-
-
 def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
     from worker.measure.evaluate import evaluate
 
@@ -254,6 +249,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
     engine_id, blob_key, sha, backend = engine_fields
     ref_path = model_file_from_store(store, *ref_fields, settings)
     probe = local_machine()
+    gpu = next(({"name": g.name, "compute_capability": g.compute_capability} for g in probe.gpus[:1]), None)
     with Scratch(settings) as scratch:
         engine_path = fetch_verified(store, blob_key, sha, scratch / "engine.plan")
         samples = samples_of(store, *samples_fields, info, scratch)
@@ -268,7 +264,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
                 info,
                 ref_path,
                 samples,
-                _gpu(probe),
+                gpu,
                 target=target,
                 reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE),
                 run_options=run_options,

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat
 
 from enginefarm.core.domain import ModelInfo
@@ -303,8 +304,6 @@ def _outputs(session, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.n
 def _add_switches(graph: onnx.GraphProto, edges: list[tuple[onnx.NodeProto, int, str]]) -> None:
     """Make each (reader, input slot, float tensor) edge read ``Where(switches[k], float tensor, what it read)``,
     ``switches`` a boolean vector input of the graph, one entry per edge in this order."""
-    from onnx import TensorProto, helper, numpy_helper
-
     graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.BOOL, [len(edges)]))
     for k, (node, slot, before) in enumerate(edges):
         index, switch, chosen = f"{SWITCHES}_{k}_at", f"{SWITCHES}_{k}", f"{SWITCHES}_{k}_out"

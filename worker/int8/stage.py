@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import ModelInfo, Target, TaskState
+from enginefarm.core.domain import ModelInfo, Target, TaskState, quantize_family
 from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.spec import BuildSpec
@@ -35,8 +35,6 @@ class _Source(NamedTuple):
 
 
 def family_of_target(target: Target) -> str:
-    from enginefarm.core.domain import quantize_family
-
     return quantize_family(target.backend.value)
 
 

@@ -29,7 +29,7 @@ from enginefarm.measure import check
 from enginefarm.measure.check import Reference
 from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.modules import load_module
-from enginefarm.measure.ort_cuda_runner import SessionChoice
+from enginefarm.measure.ort_cuda_runner import OrtCudaRunner, SessionChoice
 from enginefarm.measure.ort_runner import OrtRunner
 from worker.measure import int8_vs_fp32
 
@@ -65,8 +65,6 @@ def make_runner(
     the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer. ``choice``: an
     ``onnxruntime/cuda`` artifact's provider options (worker/measure/sessions.py)."""
     if target and target.is_ort_cuda:
-        from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
-
         cuda = OrtCudaRunner(engine_path, tf32=spec.tf32, choice=choice or SessionChoice())
         return cuda, Device(cuda.label, cuda.gpu_name, cuda.compute_capability)
     if backend == Backend.ONNXRUNTIME.value:
