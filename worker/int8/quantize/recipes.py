@@ -85,53 +85,45 @@ _CONV_OPS = ["Conv", "ConvTranspose"]
 # What the operator format quantizes besides convolutions (and the activations it folds into them).
 _OPERATOR_OTHERS = frozenset(QLinearOpsRegistry) - {"Conv", "Relu", "Clip"}
 
+
+def _cpu(name: str, label: str, **options: Any) -> Recipe:
+    """A CPU candidate: the operator format, uint8 activations, per-channel int8 weights in 7 bits without VNNI."""
+    return Recipe(
+        label, QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8, reduce_range=None, name=name, **options
+    )
+
+
 # ONNX Runtime's CPU candidates, in order of preference when they measure alike. Each was measured on the
 # real-model corpus (docs/models.md; bench/models.py --int8-only --candidates reproduces it). The operator format
 # won over QDQ (u8s8, s8s8, u8u8) where every layer is quantized; 7-bit weights (reduce_range) keep the u8*s8
 # products of CPUs without VNNI from saturating.
 CPU_CANDIDATES: dict[str, Recipe] = {
-    "operator": Recipe(
+    "operator": _cpu(
+        "operator",
         "operator format (QLinear kernels) on every layer, per-channel int8 weights in 7 bits, uint8 activations",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
-        name="operator",
     ),
-    "convolutions": Recipe(
+    "convolutions": _cpu(
+        "convolutions",
         "operator format on convolutions only (matrix products stay float), per-channel int8 "
         "weights in 7 bits, uint8 activations",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
         op_types=_CONV_OPS,
-        name="convolutions",
     ),
-    "dense-convolutions": Recipe(
+    "dense-convolutions": _cpu(
+        "dense-convolutions",
         "operator format on dense convolutions only (depthwise and other grouped "
         "convolutions and the matrix products stay float), per-channel int8 weights in 7 "
         "bits, uint8 activations",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
         op_types=_CONV_OPS,
         dense_only=True,
-        name="dense-convolutions",
     ),
-    "dynamic": Recipe(
+    "dynamic": _cpu(
+        "dynamic",
         "dynamic: per-channel int8 weights of the matrix products with a constant weight (MatMul, "
         "LSTM, Attention), in 7 bits on CPUs without VNNI, activations quantized at run time, "
         "convolutions float",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
         op_types=_DYNAMIC_OPS,
         dynamic=True,
         extra={"MatMulConstBOnly": True},
-        name="dynamic",
     ),
 }
 
