@@ -73,16 +73,12 @@ def _infra_reason(exc: Exception) -> str:
 
 
 _limits = get_settings()
+# Every task: retried after an infrastructure error, its message acknowledged only once it ran (or its worker died).
+TASK: dict = {"bind": True, "acks_late": True, "reject_on_worker_lost": True, "max_retries": MAX_INFRA_RETRIES}
 
 
 @app.task(
-    name=BUILD_TASK,
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=MAX_INFRA_RETRIES,
-    soft_time_limit=_limits.build_soft_time_limit_s,
-    time_limit=_limits.build_time_limit_s,
+    name=BUILD_TASK, soft_time_limit=_limits.build_soft_time_limit_s, time_limit=_limits.build_time_limit_s, **TASK
 )
 def build_engine(self, task_id: int) -> None:
     """Every catalog write here outlasts a database restart (``in_transaction`` retries it), so a task never
@@ -192,13 +188,7 @@ def _run(task_id: int, me: str) -> None:
 
 
 @app.task(
-    name=BENCHMARK_TASK,
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=MAX_INFRA_RETRIES,
-    soft_time_limit=_limits.bench_soft_time_limit_s,
-    time_limit=_limits.bench_time_limit_s,
+    name=BENCHMARK_TASK, soft_time_limit=_limits.bench_soft_time_limit_s, time_limit=_limits.bench_time_limit_s, **TASK
 )
 def benchmark_engine(self, task_id: int) -> None:
     try:
@@ -320,7 +310,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
 # --------------------------------------------------------------------------- int8 quantization
 
 
-@app.task(name=QUANTIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
+@app.task(name=QUANTIZE_TASK, **TASK)
 def quantize_model(self, build_id: int) -> None:
     from worker.int8 import stage as quantize_stage
 
