@@ -5,8 +5,9 @@ tasks queued, each against its family's model. Called by the quantize task (work
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
@@ -32,6 +33,13 @@ class _Source(NamedTuple):
     version: str
     id: int
     samples_sha256: str | None
+
+
+def cpu_runner(spec: BuildSpec) -> Callable[[Path], Any]:
+    """What opens a CPU artifact as the benchmark stage does (ONNX Runtime with the spec's threads)."""
+    from enginefarm.measure.ort_runner import OrtRunner
+
+    return lambda path: OrtRunner(path, spec.benchmark.threads)
 
 
 def family_of_target(target: Target) -> str:
@@ -79,9 +87,20 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
         unrepaired = scratch / "unrepaired" / "model.int8.onnx"  # the failed original, where the repair keeps layers
-        repaired = (
-            _repair(float_model, model_path, samples, spec, info, scratch, unrepaired) if spec.accuracy_repair else None
-        )
+        repaired = None
+        if spec.accuracy_repair:  # the layers to keep in float so that int8 passes its gate, on this worker's CPU
+            from worker.int8.repair import repair
+
+            repaired = repair(
+                float_model,
+                samples,
+                spec,
+                info,
+                scratch,
+                cpu_runner(spec),
+                unrepaired_to=unrepaired.parent,
+                reference_model=model_path,
+            )
         quantized = spec
         if repaired and repaired["kept"]:  # every family's int8 model keeps the same layers in float
             kept = sorted({*spec.keep_fp32_layers, *repaired["kept"]})
@@ -168,7 +187,6 @@ def _derive(
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
     if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
-        from enginefarm.measure.ort_runner import OrtRunner
         from worker.int8.choice import quantize_for_cpu_beside
 
         report, figures = quantize_for_cpu_beside(
@@ -178,7 +196,7 @@ def _derive(
             spec,
             info,
             scratch,
-            lambda p: OrtRunner(p, spec.benchmark.threads),
+            cpu_runner(spec),
             beside,
             reference_model,
         )
@@ -254,26 +272,3 @@ def _catalogue(out: Path, derivation: dict, suffix: str, store: BlobStore, setti
         return derived.id
 
     return store_with_row(settings, store, key, out, sha, write)
-
-
-def _repair(
-    float_model: Path, reference_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path
-) -> dict:
-    """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
-    (worker/int8/repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
-    from enginefarm.measure.ort_runner import OrtRunner
-    from worker.int8.repair import repair
-
-    def runner(path: Path) -> OrtRunner:
-        return OrtRunner(path, spec.benchmark.threads)
-
-    return repair(
-        float_model,
-        samples,
-        spec,
-        info,
-        scratch,
-        runner,
-        unrepaired_to=unrepaired.parent,
-        reference_model=reference_model,
-    )
