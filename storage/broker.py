@@ -5,24 +5,19 @@ kombu hands every transport option to ``create_engine``, which rejects the polli
 SQLite needs WAL and a busy timeout when the API and several workers share one file. This subclass does both and
 is registered under kombu's ``sqla`` alias.
 
-Polling: kombu asks each queue in turn, and each ask is a lookup of the queue's row plus a write transaction
-(``BEGIN IMMEDIATE`` on SQLite) around a select, whether a message is there or not. A worker serving seven queues
-polled every 50 ms so made some 140 write transactions a second while idle (about a tenth of a CPU core), and
-contended for the file's write lock with the API and every other worker. Here one poll is one read across all the
-consumer's queues; the write lock is taken only when a message is waiting, to take the oldest one (first in, first
-out across the queues, as the builds were submitted).
+Polling: kombu asks each queue in turn, each ask a lookup of the queue's row plus a write transaction (``BEGIN
+IMMEDIATE`` on SQLite) around a select, so an idle worker contends for the file's write lock with the API and every
+other worker. Here one poll is one read across all the consumer's queues; the write lock is taken only when a
+message is waiting, to take the oldest one (first in, first out across the queues, as the builds were submitted).
 
-Rows: kombu marks a message taken (``visible``) and keeps its row for ever; nothing makes it visible again (an
-unacknowledged message goes back as a new one when its channel closes). So the table grew by a row per task for
-the farm's whole life, and every poll's scan with it. Here a taken message's row is deleted in the transaction
-that takes it, and the rows that earlier farms left in the file are deleted when a process first opens it.
+Rows: kombu marks a message taken (``visible``) and keeps its row for ever, so every poll's scan grows with the
+farm's life. Here a taken message's row is deleted in the transaction that takes it, and the rows that earlier
+farms left in the file are deleted when a process first opens it.
 
-Connections: kombu's channel opens a session on first use and never closes it, and its ``_size`` (a queue's
-depth, asked by ``queue_size``) leaves the session's read open. A channel made per question, as the reconciler's
-``queue_size`` makes one per pass while a GPU benchmark waits for a worker that never comes, so kept one connection
-of the broker's pool checked out until the garbage collector happened to free the channel: after 15 passes the pool
-was spent, every publish waited 30 s and failed, and new builds stayed queued. Here a read ends when it is answered
-and a channel gives its session's connection back when it closes.
+Connections: kombu's channel opens a session on first use and never closes it, and its ``_size`` (a queue's depth,
+asked by ``queue_size``) leaves the session's read open, holding a connection of the broker's pool until the garbage
+collector frees the channel. Here a read ends when it is answered and a channel gives its session's connection back
+when it closes.
 
 Waking: between two polls kombu sleeps the polling interval, also when it polls nothing because the worker is
 busy (its one prefetched task unacknowledged). Here that sleep ends as soon as a message is acknowledged or

@@ -236,25 +236,34 @@ def add_build(
         task = BuildTaskRow(
             build_id=build.id, target=str(target), state=(TaskState.WAITING if waiting else TaskState.QUEUED).value
         )
-        # The live workers' backend versions for the target; without any, the newest engine of any version.
-        versions: Iterable[str | None] = backend_versions.get(str(target)) or {None}
-        existing = (
-            None
-            if waiting
-            else next(
-                (e for v in versions if (e := find_engine(session, model.sha256, spec_hash, str(target), v))), None
-            )
-        )
-        if existing is not None:
-            now = utcnow()
-            task.state, task.engine_id, task.reused = TaskState.SUCCEEDED.value, existing.id, True
-            task.started_at = task.finished_at = now
-            task.log_tail = f"identical build already in the catalog: engine {existing.id}"
-            if (check := ensure_benchmark_task(session, existing, spec, model.project)) is not None:
-                checks.append(check)
+        if not waiting:
+            reuse_engine(session, task, model, spec, spec_hash, backend_versions, checks)
         session.add(task)
     session.flush()
     return build, checks
+
+
+def reuse_engine(
+    session: Session,
+    task: BuildTaskRow,
+    model: ModelRow,
+    spec: BuildSpec,
+    spec_hash: str,
+    backend_versions: dict[str, set[str]],
+    checks: list[BenchmarkTaskRow],
+) -> bool:
+    """Answer ``task`` from the catalog where ``model``'s bytes have its engine for a backend version the live workers
+    run (without any, the newest of any version): the task succeeds reusing it, and the engine's check with ``spec``'s
+    benchmark settings, if it never had one, is appended to ``checks``. Returns whether the task was answered."""
+    versions: Iterable[str | None] = backend_versions.get(task.target) or {None}
+    existing = next((e for v in versions if (e := find_engine(session, model.sha256, spec_hash, task.target, v))), None)
+    if existing is None:
+        return False
+    finish_task_reused(session, task, existing)
+    task.started_at = task.finished_at
+    if (check := ensure_benchmark_task(session, existing, spec, model.project)) is not None:
+        checks.append(check)
+    return True
 
 
 # A PostgreSQL advisory lock key of our own ("admit"), held while a submission counts the queue and adds to it.

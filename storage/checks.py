@@ -167,27 +167,19 @@ def verdicts_of(session: Session, engine_ids: list[int], project: str) -> dict[i
 
 def benchmark_tasks_of(session: Session, engine_ids: list[int], project: str) -> dict[int, list[BenchmarkTaskRow]]:
     """This project's checks of these engines, oldest first, by engine id."""
-    by_engine: dict[int, list[BenchmarkTaskRow]] = {}
-    if engine_ids:
-        query = select(BenchmarkTaskRow).where(
-            BenchmarkTaskRow.engine_id.in_(engine_ids), BenchmarkTaskRow.project == project
-        )
-        for row in session.scalars(query.order_by(BenchmarkTaskRow.id)).all():
-            by_engine.setdefault(row.engine_id, []).append(row)
-    return by_engine
+    return _by_engine(session, BenchmarkTaskRow.engine_id.in_(engine_ids), project) if engine_ids else {}
 
 
 def benchmark_tasks_of_shas(session: Session, shas: list[str], project: str) -> dict[int, list[BenchmarkTaskRow]]:
     """``benchmark_tasks_of`` the engines of these model bytes, found without reading the engines first."""
+    return _by_engine(session, EngineRow.model_sha256.in_(shas), project) if shas else {}
+
+
+def _by_engine(session: Session, engines: Any, project: str) -> dict[int, list[BenchmarkTaskRow]]:
+    query = select(BenchmarkTaskRow).join(EngineRow, EngineRow.id == BenchmarkTaskRow.engine_id)
     by_engine: dict[int, list[BenchmarkTaskRow]] = {}
-    if shas:
-        query = (
-            select(BenchmarkTaskRow)
-            .join(EngineRow, EngineRow.id == BenchmarkTaskRow.engine_id)
-            .where(EngineRow.model_sha256.in_(shas), BenchmarkTaskRow.project == project)
-        )
-        for row in session.scalars(query.order_by(BenchmarkTaskRow.id)).all():
-            by_engine.setdefault(row.engine_id, []).append(row)
+    for row in session.scalars(query.where(engines, BenchmarkTaskRow.project == project).order_by(BenchmarkTaskRow.id)):
+        by_engine.setdefault(row.engine_id, []).append(row)
     return by_engine
 
 
@@ -229,6 +221,4 @@ def latest_check(session: Session, engine_id: int, project: str) -> BenchmarkTas
 
 
 def verdict_of(session: Session, engine_id: int, project: str) -> VerdictRow | None:
-    return session.scalars(
-        select(VerdictRow).where(VerdictRow.engine_id == engine_id, VerdictRow.project == project)
-    ).first()
+    return verdicts_of(session, [engine_id], project).get(engine_id)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import orjson
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
@@ -105,9 +105,7 @@ def _quick_engine_for(url: str) -> Engine:
     if url.startswith("sqlite"):
         return _engine_for(url)
     # No overflow: a read beyond QUICK_CONNECTIONS at once waits for a connection rather than opening one that is
-    # closed after its single use. Under a burst of cold resolves (up to 40 threads of the API's pool) the overflow
-    # made nearly every read open a connection (a PostgreSQL backend started and ended) and plan its statements
-    # afresh, since psycopg prepares a statement on a connection only from its fifth use.
+    # closed after its single use (a backend started and ended, its statements planned afresh).
     return create_engine(
         url,
         pool_size=QUICK_CONNECTIONS,
@@ -193,8 +191,6 @@ def migrate(settings: Settings | None = None) -> None:
         command.upgrade(alembic_config(url), "head")
         return
     # Several API processes (uvicorn --workers) and workers start at once: one migrates, the others wait.
-    from sqlalchemy import text
-
     with get_engine(settings).connect() as conn:
         conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": MIGRATION_LOCK})
         try:
@@ -211,8 +207,6 @@ def ping(settings: Settings) -> None:
 
 def has_catalog(settings: Settings) -> bool:
     """Whether the settings' database already holds a catalog (a farm has used it), without making one."""
-    from sqlalchemy import create_engine, inspect
-
     url = settings.resolved_database_url
     if url.startswith("sqlite") and not (settings.data_dir / "catalog.db").exists() and settings.database_url is None:
         return False

@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 
 # The namespaces the farm writes blobs under (storage.blobs.base); anything else in a shared bucket is not ours.
 MANAGED_PREFIXES = ("models/", "engines/", "samples/", "references/")
-# Uploads and builds commit their row within seconds of storing the blob; a day also dwarfs any clock skew.
-DEFAULT_GRACE_SECONDS = 24 * 3600.0
 # A spool file or scratch folder exists a moment before its process locks it: one younger than this is never
 # taken for a leftover, whatever the grace period (a sweep with none at all runs in the tests).
 WORK_MIN_AGE_S = 60.0

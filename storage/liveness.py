@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, case, delete, func, or_, select, update
+from sqlalchemy import CursorResult, Select, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from enginefarm.core.domain import BACKEND_MODULES, Target, TaskState
@@ -81,16 +81,8 @@ def served_bench_targets(session: Session, ttl_seconds: float) -> set[str]:
 
 def requeue_abandoned(session: Session, live_worker_ids: set[str]) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow]]:
     """Running tasks whose worker stopped sending heartbeats go back to the queue (to be published again)."""
-    builds = [
-        t
-        for t in session.scalars(select(BuildTaskRow).where(BuildTaskRow.state == TaskState.RUNNING.value))
-        if t.worker_id not in live_worker_ids
-    ]
-    benches = [
-        t
-        for t in session.scalars(select(BenchmarkTaskRow).where(BenchmarkTaskRow.state == TaskState.RUNNING.value))
-        if t.worker_id not in live_worker_ids
-    ]
+    builds = [t for t in _in_state(session, BuildTaskRow, TaskState.RUNNING) if t.worker_id not in live_worker_ids]
+    benches = [t for t in _in_state(session, BenchmarkTaskRow, TaskState.RUNNING) if t.worker_id not in live_worker_ids]
     abandoned: list[BuildTaskRow | BenchmarkTaskRow] = [*builds, *benches]
     for t in abandoned:
         t.error = abandoned_reason(t.worker_id)
@@ -107,9 +99,8 @@ def requeue_abandoned_quantize(
     each stage requeued, and the build ids failed."""
     from storage.quantizing import fail_quantize
 
-    waiting = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
     requeued, failed = [], []
-    for build in session.scalars(select(BuildRow).where(BuildRow.id.in_(waiting)).with_for_update()):
+    for build in session.scalars(_waiting_builds().with_for_update()):
         stage = build.quantize or {}
         if stage.get("state") != TaskState.RUNNING.value or stage.get("worker_id") in live_worker_ids:
             continue
@@ -221,22 +212,19 @@ def queued_since(
     session: Session, cutoff: datetime
 ) -> tuple[list[BuildTaskRow], list[BenchmarkTaskRow], list[BuildRow]]:
     """Build and benchmark tasks queued before ``cutoff``, and builds whose quantization is queued."""
-    builds = list(
-        session.scalars(
-            select(BuildTaskRow).where(BuildTaskRow.state == TaskState.QUEUED.value, BuildTaskRow.queued_at < cutoff)
-        )
-    )
-    benches = list(
-        session.scalars(
-            select(BenchmarkTaskRow).where(
-                BenchmarkTaskRow.state == TaskState.QUEUED.value, BenchmarkTaskRow.queued_at < cutoff
-            )
-        )
-    )
-    ids = set(session.scalars(select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)))
-    waiting = [
-        b
-        for b in session.scalars(select(BuildRow).where(BuildRow.id.in_(ids), BuildRow.created_at < cutoff))
-        if (b.quantize or {}).get("state") == TaskState.QUEUED.value
-    ]
+    builds = _in_state(session, BuildTaskRow, TaskState.QUEUED, BuildTaskRow.queued_at < cutoff)
+    benches = _in_state(session, BenchmarkTaskRow, TaskState.QUEUED, BenchmarkTaskRow.queued_at < cutoff)
+    stages = session.scalars(_waiting_builds().where(BuildRow.created_at < cutoff))
+    waiting = [b for b in stages if (b.quantize or {}).get("state") == TaskState.QUEUED.value]
     return builds, benches, waiting
+
+
+def _in_state(session: Session, table: Any, state: TaskState, *where: Any) -> list[Any]:
+    """The build or benchmark tasks in ``state`` (and ``where``)."""
+    return list(session.scalars(select(table).where(table.state == state.value, *where)))
+
+
+def _waiting_builds() -> Select[BuildRow]:
+    """The builds with tasks waiting for an earlier stage."""
+    waiting = select(BuildTaskRow.build_id).where(BuildTaskRow.state == TaskState.WAITING.value)
+    return select(BuildRow).where(BuildRow.id.in_(waiting))

@@ -11,9 +11,7 @@ from sqlalchemy.orm import Session
 
 from enginefarm.core.config import Settings
 from enginefarm.core.domain import FP16_REPAIR_STAGE, Target, TaskState
-from storage.builtengines import find_engine
-from storage.catalog import finish_task_reused, get_build
-from storage.checks import ensure_benchmark_task
+from storage.catalog import get_build, reuse_engine
 from storage.tables import BenchmarkTaskRow, BuildRow, BuildTaskRow, ModelRow, utcnow
 
 
@@ -61,22 +59,13 @@ def release_waiting(
     model each task builds from, where the stage made one per target family (else ``model``)."""
     build.model_id = model.id
     spec = build.build_spec
-    queued, checks = [], []
+    queued: list[tuple[int, Target]] = []
+    checks: list[BenchmarkTaskRow] = []
     for task in build.tasks:
         if task.state != TaskState.WAITING.value:
             continue
         source = model_for(task) if model_for else model
-        versions: set[str | None] = {*backend_versions.get(task.target, ())} or {None}
-        existing = next(
-            (e for v in versions if (e := find_engine(session, source.sha256, build.spec_hash, task.target, v))),
-            None,
-        )
-        if existing is not None:
-            finish_task_reused(session, task, existing)
-            task.started_at = task.finished_at
-            if (check := ensure_benchmark_task(session, existing, spec, source.project)) is not None:
-                checks.append(check)
-        else:
+        if not reuse_engine(session, task, source, spec, build.spec_hash, backend_versions, checks):
             task.state = TaskState.QUEUED.value
             queued.append((task.id, task.parsed_target))
     session.flush()

@@ -26,8 +26,7 @@ from storage.tables import ApiTokenRow, utcnow
 TOKENS_CHANNEL = "enginefarm_tokens"  # PostgreSQL's NOTIFY channel for revocations (storage/changes.py)
 TOKEN_PREFIX = "ef_"
 MAX_TOKEN_CHARS = 200
-# Expiry times are stored to the microsecond, but a token that is gone before a client can use it is a mistake,
-# and a lifetime that rounds to nothing once meant "never expires".
+# A token that is gone before a client can use it is a mistake.
 MIN_LIFETIME = timedelta(seconds=1)
 MAX_LIFETIME_DAYS = 3650
 # Recording every use would be a write per request; once a minute is enough to tell stale tokens.

@@ -55,6 +55,14 @@ def _backoff(retries: int) -> int:
     return min(60, 2**retries)
 
 
+def _crash_reason(what: str, task_id: int, exc: Exception, limit_s: float) -> str:
+    """Why a task failed that its own error handling did not expect: its time limit, else a crash (logged)."""
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return f"the {what} ran past its time limit of {limit_s:g} s"
+    log.exception("%s task %s crashed", what, task_id)
+    return f"internal error in the worker: {type(exc).__name__}: {exc}"
+
+
 def _infra_reason(exc: Exception) -> str:
     """Why a task goes back to the queue: S3 or the broker (an InfrastructureError), or the database."""
     message = getattr(exc, "message", None) or f"the catalog database was unavailable ({type(exc).__name__})"
@@ -65,16 +73,12 @@ def _infra_reason(exc: Exception) -> str:
 
 
 _limits = get_settings()
+# Every task: retried after an infrastructure error, its message acknowledged only once it ran (or its worker died).
+TASK: dict = {"bind": True, "acks_late": True, "reject_on_worker_lost": True, "max_retries": MAX_INFRA_RETRIES}
 
 
 @app.task(
-    name=BUILD_TASK,
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=MAX_INFRA_RETRIES,
-    soft_time_limit=_limits.build_soft_time_limit_s,
-    time_limit=_limits.build_time_limit_s,
+    name=BUILD_TASK, soft_time_limit=_limits.build_soft_time_limit_s, time_limit=_limits.build_time_limit_s, **TASK
 )
 def build_engine(self, task_id: int) -> None:
     """Every catalog write here outlasts a database restart (``in_transaction`` retries it), so a task never
@@ -90,15 +94,9 @@ def build_engine(self, task_id: int) -> None:
         raise self.retry(exc=exc, countdown=_backoff(self.request.retries)) from exc
     except (BuildFailed, TargetUnavailable) as exc:
         in_transaction(catalog.fail_task, task_id, exc.message, exc.log_tail)
-    except SoftTimeLimitExceeded:
-        in_transaction(
-            catalog.fail_task,
-            task_id,
-            f"the build ran past its time limit of {get_settings().build_soft_time_limit_s:g} s",
-        )
-    except Exception as exc:  # an unexpected error must still end the task with its reason
-        log.exception("build task %s crashed", task_id)
-        in_transaction(catalog.fail_task, task_id, f"internal error in the worker: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - logged: an unexpected error (or the time limit) still ends the task
+        reason = _crash_reason("build", task_id, exc, get_settings().build_soft_time_limit_s)
+        in_transaction(catalog.fail_task, task_id, reason)
 
 
 def _after_build(check_id: int | None, target: Target) -> None:
@@ -190,13 +188,7 @@ def _run(task_id: int, me: str) -> None:
 
 
 @app.task(
-    name=BENCHMARK_TASK,
-    bind=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-    max_retries=MAX_INFRA_RETRIES,
-    soft_time_limit=_limits.bench_soft_time_limit_s,
-    time_limit=_limits.bench_time_limit_s,
+    name=BENCHMARK_TASK, soft_time_limit=_limits.bench_soft_time_limit_s, time_limit=_limits.bench_time_limit_s, **TASK
 )
 def benchmark_engine(self, task_id: int) -> None:
     try:
@@ -220,26 +212,9 @@ def run_benchmark_now(task_id: int, reraise_infra: bool = False, give_way: bool 
             raise
     except EnginefarmError as exc:  # the engine does not load or run here, the model or samples are bad
         in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, exc.message)
-    except SoftTimeLimitExceeded:
-        in_transaction(
-            checks.end_benchmark,
-            task_id,
-            TaskState.FAILED,
-            f"the benchmark ran past its time limit of {get_settings().bench_soft_time_limit_s:g} s",
-        )
-    except Exception as exc:
-        log.exception("benchmark task %s crashed", task_id)
-        in_transaction(
-            checks.end_benchmark,
-            task_id,
-            TaskState.FAILED,
-            f"internal error in the worker: {type(exc).__name__}: {exc}",
-        )
-
-
-def _gpu(probe: MachineProbe) -> dict | None:
-    gpu = probe.gpus[0] if probe.gpus else None
-    return {"name": gpu.name, "compute_capability": gpu.compute_capability} if gpu else None
+    except Exception as exc:  # noqa: BLE001 - logged by _crash_reason
+        reason = _crash_reason("benchmark", task_id, exc, get_settings().bench_soft_time_limit_s)
+        in_transaction(checks.end_benchmark, task_id, TaskState.FAILED, reason)
 
 
 def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
@@ -264,6 +239,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
     engine_id, blob_key, sha, backend = engine_fields
     ref_path = model_file_from_store(store, *ref_fields, settings)
     probe = local_machine()
+    gpu = next(({"name": g.name, "compute_capability": g.compute_capability} for g in probe.gpus[:1]), None)
     with Scratch(settings) as scratch:
         engine_path = fetch_verified(store, blob_key, sha, scratch / "engine.plan")
         samples = samples_of(store, *samples_fields, info, scratch)
@@ -278,7 +254,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
                 info,
                 ref_path,
                 samples,
-                _gpu(probe),
+                gpu,
                 target=target,
                 reraise=(SoftTimeLimitExceeded, InfrastructureError, *UNAVAILABLE),
                 run_options=run_options,
@@ -334,7 +310,7 @@ def _benchmark(task_id: int, give_way_to: str | None = None) -> None:
 # --------------------------------------------------------------------------- int8 quantization
 
 
-@app.task(name=QUANTIZE_TASK, bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MAX_INFRA_RETRIES)
+@app.task(name=QUANTIZE_TASK, **TASK)
 def quantize_model(self, build_id: int) -> None:
     from worker.int8 import stage as quantize_stage
 

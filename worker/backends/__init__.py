@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
-from enginefarm.core.domain import Backend
+from enginefarm.core.domain import Backend, Target
+from enginefarm.core.spec import BuildSpec, Precision
 from worker.backends.base import BuildBackend, BuildLog
 
 
@@ -32,4 +34,21 @@ def _backend(backend: Backend) -> BuildBackend:
     return OnnxRuntimeBackend()
 
 
-__all__ = ["BuildBackend", "BuildLog", "get_backend"]
+def cpu_target() -> Target:
+    """This worker's ONNX Runtime CPU target."""
+    return Target.parse(f"onnxruntime/cpu-{get_backend(Backend.ONNXRUNTIME).host_platform()}")
+
+
+def ort_artifact(
+    model: Path, spec: BuildSpec, out: Path, precision: Precision | None = None, target: Target | None = None
+) -> Path:
+    """``model`` built into ``out`` by the ONNX Runtime backend, as a build task builds it, at ``precision`` (default:
+    the spec's) for ``target`` (default: this worker's CPU); returns ``out``."""
+    if precision is not None:
+        spec = spec.model_copy(update={"precision": precision})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    get_backend(Backend.ONNXRUNTIME).build(model, spec, target or cpu_target(), out, BuildLog(), None)
+    return out
+
+
+__all__ = ["BuildBackend", "BuildLog", "cpu_target", "get_backend", "ort_artifact"]

@@ -15,16 +15,13 @@ the same model, samples and spec give the same ranking and the same kept set.
    then the region that helped most is halved and both halves measured, best first, until single nodes or
    ``PROBE_LIMIT`` measurements. Every group measured is ranked by the share of output elements left outside the
    tolerance with it in fp32, then the relative L2 error (the fewer nodes first on a tie).
-3. **Search** (worker/repair.py, as for int8): the top 1, 2, 4, ... groups are kept in fp32 until the gate
-   passes, within a budget of a quarter of the candidates; then each group the gate does not need is dropped again.
+3. **Search** (worker/repair.py, as for int8).
 4. **An honest stop.** If the budget passes nothing, the report says so with the best figure reached and
    recommends fp32.
 
-ONNX Runtime's CPU provider has fp16 kernels for few operators (data movement, Max, Min, Clip): it runs the others
-in fp32 between casts, and drops a cast to fp16 followed by one back. fp16 rounding and overflow show on the CPU
-only where an fp16 tensor is materialized, so the error measured on the CPU can be lower than a GPU's, and the kept
-set is the one the CPU shows; judged on the GPU, it is the one the CUDA provider's fp16 kernels show. Called by the
-fp16 repair stage (worker/fp16/stage.py); every target's fp16 graph then keeps the set in fp32."""
+On the CPU the kept set is the one the CPU shows (``MEASURED_ON`` says why it can be smaller than a GPU's); judged on
+the GPU, the one the CUDA provider's fp16 kernels show. Called by the fp16 repair stage (worker/fp16/stage.py); every
+target's fp16 graph then keeps the set in fp32."""
 
 from __future__ import annotations
 
@@ -38,9 +35,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import ModelInfo, Target
 from enginefarm.core.spec import BuildSpec, Precision
-from worker.backends import BuildLog, get_backend
+from worker.backends import cpu_target, ort_artifact
 from worker.measure.evaluate import accuracy_inputs, compare
 from worker.repair import RANKING_SHOWN, Timed, budget_of, not_needed, search
 from worker.rewrite.onnxgraph import all_nodes
@@ -201,8 +198,7 @@ class _Judge:
         self.float_model, self.spec, self.work, self.make_runner = float_model, spec, work, make_runner
         self.calls = 0
         self.seen: dict[frozenset[str], dict[str, Any]] = {}
-        self.backend = get_backend(Backend.ONNXRUNTIME)
-        self.target = target or Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
+        self.target = target or cpu_target()
         self.inputs = accuracy_inputs(reference_model, spec, info, samples)
         self.limits = spec.accuracy.limits(Precision.FP16.value)
         graph = onnx.load(str(float_model), load_external_data=False).graph
@@ -227,10 +223,8 @@ class _Judge:
             return self.seen[key]
         self.calls += 1
         out = self.work / f"try-{self.calls}" / "model.onnx"
-        out.parent.mkdir()
         spec = self.spec.model_copy(update={"precision": Precision.FP16, "keep_fp32_layers": sorted(key)})
-        self.backend.build(self.float_model, spec, self.target, out, BuildLog(), None)
-        runner = self.make_runner(out)
+        runner = self.make_runner(ort_artifact(self.float_model, spec, out, target=self.target))
         try:
             figure = {**gate_figure(compare(runner, self.inputs, self.limits)), "kept": len(key)}
         finally:

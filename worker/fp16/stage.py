@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import FP16_REPAIR_STAGE, ModelInfo, Target, TaskState
+from enginefarm.core.domain import FP16_REPAIR_STAGE, ModelInfo, Target, TaskState, quantize_family
 from enginefarm.core.probe.machineprobe import MachineProbe, probe_machine
 from enginefarm.core.probe.policy import ort_cuda_targets
 from enginefarm.core.spec import BuildSpec
@@ -41,8 +41,6 @@ def spec_of_task(build) -> BuildSpec:
 
 def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, Target]]:
     """Find the nodes to keep in fp32 once for the build; returns the build tasks to publish."""
-    from enginefarm.core.domain import quantize_family
-
     with session_scope(settings) as s:
         build = catalog.get_build(s, build_id)
         spec = build.build_spec

@@ -2,11 +2,9 @@
 built as a CPU artifact, checked against the fp32 artifact on a calibration batch and timed against it,
 interleaved, on this worker; the fastest that passes the int8 gate is kept.
 
-Which int8 form pays depends on the network and on the CPU (docs/models.md): every layer in integer kernels
-suits a CNN on a CPU with VNNI; attention, LayerNorm-heavy and tiny networks run faster with int8 matrix
-products whose activations are quantized at run time, or with only their convolutions in int8. The figures of
-every candidate go into the quantize report (``candidates``), so a build shows what was tried and why one was
-kept. Called by the quantize stage (worker/int8/stage.py) for the ``onnxruntime`` family.
+Which int8 form pays depends on the network and on the CPU (worker/int8/quantize/__init__.py, docs/models.md).
+The figures of every candidate go into the quantize report (``candidates``), so a build shows what was tried and
+why one was kept. Called by the quantize stage (worker/int8/stage.py) for the ``onnxruntime`` family.
 """
 
 from __future__ import annotations
@@ -20,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import ModelInfo
 from enginefarm.core.errors import BuildFailed
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.graph.inputs import opt_shape_set, sample_batches, timing_inputs
+from enginefarm.graph.inputs import opt_shape_set, sample_batches
 from enginefarm.measure import check
 from enginefarm.measure.check import Reference
-from worker.backends import BuildLog, get_backend
-from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_qdq
+from worker.backends import ort_artifact
+from worker.int8.quantize import QuantizeReport, cpu_candidates, quantize_for_spec
 from worker.int8.quantize.files import remove_model_files
-from worker.measure.evaluate import accuracy_inputs, reference_outputs
+from worker.measure.evaluate import accuracy_inputs, benchmark_inputs, reference_outputs
 from worker.measure.int8_vs_fp32 import interleaved_rounds, verdict
 
 log = logging.getLogger(__name__)
@@ -38,8 +36,7 @@ log = logging.getLogger(__name__)
 # CPU_CANDIDATES' order is kept (timing on a shared CPU moves by a few percent from run to run).
 SAME_SPEED = 0.03
 # A candidate whose rounds are faster than another's by this much (the median of the paired ratios) wins with most
-# rounds rather than all but one (PP-OCR rec on a 16-vCPU Xeon: dynamic 0.96x fp32 against dense convolutions 0.73x,
-# faster in 4 of 6 rounds by a median of 1.27x).
+# rounds rather than all but one.
 WIDE_MARGIN = 0.2
 # Rounds of timing blocks per candidate (each block at least one call): enough that a busy CPU falls on all alike.
 TIMING_ROUNDS = 6
@@ -134,18 +131,7 @@ def quantize_for_cpu_beside(
         path = work / name / out.name
         path.parent.mkdir()
         try:
-            reports[name] = quantize_qdq(
-                float_model,
-                samples,
-                path,
-                method=spec.calibration.method.value,
-                calibration_batch=spec.calibration.batch,
-                family="onnxruntime",
-                scratch=work,
-                recipe=name,
-                keep_fp32_layers=spec.keep_fp32_layers,
-                keep_fp32_ops=spec.keep_fp32_ops,
-            )
+            reports[name] = quantize_for_spec(float_model, samples, path, spec, "onnxruntime", work, recipe=name)
         except BuildFailed as exc:
             first_error = first_error or exc
             figures.append({"name": name, "error": str(exc)})
@@ -230,15 +216,12 @@ def _measure(
     """Each int8 model built as a CPU artifact, judged as the engine's accuracy check will judge it (its inputs,
     ONNX Runtime fp32 on ``reference_model``, its code), and timed against the fp32 artifact, interleaved, at the
     spec's opt shapes."""
-    backend = get_backend(Backend.ONNXRUNTIME)
-    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
-    built: dict[str, Path] = {}
-    for name, model in {"fp32": float_model, **models}.items():
-        precision = Precision.FP32 if name == "fp32" else Precision.INT8
-        artifact = work / "artifacts" / f"{name}.onnx"
-        artifact.parent.mkdir(exist_ok=True)
-        backend.build(model, spec.model_copy(update={"precision": precision}), target, artifact, BuildLog(), None)
-        built[name] = artifact
+    built = {
+        name: ort_artifact(
+            model, spec, work / "artifacts" / f"{name}.onnx", Precision.FP32 if name == "fp32" else Precision.INT8
+        )
+        for name, model in {"fp32": float_model, **models}.items()
+    }
     ref = accuracy_inputs(reference_model, spec, info, samples)
     runners = {name: make_runner(path) for name, path in built.items()}
     try:
@@ -247,14 +230,7 @@ def _measure(
         for name in models:
             out.append({"name": name, **gate_figure(runners[name], ref, limits), "judged_on": ref.origin})
         # Timed at the shape the benchmark stage times first (the spec's opt shapes), on the same inputs.
-        timed, _ = timing_inputs(
-            info,
-            opt_shape_set(spec, info),
-            samples if spec.benchmark.use_samples else None,
-            spec.accuracy.seed,
-            spec.benchmark.value_ranges,
-        )
-        timed = {n: a for n, a in timed.items() if n not in spec.fixed_inputs}
+        timed, _ = benchmark_inputs(spec, info, opt_shape_set(spec, info), samples)
         names = ["fp32", *models]
         by_round = interleaved_rounds(
             [lambda r=runners[n]: r.infer(timed) for n in names], rounds=TIMING_ROUNDS, block_s=TIMING_BLOCK_S

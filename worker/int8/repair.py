@@ -5,15 +5,10 @@
    QuantizeLinear) and the output's cosine against fp32 is measured on the calibration batches (ONNX Runtime on the
    CPU, optimizations off, so every other pair stays as written). A tensor's figure goes to the layer whose
    quantization put the pair there: its producer where the operator format quantizes that op (an Add's output),
-   else the quantized layers reading it. The most improving first is the ranking, by ONNX node name. A tensor-level
-   signal-to-noise ratio was tried first and misranks: a tensor whose one huge channel dominates its power hides
-   the small channels that int8's step wipes out.
-2. **Search.** The top 1, 2, 4, ... layers of the ranking are kept in float until the int8 gate against fp32
-   on the calibration batches passes, within a budget of a quarter of the quantized layers; then each kept layer
-   that the gate does not need is dropped again, least sensitive first. The search judges on the same Q/DQ model
-   with those layers' tensors put back in float (cheap: no quantizing); the set it finds is then quantized for real
-   (``keep_fp32_layers``) and judged as the artifact, and only if that fails does the search run again with real
-   quantization at each step.
+   else the quantized layers reading it. The most improving first is the ranking, by ONNX node name.
+2. **Search** (worker/repair.py) on the calibration batches, judged on the same Q/DQ model with the layers' tensors
+   put back in float (cheap: no quantizing); the set it finds is then quantized for real (``keep_fp32_layers``) and
+   judged as the artifact, and only if that fails does the search run again with real quantization at each step.
 3. **An honest stop.** If the budget passes nothing, the report says so with the figures and recommends fp16.
 
 The same samples and spec give the same ranking and the same kept set: nothing here is timed. Called by the
@@ -33,13 +28,15 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import ModelInfo
 from enginefarm.core.spec import BuildSpec, Precision
-from worker.backends import BuildLog, get_backend
+from worker.backends import ort_artifact
 from worker.int8.choice import gate_figure, gate_of, screening_inputs
-from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_qdq
+from worker.int8.quantize import CPU_CANDIDATES, QuantizeReport, cpu_candidates, quantize_for_spec
+from worker.int8.quantize.qdq import qdq_pairs
 from worker.measure.evaluate import accuracy_inputs
 from worker.repair import (
     RANKING_SHOWN,
@@ -74,18 +71,7 @@ class _Probe:
 
         qdq = work / "sensitivity.onnx"
         recipe = replace(CPU_CANDIDATES["operator"], quant_format=QuantFormat.QDQ, name="sensitivity")
-        quantize_qdq(
-            float_model,
-            samples,
-            qdq,
-            method=spec.calibration.method.value,
-            calibration_batch=spec.calibration.batch,
-            family="onnxruntime",
-            scratch=work,
-            recipe=recipe,
-            keep_fp32_layers=spec.keep_fp32_layers,
-            keep_fp32_ops=spec.keep_fp32_ops,
-        )
+        quantize_for_spec(float_model, samples, qdq, spec, "onnxruntime", work, recipe=recipe)
         model = onnx.load(str(qdq))
         self.reference = screening_inputs(float_model, samples, info)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
@@ -96,7 +82,7 @@ class _Probe:
         graph = model.graph
         self.quantizable = {n.name for n in graph.node if n.op_type in QLinearOpsRegistry and n.name}
         produced = {o: n.name for n in graph.node for o in n.output}
-        pairs = _qdq_pairs(graph)
+        pairs = qdq_pairs(graph)
         producer = {before: produced.get(before, "") for before, _ in pairs}  # "": a graph input or initializer
         reading: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
         for n in graph.node:
@@ -268,18 +254,8 @@ class _Judge:
         self.float_model, self.samples, self.spec, self.work, self.recipe = float_model, samples, spec, work, recipe
         self.make_runner, self.calls = make_runner, 0
         self.first: tuple[Path, QuantizeReport] | None = None  # the model of the first call, and its report
-        self.backend = get_backend(Backend.ONNXRUNTIME)
-        self.target = Target.parse(f"onnxruntime/cpu-{self.backend.host_platform()}")
         self.reference = accuracy_inputs(reference_model or float_model, spec, info, samples)
         self.limits = spec.accuracy.limits(Precision.INT8.value)
-
-    def _built(self, model: Path, precision: Precision, name: str) -> Path:
-        out = self.work / "artifacts" / f"{name}.onnx"
-        out.parent.mkdir(exist_ok=True)
-        self.backend.build(
-            model, self.spec.model_copy(update={"precision": precision}), self.target, out, BuildLog(), None
-        )
-        return out
 
     def __call__(self, keep: list[str], recipe: str | None = None) -> dict[str, Any]:
         """The gate figure of the CPU artifact with ``keep`` in float, quantized with ``recipe`` (else the
@@ -287,20 +263,19 @@ class _Judge:
         self.calls += 1
         model = self.work / f"try-{self.calls}" / "model.int8.onnx"
         model.parent.mkdir()
-        quantized = quantize_qdq(
+        quantized = quantize_for_spec(
             self.float_model,
             self.samples,
             model,
-            method=self.spec.calibration.method.value,
-            calibration_batch=self.spec.calibration.batch,
-            family="onnxruntime",
-            scratch=self.work,
-            recipe=recipe or self.recipe,
-            keep_fp32_layers=sorted(set(keep)),
-            keep_fp32_ops=self.spec.keep_fp32_ops,
+            self.spec,
+            "onnxruntime",
+            self.work,
+            recipe or self.recipe,
+            sorted(set(keep)),
         )
         self.first = self.first or (model, quantized)
-        runner = self.make_runner(self._built(model, Precision.INT8, f"try-{self.calls}"))
+        artifact = self.work / "artifacts" / f"try-{self.calls}.onnx"
+        runner = self.make_runner(ort_artifact(model, self.spec, artifact, Precision.INT8))
         try:
             return {**gate_figure(runner, self.reference, self.limits), "kept": len(set(keep))}
         finally:
@@ -317,16 +292,6 @@ class _Judge:
         (folder / "report.json").write_text(json.dumps(quantized.to_dict()))
 
 
-def _qdq_pairs(graph: onnx.GraphProto) -> list[tuple[str, str]]:
-    """(float tensor before QuantizeLinear, float tensor after its DequantizeLinear) for each activation pair."""
-    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    return [
-        (quantized[n.input[0]], n.output[0])
-        for n in graph.node
-        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
-    ]
-
-
 SWITCHES = "enginefarm_repair_switches"
 CPU = ["CPUExecutionProvider"]
 
@@ -339,8 +304,6 @@ def _outputs(session, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.n
 def _add_switches(graph: onnx.GraphProto, edges: list[tuple[onnx.NodeProto, int, str]]) -> None:
     """Make each (reader, input slot, float tensor) edge read ``Where(switches[k], float tensor, what it read)``,
     ``switches`` a boolean vector input of the graph, one entry per edge in this order."""
-    from onnx import TensorProto, helper, numpy_helper
-
     graph.input.append(helper.make_tensor_value_info(SWITCHES, TensorProto.BOOL, [len(edges)]))
     for k, (node, slot, before) in enumerate(edges):
         index, switch, chosen = f"{SWITCHES}_{k}_at", f"{SWITCHES}_{k}", f"{SWITCHES}_{k}_out"

@@ -5,11 +5,13 @@ tasks queued, each against its family's model. Called by the quantize task (work
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from enginefarm.core.bundle import BundleLimits
 from enginefarm.core.config import Settings
-from enginefarm.core.domain import ModelInfo, Target, TaskState
+from enginefarm.core.domain import ModelInfo, Target, TaskState, quantize_family
 from enginefarm.core.errors import SpecInvalid
 from enginefarm.core.hashing import sha256_file
 from enginefarm.core.spec import BuildSpec
@@ -24,9 +26,23 @@ from worker.cleanup import prepared_model
 from worker.pipeline import model_file_from_store, samples_of
 
 
-def family_of_target(target: Target) -> str:
-    from enginefarm.core.domain import quantize_family
+class _Source(NamedTuple):
+    """The uploaded model the int8 models derive from, as their catalog rows name it."""
 
+    name: str
+    version: str
+    id: int
+    samples_sha256: str | None
+
+
+def cpu_runner(spec: BuildSpec) -> Callable[[Path], Any]:
+    """What opens a CPU artifact as the benchmark stage does (ONNX Runtime with the spec's threads)."""
+    from enginefarm.measure.ort_runner import OrtRunner
+
+    return lambda path: OrtRunner(path, spec.benchmark.threads)
+
+
+def family_of_target(target: Target) -> str:
     return quantize_family(target.backend.value)
 
 
@@ -54,14 +70,14 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         fields = (source.blob_key, source.sha256, source.format)
         samples_fields = (source.samples_key, source.samples_sha256)
         info = ModelInfo.from_dict(source.info)
-        name, version, source_id = source.name, source.version, source.id
+        origin = _Source(source.name, source.version, source.id, source.samples_sha256)
         # TensorRT first: the build's model_id points at the first family's model, as it did with one model.
         families = sorted(
             {family_of_target(t.parsed_target) for t in build.tasks if t.state == TaskState.WAITING.value},
             key=lambda f: f != "tensorrt",
         ) or ["tensorrt"]
     if not samples_fields[0]:
-        raise SpecInvalid(f"model {name} version {version} has no samples to calibrate int8 with")
+        raise SpecInvalid(f"model {origin.name} version {origin.version} has no samples to calibrate int8 with")
     model_path = model_file_from_store(store, *fields, settings)
     derived: dict[str, int] = {}
     reports: dict[str, dict] = {}
@@ -71,9 +87,20 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
         log = BuildLog()
         float_model = prepared_model(model_path, spec, scratch, log)  # fold constants before Q/DQ goes in
         unrepaired = scratch / "unrepaired" / "model.int8.onnx"  # the failed original, where the repair keeps layers
-        repaired = (
-            _repair(float_model, model_path, samples, spec, info, scratch, unrepaired) if spec.accuracy_repair else None
-        )
+        repaired = None
+        if spec.accuracy_repair:  # the layers to keep in float so that int8 passes its gate, on this worker's CPU
+            from worker.int8.repair import repair
+
+            repaired = repair(
+                float_model,
+                samples,
+                spec,
+                info,
+                scratch,
+                cpu_runner(spec),
+                unrepaired_to=unrepaired.parent,
+                reference_model=model_path,
+            )
         quantized = spec
         if repaired and repaired["kept"]:  # every family's int8 model keeps the same layers in float
             kept = sorted({*spec.keep_fp32_layers, *repaired["kept"]})
@@ -91,10 +118,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                 scratch,
                 store,
                 settings,
-                name=name,
-                version=version,
-                source_id=source_id,
-                samples_sha256=samples_fields[1],
+                origin=origin,
                 cleanup=log.tail() or None,
                 beside=beside,
                 timed=timed,
@@ -114,10 +138,7 @@ def run(build_id: int, store: BlobStore, settings: Settings) -> list[tuple[int, 
                     build_id,
                     store,
                     settings,
-                    name=name,
-                    version=version,
-                    source_id=source_id,
-                    samples_sha256=samples_fields[1],
+                    origin,
                 )
 
     def release(s) -> tuple[list[tuple[int, Target]], list]:
@@ -153,10 +174,7 @@ def _derive(
     store: BlobStore,
     settings: Settings,
     *,
-    name: str,
-    version: str,
-    source_id: int,
-    samples_sha256: str | None,
+    origin: _Source,
     cleanup: str | None,
     beside: dict[str, Path],
     timed: dict[str, dict],
@@ -164,12 +182,11 @@ def _derive(
     """Quantize for one family and catalogue the result (or find the same bytes catalogued); returns the
     report and the derived model's id. On the CPU, the models of ``beside`` are timed with the candidates, their
     figures put in ``timed``."""
-    from worker.int8.quantize import quantize_qdq
+    from worker.int8.quantize import quantize_for_spec
 
     out = scratch / family / "model.int8.onnx"
     out.parent.mkdir()
     if family == "onnxruntime":  # candidates measured on this worker's CPU, the fastest that passes kept
-        from enginefarm.measure.ort_runner import OrtRunner
         from worker.int8.choice import quantize_for_cpu_beside
 
         report, figures = quantize_for_cpu_beside(
@@ -179,33 +196,23 @@ def _derive(
             spec,
             info,
             scratch,
-            lambda p: OrtRunner(p, spec.benchmark.threads),
+            cpu_runner(spec),
             beside,
             reference_model,
         )
         timed.update(figures)
     else:
-        report = quantize_qdq(
-            float_model,
-            samples,
-            out,
-            method=spec.calibration.method.value,
-            calibration_batch=spec.calibration.batch,
-            family=family,
-            scratch=scratch,
-            keep_fp32_layers=spec.keep_fp32_layers,
-            keep_fp32_ops=spec.keep_fp32_ops,
-        )
+        report = quantize_for_spec(float_model, samples, out, spec, family, scratch)
     derivation = {
         "kind": "int8-qdq",
-        "source_model_id": source_id,
-        "samples_sha256": samples_sha256,
+        "source_model_id": origin.id,
+        "samples_sha256": origin.samples_sha256,
         "graph_cleanup": cleanup,
         **report.to_dict(),
     }
     # The family's suffix keeps the two int8 models of one source apart; TensorRT's keeps the old name.
     suffix = "int8" if family == "tensorrt" else "int8-cpu"
-    model_id = _catalogue(out, derivation, suffix, store, settings, name, version, source_id)
+    model_id = _catalogue(out, derivation, suffix, store, settings, origin)
     return report.to_dict(), model_id
 
 
@@ -216,11 +223,7 @@ def _catalogue_unrepaired(
     build_id: int,
     store: BlobStore,
     settings: Settings,
-    *,
-    name: str,
-    version: str,
-    source_id: int,
-    samples_sha256: str | None,
+    origin: _Source,
 ) -> dict:
     """The int8 model the repair judged before keeping layers in fp32, catalogued as a variant of the build: its
     own derived model with its failed accuracy and its CPU latency (``figure``: its timing beside the candidates,
@@ -229,31 +232,22 @@ def _catalogue_unrepaired(
         "kind": "int8-qdq",
         "variant": "unrepaired",
         "build_id": build_id,
-        "source_model_id": source_id,
-        "samples_sha256": samples_sha256,
+        "source_model_id": origin.id,
+        "samples_sha256": origin.samples_sha256,
         "accuracy": repair["before"],
         "repaired_kept": repair["kept"],
         **{k: repair[k] for k in ("latency_ms", "speedup", "latency_where", "latency_note") if k in repair},
         **json.loads((path.parent / "report.json").read_text()),
         "vs_fp32": (figure or {}).get("vs_fp32"),
     }
-    model_id = _catalogue(path, derivation, "int8-cpu-unrepaired", store, settings, name, version, source_id)
+    model_id = _catalogue(path, derivation, "int8-cpu-unrepaired", store, settings, origin)
     with session_scope(settings) as s:
         row = catalog.get_model(s, model_id)
         found = {"model_id": row.id, "version": row.version, "sha256": row.sha256}
     return {**found, "recipe": repair["recipe"], "accuracy": repair["before"]}
 
 
-def _catalogue(
-    out: Path,
-    derivation: dict,
-    suffix: str,
-    store: BlobStore,
-    settings: Settings,
-    name: str,
-    version: str,
-    source_id: int,
-) -> int:
+def _catalogue(out: Path, derivation: dict, suffix: str, store: BlobStore, settings: Settings, origin: _Source) -> int:
     """Store an int8 model derived from the source and add its catalog row (or find the same bytes catalogued)."""
     sha = sha256_file(out)
     inspect = out.parent / "inspect"
@@ -262,11 +256,11 @@ def _catalogue(
     key = model_key(sha)
 
     def write(s) -> int:
-        source = catalog.get_model(s, source_id)
+        source = catalog.get_model(s, origin.id)
         derived = catalog.find_derived(s, source, sha) or catalog.add_model(
             s,
-            name=name,
-            version=f"{version}-{suffix}-{sha[:8]}",
+            name=origin.name,
+            version=f"{origin.version}-{suffix}-{sha[:8]}",
             sha256=sha,
             fmt=inspected.format,
             size=out.stat().st_size,
@@ -278,26 +272,3 @@ def _catalogue(
         return derived.id
 
     return store_with_row(settings, store, key, out, sha, write)
-
-
-def _repair(
-    float_model: Path, reference_model: Path, samples, spec: BuildSpec, info: ModelInfo, scratch: Path, unrepaired: Path
-) -> dict:
-    """The layers to keep in float so that int8 passes its gate, measured on this worker's CPU
-    (worker/int8/repair.py); the failed original is left at ``unrepaired`` when layers are kept."""
-    from enginefarm.measure.ort_runner import OrtRunner
-    from worker.int8.repair import repair
-
-    def runner(path: Path) -> OrtRunner:
-        return OrtRunner(path, spec.benchmark.threads)
-
-    return repair(
-        float_model,
-        samples,
-        spec,
-        info,
-        scratch,
-        runner,
-        unrepaired_to=unrepaired.parent,
-        reference_model=reference_model,
-    )

@@ -29,7 +29,7 @@ from enginefarm.measure import check
 from enginefarm.measure.check import Reference
 from enginefarm.measure.inputs import random_inputs
 from enginefarm.measure.modules import load_module
-from enginefarm.measure.ort_cuda_runner import SessionChoice
+from enginefarm.measure.ort_cuda_runner import OrtCudaRunner, SessionChoice
 from enginefarm.measure.ort_runner import OrtRunner
 from worker.measure import int8_vs_fp32
 
@@ -65,8 +65,6 @@ def make_runner(
     the probe's GPU 0 (NVML's name, the one deploy fingerprints carry), else CUDA's own answer. ``choice``: an
     ``onnxruntime/cuda`` artifact's provider options (worker/measure/sessions.py)."""
     if target and target.is_ort_cuda:
-        from enginefarm.measure.ort_cuda_runner import OrtCudaRunner
-
         cuda = OrtCudaRunner(engine_path, tf32=spec.tf32, choice=choice or SessionChoice())
         return cuda, Device(cuda.label, cuda.gpu_name, cuda.compute_capability)
     if backend == Backend.ONNXRUNTIME.value:
@@ -122,11 +120,6 @@ def accuracy_feeds(spec: BuildSpec, info: ModelInfo, samples: dict[str, np.ndarr
     ranges = spec.benchmark.value_ranges
     feeds = [random_inputs(info, opt.shapes, spec.accuracy.seed + i, ranges) for i in range(spec.accuracy.batches)]
     return feeds, f"{len(feeds)} batch(es) of seeded random inputs (seed {spec.accuracy.seed}) at {opt.key} shapes"
-
-
-# What an accuracy check feeds the engine and what the reference answered (enginefarm.measure.check): a deploy
-# machine's check reads the same thing from the farm.
-AccuracyInputs = Reference
 
 
 def accuracy_inputs(
@@ -201,7 +194,7 @@ def evaluate(
     if target and target.is_ort_cuda and spec.benchmark.enabled and opt.key in {s.key for s in shape_sets(spec, info)}:
         from worker.measure import sessions
 
-        swept = sessions.sweep(engine_path, spec, _timing_inputs(spec, info, opt, samples)[0], reference, reraise)
+        swept = sessions.sweep(engine_path, spec, benchmark_inputs(spec, info, opt, samples)[0], reference, reraise)
     choice = swept.chosen if swept else SessionChoice.of(run_options)
     runner, device = make_runner(backend, engine_path, spec, gpu, target, choice)
     try:
@@ -219,8 +212,7 @@ def evaluate(
                     lambda p: OrtRunner(p, spec.benchmark.threads),
                     reference_model,
                     spec,
-                    info,
-                    samples,
+                    lambda shape: benchmark_inputs(spec, info, shape, samples)[0],
                     out.benchmarks,
                     reraise,
                 )
@@ -249,7 +241,7 @@ def _benchmark_shape(
     out: Evaluation,
     reraise: tuple[type[BaseException], ...],
 ) -> None:
-    inputs, origin = _timing_inputs(spec, info, shape, samples)
+    inputs, origin = benchmark_inputs(spec, info, shape, samples)
     try:
         measured = runner.benchmark(inputs, spec.benchmark)
     except reraise:
@@ -274,10 +266,10 @@ def _benchmark_shape(
     )
 
 
-def _timing_inputs(
+def benchmark_inputs(
     spec: BuildSpec, info: ModelInfo, shape: ShapeSet, samples: dict[str, np.ndarray] | None
 ) -> tuple[dict[str, np.ndarray], str]:
-    """What the benchmark feeds at ``shape``, and where it came from (fixed inputs are constants in the engine)."""
+    """What the benchmark stage feeds at ``shape``, and where it came from (fixed inputs: constants in the engine)."""
     inputs, origin = timing_inputs(
         info, shape, samples if spec.benchmark.use_samples else None, spec.accuracy.seed, spec.benchmark.value_ranges
     )

@@ -12,25 +12,23 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from enginefarm.core.domain import Backend, ModelInfo, Target
+from enginefarm.core.domain import Backend
 from enginefarm.core.spec import BuildSpec, Precision
-from enginefarm.graph.inputs import timing_inputs
 from enginefarm.measure.ort_runner import has_qdq
-from worker.backends import BuildLog, get_backend
+from worker.backends import BuildLog, ort_artifact
 from worker.cleanup import prepared_model
 
 # Rounds of int8 then fp32 (then fp32 then int8: the order alternates); each block runs for about this long.
 ROUNDS = 8
 _BLOCK_S = 0.1
 # Untimed pause before each block. An ONNX Runtime session's pool threads keep spinning for a while after its last
-# call; without the pause they take the cores from the next block's session. On a 16-vCPU Xeon (ConvNeXt-Tiny, 16
-# threads) the dynamic int8 artifact timed 0.64x fp32 interleaved without a pause, 0.75x after 20 ms, 1.35x after
-# 100 ms and 1.31x after 200 ms, against 1.31x with each session timed alone (docs/int8.md).
+# call; without the pause they take the cores from the next block's session (docs/int8.md).
 SETTLE_S = 0.1
 # Below this int8/fp32 speed-up an int8 artifact counts as not faster (timing noise on a busy CPU is a few %).
 FASTER_THAN = 1.0
@@ -44,17 +42,7 @@ def applies(backend: str, spec: BuildSpec) -> bool:
 def fp32_sibling(reference_model: Path, spec: BuildSpec, work: Path) -> Path:
     """Build the fp32 artifact of the source model with the ONNX Runtime backend, as a build task would."""
     fp32 = spec.model_copy(update={"precision": Precision.FP32})
-    backend = get_backend(Backend.ONNXRUNTIME)
-    target = Target.parse(f"onnxruntime/cpu-{backend.host_platform()}")
-    out = work / "fp32.onnx"
-    backend.build(prepared_model(reference_model, fp32, work, BuildLog()), fp32, target, out, BuildLog(), None)
-    return out
-
-
-def interleaved(run_a, run_b, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> tuple[list[float], list[float]]:
-    """Per-call milliseconds of ``run_a`` and ``run_b``, timed in alternating blocks; one warm-up call each."""
-    a, b = interleaved_all([run_a, run_b], rounds, block_s)
-    return a, b
+    return ort_artifact(prepared_model(reference_model, fp32, work, BuildLog()), fp32, work / "fp32.onnx")
 
 
 def interleaved_all(runs: list, rounds: int = ROUNDS, block_s: float = _BLOCK_S) -> list[list[float]]:
@@ -111,56 +99,38 @@ def compare(
     make_runner,
     reference_model: Path,
     spec: BuildSpec,
-    info: ModelInfo,
-    samples: dict[str, np.ndarray] | None,
+    inputs_at: Callable[[Any], dict[str, np.ndarray]],
     shape_results: list,
     reraise: tuple[type[BaseException], ...] = (),
 ) -> list[str]:
     """Time the int8 ``runner`` against its fp32 sibling at every measured shape and put ``vs_fp32`` on each
     shape's stats; returns the notes of shapes where int8 is not faster. ``make_runner(path)`` opens the fp32
-    artifact the way the stage opens an engine; ``reraise``: exceptions that must end the stage (time limits)."""
+    artifact the way the stage opens an engine; ``inputs_at(shape)``: the stage's inputs at a shape; ``reraise``:
+    exceptions that must end the stage (time limits)."""
     if not shape_results:
         return []
     if has_qdq(reference_model):
         for result in shape_results:
             result.stats["vs_fp32"] = {"skipped": "the uploaded model holds Q/DQ itself: it has no fp32 sibling"}
         return []
+    notes = []
     try:
-        return _compare(runner, make_runner, reference_model, spec, info, samples, shape_results)
+        with tempfile.TemporaryDirectory(prefix="fp32-sibling-") as work:
+            fp32_runner = make_runner(fp32_sibling(reference_model, spec, Path(work)))
+            try:
+                for result in shape_results:
+                    inputs = inputs_at(result.shape)
+                    runs = [lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs)]  # noqa: B023 - called in this iteration
+                    int8_ms, fp32_ms = interleaved_all(runs)
+                    result.stats["vs_fp32"] = figure = verdict(int8_ms, fp32_ms)
+                    if "note" in figure:
+                        notes.append(f"{result.shape.key}: {figure['note']}")
+            finally:
+                fp32_runner.close()
     except reraise:
         raise
     except Exception as exc:  # noqa: BLE001 - the figure is extra: its failure is recorded, the benchmark stands
         for result in shape_results:
             result.stats["vs_fp32"] = {"error": f"the fp32 sibling did not build or run: {type(exc).__name__}: {exc}"}
         return []
-
-
-def _compare(
-    runner,
-    make_runner,
-    reference_model: Path,
-    spec: BuildSpec,
-    info: ModelInfo,
-    samples: dict[str, np.ndarray] | None,
-    shape_results: list,
-) -> list[str]:
-    with tempfile.TemporaryDirectory(prefix="fp32-sibling-") as work:
-        fp32_runner = make_runner(fp32_sibling(reference_model, spec, Path(work)))
-        try:
-            notes = []
-            for result in shape_results:
-                inputs, _ = timing_inputs(
-                    info,
-                    result.shape,
-                    samples if spec.benchmark.use_samples else None,
-                    spec.accuracy.seed,
-                    spec.benchmark.value_ranges,
-                )
-                inputs = {n: a for n, a in inputs.items() if n not in spec.fixed_inputs}
-                int8_ms, fp32_ms = interleaved(lambda: runner.infer(inputs), lambda: fp32_runner.infer(inputs))  # noqa: B023 - called in this iteration
-                result.stats["vs_fp32"] = figure = verdict(int8_ms, fp32_ms)
-                if "note" in figure:
-                    notes.append(f"{result.shape.key}: {figure['note']}")
-            return notes
-        finally:
-            fp32_runner.close()
+    return notes

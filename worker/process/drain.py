@@ -1,10 +1,8 @@
 """A worker's shutdown within its supervisor's grace period.
 
-Celery's warm shutdown (SIGTERM) stops taking tasks and waits for the running ones with no limit. Kubernetes sends
-SIGKILL ``terminationGracePeriodSeconds`` after SIGTERM (30 s unless the pod says otherwise), and a build still
-running then died with its worker: its catalog row stayed "running" until the reconciler noticed the worker's
-heartbeats had stopped, that attempt counted towards ``ENGINEFARM_MAX_DELIVERIES``, and its broker message came
-back only when the reconciler published it again (Redis redelivers an unacknowledged message after hours).
+Celery's warm shutdown (SIGTERM) stops taking tasks and waits for the running ones with no limit; Kubernetes sends
+SIGKILL ``terminationGracePeriodSeconds`` after SIGTERM. A task killed then would stay "running" until the reconciler
+noticed its worker's silence, and the attempt would count towards ``ENGINEFARM_MAX_DELIVERIES``.
 
 So, on the first SIGTERM (or SIGINT), ``Drain.begin`` gives the running tasks until a deadline,
 ``ENGINEFARM_SHUTDOWN_GRACE_SECONDS`` away. A task that ends before it ends as usual. At the deadline each task still
@@ -25,6 +23,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from enginefarm.core.config import Settings
 from storage import liveness
@@ -32,6 +32,7 @@ from storage.db import in_transaction
 from storage.queue import KINDS, Message, publish
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 POLL_S = 0.2
 # How long the database may be unavailable while a task is put back: past this the reconciler does it instead
 # (the process must exit before its SIGKILL).
@@ -115,24 +116,11 @@ class Drain:
         ids = {kind: [i for k, i in requests if k == kind] for kind in KINDS.values()}
         reason = requeue_reason(self.worker_id, self.grace)
         try:
-            released = in_transaction(
-                liveness.release_tasks,
-                self.worker_id,
-                reason,
-                build_ids=ids["build"],
-                bench_ids=ids["bench"],
-                settings=self.settings,
-                patience_s=DB_PATIENCE_S,
+            released = self._write(
+                liveness.release_tasks, self.worker_id, reason, build_ids=ids["build"], bench_ids=ids["bench"]
             )
             for i in ids["quantize"]:
-                stage = in_transaction(
-                    liveness.release_quantize,
-                    i,
-                    self.worker_id,
-                    reason,
-                    settings=self.settings,
-                    patience_s=DB_PATIENCE_S,
-                )
+                stage = self._write(liveness.release_quantize, i, self.worker_id, reason)
                 if stage is not None:
                     released.append(Message.quantize(i, stage))
         except Exception:  # the catalog is down: the reconciler requeues them once this worker's row falls silent
@@ -169,13 +157,7 @@ class Drain:
             return
         self._finished = True
         try:
-            left = in_transaction(
-                liveness.release_tasks,
-                self.worker_id,
-                requeue_reason(self.worker_id),
-                settings=self.settings,
-                patience_s=DB_PATIENCE_S,
-            )
+            left = self._write(liveness.release_tasks, self.worker_id, requeue_reason(self.worker_id))
         except Exception:
             log.warning("could not put the tasks left running back in the catalog", exc_info=True)
             return
@@ -186,6 +168,10 @@ class Drain:
                 len(left),
                 ", ".join(f"{m.kind} {m.ident}" for m in left),
             )
+
+    def _write(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(session, *args, **kwargs)`` in a transaction, with as much patience as a stop can spare."""
+        return in_transaction(fn, *args, settings=self.settings, patience_s=DB_PATIENCE_S, **kwargs)
 
     def _ready(self, sender=None, **_) -> None:
         self._pool = getattr(sender, "pool", None)  # the consumer's: what stops a task's process

@@ -15,21 +15,12 @@ log = logging.getLogger(__name__)
 
 def running_tasks() -> tuple[list[int], list[int]]:
     """The catalog ids of the build and benchmark tasks this worker's pool is executing now."""
-    from celery.worker import state
-
     from storage.queue import BENCHMARK_TASK, BUILD_TASK
+    from worker.process.drain import running_requests
 
     ids: dict[str, list[int]] = {BUILD_TASK: [], BENCHMARK_TASK: []}
-    for _ in range(5):  # the consumer thread changes the set while this thread copies it
-        try:
-            requests = list(state.active_requests)
-            break
-        except RuntimeError:
-            continue
-    else:
-        return [], []
-    for request in requests:
-        if request.task_name in ids and request.args:
+    for request in running_requests():
+        if request.task_name in ids:
             ids[request.task_name].append(int(request.args[0]))
     return ids[BUILD_TASK], ids[BENCHMARK_TASK]
 

@@ -1,12 +1,8 @@
 """A worker's two lanes: builds and benchmarks run in separate Celery pools, so a build never waits behind a
 benchmark (one running, or any number queued), and benchmarks give way to builds.
 
-With one pool, a worker that also benchmarks ran one task at a time, in the broker's order: a build submitted
-while a benchmark ran (three seconds at trtexec's defaults, minutes for a large model) waited for it, and a build
-behind queued benchmarks waited for all of them. Queue order or message priorities only reorder what is *queued*;
-they cannot start a build while the one pool process is measuring. So a worker that builds and benchmarks starts
-a second Celery worker for its benchmark queues (the *benchmark lane*, concurrency 1, the same worker id), tied to
-the first: it dies with it and is started again if it exits on its own.
+A worker that builds and benchmarks starts a second Celery worker for its benchmark queues (the *benchmark lane*,
+concurrency 1, the same worker id), tied to the first: it dies with it and is started again if it exits on its own.
 
 A benchmark measures the machine, so it should not share it with builds: the benchmark lane starts measuring only
 once this worker has no build running and none queued for its targets (``wait_for_builds``), for at most
@@ -38,12 +34,6 @@ LANE_POLL_S = 0.5
 RESTART_DELAY_S = 1.0
 
 
-def builds_pending(worker_id: str, targets: list[str]) -> int:
-    """Build tasks this worker is running, plus those queued for one of ``targets``."""
-    with session_scope() as s:
-        return liveness.builds_pending(s, worker_id, targets)
-
-
 def wait_for_builds(worker_id: str, max_s: float = GIVE_WAY_MAX_S) -> float:
     """In a benchmark lane: wait until its worker has no build running or queued (at most ``max_s``). Returns
     the seconds waited; at once outside a lane."""
@@ -53,8 +43,9 @@ def wait_for_builds(worker_id: str, max_s: float = GIVE_WAY_MAX_S) -> float:
     started = time.monotonic()
     while time.monotonic() - started < max_s:
         try:
-            if not builds_pending(worker_id, targets):
-                break
+            with session_scope() as s:
+                if not liveness.builds_pending(s, worker_id, targets):
+                    break
         except Exception:  # the catalog is unavailable: measure now rather than wait on it
             log.warning("could not check for pending builds; benchmarking now", exc_info=True)
             break

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
+
+from enginefarm.core.errors import SpecInvalid
 
 # The names of the default ONNX domain.
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -32,31 +34,38 @@ def default_opset(model: ModelProto, *, missing: int) -> int:
 # --------------------------------------------------------------------------- nested graphs
 
 
-def attr_graphs(attr: AttributeProto) -> list[GraphProto]:
-    """The graphs an attribute holds."""
-    if attr.type == AttributeProto.GRAPH:
-        return [attr.g]
-    if attr.type == AttributeProto.GRAPHS:
-        return list(attr.graphs)
-    return []
+def subgraphs(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
+    """(attribute name, graph) for each graph the node's attributes hold (If branches, Loop and Scan bodies)."""
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            yield from ((attr.name, g) for g in attr.graphs)
 
 
 def all_graphs(graph: GraphProto) -> Iterator[GraphProto]:
     """``graph`` and every graph nested in it, outermost first."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            for sub in attr_graphs(attr):
-                yield from all_graphs(sub)
+        for _, sub in subgraphs(node):
+            yield from all_graphs(sub)
 
 
 def all_nodes(graph: GraphProto) -> Iterator[NodeProto]:
     """Every node of the graph and of the subgraphs inside it, each node followed by its subgraphs' nodes."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            for sub in attr_graphs(attr):
-                yield from all_nodes(sub)
+        for _, sub in subgraphs(node):
+            yield from all_nodes(sub)
+
+
+def attribute_tensors(node: NodeProto) -> Iterator[TensorProto]:
+    """The tensors stored in the node's attributes (a Constant's value, for one)."""
+    for attr in node.attribute:
+        if attr.type == AttributeProto.TENSOR:
+            yield attr.t
+        elif attr.type == AttributeProto.TENSORS:
+            yield from attr.tensors
 
 
 def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
@@ -64,11 +73,21 @@ def all_tensors(model: ModelProto) -> Iterator[TensorProto]:
     for g in all_graphs(model.graph):
         yield from g.initializer
         for node in g.node:
-            for attr in node.attribute:
-                if attr.type == AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == AttributeProto.TENSORS:
-                    yield from attr.tensors
+            yield from attribute_tensors(node)
+
+
+def check_kept_layers(graph: GraphProto, names: Iterable[str]) -> None:
+    """Raise SpecInvalid for the node names in ``names`` (a spec's ``keep_fp32_layers``) the graph does not have."""
+    missing = set(names) - {n.name for n in all_nodes(graph)}
+    if missing:
+        raise SpecInvalid(
+            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
+            "are the ONNX graph's (Netron or onnx.load show them)",
+            problems=[
+                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
+                for name in sorted(missing)
+            ],
+        )
 
 
 # --------------------------------------------------------------------------- outer-scope reads
@@ -84,27 +103,27 @@ def free_names(graph: GraphProto) -> set[str]:
     used: set[str] = {o.name for o in graph.output}
     for node in graph.node:
         used.update(x for x in node.input if x)
-        for attr in node.attribute:
-            for g in attr_graphs(attr):
-                used |= free_names(g)
+        for _, g in subgraphs(node):
+            used |= free_names(g)
         defined.update(node.output)
     return used - defined
 
 
 def outer_refs(node: NodeProto) -> set[str]:
     """Names a node's subgraphs read from enclosing scopes."""
-    refs: set[str] = set()
-    for attr in node.attribute:
-        for g in attr_graphs(attr):
-            refs |= free_names(g)
-    return refs
+    return set().union(*(free_names(g) for _, g in subgraphs(node)))
+
+
+def reads(node: NodeProto) -> set[str]:
+    """The tensors a node reads: its inputs and, for control flow, what its subgraphs read from enclosing scopes."""
+    names = {x for x in node.input if x}
+    return names | outer_refs(node) if node.op_type in CONTROL_FLOW_OPS else names
 
 
 def rename_in_subgraphs(node: NodeProto, mapping: dict[str, str]) -> None:
     """Make the subgraphs of ``node`` read outer tensors under new names (old name -> new name)."""
-    for attr in node.attribute:
-        for g in attr_graphs(attr):
-            rename_in_graph(g, mapping)
+    for _, g in subgraphs(node):
+        rename_in_graph(g, mapping)
 
 
 def rename_in_graph(graph: GraphProto, mapping: dict[str, str]) -> None:
@@ -162,10 +181,7 @@ def topological_order(graph: GraphProto) -> list[NodeProto]:
     producer_index = {out: i for i, n in enumerate(nodes) for out in n.output if out}
     deps: list[set[int]] = []
     for n in nodes:
-        names = set(x for x in n.input if x)
-        if n.op_type in CONTROL_FLOW_OPS:
-            names |= outer_refs(n)
-        deps.append({producer_index[x] for x in names if x in producer_index})
+        deps.append({producer_index[x] for x in reads(n) if x in producer_index})
     readers: dict[int, list[int]] = defaultdict(list)
     for i, d in enumerate(deps):
         for j in d:

@@ -15,10 +15,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from enginefarm.core.errors import SpecInvalid
 from tests.helpers import rtx_build
-from worker.rewrite import fp16 as F
 from worker.rewrite import onnxgraph as G
 from worker.rewrite.fp16 import convert as fp16_convert
 from worker.rewrite.fp16 import fp16_model
+from worker.rewrite.fp16 import keep_fp32 as F
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 OPSET = 17

@@ -20,7 +20,7 @@ from worker.measure import int8_vs_fp32 as V
 
 def test_interleaved_alternates_the_order_and_times_both():
     calls: list[str] = []
-    a, b = V.interleaved(lambda: calls.append("a"), lambda: calls.append("b"), rounds=4, block_s=0.0)
+    a, b = V.interleaved_all([lambda: calls.append("a"), lambda: calls.append("b")], rounds=4, block_s=0.0)
     assert len(a) == len(b) == 4  # one call per block here, after one warm-up call each
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
     assert all(t >= 0 for t in a + b)

@@ -9,8 +9,6 @@ should look like depends on who runs it, so there is one recipe per target famil
   quantized at run time, ONNX Runtime's recipe for transformers). Weights are per-channel int8 in 7 bits
   (``reduce_range`` keeps AVX2's u8*s8 products from saturating), activations uint8. ``cpu_candidates`` says which
   differ on a model; worker/int8/choice.py measures them on the worker and keeps the fastest that passes the gate.
-  uint8 weights ran faster on ResNet-50 but wrecked a PP-OCR classifier (cosine 0.55 against fp32); QDQ ran slower
-  at the basic level that CPUs without VNNI get (docs/models.md).
 - ``tensorrt`` (TensorRT and TensorRT-RTX): explicit QuantizeLinear/DequantizeLinear as TensorRT documents
   it: symmetric int8 activations and weights (zero points 0), per-channel weights stored int8 behind a
   DequantizeLinear, float bias, Q/DQ only on the inputs of the operations TensorRT runs in int8 (Conv,
@@ -42,6 +40,7 @@ import onnx
 import onnxruntime as ort
 
 from enginefarm.core.errors import BuildFailed, SpecInvalid
+from enginefarm.core.spec import BuildSpec
 from enginefarm.graph.graphfacts import QDQ_OPS
 from worker.int8.quantize.files import load_graph, remove_model_files, stored_bytes, verify
 from worker.int8.quantize.opset import raise_opset
@@ -58,7 +57,7 @@ from worker.int8.quantize.recipes import (
     recipe_of,
 )
 from worker.int8.quantize.samples import model_inputs, validate
-from worker.rewrite.onnxgraph import INLINE_LIMIT, all_nodes, default_opset, save_model
+from worker.rewrite.onnxgraph import INLINE_LIMIT, all_nodes, check_kept_layers, default_opset, save_model
 
 __all__ = ["CPU_CANDIDATES", "FAMILIES", "METHODS", "QuantizeReport", "cpu_candidates", "quantize_qdq"]
 
@@ -133,7 +132,7 @@ def quantize_qdq(
     calibrate = check_options(method, calibration_batch, family)
     chosen = recipe_of(family, recipe)
     model = load_graph(model_path)
-    _check_kept(model, keep_fp32_layers)
+    check_kept_layers(model.graph, keep_fp32_layers)
     reader, count = validate(model_inputs(model), samples, calibration_batch)
     large = stored_bytes(model_path, model) >= INLINE_LIMIT
     del model
@@ -201,18 +200,29 @@ def quantize_qdq(
     )
 
 
-def _check_kept(model: onnx.ModelProto, layers: Sequence[str]) -> None:
-    """A node name the model does not have is the user's to fix, as in an fp16 build."""
-    missing = set(layers) - {n.name for n in all_nodes(model.graph)}
-    if missing:
-        raise SpecInvalid(
-            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
-            "are the ONNX graph's (Netron or onnx.load show them)",
-            problems=[
-                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
-                for name in sorted(missing)
-            ],
-        )
+def quantize_for_spec(
+    model_path: Path,
+    samples: dict[str, np.ndarray],
+    out_path: Path,
+    spec: BuildSpec,
+    family: str,
+    scratch: Path,
+    recipe: str | Recipe | None = None,
+    keep_fp32_layers: Sequence[str] | None = None,
+) -> QuantizeReport:
+    """``quantize_qdq`` with the spec's calibration and what it keeps in float (``keep_fp32_layers``: other layers)."""
+    return quantize_qdq(
+        model_path,
+        samples,
+        out_path,
+        method=spec.calibration.method.value,
+        calibration_batch=spec.calibration.batch,
+        family=family,
+        scratch=scratch,
+        recipe=recipe,
+        keep_fp32_layers=spec.keep_fp32_layers if keep_fp32_layers is None else keep_fp32_layers,
+        keep_fp32_ops=spec.keep_fp32_ops,
+    )
 
 
 def _kept_nodes(source: Path, layers: Sequence[str], ops: Sequence[str]) -> list[str]:

@@ -38,6 +38,7 @@ def raise_opset(model_path: Path, work: Path, large: bool, reader: SampleReader)
         f"int8 Q/DQ for TensorRT needs ONNX opset {_MIN_OPSET} or later (per-channel DequantizeLinear takes "
         f"an axis from opset {_MIN_OPSET} on), and the model has opset {have}"
     )
+    instead = f"upload the model exported at opset {_MIN_OPSET} or later, or build fp16 for it instead"
     try:
         converted = onnx.version_converter.convert_version(model, _MIN_OPSET)
         converted.ir_version = max(converted.ir_version, _MIN_IR)
@@ -47,10 +48,7 @@ def raise_opset(model_path: Path, work: Path, large: bool, reader: SampleReader)
         del converted, model
         onnx.checker.check_model(str(out))
     except Exception as exc:  # noqa: BLE001 - the converter raises bare RuntimeErrors and more
-        raise BuildFailed(
-            f"{why}; converting it failed ({type(exc).__name__}: {exc}); "
-            f"upload the model exported at opset {_MIN_OPSET} or later, or build fp16 for it instead"
-        ) from None
+        raise BuildFailed(f"{why}; converting it failed ({type(exc).__name__}: {exc}); {instead}") from None
     reader.rewind()
     feeds = reader.take(1)
     reader.rewind()
@@ -66,16 +64,14 @@ def raise_opset(model_path: Path, work: Path, large: bool, reader: SampleReader)
     except Exception as exc:  # noqa: BLE001
         raise BuildFailed(
             f"{why}; the model converted to opset {_MIN_OPSET} does not run on a calibration "
-            f"sample ({type(exc).__name__}: {exc}); upload the model exported at opset {_MIN_OPSET} or "
-            f"later, or build fp16 for it instead"
+            f"sample ({type(exc).__name__}: {exc}); {instead}"
         ) from None
     for name, ref in before.items():
         error = _relative_error(ref, after[name])
         if error > _CONVERSION_TOLERANCE:
             raise BuildFailed(
                 f"{why}; converted to opset {_MIN_OPSET} its output {name!r} differs from the "
-                f"original's (relative L2 {error:.3g}); upload the model exported at opset {_MIN_OPSET} or "
-                f"later, or build fp16 for it instead"
+                f"original's (relative L2 {error:.3g}); {instead}"
             )
     return out, have
 

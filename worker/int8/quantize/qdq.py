@@ -4,7 +4,7 @@ constant only into a weighted operation, a quantized constant only into Dequanti
 from __future__ import annotations
 
 import numpy as np
-from onnx import ModelProto, TensorProto, numpy_helper
+from onnx import GraphProto, ModelProto, TensorProto, numpy_helper
 
 from enginefarm.core.errors import BuildFailed
 from enginefarm.graph.graphfacts import QDQ_OPS
@@ -21,13 +21,7 @@ def float_for_other_readers(model: ModelProto) -> bool:
     the float tensor back: the quantizer hands its DequantizeLinear to every reader, and Q/DQ belongs on the
     inputs of weighted ops only. Returns whether anything changed."""
     graph = model.graph
-    inits = {t.name for t in graph.initializer}
-    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
-    original = {
-        n.output[0]: quantized[n.input[0]]
-        for n in graph.node
-        if n.op_type == "DequantizeLinear" and n.input[0] not in inits and n.input[0] in quantized
-    }
+    original = {after: before for before, after in qdq_pairs(graph)}
     changed = False
     for node in graph.node:
         if node.op_type in WEIGHTED_OPS or node.op_type in QDQ_OPS:
@@ -43,6 +37,16 @@ def float_for_other_readers(model: ModelProto) -> bool:
             return changed
         for node in dead:
             graph.node.remove(node)
+
+
+def qdq_pairs(graph: GraphProto) -> list[tuple[str, str]]:
+    """(float tensor before QuantizeLinear, float tensor after its DequantizeLinear) for each activation pair."""
+    quantized = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "QuantizeLinear"}
+    return [
+        (quantized[n.input[0]], n.output[0])
+        for n in graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0] in quantized
+    ]
 
 
 def check_for_tensorrt(model: ModelProto) -> None:

@@ -1,10 +1,7 @@
 """The recipes: the options ONNX Runtime's quantization tool gets, and the call itself.
 
-TensorRT targets get one recipe. ONNX Runtime's CPU targets get candidates (``CPU_CANDIDATES``), since which int8
-form runs fastest depends on the network and the CPU: integer kernels for every layer suit a CNN on a CPU with
-VNNI, and lose to fp32 on attention, LayerNorm-heavy or tiny networks, where int8 matrix products with activations
-quantized at run time (ONNX Runtime's dynamic quantization, its recipe for transformers) or int8 convolutions alone
-do better. worker/int8/choice.py measures the candidates that apply to a model and keeps the fastest that passes."""
+TensorRT targets get one recipe, ONNX Runtime's CPU targets candidates (``CPU_CANDIDATES``; which, and why: the
+package's docstring); worker/int8/choice.py measures those that apply to a model and keeps the fastest that passes."""
 
 from __future__ import annotations
 
@@ -22,8 +19,9 @@ from onnxruntime.quantization.registry import QLinearOpsRegistry
 
 from enginefarm.core.domain import QUANTIZE_FAMILIES
 from enginefarm.core.errors import SpecInvalid
+from worker.int8.quantize.qdq import WEIGHTED_OPS
 from worker.int8.quantize.samples import SampleReader, problem
-from worker.rewrite.onnxgraph import save_model
+from worker.rewrite.onnxgraph import constant_tensors, save_model
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +33,7 @@ METHODS: dict[str, CalibrationMethod] = {
 FAMILIES = QUANTIZE_FAMILIES
 # Calibrators keep every batch's intermediate tensors until they merge them: merge every this many.
 _CHUNK_BATCHES = 32
-# The operations TensorRT runs in int8 when their inputs come through Q/DQ.
-_TENSORRT_OPS = ["Conv", "ConvTranspose", "MatMul", "Gemm"]
+_TENSORRT_OPS = list(WEIGHTED_OPS)
 
 
 @dataclass(frozen=True)
@@ -88,53 +85,45 @@ _CONV_OPS = ["Conv", "ConvTranspose"]
 # What the operator format quantizes besides convolutions (and the activations it folds into them).
 _OPERATOR_OTHERS = frozenset(QLinearOpsRegistry) - {"Conv", "Relu", "Clip"}
 
+
+def _cpu(name: str, label: str, **options: Any) -> Recipe:
+    """A CPU candidate: the operator format, uint8 activations, per-channel int8 weights in 7 bits without VNNI."""
+    return Recipe(
+        label, QuantFormat.QOperator, QuantType.QUInt8, QuantType.QInt8, reduce_range=None, name=name, **options
+    )
+
+
 # ONNX Runtime's CPU candidates, in order of preference when they measure alike. Each was measured on the
 # real-model corpus (docs/models.md; bench/models.py --int8-only --candidates reproduces it). The operator format
 # won over QDQ (u8s8, s8s8, u8u8) where every layer is quantized; 7-bit weights (reduce_range) keep the u8*s8
 # products of CPUs without VNNI from saturating.
 CPU_CANDIDATES: dict[str, Recipe] = {
-    "operator": Recipe(
+    "operator": _cpu(
+        "operator",
         "operator format (QLinear kernels) on every layer, per-channel int8 weights in 7 bits, uint8 activations",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
-        name="operator",
     ),
-    "convolutions": Recipe(
+    "convolutions": _cpu(
+        "convolutions",
         "operator format on convolutions only (matrix products stay float), per-channel int8 "
         "weights in 7 bits, uint8 activations",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
         op_types=_CONV_OPS,
-        name="convolutions",
     ),
-    "dense-convolutions": Recipe(
+    "dense-convolutions": _cpu(
+        "dense-convolutions",
         "operator format on dense convolutions only (depthwise and other grouped "
         "convolutions and the matrix products stay float), per-channel int8 weights in 7 "
         "bits, uint8 activations",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
         op_types=_CONV_OPS,
         dense_only=True,
-        name="dense-convolutions",
     ),
-    "dynamic": Recipe(
+    "dynamic": _cpu(
+        "dynamic",
         "dynamic: per-channel int8 weights of the matrix products with a constant weight (MatMul, "
         "LSTM, Attention), in 7 bits on CPUs without VNNI, activations quantized at run time, "
         "convolutions float",
-        QuantFormat.QOperator,
-        QuantType.QUInt8,
-        QuantType.QInt8,
-        reduce_range=None,
         op_types=_DYNAMIC_OPS,
         dynamic=True,
         extra={"MatMulConstBOnly": True},
-        name="dynamic",
     ),
 }
 
@@ -168,8 +157,7 @@ def cpu_candidates(source: Path) -> list[str]:
     alone where some are grouped (depthwise: ONNX Runtime's int8 kernels for them lose to its float ones);
     dynamic where there are matrix products with a constant weight beyond a classifier's last one, or an LSTM."""
     model = onnx.load(str(source), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = set(constant_tensors(model.graph))
     ops = {n.op_type for n in model.graph.node}
     convs = sum(1 for n in model.graph.node if n.op_type in _CONV_OPS)
     matrices = sum(1 for n in model.graph.node if n.op_type in _MATRIX_OPS and constants.intersection(n.input[1:2]))
@@ -277,8 +265,7 @@ def _activation_matmuls(source: Path) -> list[str]:
     """Names of the MatMul nodes with no constant input: per-tensor ranges of attention probabilities cost
     accuracy for a speed-up that depends on TensorRT's int8 attention kernels."""
     model = onnx.load(str(source), load_external_data=False)
-    constants = {t.name for t in model.graph.initializer}
-    constants |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    constants = set(constant_tensors(model.graph))
     return [
         n.name for n in model.graph.node if n.op_type == "MatMul" and n.name and not constants.intersection(n.input)
     ]

@@ -138,53 +138,33 @@ def _check_finite(inp: ModelInput, array: np.ndarray, problems: list[dict[str, A
     return array
 
 
-def _check_shape(inp: ModelInput, array: np.ndarray, problems: list[dict[str, Any]]) -> bool:
-    """Check rank and fixed dims; axis 0 of a splittable input counts samples, so it is free."""
-    loc = ["samples", inp.name]
+def _shape_problem(inp: ModelInput, array: np.ndarray) -> str | None:
+    """Why the samples' rank or fixed dims do not fit the input, or None; axis 0 of a splittable input counts
+    samples, so it is free."""
     if inp.dims is None:
-        return True
+        return None
     shape = _dims_text(tuple(array.shape))
     if array.ndim != len(inp.dims):
-        problems.append(
-            problem(
-                loc,
-                (
-                    f"samples for input {inp.name!r} have rank {array.ndim} (shape {shape}), but the model takes rank "
-                    f"{len(inp.dims)} {_dims_text(inp.dims)}; stack samples along axis 0 of that shape"
-                ),
-            )
+        return (
+            f"samples for input {inp.name!r} have rank {array.ndim} (shape {shape}), but the model takes rank "
+            f"{len(inp.dims)} {_dims_text(inp.dims)}; stack samples along axis 0 of that shape"
         )
-        return False
     if inp.splittable:
         if array.shape[0] == 0:
-            msg = f"input {inp.name!r} has 0 calibration samples; give at least 1 along axis 0"
-            problems.append(problem(loc, msg))
-            return False
+            return f"input {inp.name!r} has 0 calibration samples; give at least 1 along axis 0"
     elif inp.dims and inp.dims[0] is not None and array.shape[0] != inp.dims[0]:
-        problems.append(
-            problem(
-                loc,
-                (
-                    f"input {inp.name!r} has a fixed first dim of {inp.dims[0]}, so its samples cannot be split along "
-                    f"axis 0; give one array of shape {_dims_text(inp.dims)}, not {shape}"
-                ),
-            )
+        return (
+            f"input {inp.name!r} has a fixed first dim of {inp.dims[0]}, so its samples cannot be split along "
+            f"axis 0; give one array of shape {_dims_text(inp.dims)}, not {shape}"
         )
-        return False
     for axis in range(1, len(inp.dims)):
         want = inp.dims[axis]
         if want is not None and array.shape[axis] != want:
-            problems.append(
-                problem(
-                    loc,
-                    (
-                        f"samples for input {inp.name!r} have shape {shape}, but the model fixes dim {axis} "
-                        f"to {want} {_dims_text(inp.dims)}"
-                    ),
-                )
+            return (
+                f"samples for input {inp.name!r} have shape {shape}, but the model fixes dim {axis} "
+                f"to {want} {_dims_text(inp.dims)}"
             )
-            return False
-    return True
+    return None
 
 
 def validate(inputs: list[ModelInput], samples: Mapping[str, Any], calibration_batch: int) -> tuple[SampleReader, int]:
@@ -198,19 +178,17 @@ def validate(inputs: list[ModelInput], samples: Mapping[str, Any], calibration_b
     names = [i.name for i in inputs]
     for name in samples:
         if name not in names:
-            problems.append(
-                problem(
-                    ["samples", str(name)],
-                    (f"{name!r} is not an input of the model; its inputs are {', '.join(map(repr, names))}"),
-                )
-            )
+            msg = f"{name!r} is not an input of the model; its inputs are {', '.join(map(repr, names))}"
+            problems.append(problem(["samples", str(name)], msg))
     arrays: dict[str, np.ndarray] = {}
     for inp in inputs:
         if inp.name not in samples:
             problems.append(problem(["samples", inp.name], f"no calibration samples for model input {inp.name!r}"))
             continue
         array = _coerce(inp, samples[inp.name], problems)
-        if array is not None and _check_shape(inp, array, problems):
+        if array is not None and (wrong := _shape_problem(inp, array)) is not None:
+            problems.append(problem(["samples", inp.name], wrong))
+        elif array is not None:
             arrays[inp.name] = array
     split = {i.name: arrays[i.name] for i in inputs if i.splittable and i.name in arrays}
     counts = {name: a.shape[0] for name, a in split.items()}

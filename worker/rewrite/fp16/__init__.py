@@ -58,57 +58,17 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import uses_external_data
 
-from enginefarm.core.errors import SpecInvalid
 from worker.rewrite.fp16.convert import Options, check, convert_graph
-from worker.rewrite.fp16.keep_fp32 import (
-    CHAIN,
-    CONST_RANGE,
-    CONTROL_FLOW,
-    CUSTOM_DOMAIN,
-    INDEX_OPS,
-    MOVES_FP32,
-    NO_FP16,
-    PRECISION_SENSITIVE_OPS,
-    REASONS,
-    SENSITIVE,
-    SHAPE,
-    SHAPE_DERIVED,
-    SHAPE_INPUTS,
-    USER_NODE,
-    USER_OP,
-    classify,
-)
+from worker.rewrite.fp16.keep_fp32 import PRECISION_SENSITIVE_OPS
 from worker.rewrite.fp16.prepare import prepare
 from worker.rewrite.fp16.report import Fp16Report, Tally
 from worker.rewrite.fp16.subgraphs import convert_bodies, move_weights_into_bodies
-from worker.rewrite.fp16.weights import FP16_MAX, TensorReader, free_file_name, write_initializers
-from worker.rewrite.onnxgraph import INLINE_LIMIT, all_graphs, all_nodes, all_tensors, save_model, tensor_types
+from worker.rewrite.fp16.weights import TensorReader, free_file_name, write_initializers
+from worker.rewrite.onnxgraph import INLINE_LIMIT, all_graphs, all_tensors, check_kept_layers, save_model, tensor_types
 
-__all__ = [
-    "CHAIN",
-    "CONST_RANGE",
-    "CONTROL_FLOW",
-    "CUSTOM_DOMAIN",
-    "FP16_MAX",
-    "INDEX_OPS",
-    "MOVES_FP32",
-    "NO_FP16",
-    "PRECISION_SENSITIVE_OPS",
-    "REASONS",
-    "SENSITIVE",
-    "SHAPE",
-    "SHAPE_DERIVED",
-    "SHAPE_INPUTS",
-    "USER_NODE",
-    "USER_OP",
-    "Fp16Report",
-    "classify",
-    "fp16_model",
-]
+__all__ = ["Fp16Report", "fp16_model"]
 
 log = logging.getLogger(__name__)
-
-# A protobuf message cannot exceed 2 GiB; above this the output's weights go to an external file.
 
 
 def fp16_model(
@@ -131,16 +91,7 @@ def fp16_model(
     """
     model_path, out_path = Path(model_path), Path(out_path)
     model = onnx.load(str(model_path), load_external_data=False)
-    missing = set(keep_fp32_nodes) - {node.name for node in all_nodes(model.graph)}
-    if missing:
-        raise SpecInvalid(
-            f"keep_fp32_layers names nodes the model does not have: {sorted(missing)}; node names "
-            "are the ONNX graph's (Netron or onnx.load show them)",
-            problems=[
-                {"loc": ["spec", "keep_fp32_layers", name], "msg": f"no node named {name!r}"}
-                for name in sorted(missing)
-            ],
-        )
+    check_kept_layers(model.graph, keep_fp32_nodes)
     tally = Tally()
     prepare(model, tally.notes)
     model = onnx.shape_inference.infer_shapes(model)

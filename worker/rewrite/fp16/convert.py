@@ -22,6 +22,7 @@ from worker.rewrite.onnxgraph import (
     cast_to,
     default_opset,
     outer_refs,
+    reads,
     rename_in_subgraphs,
     rename_tensors,
     tensor_types,
@@ -203,10 +204,7 @@ def _restore_names(graph: GraphProto, added: set[str], before: dict[str, list[st
     """Give outputs the converter renamed (``x`` -> ``x_cast_to_fp16``, ``node_output_cast_0``...)
     their names back where the fp16 copy that took the name is gone, so logs and errors name the
     model's own tensors."""
-    names = {x for n in graph.node for x in list(n.input) + list(n.output)} | {o.name for o in graph.output}
-    for n in graph.node:
-        if n.op_type in CONTROL_FLOW_OPS:
-            names |= outer_refs(n)
+    names = {x for n in graph.node for x in [*reads(n), *n.output]} | {o.name for o in graph.output}
     rename: dict[str, str] = {}
     for node in graph.node:
         original = before.get(node.name)
@@ -220,10 +218,8 @@ def _restore_names(graph: GraphProto, added: set[str], before: dict[str, list[st
 
 
 def _one_cast_per_name(graph: GraphProto, added: set[str]) -> None:
-    """Drop an added cast that writes the same tensor as an earlier one from the same source to the same type.
-    onnxruntime-gpu 1.31's converter names a cast after its tensor once per input slot, so a kept node that reads
-    one fp16 tensor twice (``Concat [x, x]``) got two ``x_cast_to_fp32`` and an invalid graph (1.32 names them
-    apart); the two compute the same value."""
+    """Drop an added cast that writes the same tensor as an earlier one from the same source to the same type: a
+    converter that names a cast after its tensor once per input slot writes two for ``Concat [x, x]``."""
     seen: dict[str, tuple[str, int | None]] = {}
     for node in list(graph.node):
         if node.name not in added or node.op_type != "Cast" or not node.input:
@@ -239,10 +235,7 @@ def _drop_unread_casts(graph: GraphProto, added: set[str]) -> None:
     """Remove added casts nobody reads (explicitly, or from inside a subgraph)."""
     graph_outputs = {o.name for o in graph.output}
     while True:
-        used = {x for n in graph.node for x in n.input} | graph_outputs
-        for n in graph.node:
-            if n.op_type in CONTROL_FLOW_OPS:
-                used |= outer_refs(n)
+        used = {x for n in graph.node for x in reads(n)} | graph_outputs
         dead = [n for n in graph.node if n.name in added and n.op_type == "Cast" and n.output[0] not in used]
         if not dead:
             return

@@ -26,7 +26,7 @@ from worker.rewrite.onnxgraph import (
     constant_value,
     consumers,
     default_opset,
-    outer_refs,
+    reads,
     topological_order,
 )
 
@@ -340,10 +340,7 @@ def is_float_node(node: NodeProto, types: dict[str, int]) -> bool:
     """Whether a node computes on float32 tensors (Constant nodes and Shape/Size do not)."""
     if node.op_type == "Constant" or node.op_type in SHAPE_READERS:
         return False
-    names = [x for x in node.input if x] + [x for x in node.output if x]
-    if node.op_type in CONTROL_FLOW_OPS:
-        names += list(outer_refs(node))
-    return any(types.get(x) == FLOAT for x in names)
+    return any(types.get(x) == FLOAT for x in [*reads(node), *node.output])
 
 
 def float_only_inputs(op_type: str, opset: int) -> set[int]:

@@ -4,8 +4,7 @@ the main graph and every control-flow body converted."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from worker.rewrite.fp16.keep_fp32 import REASONS
 
@@ -34,9 +33,6 @@ class Fp16Report:
     notes: list[str] = field(default_factory=list)
     # the float nodes converted to fp16 (control-flow bodies first, then the main graph, each in graph order)
     fp16_node_names: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def summary(self) -> str:
         kept = ", ".join(

@@ -10,7 +10,7 @@ from onnx import GraphProto, NodeProto, TensorProto, helper
 from worker.rewrite.fp16.convert import Options, convert_graph
 from worker.rewrite.fp16.report import Tally
 from worker.rewrite.fp16.weights import FLOAT, convert_initializers_in_memory
-from worker.rewrite.onnxgraph import CONTROL_FLOW_OPS, attr_graphs, free_names, rename_in_graph, rename_tensors
+from worker.rewrite.onnxgraph import CONTROL_FLOW_OPS, free_names, rename_in_graph, rename_tensors, subgraphs
 
 
 def move_weights_into_bodies(graph: GraphProto) -> None:
@@ -22,16 +22,15 @@ def move_weights_into_bodies(graph: GraphProto) -> None:
     for node in graph.node:
         if node.op_type not in CONTROL_FLOW_OPS:
             continue
-        for attr in node.attribute:
-            for sub in attr_graphs(attr):
-                mapping = {}
-                for name in sorted(n for n in free_names(sub) if n in weights):
-                    copy = TensorProto()
-                    copy.CopyFrom(weights[name])
-                    copy.name = mapping[name] = f"{node.name}.{attr.name}/{name}"
-                    sub.initializer.append(copy)
-                rename_in_graph(sub, mapping)
-                moved.update(mapping)
+        for attr, sub in subgraphs(node):
+            mapping = {}
+            for name in sorted(n for n in free_names(sub) if n in weights):
+                copy = TensorProto()
+                copy.CopyFrom(weights[name])
+                copy.name = mapping[name] = f"{node.name}.{attr}/{name}"
+                sub.initializer.append(copy)
+            rename_in_graph(sub, mapping)
+            moved.update(mapping)
     for tensor in [t for t in graph.initializer if t.name in moved]:
         graph.initializer.remove(tensor)
 
@@ -41,10 +40,9 @@ def convert_bodies(graph: GraphProto, all_types: dict[str, int], opts: Options, 
     for node in graph.node:
         if node.op_type not in CONTROL_FLOW_OPS:
             continue
-        for attr in node.attribute:
-            for sub in attr_graphs(attr):
-                convert_bodies(sub, all_types, opts, tally)
-                _convert_body(node, attr.name, sub, all_types, opts, tally)
+        for attr, sub in subgraphs(node):
+            convert_bodies(sub, all_types, opts, tally)
+            _convert_body(node, attr, sub, all_types, opts, tally)
 
 
 def _convert_body(

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from onnx import AttributeProto, ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from enginefarm.core.errors import BuildFailed
-from worker.rewrite.onnxgraph import all_graphs
+from worker.rewrite.onnxgraph import all_graphs, attribute_tensors
 
 FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
@@ -81,11 +81,9 @@ def write_initializers(
     """
     # Constant tensors of the main graph are rewritten by the converter in memory: load them.
     for node in model.graph.node:
-        for attr in node.attribute:
-            tensors = [attr.t] if attr.type == AttributeProto.TENSOR else list(attr.tensors)
-            for tensor in tensors:
-                if uses_external_data(tensor):
-                    _set_raw(tensor, b"".join(reader.raw_chunks(tensor)), tensor.data_type)
+        for tensor in attribute_tensors(node):
+            if uses_external_data(tensor):
+                _set_raw(tensor, b"".join(reader.raw_chunks(tensor)), tensor.data_type)
     n_fp16 = n_fp32 = 0
     fh = open(out_dir / data_name, "wb") if data_name is not None else None  # noqa: SIM115 - closed below
     try:
@@ -106,13 +104,7 @@ def write_initializers(
                 _set_raw(tensor, b"".join(reader.fp16_chunks(tensor)), FLOAT16)
         # Subgraph tensors still on disk are copied as they are.
         for graph in list(all_graphs(model.graph))[1:]:
-            tensors = list(graph.initializer) + [
-                t
-                for n in graph.node
-                for a in n.attribute
-                for t in ([a.t] if a.type == AttributeProto.TENSOR else a.tensors)
-            ]
-            for tensor in tensors:
+            for tensor in [*graph.initializer, *(t for n in graph.node for t in attribute_tensors(n))]:
                 if fh is not None and data_name is not None and uses_external_data(tensor):
                     _append(fh, tensor, data_name, reader.raw_chunks(tensor), tensor.data_type)
     finally:
