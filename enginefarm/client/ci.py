@@ -102,16 +102,23 @@ def build_spec(spec_file: Path | None, precision: str | None, trtexec: list[str]
     return spec
 
 
+class UnknownOption(typer.BadParameter):
+    """A usage error (exit 2) worded as click words an unknown option, not as an invalid value."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
 def trtexec_flags(ctx: typer.Context, trtexec_args: str | None) -> list[str]:
-    """The command's trtexec flags: those given as options, then those of --trtexec-args. A flag that is no trtexec
-    flag but close to one of the command's own options (--precison) is a usage error naming that option, not a
-    trtexec flag the farm does not take."""
+    """The command's trtexec flags: those given as options, then those of --trtexec-args. An option on the command
+    line that is neither a trtexec flag the farm takes nor the command's own (--waitt, --fp61) is a usage error, as
+    click reports any unknown option (exit 2), with the nearest of both kinds."""
     own = [o for p in ctx.command.params for o in getattr(p, "opts", []) if o.startswith("--")]
     for arg in ctx.args:
         flag = arg.partition("=")[0]
         if flag.startswith("--") and flag not in TRTEXEC_FLAGS:
-            if near := difflib.get_close_matches(flag, own, n=1, cutoff=0.75):
-                raise typer.BadParameter(f"no such option; did you mean {near[0]}?", ctx, param_hint=flag)
+            near = difflib.get_close_matches(flag, [*own, *TRTEXEC_FLAGS], n=1, cutoff=0.6)
+            raise UnknownOption(f"No such option: {flag}." + (f" Did you mean {near[0]}?" if near else ""), ctx)
     return [*ctx.args, *shlex.split(trtexec_args or "")]
 
 

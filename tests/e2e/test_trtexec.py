@@ -173,8 +173,10 @@ def test_the_cli_says_what_a_value_should_look_like(args, env, words, tmp_path):
     assert not (tmp_path / "x.plan").exists()
 
 
-def test_a_misspelt_option_of_the_command_is_a_usage_error_naming_it():
-    """`build --precison fp16` read as two unknown trtexec flags ("fp16: not a trtexec build flag", exit 1): it is the
-    command's own --precision misspelt, so exit 2 and say so."""
-    code, said = _cli("build", "1", "--target", "onnxruntime/cpu-x86_64", "--api", NOWHERE, "--precison", "fp16")
-    assert code == 2 and "--precison: no such option; did you mean --precision?" in said, said
+@pytest.mark.parametrize("typed, meant", [("--precison", "--precision"), ("--waitt", "--wait"), ("--fp61", "--fp16")])
+def test_a_misspelt_option_is_a_usage_error_naming_the_nearest(typed, meant):
+    """`build --precison fp16` once read as two unknown trtexec flags (exit 1), `--waitt` as an "invalid value": a
+    misspelt option, the command's own or a trtexec flag, is one usage error as click reports any (exit 2)."""
+    code, said = _cli("build", "1", "--target", "onnxruntime/cpu-x86_64", "--api", NOWHERE, typed, "fp16")
+    words = " ".join(said.replace("│", " ").split())
+    assert code == 2 and f"No such option: {typed}" in words and f"Did you mean {meant}?" in words, said
