@@ -99,10 +99,15 @@ def fmt_small(value: float | str | None, *, signed: bool = False) -> str:
 
 
 def shape_label(row: Row) -> str:
-    """``batch=8`` reads as "batch 8"; other shape keys ("opt", explicit input shapes) as they are."""
+    """``batch=8`` reads as "batch 8"; a shape key without its batch in it ("opt") as the inputs' measured shapes,
+    ``images 8x3x640x640``, so that two builds measured at different shapes read differently; else the key."""
     key = str(row.get("shape_key") or DASH)
-    match = _BATCH_KEY.fullmatch(key)
-    return f"batch {match.group(1)}" if match else key
+    if match := _BATCH_KEY.fullmatch(key):
+        return f"batch {match.group(1)}"
+    shapes = row.get("shapes") or {}
+    if key == "opt" and shapes:
+        return ", ".join(f"{name} {'x'.join(map(str, dims))}" for name, dims in sorted(shapes.items()))
+    return key
 
 
 def model_title(report: Report) -> str:

@@ -132,3 +132,14 @@ def test_report_at_160_columns_keeps_the_device_and_each_command_whole() -> None
     assert "device" in next(line for line in text.splitlines() if "target" in line)
     for engine_id in (1, 2, 3, 4):
         assert any(f"`enginefarm measure --engine {engine_id}`" in line for line in text.splitlines()), text
+
+
+def test_a_row_measured_at_its_opt_shape_names_the_shape():
+    """Two fixed-shape builds of one model (batch 8 and batch 1) both measured at "opt" read differently."""
+    from enginefarm.client.report import shape_label
+
+    eight = {"shape_key": "opt", "shapes": {"images": [8, 3, 640, 640]}}
+    one = {"shape_key": "opt", "shapes": {"images": [1, 3, 640, 640]}}
+    assert shape_label(eight) == "images 8x3x640x640" and shape_label(one) == "images 1x3x640x640"
+    assert shape_label({"shape_key": "batch=4", "shapes": {"x": [4, 3]}}) == "batch 4"
+    assert shape_label({"shape_key": "opt"}) == "opt"
