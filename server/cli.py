@@ -307,7 +307,7 @@ def up(
         err.print(f"[red]error:[/red] enginefarm up: port {port} on {HOST} is in use; {instead}", highlight=False)
         raise typer.Exit(2)
     try:
-        from server.embedded import Farm, issue_token
+        from server.embedded import Farm, up_token
         from server.starterrors import FarmError
     except ModuleNotFoundError as exc:
         not_importable(exc, "up")
@@ -319,7 +319,7 @@ def up(
     settings = get_settings()
     metrics_dir(settings.data_dir / "metrics")  # one folder: the API's /metrics counts the workers' builds too
     try:
-        token = issue_token(settings, f"enginefarm up on {socket.gethostname()}", ["admin"])
+        token, new = up_token(settings, f"enginefarm up on {socket.gethostname()}")
         # Short enough that the workers and the API are stopped before a service manager's SIGKILL comes.
         farm = Farm(
             {},
@@ -333,7 +333,9 @@ def up(
         def announce() -> None:
             console.print(
                 f"enginefarm is up at {farm.url} (the dashboard: {farm.url}/ui, the API's docs: {farm.url}/docs); "
-                f"data in {settings.data_dir}. Ctrl-C stops it. An admin API token was made for you; in another shell:",
+                f"data in {settings.data_dir}. Ctrl-C stops it. "
+                f"{'An admin API token was made for you' if new else 'Its admin API token, as at its last start'}; "
+                f"in another shell:",
                 highlight=False,
             )
             print(cli_exports(farm.url, token, settings.data_dir), flush=True)

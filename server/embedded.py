@@ -400,6 +400,34 @@ def open_catalog(settings) -> None:
         ) from exc
 
 
+UP_TOKEN_FILE = "up-token"  # in the data folder, readable by its owner only
+
+
+def up_token(settings, name: str) -> tuple[str, bool]:
+    """``enginefarm up``'s admin token and whether it is new: the one it made on an earlier start while the catalog
+    still holds it active (kept beside the catalog, mode 0600, as the catalog itself is the farm's secret), so a
+    restart neither piles up admin tokens nor ends the shells that exported the last one; else a new one."""
+    import os
+
+    from storage.db import session_scope
+    from storage.tokens import authenticate
+
+    path = settings.data_dir / UP_TOKEN_FILE
+    if path.is_file():
+        open_catalog(settings)
+        with session_scope(settings) as session:
+            known = authenticate(session, path.read_text().strip())
+        if known is not None and known.scope == "admin" and known.project is None:
+            return path.read_text().strip(), False
+    token = issue_token(settings, name, ["admin"])
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
+    return token, True
+
+
 def issue_token(settings, name: str, scopes: list[str], project: str | None = None) -> str:
     """Make an API token in the farm's catalog (migrating it first); returns the token."""
     from storage.db import session_scope
