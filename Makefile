@@ -32,12 +32,13 @@ demo-setup: $(DEMO_VENV)/.installed
 
 ## Embedded farm (SQLite, local blobs, no servers): build a model for 5 targets and fetch the sm86 engine, then
 ## serve the dashboard on it at http://127.0.0.1:$(PORT)/ui (the address and a token are printed) until Ctrl-C.
+## Its data goes when it stops; DEMO_DATA_DIR=DIR keeps it there (make demo DEMO_DATA_DIR=~/demo-farm).
 ## The port is checked first: a taken one is one line and exit code 2 before anything is installed or built.
 demo:
 	@$(PYTHON) -m server.port $(PORT)
 	@$(MAKE) --no-print-directory demo-setup
 	@# From the venv's folder, so that the farm runs the package as it installs, as a user's farm does.
-	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT)
+	cd $(DEMO_VENV) && bin/enginefarm demo --serve --port $(PORT) $(if $(DEMO_DATA_DIR),--data-dir $(abspath $(DEMO_DATA_DIR)))
 
 ## The full test suite, three tiers (tests/tiers.py): unit, integration (in process, SQLite and a local store), both
 ## over two processes (pytest-xdist), then e2e against real PostgreSQL, Redis, SeaweedFS, Celery worker processes,

@@ -89,7 +89,11 @@ def serve_demo(data_dir: Path | None, console: Console, port: int = DEFAULT_PORT
     code = serve_farm(data_dir, console, port, token=token)
     if made:
         shutil.rmtree(data_dir, ignore_errors=True)
-        console.print(f"removed the demo's data ({data_dir}); --data-dir DIR keeps it", highlight=False, soft_wrap=True)
+        console.print(
+            f"removed the demo's data ({data_dir}); --data-dir DIR (make demo DEMO_DATA_DIR=DIR) keeps it",
+            highlight=False,
+            soft_wrap=True,
+        )
     return code
 
 
