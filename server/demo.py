@@ -65,7 +65,7 @@ def run_demo(data_dir: Path | None, console: Console, token: str | None = None, 
             model, _ = c.upload(model_path, "convnet")
             console.print(
                 f"1. uploaded {model_path.name}: model {model['id']}, sha256 {model['sha256'][:12]}, "
-                f"inputs {[(i['name'], i['dims']) for i in model['inputs']]}"
+                "inputs " + ", ".join(f"{i['name']} {'x'.join(map(str, i['dims']))}" for i in model["inputs"])
             )
             # Benchmarked with trtexec's defaults at batch 1, 4 and 8 (the profile allows 1..8).
             build: dict[str, Any] = c.build(
