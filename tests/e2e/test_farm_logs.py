@@ -29,12 +29,16 @@ def test_a_childs_log_is_cut_at_its_bound_and_the_child_writes_on(tmp_path):
     with farm:
         farm.workers["w"] = farm._spawn("worker-w", [sys.executable, "-c", WRITER])
         deadline, biggest = time.monotonic() + 60, 0
-        while time.monotonic() < deadline and "done" not in log.read_text(errors="replace"):
+        # "done" may be cut into the old file by the pass after it was written, before this loop reads it.
+        while (
+            time.monotonic() < deadline
+            and b"done" not in (old.read_bytes() if old.exists() else b"") + log.read_bytes()
+        ):
             farm.supervise()
             biggest = max(biggest, log.stat().st_size)
             time.sleep(0.05)
         text, before = log.read_bytes(), old.read_bytes()  # before another pass could cut the log again
-    assert b"done" in text
+    assert b"done" in before + text
     # 6,000 lines of 52 bytes (312 KB) went through a 64 KiB bound: cut several times, never far past it.
     assert biggest < 2 * BOUND and len(text) < 2 * BOUND and 0 < len(before) < 2 * BOUND
     assert b"\0" not in text  # no hole: the child appends, so it writes on at the start of the emptied file
