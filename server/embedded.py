@@ -414,11 +414,12 @@ def up_token(settings, name: str) -> tuple[str, bool]:
 
     path = settings.data_dir / UP_TOKEN_FILE
     if path.is_file():
+        kept = path.read_text().strip()
         open_catalog(settings)
         with session_scope(settings) as session:
-            known = authenticate(session, path.read_text().strip())
+            known = authenticate(session, kept)
         if known is not None and known.scope == "admin" and known.project is None:
-            return path.read_text().strip(), False
+            return kept, False
     token = issue_token(settings, name, ["admin"])
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

@@ -37,13 +37,13 @@ def config_spec(model: Mapping[str, Any], engines: Sequence[Mapping[str, Any]]) 
     if not specs:
         return {}, []
     smallest = min(specs, key=lambda sp: batching(model, sp)[0])
-    warnings = []
+    max_batch, warnings = batching(model, smallest)[0], []
     if any(sp != smallest for sp in specs):
         warnings.append(
-            f"the plans were built with different optimization profiles; max_batch_size is "
-            f"{batching(model, smallest)[0]}, the largest batch every one of them takes"
+            f"the plans were built with different optimization profiles; max_batch_size is {max_batch}, the "
+            f"largest batch every one of them takes"
         )
-    if batching(model, smallest)[0] and (least := min_batch(model, smallest)) > 1:
+    if max_batch and (least := min_batch(model, smallest)) > 1:
         warnings.append(
             f"the plans take batches of at least {least} (their profiles' smallest batch), but Triton's dynamic "
             f"batcher sends smaller ones when fewer requests wait, and those fail: build with a batch range that "

@@ -2,7 +2,7 @@
 
 A cell runs what a worker runs for one build task, in order: the upload's inspection (``inspect_upload``), the
 spec validation the API applies (``validate_spec``), the int8 quantization stage (graph preparation and
-``quantize_qdq`` on the model's samples), the build (``engine_from_model``: preparation, fp16 conversion,
+``quantize_for_spec`` on the model's samples), the build (``engine_from_model``: preparation, fp16 conversion,
 TensorRT-RTX or ONNX Runtime), and, for engines this machine can run (ONNX Runtime on the CPU), the benchmark and
 accuracy stage (``evaluate``) against ONNX Runtime FP32 on the original model. TensorRT-RTX engines need an RTX-class
 GPU to run, which this machine does not have: their cells record the build only.
@@ -103,7 +103,7 @@ def _quantized(prep: Prepared, work: Path, family: str) -> None:
     """The int8 stage once per model and target family, as worker/int8/stage.py runs it."""
     from enginefarm.measure.ort_runner import OrtRunner
     from worker.int8.choice import quantize_for_cpu
-    from worker.int8.quantize import quantize_qdq
+    from worker.int8.quantize import quantize_for_spec
 
     if family in prep.int8_path or family in prep.int8_error:
         return
@@ -126,15 +126,7 @@ def _quantized(prep: Prepared, work: Path, family: str) -> None:
             )
             prep.int8_candidates = report.candidates or []
         else:
-            quantize_qdq(
-                float_model,
-                feed,
-                out,
-                method=spec.calibration.method.value,
-                calibration_batch=spec.calibration.batch,
-                family=family,
-                scratch=work / "quantize",
-            )
+            quantize_for_spec(float_model, feed, out, spec, family, work / "quantize")
         prep.int8_path[family] = out
     except EnginefarmError as exc:
         prep.int8_error[family] = f"int8 quantization failed: {exc.message}"
